@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
+# from one pinned k8s.io/kubernetes release into a cache outside the git tree.
+# A second call with the same version does nothing.
+set -euo pipefail
+
+version="${KUBE_VERSION:-v1.34.4}"
+cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
+out="$cache/kube/$version"
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+have_all=1
+for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || have_all=0; done
+if [ "$have_all" = 1 ] && [ "$(cat "$out/VERSION" 2>/dev/null)" = "$version" ]; then
+  echo "kube binaries $version already in $out/bin"
+  exit 0
+fi
+
+# The staging modules k8s.io/kubernetes replaces with ./staging/... are
+# published as v0.<minor>.<patch>; a wrapper module pins each of them.
+staging_version="v0.${version#v1.}"
+work="$out/module"
+mkdir -p "$work" "$out/bin"
+mod="$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+{
+  echo "module flotilla.local/kubebuild"
+  echo
+  echo "go 1.24.0"
+  echo
+  echo "require k8s.io/kubernetes $version"
+  echo
+  echo "replace ("
+  sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*|\1|p' "$mod" |
+    while read -r m; do echo "	$m => $m $staging_version"; done
+  echo ")"
+} > "$work/go.mod"
+cat > "$work/tools.go" <<'GO'
+//go:build tools
+
+package kubebuild
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+cd "$work"
+echo "building kube binaries $version into $out/bin (first time: several minutes)"
+GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
+for b in "${bins[@]}"; do
+  GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitVersion=$version" -o "$out/bin/$b" "k8s.io/kubernetes/cmd/$b"
+done
+echo "$version" > "$out/VERSION"
+echo "kube binaries $version ready in $out/bin"
