@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -57,7 +58,7 @@ func (e *Env) start(name string, prefix []string, argv []string) (*Process, erro
 	// Own process group so Stop reaches children; killed with the test
 	// binary should that die first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startFromSpawner(cmd); err != nil {
 		logf.Close()
 		return nil, err
 	}
@@ -77,6 +78,34 @@ func (e *Env) start(name string, prefix []string, argv []string) (*Process, erro
 		}
 	})
 	return p, nil
+}
+
+// The kernel sends Pdeathsig when the thread that forked the child exits,
+// not the process. Netns.Do ends threads on purpose, so every harness
+// process is forked from one thread that is locked for the life of the
+// test binary.
+var spawner = struct {
+	once sync.Once
+	reqs chan spawnRequest
+}{reqs: make(chan spawnRequest)}
+
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	errc chan error
+}
+
+func startFromSpawner(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread must not exit
+			for r := range spawner.reqs {
+				r.errc <- r.cmd.Start()
+			}
+		}()
+	})
+	errc := make(chan error, 1)
+	spawner.reqs <- spawnRequest{cmd, errc}
+	return <-errc
 }
 
 // Pid returns the process ID.
