@@ -49,6 +49,14 @@ func Sweep() error {
 			}
 		}
 	}
+	// Binaries built by Flotilla are named after the test process.
+	bins, _ := filepath.Glob(filepath.Join(CacheDir(), "bin", "flotilla-*"))
+	for _, b := range bins {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(b), "flotilla-"))
+		if err != nil || syscall.Kill(pid, 0) != nil {
+			os.Remove(b)
+		}
+	}
 	for run, d := range dead {
 		if d {
 			os.Remove(filepath.Join(lockDir, run+".lock"))
