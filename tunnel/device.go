@@ -73,14 +73,14 @@ func openLink(name string, mode Mode, mtu int, log *slog.Logger) (*wgLink, error
 			}
 			log.Info("adopting kernel wireguard link", "link", name)
 			return &wgLink{name: name, kernel: true}, nil
-		case "tun":
+		case "tuntap":
 			if mode == ModeKernel {
 				return nil, fmt.Errorf("link %s is a userspace WireGuard TUN but kernel mode was asked for; run 'flotilla cleanup' first", name)
 			}
 			log.Info("adopting userspace wireguard link", "link", name)
 			return openUserspace(name, mtu, log)
 		default:
-			return nil, fmt.Errorf("link %s has type %s, want wireguard or tun; run 'flotilla cleanup'", name, existing.Type())
+			return nil, fmt.Errorf("link %s has type %s, want wireguard or tuntap; run 'flotilla cleanup'", name, existing.Type())
 		}
 	case !errors.As(err, new(netlink.LinkNotFoundError)):
 		return nil, fmt.Errorf("look up link %s: %w", name, err)

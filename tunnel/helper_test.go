@@ -15,6 +15,10 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/tunnel"
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/ipc"
+	"golang.zx2c4.com/wireguard/tun"
 )
 
 // helperArg makes the test binary run as the tunnel component of one site
@@ -22,9 +26,54 @@ import (
 // namespace, the way the agent runs on its gateway's host network.
 const helperArg = "tunnel-helper"
 
+// bareArg makes the test binary act as the wireguard-go command: a TUN
+// served by the same wireguard-go library, with a control socket for wg(8)
+// and nothing else. It is the hand-configured peer and baseline of tests
+// and benchmarks.
+const bareArg = "wireguard-go-bare"
+
+func bareMain(ifname string) int {
+	tdev, err := tun.CreateTUN(ifname, device.DefaultMTU)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dev := device.NewDevice(tdev, conn.NewDefaultBind(), device.NewLogger(device.LogLevelError, ifname+": "))
+	f, err := ipc.UAPIOpen(ifname)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	uapi, err := ipc.UAPIListen(ifname, f)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	go func() {
+		for {
+			c, err := uapi.Accept()
+			if err != nil {
+				return
+			}
+			go dev.IpcHandle(c)
+		}
+	}()
+	fmt.Println("ready")
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	<-ctx.Done()
+	uapi.Close()
+	dev.Close()
+	os.Remove("/var/run/wireguard/" + ifname + ".sock")
+	return 0
+}
+
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == helperArg {
 		os.Exit(helperMain(os.Args[2:]))
+	}
+	if len(os.Args) > 2 && os.Args[1] == bareArg {
+		os.Exit(bareMain(os.Args[2]))
 	}
 	os.Exit(m.Run())
 }

@@ -145,6 +145,7 @@ func (m *mesh) start(s *meshSite, extra ...string) {
 	m.t.Helper()
 	args := append([]string{os.Args[0], helperArg, "-interface", s.ifname, "-mode", "userspace",
 		"-port", fmt.Sprint(s.port), "-key", s.keyFile, "-desired", s.desired}, extra...)
+	os.Remove(s.desired + ".applied")
 	s.proc = s.Start("tunnel-"+s.name, args...)
 }
 
@@ -212,3 +213,62 @@ func (s *meshSite) exec(t testing.TB, name string, args ...string) string {
 	}
 	return string(out)
 }
+
+// ownedRules returns our NAT rules in the site as comment -> handle.
+func (s *meshSite) ownedRules(t testing.TB) map[string]string {
+	t.Helper()
+	out, err := s.Exec(context.Background(), "nft", "-a", "list", "table", "ip", "flotilla")
+	if err != nil {
+		return nil
+	}
+	rules := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		_, rest, ok := strings.Cut(line, `comment "`)
+		if !ok {
+			continue
+		}
+		comment, tail, _ := strings.Cut(rest, `"`)
+		_, handle, _ := strings.Cut(tail, "# handle ")
+		rules[comment] = strings.TrimSpace(handle)
+	}
+	return rules
+}
+
+// ownedRoutes returns our routes in the site (protocol 0x66), one line each.
+func (s *meshSite) ownedRoutes(t testing.TB) []string {
+	t.Helper()
+	out := strings.TrimSpace(s.exec(t, "ip", "-4", "route", "show", "proto", fmt.Sprint(tunnel.DefaultRouteProtocol)))
+	if out == "" {
+		return nil
+	}
+	return strings.Split(out, "\n")
+}
+
+// wgPeers returns the public keys of the peers on the site's interface.
+func (s *meshSite) wgPeers(t testing.TB) []string {
+	t.Helper()
+	out := strings.TrimSpace(s.exec(t, "wg", "show", s.ifname, "peers"))
+	if out == "" {
+		return nil
+	}
+	return strings.Fields(out)
+}
+
+// eventually polls cond until it holds or timeout passes and returns how
+// long it took.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < timeout {
+		if cond() {
+			return time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: not after %s", what, timeout)
+	return 0
+}
+
+func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func netipAddrPort(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }

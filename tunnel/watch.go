@@ -15,13 +15,13 @@ import (
 func (t *Tunnel) watch(ctx context.Context) error {
 	routes := make(chan netlink.RouteUpdate, 256)
 	if err := netlink.RouteSubscribeWithOptions(routes, ctx.Done(), netlink.RouteSubscribeOptions{
-		ErrorCallback: func(err error) { t.log.Warn("route events", "err", err); t.trigger() },
+		ErrorCallback: func(err error) { t.eventError(ctx, "route", err) },
 	}); err != nil {
 		return fmt.Errorf("subscribe to route events: %w", err)
 	}
 	links := make(chan netlink.LinkUpdate, 64)
 	if err := netlink.LinkSubscribeWithOptions(links, ctx.Done(), netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { t.log.Warn("link events", "err", err); t.trigger() },
+		ErrorCallback: func(err error) { t.eventError(ctx, "link", err) },
 	}); err != nil {
 		return fmt.Errorf("subscribe to link events: %w", err)
 	}
@@ -74,4 +74,13 @@ func (t *Tunnel) nftEventIsOurs(ev *nftables.MonitorEvent) bool {
 		return d.Table != nil && d.Table.Name == t.cfg.NFTable
 	}
 	return false
+}
+
+// eventError notes a lost event stream; the resync catches what it missed.
+func (t *Tunnel) eventError(ctx context.Context, kind string, err error) {
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	t.log.Warn("kernel events lost; relying on the periodic resync", "events", kind, "err", err)
+	t.trigger()
 }
