@@ -119,9 +119,9 @@ func TestRepair(t *testing.T) {
 		return len(got) == len(wantRules)
 	}
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ []string
-		back  func() bool
+		back   func() bool
 	}{
 		{"route deleted", []string{"ip", "route", "del", a.views["b"].String()}, func() bool { return slices.Equal(a.ownedRoutes(t), wantRoutes) }},
 		{"table flushed", []string{"nft", "flush", "table", "ip", "flotilla"}, sameRules},

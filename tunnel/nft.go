@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,6 +131,22 @@ func (n natTable) remove(c *nftables.Conn) error {
 		return fmt.Errorf("delete nftables table %s: %w", n.name, err)
 	}
 	return nil
+}
+
+// nftSocketBuffer is the netlink socket buffer size: a batch for 1000 peers
+// gets one acknowledgement per rule, more than the default buffer holds.
+const nftSocketBuffer = 16 << 20
+
+// newNFTConn returns a connection that opens a fresh netlink socket per
+// operation (so a failed batch cannot leave a socket out of step) with
+// buffers large enough for thousands of rules in one transaction.
+func newNFTConn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+		if err := c.SetReadBuffer(nftSocketBuffer); err != nil {
+			return err
+		}
+		return c.SetWriteBuffer(nftSocketBuffer)
+	}))
 }
 
 func tableExists(c *nftables.Conn, name string) (bool, error) {

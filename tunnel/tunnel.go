@@ -172,7 +172,7 @@ func New(cfg Config) (*Tunnel, error) {
 		return nil, fmt.Errorf("open wireguard control: %w", err)
 	}
 	t.wg = wg
-	nft, err := nftables.New(nftables.AsLasting())
+	nft, err := newNFTConn()
 	if err != nil {
 		wg.Close()
 		return nil, fmt.Errorf("open nftables: %w", err)
@@ -180,7 +180,6 @@ func New(cfg Config) (*Tunnel, error) {
 	t.nft = nft
 	if err := t.ensureLink(); err != nil {
 		t.wg.Close()
-		t.nft.CloseLasting()
 		return nil, err
 	}
 	t.metrics = newMetrics(t)
@@ -314,18 +313,22 @@ func (t *Tunnel) reconcileLocked() (int, error) {
 	}
 	changes := 0
 	var errs []error
+	t0 := time.Now()
 	n, err := t.configurePeers(d)
 	changes += n
 	errs = append(errs, err)
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
+	t1 := time.Now()
 	n, err = t.rt.reconcile(t.lastLink, Routes(d))
 	changes += n
 	errs = append(errs, err)
+	t2 := time.Now()
 	n, err = t.nat.reconcile(t.nft, NATRules(d))
 	changes += n
 	errs = append(errs, err)
+	t.log.Debug("reconciled", "changes", changes, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
 		return changes, err
@@ -417,7 +420,7 @@ func (t *Tunnel) Close() error {
 		t.link.close()
 	}
 	t.wg.Close()
-	return t.nft.CloseLasting()
+	return nil
 }
 
 // Cleanup closes the tunnel and removes everything it owns on this host.
@@ -438,7 +441,7 @@ func Cleanup(cfg Config) error {
 	if err := (routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
 		errs = append(errs, err)
 	}
-	nft, err := nftables.New()
+	nft, err := newNFTConn()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("open nftables: %w", err))
 	} else if err := (natTable{name: cfg.NFTable}).remove(nft); err != nil {
