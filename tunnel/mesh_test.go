@@ -68,6 +68,8 @@ func newMesh(t testing.TB, cidrs ...string) *mesh {
 			desired: filepath.Join(dir, "desired.json"),
 			views:   map[string]netip.Prefix{},
 		}
+		// A process killed at cleanup leaves its control socket behind.
+		t.Cleanup(func() { os.Remove("/var/run/wireguard/" + ms.ifname + ".sock") })
 		key, err := tunnel.LoadOrCreateKeyFile(ms.keyFile)
 		if err != nil {
 			t.Fatal(err)
