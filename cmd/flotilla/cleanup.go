@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+func init() {
+	register(command{
+		name:    "cleanup",
+		summary: "remove every network object the agent owns on this host",
+		run:     runCleanup,
+	})
+}
+
+// runCleanup removes the tunnel's link, routes and nftables table. It
+// takes the same names the agent was started with and touches only objects
+// tagged as ours under those names.
+func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("cleanup", stderr)
+	ifname := fs.String("wireguard-interface", tunnel.DefaultInterface, "name of the WireGuard interface")
+	table := fs.Int("route-table", tunnel.DefaultRouteTable, "routing table our routes are in")
+	proto := fs.Int("route-protocol", tunnel.DefaultRouteProtocol, "route protocol number that tags our routes")
+	nftTable := fs.String("nft-table", tunnel.DefaultNFTable, "name of our nftables table (family ip)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	err := tunnel.Cleanup(tunnel.Config{
+		Interface:     *ifname,
+		RouteTable:    *table,
+		RouteProtocol: *proto,
+		NFTable:       *nftTable,
+	})
+	if err != nil {
+		return fmt.Errorf("tunnel: %w", err)
+	}
+	fmt.Fprintf(stdout, "removed tunnel objects: link %s, routes with protocol %d in table %d, nftables table ip %s\n",
+		*ifname, *proto, *table, *nftTable)
+	return nil
+}

@@ -1,0 +1,198 @@
+package tunnel_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/test/harness"
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// BenchmarkDataPath measures pod-to-pod TCP throughput (iperf3, 3 s) and
+// round-trip time (median of 50 pings) over three paths between the same
+// two pods, in one run: the bare veth path (plain routes over the LAN), a
+// bare wireguard-go tunnel configured by hand with wg(8), and our tunnel
+// with prefix NAT both ways. It runs once whatever b.N is.
+func BenchmarkDataPath(b *testing.B) {
+	m := newMesh(b, "10.1.0.0/16", "10.2.0.0/16")
+	m.env.Require(harness.IPerf3)
+	a, c := m.sites[0], m.sites[1]
+	// Views that differ from the real ranges, so NAT runs both ways.
+	a.views["b"], c.views["a"] = mustPrefix("10.70.0.0/16"), mustPrefix("10.71.0.0/16")
+	c.pod.Start("iperf3", "iperf3", "-s")
+	time.Sleep(300 * time.Millisecond)
+
+	measure := func(name string, dst netip.Addr) (gbps, rttMs float64) {
+		if err := a.pod.Ping(dst); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		out, err := a.pod.Exec(context.Background(), "iperf3", "-c", dst.String(), "-t", "3", "-J")
+		if err != nil {
+			b.Fatalf("%s: iperf3: %v", name, err)
+		}
+		var res struct {
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			b.Fatalf("%s: iperf3 output: %v", name, err)
+		}
+		gbps = res.End.SumReceived.BitsPerSecond / 1e9
+		rttMs = medianRTT(b, a.pod, dst)
+		b.Logf("%-22s %6.2f Gbit/s  rtt median %.3f ms", name, gbps, rttMs)
+		return gbps, rttMs
+	}
+
+	// Bare veth: route each PodCIDR to the other site over the LAN.
+	a.exec(b, "ip", "route", "add", c.PodCIDR.String(), "via", c.Addr.String())
+	c.exec(b, "ip", "route", "add", a.PodCIDR.String(), "via", a.Addr.String())
+	vethG, vethRTT := measure("bare veth", c.pod.Addr)
+
+	// Bare wireguard-go, by hand, no NAT.
+	for _, pair := range [][2]*meshSite{{a, c}, {c, a}} {
+		s, o := pair[0], pair[1]
+		s.proc = s.Start("bare-"+s.name, os.Args[0], bareArg, s.ifname)
+		eventually(b, 5*time.Second, "bare device", func() bool {
+			_, err := os.Stat("/var/run/wireguard/" + s.ifname + ".sock")
+			return err == nil
+		})
+		s.exec(b, "wg", "set", s.ifname, "private-key", s.keyFile, "listen-port", fmt.Sprint(s.port),
+			"peer", o.pub.String(), "endpoint", netip.AddrPortFrom(o.Addr, o.port).String(), "allowed-ips", o.PodCIDR.String())
+		s.exec(b, "ip", "link", "set", s.ifname, "mtu", "1420", "up")
+		s.exec(b, "ip", "route", "replace", o.PodCIDR.String(), "dev", s.ifname)
+	}
+	wgG, wgRTT := measure("bare wireguard-go", c.pod.Addr)
+	// Stopping the bare devices deletes their links and the routes on them.
+	for _, s := range []*meshSite{a, c} {
+		s.proc.Stop()
+	}
+
+	// Ours, with NAT.
+	for _, s := range m.sites {
+		m.start(s)
+		m.apply(s, m.desiredFor(s, m.others(s)...))
+	}
+	ourG, ourRTT := measure("flotilla (NAT)", a.seenFrom(c))
+
+	b.ReportMetric(vethG, "veth-Gbit/s")
+	b.ReportMetric(wgG, "wg-Gbit/s")
+	b.ReportMetric(ourG, "ours-Gbit/s")
+	b.ReportMetric(ourG/wgG, "ours/wg-throughput")
+	b.ReportMetric(vethRTT, "veth-rtt-ms")
+	b.ReportMetric(wgRTT, "wg-rtt-ms")
+	b.ReportMetric(ourRTT, "ours-rtt-ms")
+	b.ReportMetric(ourRTT/wgRTT, "ours/wg-rtt")
+}
+
+var rttLine = regexp.MustCompile(`time=([0-9.]+) ms`)
+
+func medianRTT(b *testing.B, p *harness.Pod, dst netip.Addr) float64 {
+	out, err := p.Exec(context.Background(), "ping", "-n", "-c", "50", "-i", "0.02", dst.String())
+	if err != nil {
+		b.Fatalf("ping %s: %v", dst, err)
+	}
+	var rtts []float64
+	for _, m := range rttLine.FindAllStringSubmatch(string(out), -1) {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		rtts = append(rtts, v)
+	}
+	if len(rtts) == 0 {
+		b.Fatalf("no ping replies from %s", dst)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2]
+}
+
+// BenchmarkReconcile measures Apply from an empty tunnel to n peers, and
+// adding one peer to 1000. Each peer is a WireGuard peer, a route and two
+// NAT rules. The tunnel runs inside a site's namespace on the benchmark's
+// own thread.
+func BenchmarkReconcile(b *testing.B) {
+	env := harness.New(b)
+	env.Require(harness.Root, harness.IPRoute2)
+	lan := env.NewLAN("lan")
+	site := env.NewSite("a", harness.SiteOptions{LAN: lan, PodCIDR: mustPrefix("10.0.0.0/24")})
+	peers := manyPeers(b, 1001)
+	desired := func(n int) tunnel.Desired {
+		return tunnel.Desired{Networks: []netip.Prefix{mustPrefix("10.0.0.0/24")}, Peers: peers[:n]}
+	}
+	var tun *tunnel.Tunnel
+	if err := site.Do(func() error {
+		key, err := tunnel.GeneratePrivateKey()
+		if err != nil {
+			return err
+		}
+		tun, err = tunnel.New(tunnel.Config{Interface: "flb" + env.RunID, Mode: tunnel.ModeUserspace, Logger: benchLogger(),
+			PrivateKey: key, ListenPort: 40000 + os.Getpid()%20000})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { site.Do(tun.Cleanup) })
+	apply := func(d tunnel.Desired) {
+		if err := site.Do(func() error { return tun.Apply(context.Background(), d) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("from-empty-%d", n), func(b *testing.B) {
+			var total time.Duration
+			for range b.N {
+				apply(desired(0))
+				start := time.Now()
+				apply(desired(n))
+				total += time.Since(start)
+			}
+			b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N)/float64(n), "ms/peer")
+		})
+	}
+	b.Run("add-one-at-1000", func(b *testing.B) {
+		var total time.Duration
+		for range b.N {
+			apply(desired(1000))
+			start := time.Now()
+			apply(desired(1001))
+			total += time.Since(start)
+		}
+		b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/add")
+	})
+}
+
+func manyPeers(b *testing.B, n int) []tunnel.Peer {
+	out := make([]tunnel.Peer, n)
+	for i := range out {
+		k, err := tunnel.GeneratePrivateKey()
+		if err != nil {
+			b.Fatal(err)
+		}
+		view := netip.PrefixFrom(netip.AddrFrom4([4]byte{100, byte(64 + i/256), byte(i % 256), 0}), 24)
+		out[i] = tunnel.Peer{
+			ClusterID: fmt.Sprintf("peer-%04d", i),
+			PublicKey: k.PublicKey(),
+			Endpoint:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(i / 256), byte(i % 256)}), 51820),
+			Views:     []tunnel.View{{Real: mustPrefix("10.0.0.0/24"), As: view}},
+			ViewsOfMe: []tunnel.View{{Real: mustPrefix("10.0.0.0/24"), As: mustPrefix("172.16.0.0/24")}},
+		}
+	}
+	return out
+}
+
+// benchLogger logs the reconciler's phase timings with FLOTILLA_BENCH_DEBUG=1.
+func benchLogger() *slog.Logger {
+	if os.Getenv("FLOTILLA_BENCH_DEBUG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}

@@ -1,0 +1,201 @@
+package tunnel
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"time"
+	"unicode"
+)
+
+// View is how one cluster addresses a network of another: Real is the
+// network as its owner numbers it, As is the range the viewer uses for it.
+// Both have the same length; where nothing overlaps, As equals Real.
+type View struct {
+	Real netip.Prefix `json:"real"`
+	As   netip.Prefix `json:"as"`
+}
+
+// Peer is one remote cluster as this agent wants the tunnel to it.
+type Peer struct {
+	// ClusterID names the peer in logs, metrics, routes and NAT rules.
+	ClusterID string `json:"clusterID"`
+	// PublicKey is the peer's WireGuard public key.
+	PublicKey Key `json:"publicKey"`
+	// Endpoint is the peer gateway's UDP address; zero means wait for the
+	// peer to dial us.
+	Endpoint netip.AddrPort `json:"endpoint"`
+	// Keepalive is WireGuard's persistent keepalive; zero turns it off.
+	Keepalive time.Duration `json:"keepalive,omitempty"`
+	// Views are my views of the peer's networks (Real: theirs, As: how I
+	// address them). They become allowed IPs and routes.
+	Views []View `json:"views"`
+	// ViewsOfMe are the peer's views of my networks (Real: mine, As: how
+	// the peer addresses them). They drive the prefix NAT.
+	ViewsOfMe []View `json:"viewsOfMe"`
+}
+
+// Desired is everything the tunnel should make exist on this host.
+type Desired struct {
+	// Networks are this cluster's real networks (PodCIDR and the like).
+	Networks []netip.Prefix `json:"networks"`
+	Peers    []Peer         `json:"peers"`
+}
+
+// maxClusterIDLen bounds cluster IDs; they end up in rule comments (at most
+// 128 bytes of user data in the kernel) and metric labels.
+const maxClusterIDLen = 64
+
+// ParseDesired decodes a desired state from JSON and validates it.
+func ParseDesired(b []byte) (Desired, error) {
+	var d Desired
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		return Desired{}, fmt.Errorf("decode desired tunnel state: %w", err)
+	}
+	if dec.More() {
+		return Desired{}, fmt.Errorf("decode desired tunnel state: trailing data")
+	}
+	if err := d.Validate(); err != nil {
+		return Desired{}, err
+	}
+	return d, nil
+}
+
+// Validate checks that d can be made to exist without ambiguity: every
+// range is IPv4 and canonical, a view keeps its network's length, my views
+// of all peers are disjoint from each other and from my own networks, and
+// peers are unique by cluster ID and key.
+func (d Desired) Validate() error {
+	for i, n := range d.Networks {
+		if err := checkPrefix(n); err != nil {
+			return fmt.Errorf("local network %s: %w", n, err)
+		}
+		for _, m := range d.Networks[:i] {
+			if n.Overlaps(m) {
+				return fmt.Errorf("local networks %s and %s overlap", m, n)
+			}
+		}
+	}
+	ids := map[string]bool{}
+	keys := map[Key]string{}
+	// claimed holds every range this host routes: my networks and my views.
+	type claim struct {
+		p    netip.Prefix
+		what string
+	}
+	var claimed []claim
+	for _, n := range d.Networks {
+		claimed = append(claimed, claim{n, "local network"})
+	}
+	for _, p := range d.Peers {
+		if err := checkClusterID(p.ClusterID); err != nil {
+			return err
+		}
+		if ids[p.ClusterID] {
+			return fmt.Errorf("peer %s: listed twice", p.ClusterID)
+		}
+		ids[p.ClusterID] = true
+		if p.PublicKey.IsZero() {
+			return fmt.Errorf("peer %s: no public key", p.ClusterID)
+		}
+		if other, dup := keys[p.PublicKey]; dup {
+			return fmt.Errorf("peer %s: public key already used by peer %s", p.ClusterID, other)
+		}
+		keys[p.PublicKey] = p.ClusterID
+		if p.Endpoint.IsValid() && p.Endpoint.Port() == 0 {
+			return fmt.Errorf("peer %s: endpoint %s has no port", p.ClusterID, p.Endpoint)
+		}
+		if p.Keepalive < 0 || p.Keepalive > 65535*time.Second {
+			return fmt.Errorf("peer %s: keepalive %s out of range 0..65535s", p.ClusterID, p.Keepalive)
+		}
+		if len(p.Views) == 0 {
+			return fmt.Errorf("peer %s: no views of its networks", p.ClusterID)
+		}
+		for i, v := range p.Views {
+			if err := checkView(v); err != nil {
+				return fmt.Errorf("peer %s: view %s as %s: %w", p.ClusterID, v.Real, v.As, err)
+			}
+			for _, w := range p.Views[:i] {
+				if v.Real.Overlaps(w.Real) {
+					return fmt.Errorf("peer %s: its networks %s and %s overlap", p.ClusterID, w.Real, v.Real)
+				}
+			}
+			for _, c := range claimed {
+				if v.As.Overlaps(c.p) {
+					return fmt.Errorf("peer %s: view %s overlaps %s %s", p.ClusterID, v.As, c.what, c.p)
+				}
+			}
+			claimed = append(claimed, claim{v.As, "view of peer " + p.ClusterID})
+		}
+		for i, v := range p.ViewsOfMe {
+			if err := checkView(v); err != nil {
+				return fmt.Errorf("peer %s: its view of %s as %s: %w", p.ClusterID, v.Real, v.As, err)
+			}
+			if !containsPrefix(d.Networks, v.Real) {
+				return fmt.Errorf("peer %s: its view of %s: not one of my networks %v", p.ClusterID, v.Real, d.Networks)
+			}
+			for _, w := range p.ViewsOfMe[:i] {
+				if v.Real == w.Real {
+					return fmt.Errorf("peer %s: two views of my network %s", p.ClusterID, v.Real)
+				}
+				if v.As.Overlaps(w.As) {
+					return fmt.Errorf("peer %s: its views %s and %s of my networks overlap", p.ClusterID, w.As, v.As)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func checkPrefix(p netip.Prefix) error {
+	if !p.IsValid() {
+		return fmt.Errorf("not a valid prefix")
+	}
+	if !p.Addr().Is4() {
+		return fmt.Errorf("only IPv4 is supported")
+	}
+	if p.Masked() != p {
+		return fmt.Errorf("host bits set; did you mean %s?", p.Masked())
+	}
+	return nil
+}
+
+func checkView(v View) error {
+	if err := checkPrefix(v.Real); err != nil {
+		return err
+	}
+	if err := checkPrefix(v.As); err != nil {
+		return err
+	}
+	if v.Real.Bits() != v.As.Bits() {
+		return fmt.Errorf("lengths differ (/%d and /%d)", v.Real.Bits(), v.As.Bits())
+	}
+	return nil
+}
+
+func checkClusterID(id string) error {
+	if id == "" {
+		return fmt.Errorf("peer with no cluster ID")
+	}
+	if len(id) > maxClusterIDLen {
+		return fmt.Errorf("peer %.16s...: cluster ID longer than %d bytes", id, maxClusterIDLen)
+	}
+	for _, r := range id {
+		if r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("peer %q: cluster ID may hold only ASCII letters, digits, '-', '_' and '.'", id)
+		}
+	}
+	return nil
+}
+
+func containsPrefix(ps []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,81 @@
+package tunnel
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	t                *Tunnel
+	reconcileSeconds prometheus.Histogram
+	reconcileErrors  prometheus.Counter
+	repairs          prometheus.Counter
+	rxBytes          *prometheus.Desc
+	txBytes          *prometheus.Desc
+	handshake        *prometheus.Desc
+}
+
+func newMetrics(t *Tunnel) *metrics {
+	return &metrics{
+		t: t,
+		reconcileSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "flotilla_tunnel_reconcile_duration_seconds",
+			Help:    "Time to bring the tunnel's kernel state in line with the desired state.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_tunnel_reconcile_errors_total",
+			Help: "Reconciles of the tunnel that failed.",
+		}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_tunnel_repaired_objects_total",
+			Help: "Owned objects (routes, rules, peers, links) put back after someone changed them.",
+		}),
+		rxBytes: prometheus.NewDesc("flotilla_tunnel_peer_receive_bytes_total",
+			"Bytes received from the peer through WireGuard.", []string{"peer"}, nil),
+		txBytes: prometheus.NewDesc("flotilla_tunnel_peer_transmit_bytes_total",
+			"Bytes sent to the peer through WireGuard.", []string{"peer"}, nil),
+		handshake: prometheus.NewDesc("flotilla_tunnel_peer_last_handshake_timestamp_seconds",
+			"Unix time of the last WireGuard handshake with the peer; 0 if never.", []string{"peer"}, nil),
+	}
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	return errors.Join(
+		r.Register(m.reconcileSeconds),
+		r.Register(m.reconcileErrors),
+		r.Register(m.repairs),
+		r.Register(m),
+	)
+}
+
+// Describe implements prometheus.Collector for the per-peer figures,
+// which are read from WireGuard at scrape time.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.rxBytes
+	ch <- m.txBytes
+	ch <- m.handshake
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	peers, err := m.t.Status()
+	if err != nil {
+		return
+	}
+	for _, p := range peers {
+		id := p.ClusterID
+		if id == "" {
+			id = p.PublicKey.String()
+		}
+		ch <- prometheus.MustNewConstMetric(m.rxBytes, prometheus.CounterValue, float64(p.RxBytes), id)
+		ch <- prometheus.MustNewConstMetric(m.txBytes, prometheus.CounterValue, float64(p.TxBytes), id)
+		var hs float64
+		if !p.LastHandshake.IsZero() {
+			hs = float64(p.LastHandshake.UnixNano()) / float64(time.Second)
+		}
+		ch <- prometheus.MustNewConstMetric(m.handshake, prometheus.GaugeValue, hs, id)
+	}
+}

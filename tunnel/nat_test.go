@@ -1,0 +1,211 @@
+package tunnel
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+)
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func TestNATRules(t *testing.T) {
+	key := Key{1}
+	tests := []struct {
+		name string
+		peer Peer
+		want []NATRule
+	}{
+		{
+			name: "overlap both ways: snat on egress, dnat on ingress",
+			peer: Peer{ClusterID: "b", PublicKey: key,
+				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.70.0.0/16")}},
+				ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.71.0.0/16")}}},
+			want: []NATRule{
+				{Peer: "b", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.70.0.0/16"), To: pfx("10.71.0.0/16")},
+				{Peer: "b", Kind: DNAT, Source: pfx("10.70.0.0/16"), Destination: pfx("10.71.0.0/16"), To: pfx("10.0.0.0/16")},
+			},
+		},
+		{
+			name: "peer sees me as I am: no rule, whatever my view of it",
+			peer: Peer{ClusterID: "d", PublicKey: key,
+				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}},
+				ViewsOfMe: []View{{Real: pfx("10.9.0.0/16"), As: pfx("10.9.0.0/16")}}},
+			want: nil,
+		},
+		{
+			name: "two networks of mine, one remapped, two views of the peer",
+			peer: Peer{ClusterID: "c", PublicKey: key,
+				Views: []View{
+					{Real: pfx("10.1.0.0/16"), As: pfx("10.81.0.0/16")},
+					{Real: pfx("10.0.0.0/16"), As: pfx("10.80.0.0/16")},
+				},
+				ViewsOfMe: []View{
+					{Real: pfx("10.96.0.0/12"), As: pfx("10.96.0.0/12")},
+					{Real: pfx("10.0.0.0/16"), As: pfx("10.75.0.0/16")},
+				}},
+			want: []NATRule{
+				{Peer: "c", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.80.0.0/16"), To: pfx("10.75.0.0/16")},
+				{Peer: "c", Kind: DNAT, Source: pfx("10.80.0.0/16"), Destination: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
+				{Peer: "c", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.81.0.0/16"), To: pfx("10.75.0.0/16")},
+				{Peer: "c", Kind: DNAT, Source: pfx("10.81.0.0/16"), Destination: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := NATRules(Desired{Peers: []Peer{tc.peer}})
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Two peers that see me under the same range get ingress rules that
+// differ by source, so each peer's traffic is translated by its own rule.
+func TestNATRulesSameViewOfMeFromTwoPeers(t *testing.T) {
+	d := Desired{Networks: []netip.Prefix{pfx("10.0.0.0/16")}, Peers: []Peer{
+		{ClusterID: "b", PublicKey: Key{1}, Views: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.70.0.0/16")}},
+			ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.99.0.0/16")}}},
+		{ClusterID: "c", PublicKey: Key{2}, Views: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.71.0.0/16")}},
+			ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.99.0.0/16")}}},
+	}}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, r := range NATRules(d) {
+		if keys[r.Key()] {
+			t.Errorf("duplicate rule %s", r.Key())
+		}
+		keys[r.Key()] = true
+	}
+	if len(keys) != 4 {
+		t.Errorf("got %d distinct rules, want 4", len(keys))
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := func() Desired {
+		return Desired{Networks: []netip.Prefix{pfx("10.0.0.0/16")}, Peers: []Peer{{
+			ClusterID: "b", PublicKey: Key{1}, Endpoint: netip.MustParseAddrPort("198.18.1.2:51820"),
+			Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.70.0.0/16")}},
+			ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.71.0.0/16")}},
+		}}}
+	}
+	tests := []struct {
+		name   string
+		change func(*Desired)
+		ok     bool
+	}{
+		{"valid", func(*Desired) {}, true},
+		{"no peers", func(d *Desired) { d.Peers = nil }, true},
+		{"host bits set", func(d *Desired) { d.Networks[0] = pfx("10.0.0.1/16") }, false},
+		{"ipv6 network", func(d *Desired) { d.Networks[0] = pfx("fd00::/64") }, false},
+		{"overlapping local networks", func(d *Desired) { d.Networks = append(d.Networks, pfx("10.0.5.0/24")) }, false},
+		{"view of other length", func(d *Desired) { d.Peers[0].Views[0].As = pfx("10.70.0.0/24") }, false},
+		{"my view overlaps my network", func(d *Desired) { d.Peers[0].Views[0].As = pfx("10.0.0.0/16") }, false},
+		{"two peers under one view", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.PublicKey = "c", Key{2}
+			d.Peers = append(d.Peers, p)
+		}, false},
+		{"duplicate cluster ID", func(d *Desired) {
+			p := d.Peers[0]
+			p.PublicKey, p.Views = Key{2}, []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}
+			d.Peers = append(d.Peers, p)
+		}, false},
+		{"duplicate key", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.Views = "c", []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}
+			d.Peers = append(d.Peers, p)
+		}, false},
+		{"no key", func(d *Desired) { d.Peers[0].PublicKey = Key{} }, false},
+		{"view of a network not mine", func(d *Desired) { d.Peers[0].ViewsOfMe[0].Real = pfx("10.5.0.0/16") }, false},
+		{"cluster ID with quote", func(d *Desired) { d.Peers[0].ClusterID = `b" accept` }, false},
+		{"no views", func(d *Desired) { d.Peers[0].Views = nil }, false},
+		{"endpoint without port", func(d *Desired) { d.Peers[0].Endpoint = netip.MustParseAddrPort("198.18.1.2:0") }, false},
+		{"no endpoint", func(d *Desired) { d.Peers[0].Endpoint = netip.AddrPort{} }, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := good()
+			tc.change(&d)
+			err := d.Validate()
+			if (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	priv, err := GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseKey(priv.String() + "\n")
+	if err != nil || got != priv {
+		t.Fatalf("round trip: %v %v", got, err)
+	}
+	for _, bad := range []string{"", "not base64!", "AAAA", priv.String() + "AAAA"} {
+		if _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q) accepted", bad)
+		}
+	}
+	// RFC 7748 test vector: Alice's key pair.
+	alice, _ := ParseKey("dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo=")
+	want, _ := ParseKey("hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=")
+	if alice.PublicKey() != want {
+		t.Errorf("public key of the RFC 7748 vector: %s, want %s", alice.PublicKey(), want)
+	}
+}
+
+func FuzzParseKey(f *testing.F) {
+	f.Add("hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=")
+	f.Add("")
+	f.Add("====")
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := ParseKey(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseKey(k.String())
+		if err != nil || again != k {
+			t.Fatalf("key %q does not round-trip: %v", s, err)
+		}
+	})
+}
+
+// FuzzParseDesired: whatever the input, ParseDesired either refuses it or
+// returns a state whose NAT rules and routes can be computed and whose
+// rule keys are unique and fit the kernel's rule comment.
+func FuzzParseDesired(f *testing.F) {
+	f.Add(`{"networks":["10.0.0.0/16"],"peers":[{"clusterID":"b","publicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","endpoint":"198.18.1.2:51820","views":[{"real":"10.0.0.0/16","as":"10.70.0.0/16"}],"viewsOfMe":[{"real":"10.0.0.0/16","as":"10.71.0.0/16"}]}]}`)
+	f.Add(`{"networks":[],"peers":[]}`)
+	f.Add(`{"networks":["10.0.0.0/8"],"peers":[{"clusterID":"x","publicKey":"AA==","endpoint":"[::1]:1","views":[]}]}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := ParseDesired([]byte(s))
+		if err != nil {
+			return
+		}
+		keys := map[string]bool{}
+		for _, r := range NATRules(d) {
+			k := r.Key()
+			if len(k) > 200 {
+				t.Fatalf("rule key too long for a comment: %d bytes", len(k))
+			}
+			if keys[k] {
+				t.Fatalf("duplicate rule %s", k)
+			}
+			keys[k] = true
+		}
+		routes := map[netip.Prefix]bool{}
+		for _, p := range Routes(d) {
+			if routes[p] {
+				t.Fatalf("duplicate route %s", p)
+			}
+			routes[p] = true
+		}
+	})
+}

@@ -1,0 +1,105 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// routeTable reconciles the routes of my views into the tunnel. Ours are
+// the routes in the table with our protocol number; no other route is ever
+// changed or removed.
+type routeTable struct {
+	table    int
+	protocol int
+}
+
+func (rt routeTable) ours() ([]netlink.Route, error) {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
+		&netlink.Route{Table: rt.table, Protocol: netlink.RouteProtocol(rt.protocol)},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("list routes of table %d: %w", rt.table, err)
+	}
+	return routes, nil
+}
+
+// reconcile makes exactly the routes for want exist through the link and
+// reports how many it added or removed.
+func (rt routeTable) reconcile(linkIndex int, want []netip.Prefix) (int, error) {
+	have, err := rt.ours()
+	if err != nil {
+		return 0, err
+	}
+	wanted := make(map[netip.Prefix]bool, len(want))
+	for _, p := range want {
+		wanted[p] = true
+	}
+	changes := 0
+	var errs []error
+	for _, r := range have {
+		p := prefixOf(r.Dst)
+		if wanted[p] && r.LinkIndex == linkIndex {
+			delete(wanted, p)
+			continue
+		}
+		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("delete route %s: %w", p, err))
+			continue
+		}
+		changes++
+	}
+	for _, p := range want {
+		if !wanted[p] {
+			continue
+		}
+		r := rt.route(linkIndex, p)
+		if err := netlink.RouteAdd(&r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				err = fmt.Errorf("a route to %s not made by us exists in table %d; remove it or change the view", p, rt.table)
+			}
+			errs = append(errs, fmt.Errorf("add route %s: %w", p, err))
+			continue
+		}
+		changes++
+	}
+	return changes, errors.Join(errs...)
+}
+
+func (rt routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
+	return netlink.Route{
+		LinkIndex: linkIndex,
+		Dst:       &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		Table:     rt.table,
+		Protocol:  netlink.RouteProtocol(rt.protocol),
+		Scope:     netlink.SCOPE_LINK,
+	}
+}
+
+// removeAll deletes every route of ours.
+func (rt routeTable) removeAll() error {
+	have, err := rt.ours()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range have {
+		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("delete route %s: %w", r.Dst, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func prefixOf(n *net.IPNet) netip.Prefix {
+	if n == nil {
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}

@@ -1,0 +1,464 @@
+// Package tunnel makes the encrypted data path between this cluster's
+// gateway and its peers exist: one WireGuard interface (kernel or embedded
+// userspace), one WireGuard peer per remote cluster, routes for my views of
+// the peers' networks, and per-peer prefix NAT in an nftables table of our
+// own. It is a reconciler: given the desired state it changes only the
+// difference to what exists, owns only what it tagged, and puts back what
+// someone removes.
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
+)
+
+// Defaults for Config.
+const (
+	DefaultInterface = "flotilla0"
+	DefaultPort      = 51820
+	// DefaultRouteProtocol tags our routes (rtnetlink protocol 102, unused
+	// by any routing daemon in iproute2's rt_protos).
+	DefaultRouteProtocol = 0x66
+	// DefaultRouteTable is the main table: views are plain routes there.
+	DefaultRouteTable = unix.RT_TABLE_MAIN
+	DefaultNFTable    = "flotilla"
+	// overhead is what WireGuard adds to a packet over IPv6: 40 IP, 8 UDP,
+	// 32 WireGuard; the MTU leaves room for it whatever the underlay.
+	overhead = 80
+	// resyncInterval bounds how long a change no event reports (a peer
+	// edited with wg set) stays unrepaired.
+	resyncInterval = 30 * time.Second
+)
+
+// Config configures a Tunnel. Zero values take the defaults above.
+type Config struct {
+	// Interface is the WireGuard link's name. wireguard-go's control socket
+	// is named after it host-wide, so it must be unique per host.
+	Interface string
+	// Mode selects kernel or userspace WireGuard; default auto.
+	Mode Mode
+	// ListenPort is the UDP port WireGuard listens on.
+	ListenPort int
+	// PrivateKey is this cluster's WireGuard private key; required. The
+	// caller keeps it (the agent in its ledger) and rotates it with
+	// SetPrivateKey.
+	PrivateKey Key
+	// MTU overrides the link MTU; default the underlay's (the default
+	// route's link) minus WireGuard's overhead.
+	MTU int
+	// RouteTable and RouteProtocol say where our routes go and tag them.
+	RouteTable    int
+	RouteProtocol int
+	// NFTable is the name of our nftables table (family ip).
+	NFTable string
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	if c.Interface == "" {
+		c.Interface = DefaultInterface
+	}
+	if c.Mode == "" {
+		c.Mode = ModeAuto
+	}
+	if c.ListenPort == 0 {
+		c.ListenPort = DefaultPort
+	}
+	if c.RouteTable == 0 {
+		c.RouteTable = DefaultRouteTable
+	}
+	if c.RouteProtocol == 0 {
+		c.RouteProtocol = DefaultRouteProtocol
+	}
+	if c.NFTable == "" {
+		c.NFTable = DefaultNFTable
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	if len(c.Interface) >= 16 || strings.ContainsAny(c.Interface, "/ \t\n") {
+		return fmt.Errorf("interface name %q: at most 15 characters, no '/' or spaces", c.Interface)
+	}
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return err
+	}
+	if c.ListenPort < 1 || c.ListenPort > 65535 {
+		return fmt.Errorf("listen port %d out of range", c.ListenPort)
+	}
+	if c.MTU != 0 && (c.MTU < 1280 || c.MTU > 65535) {
+		return fmt.Errorf("mtu %d out of range 1280..65535", c.MTU)
+	}
+	if c.RouteProtocol < 5 || c.RouteProtocol > 255 {
+		return fmt.Errorf("route protocol %d: must be 5..255 (0-4 belong to the kernel)", c.RouteProtocol)
+	}
+	return nil
+}
+
+// PeerStatus is what WireGuard reports about one peer.
+type PeerStatus struct {
+	ClusterID     string
+	PublicKey     Key
+	Endpoint      netip.AddrPort // in use; zero before the first handshake if none was given
+	LastHandshake time.Time      // zero: never
+	RxBytes       int64
+	TxBytes       int64
+}
+
+// Tunnel reconciles the data path to the peers.
+type Tunnel struct {
+	cfg  Config
+	log  *slog.Logger
+	rt   routeTable
+	nat  natTable
+	mtu  int
+	kick chan struct{}
+
+	mu       sync.Mutex
+	link     *wgLink
+	wg       *wgctrl.Client
+	nft      *nftables.Conn
+	key      Key
+	desired  *Desired // nil before the first Apply
+	peerIDs  map[Key]string
+	closed   bool
+	metrics  *metrics
+	lastLink int // ifindex seen at the last reconcile
+}
+
+// New adopts the interface of a previous run, or creates it, and returns
+// a Tunnel that changes nothing more until the first Apply: a restarted
+// agent keeps forwarding with the state it left behind.
+func New(cfg Config) (*Tunnel, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("tunnel config: %w", err)
+	}
+	if cfg.PrivateKey.IsZero() {
+		return nil, errors.New("tunnel config: no WireGuard private key")
+	}
+	t := &Tunnel{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "tunnel", "link", cfg.Interface),
+		rt:      routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
+		nat:     natTable{name: cfg.NFTable, ifname: cfg.Interface},
+		kick:    make(chan struct{}, 1),
+		key:     cfg.PrivateKey,
+		peerIDs: map[Key]string{},
+	}
+	t.mtu = cfg.MTU
+	if t.mtu == 0 {
+		t.mtu = underlayMTU() - overhead
+	}
+	wg, err := wgctrl.New()
+	if err != nil {
+		return nil, fmt.Errorf("open wireguard control: %w", err)
+	}
+	t.wg = wg
+	nft, err := newNFTConn()
+	if err != nil {
+		wg.Close()
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	t.nft = nft
+	if err := t.ensureLink(); err != nil {
+		t.wg.Close()
+		return nil, err
+	}
+	t.metrics = newMetrics(t)
+	if cfg.Metrics != nil {
+		if err := t.metrics.register(cfg.Metrics); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("register tunnel metrics: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// underlayMTU is the MTU of the default route's link, 1500 if there is none.
+func underlayMTU() int {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return 1500
+	}
+	for _, r := range routes {
+		if r.Dst != nil && prefixOf(r.Dst).Bits() != 0 {
+			continue
+		}
+		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+			return l.Attrs().MTU
+		}
+	}
+	return 1500
+}
+
+// ensureLink makes sure the link exists, is ours, is up, and is served.
+// Called with mu held or before the Tunnel is shared.
+func (t *Tunnel) ensureLink() error {
+	if t.link != nil {
+		l, err := netlink.LinkByName(t.cfg.Interface)
+		if err == nil && l.Attrs().Index == t.lastLink {
+			return t.linkUp(l)
+		}
+		// Deleted (or replaced) under us: serve a new one.
+		t.log.Warn("wireguard link disappeared; recreating it")
+		t.link.close()
+		t.link = nil
+	}
+	link, err := openLink(t.cfg.Interface, t.cfg.Mode, t.mtu, t.log)
+	if err != nil {
+		return err
+	}
+	t.link = link
+	l, err := netlink.LinkByName(t.cfg.Interface)
+	if err != nil {
+		return fmt.Errorf("look up link %s: %w", t.cfg.Interface, err)
+	}
+	t.lastLink = l.Attrs().Index
+	return t.linkUp(l)
+}
+
+func (t *Tunnel) linkUp(l netlink.Link) error {
+	if l.Attrs().MTU != t.mtu {
+		if err := netlink.LinkSetMTU(l, t.mtu); err != nil {
+			return fmt.Errorf("set mtu of %s to %d: %w", t.cfg.Interface, t.mtu, err)
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("bring %s up: %w", t.cfg.Interface, err)
+		}
+	}
+	return nil
+}
+
+// Apply makes the desired state exist and remembers it for repairs. Bad
+// input is refused before anything changes.
+func (t *Tunnel) Apply(ctx context.Context, d Desired) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("apply tunnel state: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.New("apply tunnel state: tunnel closed")
+	}
+	d = cloneDesired(d)
+	t.desired = &d
+	_, err := t.reconcileLocked()
+	return err
+}
+
+// SetPrivateKey rotates this cluster's WireGuard key. Peers must learn the
+// new public key (the peering layer announces it); until they do, the
+// tunnels to them are down. The caller persists the key.
+func (t *Tunnel) SetPrivateKey(k Key) error {
+	if k.IsZero() {
+		return errors.New("rotate wireguard key: empty key")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.key = k
+	if err := t.configureDevice(); err != nil {
+		return fmt.Errorf("rotate wireguard key: %w", err)
+	}
+	return nil
+}
+
+// PublicKey is the public key peers must be told.
+func (t *Tunnel) PublicKey() Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.key.PublicKey()
+}
+
+// Kernel reports whether kernel WireGuard serves the link.
+func (t *Tunnel) Kernel() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.link != nil && t.link.kernel
+}
+
+// reconcileLocked brings every owned object in line with t.desired and
+// returns how many objects it changed.
+func (t *Tunnel) reconcileLocked() (int, error) {
+	if t.desired == nil {
+		return 0, nil
+	}
+	start := time.Now()
+	defer func() { t.metrics.reconcileSeconds.Observe(time.Since(start).Seconds()) }()
+	d := *t.desired
+	if err := t.ensureLink(); err != nil {
+		return 0, err
+	}
+	changes := 0
+	var errs []error
+	t0 := time.Now()
+	n, err := t.configurePeers(d)
+	changes += n
+	errs = append(errs, err)
+	if err := enableForwarding(); err != nil {
+		errs = append(errs, err)
+	}
+	t1 := time.Now()
+	n, err = t.rt.reconcile(t.lastLink, Routes(d))
+	changes += n
+	errs = append(errs, err)
+	t2 := time.Now()
+	n, err = t.nat.reconcile(t.nft, NATRules(d))
+	changes += n
+	errs = append(errs, err)
+	t.log.Debug("reconciled", "changes", changes, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
+	if err := errors.Join(errs...); err != nil {
+		t.metrics.reconcileErrors.Inc()
+		return changes, err
+	}
+	return changes, nil
+}
+
+// enableForwarding turns on IPv4 forwarding in this network namespace; a
+// gateway that does not forward carries nothing. It is left on at cleanup:
+// the host may have wanted it before us.
+func enableForwarding() error {
+	const p = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p, err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enable ip forwarding: %w", err)
+	}
+	return nil
+}
+
+// Status reports per-peer WireGuard state, sorted by cluster ID.
+func (t *Tunnel) Status() ([]PeerStatus, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.statusLocked()
+}
+
+// Run watches for changes to what we own (routes, the link, our nftables
+// table) and puts back whatever differs from the last applied state, until
+// ctx ends. Route and link changes come from rtnetlink events, nftables
+// changes from its netlink monitor; a periodic resync catches the rest
+// (WireGuard peer edits send no event).
+func (t *Tunnel) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := t.watch(ctx); err != nil {
+		return err
+	}
+	tick := time.NewTicker(resyncInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.kick:
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil
+		}
+		n, err := t.reconcileLocked()
+		t.mu.Unlock()
+		if err != nil {
+			t.log.Warn("repair failed; retrying on the next event", "err", err)
+			continue
+		}
+		if n > 0 {
+			t.metrics.repairs.Add(float64(n))
+			t.log.Info("repaired tunnel state", "objects", n)
+		}
+	}
+}
+
+func (t *Tunnel) trigger() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops serving from this process and leaves the data path in place
+// for the next start: kernel WireGuard keeps forwarding, a userspace link
+// keeps its routes and NAT and resumes when the next process attaches.
+func (t *Tunnel) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	if t.link != nil {
+		t.link.close()
+	}
+	t.wg.Close()
+	return nil
+}
+
+// Cleanup closes the tunnel and removes everything it owns on this host.
+func (t *Tunnel) Cleanup() error {
+	t.Close()
+	return Cleanup(t.cfg)
+}
+
+// Cleanup removes every object a tunnel with this config owns on this host:
+// the link (only if tagged ours), our routes, our nftables table and a
+// stale control socket. It touches nothing else and is safe to repeat.
+func Cleanup(cfg Config) error {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("tunnel config: %w", err)
+	}
+	var errs []error
+	if err := (routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
+		errs = append(errs, err)
+	}
+	nft, err := newNFTConn()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("open nftables: %w", err))
+	} else if err := (natTable{name: cfg.NFTable}).remove(nft); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeLink(cfg.Interface); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func cloneDesired(d Desired) Desired {
+	out := Desired{Networks: append([]netip.Prefix(nil), d.Networks...)}
+	for _, p := range d.Peers {
+		p.Views = append([]View(nil), p.Views...)
+		p.ViewsOfMe = append([]View(nil), p.ViewsOfMe...)
+		out.Peers = append(out.Peers, p)
+	}
+	return out
+}
