@@ -176,6 +176,16 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 	return cp, nil
 }
 
+// Stop stops the control plane's processes, newest first. The test's
+// cleanup does the same; Stop is for tests that need it gone earlier.
+func (cp *ControlPlane) Stop() {
+	for _, p := range []*Process{cp.Scheduler, cp.ControllerManager, cp.APIServer, cp.Etcd} {
+		if p != nil {
+			p.Stop()
+		}
+	}
+}
+
 // StartScheduler starts kube-scheduler if it is not running yet.
 func (cp *ControlPlane) StartScheduler() {
 	cp.env.t.Helper()

@@ -1,0 +1,56 @@
+# Flotilla: peer-to-peer federation of Kubernetes clusters.
+# `make demo` and `make test` are the two commands of the README.
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/flotilla-io/flotilla/agent.Version=$(VERSION) -X github.com/flotilla-io/flotilla/agent.Commit=$(COMMIT)
+GO      ?= go
+# Every package's tests, on a 2-core machine within CI's 90 minutes.
+TEST_TIMEOUT ?= 45m
+FUZZTIME ?= 30s
+
+.PHONY: all build deps kube-binaries demo test test-only lint bench fuzz clean sweep
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
+
+# Debian packages, Go modules and the Kubernetes binaries, each only once.
+deps:
+	bash hack/install-deps.sh
+
+kube-binaries:
+	bash hack/build-kube.sh
+
+# A local federation: control planes, network sites and one agent each.
+demo: deps build
+	$(GO) run ./test/demo -flotilla bin/flotilla
+
+test: deps lint test-only
+
+test-only:
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Benchmarks print their figures; see docs/ for what each one measures.
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./test/harness ./ipam/... ./discovery/... ./tunnel/...
+
+# Runs every fuzz target for FUZZTIME each.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+# Removes leftovers of killed test runs (namespaces, processes, files).
+sweep:
+	$(GO) run ./test/harness/sweep
+
+clean:
+	rm -rf bin

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need on a Debian machine:
+# Debian packages (only the missing ones), Go modules, and the pinned
+# Kubernetes binaries (built from source into a cache outside the tree).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "install-deps: no Go toolchain on PATH; install Go $(sed -n 's/^go //p' go.mod) or newer (https://go.dev/doc/install)" >&2
+  exit 1
+fi
+
+# command -> Debian package
+declare -A want=(
+  [ip]=iproute2
+  [ping]=iputils-ping
+  [etcd]=etcd-server
+  [nft]=nftables
+  [wg]=wireguard-tools
+  [iperf3]=iperf3
+  [git]=git
+)
+missing=()
+for cmd in "${!want[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${want[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+go mod download
+bash hack/build-kube.sh

@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// `make demo` brings a federation up, and Ctrl-C tears all of it down.
+func TestDemoUpAndDown(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	harness.Require(t, harness.NeedsNetwork...)
+	bin := harness.Flotilla(t)
+	demo := filepath.Join(t.TempDir(), "demo")
+	if out, err := exec.Command("go", "build", "-o", demo, "github.com/flotilla-io/flotilla/test/demo").CombinedOutput(); err != nil {
+		t.Fatalf("build demo: %v\n%s", err, out)
+	}
+	cmd := exec.Command(demo, "-flotilla", bin)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	var run string
+	var seen []string
+	runLine := regexp.MustCompile(`^demo: run ([0-9a-f]{6}):`)
+	lines := bufio.NewScanner(stdout)
+	ready := false
+	for lines.Scan() {
+		line := lines.Text()
+		seen = append(seen, line)
+		if m := runLine.FindStringSubmatch(line); m != nil {
+			run = m[1]
+		}
+		if strings.Contains(line, "press Ctrl-C") {
+			ready = true
+			break
+		}
+	}
+	if !ready || run == "" {
+		cmd.Wait()
+		t.Fatalf("demo did not come up:\n%s", strings.Join(seen, "\n"))
+	}
+	output := strings.Join(seen, "\n")
+	for _, want := range []string{"CLUSTER", "flotest-" + run + "-a", "flotest-" + run + "-b", "10.0.0.0/16", "kubeconfig"} {
+		if !strings.Contains(output, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, output)
+		}
+	}
+	if left := harness.Leftovers(run); len(left) == 0 {
+		t.Fatal("demo reports ready but nothing of its run exists")
+	}
+
+	cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() {
+		for lines.Scan() {
+		}
+		done <- cmd.Wait()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("demo exit after Ctrl-C: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("demo still running 2 minutes after Ctrl-C")
+	}
+	if left := harness.Leftovers(run); len(left) > 0 {
+		t.Fatalf("demo left behind: %v", left)
+	}
+}
