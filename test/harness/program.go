@@ -76,4 +76,3 @@ func (p *Program) Failed() bool {
 	defer p.mu.Unlock()
 	return p.failed
 }
-
