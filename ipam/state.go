@@ -195,7 +195,9 @@ func readTime(b []byte) (time.Time, []byte, error) {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(b))), b[8:], nil
 }
 
-func encTime(b []byte, t time.Time) []byte { return binary.BigEndian.AppendUint64(b, uint64(t.UnixNano())) }
+func encTime(b []byte, t time.Time) []byte {
+	return binary.BigEndian.AppendUint64(b, uint64(t.UnixNano()))
+}
 
 func encQuarantine(q Quarantined) []byte {
 	b := encTime(nil, q.Until)
