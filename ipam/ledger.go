@@ -74,6 +74,8 @@ type Options struct {
 	Quarantine time.Duration
 	// Now is the clock used for "since" and quarantine; nil means time.Now.
 	Now func() time.Time
+
+	noSync bool // for tests of pure logic only: skip fsync
 }
 
 // Ledger is an open ledger file. Its methods are safe for concurrent use.
@@ -159,6 +161,7 @@ func Open(path string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
+	db.NoSync = opts.noSync
 	l.db = db
 	if err := l.prepare(); err != nil {
 		db.Close()
