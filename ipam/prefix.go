@@ -7,8 +7,12 @@ import (
 	"net/netip"
 )
 
-// ErrInvalidRange is wrapped by every error about a malformed range.
-var ErrInvalidRange = errors.New("invalid range")
+// ErrInvalidRange and ErrInvalidPeer are wrapped by every error about a
+// malformed range or peer ID.
+var (
+	ErrInvalidRange = errors.New("invalid range")
+	ErrInvalidPeer  = errors.New("invalid peer ID")
+)
 
 // CheckRange reports why p cannot be used as a network range: it must be
 // valid, canonical (no host bits set), not an IPv4-mapped IPv6 range, carry

@@ -105,11 +105,11 @@ func (st *state) clone() *state {
 // printable ASCII characters without spaces (cluster IDs are).
 func CheckPeer(id string) error {
 	if id == "" || len(id) > 253 {
-		return fmt.Errorf("peer ID %q: want 1 to 253 characters", id)
+		return fmt.Errorf("%w: %q: want 1 to 253 characters", ErrInvalidPeer, id)
 	}
 	for i := 0; i < len(id); i++ {
 		if id[i] <= ' ' || id[i] > '~' {
-			return fmt.Errorf("peer ID %q: byte %d is not printable ASCII", id, i)
+			return fmt.Errorf("%w: %q: byte %d is not printable ASCII", ErrInvalidPeer, id, i)
 		}
 	}
 	return nil
