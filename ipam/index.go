@@ -20,6 +20,23 @@ func buildIndex(st *state) *index {
 	return ix
 }
 
+// with returns a copy of ix in which the mappings of the changed peers are
+// rebuilt from st; the others are shared.
+func (ix *index) with(st *state, changed map[string]bool) *index {
+	n := &index{peers: make(map[string][]mapping, len(ix.peers)+len(changed))}
+	for p, ms := range ix.peers {
+		if !changed[p] {
+			n.peers[p] = ms
+		}
+	}
+	for k, v := range st.views {
+		if changed[k.peer] {
+			n.peers[k.peer] = append(n.peers[k.peer], mapping{remote: v.Remote, view: v.View})
+		}
+	}
+	return n
+}
+
 // ToLocal translates an address as peer addresses it (one of its own pods,
 // say) into the address this cluster uses for it. ok is false when ip is in
 // none of peer's mapped ranges.

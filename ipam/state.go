@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -83,22 +82,12 @@ type peerRange struct {
 	r    netip.Prefix
 }
 
-// state is the whole ledger in memory. It is copied for each write and
-// never modified once installed.
+// state is the whole ledger in memory, edited only by a txn.
 type state struct {
 	locals     []LocalNetwork
 	views      map[peerRange]View
 	theirs     map[peerRange]TheirView
 	quarantine map[netip.Prefix]Quarantined
-}
-
-func (st *state) clone() *state {
-	return &state{
-		locals:     slices.Clone(st.locals),
-		views:      maps.Clone(st.views),
-		theirs:     maps.Clone(st.theirs),
-		quarantine: maps.Clone(st.quarantine),
-	}
 }
 
 // CheckPeer reports why id cannot name a peer: it must be 1 to 253
@@ -311,45 +300,97 @@ func loadState(tx *bolt.Tx) (*state, error) {
 	return st, nil
 }
 
-// txn is one write: the bbolt transaction and the state copy it edits.
+// txn is one write: the bbolt transaction, the state it edits, and how to
+// undo those edits if the transaction fails.
 type txn struct {
-	l            *Ledger
-	tx           *bolt.Tx
-	st           *state
-	now          time.Time
-	viewsChanged bool
+	l       *Ledger
+	tx      *bolt.Tx
+	st      *state
+	now     time.Time
+	undo    []func()
+	changed map[string]bool // peers whose views changed
+	occ     map[bool]spans  // occupied ranges by family (true: IPv4), built on first use
 }
 
 func (t *txn) putView(v View) error {
-	t.st.views[peerRange{v.Peer, v.Remote}] = v
-	t.viewsChanged = true
+	k := peerRange{v.Peer, v.Remote}
+	old, had := t.st.views[k]
+	t.undo = append(t.undo, func() {
+		if had {
+			t.st.views[k] = old
+		} else {
+			delete(t.st.views, k)
+		}
+	})
+	t.st.views[k] = v
+	t.changed[v.Peer] = true
+	if occ, ok := t.occ[v.View.Addr().Is4()]; ok {
+		t.occ[v.View.Addr().Is4()] = occ.insert(spanOf(v.View))
+	}
 	val := encTime(encPrefix(nil, v.View), v.Since)
 	return t.tx.Bucket(bucketViews).Put(peerRangeKey(v.Peer, v.Remote), val)
 }
 
+// deleteView removes a view. Its block stays in the occupied cache, which
+// only errs on the safe side within one transaction.
 func (t *txn) deleteView(k peerRange) error {
+	old, had := t.st.views[k]
+	if !had {
+		return nil
+	}
+	t.undo = append(t.undo, func() { t.st.views[k] = old })
 	delete(t.st.views, k)
-	t.viewsChanged = true
+	t.changed[k.peer] = true
 	return t.tx.Bucket(bucketViews).Delete(peerRangeKey(k.peer, k.r))
 }
 
 func (t *txn) putTheir(v TheirView) error {
-	t.st.theirs[peerRange{v.Peer, v.Mine}] = v
+	k := peerRange{v.Peer, v.Mine}
+	old, had := t.st.theirs[k]
+	t.undo = append(t.undo, func() {
+		if had {
+			t.st.theirs[k] = old
+		} else {
+			delete(t.st.theirs, k)
+		}
+	})
+	t.st.theirs[k] = v
 	val := encTime(encPrefix(nil, v.Theirs), v.Since)
 	return t.tx.Bucket(bucketTheirs).Put(peerRangeKey(v.Peer, v.Mine), val)
 }
 
 func (t *txn) deleteTheir(k peerRange) error {
+	old, had := t.st.theirs[k]
+	if !had {
+		return nil
+	}
+	t.undo = append(t.undo, func() { t.st.theirs[k] = old })
 	delete(t.st.theirs, k)
 	return t.tx.Bucket(bucketTheirs).Delete(peerRangeKey(k.peer, k.r))
 }
 
 func (t *txn) putQuarantine(q Quarantined) error {
+	old, had := t.st.quarantine[q.Block]
+	t.undo = append(t.undo, func() {
+		if had {
+			t.st.quarantine[q.Block] = old
+		} else {
+			delete(t.st.quarantine, q.Block)
+		}
+	})
 	t.st.quarantine[q.Block] = q
+	if occ, ok := t.occ[q.Block.Addr().Is4()]; ok {
+		t.occ[q.Block.Addr().Is4()] = occ.insert(spanOf(q.Block))
+	}
 	return t.tx.Bucket(bucketQuarantine).Put(encPrefix(nil, q.Block), encQuarantine(q))
 }
 
 func (t *txn) deleteQuarantine(block netip.Prefix) error {
+	old, had := t.st.quarantine[block]
+	if !had {
+		return nil
+	}
+	t.undo = append(t.undo, func() { t.st.quarantine[block] = old })
 	delete(t.st.quarantine, block)
 	return t.tx.Bucket(bucketQuarantine).Delete(encPrefix(nil, block))
 }
@@ -377,7 +418,10 @@ func (t *txn) setLocals(nets []LocalNetwork) error {
 			return err
 		}
 	}
+	old := t.st.locals
+	t.undo = append(t.undo, func() { t.st.locals = old })
 	t.st.locals = nets
+	t.occ = nil
 	return nil
 }
 

@@ -321,6 +321,9 @@ func (t *txn) overlapsLocal(p netip.Prefix) bool {
 type spans []span
 
 func (t *txn) occupied(v4 bool) spans {
+	if occ, ok := t.occ[v4]; ok {
+		return occ
+	}
 	var out spans
 	add := func(p netip.Prefix) {
 		if p.Addr().Is4() == v4 {
@@ -336,16 +339,28 @@ func (t *txn) occupied(v4 bool) spans {
 	for b := range t.st.quarantine {
 		add(b) // expired entries were purged when the transaction began
 	}
-	slices.SortFunc(out, func(a, b span) int {
-		switch {
-		case a.first.less(b.first):
-			return -1
-		case b.first.less(a.first):
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, compareSpans)
+	if t.occ == nil {
+		t.occ = map[bool]spans{}
+	}
+	t.occ[v4] = out
 	return out
+}
+
+func compareSpans(a, b span) int {
+	switch {
+	case a.first.less(b.first):
+		return -1
+	case b.first.less(a.first):
+		return 1
+	}
+	return 0
+}
+
+// insert adds s keeping the order by first address.
+func (s spans) insert(x span) spans {
+	i, _ := slices.BinarySearchFunc(s, x, compareSpans)
+	return slices.Insert(s, i, x)
 }
 
 func (s spans) overlaps(p netip.Prefix) bool {
