@@ -83,6 +83,7 @@ type Ledger struct {
 	db         *bolt.DB
 	path       string
 	readOnly   bool
+	snapshotTx uint64 // set by OpenSnapshot
 	pools      []netip.Prefix
 	quarantine time.Duration
 	now        func() time.Time
