@@ -58,9 +58,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		if !errors.Is(err, errUsage) {
-			fmt.Fprintf(stderr, "flotilla %s: %v\n", c.name, err)
+		if errors.Is(err, errUsage) {
+			return 2
 		}
+		fmt.Fprintf(stderr, "flotilla %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0

@@ -1,0 +1,49 @@
+package harness
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+)
+
+var flotillaBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Flotilla builds the flotilla binary from this checkout once per test
+// binary and returns its path. It lives in the cache, outside the git tree,
+// and is replaced atomically, so parallel test packages do not trip over
+// each other.
+func Flotilla(t TB) string {
+	t.Helper()
+	b := &flotillaBuild
+	b.once.Do(func() {
+		dir := filepath.Join(CacheDir(), "bin")
+		if b.err = os.MkdirAll(dir, 0o755); b.err != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, "flotilla-*")
+		if err != nil {
+			b.err = err
+			return
+		}
+		tmp.Close()
+		cmd := exec.Command("go", "build", "-o", tmp.Name(), "github.com/flotilla-io/flotilla/cmd/flotilla")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp.Name())
+			b.err = fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
+			return
+		}
+		b.path = filepath.Join(dir, fmt.Sprintf("flotilla-%d", os.Getpid()))
+		b.err = os.Rename(tmp.Name(), b.path)
+	})
+	if b.err != nil {
+		t.Fatalf("harness: %v", b.err)
+	}
+	return b.path
+}
