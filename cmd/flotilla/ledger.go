@@ -10,11 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/ipam"
 )
-
-// defaultStateDir is where the agent keeps its ledger unless told otherwise.
-const defaultStateDir = "/var/lib/flotilla"
 
 func init() {
 	register(command{
@@ -33,7 +31,7 @@ func runLedger(_ context.Context, args []string, stdout, stderr io.Writer) error
 		return errUsage
 	}
 	fs := newFlagSet("ledger show", stderr)
-	stateDir := fs.String("state-dir", defaultStateDir, "the agent's state directory, holding "+ipam.FileName)
+	stateDir := fs.String("state-dir", agent.DefaultConfig().StateDir, "the agent's state directory, holding "+ipam.FileName)
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}

@@ -95,9 +95,9 @@ func TestLedgerShowErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"ledger"}, 1, "Usage: flotilla ledger show"},
+		{[]string{"ledger"}, 2, "Usage: flotilla ledger show"},
 		{[]string{"ledger", "show", "--state-dir", "/nonexistent-flotilla"}, 1, "open ledger /nonexistent-flotilla/ledger.db"},
-		{[]string{"ledger", "show", "extra"}, 1, `unexpected argument "extra"`},
+		{[]string{"ledger", "show", "extra"}, 2, `unexpected argument "extra"`},
 	}
 	for _, tc := range tests {
 		var out, errOut bytes.Buffer
