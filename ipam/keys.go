@@ -27,7 +27,8 @@ func (l *Ledger) PutKey(name string, value []byte) error {
 
 // LoadOrCreateKey returns the secret under name, first storing what create
 // returns if there is none. Lookup, creation and storage are one
-// transaction, so concurrent callers all get the same value.
+// transaction, so concurrent callers all get the same value. create runs
+// inside that transaction and must not call the ledger.
 func (l *Ledger) LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error) {
 	if v, err := l.get(bucketKeys, name); err == nil {
 		return v, nil
