@@ -7,6 +7,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	go.etcd.io/bbolt v1.4.2
 	golang.org/x/sys v0.49.0
 	k8s.io/api v0.34.4
 	k8s.io/apimachinery v0.34.4

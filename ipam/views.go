@@ -1,0 +1,507 @@
+package ipam
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// ViewRequest asks for the view of one of a peer's ranges.
+type ViewRequest struct {
+	Peer   string
+	Remote netip.Prefix
+}
+
+// ViewOf returns how this cluster addresses peer's range remote,
+// allocating and recording a view on first use. It is idempotent and the
+// answer survives restarts. The view is remote itself when that overlaps
+// nothing in use here; otherwise a block of the same size from the pools.
+func (l *Ledger) ViewOf(peer string, remote netip.Prefix) (netip.Prefix, error) {
+	if err := checkRequest(peer, remote); err != nil {
+		return netip.Prefix{}, fmt.Errorf("view of peer %s: %w", peer, err)
+	}
+	var v View
+	var ok bool
+	l.read(func(st *state) { v, ok = st.views[peerRange{peer, remote}] })
+	if ok {
+		return v.View, nil
+	}
+	err := l.update(func(t *txn) error {
+		var err error
+		v, err = t.viewOf(peer, remote, false)
+		return err
+	})
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("view of peer %s range %s: %w", peer, remote, err)
+	}
+	return v.View, nil
+}
+
+// ViewsOf maps many ranges in one transaction: all are recorded or, on the
+// first error, none. The views come back in the order of reqs.
+func (l *Ledger) ViewsOf(reqs []ViewRequest) ([]View, error) {
+	for _, r := range reqs {
+		if err := checkRequest(r.Peer, r.Remote); err != nil {
+			return nil, fmt.Errorf("view of peer %s: %w", r.Peer, err)
+		}
+	}
+	out := make([]View, 0, len(reqs))
+	err := l.update(func(t *txn) error {
+		for _, r := range reqs {
+			v, err := t.viewOf(r.Peer, r.Remote, false)
+			if err != nil {
+				return fmt.Errorf("view of peer %s range %s: %w", r.Peer, r.Remote, err)
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SyncPeer makes remotes the complete set of peer's ranges: views of
+// ranges no longer listed go to quarantine, new ones are allocated, all
+// in one transaction. Use it when a peer's ranges change.
+func (l *Ledger) SyncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
+	for _, r := range remotes {
+		if err := checkRequest(peer, r); err != nil {
+			return nil, fmt.Errorf("sync peer %s: %w", peer, err)
+		}
+	}
+	var out []View
+	err := l.update(func(t *txn) error {
+		for k := range t.st.views {
+			if k.peer == peer && !slices.Contains(remotes, k.r) {
+				if err := t.release(k); err != nil {
+					return err
+				}
+			}
+		}
+		for _, r := range remotes {
+			v, err := t.viewOf(peer, r, false)
+			if err != nil {
+				return fmt.Errorf("range %s: %w", r, err)
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sync peer %s: %w", peer, err)
+	}
+	return out, nil
+}
+
+// Remap moves an existing view to a fresh block, quarantining the old one.
+// The agent calls it for the conflicts SetLocalNetworks reports, then
+// tells the peer nothing (views are ours) but rewrites routes and NAT.
+func (l *Ledger) Remap(peer string, remote netip.Prefix) (netip.Prefix, error) {
+	var v View
+	err := l.update(func(t *txn) error {
+		k := peerRange{peer, remote}
+		if _, ok := t.st.views[k]; !ok {
+			return ErrNotFound
+		}
+		if err := t.release(k); err != nil {
+			return err
+		}
+		var err error
+		v, err = t.viewOf(peer, remote, true)
+		return err
+	})
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("remap peer %s range %s: %w", peer, remote, err)
+	}
+	return v.View, nil
+}
+
+// Release drops the view of one of peer's ranges; its block stays in
+// quarantine before anyone else can have it. Releasing an unknown view
+// returns ErrNotFound.
+func (l *Ledger) Release(peer string, remote netip.Prefix) error {
+	err := l.update(func(t *txn) error {
+		k := peerRange{peer, remote}
+		if _, ok := t.st.views[k]; !ok {
+			return ErrNotFound
+		}
+		return t.release(k)
+	})
+	if err != nil {
+		return fmt.Errorf("release peer %s range %s: %w", peer, remote, err)
+	}
+	return nil
+}
+
+// ReleasePeer forgets a peer on unpeering: all its views go to quarantine
+// and its views of us are dropped. Its PeerState is left to its owner.
+func (l *Ledger) ReleasePeer(peer string) error {
+	err := l.update(func(t *txn) error {
+		for k := range t.st.views {
+			if k.peer == peer {
+				if err := t.release(k); err != nil {
+					return err
+				}
+			}
+		}
+		for k := range t.st.theirs {
+			if k.peer == peer {
+				if err := t.deleteTheir(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("release peer %s: %w", peer, err)
+	}
+	return nil
+}
+
+// SetLocalNetworks replaces this cluster's own networks. Views that now
+// overlap one of them are kept and returned as conflicts: the caller must
+// Remap each (they are not moved silently, because routes and NAT follow
+// them). New views never overlap a local network.
+func (l *Ledger) SetLocalNetworks(nets []LocalNetwork) ([]Conflict, error) {
+	seen := map[netip.Prefix]bool{}
+	for _, n := range nets {
+		if err := CheckRange(n.Range); err != nil {
+			return nil, fmt.Errorf("set local networks: %w", err)
+		}
+		if !n.Kind.valid() {
+			return nil, fmt.Errorf("set local networks: %s: unknown kind %q", n.Range, n.Kind)
+		}
+		if seen[n.Range] {
+			return nil, fmt.Errorf("set local networks: %s listed twice", n.Range)
+		}
+		seen[n.Range] = true
+	}
+	nets = slices.Clone(nets)
+	err := l.update(func(t *txn) error { return t.setLocals(nets) })
+	if err != nil {
+		return nil, fmt.Errorf("set local networks: %w", err)
+	}
+	return l.Conflicts(), nil
+}
+
+// Conflicts lists the views that overlap a local network.
+func (l *Ledger) Conflicts() []Conflict {
+	var out []Conflict
+	l.read(func(st *state) {
+		for _, v := range st.views {
+			for _, n := range st.locals {
+				if overlaps(v.View, n.Range) {
+					out = append(out, Conflict{View: v, Local: n})
+				}
+			}
+		}
+	})
+	slices.SortFunc(out, func(a, b Conflict) int {
+		if c := strings.Compare(a.View.Peer, b.View.Peer); c != 0 {
+			return c
+		}
+		if c := comparePrefix(a.View.Remote, b.View.Remote); c != 0 {
+			return c
+		}
+		return comparePrefix(a.Local.Range, b.Local.Range)
+	})
+	return out
+}
+
+// LocalNetworks returns this cluster's networks as last set.
+func (l *Ledger) LocalNetworks() []LocalNetwork {
+	var out []LocalNetwork
+	l.read(func(st *state) { out = slices.Clone(st.locals) })
+	slices.SortFunc(out, func(a, b LocalNetwork) int { return comparePrefix(a.Range, b.Range) })
+	return out
+}
+
+// Views returns the views of peer's ranges, or of every peer when peer is "".
+func (l *Ledger) Views(peer string) []View {
+	var out []View
+	l.read(func(st *state) {
+		for k, v := range st.views {
+			if peer == "" || k.peer == peer {
+				out = append(out, v)
+			}
+		}
+	})
+	sortViews(out)
+	return out
+}
+
+// Quarantine lists released blocks not yet reusable by others.
+func (l *Ledger) Quarantine() []Quarantined {
+	var out []Quarantined
+	now := l.now()
+	l.read(func(st *state) {
+		for _, q := range st.quarantine {
+			if now.Before(q.Until) {
+				out = append(out, q)
+			}
+		}
+	})
+	slices.SortFunc(out, func(a, b Quarantined) int { return comparePrefix(a.Block, b.Block) })
+	return out
+}
+
+func checkRequest(peer string, remote netip.Prefix) error {
+	if err := CheckPeer(peer); err != nil {
+		return err
+	}
+	return CheckRange(remote)
+}
+
+// release moves a view to quarantine.
+func (t *txn) release(k peerRange) error {
+	v := t.st.views[k]
+	if err := t.deleteView(k); err != nil {
+		return err
+	}
+	if t.l.quarantine < 0 {
+		return nil
+	}
+	return t.putQuarantine(Quarantined{Block: v.View, Peer: k.peer, Remote: k.r, Until: t.now.Add(t.l.quarantine)})
+}
+
+// viewOf finds or makes the view of (peer, remote). Unless fresh, a block
+// this peer released for the same range and still in quarantine is taken
+// back, so a flapping peer keeps its addresses.
+func (t *txn) viewOf(peer string, remote netip.Prefix, fresh bool) (View, error) {
+	k := peerRange{peer, remote}
+	if v, ok := t.st.views[k]; ok {
+		return v, nil
+	}
+	for o := range t.st.views {
+		if o.peer == peer && overlaps(o.r, remote) {
+			return View{}, fmt.Errorf("%w: overlaps the peer's range %s", ErrInvalidRange, o.r)
+		}
+	}
+	occ := t.occupied(remote.Addr().Is4())
+	var block netip.Prefix
+	if !fresh {
+		for b, q := range t.st.quarantine {
+			if q.Peer == peer && q.Remote == remote && !t.overlapsLocal(b) {
+				block = b
+				if err := t.deleteQuarantine(b); err != nil {
+					return View{}, err
+				}
+				break
+			}
+		}
+	}
+	if !block.IsValid() && !occ.overlaps(remote) {
+		block = remote
+	}
+	if !block.IsValid() {
+		var err error
+		if block, err = t.allocate(remote, occ); err != nil {
+			return View{}, err
+		}
+	}
+	v := View{Peer: peer, Remote: remote, View: block, Since: t.now}
+	return v, t.putView(v)
+}
+
+func (t *txn) overlapsLocal(p netip.Prefix) bool {
+	for _, n := range t.st.locals {
+		if overlaps(n.Range, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// spans is the sorted set of ranges of one family in use: local networks,
+// views and quarantined blocks.
+type spans []span
+
+func (t *txn) occupied(v4 bool) spans {
+	if occ, ok := t.occ[v4]; ok {
+		return occ
+	}
+	var out spans
+	add := func(p netip.Prefix) {
+		if p.Addr().Is4() == v4 {
+			out = append(out, spanOf(p))
+		}
+	}
+	for _, n := range t.st.locals {
+		add(n.Range)
+	}
+	for _, v := range t.st.views {
+		add(v.View)
+	}
+	for b := range t.st.quarantine {
+		add(b) // expired entries were purged when the transaction began
+	}
+	slices.SortFunc(out, compareSpans)
+	if t.occ == nil {
+		t.occ = map[bool]spans{}
+	}
+	t.occ[v4] = out
+	return out
+}
+
+func compareSpans(a, b span) int {
+	switch {
+	case a.first.less(b.first):
+		return -1
+	case b.first.less(a.first):
+		return 1
+	}
+	return 0
+}
+
+// insert adds s keeping the order by first address.
+func (s spans) insert(x span) spans {
+	i, _ := slices.BinarySearchFunc(s, x, compareSpans)
+	return slices.Insert(s, i, x)
+}
+
+func (s spans) overlaps(p netip.Prefix) bool {
+	ps := spanOf(p)
+	for _, o := range s {
+		if ps.last.less(o.first) {
+			break
+		}
+		if o.overlaps(ps) {
+			return true
+		}
+	}
+	return false
+}
+
+// allocate finds the lowest free aligned block of remote's size in the
+// first pool of its family that has one.
+func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
+	width := remote.Addr().BitLen()
+	mask := hostMask(width, remote.Bits())
+	var tried []string
+	for _, pool := range t.l.pools {
+		if pool.Addr().BitLen() != width {
+			continue
+		}
+		tried = append(tried, pool.String())
+		if pool.Bits() > remote.Bits() {
+			continue
+		}
+		ps := spanOf(pool)
+		cand := ps.first
+		found := true
+		for _, o := range occ {
+			last := cand.or(mask)
+			if o.last.less(cand) {
+				continue
+			}
+			if last.less(o.first) {
+				break
+			}
+			// The candidate overlaps o: try the first aligned block past it.
+			next, overflow := o.last.add(u128{lo: 1})
+			if !overflow {
+				next, overflow = next.add(mask)
+			}
+			if overflow {
+				found = false
+				break
+			}
+			cand = next.and(mask.not())
+			if ps.last.less(cand) {
+				found = false
+				break
+			}
+		}
+		if found && !ps.last.less(cand.or(mask)) {
+			return netip.PrefixFrom(numAddr(cand, width == 32), remote.Bits()), nil
+		}
+	}
+	if len(tried) == 0 {
+		return netip.Prefix{}, fmt.Errorf("%w: no %s pool configured for a /%d", ErrExhausted, family(remote), remote.Bits())
+	}
+	return netip.Prefix{}, fmt.Errorf("%w: no free /%d in %s (%s)", ErrExhausted, remote.Bits(), strings.Join(tried, ", "), family(remote))
+}
+
+// RecordTheirView records that peer addresses this cluster's range mine as
+// theirs, as learned in negotiation. The claim is refused, with the reason,
+// when theirs differs from mine in family or size, when mine is not one of
+// our local networks, or when it overlaps what the peer claims for another
+// of our ranges. A new claim for the same range replaces the old one.
+func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
+	err := checkClaim(peer, mine, theirs)
+	if err == nil {
+		err = l.update(func(t *txn) error {
+			inside := false
+			for _, n := range t.st.locals {
+				if n.Range.Bits() <= mine.Bits() && overlaps(n.Range, mine) {
+					inside = true
+				}
+			}
+			if !inside {
+				return fmt.Errorf("%w: %s is not within any of our local networks", ErrInconsistentClaim, mine)
+			}
+			for k, o := range t.st.theirs {
+				if k.peer != peer || k.r == mine {
+					continue
+				}
+				if overlaps(k.r, mine) {
+					return fmt.Errorf("%w: %s overlaps %s, for which the peer already claims %s", ErrInconsistentClaim, mine, k.r, o.Theirs)
+				}
+				if overlaps(o.Theirs, theirs) {
+					return fmt.Errorf("%w: %s overlaps %s, the peer's view of our %s", ErrInconsistentClaim, theirs, o.Theirs, k.r)
+				}
+			}
+			if o, ok := t.st.theirs[peerRange{peer, mine}]; ok && o.Theirs == theirs {
+				return nil
+			}
+			return t.putTheir(TheirView{Peer: peer, Mine: mine, Theirs: theirs, Since: t.now})
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
+	}
+	return nil
+}
+
+func checkClaim(peer string, mine, theirs netip.Prefix) error {
+	if err := CheckPeer(peer); err != nil {
+		return err
+	}
+	if err := CheckRange(mine); err != nil {
+		return err
+	}
+	if err := CheckRange(theirs); err != nil {
+		return err
+	}
+	if mine.Addr().Is4() != theirs.Addr().Is4() {
+		return fmt.Errorf("%w: %s is %s but %s is %s", ErrInconsistentClaim, mine, family(mine), theirs, family(theirs))
+	}
+	if mine.Bits() != theirs.Bits() {
+		return fmt.Errorf("%w: sizes differ (/%d vs /%d)", ErrInconsistentClaim, mine.Bits(), theirs.Bits())
+	}
+	return nil
+}
+
+// TheirViews returns how peer addresses our networks, or every peer's
+// claims when peer is "".
+func (l *Ledger) TheirViews(peer string) []TheirView {
+	var out []TheirView
+	l.read(func(st *state) {
+		for k, v := range st.theirs {
+			if peer == "" || k.peer == peer {
+				out = append(out, v)
+			}
+		}
+	})
+	slices.SortFunc(out, func(a, b TheirView) int {
+		if c := strings.Compare(a.Peer, b.Peer); c != 0 {
+			return c
+		}
+		return comparePrefix(a.Mine, b.Mine)
+	})
+	return out
+}
