@@ -9,7 +9,7 @@ GO      ?= go
 TEST_TIMEOUT ?= 45m
 FUZZTIME ?= 30s
 
-.PHONY: all build deps kube-binaries demo test test-only lint bench fuzz clean sweep
+.PHONY: all build deps kube-binaries demo test test-only lint generate bench fuzz clean sweep
 
 all: build
 
@@ -35,6 +35,13 @@ test-only:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
+
+# Deep copies and CRD manifests from the Go types in api/.
+generate:
+	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crds
 
 # Benchmarks print their figures; see docs/ for what each one measures.
 bench: deps

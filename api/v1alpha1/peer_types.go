@@ -1,0 +1,158 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Networking is the admin's decision on network peering with a cluster.
+// +kubebuilder:validation:Enum="";Accept;Deny
+type Networking string
+
+const (
+	// NetworkingDefault follows the agent's --peering policy: auto accepts,
+	// manual waits for Accept.
+	NetworkingDefault Networking = ""
+	NetworkingAccept  Networking = "Accept"
+	NetworkingDeny    Networking = "Deny"
+)
+
+// PeerSpec is what the admin decides about a peer.
+type PeerSpec struct {
+	// Networking: empty follows the agent's policy; Accept connects (needed
+	// under --peering=manual); Deny tears the tunnel down on both sides.
+	// +optional
+	Networking Networking `json:"networking,omitempty"`
+}
+
+// Phase is where a peering stands.
+// +kubebuilder:validation:Enum=Discovered;Negotiating;Connected;Degraded;Unreachable;Denied
+type Phase string
+
+const (
+	// PhaseDiscovered: the cluster is a member; nothing exchanged yet, or
+	// waiting for acceptance.
+	PhaseDiscovered Phase = "Discovered"
+	// PhaseNegotiating: statements exchanged, views not yet agreed or the
+	// tunnel not yet up.
+	PhaseNegotiating Phase = "Negotiating"
+	// PhaseConnected: views agreed both ways and the tunnel has a recent
+	// handshake.
+	PhaseConnected Phase = "Connected"
+	// PhaseDegraded: configured, but no recent handshake.
+	PhaseDegraded Phase = "Degraded"
+	// PhaseUnreachable: the member failed; its tunnel is removed after the
+	// grace period.
+	PhaseUnreachable Phase = "Unreachable"
+	// PhaseDenied: this side or the other denies networking.
+	PhaseDenied Phase = "Denied"
+)
+
+// NetworkView says how one side addresses a range of the other.
+type NetworkView struct {
+	// Range is the real range, in its owner's address space.
+	Range string `json:"range"`
+	// As is how the viewing side addresses it; equal to Range when nothing
+	// overlaps.
+	As string `json:"as"`
+}
+
+// PeerStatus is what the agent observes and negotiated.
+type PeerStatus struct {
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// ClusterName is the peer's human name (its --cluster-name).
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
+	// Sources are the discovery sources that found the peer (mdns, dns,
+	// seed, gossip).
+	// +optional
+	Sources []string `json:"sources,omitempty"`
+	// Gossip is the peer's gossip address.
+	// +optional
+	Gossip string `json:"gossip,omitempty"`
+	// Endpoint is the peer's WireGuard endpoint in use.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+	// PublicKey is the peer's WireGuard public key.
+	// +optional
+	PublicKey string `json:"publicKey,omitempty"`
+	// TheirNetworks: the peer's ranges and how this cluster sees them.
+	// +optional
+	TheirNetworks []NetworkView `json:"theirNetworks,omitempty"`
+	// MyNetworks: this cluster's ranges and how the peer sees them.
+	// +optional
+	MyNetworks []NetworkView `json:"myNetworks,omitempty"`
+	// Views summarises TheirNetworks for kubectl: "range=>as,...".
+	// +optional
+	Views string `json:"views,omitempty"`
+	// LastHandshake is the last WireGuard handshake with the peer.
+	// +optional
+	LastHandshake *metav1.Time `json:"lastHandshake,omitempty"`
+	// ReceiveBytes and TransmitBytes count tunnel traffic with the peer.
+	// +optional
+	ReceiveBytes int64 `json:"receiveBytes,omitempty"`
+	// +optional
+	TransmitBytes int64 `json:"transmitBytes,omitempty"`
+	// StatementGeneration is the generation of the peer's last accepted
+	// signed statement.
+	// +optional
+	StatementGeneration int64 `json:"statementGeneration,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition types of a Peer.
+const (
+	// ConditionMember: the cluster is an alive member of the federation.
+	ConditionMember = "Member"
+	// ConditionAccepted: both sides accept networking.
+	ConditionAccepted = "Accepted"
+	// ConditionViewsAgreed: both sides know how each sees the other.
+	ConditionViewsAgreed = "ViewsAgreed"
+	// ConditionTunnelUp: the tunnel to the peer has a recent handshake.
+	ConditionTunnelUp = "TunnelUp"
+)
+
+// Peer is another cluster of the federation, as this cluster sees it. The
+// agent creates one per discovered cluster, named after its cluster ID.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=peer
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.status.clusterName`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Views",type=string,JSONPath=`.status.views`,priority=1
+// +kubebuilder:printcolumn:name="Networking",type=string,JSONPath=`.spec.networking`,priority=1
+// +kubebuilder:printcolumn:name="Handshake",type=date,JSONPath=`.status.lastHandshake`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Peer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   PeerSpec   `json:"spec,omitempty"`
+	Status PeerStatus `json:"status,omitempty"`
+}
+
+// PeerList is a list of Peers.
+//
+// +kubebuilder:object:root=true
+type PeerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Peer `json:"items"`
+}
+
+// Labels the agent sets on Peers.
+const (
+	// LabelClusterName carries the peer's human name.
+	LabelClusterName = "flotilla.io/cluster-name"
+	// LabelManagedBy marks objects the agent owns.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ManagedByValue is LabelManagedBy's value.
+	ManagedByValue = "flotilla"
+)
