@@ -1,0 +1,651 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+
+	flotillav1 "github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+const (
+	namespace      = "flotilla-system"
+	serviceAccount = "flotilla-agent"
+	agentUser      = "system:serviceaccount:" + namespace + ":" + serviceAccount
+	crdName        = "peers.flotilla.io"
+	gatewayLabel   = "flotilla.io/gateway"
+	agentSelector  = "app.kubernetes.io/name=flotilla,app.kubernetes.io/component=agent"
+)
+
+var (
+	crdGVR  = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	peerGVR = flotillav1.GroupVersion.WithResource("peers")
+)
+
+// TestInstall applies deploy/ with kubectl to a real control plane (with a
+// scheduler and two pretend nodes) and checks what an admin would see:
+// the Peer API works, the agent lands on the labelled node only, a rollout
+// never runs two agents, and the agent's account can do what it needs and
+// nothing more. One control plane serves every subtest; they run in order.
+func TestInstall(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Scheduler: true})
+	cp.StartKubelet("worker", harness.KubeletOptions{})
+	cp.StartKubelet("gateway", harness.KubeletOptions{})
+
+	out, err := kubectl(cp, "apply", "--server-side", "-k", ".")
+	if err != nil {
+		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
+	}
+	t.Logf("kubectl apply -k deploy/:\n%s", out)
+	if out, err := kubectl(cp, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crdName); err != nil {
+		t.Fatalf("CRD %s not Established: %v\n%s", crdName, err, out)
+	}
+
+	t.Run("kubectl get peers tells the story", func(t *testing.T) { testPeerColumns(t, cp) })
+	t.Run("agent waits for the gateway label", func(t *testing.T) { testGatewayLabel(t, cp) })
+	t.Run("agent pod has only NET_ADMIN and NET_RAW", func(t *testing.T) { testPodSecurity(t, cp) })
+	t.Run("rollout never runs two agents", func(t *testing.T) { testRecreate(t, cp) })
+	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
+	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
+	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
+}
+
+func kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
+	ctx := t.Context()
+	peers := dynamic.NewForConfigOrDie(cp.Config).Resource(peerGVR)
+	peer := &flotillav1.Peer{
+		TypeMeta:   metav1.TypeMeta{APIVersion: flotillav1.GroupVersion.String(), Kind: "Peer"},
+		ObjectMeta: metav1.ObjectMeta{Name: "c-beta"},
+	}
+	created, err := peers.Create(ctx, toUnstructured(t, peer), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create Peer: %v", err)
+	}
+	peer.ResourceVersion = created.GetResourceVersion()
+	peer.Status = flotillav1.PeerStatus{
+		Phase:         flotillav1.PhaseConnected,
+		ClusterName:   "beta",
+		Endpoint:      "198.18.0.2:51820",
+		Views:         "10.0.0.0/16=>10.70.0.0/16",
+		LastHandshake: &metav1.Time{Time: time.Now().Add(-30 * time.Second)},
+	}
+	if _, err := peers.UpdateStatus(ctx, toUnstructured(t, peer), metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update Peer status: %v", err)
+	}
+
+	for _, tc := range []struct {
+		args    []string
+		columns []string
+		values  []string
+	}{
+		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "30s"}},
+		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "VIEWS", "NETWORKING", "HANDSHAKE", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16"}},
+	} {
+		out, err := kubectl(cp, tc.args...)
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(tc.args, " "), err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("kubectl %s: want a header and one row, got:\n%s", strings.Join(tc.args, " "), out)
+		}
+		if header := strings.Fields(lines[0]); !slices.Equal(header, tc.columns) {
+			t.Errorf("kubectl %s: columns %v, want %v", strings.Join(tc.args, " "), header, tc.columns)
+		}
+		row := strings.Fields(lines[1])
+		for _, v := range tc.values {
+			// The handshake's age may have ticked by a second or two.
+			if v == "30s" && slices.ContainsFunc(row, func(c string) bool { return c == "30s" || c == "31s" || c == "32s" }) {
+				continue
+			}
+			if !slices.Contains(row, v) {
+				t.Errorf("kubectl %s: row %q lacks %q", strings.Join(tc.args, " "), lines[1], v)
+			}
+		}
+	}
+}
+
+func toUnstructured(t *testing.T, obj runtime.Object) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		t.Fatalf("convert %T: %v", obj, err)
+	}
+	return &unstructured.Unstructured{Object: m}
+}
+
+// agentPods lists the agent's pods that are not being deleted.
+func agentPods(ctx context.Context, cp *harness.ControlPlane) ([]corev1.Pod, error) {
+	list, err := cp.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil {
+		return nil, err
+	}
+	var pods []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			pods = append(pods, p)
+		}
+	}
+	return pods, nil
+}
+
+// waitAgentPod waits until exactly one agent pod exists and cond holds for
+// it; cond's error ends the wait at once.
+func waitAgentPod(t *testing.T, cp *harness.ControlPlane, what string, cond func(corev1.Pod) (bool, error)) corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	var last []corev1.Pod
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := agentPods(ctx, cp)
+		if err != nil {
+			return false, nil
+		}
+		last = pods
+		if len(pods) != 1 {
+			return false, nil
+		}
+		pod = pods[0]
+		return cond(pod)
+	})
+	if err != nil {
+		t.Fatalf("agent pod %s: %v; pods: %s", what, err, describePods(last))
+	}
+	return pod
+}
+
+func describePods(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "%s node=%q phase=%s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, c := range p.Status.Conditions {
+			fmt.Fprintf(&b, " %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+		}
+		b.WriteString("; ")
+	}
+	if len(pods) == 0 {
+		return "none"
+	}
+	return b.String()
+}
+
+func unschedulable(p corev1.Pod) (bool, error) {
+	if p.Spec.NodeName != "" {
+		return false, fmt.Errorf("bound to node %s, which has no %s label", p.Spec.NodeName, gatewayLabel)
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// The Deployment gets a ReplicaSet and a pod, which no node takes until
+// one is labelled flotilla.io/gateway=true; then that node runs it.
+func testGatewayLabel(t *testing.T, cp *harness.ControlPlane) {
+	ctx := t.Context()
+	rs, err := cp.Client.AppsV1().ReplicaSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil || len(rs.Items) != 1 {
+		t.Fatalf("ReplicaSets of the agent Deployment: %v, err %v; want one", rs, err)
+	}
+	pod := waitAgentPod(t, cp, "unschedulable without a gateway node", unschedulable)
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && !strings.Contains(c.Message, "node affinity/selector") {
+			t.Errorf("scheduler's reason %q does not point at the node selector", c.Message)
+		}
+	}
+
+	if out, err := kubectl(cp, "label", "node", "gateway", gatewayLabel+"=true"); err != nil {
+		t.Fatalf("kubectl label node: %v\n%s", err, out)
+	}
+	pod = waitAgentPod(t, cp, "running on the gateway node", func(p corev1.Pod) (bool, error) { return p.Status.Phase == corev1.PodRunning, nil })
+	if pod.Spec.NodeName != "gateway" {
+		t.Fatalf("agent pod runs on %q, want the labelled node gateway", pod.Spec.NodeName)
+	}
+}
+
+// What the cluster runs, as the API server stored it: host network, two
+// capabilities, not privileged, the host paths and probes the agent needs.
+func testPodSecurity(t *testing.T, cp *harness.ControlPlane) {
+	pods, err := agentPods(t.Context(), cp)
+	if err != nil || len(pods) != 1 {
+		t.Fatalf("agent pods: %v, err %v; want one", describePods(pods), err)
+	}
+	spec := pods[0].Spec
+	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %s; want true, ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+	}
+	if spec.ServiceAccountName != serviceAccount {
+		t.Errorf("service account %q, want %q", spec.ServiceAccountName, serviceAccount)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Capabilities == nil {
+		t.Fatal("agent container has no securityContext with capabilities")
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Error("agent container is privileged")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("agent container allows privilege escalation")
+	}
+	if got := fmt.Sprint(sc.Capabilities.Add); got != "[NET_ADMIN NET_RAW]" {
+		t.Errorf("added capabilities %s, want [NET_ADMIN NET_RAW]", got)
+	}
+	if got := fmt.Sprint(sc.Capabilities.Drop); got != "[ALL]" {
+		t.Errorf("dropped capabilities %s, want [ALL]", got)
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	for _, v := range spec.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		mounts[v.Name] = v.HostPath.Path + " -> " + mounts[v.Name] + " (" + string(*v.HostPath.Type) + ")"
+	}
+	for _, want := range []string{
+		"/var/lib/flotilla -> /var/lib/flotilla (DirectoryOrCreate)",
+		"/dev/net/tun -> /dev/net/tun (CharDevice)",
+		"/run/wireguard -> /var/run/wireguard (DirectoryOrCreate)",
+	} {
+		if !slices.Contains(slices.Collect(maps.Values(mounts)), want) {
+			t.Errorf("host path %s not mounted; mounts: %v", want, mounts)
+		}
+	}
+	if got := c.Resources.Limits.Memory().String(); got != "128Mi" {
+		t.Errorf("memory limit %s, want 128Mi", got)
+	}
+	for name, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != name || p.HTTPGet.Port.IntValue() != 9470 {
+			t.Errorf("probe %s on port 9470 missing: %+v", name, p)
+		}
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g != 10 {
+		t.Errorf("terminationGracePeriodSeconds %v, want 10", g)
+	}
+}
+
+// A rollout (here: a changed pod template) replaces the agent, and at no
+// moment do two agent pods exist: the old one is gone before the new one
+// is created.
+func testRecreate(t *testing.T, cp *harness.ControlPlane) {
+	ctx := t.Context()
+	before, err := agentPods(ctx, cp)
+	if err != nil || len(before) != 1 {
+		t.Fatalf("agent pods before the rollout: %v, err %v; want one", describePods(before), err)
+	}
+	list, err := cp.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cp.Client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: agentSelector, ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatalf("watch agent pods: %v", err)
+	}
+	defer w.Stop()
+
+	if out, err := kubectl(cp, "-n", namespace, "rollout", "restart", "deployment/flotilla-agent"); err != nil {
+		t.Fatalf("kubectl rollout restart: %v\n%s", err, out)
+	}
+	present := map[types.UID]bool{}
+	for _, p := range list.Items {
+		present[p.UID] = true
+	}
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch of agent pods ended early")
+			}
+			pod, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				t.Fatalf("watch: %v", ev.Object)
+			}
+			if ev.Type == watch.Deleted {
+				delete(present, pod.UID)
+			} else {
+				present[pod.UID] = true
+			}
+			if len(present) > 1 {
+				t.Fatalf("%d agent pods exist at once during the rollout (%s %s)", len(present), ev.Type, pod.Name)
+			}
+			if pod.UID != before[0].UID && pod.Status.Phase == corev1.PodRunning && ev.Type != watch.Deleted {
+				if pod.Spec.NodeName != "gateway" {
+					t.Fatalf("new agent pod on %q, want gateway", pod.Spec.NodeName)
+				}
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no new agent pod running within 60s; pods now: %v", present)
+		}
+	}
+}
+
+// access is one question to the authorizer about the agent's account.
+type access struct {
+	verb, group, resource, subresource, namespace, name string
+	path                                                string // non-resource URL instead
+	allowed                                             bool
+}
+
+func (a access) String() string {
+	if a.path != "" {
+		return a.verb + " " + a.path
+	}
+	r := a.resource
+	if a.group != "" {
+		r += "." + a.group
+	}
+	if a.subresource != "" {
+		r += "/" + a.subresource
+	}
+	if a.name != "" {
+		r += "/" + a.name
+	}
+	where := "cluster"
+	if a.namespace != "" {
+		where = "ns " + a.namespace
+	}
+	return fmt.Sprintf("%s %s in %s", a.verb, r, where)
+}
+
+func allow(verb, group, resource, ns, name string) access {
+	return access{verb: verb, group: group, resource: resource, namespace: ns, name: name, allowed: true}
+}
+
+func deny(verb, group, resource, ns, name string) access {
+	return access{verb: verb, group: group, resource: resource, namespace: ns, name: name}
+}
+
+func agentAccess() []access {
+	var cases []access
+	for _, v := range []string{"get", "list", "watch", "create", "update", "patch", "delete"} {
+		cases = append(cases, allow(v, "flotilla.io", "peers", "", ""))
+	}
+	for _, v := range []string{"get", "update", "patch"} {
+		a := allow(v, "flotilla.io", "peers", "", "c-beta")
+		a.subresource = "status"
+		cases = append(cases, a)
+	}
+	for _, v := range []string{"get", "list", "watch"} {
+		cases = append(cases, allow(v, "", "nodes", "", ""))
+	}
+	for _, v := range []string{"get", "create", "update", "patch"} {
+		cases = append(cases, allow(v, "apiextensions.k8s.io", "customresourcedefinitions", "", crdName))
+	}
+	for _, ns := range []string{"default", namespace} {
+		for _, g := range []string{"", "events.k8s.io"} {
+			cases = append(cases, allow("create", g, "events", ns, ""), allow("patch", g, "events", ns, "x.17f"))
+		}
+	}
+	cases = append(cases,
+		allow("create", "coordination.k8s.io", "leases", namespace, ""),
+		allow("get", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		allow("update", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		// The agent probes its API server's readiness.
+		access{verb: "get", path: "/readyz", allowed: true},
+	)
+
+	// Refusals: everything the brief names, and the likely escapes.
+	for _, ns := range []string{"", "default", namespace, "kube-system"} {
+		cases = append(cases, deny("get", "", "secrets", ns, ""), deny("list", "", "secrets", ns, ""))
+	}
+	nodeStatus := deny("update", "", "nodes", "", "gateway")
+	nodeStatus.subresource = "status"
+	saToken := deny("create", "", "serviceaccounts", namespace, serviceAccount)
+	saToken.subresource = "token"
+	cases = append(cases,
+		deny("create", "", "pods", namespace, ""),
+		deny("create", "", "pods", "default", ""),
+		deny("delete", "", "nodes", "", "gateway"),
+		deny("update", "", "nodes", "", "gateway"),
+		deny("patch", "", "nodes", "", "gateway"),
+		nodeStatus,
+		deny("get", "", "configmaps", "kube-system", ""),
+		deny("list", "", "configmaps", "kube-system", ""),
+		saToken,
+		deny("deletecollection", "flotilla.io", "peers", "", ""),
+		// CRDs: only peers.flotilla.io, never deleted, a create only by name.
+		deny("patch", "apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.example.com"),
+		deny("update", "apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.example.com"),
+		deny("get", "apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.example.com"),
+		deny("create", "apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.example.com"),
+		deny("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+		deny("list", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+		deny("delete", "apiextensions.k8s.io", "customresourcedefinitions", "", crdName),
+		// No way to widen its own grants.
+		deny("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
+		deny("create", "rbac.authorization.k8s.io", "rolebindings", namespace, ""),
+		deny("update", "rbac.authorization.k8s.io", "clusterroles", "", "flotilla-agent"),
+		deny("escalate", "rbac.authorization.k8s.io", "clusterroles", "", ""),
+		deny("bind", "rbac.authorization.k8s.io", "clusterroles", "", "cluster-admin"),
+		deny("impersonate", "", "users", "", "admin"),
+		deny("impersonate", "", "groups", "", "system:masters"),
+		deny("impersonate", "", "serviceaccounts", "kube-system", "default"),
+		deny("impersonate", "authentication.k8s.io", "userextras", "", "scopes"),
+		// Events and leases only where granted.
+		deny("create", "", "events", "kube-system", ""),
+		deny("update", "coordination.k8s.io", "leases", "kube-system", "kube-controller-manager"),
+		deny("update", "coordination.k8s.io", "leases", namespace, "someone-else"),
+		deny("delete", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+	)
+	return cases
+}
+
+// ask puts the question to the API server's authorizer as the agent's
+// service account, with the groups its token carries.
+func (a access) ask(ctx context.Context, kube kubernetes.Interface) (bool, string, error) {
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   agentUser,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}}
+	if a.path != "" {
+		sar.Spec.NonResourceAttributes = &authorizationv1.NonResourceAttributes{Verb: a.verb, Path: a.path}
+	} else {
+		sar.Spec.ResourceAttributes = &authorizationv1.ResourceAttributes{
+			Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource,
+			Namespace: a.namespace, Name: a.name,
+		}
+	}
+	res, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+	if err != nil {
+		return false, "", err
+	}
+	return res.Status.Allowed, res.Status.Reason, nil
+}
+
+// Every grant and refusal, asked of the real authorizer as the agent's
+// service account with the groups its token carries.
+func testAccess(t *testing.T, cp *harness.ControlPlane) {
+	for _, tc := range agentAccess() {
+		t.Run(tc.String(), func(t *testing.T) {
+			allowed, reason, err := tc.ask(t.Context(), cp.Client)
+			if err != nil {
+				t.Fatalf("SubjectAccessReview: %v", err)
+			}
+			if allowed != tc.allowed {
+				t.Errorf("%s as %s: allowed=%v (%s), want %v", tc, agentUser, allowed, reason, tc.allowed)
+			}
+		})
+	}
+}
+
+// The agent's own token, as the pod would get it: it creates a Peer and
+// writes its status, and is refused what it was not granted.
+func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
+	ctx := t.Context()
+	cfg := agentConfig(t, cp)
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+
+	peer := &flotillav1.Peer{
+		TypeMeta:   metav1.TypeMeta{APIVersion: flotillav1.GroupVersion.String(), Kind: "Peer"},
+		ObjectMeta: metav1.ObjectMeta{Name: "c-gamma"},
+	}
+	obj, err := dyn.Resource(peerGVR).Create(ctx, toUnstructured(t, peer), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("agent creates a Peer: %v", err)
+	}
+	if err := unstructured.SetNestedField(obj.Object, string(flotillav1.PhaseNegotiating), "status", "phase"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(peerGVR).UpdateStatus(ctx, obj, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("agent updates a Peer's status: %v", err)
+	}
+	if _, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("agent lists nodes: %v", err)
+	}
+	if _, err := dyn.Resource(crdGVR).Get(ctx, crdName, metav1.GetOptions{}); err != nil {
+		t.Fatalf("agent reads its CRD: %v", err)
+	}
+
+	other := crdObject(t)
+	other.SetName("widgets.example.com")
+	if err := unstructured.SetNestedField(other.Object, "example.com", "spec", "group"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedMap(other.Object, map[string]any{"kind": "Widget", "listKind": "WidgetList", "plural": "widgets", "singular": "widget"}, "spec", "names"); err != nil {
+		t.Fatal(err)
+	}
+	refusals := []struct {
+		what string
+		do   func() error
+	}{
+		{"list secrets", func() error { _, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }},
+		{"get configmaps in kube-system", func() error {
+			_, err := kube.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+			return err
+		}},
+		{"create a pod", func() error {
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "escape", Namespace: namespace},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+			}
+			_, err := kube.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{})
+			return err
+		}},
+		{"delete a node", func() error { return kube.CoreV1().Nodes().Delete(ctx, "worker", metav1.DeleteOptions{}) }},
+		{"create another CRD", func() error { _, err := dyn.Resource(crdGVR).Create(ctx, other, metav1.CreateOptions{}); return err }},
+		{"apply another CRD", func() error {
+			_, err := dyn.Resource(crdGVR).Apply(ctx, other.GetName(), other, metav1.ApplyOptions{FieldManager: "flotilla-agent", Force: true})
+			return err
+		}},
+		{"delete its CRD", func() error { return dyn.Resource(crdGVR).Delete(ctx, crdName, metav1.DeleteOptions{}) }},
+	}
+	for _, r := range refusals {
+		if err := r.do(); !apierrors.IsForbidden(err) {
+			t.Errorf("agent may %s: got %v, want Forbidden", r.what, err)
+		}
+	}
+	if _, err := cp.Client.CoreV1().Nodes().Get(ctx, "worker", metav1.GetOptions{}); err != nil {
+		t.Errorf("node worker after the refused delete: %v", err)
+	}
+}
+
+// agentConfig returns a client config holding a token of the agent's
+// service account from the TokenRequest API, as a pod gets one.
+func agentConfig(t *testing.T, cp *harness.ControlPlane) *rest.Config {
+	t.Helper()
+	expiry := int64(600)
+	tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), serviceAccount,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s: %v", agentUser, err)
+	}
+	return &rest.Config{
+		Host:            cp.Config.Host,
+		BearerToken:     tr.Status.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: cp.Config.CAData},
+	}
+}
+
+func crdObject(t *testing.T) *unstructured.Unstructured {
+	t.Helper()
+	data, err := CRDs.ReadFile("crds/flotilla.io_peers.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		t.Fatalf("crds/flotilla.io_peers.yaml: %v", err)
+	}
+	obj := &unstructured.Unstructured{}
+	if err := obj.UnmarshalJSON(js); err != nil {
+		t.Fatalf("crds/flotilla.io_peers.yaml: %v", err)
+	}
+	return obj
+}
+
+// With the CRD gone (a fresh cluster), the agent's account installs it
+// from the embedded copy by server-side apply, the one create its role
+// allows, and the Peer API comes back.
+func testCRDSelfInstall(t *testing.T, cp *harness.ControlPlane) {
+	ctx := t.Context()
+	admin := dynamic.NewForConfigOrDie(cp.Config).Resource(crdGVR)
+	if err := admin.Delete(ctx, crdName, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete CRD: %v", err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.Get(ctx, crdName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("CRD %s still there after delete: %v", crdName, err)
+	}
+
+	agent := dynamic.NewForConfigOrDie(agentConfig(t, cp)).Resource(crdGVR)
+	if _, err := agent.Create(ctx, crdObject(t), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("agent creates its CRD with a plain create: got %v, want Forbidden", err)
+	}
+	if _, err := agent.Apply(ctx, crdName, crdObject(t), metav1.ApplyOptions{FieldManager: "flotilla-agent", Force: true}); err != nil {
+		t.Fatalf("agent applies its CRD: %v", err)
+	}
+	if out, err := kubectl(cp, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crdName); err != nil {
+		t.Fatalf("CRD %s applied by the agent not Established: %v\n%s", crdName, err, out)
+	}
+	// Applying again is the upgrade path: a patch of that one name.
+	if _, err := agent.Apply(ctx, crdName, crdObject(t), metav1.ApplyOptions{FieldManager: "flotilla-agent", Force: true}); err != nil {
+		t.Fatalf("agent re-applies its CRD: %v", err)
+	}
+	if out, err := kubectl(cp, "get", "peers"); err != nil || !strings.Contains(out, "No resources found") {
+		t.Fatalf("kubectl get peers after the agent installed the CRD: %v\n%s", err, out)
+	}
+}
