@@ -74,6 +74,7 @@ func TestInstall(t *testing.T) {
 	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
 	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
 	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
+	t.Run("kubectl delete -k removes everything", func(t *testing.T) { testUninstall(t, cp) })
 }
 
 func kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
@@ -647,5 +648,29 @@ func testCRDSelfInstall(t *testing.T, cp *harness.ControlPlane) {
 	}
 	if out, err := kubectl(cp, "get", "peers"); err != nil || !strings.Contains(out, "No resources found") {
 		t.Fatalf("kubectl get peers after the agent installed the CRD: %v\n%s", err, out)
+	}
+}
+
+// Uninstalling removes every object deploy/ made, waits for the namespace
+// to finalize, and leaves what it did not make (the default namespace).
+func testUninstall(t *testing.T, cp *harness.ControlPlane) {
+	if out, err := kubectl(cp, "delete", "-k", ".", "--wait", "--timeout=90s"); err != nil {
+		t.Fatalf("kubectl delete -k deploy/: %v\n%s", err, out)
+	}
+	for _, obj := range []string{
+		"namespace/" + namespace,
+		"crd/" + crdName,
+		"clusterrole/flotilla-agent",
+		"clusterrolebinding/flotilla-agent",
+		"-n default role/flotilla-agent-events",
+		"-n default rolebinding/flotilla-agent-events",
+	} {
+		out, err := kubectl(cp, append([]string{"get"}, strings.Fields(obj)...)...)
+		if err == nil || !strings.Contains(out, "NotFound") {
+			t.Errorf("%s after uninstall: %v\n%s", obj, err, out)
+		}
+	}
+	if out, err := kubectl(cp, "get", "namespace", "default"); err != nil {
+		t.Errorf("namespace default after uninstall: %v\n%s", err, out)
 	}
 }
