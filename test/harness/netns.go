@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -155,4 +158,39 @@ func (n *Netns) sysctl(key, value string) error {
 		}
 		return nil
 	})
+}
+
+// forwardFromHost listens at addr inside the namespace and relays every
+// connection to the same address in the test process's own namespace. It
+// stops when the test ends.
+func (n *Netns) forwardFromHost(addr netip.AddrPort) error {
+	l, err := n.Listen("tcp", addr.String())
+	if err != nil {
+		return err
+	}
+	n.env.t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go relay(in, addr.String())
+		}
+	}()
+	return nil
+}
+
+func relay(in net.Conn, to string) {
+	defer in.Close()
+	out, err := net.DialTimeout("tcp", to, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+	go func() { io.Copy(in, out); in.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+	<-done
+	<-done
 }

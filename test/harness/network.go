@@ -385,3 +385,12 @@ func (n *Netns) TCPExchange(to netip.AddrPort) (netip.Addr, error) {
 	}
 	return seen, nil
 }
+
+// Delete removes the pod's namespace (and so its veth) before the test
+// ends. The site's route to the pod goes with the veth.
+func (p *Pod) Delete() {
+	p.close()
+	if err := deleteNetns(p.Name); err != nil {
+		p.env.t.Logf("harness: %v", err)
+	}
+}

@@ -12,7 +12,7 @@ import (
 // Three sites on one LAN, all with the same PodCIDR: each pod reaches its
 // own site, and a multicast datagram from one site reaches the other two.
 func TestSitesOnLAN(t *testing.T) {
-	harness.Require(t, harness.Network...)
+	harness.Require(t, harness.NeedsNetwork...)
 	var run string
 	t.Run("env", func(t *testing.T) {
 		env := harness.New(t)
@@ -87,7 +87,7 @@ func assertMulticast(t *testing.T, from *harness.Site, to []*harness.Site) {
 // Two sites behind a router reach each other; pods reach their sites and
 // answer TCP with the address they see.
 func TestSitesBehindRouter(t *testing.T) {
-	harness.Require(t, harness.Network...)
+	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
 	rtr := env.NewRouter("wan")
 	a := env.NewSite("a", harness.SiteOptions{Router: rtr, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})

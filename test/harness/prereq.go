@@ -82,10 +82,10 @@ var (
 		},
 		Fix: "make kube-binaries",
 	}
-	// Network is everything sites and pods need.
-	Network = []Requirement{Root, IPRoute2, Ping}
-	// ControlPlane is everything control planes need.
-	ControlPlane = []Requirement{Root, Etcd, Kube}
+	// NeedsNetwork is everything sites and pods need.
+	NeedsNetwork = []Requirement{Root, IPRoute2, Ping}
+	// NeedsControlPlane is everything control planes need.
+	NeedsControlPlane = []Requirement{Root, Etcd, Kube}
 )
 
 func requireRoot(t TB) { t.Helper(); Require(t, Root) }

@@ -159,7 +159,11 @@ func harnessNetns() []string {
 // it. Processes are found by comparing namespace inodes, so one started in
 // the namespace by anyone (not only the harness) cannot keep it alive.
 func deleteNetns(name string) error {
-	killNetnsProcesses(filepath.Join("/run/netns", name))
+	path := filepath.Join("/run/netns", name)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	killNetnsProcesses(path)
 	if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
 		return fmt.Errorf("delete netns %s: %v: %s", name, err, bytes.TrimSpace(out))
 	}
