@@ -4,7 +4,7 @@
 # A second call with the same version does nothing.
 set -euo pipefail
 
-version="${KUBE_VERSION:-v1.34.4}"
+version="${KUBE_VERSION:-$(cat "$(dirname "$0")/../test/harness/kube-version")}"
 cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
 out="$cache/kube/$version"
 bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)

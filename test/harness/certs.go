@@ -1,0 +1,140 @@
+package harness
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// pki is a control plane's certificate authority and the files its
+// components read.
+type pki struct {
+	dir                     string
+	caCert, caKey           string
+	servingCert, servingKey string
+	adminCert, adminKey     string
+	saKey, saPub            string
+	caPEM, adminCertPEM     []byte
+	adminKeyPEM             []byte
+}
+
+func newPKI(dir string) (*pki, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	p := &pki{dir: dir}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "flotilla-test-ca"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	p.caPEM = pemOf("CERTIFICATE", caDER)
+	if p.caCert, err = p.write("ca.crt", p.caPEM); err != nil {
+		return nil, err
+	}
+	if p.caKey, err = p.writeKey("ca.key", caKey); err != nil {
+		return nil, err
+	}
+	issue := func(name string, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, nil, err
+		}
+		tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(24*time.Hour)
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s certificate: %w", name, err)
+		}
+		keyDER, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pemOf("CERTIFICATE", der), pemOf("EC PRIVATE KEY", keyDER), nil
+	}
+	servingCert, servingKey, err := issue("serving", &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "kube-apiserver"},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if p.servingCert, err = p.write("serving.crt", servingCert); err != nil {
+		return nil, err
+	}
+	if p.servingKey, err = p.write("serving.key", servingKey); err != nil {
+		return nil, err
+	}
+	p.adminCertPEM, p.adminKeyPEM, err = issue("admin", &x509.Certificate{
+		SerialNumber: big.NewInt(3),
+		Subject:      pkix.Name{CommonName: "flotilla-test-admin", Organization: []string{"system:masters"}},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if p.adminCert, err = p.write("admin.crt", p.adminCertPEM); err != nil {
+		return nil, err
+	}
+	if p.adminKey, err = p.write("admin.key", p.adminKeyPEM); err != nil {
+		return nil, err
+	}
+	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	if p.saKey, err = p.writeKey("sa.key", saKey); err != nil {
+		return nil, err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return nil, err
+	}
+	if p.saPub, err = p.write("sa.pub", pemOf("PUBLIC KEY", pubDER)); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func pemOf(kind string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der})
+}
+
+func (p *pki) write(name string, data []byte) (string, error) {
+	path := filepath.Join(p.dir, name)
+	return path, os.WriteFile(path, data, 0o600)
+}
+
+func (p *pki) writeKey(name string, key *ecdsa.PrivateKey) (string, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", err
+	}
+	return p.write(name, pemOf("EC PRIVATE KEY", der))
+}

@@ -1,0 +1,328 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// ControlPlaneOptions configure a control plane. The zero value works.
+type ControlPlaneOptions struct {
+	// PodCIDR is the cluster's pod network. When set, the controller
+	// manager allocates each Node a /24 of it (spec.podCIDR).
+	PodCIDR netip.Prefix
+	// ServiceCIDR defaults to 10.96.0.0/16.
+	ServiceCIDR netip.Prefix
+	// Scheduler also starts kube-scheduler.
+	Scheduler bool
+}
+
+// ControlPlane is a running Kubernetes control plane: its own etcd, a real
+// kube-apiserver and kube-controller-manager, and optionally kube-scheduler,
+// all on loopback.
+type ControlPlane struct {
+	Name string
+	// Addr is where the API server listens (127.0.0.1:port).
+	Addr netip.AddrPort
+	// Config is an admin rest.Config (client certificate in
+	// system:masters).
+	Config *rest.Config
+	// Kubeconfig is the path of an admin kubeconfig file with the same
+	// credentials, usable by kubectl and by agents.
+	Kubeconfig string
+	Client     kubernetes.Interface
+	Options    ControlPlaneOptions
+
+	env *Env
+	dir string
+	pki *pki
+
+	Etcd, APIServer, ControllerManager, Scheduler *Process
+}
+
+// ControlPlanes starts n control planes concurrently, named cp1..cpN.
+func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
+	e.t.Helper()
+	cps := make([]*ControlPlane, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cps[i], errs[i] = e.startControlPlane(fmt.Sprintf("cp%d", i+1), opts)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		e.fatalf("start control planes: %v", err)
+	}
+	return cps
+}
+
+// ControlPlane starts one control plane.
+func (e *Env) ControlPlane(name string, opts ControlPlaneOptions) *ControlPlane {
+	e.t.Helper()
+	cp, err := e.startControlPlane(name, opts)
+	if err != nil {
+		e.fatalf("start control plane %s: %v", name, err)
+	}
+	return cp
+}
+
+func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*ControlPlane, error) {
+	if err := checkName("control plane", name); err != nil {
+		return nil, err
+	}
+	if !opts.ServiceCIDR.IsValid() {
+		opts.ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	}
+	dir := filepath.Join(e.Dir, name)
+	p, err := newPKI(filepath.Join(dir, "pki"))
+	if err != nil {
+		return nil, fmt.Errorf("%s: certificates: %w", name, err)
+	}
+	cp := &ControlPlane{Name: name, Options: opts, env: e, dir: dir, pki: p}
+	ports, err := freePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	etcdClient, etcdPeer, apiPort, kcmPort := ports[0], ports[1], ports[2], ports[3]
+	cp.Addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(apiPort))
+	if err := cp.writeKubeconfig(); err != nil {
+		return nil, err
+	}
+
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
+	cp.Etcd, err = e.start(name+"-etcd", nil, []string{
+		"etcd", "--name", "default", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "default=" + peerURL, "--log-level", "warn",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: start etcd: %w", name, err)
+	}
+	bin := func(b string) string { return filepath.Join(KubeBinDir(), b) }
+	cp.APIServer, err = e.start(name+"-apiserver", nil, []string{
+		bin("kube-apiserver"),
+		"--etcd-servers", etcdURL,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(apiPort),
+		"--tls-cert-file", p.servingCert, "--tls-private-key-file", p.servingKey,
+		"--client-ca-file", p.caCert,
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
+		"--service-cluster-ip-range", opts.ServiceCIDR.String(),
+		"--authorization-mode", "Node,RBAC",
+		"--allow-privileged=true",
+		// Loopback cannot be an endpoint of the kubernetes Service.
+		"--endpoint-reconciler-type", "none",
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+		"--cert-dir", filepath.Join(dir, "apiserver"),
+		"-v", "1",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
+	}
+	e.t.Cleanup(func() { cp.APIServer.Stop() }) // before etcd stops: registered later, runs earlier
+	if err := cp.waitReady(90 * time.Second); err != nil {
+		return nil, fmt.Errorf("%s: %w\nlast lines of kube-apiserver:\n%s\nlast lines of etcd:\n%s", name, err, cp.APIServer.Tail(15), cp.Etcd.Tail(5))
+	}
+	kcmArgs := []string{
+		bin("kube-controller-manager"),
+		"--kubeconfig", cp.Kubeconfig,
+		"--authentication-kubeconfig", cp.Kubeconfig, "--authorization-kubeconfig", cp.Kubeconfig,
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(kcmPort),
+		"--leader-elect=false",
+		"--controllers", "*",
+		"--service-account-private-key-file", p.saKey, "--root-ca-file", p.caCert,
+		"--cluster-signing-cert-file", p.caCert, "--cluster-signing-key-file", p.caKey,
+		"--service-cluster-ip-range", opts.ServiceCIDR.String(),
+		"--cert-dir", filepath.Join(dir, "controller-manager"),
+		"-v", "1",
+	}
+	if opts.PodCIDR.IsValid() {
+		kcmArgs = append(kcmArgs, "--allocate-node-cidrs=true", "--cluster-cidr", opts.PodCIDR.String(),
+			"--node-cidr-mask-size", strconv.Itoa(nodeMaskSize(opts.PodCIDR)))
+	}
+	if cp.ControllerManager, err = e.start(name+"-controller-manager", nil, kcmArgs); err != nil {
+		return nil, fmt.Errorf("%s: start kube-controller-manager: %w", name, err)
+	}
+	if err := cp.waitControllers(90 * time.Second); err != nil {
+		return nil, fmt.Errorf("%s: %w\nlast lines of kube-controller-manager:\n%s", name, err, cp.ControllerManager.Tail(15))
+	}
+	if opts.Scheduler {
+		if err := cp.startScheduler(); err != nil {
+			return nil, err
+		}
+	}
+	return cp, nil
+}
+
+// StartScheduler starts kube-scheduler if it is not running yet.
+func (cp *ControlPlane) StartScheduler() {
+	cp.env.t.Helper()
+	if err := cp.startScheduler(); err != nil {
+		cp.env.fatalf("%v", err)
+	}
+}
+
+func (cp *ControlPlane) startScheduler() error {
+	if cp.Scheduler != nil {
+		return nil
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	cp.Scheduler, err = cp.env.start(cp.Name+"-scheduler", nil, []string{
+		filepath.Join(KubeBinDir(), "kube-scheduler"),
+		"--kubeconfig", cp.Kubeconfig,
+		"--authentication-kubeconfig", cp.Kubeconfig, "--authorization-kubeconfig", cp.Kubeconfig,
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(ports[0]),
+		"--leader-elect=false", "-v", "1",
+	})
+	if err != nil {
+		return fmt.Errorf("%s: start kube-scheduler: %w", cp.Name, err)
+	}
+	return nil
+}
+
+// nodeMaskSize picks the per-node pod range: a /24 for IPv4 (or the whole
+// CIDR if it is smaller), a /64 for IPv6.
+func nodeMaskSize(cidr netip.Prefix) int {
+	want := 24
+	if cidr.Addr().Is6() {
+		want = 64
+	}
+	return max(want, cidr.Bits())
+}
+
+func (cp *ControlPlane) writeKubeconfig() error {
+	host := "https://" + cp.Addr.String()
+	cp.Config = &rest.Config{
+		Host: host,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData: cp.pki.caPEM, CertData: cp.pki.adminCertPEM, KeyData: cp.pki.adminKeyPEM,
+		},
+		QPS: 200, Burst: 400,
+	}
+	client, err := kubernetes.NewForConfig(cp.Config)
+	if err != nil {
+		return err
+	}
+	cp.Client = client
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[cp.Name] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: cp.pki.caPEM}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cp.pki.adminCertPEM, ClientKeyData: cp.pki.adminKeyPEM}
+	cfg.Contexts[cp.Name] = &clientcmdapi.Context{Cluster: cp.Name, AuthInfo: "admin"}
+	cfg.CurrentContext = cp.Name
+	cp.Kubeconfig = filepath.Join(cp.dir, "kubeconfig")
+	return clientcmd.WriteToFile(*cfg, cp.Kubeconfig)
+}
+
+// waitReady waits until the API server answers /readyz.
+func (cp *ControlPlane) waitReady(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last error
+	for {
+		if exited, err := cp.APIServer.Exited(); exited {
+			return fmt.Errorf("kube-apiserver exited: %v", err)
+		}
+		body, err := cp.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-apiserver not ready after %s: %v", timeout, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitControllers waits until the controller manager works: the default
+// ServiceAccount exists (pods cannot be created before).
+func (cp *ControlPlane) waitControllers(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		if exited, err := cp.ControllerManager.Exited(); exited {
+			return fmt.Errorf("kube-controller-manager exited: %v", err)
+		}
+		_, err := cp.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsNotFound(err) && ctx.Err() == nil {
+			cp.env.t.Logf("harness: %s: waiting for the controller manager: %v", cp.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-controller-manager did not create the default ServiceAccount within %s", timeout)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// ExposeTo makes the API server reachable from inside netns n at the same
+// address (127.0.0.1:port), so the same kubeconfig works there, e.g. for an
+// agent running in a site.
+func (cp *ControlPlane) ExposeTo(n *Netns) {
+	cp.env.t.Helper()
+	if err := n.forwardFromHost(cp.Addr); err != nil {
+		cp.env.fatalf("expose %s to %s: %v", cp.Name, n.Name, err)
+	}
+}
+
+// freePorts returns n TCP ports that were free on loopback a moment ago.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// WriteFile writes data to a file in the run directory and returns its path.
+func (e *Env) WriteFile(name string, data []byte) string {
+	e.t.Helper()
+	path := filepath.Join(e.Dir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		e.fatalf("%v", err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		e.fatalf("%v", err)
+	}
+	return path
+}

@@ -1,0 +1,139 @@
+// Package harness gives tests real parts to run against: Kubernetes control
+// planes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
+// network sites and pods in network namespaces, and a pretend kubelet.
+//
+// Everything an Env creates carries its run ID in its name (netns
+// "flotest-<run>-<name>", temporary directories "flotest-<run>-*") or in its
+// environment (processes get FLOTILLA_TEST_RUN=<run>), and is removed when
+// the test ends, pass or fail. A run holds a lock file while it is alive;
+// New sweeps the leftovers of runs whose lock is no longer held (killed test
+// binaries), so a crash never accumulates state.
+package harness
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Prefix starts the name of every object the harness creates.
+const Prefix = "flotest-"
+
+// runEnvVar marks processes started by the harness with their run ID.
+const runEnvVar = "FLOTILLA_TEST_RUN"
+
+// lockDir holds one lock file per live run. It is on tmpfs, so a reboot
+// clears it along with every namespace.
+const lockDir = "/run/flotilla-test"
+
+// TB is the part of testing.TB the harness needs. *testing.T and *testing.B
+// satisfy it; programs such as the demo provide their own.
+type TB interface {
+	Helper()
+	Logf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Cleanup(func())
+	Failed() bool
+	Name() string
+}
+
+// Env is one run's set of real parts. Create it with New; it is torn down
+// by the TB's cleanup.
+type Env struct {
+	t     TB
+	RunID string
+	// Dir is a temporary directory for this run (certificates, data,
+	// logs), removed at the end.
+	Dir string
+
+	lock *os.File
+
+	mu       sync.Mutex
+	segments int // LANs and routed segments handed out, for subnets
+}
+
+// New creates an Env bound to t. It first sweeps what killed runs left.
+func New(t TB) *Env {
+	t.Helper()
+	e, err := newEnv(t)
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return e
+}
+
+func newEnv(t TB) (*Env, error) {
+	if os.Geteuid() != 0 {
+		t.Helper()
+		requireRoot(t)
+	}
+	if err := Sweep(); err != nil {
+		t.Logf("harness: sweeping leftovers of earlier runs: %v", err)
+	}
+	id, err := newRunID()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", lockDir, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(lockDir, id+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create run lock: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("lock run %s: %w", id, err)
+	}
+	dir, err := os.MkdirTemp("", Prefix+id+"-")
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("create run directory: %w", err)
+	}
+	e := &Env{t: t, RunID: id, Dir: dir, lock: lock}
+	// Registered first, so it runs last: after every process and namespace
+	// of the run is gone.
+	t.Cleanup(e.finish)
+	return e, nil
+}
+
+func (e *Env) finish() {
+	if e.t.Failed() {
+		e.t.Logf("harness: run %s failed; its logs were in %s", e.RunID, e.Dir)
+	}
+	if err := os.RemoveAll(e.Dir); err != nil {
+		e.t.Logf("harness: remove %s: %v", e.Dir, err)
+	}
+	os.Remove(e.lock.Name())
+	e.lock.Close()
+}
+
+func newRunID() (string, error) {
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("run ID: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// name returns the harness name of an object of this run.
+func (e *Env) name(suffix string) string { return Prefix + e.RunID + "-" + suffix }
+
+// nextSegment hands out the index of a new LAN or routed segment.
+func (e *Env) nextSegment() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.segments++
+	return e.segments
+}
+
+func (e *Env) fatalf(format string, args ...any) {
+	e.t.Helper()
+	e.t.Fatalf("harness: "+format, args...)
+}

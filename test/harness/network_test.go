@@ -1,0 +1,107 @@
+package harness_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// Three sites on one LAN, all with the same PodCIDR: each pod reaches its
+// own site, and a multicast datagram from one site reaches the other two.
+func TestSitesOnLAN(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	var run string
+	t.Run("env", func(t *testing.T) {
+		env := harness.New(t)
+		run = env.RunID
+		lan := env.NewLAN("lan")
+		cidr := netip.MustParsePrefix("10.0.0.0/16")
+		var sites []*harness.Site
+		for _, name := range []string{"a", "b", "c"} {
+			s := env.NewSite(name, harness.SiteOptions{LAN: lan, PodCIDR: cidr})
+			p := s.AddPod("p1", netip.MustParseAddr("10.0.1.5"))
+			if err := p.Ping(s.Addr); err != nil {
+				t.Errorf("pod of %s to its site: %v", name, err)
+			}
+			sites = append(sites, s)
+		}
+		if err := sites[0].Ping(sites[2].Addr); err != nil {
+			t.Errorf("site a to site c over the LAN: %v", err)
+		}
+		assertMulticast(t, sites[0], sites[1:])
+	})
+	if left := harness.Leftovers(run); len(left) > 0 {
+		t.Fatalf("run %s left behind: %v", run, left)
+	}
+}
+
+func assertMulticast(t *testing.T, from *harness.Site, to []*harness.Site) {
+	t.Helper()
+	group := &net.UDPAddr{IP: net.IPv4(239, 255, 70, 1), Port: 7946}
+	var conns []*net.UDPConn
+	for _, s := range to {
+		var c *net.UDPConn
+		err := s.Do(func() error {
+			ifi, err := net.InterfaceByName(s.Underlay)
+			if err != nil {
+				return err
+			}
+			c, err = net.ListenMulticastUDP("udp4", ifi, group)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("join multicast group in %s: %v", s.SiteName, err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	err := from.Do(func() error {
+		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.IP(from.Addr.AsSlice())}, group)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello group"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send multicast from %s: %v", from.SiteName, err)
+	}
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 64)
+		n, src, err := c.ReadFromUDP(buf)
+		if err != nil {
+			t.Errorf("site %s received no multicast: %v", to[i].SiteName, err)
+			continue
+		}
+		if string(buf[:n]) != "hello group" || !src.IP.Equal(from.Addr.AsSlice()) {
+			t.Errorf("site %s got %q from %v", to[i].SiteName, buf[:n], src)
+		}
+	}
+}
+
+// Two sites behind a router reach each other; pods reach their sites and
+// answer TCP with the address they see.
+func TestSitesBehindRouter(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	rtr := env.NewRouter("wan")
+	a := env.NewSite("a", harness.SiteOptions{Router: rtr, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})
+	b := env.NewSite("b", harness.SiteOptions{Router: rtr, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})
+	if err := a.Ping(b.Addr); err != nil {
+		t.Fatalf("site a to site b through the router: %v", err)
+	}
+	pod := a.AddPod("p1", netip.MustParseAddr("10.0.3.4"))
+	a.ServeTCP(8080)
+	seen, err := pod.TCPExchange(netip.AddrPortFrom(a.Addr, 8080))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen != pod.Addr {
+		t.Fatalf("site saw the pod as %s, want %s", seen, pod.Addr)
+	}
+}

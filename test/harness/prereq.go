@@ -1,0 +1,91 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// Requirement is something a test needs from the machine.
+type Requirement struct {
+	Name string
+	// Check returns nil when the requirement is met.
+	Check func() error
+	// Fix is the command that provides it.
+	Fix string
+}
+
+// InCI reports whether tests run under CI (CI=true), where a missing
+// prerequisite is a failure rather than a skip.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// Require fails (CI=true) or skips the test unless every requirement holds.
+func (e *Env) Require(reqs ...Requirement) { e.t.Helper(); Require(e.t, reqs...) }
+
+// Require fails (CI=true) or skips t unless every requirement holds.
+func Require(t TB, reqs ...Requirement) {
+	t.Helper()
+	for _, r := range reqs {
+		if err := r.Check(); err != nil {
+			msg := fmt.Sprintf("missing prerequisite %s: %v; fix: %s", r.Name, err, r.Fix)
+			if InCI() {
+				t.Fatalf("%s", msg)
+			}
+			t.Skipf("%s (set CI=true to make this a failure)", msg)
+		}
+	}
+}
+
+func binary(name, fix string) Requirement {
+	return Requirement{
+		Name: name,
+		Check: func() error {
+			_, err := exec.LookPath(name)
+			return err
+		},
+		Fix: fix,
+	}
+}
+
+const aptFix = "apt-get install -y --no-install-recommends "
+
+var (
+	// Root: network namespaces and control planes need root.
+	Root = Requirement{
+		Name: "root",
+		Check: func() error {
+			if os.Geteuid() != 0 {
+				return fmt.Errorf("running as uid %d", os.Geteuid())
+			}
+			return nil
+		},
+		Fix: "run the tests as root (sudo make test)",
+	}
+	IPRoute2 = binary("ip", aptFix+"iproute2")
+	Ping     = binary("ping", aptFix+"iputils-ping")
+	Etcd     = binary("etcd", aptFix+"etcd-server")
+	NFT      = binary("nft", aptFix+"nftables")
+	WG       = binary("wg", aptFix+"wireguard-tools")
+	IPerf3   = binary("iperf3", aptFix+"iperf3")
+	// Kube: kube-apiserver, kube-controller-manager, kube-scheduler and
+	// kubectl of the pinned version, built into the cache.
+	Kube = Requirement{
+		Name: "kubernetes binaries " + KubeVersion,
+		Check: func() error {
+			for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"} {
+				if _, err := os.Stat(filepath.Join(KubeBinDir(), b)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Fix: "make kube-binaries",
+	}
+	// NeedsNetwork is everything sites and pods need.
+	NeedsNetwork = []Requirement{Root, IPRoute2, Ping}
+	// NeedsControlPlane is everything control planes need.
+	NeedsControlPlane = []Requirement{Root, Etcd, Kube}
+)
+
+func requireRoot(t TB) { t.Helper(); Require(t, Root) }

@@ -1,0 +1,195 @@
+package harness
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Sweep removes what runs that no longer hold their lock left behind:
+// their processes, network namespaces, temporary directories and lock
+// files. Objects of live runs and anything without the harness prefix are
+// never touched.
+func Sweep() error {
+	dead := map[string]bool{}
+	isDead := func(run string) bool {
+		if d, ok := dead[run]; ok {
+			return d
+		}
+		d := runIsDead(run)
+		dead[run] = d
+		return d
+	}
+	var errs []error
+	for _, p := range harnessProcesses() {
+		if isDead(p.run) {
+			syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+	}
+	for _, ns := range harnessNetns() {
+		if run := runOf(ns); run != "" && isDead(run) {
+			if err := deleteNetns(ns); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+"*"))
+	for _, d := range dirs {
+		if run := runOf(filepath.Base(d)); run != "" && isDead(run) {
+			if err := os.RemoveAll(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for run, d := range dead {
+		if d {
+			os.Remove(filepath.Join(lockDir, run+".lock"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Leftovers lists what still exists of a run: processes, network
+// namespaces and temporary directories. Tests use it to prove cleanup.
+func Leftovers(run string) []string {
+	var out []string
+	for _, p := range harnessProcesses() {
+		if p.run == run {
+			out = append(out, fmt.Sprintf("process %d (%s)", p.pid, p.cmd))
+		}
+	}
+	for _, ns := range harnessNetns() {
+		if runOf(ns) == run {
+			out = append(out, "netns "+ns)
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+run+"-*"))
+	for _, d := range dirs {
+		out = append(out, "directory "+d)
+	}
+	return out
+}
+
+// runOf extracts the run ID from "flotest-<run>-<rest>".
+func runOf(name string) string {
+	rest, ok := strings.CutPrefix(name, Prefix)
+	if !ok {
+		return ""
+	}
+	run, _, ok := strings.Cut(rest, "-")
+	if !ok || len(run) != 6 {
+		return ""
+	}
+	return run
+}
+
+// runIsDead reports whether no process holds run's lock.
+func runIsDead(run string) bool {
+	f, err := os.OpenFile(filepath.Join(lockDir, run+".lock"), os.O_RDWR, 0)
+	if err != nil {
+		return true // no lock file at all: nobody can be holding it
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return false
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return true
+}
+
+type harnessProcess struct {
+	pid int
+	run string
+	cmd string
+}
+
+// harnessProcesses lists processes whose environment carries a run ID.
+func harnessProcesses() []harnessProcess {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	marker := []byte(runEnvVar + "=")
+	var out []harnessProcess
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, marker); ok {
+				cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+				out = append(out, harnessProcess{pid: pid, run: string(v), cmd: strings.TrimSpace(string(cmd))})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// harnessNetns lists named network namespaces with the harness prefix.
+func harnessNetns() []string {
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), Prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// deleteNetns kills every process still inside the namespace and removes
+// it. Processes are found by comparing namespace inodes, so one started in
+// the namespace by anyone (not only the harness) cannot keep it alive.
+func deleteNetns(name string) error {
+	path := filepath.Join("/run/netns", name)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	killNetnsProcesses(path)
+	if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("delete netns %s: %v: %s", name, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func killNetnsProcesses(path string) {
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		return
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join("/proc", e.Name(), "ns", "net"), &st) != nil {
+			continue
+		}
+		if st.Ino == want.Ino && st.Dev == want.Dev {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
