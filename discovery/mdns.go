@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/mdns"
+	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
 
 	"github.com/flotilla-io/flotilla/peering/identity"
 )
@@ -39,7 +41,7 @@ type mdnsAdvert struct {
 
 func (d *Discovery) mdnsInterface() (*net.Interface, error) {
 	if d.cfg.MDNSInterface == "" {
-		return nil, nil
+		return interfaceWith(d.ml.LocalNode().Addr), nil
 	}
 	iface, err := net.InterfaceByName(d.cfg.MDNSInterface)
 	if err != nil {
@@ -148,42 +150,189 @@ func (d *Discovery) browseLoop(ctx context.Context) {
 	}
 }
 
+// browse sends one DNS-SD query for the service and reads answers for a
+// second. The query goes out from an ephemeral port, so every responder
+// (hashicorp/mdns, Avahi, mDNSResponder) answers by unicast to it (RFC 6762
+// §6.7); no multicast group membership, and so no multicast route, is
+// needed to browse.
 func (d *Discovery) browse(ctx context.Context) {
-	entries := make(chan *mdns.ServiceEntry, 64)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for e := range entries {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4zero})
+	if err != nil {
+		d.log.Warn("mDNS browse: open socket", "err", err)
+		return
+	}
+	defer conn.Close()
+	pc := ipv4.NewPacketConn(conn)
+	if d.mdns != nil && d.mdns.iface != nil {
+		if err := pc.SetMulticastInterface(d.mdns.iface); err != nil {
+			d.log.Warn("mDNS browse: select interface", "iface", d.mdns.iface.Name, "err", err)
+			return
+		}
+	}
+	_ = pc.SetMulticastTTL(255)
+	_ = pc.SetMulticastLoopback(true)
+	group := &net.UDPAddr{IP: net.IPv4(224, 0, 0, 251), Port: 5353}
+	ask := func(name string, types ...uint16) {
+		q := new(dns.Msg)
+		q.Id = dns.Id()
+		q.RecursionDesired = false
+		for _, t := range types {
+			q.Question = append(q.Question, dns.Question{Name: name, Qtype: t, Qclass: dns.ClassINET})
+		}
+		b, err := q.Pack()
+		if err == nil {
+			_, err = conn.WriteToUDP(b, group)
+		}
+		if err != nil {
+			d.log.Debug("mDNS query not sent", "name", name, "err", err)
+		}
+	}
+	service := ServiceName + "." + mdnsDomain
+	ask(service, dns.TypePTR)
+
+	b := newBrowseState(service)
+	deadline := time.Now().Add(time.Second)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	_ = conn.SetReadDeadline(deadline)
+	buf := make([]byte, 9000)
+	for {
+		n, _, err := conn.ReadFromUDP(buf)
+		if err != nil {
+			return // deadline or cancelled
+		}
+		var m dns.Msg
+		if err := m.Unpack(buf[:n]); err != nil || !m.Response {
+			continue
+		}
+		b.add(append(m.Answer, m.Extra...))
+		for _, e := range b.ready() {
 			d.mdnsEntry(e)
 		}
-	}()
-	params := &mdns.QueryParam{
-		Service: ServiceName,
-		Domain:  mdnsDomain,
-		Timeout: time.Second,
-		Entries: entries,
-		Logger:  mdnsLogger(d.log),
+		for _, inst := range b.incomplete() {
+			ask(inst, dns.TypeSRV, dns.TypeTXT)
+		}
 	}
-	if d.mdns != nil {
-		params.Interface = d.mdns.iface
+}
+
+// serviceEntry is one browsed instance.
+type serviceEntry struct {
+	name  string
+	host  string
+	port  int
+	txt   []string
+	addrs []net.IP
+}
+
+// browseState assembles instances from answers that may arrive over
+// several packets, bounded so a chatty LAN cannot grow it.
+type browseState struct {
+	service   string
+	instances map[string]*serviceEntry
+	hosts     map[string][]net.IP
+	done      map[string]bool
+	asked     map[string]bool
+}
+
+const maxBrowseNames = 128
+
+func newBrowseState(service string) *browseState {
+	return &browseState{service: service, instances: map[string]*serviceEntry{},
+		hosts: map[string][]net.IP{}, done: map[string]bool{}, asked: map[string]bool{}}
+}
+
+func (b *browseState) instance(name string) *serviceEntry {
+	name = strings.ToLower(name)
+	if !strings.HasSuffix(name, "."+b.service) {
+		return nil
 	}
-	if err := mdns.QueryContext(ctx, params); err != nil && !errors.Is(err, context.Canceled) {
-		d.log.Warn("mDNS browse failed", "err", err)
+	e, ok := b.instances[name]
+	if !ok {
+		if len(b.instances) >= maxBrowseNames {
+			return nil
+		}
+		e = &serviceEntry{name: name}
+		b.instances[name] = e
 	}
-	close(entries)
-	<-done
+	return e
+}
+
+func (b *browseState) add(rrs []dns.RR) {
+	for _, rr := range rrs {
+		switch v := rr.(type) {
+		case *dns.PTR:
+			if strings.EqualFold(v.Hdr.Name, b.service) {
+				b.instance(v.Ptr)
+			}
+		case *dns.SRV:
+			if e := b.instance(v.Hdr.Name); e != nil {
+				e.host, e.port = strings.ToLower(v.Target), int(v.Port)
+			}
+		case *dns.TXT:
+			if e := b.instance(v.Hdr.Name); e != nil {
+				e.txt = append([]string(nil), v.Txt...)
+			}
+		case *dns.A:
+			b.addHost(v.Hdr.Name, v.A)
+		case *dns.AAAA:
+			b.addHost(v.Hdr.Name, v.AAAA)
+		}
+	}
+}
+
+func (b *browseState) addHost(name string, ip net.IP) {
+	name = strings.ToLower(name)
+	if _, ok := b.hosts[name]; !ok && len(b.hosts) >= maxBrowseNames {
+		return
+	}
+	for _, have := range b.hosts[name] {
+		if have.Equal(ip) {
+			return
+		}
+	}
+	if len(b.hosts[name]) < 8 {
+		b.hosts[name] = append(b.hosts[name], ip)
+	}
+}
+
+// ready returns instances that became complete (port, TXT, an address).
+func (b *browseState) ready() []serviceEntry {
+	var out []serviceEntry
+	for name, e := range b.instances {
+		if b.done[name] || e.host == "" || e.txt == nil || len(b.hosts[e.host]) == 0 {
+			continue
+		}
+		b.done[name] = true
+		c := *e
+		c.addrs = b.hosts[e.host]
+		out = append(out, c)
+	}
+	return out
+}
+
+// incomplete returns instances to ask about again, once each.
+func (b *browseState) incomplete() []string {
+	var out []string
+	for name, e := range b.instances {
+		if b.done[name] || b.asked[name] || (e.host != "" && e.txt != nil) {
+			continue
+		}
+		b.asked[name] = true
+		out = append(out, name)
+	}
+	return out
 }
 
 // mdnsEntry turns one answer into join candidates, or counts why not.
-func (d *Discovery) mdnsEntry(e *mdns.ServiceEntry) {
-	if !strings.HasSuffix(strings.ToLower(e.Name), "."+ServiceName+"."+mdnsDomain) {
-		return // another service's records in the same packet
-	}
+func (d *Discovery) mdnsEntry(e serviceEntry) {
 	drop := func(reason string, err error) {
 		d.metrics.candidateDrop.WithLabelValues(string(SourceMDNS), reason).Inc()
-		d.log.Debug("mDNS answer ignored", "name", truncate(e.Name, 80), "reason", reason, "err", err)
+		d.log.Debug("mDNS answer ignored", "name", truncate(e.name, 80), "reason", reason, "err", err)
 	}
-	adv, err := parseTXT(e.InfoFields)
+	adv, err := parseTXT(e.txt)
 	if err != nil {
 		drop("malformed_txt", err)
 		return
@@ -195,16 +344,16 @@ func (d *Discovery) mdnsEntry(e *mdns.ServiceEntry) {
 		drop("other_federation", fmt.Errorf("fingerprints %v", adv.fingerprints))
 		return
 	}
-	if e.Port <= 0 || e.Port > 65535 {
-		drop("bad_port", fmt.Errorf("port %d", e.Port))
+	if e.port <= 0 || e.port > 65535 {
+		drop("bad_port", fmt.Errorf("port %d", e.port))
 		return
 	}
 	var addrs []string
-	if e.AddrV4 != nil {
-		addrs = append(addrs, net.JoinHostPort(e.AddrV4.String(), strconv.Itoa(e.Port)))
-	}
-	if e.AddrV6IPAddr != nil && !e.AddrV6IPAddr.IP.IsLinkLocalUnicast() {
-		addrs = append(addrs, net.JoinHostPort(e.AddrV6IPAddr.IP.String(), strconv.Itoa(e.Port)))
+	for _, ip := range e.addrs {
+		if ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		addrs = append(addrs, net.JoinHostPort(ip.String(), strconv.Itoa(e.port)))
 	}
 	if len(addrs) == 0 {
 		drop("no_address", errors.New("no usable address"))
@@ -284,4 +433,26 @@ func parseTXT(fields []string) (advert, error) {
 // jitter spreads periodic work by ±10%.
 func jitter(d time.Duration) time.Duration {
 	return d - d/10 + time.Duration(time.Now().UnixNano()%int64(d/5+1))
+}
+
+// interfaceWith returns the interface that holds ip, or nil. mDNS runs
+// there by default: inside a network namespace without a default route
+// the "system multicast interface" does not exist.
+func interfaceWith(ip net.IP) *net.Interface {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	for i := range ifaces {
+		addrs, err := ifaces[i].Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return &ifaces[i]
+			}
+		}
+	}
+	return nil
 }
