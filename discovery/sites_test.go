@@ -9,8 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -112,7 +112,7 @@ type member struct {
 // a child forked from such a thread is killed at once.
 type spawner struct{ reqs chan func() }
 
-func newSpawner(t *testing.T) *spawner {
+func newSpawner(t testing.TB) *spawner {
 	s := &spawner{reqs: make(chan func())}
 	done := make(chan struct{})
 	go func() {
@@ -132,7 +132,7 @@ func (s *spawner) do(f func()) {
 	<-ch
 }
 
-func startMember(t *testing.T, sp *spawner, s *harness.Site, id identity.Identity, key []byte, mdns bool, seeds ...string) *member {
+func startMember(t testing.TB, sp *spawner, s *harness.Site, id identity.Identity, key []byte, mdns bool, seeds ...string) *member {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
@@ -156,13 +156,15 @@ func startMember(t *testing.T, sp *spawner, s *harness.Site, id identity.Identit
 	return m
 }
 
-func (m *member) start(t *testing.T, bin string) {
+func (m *member) start(t testing.TB, bin string) {
 	argv := append([]string{"env"}, m.env...)
 	argv = append(argv, bin, "-test.run=^$")
 	m.spawn.do(func() { m.proc = m.site.Start("member-"+m.id.ClusterID()[:8], argv...) })
 	if dir := os.Getenv("FLOTILLA_DEBUG_STACKS"); dir != "" {
 		p := m.proc
-		t.Cleanup(func() { _ = os.WriteFile(filepath.Join(dir, m.site.SiteName+"-"+strconv.Itoa(p.Pid())+".log"), []byte(p.Log()), 0o644) })
+		t.Cleanup(func() {
+			_ = os.WriteFile(filepath.Join(dir, m.site.SiteName+"-"+strconv.Itoa(p.Pid())+".log"), []byte(p.Log()), 0o644)
+		})
 	}
 	_ = filepath.Base(bin)
 }
@@ -188,7 +190,7 @@ func waitEvent(t *testing.T, m *member, id, kind string, within time.Duration) {
 	})
 }
 
-func newIdentities(t *testing.T, n int) []identity.Identity {
+func newIdentities(t testing.TB, n int) []identity.Identity {
 	ids := make([]identity.Identity, n)
 	for i := range ids {
 		ids[i] = mustIdentity(t)
