@@ -166,7 +166,6 @@ func (m *member) start(t testing.TB, bin string) {
 			_ = os.WriteFile(filepath.Join(dir, m.site.SiteName+"-"+strconv.Itoa(p.Pid())+".log"), []byte(p.Log()), 0o644)
 		})
 	}
-	_ = filepath.Base(bin)
 }
 
 // lastEvent returns the last event line about id in m's output.
