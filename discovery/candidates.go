@@ -1,0 +1,249 @@
+package discovery
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Source says where a join candidate came from.
+type Source string
+
+const (
+	SourceMDNS Source = "mdns"
+	SourceDNS  Source = "dns"
+	SourceSeed Source = "seed"
+)
+
+// maxCandidates bounds the candidate table against floods of answers.
+const maxCandidates = 1024
+
+// Candidate is an address that may belong to a member.
+type Candidate struct {
+	Addr     string // host:port
+	Sources  []Source
+	LastSeen time.Time
+	// Failures counts consecutive failed joins; the next try backs off.
+	Failures  int
+	NextTry   time.Time
+	LastError string
+	expires   map[Source]time.Time // zero: never (seeds)
+}
+
+// candidates is the table of addresses to join and the retry policy.
+type candidates struct {
+	mu    sync.Mutex
+	table map[string]*Candidate
+	wake  chan struct{}
+
+	backoffMin, backoffMax, recheck time.Duration
+	now                             func() time.Time
+}
+
+func newCandidates(backoffMin, backoffMax time.Duration) *candidates {
+	return &candidates{
+		table:      make(map[string]*Candidate),
+		wake:       make(chan struct{}, 1),
+		backoffMin: backoffMin,
+		backoffMax: backoffMax,
+		recheck:    backoffMax,
+		now:        time.Now,
+	}
+}
+
+// add records addr as a candidate from src, valid for ttl (0: forever).
+// It reports whether the address is new.
+func (c *candidates) add(addr string, src Source, ttl time.Duration) (added bool) {
+	now := c.now()
+	c.mu.Lock()
+	cand, ok := c.table[addr]
+	if !ok {
+		if len(c.table) >= maxCandidates {
+			c.mu.Unlock()
+			return false
+		}
+		cand = &Candidate{Addr: addr, NextTry: now, expires: map[Source]time.Time{}}
+		c.table[addr] = cand
+	}
+	if !slices.Contains(cand.Sources, src) {
+		cand.Sources = append(cand.Sources, src)
+	}
+	cand.LastSeen = now
+	if ttl > 0 {
+		cand.expires[src] = now.Add(ttl)
+	} else {
+		cand.expires[src] = time.Time{}
+	}
+	c.mu.Unlock()
+	if !ok {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	return !ok
+}
+
+// expire forgets sources whose answers were not renewed.
+func (c *candidates) expire() {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for addr, cand := range c.table {
+		for src, exp := range cand.expires {
+			if !exp.IsZero() && now.After(exp) {
+				delete(cand.expires, src)
+				cand.Sources = slices.DeleteFunc(cand.Sources, func(s Source) bool { return s == src })
+			}
+		}
+		if len(cand.Sources) == 0 {
+			delete(c.table, addr)
+		}
+	}
+}
+
+// due returns the candidates whose next try has come.
+func (c *candidates) due() []Candidate {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Candidate
+	for _, cand := range c.table {
+		if !now.Before(cand.NextTry) {
+			out = append(out, copyCandidate(cand))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return out
+}
+
+// result records the outcome of a join to addr. A failure backs off
+// exponentially with jitter; a success, or an address that is already a
+// member, is checked again after the recheck interval, so a member lost to
+// a partition is found again once the partition heals.
+func (c *candidates) result(addr string, err error) {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cand, ok := c.table[addr]
+	if !ok {
+		return
+	}
+	if err == nil {
+		cand.Failures = 0
+		cand.LastError = ""
+		cand.NextTry = now.Add(c.recheck)
+		return
+	}
+	cand.Failures++
+	cand.LastError = err.Error()
+	d := c.backoffMin << min(cand.Failures-1, 16)
+	if d > c.backoffMax || d <= 0 {
+		d = c.backoffMax
+	}
+	// ±20% jitter so agents that lost the same seed do not retry in step.
+	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	cand.NextTry = now.Add(d)
+}
+
+// recheckSoon makes every candidate due within a short time; used when a
+// member fails, so a heal is noticed quickly.
+func (c *candidates) recheckSoon(within time.Duration) {
+	t := c.now().Add(within)
+	c.mu.Lock()
+	for _, cand := range c.table {
+		if cand.NextTry.After(t) && cand.Failures == 0 {
+			cand.NextTry = t
+		}
+	}
+	c.mu.Unlock()
+}
+
+func (c *candidates) list() []Candidate {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Candidate, 0, len(c.table))
+	for _, cand := range c.table {
+		out = append(out, copyCandidate(cand))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
+	return out
+}
+
+func copyCandidate(c *Candidate) Candidate {
+	out := *c
+	out.Sources = slices.Clone(c.Sources)
+	out.expires = nil
+	return out
+}
+
+// joinLoop tries due candidates that are not already members.
+func (d *Discovery) joinLoop(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-d.cands.wake:
+		}
+		d.cands.expire()
+		d.prune(time.Hour)
+		due := d.cands.due()
+		if len(due) == 0 {
+			continue
+		}
+		known := d.memberAddrs()
+		for _, cand := range due {
+			if ctx.Err() != nil {
+				return
+			}
+			if d.isKnown(ctx, cand.Addr, known) {
+				d.cands.result(cand.Addr, nil)
+				continue
+			}
+			src := cand.Sources[0]
+			d.metrics.joins.WithLabelValues(string(src)).Inc()
+			_, err := d.ml.Join([]string{cand.Addr})
+			if err != nil {
+				d.metrics.joinFailures.WithLabelValues(string(src)).Inc()
+				d.log.Debug("join candidate failed", "addr", cand.Addr, "source", src, "failures", cand.Failures+1, "err", err)
+			} else {
+				d.log.Debug("joined candidate", "addr", cand.Addr, "source", src)
+			}
+			d.cands.result(cand.Addr, err)
+		}
+	}
+}
+
+// isKnown reports whether addr is this agent or an alive member. Host
+// names (seeds) are resolved first.
+func (d *Discovery) isKnown(ctx context.Context, addr string, known map[string]bool) bool {
+	if known[addr] {
+		return true
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if net.ParseIP(host) != nil {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupHost(rctx, host)
+	if err != nil {
+		return false
+	}
+	for _, ip := range ips {
+		if known[net.JoinHostPort(ip, port)] {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,653 @@
+// Package discovery finds the other clusters of a federation and keeps a
+// gossip membership with them. Candidates come from mDNS on the LAN,
+// DNS-SD records and seed addresses; membership is hashicorp/memberlist,
+// encrypted with the federation key. Every member carries a record signed
+// by its cluster identity; members whose record does not verify are kept
+// out. Peering consumes the member events; discovery knows nothing of
+// tunnels.
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flotilla-io/flotilla/peering/identity"
+)
+
+// DefaultGossipPort is the default gossip port (UDP and TCP).
+const DefaultGossipPort = 7946
+
+// Profile selects memberlist timings.
+type Profile string
+
+const (
+	ProfileLAN   Profile = "lan"
+	ProfileWAN   Profile = "wan"
+	ProfileLocal Profile = "local"
+)
+
+// Config is what a Discovery needs. Identity and Keys are required.
+type Config struct {
+	Identity identity.Identity
+	// Keys is the federation keyring; Keys[0] is the primary key, used to
+	// encrypt. Every key decrypts.
+	Keys [][]byte
+
+	// BindAddr is where gossip listens; default 0.0.0.0:7946. Port 0 picks
+	// a free port.
+	BindAddr netip.AddrPort
+	// AdvertiseAddr is the gossip address other members use; default: the
+	// bind address, or memberlist's pick of a private address.
+	AdvertiseAddr netip.AddrPort
+	// Endpoint is the peering endpoint carried in the record ("host:port").
+	Endpoint string
+
+	// MDNS advertises and browses on the LAN.
+	MDNS bool
+	// MDNSInterface restricts mDNS to one interface (name); default: the
+	// system's multicast interface.
+	MDNSInterface string
+	// MDNSHostName is the host name in the advert; default
+	// "<cluster ID>.local." (the system host name often does not resolve
+	// inside a network namespace).
+	MDNSHostName string
+	// BrowseInterval is the time between mDNS browses; default 10 s.
+	BrowseInterval time.Duration
+
+	// DNSDomains are searched for _flotilla._udp SRV and PTR records.
+	DNSDomains []string
+	// DNSServer is the DNS server ("host:port"); default: the first
+	// nameserver of /etc/resolv.conf.
+	DNSServer string
+	// ResolveInterval is the time between DNS-SD lookups; default 30 s.
+	ResolveInterval time.Duration
+
+	// Seeds are "host:port" gossip addresses joined with backoff.
+	Seeds []string
+	// RetryMin and RetryMax bound the join backoff; defaults 1 s and 15 s.
+	// A member's address is rechecked every RetryMax.
+	RetryMin, RetryMax time.Duration
+
+	// Profile selects memberlist timings; default LAN.
+	Profile Profile
+	// Tune, if set, adjusts the memberlist configuration last (tests).
+	Tune func(*memberlist.Config)
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// Discovery runs the membership and its candidate sources.
+type Discovery struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	cands   *candidates
+	selfID  string
+
+	mu        sync.Mutex
+	record    Record
+	meta      []byte
+	table     map[string]*Member
+	highest   map[string]uint64 // highest serial seen per cluster ID
+	verified  map[string]verifiedMeta
+	subs      map[*subscriber]struct{}
+	dropLog   map[string]time.Time
+	selfAddrs map[string]bool
+
+	ml      *memberlist.Memberlist
+	keyring *memberlist.Keyring
+	mdns    *mdnsAdvert
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	wg     sync.WaitGroup
+	closed bool
+}
+
+type verifiedMeta struct {
+	meta   []byte
+	record Record
+}
+
+// New checks cfg and prepares a Discovery; Start brings it up.
+func New(cfg Config) (*Discovery, error) {
+	if cfg.Identity.Private == nil {
+		return nil, errors.New("discovery: no cluster identity")
+	}
+	if len(cfg.Keys) == 0 {
+		return nil, errors.New("discovery: no federation key")
+	}
+	for i, k := range cfg.Keys {
+		if err := validateKey(k); err != nil {
+			return nil, fmt.Errorf("discovery: key %d: %w", i, err)
+		}
+	}
+	if !cfg.BindAddr.IsValid() {
+		cfg.BindAddr = netip.AddrPortFrom(netip.IPv4Unspecified(), DefaultGossipPort)
+	}
+	if cfg.BrowseInterval <= 0 {
+		cfg.BrowseInterval = 10 * time.Second
+	}
+	if cfg.ResolveInterval <= 0 {
+		cfg.ResolveInterval = 30 * time.Second
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = time.Second
+	}
+	if cfg.RetryMax < cfg.RetryMin {
+		cfg.RetryMax = max(15*time.Second, cfg.RetryMin)
+	}
+	if cfg.Profile == "" {
+		cfg.Profile = ProfileLAN
+	}
+	for _, s := range cfg.Seeds {
+		if err := validateSeed(s); err != nil {
+			return nil, fmt.Errorf("discovery: %w", err)
+		}
+	}
+	for _, dom := range cfg.DNSDomains {
+		if _, ok := dnsName(dom); !ok {
+			return nil, fmt.Errorf("discovery: DNS domain %q is not a domain name", dom)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Discovery{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "discovery"),
+		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
+		selfID:    cfg.Identity.ClusterID(),
+		table:     make(map[string]*Member),
+		highest:   make(map[string]uint64),
+		verified:  make(map[string]verifiedMeta),
+		subs:      make(map[*subscriber]struct{}),
+		dropLog:   make(map[string]time.Time),
+		selfAddrs: make(map[string]bool),
+		done:      make(chan struct{}),
+	}
+	d.record = Record{Endpoint: cfg.Endpoint, Protocol: ProtocolVersion, Serial: uint64(time.Now().UnixNano())}
+	meta, err := SignRecord(cfg.Identity, d.record)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	d.record, _ = DecodeRecord(meta)
+	d.meta = meta
+	m, err := newMetrics(d, cfg.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	d.metrics = m
+	return d, nil
+}
+
+func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
+	var mc *memberlist.Config
+	switch d.cfg.Profile {
+	case ProfileLAN:
+		mc = memberlist.DefaultLANConfig()
+	case ProfileWAN:
+		mc = memberlist.DefaultWANConfig()
+	case ProfileLocal:
+		mc = memberlist.DefaultLocalConfig()
+	default:
+		return nil, fmt.Errorf("discovery: unknown profile %q (lan, wan, local)", d.cfg.Profile)
+	}
+	kr, err := memberlist.NewKeyring(d.cfg.Keys, d.cfg.Keys[0])
+	if err != nil {
+		return nil, fmt.Errorf("discovery: federation keyring: %w", err)
+	}
+	d.keyring = kr
+	mc.Name = d.selfID
+	mc.BindAddr = d.cfg.BindAddr.Addr().String()
+	mc.BindPort = int(d.cfg.BindAddr.Port())
+	if d.cfg.AdvertiseAddr.IsValid() {
+		mc.AdvertiseAddr = d.cfg.AdvertiseAddr.Addr().String()
+		mc.AdvertisePort = int(d.cfg.AdvertiseAddr.Port())
+	} else {
+		mc.AdvertisePort = mc.BindPort
+	}
+	mc.Keyring = kr
+	mc.GossipVerifyIncoming = true
+	mc.GossipVerifyOutgoing = true
+	mc.Delegate = (*delegate)(d)
+	mc.Events = (*delegate)(d)
+	mc.Alive = (*delegate)(d)
+	mc.Logger = memberlistLogger(d.log)
+	if d.cfg.Tune != nil {
+		d.cfg.Tune(mc)
+	}
+	return mc, nil
+}
+
+// Start joins the gossip and starts the candidate sources. Candidates are
+// joined in the background; Start does not wait for any member.
+func (d *Discovery) Start(ctx context.Context) error {
+	mc, err := d.memberlistConfig()
+	if err != nil {
+		return err
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("discovery: start gossip on %s: %w", d.cfg.BindAddr, err)
+	}
+	d.ml = ml
+	self := ml.LocalNode()
+	d.mu.Lock()
+	d.selfAddrs[self.Address()] = true
+	d.selfAddrs[net.JoinHostPort(d.cfg.BindAddr.Addr().String(), strconv.Itoa(int(self.Port)))] = true
+	d.mu.Unlock()
+	d.log.Info("gossip started", "cluster", d.selfID, "addr", self.Address(),
+		"keys", fingerprints(d.keyring.GetKeys()))
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.cancel = cancel
+	for _, s := range d.cfg.Seeds {
+		if d.cands.add(s, SourceSeed, 0) {
+			d.metrics.found.WithLabelValues(string(SourceSeed)).Inc()
+		}
+	}
+	if d.cfg.MDNS {
+		adv, err := d.startMDNS()
+		if err != nil {
+			cancel()
+			_ = ml.Shutdown()
+			return err
+		}
+		d.mdns = adv
+		d.goRun(func() { d.browseLoop(runCtx) })
+	}
+	if len(d.cfg.DNSDomains) > 0 {
+		r, err := newDNSResolver(d.cfg.DNSServer)
+		if err != nil {
+			cancel()
+			d.stopMDNS()
+			_ = ml.Shutdown()
+			return err
+		}
+		d.goRun(func() { d.dnsLoop(runCtx, r) })
+	}
+	d.goRun(func() { d.joinLoop(runCtx) })
+	return nil
+}
+
+func (d *Discovery) goRun(f func()) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f()
+	}()
+}
+
+// Close leaves the federation (members see a Leave, not a failure), stops
+// every source and closes all event streams.
+func (d *Discovery) Close() error {
+	d.mu.Lock()
+	if d.closed || d.ml == nil {
+		d.closed = true
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	d.cancel()
+	d.wg.Wait()
+	d.stopMDNS()
+	var errs []error
+	if err := d.republish(func(r *Record) { r.Leaving = true }); err != nil {
+		d.log.Debug("announce leave", "err", err)
+	}
+	if err := d.ml.Leave(2 * time.Second); err != nil {
+		errs = append(errs, fmt.Errorf("leave gossip: %w", err))
+	}
+	if err := d.ml.Shutdown(); err != nil {
+		errs = append(errs, fmt.Errorf("stop gossip: %w", err))
+	}
+	close(d.done)
+	return errors.Join(errs...)
+}
+
+// Kill stops gossip without leaving, as a crash would (tests, benchmarks).
+func (d *Discovery) kill() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	d.cancel()
+	d.wg.Wait()
+	d.stopMDNS()
+	_ = d.ml.Shutdown()
+	close(d.done)
+}
+
+// SetEndpoint publishes a new peering endpoint in this cluster's record.
+func (d *Discovery) SetEndpoint(ep string) error {
+	if err := validateEndpoint(ep); err != nil {
+		return fmt.Errorf("set peering endpoint: %w", err)
+	}
+	return d.republish(func(r *Record) { r.Endpoint = ep })
+}
+
+// republish signs a changed record with a higher serial and gossips it.
+func (d *Discovery) republish(change func(*Record)) error {
+	d.mu.Lock()
+	r := d.record
+	change(&r)
+	r.Serial = max(uint64(time.Now().UnixNano()), d.record.Serial+1)
+	meta, err := SignRecord(d.cfg.Identity, r)
+	if err != nil {
+		d.mu.Unlock()
+		return fmt.Errorf("sign member record: %w", err)
+	}
+	d.record, _ = DecodeRecord(meta)
+	d.meta = meta
+	d.mu.Unlock()
+	if d.ml == nil {
+		return nil
+	}
+	// UpdateNode fails only when no member acknowledged the broadcast in
+	// time; the record still spreads by gossip and push/pull.
+	if err := d.ml.UpdateNode(time.Second); err != nil {
+		d.log.Debug("member record not yet acknowledged", "serial", r.Serial, "err", err)
+	}
+	return nil
+}
+
+// Subscribe returns the member events from now on, starting with a Join
+// for every member alive at the time of the call. The channel is closed
+// when ctx ends or the Discovery is closed. A subscriber that reads slowly
+// sees only the latest event of each member.
+func (d *Discovery) Subscribe(ctx context.Context) <-chan Event {
+	s := newSubscriber(d.metrics.coalesced.Inc)
+	d.mu.Lock()
+	ids := make([]string, 0, len(d.table))
+	for id := range d.table {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		if m := d.table[id]; m.State == StateAlive {
+			s.publish(Event{Kind: Join, Member: *m})
+		}
+	}
+	d.subs[s] = struct{}{}
+	d.mu.Unlock()
+	go func() {
+		s.run(ctx, d.done)
+		d.mu.Lock()
+		delete(d.subs, s)
+		d.mu.Unlock()
+	}()
+	return s.out
+}
+
+// Snapshot is the state of discovery for status pages.
+type Snapshot struct {
+	Self Record
+	// Gossip is this agent's gossip address.
+	Gossip string
+	// Members are the other clusters, sorted by cluster ID.
+	Members    []Member
+	Candidates []Candidate
+	// KeyFingerprints name the installed federation keys, primary first.
+	KeyFingerprints []string
+}
+
+// Snapshot returns the current state.
+func (d *Discovery) Snapshot() Snapshot {
+	s := Snapshot{Members: d.members(), Candidates: d.cands.list()}
+	d.mu.Lock()
+	s.Self = d.record
+	d.mu.Unlock()
+	if d.ml != nil {
+		s.Gossip = d.ml.LocalNode().Address()
+		s.KeyFingerprints = fingerprints(d.Keys())
+	}
+	return s
+}
+
+// Alive returns the cluster IDs of the alive members, sorted.
+func (d *Discovery) Alive() []string {
+	var ids []string
+	for _, m := range d.members() {
+		if m.State == StateAlive {
+			ids = append(ids, m.ClusterID)
+		}
+	}
+	return ids
+}
+
+func (d *Discovery) members() []Member {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]Member, 0, len(d.table))
+	for _, m := range d.table {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ClusterID < out[j].ClusterID })
+	return out
+}
+
+// prune forgets members that have been gone for longer than age.
+func (d *Discovery) prune(age time.Duration) {
+	cutoff := time.Now().Add(-age)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, m := range d.table {
+		if m.State != StateAlive && m.Since.Before(cutoff) {
+			delete(d.table, id)
+		}
+	}
+}
+
+// memberAddrs returns the gossip addresses of this agent and every alive
+// member.
+func (d *Discovery) memberAddrs() map[string]bool {
+	known := make(map[string]bool)
+	d.mu.Lock()
+	for a := range d.selfAddrs {
+		known[a] = true
+	}
+	for _, m := range d.table {
+		if m.State == StateAlive {
+			known[m.Gossip.String()] = true
+		}
+	}
+	d.mu.Unlock()
+	return known
+}
+
+// Keys returns the installed federation keys, primary first.
+func (d *Discovery) Keys() [][]byte {
+	keys := d.keyring.GetKeys() // primary first
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = slices.Clone(k)
+	}
+	return out
+}
+
+// InstallKey adds a federation key that decrypts but does not yet encrypt.
+// Rotation: install the new key on every member, then UseKey on every
+// member, then RemoveKey of the old one; no member is dropped.
+func (d *Discovery) InstallKey(k []byte) error {
+	if err := validateKey(k); err != nil {
+		return err
+	}
+	if err := d.keyring.AddKey(k); err != nil {
+		return fmt.Errorf("install federation key %s: %w", keyID(k), err)
+	}
+	d.readvertise()
+	return nil
+}
+
+// UseKey makes an installed key the primary (encrypting) key.
+func (d *Discovery) UseKey(k []byte) error {
+	if err := d.keyring.UseKey(k); err != nil {
+		return fmt.Errorf("use federation key %s: %w", keyID(k), err)
+	}
+	d.readvertise()
+	return nil
+}
+
+// RemoveKey retires a key; the primary key cannot be removed.
+func (d *Discovery) RemoveKey(k []byte) error {
+	if bytes.Equal(k, d.keyring.GetPrimaryKey()) {
+		return fmt.Errorf("remove federation key %s: it is the primary key; use another first", keyID(k))
+	}
+	if err := d.keyring.RemoveKey(k); err != nil {
+		return fmt.Errorf("remove federation key %s: %w", keyID(k), err)
+	}
+	d.readvertise()
+	return nil
+}
+
+// drop counts a refused record and logs it at most once a minute per
+// member and reason, so a flood cannot flood the log.
+func (d *Discovery) drop(name, reason string, err error) {
+	d.metrics.recordsDrop.WithLabelValues(reason).Inc()
+	key := name + "\x00" + reason
+	now := time.Now()
+	d.mu.Lock()
+	last, seen := d.dropLog[key]
+	if !seen || now.Sub(last) > time.Minute {
+		if len(d.dropLog) > 4096 {
+			clear(d.dropLog)
+		}
+		d.dropLog[key] = now
+	}
+	d.mu.Unlock()
+	if !seen || now.Sub(last) > time.Minute {
+		d.log.Warn("member record refused", "member", truncate(name, 64), "reason", reason, "err", err)
+	}
+}
+
+// verify checks a member's metadata; results are cached per member so the
+// signature is checked once per record, not once per gossip message.
+func (d *Discovery) verify(name string, meta []byte) (Record, error) {
+	d.mu.Lock()
+	if v, ok := d.verified[name]; ok && bytes.Equal(v.meta, meta) {
+		d.mu.Unlock()
+		return v.record, nil
+	}
+	d.mu.Unlock()
+	r, err := DecodeRecord(meta)
+	if err != nil {
+		return Record{}, err
+	}
+	if r.ClusterID != name {
+		return Record{}, &RecordError{Reason: ReasonNameMismatch,
+			Err: fmt.Errorf("member %q carries the record of %s", truncate(name, 64), r.ClusterID)}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r.Serial < d.highest[name] {
+		return Record{}, &RecordError{Reason: ReasonStale,
+			Err: fmt.Errorf("record of %s has serial %d, already saw %d", name, r.Serial, d.highest[name])}
+	}
+	d.highest[name] = r.Serial
+	d.verified[name] = verifiedMeta{meta: slices.Clone(meta), record: r}
+	return r, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// delegate implements memberlist's delegate interfaces without putting
+// them in Discovery's exported method set.
+type delegate Discovery
+
+func (g *delegate) d() *Discovery { return (*Discovery)(g) }
+
+// NodeMeta returns this cluster's signed record.
+func (g *delegate) NodeMeta(limit int) []byte {
+	d := g.d()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.meta) > limit {
+		return nil
+	}
+	return slices.Clone(d.meta)
+}
+
+func (g *delegate) NotifyMsg([]byte)                           {}
+func (g *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (g *delegate) LocalState(join bool) []byte                { return nil }
+func (g *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// NotifyAlive keeps out members whose record does not verify: memberlist
+// ignores an alive message when this returns an error.
+func (g *delegate) NotifyAlive(n *memberlist.Node) error {
+	d := g.d()
+	if n.Name == d.selfID {
+		return nil
+	}
+	if _, err := d.verify(n.Name, n.Meta); err != nil {
+		d.drop(n.Name, ReasonOf(err), err)
+		return err
+	}
+	return nil
+}
+
+func (g *delegate) NotifyJoin(n *memberlist.Node)   { g.d().memberChanged(n, Join) }
+func (g *delegate) NotifyUpdate(n *memberlist.Node) { g.d().memberChanged(n, Update) }
+func (g *delegate) NotifyLeave(n *memberlist.Node)  { g.d().memberChanged(n, Failed) }
+
+// memberChanged runs on memberlist's goroutines with its node lock held:
+// it only updates the table and queues events.
+func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
+	if n.Name == d.selfID {
+		return
+	}
+	r, err := d.verify(n.Name, n.Meta)
+	if err != nil {
+		// NotifyAlive refused this record already; nothing to report.
+		return
+	}
+	addr, _ := netip.AddrFromSlice(n.Addr)
+	now := time.Now()
+	d.mu.Lock()
+	m, ok := d.table[n.Name]
+	if !ok {
+		m = &Member{ClusterID: n.Name}
+		d.table[n.Name] = m
+	}
+	m.Gossip = netip.AddrPortFrom(addr.Unmap(), n.Port)
+	m.Record = r
+	state := StateAlive
+	if kind == Failed {
+		state = StateFailed
+		if r.Leaving {
+			kind, state = Leave, StateLeft
+		}
+	}
+	if m.State != state {
+		m.State, m.Since = state, now
+	}
+	ev := Event{Kind: kind, Member: *m}
+	for s := range d.subs {
+		s.publish(ev)
+	}
+	d.mu.Unlock()
+	d.log.Info("member "+kind.String(), "member", n.Name, "gossip", m.Gossip, "endpoint", r.Endpoint)
+	if kind == Failed {
+		d.cands.recheckSoon(d.cfg.RetryMin)
+	}
+}

@@ -1,0 +1,47 @@
+package discovery
+
+import (
+	"context"
+	"log"
+	"log/slog"
+	"strings"
+)
+
+// levelWriter turns the "[LEVEL] text" lines of memberlist and mdns into
+// slog records.
+type levelWriter struct{ l *slog.Logger }
+
+func (w levelWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
+	for _, pfx := range []struct {
+		tag   string
+		level slog.Level
+	}{
+		{"[DEBUG]", slog.LevelDebug},
+		{"[INFO]", slog.LevelDebug},
+		{"[WARN]", slog.LevelWarn},
+		{"[ERR]", slog.LevelWarn},
+		{"[ERROR]", slog.LevelWarn},
+	} {
+		if i := strings.Index(line, pfx.tag); i >= 0 {
+			level = pfx.level
+			line = strings.TrimSpace(line[i+len(pfx.tag):])
+			break
+		}
+	}
+	// Refused alive messages are counted and logged by drop, rate-limited.
+	if strings.Contains(line, "ignoring alive message") {
+		level = slog.LevelDebug
+	}
+	w.l.Log(context.Background(), level, line)
+	return len(p), nil
+}
+
+func memberlistLogger(l *slog.Logger) *log.Logger {
+	return log.New(levelWriter{l.With("lib", "memberlist")}, "", 0)
+}
+
+func mdnsLogger(l *slog.Logger) *log.Logger {
+	return log.New(levelWriter{l.With("lib", "mdns")}, "", 0)
+}

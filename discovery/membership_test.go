@@ -1,0 +1,547 @@
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flotilla-io/flotilla/peering/identity"
+)
+
+var testKey = bytes.Repeat([]byte{0x42}, 32)
+
+type nodeOpts struct {
+	id       *identity.Identity
+	keys     [][]byte
+	seeds    []string
+	bind     string // default 127.0.0.1:0
+	endpoint string
+	domains  []string
+	dns      string
+}
+
+type testNode struct {
+	d   *Discovery
+	reg *prometheus.Registry
+	id  identity.Identity
+}
+
+func (n *testNode) addr() string { return n.d.ml.LocalNode().Address() }
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("DISCOVERY_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+}
+
+// fastTimings shortens memberlist's loopback timings so tests finish
+// quickly; behaviour is the same as the LAN profile's.
+func fastTimings(c *memberlist.Config) {
+	c.ProbeInterval = 200 * time.Millisecond
+	c.ProbeTimeout = 100 * time.Millisecond
+	c.GossipInterval = 50 * time.Millisecond
+	c.SuspicionMult = 2
+	c.PushPullInterval = 2 * time.Second
+	c.TCPTimeout = time.Second
+}
+
+func startNode(t testing.TB, o nodeOpts) *testNode {
+	t.Helper()
+	id := mustIdentity(t)
+	if o.id != nil {
+		id = *o.id
+	}
+	if o.keys == nil {
+		o.keys = [][]byte{testKey}
+	}
+	if o.bind == "" {
+		o.bind = "127.0.0.1:0"
+	}
+	reg := prometheus.NewRegistry()
+	d, err := New(Config{
+		Identity:        id,
+		Keys:            o.keys,
+		BindAddr:        netip.MustParseAddrPort(o.bind),
+		Endpoint:        o.endpoint,
+		Seeds:           o.seeds,
+		DNSDomains:      o.domains,
+		DNSServer:       o.dns,
+		ResolveInterval: time.Second,
+		RetryMin:        100 * time.Millisecond,
+		RetryMax:        time.Second,
+		Profile:         ProfileLocal,
+		Tune:            fastTimings,
+		Logger:          testLogger(t),
+		Metrics:         reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n := &testNode{d: d, reg: reg, id: id}
+	t.Cleanup(func() { _ = d.Close() })
+	return n
+}
+
+// eventually polls cond until it returns nil or the deadline passes. The
+// deadline is for correctness only; speed is measured in benchmarks.
+func eventually(t testing.TB, within time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func sees(n *testNode, others ...*testNode) error {
+	alive := n.d.Alive()
+	for _, o := range others {
+		if !slices.Contains(alive, o.id.ClusterID()) {
+			return fmt.Errorf("%s sees %v, not %s", n.id.ClusterID(), alive, o.id.ClusterID())
+		}
+	}
+	return nil
+}
+
+// metricValue returns the value of the metric family name whose labels
+// include labels ("k=v" pairs).
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, want := range labels {
+				k, v, _ := strings.Cut(want, "=")
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// nextEvent waits for the next event of member id.
+func nextEvent(t testing.TB, ch <-chan Event, id string, within time.Duration) Event {
+	t.Helper()
+	timeout := time.After(within)
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("event stream closed while waiting for %s", id)
+			}
+			if ev.Member.ClusterID == id {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no event for %s within %s", id, within)
+		}
+	}
+}
+
+func TestSeedsFormFullMembership(t *testing.T) {
+	a := startNode(t, nodeOpts{endpoint: "192.0.2.1:51820"})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}, endpoint: "192.0.2.2:51820"})
+	c := startNode(t, nodeOpts{seeds: []string{b.addr()}})
+	all := []*testNode{a, b, c}
+	for _, n := range all {
+		eventually(t, 20*time.Second, func() error {
+			var others []*testNode
+			for _, o := range all {
+				if o != n {
+					others = append(others, o)
+				}
+			}
+			return sees(n, others...)
+		})
+	}
+	// The verified record travels with the member.
+	snap := c.d.Snapshot()
+	var gotA *Member
+	for i := range snap.Members {
+		if snap.Members[i].ClusterID == a.id.ClusterID() {
+			gotA = &snap.Members[i]
+		}
+	}
+	if gotA == nil || gotA.Record.Endpoint != "192.0.2.1:51820" || !bytes.Equal(gotA.Record.PublicKey, a.id.Public()) {
+		t.Fatalf("c's view of a: %+v", gotA)
+	}
+	if gotA.Gossip.String() != a.addr() {
+		t.Errorf("gossip address %s, want %s", gotA.Gossip, a.addr())
+	}
+	if got := metricValue(t, c.reg, "flotilla_discovery_members", "state=alive"); got != 2 {
+		t.Errorf("members{state=alive} = %v, want 2", got)
+	}
+}
+
+func TestSubscribeStartsWithAliveMembersAndFollowsUpdates(t *testing.T) {
+	a := startNode(t, nodeOpts{})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
+	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := a.d.Subscribe(ctx)
+	if ev := nextEvent(t, events, b.id.ClusterID(), 5*time.Second); ev.Kind != Join || ev.Member.State != StateAlive {
+		t.Fatalf("first event %v %s, want join of an alive member", ev.Kind, ev.Member.State)
+	}
+	if err := b.d.SetEndpoint("198.51.100.9:51820"); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, events, b.id.ClusterID(), 20*time.Second)
+	if ev.Kind != Update || ev.Member.Record.Endpoint != "198.51.100.9:51820" {
+		t.Fatalf("got %v with endpoint %q, want update to 198.51.100.9:51820", ev.Kind, ev.Member.Record.Endpoint)
+	}
+	cancel()
+	for range events {
+	}
+}
+
+func TestDepartures(t *testing.T) {
+	tests := []struct {
+		name  string
+		stop  func(*Discovery)
+		kind  EventKind
+		state MemberState
+	}{
+		{"close leaves", func(d *Discovery) { _ = d.Close() }, Leave, StateLeft},
+		{"crash fails", func(d *Discovery) { d.kill() }, Failed, StateFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startNode(t, nodeOpts{})
+			b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
+			c := startNode(t, nodeOpts{seeds: []string{a.addr()}})
+			eventually(t, 20*time.Second, func() error { return sees(a, b, c) })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			events := a.d.Subscribe(ctx)
+			tt.stop(b.d)
+			for {
+				ev := nextEvent(t, events, b.id.ClusterID(), 20*time.Second)
+				if ev.Kind == Join || ev.Kind == Update {
+					continue // initial state, or the record announcing the leave
+				}
+				if ev.Kind != tt.kind || ev.Member.State != tt.state {
+					t.Fatalf("got %v/%s, want %v/%s", ev.Kind, ev.Member.State, tt.kind, tt.state)
+				}
+				break
+			}
+			if err := sees(a, c); err != nil {
+				t.Error(err)
+			}
+			if got := metricValue(t, a.reg, "flotilla_discovery_members", "state="+string(tt.state)); got != 1 {
+				t.Errorf("members{state=%s} = %v, want 1", tt.state, got)
+			}
+		})
+	}
+}
+
+func TestRestartRejoinsAsSameMember(t *testing.T) {
+	a := startNode(t, nodeOpts{})
+	bid := mustIdentity(t)
+	b := startNode(t, nodeOpts{id: &bid, seeds: []string{a.addr()}})
+	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	bAddr := b.addr()
+	firstSerial := b.d.Snapshot().Self.Serial
+	b.d.kill()
+	eventually(t, 20*time.Second, func() error {
+		for _, m := range a.d.Snapshot().Members {
+			if m.ClusterID == bid.ClusterID() && m.State == StateFailed {
+				return nil
+			}
+		}
+		return fmt.Errorf("a does not report b failed: %+v", a.d.Snapshot().Members)
+	})
+	// Same identity, same address, as an agent restarted with its state dir.
+	b2 := startNode(t, nodeOpts{id: &bid, bind: bAddr, seeds: []string{a.addr()}})
+	eventually(t, 20*time.Second, func() error { return sees(a, b2) })
+	snap := a.d.Snapshot()
+	if len(snap.Members) != 1 || snap.Members[0].ClusterID != bid.ClusterID() {
+		t.Fatalf("a's members after restart: %+v, want b once", snap.Members)
+	}
+	if snap.Members[0].Record.Serial <= firstSerial {
+		t.Errorf("restarted record serial %d not above %d", snap.Members[0].Record.Serial, firstSerial)
+	}
+}
+
+func TestKeyRotationDropsNoMember(t *testing.T) {
+	oldKey, newKey := testKey, bytes.Repeat([]byte{0x77}, 32)
+	a := startNode(t, nodeOpts{keys: [][]byte{oldKey}})
+	b := startNode(t, nodeOpts{keys: [][]byte{oldKey}, seeds: []string{a.addr()}})
+	c := startNode(t, nodeOpts{keys: [][]byte{oldKey}, seeds: []string{a.addr()}})
+	all := []*testNode{a, b, c}
+	eventually(t, 20*time.Second, func() error { return sees(a, b, c) })
+	eventually(t, 20*time.Second, func() error { return sees(c, a, b) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var streams []<-chan Event
+	for _, n := range all {
+		streams = append(streams, n.d.Subscribe(ctx))
+	}
+	step := func(name string, f func(*Discovery) error) {
+		for _, n := range all {
+			if err := f(n.d); err != nil {
+				t.Fatalf("%s on %s: %v", name, n.id.ClusterID(), err)
+			}
+			time.Sleep(300 * time.Millisecond) // let gossip run between members' steps
+		}
+	}
+	step("install", func(d *Discovery) error { return d.InstallKey(newKey) })
+	step("use", func(d *Discovery) error { return d.UseKey(newKey) })
+	step("remove", func(d *Discovery) error { return d.RemoveKey(oldKey) })
+	time.Sleep(2 * time.Second) // several probe rounds under the new key alone
+
+	for i, ch := range streams {
+	drain:
+		for {
+			select {
+			case ev := <-ch:
+				if ev.Kind == Failed || ev.Kind == Leave {
+					t.Errorf("%s saw %v of %s during rotation", all[i].id.ClusterID(), ev.Kind, ev.Member.ClusterID)
+				}
+			default:
+				break drain
+			}
+		}
+	}
+	for _, n := range all {
+		if len(n.d.Alive()) != 2 {
+			t.Errorf("%s sees %v after rotation", n.id.ClusterID(), n.d.Alive())
+		}
+		if keys := n.d.Keys(); len(keys) != 1 || !bytes.Equal(keys[0], newKey) {
+			t.Errorf("keyring after rotation has %d keys", len(keys))
+		}
+	}
+	// A newcomer with only the new key joins; one with only the old key cannot.
+	d := startNode(t, nodeOpts{keys: [][]byte{newKey}, seeds: []string{a.addr()}})
+	eventually(t, 20*time.Second, func() error { return sees(a, d) })
+	if err := a.d.RemoveKey(newKey); err == nil {
+		t.Error("removing the primary key was allowed")
+	}
+}
+
+func TestOtherFederationIsNeverAMember(t *testing.T) {
+	a := startNode(t, nodeOpts{})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
+	x := startNode(t, nodeOpts{keys: [][]byte{bytes.Repeat([]byte{0x99}, 32)}, seeds: []string{a.addr(), b.addr()}})
+	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	eventually(t, 20*time.Second, func() error {
+		if got := metricValue(t, x.reg, "flotilla_discovery_join_failures_total", "source=seed"); got < 2 {
+			return fmt.Errorf("x's failed joins = %v", got)
+		}
+		return nil
+	})
+	if got := x.d.Alive(); len(got) != 0 {
+		t.Errorf("outsider learned members %v", got)
+	}
+	for _, n := range []*testNode{a, b} {
+		if slices.Contains(n.d.Alive(), x.id.ClusterID()) {
+			t.Errorf("%s accepted the outsider", n.id.ClusterID())
+		}
+	}
+}
+
+// forger joins the gossip with the federation key but publishes meta that
+// is not a valid record of its name.
+type forger struct{ meta []byte }
+
+func (f *forger) NodeMeta(int) []byte                 { return f.meta }
+func (f *forger) NotifyMsg([]byte)                    {}
+func (f *forger) GetBroadcasts(int, int) [][]byte     { return nil }
+func (f *forger) LocalState(bool) []byte              { return nil }
+func (f *forger) MergeRemoteState(buf []byte, _ bool) {}
+
+func TestForgedRecordsAreDropped(t *testing.T) {
+	victim, mallory := mustIdentity(t), mustIdentity(t)
+	victimRec, err := SignRecord(victim, Record{Protocol: 1, Serial: 5, Endpoint: "192.0.2.66:51820"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := bytes.Clone(victimRec)
+	tampered[len(tampered)-recordSigLen-1] ^= 1 // endpoint changed after signing
+	mallorysRec, err := SignRecord(mallory, Record{Protocol: 1, Serial: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, member string
+		meta         []byte
+		reason       string
+	}{
+		{"tampered record", victim.ClusterID(), tampered, ReasonBadSignature},
+		{"someone else's valid record", mallory.ClusterID(), victimRec, ReasonNameMismatch},
+		{"own record under the victim's name", victim.ClusterID(), mallorysRec, ReasonNameMismatch},
+		{"garbage", "c" + strings.Repeat("a", 26), []byte("hello"), ReasonMalformed},
+		{"no record", mallory.ClusterID(), nil, ReasonMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startNode(t, nodeOpts{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			events := a.d.Subscribe(ctx)
+
+			mc := memberlist.DefaultLocalConfig()
+			fastTimings(mc)
+			mc.Name = tt.member
+			mc.BindAddr, mc.BindPort, mc.AdvertisePort = "127.0.0.1", 0, 0
+			mc.SecretKey = testKey
+			mc.Delegate = &forger{meta: tt.meta}
+			mc.LogOutput = nopWriter{}
+			ml, err := memberlist.Create(mc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = ml.Shutdown() }()
+			if _, err := ml.Join([]string{a.addr()}); err != nil {
+				t.Fatalf("forger join: %v", err)
+			}
+			eventually(t, 10*time.Second, func() error {
+				if got := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+tt.reason); got == 0 {
+					return fmt.Errorf("no record dropped for %s", tt.reason)
+				}
+				return nil
+			})
+			time.Sleep(500 * time.Millisecond) // more gossip rounds
+			if alive := a.d.Alive(); len(alive) != 0 {
+				t.Errorf("forged member accepted: %v", alive)
+			}
+			select {
+			case ev := <-events:
+				t.Errorf("event for a forged member: %v %s", ev.Kind, ev.Member.ClusterID)
+			default:
+			}
+		})
+	}
+}
+
+type nopWriter struct{}
+
+func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestSlowSubscriberNeverBlocksGossip(t *testing.T) {
+	a := startNode(t, nodeOpts{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stuck := a.d.Subscribe(ctx) // never read until the end
+	var nodes []*testNode
+	for range 4 {
+		nodes = append(nodes, startNode(t, nodeOpts{seeds: []string{a.addr()}}))
+	}
+	eventually(t, 20*time.Second, func() error { return sees(a, nodes...) })
+	for i := range 20 {
+		n := nodes[i%len(nodes)]
+		if err := n.d.SetEndpoint(fmt.Sprintf("192.0.2.%d:51820", i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	final := map[string]string{}
+	for _, n := range nodes {
+		final[n.id.ClusterID()] = n.d.Snapshot().Self.Endpoint
+	}
+	// Gossip kept running: a sees everyone with their final endpoints.
+	eventually(t, 20*time.Second, func() error {
+		if err := sees(a, nodes...); err != nil {
+			return err
+		}
+		for _, m := range a.d.Snapshot().Members {
+			if want := final[m.ClusterID]; m.Record.Endpoint != want {
+				return fmt.Errorf("%s endpoint %q, want %q", m.ClusterID, m.Record.Endpoint, want)
+			}
+		}
+		return nil
+	})
+	// The stuck subscriber now gets at most one queued event per member
+	// plus the one that was in flight when it stopped reading, and the
+	// last event of each member carries its latest record.
+	last := map[string]Event{}
+	total := 0
+read:
+	for {
+		select {
+		case ev := <-stuck:
+			total++
+			last[ev.Member.ClusterID] = ev
+		case <-time.After(time.Second):
+			break read
+		}
+	}
+	if total > len(nodes)+1 {
+		t.Errorf("%d events for %d members: not coalesced", total, len(nodes))
+	}
+	for _, n := range nodes {
+		id := n.id.ClusterID()
+		ev, ok := last[id]
+		if !ok || ev.Member.State != StateAlive || ev.Member.Record.Endpoint != final[id] {
+			t.Errorf("%s: last event %v endpoint %q, want alive with %q", id, ev.Kind, ev.Member.Record.Endpoint, final[id])
+		}
+	}
+	if metricValue(t, a.reg, "flotilla_discovery_events_coalesced_total") == 0 {
+		t.Error("no coalesced events counted")
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	id := mustIdentity(t)
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"no identity", Config{Keys: [][]byte{testKey}}},
+		{"no key", Config{Identity: id}},
+		{"short key", Config{Identity: id, Keys: [][]byte{[]byte("short")}}},
+		{"seed without port", Config{Identity: id, Keys: [][]byte{testKey}, Seeds: []string{"10.0.0.1"}}},
+		{"bad domain", Config{Identity: id, Keys: [][]byte{testKey}, DNSDomains: []string{"a..b"}}},
+		{"bad endpoint", Config{Identity: id, Keys: [][]byte{testKey}, Endpoint: "nowhere"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := New(tt.cfg); err == nil {
+				t.Error("accepted")
+			}
+		})
+	}
+}

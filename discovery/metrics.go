@@ -1,0 +1,93 @@
+package discovery
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the discovery counters. Gauges of members and candidates are
+// computed when scraped, from the same tables Snapshot reads.
+type metrics struct {
+	found         *prometheus.CounterVec // by source
+	joins         *prometheus.CounterVec // by source
+	joinFailures  *prometheus.CounterVec // by source
+	recordsDrop   *prometheus.CounterVec // by reason
+	candidateDrop *prometheus.CounterVec // by source, reason
+	coalesced     prometheus.Counter
+	members       *prometheus.Desc
+	candidates    *prometheus.Desc
+	d             *Discovery
+}
+
+func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		d: d,
+		found: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_candidates_found_total",
+			Help: "Join candidates learned, by source (mdns, dns, seed).",
+		}, []string{"source"}),
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_joins_total",
+			Help: "Join attempts towards candidates, by source.",
+		}, []string{"source"}),
+		joinFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_join_failures_total",
+			Help: "Join attempts that failed, by source.",
+		}, []string{"source"}),
+		recordsDrop: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_records_dropped_total",
+			Help: "Member records refused, by reason.",
+		}, []string{"reason"}),
+		candidateDrop: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_candidates_dropped_total",
+			Help: "mDNS and DNS-SD answers ignored, by source and reason.",
+		}, []string{"source", "reason"}),
+		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_events_coalesced_total",
+			Help: "Member events replaced by a newer event before a subscriber read them.",
+		}),
+		members: prometheus.NewDesc("flotilla_discovery_members",
+			"Other clusters known, by state (alive, failed, left).", []string{"state"}, nil),
+		candidates: prometheus.NewDesc("flotilla_discovery_candidates",
+			"Join candidates currently known, by source.", []string{"source"}, nil),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced, m} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("register discovery metrics: %w (one Discovery per registry)", err)
+			}
+			return nil, fmt.Errorf("register discovery metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.members
+	ch <- m.candidates
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	byState := map[MemberState]int{StateAlive: 0, StateFailed: 0, StateLeft: 0}
+	for _, mem := range m.d.members() {
+		byState[mem.State]++
+	}
+	for s, n := range byState {
+		ch <- prometheus.MustNewConstMetric(m.members, prometheus.GaugeValue, float64(n), string(s))
+	}
+	bySource := map[Source]int{SourceMDNS: 0, SourceDNS: 0, SourceSeed: 0}
+	for _, c := range m.d.cands.list() {
+		for _, s := range c.Sources {
+			bySource[s]++
+		}
+	}
+	for s, n := range bySource {
+		ch <- prometheus.MustNewConstMetric(m.candidates, prometheus.GaugeValue, float64(n), string(s))
+	}
+}

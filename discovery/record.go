@@ -1,0 +1,228 @@
+package discovery
+
+import (
+	"crypto/ed25519"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"unicode/utf8"
+
+	"github.com/flotilla-io/flotilla/peering/identity"
+)
+
+// ProtocolVersion is the Flotilla peering protocol this build speaks. It
+// travels in every record so peers can refuse what they do not understand.
+const ProtocolVersion uint16 = 1
+
+// Wire layout of a member record, version 1 (all integers big endian):
+//
+//	0      magic 'F'
+//	1      record format version (1)
+//	2..3   protocol version
+//	4      flags (bit 0: leaving)
+//	5..12  serial
+//	13     length of the cluster ID (27)
+//	       cluster ID
+//	       Ed25519 public key (32 bytes)
+//	       length of the peering endpoint (0..MaxEndpointLen)
+//	       peering endpoint ("host:port", may be empty)
+//	       Ed25519 signature (64 bytes) of recordDomain || everything above
+const (
+	recordMagic   = 'F'
+	recordFormat  = 1
+	flagLeaving   = 1 << 0
+	knownFlags    = flagLeaving
+	headerLen     = 14
+	recordSigLen  = ed25519.SignatureSize
+	recordKeyLen  = ed25519.PublicKeySize
+	recordDomain  = "flotilla/member-record/v1\x00"
+	metaSizeLimit = 512 // memberlist.MetaMaxSize
+)
+
+// MaxEndpointLen bounds the peering endpoint so the largest record stays
+// well under memberlist's 512-byte metadata limit.
+const MaxEndpointLen = 200
+
+// MaxRecordLen is the size of the largest valid record.
+const MaxRecordLen = headerLen + identity.IDLength + recordKeyLen + 1 + MaxEndpointLen + recordSigLen
+
+// Record is what a cluster says about itself in its gossip metadata. It is
+// signed by the cluster's identity key, and the cluster ID must be the hash
+// of that key, so no member can speak for another.
+type Record struct {
+	ClusterID string
+	PublicKey ed25519.PublicKey
+	// Endpoint is where peering reaches this cluster ("host:port"); empty
+	// until the agent knows it.
+	Endpoint string
+	Protocol uint16
+	// Serial grows with every record a cluster issues; a record with a
+	// lower serial than one already seen for the same cluster is stale.
+	Serial uint64
+	// Leaving is set in the last record a cluster gossips before it leaves
+	// on purpose, so peers can tell a leave from a failure.
+	Leaving bool
+}
+
+// Reasons a record is refused; they label the dropped-records metric.
+const (
+	ReasonMalformed    = "malformed"
+	ReasonOversized    = "oversized"
+	ReasonFormat       = "unknown_format"
+	ReasonProtocol     = "unsupported_protocol"
+	ReasonIDMismatch   = "id_not_from_key"
+	ReasonBadSignature = "bad_signature"
+	ReasonNameMismatch = "name_mismatch"
+	ReasonStale        = "stale"
+)
+
+// RecordError says why a record was refused.
+type RecordError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RecordError) Error() string { return fmt.Sprintf("member record: %s: %v", e.Reason, e.Err) }
+func (e *RecordError) Unwrap() error { return e.Err }
+
+// ReasonOf returns the reason label of err, or ReasonMalformed for errors
+// that carry none.
+func ReasonOf(err error) string {
+	var re *RecordError
+	if errors.As(err, &re) {
+		return re.Reason
+	}
+	return ReasonMalformed
+}
+
+func refuse(reason, format string, args ...any) error {
+	return &RecordError{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// SignRecord encodes r, with its public key and cluster ID taken from id,
+// and signs it.
+func SignRecord(id identity.Identity, r Record) ([]byte, error) {
+	r.PublicKey = id.Public()
+	r.ClusterID = id.ClusterID()
+	body, err := r.marshalBody()
+	if err != nil {
+		return nil, err
+	}
+	return append(body, id.Sign(signedBytes(body))...), nil
+}
+
+func (r Record) marshalBody() ([]byte, error) {
+	if err := identity.ValidateClusterID(r.ClusterID); err != nil {
+		return nil, fmt.Errorf("encode member record: %w", err)
+	}
+	if len(r.PublicKey) != recordKeyLen {
+		return nil, fmt.Errorf("encode member record: public key is %d bytes, want %d", len(r.PublicKey), recordKeyLen)
+	}
+	if err := validateEndpoint(r.Endpoint); err != nil {
+		return nil, fmt.Errorf("encode member record: %w", err)
+	}
+	b := make([]byte, 0, MaxRecordLen)
+	b = append(b, recordMagic, recordFormat)
+	b = binary.BigEndian.AppendUint16(b, r.Protocol)
+	var flags byte
+	if r.Leaving {
+		flags |= flagLeaving
+	}
+	b = append(b, flags)
+	b = binary.BigEndian.AppendUint64(b, r.Serial)
+	b = append(b, byte(len(r.ClusterID)))
+	b = append(b, r.ClusterID...)
+	b = append(b, r.PublicKey...)
+	b = append(b, byte(len(r.Endpoint)))
+	b = append(b, r.Endpoint...)
+	return b, nil
+}
+
+func signedBytes(body []byte) []byte {
+	return append([]byte(recordDomain), body...)
+}
+
+// DecodeRecord parses and verifies a record: the signature must verify
+// against the key in it and the cluster ID must be derived from that key.
+// It never panics; every refusal is a *RecordError.
+func DecodeRecord(b []byte) (Record, error) {
+	if len(b) > MaxRecordLen {
+		return Record{}, refuse(ReasonOversized, "%d bytes, at most %d", len(b), MaxRecordLen)
+	}
+	if len(b) < headerLen+recordSigLen {
+		return Record{}, refuse(ReasonMalformed, "%d bytes is too short", len(b))
+	}
+	if b[0] != recordMagic {
+		return Record{}, refuse(ReasonMalformed, "bad magic byte %#x", b[0])
+	}
+	if b[1] != recordFormat {
+		return Record{}, refuse(ReasonFormat, "format version %d, this build reads %d", b[1], recordFormat)
+	}
+	var r Record
+	r.Protocol = binary.BigEndian.Uint16(b[2:4])
+	flags := b[4]
+	if flags&^knownFlags != 0 {
+		return Record{}, refuse(ReasonMalformed, "unknown flags %#x", flags)
+	}
+	r.Leaving = flags&flagLeaving != 0
+	r.Serial = binary.BigEndian.Uint64(b[5:13])
+	body := b[:len(b)-recordSigLen]
+	sig := b[len(b)-recordSigLen:]
+	rest := body[13:]
+
+	idLen := int(rest[0])
+	rest = rest[1:]
+	if idLen != identity.IDLength || len(rest) < idLen+recordKeyLen+1 {
+		return Record{}, refuse(ReasonMalformed, "cluster ID length %d in %d bytes", idLen, len(b))
+	}
+	r.ClusterID = string(rest[:idLen])
+	rest = rest[idLen:]
+	r.PublicKey = ed25519.PublicKey(append([]byte(nil), rest[:recordKeyLen]...))
+	rest = rest[recordKeyLen:]
+	epLen := int(rest[0])
+	rest = rest[1:]
+	if epLen != len(rest) {
+		return Record{}, refuse(ReasonMalformed, "endpoint length %d, %d bytes left", epLen, len(rest))
+	}
+	r.Endpoint = string(rest)
+
+	if err := identity.ValidateClusterID(r.ClusterID); err != nil {
+		return Record{}, refuse(ReasonMalformed, "%v", err)
+	}
+	if err := validateEndpoint(r.Endpoint); err != nil {
+		return Record{}, refuse(ReasonMalformed, "%v", err)
+	}
+	if got := identity.ClusterID(r.PublicKey); got != r.ClusterID {
+		return Record{}, refuse(ReasonIDMismatch, "claims %s, key belongs to %s", r.ClusterID, got)
+	}
+	if !ed25519.Verify(r.PublicKey, signedBytes(body), sig) {
+		return Record{}, refuse(ReasonBadSignature, "record of %s: %v", r.ClusterID, identity.ErrBadSignature)
+	}
+	if r.Protocol == 0 {
+		return Record{}, refuse(ReasonProtocol, "protocol version 0 of %s", r.ClusterID)
+	}
+	return r, nil
+}
+
+func validateEndpoint(ep string) error {
+	if ep == "" {
+		return nil
+	}
+	if len(ep) > MaxEndpointLen {
+		return fmt.Errorf("peering endpoint is %d bytes, at most %d", len(ep), MaxEndpointLen)
+	}
+	if !utf8.ValidString(ep) {
+		return fmt.Errorf("peering endpoint %q is not UTF-8", ep)
+	}
+	for _, c := range ep {
+		if c < 0x21 || c == 0x7f {
+			return fmt.Errorf("peering endpoint %q has a space or control character", ep)
+		}
+	}
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil || host == "" || port == "" {
+		return fmt.Errorf("peering endpoint %q is not host:port", ep)
+	}
+	return nil
+}

@@ -1,0 +1,281 @@
+package discovery
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// These tests run discovery in real processes inside harness sites: the
+// test binary re-executes itself as a member (memberProcess) in each
+// site's network namespace, so mDNS crosses a real bridge.
+
+const helperEnv = "FLOTILLA_DISCOVERY_MEMBER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(memberProcess())
+	}
+	os.Exit(m.Run())
+}
+
+// memberProcess runs one member until SIGTERM. Configuration comes from
+// the environment; it prints "event <kind> <cluster ID>" for every member
+// event and "first-mdns-candidate <ms>" once.
+func memberProcess() int {
+	env := func(k string) string { return os.Getenv("FLOTILLA_" + k) }
+	seed, _ := base64.StdEncoding.DecodeString(env("IDENTITY_SEED"))
+	id, err := identity.FromSeed(seed)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	key, _ := base64.StdEncoding.DecodeString(env("KEY"))
+	start := time.Now()
+	if os.Getenv("FLOTILLA_DEBUG_STACKS") != "" {
+		go func() {
+			time.Sleep(5 * time.Second)
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			os.Stderr.Write(buf[:n])
+		}()
+	}
+	fmt.Println("starting")
+	cfg := Config{
+		Identity:       id,
+		Keys:           [][]byte{key},
+		BindAddr:       netip.MustParseAddrPort(env("BIND")),
+		MDNS:           env("MDNS") == "1",
+		BrowseInterval: time.Second,
+		RetryMin:       200 * time.Millisecond,
+		RetryMax:       2 * time.Second,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if s := env("SEEDS"); s != "" {
+		cfg.Seeds = strings.Split(s, ",")
+	}
+	d, err := New(cfg)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := d.Start(ctx); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("started", id.ClusterID())
+	go func() {
+		for ctx.Err() == nil {
+			for _, c := range d.cands.list() {
+				if c.Sources[0] == SourceMDNS {
+					fmt.Printf("first-mdns-candidate %d\n", time.Since(start).Milliseconds())
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	for ev := range d.Subscribe(ctx) {
+		fmt.Println("event", ev.Kind, ev.Member.ClusterID)
+	}
+	_ = d.Close()
+	return 0
+}
+
+type member struct {
+	id    identity.Identity
+	site  *harness.Site
+	proc  *harness.Process
+	env   []string
+	spawn *spawner
+}
+
+// spawner starts processes from one OS thread that lives until the test
+// ends. The harness sets Pdeathsig, which fires when the *thread* that
+// forked a child exits; threads the harness locks for netns work exit, and
+// a child forked from such a thread is killed at once.
+type spawner struct{ reqs chan func() }
+
+func newSpawner(t testing.TB) *spawner {
+	s := &spawner{reqs: make(chan func())}
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread lives as long as this loop
+		for f := range s.reqs {
+			f()
+		}
+		close(done)
+	}()
+	t.Cleanup(func() { close(s.reqs); <-done })
+	return s
+}
+
+func (s *spawner) do(f func()) {
+	ch := make(chan struct{})
+	s.reqs <- func() { defer close(ch); f() }
+	<-ch
+}
+
+func startMember(t testing.TB, sp *spawner, s *harness.Site, id identity.Identity, key []byte, mdns bool, seeds ...string) *member {
+	t.Helper()
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &member{id: id, site: s, spawn: sp}
+	mdnsFlag := "0"
+	if mdns {
+		mdnsFlag = "1"
+	}
+	m.env = []string{
+		helperEnv + "=1",
+		"FLOTILLA_DEBUG_STACKS=" + os.Getenv("FLOTILLA_DEBUG_STACKS"),
+		"FLOTILLA_IDENTITY_SEED=" + base64.StdEncoding.EncodeToString(id.Seed()),
+		"FLOTILLA_KEY=" + base64.StdEncoding.EncodeToString(key),
+		"FLOTILLA_BIND=" + netip.AddrPortFrom(s.Addr, DefaultGossipPort).String(),
+		"FLOTILLA_MDNS=" + mdnsFlag,
+		"FLOTILLA_SEEDS=" + strings.Join(seeds, ","),
+	}
+	m.start(t, bin)
+	return m
+}
+
+func (m *member) start(t testing.TB, bin string) {
+	argv := append([]string{"env"}, m.env...)
+	argv = append(argv, bin, "-test.run=^$")
+	m.spawn.do(func() { m.proc = m.site.Start("member-"+m.id.ClusterID()[:8], argv...) })
+	if dir := os.Getenv("FLOTILLA_DEBUG_STACKS"); dir != "" {
+		p := m.proc
+		t.Cleanup(func() {
+			_ = os.WriteFile(filepath.Join(dir, m.site.SiteName+"-"+strconv.Itoa(p.Pid())+".log"), []byte(p.Log()), 0o644)
+		})
+	}
+}
+
+// lastEvent returns the last event line about id in m's output.
+func (m *member) lastEvent(id string) string {
+	last := ""
+	for _, line := range strings.Split(m.proc.Log(), "\n") {
+		if strings.HasPrefix(line, "event ") && strings.HasSuffix(line, " "+id) {
+			last = strings.Fields(line)[1]
+		}
+	}
+	return last
+}
+
+func waitEvent(t *testing.T, m *member, id, kind string, within time.Duration) {
+	t.Helper()
+	eventually(t, within, func() error {
+		if got := m.lastEvent(id); got != kind {
+			return fmt.Errorf("%s: last event of %s is %q, want %q; output:\n%s", m.site.SiteName, id, got, kind, m.proc.Tail(15))
+		}
+		return nil
+	})
+}
+
+func newIdentities(t testing.TB, n int) []identity.Identity {
+	ids := make([]identity.Identity, n)
+	for i := range ids {
+		ids[i] = mustIdentity(t)
+	}
+	return ids
+}
+
+func TestSitesFindEachOtherByMDNS(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	sp := newSpawner(t)
+	lan := env.NewLAN("lan")
+	ids := newIdentities(t, 3)
+	var ms []*member
+	for i, name := range []string{"a", "b", "c"} {
+		s := env.NewSite(name, harness.SiteOptions{LAN: lan})
+		ms = append(ms, startMember(t, sp, s, ids[i], testKey, true))
+	}
+	for _, m := range ms {
+		for _, o := range ms {
+			if o != m {
+				waitEvent(t, m, o.id.ClusterID(), "join", 30*time.Second)
+			}
+		}
+		eventually(t, 10*time.Second, func() error {
+			if !strings.Contains(m.proc.Log(), "first-mdns-candidate") {
+				return fmt.Errorf("%s found no mDNS candidate", m.site.SiteName)
+			}
+			return nil
+		})
+	}
+
+	// SIGKILL one: the others report it failed; restarted with the same
+	// identity it rejoins as the same member.
+	victim := ms[2]
+	victim.proc.Kill()
+	for _, m := range ms[:2] {
+		waitEvent(t, m, victim.id.ClusterID(), "failed", 30*time.Second)
+	}
+	bin, _ := os.Executable()
+	victim.start(t, bin)
+	for _, m := range ms[:2] {
+		waitEvent(t, m, victim.id.ClusterID(), "join", 30*time.Second)
+	}
+}
+
+func TestOtherFederationOnTheLANLearnsNothing(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	sp := newSpawner(t)
+	lan := env.NewLAN("lan")
+	ids := newIdentities(t, 3)
+	a := startMember(t, sp, env.NewSite("a", harness.SiteOptions{LAN: lan}), ids[0], testKey, true)
+	b := startMember(t, sp, env.NewSite("b", harness.SiteOptions{LAN: lan}), ids[1], testKey, true)
+	otherKey := []byte(strings.Repeat("x", 32))
+	seedA := netip.AddrPortFrom(a.site.Addr, DefaultGossipPort).String()
+	x := startMember(t, sp, env.NewSite("x", harness.SiteOptions{LAN: lan}), ids[2], otherKey, true, seedA)
+	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
+	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
+	time.Sleep(3 * time.Second) // several browses and seed retries
+	if strings.Contains(x.proc.Log(), "event ") {
+		t.Errorf("outsider learned of members:\n%s", x.proc.Tail(20))
+	}
+	for _, m := range []*member{a, b} {
+		if m.lastEvent(x.id.ClusterID()) != "" {
+			t.Errorf("%s reported the outsider", m.site.SiteName)
+		}
+	}
+	if !strings.Contains(x.proc.Log(), "other_federation") {
+		t.Errorf("outsider did not see (and ignore) the federation's adverts:\n%s", x.proc.Tail(20))
+	}
+}
+
+func TestRoutedSitesFindEachOtherBySeedsWithoutMulticast(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	sp := newSpawner(t)
+	rtr := env.NewRouter("wan")
+	ids := newIdentities(t, 2)
+	sa := env.NewSite("a", harness.SiteOptions{Router: rtr})
+	sb := env.NewSite("b", harness.SiteOptions{Router: rtr})
+	a := startMember(t, sp, sa, ids[0], testKey, true)
+	b := startMember(t, sp, sb, ids[1], testKey, true, netip.AddrPortFrom(sa.Addr, DefaultGossipPort).String())
+	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
+	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
+	if strings.Contains(a.proc.Log()+b.proc.Log(), "first-mdns-candidate") {
+		t.Error("an mDNS candidate crossed a router")
+	}
+}

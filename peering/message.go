@@ -1,0 +1,244 @@
+// Package peering turns federation members into connected peers: each pair
+// exchanges signed statements (networks, WireGuard key, endpoint, whether it
+// accepts networking, and how it sees the other's networks), records the
+// views in the ledger, and drives the tunnel and the Peer API.
+package peering
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/flotilla-io/flotilla/peering/identity"
+)
+
+// ProtocolVersion is the peering protocol this agent speaks. A Hello of
+// another version is refused with ErrIncompatible.
+const ProtocolVersion = 1
+
+// Decision is one side's choice about networking with the other.
+type Decision string
+
+const (
+	// Accept: this side wants the tunnel.
+	Accept Decision = "accept"
+	// Pending: this side waits for its admin (--peering=manual).
+	Pending Decision = "pending"
+	// Deny: this side refuses; the other must tear down.
+	Deny Decision = "deny"
+)
+
+// ViewClaim says how the sender addresses a range of the receiver: the
+// receiver's range Range is As for the sender.
+type ViewClaim struct {
+	Range netip.Prefix `json:"range"`
+	As    netip.Prefix `json:"as"`
+}
+
+// Hello is what one cluster tells another about itself and about how it
+// sees the other. It is signed by the sender's identity key. Its content
+// changes only when the sender's statement, decision or views change, so
+// an exchange settles after a few messages.
+type Hello struct {
+	Protocol uint16 `json:"protocol"`
+	From     string `json:"from"`
+	To       string `json:"to"`
+	// Generation grows with every new Hello a cluster issues (to anyone); a
+	// receiver refuses one older than the newest it accepted from the
+	// sender, and a different one of the same generation.
+	Generation uint64 `json:"generation"`
+	// Name is the sender's human name.
+	Name string `json:"name,omitempty"`
+	// Networks are the sender's real ranges (pods and other routed ranges).
+	Networks []netip.Prefix `json:"networks"`
+	// WireGuardKey is the sender's WireGuard public key (32 bytes).
+	WireGuardKey []byte `json:"wireguardKey"`
+	// Endpoint is the sender's WireGuard UDP endpoint.
+	Endpoint netip.AddrPort `json:"endpoint"`
+	Decision Decision       `json:"decision"`
+	// ViewsOfYou are the sender's views of the receiver's Networks; empty
+	// until the sender accepts and knows them.
+	ViewsOfYou []ViewClaim `json:"viewsOfYou,omitempty"`
+}
+
+// Limits on what a Hello may carry, so a hostile sender cannot make us
+// allocate much or program absurd state.
+const (
+	maxMessageSize = 64 << 10
+	maxNetworks    = 64
+	maxNameLength  = 253
+	signatureSize  = ed25519.SignatureSize
+)
+
+var magic = [4]byte{'F', 'L', 'P', 1}
+
+// Errors a received Hello is refused with. They label the refused-messages
+// metric.
+var (
+	ErrMalformed    = errors.New("malformed message")
+	ErrIncompatible = errors.New("incompatible protocol version")
+	ErrForged       = errors.New("signature does not verify")
+	ErrReplayed     = errors.New("replayed or stale message")
+	ErrMisdirected  = errors.New("message addressed to another cluster")
+)
+
+// Seal signs h with id and encodes it: magic, payload length, JSON payload,
+// Ed25519 signature over the payload.
+func Seal(h *Hello, id identity.Identity) ([]byte, error) {
+	if h.From != id.ClusterID() {
+		return nil, fmt.Errorf("seal hello: from %s, but the identity is %s", h.From, id.ClusterID())
+	}
+	if err := h.validate(); err != nil {
+		return nil, fmt.Errorf("seal hello to %s: %w", h.To, err)
+	}
+	payload, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("seal hello to %s: %w", h.To, err)
+	}
+	if len(payload)+len(magic)+4+signatureSize > maxMessageSize {
+		return nil, fmt.Errorf("seal hello to %s: %d bytes, over the %d limit", h.To, len(payload), maxMessageSize)
+	}
+	out := make([]byte, 0, len(magic)+4+len(payload)+signatureSize)
+	out = append(out, magic[:]...)
+	out = binary.BigEndian.AppendUint32(out, uint32(len(payload)))
+	out = append(out, payload...)
+	return append(out, id.Sign(payload)...), nil
+}
+
+// Sealed is a received message split into its parts; Open verifies it.
+type Sealed struct {
+	Hello     Hello
+	payload   []byte
+	signature []byte
+}
+
+// Parse decodes a message without verifying its signature: the signer's
+// key comes from the membership, looked up by Hello.From.
+func Parse(b []byte) (*Sealed, error) {
+	if len(b) > maxMessageSize {
+		return nil, fmt.Errorf("%w: %d bytes, over the %d limit", ErrMalformed, len(b), maxMessageSize)
+	}
+	if len(b) < len(magic)+4+signatureSize || !bytes.Equal(b[:len(magic)], magic[:]) {
+		return nil, fmt.Errorf("%w: not a flotilla peering message", ErrMalformed)
+	}
+	n := binary.BigEndian.Uint32(b[len(magic):])
+	rest := b[len(magic)+4:]
+	if uint64(n)+signatureSize != uint64(len(rest)) {
+		return nil, fmt.Errorf("%w: payload length %d does not match the message", ErrMalformed, n)
+	}
+	s := &Sealed{payload: rest[:n], signature: rest[n:]}
+	var probe struct {
+		Protocol uint16 `json:"protocol"`
+	}
+	if err := json.Unmarshal(s.payload, &probe); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if probe.Protocol != ProtocolVersion {
+		return nil, fmt.Errorf("%w: the sender speaks %d, this agent %d", ErrIncompatible, probe.Protocol, ProtocolVersion)
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s.Hello); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := s.Hello.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return s, nil
+}
+
+// Verify checks the signature against the sender's identity key, which
+// must be the key of the cluster ID the Hello claims to come from.
+func (s *Sealed) Verify(pub ed25519.PublicKey) error {
+	if err := identity.Verify(s.Hello.From, pub, s.payload, s.signature); err != nil {
+		return fmt.Errorf("%w: %v", ErrForged, err)
+	}
+	return nil
+}
+
+// SameAs reports whether two messages carry the same signed payload.
+func (s *Sealed) SameAs(payload []byte) bool { return bytes.Equal(s.payload, payload) }
+
+// Payload returns the signed bytes.
+func (s *Sealed) Payload() []byte { return s.payload }
+
+func (h *Hello) validate() error {
+	if h.Protocol != ProtocolVersion {
+		return fmt.Errorf("protocol %d, want %d", h.Protocol, ProtocolVersion)
+	}
+	if err := identity.ValidateClusterID(h.From); err != nil {
+		return fmt.Errorf("from: %w", err)
+	}
+	if err := identity.ValidateClusterID(h.To); err != nil {
+		return fmt.Errorf("to: %w", err)
+	}
+	if h.From == h.To {
+		return errors.New("from and to are the same cluster")
+	}
+	if h.Generation == 0 {
+		return errors.New("generation 0")
+	}
+	if len(h.Name) > maxNameLength {
+		return fmt.Errorf("name of %d bytes, over %d", len(h.Name), maxNameLength)
+	}
+	switch h.Decision {
+	case Accept, Pending, Deny:
+	default:
+		return fmt.Errorf("decision %q: want accept, pending or deny", h.Decision)
+	}
+	if len(h.Networks) > maxNetworks || len(h.ViewsOfYou) > maxNetworks {
+		return fmt.Errorf("more than %d networks", maxNetworks)
+	}
+	if len(h.WireGuardKey) != 32 {
+		return fmt.Errorf("WireGuard key of %d bytes, want 32", len(h.WireGuardKey))
+	}
+	if !h.Endpoint.IsValid() || h.Endpoint.Port() == 0 || h.Endpoint.Addr().IsUnspecified() {
+		return fmt.Errorf("endpoint %q: want address:port", h.Endpoint)
+	}
+	for i, n := range h.Networks {
+		if err := canonical(n); err != nil {
+			return fmt.Errorf("network %s: %w", n, err)
+		}
+		for _, m := range h.Networks[:i] {
+			if m.Overlaps(n) {
+				return fmt.Errorf("networks %s and %s overlap", m, n)
+			}
+		}
+	}
+	if h.Decision != Accept && len(h.ViewsOfYou) > 0 {
+		return fmt.Errorf("views offered with decision %s", h.Decision)
+	}
+	for i, v := range h.ViewsOfYou {
+		if err := canonical(v.Range); err != nil {
+			return fmt.Errorf("view of %s: %w", v.Range, err)
+		}
+		if err := canonical(v.As); err != nil {
+			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
+		}
+		if v.Range.Bits() != v.As.Bits() || v.Range.Addr().Is4() != v.As.Addr().Is4() {
+			return fmt.Errorf("view %s as %s: not the same size and family", v.Range, v.As)
+		}
+		if slices.ContainsFunc(h.ViewsOfYou[:i], func(w ViewClaim) bool { return w.Range.Overlaps(v.Range) || w.As.Overlaps(v.As) }) {
+			return fmt.Errorf("views of %s overlap another view", v.Range)
+		}
+	}
+	return nil
+}
+
+func canonical(p netip.Prefix) error {
+	if !p.IsValid() {
+		return errors.New("invalid prefix")
+	}
+	if p != p.Masked() {
+		return fmt.Errorf("not canonical (want %s)", p.Masked())
+	}
+	if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+		return errors.New("zoned or IPv4-mapped address")
+	}
+	return nil
+}
