@@ -100,7 +100,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		ClusterName:   "beta",
 		Endpoint:      "198.18.0.2:51820",
 		Views:         "10.0.0.0/16=>10.70.0.0/16",
-		LastHandshake: &metav1.Time{Time: time.Now().Add(-5 * time.Minute)},
+		LastHandshake: &metav1.Time{Time: time.Now().Add(-20 * time.Minute)},
 	}
 	if _, err := peers.UpdateStatus(ctx, toUnstructured(t, peer), metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update Peer status: %v", err)
@@ -111,7 +111,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		columns []string
 		values  []string
 	}{
-		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "5m"}},
+		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "20m"}},
 		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "VIEWS", "NETWORKING", "HANDSHAKE", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16"}},
 	} {
 		out, err := kubectl(cp, tc.args...)
