@@ -417,6 +417,9 @@ func agentAccess() []access {
 		allow("create", "coordination.k8s.io", "leases", namespace, ""),
 		allow("get", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
 		allow("update", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		// It reads the cluster's networks: ServiceCIDRs, kubeadm-config.
+		allow("list", "networking.k8s.io", "servicecidrs", "", ""),
+		allow("get", "", "configmaps", "kube-system", "kubeadm-config"),
 		// The agent probes its API server's readiness.
 		access{verb: "get", path: "/readyz", allowed: true},
 	)
@@ -437,6 +440,8 @@ func agentAccess() []access {
 		deny("patch", "", "nodes", "", "gateway"),
 		nodeStatus,
 		deny("get", "", "configmaps", "kube-system", ""),
+		deny("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
+		deny("update", "", "configmaps", "kube-system", "kubeadm-config"),
 		deny("list", "", "configmaps", "kube-system", ""),
 		saToken,
 		deny("deletecollection", "flotilla.io", "peers", "", ""),
