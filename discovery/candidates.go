@@ -32,6 +32,9 @@ type Candidate struct {
 	NextTry   time.Time
 	LastError string
 	expires   map[Source]time.Time // zero: never (seeds)
+	// resync: the next try exchanges state even if the address is a
+	// member (the follow-up of a join; see joined).
+	resync bool
 }
 
 // candidates is the table of addresses to join and the retry policy.
@@ -40,8 +43,8 @@ type candidates struct {
 	table map[string]*Candidate
 	wake  chan struct{}
 
-	backoffMin, backoffMax, recheck time.Duration
-	now                             func() time.Time
+	backoffMin, backoffMax, recheck, settle time.Duration
+	now                                     func() time.Time
 }
 
 func newCandidates(backoffMin, backoffMax time.Duration) *candidates {
@@ -51,6 +54,7 @@ func newCandidates(backoffMin, backoffMax time.Duration) *candidates {
 		backoffMin: backoffMin,
 		backoffMax: backoffMax,
 		recheck:    backoffMax,
+		settle:     time.Second,
 		now:        time.Now,
 	}
 }
@@ -137,6 +141,7 @@ func (c *candidates) result(addr string, err error) {
 		cand.Failures = 0
 		cand.LastError = ""
 		cand.NextTry = now.Add(c.recheck)
+		cand.resync = false
 		return
 	}
 	cand.Failures++
@@ -148,6 +153,29 @@ func (c *candidates) result(addr string, err error) {
 	// ±20% jitter so agents that lost the same seed do not retry in step.
 	d = time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 	cand.NextTry = now.Add(d)
+}
+
+// joined records a join to addr that exchanged state (not a follow-up) and
+// schedules one more exchange with it after the settle time. Agents that
+// start together (a federation restarting after an outage, one join token
+// handed to many) join the same seeds at the same moment, and each learns
+// from a seed only who had joined it before; the follow-up picks up
+// everyone else in one exchange instead of waiting for their alive
+// messages to be gossiped one by one, which takes seconds when a hundred
+// of them compete for the same packets. It costs one more state exchange
+// per join.
+func (c *candidates) joined(addr string) {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cand, ok := c.table[addr]
+	if !ok {
+		return
+	}
+	cand.Failures = 0
+	cand.LastError = ""
+	cand.NextTry = now.Add(c.settle)
+	cand.resync = true
 }
 
 // recheckSoon makes every candidate due within a short time; used when a
@@ -203,20 +231,25 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if d.isKnown(ctx, cand.Addr, known) {
+			if !cand.resync && d.isKnown(ctx, cand.Addr, known) {
 				d.cands.result(cand.Addr, nil)
 				continue
 			}
 			src := cand.Sources[0]
 			d.metrics.joins.WithLabelValues(string(src)).Inc()
 			_, err := d.ml.Join([]string{cand.Addr})
-			if err != nil {
+			switch {
+			case err != nil:
 				d.metrics.joinFailures.WithLabelValues(string(src)).Inc()
 				d.log.Debug("join candidate failed", "addr", cand.Addr, "source", src, "failures", cand.Failures+1, "err", err)
-			} else {
+				d.cands.result(cand.Addr, err)
+			case cand.resync:
+				d.log.Debug("exchanged state again with candidate", "addr", cand.Addr, "source", src)
+				d.cands.result(cand.Addr, nil)
+			default:
 				d.log.Debug("joined candidate", "addr", cand.Addr, "source", src)
+				d.cands.joined(cand.Addr)
 			}
-			d.cands.result(cand.Addr, err)
 		}
 	}
 }

@@ -34,10 +34,35 @@ const DefaultGossipPort = 7946
 type Profile string
 
 const (
-	ProfileLAN   Profile = "lan"
-	ProfileWAN   Profile = "wan"
+	// ProfileLAN is memberlist's LAN profile, tuned (see lanConfig) so that
+	// 100 members that start together see each other within 3 s and a
+	// crashed member is declared failed within 5 s.
+	ProfileLAN Profile = "lan"
+	// ProfileWAN is memberlist's WAN profile unchanged.
+	ProfileWAN Profile = "wan"
+	// ProfileLocal is memberlist's loopback profile unchanged.
 	ProfileLocal Profile = "local"
 )
+
+// lanConfig is memberlist's LAN profile with faster gossip and probes.
+// Measured trade-offs are in docs/discovery.md.
+func lanConfig() *memberlist.Config {
+	c := memberlist.DefaultLANConfig()
+	// Gossip every 100 ms to 4 members (stock: 200 ms, 3). Gossip packets
+	// are sent only while there is news to spread, so this costs nothing
+	// in a steady federation and spreads a burst of joins, whose ~230-byte
+	// alive messages fit only 6 to a packet, about 2.7 times faster.
+	c.GossipInterval = 100 * time.Millisecond
+	c.GossipNodes = 4
+	// Probe every 500 ms with a 250 ms timeout (stock: 1 s, 500 ms). The
+	// suspicion timeout is SuspicionMult × log10(members) probe intervals,
+	// from 2 s at 10 members to 4 s at 100 (stock: 4 s to 8 s); a
+	// suspected member that is alive refutes within a gossip round or two,
+	// so the margin against false positives stays wide.
+	c.ProbeInterval = 500 * time.Millisecond
+	c.ProbeTimeout = 250 * time.Millisecond
+	return c
+}
 
 // Config is what a Discovery needs. Identity and Keys are required.
 type Config struct {
@@ -85,6 +110,14 @@ type Config struct {
 	Profile Profile
 	// Tune, if set, adjusts the memberlist configuration last (tests).
 	Tune func(*memberlist.Config)
+
+	// OnMessage receives the messages other members send with Send. It is
+	// called on memberlist's network goroutines and must not block: hand
+	// the message to a queue and return. msg is the callee's to keep.
+	// Only holders of the federation key can send one, but the message
+	// itself does not say which member sent it: authenticate the content
+	// (peering signs its messages).
+	OnMessage func(msg []byte)
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -199,7 +232,7 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	var mc *memberlist.Config
 	switch d.cfg.Profile {
 	case ProfileLAN:
-		mc = memberlist.DefaultLANConfig()
+		mc = lanConfig()
 	case ProfileWAN:
 		mc = memberlist.DefaultWANConfig()
 	case ProfileLocal:
@@ -587,7 +620,6 @@ func (g *delegate) NodeMeta(limit int) []byte {
 	return slices.Clone(d.meta)
 }
 
-func (g *delegate) NotifyMsg([]byte)                           {}
 func (g *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (g *delegate) LocalState(join bool) []byte                { return nil }
 func (g *delegate) MergeRemoteState(buf []byte, join bool)     {}

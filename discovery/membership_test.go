@@ -28,6 +28,8 @@ type nodeOpts struct {
 	endpoint string
 	domains  []string
 	dns      string
+	// onMessage is Config.OnMessage.
+	onMessage func([]byte)
 }
 
 type testNode struct {
@@ -82,6 +84,7 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 		RetryMax:        time.Second,
 		Profile:         ProfileLocal,
 		Tune:            fastTimings,
+		OnMessage:       o.onMessage,
 		Logger:          testLogger(t),
 		Metrics:         reg,
 	})

@@ -16,9 +16,14 @@ type metrics struct {
 	recordsDrop   *prometheus.CounterVec // by reason
 	candidateDrop *prometheus.CounterVec // by source, reason
 	coalesced     prometheus.Counter
-	members       *prometheus.Desc
-	candidates    *prometheus.Desc
-	d             *Discovery
+	// Messages sent with Send and received for OnMessage.
+	messagesSent     prometheus.Counter
+	sendFailures     prometheus.Counter
+	messagesReceived prometheus.Counter
+	messagesDrop     *prometheus.CounterVec // by reason
+	members          *prometheus.Desc
+	candidates       *prometheus.Desc
+	d                *Discovery
 }
 
 func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
@@ -48,6 +53,22 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 			Name: "flotilla_discovery_events_coalesced_total",
 			Help: "Member events replaced by a newer event before a subscriber read them.",
 		}),
+		messagesSent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_messages_sent_total",
+			Help: "Messages delivered to members with Send.",
+		}),
+		sendFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_send_failures_total",
+			Help: "Sends that failed or timed out after the destination was found alive.",
+		}),
+		messagesReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_messages_received_total",
+			Help: "Messages from members handed to OnMessage.",
+		}),
+		messagesDrop: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_messages_dropped_total",
+			Help: "Messages from members dropped, by reason (empty, unknown_kind, oversized, no_handler).",
+		}, []string{"reason"}),
 		members: prometheus.NewDesc("flotilla_discovery_members",
 			"Other clusters known, by state (alive, failed, left).", []string{"state"}, nil),
 		candidates: prometheus.NewDesc("flotilla_discovery_candidates",
@@ -56,7 +77,8 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced, m} {
+	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced,
+		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -15,28 +15,31 @@ import (
 // travels in every record so peers can refuse what they do not understand.
 const ProtocolVersion uint16 = 1
 
-// Wire layout of a member record, version 1 (all integers big endian):
+// Wire layout of a member record, format 2 (all integers big endian):
 //
-//	0      magic 'F'
-//	1      record format version (1)
-//	2..3   protocol version
-//	4      flags (bit 0: leaving)
-//	5..12  serial
-//	13     length of the cluster ID (27)
-//	       cluster ID
-//	       Ed25519 public key (32 bytes)
-//	       length of the peering endpoint (0..MaxEndpointLen)
-//	       peering endpoint ("host:port", may be empty)
-//	       Ed25519 signature (64 bytes) of recordDomain || everything above
+//	0       magic 'F'
+//	1       record format version (2)
+//	2..3    protocol version
+//	4       flags (bit 0: leaving)
+//	5..12   serial
+//	13..44  Ed25519 public key
+//	45      length of the peering endpoint (0..MaxEndpointLen)
+//	        peering endpoint ("host:port", may be empty)
+//	        Ed25519 signature (64 bytes) of recordDomain || everything above
+//
+// The cluster ID is not carried: it is derived from the key, and the
+// memberlist name (which every alive message carries anyway) must equal it.
+// Every alive message carries the record, so each byte saved here lets
+// more of them share a gossip packet (format 1 carried the ID too).
 const (
 	recordMagic   = 'F'
-	recordFormat  = 1
+	recordFormat  = 2
 	flagLeaving   = 1 << 0
 	knownFlags    = flagLeaving
-	headerLen     = 14
+	headerLen     = 13
 	recordSigLen  = ed25519.SignatureSize
 	recordKeyLen  = ed25519.PublicKeySize
-	recordDomain  = "flotilla/member-record/v1\x00"
+	recordDomain  = "flotilla/member-record/v2\x00"
 	metaSizeLimit = 512 // memberlist.MetaMaxSize
 )
 
@@ -45,12 +48,13 @@ const (
 const MaxEndpointLen = 200
 
 // MaxRecordLen is the size of the largest valid record.
-const MaxRecordLen = headerLen + identity.IDLength + recordKeyLen + 1 + MaxEndpointLen + recordSigLen
+const MaxRecordLen = headerLen + recordKeyLen + 1 + MaxEndpointLen + recordSigLen
 
 // Record is what a cluster says about itself in its gossip metadata. It is
-// signed by the cluster's identity key, and the cluster ID must be the hash
-// of that key, so no member can speak for another.
+// signed by the cluster's identity key, and the cluster ID is the hash of
+// that key, so no member can speak for another.
 type Record struct {
+	// ClusterID is derived from PublicKey when decoding.
 	ClusterID string
 	PublicKey ed25519.PublicKey
 	// Endpoint is where peering reaches this cluster ("host:port"); empty
@@ -67,10 +71,13 @@ type Record struct {
 
 // Reasons a record is refused; they label the dropped-records metric.
 const (
-	ReasonMalformed    = "malformed"
-	ReasonOversized    = "oversized"
-	ReasonFormat       = "unknown_format"
-	ReasonProtocol     = "unsupported_protocol"
+	ReasonMalformed = "malformed"
+	ReasonOversized = "oversized"
+	ReasonFormat    = "unknown_format"
+	ReasonProtocol  = "unsupported_protocol"
+	// ReasonIDMismatch is no longer produced: since record format 2 the
+	// cluster ID is derived from the key, and a member whose name is not
+	// that ID is refused with ReasonNameMismatch.
 	ReasonIDMismatch   = "id_not_from_key"
 	ReasonBadSignature = "bad_signature"
 	ReasonNameMismatch = "name_mismatch"
@@ -113,9 +120,6 @@ func SignRecord(id identity.Identity, r Record) ([]byte, error) {
 }
 
 func (r Record) marshalBody() ([]byte, error) {
-	if err := identity.ValidateClusterID(r.ClusterID); err != nil {
-		return nil, fmt.Errorf("encode member record: %w", err)
-	}
 	if len(r.PublicKey) != recordKeyLen {
 		return nil, fmt.Errorf("encode member record: public key is %d bytes, want %d", len(r.PublicKey), recordKeyLen)
 	}
@@ -131,8 +135,6 @@ func (r Record) marshalBody() ([]byte, error) {
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, r.Serial)
-	b = append(b, byte(len(r.ClusterID)))
-	b = append(b, r.ClusterID...)
 	b = append(b, r.PublicKey...)
 	b = append(b, byte(len(r.Endpoint)))
 	b = append(b, r.Endpoint...)
@@ -144,13 +146,13 @@ func signedBytes(body []byte) []byte {
 }
 
 // DecodeRecord parses and verifies a record: the signature must verify
-// against the key in it and the cluster ID must be derived from that key.
-// It never panics; every refusal is a *RecordError.
+// against the key in it; the cluster ID is derived from that key. It never
+// panics; every refusal is a *RecordError.
 func DecodeRecord(b []byte) (Record, error) {
 	if len(b) > MaxRecordLen {
 		return Record{}, refuse(ReasonOversized, "%d bytes, at most %d", len(b), MaxRecordLen)
 	}
-	if len(b) < headerLen+recordSigLen {
+	if len(b) < headerLen+recordKeyLen+1+recordSigLen {
 		return Record{}, refuse(ReasonMalformed, "%d bytes is too short", len(b))
 	}
 	if b[0] != recordMagic {
@@ -169,15 +171,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	r.Serial = binary.BigEndian.Uint64(b[5:13])
 	body := b[:len(b)-recordSigLen]
 	sig := b[len(b)-recordSigLen:]
-	rest := body[13:]
-
-	idLen := int(rest[0])
-	rest = rest[1:]
-	if idLen != identity.IDLength || len(rest) < idLen+recordKeyLen+1 {
-		return Record{}, refuse(ReasonMalformed, "cluster ID length %d in %d bytes", idLen, len(b))
-	}
-	r.ClusterID = string(rest[:idLen])
-	rest = rest[idLen:]
+	rest := body[headerLen:]
 	r.PublicKey = ed25519.PublicKey(append([]byte(nil), rest[:recordKeyLen]...))
 	rest = rest[recordKeyLen:]
 	epLen := int(rest[0])
@@ -186,16 +180,10 @@ func DecodeRecord(b []byte) (Record, error) {
 		return Record{}, refuse(ReasonMalformed, "endpoint length %d, %d bytes left", epLen, len(rest))
 	}
 	r.Endpoint = string(rest)
-
-	if err := identity.ValidateClusterID(r.ClusterID); err != nil {
-		return Record{}, refuse(ReasonMalformed, "%v", err)
-	}
 	if err := validateEndpoint(r.Endpoint); err != nil {
 		return Record{}, refuse(ReasonMalformed, "%v", err)
 	}
-	if got := identity.ClusterID(r.PublicKey); got != r.ClusterID {
-		return Record{}, refuse(ReasonIDMismatch, "claims %s, key belongs to %s", r.ClusterID, got)
-	}
+	r.ClusterID = identity.ClusterID(r.PublicKey)
 	if !ed25519.Verify(r.PublicKey, signedBytes(body), sig) {
 		return Record{}, refuse(ReasonBadSignature, "record of %s: %v", r.ClusterID, identity.ErrBadSignature)
 	}

@@ -61,16 +61,11 @@ func TestDecodeRecordRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Offsets: the cluster ID starts at 14, the key at 14+27.
-	keyAt := headerLen + identity.IDLength
+	// The key follows the header; the endpoint length follows the key.
+	keyAt := headerLen
 	withKey := func(pub []byte) []byte {
 		b := bytes.Clone(good)
 		copy(b[keyAt:], pub)
-		return b
-	}
-	withID := func(cid string) []byte {
-		b := bytes.Clone(good)
-		copy(b[headerLen:], cid)
 		return b
 	}
 	resigned := func(mut func([]byte)) []byte {
@@ -97,8 +92,8 @@ func TestDecodeRecordRefusals(t *testing.T) {
 		{"tampered serial", flip(12), ReasonBadSignature},
 		{"tampered endpoint", flip(len(good) - recordSigLen - 1), ReasonBadSignature},
 		{"tampered signature", flip(len(good) - 1), ReasonBadSignature},
-		{"another key, same ID", withKey(other.Public()), ReasonIDMismatch},
-		{"another ID, same key", withID(other.ClusterID()), ReasonIDMismatch},
+		{"another key swapped in", withKey(other.Public()), ReasonBadSignature},
+		{"format 1", func() []byte { b := bytes.Clone(good); b[1] = 1; return b }(), ReasonFormat},
 		{"endpoint length lies", resigned(func(b []byte) { b[keyAt+recordKeyLen]++ }), ReasonMalformed},
 		{"protocol zero", resigned(func(b []byte) { binary.BigEndian.PutUint16(b[2:], 0) }), ReasonProtocol},
 		{"signed by another identity", func() []byte {
@@ -136,7 +131,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		f.Add(b[:len(b)/2])
 	}
 	f.Add([]byte{})
-	f.Add([]byte("F\x01"))
+	f.Add([]byte("F\x02"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeRecord(b)
 		if err != nil {

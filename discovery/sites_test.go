@@ -99,46 +99,19 @@ func memberProcess() int {
 }
 
 type member struct {
-	id    identity.Identity
-	site  *harness.Site
-	proc  *harness.Process
-	env   []string
-	spawn *spawner
+	id   identity.Identity
+	site *harness.Site
+	proc *harness.Process
+	env  []string
 }
 
-// spawner starts processes from one OS thread that lives until the test
-// ends. The harness sets Pdeathsig, which fires when the *thread* that
-// forked a child exits; threads the harness locks for netns work exit, and
-// a child forked from such a thread is killed at once.
-type spawner struct{ reqs chan func() }
-
-func newSpawner(t testing.TB) *spawner {
-	s := &spawner{reqs: make(chan func())}
-	done := make(chan struct{})
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread lives as long as this loop
-		for f := range s.reqs {
-			f()
-		}
-		close(done)
-	}()
-	t.Cleanup(func() { close(s.reqs); <-done })
-	return s
-}
-
-func (s *spawner) do(f func()) {
-	ch := make(chan struct{})
-	s.reqs <- func() { defer close(ch); f() }
-	<-ch
-}
-
-func startMember(t testing.TB, sp *spawner, s *harness.Site, id identity.Identity, key []byte, mdns bool, seeds ...string) *member {
+func startMember(t testing.TB, s *harness.Site, id identity.Identity, key []byte, mdns bool, seeds ...string) *member {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &member{id: id, site: s, spawn: sp}
+	m := &member{id: id, site: s}
 	mdnsFlag := "0"
 	if mdns {
 		mdnsFlag = "1"
@@ -159,7 +132,7 @@ func startMember(t testing.TB, sp *spawner, s *harness.Site, id identity.Identit
 func (m *member) start(t testing.TB, bin string) {
 	argv := append([]string{"env"}, m.env...)
 	argv = append(argv, bin, "-test.run=^$")
-	m.spawn.do(func() { m.proc = m.site.Start("member-"+m.id.ClusterID()[:8], argv...) })
+	m.proc = m.site.Start("member-"+m.id.ClusterID()[:8], argv...)
 	if dir := os.Getenv("FLOTILLA_DEBUG_STACKS"); dir != "" {
 		p := m.proc
 		t.Cleanup(func() {
@@ -200,13 +173,12 @@ func newIdentities(t testing.TB, n int) []identity.Identity {
 func TestSitesFindEachOtherByMDNS(t *testing.T) {
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
-	sp := newSpawner(t)
 	lan := env.NewLAN("lan")
 	ids := newIdentities(t, 3)
 	var ms []*member
 	for i, name := range []string{"a", "b", "c"} {
 		s := env.NewSite(name, harness.SiteOptions{LAN: lan})
-		ms = append(ms, startMember(t, sp, s, ids[i], testKey, true))
+		ms = append(ms, startMember(t, s, ids[i], testKey, true))
 	}
 	for _, m := range ms {
 		for _, o := range ms {
@@ -239,14 +211,13 @@ func TestSitesFindEachOtherByMDNS(t *testing.T) {
 func TestOtherFederationOnTheLANLearnsNothing(t *testing.T) {
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
-	sp := newSpawner(t)
 	lan := env.NewLAN("lan")
 	ids := newIdentities(t, 3)
-	a := startMember(t, sp, env.NewSite("a", harness.SiteOptions{LAN: lan}), ids[0], testKey, true)
-	b := startMember(t, sp, env.NewSite("b", harness.SiteOptions{LAN: lan}), ids[1], testKey, true)
+	a := startMember(t, env.NewSite("a", harness.SiteOptions{LAN: lan}), ids[0], testKey, true)
+	b := startMember(t, env.NewSite("b", harness.SiteOptions{LAN: lan}), ids[1], testKey, true)
 	otherKey := []byte(strings.Repeat("x", 32))
 	seedA := netip.AddrPortFrom(a.site.Addr, DefaultGossipPort).String()
-	x := startMember(t, sp, env.NewSite("x", harness.SiteOptions{LAN: lan}), ids[2], otherKey, true, seedA)
+	x := startMember(t, env.NewSite("x", harness.SiteOptions{LAN: lan}), ids[2], otherKey, true, seedA)
 	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
 	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
 	time.Sleep(3 * time.Second) // several browses and seed retries
@@ -266,13 +237,12 @@ func TestOtherFederationOnTheLANLearnsNothing(t *testing.T) {
 func TestRoutedSitesFindEachOtherBySeedsWithoutMulticast(t *testing.T) {
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
-	sp := newSpawner(t)
 	rtr := env.NewRouter("wan")
 	ids := newIdentities(t, 2)
 	sa := env.NewSite("a", harness.SiteOptions{Router: rtr})
 	sb := env.NewSite("b", harness.SiteOptions{Router: rtr})
-	a := startMember(t, sp, sa, ids[0], testKey, true)
-	b := startMember(t, sp, sb, ids[1], testKey, true, netip.AddrPortFrom(sa.Addr, DefaultGossipPort).String())
+	a := startMember(t, sa, ids[0], testKey, true)
+	b := startMember(t, sb, ids[1], testKey, true, netip.AddrPortFrom(sa.Addr, DefaultGossipPort).String())
 	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
 	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
 	if strings.Contains(a.proc.Log()+b.proc.Log(), "first-mdns-candidate") {
