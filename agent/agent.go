@@ -1,6 +1,6 @@
 // Package agent wires a cluster's Flotilla agent together: configuration,
-// the Kubernetes client, the components in their start order, and the
-// health and metrics server.
+// the Kubernetes client, the components in their start order (ledger,
+// identity, discovery, peering, tunnel), and the health and metrics server.
 package agent
 
 import (
@@ -10,8 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +23,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/tunnel"
 )
 
 // Config is what the agent needs to start. DefaultConfig fills it with
@@ -35,17 +44,70 @@ type Config struct {
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
+
+	// ClusterName is this cluster's human name, shown on other clusters'
+	// Peers.
+	ClusterName string
+	// PodCIDRs and ServiceCIDRs are this cluster's networks; empty means
+	// read them from the cluster.
+	PodCIDRs, ServiceCIDRs []netip.Prefix
+	// Peering is the policy for Peers whose spec says nothing.
+	Peering peering.Policy
+	// UnreachableGrace: how long a failed member keeps tunnel and view.
+	UnreachableGrace time.Duration
+	// InstallCRDs applies the embedded CRDs at start.
+	InstallCRDs bool
+
+	// FederationKey is a join token or a base64 federation key; with
+	// FederationKeyFile, a file holding one. Neither: the key stored in the
+	// ledger, generated at first start.
+	FederationKey, FederationKeyFile string
+	// GossipAddr is where gossip listens.
+	GossipAddr netip.AddrPort
+	// AdvertiseAddr is the address other clusters reach this gateway at,
+	// for gossip and WireGuard; default: the default route's source.
+	AdvertiseAddr netip.Addr
+	MDNS          bool
+	DNSDomains    []string
+	// DNSServer overrides the resolver for DNS-SD ("host:port").
+	DNSServer string
+	Joins     []string
+	// GossipProfile is lan or wan.
+	GossipProfile string
+
+	WireGuard          tunnel.Mode
+	WireGuardInterface string
+	WireGuardPort      int
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
 func DefaultConfig() Config {
+	host, _ := os.Hostname()
 	return Config{
-		StateDir:        "/var/lib/flotilla",
-		MetricsAddr:     ":9470",
-		ShutdownTimeout: 4 * time.Second,
-		Logger:          slog.Default(),
+		StateDir:           "/var/lib/flotilla",
+		MetricsAddr:        ":9470",
+		ShutdownTimeout:    4 * time.Second,
+		Logger:             slog.Default(),
+		ClusterName:        host,
+		Peering:            peering.PolicyAuto,
+		UnreachableGrace:   5 * time.Minute,
+		InstallCRDs:        true,
+		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
+		MDNS:               true,
+		GossipProfile:      string(discovery.ProfileLAN),
+		WireGuard:          tunnel.ModeAuto,
+		WireGuardInterface: tunnel.DefaultInterface,
+		WireGuardPort:      tunnel.DefaultPort,
 	}
 }
+
+// Ledger keys the agent stores besides what ipam and peering keep.
+const (
+	keyIdentity        = "identity"
+	keyWireGuard       = "wireguard"
+	keyFederation      = "federation-keyring"
+	keyGossipAdvertise = "gossip-advertise"
+)
 
 // Agent is one cluster's agent.
 type Agent struct {
@@ -72,6 +134,15 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.StateDir == "" {
 		return nil, errors.New("state directory: empty; set --state-dir")
+	}
+	if _, err := peering.ParsePolicy(string(cfg.Peering)); err != nil {
+		return nil, fmt.Errorf("--peering: %w", err)
+	}
+	if _, err := tunnel.ParseMode(string(cfg.WireGuard)); err != nil {
+		return nil, fmt.Errorf("--wireguard: %w", err)
+	}
+	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
+		return nil, errors.New("give --federation-key or --federation-key-file, not both")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", cfg.StateDir, err)
@@ -133,7 +204,8 @@ func (a *Agent) MetricsAddr() string {
 }
 
 // Run runs the agent until ctx is cancelled, then stops everything within
-// ShutdownTimeout. It returns nil after a clean stop.
+// ShutdownTimeout, leaving the data path up so a restart does not drop
+// traffic. It returns nil after a clean stop.
 func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent starting", "version", Version, "commit", BuildCommit(), "stateDir", a.cfg.StateDir, "apiServer", a.restCfg.Host)
 	var srv *http.Server
@@ -143,16 +215,35 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { srvErr <- srv.Serve(a.listener) }()
 		a.log.Info("serving health and metrics", "addr", a.MetricsAddr())
 	}
-
 	a.ready.add("kubernetes", a.watchAPIServer(ctx))
+	// Not ready until every component is up, in order.
+	var started atomic.Bool
+	a.ready.add("started", func() error {
+		if !started.Load() {
+			return errors.New("components still starting")
+		}
+		return nil
+	})
 
+	compCtx, stopComponents := context.WithCancel(ctx)
+	stack, startErr := a.start(compCtx)
 	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-srvErr:
-		err = fmt.Errorf("health and metrics server: %w", err)
+	switch {
+	case startErr != nil && ctx.Err() != nil:
+		// Stopped while starting: a clean stop, not a failure.
+	case startErr != nil:
+		err = startErr
+	default:
+		started.Store(true)
+		select {
+		case <-ctx.Done():
+		case err = <-srvErr:
+			err = fmt.Errorf("health and metrics server: %w", err)
+		}
 	}
 	a.log.Info("agent stopping")
+	stopComponents()
+	stack.stop(a.log)
 	stopCtx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	if srv != nil {
@@ -164,6 +255,227 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("agent stopped")
 	}
 	return err
+}
+
+// stopStack holds what start started, to stop it in reverse order.
+type stopStack []func()
+
+func (s stopStack) stop(*slog.Logger) {
+	for i := len(s) - 1; i >= 0; i-- {
+		s[i]()
+	}
+}
+
+// start brings the components up in their order: ledger, identity,
+// networks, CRDs, tunnel, discovery, peering.
+func (a *Agent) start(ctx context.Context) (stopStack, error) {
+	var stack stopStack
+	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{})
+	if err != nil {
+		return stack, fmt.Errorf("open ledger: %w", err)
+	}
+	stack = append(stack, func() { ledger.Close() })
+	a.ready.add("ledger", func() error { return nil })
+
+	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
+		id, err := identity.Generate()
+		return id.Seed(), err
+	})
+	if err != nil {
+		return stack, fmt.Errorf("identity: %w", err)
+	}
+	id, err := identity.FromSeed(seed)
+	if err != nil {
+		return stack, fmt.Errorf("identity in the ledger: %w", err)
+	}
+	a.log.Info("identity", "clusterID", id.ClusterID(), "name", a.cfg.ClusterName)
+
+	nets, err := detectNetworks(ctx, a.kube, a.cfg.PodCIDRs, a.cfg.ServiceCIDRs)
+	if err != nil {
+		return stack, err
+	}
+	a.log.Info("local networks", "pods", nets.Pods, "from", nets.PodSource, "services", nets.Services, "servicesFrom", nets.ServiceSource)
+	var locals []ipam.LocalNetwork
+	for _, p := range nets.Pods {
+		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.PodNetwork})
+	}
+	for _, p := range nets.Services {
+		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.ServiceNetwork})
+	}
+	conflicts, err := ledger.SetLocalNetworks(locals)
+	if err != nil {
+		return stack, fmt.Errorf("record local networks: %w", err)
+	}
+	for _, c := range conflicts {
+		view, err := ledger.Remap(c.View.Peer, c.View.Remote)
+		if err != nil {
+			return stack, fmt.Errorf("remap the view of %s's %s, which now overlaps a local network: %w", c.View.Peer, c.View.Remote, err)
+		}
+		a.log.Warn("view remapped: it overlapped a local network", "peer", c.View.Peer, "range", c.View.Remote, "old", c.View.View, "new", view)
+	}
+
+	if a.cfg.InstallCRDs {
+		if err := installCRDs(ctx, a.restCfg); err != nil {
+			return stack, err
+		}
+	}
+
+	advertise := a.cfg.AdvertiseAddr
+	if !advertise.IsValid() {
+		if advertise, err = defaultAddress(); err != nil {
+			return stack, err
+		}
+	}
+
+	keyBytes, err := ledger.LoadOrCreateKey(keyWireGuard, func() ([]byte, error) {
+		k, err := tunnel.GeneratePrivateKey()
+		return k[:], err
+	})
+	if err != nil {
+		return stack, fmt.Errorf("WireGuard key: %w", err)
+	}
+	wgKey, err := tunnel.KeyFromBytes(keyBytes)
+	if err != nil {
+		return stack, fmt.Errorf("WireGuard key in the ledger: %w", err)
+	}
+	tun, err := tunnel.New(tunnel.Config{
+		Interface: a.cfg.WireGuardInterface, Mode: a.cfg.WireGuard, ListenPort: a.cfg.WireGuardPort,
+		PrivateKey: wgKey, Logger: a.log.With("component", "tunnel"), Metrics: a.registry,
+	})
+	if err != nil {
+		return stack, fmt.Errorf("tunnel: %w", err)
+	}
+	stack = append(stack, func() { tun.Close() })
+	go func() {
+		if err := tun.Run(ctx); err != nil && ctx.Err() == nil {
+			a.log.Error("tunnel repair loop stopped", "err", err)
+		}
+	}()
+	a.ready.add("tunnel", func() error { return nil })
+	endpoint := netip.AddrPortFrom(advertise, uint16(a.cfg.WireGuardPort))
+
+	keys, err := a.federationKeys(ledger)
+	if err != nil {
+		return stack, err
+	}
+	var engine atomic.Pointer[peering.Engine]
+	gossipAdvertise := netip.AddrPortFrom(advertise, a.cfg.GossipAddr.Port())
+	disc, err := discovery.New(discovery.Config{
+		Identity: id, Keys: keys.keys,
+		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: gossipAdvertise, Endpoint: endpoint.String(),
+		MDNS: a.cfg.MDNS, DNSDomains: a.cfg.DNSDomains, DNSServer: a.cfg.DNSServer,
+		Seeds: append(append([]string{}, a.cfg.Joins...), keys.seeds...), Profile: discovery.Profile(a.cfg.GossipProfile),
+		OnMessage: func(msg []byte) {
+			if e := engine.Load(); e != nil {
+				e.Receive(msg)
+			}
+		},
+		Logger: a.log.With("component", "discovery"), Metrics: a.registry,
+	})
+	if err != nil {
+		return stack, fmt.Errorf("discovery: %w", err)
+	}
+	if err := ledger.PutKey(keyGossipAdvertise, []byte(gossipAdvertise.String())); err != nil {
+		return stack, fmt.Errorf("record the gossip address: %w", err)
+	}
+
+	objects, err := peering.NewPeerObjects(a.restCfg, a.log.With("component", "peers"))
+	if err != nil {
+		return stack, err
+	}
+	eng, err := peering.New(peering.Config{
+		Identity: id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
+		Networks: nets.Pods, Endpoint: endpoint,
+		Ledger: ledger, Dataplane: tun, Transport: disc, Status: objects,
+		UnreachableGrace: a.cfg.UnreachableGrace,
+		Logger:           a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return stack, err
+	}
+	engine.Store(eng)
+	engineDone := make(chan struct{})
+	go func() {
+		defer close(engineDone)
+		if err := eng.Run(ctx); err != nil {
+			a.log.Error("peering stopped", "err", err)
+		}
+	}()
+	stack = append(stack, func() { <-engineDone })
+	select {
+	case <-eng.Ready():
+	case <-engineDone:
+		return stack, errors.New("peering engine stopped while starting")
+	}
+	a.ready.add("peering", func() error { return nil })
+
+	if err := disc.Start(ctx); err != nil {
+		return stack, fmt.Errorf("discovery: %w", err)
+	}
+	stack = append(stack, func() { disc.Close() })
+	go func() {
+		for ev := range disc.Subscribe(ctx) {
+			eng.MemberChanged(peering.Member{
+				ClusterID: ev.Member.ClusterID, PublicKey: ev.Member.Record.PublicKey,
+				Gossip: ev.Member.Gossip.String(), Alive: ev.Kind == discovery.Join || ev.Kind == discovery.Update,
+			})
+		}
+	}()
+	a.ready.add("discovery", func() error { return nil })
+	if err := objects.Watch(ctx, eng); err != nil {
+		return stack, err
+	}
+	a.log.Info("agent running", "clusterID", id.ClusterID(), "gossip", gossipAdvertise, "wireguard", endpoint, "policy", a.cfg.Peering)
+	return stack, nil
+}
+
+type federation struct {
+	keys  [][]byte
+	seeds []string
+}
+
+// federationKeys returns the keyring from the flags or the ledger,
+// generating one at first start, and stores it so `flotilla token` can
+// print it.
+func (a *Agent) federationKeys(ledger *ipam.Ledger) (federation, error) {
+	given := a.cfg.FederationKey
+	if a.cfg.FederationKeyFile != "" {
+		b, err := os.ReadFile(a.cfg.FederationKeyFile)
+		if err != nil {
+			return federation{}, fmt.Errorf("--federation-key-file: %w", err)
+		}
+		given = string(b)
+	}
+	if given != "" {
+		tok, err := discovery.ParseFederationKey(given)
+		if err != nil {
+			return federation{}, fmt.Errorf("federation key: %w", err)
+		}
+		ring, err := discovery.EncodeKeyring([][]byte{tok.Key})
+		if err != nil {
+			return federation{}, err
+		}
+		if err := ledger.PutKey(keyFederation, ring); err != nil {
+			return federation{}, fmt.Errorf("store the federation key: %w", err)
+		}
+		return federation{keys: [][]byte{tok.Key}, seeds: tok.Seeds}, nil
+	}
+	ring, err := ledger.LoadOrCreateKey(keyFederation, func() ([]byte, error) {
+		k, err := discovery.GenerateFederationKey()
+		if err != nil {
+			return nil, err
+		}
+		a.log.Info("generated a new federation key; `flotilla token` prints a join token for other clusters")
+		return discovery.EncodeKeyring([][]byte{k})
+	})
+	if err != nil {
+		return federation{}, fmt.Errorf("federation key: %w", err)
+	}
+	keys, err := discovery.DecodeKeyring(ring)
+	if err != nil {
+		return federation{}, fmt.Errorf("federation keyring in the ledger: %w", err)
+	}
+	return federation{keys: keys}, nil
 }
 
 func (a *Agent) handler() http.Handler {

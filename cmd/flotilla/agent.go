@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/tunnel"
 )
 
 func init() {
@@ -18,10 +21,35 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cfg := agent.DefaultConfig()
 	fs := newFlagSet("agent", stderr)
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
-	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views)")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+
+	fs.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "this cluster's human name, shown on other clusters' Peers")
+	var pods, services cidrList
+	fs.Var(&pods, "pod-cidr", "this cluster's pod network, repeatable or comma-separated (default: read from the cluster)")
+	fs.Var(&services, "service-cidr", "this cluster's service network, repeatable or comma-separated (default: read from the cluster)")
+	policy := fs.String("peering", string(cfg.Peering), "auto: connect every federation member; manual: only Peers whose spec.networking is Accept")
+	fs.DurationVar(&cfg.UnreachableGrace, "unreachable-grace", cfg.UnreachableGrace, "how long an unreachable peer keeps its tunnel and view")
+	fs.BoolVar(&cfg.InstallCRDs, "install-crds", cfg.InstallCRDs, "install the flotilla.io CRDs at start")
+
+	fs.StringVar(&cfg.FederationKey, "federation-key", "", "join token or base64 federation key (default: the key in the state dir, generated at first start)")
+	fs.StringVar(&cfg.FederationKeyFile, "federation-key-file", "", "file holding a join token or federation key")
+	gossip := addrPortFlag{&cfg.GossipAddr}
+	fs.Var(gossip, "gossip-addr", "address:port gossip listens on (UDP and TCP)")
+	advertise := addrFlag{&cfg.AdvertiseAddr}
+	fs.Var(advertise, "advertise-addr", "address other clusters reach this gateway at (default: the default route's source address)")
+	fs.BoolVar(&cfg.MDNS, "mdns", cfg.MDNS, "advertise and browse _flotilla._udp with mDNS on the LAN")
+	var domains, joins stringList
+	fs.Var(&domains, "dns-domain", "domain to browse for _flotilla._udp SRV records, repeatable")
+	fs.StringVar(&cfg.DNSServer, "dns-server", "", "DNS server for --dns-domain as host:port (default: /etc/resolv.conf)")
+	fs.Var(&joins, "join", "gossip address (host:port) of a member to join, repeatable")
+	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "gossip timings: lan or wan")
+
+	wg := fs.String("wireguard", string(cfg.WireGuard), "WireGuard implementation: auto (kernel when available), kernel or userspace")
+	fs.StringVar(&cfg.WireGuardInterface, "wireguard-interface", cfg.WireGuardInterface, "WireGuard interface name (unique per host)")
+	fs.IntVar(&cfg.WireGuardPort, "wireguard-port", cfg.WireGuardPort, "WireGuard UDP port")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -31,6 +59,16 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return errUsage
 	}
 	cfg.Logger = logger
+	cfg.PodCIDRs, cfg.ServiceCIDRs = pods, services
+	cfg.DNSDomains, cfg.Joins = domains, joins
+	if cfg.Peering, err = peering.ParsePolicy(*policy); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --peering: %v\n", err)
+		return errUsage
+	}
+	if cfg.WireGuard, err = tunnel.ParseMode(*wg); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --wireguard: %v\n", err)
+		return errUsage
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err
@@ -51,4 +89,53 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// cidrList is a repeatable, comma-separated list of canonical CIDRs.
+type cidrList []netip.Prefix
+
+func (l *cidrList) String() string { return fmt.Sprint([]netip.Prefix(*l)) }
+func (l *cidrList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		p, err := agent.ParseCIDR(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		*l = append(*l, p)
+	}
+	return nil
+}
+
+type addrPortFlag struct{ p *netip.AddrPort }
+
+func (f addrPortFlag) String() string {
+	if f.p == nil || !f.p.IsValid() {
+		return ""
+	}
+	return f.p.String()
+}
+func (f addrPortFlag) Set(v string) error {
+	ap, err := netip.ParseAddrPort(v)
+	if err != nil {
+		return fmt.Errorf("want address:port, e.g. 0.0.0.0:7946: %w", err)
+	}
+	*f.p = ap
+	return nil
+}
+
+type addrFlag struct{ p *netip.Addr }
+
+func (f addrFlag) String() string {
+	if f.p == nil || !f.p.IsValid() {
+		return ""
+	}
+	return f.p.String()
+}
+func (f addrFlag) Set(v string) error {
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return fmt.Errorf("want an IP address: %w", err)
+	}
+	*f.p = a
+	return nil
 }

@@ -22,22 +22,31 @@ func TestAgentSmoke(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	bin := harness.Flotilla(t)
+	harness.Require(t, harness.NeedsNetwork...)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	addr := freeAddr(t)
-	agent := env.Start("agent", bin, "agent",
+	// The agent owns kernel state (a WireGuard link, routes, nftables):
+	// it runs in a site, never in the test machine's own namespace.
+	site := env.NewSite("a", harness.SiteOptions{LAN: env.NewLAN("lan")})
+	cp.ExposeTo(site.Netns)
+	agent := site.Start("agent", bin, "agent",
 		"--kubeconfig", cp.Kubeconfig,
 		"--state-dir", filepath.Join(env.Dir, "state"),
-		"--metrics-addr", addr,
+		"--metrics-addr", "127.0.0.1:9470",
+		"--pod-cidr", "10.0.0.0/16",
+		"--wireguard-interface", "fl"+env.RunID,
 		"--log-format", "json")
 
-	base := "http://" + addr
-	waitFor(t, agent, 60*time.Second, func() error { return expectBody(base+"/healthz", 200, "ok") })
-	waitFor(t, agent, 60*time.Second, func() error { return expectBody(base+"/readyz", 200, "ok") })
-	if err := expectBody(base+"/readyz?verbose", 200, "[+]kubernetes ok"); err != nil {
-		t.Fatal(err)
+	base := "http://127.0.0.1:9470"
+	client := siteClient(site)
+	waitFor(t, agent, 60*time.Second, func() error { return expectBody(client, base+"/healthz", 200, "ok") })
+	waitFor(t, agent, 60*time.Second, func() error { return expectBody(client, base+"/readyz", 200, "ok") })
+	for _, check := range []string{"kubernetes", "ledger", "tunnel", "discovery", "peering"} {
+		if err := expectBody(client, base+"/readyz?verbose", 200, "[+]"+check+" ok"); err != nil {
+			t.Error(err)
+		}
 	}
 
-	resp, err := http.Get(base + "/metrics")
+	resp, err := client.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +59,8 @@ func TestAgentSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("/metrics is not Prometheus text format: %v", err)
 	}
-	for _, name := range []string{"flotilla_build_info", "flotilla_apiserver_up", "go_goroutines", "process_resident_memory_bytes"} {
+	for _, name := range []string{"flotilla_build_info", "flotilla_apiserver_up", "go_goroutines", "process_resident_memory_bytes",
+		"flotilla_peers", "flotilla_discovery_members"} {
 		if _, ok := families[name]; !ok {
 			t.Errorf("/metrics lacks %s", name)
 		}
@@ -77,8 +87,8 @@ func TestAgentSmoke(t *testing.T) {
 	}
 }
 
-func expectBody(url string, status int, want string) error {
-	resp, err := http.Get(url)
+func expectBody(client *http.Client, url string, status int, want string) error {
+	resp, err := client.Get(url)
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func TestDemoUpAndDown(t *testing.T) {
 		t.Fatalf("demo did not come up:\n%s", strings.Join(seen, "\n"))
 	}
 	output := strings.Join(seen, "\n")
-	for _, want := range []string{"CLUSTER", "flotest-" + run + "-a", "flotest-" + run + "-b", "10.0.0.0/16", "kubeconfig"} {
+	for _, want := range []string{"CLUSTER", "Connected", "flotest-" + run + "-a", "flotest-" + run + "-b", "10.0.0.0/16", "kubeconfig", "Pod-to-pod across the overlap", "answered and saw the caller"} {
 		if !strings.Contains(output, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, output)
 		}

@@ -3,24 +3,14 @@
 package e2e
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/flotilla-io/flotilla/test/harness"
 )
-
-// freeAddr returns a loopback address with a port that was free a moment
-// ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // waitFor polls check until it passes, the process exits, or timeout.
 func waitFor(t *testing.T, p *harness.Process, timeout time.Duration, check func() error) {
@@ -39,4 +29,18 @@ func waitFor(t *testing.T, p *harness.Process, timeout time.Duration, check func
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// siteClient is an HTTP client that connects from inside the site.
+func siteClient(s *harness.Site) *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return s.DialContext(ctx, network, addr)
+		},
+	}}
+}
+
+// expectBodyIn GETs url from inside site s and checks for 200 and want.
+func expectBodyIn(s *harness.Site, url, want string) error {
+	return expectBody(siteClient(s), url, 200, want)
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering"
+)
+
+func init() {
+	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, traffic", run: runStatus})
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status", stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = *kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: peering.Scheme()})
+	if err != nil {
+		return err
+	}
+	var peers v1alpha1.PeerList
+	if err := c.List(ctx, &peers); err != nil {
+		return fmt.Errorf("list Peers: %w", err)
+	}
+	printPeers(stdout, peers.Items, time.Now())
+	return nil
+}
+
+func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
+	if len(peers) == 0 {
+		fmt.Fprintln(w, "No peers yet: no other cluster of the federation has been discovered.")
+		return
+	}
+	sort.Slice(peers, func(i, j int) bool { return peers[i].Status.ClusterName < peers[j].Status.ClusterName })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tRX\tTX")
+	for _, p := range peers {
+		s := p.Status
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
+			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now), byteCount(s.ReceiveBytes), byteCount(s.TransmitBytes))
+	}
+	tw.Flush()
+}
+
+func views(vs []v1alpha1.NetworkView) string {
+	var parts []string
+	for _, v := range vs {
+		if v.Range == v.As {
+			parts = append(parts, v.Range)
+		} else {
+			parts = append(parts, v.Range+"->"+v.As)
+		}
+	}
+	return orDash(strings.Join(parts, ","))
+}
+
+// age prints how long ago t was, as kubectl does ("42s", "3m", "5h").
+func age(t *metav1.Time, now time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t.Time)
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 2*time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < 2*time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	}
+	return fmt.Sprintf("%dh ago", int(d.Hours()))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func byteCount(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}

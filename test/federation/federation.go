@@ -1,0 +1,286 @@
+// Package federation starts federations of real clusters for end-to-end
+// tests and the demo: per cluster a control plane, a gateway site on a LAN
+// or behind a router, a pod behind the site, and a flotilla agent.
+package federation
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// Cluster is one federated cluster: a control plane, its gateway site, a
+// pod behind the site, and the agent.
+type Cluster struct {
+	Name  string
+	CP    *harness.ControlPlane
+	Site  *harness.Site
+	Pod   *harness.Pod
+	Agent *harness.Process
+	// Client reads and writes the cluster's flotilla.io objects.
+	Client client.Client
+	// Args are the agent's arguments (after the binary); edit before
+	// StartAgent.
+	Args     []string
+	StateDir string
+	Bin      string
+
+	iface string
+}
+
+type Options struct {
+	// PodCIDRs, one per cluster.
+	PodCIDRs []string
+	// Routed puts the sites behind a router (no multicast) instead of on a
+	// LAN.
+	Routed bool
+	// Flotilla is the binary to run; default: built from this checkout.
+	Flotilla string
+	// Args are given to every agent; ArgsFor adds per-cluster ones.
+	Args    []string
+	ArgsFor func(i int, cs []*Cluster) []string
+}
+
+// PodPort is where every cluster's pod answers TCP exchanges.
+const PodPort = 7000
+
+// New starts the clusters' control planes, sites and pods (the fifth
+// address of each PodCIDR, answering on PodPort); StartAgent starts their
+// agents.
+func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
+	t.Helper()
+	bin := opts.Flotilla
+	if bin == "" {
+		bin = harness.Flotilla(t)
+	}
+	n := len(opts.PodCIDRs)
+	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{})
+	var lan *harness.LAN
+	var rtr *harness.Router
+	if opts.Routed {
+		rtr = env.NewRouter("wan")
+	} else {
+		lan = env.NewLAN("lan")
+	}
+	var cs []*Cluster
+	for i, cp := range cps {
+		name := string(rune('a' + i))
+		cidr := netip.MustParsePrefix(opts.PodCIDRs[i])
+		site := env.NewSite(name, harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr})
+		cp.ExposeTo(site.Netns)
+		c, err := client.New(cp.Config, client.Options{Scheme: peering.Scheme()})
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		pod := site.AddPod("p", Translate(netip.MustParseAddr("0.0.0.5"), netip.MustParsePrefix("0.0.0.0/0"), cidr))
+		pod.ServeTCP(PodPort)
+		cs = append(cs, &Cluster{
+			Name: name, CP: cp, Site: site, Pod: pod, Client: c, Bin: bin,
+			StateDir: filepath.Join(env.Dir, "state-"+name),
+		})
+	}
+	key, err := discovery.GenerateFederationKey()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	token, err := discovery.JoinToken{Key: key}.Encode()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	for i, c := range cs {
+		// wireguard-go's control socket is host-wide: the name must be
+		// unique on the host.
+		c.iface = fmt.Sprintf("fl%s%s", env.RunID, c.Name)
+		c.Args = []string{"agent",
+			"--kubeconfig", c.CP.Kubeconfig,
+			"--state-dir", c.StateDir,
+			"--metrics-addr", "127.0.0.1:9470",
+			"--cluster-name", c.Name,
+			"--pod-cidr", c.Site.PodCIDR.String(),
+			"--advertise-addr", c.Site.Addr.String(),
+			"--wireguard-interface", c.iface,
+			"--unreachable-grace", "10s",
+			// One federation; a later --federation-key in Args wins.
+			"--federation-key", token,
+			"--log-level", "debug",
+		}
+		c.Args = append(c.Args, opts.Args...)
+		if opts.ArgsFor != nil {
+			c.Args = append(c.Args, opts.ArgsFor(i, cs)...)
+		}
+	}
+	return cs
+}
+
+// StartAgent starts (or restarts) the cluster's agent.
+func (c *Cluster) StartAgent(t harness.TB) {
+	t.Helper()
+	c.Agent = c.Site.Start("agent-"+c.Name, append([]string{c.Bin}, c.Args...)...)
+}
+
+// Peers returns the cluster's Peers by the peer's cluster name.
+func (c *Cluster) Peers(ctx context.Context) (map[string]v1alpha1.Peer, error) {
+	var list v1alpha1.PeerList
+	if err := c.Client.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	out := map[string]v1alpha1.Peer{}
+	for _, p := range list.Items {
+		out[p.Status.ClusterName] = p
+	}
+	return out, nil
+}
+
+// WaitPhases waits until, in every cluster, every other cluster is a Peer
+// in phase want.
+func WaitPhases(t harness.TB, cs []*Cluster, want v1alpha1.Phase, timeout time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(timeout)
+	for {
+		var problems []string
+		for _, c := range cs {
+			if exited, err := c.Agent.Exited(); exited {
+				t.Fatalf("agent of %s exited: %v\n%s", c.Name, err, c.Agent.Tail(30))
+			}
+			peers, err := c.Peers(ctx)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", c.Name, err))
+				continue
+			}
+			for _, o := range cs {
+				if o == c {
+					continue
+				}
+				p, ok := peers[o.Name]
+				if !ok {
+					problems = append(problems, fmt.Sprintf("%s has no Peer for %s", c.Name, o.Name))
+				} else if p.Status.Phase != want {
+					problems = append(problems, fmt.Sprintf("%s sees %s %s", c.Name, o.Name, Describe(p)))
+				}
+			}
+		}
+		if len(problems) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not all Peers %s after %s:\n  %s", want, timeout, strings.Join(problems, "\n  "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func Describe(p v1alpha1.Peer) string {
+	var conds []string
+	for _, c := range p.Status.Conditions {
+		if c.Status != "True" {
+			conds = append(conds, c.Type+"="+c.Reason)
+		}
+	}
+	return fmt.Sprintf("%s (%s)", p.Status.Phase, strings.Join(conds, ","))
+}
+
+// ViewOf returns how cluster c addresses address ip of cluster o, from c's
+// Peer of o.
+func ViewOf(t harness.TB, c, o *Cluster, ip netip.Addr) netip.Addr {
+	t.Helper()
+	peers, err := c.Peers(context.Background())
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	p, ok := peers[o.Name]
+	if !ok {
+		t.Fatalf("%s has no Peer for %s", c.Name, o.Name)
+	}
+	for _, v := range p.Status.TheirNetworks {
+		real, as := netip.MustParsePrefix(v.Range), netip.MustParsePrefix(v.As)
+		if real.Contains(ip) {
+			return Translate(ip, real, as)
+		}
+	}
+	t.Fatalf("%s has no view of %s's %s: %+v", c.Name, o.Name, ip, p.Status.TheirNetworks)
+	return netip.Addr{}
+}
+
+// Translate maps ip from range real to the same offset in as (IPv4).
+func Translate(ip netip.Addr, real, as netip.Prefix) netip.Addr {
+	u := func(a netip.Addr) uint32 { b := a.As4(); return binary.BigEndian.Uint32(b[:]) }
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], u(as.Addr())+u(ip)-u(real.Addr()))
+	return netip.AddrFrom4(out)
+}
+
+// Result is one pod-to-pod exchange: the sender dialed Dst (its view of
+// the receiver's pod); the receiver saw the sender as Seen and should have
+// seen Want (its own view of the sender's pod).
+type Result struct {
+	From, To *Cluster
+	Dst      netip.Addr
+	Seen     netip.Addr
+	Want     netip.Addr
+	Err      error
+}
+
+// Exchange pings from's pod to to's pod by from's view and makes a TCP
+// exchange; Err says what failed, including the receiver seeing the wrong
+// address.
+func Exchange(t harness.TB, from, to *Cluster) Result {
+	t.Helper()
+	r := Result{From: from, To: to, Dst: ViewOf(t, from, to, to.Pod.Addr), Want: ViewOf(t, to, from, from.Pod.Addr)}
+	if r.Err = from.Pod.Ping(r.Dst); r.Err != nil {
+		return r
+	}
+	r.Seen, r.Err = from.Pod.TCPExchange(netip.AddrPortFrom(r.Dst, PodPort))
+	if r.Err == nil && r.Seen != r.Want {
+		r.Err = fmt.Errorf("receiver saw the sender as %s, want %s (its view of the sender)", r.Seen, r.Want)
+	}
+	return r
+}
+
+// AllPairsTalk runs Exchange in every direction, concurrently, and fails
+// t with every direction that failed.
+func AllPairsTalk(t harness.TB, cs []*Cluster) {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make(chan Result, len(cs)*len(cs))
+	for _, from := range cs {
+		for _, to := range cs {
+			if from == to {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results <- Exchange(t, from, to)
+			}()
+		}
+	}
+	wg.Wait()
+	close(results)
+	var failures []string
+	for r := range results {
+		if r.Err != nil {
+			failures = append(failures, fmt.Sprintf("%s -> %s (%s): %v", r.From.Name, r.To.Name, r.Dst, r.Err))
+		}
+	}
+	sort.Strings(failures)
+	if len(failures) > 0 {
+		t.Fatalf("%d of %d directions failed:\n  %s", len(failures), len(cs)*(len(cs)-1), strings.Join(failures, "\n  "))
+	}
+}
+
+// Interface is the name of the cluster's WireGuard interface.
+func (c *Cluster) Interface() string { return c.iface }
