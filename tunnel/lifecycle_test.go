@@ -14,20 +14,39 @@ import (
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
-// Removing a peer removes its route, WireGuard peer and NAT rules and
-// leaves every other object as it was; removing all peers leaves none of
-// ours; cleanup removes the link and table too. A foreign route and a
+// Adding a peer leaves the NAT rules of the others as they were; removing
+// a peer removes its route, WireGuard peer, NAT chains and map elements
+// and leaves every other object as it was; removing all peers leaves none
+// of ours; cleanup removes the link and table too. A foreign route and a
 // foreign nftables table survive all of it.
-func TestRemovePeer(t *testing.T) {
+func TestAddRemovePeer(t *testing.T) {
 	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/16")
 	a, b, c := m.sites[0], m.sites[1], m.sites[2]
 	a.exec(t, "ip", "route", "add", "10.200.0.0/16", "dev", "lan0", "proto", "static")
 	a.exec(t, "nft", "add table ip foreign; add chain ip foreign post { type nat hook postrouting priority 50; }; add rule ip foreign post ip daddr 10.70.0.0/16 counter")
-	m.applyFullMesh()
+	for _, s := range m.sites {
+		m.start(s)
+	}
+	m.apply(b, m.desiredFor(b, a, c))
+	m.apply(c, m.desiredFor(c, a, b))
+	m.apply(a, m.desiredFor(a, b))
+	onlyB := a.ownedRules(t)
+	if len(onlyB) != 2 {
+		t.Fatalf("with peer b: want its 2 NAT rules, got %v", onlyB)
+	}
+	m.apply(a, m.desiredFor(a, b, c))
 	beforeRules := a.ownedRules(t)
 	beforeRoutes := a.ownedRoutes(t)
 	if len(beforeRules) != 4 || len(beforeRoutes) != 2 {
 		t.Fatalf("before: want 4 rules and 2 routes, got %v and %v", beforeRules, beforeRoutes)
+	}
+	for comment, handle := range onlyB {
+		if got := beforeRules[comment]; got != handle {
+			t.Errorf("rule of peer b touched when c was added: %s: handle %q, was %q", comment, got, handle)
+		}
+	}
+	if err := a.pod.Ping(a.seenFrom(c)); err != nil {
+		t.Errorf("a -> c after adding c: %v", err)
 	}
 
 	m.apply(a, m.desiredFor(a, c))
@@ -52,6 +71,9 @@ func TestRemovePeer(t *testing.T) {
 	if len(rules) != 2 {
 		t.Errorf("rules after removing b: %v, want the 2 of peer c", rules)
 	}
+	if l := a.natListing(t); strings.Contains(l, "cluster-b") {
+		t.Errorf("chains or map elements of removed peer b left:\n%s", l)
+	}
 	if err := a.pod.Ping(a.seenFrom(c)); err != nil {
 		t.Errorf("a -> c after removing b: %v", err)
 	}
@@ -65,6 +87,9 @@ func TestRemovePeer(t *testing.T) {
 	}
 	if r := a.ownedRules(t); len(r) != 0 {
 		t.Errorf("NAT rules with no peer desired: %v", r)
+	}
+	if l := a.natListing(t); strings.Contains(l, "jump") || strings.Contains(l, "cluster-") {
+		t.Errorf("NAT chains or map elements with no peer desired:\n%s", l)
 	}
 
 	// Stop with cleanup: nothing of ours is left, the foreign objects are.
@@ -100,7 +125,8 @@ func assertNothingOurs(t *testing.T, s *meshSite) {
 }
 
 // Someone deletes one of our routes, flushes or deletes our nftables
-// table, or deletes the link: the tunnel puts it back and traffic flows.
+// table, deletes or changes a chain or map of it, or deletes the link: the
+// tunnel puts it back as it was and traffic flows.
 func TestRepair(t *testing.T) {
 	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
 	a, b := m.sites[0], m.sites[1]
@@ -108,26 +134,25 @@ func TestRepair(t *testing.T) {
 	if err := a.pod.Ping(a.seenFrom(b)); err != nil {
 		t.Fatalf("before: %v", err)
 	}
-	wantRoutes, wantRules := a.ownedRoutes(t), a.ownedRules(t)
-	sameRules := func() bool {
-		got := a.ownedRules(t)
-		for k := range wantRules {
-			if _, ok := got[k]; !ok {
-				return false
-			}
-		}
-		return len(got) == len(wantRules)
+	wantRoutes, wantNAT := a.ownedRoutes(t), a.natListing(t)
+	if !strings.Contains(wantNAT, "jump egress-cluster-b") || !strings.Contains(wantNAT, "snat prefix to") {
+		t.Fatalf("NAT before: no dispatch to peer b or no snat:\n%s", wantNAT)
 	}
+	sameNAT := func() bool { return a.natListing(t) == wantNAT }
 	for _, tc := range []struct {
 		name   string
 		break_ []string
 		back   func() bool
 	}{
 		{"route deleted", []string{"ip", "route", "del", a.views["b"].String()}, func() bool { return slices.Equal(a.ownedRoutes(t), wantRoutes) }},
-		{"table flushed", []string{"nft", "flush", "table", "ip", "flotilla"}, sameRules},
-		{"table deleted", []string{"nft", "delete", "table", "ip", "flotilla"}, sameRules},
+		{"table flushed", []string{"nft", "flush", "table", "ip", "flotilla"}, sameNAT},
+		{"table deleted", []string{"nft", "delete", "table", "ip", "flotilla"}, sameNAT},
+		{"base chain deleted", []string{"nft", "delete", "chain", "ip", "flotilla", "ingress"}, sameNAT},
+		{"peer chain flushed", []string{"nft", "flush", "chain", "ip", "flotilla", "egress-cluster-b"}, sameNAT},
+		{"map element deleted", []string{"nft", "delete", "element", "ip", "flotilla", "egress-peers", "{", a.views["b"].String(), "}"}, sameNAT},
+		{"foreign rule in our chain", []string{"nft", "add", "rule", "ip", "flotilla", "egress", "counter"}, sameNAT},
 		{"link deleted", []string{"ip", "link", "del", a.ifname}, func() bool {
-			return slices.Equal(a.ownedRoutes(t), wantRoutes) && sameRules() && len(a.wgPeers(t)) == 1
+			return slices.Equal(a.ownedRoutes(t), wantRoutes) && sameNAT() && len(a.wgPeers(t)) == 1
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
