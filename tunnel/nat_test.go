@@ -118,6 +118,18 @@ func TestValidate(t *testing.T) {
 			p.ClusterID, p.PublicKey = "c", Key{2}
 			d.Peers = append(d.Peers, p)
 		}, false},
+		{"view of one peer inside another's", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.PublicKey = "c", Key{2}
+			p.Views = []View{{Real: pfx("10.0.0.0/24"), As: pfx("10.70.9.0/24")}}
+			d.Peers = append(d.Peers, p)
+		}, false},
+		{"views of two peers side by side", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.PublicKey = "c", Key{2}
+			p.Views = []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.69.0.0/16")}}
+			d.Peers = append(d.Peers, p)
+		}, true},
 		{"duplicate cluster ID", func(d *Desired) {
 			p := d.Peers[0]
 			p.PublicKey, p.Views = Key{2}, []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}
