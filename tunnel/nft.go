@@ -559,15 +559,17 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 			return 0, err
 		}
 	}
-	for _, ch := range stale {
-		c.DelChain(ch)
-		changes++
-	}
+	// Sets someone else put into our table go before the stale chains,
+	// which their elements may jump to; rules using them are gone by now.
 	for name, s := range k.sets {
 		if name != directions[0].vmap && name != directions[1].vmap {
 			c.DelSet(s)
 			changes++
 		}
+	}
+	for _, ch := range stale {
+		c.DelChain(ch)
+		changes++
 	}
 	if changes > 0 {
 		if err := c.Flush(); err != nil {
