@@ -71,6 +71,7 @@ func BenchmarkDataPath(b *testing.B) {
 		s.exec(b, "wg", "set", s.ifname, "private-key", s.keyFile, "listen-port", fmt.Sprint(s.port),
 			"peer", o.pub.String(), "endpoint", netip.AddrPortFrom(o.Addr, o.port).String(), "allowed-ips", o.PodCIDR.String())
 		s.exec(b, "ip", "link", "set", s.ifname, "mtu", "1420", "up")
+		s.waitListening(b)
 		s.exec(b, "ip", "route", "replace", o.PodCIDR.String(), "dev", s.ifname)
 	}
 	wgG, wgRTT := measure("bare wireguard-go", c.pod.Addr)

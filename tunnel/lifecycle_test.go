@@ -267,6 +267,7 @@ func TestStockWireGuardPeer(t *testing.T) {
 	b.exec(t, "sh", "-c", fmt.Sprintf("wg set %s private-key %s listen-port %d peer %s endpoint %s:%d allowed-ips %s",
 		b.ifname, keyFile, b.port, a.pub, a.Addr, a.port, b.views["a"]))
 	b.exec(t, "ip", "link", "set", b.ifname, "up")
+	b.waitListening(t)
 	b.exec(t, "ip", "route", "add", b.views["a"].String(), "dev", b.ifname)
 	b.pod.ServeTCP(8080)
 	a.pod.ServeTCP(8080)

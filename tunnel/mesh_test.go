@@ -279,6 +279,18 @@ func (s *meshSite) wgPeers(t testing.TB) []string {
 	return strings.Fields(out)
 }
 
+// waitListening waits until the site's WireGuard device has bound its UDP
+// port. wireguard-go opens it only once it has processed the link's up
+// event, asynchronously to `ip link set up`; a handshake sent before is
+// lost and retried only 5 s later, longer than a test's ping waits.
+func (s *meshSite) waitListening(t testing.TB) {
+	t.Helper()
+	eventually(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, s.port), func() bool {
+		out, err := s.Exec(context.Background(), "ss", "-Hlun", fmt.Sprintf("sport = :%d", s.port))
+		return err == nil && strings.TrimSpace(string(out)) != ""
+	})
+}
+
 // eventually polls cond until it holds or timeout passes and returns how
 // long it took.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
