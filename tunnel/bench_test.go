@@ -71,6 +71,7 @@ func BenchmarkDataPath(b *testing.B) {
 		s.exec(b, "wg", "set", s.ifname, "private-key", s.keyFile, "listen-port", fmt.Sprint(s.port),
 			"peer", o.pub.String(), "endpoint", netip.AddrPortFrom(o.Addr, o.port).String(), "allowed-ips", o.PodCIDR.String())
 		s.exec(b, "ip", "link", "set", s.ifname, "mtu", "1420", "up")
+		s.waitListening(b)
 		s.exec(b, "ip", "route", "replace", o.PodCIDR.String(), "dev", s.ifname)
 	}
 	wgG, wgRTT := measure("bare wireguard-go", c.pod.Addr)
@@ -116,18 +117,49 @@ func medianRTT(b *testing.B, p *harness.Pod, dst netip.Addr) float64 {
 }
 
 // BenchmarkReconcile measures Apply from an empty tunnel to n peers, and
-// adding one peer to 1000. Each peer is a WireGuard peer, a route and two
-// NAT rules. The tunnel runs inside a site's namespace on the benchmark's
-// own thread.
+// adding, removing or re-applying one peer at 1000. Each peer is a
+// WireGuard peer, a route and two NAT rules. The tunnel runs inside a
+// site's namespace on the benchmark's own thread. Each case reports the
+// median of its b.N runs (use -benchtime Nx).
 func BenchmarkReconcile(b *testing.B) {
+	site, tun, peers := benchTunnel(b, 1001)
+	desired := func(n int) tunnel.Desired {
+		return tunnel.Desired{Networks: []netip.Prefix{mustPrefix("10.0.0.0/24")}, Peers: peers[:n]}
+	}
+	apply := func(d tunnel.Desired) {
+		if err := site.Do(func() error { return tun.Apply(context.Background(), d) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// timed runs before(), then times to(), b.N times, and reports the
+	// median divided by per.
+	timed := func(b *testing.B, before, to tunnel.Desired, per float64, unit string) {
+		var runs []time.Duration
+		for range b.N {
+			apply(before)
+			start := time.Now()
+			apply(to)
+			runs = append(runs, time.Since(start))
+		}
+		b.ReportMetric(float64(median(runs).Microseconds())/1000/per, unit)
+	}
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("from-empty-%d", n), func(b *testing.B) {
+			timed(b, desired(0), desired(n), float64(n), "ms/peer")
+		})
+	}
+	b.Run("add-one-at-1000", func(b *testing.B) { timed(b, desired(1000), desired(1001), 1, "ms/op") })
+	b.Run("remove-one-at-1000", func(b *testing.B) { timed(b, desired(1001), desired(1000), 1, "ms/op") })
+	b.Run("same-state-at-1000", func(b *testing.B) { timed(b, desired(1000), desired(1000), 1, "ms/op") })
+}
+
+// benchTunnel starts a userspace tunnel in a fresh site and returns it
+// with n distinct peers to apply.
+func benchTunnel(b *testing.B, n int) (*harness.Site, *tunnel.Tunnel, []tunnel.Peer) {
 	env := harness.New(b)
 	env.Require(harness.Root, harness.IPRoute2)
 	lan := env.NewLAN("lan")
 	site := env.NewSite("a", harness.SiteOptions{LAN: lan, PodCIDR: mustPrefix("10.0.0.0/24")})
-	peers := manyPeers(b, 1001)
-	desired := func(n int) tunnel.Desired {
-		return tunnel.Desired{Networks: []netip.Prefix{mustPrefix("10.0.0.0/24")}, Peers: peers[:n]}
-	}
 	var tun *tunnel.Tunnel
 	if err := site.Do(func() error {
 		key, err := tunnel.GeneratePrivateKey()
@@ -141,33 +173,13 @@ func BenchmarkReconcile(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { site.Do(tun.Cleanup) })
-	apply := func(d tunnel.Desired) {
-		if err := site.Do(func() error { return tun.Apply(context.Background(), d) }); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, n := range []int{10, 100, 1000} {
-		b.Run(fmt.Sprintf("from-empty-%d", n), func(b *testing.B) {
-			var total time.Duration
-			for range b.N {
-				apply(desired(0))
-				start := time.Now()
-				apply(desired(n))
-				total += time.Since(start)
-			}
-			b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N)/float64(n), "ms/peer")
-		})
-	}
-	b.Run("add-one-at-1000", func(b *testing.B) {
-		var total time.Duration
-		for range b.N {
-			apply(desired(1000))
-			start := time.Now()
-			apply(desired(1001))
-			total += time.Since(start)
-		}
-		b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/add")
-	})
+	return site, tun, manyPeers(b, n)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func manyPeers(b *testing.B, n int) []tunnel.Peer {
@@ -195,4 +207,22 @@ func benchLogger() *slog.Logger {
 		return nil
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// BenchmarkRestart measures what a restart of the tunnel process costs in
+// userspace mode: the time from SIGTERM to the new process having applied
+// its state, and the traffic a ping every 10 ms loses across it. Medians
+// of b.N restarts.
+func BenchmarkRestart(b *testing.B) {
+	m := newMesh(b, "10.0.0.0/16", "10.0.0.0/16")
+	a, c := m.sites[0], m.sites[1]
+	m.applyFullMesh()
+	var down, lost []time.Duration
+	for range b.N {
+		r := restart(b, m, a, c)
+		down = append(down, r.downAndBack)
+		lost = append(lost, r.lost)
+	}
+	b.ReportMetric(float64(median(down).Microseconds())/1000, "ms-down-and-back")
+	b.ReportMetric(float64(median(lost).Microseconds())/1000, "ms-traffic-lost")
 }

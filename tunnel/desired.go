@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 	"unicode"
 )
@@ -82,13 +83,9 @@ func (d Desired) Validate() error {
 	ids := map[string]bool{}
 	keys := map[Key]string{}
 	// claimed holds every range this host routes: my networks and my views.
-	type claim struct {
-		p    netip.Prefix
-		what string
-	}
 	var claimed []claim
 	for _, n := range d.Networks {
-		claimed = append(claimed, claim{n, "local network"})
+		claimed = append(claimed, claim{p: n})
 	}
 	for _, p := range d.Peers {
 		if err := checkClusterID(p.ClusterID); err != nil {
@@ -123,12 +120,7 @@ func (d Desired) Validate() error {
 					return fmt.Errorf("peer %s: its networks %s and %s overlap", p.ClusterID, w.Real, v.Real)
 				}
 			}
-			for _, c := range claimed {
-				if v.As.Overlaps(c.p) {
-					return fmt.Errorf("peer %s: view %s overlaps %s %s", p.ClusterID, v.As, c.what, c.p)
-				}
-			}
-			claimed = append(claimed, claim{v.As, "view of peer " + p.ClusterID})
+			claimed = append(claimed, claim{p: v.As, peer: p.ClusterID})
 		}
 		for i, v := range p.ViewsOfMe {
 			if err := checkView(v); err != nil {
@@ -145,6 +137,43 @@ func (d Desired) Validate() error {
 					return fmt.Errorf("peer %s: its views %s and %s of my networks overlap", p.ClusterID, w.As, v.As)
 				}
 			}
+		}
+	}
+	return checkDisjoint(claimed)
+}
+
+// claim is a range this host routes: a local network (no peer) or my view
+// of a network of peer.
+type claim struct {
+	p    netip.Prefix
+	peer string
+}
+
+func (c claim) String() string {
+	if c.peer == "" {
+		return "local network " + c.p.String()
+	}
+	return "view " + c.p.String() + " of peer " + c.peer
+}
+
+// checkDisjoint reports two of the claims that overlap, if any. Sorted by
+// first address, prefixes overlap only if one starts before the furthest
+// end seen so far; n log n, so that 1000 peers validate in well under a
+// millisecond.
+func checkDisjoint(claims []claim) error {
+	slices.SortFunc(claims, func(a, b claim) int { return comparePrefix(a.p, b.p) })
+	var widest *claim
+	for i := range claims {
+		c := &claims[i]
+		if widest != nil && widest.p.Overlaps(c.p) {
+			a, b := *widest, *c
+			if b.peer == "" {
+				a, b = b, a // name the view, not the local network, first
+			}
+			return fmt.Errorf("peer %s: %s overlaps %s", b.peer, b, a)
+		}
+		if widest == nil || lastAddr(c.p).Compare(lastAddr(widest.p)) > 0 {
+			widest = c
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,7 +217,8 @@ func (s *meshSite) exec(t testing.TB, name string, args ...string) string {
 	return string(out)
 }
 
-// ownedRules returns our NAT rules in the site as comment -> handle.
+// ownedRules returns the per-peer NAT rules in the site as comment ->
+// handle (the comment names the peer).
 func (s *meshSite) ownedRules(t testing.TB) map[string]string {
 	t.Helper()
 	out, err := s.Exec(context.Background(), "nft", "-a", "list", "table", "ip", "flotilla")
@@ -225,15 +227,36 @@ func (s *meshSite) ownedRules(t testing.TB) map[string]string {
 	}
 	rules := map[string]string{}
 	for _, line := range strings.Split(string(out), "\n") {
-		_, rest, ok := strings.Cut(line, `comment "`)
+		_, rest, ok := strings.Cut(line, `comment "flotilla peer=`)
 		if !ok {
 			continue
 		}
 		comment, tail, _ := strings.Cut(rest, `"`)
 		_, handle, _ := strings.Cut(tail, "# handle ")
-		rules[comment] = strings.TrimSpace(handle)
+		rules["flotilla peer="+comment] = strings.TrimSpace(handle)
 	}
 	return rules
+}
+
+// natListing returns our table as nft lists it, one statement a line,
+// sorted, so that two listings of the same content compare equal whatever
+// order objects were made in. Empty if the table does not exist.
+func (s *meshSite) natListing(t testing.TB) string {
+	t.Helper()
+	out, err := s.Exec(context.Background(), "nft", "list", "table", "ip", "flotilla")
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		for _, part := range strings.Split(strings.Trim(strings.TrimSpace(l), "{},"), ",") {
+			if part = strings.TrimSpace(part); part != "" && part != "}" {
+				lines = append(lines, part)
+			}
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
 
 // ownedRoutes returns our routes in the site (protocol 0x66), one line each.
@@ -254,6 +277,18 @@ func (s *meshSite) wgPeers(t testing.TB) []string {
 		return nil
 	}
 	return strings.Fields(out)
+}
+
+// waitListening waits until the site's WireGuard device has bound its UDP
+// port. wireguard-go opens it only once it has processed the link's up
+// event, asynchronously to `ip link set up`; a handshake sent before is
+// lost and retried only 5 s later, longer than a test's ping waits.
+func (s *meshSite) waitListening(t testing.TB) {
+	t.Helper()
+	eventually(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, s.port), func() bool {
+		out, err := s.Exec(context.Background(), "ss", "-Hlun", fmt.Sprintf("sport = :%d", s.port))
+		return err == nil && strings.TrimSpace(string(out)) != ""
+	})
 }
 
 // eventually polls cond until it holds or timeout passes and returns how

@@ -3,7 +3,7 @@ package tunnel
 import (
 	"fmt"
 	"net/netip"
-	"sort"
+	"slices"
 )
 
 // NATKind says which address a NAT rule rewrites.
@@ -18,55 +18,81 @@ const (
 	DNAT NATKind = "dnat"
 )
 
-// NATRule is one prefix translation for one peer. A packet whose source is
-// in Source and destination in Destination gets the address named by Kind
-// mapped, host bits kept, into To.
+// NATRule is one prefix translation applied to one peer's packets. An SNAT
+// rule matches the source, a DNAT rule the destination, against Match, and
+// maps that address, host bits kept, into To.
 type NATRule struct {
-	Peer        string
-	Kind        NATKind
-	Source      netip.Prefix
-	Destination netip.Prefix
-	To          netip.Prefix
+	Kind  NATKind
+	Match netip.Prefix
+	To    netip.Prefix
 }
 
-// Key identifies the rule by everything it matches and does; the tunnel
-// stores it as the rule's comment and compares rules by it.
-func (r NATRule) Key() string {
-	return fmt.Sprintf("flotilla peer=%s %s src=%s dst=%s to=%s", r.Peer, r.Kind, r.Source, r.Destination, r.To)
+// PeerNAT is the prefix NAT for one peer. Packets into the tunnel whose
+// destination is in one of Views, and packets out of it whose source is in
+// one of Views, are this peer's, and only they meet its Rules. Keying on
+// my views of the peer is what lets different peers see me under the same
+// range.
+type PeerNAT struct {
+	Peer  string
+	Views []netip.Prefix // my views of the peer's networks, sorted
+	Rules []NATRule      // SNAT and DNAT per remapped network of mine
 }
 
-// NATRules computes the prefix NAT the desired state needs, per peer and
-// in a stable order: for every network of mine the peer sees under another
-// range, an SNAT on egress keyed by the destination in each of my views of
-// the peer, and a DNAT on ingress keyed by the source in those views.
-// Ingress keys on the source because different peers may see me under the
-// same range. Where a peer sees my network as it is, no rule is needed.
-func NATRules(d Desired) []NATRule {
-	var rules []NATRule
+// Key identifies a rule of a peer by everything it matches and does; the
+// tunnel stores it as the rule's comment and compares rules by it.
+func (r NATRule) Key(peer string) string {
+	return fmt.Sprintf("flotilla peer=%s %s %s to %s", peer, r.Kind, r.Match, r.To)
+}
+
+// NAT computes the prefix NAT the desired state needs, one entry per peer
+// that needs any, in the order of d.Peers. For every network of mine the
+// peer sees under another range there is an SNAT (my real -> the peer's
+// view of me) for packets to the peer and a DNAT (the peer's view of me ->
+// my real) for packets from it. Where a peer sees all my networks as they
+// are, it needs no NAT and gets no entry.
+func NAT(d Desired) []PeerNAT {
+	var out []PeerNAT
 	for _, p := range d.Peers {
-		rules = append(rules, peerNATRules(p)...)
+		if pn, ok := peerNAT(p); ok {
+			out = append(out, pn)
+		}
 	}
-	return rules
+	return out
 }
 
-func peerNATRules(p Peer) []NATRule {
-	var rules []NATRule
-	views := append([]View(nil), p.Views...)
-	sort.Slice(views, func(i, j int) bool { return views[i].As.Addr().Less(views[j].As.Addr()) })
-	ofMe := append([]View(nil), p.ViewsOfMe...)
-	sort.Slice(ofMe, func(i, j int) bool { return ofMe[i].Real.Addr().Less(ofMe[j].Real.Addr()) })
+func peerNAT(p Peer) (PeerNAT, bool) {
+	ofMe := slices.Clone(p.ViewsOfMe)
+	slices.SortFunc(ofMe, func(a, b View) int { return comparePrefix(a.Real, b.Real) })
+	pn := PeerNAT{Peer: p.ClusterID}
 	for _, mine := range ofMe {
 		if mine.As == mine.Real {
 			continue
 		}
-		for _, theirs := range views {
-			rules = append(rules,
-				NATRule{Peer: p.ClusterID, Kind: SNAT, Source: mine.Real, Destination: theirs.As, To: mine.As},
-				NATRule{Peer: p.ClusterID, Kind: DNAT, Source: theirs.As, Destination: mine.As, To: mine.Real},
-			)
-		}
+		pn.Rules = append(pn.Rules,
+			NATRule{Kind: SNAT, Match: mine.Real, To: mine.As},
+			NATRule{Kind: DNAT, Match: mine.As, To: mine.Real},
+		)
 	}
-	return rules
+	if len(pn.Rules) == 0 {
+		return PeerNAT{}, false
+	}
+	for _, v := range p.Views {
+		pn.Views = append(pn.Views, v.As)
+	}
+	slices.SortFunc(pn.Views, comparePrefix)
+	return pn, true
+}
+
+// equal reports whether a and b make the same kernel objects.
+func (a PeerNAT) equal(b PeerNAT) bool {
+	return a.Peer == b.Peer && slices.Equal(a.Views, b.Views) && slices.Equal(a.Rules, b.Rules)
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }
 
 // Routes lists the destinations routed into the tunnel: my views of every

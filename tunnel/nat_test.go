@@ -8,25 +8,25 @@ import (
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
-func TestNATRules(t *testing.T) {
+func TestNAT(t *testing.T) {
 	key := Key{1}
 	tests := []struct {
 		name string
 		peer Peer
-		want []NATRule
+		want []PeerNAT
 	}{
 		{
 			name: "overlap both ways: snat on egress, dnat on ingress",
 			peer: Peer{ClusterID: "b", PublicKey: key,
 				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.70.0.0/16")}},
 				ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.71.0.0/16")}}},
-			want: []NATRule{
-				{Peer: "b", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.70.0.0/16"), To: pfx("10.71.0.0/16")},
-				{Peer: "b", Kind: DNAT, Source: pfx("10.70.0.0/16"), Destination: pfx("10.71.0.0/16"), To: pfx("10.0.0.0/16")},
-			},
+			want: []PeerNAT{{Peer: "b", Views: []netip.Prefix{pfx("10.70.0.0/16")}, Rules: []NATRule{
+				{Kind: SNAT, Match: pfx("10.0.0.0/16"), To: pfx("10.71.0.0/16")},
+				{Kind: DNAT, Match: pfx("10.71.0.0/16"), To: pfx("10.0.0.0/16")},
+			}}},
 		},
 		{
-			name: "peer sees me as I am: no rule, whatever my view of it",
+			name: "peer sees me as I am: no NAT, whatever my view of it",
 			peer: Peer{ClusterID: "d", PublicKey: key,
 				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}},
 				ViewsOfMe: []View{{Real: pfx("10.9.0.0/16"), As: pfx("10.9.0.0/16")}}},
@@ -43,17 +43,15 @@ func TestNATRules(t *testing.T) {
 					{Real: pfx("10.96.0.0/12"), As: pfx("10.96.0.0/12")},
 					{Real: pfx("10.0.0.0/16"), As: pfx("10.75.0.0/16")},
 				}},
-			want: []NATRule{
-				{Peer: "c", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.80.0.0/16"), To: pfx("10.75.0.0/16")},
-				{Peer: "c", Kind: DNAT, Source: pfx("10.80.0.0/16"), Destination: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
-				{Peer: "c", Kind: SNAT, Source: pfx("10.0.0.0/16"), Destination: pfx("10.81.0.0/16"), To: pfx("10.75.0.0/16")},
-				{Peer: "c", Kind: DNAT, Source: pfx("10.81.0.0/16"), Destination: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
-			},
+			want: []PeerNAT{{Peer: "c", Views: []netip.Prefix{pfx("10.80.0.0/16"), pfx("10.81.0.0/16")}, Rules: []NATRule{
+				{Kind: SNAT, Match: pfx("10.0.0.0/16"), To: pfx("10.75.0.0/16")},
+				{Kind: DNAT, Match: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
+			}}},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := NATRules(Desired{Peers: []Peer{tc.peer}})
+			got := NAT(Desired{Peers: []Peer{tc.peer}})
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got  %v\nwant %v", got, tc.want)
 			}
@@ -61,9 +59,10 @@ func TestNATRules(t *testing.T) {
 	}
 }
 
-// Two peers that see me under the same range get ingress rules that
-// differ by source, so each peer's traffic is translated by its own rule.
-func TestNATRulesSameViewOfMeFromTwoPeers(t *testing.T) {
+// Two peers that see me under the same range get the same DNAT, each in
+// its own chain reached by source in my (disjoint) views of them, so each
+// peer's traffic is translated by its own rule.
+func TestNATSameViewOfMeFromTwoPeers(t *testing.T) {
 	d := Desired{Networks: []netip.Prefix{pfx("10.0.0.0/16")}, Peers: []Peer{
 		{ClusterID: "b", PublicKey: Key{1}, Views: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.70.0.0/16")}},
 			ViewsOfMe: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.99.0.0/16")}}},
@@ -73,12 +72,21 @@ func TestNATRulesSameViewOfMeFromTwoPeers(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	nat := NAT(d)
+	if len(nat) != 2 {
+		t.Fatalf("got NAT for %d peers, want 2: %v", len(nat), nat)
+	}
+	if nat[0].Views[0].Overlaps(nat[1].Views[0]) {
+		t.Errorf("peers b and c are keyed by overlapping views %s and %s", nat[0].Views[0], nat[1].Views[0])
+	}
 	keys := map[string]bool{}
-	for _, r := range NATRules(d) {
-		if keys[r.Key()] {
-			t.Errorf("duplicate rule %s", r.Key())
+	for _, pn := range nat {
+		for _, r := range pn.Rules {
+			if keys[r.Key(pn.Peer)] {
+				t.Errorf("duplicate rule %s", r.Key(pn.Peer))
+			}
+			keys[r.Key(pn.Peer)] = true
 		}
-		keys[r.Key()] = true
 	}
 	if len(keys) != 4 {
 		t.Errorf("got %d distinct rules, want 4", len(keys))
@@ -110,6 +118,18 @@ func TestValidate(t *testing.T) {
 			p.ClusterID, p.PublicKey = "c", Key{2}
 			d.Peers = append(d.Peers, p)
 		}, false},
+		{"view of one peer inside another's", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.PublicKey = "c", Key{2}
+			p.Views = []View{{Real: pfx("10.0.0.0/24"), As: pfx("10.70.9.0/24")}}
+			d.Peers = append(d.Peers, p)
+		}, false},
+		{"views of two peers side by side", func(d *Desired) {
+			p := d.Peers[0]
+			p.ClusterID, p.PublicKey = "c", Key{2}
+			p.Views = []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.69.0.0/16")}}
+			d.Peers = append(d.Peers, p)
+		}, true},
 		{"duplicate cluster ID", func(d *Desired) {
 			p := d.Peers[0]
 			p.PublicKey, p.Views = Key{2}, []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}
@@ -178,8 +198,9 @@ func FuzzParseKey(f *testing.F) {
 }
 
 // FuzzParseDesired: whatever the input, ParseDesired either refuses it or
-// returns a state whose NAT rules and routes can be computed and whose
-// rule keys are unique and fit the kernel's rule comment.
+// returns a state whose NAT and routes can be computed, whose chain names
+// and rule keys are unique and fit the kernel's limits, and whose views
+// can be elements of one interval map.
 func FuzzParseDesired(f *testing.F) {
 	f.Add(`{"networks":["10.0.0.0/16"],"peers":[{"clusterID":"b","publicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","endpoint":"198.18.1.2:51820","views":[{"real":"10.0.0.0/16","as":"10.70.0.0/16"}],"viewsOfMe":[{"real":"10.0.0.0/16","as":"10.71.0.0/16"}]}]}`)
 	f.Add(`{"networks":[],"peers":[]}`)
@@ -190,15 +211,35 @@ func FuzzParseDesired(f *testing.F) {
 			return
 		}
 		keys := map[string]bool{}
-		for _, r := range NATRules(d) {
-			k := r.Key()
-			if len(k) > 200 {
-				t.Fatalf("rule key too long for a comment: %d bytes", len(k))
+		chains := map[string]bool{}
+		var views []netip.Prefix
+		for _, pn := range NAT(d) {
+			for _, dir := range directions {
+				c := dir.peerChain(pn.Peer)
+				if chains[c] || c == dir.base || len(c) > 255 {
+					t.Fatalf("bad or duplicate chain name %q", c)
+				}
+				chains[c] = true
 			}
-			if keys[k] {
-				t.Fatalf("duplicate rule %s", k)
+			for _, r := range pn.Rules {
+				k := r.Key(pn.Peer)
+				if len(k) > 200 {
+					t.Fatalf("rule key too long for a comment: %d bytes", len(k))
+				}
+				if keys[k] {
+					t.Fatalf("duplicate rule %s", k)
+				}
+				keys[k] = true
 			}
-			keys[k] = true
+			for _, v := range pn.Views {
+				// Interval map elements must not overlap.
+				for _, w := range views {
+					if v.Overlaps(w) {
+						t.Fatalf("views %s and %s overlap in the dispatch maps", v, w)
+					}
+				}
+				views = append(views, v)
+			}
 		}
 		routes := map[netip.Prefix]bool{}
 		for _, p := range Routes(d) {

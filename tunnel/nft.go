@@ -1,11 +1,13 @@
 package tunnel
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -14,114 +16,685 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The NAT lives in an nftables table of our own with two base chains. Each
-// rule carries its NATRule key as comment: that is how the reconciler
-// recognises its rules and finds the difference to the desired set.
+// The NAT lives in an nftables table of our own (family ip), laid out so
+// that a peer is added, changed or removed through its own objects only:
+//
+//	chain egress  { type nat hook postrouting priority srcnat; oifname IF ip daddr vmap @egress-peers }
+//	chain ingress { type nat hook prerouting priority dstnat; iifname IF ip saddr vmap @ingress-peers }
+//	map egress-peers  { type ipv4_addr : verdict; flags interval; <my view of P> : jump egress-P }
+//	map ingress-peers { type ipv4_addr : verdict; flags interval; <my view of P> : jump ingress-P }
+//	chain egress-P  { ip saddr <my real> snat ip prefix to <P's view of me> }
+//	chain ingress-P { ip daddr <P's view of me> dnat ip prefix to <my real> }
+//
+// The maps key egress by destination and ingress by source in my view of
+// the peer, so a new connection costs one map lookup and the rules of one
+// peer, whatever the number of peers. SNAT and DNAT need chains of their
+// own: the kernel refuses an snat reachable from prerouting.
 const (
 	chainEgress  = "egress"
 	chainIngress = "ingress"
+	// dispatchComment tags the one rule of each base chain.
+	dispatchComment = "flotilla dispatch by peer"
+	// elementBatch bounds the elements per netlink message: the element
+	// list is one attribute, whose length field has 16 bits.
+	elementBatch = 512
 )
 
-// natTable reconciles the NAT table.
-type natTable struct {
-	name   string // nftables table name, family ip
-	ifname string // the WireGuard interface the rules match on
+// direction is one half of the NAT: a base chain, the map that picks the
+// peer's chain, and the kind of rule in the peers' chains.
+type direction struct {
+	base string
+	vmap string
+	kind NATKind
 }
 
-func (n natTable) table() *nftables.Table {
+var directions = [2]direction{
+	{base: chainEgress, vmap: chainEgress + "-peers", kind: SNAT},
+	{base: chainIngress, vmap: chainIngress + "-peers", kind: DNAT},
+}
+
+// peerChain names a peer's chain: cluster IDs are at most 64 bytes of
+// [A-Za-z0-9._-], well inside the kernel's 256 for chain names.
+func (d direction) peerChain(peer string) string { return d.base + "-" + peer }
+
+// natTable reconciles the NAT table. It keeps a record of what its last
+// transaction made, so that a change to some peers is computed from the
+// record and sent as one transaction touching only those peers' objects,
+// without reading the table back. The record is trusted while the
+// kernel's ruleset generation is the one our last transaction produced,
+// or, if anything in nftables changed since, while our chains and maps
+// are all still there; anything else (and every repair) reads the table
+// back and rebuilds the record.
+type natTable struct {
+	name   string // nftables table name, family ip
+	ifname string // the WireGuard interface the base chains match on
+
+	applied map[string]PeerNAT // by peer; nil when unknown
+	gen     uint32             // ruleset generation after our last transaction
+	own     []uint32           // generations of our recent transactions, newest last
+}
+
+// ownGenerations bounds how many of our generations are remembered; the
+// events of a transaction arrive well before this many more transactions.
+const ownGenerations = 64
+
+func (n *natTable) table() *nftables.Table {
 	return &nftables.Table{Name: n.name, Family: nftables.TableFamilyIPv4}
 }
 
-func (n natTable) chains(t *nftables.Table) (egress, ingress *nftables.Chain) {
+func (n *natTable) baseChain(t *nftables.Table, d direction) *nftables.Chain {
 	accept := nftables.ChainPolicyAccept
-	egress = &nftables.Chain{
-		Name: chainEgress, Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept,
+	if d.kind == DNAT {
+		return &nftables.Chain{Name: d.base, Table: t, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
 	}
-	ingress = &nftables.Chain{
-		Name: chainIngress, Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept,
-	}
-	return egress, ingress
+	return &nftables.Chain{Name: d.base, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 }
 
-// reconcile makes the table hold exactly the given rules, in one atomic
-// transaction, and reports how many objects it added or removed. Rules
-// already present are left alone, so adding a peer adds only its rules.
-func (n natTable) reconcile(c *nftables.Conn, rules []NATRule) (int, error) {
-	t := n.table()
-	egress, ingress := n.chains(t)
-	want := map[string]map[string]NATRule{chainEgress: {}, chainIngress: {}}
-	for _, r := range rules {
-		want[chainFor(r.Kind)][r.Key()] = r
-	}
+func (n *natTable) vmap(t *nftables.Table, d direction) *nftables.Set {
+	return &nftables.Set{Table: t, Name: d.vmap, IsMap: true, Interval: true,
+		KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+}
 
-	exists, err := tableExists(c, n.name)
+// invalidate forgets the record; the next reconcile reads the table back.
+func (n *natTable) invalidate() { n.applied = nil }
+
+// reconcile makes the table hold exactly the NAT of want, in one atomic
+// transaction, and reports how many objects it changed. With full set, or
+// without a trustworthy record, it reads the table back first.
+func (n *natTable) reconcile(want []PeerNAT, full bool) (int, error) {
+	if !full && n.applied != nil {
+		ok, err := n.recordHolds()
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			changes, err := n.update(want)
+			if err == nil {
+				return changes, nil
+			}
+			// The kernel refused a change computed from the record: the
+			// record was wrong. Read the table back and try once more.
+		}
+	}
+	return n.resync(want)
+}
+
+// recordHolds checks cheaply that the table still is what the record says:
+// the generation is ours, or else every chain and map of ours is there.
+func (n *natTable) recordHolds() (bool, error) {
+	gen, err := rulesetGeneration()
+	if err != nil {
+		return false, err
+	}
+	if gen == n.gen {
+		return true, nil
+	}
+	c, err := newNFTConn()
+	if err != nil {
+		return false, err
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return false, nil
+	}
+	have := map[string]bool{}
+	for _, ch := range chains {
+		if ch.Table.Name == n.name {
+			have[ch.Name] = true
+		}
+	}
+	if len(have) != len(directions)*(1+len(n.applied)) {
+		return false, nil
+	}
+	for _, d := range directions {
+		if !have[d.base] {
+			return false, nil
+		}
+		for id := range n.applied {
+			if !have[d.peerChain(id)] {
+				return false, nil
+			}
+		}
+	}
+	sets, err := c.GetSets(n.table())
+	if err != nil {
+		return false, nil
+	}
+	maps := 0
+	for _, s := range sets {
+		for _, d := range directions {
+			if s.Name == d.vmap {
+				maps++
+			}
+		}
+	}
+	if maps != len(directions) {
+		return false, nil
+	}
+	n.gen = gen
+	return true, nil
+}
+
+// update sends the difference between the record and want, touching only
+// the objects of peers that were added, changed or removed.
+func (n *natTable) update(want []PeerNAT) (int, error) {
+	c, err := newNFTConn()
 	if err != nil {
 		return 0, err
 	}
-	haveChains := map[string]bool{}
-	if exists {
-		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-		if err != nil {
-			return 0, fmt.Errorf("list nftables chains: %w", err)
-		}
-		for _, ch := range chains {
-			if ch.Table.Name == n.name {
-				haveChains[ch.Name] = true
-			}
-		}
-	}
-	changes := 0
-	if !exists {
-		c.AddTable(t)
-		changes++
-	}
-	for _, ch := range []*nftables.Chain{egress, ingress} {
-		if !haveChains[ch.Name] {
-			c.AddChain(ch)
-			changes++
+	t := n.table()
+	wanted := make(map[string]PeerNAT, len(want))
+	var (
+		changes          int
+		delElem, addElem [len(directions)][]nftables.SetElement
+		delChains        []*nftables.Chain
+	)
+	for _, p := range want {
+		wanted[p.Peer] = p
+		old, had := n.applied[p.Peer]
+		if had && old.equal(p) {
 			continue
 		}
-		have, err := c.GetRules(t, ch)
-		if err != nil {
-			return 0, fmt.Errorf("list rules of %s/%s: %w", n.name, ch.Name, err)
-		}
-		for _, r := range have {
-			key, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-			if _, ok := want[ch.Name][key]; ok {
-				delete(want[ch.Name], key) // present: keep it, do not add it again
-				continue
+		rulesChanged := !had || !slices.Equal(old.Rules, p.Rules)
+		viewsChanged := !had || !slices.Equal(old.Views, p.Views)
+		for i, d := range directions {
+			ch := peerChainObj(t, d.peerChain(p.Peer))
+			switch {
+			case !had:
+				c.AddChain(ch)
+				changes++
+			case rulesChanged:
+				c.FlushChain(ch)
 			}
-			// Not desired, a duplicate, or put into our table by someone else.
-			if err := c.DelRule(&nftables.Rule{Table: t, Chain: ch, Handle: r.Handle}); err != nil {
-				return 0, fmt.Errorf("delete rule %d of %s/%s: %w", r.Handle, n.name, ch.Name, err)
+			if rulesChanged {
+				changes += n.addPeerRules(c, ch, p, d)
 			}
-			changes++
+			if viewsChanged {
+				if had {
+					delElem[i] = append(delElem[i], elementsOf(intervals(old.Views, ""), false)...)
+				}
+				addElem[i] = append(addElem[i], elementsOf(intervals(p.Views, ch.Name), true)...)
+				changes += len(p.Views)
+			}
 		}
 	}
-	for _, r := range rules {
-		ch := egress
-		if r.Kind == DNAT {
-			ch = ingress
-		}
-		if _, missing := want[ch.Name][r.Key()]; !missing {
+	for id, old := range n.applied {
+		if _, ok := wanted[id]; ok {
 			continue
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: n.exprs(r), UserData: userdata.AppendString(nil, userdata.TypeComment, r.Key())})
-		changes++
+		for i, d := range directions {
+			delElem[i] = append(delElem[i], elementsOf(intervals(old.Views, ""), false)...)
+			delChains = append(delChains, peerChainObj(t, d.peerChain(id)))
+			changes += 1 + len(old.Views)
+		}
 	}
 	if changes == 0 {
 		return 0, nil
 	}
+	// Order matters within the transaction: a chain must exist before an
+	// element jumps to it, and no element may jump to a chain deleted.
+	for i, d := range directions {
+		if err := changeElements(c, n.vmap(t, d), delElem[i], addElem[i]); err != nil {
+			return 0, err
+		}
+	}
+	for _, ch := range delChains {
+		c.DelChain(ch)
+	}
 	if err := c.Flush(); err != nil {
+		n.applied = nil
 		return 0, fmt.Errorf("apply nftables table %s: %w", n.name, err)
 	}
+	n.commit(wanted, true)
 	return changes, nil
 }
 
+// commit records what the kernel now holds, and, after a transaction of
+// ours, its generation. The generation is read after the commit: should
+// someone else commit in between, theirs is taken for ours, and a change
+// of theirs to our table waits for the periodic resync.
+func (n *natTable) commit(applied map[string]PeerNAT, committed bool) {
+	gen, err := rulesetGeneration()
+	if err != nil {
+		n.applied = nil // cannot tell our generation from the next one
+		return
+	}
+	n.applied, n.gen = applied, gen
+	if committed {
+		n.own = append(n.own, gen)
+		if len(n.own) > ownGenerations {
+			n.own = n.own[len(n.own)-ownGenerations:]
+		}
+	}
+}
+
+// madeGeneration reports whether generation g was one of our transactions.
+func (n *natTable) madeGeneration(g uint32) bool { return slices.Contains(n.own, g) }
+
+// kernelNAT is our table as read back from the kernel.
+type kernelNAT struct {
+	table  bool
+	chains map[string]*nftables.Chain
+	rules  map[string][]ruleRef             // by chain
+	sets   map[string]*nftables.Set         // by name
+	maps   map[string][]interval            // by map name
+	stray  map[string][]nftables.SetElement // end elements without a start, by map name
+}
+
+type ruleRef struct {
+	handle  uint64
+	comment string
+}
+
+// interval is one entry of an interval map. The kernel holds it as two
+// elements: its start, with the verdict, and the first address after it,
+// flagged as an end; an interval reaching 255.255.255.255 has no end.
+// Elements go in and out in start, end pairs: the kernel refuses an end
+// that lands on the start of an interval already inserted in the same
+// transaction, which adjacent views would otherwise produce.
+type interval struct {
+	start, end [4]byte
+	open       bool // no end element
+	v          verdict
+}
+
+type verdict struct {
+	code  int32
+	chain string
+}
+
+// intervals renders prefixes as intervals jumping to chain.
+func intervals(ps []netip.Prefix, chain string) []interval {
+	out := make([]interval, 0, len(ps))
+	for _, p := range ps {
+		iv := interval{start: p.Addr().As4(), v: verdict{code: int32(expr.VerdictJump), chain: chain}}
+		if next := lastAddr(p).Next(); next.IsValid() {
+			iv.end = next.As4()
+		} else {
+			iv.open = true
+		}
+		out = append(out, iv)
+	}
+	return out
+}
+
+// elements are the interval's kernel elements; the verdict only if
+// withVerdict (a deletion names keys alone).
+func (iv interval) elements(withVerdict bool) []nftables.SetElement {
+	start := nftables.SetElement{Key: slices.Clone(iv.start[:])}
+	if withVerdict {
+		start.VerdictData = &expr.Verdict{Kind: expr.VerdictKind(iv.v.code), Chain: iv.v.chain}
+	}
+	if iv.open {
+		return []nftables.SetElement{start}
+	}
+	return []nftables.SetElement{start, {Key: slices.Clone(iv.end[:]), IntervalEnd: true}}
+}
+
+func setOf(ivs []interval) map[interval]bool {
+	m := make(map[interval]bool, len(ivs))
+	for _, iv := range ivs {
+		m[iv] = true
+	}
+	return m
+}
+
+func elementsOf(ivs []interval, withVerdict bool) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, 2*len(ivs))
+	for _, iv := range ivs {
+		out = append(out, iv.elements(withVerdict)...)
+	}
+	return out
+}
+
+// parseIntervals pairs the elements of an interval map as the kernel dumps
+// them into intervals; end elements with no start before them are stray.
+func parseIntervals(elems []nftables.SetElement) (ivs []interval, stray []nftables.SetElement) {
+	elems = slices.Clone(elems)
+	slices.SortFunc(elems, func(a, b nftables.SetElement) int {
+		if c := slices.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		// The end of one interval comes before the start of the next.
+		switch {
+		case a.IntervalEnd && !b.IntervalEnd:
+			return -1
+		case !a.IntervalEnd && b.IntervalEnd:
+			return 1
+		}
+		return 0
+	})
+	var cur *interval
+	for _, e := range elems {
+		if len(e.Key) != 4 {
+			continue
+		}
+		if e.IntervalEnd {
+			if cur == nil {
+				stray = append(stray, nftables.SetElement{Key: e.Key, IntervalEnd: true})
+				continue
+			}
+			cur.end = [4]byte(e.Key)
+			ivs = append(ivs, *cur)
+			cur = nil
+			continue
+		}
+		if cur != nil {
+			cur.open = true
+			ivs = append(ivs, *cur)
+		}
+		cur = &interval{start: [4]byte(e.Key), v: parseVerdict(e.Val)}
+	}
+	if cur != nil {
+		cur.open = true
+		ivs = append(ivs, *cur)
+	}
+	return ivs, stray
+}
+
+func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
+	k := kernelNAT{chains: map[string]*nftables.Chain{}, rules: map[string][]ruleRef{},
+		sets: map[string]*nftables.Set{}, maps: map[string][]interval{}, stray: map[string][]nftables.SetElement{}}
+	exists, err := tableExists(c, n.name)
+	if err != nil || !exists {
+		return k, err
+	}
+	k.table = true
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return k, fmt.Errorf("list nftables chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == n.name {
+			k.chains[ch.Name] = ch
+		}
+	}
+	if k.rules, err = listRules(n.name); err != nil {
+		return k, err
+	}
+	sets, err := c.GetSets(n.table())
+	if err != nil {
+		return k, fmt.Errorf("list sets of nftables table %s: %w", n.name, err)
+	}
+	for _, s := range sets {
+		k.sets[s.Name] = s
+		if !isVerdictMap(s) {
+			continue
+		}
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return k, fmt.Errorf("list elements of map %s: %w", s.Name, err)
+		}
+		k.maps[s.Name], k.stray[s.Name] = parseIntervals(elems)
+	}
+	return k, nil
+}
+
+// sound reports whether the table's base chains and maps, where present,
+// are of the kind we make; if not, the table is rebuilt.
+func (k kernelNAT) sound(n *natTable) bool {
+	for _, d := range directions {
+		if ch := k.chains[d.base]; ch != nil {
+			want := n.baseChain(nil, d)
+			if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type {
+				return false
+			}
+		}
+		if s := k.sets[d.vmap]; s != nil {
+			if !s.Interval || !isVerdictMap(s) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// resync reads the table back and changes whatever differs from want, in
+// one transaction. Objects in our table that we do not want are removed.
+func (n *natTable) resync(want []PeerNAT) (int, error) {
+	n.applied = nil
+	c, err := newNFTConn()
+	if err != nil {
+		return 0, err
+	}
+	k, err := n.read(c)
+	if err != nil {
+		return 0, err
+	}
+	t := n.table()
+	changes := 0
+	if k.table && !k.sound(n) {
+		c.DelTable(t)
+		changes++
+		k = kernelNAT{}
+	}
+	if !k.table {
+		c.AddTable(t)
+		changes++
+	}
+	var sets [len(directions)]*nftables.Set
+	for i, d := range directions {
+		sets[i] = n.vmap(t, d)
+		if k.sets[d.vmap] == nil {
+			if err := c.AddSet(sets[i], nil); err != nil {
+				return 0, fmt.Errorf("add map %s: %w", d.vmap, err)
+			}
+			changes++
+		}
+		base := n.baseChain(t, d)
+		if k.chains[d.base] == nil {
+			c.AddChain(base)
+			changes++
+		}
+		found := false
+		for _, r := range k.rules[d.base] {
+			if r.comment == dispatchComment && !found {
+				found = true
+				continue
+			}
+			if err := c.DelRule(&nftables.Rule{Table: t, Chain: base, Handle: r.handle}); err != nil {
+				return 0, fmt.Errorf("delete rule %d of %s/%s: %w", r.handle, n.name, d.base, err)
+			}
+			changes++
+		}
+		if !found {
+			c.AddRule(&nftables.Rule{Table: t, Chain: base, Exprs: n.dispatchExprs(d, sets[i]),
+				UserData: userdata.AppendString(nil, userdata.TypeComment, dispatchComment)})
+			changes++
+		}
+	}
+
+	wanted := make(map[string]PeerNAT, len(want))
+	wantChains := map[string]bool{chainEgress: true, chainIngress: true}
+	var wantIvs [len(directions)][]interval
+	for _, p := range want {
+		wanted[p.Peer] = p
+		for i, d := range directions {
+			ch := peerChainObj(t, d.peerChain(p.Peer))
+			wantChains[ch.Name] = true
+			var have []string
+			for _, r := range k.rules[ch.Name] {
+				have = append(have, r.comment)
+			}
+			switch {
+			case k.chains[ch.Name] == nil:
+				c.AddChain(ch)
+				changes += 1 + n.addPeerRules(c, ch, p, d)
+			case !slices.Equal(have, ruleKeys(p, d.kind)):
+				c.FlushChain(ch)
+				changes += 1 + n.addPeerRules(c, ch, p, d)
+			}
+			wantIvs[i] = append(wantIvs[i], intervals(p.Views, ch.Name)...)
+		}
+	}
+	// Chains nobody wants are emptied first (their rules may jump to each
+	// other) and deleted last, after the elements that jump to them.
+	var stale []*nftables.Chain
+	for name, ch := range k.chains {
+		if !wantChains[name] {
+			c.FlushChain(ch)
+			stale = append(stale, ch)
+		}
+	}
+	for i, d := range directions {
+		del := k.stray[d.vmap]
+		var add []nftables.SetElement
+		want, have := setOf(wantIvs[i]), setOf(k.maps[d.vmap])
+		for _, iv := range k.maps[d.vmap] {
+			if !want[iv] {
+				del = append(del, iv.elements(false)...)
+				changes++
+			}
+		}
+		for _, iv := range wantIvs[i] {
+			if !have[iv] {
+				add = append(add, iv.elements(true)...)
+				changes++
+			}
+		}
+		changes += len(k.stray[d.vmap])
+		if err := changeElements(c, sets[i], del, add); err != nil {
+			return 0, err
+		}
+	}
+	// Sets someone else put into our table go before the stale chains,
+	// which their elements may jump to; rules using them are gone by now.
+	for name, s := range k.sets {
+		if name != directions[0].vmap && name != directions[1].vmap {
+			c.DelSet(s)
+			changes++
+		}
+	}
+	for _, ch := range stale {
+		c.DelChain(ch)
+		changes++
+	}
+	if changes > 0 {
+		if err := c.Flush(); err != nil {
+			return 0, fmt.Errorf("apply nftables table %s: %w", n.name, err)
+		}
+	}
+	n.commit(wanted, changes > 0)
+	return changes, nil
+}
+
+// isVerdictMap reports whether s maps to verdicts. google/nftables v0.3.0
+// reads a verdict map's data type into KeyType, hence both are looked at.
+func isVerdictMap(s *nftables.Set) bool {
+	return s.IsMap && (s.DataType.Name == nftables.TypeVerdict.Name || s.KeyType.Name == nftables.TypeVerdict.Name)
+}
+
+func peerChainObj(t *nftables.Table, name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: t}
+}
+
+// addPeerRules appends p's rules of direction d to chain ch and returns
+// how many.
+func (n *natTable) addPeerRules(c *nftables.Conn, ch *nftables.Chain, p PeerNAT, d direction) int {
+	added := 0
+	for _, r := range p.Rules {
+		if r.Kind != d.kind {
+			continue
+		}
+		c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: natExprs(r),
+			UserData: userdata.AppendString(nil, userdata.TypeComment, r.Key(p.Peer))})
+		added++
+	}
+	return added
+}
+
+func ruleKeys(p PeerNAT, kind NATKind) []string {
+	var keys []string
+	for _, r := range p.Rules {
+		if r.Kind == kind {
+			keys = append(keys, r.Key(p.Peer))
+		}
+	}
+	return keys
+}
+
+// changeElements queues the deletion of del and then the addition of add
+// to the map s, in messages small enough for netlink.
+func changeElements(c *nftables.Conn, s *nftables.Set, del, add []nftables.SetElement) error {
+	for len(del) > 0 {
+		k := min(len(del), elementBatch)
+		if err := c.SetDeleteElements(s, del[:k]); err != nil {
+			return fmt.Errorf("delete elements of map %s: %w", s.Name, err)
+		}
+		del = del[k:]
+	}
+	for len(add) > 0 {
+		k := min(len(add), elementBatch)
+		if err := c.SetAddElements(s, add[:k]); err != nil {
+			return fmt.Errorf("add elements to map %s: %w", s.Name, err)
+		}
+		add = add[k:]
+	}
+	return nil
+}
+
+// parseVerdict decodes the data of a verdict map element as the kernel
+// dumps it: nested NFTA_VERDICT_CODE and NFTA_VERDICT_CHAIN.
+func parseVerdict(b []byte) verdict {
+	var v verdict
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return v
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			v.code = int32(ad.Uint32())
+		case unix.NFTA_VERDICT_CHAIN:
+			v.chain = ad.String()
+		}
+	}
+	return v
+}
+
+// dispatchExprs renders the base chain's rule:
+//
+//	oifname IF ip daddr vmap @egress-peers
+//	iifname IF ip saddr vmap @ingress-peers
+func (n *natTable) dispatchExprs(d direction, s *nftables.Set) []expr.Any {
+	iface, offset := expr.MetaKeyOIFNAME, uint32(16)
+	if d.kind == DNAT {
+		iface, offset = expr.MetaKeyIIFNAME, 12
+	}
+	return []expr.Any{
+		&expr.Meta{Key: iface, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(n.ifname)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, DestRegister: 0, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+// natExprs renders a peer's rule, equivalent to
+//
+//	ip saddr MATCH snat ip prefix to TO
+//	ip daddr MATCH dnat ip prefix to TO
+func natExprs(r NATRule) []expr.Any {
+	offset, natType := uint32(12), expr.NATTypeSourceNAT
+	if r.Kind == DNAT {
+		offset, natType = 16, expr.NATTypeDestNAT
+	}
+	e := matchPrefix(offset, r.Match)
+	return append(e,
+		&expr.Immediate{Register: 1, Data: r.To.Addr().AsSlice()},
+		&expr.Immediate{Register: 2, Data: lastAddr(r.To).AsSlice()},
+		&expr.NAT{Type: natType, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 2, Prefix: true},
+	)
+}
+
 // remove deletes the whole table; a missing table is not an error.
-func (n natTable) remove(c *nftables.Conn) error {
+func (n *natTable) remove() error {
+	c, err := newNFTConn()
+	if err != nil {
+		return err
+	}
 	exists, err := tableExists(c, n.name)
 	if err != nil || !exists {
 		return err
@@ -130,23 +703,30 @@ func (n natTable) remove(c *nftables.Conn) error {
 	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete nftables table %s: %w", n.name, err)
 	}
+	n.applied = nil
 	return nil
 }
 
-// nftSocketBuffer is the netlink socket buffer size: a batch for 1000 peers
-// gets one acknowledgement per rule, more than the default buffer holds.
+// nftSocketBuffer is the netlink socket buffer size: a transaction for
+// 1000 peers gets one acknowledgement per message, more than the default
+// buffer holds.
 const nftSocketBuffer = 16 << 20
 
 // newNFTConn returns a connection that opens a fresh netlink socket per
-// operation (so a failed batch cannot leave a socket out of step) with
-// buffers large enough for thousands of rules in one transaction.
+// operation, with buffers large enough for thousands of objects in one
+// transaction. A new one per reconcile: a Conn keeps the first
+// serialisation error forever.
 func newNFTConn() (*nftables.Conn, error) {
-	return nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+	c, err := nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
 		if err := c.SetReadBuffer(nftSocketBuffer); err != nil {
 			return err
 		}
 		return c.SetWriteBuffer(nftSocketBuffer)
 	}))
+	if err != nil {
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	return c, nil
 }
 
 func tableExists(c *nftables.Conn, name string) (bool, error) {
@@ -162,35 +742,98 @@ func tableExists(c *nftables.Conn, name string) (bool, error) {
 	return false, nil
 }
 
-func chainFor(k NATKind) string {
-	if k == DNAT {
-		return chainIngress
-	}
-	return chainEgress
+// nfgenmsg is the header of every nf_tables message: family, version 0,
+// resource ID 0.
+func nfgenmsg(family byte) []byte { return []byte{family, unix.NFNETLINK_V0, 0, 0} }
+
+func nftMsgType(msg int) netlink.HeaderType {
+	return netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msg)
 }
 
-// exprs renders r as nftables expressions, equivalent to
-//
-//	oifname IF ip saddr SRC ip daddr DST snat ip prefix to TO
-//	iifname IF ip saddr SRC ip daddr DST dnat ip prefix to TO
-func (n natTable) exprs(r NATRule) []expr.Any {
-	iface := expr.MetaKeyOIFNAME
-	natType := expr.NATTypeSourceNAT
-	if r.Kind == DNAT {
-		iface = expr.MetaKeyIIFNAME
-		natType = expr.NATTypeDestNAT
+// rulesetGeneration asks the kernel for the nftables generation of this
+// network namespace: it changes with every committed transaction, anyone's.
+func rulesetGeneration() (uint32, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return 0, fmt.Errorf("read nftables generation: %w", err)
 	}
-	e := []expr.Any{
-		&expr.Meta{Key: iface, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(n.ifname)},
+	defer conn.Close()
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: nftMsgType(unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   nfgenmsg(unix.AF_UNSPEC),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read nftables generation: %w", err)
 	}
-	e = append(e, matchPrefix(12, r.Source)...)
-	e = append(e, matchPrefix(16, r.Destination)...)
-	return append(e,
-		&expr.Immediate{Register: 1, Data: r.To.Addr().AsSlice()},
-		&expr.Immediate{Register: 2, Data: lastAddr(r.To).AsSlice()},
-		&expr.NAT{Type: natType, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 2, Prefix: true},
-	)
+	for _, m := range msgs {
+		if m.Header.Type != nftMsgType(unix.NFT_MSG_NEWGEN) || len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, fmt.Errorf("read nftables generation: %w", err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				return ad.Uint32(), nil
+			}
+		}
+	}
+	return 0, errors.New("read nftables generation: no generation in the kernel's answer")
+}
+
+// listRules dumps the rules of every chain of the table in one request
+// and returns, per chain, each rule's handle and comment.
+func listRules(table string) (map[string][]ruleRef, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return nil, fmt.Errorf("list rules of %s: %w", table, err)
+	}
+	defer conn.Close()
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")}})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: nftMsgType(unix.NFT_MSG_GETRULE), Flags: netlink.Request | netlink.Dump},
+		Data:   append(nfgenmsg(unix.NFPROTO_IPV4), attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list rules of %s: %w", table, err)
+	}
+	out := map[string][]ruleRef{}
+	for _, m := range msgs {
+		if m.Header.Type != nftMsgType(unix.NFT_MSG_NEWRULE) || len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s: %w", table, err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		var chain, tbl string
+		var r ruleRef
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_TABLE:
+				tbl = ad.String()
+			case unix.NFTA_RULE_CHAIN:
+				chain = ad.String()
+			case unix.NFTA_RULE_HANDLE:
+				r.handle = ad.Uint64()
+			case unix.NFTA_RULE_USERDATA:
+				r.comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("list rules of %s: %w", table, err)
+		}
+		if tbl == table {
+			out[chain] = append(out[chain], r)
+		}
+	}
+	return out, nil
 }
 
 // matchPrefix compares the IPv4 address at offset of the network header

@@ -12,13 +12,18 @@ import (
 
 // routeTable reconciles the routes of my views into the tunnel. Ours are
 // the routes in the table with our protocol number; no other route is ever
-// changed or removed.
+// changed or removed. It keeps a record of the routes it made, so a change
+// of some peers adds and deletes only their routes without listing the
+// table; route deletion events and the periodic resync list it.
 type routeTable struct {
 	table    int
 	protocol int
+
+	applied map[netip.Prefix]bool // nil when unknown
+	link    int                   // the link index applied routes go through
 }
 
-func (rt routeTable) ours() ([]netlink.Route, error) {
+func (rt *routeTable) ours() ([]netlink.Route, error) {
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
 		&netlink.Route{Table: rt.table, Protocol: netlink.RouteProtocol(rt.protocol)},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
@@ -28,9 +33,59 @@ func (rt routeTable) ours() ([]netlink.Route, error) {
 	return routes, nil
 }
 
+func (rt *routeTable) invalidate() { rt.applied = nil }
+
 // reconcile makes exactly the routes for want exist through the link and
-// reports how many it added or removed.
-func (rt routeTable) reconcile(linkIndex int, want []netip.Prefix) (int, error) {
+// reports how many it added or removed. With full set, or without a
+// record for this link, it lists the table first.
+func (rt *routeTable) reconcile(linkIndex int, want []netip.Prefix, full bool) (int, error) {
+	if !full && rt.applied != nil && rt.link == linkIndex {
+		if n, err := rt.update(linkIndex, want); err == nil {
+			return n, nil
+		}
+		// The record was wrong (a route of ours deleted or added behind
+		// our back): list the table and try again.
+	}
+	return rt.resync(linkIndex, want)
+}
+
+// update adds and deletes the difference between the record and want.
+func (rt *routeTable) update(linkIndex int, want []netip.Prefix) (int, error) {
+	wanted := make(map[netip.Prefix]bool, len(want))
+	for _, p := range want {
+		wanted[p] = true
+	}
+	changes := 0
+	for p := range rt.applied {
+		if wanted[p] {
+			continue
+		}
+		r := rt.route(linkIndex, p)
+		if err := netlink.RouteDel(&r); err != nil {
+			rt.applied = nil
+			return changes, fmt.Errorf("delete route %s: %w", p, err)
+		}
+		delete(rt.applied, p)
+		changes++
+	}
+	for _, p := range want {
+		if rt.applied[p] {
+			continue
+		}
+		r := rt.route(linkIndex, p)
+		if err := netlink.RouteAdd(&r); err != nil {
+			rt.applied = nil
+			return changes, fmt.Errorf("add route %s: %w", p, err)
+		}
+		rt.applied[p] = true
+		changes++
+	}
+	return changes, nil
+}
+
+// resync lists our routes and makes them exactly want.
+func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
+	rt.applied = nil
 	have, err := rt.ours()
 	if err != nil {
 		return 0, err
@@ -67,10 +122,18 @@ func (rt routeTable) reconcile(linkIndex int, want []netip.Prefix) (int, error) 
 		}
 		changes++
 	}
-	return changes, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return changes, err
+	}
+	rt.applied = make(map[netip.Prefix]bool, len(want))
+	for _, p := range want {
+		rt.applied[p] = true
+	}
+	rt.link = linkIndex
+	return changes, nil
 }
 
-func (rt routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
+func (rt *routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
 	return netlink.Route{
 		LinkIndex: linkIndex,
 		Dst:       &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
@@ -81,7 +144,7 @@ func (rt routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
 }
 
 // removeAll deletes every route of ours.
-func (rt routeTable) removeAll() error {
+func (rt *routeTable) removeAll() error {
 	have, err := rt.ours()
 	if err != nil {
 		return err

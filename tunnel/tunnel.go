@@ -19,7 +19,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -126,22 +125,37 @@ type PeerStatus struct {
 type Tunnel struct {
 	cfg  Config
 	log  *slog.Logger
-	rt   routeTable
-	nat  natTable
 	mtu  int
 	kick chan struct{}
 
-	mu       sync.Mutex
-	link     *wgLink
-	wg       *wgctrl.Client
-	nft      *nftables.Conn
-	key      Key
-	desired  *Desired // nil before the first Apply
-	peerIDs  map[Key]string
-	closed   bool
-	metrics  *metrics
-	lastLink int // ifindex seen at the last reconcile
+	pendingMu sync.Mutex
+	pending   scope    // what the next repair must read back
+	nftGens   []uint32 // nftables generations that touched our table, to check
+
+	mu        sync.Mutex
+	link      *wgLink
+	wg        *wgctrl.Client
+	rt        *routeTable
+	nat       *natTable
+	wgApplied *wgRecord // nil when unknown
+	key       Key
+	desired   *Desired // nil before the first Apply
+	peerIDs   map[Key]string
+	closed    bool
+	metrics   *metrics
+	lastLink  int // ifindex seen at the last reconcile
 }
+
+// scope says which kinds of owned objects a reconcile reads back from the
+// kernel instead of trusting the record of what it last made.
+type scope uint8
+
+const (
+	fullWireGuard scope = 1 << iota
+	fullRoutes
+	fullNAT
+	fullAll = fullWireGuard | fullRoutes | fullNAT
+)
 
 // New adopts the interface of a previous run, or creates it, and returns
 // a Tunnel that changes nothing more until the first Apply: a restarted
@@ -157,8 +171,8 @@ func New(cfg Config) (*Tunnel, error) {
 	t := &Tunnel{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "tunnel", "link", cfg.Interface),
-		rt:      routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
-		nat:     natTable{name: cfg.NFTable, ifname: cfg.Interface},
+		rt:      &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
+		nat:     &natTable{name: cfg.NFTable, ifname: cfg.Interface},
 		kick:    make(chan struct{}, 1),
 		key:     cfg.PrivateKey,
 		peerIDs: map[Key]string{},
@@ -172,13 +186,7 @@ func New(cfg Config) (*Tunnel, error) {
 		return nil, fmt.Errorf("open wireguard control: %w", err)
 	}
 	t.wg = wg
-	nft, err := newNFTConn()
-	if err != nil {
-		wg.Close()
-		return nil, fmt.Errorf("open nftables: %w", err)
-	}
-	t.nft = nft
-	if err := t.ensureLink(); err != nil {
+	if _, err := t.ensureLink(); err != nil {
 		t.wg.Close()
 		return nil, err
 	}
@@ -209,30 +217,33 @@ func underlayMTU() int {
 	return 1500
 }
 
-// ensureLink makes sure the link exists, is ours, is up, and is served.
-// Called with mu held or before the Tunnel is shared.
-func (t *Tunnel) ensureLink() error {
+// ensureLink makes sure the link exists, is ours, is up, and is served,
+// and reports whether it opened a new one (whose peers and routes are
+// gone). Called with mu held or before the Tunnel is shared.
+func (t *Tunnel) ensureLink() (bool, error) {
 	if t.link != nil {
 		l, err := netlink.LinkByName(t.cfg.Interface)
 		if err == nil && l.Attrs().Index == t.lastLink {
-			return t.linkUp(l)
+			return false, t.linkUp(l)
 		}
 		// Deleted (or replaced) under us: serve a new one.
 		t.log.Warn("wireguard link disappeared; recreating it")
 		t.link.close()
 		t.link = nil
 	}
+	t.wgApplied = nil
+	t.rt.invalidate()
 	link, err := openLink(t.cfg.Interface, t.cfg.Mode, t.mtu, t.log)
 	if err != nil {
-		return err
+		return true, err
 	}
 	t.link = link
 	l, err := netlink.LinkByName(t.cfg.Interface)
 	if err != nil {
-		return fmt.Errorf("look up link %s: %w", t.cfg.Interface, err)
+		return true, fmt.Errorf("look up link %s: %w", t.cfg.Interface, err)
 	}
 	t.lastLink = l.Attrs().Index
-	return t.linkUp(l)
+	return true, t.linkUp(l)
 }
 
 func (t *Tunnel) linkUp(l netlink.Link) error {
@@ -265,7 +276,7 @@ func (t *Tunnel) Apply(ctx context.Context, d Desired) error {
 	}
 	d = cloneDesired(d)
 	t.desired = &d
-	_, err := t.reconcileLocked()
+	_, err := t.reconcileLocked(0)
 	return err
 }
 
@@ -300,35 +311,37 @@ func (t *Tunnel) Kernel() bool {
 }
 
 // reconcileLocked brings every owned object in line with t.desired and
-// returns how many objects it changed.
-func (t *Tunnel) reconcileLocked() (int, error) {
+// returns how many objects it changed. Kinds of objects in full are read
+// back from the kernel; the others are changed from the record of what
+// the last reconcile made, which touches only the peers that differ.
+func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	if t.desired == nil {
 		return 0, nil
 	}
 	start := time.Now()
 	defer func() { t.metrics.reconcileSeconds.Observe(time.Since(start).Seconds()) }()
 	d := *t.desired
-	if err := t.ensureLink(); err != nil {
+	if _, err := t.ensureLink(); err != nil {
 		return 0, err
 	}
 	changes := 0
 	var errs []error
 	t0 := time.Now()
-	n, err := t.configurePeers(d)
+	n, err := t.configurePeers(d, full&fullWireGuard != 0)
 	changes += n
 	errs = append(errs, err)
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
 	t1 := time.Now()
-	n, err = t.rt.reconcile(t.lastLink, Routes(d))
+	n, err = t.rt.reconcile(t.lastLink, Routes(d), full&fullRoutes != 0)
 	changes += n
 	errs = append(errs, err)
 	t2 := time.Now()
-	n, err = t.nat.reconcile(t.nft, NATRules(d))
+	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
 	changes += n
 	errs = append(errs, err)
-	t.log.Debug("reconciled", "changes", changes, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
+	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
 		return changes, err
@@ -380,13 +393,15 @@ func (t *Tunnel) Run(ctx context.Context) error {
 			return nil
 		case <-t.kick:
 		case <-tick.C:
+			t.trigger(fullAll)
 		}
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
 			return nil
 		}
-		n, err := t.reconcileLocked()
+		full := t.takePending()
+		n, err := t.reconcileLocked(full)
 		t.mu.Unlock()
 		if err != nil {
 			t.log.Warn("repair failed; retrying on the next event", "err", err)
@@ -399,11 +414,40 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	}
 }
 
-func (t *Tunnel) trigger() {
+// trigger asks Run for a reconcile that reads back the kinds in full.
+func (t *Tunnel) trigger(full scope) {
+	t.pendingMu.Lock()
+	t.pending |= full
+	t.pendingMu.Unlock()
 	select {
 	case t.kick <- struct{}{}:
 	default:
 	}
+}
+
+// nftChanged notes a committed nftables transaction that touched (or may
+// have touched) our table, by generation.
+func (t *Tunnel) nftChanged(gen uint32) {
+	t.pendingMu.Lock()
+	t.nftGens = append(t.nftGens, gen)
+	t.pendingMu.Unlock()
+	t.trigger(0)
+}
+
+// takePending returns what the next repair must read back. Called with mu
+// held: every transaction of ours has recorded its generation by then, so
+// our own changes are told apart from someone else's.
+func (t *Tunnel) takePending() scope {
+	t.pendingMu.Lock()
+	defer t.pendingMu.Unlock()
+	full := t.pending
+	for _, g := range t.nftGens {
+		if !t.nat.madeGeneration(g) {
+			full |= fullNAT
+		}
+	}
+	t.pending, t.nftGens = 0, nil
+	return full
 }
 
 // Close stops serving from this process and leaves the data path in place
@@ -438,13 +482,10 @@ func Cleanup(cfg Config) error {
 		return fmt.Errorf("tunnel config: %w", err)
 	}
 	var errs []error
-	if err := (routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
+	if err := (&routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
 		errs = append(errs, err)
 	}
-	nft, err := newNFTConn()
-	if err != nil {
-		errs = append(errs, fmt.Errorf("open nftables: %w", err))
-	} else if err := (natTable{name: cfg.NFTable}).remove(nft); err != nil {
+	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeLink(cfg.Interface); err != nil {

@@ -9,6 +9,13 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
+// wgRecord is what our last configuration left on the device.
+type wgRecord struct {
+	key   Key
+	port  int
+	peers map[Key]Peer
+}
+
 // configureDevice sets the private key and listen port if they differ.
 func (t *Tunnel) configureDevice() error {
 	dev, err := t.wg.Device(t.cfg.Interface)
@@ -27,14 +34,76 @@ func (t *Tunnel) configureDevice() error {
 		return nil
 	}
 	if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
+		t.wgApplied = nil
 		return fmt.Errorf("configure wireguard device %s: %w", t.cfg.Interface, err)
+	}
+	if t.wgApplied != nil {
+		t.wgApplied.key, t.wgApplied.port = t.key, t.cfg.ListenPort
 	}
 	return nil
 }
 
-// configurePeers makes the device hold exactly the desired peers, sending
-// only the peers that differ. Every peer on our device is ours.
-func (t *Tunnel) configurePeers(d Desired) (int, error) {
+// configurePeers makes the device hold exactly the desired peers. Every
+// peer on our device is ours. Only peers that differ are sent, never the
+// whole list: from the record of the last configuration, or, with full
+// set or no record, from the device as read back.
+func (t *Tunnel) configurePeers(d Desired, full bool) (int, error) {
+	ids := make(map[Key]string, len(d.Peers))
+	for _, p := range d.Peers {
+		ids[p.PublicKey] = p.ClusterID
+	}
+	t.peerIDs = ids
+	if !full && t.wgApplied != nil {
+		if n, err := t.updatePeers(d); err == nil {
+			return n, nil
+		}
+	}
+	return t.resyncPeers(d)
+}
+
+// updatePeers sends the difference between the record and d.
+func (t *Tunnel) updatePeers(d Desired) (int, error) {
+	rec := t.wgApplied
+	var cfg wgtypes.Config
+	changes := 0
+	if rec.key != t.key {
+		k := wgtypes.Key(t.key)
+		cfg.PrivateKey = &k
+		changes++
+	}
+	if rec.port != t.cfg.ListenPort {
+		cfg.ListenPort = &t.cfg.ListenPort
+		changes++
+	}
+	peers := make(map[Key]Peer, len(d.Peers))
+	for _, p := range d.Peers {
+		peers[p.PublicKey] = p
+		if old, ok := rec.peers[p.PublicKey]; ok && samePeer(old, p) {
+			continue
+		}
+		cfg.Peers = append(cfg.Peers, peerConfig(p))
+		changes++
+	}
+	for k := range rec.peers {
+		if _, ok := peers[k]; !ok {
+			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: wgtypes.Key(k), Remove: true})
+			changes++
+		}
+	}
+	if changes == 0 {
+		return 0, nil
+	}
+	if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
+		t.wgApplied = nil
+		return 0, fmt.Errorf("configure wireguard peers on %s: %w", t.cfg.Interface, err)
+	}
+	t.wgApplied = &wgRecord{key: t.key, port: t.cfg.ListenPort, peers: peers}
+	return changes, nil
+}
+
+// resyncPeers reads the device back and sends what differs from d.
+func (t *Tunnel) resyncPeers(d Desired) (int, error) {
+	t.wgApplied = nil
 	dev, err := t.wg.Device(t.cfg.Interface)
 	if err != nil {
 		return 0, fmt.Errorf("read wireguard device %s: %w", t.cfg.Interface, err)
@@ -54,9 +123,9 @@ func (t *Tunnel) configurePeers(d Desired) (int, error) {
 	for _, p := range dev.Peers {
 		have[Key(p.PublicKey)] = p
 	}
-	ids := make(map[Key]string, len(d.Peers))
+	peers := make(map[Key]Peer, len(d.Peers))
 	for _, p := range d.Peers {
-		ids[p.PublicKey] = p.ClusterID
+		peers[p.PublicKey] = p
 		cur, ok := have[p.PublicKey]
 		delete(have, p.PublicKey)
 		if ok && peerMatches(cur, p) {
@@ -69,14 +138,30 @@ func (t *Tunnel) configurePeers(d Desired) (int, error) {
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: wgtypes.Key(k), Remove: true})
 		changes++
 	}
-	t.peerIDs = ids
-	if changes == 0 {
-		return 0, nil
+	if changes > 0 {
+		if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
+			return 0, fmt.Errorf("configure wireguard peers on %s: %w", t.cfg.Interface, err)
+		}
 	}
-	if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
-		return 0, fmt.Errorf("configure wireguard peers on %s: %w", t.cfg.Interface, err)
-	}
+	t.wgApplied = &wgRecord{key: t.key, port: t.cfg.ListenPort, peers: peers}
 	return changes, nil
+}
+
+// samePeer reports whether a and b configure the same WireGuard peer.
+func samePeer(a, b Peer) bool {
+	if a.Endpoint != b.Endpoint || a.Keepalive != b.Keepalive || len(a.Views) != len(b.Views) {
+		return false
+	}
+	return slices.Equal(viewPrefixes(a), viewPrefixes(b))
+}
+
+func viewPrefixes(p Peer) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(p.Views))
+	for _, v := range p.Views {
+		out = append(out, v.As)
+	}
+	slices.SortFunc(out, comparePrefix)
+	return out
 }
 
 func peerConfig(p Peer) wgtypes.PeerConfig {
@@ -110,17 +195,12 @@ func peerMatches(cur wgtypes.Peer, p Peer) bool {
 	if p.Endpoint.IsValid() && (cur.Endpoint == nil || endpointOf(cur.Endpoint) != p.Endpoint) {
 		return false
 	}
-	var have, want []netip.Prefix
+	have := make([]netip.Prefix, 0, len(cur.AllowedIPs))
 	for _, n := range cur.AllowedIPs {
 		have = append(have, prefixOf(&n))
 	}
-	for _, v := range p.Views {
-		want = append(want, v.As)
-	}
-	cmp := func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr())*64 + a.Bits() - b.Bits() }
-	slices.SortFunc(have, cmp)
-	slices.SortFunc(want, cmp)
-	return slices.Equal(have, want)
+	slices.SortFunc(have, comparePrefix)
+	return slices.Equal(have, viewPrefixes(p))
 }
 
 func endpointOf(a *net.UDPAddr) netip.AddrPort {

@@ -13,8 +13,9 @@ import (
 )
 
 // After a tunnel closed (leaving its data path up, as on agent shutdown),
-// `flotilla cleanup` removes the link, our routes and our nftables table,
-// and leaves a foreign route and a foreign table alone.
+// `flotilla cleanup` removes the link, our routes and our nftables table
+// (maps and per-peer chains with it), and leaves a foreign route and a
+// foreign table alone.
 func TestCleanupRemovesTunnelObjects(t *testing.T) {
 	env := harness.New(t)
 	env.Require(harness.Root, harness.IPRoute2, harness.NFT)
@@ -49,6 +50,9 @@ func TestCleanupRemovesTunnelObjects(t *testing.T) {
 	}
 	if out := site.MustExec("ip", "route", "show", "proto", "102"); !strings.Contains(out, "10.70.0.0/16") {
 		t.Fatalf("tunnel route missing before cleanup: %q", out)
+	}
+	if out := site.MustExec("nft", "list", "table", "ip", "flotilla"); !strings.Contains(out, "jump egress-b") || !strings.Contains(out, "chain ingress-b") {
+		t.Fatalf("per-peer NAT chains and maps missing before cleanup:\n%s", out)
 	}
 
 	var stdout, stderr bytes.Buffer
