@@ -186,6 +186,7 @@ type Engine struct {
 	applyErr  error
 	stats     map[string]tunnel.PeerStatus
 	senders   map[string]*sender
+	early     map[string]earlyMessage
 	statusQ   *statusQueue
 	ctx       context.Context
 	readyOnce sync.Once
@@ -234,6 +235,7 @@ func New(cfg Config) (*Engine, error) {
 		metrics: newMetrics(cfg.Metrics),
 		inputs:  make(chan func(), 256), inbox: make(chan []byte, 1024),
 		peers: map[string]*peer{}, stats: map[string]tunnel.PeerStatus{}, senders: map[string]*sender{},
+		early: map[string]earlyMessage{},
 		ready: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	return e, nil
@@ -357,6 +359,10 @@ func (e *Engine) memberChanged(m Member) {
 		p.goneSince, p.released = time.Time{}, false
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
 		e.send(p) // introduce ourselves at once
+		if early, ok := e.early[m.ClusterID]; ok {
+			delete(e.early, m.ClusterID)
+			e.receive(early.msg)
+		}
 	case !m.Alive && wasAlive:
 		p.goneSince = e.cfg.Now()
 		e.log.Info("member unreachable", "peer", m.ClusterID, "grace", e.cfg.UnreachableGrace)
@@ -415,8 +421,9 @@ func (e *Engine) receive(msg []byte) {
 	}
 	p, known := e.peers[h.From]
 	if !known || p.member == nil {
-		// Only members of the federation (verified by discovery) are heard.
-		e.refuse(h.From, fmt.Errorf("%w: %s is not a known member", ErrForged, h.From))
+		// Only members verified by discovery are heard. A message can
+		// overtake the member's join event, so it waits (bounded) for it.
+		e.holdEarly(h.From, msg)
 		return
 	}
 	if err := s.Verify(p.member.PublicKey); err != nil {
@@ -444,6 +451,36 @@ func (e *Engine) receive(msg []byte) {
 	// Answer every new statement, so a peer that lost ours recovers now
 	// rather than at the next resend.
 	e.send(p)
+}
+
+// Bounds on messages held for senders discovery has not reported yet.
+const (
+	maxEarly  = 256
+	earlyWait = 30 * time.Second
+)
+
+type earlyMessage struct {
+	msg []byte
+	at  time.Time
+}
+
+// holdEarly keeps the newest message of a sender that is not a known
+// member yet; memberChanged replays it. Old and excess ones are dropped
+// and counted.
+func (e *Engine) holdEarly(from string, msg []byte) {
+	now := e.cfg.Now()
+	for id, m := range e.early {
+		if now.Sub(m.at) > earlyWait {
+			delete(e.early, id)
+			e.metrics.refused.WithLabelValues("unknown_sender").Inc()
+		}
+	}
+	if _, ok := e.early[from]; !ok && len(e.early) >= maxEarly {
+		e.metrics.refused.WithLabelValues("unknown_sender").Inc()
+		return
+	}
+	e.early[from] = earlyMessage{msg: msg, at: now}
+	e.log.Debug("message from a sender not yet known as a member: held", "from", from)
 }
 
 func (e *Engine) refuse(from string, err error) {

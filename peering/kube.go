@@ -90,11 +90,9 @@ func (o *PeerObjects) Write(ctx context.Context, id, name string, status v1alpha
 	err := o.client.Get(ctx, client.ObjectKey{Name: id}, &p)
 	if apierrors.IsNotFound(err) {
 		p = v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: peerLabels(name)}}
-		if err = o.client.Create(ctx, &p); err != nil && !apierrors.IsAlreadyExists(err) {
+		// Create fills p in with what the server stored.
+		if err = o.client.Create(ctx, &p); err != nil {
 			return fmt.Errorf("create Peer %s: %w", id, err)
-		}
-		if err := o.client.Get(ctx, client.ObjectKey{Name: id}, &p); err != nil {
-			return fmt.Errorf("read Peer %s: %w", id, err)
 		}
 	} else if err != nil {
 		return fmt.Errorf("read Peer %s: %w", id, err)

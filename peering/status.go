@@ -233,7 +233,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	for _, r := range []string{"malformed", "incompatible", "forged", "replayed", "misdirected", "inbox_full"} {
+	for _, r := range []string{"malformed", "incompatible", "forged", "replayed", "misdirected", "inbox_full", "unknown_sender"} {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
