@@ -83,14 +83,24 @@ func newEnv(t TB) (*Env, error) {
 	if err := os.MkdirAll(lockDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", lockDir, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(lockDir, id+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	// The lock is taken on a temporary file that is then renamed into
+	// place, so a sweeper never sees this run's lock file unlocked.
+	tmp, err := os.CreateTemp(lockDir, ".lock-*")
 	if err != nil {
 		return nil, fmt.Errorf("create run lock: %w", err)
 	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
+	if err := unix.Flock(int(tmp.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
 		return nil, fmt.Errorf("lock run %s: %w", id, err)
 	}
+	lockPath := filepath.Join(lockDir, id+".lock")
+	if err := os.Rename(tmp.Name(), lockPath); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return nil, fmt.Errorf("lock run %s: %w", id, err)
+	}
+	lock := tmp
 	dir, err := os.MkdirTemp("", Prefix+id+"-")
 	if err != nil {
 		lock.Close()
@@ -110,7 +120,7 @@ func (e *Env) finish() {
 	if err := os.RemoveAll(e.Dir); err != nil {
 		e.t.Logf("harness: remove %s: %v", e.Dir, err)
 	}
-	os.Remove(e.lock.Name())
+	os.Remove(filepath.Join(lockDir, e.RunID+".lock"))
 	e.lock.Close()
 }
 

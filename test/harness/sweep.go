@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,6 +63,14 @@ func Sweep() error {
 			os.Remove(filepath.Join(lockDir, run+".lock"))
 		}
 	}
+	// A run killed between taking its lock and renaming it into place
+	// leaves an unlocked temporary lock file.
+	tmps, _ := filepath.Glob(filepath.Join(lockDir, ".lock-*"))
+	for _, f := range tmps {
+		if st, err := os.Stat(f); err == nil && time.Since(st.ModTime()) > time.Minute && !isLocked(f) {
+			os.Remove(f)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -100,17 +109,20 @@ func runOf(name string) string {
 }
 
 // runIsDead reports whether no process holds run's lock.
-func runIsDead(run string) bool {
-	f, err := os.OpenFile(filepath.Join(lockDir, run+".lock"), os.O_RDWR, 0)
+func runIsDead(run string) bool { return !isLocked(filepath.Join(lockDir, run+".lock")) }
+
+// isLocked reports whether some process holds the lock on path.
+func isLocked(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return true // no lock file at all: nobody can be holding it
+		return false // no lock file at all: nobody can be holding it
 	}
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return false
+		return true
 	}
 	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return true
+	return false
 }
 
 type harnessProcess struct {
