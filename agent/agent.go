@@ -340,7 +340,7 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	}
 	tun, err := tunnel.New(tunnel.Config{
 		Interface: a.cfg.WireGuardInterface, Mode: a.cfg.WireGuard, ListenPort: a.cfg.WireGuardPort,
-		PrivateKey: wgKey, Logger: a.log.With("component", "tunnel"), Metrics: a.registry,
+		PrivateKey: wgKey, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return stack, fmt.Errorf("tunnel: %w", err)
@@ -370,7 +370,7 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 				e.Receive(msg)
 			}
 		},
-		Logger: a.log.With("component", "discovery"), Metrics: a.registry,
+		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return stack, fmt.Errorf("discovery: %w", err)
