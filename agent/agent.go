@@ -314,6 +314,20 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		a.log.Warn("view remapped: it overlapped a local network", "peer", c.View.Peer, "range", c.View.Remote, "old", c.View.View, "new", view)
 	}
 
+	// The tunnel routes IPv4 only for now: IPv6 pod ranges stay local
+	// networks in the ledger (views avoid them) but are not announced.
+	var announced []netip.Prefix
+	for _, p := range nets.Pods {
+		if p.Addr().Is4() {
+			announced = append(announced, p)
+		} else {
+			a.log.Warn("IPv6 pod range not announced to peers: the tunnel routes IPv4 only", "range", p)
+		}
+	}
+	if len(announced) == 0 {
+		return stack, fmt.Errorf("no IPv4 pod range among %v: the tunnel routes IPv4 only; pass --pod-cidr with this cluster's IPv4 pod range", nets.Pods)
+	}
+
 	if a.cfg.InstallCRDs {
 		if err := installCRDs(ctx, a.restCfg); err != nil {
 			return stack, err
@@ -385,7 +399,7 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	}
 	eng, err := peering.New(peering.Config{
 		Identity: id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
-		Networks: nets.Pods, Endpoint: endpoint,
+		Networks: announced, Endpoint: endpoint,
 		Ledger: ledger, Dataplane: tun, Transport: disc, Status: objects,
 		UnreachableGrace: a.cfg.UnreachableGrace,
 		Logger:           a.log, Metrics: a.registry,
