@@ -131,9 +131,10 @@ func pingLoss(t testing.TB, out string) (lost, sent int) {
 	return sent - got, sent
 }
 
-// An agent killed for good: the others show it Unreachable, then, after
-// the grace period, remove its tunnel and quarantine its view.
-func TestPeeringUnreachableAfterKill(t *testing.T) {
+// An agent killed: the others show it Unreachable, then, after the grace
+// period, remove its tunnel and quarantine its view; restarted with its
+// state dir it is the same member again and reconnects.
+func TestPeeringKillGraceAndRejoin(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3[:2]})
@@ -142,6 +143,11 @@ func TestPeeringUnreachableAfterKill(t *testing.T) {
 	}
 	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
 	a, b := cs[0], cs[1]
+	peersOfA, err := a.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bPeer := peersOfA["b"]
 	b.Agent.Kill()
 	deadline := time.Now().Add(60 * time.Second)
 	sawUnreachable := false
@@ -166,11 +172,27 @@ func TestPeeringUnreachableAfterKill(t *testing.T) {
 	if strings.TrimSpace(out) != "" {
 		t.Errorf("routes of ours left after the grace period:\n%s", out)
 	}
+	// b's view is in quarantine: its block, b's cluster ID, b's range.
 	ledger, err := exec.Command(a.Bin, "ledger", "show", "--state-dir", a.StateDir).CombinedOutput()
-	if err != nil || !strings.Contains(strings.ToLower(string(ledger)), "quarantine") {
-		t.Errorf("ledger show: %v\n%s", err, ledger)
+	if err != nil {
+		t.Fatalf("ledger show: %v\n%s", err, ledger)
+	}
+	quarantined := regexp.MustCompile(`(?m)^\s+100\.\d+\.\d+\.\d+/16\s+` + bPeer.Name + `\s+10\.0\.0\.0/16\s`)
+	if !quarantined.Match(ledger) {
+		t.Errorf("b's view is not in a's quarantine:\n%s", ledger)
 	}
 	t.Logf("ledger of a after b's grace period:\n%s", ledger)
+
+	// Restarted with the same state dir, b rejoins as the same member:
+	// the same Peer (named by its cluster ID) connects again.
+	before, _ := a.Peers(context.Background())
+	b.StartAgent(t)
+	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 60*time.Second)
+	after, _ := a.Peers(context.Background())
+	if before["b"].Name != after["b"].Name || before["b"].UID != after["b"].UID {
+		t.Fatalf("b came back as Peer %s (uid %s), was %s (uid %s)", after["b"].Name, after["b"].UID, before["b"].Name, before["b"].UID)
+	}
+	federation.AllPairsTalk(t, cs)
 }
 
 // --peering=manual: nothing connects until both sides accept; a deny tears
