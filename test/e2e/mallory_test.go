@@ -51,10 +51,7 @@ func TestPeeringRefusesReplayAndForgeryFromAMember(t *testing.T) {
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3})
 	a, b, m := cs[0], cs[1], cs[2]
-	for _, c := range cs[:2] {
-		c.StartAgent(t)
-	}
-	federation.WaitPhases(t, cs[:2], v1alpha1.PhaseConnected, 90*time.Second)
+	federation.Connect(t, cs[:2])
 
 	token := a.Args[indexOf(a.Args, "--federation-key")+1]
 	cfg, _ := json.Marshal(malloryConfig{Token: token, Advertise: m.Site.Addr, A: a.Site.Addr, B: b.Site.Addr})

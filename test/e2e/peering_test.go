@@ -34,10 +34,7 @@ func TestPeeringOnLAN(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3})
-	for _, c := range cs {
-		c.StartAgent(t)
-	}
-	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+	federation.Connect(t, cs)
 	federation.AllPairsTalk(t, cs)
 
 	out, err := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cs[0].CP.Kubeconfig, "get", "peers", "-o", "wide").CombinedOutput()
@@ -92,10 +89,7 @@ func TestPeeringSurvivesAgentRestart(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3[:2]})
-	for _, c := range cs {
-		c.StartAgent(t)
-	}
-	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+	federation.Connect(t, cs)
 	a, b := cs[0], cs[1]
 	dst := federation.ViewOf(t, a, b, b.Pod.Addr)
 	// 20 pings a second for 12 s, across the restart.
@@ -138,10 +132,7 @@ func TestPeeringKillGraceAndRejoin(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3[:2]})
-	for _, c := range cs {
-		c.StartAgent(t)
-	}
-	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+	federation.Connect(t, cs)
 	a, b := cs[0], cs[1]
 	peersOfA, err := a.Peers(context.Background())
 	if err != nil {
@@ -247,10 +238,7 @@ func TestPeeringRefusesOtherFederation(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3})
-	for _, c := range cs[:2] {
-		c.StartAgent(t)
-	}
-	federation.WaitPhases(t, cs[:2], v1alpha1.PhaseConnected, 90*time.Second)
+	federation.Connect(t, cs[:2])
 	// The outsider knows a's address but holds another key.
 	outsider := cs[2]
 	other, err := discovery.GenerateFederationKey()

@@ -284,3 +284,13 @@ func AllPairsTalk(t harness.TB, cs []*Cluster) {
 
 // Interface is the name of the cluster's WireGuard interface.
 func (c *Cluster) Interface() string { return c.iface }
+
+// Connect starts the agents of cs and waits until every pair is
+// Connected.
+func Connect(t harness.TB, cs []*Cluster) {
+	t.Helper()
+	for _, c := range cs {
+		c.StartAgent(t)
+	}
+	WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+}
