@@ -242,10 +242,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	a.log.Info("agent stopping")
-	stopComponents()
-	stack.stop(a.log)
 	stopCtx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
+	stopComponents()
+	stopped := make(chan struct{})
+	go func() { stack.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-stopCtx.Done():
+		// Kubernetes kills the pod after its grace period anyway; say
+		// what hung instead of being killed silently.
+		a.log.Error("components did not stop in time; exiting", "timeout", a.cfg.ShutdownTimeout)
+		if err == nil {
+			err = fmt.Errorf("components did not stop within %s", a.cfg.ShutdownTimeout)
+		}
+	}
 	if srv != nil {
 		if serr := srv.Shutdown(stopCtx); serr != nil && err == nil {
 			err = fmt.Errorf("stop health and metrics server: %w", serr)
@@ -260,7 +271,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // stopStack holds what start started, to stop it in reverse order.
 type stopStack []func()
 
-func (s stopStack) stop(*slog.Logger) {
+func (s stopStack) stop() {
 	for i := len(s) - 1; i >= 0; i-- {
 		s[i]()
 	}
