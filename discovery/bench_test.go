@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,14 +133,47 @@ func startCluster(b *testing.B, tune func(*memberlist.Config), n int) []*Discove
 // fails after a minute.
 func waitAllSee(b *testing.B, nodes []*Discovery, want int) {
 	start := time.Now()
+	diag := os.Getenv("DISCOVERY_BENCH_DIAG") != ""
 	for _, d := range nodes {
 		for len(d.Alive()) < want {
 			time.Sleep(5 * time.Millisecond)
+			if diag && time.Since(start) > 4*time.Second {
+				diag = false
+				for _, o := range nodes {
+					if len(o.Alive()) < want {
+						b.Logf("after 4 s %s sees %d: %s", o.selfID[:8], len(o.Alive()), missing(o, nodes))
+					}
+				}
+			}
 			if time.Since(start) > time.Minute {
-				b.Fatalf("no convergence in a minute: %d of %d", len(d.Alive()), want)
+				b.Fatalf("no convergence in a minute: %d of %d; %s", len(d.Alive()), want, missing(d, nodes))
 			}
 		}
 	}
+}
+
+// missing describes the nodes d does not see alive, for a failure message.
+func missing(d *Discovery, nodes []*Discovery) string {
+	states := map[string]string{}
+	for _, m := range d.members() {
+		states[m.ClusterID] = string(m.State)
+	}
+	var out []string
+	for _, o := range nodes {
+		if o != d && states[o.selfID] != string(StateAlive) {
+			out = append(out, fmt.Sprintf("%s:%q", o.selfID[:8], states[o.selfID]))
+		}
+	}
+	return fmt.Sprintf("memberlist has %d members; not seen alive: %s", d.ml.NumMembers(), strings.Join(out, " "))
+}
+
+// cpuTime is the user and system CPU time of this process so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // samples collects one duration per iteration and reports their median
@@ -169,12 +204,17 @@ func BenchmarkConvergence(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, n := range []int{10, 50, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
-				var converge, spread samples
+				var converge, spread, cpu samples
 				for range b.N {
+					cpu0 := cpuTime()
 					nodes := startCluster(b, p.tune, n)
 					start := time.Now()
 					waitAllSee(b, nodes, n-1)
 					converge = append(converge, time.Since(start))
+					// CPU of the whole process from the first start until
+					// convergence plus one second of settling gossip.
+					time.Sleep(time.Second)
+					cpu = append(cpu, cpuTime()-cpu0)
 
 					late := startBenchNode(b, p.tune, []string{nodes[n/2].ml.LocalNode().Address()})
 					start = time.Now()
@@ -186,6 +226,7 @@ func BenchmarkConvergence(b *testing.B) {
 				}
 				converge.report(b, "s/converge")
 				spread.report(b, "s/join-spread")
+				cpu.report(b, "cpu-s/converge")
 			})
 		}
 	}
@@ -251,4 +292,71 @@ func BenchmarkStartToFirstMDNSCandidate(b *testing.B) {
 		_ = m.proc.Stop()
 	}
 	first.report(b, "s/first-candidate")
+}
+
+// BenchmarkFalseFailures counts the members wrongly declared failed among
+// n converged members that all stay up, over a fixed observation time,
+// on the machine as it is and with two extra busy loops competing for
+// the CPUs (a loaded gateway). Every Failed event is a false positive.
+func BenchmarkFalseFailures(b *testing.B) {
+	const n, observe = 100, 30 * time.Second
+	for _, p := range benchProfiles {
+		for _, hogs := range []int{0, 2} {
+			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
+				var failed int
+				for range b.N {
+					nodes := startCluster(b, p.tune, n)
+					waitAllSee(b, nodes, n-1)
+					ctx, cancel := context.WithCancel(context.Background())
+					counts := make(chan int, n)
+					for _, d := range nodes {
+						events := d.Subscribe(ctx)
+						go func() {
+							c := 0
+							for ev := range events {
+								if ev.Kind == Failed {
+									c++
+								}
+							}
+							counts <- c
+						}()
+					}
+					stop := busyLoops(b, hogs)
+					time.Sleep(observe)
+					stop()
+					cancel()
+					for range nodes {
+						failed += <-counts
+					}
+					for _, d := range nodes {
+						d.kill()
+					}
+				}
+				b.ReportMetric(float64(failed)/float64(b.N), "false-failed/run")
+			})
+		}
+	}
+}
+
+// busyLoops starts n shell busy loops (separate processes, so they
+// compete for the CPUs as other workloads on a gateway would) and returns
+// a function that stops them.
+func busyLoops(b *testing.B, n int) (stop func()) {
+	var procs []*os.Process
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		procs = append(procs, cmd.Process)
+	}
+	stop = func() {
+		for _, p := range procs {
+			_ = p.Kill()
+			_, _ = p.Wait()
+		}
+		procs = nil
+	}
+	b.Cleanup(stop)
+	return stop
 }

@@ -1,0 +1,47 @@
+package discovery
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// A join is followed by one more state exchange with the same address
+// after the settle time, even though the address is a member by then;
+// after that the address is only rechecked, and a failure backs off.
+func TestJoinIsFollowedUpOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newCandidates(time.Second, 15*time.Second)
+	c.now = func() time.Time { return now }
+	const seed = "192.0.2.1:7946"
+	c.add(seed, SourceSeed, 0)
+
+	steps := []struct {
+		name       string
+		after      time.Duration
+		do         func()
+		wantDue    bool
+		wantResync bool
+	}{
+		{"new candidate is due at once", 0, func() {}, true, false},
+		{"joined: not due before the settle time", 0, func() { c.joined(seed) }, false, true},
+		{"due for the follow-up after the settle time", c.settle, func() {}, true, true},
+		{"follow-up done: rechecked later, not followed up again", 0, func() { c.result(seed, nil) }, false, false},
+		{"due for the recheck", c.recheck, func() {}, true, false},
+		{"a failed join backs off without a follow-up", 0, func() { c.result(seed, errors.New("refused")) }, false, false},
+	}
+	for _, s := range steps {
+		now = now.Add(s.after)
+		s.do()
+		due := c.due()
+		if gotDue := len(due) == 1; gotDue != s.wantDue {
+			t.Fatalf("%s: due = %v, want %v", s.name, gotDue, s.wantDue)
+		}
+		c.mu.Lock()
+		resync := c.table[seed].resync
+		c.mu.Unlock()
+		if resync != s.wantResync {
+			t.Fatalf("%s: follow-up pending = %v, want %v", s.name, resync, s.wantResync)
+		}
+	}
+}
