@@ -31,7 +31,11 @@ func (w levelWriter) Write(p []byte) (int, error) {
 		}
 	}
 	// Refused alive messages are counted and logged by drop, rate-limited.
-	if strings.Contains(line, "ignoring alive message") {
+	// Packets of other mDNS implementations the responder cannot parse
+	// (python-zeroconf's NSEC records) arrive every few seconds on a busy
+	// LAN and harm nothing but that packet.
+	if strings.Contains(line, "ignoring alive message") ||
+		strings.Contains(line, "mdns: Failed to unpack packet") || strings.Contains(line, "mdns: Failed to handle query") {
 		level = slog.LevelDebug
 	}
 	w.l.Log(context.Background(), level, line)

@@ -204,11 +204,11 @@ func (d *Discovery) browse(ctx context.Context) {
 		if err != nil {
 			return // deadline or cancelled
 		}
-		var m dns.Msg
-		if err := m.Unpack(buf[:n]); err != nil || !m.Response {
+		rrs, ok := unpackResponse(buf[:n])
+		if !ok {
 			continue
 		}
-		b.add(append(m.Answer, m.Extra...))
+		b.add(rrs)
 		for _, e := range b.ready() {
 			d.mdnsEntry(e)
 		}

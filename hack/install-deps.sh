@@ -24,6 +24,9 @@ missing=()
 for cmd in "${!want[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${want[$cmd]}")
 done
+# The mDNS interoperability test uses another implementation: Debian's
+# python3-zeroconf, with Debian's own python3.
+/usr/bin/python3 -c 'import zeroconf' >/dev/null 2>&1 || missing+=(python3-zeroconf)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "install-deps: missing ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}" >&2

@@ -47,6 +47,9 @@ type Options struct {
 	// Routed puts the sites behind a router (no multicast) instead of on a
 	// LAN.
 	Routed bool
+	// LAN, when set, is the LAN the sites join (so a test can add hosts of
+	// its own to it); default: a new one.
+	LAN *harness.LAN
 	// Flotilla is the binary to run; default: built from this checkout.
 	Flotilla string
 	// Args are given to every agent; ArgsFor adds per-cluster ones.
@@ -68,11 +71,12 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	}
 	n := len(opts.PodCIDRs)
 	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{})
-	var lan *harness.LAN
+	lan := opts.LAN
 	var rtr *harness.Router
-	if opts.Routed {
+	switch {
+	case opts.Routed:
 		rtr = env.NewRouter("wan")
-	} else {
+	case lan == nil:
 		lan = env.NewLAN("lan")
 	}
 	var cs []*Cluster
