@@ -78,6 +78,9 @@ type Config struct {
 	WireGuard          tunnel.Mode
 	WireGuardInterface string
 	WireGuardPort      int
+	// WireGuardKeyRotation replaces the WireGuard key this often; 0 never.
+	// Peers learn the new public key from the next statement.
+	WireGuardKeyRotation time.Duration
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -377,6 +380,9 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		}
 	}()
 	a.ready.add("tunnel", func() error { return nil })
+	if a.cfg.WireGuardKeyRotation > 0 {
+		go a.rotateWireGuardKey(ctx, ledger, tun, a.cfg.WireGuardKeyRotation)
+	}
 	endpoint := netip.AddrPortFrom(advertise, uint16(a.cfg.WireGuardPort))
 
 	keys, err := a.federationKeys(ledger)
@@ -452,6 +458,40 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	}
 	a.log.Info("agent running", "clusterID", id.ClusterID(), "gossip", gossipAdvertise, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return stack, nil
+}
+
+// rotateWireGuardKey replaces the WireGuard key every period: stored first,
+// so a crash in between leaves the ledger and the device agreeing at the
+// next start, then set on the device. The peering engine announces the new
+// public key in its next statement (within a second); peers apply it, and
+// traffic resumes after one handshake.
+func (a *Agent) rotateWireGuardKey(ctx context.Context, ledger *ipam.Ledger, tun *tunnel.Tunnel, every time.Duration) {
+	rotations := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "flotilla_wireguard_key_rotations_total", Help: "WireGuard key rotations.",
+	})
+	a.registry.MustRegister(rotations)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		k, err := tunnel.GeneratePrivateKey()
+		if err == nil {
+			err = ledger.PutKey(keyWireGuard, k[:])
+		}
+		if err == nil {
+			err = tun.SetPrivateKey(k)
+		}
+		if err != nil {
+			a.log.Error("cannot rotate the WireGuard key", "err", err)
+			continue
+		}
+		rotations.Inc()
+		a.log.Info("WireGuard key rotated", "publicKey", k.PublicKey())
+	}
 }
 
 type federation struct {

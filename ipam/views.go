@@ -165,7 +165,8 @@ func (l *Ledger) ReleasePeer(peer string) error {
 // SetLocalNetworks replaces this cluster's own networks. Views that now
 // overlap one of them are kept and returned as conflicts: the caller must
 // Remap each (they are not moved silently, because routes and NAT follow
-// them). New views never overlap a local network.
+// them). New views never overlap a local network. Peers' claims about
+// ranges that are no longer ours are dropped.
 func (l *Ledger) SetLocalNetworks(nets []LocalNetwork) ([]Conflict, error) {
 	seen := map[netip.Prefix]bool{}
 	for _, n := range nets {
@@ -181,7 +182,22 @@ func (l *Ledger) SetLocalNetworks(nets []LocalNetwork) ([]Conflict, error) {
 		seen[n.Range] = true
 	}
 	nets = slices.Clone(nets)
-	err := l.update(func(t *txn) error { return t.setLocals(nets) })
+	err := l.update(func(t *txn) error {
+		if err := t.setLocals(nets); err != nil {
+			return err
+		}
+		// A peer's claim about how it sees one of our ranges means nothing
+		// once the range is no longer ours; the peer learns our new ranges
+		// in negotiation and claims again.
+		for k := range t.st.theirs {
+			if !slices.ContainsFunc(nets, func(n LocalNetwork) bool { return n.Range.Bits() <= k.r.Bits() && overlaps(n.Range, k.r) }) {
+				if err := t.deleteTheir(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("set local networks: %w", err)
 	}

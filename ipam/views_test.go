@@ -396,3 +396,25 @@ func TestToLocalDoesNotAllocate(t *testing.T) {
 		t.Errorf("ToRemote allocates %v times", n)
 	}
 }
+
+// When a range stops being ours, what peers said about how they see it is
+// forgotten; claims about the ranges we keep stay.
+func TestSetLocalNetworksForgetsClaimsAboutFormerRanges(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	keep, drop := netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.0.0.0/16")
+	if _, err := l.SetLocalNetworks([]LocalNetwork{{Range: drop, Kind: PodNetwork}, {Range: keep, Kind: ServiceNetwork}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"10.0.0.0/16", "100.96.0.0/16"}, {"10.96.0.0/16", "100.97.0.0/16"}} {
+		if err := l.RecordTheirView("cpeer", netip.MustParsePrefix(c[0]), netip.MustParsePrefix(c[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.SetLocalNetworks([]LocalNetwork{{Range: netip.MustParsePrefix("10.1.0.0/16"), Kind: PodNetwork}, {Range: keep, Kind: ServiceNetwork}}); err != nil {
+		t.Fatal(err)
+	}
+	got := l.TheirViews("cpeer")
+	if len(got) != 1 || got[0].Mine != keep {
+		t.Fatalf("their views after the pod range changed: %+v, want only the claim about %s", got, keep)
+	}
+}

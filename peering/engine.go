@@ -722,7 +722,9 @@ func (e *Engine) applyTunnel() {
 			tp.Views = append(tp.Views, tunnel.View{Real: v.Remote, As: v.View})
 		}
 		for _, v := range e.cfg.Ledger.TheirViews(p.id) {
-			tp.ViewsOfMe = append(tp.ViewsOfMe, tunnel.View{Real: v.Mine, As: v.Theirs})
+			if slices.Contains(e.cfg.Networks, v.Mine) {
+				tp.ViewsOfMe = append(tp.ViewsOfMe, tunnel.View{Real: v.Mine, As: v.Theirs})
+			}
 		}
 		d.Peers = append(d.Peers, tp)
 		if p.configured.IsZero() {

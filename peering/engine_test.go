@@ -25,17 +25,27 @@ import (
 // itself is tested against the kernel in tunnel/; here only the
 // negotiation is under test.
 type fakeDataplane struct {
-	key tunnel.Key
-	mu  sync.Mutex
-	d   tunnel.Desired
-	n   int
+	key  tunnel.Key
+	mu   sync.Mutex
+	d    tunnel.Desired
+	n    int
+	fail error
 }
 
 func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
 	f.d, f.n = d, f.n+1
 	return nil
+}
+
+func (f *fakeDataplane) setFailing(err error) {
+	f.mu.Lock()
+	f.fail = err
+	f.mu.Unlock()
 }
 
 func (f *fakeDataplane) Status() ([]tunnel.PeerStatus, error) {
@@ -457,4 +467,32 @@ func TestMessageBeforeMemberEvent(t *testing.T) {
 	if v := testutil.ToFloat64(b.eng.metrics.refused.WithLabelValues("forged")); v != 0 {
 		t.Fatalf("an early genuine statement was counted as forged (%v)", v)
 	}
+}
+
+// A data path that fails to apply is reported, not hidden behind an old
+// handshake.
+func TestApplyFailureIsDegraded(t *testing.T) {
+	net := &network{}
+	a, b := newNode(t, net, PolicyAuto, nil, nil), newNode(t, net, PolicyAuto, nil, nil)
+	meet(a, b)
+	eventually(t, "connected", func() error { return connected(a, b) })
+	// From now on b's kernel refuses; a third cluster gives b something
+	// new to apply.
+	b.dp.setFailing(errors.New("nftables: operation not permitted"))
+	c := newNode(t, net, PolicyAuto, nil, nil)
+	meet(a, b, c)
+	eventually(t, "b's Peer of a degraded", func() error {
+		for _, s := range b.eng.Snapshot() {
+			if s.ClusterID != a.id.ClusterID() {
+				continue
+			}
+			for _, cond := range s.Status.Conditions {
+				if cond.Type == v1alpha1.ConditionTunnelUp && cond.Reason == "ApplyFailed" && s.Phase == v1alpha1.PhaseDegraded {
+					return nil
+				}
+			}
+			return fmt.Errorf("phase %s, conditions %+v", s.Phase, s.Status.Conditions)
+		}
+		return errors.New("no Peer of a")
+	})
 }

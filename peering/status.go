@@ -28,10 +28,15 @@ func (e *Engine) phase(p *peer) v1alpha1.Phase {
 	case p.configured.IsZero():
 		return v1alpha1.PhaseNegotiating
 	}
+	// A failed apply means the kernel may not hold what the Peer says,
+	// whatever the last handshake.
+	if e.applyErr != nil {
+		return v1alpha1.PhaseDegraded
+	}
 	if e.handshakeRecent(p, now) {
 		return v1alpha1.PhaseConnected
 	}
-	if e.applyErr != nil || now.Sub(p.configured) > 30*time.Second {
+	if now.Sub(p.configured) > 30*time.Second {
 		return v1alpha1.PhaseDegraded
 	}
 	return v1alpha1.PhaseNegotiating
@@ -126,10 +131,10 @@ func (e *Engine) status(p *peer) v1alpha1.PeerStatus {
 		set(v1alpha1.ConditionViewsAgreed, false, "Pending", "views not exchanged yet")
 	}
 	switch {
-	case p.configured.IsZero():
-		set(v1alpha1.ConditionTunnelUp, false, "NotConfigured", "no tunnel to the peer")
 	case e.applyErr != nil:
 		set(v1alpha1.ConditionTunnelUp, false, "ApplyFailed", e.applyErr.Error())
+	case p.configured.IsZero():
+		set(v1alpha1.ConditionTunnelUp, false, "NotConfigured", "no tunnel to the peer")
 	case e.handshakeRecent(p, now):
 		set(v1alpha1.ConditionTunnelUp, true, "Handshake", "recent WireGuard handshake")
 	default:

@@ -50,6 +50,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	wg := fs.String("wireguard", string(cfg.WireGuard), "WireGuard implementation: auto (kernel when available), kernel or userspace")
 	fs.StringVar(&cfg.WireGuardInterface, "wireguard-interface", cfg.WireGuardInterface, "WireGuard interface name (unique per host)")
 	fs.IntVar(&cfg.WireGuardPort, "wireguard-port", cfg.WireGuardPort, "WireGuard UDP port")
+	fs.DurationVar(&cfg.WireGuardKeyRotation, "wireguard-key-rotation", 0, "replace the WireGuard key this often, e.g. 720h (0: never)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
