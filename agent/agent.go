@@ -289,7 +289,10 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		return stack, fmt.Errorf("open ledger: %w", err)
 	}
 	stack = append(stack, func() { ledger.Close() })
-	a.ready.add("ledger", func() error { return nil })
+	a.ready.add("ledger", func() error {
+		_, err := os.Stat(ledger.Path()) // deleted under a running agent: say so
+		return err
+	})
 
 	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
 		id, err := identity.Generate()
@@ -309,7 +312,15 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		return stack, err
 	}
 	a.log.Info("local networks", "pods", nets.Pods, "from", nets.PodSource, "services", nets.Services, "servicesFrom", nets.ServiceSource)
-	var locals []ipam.LocalNetwork
+	advertise := a.cfg.AdvertiseAddr
+	if !advertise.IsValid() {
+		if advertise, err = defaultAddress(); err != nil {
+			return stack, err
+		}
+	}
+	// The gateway's own address is local too: a peer range that covers it
+	// is remapped rather than routed into the tunnel.
+	locals := []ipam.LocalNetwork{{Range: netip.PrefixFrom(advertise, advertise.BitLen()), Kind: ipam.NodeNetwork}}
 	for _, p := range nets.Pods {
 		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.PodNetwork})
 	}
@@ -348,13 +359,6 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		}
 	}
 
-	advertise := a.cfg.AdvertiseAddr
-	if !advertise.IsValid() {
-		if advertise, err = defaultAddress(); err != nil {
-			return stack, err
-		}
-	}
-
 	keyBytes, err := ledger.LoadOrCreateKey(keyWireGuard, func() ([]byte, error) {
 		k, err := tunnel.GeneratePrivateKey()
 		return k[:], err
@@ -379,7 +383,10 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 			a.log.Error("tunnel repair loop stopped", "err", err)
 		}
 	}()
-	a.ready.add("tunnel", func() error { return nil })
+	a.ready.add("tunnel", func() error {
+		_, err := tun.Status() // the WireGuard device answers
+		return err
+	})
 	if a.cfg.WireGuardKeyRotation > 0 {
 		go a.rotateWireGuardKey(ctx, ledger, tun, a.cfg.WireGuardKeyRotation)
 	}
@@ -438,7 +445,14 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	case <-engineDone:
 		return stack, errors.New("peering engine stopped while starting")
 	}
-	a.ready.add("peering", func() error { return nil })
+	a.ready.add("peering", func() error {
+		select {
+		case <-engineDone:
+			return errors.New("peering engine stopped")
+		default:
+			return nil
+		}
+	})
 
 	if err := disc.Start(ctx); err != nil {
 		return stack, fmt.Errorf("discovery: %w", err)
@@ -452,7 +466,12 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 			})
 		}
 	}()
-	a.ready.add("discovery", func() error { return nil })
+	a.ready.add("discovery", func() error {
+		if disc.Snapshot().Gossip == "" {
+			return errors.New("gossip not running")
+		}
+		return nil
+	})
 	if err := objects.Watch(ctx, eng); err != nil {
 		return stack, err
 	}

@@ -214,13 +214,16 @@ type peer struct {
 	hello   *Hello
 	payload []byte
 
-	myViews     []ipam.View
-	viewsFor    []netip.Prefix // the networks myViews were made for
-	theirOK     bool           // their views of all my networks are recorded
-	viewsErr    error
-	out         *Hello // what we last sealed for the peer
-	outMsg      []byte
-	configured  time.Time // when the peer entered the tunnel
+	myViews    []ipam.View
+	viewsFor   []netip.Prefix // the networks myViews were made for
+	theirOK    bool           // their views of all my networks are recorded
+	viewsErr   error
+	out        *Hello // what we last sealed for the peer
+	outMsg     []byte
+	configured time.Time // when the peer entered the tunnel
+	// tunnelErr says why the peer was left out of the data path, which
+	// then serves the others (a duplicate key, an overlap).
+	tunnelErr   error
 	lastRefusal error
 }
 
@@ -379,6 +382,9 @@ func (e *Engine) specChanged(id string, networking v1alpha1.Networking, exists b
 		// other side to tear down, then the object comes back per policy.
 		p.networking = ""
 		p.resetUntil = e.cfg.Now().Add(e.resetHold())
+		if e.statusQ != nil {
+			e.statusQ.forget(id)
+		}
 		e.log.Info("Peer object deleted: resetting the peering", "peer", id)
 		return
 	}
@@ -620,6 +626,10 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 			p.myViews, p.viewsFor, p.viewsErr = views, slices.Clone(p.hello.Networks), nil
 		}
 	}
+	if err := e.checkEndpoints(p); err != nil {
+		p.viewsErr, p.theirOK = err, false
+		return
+	}
 	p.theirOK = false
 	if len(p.hello.ViewsOfYou) == 0 {
 		return
@@ -640,6 +650,23 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 	if p.viewsErr == nil {
 		p.theirOK = true
 	}
+}
+
+// checkEndpoints refuses to route a peer's range that holds a gateway
+// address (ours or another peer's endpoint): WireGuard's own packets would
+// go into the tunnel.
+func (e *Engine) checkEndpoints(p *peer) error {
+	for _, v := range p.myViews {
+		if v.View.Contains(e.cfg.Endpoint.Addr()) {
+			return fmt.Errorf("its range %s (seen as %s) holds this gateway's address %s", v.Remote, v.View, e.cfg.Endpoint.Addr())
+		}
+		for _, o := range e.peers {
+			if o != p && o.hello != nil && v.View.Contains(o.hello.Endpoint.Addr()) {
+				return fmt.Errorf("its range %s (seen as %s) holds the gateway address %s of peer %s", v.Remote, v.View, o.hello.Endpoint.Addr(), o.id)
+			}
+		}
+	}
+	return nil
 }
 
 func decisionOf(h *Hello) Decision {
@@ -713,7 +740,7 @@ func (e *Engine) applyTunnel() {
 	d := tunnel.Desired{Networks: slices.Clone(e.cfg.Networks)}
 	for _, p := range e.peers {
 		if !e.wanted(p, now) || len(p.myViews) == 0 || !p.theirOK {
-			p.configured = time.Time{}
+			p.configured, p.tunnelErr = time.Time{}, nil
 			continue
 		}
 		tp := tunnel.Peer{ClusterID: p.id, Endpoint: p.hello.Endpoint, Keepalive: e.cfg.Keepalive}
@@ -727,7 +754,10 @@ func (e *Engine) applyTunnel() {
 			}
 		}
 		d.Peers = append(d.Peers, tp)
-		if p.configured.IsZero() {
+	}
+	d = e.isolate(d)
+	for _, tp := range d.Peers {
+		if p := e.peers[tp.ClusterID]; p.configured.IsZero() {
 			p.configured = now
 		}
 	}
@@ -746,6 +776,50 @@ func (e *Engine) applyTunnel() {
 	}
 	e.log.Info("data path applied", "peers", len(d.Peers), "took", time.Since(start).Round(time.Microsecond))
 	e.refreshStats()
+}
+
+// isolate keeps one peer's bad contribution (a WireGuard key another peer
+// or this cluster uses, views that collide) from failing the whole data
+// path: when d does not validate, peers are added one by one and those that
+// break it are left out, with the reason on their Peer.
+func (e *Engine) isolate(d tunnel.Desired) tunnel.Desired {
+	own := e.cfg.Dataplane.PublicKey()
+	ok := tunnel.Desired{Networks: d.Networks}
+	whole := d.Validate() == nil
+	// Peers configured longest first: a newcomer that collides with an
+	// established peer (say, by copying its public key) is the one left out.
+	since := func(tp tunnel.Peer) time.Time {
+		if c := e.peers[tp.ClusterID].configured; !c.IsZero() {
+			return c
+		}
+		return time.Unix(1<<40, 0)
+	}
+	slices.SortStableFunc(d.Peers, func(a, b tunnel.Peer) int {
+		if c := since(a).Compare(since(b)); c != 0 {
+			return c
+		}
+		return compareStrings(a.ClusterID, b.ClusterID)
+	})
+	for _, tp := range d.Peers {
+		p := e.peers[tp.ClusterID]
+		p.tunnelErr = nil
+		if tp.PublicKey == own {
+			p.tunnelErr = errors.New("announces this cluster's own WireGuard key")
+		} else if !whole {
+			try := ok
+			try.Peers = append(slices.Clone(ok.Peers), tp)
+			if err := try.Validate(); err != nil {
+				p.tunnelErr = err
+			}
+		}
+		if p.tunnelErr != nil {
+			p.configured = time.Time{}
+			e.log.Warn("peer left out of the data path", "peer", tp.ClusterID, "err", p.tunnelErr)
+			continue
+		}
+		ok.Peers = append(ok.Peers, tp)
+	}
+	return ok
 }
 
 func compareStrings(a, b string) int {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,6 +131,9 @@ func (c *clock) Add(d time.Duration) {
 
 var pods = netip.MustParsePrefix("10.0.0.0/16")
 
+// statuses, when set before newNode, receives the nodes' Peer statuses.
+var statuses StatusWriter
+
 func newNode(t *testing.T, net *network, policy Policy, clk *clock, seed *node) *node {
 	t.Helper()
 	n := &node{dp: &fakeDataplane{}}
@@ -161,6 +165,9 @@ func newNode(t *testing.T, net *network, policy Policy, clk *clock, seed *node) 
 	}
 	if clk != nil {
 		cfg.Now = clk.Now
+	}
+	if statuses != nil {
+		cfg.Status = statuses
 	}
 	n.eng, err = New(cfg)
 	if err != nil {
@@ -494,5 +501,93 @@ func TestApplyFailureIsDegraded(t *testing.T) {
 			return fmt.Errorf("phase %s, conditions %+v", s.Phase, s.Status.Conditions)
 		}
 		return errors.New("no Peer of a")
+	})
+}
+
+// A member announcing another's WireGuard key (it is public) is left out
+// of the data path alone: the established peer stays connected, and the
+// newcomer's Peer says why.
+func TestCopiedKeyIsLeftOutAlone(t *testing.T) {
+	net := &network{}
+	a, b := newNode(t, net, PolicyAuto, nil, nil), newNode(t, net, PolicyAuto, nil, nil)
+	meet(a, b)
+	eventually(t, "connected", func() error { return connected(a, b) })
+	copycat, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := &node{id: copycat, path: filepath.Join(t.TempDir(), ipam.FileName), dp: &fakeDataplane{key: b.dp.key}}
+	c := newNode(t, net, PolicyAuto, nil, seed)
+	meet(a, b, c)
+	eventually(t, "a refuses c's tunnel, keeps b's", func() error {
+		for _, s := range a.eng.Snapshot() {
+			if s.ClusterID != c.id.ClusterID() {
+				continue
+			}
+			if s.Phase != v1alpha1.PhaseDegraded {
+				return fmt.Errorf("c is %s", s.Phase)
+			}
+			for _, cond := range s.Status.Conditions {
+				if cond.Type == v1alpha1.ConditionTunnelUp && cond.Reason == "Refused" && strings.Contains(cond.Message, "public key") {
+					return nil
+				}
+			}
+			return fmt.Errorf("c's conditions: %+v", s.Status.Conditions)
+		}
+		return errors.New("a has no Peer for c")
+	})
+	if err := connected(a, b); err != nil {
+		t.Fatalf("the copycat broke a and b: %v", err)
+	}
+	if _, ok := a.dp.peer(c.id.ClusterID()); ok {
+		t.Fatal("a configured the copycat")
+	}
+}
+
+// recordingStatus counts the Peer objects written, like the API would
+// receive them.
+type recordingStatus struct {
+	mu     sync.Mutex
+	writes map[string]int
+}
+
+func (r *recordingStatus) Write(_ context.Context, id, _ string, _ v1alpha1.PeerStatus) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writes[id]++
+	return nil
+}
+
+func (r *recordingStatus) count(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.writes[id]
+}
+
+// A deleted Peer comes back per policy even when nothing about the peer
+// changed (manual policy, both sides pending): the admin needs an object
+// to accept.
+func TestDeletedPeerIsRecreated(t *testing.T) {
+	rec := &recordingStatus{writes: map[string]int{}}
+	statuses = rec
+	defer func() { statuses = nil }()
+	net := &network{}
+	a, b := newNode(t, net, PolicyManual, nil, nil), newNode(t, net, PolicyManual, nil, nil)
+	meet(a, b)
+	id := b.id.ClusterID()
+	eventually(t, "b's Peer written on a", func() error {
+		if phaseOf(a, b) != v1alpha1.PhaseDiscovered || rec.count(id) == 0 {
+			return fmt.Errorf("phase %s, %d writes", phaseOf(a, b), rec.count(id))
+		}
+		return nil
+	})
+	time.Sleep(300 * time.Millisecond) // settled: nothing new to write
+	before := rec.count(id)
+	a.eng.SpecChanged(id, "", false)
+	eventually(t, "b's Peer recreated after the reset", func() error {
+		if rec.count(id) <= before {
+			return fmt.Errorf("%d writes, had %d", rec.count(id), before)
+		}
+		return nil
 	})
 }

@@ -204,6 +204,9 @@ func (h *Hello) validate() error {
 		if err := canonical(n); err != nil {
 			return fmt.Errorf("network %s: %w", n, err)
 		}
+		if err := routable(n); err != nil {
+			return fmt.Errorf("network %s: %w", n, err)
+		}
 		for _, m := range h.Networks[:i] {
 			if m.Overlaps(n) {
 				return fmt.Errorf("networks %s and %s overlap", m, n)
@@ -220,11 +223,46 @@ func (h *Hello) validate() error {
 		if err := canonical(v.As); err != nil {
 			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
 		}
+		if err := routable(v.As); err != nil {
+			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
+		}
 		if v.Range.Bits() != v.As.Bits() || v.Range.Addr().Is4() != v.As.Addr().Is4() {
 			return fmt.Errorf("view %s as %s: not the same size and family", v.Range, v.As)
 		}
 		if slices.ContainsFunc(h.ViewsOfYou[:i], func(w ViewClaim) bool { return w.Range.Overlaps(v.Range) || w.As.Overlaps(v.As) }) {
 			return fmt.Errorf("views of %s overlap another view", v.Range)
+		}
+	}
+	return nil
+}
+
+// Ranges a peer may never announce or be seen as: they would route this
+// gateway's own or special traffic into a tunnel.
+var special = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
+	netip.MustParsePrefix("127.0.0.0/8"),    // loopback
+	netip.MustParsePrefix("169.254.0.0/16"), // link-local
+	netip.MustParsePrefix("224.0.0.0/4"),    // multicast
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
+	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking: our test underlays
+}
+
+// minNetworkBits bounds how wide an announced range may be: a /1 would
+// pull most of this gateway's traffic into one peer's tunnel.
+const minNetworkBits = 8
+
+// routable checks that p is a range protocol 1 can carry: IPv4 (the tunnel
+// routes IPv4 only), at most a /8, and clear of special ranges.
+func routable(p netip.Prefix) error {
+	if !p.Addr().Is4() {
+		return errors.New("IPv6 is not carried by protocol 1")
+	}
+	if p.Bits() < minNetworkBits {
+		return fmt.Errorf("wider than /%d", minNetworkBits)
+	}
+	for _, s := range special {
+		if p.Overlaps(s) {
+			return fmt.Errorf("overlaps the special range %s", s)
 		}
 	}
 	return nil

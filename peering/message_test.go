@@ -117,6 +117,14 @@ func TestInvalidHellos(t *testing.T) {
 			h.ViewsOfYou = []ViewClaim{{Range: netip.MustParsePrefix("10.0.0.0/16"), As: netip.MustParsePrefix("100.96.0.0/24")}}
 		}},
 		{"views while pending", func(h *Hello) { h.Decision = Pending }},
+		{"IPv6 network", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("fd00::/64")} }},
+		{"wider than /8", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/1")} }},
+		{"wide /4", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("16.0.0.0/4")} }},
+		{"loopback", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
+		{"link-local", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")} }},
+		{"multicast view", func(h *Hello) {
+			h.ViewsOfYou = []ViewClaim{{Range: netip.MustParsePrefix("10.0.0.0/16"), As: netip.MustParsePrefix("224.1.0.0/16")}}
+		}},
 		{"too many networks", func(h *Hello) {
 			h.Networks = nil
 			for i := range maxNetworks + 1 {

@@ -25,6 +25,8 @@ func (e *Engine) phase(p *peer) v1alpha1.Phase {
 		return v1alpha1.PhaseDenied
 	case p.hello == nil || mine != Accept || theirs != Accept:
 		return v1alpha1.PhaseDiscovered
+	case p.tunnelErr != nil:
+		return v1alpha1.PhaseDegraded
 	case p.configured.IsZero():
 		return v1alpha1.PhaseNegotiating
 	}
@@ -131,6 +133,8 @@ func (e *Engine) status(p *peer) v1alpha1.PeerStatus {
 		set(v1alpha1.ConditionViewsAgreed, false, "Pending", "views not exchanged yet")
 	}
 	switch {
+	case p.tunnelErr != nil:
+		set(v1alpha1.ConditionTunnelUp, false, "Refused", p.tunnelErr.Error())
 	case e.applyErr != nil:
 		set(v1alpha1.ConditionTunnelUp, false, "ApplyFailed", e.applyErr.Error())
 	case p.configured.IsZero():

@@ -56,6 +56,15 @@ func (q *statusQueue) post(id, name string, st v1alpha1.PeerStatus) {
 	}
 }
 
+// forget drops what is known of id's object, so the next status is written
+// (and the object created) even if it equals the last one: the object was
+// deleted.
+func (q *statusQueue) forget(id string) {
+	q.mu.Lock()
+	delete(q.written, id)
+	q.mu.Unlock()
+}
+
 func (q *statusQueue) run(ctx context.Context) {
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
