@@ -166,7 +166,7 @@ func benchTunnel(b *testing.B, n int) (*harness.Site, *tunnel.Tunnel, []tunnel.P
 		if err != nil {
 			return err
 		}
-		tun, err = tunnel.New(tunnel.Config{Interface: "flb" + env.RunID, Mode: tunnel.ModeUserspace, Logger: benchLogger(),
+		tun, err = tunnel.New(tunnel.Config{Interface: env.LinkName("b"), Mode: tunnel.ModeUserspace, Logger: benchLogger(),
 			PrivateKey: key, ListenPort: 40000 + os.Getpid()%20000})
 		return err
 	}); err != nil {

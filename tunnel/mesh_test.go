@@ -63,7 +63,7 @@ func newMesh(t testing.TB, cidrs ...string) *mesh {
 		ms := &meshSite{
 			Site:    s,
 			name:    name,
-			ifname:  "flo" + env.RunID + name,
+			ifname:  env.LinkName("o" + name),
 			port:    51820,
 			keyFile: filepath.Join(dir, "key"),
 			desired: filepath.Join(dir, "desired.json"),

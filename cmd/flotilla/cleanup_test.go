@@ -21,7 +21,7 @@ func TestCleanupRemovesTunnelObjects(t *testing.T) {
 	env.Require(harness.Root, harness.IPRoute2, harness.NFT)
 	lan := env.NewLAN("lan")
 	site := env.NewSite("a", harness.SiteOptions{LAN: lan, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})
-	ifname := "flc" + env.RunID
+	ifname := env.LinkName("c")
 	site.MustExec("ip", "route", "add", "10.200.0.0/16", "dev", "lan0", "proto", "static")
 	site.MustExec("nft", "add table ip foreign; add chain ip foreign c { type filter hook forward priority 0; }")
 

@@ -33,7 +33,7 @@ func TestAgentSmoke(t *testing.T) {
 		"--state-dir", filepath.Join(env.Dir, "state"),
 		"--metrics-addr", "127.0.0.1:9470",
 		"--pod-cidr", "10.0.0.0/16",
-		"--wireguard-interface", "fl"+env.RunID,
+		"--wireguard-interface", env.LinkName("s"),
 		"--log-format", "json")
 
 	base := "http://127.0.0.1:9470"

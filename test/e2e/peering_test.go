@@ -98,7 +98,11 @@ func TestPeeringSurvivesAgentRestart(t *testing.T) {
 	if err := a.Agent.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	<-a.Agent.Done()
+	select {
+	case <-a.Agent.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("agent still running 10 s after SIGTERM:\n%s", a.Agent.Tail(20))
+	}
 	a.StartAgent(t)
 	<-ping.Done()
 	lost, sent := pingLoss(t, ping.Log())

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -80,11 +81,16 @@ func TestPeeringRenegotiatesOnChange(t *testing.T) {
 			return len(p.Status.TheirNetworks) == 1 && p.Status.TheirNetworks[0].Range == "10.1.0.0/16" && p.Status.Phase == v1alpha1.PhaseConnected
 		})
 		federation.AllPairsTalk(t, cs)
-		// b's old view of a's old range went to quarantine.
+		// b's old view of a's old range went to quarantine, and is no
+		// longer among its views.
 		ledger := b.Site.MustExec(b.Bin, "ledger", "show", "--state-dir", b.StateDir)
 		oldBlock := netip.PrefixFrom(oldView, 16).Masked().String()
-		if !strings.Contains(ledger, oldBlock) || !strings.Contains(ledger, "QUARANTINE") {
-			t.Errorf("b's old view %s of a's old range is not in quarantine:\n%s", oldBlock, ledger)
+		_, rest, _ := strings.Cut(ledger, "MY VIEWS OF PEERS")
+		myViews, rest, _ := strings.Cut(rest, "THEIR VIEWS OF ME")
+		_, quarantine, found := strings.Cut(rest, "QUARANTINE")
+		row := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(oldBlock) + `\s+` + peerOfA().Name + `\s+10\.0\.0\.0/16\s`)
+		if !found || !row.MatchString(quarantine) || strings.Contains(myViews, oldBlock) {
+			t.Errorf("b's old view %s of a's old range is not (only) in quarantine:\n%s", oldBlock, ledger)
 		}
 	})
 }

@@ -107,7 +107,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	for i, c := range cs {
 		// wireguard-go's control socket is host-wide: the name must be
 		// unique on the host.
-		c.iface = fmt.Sprintf("fl%s%s", env.RunID, c.Name)
+		c.iface = env.LinkName(c.Name)
 		c.Args = []string{"agent",
 			"--kubeconfig", c.CP.Kubeconfig,
 			"--state-dir", c.StateDir,
@@ -244,45 +244,51 @@ type Result struct {
 func Exchange(t harness.TB, from, to *Cluster) Result {
 	t.Helper()
 	r := Result{From: from, To: to, Dst: ViewOf(t, from, to, to.Pod.Addr), Want: ViewOf(t, to, from, from.Pod.Addr)}
-	if r.Err = from.Pod.Ping(r.Dst); r.Err != nil {
-		return r
-	}
-	r.Seen, r.Err = from.Pod.TCPExchange(netip.AddrPortFrom(r.Dst, PodPort))
-	if r.Err == nil && r.Seen != r.Want {
-		r.Err = fmt.Errorf("receiver saw the sender as %s, want %s (its view of the sender)", r.Seen, r.Want)
-	}
+	r.exchange()
 	return r
 }
 
-// AllPairsTalk runs Exchange in every direction, concurrently, and fails
-// t with every direction that failed.
+// exchange does the traffic part of Exchange; it never touches t, so it
+// may run on any goroutine.
+func (r *Result) exchange() {
+	if r.Err = r.From.Pod.Ping(r.Dst); r.Err != nil {
+		return
+	}
+	r.Seen, r.Err = r.From.Pod.TCPExchange(netip.AddrPortFrom(r.Dst, PodPort))
+	if r.Err == nil && r.Seen != r.Want {
+		r.Err = fmt.Errorf("receiver saw the sender as %s, want %s (its view of the sender)", r.Seen, r.Want)
+	}
+}
+
+// AllPairsTalk runs Exchange in every direction, the traffic concurrently,
+// and fails t with every direction that failed.
 func AllPairsTalk(t harness.TB, cs []*Cluster) {
 	t.Helper()
-	var wg sync.WaitGroup
-	results := make(chan Result, len(cs)*len(cs))
+	var rs []*Result
 	for _, from := range cs {
 		for _, to := range cs {
-			if from == to {
-				continue
+			if from != to {
+				// Views are read here, on the test's goroutine: ViewOf may
+				// fail the test.
+				rs = append(rs, &Result{From: from, To: to, Dst: ViewOf(t, from, to, to.Pod.Addr), Want: ViewOf(t, to, from, from.Pod.Addr)})
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results <- Exchange(t, from, to)
-			}()
 		}
 	}
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.exchange() }()
+	}
 	wg.Wait()
-	close(results)
 	var failures []string
-	for r := range results {
+	for _, r := range rs {
 		if r.Err != nil {
 			failures = append(failures, fmt.Sprintf("%s -> %s (%s): %v", r.From.Name, r.To.Name, r.Dst, r.Err))
 		}
 	}
 	sort.Strings(failures)
 	if len(failures) > 0 {
-		t.Fatalf("%d of %d directions failed:\n  %s", len(failures), len(cs)*(len(cs)-1), strings.Join(failures, "\n  "))
+		t.Fatalf("%d of %d directions failed:\n  %s", len(failures), len(rs), strings.Join(failures, "\n  "))
 	}
 }
 

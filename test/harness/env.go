@@ -117,6 +117,10 @@ func (e *Env) finish() {
 	if e.t.Failed() {
 		e.t.Logf("harness: run %s failed; its logs were in %s", e.RunID, e.Dir)
 	}
+	// Every process of the run has stopped: no socket of ours is live.
+	for _, sock := range wireguardSockets(e.RunID) {
+		os.Remove(sock)
+	}
 	if err := os.RemoveAll(e.Dir); err != nil {
 		e.t.Logf("harness: remove %s: %v", e.Dir, err)
 	}
@@ -131,6 +135,21 @@ func newRunID() (string, error) {
 	}
 	return hex.EncodeToString(b), nil
 }
+
+// LinkName returns a network interface name of this run: "fl", the run ID,
+// then suffix (at most 7 characters, for the kernel's 15). Use it for links
+// whose name is visible host-wide, such as WireGuard interfaces, whose
+// userspace control socket is /var/run/wireguard/<name>.sock in every
+// namespace; the harness removes those sockets when the run ends, and
+// Sweep those of dead runs.
+func (e *Env) LinkName(suffix string) string {
+	if len(suffix) > 7 {
+		e.fatalf("link name suffix %q: at most 7 characters", suffix)
+	}
+	return linkPrefix + e.RunID + suffix
+}
+
+const linkPrefix = "fl"
 
 // name returns the harness name of an object of this run.
 func (e *Env) name(suffix string) string { return Prefix + e.RunID + "-" + suffix }

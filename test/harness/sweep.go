@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,12 @@ func Sweep() error {
 			}
 		}
 	}
+	// WireGuard control sockets of dead runs, unless someone listens.
+	for _, sock := range wireguardSockets("") {
+		if run := strings.TrimSuffix(filepath.Base(sock), ".sock"); len(run) >= len(linkPrefix)+6 && isDead(run[len(linkPrefix):len(linkPrefix)+6]) && !listening(sock) {
+			os.Remove(sock)
+		}
+	}
 	// Binaries built by Flotilla are named after the test process.
 	bins, _ := filepath.Glob(filepath.Join(CacheDir(), "bin", "flotilla-*"))
 	for _, b := range bins {
@@ -92,7 +99,31 @@ func Leftovers(run string) []string {
 	for _, d := range dirs {
 		out = append(out, "directory "+d)
 	}
+	for _, sock := range wireguardSockets(run) {
+		out = append(out, "socket "+sock)
+	}
 	return out
+}
+
+// wireguardSockets lists userspace WireGuard control sockets of links named
+// by LinkName for run, or of any run when run is "".
+func wireguardSockets(run string) []string {
+	pattern := linkPrefix + run + "*.sock"
+	if run == "" {
+		pattern = linkPrefix + "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*.sock"
+	}
+	socks, _ := filepath.Glob(filepath.Join("/var/run/wireguard", pattern))
+	return socks
+}
+
+// listening reports whether a process accepts connections on a socket.
+func listening(sock string) bool {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // runOf extracts the run ID from "flotest-<run>-<rest>".
