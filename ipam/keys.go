@@ -66,6 +66,21 @@ func (l *Ledger) PeerState(peer string) ([]byte, error) {
 	return v, nil
 }
 
+// PeersWithState lists the peers that have state stored, sorted.
+func (l *Ledger) PeersWithState() ([]string, error) {
+	var out []string
+	err := l.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPeers).ForEach(func(k, _ []byte) error {
+			out = append(out, string(k))
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list peer states: %w", err)
+	}
+	return out, nil
+}
+
 // PutPeerState stores opaque state for peer; nil deletes it.
 func (l *Ledger) PutPeerState(peer string, value []byte) error {
 	if err := CheckPeer(peer); err != nil {

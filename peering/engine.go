@@ -61,6 +61,7 @@ type Ledger interface {
 	ReleasePeer(peer string) error
 	PeerState(peer string) ([]byte, error)
 	PutPeerState(peer string, value []byte) error
+	PeersWithState() ([]string, error)
 	LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error)
 	PutKey(name string, value []byte) error
 }
@@ -523,9 +524,10 @@ func (e *Engine) persist(p *peer, msg []byte) error {
 	return e.cfg.Ledger.PutPeerState(p.id, b)
 }
 
-// restore loads the generation counter and every peer that has views, so
-// the tunnel is configured as before the restart without waiting for
-// discovery.
+// restore loads the generation counter and the last statement accepted
+// from every peer: all of them keep refusing replays of older statements,
+// and those that had views get their tunnel configured as before the
+// restart, without waiting for discovery.
 func (e *Engine) restore() error {
 	b, err := e.cfg.Ledger.LoadOrCreateKey(generationKey, func() ([]byte, error) { return make([]byte, 8), nil })
 	if err != nil {
@@ -534,32 +536,39 @@ func (e *Engine) restore() error {
 	if len(b) == 8 {
 		e.gen = binary.BigEndian.Uint64(b)
 	}
-	now := e.cfg.Now()
-	seen := map[string]bool{}
+	ids, err := e.cfg.Ledger.PeersWithState()
+	if err != nil {
+		return err
+	}
+	hadViews := map[string]bool{}
 	for _, v := range e.cfg.Ledger.Views("") {
-		if seen[v.Peer] {
-			continue
-		}
-		seen[v.Peer] = true
-		raw, err := e.cfg.Ledger.PeerState(v.Peer)
+		hadViews[v.Peer] = true
+	}
+	now := e.cfg.Now()
+	for _, id := range ids {
+		raw, err := e.cfg.Ledger.PeerState(id)
 		if err != nil {
 			continue
 		}
 		var st persistedPeer
 		if json.Unmarshal(raw, &st) != nil {
-			e.log.Warn("ignoring unreadable stored peer state", "peer", v.Peer)
+			e.log.Warn("ignoring unreadable stored peer state", "peer", id)
 			continue
 		}
 		s, err := Parse(st.Message)
-		if err != nil || s.Hello.To != e.self {
-			e.log.Warn("ignoring stored peer statement", "peer", v.Peer, "err", err)
+		if err != nil || s.Hello.To != e.self || s.Hello.From != id {
+			e.log.Warn("ignoring stored peer statement", "peer", id, "err", err)
 			continue
 		}
-		p := e.peer(v.Peer)
+		p := e.peer(id)
 		p.hello, p.payload = &s.Hello, slices.Clone(s.Payload())
-		// Not known alive yet: keep the data path for the grace period.
+		// Not known alive yet. Peers that had views keep their data path
+		// for the grace period; the others wait for discovery.
 		p.goneSince = now
-		e.log.Info("restored peer from the ledger", "peer", v.Peer, "generation", s.Hello.Generation)
+		if !hadViews[id] {
+			p.goneSince = now.Add(-e.cfg.UnreachableGrace)
+		}
+		e.log.Info("restored peer from the ledger", "peer", id, "generation", s.Hello.Generation, "dataPath", hadViews[id])
 	}
 	return nil
 }

@@ -591,3 +591,47 @@ func TestDeletedPeerIsRecreated(t *testing.T) {
 		return nil
 	})
 }
+
+// A restart does not reopen the door to replays: the newest statement of
+// every peer is restored, also of peers that never had a data path.
+func TestRestartKeepsRefusingReplays(t *testing.T) {
+	net := &network{}
+	var mu sync.Mutex
+	var fromB [][]byte
+	a, b := newNode(t, net, PolicyManual, nil, nil), newNode(t, net, PolicyManual, nil, nil)
+	net.tap = func(to string, msg []byte) {
+		if to == a.id.ClusterID() {
+			mu.Lock()
+			fromB = append(fromB, msg)
+			mu.Unlock()
+		}
+	}
+	meet(a, b)
+	eventually(t, "b's first statement", func() error {
+		if phaseOf(a, b) != v1alpha1.PhaseDiscovered {
+			return fmt.Errorf("phase %s", phaseOf(a, b))
+		}
+		return nil
+	})
+	b.eng.SpecChanged(a.id.ClusterID(), v1alpha1.NetworkingAccept, true) // b issues a newer one
+	eventually(t, "a accepted b's newer statement", func() error {
+		if v := testutil.ToFloat64(a.eng.metrics.accepted); v < 2 {
+			return fmt.Errorf("%v accepted", v)
+		}
+		return nil
+	})
+	mu.Lock()
+	oldest := fromB[0]
+	mu.Unlock()
+	a.stop()
+	a2 := newNode(t, &network{}, PolicyManual, nil, a)
+	<-a2.eng.Ready()
+	a2.eng.MemberChanged(Member{ClusterID: b.id.ClusterID(), PublicKey: b.id.Public(), Alive: true})
+	a2.eng.Receive(oldest)
+	eventually(t, "replay refused after the restart", func() error {
+		if v := testutil.ToFloat64(a2.eng.metrics.refused.WithLabelValues("replayed")); v != 1 {
+			return fmt.Errorf("replayed refusals %v", v)
+		}
+		return nil
+	})
+}
