@@ -523,6 +523,9 @@ type federation struct {
 // print it.
 func (a *Agent) federationKeys(ledger *ipam.Ledger) (federation, error) {
 	given := a.cfg.FederationKey
+	if given != "" {
+		a.log.Warn("the federation key was given on the command line, where every process on this host can read it; prefer --federation-key-file")
+	}
 	if a.cfg.FederationKeyFile != "" {
 		b, err := os.ReadFile(a.cfg.FederationKeyFile)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 )
@@ -103,14 +104,15 @@ type JoinToken struct {
 	Seeds []string // "host:port" gossip addresses of existing members
 }
 
-// String encodes the token.
+// String names the token without revealing it (the key admits its
+// holder to the federation), so a token that ends up in a log or an error
+// leaks nothing. Encode is the one way to the secret.
 func (t JoinToken) String() string {
-	s, err := t.Encode()
-	if err != nil {
-		return "invalid token: " + err.Error()
-	}
-	return s
+	return fmt.Sprintf("join token (key %s, %d seeds)", Fingerprint(t.Key), len(t.Seeds))
 }
+
+// LogValue keeps slog from printing the key either.
+func (t JoinToken) LogValue() slog.Value { return slog.StringValue(t.String()) }
 
 // Encode encodes the token, refusing bad keys and seeds.
 func (t JoinToken) Encode() (string, error) {

@@ -34,7 +34,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&cfg.UnreachableGrace, "unreachable-grace", cfg.UnreachableGrace, "how long an unreachable peer keeps its tunnel and view")
 	fs.BoolVar(&cfg.InstallCRDs, "install-crds", cfg.InstallCRDs, "install the flotilla.io CRDs at start")
 
-	fs.StringVar(&cfg.FederationKey, "federation-key", "", "join token or base64 federation key (default: the key in the state dir, generated at first start)")
+	fs.StringVar(&cfg.FederationKey, "federation-key", "", "join token or base64 federation key; visible in ps, prefer --federation-key-file (default: the key in the state dir, generated at first start)")
 	fs.StringVar(&cfg.FederationKeyFile, "federation-key-file", "", "file holding a join token or federation key")
 	gossip := addrPortFlag{&cfg.GossipAddr}
 	fs.Var(gossip, "gossip-addr", "address:port gossip listens on (UDP and TCP)")
