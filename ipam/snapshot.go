@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -22,15 +23,20 @@ import (
 // the newest transaction ID is the same before and after the copy, every
 // page of that transaction was copied intact. Otherwise it tries again.
 func OpenSnapshot(path string) (*Ledger, error) {
+	// A copy races the agent's commits; back off between attempts so a
+	// burst of writes (a negotiation storm) passes, for up to about 3 s.
 	var lastErr error
-	for attempt := 0; attempt < 10; attempt++ {
+	wait := time.Millisecond
+	for attempt := 0; attempt < 40; attempt++ {
 		l, err := trySnapshot(path)
 		if err == nil || !errors.Is(err, errMoved) {
 			return l, err
 		}
 		lastErr = err
+		time.Sleep(wait)
+		wait = min(2*wait, 100*time.Millisecond)
 	}
-	return nil, fmt.Errorf("snapshot ledger %s: %w", path, lastErr)
+	return nil, fmt.Errorf("snapshot ledger %s: %w (the agent is writing continuously; try again)", path, lastErr)
 }
 
 var errMoved = errors.New("ledger changed while it was copied")
