@@ -343,11 +343,14 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	// networks in the ledger (views avoid them) but are not announced.
 	var announced []netip.Prefix
 	for _, p := range nets.Pods {
-		if p.Addr().Is4() {
-			announced = append(announced, p)
-		} else {
+		if !p.Addr().Is4() {
 			a.log.Warn("IPv6 pod range not announced to peers: the tunnel routes IPv4 only", "range", p)
+			continue
 		}
+		if err := peering.CheckNetwork(p); err != nil {
+			return stack, fmt.Errorf("pod range %s cannot be announced to peers: %w", p, err)
+		}
+		announced = append(announced, p)
 	}
 	if len(announced) == 0 {
 		return stack, fmt.Errorf("no IPv4 pod range among %v: the tunnel routes IPv4 only; pass --pod-cidr with this cluster's IPv4 pod range", nets.Pods)

@@ -204,7 +204,7 @@ func (h *Hello) validate() error {
 		if err := canonical(n); err != nil {
 			return fmt.Errorf("network %s: %w", n, err)
 		}
-		if err := routable(n); err != nil {
+		if err := CheckNetwork(n); err != nil {
 			return fmt.Errorf("network %s: %w", n, err)
 		}
 		for _, m := range h.Networks[:i] {
@@ -223,7 +223,7 @@ func (h *Hello) validate() error {
 		if err := canonical(v.As); err != nil {
 			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
 		}
-		if err := routable(v.As); err != nil {
+		if err := CheckNetwork(v.As); err != nil {
 			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
 		}
 		if v.Range.Bits() != v.As.Bits() || v.Range.Addr().Is4() != v.As.Addr().Is4() {
@@ -236,36 +236,29 @@ func (h *Hello) validate() error {
 	return nil
 }
 
-// Ranges a peer may never announce or be seen as: they would route this
-// gateway's own or special traffic into a tunnel.
-var special = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),      // "this network"
-	netip.MustParsePrefix("127.0.0.0/8"),    // loopback
-	netip.MustParsePrefix("169.254.0.0/16"), // link-local
-	netip.MustParsePrefix("224.0.0.0/4"),    // multicast
-	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
-	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking: our test underlays
+// Pod networks live in private (RFC 1918) or shared (RFC 6598) address
+// space. A peer may announce nothing else, and nothing wider than /8: a
+// public range would pull this gateway's internet traffic for it into
+// one peer's tunnel.
+var private = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
 }
 
-// minNetworkBits bounds how wide an announced range may be: a /1 would
-// pull most of this gateway's traffic into one peer's tunnel.
-const minNetworkBits = 8
-
-// routable checks that p is a range protocol 1 can carry: IPv4 (the tunnel
-// routes IPv4 only), at most a /8, and clear of special ranges.
-func routable(p netip.Prefix) error {
+// CheckNetwork checks that p is a range protocol 1 can carry: IPv4 (the tunnel
+// routes IPv4 only) inside private or shared address space.
+func CheckNetwork(p netip.Prefix) error {
 	if !p.Addr().Is4() {
 		return errors.New("IPv6 is not carried by protocol 1")
 	}
-	if p.Bits() < minNetworkBits {
-		return fmt.Errorf("wider than /%d", minNetworkBits)
-	}
-	for _, s := range special {
-		if p.Overlaps(s) {
-			return fmt.Errorf("overlaps the special range %s", s)
+	for _, r := range private {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return nil
 		}
 	}
-	return nil
+	return errors.New("not inside private (10/8, 172.16/12, 192.168/16) or shared (100.64/10) address space")
 }
 
 func canonical(p netip.Prefix) error {

@@ -119,6 +119,8 @@ func TestInvalidHellos(t *testing.T) {
 		{"views while pending", func(h *Hello) { h.Decision = Pending }},
 		{"IPv6 network", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("fd00::/64")} }},
 		{"wider than /8", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/1")} }},
+		{"public range", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("8.8.8.0/24")} }},
+		{"straddles private space", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("172.0.0.0/8")} }},
 		{"wide /4", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("16.0.0.0/4")} }},
 		{"loopback", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
 		{"link-local", func(h *Hello) { h.Networks = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16")} }},
