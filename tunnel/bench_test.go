@@ -167,7 +167,7 @@ func benchTunnel(b *testing.B, n int) (*harness.Site, *tunnel.Tunnel, []tunnel.P
 			return err
 		}
 		tun, err = tunnel.New(tunnel.Config{Interface: env.LinkName("b"), Mode: tunnel.ModeUserspace, Logger: benchLogger(),
-			PrivateKey: key, ListenPort: 40000 + os.Getpid()%20000})
+			PrivateKey: key, ListenPort: 20000 + os.Getpid()%10000 /* below the ephemeral range */})
 		return err
 	}); err != nil {
 		b.Fatal(err)

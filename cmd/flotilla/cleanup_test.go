@@ -31,7 +31,7 @@ func TestCleanupRemovesTunnelObjects(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		tun, err := tunnel.New(tunnel.Config{Interface: ifname, Mode: tunnel.ModeUserspace, PrivateKey: key, ListenPort: 40000 + os.Getpid()%20000})
+		tun, err := tunnel.New(tunnel.Config{Interface: ifname, Mode: tunnel.ModeUserspace, PrivateKey: key, ListenPort: 20000 + os.Getpid()%10000 /* below the ephemeral range */})
 		if err != nil {
 			return err
 		}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,7 +66,7 @@ func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cps[i], errs[i] = e.startControlPlane(fmt.Sprintf("cp%d", i+1), opts)
+			cps[i], errs[i] = e.startControlPlaneRetrying(fmt.Sprintf("cp%d", i+1), opts)
 		}()
 	}
 	wg.Wait()
@@ -77,11 +79,31 @@ func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
 // ControlPlane starts one control plane.
 func (e *Env) ControlPlane(name string, opts ControlPlaneOptions) *ControlPlane {
 	e.t.Helper()
-	cp, err := e.startControlPlane(name, opts)
+	cp, err := e.startControlPlaneRetrying(name, opts)
 	if err != nil {
 		e.fatalf("start control plane %s: %v", name, err)
 	}
 	return cp
+}
+
+// startControlPlaneRetrying starts a control plane and, should a port it
+// drew be taken before its server bound it (another test's server drew
+// it too), stops it and starts again on new ports.
+func (e *Env) startControlPlaneRetrying(name string, opts ControlPlaneOptions) (*ControlPlane, error) {
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		var cp *ControlPlane
+		cp, err = e.startControlPlane(name, opts)
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			return cp, err
+		}
+		if cp != nil {
+			cp.Stop()
+		}
+		os.RemoveAll(filepath.Join(e.Dir, name)) // etcd must not reuse the data of the failed attempt
+		e.t.Logf("harness: %s: a port was taken while starting (attempt %d), retrying on new ports", name, attempt)
+	}
+	return nil, err
 }
 
 func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*ControlPlane, error) {
@@ -99,12 +121,12 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 	cp := &ControlPlane{Name: name, Options: opts, env: e, dir: dir, pki: p}
 	ports, err := freePorts(4)
 	if err != nil {
-		return nil, err
+		return cp, err
 	}
 	etcdClient, etcdPeer, apiPort, kcmPort := ports[0], ports[1], ports[2], ports[3]
 	cp.Addr = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(apiPort))
 	if err := cp.writeKubeconfig(); err != nil {
-		return nil, err
+		return cp, err
 	}
 
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
@@ -116,7 +138,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 		"--initial-cluster", "default=" + peerURL, "--log-level", "warn",
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: start etcd: %w", name, err)
+		return cp, fmt.Errorf("%s: start etcd: %w", name, err)
 	}
 	bin := func(b string) string { return filepath.Join(KubeBinDir(), b) }
 	cp.APIServer, err = e.start(name+"-apiserver", nil, []string{
@@ -139,11 +161,11 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 		"-v", "1",
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
+		return cp, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
 	}
 	e.t.Cleanup(func() { cp.APIServer.Stop() }) // before etcd stops: registered later, runs earlier
 	if err := cp.waitReady(90 * time.Second); err != nil {
-		return nil, fmt.Errorf("%s: %w\nlast lines of kube-apiserver:\n%s\nlast lines of etcd:\n%s", name, err, cp.APIServer.Tail(15), cp.Etcd.Tail(5))
+		return cp, fmt.Errorf("%s: %w\nlast lines of kube-apiserver:\n%s\nlast lines of etcd:\n%s", name, err, cp.APIServer.Tail(15), cp.Etcd.Tail(5))
 	}
 	kcmArgs := []string{
 		bin("kube-controller-manager"),
@@ -163,14 +185,14 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 			"--node-cidr-mask-size", strconv.Itoa(nodeMaskSize(opts.PodCIDR)))
 	}
 	if cp.ControllerManager, err = e.start(name+"-controller-manager", nil, kcmArgs); err != nil {
-		return nil, fmt.Errorf("%s: start kube-controller-manager: %w", name, err)
+		return cp, fmt.Errorf("%s: start kube-controller-manager: %w", name, err)
 	}
 	if err := cp.waitControllers(90 * time.Second); err != nil {
-		return nil, fmt.Errorf("%s: %w\nlast lines of kube-controller-manager:\n%s", name, err, cp.ControllerManager.Tail(15))
+		return cp, fmt.Errorf("%s: %w\nlast lines of kube-controller-manager:\n%s", name, err, cp.ControllerManager.Tail(15))
 	}
 	if opts.Scheduler {
 		if err := cp.startScheduler(); err != nil {
-			return nil, err
+			return cp, err
 		}
 	}
 	return cp, nil
@@ -257,6 +279,9 @@ func (cp *ControlPlane) waitReady(timeout time.Duration) error {
 		if exited, err := cp.APIServer.Exited(); exited {
 			return fmt.Errorf("kube-apiserver exited: %v", err)
 		}
+		if exited, err := cp.Etcd.Exited(); exited {
+			return fmt.Errorf("etcd exited: %v", err)
+		}
 		body, err := cp.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		if err == nil && string(body) == "ok" {
 			return nil
@@ -304,8 +329,16 @@ func (cp *ControlPlane) ExposeTo(n *Netns) {
 	}
 }
 
-// freePorts returns n TCP ports that were free on loopback a moment ago.
+// freePorts returns n TCP ports that were free on loopback a moment ago,
+// drawn below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
+// so outgoing connections cannot take one before its server binds it, as
+// they can with ports the kernel hands out for ":0".
 func freePorts(n int) ([]int, error) {
+	low := ephemeralLow()
+	const floor = 10000
+	if low-floor < 1000 {
+		return nil, fmt.Errorf("find free ports: the ephemeral range starts at %d, too low to draw from below it", low)
+	}
 	ports := make([]int, 0, n)
 	var ls []net.Listener
 	defer func() {
@@ -313,15 +346,33 @@ func freePorts(n int) ([]int, error) {
 			l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			return nil, errors.New("find free ports: none free below the ephemeral range")
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		port := floor + mrand.IntN(low-floor)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		ls = append(ls, l) // held until all are found: no duplicates
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port the kernel hands out for outgoing
+// connections (32768 unless configured).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil {
+				return low
+			}
+		}
+	}
+	return 32768
 }
 
 // WriteFile writes data to a file in the run directory and returns its path.
