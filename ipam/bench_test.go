@@ -174,3 +174,26 @@ func BenchmarkToRemote(b *testing.B) {
 		}
 	}
 }
+
+// What a negotiation that settled pays each time it records a claim it
+// already recorded (peering does so on every reconcile).
+func BenchmarkRecordTheirViewUnchanged(b *testing.B) {
+	dir := b.TempDir()
+	l, err := Open(filepath.Join(dir, FileName), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	mine, theirs := netip.MustParsePrefix("10.0.0.0/16"), netip.MustParsePrefix("100.96.0.0/16")
+	if _, err := l.SetLocalNetworks([]LocalNetwork{{Range: mine, Kind: PodNetwork}}); err != nil {
+		b.Fatal(err)
+	}
+	if err := l.RecordTheirView("cpeer", mine, theirs); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := l.RecordTheirView("cpeer", mine, theirs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -450,6 +450,16 @@ func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
 func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 	err := checkClaim(peer, mine, theirs)
 	if err == nil {
+		// Peering repeats settled claims on every reconcile: an identical
+		// one costs a read, not a committed transaction.
+		same := false
+		l.read(func(st *state) {
+			o, ok := st.theirs[peerRange{peer, mine}]
+			same = ok && o.Theirs == theirs
+		})
+		if same {
+			return nil
+		}
 		err = l.update(func(t *txn) error {
 			inside := false
 			for _, n := range t.st.locals {
@@ -472,7 +482,7 @@ func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 				}
 			}
 			if o, ok := t.st.theirs[peerRange{peer, mine}]; ok && o.Theirs == theirs {
-				return nil
+				return nil // recorded meanwhile by another caller
 			}
 			return t.putTheir(TheirView{Peer: peer, Mine: mine, Theirs: theirs, Since: t.now})
 		})
