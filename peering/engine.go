@@ -362,7 +362,7 @@ func (e *Engine) memberChanged(m Member) {
 	case m.Alive && !wasAlive:
 		p.goneSince, p.released = time.Time{}, false
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
-		e.send(p) // introduce ourselves at once
+		e.send(p, true) // introduce ourselves at once
 		if early, ok := e.early[m.ClusterID]; ok {
 			delete(e.early, m.ClusterID)
 			e.receive(early.msg)
@@ -457,7 +457,7 @@ func (e *Engine) receive(msg []byte) {
 	e.log.Debug("hello accepted", "peer", p.id, "generation", h.Generation, "decision", h.Decision, "views", len(h.ViewsOfYou))
 	// Answer every new statement, so a peer that lost ours recovers now
 	// rather than at the next resend.
-	e.send(p)
+	e.send(p, true)
 }
 
 // Bounds on messages held for senders discovery has not reported yet.
@@ -593,7 +593,7 @@ func (e *Engine) reconcile() {
 	now := e.cfg.Now()
 	for _, p := range e.peers {
 		e.reconcileViews(p, now)
-		e.send(p)
+		e.send(p, false)
 	}
 	e.applyTunnel()
 	e.writeStatuses()
@@ -701,9 +701,12 @@ func (e *Engine) outgoing(p *peer) *Hello {
 	return h
 }
 
-// send seals a new Hello for p when its content changed, and sends the
-// current one.
-func (e *Engine) send(p *peer) {
+// send seals and sends a new Hello for p when its content changed. With
+// again, it also sends the current one when nothing changed: to a member
+// that just appeared, or in answer to a new statement. Reconciles, which
+// run after every input, must not resend: a duplicate received would
+// trigger a reconcile that resends, a loop across the federation.
+func (e *Engine) send(p *peer, again bool) {
 	if p.member == nil || !p.member.Alive {
 		return
 	}
@@ -712,7 +715,9 @@ func (e *Engine) send(p *peer) {
 		prev := *p.out
 		prev.Generation = 0
 		if reflect.DeepEqual(&prev, h) {
-			e.sender(p.id).post(p.outMsg)
+			if again {
+				e.sender(p.id).post(p.outMsg)
+			}
 			return
 		}
 	}

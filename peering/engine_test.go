@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -634,4 +635,27 @@ func TestRestartKeepsRefusingReplays(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Once settled, a federation sends only its periodic resends: a received
+// duplicate must not set off more messages (it once did: every reconcile
+// resent to every peer, ~19,000 messages in 2 s here instead of 60).
+func TestSettledFederationOnlyResends(t *testing.T) {
+	net := &network{}
+	var sent atomic.Int64
+	net.tap = func(string, []byte) { sent.Add(1) }
+	a, b, c := newNode(t, net, PolicyAuto, nil, nil), newNode(t, net, PolicyAuto, nil, nil), newNode(t, net, PolicyAuto, nil, nil)
+	meet(a, b, c)
+	for _, pair := range [][2]*node{{a, b}, {a, c}, {b, c}} {
+		eventually(t, "connected", func() error { return connected(pair[0], pair[1]) })
+	}
+	time.Sleep(500 * time.Millisecond)
+	const window = 2 * time.Second
+	before := sent.Load()
+	time.Sleep(window)
+	// 6 directed pairs, one resend per 200 ms interval each: 60.
+	rounds := int64(window / (200 * time.Millisecond))
+	if got, limit := sent.Load()-before, 2*6*rounds; got > limit {
+		t.Fatalf("%d messages in %s while settled, want at most %d (%d resend rounds)", got, window, limit, rounds)
+	}
 }
