@@ -288,8 +288,41 @@ func AllPairsTalk(t harness.TB, cs []*Cluster) {
 	}
 	sort.Strings(failures)
 	if len(failures) > 0 {
+		t.Logf("the data path when the exchanges failed:\n%s", Diagnose(cs))
+		// Whether the failure outlives WireGuard's handshake retry (5 s)
+		// tells a slow start from a broken path.
+		time.Sleep(6 * time.Second)
+		for _, r := range rs {
+			if r.Err != nil {
+				r.exchange()
+				t.Logf("%s -> %s again 6 s later: %v", r.From.Name, r.To.Name, r.Err)
+			}
+		}
 		t.Fatalf("%d of %d directions failed:\n  %s", len(failures), len(rs), strings.Join(failures, "\n  "))
 	}
+}
+
+// Diagnose describes each cluster's data path for a failure message: the
+// WireGuard device (peers, handshakes, bytes), the gateway's routes, the
+// NAT table and the connections conntrack holds.
+func Diagnose(cs []*Cluster) string {
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "== %s (site %s, pod %s)\n", c.Name, c.Site.Addr, c.Pod.Addr)
+		for _, cmd := range [][]string{
+			{"wg", "show", c.iface},
+			{"ip", "route", "show", "proto", "102"},
+			{"nft", "list", "table", "ip", "flotilla"},
+			{"cat", "/proc/net/nf_conntrack"},
+		} {
+			out, err := c.Site.Exec(context.Background(), cmd[0], cmd[1:]...)
+			fmt.Fprintf(&b, "$ %s\n%s", strings.Join(cmd, " "), out)
+			if err != nil {
+				fmt.Fprintf(&b, "(%v)\n", err)
+			}
+		}
+	}
+	return b.String()
 }
 
 // Interface is the name of the cluster's WireGuard interface.

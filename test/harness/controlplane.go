@@ -140,6 +140,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 	if err != nil {
 		return cp, fmt.Errorf("%s: start etcd: %w", name, err)
 	}
+	cp.Etcd.quiet = true
 	bin := func(b string) string { return filepath.Join(KubeBinDir(), b) }
 	cp.APIServer, err = e.start(name+"-apiserver", nil, []string{
 		bin("kube-apiserver"),
@@ -163,6 +164,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 	if err != nil {
 		return cp, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
 	}
+	cp.APIServer.quiet = true
 	e.t.Cleanup(func() { cp.APIServer.Stop() }) // before etcd stops: registered later, runs earlier
 	if err := cp.waitReady(90 * time.Second); err != nil {
 		return cp, fmt.Errorf("%s: %w\nlast lines of kube-apiserver:\n%s\nlast lines of etcd:\n%s", name, err, cp.APIServer.Tail(15), cp.Etcd.Tail(5))
@@ -187,6 +189,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 	if cp.ControllerManager, err = e.start(name+"-controller-manager", nil, kcmArgs); err != nil {
 		return cp, fmt.Errorf("%s: start kube-controller-manager: %w", name, err)
 	}
+	cp.ControllerManager.quiet = true
 	if err := cp.waitControllers(90 * time.Second); err != nil {
 		return cp, fmt.Errorf("%s: %w\nlast lines of kube-controller-manager:\n%s", name, err, cp.ControllerManager.Tail(15))
 	}
@@ -234,6 +237,7 @@ func (cp *ControlPlane) startScheduler() error {
 	if err != nil {
 		return fmt.Errorf("%s: start kube-scheduler: %w", cp.Name, err)
 	}
+	cp.Scheduler.quiet = true
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -115,7 +116,7 @@ func newEnv(t TB) (*Env, error) {
 
 func (e *Env) finish() {
 	if e.t.Failed() {
-		e.t.Logf("harness: run %s failed; its logs were in %s", e.RunID, e.Dir)
+		e.keepLogs()
 	}
 	// Every process of the run has stopped: no socket of ours is live.
 	for _, sock := range wireguardSockets(e.RunID) {
@@ -165,4 +166,23 @@ func (e *Env) nextSegment() int {
 func (e *Env) fatalf(format string, args ...any) {
 	e.t.Helper()
 	e.t.Fatalf("harness: "+format, args...)
+}
+
+// ArtifactsEnvVar names a directory where a failed run's process logs are
+// copied before its run directory is removed (unset: they are not kept).
+const ArtifactsEnvVar = "FLOTILLA_TEST_ARTIFACTS"
+
+func (e *Env) keepLogs() {
+	root := os.Getenv(ArtifactsEnvVar)
+	if root == "" {
+		e.t.Logf("harness: run %s failed; set %s=DIR to keep its process logs", e.RunID, ArtifactsEnvVar)
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(e.t.Name())
+	dst := filepath.Join(root, name+"-"+e.RunID)
+	if err := os.CopyFS(dst, os.DirFS(filepath.Join(e.Dir, "logs"))); err != nil {
+		e.t.Logf("harness: keep the logs of run %s: %v", e.RunID, err)
+		return
+	}
+	e.t.Logf("harness: run %s failed; its process logs are in %s", e.RunID, dst)
 }

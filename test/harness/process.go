@@ -23,6 +23,24 @@ type Process struct {
 	done    chan struct{}
 	mu      sync.Mutex
 	waitErr error
+	// quiet processes (control-plane components) print no tail when the
+	// test fails, unless they had exited.
+	quiet bool
+	// stopped is set once the harness or the test asked the process to
+	// end (Stop, Kill): an exit after that is not a crash.
+	stopped bool
+}
+
+func (p *Process) markStopped() {
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+}
+
+func (p *Process) stopRequested() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stopped
 }
 
 // StopTimeout is how long Stop waits after SIGTERM before SIGKILL.
@@ -72,9 +90,21 @@ func (e *Env) start(name string, prefix []string, argv []string) (*Process, erro
 		close(p.done)
 	}()
 	e.t.Cleanup(func() {
+		exited, err := p.Exited()
+		crashed := exited && !p.stopRequested()
 		p.Stop()
-		if e.t.Failed() {
-			e.t.Logf("harness: last lines of %s:\n%s", name, p.Tail(30))
+		if !e.t.Failed() {
+			return
+		}
+		// A CI log keeps only its end, and the test's own failure is
+		// printed before these: keep them short. A process that died on
+		// its own gets its full tail; a live one the INFO and above of
+		// its last lines, and only when it is one the test watches.
+		switch {
+		case crashed:
+			e.t.Logf("harness: %s had exited (%v); last lines:\n%s", name, err, p.Tail(30))
+		case !p.quiet:
+			e.t.Logf("harness: last lines of %s (debug lines left out; whole log: %s):\n%s", name, p.LogPath, p.TailAbove(12, "level=DEBUG"))
 		}
 	})
 	return p, nil
@@ -127,10 +157,17 @@ func (p *Process) Exited() (bool, error) {
 }
 
 // Signal sends sig to the process (not its group).
-func (p *Process) Signal(sig syscall.Signal) error { return p.Cmd.Process.Signal(sig) }
+// A terminating signal counts as a stop the test asked for.
+func (p *Process) Signal(sig syscall.Signal) error {
+	if sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGKILL {
+		p.markStopped()
+	}
+	return p.Cmd.Process.Signal(sig)
+}
 
 // Kill sends SIGKILL to the process group and waits for the exit.
 func (p *Process) Kill() {
+	p.markStopped()
 	syscall.Kill(-p.Pid(), syscall.SIGKILL)
 	<-p.done
 }
@@ -141,6 +178,7 @@ func (p *Process) Stop() error {
 	if exited, err := p.Exited(); exited {
 		return err
 	}
+	p.markStopped()
 	syscall.Kill(-p.Pid(), syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -159,8 +197,21 @@ func (p *Process) Log() string {
 }
 
 // Tail returns the last n lines of the process's output.
-func (p *Process) Tail(n int) string {
+func (p *Process) Tail(n int) string { return p.TailAbove(n, "") }
+
+// TailAbove returns the last n lines of the process's output that do not
+// contain skip (when skip is not empty).
+func (p *Process) TailAbove(n int, skip string) string {
 	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
+	if skip != "" {
+		kept := lines[:0]
+		for _, l := range lines {
+			if !strings.Contains(l, skip) {
+				kept = append(kept, l)
+			}
+		}
+		lines = kept
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
