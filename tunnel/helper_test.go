@@ -91,6 +91,7 @@ func helperMain(args []string) int {
 	keyFile := fs.String("key", "", "")
 	desiredFile := fs.String("desired", "", "")
 	cleanup := fs.Bool("cleanup", false, "remove everything on exit")
+	firstContactWait := fs.Duration("first-contact-wait", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -105,7 +106,7 @@ func helperMain(args []string) int {
 		return fail(err)
 	}
 	start := time.Now()
-	tun, err := tunnel.New(tunnel.Config{Interface: *ifname, Mode: m, ListenPort: *port, PrivateKey: key, Logger: log})
+	tun, err := tunnel.New(tunnel.Config{Interface: *ifname, Mode: m, ListenPort: *port, PrivateKey: key, FirstContactWait: *firstContactWait, Logger: log})
 	if err != nil {
 		return fail(err)
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	reconcileSeconds prometheus.Histogram
 	reconcileErrors  prometheus.Counter
 	repairs          prometheus.Counter
+	firstContacts    *prometheus.CounterVec
 	rxBytes          *prometheus.Desc
 	txBytes          *prometheus.Desc
 	handshake        *prometheus.Desc
@@ -33,6 +34,10 @@ func newMetrics(t *Tunnel) *metrics {
 			Name: "flotilla_tunnel_repaired_objects_total",
 			Help: "Owned objects (routes, rules, peers, links) put back after someone changed them.",
 		}),
+		firstContacts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_tunnel_first_contacts_total",
+			Help: "New peers this side left to initiate, by how the wait ended: answered (the peer's handshake came), initiated (nothing came, this side initiated), timed out.",
+		}, []string{"outcome"}),
 		rxBytes: prometheus.NewDesc("flotilla_tunnel_peer_receive_bytes_total",
 			"Bytes received from the peer through WireGuard.", []string{"peer"}, nil),
 		txBytes: prometheus.NewDesc("flotilla_tunnel_peer_transmit_bytes_total",
@@ -47,6 +52,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		r.Register(m.reconcileSeconds),
 		r.Register(m.reconcileErrors),
 		r.Register(m.repairs),
+		r.Register(m.firstContacts),
 		r.Register(m),
 	)
 }

@@ -64,8 +64,12 @@ type Config struct {
 	RouteProtocol int
 	// NFTable is the name of our nftables table (family ip).
 	NFTable string
-	Logger  *slog.Logger
-	Metrics prometheus.Registerer
+	// FirstContactWait is how long the side of a new peering that waits
+	// for the other to initiate waits before it initiates itself (see
+	// firstcontact.go); default DefaultFirstContactWait.
+	FirstContactWait time.Duration
+	Logger           *slog.Logger
+	Metrics          prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -86,6 +90,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.NFTable == "" {
 		c.NFTable = DefaultNFTable
+	}
+	if c.FirstContactWait == 0 {
+		c.FirstContactWait = DefaultFirstContactWait
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -139,11 +146,16 @@ type Tunnel struct {
 	nat       *natTable
 	wgApplied *wgRecord // nil when unknown
 	key       Key
+	pub       Key      // of key
 	desired   *Desired // nil before the first Apply
 	peerIDs   map[Key]string
 	closed    bool
 	metrics   *metrics
 	lastLink  int // ifindex seen at the last reconcile
+	// waiting holds the new peers whose first handshake this side leaves
+	// to them, since when (firstcontact.go).
+	waiting      map[Key]time.Time
+	contactTimer *time.Timer
 }
 
 // scope says which kinds of owned objects a reconcile reads back from the
@@ -175,7 +187,9 @@ func New(cfg Config) (*Tunnel, error) {
 		nat:     &natTable{name: cfg.NFTable, ifname: cfg.Interface},
 		kick:    make(chan struct{}, 1),
 		key:     cfg.PrivateKey,
+		pub:     cfg.PrivateKey.PublicKey(),
 		peerIDs: map[Key]string{},
+		waiting: map[Key]time.Time{},
 	}
 	t.mtu = cfg.MTU
 	if t.mtu == 0 {
@@ -289,7 +303,7 @@ func (t *Tunnel) SetPrivateKey(k Key) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.key = k
+	t.key, t.pub = k, k.PublicKey()
 	if err := t.configureDevice(); err != nil {
 		return fmt.Errorf("rotate wireguard key: %w", err)
 	}
@@ -300,7 +314,7 @@ func (t *Tunnel) SetPrivateKey(k Key) error {
 func (t *Tunnel) PublicKey() Key {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.key.PublicKey()
+	return t.pub
 }
 
 // Kernel reports whether kernel WireGuard serves the link.
@@ -330,6 +344,7 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	n, err := t.configurePeers(d, full&fullWireGuard != 0)
 	changes += n
 	errs = append(errs, err)
+	t.scheduleFirstContacts()
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
@@ -460,6 +475,9 @@ func (t *Tunnel) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.contactTimer != nil {
+		t.contactTimer.Stop()
+	}
 	if t.link != nil {
 		t.link.close()
 	}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -75,13 +76,23 @@ func (t *Tunnel) updatePeers(d Desired) (int, error) {
 		cfg.ListenPort = &t.cfg.ListenPort
 		changes++
 	}
+	now := time.Now()
 	peers := make(map[Key]Peer, len(d.Peers))
 	for _, p := range d.Peers {
-		peers[p.PublicKey] = p
-		if old, ok := rec.peers[p.PublicKey]; ok && samePeer(old, p) {
-			continue
+		old, ok := rec.peers[p.PublicKey]
+		if !ok {
+			t.holdFirstContact(p, now)
 		}
-		cfg.Peers = append(cfg.Peers, peerConfig(p))
+		p = t.effective(p)
+		peers[p.PublicKey] = p
+		switch {
+		case ok && samePeer(old, p):
+			continue
+		case ok && samePeer(old, withKeepalive(p, old.Keepalive)):
+			cfg.Peers = append(cfg.Peers, keepaliveConfig(p))
+		default:
+			cfg.Peers = append(cfg.Peers, peerConfig(p))
+		}
 		changes++
 	}
 	for k := range rec.peers {
@@ -90,6 +101,7 @@ func (t *Tunnel) updatePeers(d Desired) (int, error) {
 			changes++
 		}
 	}
+	t.forgetFirstContacts(peers)
 	if changes == 0 {
 		return 0, nil
 	}
@@ -108,6 +120,8 @@ func (t *Tunnel) resyncPeers(d Desired) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read wireguard device %s: %w", t.cfg.Interface, err)
 	}
+	now := time.Now()
+	t.settleFirstContacts(dev, now)
 	var cfg wgtypes.Config
 	changes := 0
 	if Key(dev.PrivateKey) != t.key {
@@ -125,9 +139,13 @@ func (t *Tunnel) resyncPeers(d Desired) (int, error) {
 	}
 	peers := make(map[Key]Peer, len(d.Peers))
 	for _, p := range d.Peers {
-		peers[p.PublicKey] = p
 		cur, ok := have[p.PublicKey]
 		delete(have, p.PublicKey)
+		if !ok {
+			t.holdFirstContact(p, now)
+		}
+		p = t.effective(p)
+		peers[p.PublicKey] = p
 		if ok && peerMatches(cur, p) {
 			continue
 		}
@@ -138,6 +156,7 @@ func (t *Tunnel) resyncPeers(d Desired) (int, error) {
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: wgtypes.Key(k), Remove: true})
 		changes++
 	}
+	t.forgetFirstContacts(peers)
 	if changes > 0 {
 		if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
 			return 0, fmt.Errorf("configure wireguard peers on %s: %w", t.cfg.Interface, err)
@@ -162,6 +181,17 @@ func viewPrefixes(p Peer) []netip.Prefix {
 	}
 	slices.SortFunc(out, comparePrefix)
 	return out
+}
+
+func withKeepalive(p Peer, ka time.Duration) Peer {
+	p.Keepalive = ka
+	return p
+}
+
+// keepaliveConfig changes only the keepalive of an existing peer.
+func keepaliveConfig(p Peer) wgtypes.PeerConfig {
+	ka := p.Keepalive
+	return wgtypes.PeerConfig{PublicKey: wgtypes.Key(p.PublicKey), UpdateOnly: true, PersistentKeepaliveInterval: &ka}
 }
 
 func peerConfig(p Peer) wgtypes.PeerConfig {

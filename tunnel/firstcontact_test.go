@@ -1,0 +1,117 @@
+package tunnel_test
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// wgPeerState is one peer line of `wg show IF dump`.
+type wgPeerState struct {
+	handshake bool
+	rx, tx    int64
+	keepalive string // "off" or seconds
+}
+
+func (s *meshSite) wgPeer(t testing.TB, o *meshSite) (wgPeerState, bool) {
+	t.Helper()
+	for _, line := range strings.Split(strings.TrimSpace(s.exec(t, "wg", "show", s.ifname, "dump")), "\n")[1:] {
+		f := strings.Split(line, "\t")
+		if len(f) != 8 || f[0] != o.pub.String() {
+			continue
+		}
+		rx, _ := strconv.ParseInt(f[5], 10, 64)
+		tx, _ := strconv.ParseInt(f[6], 10, 64)
+		return wgPeerState{handshake: f[4] != "0", rx: rx, tx: tx, keepalive: f[7]}, true
+	}
+	return wgPeerState{}, false
+}
+
+// keepalive is desiredFor with a persistent keepalive on every peer, as
+// the agent configures them.
+func keepalive(m *mesh, s *meshSite, peers ...*meshSite) tunnel.Desired {
+	d := m.desiredFor(s, peers...)
+	for i := range d.Peers {
+		d.Peers[i].Keepalive = 25 * time.Second
+	}
+	return d
+}
+
+// listening brings the sites' devices up with no peers.
+func listening(m *mesh, sites ...*meshSite) {
+	m.t.Helper()
+	for _, s := range sites {
+		m.apply(s, m.desiredFor(s))
+		s.waitListening(m.t)
+	}
+}
+
+// waiterAndInitiator orders two sites: the first has the larger public
+// key and so leaves a first contact to the second.
+func waiterAndInitiator(a, b *meshSite) (*meshSite, *meshSite) {
+	if bytes.Compare(a.pub[:], b.pub[:]) > 0 {
+		return a, b
+	}
+	return b, a
+}
+
+// Of two new peers only one initiates: the side with the larger key adds
+// the peer without its keepalive and sends nothing until the other side's
+// handshake arrives; then it turns the keepalive on and traffic flows both
+// ways.
+func TestFirstContactOneSideInitiates(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
+	w, x := waiterAndInitiator(m.sites[0], m.sites[1])
+	m.start(w, "-first-contact-wait", "1h")
+	m.start(x)
+	listening(m, w, x)
+	m.apply(w, keepalive(m, w, x))
+	// An initiation would leave at once; give it ample time to show.
+	time.Sleep(500 * time.Millisecond)
+	st, ok := w.wgPeer(t, x)
+	if !ok || st.keepalive != "off" || st.tx != 0 {
+		t.Fatalf("waiting side before the other initiated: %+v (found %v), want keepalive off and nothing sent", st, ok)
+	}
+	m.apply(x, keepalive(m, x, w))
+	eventually(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
+		ws, _ := w.wgPeer(t, x)
+		xs, _ := x.wgPeer(t, w)
+		return ws.handshake && xs.handshake && ws.keepalive == "25"
+	})
+	if st, _ := x.wgPeer(t, w); st.keepalive != "25" {
+		t.Errorf("initiating side's keepalive: %s, want 25", st.keepalive)
+	}
+	for _, pair := range [][2]*meshSite{{w, x}, {x, w}} {
+		if err := pair[0].pod.Ping(pair[0].seenFrom(pair[1])); err != nil {
+			t.Errorf("%s -> %s: %v", pair[0].name, pair[1].name, err)
+		}
+	}
+}
+
+// When nothing comes from the peer within the wait (its initiation went
+// out before this side knew it), the waiting side initiates itself.
+func TestFirstContactInitiatesWhenNothingComes(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
+	w, x := waiterAndInitiator(m.sites[0], m.sites[1])
+	m.start(w, "-first-contact-wait", "200ms")
+	m.start(x)
+	listening(m, w, x)
+	m.apply(w, keepalive(m, w, x))
+	eventually(t, 10*time.Second, "the waiting side initiating", func() bool {
+		st, _ := w.wgPeer(t, x)
+		return st.keepalive == "25" && st.tx > 0
+	})
+	if st, _ := w.wgPeer(t, x); st.handshake {
+		t.Fatalf("handshake with a peer that does not know us: %+v", st)
+	}
+	m.apply(x, keepalive(m, x, w))
+	for _, pair := range [][2]*meshSite{{w, x}, {x, w}} {
+		if err := pair[0].pod.Ping(pair[0].seenFrom(pair[1])); err != nil {
+			t.Errorf("%s -> %s: %v", pair[0].name, pair[1].name, err)
+		}
+	}
+}
