@@ -41,12 +41,27 @@ func keepalive(m *mesh, s *meshSite, peers ...*meshSite) tunnel.Desired {
 	return d
 }
 
-// listening brings the sites' devices up with no peers.
-func listening(m *mesh, sites ...*meshSite) {
-	m.t.Helper()
-	for _, s := range sites {
+// firstContactPair starts two sites' tunnels with no peers, the one that
+// waits on first contact (w) with the given -first-contact-wait.
+func firstContactPair(t *testing.T, wait string) (m *mesh, w, x *meshSite) {
+	t.Helper()
+	m = newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
+	w, x = waiterAndInitiator(m.sites[0], m.sites[1])
+	m.start(w, "-first-contact-wait", wait)
+	m.start(x)
+	for _, s := range []*meshSite{w, x} {
 		m.apply(s, m.desiredFor(s))
-		s.waitListening(m.t)
+		s.waitListening(t)
+	}
+	return m, w, x
+}
+
+func pingBothWays(t *testing.T, a, b *meshSite) {
+	t.Helper()
+	for _, pair := range [][2]*meshSite{{a, b}, {b, a}} {
+		if err := pair[0].pod.Ping(pair[0].seenFrom(pair[1])); err != nil {
+			t.Errorf("%s -> %s: %v", pair[0].name, pair[1].name, err)
+		}
 	}
 }
 
@@ -64,11 +79,7 @@ func waiterAndInitiator(a, b *meshSite) (*meshSite, *meshSite) {
 // handshake arrives; then it turns the keepalive on and traffic flows both
 // ways.
 func TestFirstContactOneSideInitiates(t *testing.T) {
-	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
-	w, x := waiterAndInitiator(m.sites[0], m.sites[1])
-	m.start(w, "-first-contact-wait", "1h")
-	m.start(x)
-	listening(m, w, x)
+	m, w, x := firstContactPair(t, "1h")
 	m.apply(w, keepalive(m, w, x))
 	// An initiation would leave at once; give it ample time to show.
 	time.Sleep(500 * time.Millisecond)
@@ -85,21 +96,13 @@ func TestFirstContactOneSideInitiates(t *testing.T) {
 	if st, _ := x.wgPeer(t, w); st.keepalive != "25" {
 		t.Errorf("initiating side's keepalive: %s, want 25", st.keepalive)
 	}
-	for _, pair := range [][2]*meshSite{{w, x}, {x, w}} {
-		if err := pair[0].pod.Ping(pair[0].seenFrom(pair[1])); err != nil {
-			t.Errorf("%s -> %s: %v", pair[0].name, pair[1].name, err)
-		}
-	}
+	pingBothWays(t, w, x)
 }
 
 // When nothing comes from the peer within the wait (its initiation went
 // out before this side knew it), the waiting side initiates itself.
 func TestFirstContactInitiatesWhenNothingComes(t *testing.T) {
-	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
-	w, x := waiterAndInitiator(m.sites[0], m.sites[1])
-	m.start(w, "-first-contact-wait", "200ms")
-	m.start(x)
-	listening(m, w, x)
+	m, w, x := firstContactPair(t, "200ms")
 	m.apply(w, keepalive(m, w, x))
 	eventually(t, 10*time.Second, "the waiting side initiating", func() bool {
 		st, _ := w.wgPeer(t, x)
@@ -109,9 +112,5 @@ func TestFirstContactInitiatesWhenNothingComes(t *testing.T) {
 		t.Fatalf("handshake with a peer that does not know us: %+v", st)
 	}
 	m.apply(x, keepalive(m, x, w))
-	for _, pair := range [][2]*meshSite{{w, x}, {x, w}} {
-		if err := pair[0].pod.Ping(pair[0].seenFrom(pair[1])); err != nil {
-			t.Errorf("%s -> %s: %v", pair[0].name, pair[1].name, err)
-		}
-	}
+	pingBothWays(t, w, x)
 }
