@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/peering"
-	"github.com/flotilla-io/flotilla/peering/identity"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 // DefaultGossipPort is the default gossip port (UDP and TCP).

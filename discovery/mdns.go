@@ -14,7 +14,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 // ServiceName is the DNS-SD service type of a Flotilla agent, on mDNS

@@ -8,7 +8,7 @@ import (
 	"net"
 	"unicode/utf8"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 // ProtocolVersion is the Flotilla peering protocol this build speaks. It

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 func mustIdentity(t testing.TB) identity.Identity {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 const benchPeers = 1000

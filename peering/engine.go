@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
-	"github.com/flotilla-io/flotilla/peering/identity"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 

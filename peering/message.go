@@ -14,7 +14,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 // ProtocolVersion is the peering protocol this agent speaks. A Hello of

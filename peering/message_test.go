@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 func mustIdentity(t testing.TB) identity.Identity {

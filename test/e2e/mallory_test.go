@@ -16,8 +16,8 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/peering"
-	"github.com/flotilla-io/flotilla/peering/identity"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )

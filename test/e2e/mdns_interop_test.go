@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/discovery"
-	"github.com/flotilla-io/flotilla/peering/identity"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
