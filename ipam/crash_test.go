@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,7 +55,12 @@ func crashChild(path string) {
 		fmt.Printf("locals %v\n", err)
 		os.Exit(1)
 	}
-	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+	childSeed, err := strconv.ParseUint(os.Getenv(seedEnv), 10, 64)
+	if err != nil {
+		fmt.Printf("seed %v\n", err)
+		os.Exit(1)
+	}
+	r := rand.New(rand.NewPCG(childSeed, 1))
 	key := func(p string, rg netip.Prefix) string { return p + "," + rg.String() }
 	for {
 		peer := fmt.Sprintf("c%d", r.IntN(12))
@@ -123,10 +129,13 @@ func TestCrashSafety(t *testing.T) {
 	committed := map[string]string{} // "peer,remote" -> view, per the child's done lines
 	var identity string
 	var commits, midOp int
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
 	for round := 0; round < rounds; round++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+path)
+		// Each child draws its operations from its own seed, derived from the
+		// run's, so the whole run replays from the one seed it logged.
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+path, seedEnv+"="+strconv.FormatUint(seed+uint64(round), 10))
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)

@@ -3,8 +3,10 @@ package ipam
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -109,4 +111,23 @@ func checkInvariants(l *Ledger) error {
 		}
 	}
 	return nil
+}
+
+// seedEnv replays a randomized test: FLOTILLA_TEST_SEED=<seed printed by
+// the failed run>.
+const seedEnv = "FLOTILLA_TEST_SEED"
+
+// testSeed returns the seed of a randomized test, from seedEnv or the
+// clock, and logs it so a failure can be replayed.
+func testSeed(t testing.TB) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv(seedEnv); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("%s=%q: not a seed: %v", seedEnv, v, err)
+		}
+	}
+	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
+	return seed
 }

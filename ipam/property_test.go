@@ -31,8 +31,7 @@ func TestPropertyViewsNeverOverlap(t *testing.T) {
 	if testing.Short() {
 		steps = 500
 	}
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	r := rand.New(rand.NewPCG(seed, 1))
 	opts := Options{
 		Pools:      []netip.Prefix{pfx("100.96.0.0/14"), pfx("fddc:467:9000::/44")},

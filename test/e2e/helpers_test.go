@@ -4,8 +4,11 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,4 +46,29 @@ func siteClient(s *harness.Site) *http.Client {
 // expectBodyIn GETs url from inside site s and checks for 200 and want.
 func expectBodyIn(s *harness.Site, url, want string) error {
 	return expectBody(siteClient(s), url, 200, want)
+}
+
+// metricAtLeast checks that the sum of a metric's series on the agent in
+// site s is at least min.
+func metricAtLeast(s *harness.Site, name string, min float64) error {
+	body, err := getIn(s, "http://127.0.0.1:9470/metrics")
+	if err != nil {
+		return err
+	}
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return fmt.Errorf("metric line %q: %w", line, err)
+		}
+		sum += v
+	}
+	if sum < min {
+		return fmt.Errorf("%s is %v, want at least %v", name, sum, min)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -202,7 +204,12 @@ func TestPeeringManual(t *testing.T) {
 	a, b := cs[0], cs[1]
 	federation.WaitPhases(t, cs, v1alpha1.PhaseDiscovered, 90*time.Second)
 	setNetworking(t, a, "b", v1alpha1.NetworkingAccept)
-	time.Sleep(3 * time.Second) // several resend rounds
+	// Witness: a acted on its accept (its Peer now waits for b's admin, not
+	// its own) and b's pending statement reached it; the data path is
+	// applied in the same reconcile that wrote that status.
+	waitFor(t, a.Agent, 30*time.Second, func() error {
+		return acceptedReason(a, "b", "WaitingForPeer", "the peer's admin has not accepted yet")
+	})
 	if out := a.Site.MustExec("ip", "route", "show", "proto", "102"); strings.TrimSpace(out) != "" {
 		t.Fatalf("a routes to b before b accepted:\n%s", out)
 	}
@@ -255,7 +262,11 @@ func TestPeeringRefusesOtherFederation(t *testing.T) {
 	waitFor(t, outsider.Agent, 60*time.Second, func() error {
 		return expectBodyIn(outsider.Site, "http://127.0.0.1:9470/readyz", "ok")
 	})
-	time.Sleep(5 * time.Second) // several mDNS browses and join attempts
+	// Witness: the outsider has found the others and been refused several
+	// times (mDNS answers and its seed), so a Peer would have appeared by now.
+	waitFor(t, outsider.Agent, 60*time.Second, func() error {
+		return metricAtLeast(outsider.Site, "flotilla_discovery_join_failures_total", 3)
+	})
 	for _, c := range cs {
 		peers, err := c.Peers(context.Background())
 		if err != nil {
@@ -273,4 +284,21 @@ func TestPeeringRefusesOtherFederation(t *testing.T) {
 			}
 		}
 	}
+}
+
+// acceptedReason checks the Accepted condition of c's Peer for peer.
+func acceptedReason(c *federation.Cluster, peer, reason, message string) error {
+	peers, err := c.Peers(context.Background())
+	if err != nil {
+		return err
+	}
+	p, ok := peers[peer]
+	if !ok {
+		return fmt.Errorf("%s has no Peer for %s", c.Name, peer)
+	}
+	cond := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionAccepted)
+	if cond == nil || cond.Reason != reason || cond.Message != message {
+		return fmt.Errorf("%s's Peer %s: Accepted is %+v, want reason %s (%q)", c.Name, peer, cond, reason, message)
+	}
+	return nil
 }
