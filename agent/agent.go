@@ -411,7 +411,8 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 				e.Receive(msg)
 			}
 		},
-		Logger: a.log, Metrics: a.registry,
+		Serials: ledger,
+		Logger:  a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return stack, fmt.Errorf("discovery: %w", err)
