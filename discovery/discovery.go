@@ -722,6 +722,7 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	}
 	addr, _ := netip.AddrFromSlice(n.Addr)
 	gossip := netip.AddrPortFrom(addr.Unmap(), n.Port)
+	sources := memberSources(d.cands.sourceIndex(), gossip)
 	now := d.cfg.Now()
 	d.mu.Lock()
 	m, ok := d.table[n.Name]
@@ -730,6 +731,7 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 		d.table[n.Name] = m
 	}
 	m.Gossip = gossip
+	m.Sources = sources
 	m.Record = r
 	state := StateAlive
 	if kind == Failed {
