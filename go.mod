@@ -3,6 +3,7 @@ module github.com/flotilla-io/flotilla
 go 1.26.0
 
 require (
+	filippo.io/edwards25519 v1.2.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0
 	github.com/vishvananda/netlink v1.3.1

@@ -411,7 +411,8 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 				e.Receive(msg)
 			}
 		},
-		Logger: a.log, Metrics: a.registry,
+		Serials: ledger,
+		Logger:  a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return stack, fmt.Errorf("discovery: %w", err)
@@ -463,9 +464,14 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 	stack = append(stack, func() { disc.Close() })
 	go func() {
 		for ev := range disc.Subscribe(ctx) {
+			var sources []string
+			for _, s := range ev.Member.Sources {
+				sources = append(sources, string(s))
+			}
 			eng.MemberChanged(peering.Member{
 				ClusterID: ev.Member.ClusterID, PublicKey: ev.Member.Record.PublicKey,
 				Gossip: ev.Member.Gossip.String(), Alive: ev.Kind == discovery.Join || ev.Kind == discovery.Update,
+				Sources: sources,
 			})
 		}
 	}()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
 	"sync"
@@ -17,7 +18,14 @@ const (
 	SourceMDNS Source = "mdns"
 	SourceDNS  Source = "dns"
 	SourceSeed Source = "seed"
+	// SourceGossip is a member's only source when no candidate is at its
+	// address: it was learned through the gossip (it joined us, or other
+	// members told of it). It is never a candidate's.
+	SourceGossip Source = "gossip"
 )
+
+// sourceOrder is the order of Member.Sources.
+var sourceOrder = []Source{SourceMDNS, SourceDNS, SourceSeed, SourceGossip}
 
 // maxCandidates bounds the candidate table against floods of answers.
 const maxCandidates = 1024
@@ -35,6 +43,9 @@ type Candidate struct {
 	// resync: the next try exchanges state even if the address is a
 	// member (the follow-up of a join; see joined).
 	resync bool
+	// resolved are the addresses a host name resolved to when last
+	// tried, so a member found by a named seed is matched to it.
+	resolved []string
 }
 
 // candidates is the table of addresses to join and the retry policy.
@@ -42,6 +53,9 @@ type candidates struct {
 	mu    sync.Mutex
 	table map[string]*Candidate
 	wake  chan struct{}
+	// version counts changes of sources and resolved addresses, so member
+	// sources are recomputed only when they may have changed.
+	version uint64
 
 	backoffMin, backoffMax, recheck, settle time.Duration
 	now                                     func() time.Time
@@ -75,6 +89,7 @@ func (c *candidates) add(addr string, src Source, ttl time.Duration) (added bool
 	}
 	if !slices.Contains(cand.Sources, src) {
 		cand.Sources = append(cand.Sources, src)
+		c.version++
 	}
 	cand.LastSeen = now
 	if ttl > 0 {
@@ -102,6 +117,7 @@ func (c *candidates) expire() {
 			if !exp.IsZero() && now.After(exp) {
 				delete(cand.expires, src)
 				cand.Sources = slices.DeleteFunc(cand.Sources, func(s Source) bool { return s == src })
+				c.version++
 			}
 		}
 		if len(cand.Sources) == 0 {
@@ -206,13 +222,96 @@ func copyCandidate(c *Candidate) Candidate {
 	out := *c
 	out.Sources = slices.Clone(c.Sources)
 	out.expires = nil
+	out.resolved = nil
 	return out
+}
+
+// setResolved records what the host name of addr resolved to.
+func (c *candidates) setResolved(addr string, resolved []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cand, ok := c.table[addr]; ok && !slices.Equal(cand.resolved, resolved) {
+		cand.resolved = resolved
+		c.version++
+	}
+}
+
+func (c *candidates) changes() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.version
+}
+
+// sourceIndex maps every candidate address, and every address a named
+// candidate resolved to, to the sources that gave it.
+func (c *candidates) sourceIndex() map[netip.AddrPort][]Source {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx := make(map[netip.AddrPort][]Source)
+	add := func(addr string, srcs []Source) {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return // a host name: matched by what it resolved to
+		}
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		for _, s := range srcs {
+			if !slices.Contains(idx[ap], s) {
+				idx[ap] = append(idx[ap], s)
+			}
+		}
+	}
+	for _, cand := range c.table {
+		add(cand.Addr, cand.Sources)
+		for _, r := range cand.resolved {
+			add(r, cand.Sources)
+		}
+	}
+	return idx
+}
+
+// memberSources returns the sources of a member at gossip, in sourceOrder.
+func memberSources(idx map[netip.AddrPort][]Source, gossip netip.AddrPort) []Source {
+	found := idx[gossip]
+	if len(found) == 0 {
+		return []Source{SourceGossip}
+	}
+	out := make([]Source, 0, len(found))
+	for _, s := range sourceOrder {
+		if slices.Contains(found, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// refreshSources recomputes every member's sources after candidates
+// changed, and tells subscribers of alive members whose sources did.
+func (d *Discovery) refreshSources() {
+	idx := d.cands.sourceIndex()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, m := range d.table {
+		src := memberSources(idx, m.Gossip)
+		if slices.Equal(src, m.Sources) {
+			continue
+		}
+		d.log.Debug("member sources changed", "member", m.ClusterID, "from", m.Sources, "to", src)
+		m.Sources = src // replaced, never changed in place: events share it
+		if m.State != StateAlive {
+			continue
+		}
+		ev := Event{Kind: Update, Member: *m}
+		for s := range d.subs {
+			s.publish(ev)
+		}
+	}
 }
 
 // joinLoop tries due candidates that are not already members.
 func (d *Discovery) joinLoop(ctx context.Context) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	var sourcesAt uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -221,6 +320,10 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 		case <-d.cands.wake:
 		}
 		d.cands.expire()
+		if v := d.cands.changes(); v != sourcesAt {
+			d.refreshSources()
+			sourcesAt = v
+		}
 		d.prune(time.Hour)
 		due := d.cands.due()
 		if len(due) == 0 {
@@ -273,10 +376,11 @@ func (d *Discovery) isKnown(ctx context.Context, addr string, known map[string]b
 	if err != nil {
 		return false
 	}
+	resolved := make([]string, 0, len(ips))
 	for _, ip := range ips {
-		if known[net.JoinHostPort(ip, port)] {
-			return true
-		}
+		resolved = append(resolved, net.JoinHostPort(ip, port))
 	}
-	return false
+	sort.Strings(resolved)
+	d.cands.setResolved(addr, resolved)
+	return slices.ContainsFunc(resolved, func(a string) bool { return known[a] })
 }

@@ -116,9 +116,30 @@ type Config struct {
 	// (peering signs its messages).
 	OnMessage func(msg []byte)
 
+	// Serials keeps this cluster's record serial across restarts, so the
+	// serial only grows even when the clock steps back (*ipam.Ledger).
+	// Without one it lives in memory only (tests).
+	Serials SerialStore
+	// ForgetAfter is how long the highest serial of a departed member is
+	// remembered: until then a replay of one of its older records is
+	// refused; after it the memory is freed. Default 24 h.
+	ForgetAfter time.Duration
+	// Now is the clock of serials and member ages; default time.Now.
+	Now func() time.Time
+
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 }
+
+// SerialStore is what discovery needs of the ledger (*ipam.Ledger) to keep
+// its record serial.
+type SerialStore interface {
+	LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error)
+	PutKey(name string, value []byte) error
+}
+
+// DefaultForgetAfter is the default of Config.ForgetAfter.
+const DefaultForgetAfter = 24 * time.Hour
 
 // Discovery runs the membership and its candidate sources.
 type Discovery struct {
@@ -128,12 +149,15 @@ type Discovery struct {
 	cands   *candidates
 	selfID  string
 
+	// pubMu orders the issue of records: serial stored, record signed.
+	pubMu  sync.Mutex
+	serial uint64 // last serial issued (and stored)
+
 	mu        sync.Mutex
 	record    Record
 	meta      []byte
 	table     map[string]*Member
-	highest   map[string]uint64 // highest serial seen per cluster ID
-	verified  map[string]verifiedMeta
+	known     map[string]*knownRecord // by cluster ID
 	subs      map[*subscriber]struct{}
 	dropLog   map[string]time.Time
 	selfAddrs map[string]bool
@@ -148,9 +172,14 @@ type Discovery struct {
 	closed bool
 }
 
-type verifiedMeta struct {
+// knownRecord is the last record accepted from a member. Its serial is the
+// highest seen: older records are replays, and an equal serial must come
+// with the same bytes. It is kept until the member has been gone for
+// ForgetAfter.
+type knownRecord struct {
 	meta   []byte
 	record Record
+	gone   time.Time // zero while the member is alive
 }
 
 // New checks cfg and prepares a Discovery; Start brings it up.
@@ -194,6 +223,12 @@ func New(cfg Config) (*Discovery, error) {
 			return nil, fmt.Errorf("discovery: DNS domain %q is not a domain name", dom)
 		}
 	}
+	if cfg.ForgetAfter <= 0 {
+		cfg.ForgetAfter = DefaultForgetAfter
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -203,20 +238,19 @@ func New(cfg Config) (*Discovery, error) {
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
-		highest:   make(map[string]uint64),
-		verified:  make(map[string]verifiedMeta),
+		known:     make(map[string]*knownRecord),
 		subs:      make(map[*subscriber]struct{}),
 		dropLog:   make(map[string]time.Time),
 		selfAddrs: make(map[string]bool),
 		done:      make(chan struct{}),
 	}
-	d.record = Record{Endpoint: cfg.Endpoint, Protocol: ProtocolVersion, Serial: uint64(time.Now().UnixNano())}
-	meta, err := SignRecord(cfg.Identity, d.record)
-	if err != nil {
+	if err := d.loadSerial(); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
-	d.record, _ = DecodeRecord(meta)
-	d.meta = meta
+	d.record = Record{Endpoint: cfg.Endpoint, Protocol: ProtocolVersion}
+	if _, err := d.issue(func(*Record) {}); err != nil {
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
 	m, err := newMetrics(d, cfg.Metrics)
 	if err != nil {
 		return nil, err
@@ -363,6 +397,32 @@ func (d *Discovery) kill() {
 	close(d.done)
 }
 
+// issue makes this cluster's record, changed, under a new serial that is
+// stored before the record is signed: no record ever carries a serial that
+// a restart could issue again.
+func (d *Discovery) issue(change func(*Record)) (Record, error) {
+	d.pubMu.Lock()
+	defer d.pubMu.Unlock()
+	d.mu.Lock()
+	r := d.record
+	d.mu.Unlock()
+	change(&r)
+	serial, err := d.nextSerial()
+	if err != nil {
+		return Record{}, err
+	}
+	r.Serial = serial
+	meta, err := SignRecord(d.cfg.Identity, r)
+	if err != nil {
+		return Record{}, fmt.Errorf("sign member record: %w", err)
+	}
+	r, _ = DecodeRecord(meta)
+	d.mu.Lock()
+	d.record, d.meta = r, meta
+	d.mu.Unlock()
+	return r, nil
+}
+
 // SetEndpoint publishes a new peering endpoint in this cluster's record.
 func (d *Discovery) SetEndpoint(ep string) error {
 	if err := validateEndpoint(ep); err != nil {
@@ -373,18 +433,10 @@ func (d *Discovery) SetEndpoint(ep string) error {
 
 // republish signs a changed record with a higher serial and gossips it.
 func (d *Discovery) republish(change func(*Record)) error {
-	d.mu.Lock()
-	r := d.record
-	change(&r)
-	r.Serial = max(uint64(time.Now().UnixNano()), d.record.Serial+1)
-	meta, err := SignRecord(d.cfg.Identity, r)
+	r, err := d.issue(change)
 	if err != nil {
-		d.mu.Unlock()
-		return fmt.Errorf("sign member record: %w", err)
+		return err
 	}
-	d.record, _ = DecodeRecord(meta)
-	d.meta = meta
-	d.mu.Unlock()
 	if d.ml == nil {
 		return nil
 	}
@@ -471,14 +523,20 @@ func (d *Discovery) members() []Member {
 	return out
 }
 
-// prune forgets members that have been gone for longer than age.
+// prune forgets members that have been gone for longer than age, and
+// their highest serials once they have been gone for ForgetAfter.
 func (d *Discovery) prune(age time.Duration) {
-	cutoff := time.Now().Add(-age)
+	now := d.cfg.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for id, m := range d.table {
-		if m.State != StateAlive && m.Since.Before(cutoff) {
+		if m.State != StateAlive && now.Sub(m.Since) > age {
 			delete(d.table, id)
+		}
+	}
+	for id, k := range d.known {
+		if !k.gone.IsZero() && now.Sub(k.gone) > d.cfg.ForgetAfter {
+			delete(d.known, id)
 		}
 	}
 }
@@ -565,13 +623,14 @@ func (d *Discovery) drop(name, reason string, err error) {
 	}
 }
 
-// verify checks a member's metadata; results are cached per member so the
-// signature is checked once per record, not once per gossip message.
+// verify checks a member's metadata; the last accepted record is kept per
+// member so the signature is checked once per record, not once per gossip
+// message.
 func (d *Discovery) verify(name string, meta []byte) (Record, error) {
 	d.mu.Lock()
-	if v, ok := d.verified[name]; ok && bytes.Equal(v.meta, meta) {
+	if k, ok := d.known[name]; ok && bytes.Equal(k.meta, meta) {
 		d.mu.Unlock()
-		return v.record, nil
+		return k.record, nil
 	}
 	d.mu.Unlock()
 	r, err := DecodeRecord(meta)
@@ -584,12 +643,23 @@ func (d *Discovery) verify(name string, meta []byte) (Record, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r.Serial < d.highest[name] {
+	k, ok := d.known[name]
+	switch {
+	case !ok:
+		// Not alive until memberlist reports the join; forgotten in time
+		// if it never does.
+		k = &knownRecord{gone: d.cfg.Now()}
+		d.known[name] = k
+	case bytes.Equal(k.meta, meta):
+		return k.record, nil
+	case r.Serial < k.record.Serial:
 		return Record{}, &RecordError{Reason: ReasonStale,
-			Err: fmt.Errorf("record of %s has serial %d, already saw %d", name, r.Serial, d.highest[name])}
+			Err: fmt.Errorf("record of %s has serial %d, already saw %d", name, r.Serial, k.record.Serial)}
+	case r.Serial == k.record.Serial:
+		return Record{}, &RecordError{Reason: ReasonSerialReused,
+			Err: fmt.Errorf("record of %s reuses serial %d with other content", name, r.Serial)}
 	}
-	d.highest[name] = r.Serial
-	d.verified[name] = verifiedMeta{meta: slices.Clone(meta), record: r}
+	k.meta, k.record = slices.Clone(meta), r
 	return r, nil
 }
 
@@ -651,14 +721,17 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 		return
 	}
 	addr, _ := netip.AddrFromSlice(n.Addr)
-	now := time.Now()
+	gossip := netip.AddrPortFrom(addr.Unmap(), n.Port)
+	sources := memberSources(d.cands.sourceIndex(), gossip)
+	now := d.cfg.Now()
 	d.mu.Lock()
 	m, ok := d.table[n.Name]
 	if !ok {
 		m = &Member{ClusterID: n.Name}
 		d.table[n.Name] = m
 	}
-	m.Gossip = netip.AddrPortFrom(addr.Unmap(), n.Port)
+	m.Gossip = gossip
+	m.Sources = sources
 	m.Record = r
 	state := StateAlive
 	if kind == Failed {
@@ -669,6 +742,14 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	}
 	if m.State != state {
 		m.State, m.Since = state, now
+	}
+	if k := d.known[n.Name]; k != nil {
+		switch {
+		case state == StateAlive:
+			k.gone = time.Time{}
+		case k.gone.IsZero():
+			k.gone = now
+		}
 	}
 	ev := Event{Kind: kind, Member: *m}
 	for s := range d.subs {

@@ -22,15 +22,8 @@ type zoneServer struct {
 
 func startZoneServer(t *testing.T, zone []string) *zoneServer {
 	t.Helper()
-	z := &zoneServer{records: map[string][]dns.RR{}}
-	for _, line := range zone {
-		rr, err := dns.NewRR(line)
-		if err != nil {
-			t.Fatalf("zone line %q: %v", line, err)
-		}
-		key := strings.ToLower(rr.Header().Name) + " " + dns.TypeToString[rr.Header().Rrtype]
-		z.records[key] = append(z.records[key], rr)
-	}
+	z := &zoneServer{}
+	z.set(t, zone)
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +48,23 @@ func startZoneServer(t *testing.T, zone []string) *zoneServer {
 	go func() { _ = srv.ActivateAndServe() }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return z
+}
+
+// set replaces the zone's records.
+func (z *zoneServer) set(t *testing.T, zone []string) {
+	t.Helper()
+	records := map[string][]dns.RR{}
+	for _, line := range zone {
+		rr, err := dns.NewRR(line)
+		if err != nil {
+			t.Fatalf("zone line %q: %v", line, err)
+		}
+		key := strings.ToLower(rr.Header().Name) + " " + dns.TypeToString[rr.Header().Rrtype]
+		records[key] = append(records[key], rr)
+	}
+	z.mu.Lock()
+	z.records = records
+	z.mu.Unlock()
 }
 
 func TestDNSSDFindsMembersAndCountsBadAnswers(t *testing.T) {

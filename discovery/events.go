@@ -14,7 +14,7 @@ const (
 	// Join: the member is alive and its record verified (also sent for every
 	// alive member when a subscriber starts).
 	Join EventKind = iota + 1
-	// Update: the member published a new record.
+	// Update: the member published a new record, or its sources changed.
 	Update
 	// Leave: the member left on purpose.
 	Leave
@@ -50,7 +50,11 @@ type Member struct {
 	ClusterID string
 	// Gossip is the member's gossip address.
 	Gossip netip.AddrPort
-	State  MemberState
+	// Sources say what found the member: the sources of the candidates at
+	// its gossip address (mdns, dns, seed), or SourceGossip alone when it
+	// was learned only through the gossip. An Update follows a change.
+	Sources []Source
+	State   MemberState
 	// Record is the member's last verified record.
 	Record Record
 	// Since is when State last changed.

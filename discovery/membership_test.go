@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +31,8 @@ type nodeOpts struct {
 	dns      string
 	// onMessage is Config.OnMessage.
 	onMessage func([]byte)
+	serials   SerialStore
+	now       func() time.Time
 }
 
 type testNode struct {
@@ -85,6 +88,8 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 		Profile:         ProfileLocal,
 		Tune:            fastTimings,
 		OnMessage:       o.onMessage,
+		Serials:         o.serials,
+		Now:             o.now,
 		Logger:          testLogger(t),
 		Metrics:         reg,
 	})
@@ -388,10 +393,24 @@ func TestOtherFederationIsNeverAMember(t *testing.T) {
 }
 
 // forger joins the gossip with the federation key but publishes meta that
-// is not a valid record of its name.
-type forger struct{ meta []byte }
+// is not a valid record of its name, or a replayed one.
+type forger struct {
+	mu   sync.Mutex
+	meta []byte
+}
 
-func (f *forger) NodeMeta(int) []byte                 { return f.meta }
+func (f *forger) NodeMeta(int) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.meta
+}
+
+func (f *forger) setMeta(meta []byte) {
+	f.mu.Lock()
+	f.meta = meta
+	f.mu.Unlock()
+}
+
 func (f *forger) NotifyMsg([]byte)                    {}
 func (f *forger) GetBroadcasts(int, int) [][]byte     { return nil }
 func (f *forger) LocalState(bool) []byte              { return nil }
@@ -427,21 +446,7 @@ func TestForgedRecordsAreDropped(t *testing.T) {
 			defer cancel()
 			events := a.d.Subscribe(ctx)
 
-			mc := memberlist.DefaultLocalConfig()
-			fastTimings(mc)
-			mc.Name = tt.member
-			mc.BindAddr, mc.BindPort, mc.AdvertisePort = "127.0.0.1", 0, 0
-			mc.SecretKey = testKey
-			mc.Delegate = &forger{meta: tt.meta}
-			mc.LogOutput = nopWriter{}
-			ml, err := memberlist.Create(mc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = ml.Shutdown() }()
-			if _, err := ml.Join([]string{a.addr()}); err != nil {
-				t.Fatalf("forger join: %v", err)
-			}
+			startForger(t, tt.member, tt.meta, a)
 			eventually(t, 10*time.Second, func() error {
 				if got := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+tt.reason); got == 0 {
 					return fmt.Errorf("no record dropped for %s", tt.reason)
@@ -459,6 +464,28 @@ func TestForgedRecordsAreDropped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startForger joins a's gossip as member name, publishing meta.
+func startForger(t testing.TB, name string, meta []byte, a *testNode) (*forger, *memberlist.Memberlist) {
+	t.Helper()
+	f := &forger{meta: meta}
+	mc := memberlist.DefaultLocalConfig()
+	fastTimings(mc)
+	mc.Name = name
+	mc.BindAddr, mc.BindPort, mc.AdvertisePort = "127.0.0.1", 0, 0
+	mc.SecretKey = testKey
+	mc.Delegate = f
+	mc.LogOutput = nopWriter{}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ml.Shutdown() })
+	if _, err := ml.Join([]string{a.addr()}); err != nil {
+		t.Fatalf("forger join: %v", err)
+	}
+	return f, ml
 }
 
 type nopWriter struct{}

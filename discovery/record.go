@@ -61,8 +61,10 @@ type Record struct {
 	// until the agent knows it.
 	Endpoint string
 	Protocol uint16
-	// Serial grows with every record a cluster issues; a record with a
-	// lower serial than one already seen for the same cluster is stale.
+	// Serial grows with every record a cluster issues, across restarts
+	// and clock steps (see Config.Serials); a record with a lower serial
+	// than one already seen for the same cluster is stale, one with the
+	// same serial and other content is refused too.
 	Serial uint64
 	// Leaving is set in the last record a cluster gossips before it leaves
 	// on purpose, so peers can tell a leave from a failure.
@@ -82,6 +84,11 @@ const (
 	ReasonBadSignature = "bad_signature"
 	ReasonNameMismatch = "name_mismatch"
 	ReasonStale        = "stale"
+	// ReasonSerialReused: the serial of the record already accepted from
+	// that cluster, with other content. A cluster never issues that (its
+	// serial is stored before use); it is a forgery with a stolen key or a
+	// replay spliced from two records.
+	ReasonSerialReused = "serial_reused"
 )
 
 // RecordError says why a record was refused.

@@ -34,8 +34,8 @@ func TestMain(m *testing.M) {
 }
 
 // memberProcess runs one member until SIGTERM. Configuration comes from
-// the environment; it prints "event <kind> <cluster ID>" for every member
-// event and "first-mdns-candidate <ms>" once.
+// the environment; it prints "event <kind> <cluster ID> <sources>" for
+// every member event and "first-mdns-candidate <ms>" once.
 func memberProcess() int {
 	env := func(k string) string { return os.Getenv("FLOTILLA_" + k) }
 	seed, _ := base64.StdEncoding.DecodeString(env("IDENTITY_SEED"))
@@ -92,7 +92,11 @@ func memberProcess() int {
 		}
 	}()
 	for ev := range d.Subscribe(ctx) {
-		fmt.Println("event", ev.Kind, ev.Member.ClusterID)
+		var sources []string
+		for _, s := range ev.Member.Sources {
+			sources = append(sources, string(s))
+		}
+		fmt.Println("event", ev.Kind, ev.Member.ClusterID, strings.Join(sources, ","))
 	}
 	_ = d.Close()
 	return 0
@@ -141,22 +145,29 @@ func (m *member) start(t testing.TB, bin string) {
 	}
 }
 
-// lastEvent returns the last event line about id in m's output.
-func (m *member) lastEvent(id string) string {
-	last := ""
+// lastEvent returns the kind and sources of the last event about id in
+// m's output.
+func (m *member) lastEvent(id string) (kind, sources string) {
 	for _, line := range strings.Split(m.proc.Log(), "\n") {
-		if strings.HasPrefix(line, "event ") && strings.HasSuffix(line, " "+id) {
-			last = strings.Fields(line)[1]
+		f := strings.Fields(line)
+		if len(f) == 4 && f[0] == "event" && f[2] == id {
+			kind, sources = f[1], f[3]
 		}
 	}
-	return last
+	return kind, sources
 }
 
-func waitEvent(t *testing.T, m *member, id, kind string, within time.Duration) {
+// waitEvent waits until the last event of id is kind; "alive" stands for
+// join or update. With sources, the event must carry them too.
+func waitEvent(t *testing.T, m *member, id, kind string, within time.Duration, sources ...string) {
 	t.Helper()
+	want := strings.Join(sources, ",")
 	eventually(t, within, func() error {
-		if got := m.lastEvent(id); got != kind {
-			return fmt.Errorf("%s: last event of %s is %q, want %q; output:\n%s", m.site.SiteName, id, got, kind, m.proc.Tail(15))
+		got, src := m.lastEvent(id)
+		ok := got == kind || kind == "alive" && (got == "join" || got == "update")
+		if !ok || want != "" && src != want {
+			return fmt.Errorf("%s: last event of %s is %q from %q, want %q from %q; output:\n%s",
+				m.site.SiteName, id, got, src, kind, want, m.proc.Tail(15))
 		}
 		return nil
 	})
@@ -183,7 +194,7 @@ func TestSitesFindEachOtherByMDNS(t *testing.T) {
 	for _, m := range ms {
 		for _, o := range ms {
 			if o != m {
-				waitEvent(t, m, o.id.ClusterID(), "join", 30*time.Second)
+				waitEvent(t, m, o.id.ClusterID(), "alive", 30*time.Second, string(SourceMDNS))
 			}
 		}
 		eventually(t, 10*time.Second, func() error {
@@ -204,7 +215,7 @@ func TestSitesFindEachOtherByMDNS(t *testing.T) {
 	bin, _ := os.Executable()
 	victim.start(t, bin)
 	for _, m := range ms[:2] {
-		waitEvent(t, m, victim.id.ClusterID(), "join", 30*time.Second)
+		waitEvent(t, m, victim.id.ClusterID(), "alive", 30*time.Second)
 	}
 }
 
@@ -218,14 +229,14 @@ func TestOtherFederationOnTheLANLearnsNothing(t *testing.T) {
 	otherKey := []byte(strings.Repeat("x", 32))
 	seedA := netip.AddrPortFrom(a.site.Addr, DefaultGossipPort).String()
 	x := startMember(t, env.NewSite("x", harness.SiteOptions{LAN: lan}), ids[2], otherKey, true, seedA)
-	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
-	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
+	waitEvent(t, a, b.id.ClusterID(), "alive", 30*time.Second)
+	waitEvent(t, b, a.id.ClusterID(), "alive", 30*time.Second)
 	time.Sleep(3 * time.Second) // several browses and seed retries
 	if strings.Contains(x.proc.Log(), "event ") {
 		t.Errorf("outsider learned of members:\n%s", x.proc.Tail(20))
 	}
 	for _, m := range []*member{a, b} {
-		if m.lastEvent(x.id.ClusterID()) != "" {
+		if kind, _ := m.lastEvent(x.id.ClusterID()); kind != "" {
 			t.Errorf("%s reported the outsider", m.site.SiteName)
 		}
 	}
@@ -243,8 +254,9 @@ func TestRoutedSitesFindEachOtherBySeedsWithoutMulticast(t *testing.T) {
 	sb := env.NewSite("b", harness.SiteOptions{Router: rtr})
 	a := startMember(t, sa, ids[0], testKey, true)
 	b := startMember(t, sb, ids[1], testKey, true, netip.AddrPortFrom(sa.Addr, DefaultGossipPort).String())
-	waitEvent(t, a, b.id.ClusterID(), "join", 30*time.Second)
-	waitEvent(t, b, a.id.ClusterID(), "join", 30*time.Second)
+	// b found a by its seed; a heard of b only from b itself.
+	waitEvent(t, a, b.id.ClusterID(), "alive", 30*time.Second, string(SourceGossip))
+	waitEvent(t, b, a.id.ClusterID(), "alive", 30*time.Second, string(SourceSeed))
 	if strings.Contains(a.proc.Log()+b.proc.Log(), "first-mdns-candidate") {
 		t.Error("an mDNS candidate crossed a router")
 	}

@@ -50,6 +50,8 @@ type Member struct {
 	Gossip string
 	// Alive is false once the member failed or left.
 	Alive bool
+	// Sources say what found the member (mdns, dns, seed, gossip).
+	Sources []string
 }
 
 // Ledger is what peering needs of the ipam ledger (*ipam.Ledger).
