@@ -156,23 +156,7 @@ func BenchmarkReconcile(b *testing.B) {
 // benchTunnel starts a userspace tunnel in a fresh site and returns it
 // with n distinct peers to apply.
 func benchTunnel(b *testing.B, n int) (*harness.Site, *tunnel.Tunnel, []tunnel.Peer) {
-	env := harness.New(b)
-	env.Require(harness.Root, harness.IPRoute2)
-	lan := env.NewLAN("lan")
-	site := env.NewSite("a", harness.SiteOptions{LAN: lan, PodCIDR: mustPrefix("10.0.0.0/24")})
-	var tun *tunnel.Tunnel
-	if err := site.Do(func() error {
-		key, err := tunnel.GeneratePrivateKey()
-		if err != nil {
-			return err
-		}
-		tun, err = tunnel.New(tunnel.Config{Interface: env.LinkName("b"), Mode: tunnel.ModeUserspace, Logger: benchLogger(),
-			PrivateKey: key, ListenPort: 20000 + os.Getpid()%10000 /* below the ephemeral range */})
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { site.Do(tun.Cleanup) })
+	site, tun, _ := siteTunnel(b, tunnel.Config{Logger: benchLogger()})
 	return site, tun, manyPeers(b, n)
 }
 

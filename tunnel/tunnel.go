@@ -492,16 +492,22 @@ func (t *Tunnel) Cleanup() error {
 }
 
 // Cleanup removes every object a tunnel with this config owns on this host:
-// the link (only if tagged ours), our routes, our nftables table and a
-// stale control socket. It touches nothing else and is safe to repeat.
+// the link (only if tagged ours), our routes through it, our nftables
+// table and a stale control socket. Routes with our protocol on any other
+// link are not ours. It touches nothing else and is safe to repeat.
 func Cleanup(cfg Config) error {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("tunnel config: %w", err)
 	}
 	var errs []error
-	if err := (&routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
+	if link, ok, err := ourLink(cfg.Interface); err != nil {
 		errs = append(errs, err)
+	} else if ok {
+		rt := &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}
+		if err := rt.removeAll(link.Attrs().Index); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
 		errs = append(errs, err)
