@@ -30,7 +30,7 @@ const (
 	DefaultInterface = "flotilla0"
 	DefaultPort      = 51820
 	// DefaultRouteProtocol tags our routes (rtnetlink protocol 102, unused
-	// by any routing daemon in iproute2's rt_protos).
+	// by the kernel and every routing daemon; see CheckRouteProtocol).
 	DefaultRouteProtocol = 0x66
 	// DefaultRouteTable is the main table: views are plain routes there.
 	DefaultRouteTable = unix.RT_TABLE_MAIN
@@ -112,8 +112,8 @@ func (c *Config) validate() error {
 	if c.MTU != 0 && (c.MTU < 1280 || c.MTU > 65535) {
 		return fmt.Errorf("mtu %d out of range 1280..65535", c.MTU)
 	}
-	if c.RouteProtocol < 5 || c.RouteProtocol > 255 {
-		return fmt.Errorf("route protocol %d: must be 5..255 (0-4 belong to the kernel)", c.RouteProtocol)
+	if err := CheckRouteProtocol(c.RouteProtocol); err != nil {
+		return err
 	}
 	return nil
 }
