@@ -153,6 +153,10 @@ func TestRepair(t *testing.T) {
 		{"map element deleted", []string{"nft", "delete", "element", "ip", "flotilla", "egress-peers", "{", a.views["b"].String(), "}"}, sameNAT},
 		{"foreign rule in our chain", []string{"nft", "add", "rule", "ip", "flotilla", "egress", "counter"}, sameNAT},
 		{"foreign chain and map in our table", []string{"nft", "add chain ip flotilla junk; add map ip flotilla junkmap { type ipv4_addr : verdict; elements = { 10.9.9.9 : jump junk } }"}, sameNAT},
+		{"link set down", []string{"ip", "link", "set", a.ifname, "down"}, func() bool {
+			// Down, the link lost its routes: it comes back up with them.
+			return slices.Equal(a.ownedRoutes(t), wantRoutes) && strings.Contains(a.exec(t, "ip", "link", "show", a.ifname), ",UP")
+		}},
 		{"link deleted", []string{"ip", "link", "del", a.ifname}, func() bool {
 			return slices.Equal(a.ownedRoutes(t), wantRoutes) && sameNAT() && len(a.wgPeers(t)) == 1
 		}},

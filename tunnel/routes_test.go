@@ -11,7 +11,8 @@ import (
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
-// onePeer is a desired state with one peer seen as view.
+// onePeer is a desired state with one peer seen as view, which sees my
+// 10.0.0.0/24 as 10.71.0.0/24.
 func onePeer(t testing.TB, view netip.Prefix) tunnel.Desired {
 	t.Helper()
 	k, err := tunnel.GeneratePrivateKey()
@@ -22,7 +23,8 @@ func onePeer(t testing.TB, view netip.Prefix) tunnel.Desired {
 		Networks: []netip.Prefix{mustPrefix("10.0.0.0/24")},
 		Peers: []tunnel.Peer{{
 			ClusterID: "b", PublicKey: k.PublicKey(),
-			Views: []tunnel.View{{Real: view, As: view}}, // the peer's network, seen as is
+			Views:     []tunnel.View{{Real: view, As: view}}, // the peer's network, seen as is
+			ViewsOfMe: []tunnel.View{{Real: mustPrefix("10.0.0.0/24"), As: mustPrefix("10.71.0.0/24")}},
 		}},
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,10 +153,18 @@ type Tunnel struct {
 	closed    bool
 	metrics   *metrics
 	lastLink  int // ifindex seen at the last reconcile
+	// ownLink is lastLink for the event readers, which do not take mu.
+	ownLink atomic.Int64
 	// waiting holds the new peers whose first handshake this side leaves
 	// to them, since when (firstcontact.go).
 	waiting      map[Key]time.Time
 	contactTimer *time.Timer
+
+	// resync is how often Run reads everything back; eventBuffer sets
+	// the receive buffer of an event stream by kind (0: the default).
+	// Tests change them, to see repairs that only events can bring.
+	resync      time.Duration
+	eventBuffer map[string]int
 }
 
 // scope says which kinds of owned objects a reconcile reads back from the
@@ -190,6 +199,7 @@ func New(cfg Config) (*Tunnel, error) {
 		pub:     cfg.PrivateKey.PublicKey(),
 		peerIDs: map[Key]string{},
 		waiting: map[Key]time.Time{},
+		resync:  resyncInterval,
 	}
 	t.mtu = cfg.MTU
 	if t.mtu == 0 {
@@ -257,6 +267,7 @@ func (t *Tunnel) ensureLink() (bool, error) {
 		return true, fmt.Errorf("look up link %s: %w", t.cfg.Interface, err)
 	}
 	t.lastLink = l.Attrs().Index
+	t.ownLink.Store(int64(t.lastLink))
 	return true, t.linkUp(l)
 }
 
@@ -392,20 +403,44 @@ func (t *Tunnel) Status() ([]PeerStatus, error) {
 // Run watches for changes to what we own (routes, the link, our nftables
 // table) and puts back whatever differs from the last applied state, until
 // ctx ends. Route and link changes come from rtnetlink events, nftables
-// changes from its netlink monitor; a periodic resync catches the rest
-// (WireGuard peer edits send no event).
+// changes from its netlink monitor; a subscription that ends on an error
+// is opened again (events.go). A periodic resync catches the rest
+// (WireGuard peer edits send no event). Run returns once every goroutine
+// it started has ended.
 func (t *Tunnel) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
-	if err := t.watch(ctx); err != nil {
-		return err
+	ended := make(chan streamEnd)
+	streams := t.streams()
+	for _, s := range streams {
+		if err := t.open(ctx, &wg, s, ended); err != nil {
+			return err
+		}
 	}
-	tick := time.NewTicker(resyncInterval)
+	tick := time.NewTicker(t.resync)
 	defer tick.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
 	for {
+		retry.Stop()
+		if next := nextRetry(streams); !next.IsZero() {
+			retry.Reset(time.Until(next))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case e := <-ended:
+			t.ended(e.s, e.err)
+			continue
+		case <-retry.C:
+			for _, s := range streams {
+				if !s.retryAt.IsZero() && !time.Now().Before(s.retryAt) {
+					t.reopen(ctx, &wg, s, ended)
+				}
+			}
+			continue
 		case <-t.kick:
 		case <-tick.C:
 			t.trigger(fullAll)
