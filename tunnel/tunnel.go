@@ -226,19 +226,11 @@ func New(cfg Config) (*Tunnel, error) {
 
 // underlayMTU is the MTU of the default route's link, 1500 if there is none.
 func underlayMTU() int {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	u, err := DefaultRoute()
 	if err != nil {
 		return 1500
 	}
-	for _, r := range routes {
-		if r.Dst != nil && prefixOf(r.Dst).Bits() != 0 {
-			continue
-		}
-		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-			return l.Attrs().MTU
-		}
-	}
-	return 1500
+	return u.MTU
 }
 
 // ensureLink makes sure the link exists, is ours, is up, and is served,
