@@ -208,7 +208,10 @@ func restart(t testing.TB, m *mesh, s, o *meshSite) restartResult {
 	if err := s.pod.Ping(dst); err != nil {
 		t.Fatalf("before restart: %v", err)
 	}
-	ping := s.pod.Start("ping-across-restart", "ping", "-n", "-i", "0.01", "-W", "1", dst.String())
+	// A process log is appended to under its name: a new name per
+	// restart, so that this restart's figures are read, not the first's.
+	s.restarts++
+	ping := s.pod.Start(fmt.Sprintf("ping-across-restart-%d", s.restarts), "ping", "-n", "-i", "0.01", "-W", "1", dst.String())
 	lastSeq := func() int {
 		seq := -1
 		for _, m := range pingSeq.FindAllStringSubmatch(ping.Log(), -1) {
