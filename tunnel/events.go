@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -88,15 +89,15 @@ func (t *Tunnel) open(ctx context.Context, wg *sync.WaitGroup, s *stream, ended 
 	return nil
 }
 
-// ended closes what is left of s's subscription and schedules its
+// streamEnded closes what is left of s's subscription and schedules its
 // reopening.
-func (t *Tunnel) ended(s *stream, err error) {
+func (t *Tunnel) streamEnded(s *stream, err error) {
 	s.cancel()
 	if time.Since(s.opened) >= streamSettled {
 		s.failures, s.logged = 0, ""
 	}
 	if err == nil {
-		err = fmt.Errorf("event channel closed")
+		err = errors.New("event channel closed")
 	}
 	delay := t.backoff(s)
 	t.troubleOnce(s, "kernel events ended; events may have been lost, resubscribing", err, delay)

@@ -14,7 +14,7 @@ func TestResubscribeBackoff(t *testing.T) {
 	var got []time.Duration
 	for range 9 {
 		s.opened = time.Now()
-		tun.ended(s, nil)
+		tun.streamEnded(s, nil)
 		got = append(got, time.Until(s.retryAt).Round(50*time.Millisecond))
 	}
 	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 6400, 10000, 10000}
@@ -24,7 +24,7 @@ func TestResubscribeBackoff(t *testing.T) {
 		}
 	}
 	s.opened = time.Now().Add(-streamSettled)
-	tun.ended(s, nil)
+	tun.streamEnded(s, nil)
 	if d := time.Until(s.retryAt).Round(50 * time.Millisecond); d != resubscribeFirst {
 		t.Errorf("wait after a settled stream ended: %s, want %s", d, resubscribeFirst)
 	}

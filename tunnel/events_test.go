@@ -89,7 +89,7 @@ func TestResubscribeAfterOverflow(t *testing.T) {
 			if err := site.Do(func() error { return tun.Apply(context.Background(), onePeer(t, mustPrefix("10.70.0.0/16"))) }); err != nil {
 				t.Fatalf("apply: %v", err)
 			}
-			runInSite(t, site, tun)
+			runInSite(t, site, tun, logs)
 
 			dir := t.TempDir()
 			ended := func() bool { return logs.count(slog.LevelWarn, "kernel events ended", tc.kind) > 0 }
@@ -116,8 +116,9 @@ func TestResubscribeAfterOverflow(t *testing.T) {
 }
 
 // runInSite runs the tunnel's repair loop inside the site's namespace
-// until the test ends, and waits for it to return.
-func runInSite(t *testing.T, site *harness.Site, tun *tunnel.Tunnel) {
+// until the test ends, waits until it watches kernel events (it logs to
+// logs), and at the end waits for it to return.
+func runInSite(t *testing.T, site *harness.Site, tun *tunnel.Tunnel, logs *records) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- site.Do(func() error { return tun.Run(ctx) }) }()
@@ -126,6 +127,9 @@ func runInSite(t *testing.T, site *harness.Site, tun *tunnel.Tunnel) {
 		if err := <-done; err != nil {
 			t.Errorf("tunnel Run: %v", err)
 		}
+	})
+	eventually(t, 10*time.Second, "tunnel watching kernel events", func() bool {
+		return strings.Contains(logs.String(), "watching kernel events")
 	})
 }
 
@@ -202,4 +206,35 @@ func (r *records) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return strings.Join(r.recs, "\n")
+}
+
+// A repair that keeps failing the same way (a view another link routes)
+// is logged once, not at every event; what can be repaired still is.
+func TestRepairErrorLoggedOnce(t *testing.T) {
+	logs := &records{}
+	site, tun, _ := siteTunnel(t, tunnel.Config{Logger: slog.New(logs)})
+	other := addOtherLink(site)
+	site.MustExec("ip", "route", "add", "10.70.0.0/16", "dev", other, "proto", fmt.Sprint(tunnel.DefaultRouteProtocol))
+	if err := site.Do(func() error { return tun.Apply(context.Background(), onePeer(t, mustPrefix("10.70.0.0/16"))) }); err == nil {
+		t.Fatal("apply of a view another link routes succeeded")
+	}
+	runInSite(t, site, tun, logs)
+	natBack := func() bool {
+		out, err := site.Exec(context.Background(), "nft", "list", "table", "ip", "flotilla")
+		return err == nil && strings.Contains(string(out), "snat prefix to")
+	}
+	for i := range 3 {
+		site.MustExec("nft", "flush", "table", "ip", "flotilla")
+		// The witness that a repair ran, and failed on the route again.
+		eventually(t, 10*time.Second, fmt.Sprintf("NAT repaired after flush %d", i+1), natBack)
+	}
+	var failed int
+	for _, r := range strings.Split(logs.String(), "\n") {
+		if strings.HasPrefix(r, "repair failed") {
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Errorf("the same repair error logged %d times, want once:\n%s", failed, logs)
+	}
 }

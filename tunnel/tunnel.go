@@ -411,10 +411,12 @@ func (t *Tunnel) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	t.log.Debug("watching kernel events", "events", []string{eventsRoute, eventsLink, eventsNFT})
 	tick := time.NewTicker(t.resync)
 	defer tick.Stop()
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	var failing string // the repair error last logged
 	for {
 		retry.Stop()
 		if next := nextRetry(streams); !next.IsZero() {
@@ -424,7 +426,7 @@ func (t *Tunnel) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case e := <-ended:
-			t.ended(e.s, e.err)
+			t.streamEnded(e.s, e.err)
 			continue
 		case <-retry.C:
 			for _, s := range streams {
@@ -446,8 +448,15 @@ func (t *Tunnel) Run(ctx context.Context) error {
 		n, err := t.reconcileLocked(full)
 		t.mu.Unlock()
 		if err != nil {
-			t.log.Warn("repair failed; retrying on the next event", "err", err)
+			if err.Error() != failing { // once per change, not per event
+				t.log.Warn("repair failed; retrying on the next event", "err", err)
+				failing = err.Error()
+			}
 			continue
+		}
+		if failing != "" {
+			t.log.Info("repair succeeded after failing")
+			failing = ""
 		}
 		if n > 0 {
 			t.metrics.repairs.Add(float64(n))
