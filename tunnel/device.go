@@ -193,6 +193,19 @@ func (l *wgLink) close() {
 	l.dev = nil
 }
 
+// ourLink looks up the link of that name and reports whether it is ours;
+// a missing link is not an error.
+func ourLink(name string) (netlink.Link, bool, error) {
+	l, err := netlink.LinkByName(name)
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("look up link %s: %w", name, err)
+	}
+	return l, l.Attrs().Alias == linkAlias, nil
+}
+
 // removeLink deletes the link of ours with that name, if any, and its
 // control socket.
 func removeLink(name string) error {

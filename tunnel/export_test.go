@@ -1,5 +1,7 @@
 package tunnel
 
+import "time"
+
 // Resync reconciles reading every kind of owned object back from the
 // kernel, as the periodic resync does; for benchmarks.
 func Resync(t *Tunnel) (int, error) {
@@ -7,3 +9,16 @@ func Resync(t *Tunnel) (int, error) {
 	defer t.mu.Unlock()
 	return t.reconcileLocked(fullAll)
 }
+
+// SetEventBuffer sets the receive buffer of the kernel event stream of
+// kind ("route", "link" or "nftables") before Run, so that a test can
+// overflow it.
+func SetEventBuffer(t *Tunnel, kind string, bytes int) {
+	if t.eventBuffer == nil {
+		t.eventBuffer = map[string]int{}
+	}
+	t.eventBuffer[kind] = bytes
+}
+
+// SetResyncInterval sets how often Run reads everything back, before Run.
+func SetResyncInterval(t *Tunnel, d time.Duration) { t.resync = d }

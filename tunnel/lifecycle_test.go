@@ -153,6 +153,10 @@ func TestRepair(t *testing.T) {
 		{"map element deleted", []string{"nft", "delete", "element", "ip", "flotilla", "egress-peers", "{", a.views["b"].String(), "}"}, sameNAT},
 		{"foreign rule in our chain", []string{"nft", "add", "rule", "ip", "flotilla", "egress", "counter"}, sameNAT},
 		{"foreign chain and map in our table", []string{"nft", "add chain ip flotilla junk; add map ip flotilla junkmap { type ipv4_addr : verdict; elements = { 10.9.9.9 : jump junk } }"}, sameNAT},
+		{"link set down", []string{"ip", "link", "set", a.ifname, "down"}, func() bool {
+			// Down, the link lost its routes: it comes back up with them.
+			return slices.Equal(a.ownedRoutes(t), wantRoutes) && strings.Contains(a.exec(t, "ip", "link", "show", a.ifname), ",UP")
+		}},
 		{"link deleted", []string{"ip", "link", "del", a.ifname}, func() bool {
 			return slices.Equal(a.ownedRoutes(t), wantRoutes) && sameNAT() && len(a.wgPeers(t)) == 1
 		}},
@@ -204,7 +208,10 @@ func restart(t testing.TB, m *mesh, s, o *meshSite) restartResult {
 	if err := s.pod.Ping(dst); err != nil {
 		t.Fatalf("before restart: %v", err)
 	}
-	ping := s.pod.Start("ping-across-restart", "ping", "-n", "-i", "0.01", "-W", "1", dst.String())
+	// A process log is appended to under its name: a new name per
+	// restart, so that this restart's figures are read, not the first's.
+	s.restarts++
+	ping := s.pod.Start(fmt.Sprintf("ping-across-restart-%d", s.restarts), "ping", "-n", "-i", "0.01", "-W", "1", dst.String())
 	lastSeq := func() int {
 		seq := -1
 		for _, m := range pingSeq.FindAllStringSubmatch(ping.Log(), -1) {

@@ -33,6 +33,8 @@ type meshSite struct {
 	// views maps a peer's name to how this site addresses that peer's
 	// PodCIDR.
 	views map[string]netip.Prefix
+	// restarts counts restart() calls on the site.
+	restarts int
 }
 
 type mesh struct {

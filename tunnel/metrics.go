@@ -13,13 +13,14 @@ type metrics struct {
 	reconcileErrors  prometheus.Counter
 	repairs          prometheus.Counter
 	firstContacts    *prometheus.CounterVec
+	resubscribes     *prometheus.CounterVec
 	rxBytes          *prometheus.Desc
 	txBytes          *prometheus.Desc
 	handshake        *prometheus.Desc
 }
 
 func newMetrics(t *Tunnel) *metrics {
-	return &metrics{
+	m := &metrics{
 		t: t,
 		reconcileSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "flotilla_tunnel_reconcile_duration_seconds",
@@ -38,6 +39,10 @@ func newMetrics(t *Tunnel) *metrics {
 			Name: "flotilla_tunnel_first_contacts_total",
 			Help: "New peers this side left to initiate, by how the wait ended: answered (the peer's handshake came), initiated (nothing came, this side initiated), timed out.",
 		}, []string{"outcome"}),
+		resubscribes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_tunnel_resubscribes_total",
+			Help: "Kernel event subscriptions (route, link, nftables) opened again after they ended on an error such as ENOBUFS; each is followed by reading back everything owned.",
+		}, []string{"kind"}),
 		rxBytes: prometheus.NewDesc("flotilla_tunnel_peer_receive_bytes_total",
 			"Bytes received from the peer through WireGuard.", []string{"peer"}, nil),
 		txBytes: prometheus.NewDesc("flotilla_tunnel_peer_transmit_bytes_total",
@@ -45,6 +50,10 @@ func newMetrics(t *Tunnel) *metrics {
 		handshake: prometheus.NewDesc("flotilla_tunnel_peer_last_handshake_timestamp_seconds",
 			"Unix time of the last WireGuard handshake with the peer; 0 if never.", []string{"peer"}, nil),
 	}
+	for _, kind := range []string{eventsRoute, eventsLink, eventsNFT} {
+		m.resubscribes.WithLabelValues(kind) // shown at 0 before the first
+	}
+	return m
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
@@ -53,6 +62,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		r.Register(m.reconcileErrors),
 		r.Register(m.repairs),
 		r.Register(m.firstContacts),
+		r.Register(m.resubscribes),
 		r.Register(m),
 	)
 }

@@ -11,10 +11,12 @@ import (
 )
 
 // routeTable reconciles the routes of my views into the tunnel. Ours are
-// the routes in the table with our protocol number; no other route is ever
-// changed or removed. It keeps a record of the routes it made, so a change
-// of some peers adds and deletes only their routes without listing the
-// table; route deletion events and the periodic resync list it.
+// the routes through our own WireGuard link that carry our protocol number
+// in our table: the protocol number alone is host-wide and anyone may use
+// it, the link is ours alone. No other route is ever changed or removed,
+// whatever its protocol. It keeps a record of the routes it made, so a
+// change of some peers adds and deletes only their routes without listing
+// the table; route deletion events and the periodic resync list it.
 type routeTable struct {
 	table    int
 	protocol int
@@ -23,14 +25,21 @@ type routeTable struct {
 	link    int                   // the link index applied routes go through
 }
 
-func (rt *routeTable) ours() ([]netlink.Route, error) {
+// ours lists our routes through the link with index linkIndex.
+func (rt *routeTable) ours(linkIndex int) ([]netlink.Route, error) {
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
-		&netlink.Route{Table: rt.table, Protocol: netlink.RouteProtocol(rt.protocol)},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		&netlink.Route{LinkIndex: linkIndex, Table: rt.table, Protocol: netlink.RouteProtocol(rt.protocol)},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
-		return nil, fmt.Errorf("list routes of table %d: %w", rt.table, err)
+		return nil, fmt.Errorf("list routes of table %d through link %d: %w", rt.table, linkIndex, err)
 	}
 	return routes, nil
+}
+
+// isOurs reports whether a route the kernel reported is one of ours
+// through the link with index linkIndex.
+func (rt *routeTable) isOurs(r netlink.Route, linkIndex int) bool {
+	return r.LinkIndex == linkIndex && r.Table == rt.table && int(r.Protocol) == rt.protocol
 }
 
 func (rt *routeTable) invalidate() { rt.applied = nil }
@@ -86,7 +95,7 @@ func (rt *routeTable) update(linkIndex int, want []netip.Prefix) (int, error) {
 // resync lists our routes and makes them exactly want.
 func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
 	rt.applied = nil
-	have, err := rt.ours()
+	have, err := rt.ours(linkIndex)
 	if err != nil {
 		return 0, err
 	}
@@ -98,7 +107,7 @@ func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
 	var errs []error
 	for _, r := range have {
 		p := prefixOf(r.Dst)
-		if wanted[p] && r.LinkIndex == linkIndex {
+		if wanted[p] {
 			delete(wanted, p)
 			continue
 		}
@@ -115,7 +124,7 @@ func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
 		r := rt.route(linkIndex, p)
 		if err := netlink.RouteAdd(&r); err != nil {
 			if errors.Is(err, unix.EEXIST) {
-				err = fmt.Errorf("a route to %s not made by us exists in table %d; remove it or change the view", p, rt.table)
+				err = fmt.Errorf("a route to %s not made by us (another link, or another protocol than %d) exists in table %d; remove it or change the view", p, rt.protocol, rt.table)
 			}
 			errs = append(errs, fmt.Errorf("add route %s: %w", p, err))
 			continue
@@ -143,9 +152,10 @@ func (rt *routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
 	}
 }
 
-// removeAll deletes every route of ours.
-func (rt *routeTable) removeAll() error {
-	have, err := rt.ours()
+// removeAll deletes every route of ours through the link with index
+// linkIndex.
+func (rt *routeTable) removeAll(linkIndex int) error {
+	have, err := rt.ours(linkIndex)
 	if err != nil {
 		return err
 	}

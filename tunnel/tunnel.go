@@ -17,6 +17,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,7 @@ const (
 	DefaultInterface = "flotilla0"
 	DefaultPort      = 51820
 	// DefaultRouteProtocol tags our routes (rtnetlink protocol 102, unused
-	// by any routing daemon in iproute2's rt_protos).
+	// by the kernel and every routing daemon; see CheckRouteProtocol).
 	DefaultRouteProtocol = 0x66
 	// DefaultRouteTable is the main table: views are plain routes there.
 	DefaultRouteTable = unix.RT_TABLE_MAIN
@@ -112,8 +113,8 @@ func (c *Config) validate() error {
 	if c.MTU != 0 && (c.MTU < 1280 || c.MTU > 65535) {
 		return fmt.Errorf("mtu %d out of range 1280..65535", c.MTU)
 	}
-	if c.RouteProtocol < 5 || c.RouteProtocol > 255 {
-		return fmt.Errorf("route protocol %d: must be 5..255 (0-4 belong to the kernel)", c.RouteProtocol)
+	if err := CheckRouteProtocol(c.RouteProtocol); err != nil {
+		return err
 	}
 	return nil
 }
@@ -152,10 +153,18 @@ type Tunnel struct {
 	closed    bool
 	metrics   *metrics
 	lastLink  int // ifindex seen at the last reconcile
+	// ownLink is lastLink for the event readers, which do not take mu.
+	ownLink atomic.Int64
 	// waiting holds the new peers whose first handshake this side leaves
 	// to them, since when (firstcontact.go).
 	waiting      map[Key]time.Time
 	contactTimer *time.Timer
+
+	// resync is how often Run reads everything back; eventBuffer sets
+	// the receive buffer of an event stream by kind (0: the default).
+	// Tests change them, to see repairs that only events can bring.
+	resync      time.Duration
+	eventBuffer map[string]int
 }
 
 // scope says which kinds of owned objects a reconcile reads back from the
@@ -190,6 +199,7 @@ func New(cfg Config) (*Tunnel, error) {
 		pub:     cfg.PrivateKey.PublicKey(),
 		peerIDs: map[Key]string{},
 		waiting: map[Key]time.Time{},
+		resync:  resyncInterval,
 	}
 	t.mtu = cfg.MTU
 	if t.mtu == 0 {
@@ -216,19 +226,11 @@ func New(cfg Config) (*Tunnel, error) {
 
 // underlayMTU is the MTU of the default route's link, 1500 if there is none.
 func underlayMTU() int {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	u, err := DefaultRoute()
 	if err != nil {
 		return 1500
 	}
-	for _, r := range routes {
-		if r.Dst != nil && prefixOf(r.Dst).Bits() != 0 {
-			continue
-		}
-		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-			return l.Attrs().MTU
-		}
-	}
-	return 1500
+	return u.MTU
 }
 
 // ensureLink makes sure the link exists, is ours, is up, and is served,
@@ -257,6 +259,7 @@ func (t *Tunnel) ensureLink() (bool, error) {
 		return true, fmt.Errorf("look up link %s: %w", t.cfg.Interface, err)
 	}
 	t.lastLink = l.Attrs().Index
+	t.ownLink.Store(int64(t.lastLink))
 	return true, t.linkUp(l)
 }
 
@@ -392,20 +395,46 @@ func (t *Tunnel) Status() ([]PeerStatus, error) {
 // Run watches for changes to what we own (routes, the link, our nftables
 // table) and puts back whatever differs from the last applied state, until
 // ctx ends. Route and link changes come from rtnetlink events, nftables
-// changes from its netlink monitor; a periodic resync catches the rest
-// (WireGuard peer edits send no event).
+// changes from its netlink monitor; a subscription that ends on an error
+// is opened again (events.go). A periodic resync catches the rest
+// (WireGuard peer edits send no event). Run returns once every goroutine
+// it started has ended.
 func (t *Tunnel) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
-	if err := t.watch(ctx); err != nil {
-		return err
+	ended := make(chan streamEnd)
+	streams := t.streams()
+	for _, s := range streams {
+		if err := t.open(ctx, &wg, s, ended); err != nil {
+			return err
+		}
 	}
-	tick := time.NewTicker(resyncInterval)
+	t.log.Debug("watching kernel events", "events", []string{eventsRoute, eventsLink, eventsNFT})
+	tick := time.NewTicker(t.resync)
 	defer tick.Stop()
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	var failing string // the repair error last logged
 	for {
+		retry.Stop()
+		if next := nextRetry(streams); !next.IsZero() {
+			retry.Reset(time.Until(next))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case e := <-ended:
+			t.streamEnded(e.s, e.err)
+			continue
+		case <-retry.C:
+			for _, s := range streams {
+				if !s.retryAt.IsZero() && !time.Now().Before(s.retryAt) {
+					t.reopen(ctx, &wg, s, ended)
+				}
+			}
+			continue
 		case <-t.kick:
 		case <-tick.C:
 			t.trigger(fullAll)
@@ -419,8 +448,15 @@ func (t *Tunnel) Run(ctx context.Context) error {
 		n, err := t.reconcileLocked(full)
 		t.mu.Unlock()
 		if err != nil {
-			t.log.Warn("repair failed; retrying on the next event", "err", err)
+			if err.Error() != failing { // once per change, not per event
+				t.log.Warn("repair failed; retrying on the next event", "err", err)
+				failing = err.Error()
+			}
 			continue
+		}
+		if failing != "" {
+			t.log.Info("repair succeeded after failing")
+			failing = ""
 		}
 		if n > 0 {
 			t.metrics.repairs.Add(float64(n))
@@ -492,16 +528,22 @@ func (t *Tunnel) Cleanup() error {
 }
 
 // Cleanup removes every object a tunnel with this config owns on this host:
-// the link (only if tagged ours), our routes, our nftables table and a
-// stale control socket. It touches nothing else and is safe to repeat.
+// the link (only if tagged ours), our routes through it, our nftables
+// table and a stale control socket. Routes with our protocol on any other
+// link are not ours. It touches nothing else and is safe to repeat.
 func Cleanup(cfg Config) error {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("tunnel config: %w", err)
 	}
 	var errs []error
-	if err := (&routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}).removeAll(); err != nil {
+	if link, ok, err := ourLink(cfg.Interface); err != nil {
 		errs = append(errs, err)
+	} else if ok {
+		rt := &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol}
+		if err := rt.removeAll(link.Attrs().Index); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
 		errs = append(errs, err)

@@ -18,15 +18,21 @@ func init() {
 
 // runCleanup removes the tunnel's link, routes and nftables table. It
 // takes the same names the agent was started with and touches only objects
-// tagged as ours under those names.
+// tagged as ours under those names: routes only through the named link,
+// and only if that link is tagged ours.
 func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("cleanup", stderr)
 	ifname := fs.String("wireguard-interface", tunnel.DefaultInterface, "name of the WireGuard interface")
 	table := fs.Int("route-table", tunnel.DefaultRouteTable, "routing table our routes are in")
-	proto := fs.Int("route-protocol", tunnel.DefaultRouteProtocol, "route protocol number that tags our routes")
+	proto := fs.Int("route-protocol", tunnel.DefaultRouteProtocol, "route protocol number that tags our routes (never one of the kernel's or a routing daemon's)")
 	nftTable := fs.String("nft-table", tunnel.DefaultNFTable, "name of our nftables table (family ip)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	// Checked here, before the Config turns 0 into the default: nothing
+	// may be removed on a protocol that is not ours.
+	if err := tunnel.CheckRouteProtocol(*proto); err != nil {
+		return fmt.Errorf("--route-protocol: %w; nothing removed", err)
 	}
 	err := tunnel.Cleanup(tunnel.Config{
 		Interface:     *ifname,
@@ -37,7 +43,7 @@ func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("tunnel: %w", err)
 	}
-	fmt.Fprintf(stdout, "removed tunnel objects: link %s, routes with protocol %d in table %d, nftables table ip %s\n",
+	fmt.Fprintf(stdout, "removed tunnel objects: link %s and its routes with protocol %d in table %d, nftables table ip %s\n",
 		*ifname, *proto, *table, *nftTable)
 	return nil
 }
