@@ -2,6 +2,7 @@ package tunnel_test
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,12 +78,26 @@ func waiterAndInitiator(a, b *meshSite) (*meshSite, *meshSite) {
 // Of two new peers only one initiates: the side with the larger key adds
 // the peer without its keepalive and sends nothing until the other side's
 // handshake arrives; then it turns the keepalive on and traffic flows both
-// ways.
+// ways. The witness that the waiting side's device has taken the new
+// peers and would have sent an initiation by now: in the same apply it
+// initiates to a third site, whose key is larger than its own.
 func TestFirstContactOneSideInitiates(t *testing.T) {
-	m, w, x := firstContactPair(t, "1h")
-	m.apply(w, keepalive(m, w, x))
-	// An initiation would leave at once; give it ample time to show.
-	time.Sleep(500 * time.Millisecond)
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/16")
+	sites := slices.Clone(m.sites)
+	slices.SortFunc(sites, func(a, b *meshSite) int { return bytes.Compare(a.pub[:], b.pub[:]) })
+	x, w, y := sites[0], sites[1], sites[2] // w waits for x; y waits for w
+	m.start(w, "-first-contact-wait", "1h")
+	m.start(x)
+	m.start(y, "-first-contact-wait", "1h")
+	for _, s := range sites {
+		m.apply(s, m.desiredFor(s))
+		s.waitListening(t)
+	}
+	m.apply(w, keepalive(m, w, x, y))
+	eventually(t, 10*time.Second, "the waiting side initiating to the site with the larger key", func() bool {
+		st, _ := w.wgPeer(t, y)
+		return st.tx > 0
+	})
 	st, ok := w.wgPeer(t, x)
 	if !ok || st.keepalive != "off" || st.tx != 0 {
 		t.Fatalf("waiting side before the other initiated: %+v (found %v), want keepalive off and nothing sent", st, ok)
