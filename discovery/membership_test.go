@@ -340,13 +340,32 @@ func TestKeyRotationDropsNoMember(t *testing.T) {
 	step("install", func(d *Discovery) error { return d.InstallKey(newKey) })
 	step("use", func(d *Discovery) error { return d.UseKey(newKey) })
 	step("remove", func(d *Discovery) error { return d.RemoveKey(oldKey) })
-	time.Sleep(2 * time.Second) // several probe rounds under the new key alone
+	// Witness that failure detection has run under the new key alone long
+	// enough: a canary that joins after the rotation and then crashes is
+	// declared failed by every member. A member the rotation had cut off
+	// would have been declared failed by then too.
+	canary := startNode(t, nodeOpts{keys: [][]byte{newKey}, seeds: []string{a.addr()}})
+	for _, n := range all {
+		eventually(t, 20*time.Second, func() error { return sees(n, canary) })
+	}
+	canary.d.kill()
+	for _, n := range all {
+		eventually(t, 30*time.Second, func() error {
+			if slices.Contains(n.d.Alive(), canary.id.ClusterID()) {
+				return fmt.Errorf("%s still sees the crashed canary", n.id.ClusterID())
+			}
+			return nil
+		})
+	}
 
 	for i, ch := range streams {
 	drain:
 		for {
 			select {
 			case ev := <-ch:
+				if ev.Member.ClusterID == canary.id.ClusterID() {
+					continue
+				}
 				if ev.Kind == Failed || ev.Kind == Leave {
 					t.Errorf("%s saw %v of %s during rotation", all[i].id.ClusterID(), ev.Kind, ev.Member.ClusterID)
 				}
