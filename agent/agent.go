@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
@@ -49,6 +50,9 @@ type Config struct {
 	// PodCIDRs and ServiceCIDRs are this cluster's networks; empty means
 	// read them from the cluster.
 	PodCIDRs, ServiceCIDRs []netip.Prefix
+	// ReservedCIDRs are ranges no view may use, besides those the agent
+	// finds itself (pods, services, the node's networks, Node addresses).
+	ReservedCIDRs []netip.Prefix
 	// Peering is the policy for Peers whose spec says nothing.
 	Peering peering.Policy
 	// UnreachableGrace: how long a failed member keeps tunnel and view.
@@ -139,7 +143,11 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
 		return nil, errors.New("give --federation-key or --federation-key-file, not both")
 	}
-
+	for _, p := range cfg.ReservedCIDRs {
+		if err := ipam.CheckRange(p); err != nil {
+			return nil, fmt.Errorf("--reserved-cidr: %w", err)
+		}
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", cfg.StateDir, err)
 	}

@@ -11,9 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
-
-	"github.com/flotilla-io/flotilla/ipam"
-	"github.com/flotilla-io/flotilla/peering"
 )
 
 // Networks are this cluster's own ranges.
@@ -126,61 +123,4 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("CIDR %q has host bits set; did you mean %s?", s, p.Masked())
 	}
 	return p, nil
-}
-
-// startNetworks finds this cluster's networks, gives them and the gateway's
-// address to the ledger as local networks, remapping the views that
-// overlap one, and returns the pod ranges to announce.
-func (a *Agent) startNetworks(ctx context.Context, ledger *ipam.Ledger, gateway netip.Addr) ([]netip.Prefix, error) {
-	nets, err := detectNetworks(ctx, a.kube, a.cfg.PodCIDRs, a.cfg.ServiceCIDRs)
-	if err != nil {
-		return nil, err
-	}
-	a.log.Info("local networks", "pods", nets.Pods, "from", nets.PodSource, "services", nets.Services, "servicesFrom", nets.ServiceSource)
-	announced, err := a.announced(nets.Pods)
-	if err != nil {
-		return nil, err
-	}
-	// The gateway's own address is local too: a peer range that covers it
-	// is remapped rather than routed into the tunnel.
-	locals := []ipam.LocalNetwork{{Range: netip.PrefixFrom(gateway, gateway.BitLen()), Kind: ipam.NodeNetwork}}
-	for _, p := range nets.Pods {
-		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.PodNetwork})
-	}
-	for _, p := range nets.Services {
-		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.ServiceNetwork})
-	}
-	conflicts, err := ledger.SetLocalNetworks(locals)
-	if err != nil {
-		return nil, fmt.Errorf("record local networks: %w", err)
-	}
-	for _, c := range conflicts {
-		view, err := ledger.Remap(c.View.Peer, c.View.Remote)
-		if err != nil {
-			return nil, fmt.Errorf("remap the view of %s's %s, which now overlaps a local network: %w", c.View.Peer, c.View.Remote, err)
-		}
-		a.log.Warn("view remapped: it overlapped a local network", "peer", c.View.Peer, "range", c.View.Remote, "old", c.View.View, "new", view)
-	}
-	return announced, nil
-}
-
-// announced returns the pod ranges peers are told about. The tunnel routes
-// IPv4 only for now: IPv6 pod ranges stay local networks in the ledger
-// (views avoid them) but are not announced.
-func (a *Agent) announced(pods []netip.Prefix) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, p := range pods {
-		if !p.Addr().Is4() {
-			a.log.Warn("IPv6 pod range not announced to peers: the tunnel routes IPv4 only", "range", p)
-			continue
-		}
-		if err := peering.CheckNetwork(p); err != nil {
-			return nil, fmt.Errorf("pod range %s cannot be announced to peers: %w", p, err)
-		}
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no IPv4 pod range among %v: the tunnel routes IPv4 only; pass --pod-cidr with this cluster's IPv4 pod range", pods)
-	}
-	return out, nil
 }

@@ -22,7 +22,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 			return err
 		}
 	}
-	announced, err := a.startNetworks(ctx, st.ledger, gateway)
+	locals, announced, err := a.startNetworks(ctx, comps, st.ledger, gateway)
 	if err != nil {
 		return err
 	}
@@ -46,6 +46,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	engine.Store(eng)
+	a.followLocalNetworks(comps, locals, eng)
 	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
 		return err
 	}
