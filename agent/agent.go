@@ -214,6 +214,7 @@ func (a *Agent) MetricsAddr() string {
 // after a clean stop, and the failure, naming the component, otherwise.
 func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent starting", "version", Version, "commit", BuildCommit(), "stateDir", a.cfg.StateDir, "apiServer", a.restCfg.Host)
+	routeKubernetesLogs(a.log)
 	// runCtx ends at the first failure, with it as the cause: a start
 	// still under way gives up, a running agent stops.
 	runCtx, fail := context.WithCancelCause(ctx)
