@@ -33,6 +33,11 @@ type PeerObjects struct {
 	client client.Client
 	cache  cache.Cache
 	log    *slog.Logger
+
+	// stopped is closed when the informer Watch started has returned,
+	// with runErr; nil before.
+	stopped chan struct{}
+	runErr  error
 }
 
 // NewPeerObjects prepares a client and an informer for Peers.
@@ -50,7 +55,7 @@ func NewPeerObjects(cfg *rest.Config, log *slog.Logger) (*PeerObjects, error) {
 }
 
 // Watch reports every Peer's spec to e, and deletions, until ctx ends. It
-// returns once the informer has synced.
+// returns once the informer has synced; Wait waits for the informer.
 func (o *PeerObjects) Watch(ctx context.Context, e *Engine) error {
 	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{})
 	if err != nil {
@@ -73,15 +78,25 @@ func (o *PeerObjects) Watch(ctx context.Context, e *Engine) error {
 	}); err != nil {
 		return fmt.Errorf("watch Peers: %w", err)
 	}
+	o.stopped = make(chan struct{})
 	go func() {
-		if err := o.cache.Start(ctx); err != nil {
-			o.log.Error("Peer informer stopped", "err", err)
-		}
+		defer close(o.stopped)
+		o.runErr = o.cache.Start(ctx)
 	}()
 	if !o.cache.WaitForCacheSync(ctx) {
 		return fmt.Errorf("watch Peers: cache did not sync: %w", ctx.Err())
 	}
 	return nil
+}
+
+// Wait returns when the informer Watch started has stopped, with its
+// error, or at once when Watch started none.
+func (o *PeerObjects) Wait() error {
+	if o.stopped == nil {
+		return nil
+	}
+	<-o.stopped
+	return o.runErr
 }
 
 // Write creates the Peer named id when missing and sets its status.

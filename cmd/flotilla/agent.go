@@ -27,9 +27,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
 	fs.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "this cluster's human name, shown on other clusters' Peers")
-	var pods, services cidrList
+	var pods, services, reserved cidrList
 	fs.Var(&pods, "pod-cidr", "this cluster's pod network, repeatable or comma-separated (default: read from the cluster)")
 	fs.Var(&services, "service-cidr", "this cluster's service network, repeatable or comma-separated (default: read from the cluster)")
+	fs.Var(&reserved, "reserved-cidr", "a range views of peers' networks must never use, repeatable or comma-separated; the node's networks and Node addresses count without it")
 	policy := fs.String("peering", string(cfg.Peering), "auto: connect every federation member; manual: only Peers whose spec.networking is Accept")
 	fs.DurationVar(&cfg.UnreachableGrace, "unreachable-grace", cfg.UnreachableGrace, "how long an unreachable peer keeps its tunnel and view")
 	fs.BoolVar(&cfg.InstallCRDs, "install-crds", cfg.InstallCRDs, "install the flotilla.io CRDs at start")
@@ -60,7 +61,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return errUsage
 	}
 	cfg.Logger = logger
-	cfg.PodCIDRs, cfg.ServiceCIDRs = pods, services
+	cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
 	cfg.DNSDomains, cfg.Joins = domains, joins
 	if cfg.Peering, err = peering.ParsePolicy(*policy); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --peering: %v\n", err)

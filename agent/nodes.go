@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// watchNodes runs an informer on the cluster's Nodes, as a component, and
+// returns once it has synced. changed is called when a Node comes, goes or
+// changes its addresses; addresses returns them all.
+func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (addresses func() []netip.Prefix, err error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTransform(nodeAddressesOnly))
+	inf := factory.Core().V1().Nodes().Informer()
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { changed() },
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Node)
+			c, ok2 := cur.(*corev1.Node)
+			// Kubelets rewrite their Node's status every few seconds;
+			// only the addresses matter here.
+			if !ok1 || !ok2 || !slices.Equal(o.Status.Addresses, c.Status.Addresses) {
+				changed()
+			}
+		},
+		DeleteFunc: func(any) { changed() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watch Nodes: %w", err)
+	}
+	comps.Go("Node informer", func(ctx context.Context) error {
+		factory.Start(ctx.Done())
+		<-ctx.Done()
+		factory.Shutdown() // waits for the informer's goroutines
+		return nil
+	})
+	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("informer", "Nodes"))
+	if !toolscache.WaitForNamedCacheSyncWithContext(ctx, inf.HasSynced) {
+		return nil, fmt.Errorf("watch Nodes: not synced: %w", context.Cause(ctx))
+	}
+	return func() []netip.Prefix {
+		var out []netip.Prefix
+		for _, obj := range inf.GetStore().List() {
+			if n, ok := obj.(*corev1.Node); ok {
+				out = append(out, nodeAddresses(n)...)
+			}
+		}
+		return out
+	}, nil
+}
+
+// nodeAddressesOnly keeps of a Node what the agent reads: the informer
+// holds every Node of the cluster.
+func nodeAddressesOnly(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}, nil
+}
+
+// nodeAddresses returns a Node's internal and external addresses as host
+// prefixes (/32, /128).
+func nodeAddresses(n *corev1.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil || ip.Zone() != "" {
+			continue
+		}
+		ip = ip.Unmap()
+		if p := netip.PrefixFrom(ip, ip.BitLen()); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}

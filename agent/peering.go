@@ -1,0 +1,72 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// startPeering runs the negotiation engine and returns once it has
+// restored its state and applied the data path it found in the ledger.
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun *tunnel.Tunnel, disc *discovery.Discovery) (*peering.Engine, *peering.PeerObjects, error) {
+	objects, err := peering.NewPeerObjects(a.restCfg, a.log.With("component", "peers"))
+	if err != nil {
+		return nil, nil, err
+	}
+	eng, err := peering.New(peering.Config{
+		Identity: st.id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
+		Networks: announced, Endpoint: endpoint,
+		Ledger: st.ledger, Dataplane: tun, Transport: disc, Status: objects,
+		UnreachableGrace: a.cfg.UnreachableGrace,
+		Logger:           a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	stopped := make(chan struct{})
+	comps.Go("peering engine", func(ctx context.Context) error {
+		defer close(stopped)
+		return eng.Run(ctx)
+	})
+	a.ready.add("peering", func() error {
+		select {
+		case <-stopped:
+			return errors.New("peering engine stopped")
+		default:
+			return nil
+		}
+	})
+	select {
+	case <-eng.Ready():
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("peering engine not ready: %w", context.Cause(ctx))
+	}
+	return eng, objects, nil
+}
+
+// watchPeers reports the Peer objects' specs to the engine, from an
+// informer that runs as a component, and returns once it has synced.
+func (a *Agent) watchPeers(ctx context.Context, comps *components, objects *peering.PeerObjects, eng *peering.Engine) error {
+	synced := make(chan struct{})
+	comps.Go("Peer informer", func(ctx context.Context) error {
+		err := objects.Watch(ctx, eng)
+		if err == nil {
+			close(synced)
+		}
+		if werr := objects.Wait(); err == nil {
+			err = werr
+		}
+		return err
+	})
+	select {
+	case <-synced:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("Peer informer not synced: %w", context.Cause(ctx))
+	}
+}

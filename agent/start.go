@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/flotilla-io/flotilla/peering"
+)
+
+// startComponents brings the components up in their order: ledger and identity,
+// networks, CRDs, tunnel, peering, discovery, Peer objects. Each registers
+// with comps what must be stopped, so Run stops them in reverse.
+func (a *Agent) startComponents(ctx context.Context, comps *components) error {
+	st, err := a.openState(comps)
+	if err != nil {
+		return err
+	}
+	gateway := a.cfg.AdvertiseAddr
+	if !gateway.IsValid() {
+		if gateway, err = defaultAddress(); err != nil {
+			return err
+		}
+	}
+	locals, announced, err := a.startNetworks(ctx, comps, st.ledger, gateway)
+	if err != nil {
+		return err
+	}
+	if a.cfg.InstallCRDs {
+		if err := installCRDs(ctx, a.restCfg); err != nil {
+			return err
+		}
+	}
+	tun, err := a.startTunnel(comps, st.ledger)
+	if err != nil {
+		return err
+	}
+	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
+	var engine atomic.Pointer[peering.Engine]
+	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
+	if err != nil {
+		return err
+	}
+	eng, objects, err := a.startPeering(ctx, comps, st, announced, endpoint, tun, disc)
+	if err != nil {
+		return err
+	}
+	engine.Store(eng)
+	a.followLocalNetworks(comps, locals, eng)
+	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
+		return err
+	}
+	if err := a.watchPeers(ctx, comps, objects, eng); err != nil {
+		return err
+	}
+	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
+	return nil
+}
