@@ -28,6 +28,7 @@ import (
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -420,14 +421,14 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		return stack, fmt.Errorf("record the gossip address: %w", err)
 	}
 
-	objects, err := peering.NewPeerObjects(a.restCfg, a.log.With("component", "peers"))
+	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
 	if err != nil {
 		return stack, err
 	}
 	eng, err := peering.New(peering.Config{
 		Identity: id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: ledger, Dataplane: tun, Transport: disc, Status: objects,
+		Ledger: ledger, Dataplane: tun, Transport: disc, Publisher: objects,
 		UnreachableGrace: a.cfg.UnreachableGrace,
 		Logger:           a.log, Metrics: a.registry,
 	})
@@ -475,9 +476,23 @@ func (a *Agent) start(ctx context.Context) (stopStack, error) {
 		}
 		return nil
 	})
-	if err := objects.Watch(ctx, eng); err != nil {
-		return stack, err
+	peersDone := make(chan struct{})
+	var peersErr error
+	go func() { defer close(peersDone); peersErr = objects.Run(ctx, eng) }()
+	stack = append(stack, func() { <-peersDone })
+	select {
+	case <-objects.Synced():
+	case <-peersDone:
+		return stack, peersErr
 	}
+	a.ready.add("peers", func() error {
+		select {
+		case <-peersDone:
+			return fmt.Errorf("Peer objects: %v", peersErr)
+		default:
+			return nil
+		}
+	})
 	a.log.Info("agent running", "clusterID", id.ClusterID(), "gossip", gossipAdvertise, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return stack, nil
 }

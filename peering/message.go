@@ -1,7 +1,9 @@
 // Package peering turns federation members into connected peers: each pair
 // exchanges signed statements (networks, WireGuard key, endpoint, whether it
 // accepts networking, and how it sees the other's networks), records the
-// views in the ledger, and drives the tunnel and the Peer API.
+// views in the ledger, drives the tunnel, and emits plain peer state. It
+// knows nothing of Kubernetes: peering/peerapi turns that state into Peer
+// objects and their specs into Spec.
 package peering
 
 import (
