@@ -174,7 +174,7 @@ func TestRefusesReplaysAndForgeries(t *testing.T) {
 	// Mallory, not a member, speaks (her message waits for a member event
 	// that never comes); then she signs a statement claiming to be a.
 	mallory, _ := identity.Generate()
-	h := &Hello{Protocol: ProtocolVersion, From: mallory.ClusterID(), To: b.id.ClusterID(), Generation: 1 << 62,
+	h := &Hello{From: mallory.ClusterID(), To: b.id.ClusterID(), Generation: 1 << 62,
 		Networks: []netip.Prefix{pods}, WireGuardKey: make([]byte, 32), Endpoint: netip.MustParseAddrPort("198.18.9.9:51820"), Decision: Accept}
 	msg, err := Seal(h, mallory)
 	if err != nil {
@@ -281,4 +281,44 @@ func TestSettledFederationOnlyResends(t *testing.T) {
 	if got, limit := sent.Load()-before, 2*6*rounds; got > limit || got < 6 {
 		t.Fatalf("%d messages in %s while settled, want 6 to %d (%d resend rounds)", got, window, limit, rounds)
 	}
+}
+
+// An agent of the next protocol version, which writes fields this one does
+// not know, peers with this one: clusters upgrade one at a time.
+func TestNextProtocolVersionPeers(t *testing.T) {
+	net := &network{}
+	a := newNode(t, net, nodeOptions{})
+	next := newNode(t, net, nodeOptions{rewrite: func(id identity.Identity, msg []byte) []byte {
+		return nextVersion(t, id, msg)
+	}})
+	meet(a, next)
+	within(t, "connected", func() error { return connected(a, next) })
+	if v := testutil.ToFloat64(a.eng.metrics.refused.WithLabelValues("malformed")) + testutil.ToFloat64(a.eng.metrics.refused.WithLabelValues("incompatible")); v != 0 {
+		t.Fatalf("a refused %v of the newer agent's messages", v)
+	}
+}
+
+// nextVersion rewrites msg as the next protocol version would write it: a
+// higher version, within range, with a field this version does not know.
+func nextVersion(t *testing.T, id identity.Identity, msg []byte) []byte {
+	s, err := Parse(msg)
+	if err != nil {
+		t.Errorf("parse own message: %v", err)
+		return msg
+	}
+	dec := json.NewDecoder(strings.NewReader(string(s.Payload())))
+	dec.UseNumber() // generations do not fit a float64
+	var fields map[string]any
+	if err := dec.Decode(&fields); err != nil {
+		t.Errorf("decode own message: %v", err)
+		return msg
+	}
+	fields["protocol"], fields["protocolMin"], fields["protocolMax"] = ProtocolVersionMax, ProtocolVersionMin, ProtocolVersionMax+1
+	fields["relays"] = []string{"198.18.7.7:51820"}
+	payload, err := json.Marshal(fields)
+	if err != nil {
+		t.Errorf("encode: %v", err)
+		return msg
+	}
+	return reseal(payload, id)
 }

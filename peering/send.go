@@ -11,7 +11,8 @@ import (
 // outgoing is the Hello p should have from us now.
 func (e *Engine) outgoing(p *peer) *Hello {
 	h := &Hello{
-		Protocol: ProtocolVersion, From: e.self, To: p.id, Name: e.cfg.Name,
+		Protocol: ProtocolVersion, ProtocolMin: ProtocolVersionMin, ProtocolMax: ProtocolVersionMax,
+		From: e.self, To: p.id, Name: e.cfg.Name,
 		Networks: slices.Clone(e.cfg.Networks), Endpoint: e.cfg.Endpoint, Decision: e.decision(p),
 	}
 	key := e.cfg.Dataplane.PublicKey()
