@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -137,7 +137,7 @@ func TestKubernetesLogsReachTheAgentLog(t *testing.T) {
 		if _, err := a.watchNodes(ctx, comps, func() {}); err != nil {
 			return err
 		}
-		peers, err := cache.New(a.restCfg, cache.Options{Scheme: peering.Scheme()})
+		peers, err := cache.New(a.restCfg, cache.Options{Scheme: peerapi.Scheme()})
 		if err != nil {
 			return err
 		}

@@ -8,20 +8,21 @@ import (
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
 // startPeering runs the negotiation engine and returns once it has
 // restored its state and applied the data path it found in the ledger.
-func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun *tunnel.Tunnel, disc *discovery.Discovery) (*peering.Engine, *peering.PeerObjects, error) {
-	objects, err := peering.NewPeerObjects(a.restCfg, a.log.With("component", "peers"))
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun *tunnel.Tunnel, disc *discovery.Discovery) (*peering.Engine, *peerapi.Objects, error) {
+	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
 	if err != nil {
 		return nil, nil, err
 	}
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: tun, Transport: disc, Status: objects,
+		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: objects,
 		UnreachableGrace: a.cfg.UnreachableGrace,
 		Logger:           a.log, Metrics: a.registry,
 	})
@@ -49,22 +50,16 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	return eng, objects, nil
 }
 
-// watchPeers reports the Peer objects' specs to the engine, from an
-// informer that runs as a component, and returns once it has synced.
-func (a *Agent) watchPeers(ctx context.Context, comps *components, objects *peering.PeerObjects, eng *peering.Engine) error {
-	synced := make(chan struct{})
-	comps.Go("Peer informer", func(ctx context.Context) error {
-		err := objects.Watch(ctx, eng)
-		if err == nil {
-			close(synced)
-		}
-		if werr := objects.Wait(); err == nil {
-			err = werr
-		}
-		return err
+// watchPeers reports the Peer objects' specs to the engine and writes the
+// states it publishes, as a component, and returns once the informer has
+// synced: the engine then knows every admin's decision before discovery
+// reports the first member.
+func (a *Agent) watchPeers(ctx context.Context, comps *components, objects *peerapi.Objects, eng *peering.Engine) error {
+	comps.Go("Peer objects", func(ctx context.Context) error {
+		return objects.Run(ctx, eng)
 	})
 	select {
-	case <-synced:
+	case <-objects.Synced():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("Peer informer not synced: %w", context.Cause(ctx))

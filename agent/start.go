@@ -9,7 +9,7 @@ import (
 )
 
 // startComponents brings the components up in their order: ledger and identity,
-// networks, CRDs, tunnel, peering, discovery, Peer objects. Each registers
+// networks, CRDs, tunnel, peering, Peer objects, discovery. Each registers
 // with comps what must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	st, err := a.openState(comps)
@@ -47,10 +47,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	}
 	engine.Store(eng)
 	a.followLocalNetworks(comps, locals, eng)
-	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
+	if err := a.watchPeers(ctx, comps, objects, eng); err != nil {
 		return err
 	}
-	if err := a.watchPeers(ctx, comps, objects, eng); err != nil {
+	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
 		return err
 	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)

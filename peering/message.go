@@ -1,7 +1,9 @@
 // Package peering turns federation members into connected peers: each pair
 // exchanges signed statements (networks, WireGuard key, endpoint, whether it
 // accepts networking, and how it sees the other's networks), records the
-// views in the ledger, and drives the tunnel and the Peer API.
+// views in the ledger, drives the tunnel, and emits plain peer state. It
+// knows nothing of Kubernetes: peering/peerapi turns that state into Peer
+// objects and their specs into Spec.
 package peering
 
 import (
@@ -17,9 +19,26 @@ import (
 	"github.com/flotilla-io/flotilla/identity"
 )
 
-// ProtocolVersion is the peering protocol this agent speaks. A Hello of
-// another version is refused with ErrIncompatible.
-const ProtocolVersion = 1
+// Protocol versions, a range as memberlist has them, so clusters upgrade
+// one at a time: an agent writes ProtocolVersion and reads every version
+// from ProtocolVersionMin to ProtocolVersionMax. A version within the range
+// may only add fields (ignored by readers that do not know them); a change
+// of meaning takes a number above ProtocolVersionMax, and its agents keep
+// writing a version older ones read until every cluster is upgraded.
+//
+// Version 2 signs the signing domain with the payload; version 1 signed
+// the payload alone and is no longer read.
+const (
+	ProtocolVersion    = 2
+	ProtocolVersionMin = 2
+	ProtocolVersionMax = 3
+)
+
+// signingDomain is signed before the payload, so that a signature over a
+// peering statement can never pass for one over anything else a cluster
+// signs (member records sign their own domain). It names the signing
+// scheme, not the protocol version: every version in range shares it.
+const signingDomain = "flotilla.io/peering/v1 statement\x00"
 
 // Decision is one side's choice about networking with the other.
 type Decision string
@@ -45,9 +64,15 @@ type ViewClaim struct {
 // changes only when the sender's statement, decision or views change, so
 // an exchange settles after a few messages.
 type Hello struct {
+	// Protocol is the version the Hello is written in.
 	Protocol uint16 `json:"protocol"`
-	From     string `json:"from"`
-	To       string `json:"to"`
+	// ProtocolMin and ProtocolMax are the versions the sender reads, so a
+	// newer receiver can answer in one of them. They are advice: nothing
+	// is refused for what they say.
+	ProtocolMin uint16 `json:"protocolMin"`
+	ProtocolMax uint16 `json:"protocolMax"`
+	From        string `json:"from"`
+	To          string `json:"to"`
 	// Generation grows with every new Hello a cluster issues (to anyone); a
 	// receiver refuses one older than the newest it accepted from the
 	// sender, and a different one of the same generation.
@@ -88,8 +113,12 @@ var (
 )
 
 // Seal signs h with id and encodes it: magic, payload length, JSON payload,
-// Ed25519 signature over the payload.
+// Ed25519 signature over the signing domain followed by the payload.
+// It writes h in this agent's protocol version, whatever h.Protocol says.
 func Seal(h *Hello, id identity.Identity) ([]byte, error) {
+	w := *h
+	h = &w
+	h.Protocol, h.ProtocolMin, h.ProtocolMax = ProtocolVersion, ProtocolVersionMin, ProtocolVersionMax
 	if h.From != id.ClusterID() {
 		return nil, fmt.Errorf("seal hello: from %s, but the identity is %s", h.From, id.ClusterID())
 	}
@@ -107,10 +136,15 @@ func Seal(h *Hello, id identity.Identity) ([]byte, error) {
 	out = append(out, magic[:]...)
 	out = binary.BigEndian.AppendUint32(out, uint32(len(payload)))
 	out = append(out, payload...)
-	return append(out, id.Sign(payload)...), nil
+	return append(out, id.Sign(signed(payload))...), nil
 }
 
-// Sealed is a received message split into its parts; Open verifies it.
+// signed is what a signature covers: the domain, then the payload.
+func signed(payload []byte) []byte {
+	return append([]byte(signingDomain), payload...)
+}
+
+// Sealed is a received message split into its parts; Verify checks it.
 type Sealed struct {
 	Hello     Hello
 	payload   []byte
@@ -138,12 +172,11 @@ func Parse(b []byte) (*Sealed, error) {
 	if err := json.Unmarshal(s.payload, &probe); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if probe.Protocol != ProtocolVersion {
-		return nil, fmt.Errorf("%w: the sender speaks %d, this agent %d", ErrIncompatible, probe.Protocol, ProtocolVersion)
+	if err := readable(probe.Protocol); err != nil {
+		return nil, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(s.payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s.Hello); err != nil {
+	// Unknown fields are what newer versions within range add: ignored.
+	if err := json.Unmarshal(s.payload, &s.Hello); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if err := s.Hello.validate(); err != nil {
@@ -155,7 +188,7 @@ func Parse(b []byte) (*Sealed, error) {
 // Verify checks the signature against the sender's identity key, which
 // must be the key of the cluster ID the Hello claims to come from.
 func (s *Sealed) Verify(pub ed25519.PublicKey) error {
-	if err := identity.Verify(s.Hello.From, pub, s.payload, s.signature); err != nil {
+	if err := identity.Verify(s.Hello.From, pub, signed(s.payload), s.signature); err != nil {
 		return fmt.Errorf("%w: %v", ErrForged, err)
 	}
 	return nil
@@ -167,9 +200,20 @@ func (s *Sealed) SameAs(payload []byte) bool { return bytes.Equal(s.payload, pay
 // Payload returns the signed bytes.
 func (s *Sealed) Payload() []byte { return s.payload }
 
+// readable checks that this agent reads version v.
+func readable(v uint16) error {
+	switch {
+	case v < ProtocolVersionMin:
+		return fmt.Errorf("%w: the sender writes version %d, this agent reads %d to %d: upgrade the sender's agent", ErrIncompatible, v, ProtocolVersionMin, ProtocolVersionMax)
+	case v > ProtocolVersionMax:
+		return fmt.Errorf("%w: the sender writes version %d, this agent reads %d to %d: upgrade this agent", ErrIncompatible, v, ProtocolVersionMin, ProtocolVersionMax)
+	}
+	return nil
+}
+
 func (h *Hello) validate() error {
-	if h.Protocol != ProtocolVersion {
-		return fmt.Errorf("protocol %d, want %d", h.Protocol, ProtocolVersion)
+	if err := readable(h.Protocol); err != nil {
+		return err
 	}
 	if err := identity.ValidateClusterID(h.From); err != nil {
 		return fmt.Errorf("from: %w", err)
@@ -247,11 +291,11 @@ var private = []netip.Prefix{
 	netip.MustParsePrefix("100.64.0.0/10"),
 }
 
-// CheckNetwork checks that p is a range protocol 1 can carry: IPv4 (the tunnel
+// CheckNetwork checks that p is a range the protocol can carry: IPv4 (the tunnel
 // routes IPv4 only) inside private or shared address space.
 func CheckNetwork(p netip.Prefix) error {
 	if !p.Addr().Is4() {
-		return errors.New("IPv6 is not carried by protocol 1")
+		return errors.New("IPv6 is not carried by this protocol version")
 	}
 	for _, r := range private {
 		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/flotilla-io/flotilla/identity"
@@ -20,7 +21,7 @@ func mustIdentity(t testing.TB) identity.Identity {
 
 func sampleHello(from, to identity.Identity) *Hello {
 	return &Hello{
-		Protocol: ProtocolVersion, From: from.ClusterID(), To: to.ClusterID(), Generation: 7,
+		From: from.ClusterID(), To: to.ClusterID(), Generation: 7,
 		Name: "east", Networks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")},
 		WireGuardKey: make([]byte, 32), Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
 		Decision:   Accept,
@@ -54,11 +55,7 @@ func TestRefusals(t *testing.T) {
 	// Mallory writes a hello claiming to come from a and signs it with her
 	// own key; the receiver checks it against a's key.
 	forged := func() []byte {
-		payload, err := json.Marshal(sampleHello(a, b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reseal(payload, mallory)
+		return reseal(withFields(t, sampleHello(a, b), nil), mallory)
 	}()
 	tests := []struct {
 		name   string
@@ -103,7 +100,6 @@ func TestInvalidHellos(t *testing.T) {
 		name   string
 		mutate func(h *Hello)
 	}{
-		{"other protocol", func(h *Hello) { h.Protocol = 2 }},
 		{"generation 0", func(h *Hello) { h.Generation = 0 }},
 		{"to itself", func(h *Hello) { h.To = h.From }},
 		{"short key", func(h *Hello) { h.WireGuardKey = h.WireGuardKey[:16] }},
@@ -148,24 +144,91 @@ func TestInvalidHellos(t *testing.T) {
 	}
 }
 
-// An incompatible peer gets a refusal that says so, not "malformed".
+// A version outside the range this agent reads is refused, saying which
+// side to upgrade, not "malformed".
 func TestIncompatibleVersion(t *testing.T) {
 	a, b := mustIdentity(t), mustIdentity(t)
-	msg, _ := Seal(sampleHello(a, b), a)
-	s, _ := Parse(msg)
-	payload := []byte(string(s.Payload()))
-	i := indexOf(payload, `"protocol":1`)
-	payload[i+len(`"protocol":`)] = '9'
-	_, err := Parse(reseal(payload, a))
-	if !errors.Is(err, ErrIncompatible) {
-		t.Fatalf("Parse of protocol 9: %v, want ErrIncompatible", err)
+	tests := []struct {
+		version uint16
+		says    string
+	}{
+		{ProtocolVersionMin - 1, "upgrade the sender's agent"},
+		{ProtocolVersionMax + 1, "upgrade this agent"},
 	}
+	for _, tt := range tests {
+		payload := withFields(t, sampleHello(a, b), map[string]any{"protocol": tt.version})
+		_, err := Parse(reseal(payload, a))
+		if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), tt.says) {
+			t.Errorf("Parse of version %d: %v, want ErrIncompatible saying %q", tt.version, err, tt.says)
+		}
+	}
+}
+
+// Versions within range are read, with the fields this version does not
+// know ignored.
+func TestNewerVersionWithinRange(t *testing.T) {
+	a, b := mustIdentity(t), mustIdentity(t)
+	payload := withFields(t, sampleHello(a, b), map[string]any{
+		"protocol": ProtocolVersionMax, "protocolMax": ProtocolVersionMax + 1, "relays": []string{"198.18.7.7:51820"},
+	})
+	s, err := Parse(reseal(payload, a))
+	if err != nil {
+		t.Fatalf("Parse of version %d with a new field: %v", ProtocolVersionMax, err)
+	}
+	if err := s.Verify(a.Public()); err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if s.Hello.Protocol != ProtocolVersionMax || s.Hello.Name != "east" {
+		t.Fatalf("read %+v", s.Hello)
+	}
+}
+
+// A signature over the payload alone, as protocol 1 made them, does not
+// verify: what is signed names its purpose, so a signature made for
+// anything else can never pass for a statement.
+func TestSignatureWithoutDomainIsRefused(t *testing.T) {
+	a, b := mustIdentity(t), mustIdentity(t)
+	payload := withFields(t, sampleHello(a, b), nil)
+	msg := append(append([]byte{}, magic[:]...), byte(len(payload)>>24), byte(len(payload)>>16), byte(len(payload)>>8), byte(len(payload)))
+	msg = append(append(msg, payload...), a.Sign(payload)...)
+	s, err := Parse(msg)
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if err := s.Verify(a.Public()); !errors.Is(err, ErrForged) {
+		t.Fatalf("Verify of a signature without the domain: %v, want ErrForged", err)
+	}
+}
+
+// withFields returns h as sealed by this agent, with fields set.
+func withFields(t testing.TB, h *Hello, fields map[string]any) []byte {
+	t.Helper()
+	h.Protocol, h.ProtocolMin, h.ProtocolMax = ProtocolVersion, ProtocolVersionMin, ProtocolVersionMax
+	b, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range fields {
+		m[k] = v
+	}
+	b, err = json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func FuzzParse(f *testing.F) {
 	a, b := mustIdentity(f), mustIdentity(f)
 	genuine, _ := Seal(sampleHello(a, b), a)
 	f.Add(genuine)
+	f.Add(reseal(withFields(f, sampleHello(a, b), map[string]any{"protocol": ProtocolVersionMax, "relays": []string{"x"}}), a))
 	f.Add([]byte{})
 	f.Add(append(magic[:], 0, 0, 0, 2, '{', '}'))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -181,20 +244,10 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func indexOf(b []byte, s string) int {
-	for i := 0; i+len(s) <= len(b); i++ {
-		if string(b[i:i+len(s)]) == s {
-			return i
-		}
-	}
-	return -1
-}
-
+// reseal signs payload as a sender does, without checking it.
 func reseal(payload []byte, id identity.Identity) []byte {
 	out := append([]byte{}, magic[:]...)
 	out = append(out, byte(len(payload)>>24), byte(len(payload)>>16), byte(len(payload)>>8), byte(len(payload)))
 	out = append(out, payload...)
-	return append(out, id.Sign(payload)...)
+	return append(out, id.Sign(signed(payload))...)
 }
-
-func jsonMarshal(h *Hello) ([]byte, error) { return json.Marshal(h) }

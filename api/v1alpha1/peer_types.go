@@ -85,18 +85,17 @@ type PeerStatus struct {
 	// Views summarises TheirNetworks for kubectl: "range=>as,...".
 	// +optional
 	Views string `json:"views,omitempty"`
-	// LastHandshake is the last WireGuard handshake with the peer.
+	// LastHandshake is the last WireGuard handshake with the peer. Traffic
+	// counters are metrics (flotilla_peer_receive_bytes_total and
+	// flotilla_peer_transmit_bytes_total), not status.
 	// +optional
 	LastHandshake *metav1.Time `json:"lastHandshake,omitempty"`
-	// ReceiveBytes and TransmitBytes count tunnel traffic with the peer.
-	// +optional
-	ReceiveBytes int64 `json:"receiveBytes,omitempty"`
-	// +optional
-	TransmitBytes int64 `json:"transmitBytes,omitempty"`
 	// StatementGeneration is the generation of the peer's last accepted
 	// signed statement.
 	// +optional
 	StatementGeneration int64 `json:"statementGeneration,omitempty"`
+	// ObservedGeneration is the generation of the spec the agent acted on
+	// when it wrote this status.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// +optional
@@ -126,9 +125,10 @@ const (
 // +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.status.clusterName`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Handshake",type=date,JSONPath=`.status.lastHandshake`,description="Time since the last WireGuard handshake"
 // +kubebuilder:printcolumn:name="Views",type=string,JSONPath=`.status.views`,priority=1
 // +kubebuilder:printcolumn:name="Networking",type=string,JSONPath=`.spec.networking`,priority=1
-// +kubebuilder:printcolumn:name="Handshake",type=date,JSONPath=`.status.lastHandshake`
+// +kubebuilder:printcolumn:name="Sources",type=string,JSONPath=`.status.sources`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Peer struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -14,11 +14,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
 
 func init() {
-	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, traffic", run: runStatus})
+	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake", run: runStatus})
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -33,7 +33,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: peering.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: peerapi.Scheme()})
 	if err != nil {
 		return err
 	}
@@ -52,11 +52,12 @@ func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
 	}
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Status.ClusterName < peers[j].Status.ClusterName })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tRX\tTX")
+	// Traffic is in the agent's metrics (flotilla_peer_*_bytes_total).
+	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE")
 	for _, p := range peers {
 		s := p.Status
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
-			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now), byteCount(s.ReceiveBytes), byteCount(s.TransmitBytes))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
+			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now))
 	}
 	tw.Flush()
 }
@@ -95,16 +96,4 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func byteCount(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
-	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -85,7 +85,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		cidr := netip.MustParsePrefix(opts.PodCIDRs[i])
 		site := env.NewSite(name, harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr})
 		cp.ExposeTo(site.Netns)
-		c, err := client.New(cp.Config, client.Options{Scheme: peering.Scheme()})
+		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
 		if err != nil {
 			t.Fatalf("%v", err)
 		}

@@ -1,0 +1,83 @@
+package flotilla_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The folders below the Kubernetes side know nothing of Kubernetes: the
+// negotiation, the data path, the ledger, discovery and identity import no
+// k8s.io or sigs.k8s.io package, directly or through another.
+func TestLowerLayersImportNoKubernetes(t *testing.T) {
+	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./peering"} {
+		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
+			// One line per package that imports Kubernetes itself.
+			reported := map[string]bool{}
+			for _, chain := range kubernetesImports(t, pkg) {
+				importer := chain[len(chain)-2]
+				if !reported[importer] {
+					reported[importer] = true
+					t.Errorf("%s imports Kubernetes: %s", pkg, strings.Join(chain, " -> "))
+				}
+			}
+		})
+	}
+}
+
+// kubernetesImports returns, for every Kubernetes package pkg depends on,
+// one chain of imports from pkg to it.
+func kubernetesImports(t *testing.T, pkg string) [][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", pkg)
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, ee.Stderr)
+		}
+		t.Fatalf("go list %s: %v", pkg, err)
+	}
+	imports := map[string][]string{}
+	var root string
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		imports[p.ImportPath] = p.Imports
+		root = p.ImportPath // -deps lists pkg last
+	}
+	// Breadth first from pkg, remembering how each package was reached.
+	via := map[string]string{root: ""}
+	queue := []string{root}
+	var chains [][]string
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if strings.HasPrefix(p, "k8s.io/") || strings.HasPrefix(p, "sigs.k8s.io/") {
+			var chain []string
+			for q := p; q != ""; q = via[q] {
+				chain = append([]string{q}, chain...)
+			}
+			chains = append(chains, chain)
+			continue // one chain per package reached first is enough
+		}
+		for _, i := range imports[p] {
+			if _, seen := via[i]; !seen {
+				via[i] = p
+				queue = append(queue, i)
+			}
+		}
+	}
+	return chains
+}

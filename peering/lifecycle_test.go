@@ -1,0 +1,189 @@
+package peering
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// A member that fails keeps its tunnel for the grace period, then loses
+// tunnel and view.
+func TestUnreachableGracePeriod(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	a, b := newNode(t, net, nodeOptions{clock: clk}), newNode(t, net, nodeOptions{})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	a.eng.MemberChanged(b.member(false))
+	inPhase(t, a, b, PhaseUnreachable)
+	if _, ok := a.dp.peer(b.id.ClusterID()); !ok {
+		t.Fatal("tunnel removed before the grace period ended")
+	}
+	clk.Add(2 * time.Minute)
+	within(t, "tunnel removed after the grace period", func() error {
+		if _, ok := a.dp.peer(b.id.ClusterID()); ok {
+			return errors.New("still configured")
+		}
+		if len(a.ledger.Quarantine()) != 1 {
+			return fmt.Errorf("%d views in quarantine, want 1", len(a.ledger.Quarantine()))
+		}
+		return nil
+	})
+}
+
+// A peer gone for good leaves nothing running: its sender ends and its
+// state is forgotten, after a last state saying what happened. Should it
+// come back, it connects again, and its older statements are still
+// refused.
+func TestGonePeerIsForgotten(t *testing.T) {
+	net := &network{}
+	var mu sync.Mutex
+	var fromB [][]byte
+	clk := &clock{t: time.Now()}
+	a, b, c := newNode(t, net, nodeOptions{clock: clk}), newNode(t, net, nodeOptions{}), newNode(t, net, nodeOptions{})
+	net.tap = func(to string, msg []byte) {
+		if to == a.id.ClusterID() {
+			mu.Lock()
+			fromB = append(fromB, msg)
+			mu.Unlock()
+		}
+	}
+	meet(a, b, c)
+	within(t, "connected", func() error { return errors.Join(connected(a, b), connected(a, c)) })
+	if n := a.eng.sendersAlive.Load(); n != 2 {
+		t.Fatalf("%d senders running on a, want 2", n)
+	}
+
+	a.eng.MemberChanged(b.member(false))
+	inPhase(t, a, b, PhaseUnreachable)
+	within(t, "sender to b ended", func() error {
+		if n := a.eng.sendersAlive.Load(); n != 1 {
+			return fmt.Errorf("%d senders running", n)
+		}
+		return nil
+	})
+	clk.Add(2 * time.Minute)
+	within(t, "b forgotten", func() error {
+		if n := peersKnown(a); n != 1 {
+			return fmt.Errorf("a keeps state of %d peers", n)
+		}
+		return nil
+	})
+	last, _ := a.rec.latest(b.id.ClusterID())
+	if last.Phase != PhaseUnreachable || !strings.Contains(last.Member.Message, "removed") {
+		t.Fatalf("last state of b: %s, %+v", last.Phase, last.Member)
+	}
+	if err := connected(a, c); err != nil {
+		t.Fatalf("forgetting b disturbed c: %v", err)
+	}
+
+	a.eng.MemberChanged(b.member(true))
+	within(t, "b connected again", func() error { return connected(a, b) })
+	mu.Lock()
+	oldest := fromB[0]
+	mu.Unlock()
+	a.eng.Receive(oldest)
+	within(t, "b's oldest statement refused", func() error {
+		if v := testutil.ToFloat64(a.eng.metrics.refused.WithLabelValues("replayed")); v != 1 {
+			return fmt.Errorf("replayed refusals %v", v)
+		}
+		return nil
+	})
+}
+
+// A restarted engine configures the data path from its ledger before any
+// member is heard from, so a restart does not drop traffic.
+func TestRestartRestoresDataPathFromLedger(t *testing.T) {
+	net := &network{}
+	a, b := newNode(t, net, nodeOptions{}), newNode(t, net, nodeOptions{})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	before, _ := a.dp.peer(b.id.ClusterID())
+	a.stop()
+	net.mu.Lock()
+	delete(net.engines, a.id.ClusterID())
+	net.mu.Unlock()
+
+	a2 := newNode(t, &network{}, nodeOptions{seed: a}) // hears nobody
+	<-a2.eng.Ready()
+	got, ok := a2.dp.peer(b.id.ClusterID())
+	if !ok {
+		t.Fatal("restarted agent did not restore the tunnel peer")
+	}
+	if got.Views[0] != before.Views[0] || got.ViewsOfMe[0] != before.ViewsOfMe[0] || got.PublicKey != before.PublicKey {
+		t.Fatalf("restored %+v, had %+v", got, before)
+	}
+}
+
+// A deleted Peer comes back per policy even when nothing about the peer
+// changed (manual policy, both sides pending): the admin needs an object
+// to accept.
+func TestDeletedPeerIsRecreated(t *testing.T) {
+	net := &network{}
+	manual := nodeOptions{policy: PolicyManual}
+	a, b := newNode(t, net, manual), newNode(t, net, manual)
+	meet(a, b)
+	id := b.id.ClusterID()
+	inPhase(t, a, b, PhaseDiscovered)
+	a.eng.SpecDeleted(id)
+	within(t, "b's Peer withdrawn, then published again", func() error {
+		h := a.rec.history(id)
+		i := slices.IndexFunc(h, func(ev event) bool { return ev.withdraw == id })
+		if i < 0 {
+			return errors.New("not withdrawn")
+		}
+		if i == len(h)-1 {
+			return errors.New("not published since it was withdrawn")
+		}
+		if s := h[len(h)-1].state; s.Phase != PhaseDiscovered || s.Accepted.Reason != "WaitingForAdmin" {
+			return fmt.Errorf("published again as %s, %+v", s.Phase, s.Accepted)
+		}
+		return nil
+	})
+}
+
+// A restart does not reopen the door to replays: the newest statement of
+// every peer is restored, also of peers that never had a data path.
+func TestRestartKeepsRefusingReplays(t *testing.T) {
+	net := &network{}
+	var mu sync.Mutex
+	var fromB [][]byte
+	manual := nodeOptions{policy: PolicyManual}
+	a, b := newNode(t, net, manual), newNode(t, net, manual)
+	net.tap = func(to string, msg []byte) {
+		if to == a.id.ClusterID() {
+			mu.Lock()
+			fromB = append(fromB, msg)
+			mu.Unlock()
+		}
+	}
+	meet(a, b)
+	inPhase(t, a, b, PhaseDiscovered)
+	b.eng.SpecChanged(a.id.ClusterID(), Spec{Networking: NetworkingAccept, Generation: 1}) // b issues a newer one
+	within(t, "a accepted b's newer statement", func() error {
+		if v := testutil.ToFloat64(a.eng.metrics.accepted); v < 2 {
+			return fmt.Errorf("%v accepted", v)
+		}
+		return nil
+	})
+	mu.Lock()
+	oldest := fromB[0]
+	mu.Unlock()
+	a.stop()
+	a2 := newNode(t, &network{}, nodeOptions{policy: PolicyManual, seed: a})
+	<-a2.eng.Ready()
+	a2.eng.MemberChanged(b.member(true))
+	a2.eng.Receive(oldest)
+	within(t, "replay refused after the restart", func() error {
+		if v := testutil.ToFloat64(a2.eng.metrics.refused.WithLabelValues("replayed")); v != 1 {
+			return fmt.Errorf("replayed refusals %v", v)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,167 @@
+// Package peerapi is the Kubernetes side of peering: it reports the specs
+// of Peer objects to the engine as plain peering.Spec, and writes the
+// engine's plain peer states into their status, through a rate-limited
+// work queue of server-side-apply patches. The negotiation in peering
+// knows nothing of it.
+package peerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering"
+)
+
+// Scheme knows the flotilla.io types.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Specs receives the admin's decisions (*peering.Engine does).
+type Specs interface {
+	SpecChanged(id string, s peering.Spec)
+	SpecDeleted(id string)
+}
+
+// Objects keeps the Peer objects of the local API server: it reports their
+// specs and writes their status. It is the engine's peering.Publisher.
+type Objects struct {
+	cache  cache.Cache
+	log    *slog.Logger
+	status *statusWriter
+	synced chan struct{}
+}
+
+// New prepares a client and an informer for Peers; Run starts them.
+func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
+	scheme := Scheme()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("client for Peers: %w", err)
+	}
+	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return nil, fmt.Errorf("cache for Peers: %w", err)
+	}
+	return &Objects{cache: ca, log: log, status: newStatusWriter(c, ca, log), synced: make(chan struct{})}, nil
+}
+
+// Publish queues s to be written to its Peer's status (peering.Publisher).
+func (o *Objects) Publish(s peering.PeerState) { o.status.publish(s) }
+
+// Withdraw drops what is queued for id (peering.Publisher).
+func (o *Objects) Withdraw(id string) { o.status.withdraw(id) }
+
+// Synced is closed once Run has reported every existing Peer's spec and
+// starts writing statuses.
+func (o *Objects) Synced() <-chan struct{} { return o.synced }
+
+// statusWorkers write statuses of different peers at once; one peer's
+// writes are never concurrent (the work queue sees to it).
+const statusWorkers = 2
+
+// Run reports every Peer's spec to specs, and deletions, and writes the
+// published states, until ctx ends or the informer fails. It returns when
+// all its goroutines have; call it once.
+func (o *Objects) Run(ctx context.Context, specs Specs) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		o.status.queue.ShutDown()
+		wg.Wait()
+	}()
+	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{})
+	if err != nil {
+		return fmt.Errorf("watch Peers: %w", err)
+	}
+	reg, err := inf.AddEventHandler(specHandler(specs))
+	if err != nil {
+		return fmt.Errorf("watch Peers: %w", err)
+	}
+	cacheErr := make(chan error, 1)
+	wg.Go(func() { cacheErr <- o.cache.Start(ctx) })
+	// The engine hears every existing spec before any status is written,
+	// so the first statuses already name the specs they act on.
+	if !o.cache.WaitForCacheSync(ctx) || !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		select {
+		case err := <-cacheErr:
+			if err != nil {
+				return fmt.Errorf("watch Peers: %w", err)
+			}
+		default:
+		}
+		return fmt.Errorf("watch Peers: the informer did not sync: %w (is the peers.flotilla.io CRD installed?)", ctx.Err())
+	}
+	close(o.synced)
+	for range statusWorkers {
+		wg.Go(func() { o.status.run(ctx) })
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-cacheErr:
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("no error given")
+		}
+		return fmt.Errorf("the Peer informer stopped: %w", err)
+	}
+}
+
+// specHandler reports specs as they change. Status writes do not change a
+// Peer's generation; only spec changes are reported again.
+func specHandler(specs Specs) toolscache.ResourceEventHandler {
+	peerOf := func(obj any) *v1alpha1.Peer {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		p, _ := obj.(*v1alpha1.Peer)
+		return p
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p := peerOf(obj); p != nil {
+				specs.SpecChanged(p.Name, specOf(p))
+			}
+		},
+		UpdateFunc: func(old, obj any) {
+			if o, p := peerOf(old), peerOf(obj); p != nil && (o == nil || o.Generation != p.Generation) {
+				specs.SpecChanged(p.Name, specOf(p))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if p := peerOf(obj); p != nil {
+				specs.SpecDeleted(p.Name)
+			}
+		},
+	}
+}
+
+// specOf is what the engine needs of a Peer's spec.
+func specOf(p *v1alpha1.Peer) peering.Spec {
+	s := peering.Spec{Generation: p.Generation}
+	switch p.Spec.Networking {
+	case v1alpha1.NetworkingAccept:
+		s.Networking = peering.NetworkingAccept
+	case v1alpha1.NetworkingDeny:
+		s.Networking = peering.NetworkingDeny
+	}
+	return s
+}

@@ -1,0 +1,193 @@
+package peerapi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering"
+)
+
+// fieldOwner is the agent's field manager for server-side apply, the one
+// it installs its CRD with.
+const fieldOwner = "flotilla"
+
+// statusWriter writes Peer statuses from its own goroutines, so a slow or
+// absent API server never stalls negotiation. A work queue keyed by peer
+// holds each peer once, with only its newest state; a failed write is
+// retried with per-peer exponential backoff, and all writes share a rate
+// limit. A peer's entries end with its last write.
+type statusWriter struct {
+	client client.Client
+	cache  client.Reader
+	log    *slog.Logger
+	now    func() time.Time
+	queue  workqueue.TypedRateLimitingInterface[string]
+	// writes bounds the write rate to the API server, whatever the
+	// federation does.
+	writes *rate.Limiter
+
+	mu      sync.Mutex
+	seq     uint64
+	pending map[string]queued
+	// failing is the last error logged per peer, so an error that repeats
+	// is logged once per change.
+	failing map[string]string
+}
+
+type queued struct {
+	state peering.PeerState
+	seq   uint64 // tells a newer state from the one being written
+}
+
+func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *statusWriter {
+	limiter := workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
+		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 50)},
+	)
+	return &statusWriter{
+		client: c, cache: cache, log: log, now: time.Now,
+		queue:   workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
+		writes:  rate.NewLimiter(rate.Limit(20), 50),
+		pending: map[string]queued{}, failing: map[string]string{},
+	}
+}
+
+func (w *statusWriter) publish(s peering.PeerState) {
+	w.mu.Lock()
+	w.seq++
+	w.pending[s.ClusterID] = queued{state: s, seq: w.seq}
+	w.mu.Unlock()
+	w.queue.Add(s.ClusterID)
+}
+
+func (w *statusWriter) withdraw(id string) {
+	w.mu.Lock()
+	delete(w.pending, id)
+	w.mu.Unlock()
+}
+
+// entries counts the peers the writer holds anything for.
+func (w *statusWriter) entries() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(w.pending)
+	for id := range w.failing {
+		if _, ok := w.pending[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// run writes queued states until the queue shuts down.
+func (w *statusWriter) run(ctx context.Context) {
+	for w.next(ctx) {
+	}
+}
+
+func (w *statusWriter) next(ctx context.Context) bool {
+	id, shutdown := w.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer w.queue.Done(id)
+	w.mu.Lock()
+	q, ok := w.pending[id]
+	w.mu.Unlock()
+	if !ok { // withdrawn
+		w.queue.Forget(id)
+		w.mu.Lock()
+		delete(w.failing, id)
+		w.mu.Unlock()
+		return true
+	}
+	if err := w.writes.Wait(ctx); err != nil {
+		return false
+	}
+	err := w.write(ctx, q.state)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		if w.failing[id] != err.Error() {
+			w.failing[id] = err.Error()
+			w.log.Error("cannot write Peer status; retrying with backoff (check that the API server is reachable and the agent may patch peers/status)", "peer", id, "err", err)
+		}
+		w.queue.AddRateLimited(id)
+		return true
+	}
+	w.queue.Forget(id)
+	if _, ok := w.failing[id]; ok {
+		delete(w.failing, id)
+		w.log.Info("Peer status written again", "peer", id)
+	}
+	if cur, ok := w.pending[id]; ok && cur.seq == q.seq {
+		delete(w.pending, id)
+	}
+	return true
+}
+
+// write creates the Peer of s when missing (or fixes its labels) and
+// applies its status. The informer's copy says whether the object exists
+// and holds the conditions' transition times.
+func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
+	id := s.ClusterID
+	var cur v1alpha1.Peer
+	exists := true
+	if err := w.cache.Get(ctx, client.ObjectKey{Name: id}, &cur); apierrors.IsNotFound(err) {
+		exists = false
+	} else if err != nil {
+		return fmt.Errorf("read Peer %s: %w", id, err)
+	}
+	labels := peerLabels(s.Name)
+	if !exists || !hasLabels(cur.Labels, labels) {
+		obj := peerObject(id)
+		obj.SetLabels(labels)
+		if err := w.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("create or label Peer %s: %w", id, err)
+		}
+	}
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr(statusOf(s, cur.Status.Conditions, w.now())))
+	if err != nil {
+		return fmt.Errorf("status of Peer %s: %w", id, err)
+	}
+	obj := peerObject(id)
+	obj.Object["status"] = status
+	// Server-side apply: fields this owner no longer sets (a handshake
+	// time, a view) are removed, and nothing needs the object's version.
+	if err := w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply status of Peer %s: %w", id, err)
+	}
+	return nil
+}
+
+func peerObject(name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Peer"))
+	u.SetName(name)
+	return u
+}
+
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func ptr[T any](v T) *T { return &v }

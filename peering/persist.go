@@ -1,0 +1,104 @@
+package peering
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/flotilla-io/flotilla/ipam"
+)
+
+// persistedPeer is what the ledger keeps per peer: the last accepted
+// message (so a restart restores the data path at once and refuses
+// replays of older ones).
+type persistedPeer struct {
+	Message []byte `json:"message"`
+}
+
+func (e *Engine) persist(p *peer, msg []byte) error {
+	b, err := json.Marshal(persistedPeer{Message: msg})
+	if err != nil {
+		return err
+	}
+	return e.cfg.Ledger.PutPeerState(p.id, b)
+}
+
+// loadStatement gives p the last statement the ledger holds from it, so a
+// peer restored at start, or back after it was forgotten, keeps refusing
+// replays of older ones.
+func (e *Engine) loadStatement(p *peer) {
+	raw, err := e.cfg.Ledger.PeerState(p.id)
+	if errors.Is(err, ipam.ErrNotFound) {
+		return
+	}
+	if err != nil {
+		e.log.Error("cannot read the stored peer statement; older ones are not refused until the peer sends a new one", "peer", p.id, "err", err)
+		return
+	}
+	var st persistedPeer
+	if json.Unmarshal(raw, &st) != nil {
+		e.log.Warn("ignoring unreadable stored peer state", "peer", p.id)
+		return
+	}
+	s, err := Parse(st.Message)
+	if err != nil || s.Hello.To != e.self || s.Hello.From != p.id {
+		e.log.Warn("ignoring stored peer statement", "peer", p.id, "err", err)
+		return
+	}
+	p.hello, p.payload = &s.Hello, slices.Clone(s.Payload())
+}
+
+// restore loads the generation counter and the last statement accepted
+// from every peer: all of them keep refusing replays of older statements,
+// and those that had views get their tunnel configured as before the
+// restart, without waiting for discovery.
+func (e *Engine) restore() error {
+	b, err := e.cfg.Ledger.LoadOrCreateKey(generationKey, func() ([]byte, error) { return make([]byte, 8), nil })
+	if err != nil {
+		return fmt.Errorf("load peering generation: %w", err)
+	}
+	if len(b) == 8 {
+		e.gen = binary.BigEndian.Uint64(b)
+	}
+	ids, err := e.cfg.Ledger.PeersWithState()
+	if err != nil {
+		return fmt.Errorf("list stored peer statements: %w", err)
+	}
+	hadViews := map[string]bool{}
+	for _, v := range e.cfg.Ledger.Views("") {
+		hadViews[v.Peer] = true
+	}
+	now := e.cfg.Now()
+	for _, id := range ids {
+		p := e.peer(id)
+		if p.hello == nil {
+			delete(e.peers, id)
+			continue
+		}
+		// Not known alive yet. Peers that had views keep their data path
+		// for the grace period; the others have their state published once
+		// and are forgotten until discovery reports them.
+		p.goneSince = now
+		if !hadViews[id] {
+			p.goneSince = now.Add(-e.cfg.UnreachableGrace)
+		}
+		e.log.Info("restored peer from the ledger", "peer", id, "generation", p.hello.Generation, "dataPath", hadViews[id])
+	}
+	return nil
+}
+
+const generationKey = "peering-generation"
+
+// nextGeneration returns a new generation, larger than any issued before,
+// also across restarts (it is stored) and clock steps (it only grows).
+func (e *Engine) nextGeneration() (uint64, error) {
+	g := max(e.gen+1, uint64(e.cfg.Now().UnixNano()))
+	b := binary.BigEndian.AppendUint64(nil, g)
+	if err := e.cfg.Ledger.PutKey(generationKey, b); err != nil {
+		return 0, fmt.Errorf("store peering generation: %w", err)
+	}
+	e.gen = g
+	return g, nil
+}

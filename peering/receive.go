@@ -1,0 +1,101 @@
+package peering
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// receive verifies and records one message.
+func (e *Engine) receive(msg []byte) {
+	s, err := Parse(msg)
+	if err != nil {
+		e.refuse("", err)
+		return
+	}
+	h := &s.Hello
+	if h.To != e.self {
+		e.refuse(h.From, fmt.Errorf("%w: for %s", ErrMisdirected, h.To))
+		return
+	}
+	p, known := e.peers[h.From]
+	if !known || p.member == nil {
+		// Only members verified by discovery are heard. A message can
+		// overtake the member's join event, so it waits (bounded) for it.
+		e.holdEarly(h.From, msg)
+		return
+	}
+	if err := s.Verify(p.member.PublicKey); err != nil {
+		e.refuse(h.From, err)
+		return
+	}
+	if p.hello != nil {
+		switch {
+		case h.Generation < p.hello.Generation:
+			e.refuse(h.From, fmt.Errorf("%w: generation %d, already have %d", ErrReplayed, h.Generation, p.hello.Generation))
+			return
+		case h.Generation == p.hello.Generation:
+			if !s.SameAs(p.payload) {
+				e.refuse(h.From, fmt.Errorf("%w: a different message with generation %d", ErrReplayed, h.Generation))
+			}
+			return // a resend: nothing new
+		}
+	}
+	p.hello, p.payload = h, slices.Clone(s.Payload())
+	e.metrics.accepted.Inc()
+	if err := e.persist(p, msg); err != nil {
+		e.log.Error("cannot persist peer statement", "peer", p.id, "err", err)
+	}
+	e.log.Debug("hello accepted", "peer", p.id, "generation", h.Generation, "protocol", h.Protocol, "decision", h.Decision, "views", len(h.ViewsOfYou))
+	// Answer every new statement, so a peer that lost ours recovers now
+	// rather than at the next resend.
+	e.send(p, true)
+}
+
+// Bounds on messages held for senders discovery has not reported yet.
+const (
+	maxEarly  = 256
+	earlyWait = 30 * time.Second
+)
+
+type earlyMessage struct {
+	msg []byte
+	at  time.Time
+}
+
+// holdEarly keeps the newest message of a sender that is not a known
+// member yet; memberChanged replays it. Old and excess ones are dropped
+// and counted.
+func (e *Engine) holdEarly(from string, msg []byte) {
+	defer func() { e.metrics.held.Set(float64(len(e.early))) }()
+	now := e.cfg.Now()
+	for id, m := range e.early {
+		if now.Sub(m.at) > earlyWait {
+			delete(e.early, id)
+			e.metrics.refused.WithLabelValues("unknown_sender").Inc()
+		}
+	}
+	if _, ok := e.early[from]; !ok && len(e.early) >= maxEarly {
+		e.metrics.refused.WithLabelValues("unknown_sender").Inc()
+		return
+	}
+	e.early[from] = earlyMessage{msg: msg, at: now}
+	e.log.Debug("message from a sender not yet known as a member: held", "from", from)
+}
+
+func (e *Engine) refuse(from string, err error) {
+	reason := "malformed"
+	switch {
+	case errors.Is(err, ErrIncompatible):
+		reason = "incompatible"
+	case errors.Is(err, ErrForged):
+		reason = "forged"
+	case errors.Is(err, ErrReplayed):
+		reason = "replayed"
+	case errors.Is(err, ErrMisdirected):
+		reason = "misdirected"
+	}
+	e.metrics.refused.WithLabelValues(reason).Inc()
+	e.log.Warn("peering message refused", "from", from, "reason", reason, "err", err)
+}
