@@ -7,13 +7,16 @@
 //     /peer the client's address as seen here, / both.
 //
 // It logs every connection to stdout, so `kubectl logs` has something to
-// show.
+// show. With -get URL it is a client instead: it prints the body of one GET
+// and exits (non-zero on failure), for `kubectl exec POD -- /testserver
+// -get http://...` in an image that has nothing else.
 package main
 
 import (
 	"bufio"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -25,7 +28,11 @@ import (
 func main() {
 	tcpAddr := flag.String("tcp", ":9000", "address of the line-echo TCP server (empty: none)")
 	httpAddr := flag.String("http", ":8080", "address of the HTTP server (empty: none)")
+	get := flag.String("get", "", "fetch this URL, print its body and exit")
 	flag.Parse()
+	if *get != "" {
+		os.Exit(fetch(*get))
+	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds | log.LUTC)
 	host, _ := os.Hostname()
 	errc := make(chan error, 2)
@@ -47,6 +54,23 @@ func main() {
 		go func() { errc <- srv.Serve(l) }()
 	}
 	log.Fatal(<-errc)
+}
+
+func fetch(url string) int {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	os.Stdout.Write(body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "GET %s: %s %v\n", url, resp.Status, err)
+		return 1
+	}
+	return 0
 }
 
 func serveTCP(l net.Listener) error {
