@@ -562,6 +562,7 @@ func (n *Node) removeLeftovers() error {
 		errs = append(errs, err)
 	}
 	n.killShims()
+	removeRuntimeFiles(filepath.Dir(n.paths.containerdRoot))
 	if err := unmountUnder(n.paths.dir); err != nil {
 		errs = append(errs, err)
 	}

@@ -38,6 +38,7 @@ func TestRealNodesLeaveNothing(t *testing.T) {
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
 			run := waitHelper(t, cmd, exited, runFile, &out)
+			var live []string // what the run had when it was killed
 			// kubelet changes host-wide sysctls; the harness restores them.
 			if during := kubeletSysctls(t); during == before {
 				t.Fatalf("kubelet left the sysctls as they were (%s): nothing to restore", during)
@@ -45,8 +46,9 @@ func TestRealNodesLeaveNothing(t *testing.T) {
 			if mode == "kill" {
 				// The witness: the node is up, with its pod, its mounts and
 				// its cgroups, when the test binary dies.
-				left := strings.Join(harness.Leftovers(run), "\n")
-				for _, kind := range []string{"mount ", "cgroup ", "netns ", "process "} {
+				live = harness.Leftovers(run)
+				left := strings.Join(live, "\n")
+				for _, kind := range []string{"mount ", "cgroup ", "netns ", "process ", "file /run/containerd/s/"} {
 					if !strings.Contains(left, kind) {
 						t.Fatalf("no %s of the live run %s to leave behind:\n%s", kind, run, left)
 					}
@@ -67,6 +69,15 @@ func TestRealNodesLeaveNothing(t *testing.T) {
 			}
 			if left := harness.Leftovers(run); len(left) > 0 {
 				t.Fatalf("run %s (%s) left behind: %v\nhelper output:\n%s", run, mode, left, out.String())
+			}
+			// Host-wide files of the killed run, found while its directory
+			// was there: gone too.
+			for _, l := range live {
+				if f, ok := strings.CutPrefix(l, "file "); ok {
+					if _, err := os.Lstat(f); err == nil {
+						t.Errorf("%s of the killed run is still there", f)
+					}
+				}
 			}
 			if after := kubeletSysctls(t); after != before {
 				t.Fatalf("sysctls %s after the run, %s before", after, before)

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -24,7 +26,9 @@ import (
 //   - mounts under the run directory (kubelet's root, pod volumes,
 //     container root filesystems, pod network namespaces);
 //   - links in /var/log/containers that point into the run directory;
-//   - CNI's cache files /var/lib/cni/results/flotest-<run>-*;
+//   - CNI's cache files /var/lib/cni/results/flotest-<run>-*, and the
+//     shim sockets and loopback cache files of its containerds' tasks
+//     (runtimeFiles);
 //   - the host-wide sysctls kubelet sets at start (restored once no run
 //     with nodes is left).
 
@@ -266,4 +270,57 @@ func cniCacheFiles(run string) []string {
 	}
 	files, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", pattern))
 	return files
+}
+
+// runContainerds lists the containerd directories of a run directory's
+// nodes.
+func runContainerds(runDir string) []string {
+	ctrds, _ := filepath.Glob(filepath.Join(runDir, "*", "nodes", "*", "containerd"))
+	return ctrds
+}
+
+// removeRuntimeFiles removes runtimeFiles, but no socket a live shim
+// serves.
+func removeRuntimeFiles(ctrds ...string) {
+	for _, f := range runtimeFiles(ctrds...) {
+		if !listening(f) {
+			os.Remove(f)
+		}
+	}
+}
+
+// runtimeFiles lists the host-wide files the containerds (directories) of
+// real nodes keep for their sandboxes and containers: shim sockets in
+// /run/containerd/s (named by a hash of containerd's address, namespace
+// and task ID) and CNI's cached loopback results. A crash leaves them; the
+// IDs are found in the containerds' own directories, so only ours go.
+func runtimeFiles(ctrds ...string) []string {
+	var out []string
+	for _, c := range ctrds {
+		ids := map[string]bool{}
+		for _, pattern := range []string{
+			filepath.Join(c, "state", "io.containerd.runtime.v2.task", "k8s.io", "*"),
+			filepath.Join(c, "root", "io.containerd.grpc.v1.cri", "sandboxes", "*"),
+			filepath.Join(c, "root", "io.containerd.grpc.v1.cri", "containers", "*"),
+		} {
+			matches, _ := filepath.Glob(pattern)
+			for _, m := range matches {
+				ids[filepath.Base(m)] = true
+			}
+		}
+		sock := filepath.Join(c, "containerd.sock")
+		for id := range ids {
+			sum := sha256.Sum256([]byte(filepath.Join(sock, "k8s.io", id)))
+			for _, f := range []string{
+				filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])),
+				filepath.Join("/var/lib/cni/results", "cni-loopback-"+id+"-lo"),
+			} {
+				if _, err := os.Lstat(f); err == nil {
+					out = append(out, f)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

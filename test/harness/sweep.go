@@ -55,6 +55,7 @@ func Sweep() error {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+"*"))
 	for _, d := range dirs {
 		if run := runOf(filepath.Base(d)); run != "" && isDead(run) {
+			removeRuntimeFiles(runContainerds(d)...)
 			if err := removeRunDir(d); err != nil {
 				errs = append(errs, err)
 			}
@@ -144,6 +145,9 @@ func Leftovers(run string) []string {
 	for _, d := range dirs {
 		for _, m := range mountsUnder(d) {
 			out = append(out, "mount "+m)
+		}
+		for _, f := range runtimeFiles(runContainerds(d)...) {
+			out = append(out, "file "+f)
 		}
 	}
 	for _, cg := range harnessCgroups() {
