@@ -582,3 +582,59 @@ func (n *Node) removeLeftovers() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Memory returns the resident memory of the node's processes: containerd,
+// kubelet, kube-proxy, its shims and its containers.
+func (n *Node) Memory() int64 {
+	pids := cgroupProcesses(n.cgroup)
+	for _, p := range []*Process{n.Containerd, n.Kubelet, n.KubeProxy} {
+		if p != nil {
+			pids = append(pids, p.Pid())
+		}
+	}
+	for _, p := range harnessProcesses() {
+		if p.run != n.cp.env.RunID || !strings.HasPrefix(p.cmd, "containerd-shim") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", fmt.Sprint(p.pid), "cmdline"))
+		if bytes.Contains(cmdline, []byte(n.paths.containerdSock+"\x00")) {
+			pids = append(pids, p.pid)
+		}
+	}
+	return residentMemory(pids)
+}
+
+// Memory returns the resident memory of the control plane's processes.
+func (cp *ControlPlane) Memory() int64 {
+	var pids []int
+	for _, p := range []*Process{cp.Etcd, cp.APIServer, cp.ControllerManager, cp.Scheduler} {
+		if p != nil {
+			pids = append(pids, p.Pid())
+		}
+	}
+	return residentMemory(pids)
+}
+
+// residentMemory sums VmRSS of distinct processes, in bytes.
+func residentMemory(pids []int) int64 {
+	seen := map[int]bool{}
+	var total int64
+	for _, pid := range pids {
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		b, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(pid), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb int64
+				fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+				total += kb * 1024
+			}
+		}
+	}
+	return total
+}
