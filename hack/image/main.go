@@ -8,8 +8,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -17,31 +19,42 @@ import (
 )
 
 func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	var s ociimage.Spec
-	flag.StringVar(&s.Binary, "binary", "", "static linux/amd64 binary to put in the image")
-	flag.StringVar(&s.Path, "path", "", "its path in the image, e.g. /flotilla")
-	tag := flag.String("tag", "", "image name and tag, e.g. flotilla:v0.1.0")
-	out := flag.String("o", "", "image tarball to write")
-	dirs := flag.String("dirs", "/tmp", "comma-separated empty directories to create in the image")
-	flag.Parse()
+	fs.StringVar(&s.Binary, "binary", "", "static linux/amd64 binary to put in the image")
+	fs.StringVar(&s.Path, "path", "", "its path in the image, e.g. /flotilla")
+	tag := fs.String("tag", "", "image name and tag, e.g. flotilla:v0.1.0")
+	out := fs.String("o", "", "image tarball to write")
+	dirs := fs.String("dirs", "/tmp", "comma-separated empty directories to create in the image")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if s.Binary == "" || s.Path == "" || *tag == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "image: -binary, -path, -tag and -o are required")
-		flag.Usage()
-		os.Exit(2)
+		return errors.New("-binary, -path, -tag and -o are required")
 	}
 	if *dirs != "" {
 		s.Dirs = strings.Split(*dirs, ",")
 	}
 	img, err := ociimage.Build(s)
-	if err == nil {
-		err = ociimage.Write(*out, *tag, img)
-	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "image:", err)
-		os.Exit(1)
+		return err
+	}
+	if err := ociimage.Write(*out, *tag, img); err != nil {
+		return err
 	}
 	// The config digest is the image ID that `crictl images` and `docker
 	// images` show, whatever manifest the importer writes.
-	id, _ := img.ConfigName()
-	fmt.Printf("%s: %s, image ID %s\n", *out, *tag, id)
+	id, err := img.ConfigName()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: %s, image ID %s\n", *out, *tag, id)
+	return nil
 }
