@@ -59,6 +59,8 @@ type ControlPlane struct {
 	nodeLAN *LAN    // the default node network
 	drain   sync.Once
 
+	schedulerMu sync.Mutex
+
 	Etcd, APIServer, ControllerManager, Scheduler *Process
 }
 
@@ -240,6 +242,8 @@ func (cp *ControlPlane) StartScheduler() {
 }
 
 func (cp *ControlPlane) startScheduler() error {
+	cp.schedulerMu.Lock() // nodes starting at once all ask for it
+	defer cp.schedulerMu.Unlock()
 	if cp.Scheduler != nil {
 		return nil
 	}

@@ -80,6 +80,10 @@ func (e *Env) newLAN(name string) (*LAN, error) {
 func (l *LAN) nextAddr() (netip.Addr, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.nextAddrLocked()
+}
+
+func (l *LAN) nextAddrLocked() (netip.Addr, error) {
 	l.members++
 	if l.members > 250 {
 		return netip.Addr{}, errors.New("LAN is full (250 members)")
@@ -90,9 +94,13 @@ func (l *LAN) nextAddr() (netip.Addr, error) {
 }
 
 // attach connects n to the LAN with a veth, ifname inside n and farName
-// on the bridge, and gives n's end the next address of the LAN.
+// on the bridge, and gives n's end the next address of the LAN. Nodes
+// starting at once attach one at a time: they share the LAN's netlink
+// handle.
 func (l *LAN) attach(n *Netns, ifname, farName string) (netip.Addr, error) {
-	addr, err := l.nextAddr()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	addr, err := l.nextAddrLocked()
 	if err != nil {
 		return addr, err
 	}
