@@ -1,7 +1,7 @@
-# The flotilla image: one static binary on a distroless base. The agent
-# runs as root with only NET_ADMIN and NET_RAW (see deploy/deployment.yaml).
-# No container engine exists on the development machines, so this file is
-# not built by `make test`: docker build -t ghcr.io/flotilla-io/flotilla:dev .
+# The flotilla image, for those who build with a container engine. It is
+# the image `make image` builds without one (one static binary and /tmp on
+# an empty base); `make image` is what the tests and the demo use.
+#   docker build -t flotilla:dev .
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -11,8 +11,9 @@ ARG VERSION=dev
 ARG COMMIT=unknown
 RUN CGO_ENABLED=0 go build -trimpath \
     -ldflags "-s -w -X github.com/flotilla-io/flotilla/agent.Version=${VERSION} -X github.com/flotilla-io/flotilla/agent.Commit=${COMMIT}" \
-    -o /out/flotilla ./cmd/flotilla
+    -o /out/flotilla ./cmd/flotilla && mkdir -m 1777 /out/tmp
 
-FROM gcr.io/distroless/static-debian12
+FROM scratch
 COPY --from=build /out/flotilla /flotilla
+COPY --from=build /out/tmp /tmp
 ENTRYPOINT ["/flotilla"]

@@ -9,12 +9,21 @@ GO      ?= go
 TEST_TIMEOUT ?= 45m
 FUZZTIME ?= 30s
 
-.PHONY: all build deps kube-binaries demo test test-only lint generate bench fuzz clean sweep
+IMAGE_TAG ?= flotilla:$(VERSION)
+
+.PHONY: all build image deps kube-binaries demo test test-only lint generate bench fuzz clean sweep
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
+
+# The agent's image without a container engine: the static binary on an
+# empty base, reproducible (fixed timestamps), as an image tarball that
+# `ctr -n k8s.io images import` and `docker load` read.
+image:
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/flotilla-linux-amd64 ./cmd/flotilla
+	$(GO) run ./hack/image -binary bin/flotilla-linux-amd64 -path /flotilla -tag $(IMAGE_TAG) -o bin/flotilla-image.tar
 
 # Debian packages, Go modules and the Kubernetes binaries, each only once.
 deps:

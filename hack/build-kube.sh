@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# from one pinned k8s.io/kubernetes release into a cache outside the git tree.
-# A second call with the same version does nothing.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# kubelet and kube-proxy from one pinned k8s.io/kubernetes release into a
+# cache outside the git tree. Only missing binaries are built; a second call
+# with the same version does nothing.
 set -euo pipefail
 
 version="${KUBE_VERSION:-$(cat "$(dirname "$0")/../test/harness/kube-version")}"
 cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
 out="$cache/kube/$version"
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
-have_all=1
-for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || have_all=0; done
-if [ "$have_all" = 1 ] && [ "$(cat "$out/VERSION" 2>/dev/null)" = "$version" ]; then
+# A cache of another version (or an interrupted first build) starts over.
+if [ "$(cat "$out/VERSION" 2>/dev/null)" != "$version" ]; then
+  rm -rf "$out/bin"
+fi
+missing=()
+for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || missing+=("$b"); done
+if [ ${#missing[@]} = 0 ]; then
   echo "kube binaries $version already in $out/bin"
   exit 0
 fi
@@ -34,23 +39,23 @@ mod="$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:
     while read -r m; do echo "	$m => $m $staging_version"; done
   echo ")"
 } > "$work/go.mod"
-cat > "$work/tools.go" <<'GO'
-//go:build tools
-
-package kubebuild
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+{
+  echo "//go:build tools"
+  echo
+  echo "package kubebuild"
+  echo
+  echo "import ("
+  for b in "${bins[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$b\""; done
+  echo ")"
+} > "$work/tools.go"
 cd "$work"
-echo "building kube binaries $version into $out/bin (first time: several minutes)"
+echo "building ${missing[*]} $version into $out/bin (first time: several minutes; kubelet alone about 5 on 2 cores)"
 GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
-for b in "${bins[@]}"; do
-  GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitVersion=$version" -o "$out/bin/$b" "k8s.io/kubernetes/cmd/$b"
+for b in "${missing[@]}"; do
+  # Built to a temporary name and renamed, so an interrupted build leaves
+  # no binary that looks complete.
+  GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitVersion=$version" -o "$out/bin/.$b.tmp" "k8s.io/kubernetes/cmd/$b"
+  mv "$out/bin/.$b.tmp" "$out/bin/$b"
 done
 echo "$version" > "$out/VERSION"
 echo "kube binaries $version ready in $out/bin"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on a Debian machine:
-# Debian packages (only the missing ones), Go modules, and the pinned
-# Kubernetes binaries (built from source into a cache outside the tree).
+# Debian packages (only the missing ones; containerd, runc and the CNI
+# plugins for real nodes among them), Go modules, and the pinned Kubernetes
+# binaries, kubelet and kube-proxy included (built from source into a cache
+# outside the tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,11 +21,16 @@ declare -A want=(
   [wg]=wireguard-tools
   [iperf3]=iperf3
   [git]=git
+  # Real nodes: the container runtime and its low-level runner.
+  [containerd]=containerd
+  [runc]=runc
 )
 missing=()
 for cmd in "${!want[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${want[$cmd]}")
 done
+# The CNI plugins real nodes use (bridge, host-local, loopback, portmap).
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
 # The mDNS interoperability test uses another implementation: Debian's
 # python3-zeroconf, with Debian's own python3.
 /usr/bin/python3 -c 'import zeroconf' >/dev/null 2>&1 || missing+=(python3-zeroconf)

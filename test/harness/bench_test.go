@@ -1,11 +1,18 @@
 package harness_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -49,4 +56,96 @@ func BenchmarkSiteAndPod(b *testing.B) {
 		samples = append(samples, time.Since(start))
 	}
 	reportMedian(b, samples)
+}
+
+// Time from nothing to the first Ready pod of a cluster of three real
+// nodes: the control plane, then the three nodes at once, then one test
+// server pod. Also reported: when the nodes were Ready (from the start and
+// from the control plane's being ready), how long the pod
+// took from its creation, the memory of the cluster with its pod, and the
+// time to tear the whole cluster down (pods, nodes, control plane, mounts,
+// cgroups, namespaces).
+func BenchmarkRealClusterFirstPod(b *testing.B) {
+	harness.Require(b, harness.NeedsNodes...)
+	// Built once, outside the measured loop.
+	harness.ImageTarball(b, harness.PauseImage)
+	harness.ImageTarball(b, harness.TestServerImage)
+	var firstPod, nodesReady, nodesAfterCP, podReady, teardown []time.Duration
+	var memory, nodeMemory []int64
+	for b.Loop() {
+		var start, down time.Time
+		var log strings.Builder
+		code := harness.RunProgram(b.Name(), &log, func(p *harness.Program) {
+			start = time.Now()
+			env := harness.New(p)
+			cp := env.ControlPlane("cp", harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Scheduler: true})
+			cpUp := time.Now()
+			nodes := cp.StartNodes(harness.NodeOptions{}, "gw", "w1", "w2")
+			nodesReady = append(nodesReady, time.Since(start))
+			nodesAfterCP = append(nodesAfterCP, time.Since(cpUp))
+			created := time.Now()
+			if err := runTestServerPod(cp, "web"); err != nil {
+				p.Fatalf("%v", err)
+			}
+			firstPod = append(firstPod, time.Since(start))
+			podReady = append(podReady, time.Since(created))
+			bytes := cp.Memory()
+			for _, n := range nodes {
+				nodeMemory = append(nodeMemory, n.Memory())
+				bytes += nodeMemory[len(nodeMemory)-1]
+			}
+			memory = append(memory, bytes)
+			down = time.Now()
+		})
+		if code != 0 {
+			b.Fatalf("cluster failed:\n%s", log.String())
+		}
+		teardown = append(teardown, time.Since(down))
+	}
+	reportMedian(b, firstPod)
+	reportMedianAs(b, nodesReady, "ms-nodes-ready")
+	reportMedianAs(b, nodesAfterCP, "ms-nodes-after-cp")
+	reportMedianAs(b, podReady, "ms-pod-ready")
+	reportMedianAs(b, teardown, "ms-teardown")
+	slices.Sort(memory)
+	b.ReportMetric(float64(memory[len(memory)/2])/(1<<20), "MiB-cluster")
+	slices.Sort(nodeMemory)
+	b.ReportMetric(float64(nodeMemory[len(nodeMemory)/2])/(1<<20), "MiB-node")
+}
+
+// reportMedianAs reports only the median of samples, in milliseconds.
+func reportMedianAs(b *testing.B, samples []time.Duration, unit string) {
+	slices.Sort(samples)
+	b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, unit)
+}
+
+// runTestServerPod creates a test server pod and waits until it is Ready.
+func runTestServerPod(cp *harness.ControlPlane, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
+			ReadinessProbe: &corev1.Probe{
+				ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(harness.TestServerTCPPort)}},
+				PeriodSeconds: 1,
+			},
+		}}},
+	}
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		p, err := cp.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -25,6 +26,14 @@ type pki struct {
 	saKey, saPub            string
 	caPEM, adminCertPEM     []byte
 	adminKeyPEM             []byte
+	// kubeletClientCert and kubeletClientKey are the API server's
+	// credentials towards kubelets (logs, exec, port-forward).
+	kubeletClientCert, kubeletClientKey string
+
+	ca       *x509.Certificate
+	caSigner *ecdsa.PrivateKey
+	mu       sync.Mutex
+	serial   int64
 }
 
 func newPKI(dir string) (*pki, error) {
@@ -51,6 +60,7 @@ func newPKI(dir string) (*pki, error) {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
+	p.ca, p.caSigner, p.serial = ca, caKey, 10
 	p.caPEM = pemOf("CERTIFICATE", caDER)
 	if p.caCert, err = p.write("ca.crt", p.caPEM); err != nil {
 		return nil, err
@@ -105,6 +115,18 @@ func newPKI(dir string) (*pki, error) {
 	if p.adminKey, err = p.write("admin.key", p.adminKeyPEM); err != nil {
 		return nil, err
 	}
+	// Like kubeadm's apiserver-kubelet-client: kubelets authorize it by
+	// its group.
+	kcCert, kcKey, err := p.issueClient("kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		return nil, err
+	}
+	if p.kubeletClientCert, err = p.write("apiserver-kubelet-client.crt", kcCert); err != nil {
+		return nil, err
+	}
+	if p.kubeletClientKey, err = p.write("apiserver-kubelet-client.key", kcKey); err != nil {
+		return nil, err
+	}
 	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -120,6 +142,35 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// issueClient issues a client certificate for user cn in groups.
+func (p *pki) issueClient(cn string, groups ...string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.mu.Lock()
+	p.serial++
+	serial := p.serial
+	p.mu.Unlock()
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: cn, Organization: groups},
+		NotBefore:    now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caSigner)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s certificate: %w", cn, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pemOf("CERTIFICATE", der), pemOf("EC PRIVATE KEY", keyDER), nil
 }
 
 func pemOf(kind string, der []byte) []byte {

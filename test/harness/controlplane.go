@@ -49,9 +49,17 @@ type ControlPlane struct {
 	Client     kubernetes.Interface
 	Options    ControlPlaneOptions
 
-	env *Env
-	dir string
-	pki *pki
+	env    *Env
+	dir    string
+	pki    *pki
+	egress *egressProxy
+
+	nodesMu sync.Mutex
+	nodes   []*Node // real nodes, for routes between them
+	nodeLAN *LAN    // the default node network
+	drain   sync.Once
+
+	schedulerMu sync.Mutex
 
 	Etcd, APIServer, ControllerManager, Scheduler *Process
 }
@@ -129,6 +137,14 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 		return cp, err
 	}
 
+	if cp.egress, err = e.newEgressProxy(dir); err != nil {
+		return cp, err
+	}
+	egressConfig, err := cp.egress.configFile(dir)
+	if err != nil {
+		return cp, err
+	}
+
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
 	cp.Etcd, err = e.start(name+"-etcd", nil, []string{
@@ -157,6 +173,12 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 		// Loopback cannot be an endpoint of the kubernetes Service.
 		"--endpoint-reconciler-type", "none",
 		"--enable-priority-and-fairness=false",
+		// Real nodes: the API server reaches kubelets by their node
+		// address (node names do not resolve), with a client certificate,
+		// through the egress proxy into the node's network namespace.
+		"--kubelet-preferred-address-types", "InternalIP,Hostname",
+		"--kubelet-client-certificate", p.kubeletClientCert, "--kubelet-client-key", p.kubeletClientKey,
+		"--egress-selector-config-file", egressConfig,
 		"--profiling=false",
 		"--cert-dir", filepath.Join(dir, "apiserver"),
 		"-v", "1",
@@ -220,6 +242,8 @@ func (cp *ControlPlane) StartScheduler() {
 }
 
 func (cp *ControlPlane) startScheduler() error {
+	cp.schedulerMu.Lock() // nodes starting at once all ask for it
+	defer cp.schedulerMu.Unlock()
 	if cp.Scheduler != nil {
 		return nil
 	}

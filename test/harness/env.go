@@ -55,8 +55,9 @@ type Env struct {
 
 	lock *os.File
 
-	mu       sync.Mutex
-	segments int // LANs and routed segments handed out, for subnets
+	mu             sync.Mutex
+	segments       int  // LANs and routed segments handed out, for subnets
+	sysctlsClaimed bool // kubelets of this run may change host sysctls
 }
 
 // New creates an Env bound to t. It first sweeps what killed runs left.
@@ -122,7 +123,9 @@ func (e *Env) finish() {
 	for _, sock := range wireguardSockets(e.RunID) {
 		os.Remove(sock)
 	}
-	if err := os.RemoveAll(e.Dir); err != nil {
+	// Real nodes mount inside the run directory; removeRunDir unmounts
+	// first and keeps a directory that still has a mount.
+	if err := removeRunDir(e.Dir); err != nil {
 		e.t.Logf("harness: remove %s: %v", e.Dir, err)
 	}
 	os.Remove(filepath.Join(lockDir, e.RunID+".lock"))

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -38,8 +39,10 @@ func checkName(kind, name string) error {
 // LAN is a broadcast domain: a bridge in its own namespace. Multicast
 // (mDNS) crosses it.
 type LAN struct {
-	ns      *Netns
-	Prefix  netip.Prefix
+	ns     *Netns
+	Prefix netip.Prefix
+
+	mu      sync.Mutex
 	members int
 }
 
@@ -71,6 +74,65 @@ func (e *Env) newLAN(name string) (*LAN, error) {
 		return nil, fmt.Errorf("bridge up: %w", err)
 	}
 	return &LAN{ns: ns, Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, lanOctet2, byte(seg), 0}), 24)}, nil
+}
+
+// nextAddr hands out the next member address of the LAN.
+func (l *LAN) nextAddr() (netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nextAddrLocked()
+}
+
+func (l *LAN) nextAddrLocked() (netip.Addr, error) {
+	l.members++
+	if l.members > 250 {
+		return netip.Addr{}, errors.New("LAN is full (250 members)")
+	}
+	base := l.Prefix.Addr().As4()
+	base[3] = byte(l.members)
+	return netip.AddrFrom4(base), nil
+}
+
+// attach connects n to the LAN with a veth, ifname inside n and farName
+// on the bridge, and gives n's end the next address of the LAN. Nodes
+// starting at once attach one at a time: they share the LAN's netlink
+// handle.
+func (l *LAN) attach(n *Netns, ifname, farName string) (netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	addr, err := l.nextAddrLocked()
+	if err != nil {
+		return addr, err
+	}
+	if err := n.nl.LinkAdd(&netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: ifname},
+		PeerName:      farName,
+		PeerNamespace: netlink.NsFd(l.ns.handle),
+	}); err != nil {
+		return addr, fmt.Errorf("create veth %s/%s: %w", ifname, farName, err)
+	}
+	link, err := n.nl.LinkByName(ifname)
+	if err != nil {
+		return addr, err
+	}
+	if err := n.nl.AddrAdd(link, addrOf(netip.PrefixFrom(addr, l.Prefix.Bits()))); err != nil {
+		return addr, fmt.Errorf("address %s: %w", addr, err)
+	}
+	if err := n.nl.LinkSetUp(link); err != nil {
+		return addr, err
+	}
+	peer, err := l.ns.nl.LinkByName(farName)
+	if err != nil {
+		return addr, err
+	}
+	br, err := l.ns.nl.LinkByName("br0")
+	if err != nil {
+		return addr, err
+	}
+	if err := l.ns.nl.LinkSetMaster(peer, br); err != nil {
+		return addr, fmt.Errorf("attach %s to bridge: %w", farName, err)
+	}
+	return addr, l.ns.nl.LinkSetUp(peer)
 }
 
 // Router joins sites on routed segments of their own (one /24 each, the
@@ -168,13 +230,10 @@ func (e *Env) newSite(name string, opts SiteOptions) (*Site, error) {
 	var gateway netip.Addr
 	if opts.LAN != nil {
 		far, s.Underlay = opts.LAN.ns, "lan0"
-		opts.LAN.members++
-		if opts.LAN.members > 250 {
-			return nil, errors.New("LAN is full (250 sites)")
+		if s.Addr, err = opts.LAN.nextAddr(); err != nil {
+			return nil, err
 		}
-		base := opts.LAN.Prefix.Addr().As4()
-		base[3] = byte(opts.LAN.members)
-		s.Addr, prefix = netip.AddrFrom4(base), opts.LAN.Prefix
+		prefix = opts.LAN.Prefix
 	} else {
 		far, s.Underlay = opts.Router.ns, "wan0"
 		seg := e.nextSegment()

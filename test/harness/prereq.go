@@ -82,10 +82,46 @@ var (
 		},
 		Fix: "make kube-binaries",
 	}
+	// Real nodes: Debian's containerd, runc and CNI plugins, and nsenter.
+	Containerd = binary("containerd", aptFix+"containerd")
+	Runc       = binary("runc", aptFix+"runc")
+	Nsenter    = binary("nsenter", aptFix+"util-linux")
+	CNIPlugins = Requirement{
+		Name: "CNI plugins in " + CNIBinDir,
+		Check: func() error {
+			for _, b := range []string{"bridge", "host-local", "loopback"} {
+				if _, err := os.Stat(filepath.Join(CNIBinDir, b)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Fix: aptFix + "containernetworking-plugins",
+	}
+	// KubeNode: kubelet and kube-proxy of the pinned version, built into
+	// the cache beside the control-plane binaries.
+	KubeNode = Requirement{
+		Name: "kubelet and kube-proxy " + KubeVersion,
+		Check: func() error {
+			for _, b := range []string{"kubelet", "kube-proxy"} {
+				if _, err := os.Stat(filepath.Join(KubeBinDir(), b)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Fix: "make kube-binaries",
+	}
 	// NeedsNetwork is everything sites and pods need.
 	NeedsNetwork = []Requirement{Root, IPRoute2, Ping}
 	// NeedsControlPlane is everything control planes need.
 	NeedsControlPlane = []Requirement{Root, Etcd, Kube}
+	// NeedsNodes is everything clusters of real nodes need.
+	NeedsNodes = []Requirement{Root, IPRoute2, Ping, Etcd, Kube, KubeNode, Containerd, Runc, CNIPlugins, NFT, Nsenter}
 )
+
+// CNIBinDir is where Debian's containernetworking-plugins installs the
+// plugins.
+const CNIBinDir = "/usr/lib/cni"
 
 func requireRoot(t TB) { t.Helper(); Require(t, Root) }

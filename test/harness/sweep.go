@@ -17,8 +17,11 @@ import (
 )
 
 // Sweep removes what runs that no longer hold their lock left behind:
-// their processes, network namespaces, temporary directories and lock
-// files. Objects of live runs and anything without the harness prefix are
+// their processes (containers of real nodes by their cgroups), network
+// namespaces, temporary directories (unmounting what is mounted in them),
+// cgroups, container log links, CNI cache files, image tarballs, and lock
+// files, and restores the sysctls kubelets changed once no live run with
+// nodes is left. Objects of live runs and anything without the harness prefix are
 // never touched.
 func Sweep() error {
 	dead := map[string]bool{}
@@ -36,6 +39,12 @@ func Sweep() error {
 			syscall.Kill(p.pid, syscall.SIGKILL)
 		}
 	}
+	// Containers of real nodes carry no marker; their cgroups name the run.
+	for _, cg := range harnessCgroups() {
+		if run := runOf(cg); run != "" && isDead(run) {
+			killCgroup(cg)
+		}
+	}
 	for _, ns := range harnessNetns() {
 		if run := runOf(ns); run != "" && isDead(run) {
 			if err := deleteNetns(ns); err != nil {
@@ -46,9 +55,27 @@ func Sweep() error {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), Prefix+"*"))
 	for _, d := range dirs {
 		if run := runOf(filepath.Base(d)); run != "" && isDead(run) {
-			if err := os.RemoveAll(d); err != nil {
+			removeRuntimeFiles(runContainerds(d)...)
+			if err := removeRunDir(d); err != nil {
 				errs = append(errs, err)
 			}
+		}
+	}
+	for _, cg := range harnessCgroups() {
+		if run := runOf(cg); run != "" && isDead(run) {
+			if err := removeCgroup(cg); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, link := range containerLogLinks("") {
+		if target, _ := os.Readlink(link); isDead(runOf(firstTempComponent(target))) {
+			os.Remove(link)
+		}
+	}
+	for _, f := range cniCacheFiles("") {
+		if run := runOf(filepath.Base(f)); run != "" && isDead(run) {
+			os.Remove(f)
 		}
 	}
 	// WireGuard control sockets of dead runs, unless someone listens.
@@ -57,13 +84,21 @@ func Sweep() error {
 			os.Remove(sock)
 		}
 	}
-	// Binaries built by Flotilla are named after the test process.
+	// Binaries built by Flotilla and the harness's image tarballs are
+	// named after the test process.
 	bins, _ := filepath.Glob(filepath.Join(CacheDir(), "bin", "flotilla-*"))
-	for _, b := range bins {
-		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(b), "flotilla-"))
+	images, _ := filepath.Glob(filepath.Join(CacheDir(), "images", "*-*"))
+	for _, b := range append(bins, images...) {
+		name := filepath.Base(b)
+		tail, _, _ := strings.Cut(name[strings.LastIndex(name, "-")+1:], ".") // "123.tar.tmp"
+		pid, err := strconv.Atoi(tail)
 		if err != nil || syscall.Kill(pid, 0) != nil {
 			os.Remove(b)
 		}
+	}
+	// Restores the sysctls kubelets changed once no live run has nodes.
+	if err := releaseSysctls(""); err != nil {
+		errs = append(errs, err)
 	}
 	for run, d := range dead {
 		if d {
@@ -82,7 +117,11 @@ func Sweep() error {
 }
 
 // Leftovers lists what still exists of a run: processes, network
-// namespaces and temporary directories. Tests use it to prove cleanup.
+// namespaces, temporary directories, WireGuard sockets, and what real
+// nodes leave elsewhere (mounts, cgroups, container log links, CNI cache
+// files), plus host-wide kubelet state (sysctls, the device-plugin
+// socket) when no live run with nodes explains it. Tests use it to prove
+// cleanup.
 func Leftovers(run string) []string {
 	var out []string
 	for _, p := range harnessProcesses() {
@@ -102,7 +141,41 @@ func Leftovers(run string) []string {
 	for _, sock := range wireguardSockets(run) {
 		out = append(out, "socket "+sock)
 	}
-	return out
+	// What real nodes leave outside processes and namespaces.
+	for _, d := range dirs {
+		for _, m := range mountsUnder(d) {
+			out = append(out, "mount "+m)
+		}
+		for _, f := range runtimeFiles(runContainerds(d)...) {
+			out = append(out, "file "+f)
+		}
+	}
+	for _, cg := range harnessCgroups() {
+		if runOf(cg) == run {
+			out = append(out, "cgroup "+cg)
+		}
+	}
+	for _, link := range containerLogLinks(run) {
+		out = append(out, "link "+link)
+	}
+	for _, f := range cniCacheFiles(run) {
+		out = append(out, "file "+f)
+	}
+	if _, err := os.Stat(nodesMarker(run)); err == nil {
+		out = append(out, "file "+nodesMarker(run))
+	}
+	return append(out, hostStateLeft()...)
+}
+
+// firstTempComponent returns the first path component of path below the
+// temporary directory ("" when path is elsewhere).
+func firstTempComponent(path string) string {
+	rel, err := filepath.Rel(os.TempDir(), path)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return ""
+	}
+	first, _, _ := strings.Cut(rel, "/")
+	return first
 }
 
 // wireguardSockets lists userspace WireGuard control sockets of links named

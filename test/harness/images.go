@@ -1,0 +1,92 @@
+package harness
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+
+	"github.com/flotilla-io/flotilla/internal/ociimage"
+)
+
+// Images every real node has: they are built from this checkout (static
+// binaries on an empty base) and imported into each node's containerd, so
+// pods run without a registry. Pods that use them set imagePullPolicy
+// Never.
+const (
+	// PauseImage holds every pod's namespaces (containerd's sandbox image).
+	PauseImage = "flotilla.local/pause:1"
+	// TestServerImage runs test/images/testserver: TCP on TestServerTCPPort
+	// (one line in, the peer address it sees out) and HTTP on
+	// TestServerHTTPPort (/hostname, /peer).
+	TestServerImage = "flotilla.local/testserver:1"
+
+	TestServerTCPPort  = 9000
+	TestServerHTTPPort = 8080
+)
+
+type imageBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var imageBuilds = map[string]*imageBuild{
+	PauseImage:      {},
+	TestServerImage: {},
+}
+
+var imageSources = map[string]struct{ pkg, path string }{
+	PauseImage:      {"github.com/flotilla-io/flotilla/test/images/pause", "/pause"},
+	TestServerImage: {"github.com/flotilla-io/flotilla/test/images/testserver", "/testserver"},
+}
+
+// ImageTarball builds one of the harness's images (PauseImage,
+// TestServerImage) once per test binary and returns its tarball, in the
+// cache outside the git tree.
+func ImageTarball(t TB, image string) string {
+	t.Helper()
+	path, err := imageTarball(image)
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return path
+}
+
+func imageTarball(image string) (string, error) {
+	b, ok := imageBuilds[image]
+	if !ok {
+		return "", fmt.Errorf("no harness image %q (want %s or %s)", image, PauseImage, TestServerImage)
+	}
+	b.once.Do(func() { b.path, b.err = buildImage(image) })
+	return b.path, b.err
+}
+
+func buildImage(image string) (string, error) {
+	src := imageSources[image]
+	dir := filepath.Join(CacheDir(), "images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := filepath.Base(src.path)
+	bin := filepath.Join(dir, fmt.Sprintf("%s-%d", base, os.Getpid()))
+	defer os.Remove(bin)
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, src.pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %v: %s", src.pkg, err, bytes.TrimSpace(out))
+	}
+	img, err := ociimage.Build(ociimage.Spec{Binary: bin, Path: src.path})
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", image, err)
+	}
+	// Named after the test process, like the flotilla binary: Sweep
+	// removes those of processes that are gone.
+	path := filepath.Join(dir, fmt.Sprintf("%s-%d.tar", base, os.Getpid()))
+	if err := ociimage.Write(path, image, img); err != nil {
+		return "", err
+	}
+	return path, nil
+}

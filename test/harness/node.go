@@ -1,0 +1,640 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// NodeOptions configure a real node. The zero value works.
+type NodeOptions struct {
+	// Network is the cluster's node network. Nil: the control plane's own
+	// LAN, created with its first node.
+	Network *LAN
+	// Role, when set, labels the node RoleLabel=<Role> ("gateway",
+	// "worker"), for node selectors.
+	Role string
+	// Images are more image tarballs to import into the node's containerd,
+	// besides PauseImage and TestServerImage (e.g. bin/flotilla-image.tar).
+	Images []string
+}
+
+// RoleLabel is the node label NodeOptions.Role sets.
+const RoleLabel = "test.flotilla.io/role"
+
+// Node is a real Kubernetes node: a network namespace on the cluster's node
+// network (interface eth0) with its own containerd, kubelet and kube-proxy
+// (nftables), and a CNI bridge ("cni0") handing out addresses from the
+// node's slice of the cluster's pod network. Pods run as real containers.
+type Node struct {
+	*Netns
+	NodeName string
+	// Addr is the node's address on the node network (its InternalIP).
+	Addr netip.Addr
+	// PodCIDR is the node's slice of the cluster's pod network, as the
+	// controller manager allocated it (spec.podCIDRs).
+	PodCIDR netip.Prefix
+	// Containerd, Kubelet and KubeProxy are the node's processes; their
+	// logs are in the run directory (Logs).
+	Containerd, Kubelet, KubeProxy *Process
+
+	cp     *ControlPlane
+	paths  nodePaths
+	cgroup string // kubelet's cgroupRoot, at the top of every hierarchy
+	lan    *LAN
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// StartNode starts a real node of the control plane's cluster and returns
+// once the Node is Ready. The control plane needs a PodCIDR; its scheduler
+// is started if it is not running. The node is stopped, and everything it
+// made removed, when the test ends.
+func (cp *ControlPlane) StartNode(name string, opts NodeOptions) *Node {
+	cp.env.t.Helper()
+	n, err := cp.startNode(name, opts)
+	if err != nil {
+		cp.env.fatalf("node %s of %s: %v", name, cp.Name, err)
+	}
+	return n
+}
+
+// StartNodes starts several nodes with the same options at once.
+func (cp *ControlPlane) StartNodes(opts NodeOptions, names ...string) []*Node {
+	cp.env.t.Helper()
+	nodes := make([]*Node, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = cp.startNode(name, opts)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		cp.env.fatalf("nodes of %s: %v", cp.Name, err)
+	}
+	return nodes
+}
+
+func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) {
+	e := cp.env
+	if err := checkName("node", name); err != nil {
+		return nil, err
+	}
+	if !cp.Options.PodCIDR.IsValid() || cp.Options.PodCIDR.Addr().Is6() {
+		return nil, errors.New("real nodes need an IPv4 ControlPlaneOptions.PodCIDR, from which each node gets its slice")
+	}
+	if err := cp.startScheduler(); err != nil {
+		return nil, err
+	}
+	lan := opts.Network
+	if lan == nil {
+		var err error
+		if lan, err = cp.nodeNetwork(); err != nil {
+			return nil, err
+		}
+	}
+	images := []string{}
+	for _, img := range []string{PauseImage, TestServerImage} {
+		path, err := imageTarball(img)
+		if err != nil {
+			return nil, err
+		}
+		images = append(images, path)
+	}
+	images = append(images, opts.Images...)
+	if err := e.claimSysctls(); err != nil {
+		return nil, err
+	}
+
+	ns, err := e.newNetns(cp.Name + "-" + name)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		Netns: ns, NodeName: name, cp: cp, lan: lan,
+		paths:  newNodePaths(filepath.Join(cp.dir, "nodes", name)),
+		cgroup: e.name(cp.Name + "-" + name),
+	}
+	// Runs after the node's processes have stopped (registered before
+	// them), also when the node failed half way through its start.
+	e.t.Cleanup(func() {
+		if err := n.removeLeftovers(); err != nil {
+			e.t.Logf("harness: node %s: %v", name, err)
+		}
+	})
+	if err := n.setUpNetwork(); err != nil {
+		return nil, err
+	}
+	if err := n.paths.mkdirs(); err != nil {
+		return nil, err
+	}
+	if err := createCgroup(n.cgroup); err != nil {
+		return nil, err
+	}
+	if err := n.startContainerd(images); err != nil {
+		return nil, err
+	}
+	if err := n.startKubelet(opts.Role); err != nil {
+		return nil, err
+	}
+	if err := n.setUpPodNetwork(); err != nil {
+		return nil, err
+	}
+	if err := n.startKubeProxy(); err != nil {
+		return nil, err
+	}
+	// Registered last, so it runs first: pods go while kubelet and
+	// containerd still run to tear down their networks.
+	e.t.Cleanup(func() {
+		cp.drainNodes()
+		if err := n.Stop(); err != nil {
+			e.t.Logf("harness: %v", err)
+		}
+	})
+	if err := n.waitReady(90 * time.Second); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// nodeNetwork returns the control plane's own node network, creating it
+// with the first node.
+func (cp *ControlPlane) nodeNetwork() (*LAN, error) {
+	cp.nodesMu.Lock()
+	defer cp.nodesMu.Unlock()
+	if cp.nodeLAN == nil {
+		lan, err := cp.env.newLAN(cp.Name + "n")
+		if err != nil {
+			return nil, fmt.Errorf("node network: %w", err)
+		}
+		cp.nodeLAN = lan
+	}
+	return cp.nodeLAN, nil
+}
+
+// setUpNetwork attaches the node to the node network, lets it forward, and
+// relays the API server into it (127.0.0.1:port, as on the host).
+func (n *Node) setUpNetwork() error {
+	var err error
+	if n.Addr, err = n.lan.attach(n.Netns, "eth0", "n-"+n.cp.Name+"-"+n.NodeName); err != nil {
+		return err
+	}
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.ipv4.conf.all.rp_filter", "0"},
+		{"net.ipv4.conf.default.rp_filter", "0"},
+	} {
+		if err := n.sysctl(kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	if err := n.forwardFromHost(n.cp.Addr); err != nil {
+		return fmt.Errorf("relay the API server into %s: %w", n.Name, err)
+	}
+	n.cp.egress.route(netip.PrefixFrom(n.Addr, 32), n.Netns)
+	return nil
+}
+
+// startNodeProcess runs argv inside the node's network namespace but in
+// the host's mount namespace: `ip netns exec` would remount /sys and hide
+// the cgroup v1 hierarchies from kubelet.
+func (n *Node) startNodeProcess(component string, argv ...string) (*Process, error) {
+	p, err := n.cp.env.start(n.cp.Name+"-"+n.NodeName+"-"+component, []string{"nsenter", "--net=" + n.Path, "--"}, argv)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", component, err)
+	}
+	return p, nil
+}
+
+func (n *Node) startContainerd(images []string) error {
+	if err := os.WriteFile(n.paths.containerdConfig, []byte(containerdConfig(n.paths)), 0o644); err != nil {
+		return err
+	}
+	var err error
+	if n.Containerd, err = n.startNodeProcess("containerd", "containerd", "--config", n.paths.containerdConfig); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if _, err := n.Ctr(ctx, "version"); err == nil {
+			break
+		}
+		if exited, err := n.Containerd.Exited(); exited {
+			return fmt.Errorf("containerd exited (%v):\n%s", err, n.Containerd.Tail(15))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("containerd does not answer on %s:\n%s", n.paths.containerdSock, n.Containerd.Tail(15))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	for _, img := range images {
+		if err := n.ImportImage(img); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ctr runs containerd's ctr against the node's containerd, in the
+// namespace Kubernetes uses (k8s.io).
+func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
+	argv := append([]string{"-a", n.paths.containerdSock, "-n", "k8s.io"}, args...)
+	out, err := exec.CommandContext(ctx, "ctr", argv...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s on node %s: %w: %s", strings.Join(args, " "), n.NodeName, err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+// ImportImage imports an image tarball into the node's containerd, where
+// pods with imagePullPolicy Never find it.
+func (n *Node) ImportImage(tarball string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := n.Ctr(ctx, "images", "import", tarball)
+	return err
+}
+
+func (n *Node) startKubelet(role string) error {
+	cp := n.cp
+	if err := cp.writeClientKubeconfig(n.paths.kubeletKubeconfig, "system:node:"+n.NodeName, "system:nodes"); err != nil {
+		return err
+	}
+	cfg, err := kubeletConfig(n.paths, cp.pki.caCert, "/"+n.cgroup, n.Addr)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.paths.kubeletConfig, cfg, 0o644); err != nil {
+		return err
+	}
+	argv := []string{
+		filepath.Join(KubeBinDir(), "kubelet"),
+		"--config", n.paths.kubeletConfig,
+		"--kubeconfig", n.paths.kubeletKubeconfig,
+		"--root-dir", n.paths.kubeletRoot,
+		"--cert-dir", n.paths.kubeletPKI,
+		"--hostname-override", n.NodeName,
+		"--node-ip", n.Addr.String(),
+		"-v", "1",
+	}
+	if role != "" {
+		argv = append(argv, "--node-labels", RoleLabel+"="+role)
+	}
+	if n.Kubelet, err = n.startNodeProcess("kubelet", argv...); err != nil {
+		return err
+	}
+	n.Kubelet.quiet = true
+	// The node's slice of the pod network comes from the controller
+	// manager once the kubelet has registered the Node.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if exited, err := n.Kubelet.Exited(); exited {
+			return false, fmt.Errorf("kubelet exited (%v)", err)
+		}
+		node, err := cp.Client.CoreV1().Nodes().Get(ctx, n.NodeName, metav1.GetOptions{})
+		if err != nil || len(node.Spec.PodCIDRs) == 0 {
+			return false, nil
+		}
+		n.PodCIDR, err = netip.ParsePrefix(node.Spec.PodCIDRs[0])
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s registered with no pod range: %w\nlast lines of kubelet:\n%s", n.NodeName, err, n.Kubelet.Tail(15))
+	}
+	return nil
+}
+
+// setUpPodNetwork writes the node's CNI network and routes the node's pod
+// slice between it and the cluster's other nodes, as a simple CNI (flannel
+// in host-gw mode) would.
+func (n *Node) setUpPodNetwork() error {
+	cp := n.cp
+	conf, err := cniConfig(n.paths, n.cgroup, n.PodCIDR)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(n.paths.cniConfDir, ".10-flotest.conflist")
+	if err := os.WriteFile(tmp, conf, 0o644); err != nil {
+		return err
+	}
+	// containerd watches the directory: the file appears whole.
+	if err := os.Rename(tmp, filepath.Join(n.paths.cniConfDir, "10-flotest.conflist")); err != nil {
+		return err
+	}
+	cp.egress.route(n.PodCIDR, n.Netns)
+	cp.nodesMu.Lock()
+	defer cp.nodesMu.Unlock()
+	for _, other := range cp.nodes {
+		if other.lan != n.lan {
+			continue
+		}
+		if err := other.routeTo(n); err != nil {
+			return err
+		}
+		if err := n.routeTo(other); err != nil {
+			return err
+		}
+	}
+	cp.nodes = append(cp.nodes, n)
+	return nil
+}
+
+// routeTo routes other's pod slice via other's node address.
+func (n *Node) routeTo(other *Node) error {
+	dst := other.PodCIDR
+	err := n.nl.RouteReplace(&netlink.Route{
+		Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+		Gw:  other.Addr.AsSlice(),
+	})
+	if err != nil {
+		return fmt.Errorf("route %s via %s on node %s: %w", dst, other.Addr, n.NodeName, err)
+	}
+	return nil
+}
+
+func (n *Node) startKubeProxy() error {
+	cp := n.cp
+	if err := cp.writeClientKubeconfig(n.paths.proxyKubeconfig, "system:kube-proxy"); err != nil {
+		return err
+	}
+	cfg, err := kubeProxyConfig(n.paths, n.NodeName, cp.Options.PodCIDR)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.paths.proxyConfig, cfg, 0o644); err != nil {
+		return err
+	}
+	if n.KubeProxy, err = n.startNodeProcess("kube-proxy", filepath.Join(KubeBinDir(), "kube-proxy"), "--config", n.paths.proxyConfig, "-v", "1"); err != nil {
+		return err
+	}
+	n.KubeProxy.quiet = true
+	return nil
+}
+
+// waitReady waits until the Node reports Ready (its CNI network is
+// loaded, its runtime answers).
+func (n *Node) waitReady(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last string
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		for _, p := range []*Process{n.Containerd, n.Kubelet, n.KubeProxy} {
+			if exited, err := p.Exited(); exited {
+				return false, fmt.Errorf("%s exited (%v):\n%s", p.Name, err, p.Tail(15))
+			}
+		}
+		node, err := n.cp.Client.CoreV1().Nodes().Get(ctx, n.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				last = c.Reason + ": " + c.Message
+				return c.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s not Ready (%s): %w\nlast lines of kubelet:\n%s", n.NodeName, last, err, n.Kubelet.Tail(15))
+	}
+	return nil
+}
+
+// Logs returns what one of the node's components ("containerd",
+// "kubelet", "kube-proxy") has printed so far.
+func (n *Node) Logs(component string) string {
+	switch component {
+	case "containerd":
+		return n.Containerd.Log()
+	case "kubelet":
+		return n.Kubelet.Log()
+	case "kube-proxy":
+		return n.KubeProxy.Log()
+	}
+	return fmt.Sprintf("no component %q on node %s (want containerd, kubelet or kube-proxy)", component, n.NodeName)
+}
+
+// Stop stops the node before the test ends: its pods are deleted (their
+// networks torn down by the CNI), then kube-proxy, kubelet and containerd
+// stop, whatever still runs in the node's cgroups is killed, and its
+// containerd shims exit. Mounts, cgroups and links go when the test ends.
+func (n *Node) Stop() error {
+	n.stopOnce.Do(func() { n.stopErr = n.stop() })
+	return n.stopErr
+}
+
+func (n *Node) stop() error {
+	var errs []error
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.drain(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("drain: %w", err))
+	}
+	for _, p := range []*Process{n.KubeProxy, n.Kubelet} {
+		if p != nil {
+			p.Stop()
+		}
+	}
+	if err := killCgroup(n.cgroup); err != nil {
+		errs = append(errs, err)
+	}
+	if n.Containerd != nil {
+		n.Containerd.Stop()
+	}
+	n.killShims()
+	n.cp.forgetNode(n)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop node %s: %w", n.NodeName, err)
+	}
+	return nil
+}
+
+// forgetNode removes the node from the cluster's routing and the API.
+func (cp *ControlPlane) forgetNode(n *Node) {
+	cp.egress.unroute(n.Netns)
+	cp.nodesMu.Lock()
+	for i, m := range cp.nodes {
+		if m == n {
+			cp.nodes = append(cp.nodes[:i], cp.nodes[i+1:]...)
+			break
+		}
+	}
+	cp.nodesMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cp.Client.CoreV1().Nodes().Delete(ctx, n.NodeName, metav1.DeleteOptions{})
+}
+
+// killShims kills the containerd shims of this node's containerd: they
+// outlive containerd on purpose, and each holds its pod's processes.
+func (n *Node) killShims() {
+	for _, p := range harnessProcesses() {
+		if p.run != n.cp.env.RunID || !strings.HasPrefix(p.cmd, "containerd-shim") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", fmt.Sprint(p.pid), "cmdline"))
+		if bytes.Contains(cmdline, []byte(n.paths.containerdSock+"\x00")) {
+			syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// drainNodes drains, once per cluster and all at once, every real node
+// of the cluster when the test ends: no pod moves to a node that is about
+// to stop.
+func (cp *ControlPlane) drainNodes() {
+	cp.drain.Do(func() {
+		cp.nodesMu.Lock()
+		nodes := append([]*Node(nil), cp.nodes...)
+		cp.nodesMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := n.drain(ctx); err != nil && !cp.env.t.Failed() {
+					cp.env.t.Logf("harness: drain node %s: %v", n.NodeName, err)
+				}
+			}()
+		}
+		wg.Wait()
+	})
+}
+
+// drain cordons the node (no replacement pod lands there), deletes its
+// pods with grace 0 and waits until their processes are gone from the
+// node's cgroups: the kubelet has stopped their sandboxes and the CNI has
+// torn down their networks.
+func (n *Node) drain(ctx context.Context) error {
+	nodes := n.cp.Client.CoreV1().Nodes()
+	patch := []byte(`{"spec":{"unschedulable":true}}`)
+	if _, err := nodes.Patch(ctx, n.NodeName, "application/strategic-merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("cordon: %w", err)
+	}
+	pods, err := n.cp.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", n.NodeName).String(),
+	})
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	zero := int64(0)
+	for _, p := range pods.Items {
+		n.cp.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}
+	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		return len(cgroupProcesses(n.cgroup)) == 0, nil
+	})
+}
+
+// removeLeftovers removes what the node made outside its processes and
+// network namespace: its mounts, cgroups, log links and CNI cache files.
+// The namespace itself (with the node's bridge and veths) goes after.
+func (n *Node) removeLeftovers() error {
+	var errs []error
+	if err := killCgroup(n.cgroup); err != nil {
+		errs = append(errs, err)
+	}
+	n.killShims()
+	removeRuntimeFiles(filepath.Dir(n.paths.containerdRoot))
+	if err := unmountUnder(n.paths.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroup(n.cgroup); err != nil {
+		errs = append(errs, err)
+	}
+	prefix := n.paths.dir + "/"
+	for _, link := range containerLogLinks(n.cp.env.RunID) {
+		if target, err := os.Readlink(link); err == nil && strings.HasPrefix(target, prefix) {
+			os.Remove(link)
+		}
+	}
+	for _, f := range cniCacheFiles(n.cp.env.RunID) {
+		if strings.HasPrefix(filepath.Base(f), n.cgroup+"-") {
+			os.Remove(f)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Memory returns the resident memory of the node's processes: containerd,
+// kubelet, kube-proxy, its shims and its containers.
+func (n *Node) Memory() int64 {
+	pids := cgroupProcesses(n.cgroup)
+	for _, p := range []*Process{n.Containerd, n.Kubelet, n.KubeProxy} {
+		if p != nil {
+			pids = append(pids, p.Pid())
+		}
+	}
+	for _, p := range harnessProcesses() {
+		if p.run != n.cp.env.RunID || !strings.HasPrefix(p.cmd, "containerd-shim") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", fmt.Sprint(p.pid), "cmdline"))
+		if bytes.Contains(cmdline, []byte(n.paths.containerdSock+"\x00")) {
+			pids = append(pids, p.pid)
+		}
+	}
+	return residentMemory(pids)
+}
+
+// Memory returns the resident memory of the control plane's processes.
+func (cp *ControlPlane) Memory() int64 {
+	var pids []int
+	for _, p := range []*Process{cp.Etcd, cp.APIServer, cp.ControllerManager, cp.Scheduler} {
+		if p != nil {
+			pids = append(pids, p.Pid())
+		}
+	}
+	return residentMemory(pids)
+}
+
+// residentMemory sums VmRSS of distinct processes, in bytes.
+func residentMemory(pids []int) int64 {
+	seen := map[int]bool{}
+	var total int64
+	for _, pid := range pids {
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		b, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(pid), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb int64
+				fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+				total += kb * 1024
+			}
+		}
+	}
+	return total
+}

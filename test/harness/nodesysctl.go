@@ -1,0 +1,163 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// kubeletSysctls are the host-wide sysctls kubelet sets when it starts
+// (vm.overcommit_memory 1, kernel.panic 10, kernel.panic_on_oops 1). A
+// network namespace does not separate them.
+var kubeletSysctls = []string{"vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops"}
+
+// The values before the first kubelet of any run are kept in a host-wide
+// file; each run with nodes holds a marker file; the last run to finish
+// (or Sweep, after a crash) restores the values and removes the file.
+var (
+	sysctlOriginals = filepath.Join(lockDir, "sysctl-originals")
+	sysctlLock      = filepath.Join(lockDir, "sysctl.lock")
+)
+
+func nodesMarker(run string) string { return filepath.Join(lockDir, run+".nodes") }
+
+func readSysctl(key string) (string, error) {
+	b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(key, ".", "/"))
+	return strings.TrimSpace(string(b)), err
+}
+
+func writeSysctl(key, value string) error {
+	return os.WriteFile("/proc/sys/"+strings.ReplaceAll(key, ".", "/"), []byte(value), 0o644)
+}
+
+// withSysctlLock runs fn holding the host-wide lock on the originals file.
+func withSysctlLock(fn func() error) error {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(sysctlLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return fn()
+}
+
+// claimSysctls records, once per run, that the run is about to start
+// kubelets, and the sysctls' values unless another run already did.
+func (e *Env) claimSysctls() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sysctlsClaimed {
+		return nil
+	}
+	err := withSysctlLock(func() error {
+		if err := os.WriteFile(nodesMarker(e.RunID), nil, 0o644); err != nil {
+			return err
+		}
+		if _, err := os.Stat(sysctlOriginals); err == nil {
+			return nil // another run with nodes is live, or a dead one's sweep is due
+		}
+		var b strings.Builder
+		for _, k := range kubeletSysctls {
+			v, err := readSysctl(k)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", k, err)
+			}
+			fmt.Fprintf(&b, "%s=%s\n", k, v)
+		}
+		return os.WriteFile(sysctlOriginals, []byte(b.String()), 0o644)
+	})
+	if err != nil {
+		return fmt.Errorf("record the sysctls kubelet changes: %w", err)
+	}
+	e.sysctlsClaimed = true
+	e.t.Cleanup(func() {
+		if err := releaseSysctls(e.RunID); err != nil {
+			e.t.Logf("harness: %v", err)
+		}
+	})
+	return nil
+}
+
+// kubeletSocket is the device-plugin socket every kubelet creates there,
+// whatever its --root-dir; the last one started owns it.
+const kubeletSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+// releaseSysctls removes run's marker (none for ""); when no live run
+// with nodes is left, it restores the recorded sysctls and removes the
+// kubelets' stale device-plugin socket.
+func releaseSysctls(run string) error {
+	return withSysctlLock(func() error {
+		if run != "" {
+			os.Remove(nodesMarker(run))
+		}
+		markers, _ := filepath.Glob(filepath.Join(lockDir, "*.nodes"))
+		for _, m := range markers {
+			r := strings.TrimSuffix(filepath.Base(m), ".nodes")
+			if !runIsDead(r) {
+				return nil // its kubelets may still run
+			}
+			os.Remove(m)
+		}
+		if _, err := os.Stat(kubeletSocket); err == nil && !listening(kubeletSocket) {
+			os.Remove(kubeletSocket)
+		}
+		b, err := os.ReadFile(sysctlOriginals)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			k, v, ok := strings.Cut(line, "=")
+			if !ok {
+				continue
+			}
+			if err := writeSysctl(k, v); err != nil {
+				errs = append(errs, fmt.Errorf("restore %s to %s: %w", k, v, err))
+			}
+		}
+		if len(errs) == 0 {
+			os.Remove(sysctlOriginals)
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// hostStateLeft lists host-wide state of kubelets that no live run with
+// nodes explains: sysctls that differ from the recorded values, the
+// record itself, a stale device-plugin socket.
+func hostStateLeft() []string {
+	markers, _ := filepath.Glob(filepath.Join(lockDir, "*.nodes"))
+	for _, m := range markers {
+		if !runIsDead(strings.TrimSuffix(filepath.Base(m), ".nodes")) {
+			return nil
+		}
+	}
+	var out []string
+	if _, err := os.Stat(kubeletSocket); err == nil && !listening(kubeletSocket) {
+		out = append(out, "socket "+kubeletSocket)
+	}
+	b, err := os.ReadFile(sysctlOriginals)
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		k, want, _ := strings.Cut(line, "=")
+		if got, err := readSysctl(k); err == nil && got != want {
+			out = append(out, fmt.Sprintf("sysctl %s=%s (was %s)", k, got, want))
+		}
+	}
+	return append(out, "file "+sysctlOriginals)
+}

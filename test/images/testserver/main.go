@@ -1,0 +1,119 @@
+// Command testserver is the workload of the test clusters' pods. It answers
+// on two ports:
+//
+//   - TCP (-tcp, default :9000): reads one line, answers one line with the
+//     address it sees the client as, the protocol of harness.Netns.ServeTCP;
+//   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
+//     /peer the client's address as seen here, / both.
+//
+// It logs every connection to stdout, so `kubectl logs` has something to
+// show. With -get URL it is a client instead: it prints the body of one GET
+// and exits (non-zero on failure), for `kubectl exec POD -- /testserver
+// -get http://...` in an image that has nothing else.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"time"
+)
+
+func main() {
+	tcpAddr := flag.String("tcp", ":9000", "address of the line-echo TCP server (empty: none)")
+	httpAddr := flag.String("http", ":8080", "address of the HTTP server (empty: none)")
+	get := flag.String("get", "", "fetch this URL, print its body and exit")
+	flag.Parse()
+	if *get != "" {
+		os.Exit(fetch(*get))
+	}
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds | log.LUTC)
+	host, _ := os.Hostname()
+	errc := make(chan error, 2)
+	if *tcpAddr != "" {
+		l, err := net.Listen("tcp", *tcpAddr)
+		if err != nil {
+			log.Fatalf("listen on %s: %v", *tcpAddr, err)
+		}
+		log.Printf("%s: TCP on %s", host, l.Addr())
+		go func() { errc <- serveTCP(l) }()
+	}
+	if *httpAddr != "" {
+		l, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			log.Fatalf("listen on %s: %v", *httpAddr, err)
+		}
+		log.Printf("%s: HTTP on %s", host, l.Addr())
+		srv := &http.Server{Handler: handler(host), ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- srv.Serve(l) }()
+	}
+	log.Fatal(<-errc)
+}
+
+func fetch(url string) int {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	os.Stdout.Write(body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "GET %s: %s %v\n", url, resp.Status, err)
+		return 1
+	}
+	return 0
+}
+
+func serveTCP(l net.Listener) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+				return
+			}
+			peer := peerOf(c.RemoteAddr().String())
+			log.Printf("tcp from %s", peer)
+			fmt.Fprintf(c, "%s\n", peer)
+		}()
+	}
+}
+
+func handler(host string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
+		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
+		fmt.Fprintln(w, host)
+	})
+	mux.HandleFunc("/peer", func(w http.ResponseWriter, r *http.Request) {
+		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
+		fmt.Fprintln(w, peerOf(r.RemoteAddr))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
+		fmt.Fprintf(w, "host %s\npeer %s\n", host, peerOf(r.RemoteAddr))
+	})
+	return mux
+}
+
+// peerOf returns the address part of a remote address, IPv4 unmapped.
+func peerOf(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return remote
+	}
+	return ap.Addr().Unmap().String()
+}
