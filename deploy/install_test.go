@@ -100,6 +100,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		ClusterName:   "beta",
 		Endpoint:      "198.18.0.2:51820",
 		Views:         "10.0.0.0/16=>10.70.0.0/16",
+		Sources:       []string{"mdns", "seed"},
 		LastHandshake: &metav1.Time{Time: time.Now().Add(-20 * time.Minute)},
 	}
 	if _, err := peers.UpdateStatus(ctx, toUnstructured(t, peer), metav1.UpdateOptions{}); err != nil {
@@ -112,7 +113,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		values  []string
 	}{
 		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "20m"}},
-		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "VIEWS", "NETWORKING", "HANDSHAKE", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16"}},
+		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "VIEWS", "NETWORKING", "SOURCES", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16", `["mdns","seed"]`}},
 	} {
 		out, err := kubectl(cp, tc.args...)
 		if err != nil {
