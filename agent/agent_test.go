@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"io"
 	"net/http"
 	"slices"
@@ -14,21 +15,11 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// eventually waits until cond passes, failing t with its last error after
-// a minute.
-func eventually(t *testing.T, what string, cond func() error) {
+// waitUntil waits up to a minute for cond, failing t with what and its
+// last error.
+func waitUntil(t *testing.T, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.Within(t, time.Minute, what, cond)
 }
 
 // A component that dies stops the agent: Run returns its error, naming it
@@ -77,7 +68,7 @@ func TestRunStopsWhenAComponentDies(t *testing.T) {
 		ran := make(chan error, 1)
 		go func() { ran <- a.Run(context.Background()) }()
 		readyz := "http://" + a.MetricsAddr() + "/readyz"
-		eventually(t, "the agent ready", func() error {
+		waitUntil(t, "the agent ready", func() error {
 			resp, err := http.Get(readyz)
 			if err != nil {
 				return err

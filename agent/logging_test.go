@@ -163,7 +163,7 @@ func TestKubernetesLogsReachTheAgentLog(t *testing.T) {
 		// the reflector again, through controller-runtime's logger
 		{"component": "kubernetes", "msg": "Caches populated", "type": "*v1alpha1.Peer", "logger": "controller-runtime*"},
 	} {
-		eventually(t, fmt.Sprintf("a record %v in the agent's log", want), func() error {
+		waitUntil(t, fmt.Sprintf("a record %v in the agent's log", want), func() error {
 			if _, ok := rec.find(want); !ok {
 				return fmt.Errorf("not there")
 			}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/flotilla-io/flotilla/ipam"
 	"net/netip"
 	"slices"
 	"strings"
@@ -113,14 +114,12 @@ func parsePrefixes(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// ParseCIDR parses a canonical CIDR ("10.0.0.0/16", not "10.0.0.1/16").
+// ParseCIDR parses a canonical CIDR ("10.0.0.0/16", not "10.0.0.1/16")
+// with the ledger's one range check.
 func ParseCIDR(s string) (netip.Prefix, error) {
-	p, err := netip.ParsePrefix(s)
+	p, err := ipam.ParseRange(s)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("CIDR %q: %w", s, err)
-	}
-	if p != p.Masked() {
-		return netip.Prefix{}, fmt.Errorf("CIDR %q has host bits set; did you mean %s?", s, p.Masked())
 	}
 	return p, nil
 }

@@ -96,7 +96,8 @@ func TestParseCIDR(t *testing.T) {
 	}{
 		{"10.0.0.0/16", ""},
 		{"fd00::/64", ""},
-		{"10.0.0.1/16", "did you mean 10.0.0.0/16"},
+		{"10.0.0.1/16", "the network is 10.0.0.0/16"},
+		{"0.0.0.0/0", "whole address space"},
 		{"10.0.0.0", "CIDR"},
 		{"banana", "CIDR"},
 	} {

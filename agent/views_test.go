@@ -106,7 +106,7 @@ func TestViewsAvoidTheNodeNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	var moved netip.Prefix
-	eventually(t, "a moves its view of b's "+later.String()+" off the new Node's address", func() error {
+	waitUntil(t, "a moves its view of b's "+later.String()+" off the new Node's address", func() error {
 		views, err := viewsOf(a, b)
 		if err != nil {
 			return err
@@ -116,7 +116,7 @@ func TestViewsAvoidTheNodeNetwork(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "a routes the moved view", func() error {
+	waitUntil(t, "a routes the moved view", func() error {
 		if routes := a.Site.MustExec("ip", "route", "show", "proto", "102"); !strings.Contains(routes, moved.String()+" ") {
 			return fmt.Errorf("no route to %s:\n%s", moved, routes)
 		}

@@ -278,7 +278,7 @@ func BenchmarkStartToFirstMDNSCandidate(b *testing.B) {
 	for range b.N {
 		m := startMember(b, sb, mustIdentity(b), testKey, true)
 		var ms int
-		eventually(b, 30*time.Second, func() error {
+		waitUntil(b, 30*time.Second, func() error {
 			for _, line := range strings.Split(m.proc.Log(), "\n") {
 				if v, ok := strings.CutPrefix(line, "first-mdns-candidate "); ok {
 					var err error

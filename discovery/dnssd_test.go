@@ -103,7 +103,7 @@ func TestDNSSDFindsMembersAndCountsBadAnswers(t *testing.T) {
 	}
 	z := startZoneServer(t, zone)
 	c := startNode(t, nodeOpts{domains: []string{"fed.test"}, dns: z.addr})
-	eventually(t, 20*time.Second, func() error { return sees(c, a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(c, a, b) })
 
 	for _, reason := range []string{"srv_unresolved", "srv_no_service", "other_federation", "malformed_txt", "bad_port"} {
 		if got := metricValue(t, c.reg, "flotilla_discovery_candidates_dropped_total", "source=dns", "reason="+reason); got == 0 {
@@ -143,8 +143,8 @@ func TestDNSSDUnreachableServerIsNotFatal(t *testing.T) {
 	defer pc.Close()
 	a := startNode(t, nodeOpts{})
 	c := startNode(t, nodeOpts{domains: []string{"fed.test"}, dns: silent, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(c, a) })
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error { return sees(c, a) })
+	waitUntil(t, 20*time.Second, func() error {
 		if got := metricValue(t, c.reg, "flotilla_discovery_candidates_dropped_total", "source=dns", "reason=query_failed"); got == 0 {
 			return fmt.Errorf("DNS timeouts not counted")
 		}

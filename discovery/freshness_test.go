@@ -79,11 +79,11 @@ func TestRestartWithClockSetBackIsSeen(t *testing.T) {
 	bid := mustIdentity(t)
 	store := &memStore{}
 	b := startNode(t, nodeOpts{id: &bid, serials: store, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
 	before := b.d.Snapshot().Self.Serial
 	bAddr := b.addr()
 	b.d.kill()
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		if m, ok := memberOf(a, bid.ClusterID()); !ok || m.State != StateFailed {
 			return fmt.Errorf("a does not report b failed: %+v", m)
 		}
@@ -93,7 +93,7 @@ func TestRestartWithClockSetBackIsSeen(t *testing.T) {
 	var behind shiftedClock
 	behind.set(-time.Hour)
 	b2 := startNode(t, nodeOpts{id: &bid, serials: store, now: behind.now, bind: bAddr, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b2) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b2) })
 	m, _ := memberOf(a, bid.ClusterID())
 	if m.Record.Serial <= before {
 		t.Errorf("restarted serial %d not above %d", m.Record.Serial, before)
@@ -149,7 +149,7 @@ func TestEqualSerialWithOtherContentIsRefused(t *testing.T) {
 	}
 	a := startNode(t, nodeOpts{})
 	f, ml := startForger(t, victim.ClusterID(), first, a)
-	eventually(t, 10*time.Second, func() error {
+	waitUntil(t, 10*time.Second, func() error {
 		if m, ok := memberOf(a, victim.ClusterID()); !ok || m.State != StateAlive {
 			return errors.New("first record not accepted")
 		}
@@ -159,7 +159,7 @@ func TestEqualSerialWithOtherContentIsRefused(t *testing.T) {
 	if err := ml.UpdateNode(time.Second); err != nil {
 		t.Logf("update not acknowledged: %v", err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	waitUntil(t, 10*time.Second, func() error {
 		if got := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+ReasonSerialReused); got == 0 {
 			return errors.New("no record refused for a reused serial")
 		}
@@ -178,7 +178,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	a := startNode(t, nodeOpts{now: clock.now})
 	bid := mustIdentity(t)
 	b := startNode(t, nodeOpts{id: &bid, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
 	old := (*delegate)(b.d).NodeMeta(metaSizeLimit)
 	oldRec, err := DecodeRecord(old)
 	if err != nil {
@@ -187,7 +187,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	if err := b.d.SetEndpoint("192.0.2.9:51820"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		if m, _ := memberOf(a, bid.ClusterID()); m.Record.Endpoint != "192.0.2.9:51820" {
 			return fmt.Errorf("a has b's endpoint %q", m.Record.Endpoint)
 		}
@@ -196,7 +196,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	if err := b.d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		if m, _ := memberOf(a, bid.ClusterID()); m.State != StateLeft {
 			return fmt.Errorf("b is %q on a", m.State)
 		}
@@ -206,7 +206,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	// Within the bound (past the hour after which the member itself is
 	// forgotten, the witness that pruning ran at this time).
 	clock.set(DefaultForgetAfter - time.Hour)
-	eventually(t, 10*time.Second, func() error {
+	waitUntil(t, 10*time.Second, func() error {
 		if _, ok := memberOf(a, bid.ClusterID()); ok {
 			return errors.New("departed member not yet pruned")
 		}
@@ -214,7 +214,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	})
 	stale := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+ReasonStale)
 	startForger(t, bid.ClusterID(), old, a)
-	eventually(t, 10*time.Second, func() error {
+	waitUntil(t, 10*time.Second, func() error {
 		if got := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+ReasonStale); got == stale {
 			return errors.New("replayed record not refused as stale")
 		}
@@ -227,7 +227,7 @@ func TestDepartedSerialsAreForgottenAfterTheBound(t *testing.T) {
 	// Past the bound the serial is forgotten: the replay, still gossiped,
 	// is taken as the member's record.
 	clock.set(DefaultForgetAfter + time.Hour)
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		m, ok := memberOf(a, bid.ClusterID())
 		if !ok || m.State != StateAlive || m.Record.Serial != oldRec.Serial {
 			return fmt.Errorf("b on a: %+v, want alive with the replayed serial %d", m, oldRec.Serial)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -104,21 +105,11 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 	return n
 }
 
-// eventually polls cond until it returns nil or the deadline passes. The
-// deadline is for correctness only; speed is measured in benchmarks.
-func eventually(t testing.TB, within time.Duration, cond func() error) {
+// waitUntil is eventually.Within for this package's tests, whose
+// conditions say themselves what they wait for.
+func waitUntil(t testing.TB, within time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventually.Within(t, within, "condition", cond)
 }
 
 func sees(n *testNode, others ...*testNode) error {
@@ -194,7 +185,7 @@ func TestSeedsFormFullMembership(t *testing.T) {
 	c := startNode(t, nodeOpts{seeds: []string{b.addr()}})
 	all := []*testNode{a, b, c}
 	for _, n := range all {
-		eventually(t, 20*time.Second, func() error {
+		waitUntil(t, 20*time.Second, func() error {
 			var others []*testNode
 			for _, o := range all {
 				if o != n {
@@ -226,7 +217,7 @@ func TestSeedsFormFullMembership(t *testing.T) {
 func TestSubscribeStartsWithAliveMembersAndFollowsUpdates(t *testing.T) {
 	a := startNode(t, nodeOpts{})
 	b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -261,7 +252,7 @@ func TestDepartures(t *testing.T) {
 			a := startNode(t, nodeOpts{})
 			b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
 			c := startNode(t, nodeOpts{seeds: []string{a.addr()}})
-			eventually(t, 20*time.Second, func() error { return sees(a, b, c) })
+			waitUntil(t, 20*time.Second, func() error { return sees(a, b, c) })
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			events := a.d.Subscribe(ctx)
@@ -290,11 +281,11 @@ func TestRestartRejoinsAsSameMember(t *testing.T) {
 	a := startNode(t, nodeOpts{})
 	bid := mustIdentity(t)
 	b := startNode(t, nodeOpts{id: &bid, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
 	bAddr := b.addr()
 	firstSerial := b.d.Snapshot().Self.Serial
 	b.d.kill()
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		for _, m := range a.d.Snapshot().Members {
 			if m.ClusterID == bid.ClusterID() && m.State == StateFailed {
 				return nil
@@ -304,7 +295,7 @@ func TestRestartRejoinsAsSameMember(t *testing.T) {
 	})
 	// Same identity, same address, as an agent restarted with its state dir.
 	b2 := startNode(t, nodeOpts{id: &bid, bind: bAddr, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b2) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b2) })
 	snap := a.d.Snapshot()
 	if len(snap.Members) != 1 || snap.Members[0].ClusterID != bid.ClusterID() {
 		t.Fatalf("a's members after restart: %+v, want b once", snap.Members)
@@ -320,8 +311,8 @@ func TestKeyRotationDropsNoMember(t *testing.T) {
 	b := startNode(t, nodeOpts{keys: [][]byte{oldKey}, seeds: []string{a.addr()}})
 	c := startNode(t, nodeOpts{keys: [][]byte{oldKey}, seeds: []string{a.addr()}})
 	all := []*testNode{a, b, c}
-	eventually(t, 20*time.Second, func() error { return sees(a, b, c) })
-	eventually(t, 20*time.Second, func() error { return sees(c, a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b, c) })
+	waitUntil(t, 20*time.Second, func() error { return sees(c, a, b) })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -346,11 +337,11 @@ func TestKeyRotationDropsNoMember(t *testing.T) {
 	// would have been declared failed by then too.
 	canary := startNode(t, nodeOpts{keys: [][]byte{newKey}, seeds: []string{a.addr()}})
 	for _, n := range all {
-		eventually(t, 20*time.Second, func() error { return sees(n, canary) })
+		waitUntil(t, 20*time.Second, func() error { return sees(n, canary) })
 	}
 	canary.d.kill()
 	for _, n := range all {
-		eventually(t, 30*time.Second, func() error {
+		waitUntil(t, 30*time.Second, func() error {
 			if slices.Contains(n.d.Alive(), canary.id.ClusterID()) {
 				return fmt.Errorf("%s still sees the crashed canary", n.id.ClusterID())
 			}
@@ -384,7 +375,7 @@ func TestKeyRotationDropsNoMember(t *testing.T) {
 	}
 	// A newcomer with only the new key joins; one with only the old key cannot.
 	d := startNode(t, nodeOpts{keys: [][]byte{newKey}, seeds: []string{a.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, d) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, d) })
 	if err := a.d.RemoveKey(newKey); err == nil {
 		t.Error("removing the primary key was allowed")
 	}
@@ -394,8 +385,8 @@ func TestOtherFederationIsNeverAMember(t *testing.T) {
 	a := startNode(t, nodeOpts{})
 	b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
 	x := startNode(t, nodeOpts{keys: [][]byte{bytes.Repeat([]byte{0x99}, 32)}, seeds: []string{a.addr(), b.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error {
 		if got := metricValue(t, x.reg, "flotilla_discovery_join_failures_total", "source=seed"); got < 2 {
 			return fmt.Errorf("x's failed joins = %v", got)
 		}
@@ -466,7 +457,7 @@ func TestForgedRecordsAreDropped(t *testing.T) {
 			events := a.d.Subscribe(ctx)
 
 			startForger(t, tt.member, tt.meta, a)
-			eventually(t, 10*time.Second, func() error {
+			waitUntil(t, 10*time.Second, func() error {
 				if got := metricValue(t, a.reg, "flotilla_discovery_records_dropped_total", "reason="+tt.reason); got == 0 {
 					return fmt.Errorf("no record dropped for %s", tt.reason)
 				}
@@ -520,7 +511,7 @@ func TestSlowSubscriberNeverBlocksGossip(t *testing.T) {
 	for range 4 {
 		nodes = append(nodes, startNode(t, nodeOpts{seeds: []string{a.addr()}}))
 	}
-	eventually(t, 20*time.Second, func() error { return sees(a, nodes...) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, nodes...) })
 	for i := range 20 {
 		n := nodes[i%len(nodes)]
 		if err := n.d.SetEndpoint(fmt.Sprintf("192.0.2.%d:51820", i+1)); err != nil {
@@ -532,7 +523,7 @@ func TestSlowSubscriberNeverBlocksGossip(t *testing.T) {
 		final[n.id.ClusterID()] = n.d.Snapshot().Self.Endpoint
 	}
 	// Gossip kept running: a sees everyone with their final endpoints.
-	eventually(t, 20*time.Second, func() error {
+	waitUntil(t, 20*time.Second, func() error {
 		if err := sees(a, nodes...); err != nil {
 			return err
 		}

@@ -50,8 +50,8 @@ func TestSendDeliversBetweenMembersOnly(t *testing.T) {
 	b := startNode(t, nodeOpts{seeds: []string{a.addr()}, onMessage: inB.handler})
 	otherKey := bytes.Repeat([]byte{0x99}, 32)
 	x := startNode(t, nodeOpts{keys: [][]byte{otherKey}, seeds: []string{a.addr()}, onMessage: inX.handler})
-	eventually(t, 20*time.Second, func() error { return sees(a, b) })
-	eventually(t, 20*time.Second, func() error { return sees(b, a) })
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(b, a) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -105,7 +105,7 @@ func TestSendDeliversBetweenMembersOnly(t *testing.T) {
 	// the federation sending an unknown kind the same way is counted.
 	rawSend(t, x.d, a, append([]byte{kindPeering}, "intrusion"...))
 	rawSend(t, b.d, a, []byte("Zfuture kind"))
-	eventually(t, 5*time.Second, func() error {
+	waitUntil(t, 5*time.Second, func() error {
 		if got := metricValue(t, a.reg, "flotilla_discovery_messages_dropped_total", "reason="+MsgDropUnknownKind); got != 1 {
 			return fmt.Errorf("unknown kinds dropped = %v, want 1", got)
 		}

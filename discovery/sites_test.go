@@ -163,7 +163,7 @@ func (m *member) lastEvent(id string) (kind, sources string) {
 func waitEvent(t *testing.T, m *member, id, kind string, within time.Duration, sources ...string) {
 	t.Helper()
 	want := strings.Join(sources, ",")
-	eventually(t, within, func() error {
+	waitUntil(t, within, func() error {
 		got, src := m.lastEvent(id)
 		ok := got == kind || kind == "alive" && (got == "join" || got == "update")
 		if !ok || want != "" && src != want {
@@ -198,7 +198,7 @@ func TestSitesFindEachOtherByMDNS(t *testing.T) {
 				waitEvent(t, m, o.id.ClusterID(), "alive", 30*time.Second, string(SourceMDNS))
 			}
 		}
-		eventually(t, 10*time.Second, func() error {
+		waitUntil(t, 10*time.Second, func() error {
 			if !strings.Contains(m.proc.Log(), "first-mdns-candidate") {
 				return fmt.Errorf("%s found no mDNS candidate", m.site.SiteName)
 			}
@@ -235,7 +235,7 @@ func TestOtherFederationOnTheLANLearnsNothing(t *testing.T) {
 	// Witness that the outsider got past where it would have joined: it saw
 	// the federation's adverts and ignored them, and its seed join failed
 	// more than once (the log is at debug level).
-	eventually(t, 30*time.Second, func() error {
+	waitUntil(t, 30*time.Second, func() error {
 		log := x.proc.Log()
 		if !strings.Contains(log, "other_federation") {
 			return errors.New("outsider has not yet seen the federation's adverts")

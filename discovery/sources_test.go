@@ -15,7 +15,7 @@ import (
 func TestMemberSourcesFollowCandidates(t *testing.T) {
 	b := startNode(t, nodeOpts{})
 	c := startNode(t, nodeOpts{seeds: []string{b.addr()}})
-	eventually(t, 20*time.Second, func() error { return sees(b, c) })
+	waitUntil(t, 20*time.Second, func() error { return sees(b, c) })
 	z := startZoneServer(t, nil)
 	_, bPort, _ := net.SplitHostPort(b.addr())
 	// A named seed: matched to b by what the name resolves to.
@@ -41,8 +41,8 @@ func TestMemberSourcesFollowCandidates(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 20*time.Second, func() error { return hasSources(b, SourceSeed) })
-	eventually(t, 20*time.Second, func() error { return hasSources(c, SourceGossip) })
+	waitUntil(t, 20*time.Second, func() error { return hasSources(b, SourceSeed) })
+	waitUntil(t, 20*time.Second, func() error { return hasSources(c, SourceGossip) })
 	heard(SourceGossip)
 
 	_, cPort, _ := net.SplitHostPort(c.addr())
@@ -51,11 +51,11 @@ func TestMemberSourcesFollowCandidates(t *testing.T) {
 		svc + " 60 IN SRV 0 0 " + cPort + " c.fed.test.",
 		"c.fed.test. 60 IN A 127.0.0.1",
 	})
-	eventually(t, 20*time.Second, func() error { return hasSources(c, SourceDNS) })
+	waitUntil(t, 20*time.Second, func() error { return hasSources(c, SourceDNS) })
 	heard(SourceDNS)
 
 	z.set(t, nil) // the answer is not renewed and expires
-	eventually(t, 20*time.Second, func() error { return hasSources(c, SourceGossip) })
+	waitUntil(t, 20*time.Second, func() error { return hasSources(c, SourceGossip) })
 	heard(SourceGossip)
 	if err := hasSources(b, SourceSeed); err != nil {
 		t.Error(err)

@@ -180,7 +180,7 @@ func (c *Config) validate() error {
 		return errors.New("no local networks to announce")
 	}
 	for _, n := range c.Networks {
-		if err := canonical(n); err != nil {
+		if err := ipam.CheckRange(n); err != nil {
 			return fmt.Errorf("local network %s: %w", n, err)
 		}
 	}

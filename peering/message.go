@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/flotilla-io/flotilla/ipam"
 	"net/netip"
 	"slices"
 
@@ -245,7 +246,7 @@ func (h *Hello) validate() error {
 		return fmt.Errorf("endpoint %q: want address:port", h.Endpoint)
 	}
 	for i, n := range h.Networks {
-		if err := canonical(n); err != nil {
+		if err := ipam.CheckRange(n); err != nil {
 			return fmt.Errorf("network %s: %w", n, err)
 		}
 		if err := CheckNetwork(n); err != nil {
@@ -261,10 +262,10 @@ func (h *Hello) validate() error {
 		return fmt.Errorf("views offered with decision %s", h.Decision)
 	}
 	for i, v := range h.ViewsOfYou {
-		if err := canonical(v.Range); err != nil {
+		if err := ipam.CheckRange(v.Range); err != nil {
 			return fmt.Errorf("view of %s: %w", v.Range, err)
 		}
-		if err := canonical(v.As); err != nil {
+		if err := ipam.CheckRange(v.As); err != nil {
 			return fmt.Errorf("view %s as %s: %w", v.Range, v.As, err)
 		}
 		if err := CheckNetwork(v.As); err != nil {
@@ -303,17 +304,4 @@ func CheckNetwork(p netip.Prefix) error {
 		}
 	}
 	return errors.New("not inside private (10/8, 172.16/12, 192.168/16) or shared (100.64/10) address space")
-}
-
-func canonical(p netip.Prefix) error {
-	if !p.IsValid() {
-		return errors.New("invalid prefix")
-	}
-	if p != p.Masked() {
-		return fmt.Errorf("not canonical (want %s)", p.Masked())
-	}
-	if p.Addr().Zone() != "" || p.Addr().Is4In6() {
-		return errors.New("zoned or IPv4-mapped address")
-	}
-	return nil
 }

@@ -64,7 +64,7 @@ func BenchmarkDataPath(b *testing.B) {
 	for _, pair := range [][2]*meshSite{{a, c}, {c, a}} {
 		s, o := pair[0], pair[1]
 		s.proc = s.Start("bare-"+s.name, os.Args[0], bareArg, s.ifname)
-		eventually(b, 5*time.Second, "bare device", func() bool {
+		waitUntil(b, 5*time.Second, "bare device", func() bool {
 			_, err := os.Stat("/var/run/wireguard/" + s.ifname + ".sock")
 			return err == nil
 		})

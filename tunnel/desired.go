@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/flotilla-io/flotilla/ipam"
 	"net/netip"
 	"slices"
 	"time"
@@ -179,15 +180,14 @@ func checkDisjoint(claims []claim) error {
 	return nil
 }
 
+// checkPrefix is the ledger's range check, IPv4 only: the tunnel routes
+// IPv4.
 func checkPrefix(p netip.Prefix) error {
-	if !p.IsValid() {
-		return fmt.Errorf("not a valid prefix")
+	if err := ipam.CheckRange(p); err != nil {
+		return err
 	}
 	if !p.Addr().Is4() {
-		return fmt.Errorf("only IPv4 is supported")
-	}
-	if p.Masked() != p {
-		return fmt.Errorf("host bits set; did you mean %s?", p.Masked())
+		return fmt.Errorf("%s: only IPv4 is supported", p)
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func TestResubscribeAfterOverflow(t *testing.T) {
 			}
 			brk := tc.break_(cfg.Interface)
 			site.MustExec(brk[0], brk[1:]...)
-			eventually(t, 20*time.Second, fmt.Sprintf("%v repaired after the %s events overflowed", brk, tc.kind), func() bool { return tc.back(site, cfg.Interface) })
+			waitUntil(t, 20*time.Second, fmt.Sprintf("%v repaired after the %s events overflowed", brk, tc.kind), func() bool { return tc.back(site, cfg.Interface) })
 
 			if n := counter(t, reg, "flotilla_tunnel_resubscribes_total", "kind", tc.kind); n < 1 {
 				t.Errorf("flotilla_tunnel_resubscribes_total{kind=%q} = %v, want >= 1", tc.kind, n)
@@ -128,7 +128,7 @@ func runInSite(t *testing.T, site *harness.Site, tun *tunnel.Tunnel, logs *recor
 			t.Errorf("tunnel Run: %v", err)
 		}
 	})
-	eventually(t, 10*time.Second, "tunnel watching kernel events", func() bool {
+	waitUntil(t, 10*time.Second, "tunnel watching kernel events", func() bool {
 		return strings.Contains(logs.String(), "watching kernel events")
 	})
 }
@@ -226,7 +226,7 @@ func TestRepairErrorLoggedOnce(t *testing.T) {
 	for i := range 3 {
 		site.MustExec("nft", "flush", "table", "ip", "flotilla")
 		// The witness that a repair ran, and failed on the route again.
-		eventually(t, 10*time.Second, fmt.Sprintf("NAT repaired after flush %d", i+1), natBack)
+		waitUntil(t, 10*time.Second, fmt.Sprintf("NAT repaired after flush %d", i+1), natBack)
 	}
 	var failed int
 	for _, r := range strings.Split(logs.String(), "\n") {

@@ -94,7 +94,7 @@ func TestFirstContactOneSideInitiates(t *testing.T) {
 		s.waitListening(t)
 	}
 	m.apply(w, keepalive(m, w, x, y))
-	eventually(t, 10*time.Second, "the waiting side initiating to the site with the larger key", func() bool {
+	waitUntil(t, 10*time.Second, "the waiting side initiating to the site with the larger key", func() bool {
 		st, _ := w.wgPeer(t, y)
 		return st.tx > 0
 	})
@@ -103,7 +103,7 @@ func TestFirstContactOneSideInitiates(t *testing.T) {
 		t.Fatalf("waiting side before the other initiated: %+v (found %v), want keepalive off and nothing sent", st, ok)
 	}
 	m.apply(x, keepalive(m, x, w))
-	eventually(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
+	waitUntil(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
 		ws, _ := w.wgPeer(t, x)
 		xs, _ := x.wgPeer(t, w)
 		return ws.handshake && xs.handshake && ws.keepalive == "25"
@@ -119,7 +119,7 @@ func TestFirstContactOneSideInitiates(t *testing.T) {
 func TestFirstContactInitiatesWhenNothingComes(t *testing.T) {
 	m, w, x := firstContactPair(t, "200ms")
 	m.apply(w, keepalive(m, w, x))
-	eventually(t, 10*time.Second, "the waiting side initiating", func() bool {
+	waitUntil(t, 10*time.Second, "the waiting side initiating", func() bool {
 		st, _ := w.wgPeer(t, x)
 		return st.keepalive == "25" && st.tx > 0
 	})

@@ -163,7 +163,7 @@ func TestRepair(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a.exec(t, tc.break_[0], tc.break_[1:]...)
-			took := eventually(t, 5*time.Second, "repaired", tc.back)
+			took := waitUntil(t, 5*time.Second, "repaired", tc.back)
 			t.Logf("%s: repaired after %s", tc.name, took.Round(time.Millisecond))
 			if err := a.pod.Ping(a.seenFrom(b)); err != nil {
 				t.Errorf("after repair: %v", err)
@@ -219,7 +219,7 @@ func restart(t testing.TB, m *mesh, s, o *meshSite) restartResult {
 		}
 		return seq
 	}
-	eventually(t, 10*time.Second, "ping answered before the restart", func() bool { return lastSeq() >= 20 })
+	waitUntil(t, 10*time.Second, "ping answered before the restart", func() bool { return lastSeq() >= 20 })
 
 	stopped := time.Now()
 	if err := s.proc.Stop(); err != nil {
@@ -237,7 +237,7 @@ func restart(t testing.TB, m *mesh, s, o *meshSite) restartResult {
 	resumedAfter := lastSeq()
 	// A WireGuard handshake that gets no answer is retried after 5 s;
 	// three tries is the functional bound for traffic to flow again.
-	eventually(t, 16*time.Second, "ping answered again after the restart", func() bool { return lastSeq() > resumedAfter+10 })
+	waitUntil(t, 16*time.Second, "ping answered again after the restart", func() bool { return lastSeq() > resumedAfter+10 })
 
 	ping.Signal(syscall.SIGINT)
 	<-ping.Done()
@@ -266,7 +266,7 @@ func TestStockWireGuardPeer(t *testing.T) {
 	m.start(a)
 	m.apply(a, m.desiredFor(a, b))
 	b.proc = b.Start("wireguard-go-b", os.Args[0], bareArg, b.ifname)
-	eventually(t, 5*time.Second, "stock device up", func() bool {
+	waitUntil(t, 5*time.Second, "stock device up", func() bool {
 		_, err := os.Stat("/var/run/wireguard/" + b.ifname + ".sock")
 		return err == nil
 	})

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -287,25 +289,22 @@ func (s *meshSite) wgPeers(t testing.TB) []string {
 // lost and retried only 5 s later, longer than a test's ping waits.
 func (s *meshSite) waitListening(t testing.TB) {
 	t.Helper()
-	eventually(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, s.port), func() bool {
+	waitUntil(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, s.port), func() bool {
 		out, err := s.Exec(context.Background(), "ss", "-Hlun", fmt.Sprintf("sport = :%d", s.port))
 		return err == nil && strings.TrimSpace(string(out)) != ""
 	})
 }
 
-// eventually polls cond until it holds or timeout passes and returns how
-// long it took.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
+// waitUntil is eventually.Within for conditions that only hold or not;
+// it returns how long the wait took.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for time.Since(start) < timeout {
-		if cond() {
-			return time.Since(start)
+	return eventually.Within(t, timeout, what, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s", what, timeout)
-	return 0
+		return nil
+	})
 }
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }

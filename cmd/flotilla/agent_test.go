@@ -14,9 +14,9 @@ func TestAgentRefusesBadReservedCIDR(t *testing.T) {
 		code   int
 		errHas string
 	}{
-		{"10.0.0.1/8", 2, "did you mean 10.0.0.0/8"},
+		{"10.0.0.1/8", 2, "the network is 10.0.0.0/8"},
 		{"172.30.0.0/16,banana", 2, `CIDR "banana"`},
-		{"0.0.0.0/0", 1, "covers the whole address space"},
+		{"0.0.0.0/0", 2, "covers the whole address space"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run([]string{"agent", "--state-dir", t.TempDir(), "--reserved-cidr", tt.arg}, &stdout, &stderr)
