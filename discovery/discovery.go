@@ -169,6 +169,8 @@ type Discovery struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	wg     sync.WaitGroup
+	// subsWG counts the subscribers' goroutines; Close waits for them.
+	subsWG sync.WaitGroup
 	closed bool
 }
 
@@ -382,6 +384,7 @@ func (d *Discovery) Close() error {
 		errs = append(errs, fmt.Errorf("stop gossip: %w", err))
 	}
 	close(d.done)
+	d.subsWG.Wait()
 	return errors.Join(errs...)
 }
 
@@ -395,6 +398,7 @@ func (d *Discovery) kill() {
 	d.stopMDNS()
 	_ = d.ml.Shutdown()
 	close(d.done)
+	d.subsWG.Wait()
 }
 
 // issue makes this cluster's record, changed, under a new serial that is
@@ -466,8 +470,10 @@ func (d *Discovery) Subscribe(ctx context.Context) <-chan Event {
 		}
 	}
 	d.subs[s] = struct{}{}
+	d.subsWG.Add(1)
 	d.mu.Unlock()
 	go func() {
+		defer d.subsWG.Done()
 		s.run(ctx, d.done)
 		d.mu.Lock()
 		delete(d.subs, s)

@@ -585,3 +585,31 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// Close waits for every subscriber's goroutine: when it returns, each
+// event stream is closed, with nothing left running.
+func TestCloseEndsSubscriptions(t *testing.T) {
+	a := startNode(t, nodeOpts{})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}})
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
+	streams := make([]<-chan Event, 8)
+	for i := range streams {
+		streams[i] = a.d.Subscribe(context.Background())
+	}
+	if err := a.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range streams {
+	drain:
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					break drain
+				}
+			default:
+				t.Fatalf("stream %d still open after Close returned", i)
+			}
+		}
+	}
+}
