@@ -53,6 +53,7 @@ func TestAgentPodFromManifests(t *testing.T) {
 	t.Run("federation", func(t *testing.T) {
 		env := harness.New(t)
 		run = env.RunID
+		start := time.Now()
 		tag := "flotilla.local/flotilla:test-" + run
 		image := harness.FlotillaImage(t, tag)
 		lan := env.NewLAN("lan")
@@ -77,11 +78,14 @@ func TestAgentPodFromManifests(t *testing.T) {
 			t.Logf("cluster %s: kubectl apply -k (deploy/ and the cluster's settings):\n%s", name, out)
 			cs = append(cs, &podCluster{Cluster: &federation.Cluster{Name: name, CP: cp, Client: c}, gw: gw})
 		}
+		t.Logf("control planes, gateway nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
 		for _, c := range cs {
 			c.web = runWebPod(t, c.CP, c.gw.NodeName)
 			waitAgentReady(t, c)
 		}
+		t.Logf("agent pods Ready: %s", time.Since(start).Round(time.Millisecond))
 		waitConnected(t, cs)
+		t.Logf("Peers Connected: %s", time.Since(start).Round(time.Millisecond))
 
 		t.Run("pods on the gateway nodes talk by their views", func(t *testing.T) {
 			for _, from := range cs {
@@ -105,6 +109,13 @@ func TestAgentPodFromManifests(t *testing.T) {
 					if !strings.Contains(logs, want) {
 						t.Errorf("kubectl logs of %s's agent lacks %s:\n%s", c.Name, want, logs)
 					}
+				}
+			}
+		})
+		t.Run("the agent runs with NET_ADMIN and NET_RAW only", func(t *testing.T) {
+			for _, c := range cs {
+				if got := agentCapabilities(t, c); got != "0000000000003000" {
+					t.Errorf("agent process of %s has effective capabilities %s, want 0000000000003000 (NET_ADMIN, NET_RAW)", c.Name, got)
 				}
 			}
 		})
@@ -291,6 +302,36 @@ func waitConnected(t *testing.T, cs []*podCluster) {
 	})
 }
 
+// agentCapabilities returns the effective capabilities (CapEff) of the
+// agent's process, as the node's containerd started it.
+func agentCapabilities(t *testing.T, c *podCluster) string {
+	t.Helper()
+	pods, err := c.CP.Client.CoreV1().Pods(agentNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
+		t.Fatalf("agent pod of %s: %v (err %v)", c.Name, pods, err)
+	}
+	id := strings.TrimPrefix(pods.Items[0].Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := c.gw.Ctr(context.Background(), "tasks", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
+			status, err := os.ReadFile("/proc/" + f[1] + "/status")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range strings.Split(string(status), "\n") {
+				if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+					return strings.TrimSpace(v)
+				}
+			}
+		}
+	}
+	t.Fatalf("no task of the agent's container %s on %s's gateway:\n%s", id, c.Name, out)
+	return ""
+}
+
 // podsTalk makes from's pod GET /peer of to's pod at from's view of it,
 // over TCP through the tunnel; to's pod must have seen the caller at its
 // own view of from's pod.
@@ -362,7 +403,7 @@ func testAgentAccess(t *testing.T, cp *harness.ControlPlane) {
 		{"-n", agentNamespace, "get", "secret", "flotilla-federation"},
 	} {
 		out, err := kubectlAt(cp, append(refused, "--as", agentAccount)...)
-		if err == nil || !strings.Contains(out, "Forbidden") {
+		if err == nil || !strings.Contains(strings.ToLower(out), "forbidden") {
 			t.Errorf("kubectl %s as the agent: %v, want Forbidden:\n%s", strings.Join(refused, " "), err, out)
 		}
 	}
