@@ -110,6 +110,12 @@ func TestAgentPodFromManifests(t *testing.T) {
 						t.Errorf("kubectl logs of %s's agent lacks %s:\n%s", c.Name, want, logs)
 					}
 				}
+				// Everything it did, it was allowed to: no grant is missing.
+				for _, line := range strings.Split(logs, "\n") {
+					if strings.Contains(line, "forbidden") {
+						t.Errorf("%s's agent was refused something: %s", c.Name, line)
+					}
+				}
 			}
 		})
 		t.Run("the agent runs with NET_ADMIN and NET_RAW only", func(t *testing.T) {
