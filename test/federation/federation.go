@@ -1,6 +1,9 @@
 // Package federation starts federations of real clusters for end-to-end
-// tests and the demo: per cluster a control plane, a gateway site on a LAN
-// or behind a router, a pod behind the site, and a flotilla agent.
+// tests and the demo. New: per cluster a control plane, a gateway site on
+// a LAN or behind a router, a pod behind the site, and a flotilla agent
+// process. OnNodes: per cluster a control plane and a real gateway node,
+// the agent installed from deploy/ as a pod of its own image, and a test
+// server pod.
 package federation
 
 import (
