@@ -32,7 +32,10 @@ deps:
 kube-binaries:
 	bash hack/build-kube.sh
 
-# A local federation: control planes, network sites and one agent each.
+# A local federation of real nodes: per cluster a control plane and a
+# gateway node, the agent from its image (built from this checkout) by
+# kubectl apply -k deploy/. deps installs containerd, runc, the CNI plugins,
+# kubelet and kube-proxy.
 demo: deps build
 	$(GO) run ./test/demo -flotilla bin/flotilla
 

@@ -1,9 +1,14 @@
 // Command demo brings up a local federation on this machine: for each
-// cluster a real control plane, a gateway site on one LAN, a pod behind
-// it and a flotilla agent, all clusters on the same PodCIDR. The agents
-// find each other (mDNS), negotiate views, bring up WireGuard tunnels, and
-// the demo shows a pod-to-pod exchange across the overlapping PodCIDRs.
-// It tears everything down on Ctrl-C. `make demo` runs it.
+// cluster a real control plane and a real gateway node (containerd,
+// kubelet, kube-proxy, a bridge CNI) on one shared LAN, all clusters on
+// the same PodCIDR. Each cluster's agent is installed as a cluster runs
+// it, with `kubectl apply --server-side -k` of deploy/ plus the cluster's
+// settings, from its own image built from this checkout; a test server
+// pod runs on each gateway node. The agents find each other (mDNS),
+// negotiate views and bring up WireGuard tunnels, and the demo shows a
+// real pod of one cluster fetching from a real pod of the other across
+// the overlapping PodCIDRs. It tears everything down on Ctrl-C. `make
+// demo` runs it.
 package main
 
 import (
@@ -15,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -27,7 +31,7 @@ import (
 func main() {
 	clusters := flag.Int("clusters", 2, "number of clusters (1-9)")
 	podCIDR := flag.String("pod-cidr", "10.0.0.0/16", "PodCIDR of every cluster (the same on purpose: Flotilla remaps overlaps)")
-	bin := flag.String("flotilla", "", "flotilla binary (default: build this checkout)")
+	bin := flag.String("flotilla", "", "flotilla binary for the status command (default: build this checkout; the agent runs from its image, always built from this checkout)")
 	exitWhenReady := flag.Bool("exit-when-ready", false, "tear down as soon as everything is up (for tests)")
 	flag.Parse()
 	if *clusters < 1 || *clusters > 9 {
@@ -47,66 +51,109 @@ func main() {
 }
 
 func run(ctx context.Context, p *harness.Program, out io.Writer, n int, cidr netip.Prefix, bin string, exitWhenReady bool) {
-	harness.Require(p, harness.NeedsNetwork...)
-	harness.Require(p, harness.NeedsControlPlane...)
+	harness.Require(p, harness.NeedsNodes...)
 	start := time.Now()
 	env := harness.New(p)
-	fmt.Fprintf(out, "demo: run %s: starting %d clusters, all with PodCIDR %s\n", env.RunID, n, cidr)
-	cidrs := make([]string, n)
-	for i := range cidrs {
-		cidrs[i] = cidr.String()
+	if bin == "" {
+		bin = harness.Flotilla(p)
 	}
-	opts := federation.Options{PodCIDRs: cidrs, Flotilla: bin}
-	cs := federation.New(p, env, opts)
-	for _, c := range cs {
-		c.StartAgent(p)
-	}
-	fmt.Fprintf(out, "demo: control planes up in %.1fs; agents started, waiting for them to connect\n", time.Since(start).Seconds())
+	fmt.Fprintf(out, "demo: run %s: starting %d clusters of real nodes, all with PodCIDR %s\n", env.RunID, n, cidr)
+	cs := federation.OnNodes(p, env, federation.NodeOptions{Clusters: n, PodCIDR: cidr})
+	fmt.Fprintf(out, "demo: control planes, gateway nodes, agents (kubectl apply -k) and test pods up in %.1fs; waiting for the agents to connect\n", time.Since(start).Seconds())
 	if n > 1 {
-		federation.WaitPhases(p, cs, v1alpha1.PhaseConnected, 90*time.Second)
+		federation.WaitPhases(p, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	}
 	fmt.Fprintf(out, "\nFederation of %d clusters connected in %.1fs (run %s, files in %s)\n", n, time.Since(start).Seconds(), env.RunID, env.Dir)
 	for _, c := range cs {
-		fmt.Fprintf(out, "\nCluster %s: API https://%s, gateway netns %s at %s, pod %s\n", c.Name, c.CP.Addr, c.Site.Name, c.Site.Addr, c.Pod.Addr)
-		status, err := exec.Command(c.Bin, "status", "--kubeconfig", c.CP.Kubeconfig).CombinedOutput()
-		if err != nil {
-			p.Fatalf("flotilla status of %s: %v\n%s", c.Name, err, status)
-		}
-		fmt.Fprintf(out, "%s", status)
+		showCluster(p, out, c, bin)
 	}
+	var url string
 	if n > 1 {
-		a, b := cs[0], cs[1]
-		ex := federation.Exchange(p, a, b)
-		fmt.Fprintf(out, "\nPod-to-pod across the overlap: pod %s of %s dialed pod %s of %s as %s (%s's view of %s);\n",
-			a.Pod.Addr, a.Name, b.Pod.Addr, b.Name, ex.Dst, a.Name, b.Name)
-		if ex.Err != nil {
-			p.Fatalf("the exchange failed: %v", ex.Err)
-		}
-		fmt.Fprintf(out, "%s's pod answered and saw the caller as %s (%s's view of %s). Both pods are %s in their own clusters.\n",
-			b.Name, ex.Seen, b.Name, a.Name, a.Pod.Addr)
+		url = showFetch(p, out, cs[0], cs[1], cidr)
 	}
-	c := cs[0]
-	fmt.Fprintf(out, "\nTry, for cluster %s:\n", c.Name)
-	fmt.Fprintf(out, "  %s --kubeconfig %s get peers -o wide\n", filepath.Join(harness.KubeBinDir(), "kubectl"), c.CP.Kubeconfig)
-	fmt.Fprintf(out, "  ip netns exec %s wg show %s\n", c.Site.Name, c.Interface())
-	fmt.Fprintf(out, "  ip netns exec %s nft list table ip flotilla\n", c.Site.Name)
-	fmt.Fprintf(out, "  ip netns exec %s curl -s http://127.0.0.1:9470/metrics | grep ^flotilla_\n", c.Site.Name)
-	fmt.Fprintf(out, "  tail -f %s\n\n", c.Agent.LogPath)
+	showHowToLook(out, cs[0], url)
+	fmt.Fprintf(out, "demo: ready in %.1fs\n", time.Since(start).Seconds())
 	if exitWhenReady {
 		fmt.Fprintln(out, "demo: everything is up; tearing down (-exit-when-ready)")
 		return
 	}
 	fmt.Fprintln(out, "demo: press Ctrl-C to tear everything down")
+	watchAgents(ctx, p, out, cs)
+}
+
+// showCluster prints where the cluster lives, its agent pod and its Peers.
+func showCluster(p *harness.Program, out io.Writer, c *federation.NodeCluster, bin string) {
+	fmt.Fprintf(out, "\nCluster %s: API https://%s, gateway node %s at %s (netns %s), pod %s %s on it\n",
+		c.Name, c.CP.Addr, c.Gateway.NodeName, c.Gateway.Addr, c.Gateway.Name, c.Web.Name, c.Web.Status.PodIP)
+	pods, err := federation.Kubectl(c.CP, "get", "pods", "-n", federation.AgentNamespace, "-o", "wide")
+	if err != nil {
+		p.Fatalf("agent pod of %s: %v", c.Name, err)
+	}
+	fmt.Fprintf(out, "$ kubectl get pods -n %s -o wide\n%s", federation.AgentNamespace, pods)
+	status, err := exec.Command(bin, "status", "--kubeconfig", c.CP.Kubeconfig).CombinedOutput()
+	if err != nil {
+		p.Fatalf("flotilla status of %s: %v\n%s", c.Name, err, status)
+	}
+	fmt.Fprintf(out, "$ flotilla status\n%s", status)
+}
+
+// showFetch has a's test server pod fetch from b's by a's view of it, and
+// returns the URL it fetched.
+func showFetch(p *harness.Program, out io.Writer, a, b *federation.NodeCluster, cidr netip.Prefix) string {
+	r := federation.Fetch(p, a, b)
+	url := fmt.Sprintf("http://%s:%d/peer", r.Dst, harness.TestServerHTTPPort)
+	fmt.Fprintf(out, "\nPod-to-pod across the overlap: pod %s (%s) of %s fetched %s from pod %s (%s) of %s, at %s's view of %s;\n",
+		a.Web.Name, a.Web.Status.PodIP, a.Name, url, b.Web.Name, b.Web.Status.PodIP, b.Name, a.Name, b.Name)
+	if r.Err != nil {
+		p.Fatalf("the fetch failed: %v", r.Err)
+	}
+	same := fmt.Sprintf("Both pods are in %s in their own clusters.", cidr)
+	if a.Web.Status.PodIP == b.Web.Status.PodIP {
+		same = fmt.Sprintf("Both pods are %s in their own clusters.", a.Web.Status.PodIP)
+	}
+	fmt.Fprintf(out, "%s's pod answered and saw the caller as %s (%s's view of %s). %s\n", b.Name, r.Seen, b.Name, a.Name, same)
+	return url
+}
+
+// showHowToLook prints commands that look inside cluster c; url, when
+// set, is what its pod fetched from another cluster.
+func showHowToLook(out io.Writer, c *federation.NodeCluster, url string) {
+	in := "nsenter --net=" + c.Gateway.Path
+	fmt.Fprintf(out, "\nTry, for cluster %s (its gateway node's network namespace is %s):\n", c.Name, c.Gateway.Path)
+	fmt.Fprintf(out, "  export KUBECONFIG=%s PATH=%s:$PATH\n", c.CP.Kubeconfig, harness.KubeBinDir())
+	fmt.Fprintf(out, "  kubectl get peers -o wide\n")
+	fmt.Fprintf(out, "  kubectl -n %s logs deployment/flotilla-agent\n", federation.AgentNamespace)
+	if url != "" {
+		fmt.Fprintf(out, "  kubectl exec %s -- /testserver -get %s\n", c.Web.Name, url)
+	}
+	fmt.Fprintf(out, "  %s wg show %s\n", in, c.Interface())
+	fmt.Fprintf(out, "  %s nft list table ip flotilla\n", in)
+	fmt.Fprintf(out, "  %s curl -s http://127.0.0.1:9470/metrics | grep ^flotilla_\n\n", in)
+}
+
+// watchAgents returns on ctx's end, and fails p when an agent pod has not
+// been Ready for 10 s (or restarted).
+func watchAgents(ctx context.Context, p *harness.Program, out io.Writer, cs []*federation.NodeCluster) {
+	since := map[string]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(out, "demo: tearing down")
 			return
-		case <-time.After(time.Second):
-			for _, c := range cs {
-				if exited, err := c.Agent.Exited(); exited {
-					p.Fatalf("agent of cluster %s exited: %v\n%s", c.Name, err, c.Agent.Tail(20))
-				}
+		case <-time.After(2 * time.Second):
+		}
+		for _, c := range cs {
+			_, err := c.AgentPod(ctx)
+			if err == nil || ctx.Err() != nil {
+				delete(since, c.Name)
+				continue
+			}
+			if _, ok := since[c.Name]; !ok {
+				since[c.Name] = time.Now()
+			}
+			if time.Since(since[c.Name]) > 10*time.Second {
+				p.Fatalf("agent of cluster %s: %v (kubectl --kubeconfig %s -n %s logs deployment/flotilla-agent)",
+					c.Name, err, c.CP.Kubeconfig, federation.AgentNamespace)
 			}
 		}
 	}

@@ -14,10 +14,11 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// `make demo` brings a federation up, and Ctrl-C tears all of it down.
+// `make demo` brings a federation of real nodes up (the agents as pods
+// from kubectl apply -k, real pods talking across the overlap), and
+// Ctrl-C tears all of it down.
 func TestDemoUpAndDown(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	harness.Require(t, harness.NeedsNetwork...)
+	harness.Require(t, harness.NeedsNodes...)
 	bin := harness.Flotilla(t)
 	demo := filepath.Join(t.TempDir(), "demo")
 	if out, err := exec.Command("go", "build", "-o", demo, "github.com/flotilla-io/flotilla/test/demo").CombinedOutput(); err != nil {
@@ -56,7 +57,13 @@ func TestDemoUpAndDown(t *testing.T) {
 		t.Fatalf("demo did not come up:\n%s", strings.Join(seen, "\n"))
 	}
 	output := strings.Join(seen, "\n")
-	for _, want := range []string{"CLUSTER", "Connected", "flotest-" + run + "-a", "flotest-" + run + "-b", "10.0.0.0/16", "kubeconfig", "Pod-to-pod across the overlap", "answered and saw the caller"} {
+	for _, want := range []string{
+		"kubectl get pods -n flotilla-system", "flotilla-agent-", "Running",
+		"CLUSTER", "Connected",
+		"flotest-" + run + "-cp1-gw", "flotest-" + run + "-cp2-gw", "10.0.0.0/16",
+		"Pod-to-pod across the overlap", "answered and saw the caller",
+		"KUBECONFIG=", "get peers -o wide", "logs deployment/flotilla-agent", "nsenter --net=", "wg show", "nft list table ip flotilla",
+	} {
 		if !strings.Contains(output, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, output)
 		}

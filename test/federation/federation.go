@@ -1,6 +1,9 @@
 // Package federation starts federations of real clusters for end-to-end
-// tests and the demo: per cluster a control plane, a gateway site on a LAN
-// or behind a router, a pod behind the site, and a flotilla agent.
+// tests and the demo. New: per cluster a control plane, a gateway site on
+// a LAN or behind a router, a pod behind the site, and a flotilla agent
+// process. OnNodes: per cluster a control plane and a real gateway node,
+// the agent installed from deploy/ as a pod of its own image, and a test
+// server pod.
 package federation
 
 import (
@@ -157,8 +160,11 @@ func WaitPhases(t harness.TB, cs []*Cluster, want v1alpha1.Phase, timeout time.D
 	for {
 		var problems []string
 		for _, c := range cs {
-			if exited, err := c.Agent.Exited(); exited {
-				t.Fatalf("agent of %s exited: %v\n%s", c.Name, err, c.Agent.Tail(30))
+			// Clusters of real nodes run the agent as a pod, not a process.
+			if c.Agent != nil {
+				if exited, err := c.Agent.Exited(); exited {
+					t.Fatalf("agent of %s exited: %v\n%s", c.Name, err, c.Agent.Tail(30))
+				}
 			}
 			peers, err := c.Peers(ctx)
 			if err != nil {

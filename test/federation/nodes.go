@@ -1,0 +1,362 @@
+package federation
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+const (
+	// AgentNamespace is where deploy/ installs the agent.
+	AgentNamespace = "flotilla-system"
+	// AgentSelector selects the agent's pod.
+	AgentSelector = "app.kubernetes.io/name=flotilla,app.kubernetes.io/component=agent"
+	// WebPod is the test server pod on each gateway node, in "default".
+	WebPod = "web"
+)
+
+// NodeCluster is a cluster of real nodes: a control plane, its gateway
+// node, the agent installed from deploy/ as a pod of its own image, and a
+// test server pod (WebPod) on the gateway node. Its Cluster has no Site,
+// Pod or Agent process.
+type NodeCluster struct {
+	*Cluster
+	Gateway *harness.Node
+	// Web is the test server pod on the gateway node, once Ready.
+	Web corev1.Pod
+	// Install is the directory of the kustomization applied: deploy/ as
+	// its base and the cluster's settings.
+	Install string
+}
+
+// NodeOptions configure OnNodes.
+type NodeOptions struct {
+	// Clusters is how many; each gets its own control plane.
+	Clusters int
+	// PodCIDR is every cluster's pod network: the same on purpose, to
+	// show that overlaps are remapped.
+	PodCIDR netip.Prefix
+}
+
+// OnNodes starts opts.Clusters clusters of real nodes: per cluster a control plane
+// and a gateway node on one shared LAN, with the agent's image built from
+// this checkout imported; installs each cluster's agent with `kubectl
+// apply --server-side -k` of deploy/ plus only the cluster's settings; and
+// runs a test server pod on each gateway node. It returns once the agent
+// pods and the test server pods are Ready; WaitPhases waits for the
+// Peers.
+func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
+	t.Helper()
+	start := time.Now()
+	tag := "flotilla.local/flotilla:test-" + env.RunID
+	image := harness.FlotillaImage(t, tag)
+	lan := env.NewLAN("lan")
+	token := federationToken(t)
+	var cs []*NodeCluster
+	cps := env.ControlPlanes(opts.Clusters, harness.ControlPlaneOptions{PodCIDR: opts.PodCIDR})
+	for i, cp := range cps {
+		name := string(rune('a' + i))
+		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
+		if err != nil {
+			t.Fatalf("client of %s: %v", name, err)
+		}
+		gw := cp.StartNode("gw", harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}})
+		mustKubectl(t, cp, "label", "node", gw.NodeName, "flotilla.io/gateway=true")
+		nc := &NodeCluster{
+			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
+				StateDir: filepath.Join(env.Dir, "state-"+name)},
+			Gateway: gw,
+		}
+		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: opts.PodCIDR, token: token})
+		mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
+		cs = append(cs, nc)
+	}
+	t.Logf("control planes, gateway nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
+	for _, c := range cs {
+		c.createWebPod(t)
+	}
+	for _, c := range cs {
+		c.Web = waitPod(t, c, "web pod of "+c.Name+" Ready", func(ctx context.Context) (corev1.Pod, error) {
+			p, err := c.CP.Client.CoreV1().Pods("default").Get(ctx, WebPod, metav1.GetOptions{})
+			if err != nil {
+				return corev1.Pod{}, err
+			}
+			return *p, nil
+		})
+		waitPod(t, c, "agent pod of "+c.Name+" Ready", c.AgentPod)
+	}
+	t.Logf("agent and test server pods Ready: %s", time.Since(start).Round(time.Millisecond))
+	return cs
+}
+
+// Clusters returns the Clusters of cs, for WaitPhases and ViewOf.
+func Clusters(cs []*NodeCluster) []*Cluster {
+	out := make([]*Cluster, len(cs))
+	for i, c := range cs {
+		out[i] = c.Cluster
+	}
+	return out
+}
+
+func federationToken(t harness.TB) string {
+	key, err := discovery.GenerateFederationKey()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	token, err := discovery.JoinToken{Key: key}.Encode()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return token
+}
+
+// agentSettings are what differs from deploy/ in one test cluster.
+type agentSettings struct {
+	image, token string
+	podCIDR      netip.Prefix
+}
+
+// writeKustomization writes a kustomization that installs deploy/
+// unchanged but for the cluster's settings, and returns its directory.
+func writeKustomization(t harness.TB, env *harness.Env, c *NodeCluster, s agentSettings) string {
+	t.Helper()
+	_, self, _, _ := runtime.Caller(0)
+	deploy := filepath.Join(filepath.Dir(self), "..", "..", "deploy")
+	dir := filepath.Join(env.Dir, "install-"+c.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("%v", err)
+	}
+	base, err := filepath.Rel(dir, deploy)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	name, version, _ := strings.Cut(s.image, ":")
+	files := map[string]string{
+		"token": s.token,
+		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- %s
+images:
+- name: ghcr.io/flotilla-io/flotilla
+  newName: %s
+  newTag: %s
+secretGenerator:
+- name: flotilla-federation
+  namespace: flotilla-system
+  files:
+  - token
+  options:
+    disableNameSuffixHash: true
+patches:
+- path: agent.yaml
+`, base, name, version),
+		// The cluster's settings, and what the test machine needs:
+		//   - the API server: the harness has no endpoints for the
+		//     kubernetes Service (loopback cannot be one), but relays
+		//     127.0.0.1:<port> into every node's namespace, which a
+		//     hostNetwork pod shares; in-cluster configuration reads
+		//     KUBERNETES_SERVICE_HOST and _PORT;
+		//   - the state directory: /var/lib/flotilla would be one
+		//     directory for every gateway node of this machine;
+		//   - the WireGuard interface: wireguard-go's control socket in
+		//     /run/wireguard is host-wide, so its name must be unique.
+		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: flotilla-agent
+  namespace: flotilla-system
+spec:
+  template:
+    spec:
+      containers:
+      - name: agent
+        imagePullPolicy: Never
+        args:
+        - agent
+        - --state-dir=/var/lib/flotilla
+        - --log-format=json
+        - --cluster-name=%s
+        - --pod-cidr=%s
+        - --advertise-addr=%s
+        - --wireguard-interface=%s
+        - --federation-key-file=/etc/flotilla/token
+        env:
+        - name: KUBERNETES_SERVICE_HOST
+          value: "127.0.0.1"
+        - name: KUBERNETES_SERVICE_PORT
+          value: "%d"
+        volumeMounts:
+        - name: federation
+          mountPath: /etc/flotilla
+          readOnly: true
+      volumes:
+      - name: state
+        hostPath:
+          path: %s
+          type: DirectoryOrCreate
+      - name: federation
+        secret:
+          secretName: flotilla-federation
+`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, c.CP.Addr.Port(), c.StateDir),
+	}
+	for file, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	return dir
+}
+
+// createWebPod creates the test server pod on the gateway node.
+func (c *NodeCluster) createWebPod(t harness.TB) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: WebPod, Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName:                      c.Gateway.NodeName,
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(harness.TestServerTCPPort)}},
+					PeriodSeconds: 1,
+				},
+			}},
+		},
+	}
+	if _, err := c.CP.Client.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s in %s: %v", WebPod, c.Name, err)
+	}
+}
+
+// AgentPod returns the agent's pod; an error says why it is not (yet) a
+// Ready pod on the gateway node that never restarted.
+func (c *NodeCluster) AgentPod(ctx context.Context) (corev1.Pod, error) {
+	pods, err := c.CP.Client.CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector})
+	if err != nil {
+		return corev1.Pod{}, err
+	}
+	if len(pods.Items) != 1 {
+		return corev1.Pod{}, fmt.Errorf("%d agent pods", len(pods.Items))
+	}
+	p := pods.Items[0]
+	if p.Spec.NodeName != c.Gateway.NodeName {
+		return p, fmt.Errorf("agent pod %s on node %q, want %s", p.Name, p.Spec.NodeName, c.Gateway.NodeName)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			return p, fmt.Errorf("agent container restarted %d times (last: %+v); see kubectl logs --previous", s.RestartCount, s.LastTerminationState.Terminated)
+		}
+	}
+	return p, podReady(p)
+}
+
+// podReady says why p is not Ready, or nil.
+func podReady(p corev1.Pod) error {
+	for _, s := range p.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil {
+			return fmt.Errorf("pod %s: container %s waiting: %s: %s", p.Name, s.Name, w.Reason, w.Message)
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
+}
+
+// waitPod polls get until its pod is Ready and returns it.
+func waitPod(t harness.TB, c *NodeCluster, what string, get func(context.Context) (corev1.Pod, error)) corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		p, err := get(context.Background())
+		if err == nil {
+			err = podReady(p)
+		}
+		if err == nil {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 90s: %v\nkubelet of %s's gateway:\n%s", what, err, c.Name, tail(c.Gateway.Logs("kubelet"), 20))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// Fetch makes from's test server pod GET /peer of to's at from's view of
+// it, over HTTP through the tunnel, retrying for up to 30 s while the path
+// comes up. Seen is the caller's address as to's pod reported it; Err
+// also says when that is not Want, to's view of from's pod.
+func Fetch(t harness.TB, from, to *NodeCluster) Result {
+	t.Helper()
+	r := Result{
+		From: from.Cluster, To: to.Cluster,
+		Dst:  ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(to.Web.Status.PodIP)),
+		Want: ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(from.Web.Status.PodIP)),
+	}
+	url := fmt.Sprintf("http://%s:%d/peer", r.Dst, harness.TestServerHTTPPort)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var out string
+		out, r.Err = Kubectl(from.CP, "exec", from.Web.Name, "--", "/testserver", "-get", url)
+		if r.Err == nil {
+			r.Seen, r.Err = netip.ParseAddr(strings.TrimSpace(out))
+			if r.Err == nil && r.Seen != r.Want {
+				r.Err = fmt.Errorf("%s's pod saw the caller as %s, want %s (its view of the caller)", to.Name, r.Seen, r.Want)
+			}
+			return r
+		}
+		if time.Now().After(deadline) {
+			r.Err = fmt.Errorf("GET %s from %s's pod: %w", url, from.Name, r.Err)
+			return r
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// Kubectl runs the pinned kubectl against cp and returns its output.
+func Kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	argv := append([]string{"--kubeconfig", cp.Kubeconfig}, args...)
+	out, err := exec.CommandContext(ctx, KubectlPath(), argv...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// KubectlPath is the pinned kubectl, as the harness built it.
+func KubectlPath() string { return filepath.Join(harness.KubeBinDir(), "kubectl") }
+
+func mustKubectl(t harness.TB, cp *harness.ControlPlane, args ...string) string {
+	t.Helper()
+	out, err := Kubectl(cp, args...)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return out
+}
