@@ -24,6 +24,17 @@ const helperEnv = "FLOTILLA_NODE_HELPER"
 // files and the sysctls kubelet changed.
 func TestRealNodesLeaveNothing(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
+	// The sysctls are host-wide: no other run's kubelets may change them
+	// while this test compares them (other packages run at the same time).
+	harness.HoldNodesAlone(t)
+	// The witness that the harness restores anything needs kubelet to
+	// change something: a host whose values already are kubelet's gets
+	// others for the test, and its own back at the end.
+	if kubeletSysctls(t) == kubeletValues {
+		restore := sysctlValues(t)
+		setSysctls(t, map[string]string{"vm/overcommit_memory": "0", "kernel/panic": "0", "kernel/panic_on_oops": "0"})
+		t.Cleanup(func() { setSysctls(t, restore) })
+	}
 	for _, mode := range []string{"fail", "kill"} {
 		t.Run(mode, func(t *testing.T) {
 			runFile := filepath.Join(t.TempDir(), "run")
@@ -37,6 +48,9 @@ func TestRealNodesLeaveNothing(t *testing.T) {
 			}
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
+			// A check below that fails must not leave the child waiting to
+			// be killed; the run's leftovers then go with the next sweep.
+			t.Cleanup(func() { cmd.Process.Kill() })
 			run := waitHelper(t, cmd, exited, runFile, &out)
 			var live []string // what the run had when it was killed
 			// kubelet changes host-wide sysctls; the harness restores them.
@@ -108,6 +122,28 @@ func waitHelper(t *testing.T, cmd *exec.Cmd, exited <-chan error, runFile string
 }
 
 // kubeletSysctls reads the host-wide sysctls kubelet sets.
+// kubeletValues is what kubeletSysctls reads while a kubelet runs.
+const kubeletValues = "vm/overcommit_memory=1 kernel/panic=10 kernel/panic_on_oops=1"
+
+func sysctlValues(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, kv := range strings.Fields(kubeletSysctls(t)) {
+		k, v, _ := strings.Cut(kv, "=")
+		out[k] = v
+	}
+	return out
+}
+
+func setSysctls(t *testing.T, vals map[string]string) {
+	t.Helper()
+	for k, v := range vals {
+		if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+			t.Fatalf("set %s=%s: %v", k, v, err)
+		}
+	}
+}
+
 func kubeletSysctls(t *testing.T) string {
 	t.Helper()
 	var vals []string

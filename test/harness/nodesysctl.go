@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +25,45 @@ var (
 )
 
 func nodesMarker(run string) string { return filepath.Join(lockDir, run+".nodes") }
+
+// nodesLock is held shared by every run while it has real nodes, and
+// exclusively by a test that must be the only one changing host-wide
+// state (HoldNodesAlone); packages of one `go test ./...` run at once.
+var nodesLock = filepath.Join(lockDir, "nodes.lock")
+
+// nodesAloneEnv tells a child test binary that its parent holds the nodes
+// lock exclusively for it: the child's runs take no lock of their own.
+const nodesAloneEnv = "FLOTILLA_TEST_NODES_ALONE"
+
+// lockNodes takes the nodes lock, shared or exclusive, waiting for it;
+// the lock is released when t ends.
+func lockNodes(t TB, how int) error {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(nodesLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return fmt.Errorf("lock %s: %w", nodesLock, err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+	return nil
+}
+
+// HoldNodesAlone waits until no other run has real nodes and keeps others
+// from starting any until t ends, for a test that checks host-wide state
+// kubelets change (sysctls). Child test binaries it starts inherit the
+// hold.
+func HoldNodesAlone(t testing.TB) {
+	t.Helper()
+	if err := lockNodes(t, unix.LOCK_EX); err != nil {
+		t.Fatalf("harness: hold real nodes alone: %v", err)
+	}
+	t.Setenv(nodesAloneEnv, "1")
+}
 
 func readSysctl(key string) (string, error) {
 	b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(key, ".", "/"))
@@ -58,6 +98,13 @@ func (e *Env) claimSysctls() error {
 	defer e.mu.Unlock()
 	if e.sysctlsClaimed {
 		return nil
+	}
+	// Cleanups run last-in first-out: the shared lock is released after
+	// the sysctls, below.
+	if os.Getenv(nodesAloneEnv) == "" {
+		if err := lockNodes(e.t, unix.LOCK_SH); err != nil {
+			return err
+		}
 	}
 	err := withSysctlLock(func() error {
 		if err := os.WriteFile(nodesMarker(e.RunID), nil, 0o644); err != nil {
