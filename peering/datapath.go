@@ -64,6 +64,9 @@ func (e *Engine) applyTunnel() {
 		return
 	}
 	e.log.Info("data path applied", "peers", len(d.Peers), "took", time.Since(start).Round(time.Microsecond))
+	for _, tp := range d.Peers {
+		e.stepOnce(e.peers[tp.ClusterID], StepDataPath, time.Time{})
+	}
 	e.refreshStats()
 }
 
@@ -121,6 +124,9 @@ func (e *Engine) refreshStats() {
 	clear(e.stats)
 	for _, s := range st {
 		e.stats[s.ClusterID] = s
+		if p, ok := e.peers[s.ClusterID]; ok && !p.configured.IsZero() && !s.LastHandshake.IsZero() {
+			e.stepOnce(p, StepHandshake, s.LastHandshake)
+		}
 	}
 }
 

@@ -257,6 +257,8 @@ type peer struct {
 	// tunnelErr says why the peer was left out of the data path, which
 	// then serves the others (a duplicate key, an overlap).
 	tunnelErr error
+	// steps logged during this membership (steps.go).
+	steps map[Step]bool
 }
 
 // New checks cfg and prepares an Engine; Run starts it.
@@ -400,6 +402,8 @@ func (e *Engine) memberChanged(m Member) {
 	case m.Alive && !wasAlive:
 		p.goneSince = time.Time{}
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
+		p.steps = nil // a new membership: its steps are logged anew
+		e.stepOnce(p, StepJoined, time.Time{})
 		e.send(p, true) // introduce ourselves at once
 		if early, ok := e.early[m.ClusterID]; ok {
 			delete(e.early, m.ClusterID)

@@ -103,6 +103,7 @@ func (e *Engine) startSender(id string) *sender {
 	e.sendersAlive.Add(1)
 	e.senders.Go(func() {
 		defer e.sendersAlive.Add(-1)
+		delivered := false // a sender lives for one membership
 		for {
 			select {
 			case <-ctx.Done():
@@ -122,6 +123,10 @@ func (e *Engine) startSender(id string) *sender {
 			if err != nil && ctx.Err() == nil {
 				e.metrics.sendErrors.Inc()
 				e.log.Debug("send to peer failed; will resend", "peer", id, "err", err)
+			}
+			if err == nil && !delivered {
+				delivered = true
+				LogStep(e.log, StepStatementSent, id, time.Time{})
 			}
 		}
 	})

@@ -43,6 +43,9 @@ type statusWriter struct {
 	// failing is the last error logged per peer, so an error that repeats
 	// is logged once per change.
 	failing map[string]string
+	// withViews holds the peers whose written status holds their views,
+	// so the step is logged when they first appear.
+	withViews map[string]bool
 }
 
 type queued struct {
@@ -59,7 +62,7 @@ func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *st
 		client: c, cache: cache, log: log, now: time.Now,
 		queue:   workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
 		writes:  rate.NewLimiter(rate.Limit(20), 50),
-		pending: map[string]queued{}, failing: map[string]string{},
+		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
 	}
 }
 
@@ -74,6 +77,7 @@ func (w *statusWriter) publish(s peering.PeerState) {
 func (w *statusWriter) withdraw(id string) {
 	w.mu.Lock()
 	delete(w.pending, id)
+	delete(w.withViews, id)
 	w.mu.Unlock()
 }
 
@@ -136,6 +140,13 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	}
 	if cur, ok := w.pending[id]; ok && cur.seq == q.seq {
 		delete(w.pending, id)
+	}
+	switch views := len(q.state.TheirNetworks) > 0; {
+	case views && !w.withViews[id]:
+		w.withViews[id] = true
+		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
+	case !views:
+		delete(w.withViews, id)
 	}
 	return true
 }
