@@ -49,7 +49,7 @@ type Objects struct {
 // New prepares a client and an informer for Peers; Run starts them.
 func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
 	scheme := Scheme()
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(writeClientConfig(cfg), client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -53,6 +54,26 @@ type queued struct {
 	seq   uint64 // tells a newer state from the one being written
 }
 
+// The writer's limit on status writes, whatever the federation does. A
+// write is at most requestsPerWrite requests: create or label the object,
+// apply its status.
+const (
+	writeRate        = 20 // per second
+	writeBurst       = 50
+	requestsPerWrite = 2
+)
+
+// writeClientConfig is cfg for the client that writes statuses: it allows
+// the writer's own rate. Otherwise client-go's default (5 requests/s in
+// bursts of 10) is the limit in force: past a start-up's first few writes
+// each waits up to 200 ms, and so does the first view a Peer shows.
+func writeClientConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst = writeRate*requestsPerWrite, writeBurst*requestsPerWrite
+	c.RateLimiter = nil // QPS and Burst make the client's limiter
+	return c
+}
+
 func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *statusWriter {
 	limiter := workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
@@ -61,7 +82,7 @@ func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *st
 	return &statusWriter{
 		client: c, cache: cache, log: log, now: time.Now,
 		queue:   workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
-		writes:  rate.NewLimiter(rate.Limit(20), 50),
+		writes:  rate.NewLimiter(rate.Limit(writeRate), writeBurst),
 		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
 	}
 }
