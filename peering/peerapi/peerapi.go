@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -70,6 +72,9 @@ func (o *Objects) Withdraw(id string) { o.status.withdraw(id) }
 // starts writing statuses.
 func (o *Objects) Synced() <-chan struct{} { return o.synced }
 
+// informerSyncPoll is how often the informer is asked whether it synced.
+const informerSyncPoll = 5 * time.Millisecond
+
 // statusWorkers write statuses of different peers at once; one peer's
 // writes are never concurrent (the work queue sees to it).
 const statusWorkers = 2
@@ -96,8 +101,11 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 	cacheErr := make(chan error, 1)
 	wg.Go(func() { cacheErr <- o.cache.Start(ctx) })
 	// The engine hears every existing spec before any status is written,
-	// so the first statuses already name the specs they act on.
-	if !o.cache.WaitForCacheSync(ctx) || !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	// so the first statuses already name the specs they act on. Not the
+	// cache's WaitForCacheSync: it looks every 100 ms, and discovery
+	// starts only after this.
+	synced := func(context.Context) (bool, error) { return reg.HasSynced(), nil }
+	if wait.PollUntilContextCancel(ctx, informerSyncPoll, true, synced) != nil {
 		select {
 		case err := <-cacheErr:
 			if err != nil {
