@@ -479,6 +479,11 @@ func (e *Engine) reconcile() {
 	}
 	e.applyTunnel()
 	e.publish()
+	// A peer that entered the data path just now hears so at once: if it
+	// waits for our first handshake initiation, it learns it went out.
+	for _, p := range e.peers {
+		e.send(p, false)
+	}
 	for _, p := range e.peers {
 		if e.goneForGood(p, now) {
 			e.forget(p)

@@ -302,7 +302,8 @@ func within(t *testing.T, what string, cond func() error) {
 }
 
 // connected checks that a and b configured each other consistently: what a
-// routes as its view of b is what b says a sees it as, both ways.
+// routes as its view of b is what b says a sees it as, both ways; and that
+// the exchange settled: each heard that the other's data path holds it.
 func connected(a, b *node) error {
 	ap, ok := a.dp.peer(b.id.ClusterID())
 	if !ok {
@@ -320,6 +321,9 @@ func connected(a, b *node) error {
 	}
 	if len(bp.Views) != 1 || len(ap.ViewsOfMe) != 1 || bp.Views[0] != ap.ViewsOfMe[0] {
 		return fmt.Errorf("b's views of a %v do not mirror a's record of them %v", bp.Views, ap.ViewsOfMe)
+	}
+	if ap.FirstContact == tunnel.FirstContactAnnounced || bp.FirstContact == tunnel.FirstContactAnnounced {
+		return errors.New("not yet told that the other's data path holds it")
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ func (e *Engine) outgoing(p *peer) *Hello {
 			h.ViewsOfYou = append(h.ViewsOfYou, ViewClaim{Range: v.Remote, As: v.View})
 		}
 	}
+	h.TunnelReady = h.Decision == Accept && !p.configured.IsZero() && p.tunnelErr == nil && e.applyErr == nil
 	return h
 }
 
