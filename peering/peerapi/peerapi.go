@@ -77,7 +77,7 @@ const informerSyncPoll = 5 * time.Millisecond
 
 // statusWorkers write statuses of different peers at once; one peer's
 // writes are never concurrent (the work queue sees to it).
-const statusWorkers = 2
+const statusWorkers = 4
 
 // Run reports every Peer's spec to specs, and deletions, and writes the
 // published states, until ctx ends or the informer fails. It returns when

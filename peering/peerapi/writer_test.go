@@ -1,10 +1,22 @@
 package peerapi
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // The client that writes statuses allows the writer's own rate, whatever
@@ -31,3 +43,87 @@ func TestWriteClientAllowsTheWritersRate(t *testing.T) {
 		})
 	}
 }
+
+// A peer discovered shortly before its statement arrives gets its object
+// in one creation, labelled with its name, and its first status already
+// holds its view: two requests, not four in a row (create, status, label,
+// status) before a person or a program finds the view. (A peer that never
+// speaks still gets its object after the wait: TestPeerObjects.)
+func TestNewPeerIsWrittenWithItsStatement(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	installCRDs(t, cp.Config)
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var writes []string
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet {
+				mu.Lock()
+				writes = append(writes, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	objects, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects.status.unnamedWait = time.Hour // the statement always comes first here
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- objects.Run(ctx, noSpecs{}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	<-objects.Synced()
+
+	named := sampleState()
+	named.Phase = peering.PhaseNegotiating
+	objects.Publish(peering.PeerState{ClusterID: named.ClusterID, Phase: peering.PhaseDiscovered, Gossip: named.Gossip})
+	// The witness that the writer had its chance at the first state: the
+	// state of another peer, published with it, is written.
+	other := sampleState()
+	other.ClusterID = "cbk6b5nxt5mbvd6ta2xmlvy3ixy"
+	objects.Publish(other)
+	waitPeer(t, c, other.ClusterID, "the other peer written", func(v1alpha1.Peer) error { return nil })
+	objects.Publish(named)
+	peer := waitPeer(t, c, named.ClusterID, "the view written", func(p v1alpha1.Peer) error {
+		if len(p.Status.TheirNetworks) == 0 {
+			return fmt.Errorf("status %+v", p.Status)
+		}
+		return nil
+	})
+	if peer.Labels[v1alpha1.LabelClusterName] != named.Name {
+		t.Errorf("labels %v, want %s=%s", peer.Labels, v1alpha1.LabelClusterName, named.Name)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var mine []string
+	for _, w := range writes {
+		if strings.Contains(w, named.ClusterID) {
+			mine = append(mine, w)
+		}
+	}
+	if len(mine) != 2 {
+		t.Fatalf("writes before the view showed: %v, want the object's creation and one status", mine)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+type noSpecs struct{}
+
+func (noSpecs) SpecChanged(string, peering.Spec) {}
+func (noSpecs) SpecDeleted(string)               {}
