@@ -211,7 +211,8 @@ type Engine struct {
 	// runtime state, as their objects do.
 	specs        map[string]Spec
 	published    map[string]PeerState
-	gen          uint64
+	gen          uint64 // the last generation issued
+	genCeiling   uint64 // stored: no generation issued is above it
 	applied      *tunnel.Desired
 	candidate    *tunnel.Desired // what applyTunnel last started from
 	candidateKey tunnel.Key

@@ -219,6 +219,8 @@ type nodeOptions struct {
 	seed *node
 	// rewrite changes the node's messages on their way out.
 	rewrite func(from identity.Identity, msg []byte) []byte
+	// ledger, when set, stands between the engine and its ledger.
+	ledger func(Ledger) Ledger
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -247,10 +249,14 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	if o.rewrite != nil {
 		tr.rewrite = func(msg []byte) []byte { return o.rewrite(n.id, msg) }
 	}
+	var led Ledger = l
+	if o.ledger != nil {
+		led = o.ledger(l)
+	}
 	cfg := Config{
 		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Policy: o.policy,
 		Networks: []netip.Prefix{pods}, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
-		Ledger: l, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
+		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
 	}
