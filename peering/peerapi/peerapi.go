@@ -13,7 +13,9 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -51,15 +53,25 @@ type Objects struct {
 // New prepares a client and an informer for Peers; Run starts them.
 func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
 	scheme := Scheme()
-	c, err := client.New(writeClientConfig(cfg), client.Options{Scheme: scheme})
+	mapper := peerMapper()
+	c, err := client.New(writeClientConfig(cfg), client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}
-	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("cache for Peers: %w", err)
 	}
 	return &Objects{cache: ca, log: log, status: newStatusWriter(c, ca, log), synced: make(chan struct{})}, nil
+}
+
+// peerMapper knows where Peers are served. The client and the informer
+// would otherwise each ask the API server first (two requests on the way
+// to gossip, two more before the first status).
+func peerMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
+	return m
 }
 
 // Publish queues s to be written to its Peer's status (peering.Publisher).

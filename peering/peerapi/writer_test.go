@@ -2,9 +2,11 @@ package peerapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,42 +52,9 @@ func TestWriteClientAllowsTheWritersRate(t *testing.T) {
 // status) before a person or a program finds the view. (A peer that never
 // speaks still gets its object after the wait: TestPeerObjects.)
 func TestNewPeerIsWrittenWithItsStatement(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
-	installCRDs(t, cp.Config)
-	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var writes []string
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			if r.Method != http.MethodGet {
-				mu.Lock()
-				writes = append(writes, r.Method+" "+r.URL.Path)
-				mu.Unlock()
-			}
-			return rt.RoundTrip(r)
-		})
-	})
-	objects, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	objects, c, requests := recordedObjects(t)
 	objects.status.unnamedWait = time.Hour // the statement always comes first here
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- objects.Run(ctx, noSpecs{}) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	<-objects.Synced()
+	runObjects(t, objects)
 
 	named := sampleState()
 	named.Phase = peering.PhaseNegotiating
@@ -106,17 +75,86 @@ func TestNewPeerIsWrittenWithItsStatement(t *testing.T) {
 	if peer.Labels[v1alpha1.LabelClusterName] != named.Name {
 		t.Errorf("labels %v, want %s=%s", peer.Labels, v1alpha1.LabelClusterName, named.Name)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	var mine []string
-	for _, w := range writes {
-		if strings.Contains(w, named.ClusterID) {
-			mine = append(mine, w)
+	for _, r := range requests() {
+		if !strings.HasPrefix(r, http.MethodGet) && strings.Contains(r, named.ClusterID) {
+			mine = append(mine, r)
 		}
 	}
 	if len(mine) != 2 {
 		t.Fatalf("writes before the view showed: %v, want the object's creation and one status", mine)
 	}
+}
+
+// Neither the informer nor the writer asks the API server what it serves
+// before their first request: two round trips each on an agent's way to
+// gossip and to its first status.
+func TestPeersNeedNoDiscovery(t *testing.T) {
+	objects, c, requests := recordedObjects(t)
+	runObjects(t, objects)
+	s := sampleState()
+	objects.Publish(s)
+	waitPeer(t, c, s.ClusterID, "the status written", func(p v1alpha1.Peer) error {
+		if p.Status.Phase == "" {
+			return errors.New("no status yet")
+		}
+		return nil
+	})
+	for _, r := range requests() {
+		switch strings.TrimPrefix(r, "GET ") {
+		case "/api", "/apis", "/apis/" + v1alpha1.GroupVersion.String():
+			t.Errorf("discovery request %s", r)
+		}
+	}
+}
+
+// recordedObjects is New against a new API server with the CRDs, and the
+// requests made through it, as "METHOD path"; c is a client of its own.
+func recordedObjects(t *testing.T) (objects *Objects, c client.Client, requests func() []string) {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	installCRDs(t, cp.Config)
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			mu.Lock()
+			seen = append(seen, r.Method+" "+r.URL.Path)
+			mu.Unlock()
+			return rt.RoundTrip(r)
+		})
+	})
+	objects, err = New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objects, c, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// runObjects runs objects until the test ends, and waits for its informer.
+func runObjects(t *testing.T, objects *Objects) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- objects.Run(ctx, noSpecs{}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	<-objects.Synced()
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
