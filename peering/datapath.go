@@ -20,7 +20,7 @@ func (e *Engine) applyTunnel() {
 			p.configured, p.tunnelErr = time.Time{}, nil
 			continue
 		}
-		tp := tunnel.Peer{ClusterID: p.id, Endpoint: p.hello.Endpoint, Keepalive: e.cfg.Keepalive}
+		tp := tunnel.Peer{ClusterID: p.id, Endpoint: p.hello.Endpoint, Keepalive: e.cfg.Keepalive, FirstContact: firstContact(p.hello)}
 		copy(tp.PublicKey[:], p.hello.WireGuardKey)
 		for _, v := range p.myViews {
 			tp.Views = append(tp.Views, tunnel.View{Real: v.Remote, As: v.View})
@@ -64,7 +64,22 @@ func (e *Engine) applyTunnel() {
 		return
 	}
 	e.log.Info("data path applied", "peers", len(d.Peers), "took", time.Since(start).Round(time.Microsecond))
+	for _, tp := range d.Peers {
+		e.stepOnce(e.peers[tp.ClusterID], StepDataPath, time.Time{})
+	}
 	e.refreshStats()
+}
+
+// firstContact is what the peer's statement says of its side of the first
+// handshake. An older peer says nothing, and the tunnel guesses.
+func firstContact(h *Hello) tunnel.FirstContact {
+	switch {
+	case h.Protocol < protocolTunnelReady:
+		return tunnel.FirstContactGuess
+	case h.TunnelReady:
+		return tunnel.FirstContactReady
+	}
+	return tunnel.FirstContactAnnounced
 }
 
 // isolate keeps one peer's bad contribution (a WireGuard key another peer
@@ -121,6 +136,9 @@ func (e *Engine) refreshStats() {
 	clear(e.stats)
 	for _, s := range st {
 		e.stats[s.ClusterID] = s
+		if p, ok := e.peers[s.ClusterID]; ok && !p.configured.IsZero() && !s.LastHandshake.IsZero() {
+			e.stepOnce(p, StepHandshake, s.LastHandshake)
+		}
 	}
 }
 

@@ -211,7 +211,8 @@ type Engine struct {
 	// runtime state, as their objects do.
 	specs        map[string]Spec
 	published    map[string]PeerState
-	gen          uint64
+	gen          uint64 // the last generation issued
+	genCeiling   uint64 // stored: no generation issued is above it
 	applied      *tunnel.Desired
 	candidate    *tunnel.Desired // what applyTunnel last started from
 	candidateKey tunnel.Key
@@ -257,6 +258,8 @@ type peer struct {
 	// tunnelErr says why the peer was left out of the data path, which
 	// then serves the others (a duplicate key, an overlap).
 	tunnelErr error
+	// steps logged during this membership (steps.go).
+	steps map[Step]bool
 }
 
 // New checks cfg and prepares an Engine; Run starts it.
@@ -400,6 +403,8 @@ func (e *Engine) memberChanged(m Member) {
 	case m.Alive && !wasAlive:
 		p.goneSince = time.Time{}
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
+		p.steps = nil // a new membership: its steps are logged anew
+		e.stepOnce(p, StepJoined, time.Time{})
 		e.send(p, true) // introduce ourselves at once
 		if early, ok := e.early[m.ClusterID]; ok {
 			delete(e.early, m.ClusterID)
@@ -475,6 +480,11 @@ func (e *Engine) reconcile() {
 	}
 	e.applyTunnel()
 	e.publish()
+	// A peer that entered the data path just now hears so at once: if it
+	// waits for our first handshake initiation, it learns it went out.
+	for _, p := range e.peers {
+		e.send(p, false)
+	}
 	for _, p := range e.peers {
 		if e.goneForGood(p, now) {
 			e.forget(p)

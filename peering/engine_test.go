@@ -219,6 +219,8 @@ type nodeOptions struct {
 	seed *node
 	// rewrite changes the node's messages on their way out.
 	rewrite func(from identity.Identity, msg []byte) []byte
+	// ledger, when set, stands between the engine and its ledger.
+	ledger func(Ledger) Ledger
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -247,10 +249,14 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	if o.rewrite != nil {
 		tr.rewrite = func(msg []byte) []byte { return o.rewrite(n.id, msg) }
 	}
+	var led Ledger = l
+	if o.ledger != nil {
+		led = o.ledger(l)
+	}
 	cfg := Config{
 		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Policy: o.policy,
 		Networks: []netip.Prefix{pods}, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
-		Ledger: l, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
+		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
 	}
@@ -302,7 +308,8 @@ func within(t *testing.T, what string, cond func() error) {
 }
 
 // connected checks that a and b configured each other consistently: what a
-// routes as its view of b is what b says a sees it as, both ways.
+// routes as its view of b is what b says a sees it as, both ways; and that
+// the exchange settled: each heard that the other's data path holds it.
 func connected(a, b *node) error {
 	ap, ok := a.dp.peer(b.id.ClusterID())
 	if !ok {
@@ -320,6 +327,9 @@ func connected(a, b *node) error {
 	}
 	if len(bp.Views) != 1 || len(ap.ViewsOfMe) != 1 || bp.Views[0] != ap.ViewsOfMe[0] {
 		return fmt.Errorf("b's views of a %v do not mirror a's record of them %v", bp.Views, ap.ViewsOfMe)
+	}
+	if ap.FirstContact == tunnel.FirstContactAnnounced || bp.FirstContact == tunnel.FirstContactAnnounced {
+		return errors.New("not yet told that the other's data path holds it")
 	}
 	return nil
 }

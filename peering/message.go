@@ -28,12 +28,16 @@ import (
 // writing a version older ones read until every cluster is upgraded.
 //
 // Version 2 signs the signing domain with the payload; version 1 signed
-// the payload alone and is no longer read.
+// the payload alone and is no longer read. Version 3 adds tunnelReady.
 const (
-	ProtocolVersion    = 2
+	ProtocolVersion    = 3
 	ProtocolVersionMin = 2
-	ProtocolVersionMax = 3
+	ProtocolVersionMax = 4
 )
+
+// protocolTunnelReady is the first version whose writers say tunnelReady:
+// from an older peer, its absence says nothing.
+const protocolTunnelReady = 3
 
 // signingDomain is signed before the payload, so that a signature over a
 // peering statement can never pass for one over anything else a cluster
@@ -90,6 +94,11 @@ type Hello struct {
 	// ViewsOfYou are the sender's views of the receiver's Networks; empty
 	// until the sender accepts and knows them.
 	ViewsOfYou []ViewClaim `json:"viewsOfYou,omitempty"`
+	// TunnelReady says the sender's data path holds the receiver: if the
+	// sender is the side that starts the first WireGuard handshake, it has
+	// started it, so a receiver that waits for it and saw nothing knows it
+	// was lost (tunnel's first contact). Since version 3.
+	TunnelReady bool `json:"tunnelReady,omitempty"`
 }
 
 // Limits on what a Hello may carry, so a hostile sender cannot make us

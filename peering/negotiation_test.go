@@ -16,6 +16,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/tunnel"
 )
 
 // Three clusters with the same PodCIDR: every pair agrees, and every
@@ -301,6 +302,62 @@ func TestNextProtocolVersionPeers(t *testing.T) {
 // nextVersion rewrites msg as the next protocol version would write it: a
 // higher version, within range, with a field this version does not know.
 func nextVersion(t *testing.T, id identity.Identity, msg []byte) []byte {
+	return rewritten(t, id, msg, func(fields map[string]any) {
+		fields["protocol"], fields["protocolMin"], fields["protocolMax"] = ProtocolVersionMax, ProtocolVersionMin, ProtocolVersionMax+1
+		fields["relays"] = []string{"198.18.7.7:51820"}
+	})
+}
+
+// Each side's statement says when its data path holds the other, and each
+// hands what the other says to its tunnel, which then knows when to stop
+// waiting for the first handshake (tunnel's first contact). A peer of
+// version 2 says nothing, and its silence means nothing: the tunnel
+// guesses.
+func TestPeersSayWhenTheirDataPathHoldsUs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rewrite func(fields map[string]any)
+		want    tunnel.FirstContact
+	}{
+		{"says so", nil, tunnel.FirstContactReady},
+		{"never says so", func(f map[string]any) { delete(f, "tunnelReady") }, tunnel.FirstContactAnnounced},
+		{"version 2", func(f map[string]any) {
+			delete(f, "tunnelReady")
+			f["protocol"], f["protocolMax"] = 2, 3
+		}, tunnel.FirstContactGuess},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			net := &network{}
+			a := newNode(t, net, nodeOptions{})
+			var o nodeOptions
+			if tc.rewrite != nil {
+				o.rewrite = func(id identity.Identity, msg []byte) []byte { return rewritten(t, id, msg, tc.rewrite) }
+			}
+			b := newNode(t, net, o)
+			meet(a, b)
+			within(t, "both data paths holding the other", func() error {
+				if _, ok := b.dp.peer(a.id.ClusterID()); !ok {
+					return errors.New("b's does not")
+				}
+				if p, ok := a.dp.peer(b.id.ClusterID()); !ok || p.FirstContact != tc.want {
+					return fmt.Errorf("a's holds b %v, told %q, want %q", ok, p.FirstContact, tc.want)
+				}
+				return nil
+			})
+			if tc.rewrite == nil {
+				within(t, "b's tunnel told what a says", func() error {
+					if p, _ := b.dp.peer(a.id.ClusterID()); p.FirstContact != tunnel.FirstContactReady {
+						return fmt.Errorf("first contact %q", p.FirstContact)
+					}
+					return nil
+				})
+			}
+		})
+	}
+}
+
+// rewritten is msg with its fields changed by change, signed again by id.
+func rewritten(t *testing.T, id identity.Identity, msg []byte, change func(fields map[string]any)) []byte {
 	s, err := Parse(msg)
 	if err != nil {
 		t.Errorf("parse own message: %v", err)
@@ -313,8 +370,7 @@ func nextVersion(t *testing.T, id identity.Identity, msg []byte) []byte {
 		t.Errorf("decode own message: %v", err)
 		return msg
 	}
-	fields["protocol"], fields["protocolMin"], fields["protocolMax"] = ProtocolVersionMax, ProtocolVersionMin, ProtocolVersionMax+1
-	fields["relays"] = []string{"198.18.7.7:51820"}
+	change(fields)
 	payload, err := json.Marshal(fields)
 	if err != nil {
 		t.Errorf("encode: %v", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/flotilla-io/flotilla/ipam"
 )
@@ -60,7 +61,9 @@ func (e *Engine) restore() error {
 		return fmt.Errorf("load peering generation: %w", err)
 	}
 	if len(b) == 8 {
+		// What was stored is at least every generation issued before.
 		e.gen = binary.BigEndian.Uint64(b)
+		e.genCeiling = e.gen
 	}
 	ids, err := e.cfg.Ledger.PeersWithState()
 	if err != nil {
@@ -91,13 +94,23 @@ func (e *Engine) restore() error {
 
 const generationKey = "peering-generation"
 
+// generationReserve is how far above the generations it issues the engine
+// stores their ceiling, so that issuing one costs no ledger write until the
+// clock passes it. A synced write per statement lay on the engine's path:
+// 7 ms median, 26 ms p90 with 5 agents and their control planes on 2 cores.
+const generationReserve = uint64(time.Minute)
+
 // nextGeneration returns a new generation, larger than any issued before,
-// also across restarts (it is stored) and clock steps (it only grows).
+// also across restarts (the ledger holds a ceiling above all of them) and
+// clock steps (it only grows).
 func (e *Engine) nextGeneration() (uint64, error) {
 	g := max(e.gen+1, uint64(e.cfg.Now().UnixNano()))
-	b := binary.BigEndian.AppendUint64(nil, g)
-	if err := e.cfg.Ledger.PutKey(generationKey, b); err != nil {
-		return 0, fmt.Errorf("store peering generation: %w", err)
+	if g > e.genCeiling {
+		c := g + generationReserve
+		if err := e.cfg.Ledger.PutKey(generationKey, binary.BigEndian.AppendUint64(nil, c)); err != nil {
+			return 0, fmt.Errorf("store peering generation: %w", err)
+		}
+		e.genCeiling = c
 	}
 	e.gen = g
 	return g, nil

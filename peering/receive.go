@@ -44,6 +44,7 @@ func (e *Engine) receive(msg []byte) {
 	}
 	p.hello, p.payload = h, slices.Clone(s.Payload())
 	e.metrics.accepted.Inc()
+	e.stepOnce(p, StepStatementReceived, time.Time{})
 	if err := e.persist(p, msg); err != nil {
 		e.log.Error("cannot persist peer statement", "peer", p.id, "err", err)
 	}

@@ -22,6 +22,7 @@ func (e *Engine) outgoing(p *peer) *Hello {
 			h.ViewsOfYou = append(h.ViewsOfYou, ViewClaim{Range: v.Remote, As: v.View})
 		}
 	}
+	h.TunnelReady = h.Decision == Accept && !p.configured.IsZero() && p.tunnelErr == nil && e.applyErr == nil
 	return h
 }
 
@@ -103,6 +104,7 @@ func (e *Engine) startSender(id string) *sender {
 	e.sendersAlive.Add(1)
 	e.senders.Go(func() {
 		defer e.sendersAlive.Add(-1)
+		delivered := false // a sender lives for one membership
 		for {
 			select {
 			case <-ctx.Done():
@@ -122,6 +124,10 @@ func (e *Engine) startSender(id string) *sender {
 			if err != nil && ctx.Err() == nil {
 				e.metrics.sendErrors.Inc()
 				e.log.Debug("send to peer failed; will resend", "peer", id, "err", err)
+			}
+			if err == nil && !delivered {
+				delivered = true
+				LogStep(e.log, StepStatementSent, id, time.Time{})
 			}
 		}
 	})

@@ -71,6 +71,7 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 	}
 	if p.viewsErr == nil {
 		p.theirOK = true
+		e.stepOnce(p, StepViewsAgreed, time.Time{})
 	}
 }
 

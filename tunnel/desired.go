@@ -36,7 +36,29 @@ type Peer struct {
 	// ViewsOfMe are the peer's views of my networks (Real: mine, As: how
 	// the peer addresses them). They drive the prefix NAT.
 	ViewsOfMe []View `json:"viewsOfMe"`
+	// FirstContact is what the peer says of its side of a new peering;
+	// it decides when a side that waits for the first handshake stops
+	// waiting (firstcontact.go).
+	FirstContact FirstContact `json:"firstContact,omitempty"`
 }
+
+// FirstContact is what the peer says of its side of the first handshake.
+type FirstContact string
+
+const (
+	// FirstContactGuess: the peer says nothing (an older agent). A side
+	// that waits initiates itself when nothing came within
+	// FirstContactWait.
+	FirstContactGuess FirstContact = ""
+	// FirstContactAnnounced: the peer says when its data path holds this
+	// side, and has not yet. A side that waits keeps waiting.
+	FirstContactAnnounced FirstContact = "announced"
+	// FirstContactReady: the peer's data path holds this side, so it has
+	// initiated if it is the side that does. A side that waits and saw
+	// nothing initiates: the peer's initiation came before it knew the
+	// peer, and was dropped.
+	FirstContactReady FirstContact = "ready"
+)
 
 // Desired is everything the tunnel should make exist on this host.
 type Desired struct {
@@ -108,6 +130,11 @@ func (d Desired) Validate() error {
 		}
 		if p.Keepalive < 0 || p.Keepalive > 65535*time.Second {
 			return fmt.Errorf("peer %s: keepalive %s out of range 0..65535s", p.ClusterID, p.Keepalive)
+		}
+		switch p.FirstContact {
+		case FirstContactGuess, FirstContactAnnounced, FirstContactReady:
+		default:
+			return fmt.Errorf("peer %s: first contact %q: want %q, %q or empty", p.ClusterID, p.FirstContact, FirstContactAnnounced, FirstContactReady)
 		}
 		if len(p.Views) == 0 {
 			return fmt.Errorf("peer %s: no views of its networks", p.ClusterID)

@@ -26,15 +26,22 @@ import (
 // So, for a new peer, the side with the larger public key waits: it adds
 // the peer without its keepalive, which would initiate. The other side's
 // keepalive then brings the handshake, after which the waiting side turns
-// its keepalive on. If nothing has arrived from the peer after
-// FirstContactWait (the other side's initiation came before we knew the
-// peer and was dropped; its retry is 5 s away), the waiting side turns its
-// keepalive on and initiates itself. If something arrived but no session
-// followed, it does so after firstContactLimit.
+// its keepalive on. The other side's initiation may have come before this
+// side knew the peer, and been dropped (its retry is 5 s away); then this
+// side initiates itself, once it knows that the other side's went out:
+// the peer says when its data path holds this side (Peer.FirstContact,
+// from its peering statement). Guessing instead, after a fixed wait, loses
+// to load: on 2 busy cores the other side sometimes added the peer just
+// after a 100 ms guess, and both initiated (a 5 s stall in 1 of 5 starts
+// of 5 agents). A peer that says nothing (an older agent) still gets the
+// guess: FirstContactWait. If something arrived but no session followed,
+// the waiting side initiates after firstContactLimit.
 const (
 	DefaultFirstContactWait = 100 * time.Millisecond
 	firstContactLimit       = 10 * time.Second
 	// firstContactPoll is how often a waiting first contact is looked at.
+	// A peer that says its data path holds us is given one look, so that
+	// its initiation, sent before it said so, is not crossed in flight.
 	firstContactPoll = 20 * time.Millisecond
 )
 
@@ -79,10 +86,13 @@ func (t *Tunnel) settleFirstContacts(dev *wgtypes.Device, now time.Time) bool {
 			continue
 		}
 		outcome := ""
+		contact := t.contacts[k]
 		switch waited := now.Sub(since); {
 		case p.LastHandshakeTime.Unix() > 0:
 			outcome = "answered"
-		case p.ReceiveBytes == 0 && waited >= t.cfg.FirstContactWait:
+		case p.ReceiveBytes == 0 && contact == FirstContactReady:
+			outcome = "initiated"
+		case p.ReceiveBytes == 0 && contact == FirstContactGuess && waited >= t.cfg.FirstContactWait:
 			outcome = "initiated"
 		case waited >= firstContactLimit:
 			outcome = "timed out"
@@ -90,7 +100,7 @@ func (t *Tunnel) settleFirstContacts(dev *wgtypes.Device, now time.Time) bool {
 		if outcome != "" {
 			delete(t.waiting, k)
 			t.metrics.firstContacts.WithLabelValues(outcome).Inc()
-			t.log.Debug("first contact settled", "peer", t.peerIDs[k], "outcome", outcome, "waited", now.Sub(since))
+			t.log.Debug("first contact settled", "peer", t.peerIDs[k], "outcome", outcome, "peerSays", contact, "waited", now.Sub(since))
 			settled = true
 		}
 	}

@@ -14,23 +14,31 @@ func TestSettleFirstContacts(t *testing.T) {
 	wait := 100 * time.Millisecond
 	cases := []struct {
 		name    string
+		says    FirstContact
 		waited  time.Duration
 		peer    wgtypes.Peer
 		outcome string // "" = still waiting
 	}{
-		{"nothing yet", 50 * time.Millisecond, wgtypes.Peer{}, ""},
-		{"handshake done", 10 * time.Millisecond, wgtypes.Peer{LastHandshakeTime: now, ReceiveBytes: 148}, "answered"},
-		{"nothing came within the wait", wait, wgtypes.Peer{}, "initiated"},
-		{"their initiation arrived, no session yet", 5 * time.Second, wgtypes.Peer{ReceiveBytes: 148}, ""},
-		{"their initiation arrived, never a session", firstContactLimit, wgtypes.Peer{ReceiveBytes: 148}, "timed out"},
+		{"nothing yet", FirstContactGuess, 50 * time.Millisecond, wgtypes.Peer{}, ""},
+		{"handshake done", FirstContactGuess, 10 * time.Millisecond, wgtypes.Peer{LastHandshakeTime: now, ReceiveBytes: 148}, "answered"},
+		{"nothing came within the wait", FirstContactGuess, wait, wgtypes.Peer{}, "initiated"},
+		{"their initiation arrived, no session yet", FirstContactGuess, 5 * time.Second, wgtypes.Peer{ReceiveBytes: 148}, ""},
+		{"their initiation arrived, never a session", FirstContactGuess, firstContactLimit, wgtypes.Peer{ReceiveBytes: 148}, "timed out"},
 		// wgctrl reports "never" as the Unix epoch, not the zero time.
-		{"epoch is never", 50 * time.Millisecond, wgtypes.Peer{LastHandshakeTime: time.Unix(0, 0)}, ""},
+		{"epoch is never", FirstContactGuess, 50 * time.Millisecond, wgtypes.Peer{LastHandshakeTime: time.Unix(0, 0)}, ""},
+		// A peer that says when it holds us is not guessed about: the
+		// guess fired while it was still adding us, and both initiated.
+		{"peer not ready, past the guess", FirstContactAnnounced, 5 * wait, wgtypes.Peer{}, ""},
+		{"peer ready, nothing came", FirstContactReady, 0, wgtypes.Peer{}, "initiated"},
+		{"peer ready, its initiation arrived", FirstContactReady, 0, wgtypes.Peer{ReceiveBytes: 148}, ""},
+		{"peer ready, handshake done", FirstContactReady, 0, wgtypes.Peer{LastHandshakeTime: now, ReceiveBytes: 148}, "answered"},
+		{"peer never ready", FirstContactAnnounced, firstContactLimit, wgtypes.Peer{}, "timed out"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &Tunnel{cfg: Config{FirstContactWait: wait}, log: slog.New(slog.DiscardHandler), waiting: map[Key]time.Time{}, peerIDs: map[Key]string{}}
-			tn.metrics = newMetrics(tn)
 			k := Key{1}
+			tn := &Tunnel{cfg: Config{FirstContactWait: wait}, log: slog.New(slog.DiscardHandler), waiting: map[Key]time.Time{}, peerIDs: map[Key]string{}, contacts: map[Key]FirstContact{k: c.says}}
+			tn.metrics = newMetrics(tn)
 			tn.waiting[k] = now.Add(-c.waited)
 			c.peer.PublicKey = wgtypes.Key(k)
 			settled := tn.settleFirstContacts(&wgtypes.Device{Peers: []wgtypes.Peer{c.peer}}, now)

@@ -129,3 +129,65 @@ func TestFirstContactInitiatesWhenNothingComes(t *testing.T) {
 	m.apply(x, keepalive(m, x, w))
 	pingBothWays(t, w, x)
 }
+
+// withFirstContact sets what the peer of site o says in d.
+func withFirstContact(d tunnel.Desired, o *meshSite, says tunnel.FirstContact) tunnel.Desired {
+	for i := range d.Peers {
+		if d.Peers[i].PublicKey == o.pub {
+			d.Peers[i].FirstContact = says
+		}
+	}
+	return d
+}
+
+// A peer that says its data path holds us has initiated already: when
+// nothing came from it, its initiation came before this side knew it and
+// was dropped, so the waiting side initiates at once, not after a guess.
+// The peer here holds nobody, so anything the waiting side sends is its
+// own initiation.
+func TestFirstContactInitiatesWhenThePeerIsReady(t *testing.T) {
+	m, w, x := firstContactPair(t, "1h")
+	m.apply(w, withFirstContact(keepalive(m, w, x), x, tunnel.FirstContactReady))
+	eventually(t, 10*time.Second, "the waiting side initiating", func() bool {
+		st, _ := w.wgPeer(t, x)
+		return st.keepalive == "25" && st.tx > 0
+	})
+	m.apply(x, keepalive(m, x, w))
+	pingBothWays(t, w, x)
+}
+
+// A peer that says when its data path holds us is not guessed about: the
+// waiting side sends nothing until the peer says so, however long that
+// takes (a guess made both sides initiate when the peer was slow, under
+// load). The witness that the guess would have fired: in the same apply,
+// the waiting side initiates to a peer that says nothing, after the guess.
+func TestFirstContactWaitsUntilThePeerIsReady(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/16")
+	sites := slices.Clone(m.sites)
+	slices.SortFunc(sites, func(a, b *meshSite) int { return bytes.Compare(a.pub[:], b.pub[:]) })
+	x, z, w := sites[0], sites[1], sites[2] // w waits for both
+	m.start(w, "-first-contact-wait", "200ms")
+	m.start(x)
+	m.start(z)
+	for _, s := range sites {
+		m.apply(s, m.desiredFor(s))
+		s.waitListening(t)
+	}
+	d := withFirstContact(keepalive(m, w, x, z), x, tunnel.FirstContactAnnounced)
+	m.apply(w, d)
+	eventually(t, 10*time.Second, "the guess about the peer that says nothing", func() bool {
+		st, _ := w.wgPeer(t, z)
+		return st.tx > 0
+	})
+	if st, ok := w.wgPeer(t, x); !ok || st.keepalive != "off" || st.tx != 0 {
+		t.Fatalf("waiting side before the peer said it holds us: %+v (found %v), want keepalive off and nothing sent", st, ok)
+	}
+	m.apply(x, keepalive(m, x, w))
+	m.apply(w, withFirstContact(d, x, tunnel.FirstContactReady))
+	eventually(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
+		ws, _ := w.wgPeer(t, x)
+		xs, _ := x.wgPeer(t, w)
+		return ws.handshake && xs.handshake && ws.keepalive == "25"
+	})
+	pingBothWays(t, w, x)
+}

@@ -159,6 +159,8 @@ type Tunnel struct {
 	// to them, since when (firstcontact.go).
 	waiting      map[Key]time.Time
 	contactTimer *time.Timer
+	// contacts is what each peer says of its side of the first handshake.
+	contacts map[Key]FirstContact
 
 	// resync is how often Run reads everything back; eventBuffer sets
 	// the receive buffer of an event stream by kind (0: the default).

@@ -50,10 +50,12 @@ func (t *Tunnel) configureDevice() error {
 // set or no record, from the device as read back.
 func (t *Tunnel) configurePeers(d Desired, full bool) (int, error) {
 	ids := make(map[Key]string, len(d.Peers))
+	contacts := make(map[Key]FirstContact, len(d.Peers))
 	for _, p := range d.Peers {
 		ids[p.PublicKey] = p.ClusterID
+		contacts[p.PublicKey] = p.FirstContact
 	}
-	t.peerIDs = ids
+	t.peerIDs, t.contacts = ids, contacts
 	if !full && t.wgApplied != nil {
 		if n, err := t.updatePeers(d); err == nil {
 			return n, nil

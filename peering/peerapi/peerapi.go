@@ -11,8 +11,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -49,15 +53,25 @@ type Objects struct {
 // New prepares a client and an informer for Peers; Run starts them.
 func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
 	scheme := Scheme()
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	mapper := peerMapper()
+	c, err := client.New(writeClientConfig(cfg), client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}
-	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("cache for Peers: %w", err)
 	}
 	return &Objects{cache: ca, log: log, status: newStatusWriter(c, ca, log), synced: make(chan struct{})}, nil
+}
+
+// peerMapper knows where Peers are served. The client and the informer
+// would otherwise each ask the API server first (two requests on the way
+// to gossip, two more before the first status).
+func peerMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
+	return m
 }
 
 // Publish queues s to be written to its Peer's status (peering.Publisher).
@@ -70,9 +84,12 @@ func (o *Objects) Withdraw(id string) { o.status.withdraw(id) }
 // starts writing statuses.
 func (o *Objects) Synced() <-chan struct{} { return o.synced }
 
+// informerSyncPoll is how often the informer is asked whether it synced.
+const informerSyncPoll = 5 * time.Millisecond
+
 // statusWorkers write statuses of different peers at once; one peer's
 // writes are never concurrent (the work queue sees to it).
-const statusWorkers = 2
+const statusWorkers = 4
 
 // Run reports every Peer's spec to specs, and deletions, and writes the
 // published states, until ctx ends or the informer fails. It returns when
@@ -96,8 +113,11 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 	cacheErr := make(chan error, 1)
 	wg.Go(func() { cacheErr <- o.cache.Start(ctx) })
 	// The engine hears every existing spec before any status is written,
-	// so the first statuses already name the specs they act on.
-	if !o.cache.WaitForCacheSync(ctx) || !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	// so the first statuses already name the specs they act on. Not the
+	// cache's WaitForCacheSync: it looks every 100 ms, and discovery
+	// starts only after this.
+	synced := func(context.Context) (bool, error) { return reg.HasSynced(), nil }
+	if wait.PollUntilContextCancel(ctx, informerSyncPoll, true, synced) != nil {
 		select {
 		case err := <-cacheErr:
 			if err != nil {

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -36,6 +37,8 @@ type statusWriter struct {
 	// writes bounds the write rate to the API server, whatever the
 	// federation does.
 	writes *rate.Limiter
+	// unnamedWait delays the states of peers that have not spoken yet.
+	unnamedWait time.Duration
 
 	mu      sync.Mutex
 	seq     uint64
@@ -43,11 +46,34 @@ type statusWriter struct {
 	// failing is the last error logged per peer, so an error that repeats
 	// is logged once per change.
 	failing map[string]string
+	// withViews holds the peers whose written status holds their views,
+	// so the step is logged when they first appear.
+	withViews map[string]bool
 }
 
 type queued struct {
 	state peering.PeerState
 	seq   uint64 // tells a newer state from the one being written
+}
+
+// The writer's limit on status writes, whatever the federation does. A
+// write is at most requestsPerWrite requests: create or label the object,
+// apply its status.
+const (
+	writeRate        = 20 // per second
+	writeBurst       = 50
+	requestsPerWrite = 2
+)
+
+// writeClientConfig is cfg for the client that writes statuses: it allows
+// the writer's own rate. Otherwise client-go's default (5 requests/s in
+// bursts of 10) is the limit in force: past a start-up's first few writes
+// each waits up to 200 ms, and so does the first view a Peer shows.
+func writeClientConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst = writeRate*requestsPerWrite, writeBurst*requestsPerWrite
+	c.RateLimiter = nil // QPS and Burst make the client's limiter
+	return c
 }
 
 func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *statusWriter {
@@ -57,23 +83,35 @@ func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *st
 	)
 	return &statusWriter{
 		client: c, cache: cache, log: log, now: time.Now,
-		queue:   workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
-		writes:  rate.NewLimiter(rate.Limit(20), 50),
-		pending: map[string]queued{}, failing: map[string]string{},
+		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
+		writes: rate.NewLimiter(rate.Limit(writeRate), writeBurst), unnamedWait: unnamedWait,
+		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
 	}
 }
+
+// unnamedWait is how long the state of a peer that has not spoken yet
+// waits before it is written. Its statement, with its name, follows its
+// discovery within tens of milliseconds: written together, the object is
+// created once, already labelled, instead of created and then labelled
+// (two more requests in a row before its first view shows).
+const unnamedWait = 100 * time.Millisecond
 
 func (w *statusWriter) publish(s peering.PeerState) {
 	w.mu.Lock()
 	w.seq++
 	w.pending[s.ClusterID] = queued{state: s, seq: w.seq}
 	w.mu.Unlock()
+	if s.Name == "" {
+		w.queue.AddAfter(s.ClusterID, w.unnamedWait)
+		return
+	}
 	w.queue.Add(s.ClusterID)
 }
 
 func (w *statusWriter) withdraw(id string) {
 	w.mu.Lock()
 	delete(w.pending, id)
+	delete(w.withViews, id)
 	w.mu.Unlock()
 }
 
@@ -136,6 +174,13 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	}
 	if cur, ok := w.pending[id]; ok && cur.seq == q.seq {
 		delete(w.pending, id)
+	}
+	switch views := len(q.state.TheirNetworks) > 0; {
+	case views && !w.withViews[id]:
+		w.withViews[id] = true
+		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
+	case !views:
+		delete(w.withViews, id)
 	}
 	return true
 }

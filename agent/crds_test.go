@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// The CRDs are applied when missing or different from the embedded ones,
+// and left alone when in place: a restart reads them and writes nothing.
+func TestCRDsAppliedOnlyWhenNotInPlace(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("crds", harness.ControlPlaneOptions{})
+	var mu sync.Mutex
+	var writes []string
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet {
+				mu.Lock()
+				writes = append(writes, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	written := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		w := writes
+		writes = nil
+		return w
+	}
+	ctx := context.Background()
+
+	if err := installCRDs(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if w := written(); len(w) == 0 {
+		t.Fatal("first start: nothing written")
+	}
+	if err := installCRDs(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if w := written(); len(w) != 0 {
+		t.Fatalf("a start with the CRDs in place wrote %v", w)
+	}
+
+	// As an agent of another version left it: applied again.
+	cs, err := apiextensionsclient.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds := cs.ApiextensionsV1().CustomResourceDefinitions()
+	list, err := crds.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) == 0 {
+		t.Fatalf("CRDs: %v, %v", list, err)
+	}
+	crd := list.Items[0]
+	crd.Annotations[crdDigestAnnotation] = "another"
+	if _, err := crds.Update(ctx, &crd, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := installCRDs(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if w := written(); len(w) != 1 {
+		t.Fatalf("a start with another version's CRD wrote %v, want one apply", w)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

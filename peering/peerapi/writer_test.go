@@ -1,0 +1,167 @@
+package peerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// The client that writes statuses allows the writer's own rate, whatever
+// the agent's config says: client-go's default would throttle a start-up's
+// writes to 5 requests a second.
+func TestWriteClientAllowsTheWritersRate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  *rest.Config
+	}{
+		{"client-go's defaults", &rest.Config{Host: "https://127.0.0.1:6443"}},
+		{"a lower rate", &rest.Config{Host: "https://127.0.0.1:6443", QPS: 1, Burst: 2}},
+		{"a limiter of its own", &rest.Config{Host: "https://127.0.0.1:6443", RateLimiter: flowcontrol.NewTokenBucketRateLimiter(1, 1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := *tc.cfg
+			got := writeClientConfig(tc.cfg)
+			if got.RateLimiter != nil || got.QPS < writeRate*requestsPerWrite || got.Burst < writeBurst*requestsPerWrite {
+				t.Errorf("QPS %v, burst %d, limiter %v: want at least %d and %d, no limiter of its own", got.QPS, got.Burst, got.RateLimiter, writeRate*requestsPerWrite, writeBurst*requestsPerWrite)
+			}
+			if tc.cfg.QPS != before.QPS || tc.cfg.Burst != before.Burst || tc.cfg.RateLimiter != before.RateLimiter {
+				t.Errorf("the agent's config changed: %+v", tc.cfg)
+			}
+		})
+	}
+}
+
+// A peer discovered shortly before its statement arrives gets its object
+// in one creation, labelled with its name, and its first status already
+// holds its view: two requests, not four in a row (create, status, label,
+// status) before a person or a program finds the view. (A peer that never
+// speaks still gets its object after the wait: TestPeerObjects.)
+func TestNewPeerIsWrittenWithItsStatement(t *testing.T) {
+	objects, c, requests := recordedObjects(t)
+	objects.status.unnamedWait = time.Hour // the statement always comes first here
+	runObjects(t, objects)
+
+	named := sampleState()
+	named.Phase = peering.PhaseNegotiating
+	objects.Publish(peering.PeerState{ClusterID: named.ClusterID, Phase: peering.PhaseDiscovered, Gossip: named.Gossip})
+	// The witness that the writer had its chance at the first state: the
+	// state of another peer, published with it, is written.
+	other := sampleState()
+	other.ClusterID = "cbk6b5nxt5mbvd6ta2xmlvy3ixy"
+	objects.Publish(other)
+	waitPeer(t, c, other.ClusterID, "the other peer written", func(v1alpha1.Peer) error { return nil })
+	objects.Publish(named)
+	peer := waitPeer(t, c, named.ClusterID, "the view written", func(p v1alpha1.Peer) error {
+		if len(p.Status.TheirNetworks) == 0 {
+			return fmt.Errorf("status %+v", p.Status)
+		}
+		return nil
+	})
+	if peer.Labels[v1alpha1.LabelClusterName] != named.Name {
+		t.Errorf("labels %v, want %s=%s", peer.Labels, v1alpha1.LabelClusterName, named.Name)
+	}
+	var mine []string
+	for _, r := range requests() {
+		if !strings.HasPrefix(r, http.MethodGet) && strings.Contains(r, named.ClusterID) {
+			mine = append(mine, r)
+		}
+	}
+	if len(mine) != 2 {
+		t.Fatalf("writes before the view showed: %v, want the object's creation and one status", mine)
+	}
+}
+
+// Neither the informer nor the writer asks the API server what it serves
+// before their first request: two round trips each on an agent's way to
+// gossip and to its first status.
+func TestPeersNeedNoDiscovery(t *testing.T) {
+	objects, c, requests := recordedObjects(t)
+	runObjects(t, objects)
+	s := sampleState()
+	objects.Publish(s)
+	waitPeer(t, c, s.ClusterID, "the status written", func(p v1alpha1.Peer) error {
+		if p.Status.Phase == "" {
+			return errors.New("no status yet")
+		}
+		return nil
+	})
+	for _, r := range requests() {
+		switch strings.TrimPrefix(r, "GET ") {
+		case "/api", "/apis", "/apis/" + v1alpha1.GroupVersion.String():
+			t.Errorf("discovery request %s", r)
+		}
+	}
+}
+
+// recordedObjects is New against a new API server with the CRDs, and the
+// requests made through it, as "METHOD path"; c is a client of its own.
+func recordedObjects(t *testing.T) (objects *Objects, c client.Client, requests func() []string) {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	installCRDs(t, cp.Config)
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			mu.Lock()
+			seen = append(seen, r.Method+" "+r.URL.Path)
+			mu.Unlock()
+			return rt.RoundTrip(r)
+		})
+	})
+	objects, err = New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objects, c, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// runObjects runs objects until the test ends, and waits for its informer.
+func runObjects(t *testing.T, objects *Objects) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- objects.Run(ctx, noSpecs{}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	<-objects.Synced()
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+type noSpecs struct{}
+
+func (noSpecs) SpecChanged(string, peering.Spec) {}
+func (noSpecs) SpecDeleted(string)               {}
