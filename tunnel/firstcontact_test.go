@@ -148,7 +148,7 @@ func withFirstContact(d tunnel.Desired, o *meshSite, says tunnel.FirstContact) t
 func TestFirstContactInitiatesWhenThePeerIsReady(t *testing.T) {
 	m, w, x := firstContactPair(t, "1h")
 	m.apply(w, withFirstContact(keepalive(m, w, x), x, tunnel.FirstContactReady))
-	eventually(t, 10*time.Second, "the waiting side initiating", func() bool {
+	waitUntil(t, 10*time.Second, "the waiting side initiating", func() bool {
 		st, _ := w.wgPeer(t, x)
 		return st.keepalive == "25" && st.tx > 0
 	})
@@ -175,7 +175,7 @@ func TestFirstContactWaitsUntilThePeerIsReady(t *testing.T) {
 	}
 	d := withFirstContact(keepalive(m, w, x, z), x, tunnel.FirstContactAnnounced)
 	m.apply(w, d)
-	eventually(t, 10*time.Second, "the guess about the peer that says nothing", func() bool {
+	waitUntil(t, 10*time.Second, "the guess about the peer that says nothing", func() bool {
 		st, _ := w.wgPeer(t, z)
 		return st.tx > 0
 	})
@@ -184,7 +184,7 @@ func TestFirstContactWaitsUntilThePeerIsReady(t *testing.T) {
 	}
 	m.apply(x, keepalive(m, x, w))
 	m.apply(w, withFirstContact(d, x, tunnel.FirstContactReady))
-	eventually(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
+	waitUntil(t, 10*time.Second, "handshake on both sides and the waiting side's keepalive on", func() bool {
 		ws, _ := w.wgPeer(t, x)
 		xs, _ := x.wgPeer(t, w)
 		return ws.handshake && xs.handshake && ws.keepalive == "25"
