@@ -21,7 +21,7 @@ func (a *Agent) newDiscovery(st state, gateway netip.Addr, endpoint netip.AddrPo
 	}
 	advertise := netip.AddrPortFrom(gateway, a.cfg.GossipAddr.Port())
 	disc, err := discovery.New(discovery.Config{
-		Identity: st.id, Keys: keys.keys,
+		Identity: st.id, Keys: keys.keys, Protocol: peering.ProtocolVersion,
 		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: advertise, Endpoint: endpoint.String(),
 		MDNS: a.cfg.MDNS, DNSDomains: a.cfg.DNSDomains, DNSServer: a.cfg.DNSServer,
 		Seeds: append(append([]string{}, a.cfg.Joins...), keys.seeds...), Profile: discovery.Profile(a.cfg.GossipProfile),

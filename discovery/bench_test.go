@@ -94,6 +94,7 @@ func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string)
 	b.Helper()
 	d, err := New(Config{
 		Identity: mustIdentity(b),
+		Protocol: testProtocol,
 		Keys:     [][]byte{testKey},
 		BindAddr: netip.MustParseAddrPort("127.0.0.1:0"),
 		Endpoint: "192.0.2.1:51820",

@@ -76,6 +76,11 @@ type Config struct {
 	AdvertiseAddr netip.AddrPort
 	// Endpoint is the peering endpoint carried in the record ("host:port").
 	Endpoint string
+	// Protocol is the peering protocol version this cluster writes
+	// (peering.ProtocolVersion, which the agent passes): carried in the
+	// record and the mDNS advert so that it shows before any statement.
+	// Required.
+	Protocol uint16
 
 	// MDNS advertises and browses on the LAN.
 	MDNS bool
@@ -192,6 +197,9 @@ func New(cfg Config) (*Discovery, error) {
 	if len(cfg.Keys) == 0 {
 		return nil, errors.New("discovery: no federation key")
 	}
+	if cfg.Protocol == 0 {
+		return nil, errors.New("discovery: no peering protocol version to advertise (pass peering.ProtocolVersion)")
+	}
 	for i, k := range cfg.Keys {
 		if err := validateKey(k); err != nil {
 			return nil, fmt.Errorf("discovery: key %d: %w", i, err)
@@ -249,7 +257,7 @@ func New(cfg Config) (*Discovery, error) {
 	if err := d.loadSerial(); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
-	d.record = Record{Endpoint: cfg.Endpoint, Protocol: ProtocolVersion}
+	d.record = Record{Endpoint: cfg.Endpoint, Protocol: cfg.Protocol}
 	if _, err := d.issue(func(*Record) {}); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}

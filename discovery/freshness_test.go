@@ -107,7 +107,7 @@ func TestRestartWithClockSetBackIsSeen(t *testing.T) {
 // could not be stored is never published.
 func TestSerialIsStoredBeforePublishing(t *testing.T) {
 	store := &memStore{}
-	d, err := New(Config{Identity: mustIdentity(t), Keys: [][]byte{testKey}, Serials: store})
+	d, err := New(Config{Identity: mustIdentity(t), Keys: [][]byte{testKey}, Protocol: testProtocol, Serials: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestSerialIsStoredBeforePublishing(t *testing.T) {
 	if now := d.Snapshot().Self; now.Serial != published.Serial || now.Endpoint != published.Endpoint {
 		t.Errorf("record changed to %+v although its serial was not stored", now)
 	}
-	if _, err := New(Config{Identity: mustIdentity(t), Keys: [][]byte{testKey}, Serials: store}); err == nil {
+	if _, err := New(Config{Identity: mustIdentity(t), Keys: [][]byte{testKey}, Protocol: testProtocol, Serials: store}); err == nil {
 		t.Error("started although the first serial could not be stored")
 	}
 }

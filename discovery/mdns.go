@@ -78,7 +78,7 @@ func (d *Discovery) txtRecords() []string {
 		txtVersion + "=1",
 		txtClusterID + "=" + d.selfID,
 		txtFingerprint + "=" + strings.Join(fingerprints(d.keyring.GetKeys()), ","),
-		txtProtocol + "=" + strconv.Itoa(int(ProtocolVersion)),
+		txtProtocol + "=" + strconv.Itoa(int(d.cfg.Protocol)),
 	}
 }
 

@@ -62,6 +62,9 @@ func fastTimings(c *memberlist.Config) {
 	c.TCPTimeout = time.Second
 }
 
+// testProtocol stands for the peering protocol version the agent passes.
+const testProtocol = 3
+
 func startNode(t testing.TB, o nodeOpts) *testNode {
 	t.Helper()
 	id := mustIdentity(t)
@@ -77,6 +80,7 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 	reg := prometheus.NewRegistry()
 	d, err := New(Config{
 		Identity:        id,
+		Protocol:        testProtocol,
 		Keys:            o.keys,
 		BindAddr:        netip.MustParseAddrPort(o.bind),
 		Endpoint:        o.endpoint,
@@ -570,12 +574,13 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"no identity", Config{Keys: [][]byte{testKey}}},
-		{"no key", Config{Identity: id}},
-		{"short key", Config{Identity: id, Keys: [][]byte{[]byte("short")}}},
-		{"seed without port", Config{Identity: id, Keys: [][]byte{testKey}, Seeds: []string{"10.0.0.1"}}},
-		{"bad domain", Config{Identity: id, Keys: [][]byte{testKey}, DNSDomains: []string{"a..b"}}},
-		{"bad endpoint", Config{Identity: id, Keys: [][]byte{testKey}, Endpoint: "nowhere"}},
+		{"no identity", Config{Keys: [][]byte{testKey}, Protocol: testProtocol}},
+		{"no key", Config{Identity: id, Protocol: testProtocol}},
+		{"no protocol version", Config{Identity: id, Keys: [][]byte{testKey}}},
+		{"short key", Config{Identity: id, Protocol: testProtocol, Keys: [][]byte{[]byte("short")}}},
+		{"seed without port", Config{Identity: id, Protocol: testProtocol, Keys: [][]byte{testKey}, Seeds: []string{"10.0.0.1"}}},
+		{"bad domain", Config{Identity: id, Protocol: testProtocol, Keys: [][]byte{testKey}, DNSDomains: []string{"a..b"}}},
+		{"bad endpoint", Config{Identity: id, Protocol: testProtocol, Keys: [][]byte{testKey}, Endpoint: "nowhere"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,10 +11,6 @@ import (
 	"github.com/flotilla-io/flotilla/identity"
 )
 
-// ProtocolVersion is the Flotilla peering protocol this build speaks. It
-// travels in every record so peers can refuse what they do not understand.
-const ProtocolVersion uint16 = 1
-
 // Wire layout of a member record, format 2 (all integers big endian):
 //
 //	0       magic 'F'

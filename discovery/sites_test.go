@@ -57,6 +57,7 @@ func memberProcess() int {
 	}
 	fmt.Println("starting")
 	cfg := Config{
+		Protocol:       testProtocol,
 		Identity:       id,
 		Keys:           [][]byte{key},
 		BindAddr:       netip.MustParseAddrPort(env("BIND")),

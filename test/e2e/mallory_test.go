@@ -139,7 +139,7 @@ func runMallory(raw string) error {
 		return err
 	}
 	d, err := discovery.New(discovery.Config{
-		Identity: id, Keys: [][]byte{tok.Key},
+		Identity: id, Keys: [][]byte{tok.Key}, Protocol: peering.ProtocolVersion,
 		BindAddr:      netip.AddrPortFrom(netip.IPv4Unspecified(), 7946),
 		AdvertiseAddr: netip.AddrPortFrom(cfg.Advertise, 7946),
 		Seeds:         []string{netip.AddrPortFrom(cfg.A, 7946).String()},
