@@ -1,8 +1,11 @@
 package harness_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -22,8 +25,8 @@ import (
 // Real nodes: a cluster of a gateway node and two workers runs a
 // Deployment of the test server as real containers on the workers; pods
 // reach each other across nodes with their own addresses and through a
-// Service's ClusterIP (kube-proxy, nftables); `kubectl logs` and `kubectl
-// exec` work through the API server. Nothing of the run is left after it.
+// Service's ClusterIP (kube-proxy, nftables); `kubectl logs`, `kubectl
+// exec` and `kubectl port-forward` work through the API server. Nothing of the run is left after it.
 func TestRealNodes(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	var run string
@@ -92,6 +95,11 @@ func TestRealNodes(t *testing.T) {
 		logs := kubectl(t, "logs", b.Name)
 		if !strings.Contains(logs, "http /peer from "+a.Status.PodIP) {
 			t.Fatalf("kubectl logs %s lacks the request from %s:\n%s", b.Name, a.Status.PodIP, logs)
+		}
+
+		// kubectl port-forward reaches the pod from this host.
+		if got := portForwardGet(t, cp, b.Name, harness.TestServerHTTPPort, "/hostname"); strings.TrimSpace(got) != b.Name {
+			t.Fatalf("GET /hostname through port-forward to %s: %q", b.Name, got)
 		}
 	})
 	if left := harness.Leftovers(run); len(left) > 0 {
@@ -185,6 +193,49 @@ func kubectlErr(args ...string) func(cp *harness.ControlPlane) (string, error) {
 		}
 		return string(out), nil
 	}
+}
+
+// portForwardGet runs `kubectl port-forward` to pod's port on a free local
+// port and GETs path through it.
+func portForwardGet(t testing.TB, cp *harness.ControlPlane, pod string, port int, path string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
+		"port-forward", "pod/"+pod, fmt.Sprintf(":%d", port), "--address", "127.0.0.1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	// "Forwarding from 127.0.0.1:41234 -> 8080"
+	lines := bufio.NewScanner(out)
+	var local string
+	for lines.Scan() {
+		if f := strings.Fields(lines.Text()); len(f) == 5 && f[0] == "Forwarding" {
+			local = f[2]
+			break
+		}
+	}
+	if local == "" {
+		t.Fatalf("kubectl port-forward %s printed no local address: %s", pod, stderr.String())
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + local + path)
+	if err != nil {
+		t.Fatalf("GET %s through port-forward to %s: %v (kubectl: %s)", path, pod, err, stderr.String())
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }
 
 func keys[V any](m map[string]V) []string {
