@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,6 +112,54 @@ func BenchmarkRealClusterFirstPod(b *testing.B) {
 	b.ReportMetric(float64(memory[len(memory)/2])/(1<<20), "MiB-cluster")
 	slices.Sort(nodeMemory)
 	b.ReportMetric(float64(nodeMemory[len(nodeMemory)/2])/(1<<20), "MiB-node")
+}
+
+// Four clusters of three real nodes each (a gateway and two workers),
+// started at once on this machine, to the moment all four have a Ready
+// pod; also each cluster's own time to its first pod. The bound for
+// the federation tests that need several clusters.
+func BenchmarkRealClustersAtOnce(b *testing.B) {
+	harness.Require(b, harness.NeedsNodes...)
+	harness.ImageTarball(b, harness.PauseImage)
+	harness.ImageTarball(b, harness.TestServerImage)
+	const clusters = 4
+	var allReady, eachReady []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var failures []string
+		var round []time.Duration
+		for i := range clusters {
+			wg.Go(func() {
+				var log strings.Builder
+				code := harness.RunProgram(fmt.Sprintf("%s-%d", b.Name(), i), &log, func(p *harness.Program) {
+					env := harness.New(p)
+					cp := env.ControlPlane("cp", harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Scheduler: true})
+					cp.StartNodes(harness.NodeOptions{}, "gw", "w1", "w2")
+					if err := runTestServerPod(cp, "web"); err != nil {
+						p.Fatalf("%v", err)
+					}
+					mu.Lock()
+					round = append(round, time.Since(start))
+					mu.Unlock()
+				})
+				if code != 0 {
+					mu.Lock()
+					failures = append(failures, log.String())
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if len(failures) > 0 {
+			b.Fatalf("%d of %d clusters failed:\n%s", len(failures), clusters, strings.Join(failures, "\n---\n"))
+		}
+		allReady = append(allReady, slices.Max(round))
+		eachReady = append(eachReady, round...)
+	}
+	reportMedian(b, allReady)
+	reportMedianAs(b, eachReady, "ms-each-cluster")
 }
 
 // reportMedianAs reports only the median of samples, in milliseconds.
