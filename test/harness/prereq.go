@@ -112,12 +112,27 @@ var (
 		},
 		Fix: "make kube-binaries",
 	}
+	// CgroupV1Memory: real nodes' kubelets run with the cgroupfs driver on
+	// cgroup v1 (shared/REAL-KUBELET.md); their cgroups need its memory
+	// hierarchy.
+	CgroupV1Memory = Requirement{
+		Name: "a cgroup v1 memory hierarchy",
+		Check: func() error {
+			for _, h := range cgroupHierarchies() {
+				if filepath.Base(h) == "memory" {
+					return nil
+				}
+			}
+			return fmt.Errorf("no cgroup v1 memory hierarchy among %v", cgroupHierarchies())
+		},
+		Fix: "boot with cgroup v1 (systemd.unified_cgroup_hierarchy=0), as the machines real nodes were measured on",
+	}
 	// NeedsNetwork is everything sites and pods need.
 	NeedsNetwork = []Requirement{Root, IPRoute2, Ping}
 	// NeedsControlPlane is everything control planes need.
 	NeedsControlPlane = []Requirement{Root, Etcd, Kube}
 	// NeedsNodes is everything clusters of real nodes need.
-	NeedsNodes = []Requirement{Root, IPRoute2, Ping, Etcd, Kube, KubeNode, Containerd, Runc, CNIPlugins, NFT, Nsenter}
+	NeedsNodes = []Requirement{Root, IPRoute2, Ping, Etcd, Kube, KubeNode, Containerd, Runc, CNIPlugins, NFT, Nsenter, CgroupV1Memory}
 )
 
 // CNIBinDir is where Debian's containernetworking-plugins installs the
