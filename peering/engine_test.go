@@ -307,6 +307,17 @@ func within(t *testing.T, what string, cond func() error) {
 	eventually.Within(t, 10*time.Second, what, cond)
 }
 
+// refusedOnce waits until n has refused exactly one message for reason.
+func refusedOnce(t *testing.T, what string, n *node, reason string) {
+	t.Helper()
+	within(t, what, func() error {
+		if v := testutil.ToFloat64(n.eng.metrics.refused.WithLabelValues(reason)); v != 1 {
+			return fmt.Errorf("%s refusals %v", reason, v)
+		}
+		return nil
+	})
+}
+
 // connected checks that a and b configured each other consistently: what a
 // routes as its view of b is what b says a sees it as, both ways; and that
 // the exchange settled: each heard that the other's data path holds it.

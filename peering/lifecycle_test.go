@@ -90,12 +90,7 @@ func TestGonePeerIsForgotten(t *testing.T) {
 	oldest := fromB[0]
 	mu.Unlock()
 	a.eng.Receive(oldest)
-	within(t, "b's oldest statement refused", func() error {
-		if v := testutil.ToFloat64(a.eng.metrics.refused.WithLabelValues("replayed")); v != 1 {
-			return fmt.Errorf("replayed refusals %v", v)
-		}
-		return nil
-	})
+	refusedOnce(t, "b's oldest statement refused", a, "replayed")
 }
 
 // A restarted engine configures the data path from its ledger before any
@@ -181,12 +176,7 @@ func TestRestartKeepsRefusingReplays(t *testing.T) {
 	<-a2.eng.Ready()
 	a2.eng.MemberChanged(b.member(true))
 	a2.eng.Receive(oldest)
-	within(t, "replay refused after the restart", func() error {
-		if v := testutil.ToFloat64(a2.eng.metrics.refused.WithLabelValues("replayed")); v != 1 {
-			return fmt.Errorf("replayed refusals %v", v)
-		}
-		return nil
-	})
+	refusedOnce(t, "replay refused after the restart", a2, "replayed")
 }
 
 // keyWrites counts the ledger's writes of one key.
