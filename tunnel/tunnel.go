@@ -565,3 +565,6 @@ func cloneDesired(d Desired) Desired {
 	}
 	return out
 }
+
+// MTU is the WireGuard link's MTU.
+func (t *Tunnel) MTU() int { return t.mtu }
