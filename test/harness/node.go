@@ -79,14 +79,31 @@ func (cp *ControlPlane) StartNode(name string, opts NodeOptions) *Node {
 // StartNodes starts several nodes with the same options at once.
 func (cp *ControlPlane) StartNodes(opts NodeOptions, names ...string) []*Node {
 	cp.env.t.Helper()
-	nodes := make([]*Node, len(names))
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
+	specs := make([]NodeSpec, len(names))
 	for i, name := range names {
+		specs[i] = NodeSpec{Name: name, Options: opts}
+	}
+	return cp.StartNodeSpecs(specs...)
+}
+
+// NodeSpec is one node of StartNodeSpecs: its name and options.
+type NodeSpec struct {
+	Name    string
+	Options NodeOptions
+}
+
+// StartNodeSpecs starts several nodes, each with its own options (a
+// gateway and workers), at once, and returns them in order.
+func (cp *ControlPlane) StartNodeSpecs(specs ...NodeSpec) []*Node {
+	cp.env.t.Helper()
+	nodes := make([]*Node, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, spec := range specs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i], errs[i] = cp.startNode(name, opts)
+			nodes[i], errs[i] = cp.startNode(spec.Name, spec.Options)
 		}()
 	}
 	wg.Wait()
