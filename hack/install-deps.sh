@@ -24,6 +24,8 @@ declare -A want=(
   # Real nodes: the container runtime and its low-level runner.
   [containerd]=containerd
   [runc]=runc
+  # The CNI masquerade shapes of iptables (nft backend) on real nodes.
+  [iptables-nft-restore]=iptables
 )
 missing=()
 for cmd in "${!want[@]}"; do

@@ -31,12 +31,15 @@ const (
 )
 
 // NodeCluster is a cluster of real nodes: a control plane, its gateway
-// node, the agent installed from deploy/ as a pod of its own image, and a
-// test server pod (WebPod) on the gateway node. Its Cluster has no Site,
-// Pod or Agent process.
+// node and worker nodes, the agent installed from deploy/ as a pod of its
+// own image, and a test server pod (WebPod) on the gateway node. Its
+// Cluster has no Site, Pod or Agent process.
 type NodeCluster struct {
 	*Cluster
 	Gateway *harness.Node
+	// Workers are the cluster's other nodes (NodeOptions.Workers), on the
+	// same LAN as every gateway.
+	Workers []*harness.Node
 	// Web is the test server pod on the gateway node, once Ready.
 	Web corev1.Pod
 	// Install is the directory of the kustomization applied: deploy/ as
@@ -51,15 +54,23 @@ type NodeOptions struct {
 	// PodCIDR is every cluster's pod network: the same on purpose, to
 	// show that overlaps are remapped.
 	PodCIDR netip.Prefix
+	// Workers is how many worker nodes (role "worker") each cluster has
+	// besides its gateway node. A harness node sits on one network, so
+	// they share the gateways' LAN: every node of every cluster is on it.
+	Workers int
+	// Masquerade is a CNI's masquerade rules, installed on every node of
+	// every cluster before the agent is; zero: none.
+	Masquerade harness.Masquerade
 }
 
-// OnNodes starts opts.Clusters clusters of real nodes: per cluster a control plane
-// and a gateway node on one shared LAN, with the agent's image built from
-// this checkout imported; installs each cluster's agent with `kubectl
-// apply --server-side -k` of deploy/ plus only the cluster's settings; and
-// runs a test server pod on each gateway node. It returns once the agent
-// pods and the test server pods are Ready; WaitPhases waits for the
-// Peers.
+// OnNodes starts opts.Clusters clusters of real nodes: per cluster a
+// control plane, a gateway node and opts.Workers worker nodes (every node
+// of every cluster started at once) on one shared LAN, with the agent's image built from this checkout
+// imported into every node; installs opts.Masquerade on every node; installs
+// each cluster's agent with `kubectl apply --server-side -k` of deploy/
+// plus only the cluster's settings; and runs a test server pod on each
+// gateway node. It returns once the agent pods and the test server pods
+// are Ready; WaitPhases waits for the Peers.
 func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	t.Helper()
 	start := time.Now()
@@ -69,36 +80,48 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	token := federationToken(t)
 	var cs []*NodeCluster
 	cps := env.ControlPlanes(opts.Clusters, harness.ControlPlaneOptions{PodCIDR: opts.PodCIDR})
+	// Every node of every cluster at once: most of a node's start is
+	// waiting (for its kubelet to register, for its pod range).
+	perCluster := 1 + opts.Workers
+	var specs []harness.NodeSpec
+	for _, cp := range cps {
+		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}}
+		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
+		node.Role = "worker"
+		for w := range opts.Workers {
+			specs = append(specs, harness.NodeSpec{CP: cp, Name: fmt.Sprintf("w%d", w+1), Options: node})
+		}
+	}
+	nodes := env.StartNodes(specs...)
 	for i, cp := range cps {
 		name := string(rune('a' + i))
 		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
 		if err != nil {
 			t.Fatalf("client of %s: %v", name, err)
 		}
-		gw := cp.StartNode("gw", harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}})
-		mustKubectl(t, cp, "label", "node", gw.NodeName, "flotilla.io/gateway=true")
 		nc := &NodeCluster{
 			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
 				StateDir: filepath.Join(env.Dir, "state-"+name)},
-			Gateway: gw,
+			Gateway: nodes[i*perCluster],
+			Workers: nodes[i*perCluster+1 : (i+1)*perCluster],
+		}
+		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
+		for _, n := range nodes[i*perCluster : (i+1)*perCluster] {
+			if err := n.InstallMasquerade(opts.Masquerade); err != nil {
+				t.Fatalf("cluster %s: %v", name, err)
+			}
 		}
 		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: opts.PodCIDR, token: token})
 		mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
 		cs = append(cs, nc)
 	}
-	t.Logf("control planes, gateway nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
 	for _, c := range cs {
-		c.createWebPod(t)
+		c.createWeb(t, c.Gateway, WebPod)
 	}
 	for _, c := range cs {
-		c.Web = waitPod(t, c, "web pod of "+c.Name+" Ready", func(ctx context.Context) (corev1.Pod, error) {
-			p, err := c.CP.Client.CoreV1().Pods("default").Get(ctx, WebPod, metav1.GetOptions{})
-			if err != nil {
-				return corev1.Pod{}, err
-			}
-			return *p, nil
-		})
-		waitPod(t, c, "agent pod of "+c.Name+" Ready", c.AgentPod)
+		c.Web = c.waitWeb(t, c.Gateway, WebPod)
+		waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)
 	}
 	t.Logf("agent and test server pods Ready: %s", time.Since(start).Round(time.Millisecond))
 	return cs
@@ -223,13 +246,21 @@ spec:
 	return dir
 }
 
-// createWebPod creates the test server pod on the gateway node.
-func (c *NodeCluster) createWebPod(t harness.TB) {
+// RunWeb runs a test server pod (TestServerImage) named name in
+// "default" on node, one of c's nodes, and returns it once Ready.
+func RunWeb(t harness.TB, c *NodeCluster, node *harness.Node, name string) corev1.Pod {
+	t.Helper()
+	c.createWeb(t, node, name)
+	return c.waitWeb(t, node, name)
+}
+
+// createWeb creates a test server pod on node.
+func (c *NodeCluster) createWeb(t harness.TB, node *harness.Node, name string) {
 	t.Helper()
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: WebPod, Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: corev1.PodSpec{
-			NodeName:                      c.Gateway.NodeName,
+			NodeName:                      node.NodeName,
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
 				Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
@@ -241,8 +272,20 @@ func (c *NodeCluster) createWebPod(t harness.TB) {
 		},
 	}
 	if _, err := c.CP.Client.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create pod %s in %s: %v", WebPod, c.Name, err)
+		t.Fatalf("create pod %s in %s: %v", name, c.Name, err)
 	}
+}
+
+// waitWeb waits until the test server pod name on node is Ready.
+func (c *NodeCluster) waitWeb(t harness.TB, node *harness.Node, name string) corev1.Pod {
+	t.Helper()
+	return waitPod(t, node, "pod "+name+" of "+c.Name+" Ready", func(ctx context.Context) (corev1.Pod, error) {
+		p, err := c.CP.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return corev1.Pod{}, err
+		}
+		return *p, nil
+	})
 }
 
 // AgentPod returns the agent's pod; an error says why it is not (yet) a
@@ -282,8 +325,8 @@ func podReady(p corev1.Pod) error {
 	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
 }
 
-// waitPod polls get until its pod is Ready and returns it.
-func waitPod(t harness.TB, c *NodeCluster, what string, get func(context.Context) (corev1.Pod, error)) corev1.Pod {
+// waitPod polls get until its pod, on node, is Ready and returns it.
+func waitPod(t harness.TB, node *harness.Node, what string, get func(context.Context) (corev1.Pod, error)) corev1.Pod {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -295,7 +338,7 @@ func waitPod(t harness.TB, c *NodeCluster, what string, get func(context.Context
 			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 90s: %v\nkubelet of %s's gateway:\n%s", what, err, c.Name, tail(c.Gateway.Logs("kubelet"), 20))
+			t.Fatalf("%s: not within 90s: %v\nkubelet of node %s:\n%s", what, err, node.NodeName, tail(node.Logs("kubelet"), 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -79,19 +79,41 @@ func (cp *ControlPlane) StartNode(name string, opts NodeOptions) *Node {
 // StartNodes starts several nodes with the same options at once.
 func (cp *ControlPlane) StartNodes(opts NodeOptions, names ...string) []*Node {
 	cp.env.t.Helper()
-	nodes := make([]*Node, len(names))
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
+	specs := make([]NodeSpec, len(names))
 	for i, name := range names {
+		specs[i] = NodeSpec{CP: cp, Name: name, Options: opts}
+	}
+	return cp.env.StartNodes(specs...)
+}
+
+// NodeSpec is one node for Env.StartNodes: the control plane of its
+// cluster, its name and its options.
+type NodeSpec struct {
+	CP      *ControlPlane
+	Name    string
+	Options NodeOptions
+}
+
+// StartNodes starts nodes of one cluster or several, each with its own
+// options (a gateway and workers), all at once, and returns them in order.
+func (e *Env) StartNodes(specs ...NodeSpec) []*Node {
+	e.t.Helper()
+	nodes := make([]*Node, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, spec := range specs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i], errs[i] = cp.startNode(name, opts)
+			nodes[i], errs[i] = spec.CP.startNode(spec.Name, spec.Options)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("node %s of %s: %w", spec.Name, spec.CP.Name, errs[i])
+			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		cp.env.fatalf("nodes of %s: %v", cp.Name, err)
+		e.fatalf("%v", err)
 	}
 	return nodes
 }

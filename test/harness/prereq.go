@@ -98,6 +98,9 @@ var (
 		},
 		Fix: aptFix + "containernetworking-plugins",
 	}
+	// IPTables: iptables with the nft backend, for the CNI masquerade
+	// shapes of Node.InstallMasquerade (the nft shapes need only NFT).
+	IPTables = binary("iptables-nft-restore", aptFix+"iptables")
 	// KubeNode: kubelet and kube-proxy of the pinned version, built into
 	// the cache beside the control-plane binaries.
 	KubeNode = Requirement{
