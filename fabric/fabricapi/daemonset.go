@@ -81,6 +81,10 @@ func DaemonSet(owner *appsv1.Deployment) (*appsv1ac.DaemonSetApplyConfiguration,
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromInt32(MetricsPort))).
 			WithPeriodSeconds(10).WithTimeoutSeconds(2).WithFailureThreshold(3)).
+		// Ready once the node holds the newest plan it could read.
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromInt32(MetricsPort))).
+			WithPeriodSeconds(2).WithTimeoutSeconds(2).WithFailureThreshold(2)).
 		WithResources(corev1ac.ResourceRequirements().
 			WithRequests(corev1.ResourceList{
 				corev1.ResourceCPU:    resource.MustParse("10m"),
