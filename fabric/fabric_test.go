@@ -14,8 +14,9 @@ import (
 )
 
 // A pod on a worker node reaches a peer's pod through the gateway node,
-// and the peer sees the pod's own address. Both halves are needed:
-// without the worker's routes, or without the gateway's, it fails.
+// and the peer reaches it, each seeing the other's address unchanged.
+// Both halves are needed: without the worker's routes, or without the
+// gateway's, it fails.
 func TestPodOnWorkerReachesPeer(t *testing.T) {
 	c := newCluster(t)
 	c.applyBoth(t)
@@ -25,6 +26,14 @@ func TestPodOnWorkerReachesPeer(t *testing.T) {
 	}
 	if from != podAddr {
 		t.Errorf("peer saw the pod as %s, want its own address %s", from, podAddr)
+	}
+	c.pod.ServeTCP(port)
+	from, err = c.peer.TCPExchange(netip.AddrPortFrom(podAddr, port))
+	if err != nil {
+		t.Fatalf("peer to the pod on the worker with the fabric: %v", err)
+	}
+	if from != peerAddr {
+		t.Errorf("pod saw the peer as %s, want %s", from, peerAddr)
 	}
 
 	remove(t, c.wk)

@@ -67,7 +67,10 @@ func newCluster(t *testing.T) *cluster {
 	c.peer.MustExec("ip", "addr", "add", "169.254.9.2/30", "dev", "wgx-far")
 	c.peer.MustExec("ip", "addr", "add", peerAddr.String()+"/32", "dev", "wgx-far")
 	c.peer.MustExec("ip", "link", "set", "wgx-far", "up")
-	c.peer.MustExec("ip", "route", "add", podNet.String(), "via", "169.254.9.1")
+	c.peer.MustExec("ip", "route", "add", podNet.String(), "via", "169.254.9.1", "src", peerAddr.String())
+	// The node network too, so that a masqueraded connection is answered
+	// and a test sees which source address arrived.
+	c.peer.MustExec("ip", "route", "add", lan.Prefix.String(), "via", "169.254.9.1", "src", peerAddr.String())
 	c.gw.MustExec("ip", "route", "add", view.String(), "via", "169.254.9.2")
 	c.peer.ServeTCP(port)
 	return c
