@@ -30,6 +30,9 @@ const (
 	// streamSettled is how long a stream must stay open for its next end
 	// to count as a new trouble.
 	streamSettled = 30 * time.Second
+	// repairRetryFirst is the first wait before trying a failed repair
+	// again; it doubles up to the resync interval.
+	repairRetryFirst = 200 * time.Millisecond
 )
 
 // stream is one kernel event subscription. A subscription ends on a
@@ -82,6 +85,12 @@ func (f *Fabric) Run(ctx context.Context) error {
 	defer tick.Stop()
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	// A failed repair is tried again after a backoff too: what it waited
+	// for (a link's connected route coming back after the link came up)
+	// may change with no event of ours.
+	again := time.NewTimer(time.Hour)
+	defer again.Stop()
+	failures := 0
 	for {
 		retry.Stop()
 		if next := nextRetry(streams); !next.IsZero() {
@@ -102,17 +111,25 @@ func (f *Fabric) Run(ctx context.Context) error {
 			continue
 		case <-f.kick:
 		case <-tick.C:
+		case <-again.C:
 		}
-		f.repair()
+		again.Stop()
+		if f.repair() {
+			failures = 0
+			continue
+		}
+		again.Reset(min(repairRetryFirst<<min(failures, 16), f.resync))
+		failures++
 	}
 }
 
-// repair brings the kernel back to the last applied Desired.
-func (f *Fabric) repair() {
+// repair brings the kernel back to the last applied Desired and reports
+// whether it succeeded.
+func (f *Fabric) repair() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.desired == nil {
-		return
+		return true
 	}
 	p, err := f.plan(*f.desired)
 	var ch changes
@@ -124,7 +141,7 @@ func (f *Fabric) repair() {
 			f.log.Warn("fabric repair failed; retrying on the next event", "err", err)
 			f.failing = err.Error()
 		}
-		return
+		return false
 	}
 	if f.failing != "" {
 		f.log.Info("fabric repair succeeded after failing")
@@ -135,6 +152,7 @@ func (f *Fabric) repair() {
 		f.log.Info("repaired fabric state", "objects", n, "routes", ch.routesAdded+ch.routesChanged+ch.routesDeleted,
 			"rules", ch.rules, "exemption", ch.nft)
 	}
+	return true
 }
 
 // trigger asks Run for a repair.

@@ -225,6 +225,7 @@ func (f *Fabric) Apply(d Desired) error {
 	f.desired = &d
 	ch, err := f.reconcile(p)
 	if err != nil {
+		f.trigger() // Run tries again, with a backoff
 		return err
 	}
 	if ch.any() {

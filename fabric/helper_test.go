@@ -83,13 +83,20 @@ func (c *cluster) fabric(t *testing.T, s *harness.Site) *fabric.Fabric {
 	if f := c.fabrics[s]; f != nil {
 		return f
 	}
-	f, err := fabric.New(fabric.Config{})
+	return c.fabricWith(t, s, fabric.Config{})
+}
+
+// fabricWith makes the Fabric of a node with cfg; it is removed when the
+// test ends.
+func (c *cluster) fabricWith(t *testing.T, s *harness.Site, cfg fabric.Config) *fabric.Fabric {
+	t.Helper()
+	f, err := fabric.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.fabrics[s] = f
 	t.Cleanup(func() {
-		if err := s.Do(func() error { return fabric.Remove(fabric.Config{}) }); err != nil {
+		if err := s.Do(func() error { return fabric.Remove(cfg) }); err != nil {
 			t.Errorf("remove fabric on %s: %v", s.SiteName, err)
 		}
 	})
