@@ -29,7 +29,7 @@ func runIn(t *testing.T, s *harness.Site, f *fabric.Fabric, logs *records) {
 		}
 	})
 	eventually.Within(t, 10*time.Second, "fabric watching kernel events", func() error {
-		if logs.count(slog.LevelDebug, "watching kernel events") == 0 {
+		if logs.count(slog.LevelDebug, "watching kernel events", "") == 0 {
 			return fmt.Errorf("not yet; logs:\n%s", logs)
 		}
 		return nil
@@ -204,13 +204,14 @@ func (r *records) Handle(_ context.Context, rec slog.Record) error {
 	return nil
 }
 
-// count returns how many records of level start with msg.
-func (r *records) count(level slog.Level, msg string) int {
+// count returns how many records of level start with msg and contain
+// attr ("key=value").
+func (r *records) count(level slog.Level, msg, attr string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for i, s := range r.recs {
-		if r.lvls[i] == level && strings.HasPrefix(s, msg) {
+		if r.lvls[i] == level && strings.HasPrefix(s, msg) && strings.Contains(s, attr) {
 			n++
 		}
 	}
