@@ -47,7 +47,7 @@ type cluster struct {
 	fabrics map[*harness.Site]*fabric.Fabric
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	env := harness.New(t)
 	env.Require(harness.Root, harness.IPRoute2, harness.Ping, harness.NFT)
@@ -78,7 +78,7 @@ func newCluster(t *testing.T) *cluster {
 
 // fabric returns the Fabric of a node, made on first use; it is removed
 // when the test ends.
-func (c *cluster) fabric(t *testing.T, s *harness.Site) *fabric.Fabric {
+func (c *cluster) fabric(t testing.TB, s *harness.Site) *fabric.Fabric {
 	t.Helper()
 	if f := c.fabrics[s]; f != nil {
 		return f
@@ -88,7 +88,7 @@ func (c *cluster) fabric(t *testing.T, s *harness.Site) *fabric.Fabric {
 
 // fabricWith makes the Fabric of a node with cfg; it is removed when the
 // test ends.
-func (c *cluster) fabricWith(t *testing.T, s *harness.Site, cfg fabric.Config) *fabric.Fabric {
+func (c *cluster) fabricWith(t testing.TB, s *harness.Site, cfg fabric.Config) *fabric.Fabric {
 	t.Helper()
 	f, err := fabric.New(cfg)
 	if err != nil {
@@ -112,7 +112,7 @@ func (c *cluster) gatewayDesired() fabric.Desired {
 		Nodes: []fabric.Node{{Addr: c.gw.Addr, PodCIDRs: []netip.Prefix{gwBlock}}, {Addr: c.wk.Addr, PodCIDRs: []netip.Prefix{wkBlock}}}}
 }
 
-func (c *cluster) apply(t *testing.T, s *harness.Site, d fabric.Desired) {
+func (c *cluster) apply(t testing.TB, s *harness.Site, d fabric.Desired) {
 	t.Helper()
 	f := c.fabric(t, s)
 	if err := s.Do(func() error { return f.Apply(d) }); err != nil {
@@ -120,14 +120,14 @@ func (c *cluster) apply(t *testing.T, s *harness.Site, d fabric.Desired) {
 	}
 }
 
-func (c *cluster) applyBoth(t *testing.T) {
+func (c *cluster) applyBoth(t testing.TB) {
 	t.Helper()
 	c.apply(t, c.gw, c.gatewayDesired())
 	c.apply(t, c.wk, c.workerDesired())
 }
 
 // remove takes the fabric off a node.
-func remove(t *testing.T, s *harness.Site) {
+func remove(t testing.TB, s *harness.Site) {
 	t.Helper()
 	if err := s.Do(func() error { return fabric.Remove(fabric.Config{}) }); err != nil {
 		t.Fatalf("remove on %s: %v", s.SiteName, err)
