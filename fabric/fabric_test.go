@@ -172,3 +172,19 @@ func TestBadConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// A route to a view that someone else put in our table (another
+// protocol) is not replaced: Apply says so, and the route stays.
+func TestForeignRouteToViewRefused(t *testing.T) {
+	c := newCluster(t)
+	table := fmt.Sprint(fabric.DefaultTable)
+	c.wk.MustExec("ip", "route", "add", view.String(), "dev", "lan0", "table", table, "proto", "static")
+	f := c.fabric(t, c.wk)
+	err := c.wk.Do(func() error { return f.Apply(c.workerDesired()) })
+	if err == nil || !strings.Contains(err.Error(), "not made by us") {
+		t.Errorf("apply over a foreign route to the view: %v, want an error naming the route not made by us", err)
+	}
+	if out := c.wk.MustExec("ip", "route", "show", view.String(), "table", table); !strings.Contains(out, "proto static") {
+		t.Errorf("foreign route replaced: %q", out)
+	}
+}
