@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -77,5 +78,34 @@ func TestMasqueradeExemption(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// On the gateway the tunnel's own SNAT, at priority 90, still translates
+// traffic leaving through the tunnel: it binds before the exemption at
+// 95. The stand-in translates the pod network into 10.71.0.0/16 as the
+// tunnel's egress does.
+func TestTunnelSNATBindsBeforeExemption(t *testing.T) {
+	c := newCluster(t)
+	c.peer.MustExec("ip", "route", "add", "10.71.0.0/16", "via", "169.254.9.1")
+	f := filepath.Join(t.TempDir(), "tunnel.nft")
+	script := fmt.Sprintf(`table ip standin {
+	chain egress {
+		type nat hook postrouting priority 90;
+		oifname %q ip saddr %s snat ip prefix to 10.71.0.0/16
+	}
+}
+`, tunnelLink, podNet)
+	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.gw.MustExec("nft", "-f", f)
+	c.applyBoth(t)
+	from, err := c.seen(peerAddr)
+	if err != nil {
+		t.Fatalf("pod to the peer: %v", err)
+	}
+	if want := netip.MustParseAddr("10.71.1.5"); from != want {
+		t.Errorf("peer saw the pod as %s, want the tunnel's translation %s", from, want)
 	}
 }
