@@ -287,3 +287,13 @@ func Remove(cfg Config) error {
 		removeExemption(cfg.NFTable),
 	)
 }
+
+// Remove deletes everything of the fabric on this node (the package's
+// Remove) and forgets the desired state, so Run repairs nothing until the
+// next Apply.
+func (f *Fabric) Remove() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.desired = nil
+	return Remove(f.cfg)
+}

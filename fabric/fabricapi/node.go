@@ -79,12 +79,12 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return finish(cfg)
+			return finish(f, cfg)
 		case err := <-watchErr:
 			if ctx.Err() == nil {
 				return fmt.Errorf("watch the fabric plan: %v", err)
 			}
-			return finish(cfg)
+			return finish(f, cfg)
 		case <-kick:
 		case <-timer:
 		}
@@ -121,7 +121,7 @@ var errUnusablePlan = errors.New("unusable fabric plan")
 func applyPlan(f *fabric.Fabric, cfg NodeConfig, plan Plan, perr error) error {
 	switch {
 	case errors.Is(perr, ErrNoPlan):
-		if err := fabric.Remove(cfg.Fabric); err != nil {
+		if err := f.Remove(); err != nil {
 			return fmt.Errorf("no fabric plan published; remove the fabric from this node: %w", err)
 		}
 		cfg.Log.Info("no fabric plan published; nothing of the fabric on this node")
@@ -138,7 +138,7 @@ func applyPlan(f *fabric.Fabric, cfg NodeConfig, plan Plan, perr error) error {
 }
 
 // finish removes the fabric from the node when it is being uninstalled.
-func finish(cfg NodeConfig) error {
+func finish(f *fabric.Fabric, cfg NodeConfig) error {
 	ctx, cancel := context.WithTimeout(context.Background(), uninstallCheckTimeout)
 	defer cancel()
 	gone, err := Uninstalling(ctx, cfg.Client, cfg.Namespace)
@@ -150,7 +150,7 @@ func finish(cfg NodeConfig) error {
 		cfg.Log.Info("stopping; the node's routes stay for the next fabric pod")
 		return nil
 	}
-	if err := fabric.Remove(cfg.Fabric); err != nil {
+	if err := f.Remove(); err != nil {
 		return fmt.Errorf("fabric uninstalled; remove it from this node: %w", err)
 	}
 	cfg.Log.Info("fabric uninstalled; removed it from this node")
