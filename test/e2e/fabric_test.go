@@ -79,7 +79,7 @@ func TestFabric(t *testing.T) {
 		})
 		t.Run("a worker added after peering gets its routes", func(t *testing.T) {
 			a, b := cs[0], cs[1]
-			n := a.AddWorker(t, "w3")
+			n := a.AddWorkers(t, "w3")[0]
 			pod := federation.RunWeb(t, a, n, "web-w3")
 			if r := federation.FetchPods(t, a, pod, b, web[b]); r.Err != nil {
 				t.Errorf("pod on the new worker -> %s: %v\n%s", b.Name, r.Err, fabricDiagnosis(cs))

@@ -51,17 +51,19 @@ type NodeCluster struct {
 	masquerade harness.Masquerade
 }
 
-// AddWorker starts one more worker node of c, like the others (on the
-// LAN, with the agent's image and the CNI's masquerade), and returns it
-// once Ready.
-func (c *NodeCluster) AddWorker(t harness.TB, name string) *harness.Node {
+// AddWorkers starts more worker nodes of c at once, like the others (on
+// the LAN, with the agent's image and the CNI's masquerade), and returns
+// them once Ready.
+func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
 	t.Helper()
-	n := c.CP.StartNode(name, harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}})
-	if err := n.InstallMasquerade(c.masquerade); err != nil {
-		t.Fatalf("cluster %s: %v", c.Name, err)
+	nodes := c.CP.StartNodes(harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}, names...)
+	for _, n := range nodes {
+		if err := n.InstallMasquerade(c.masquerade); err != nil {
+			t.Fatalf("cluster %s: %v", c.Name, err)
+		}
 	}
-	c.Workers = append(c.Workers, n)
-	return n
+	c.Workers = append(c.Workers, nodes...)
+	return nodes
 }
 
 // NodeOptions configure OnNodes.
@@ -407,7 +409,12 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 
 // Kubectl runs the pinned kubectl against cp and returns its output.
 func Kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return KubectlTimeout(cp, 30*time.Second, args...)
+}
+
+// KubectlTimeout is Kubectl for commands that may take longer than 30 s.
+func KubectlTimeout(cp *harness.ControlPlane, timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	argv := append([]string{"--kubeconfig", cp.Kubeconfig}, args...)
 	out, err := exec.CommandContext(ctx, KubectlPath(), argv...).CombinedOutput()
