@@ -19,7 +19,7 @@ import (
 // The NAT lives in an nftables table of our own (family ip), laid out so
 // that a peer is added, changed or removed through its own objects only:
 //
-//	chain egress  { type nat hook postrouting priority srcnat; oifname IF ip daddr vmap @egress-peers }
+//	chain egress  { type nat hook postrouting priority srcnat - 10; oifname IF ip daddr vmap @egress-peers }
 //	chain ingress { type nat hook prerouting priority dstnat; iifname IF ip saddr vmap @ingress-peers }
 //	map egress-peers  { type ipv4_addr : verdict; flags interval; <my view of P> : jump egress-P }
 //	map ingress-peers { type ipv4_addr : verdict; flags interval; <my view of P> : jump ingress-P }
@@ -30,9 +30,17 @@ import (
 // the peer, so a new connection costs one map lookup and the rules of one
 // peer, whatever the number of peers. SNAT and DNAT need chains of their
 // own: the kernel refuses an snat reachable from prerouting.
+//
+// The egress chain runs before srcnat (100), the priority of iptables'
+// nat POSTROUTING and of CNIs' nft masquerade chains: the kernel stops at
+// the first NAT chain that binds a source NAT, and at equal priority the
+// chain registered last runs first, so a CNI's masquerade would otherwise
+// rewrite traffic to a view whenever it was (re)installed after us.
 const (
 	chainEgress  = "egress"
 	chainIngress = "ingress"
+	// egressPriority is srcnat - 10: our SNAT binds before any CNI's.
+	egressPriority = nftables.ChainPriority(90)
 	// dispatchComment tags the one rule of each base chain.
 	dispatchComment = "flotilla dispatch by peer"
 	// elementBatch bounds the elements per netlink message: the element
@@ -89,7 +97,7 @@ func (n *natTable) baseChain(t *nftables.Table, d direction) *nftables.Chain {
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
 	}
 	return &nftables.Chain{Name: d.base, Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(egressPriority), Policy: &accept}
 }
 
 func (n *natTable) vmap(t *nftables.Table, d direction) *nftables.Set {
@@ -433,12 +441,15 @@ func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
 }
 
 // sound reports whether the table's base chains and maps, where present,
-// are of the kind we make; if not, the table is rebuilt.
+// are of the kind we make; if not, the table is rebuilt. A hook's priority
+// cannot be changed in place, so a base chain at another priority (an
+// older agent's egress at srcnat) is a reason to rebuild.
 func (k kernelNAT) sound(n *natTable) bool {
 	for _, d := range directions {
 		if ch := k.chains[d.base]; ch != nil {
 			want := n.baseChain(nil, d)
-			if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type {
+			if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type ||
+				ch.Priority == nil || *ch.Priority != *want.Priority {
 				return false
 			}
 		}
