@@ -294,9 +294,31 @@ func (t *Tunnel) Apply(ctx context.Context, d Desired) error {
 		return errors.New("apply tunnel state: tunnel closed")
 	}
 	d = cloneDesired(d)
+	old := t.desired
 	t.desired = &d
 	_, err := t.reconcileLocked(0)
+	if old != nil {
+		// After the new mapping is in place: an entry deleted before it
+		// could be made again under the old one.
+		t.flushStaleFlows(*old, d)
+	}
 	return err
+}
+
+// flushStaleFlows deletes the conntrack entries of flows that old's
+// mappings made and d's no longer make (conntrack.go). A failure leaves
+// those flows to time out; it is logged, not returned, as the data path
+// itself is in place.
+func (t *Tunnel) flushStaleFlows(old, d Desired) {
+	n, err := flushFlows(staleFlows(old, d))
+	t.metrics.conntrackFlushed.Add(float64(n))
+	if err != nil {
+		t.log.Warn("flows of released views keep their old translation until they time out", "err", err)
+		return
+	}
+	if n > 0 {
+		t.log.Info("flushed conntrack entries of released or remapped views", "entries", n)
+	}
 }
 
 // SetPrivateKey rotates this cluster's WireGuard key. Peers must learn the
