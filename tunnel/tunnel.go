@@ -375,8 +375,12 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
+	// The source must be on the link before a route can name it.
+	n, err = setHostSource(t.lastLink, d.HostSource)
+	changes += n
+	errs = append(errs, err)
 	t1 := time.Now()
-	n, err = t.rt.reconcile(t.lastLink, Routes(d), full&fullRoutes != 0)
+	n, err = t.rt.reconcile(t.lastLink, Routes(d), d.HostSource, full&fullRoutes != 0)
 	changes += n
 	errs = append(errs, err)
 	t2 := time.Now()
@@ -579,7 +583,7 @@ func Cleanup(cfg Config) error {
 }
 
 func cloneDesired(d Desired) Desired {
-	out := Desired{Networks: append([]netip.Prefix(nil), d.Networks...)}
+	out := Desired{Networks: append([]netip.Prefix(nil), d.Networks...), HostSource: d.HostSource}
 	for _, p := range d.Peers {
 		p.Views = append([]View(nil), p.Views...)
 		p.ViewsOfMe = append([]View(nil), p.ViewsOfMe...)

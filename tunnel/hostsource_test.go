@@ -1,0 +1,60 @@
+package tunnel_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/internal/eventually"
+)
+
+// The gateway host itself reaches a remote pod by its view, pinging and
+// over TCP, and the pod sees it as the peer's view of the host source;
+// with the host source unset again, the link holds no address and no
+// route names a source.
+func TestGatewayHostReachesRemotePods(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
+	a, b := m.sites[0], m.sites[1]
+	const port = 7074
+	b.pod.ServeTCP(port)
+	m.start(a)
+	m.start(b)
+	hostSource := netip.MustParseAddr("10.0.0.1") // the first address of a's node block 10.0.0.0/24
+	d := m.desiredFor(a, b)
+	d.HostSource = hostSource
+	m.apply(a, d)
+	m.apply(b, m.desiredFor(b, a))
+
+	dst := a.seenFrom(b)
+	if err := pingEventually(a, b); err != nil { // the tunnel is up
+		t.Fatal(err)
+	}
+	if err := a.Ping(dst); err != nil {
+		t.Errorf("gateway a pings pod b as %s: %v", dst, err)
+	}
+	want := translate(hostSource, a.PodCIDR, b.views["a"])
+	var seen netip.Addr
+	eventually.Within(t, 10*time.Second, "gateway a's TCP exchange with pod b", func() error {
+		var err error
+		seen, err = a.TCPExchange(netip.AddrPortFrom(dst, port))
+		return err
+	})
+	if seen != want {
+		t.Errorf("pod b sees gateway a as %s, want %s (b's view of host source %s)", seen, want, hostSource)
+	}
+
+	m.apply(a, m.desiredFor(a, b))
+	if out := strings.TrimSpace(a.exec(t, "ip", "-4", "-o", "addr", "show", "dev", a.ifname)); out != "" {
+		t.Errorf("address left on %s with no host source: %s", a.ifname, out)
+	}
+	routes := a.ownedRoutes(t)
+	if len(routes) != 1 {
+		t.Errorf("routes with no host source: %q, want the one to %s", routes, a.views["b"])
+	}
+	for _, r := range routes {
+		if strings.Contains(r, " src ") {
+			t.Errorf("route with a source with no host source: %s", r)
+		}
+	}
+}
