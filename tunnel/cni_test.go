@@ -43,49 +43,56 @@ func cniMasquerade(t *testing.T, s *meshSite, shape string) {
 
 // A CNI's masquerade for traffic leaving the PodCIDR, installed in the
 // sending gateway before or after our table, in either shape, does not
-// rewrite traffic to a view: the receiving pod sees the sender as its view
-// of it. The masquerade still works for other destinations (the witness
-// that it was in force).
+// rewrite traffic to a view, whether the peers' PodCIDRs overlap (the
+// view of the sender is remapped) or not (it is the sender's own range):
+// the receiving pod sees the sender as its view of it. The masquerade
+// still works for other destinations (the witness that it was in force).
 func TestCNIMasqueradeDoesNotRewriteViews(t *testing.T) {
-	for _, shape := range []string{"iptables", "nft"} {
-		for _, order := range []string{"before", "after"} {
-			t.Run(shape+" "+order, func(t *testing.T) {
-				harness.Require(t, iptablesNFT)
-				m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
-				a, b := m.sites[0], m.sites[1]
-				const port = 7070
-				b.pod.ServeTCP(port)
-				b.ServeTCP(port)
-				if order == "before" {
-					cniMasquerade(t, a, shape)
-				}
-				m.start(a)
-				m.start(b)
-				m.apply(a, m.desiredFor(a, b))
-				m.apply(b, m.desiredFor(b, a))
-				if order == "after" {
-					cniMasquerade(t, a, shape)
-				}
-
-				want := translate(a.pod.Addr, a.PodCIDR, b.views["a"])
-				var seen netip.Addr
-				eventually.Within(t, 15*time.Second, "pod a's TCP exchange with pod b through the tunnel", func() error {
-					var err error
-					seen, err = a.pod.TCPExchange(netip.AddrPortFrom(a.seenFrom(b), port))
-					return err
+	for _, cidrs := range [][2]string{{"10.0.0.0/16", "10.0.0.0/16"}, {"10.0.0.0/16", "10.1.0.0/16"}} {
+		for _, shape := range []string{"iptables", "nft"} {
+			for _, order := range []string{"before", "after"} {
+				t.Run(fmt.Sprintf("%s %s %s and %s", shape, order, cidrs[0], cidrs[1]), func(t *testing.T) {
+					cniMasqueradeCase(t, cidrs, shape, order)
 				})
-				if seen != want {
-					t.Errorf("pod b sees pod a as %s, want %s (b's view of a's %s); the CNI's masquerade rewrote it", seen, want, a.pod.Addr)
-				}
-				masq, err := a.pod.TCPExchange(netip.AddrPortFrom(b.Addr, port))
-				if err != nil {
-					t.Fatalf("the masquerade does not work for a destination outside the views: %v", err)
-				}
-				if masq != a.Addr {
-					t.Errorf("gateway b sees pod a as %s, want the masqueraded %s: the CNI rule was not in force", masq, a.Addr)
-				}
-			})
+			}
 		}
+	}
+}
+
+func cniMasqueradeCase(t *testing.T, cidrs [2]string, shape, order string) {
+	harness.Require(t, iptablesNFT)
+	m := newMesh(t, cidrs[0], cidrs[1])
+	a, b := m.sites[0], m.sites[1]
+	const port = 7070
+	b.pod.ServeTCP(port)
+	b.ServeTCP(port)
+	if order == "before" {
+		cniMasquerade(t, a, shape)
+	}
+	m.start(a)
+	m.start(b)
+	m.apply(a, m.desiredFor(a, b))
+	m.apply(b, m.desiredFor(b, a))
+	if order == "after" {
+		cniMasquerade(t, a, shape)
+	}
+
+	want := translate(a.pod.Addr, a.PodCIDR, b.views["a"])
+	var seen netip.Addr
+	eventually.Within(t, 15*time.Second, "pod a's TCP exchange with pod b through the tunnel", func() error {
+		var err error
+		seen, err = a.pod.TCPExchange(netip.AddrPortFrom(a.seenFrom(b), port))
+		return err
+	})
+	if seen != want {
+		t.Errorf("pod b sees pod a as %s, want %s (b's view of a's %s); the CNI's masquerade rewrote it", seen, want, a.pod.Addr)
+	}
+	masq, err := a.pod.TCPExchange(netip.AddrPortFrom(b.Addr, port))
+	if err != nil {
+		t.Fatalf("the masquerade does not work for a destination outside the views: %v", err)
+	}
+	if masq != a.Addr {
+		t.Errorf("gateway b sees pod a as %s, want the masqueraded %s: the CNI rule was not in force", masq, a.Addr)
 	}
 }
 

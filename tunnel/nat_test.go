@@ -27,10 +27,18 @@ func TestNAT(t *testing.T) {
 			}}},
 		},
 		{
-			name: "peer sees me as I am: no NAT, whatever my view of it",
+			name: "peer sees me as I am: an identity snat, so no later NAT chain rewrites the source",
 			peer: Peer{ClusterID: "d", PublicKey: key,
 				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}},
 				ViewsOfMe: []View{{Real: pfx("10.9.0.0/16"), As: pfx("10.9.0.0/16")}}},
+			want: []PeerNAT{{Peer: "d", Views: []netip.Prefix{pfx("10.72.0.0/16")}, Rules: []NATRule{
+				{Kind: SNAT, Match: pfx("10.9.0.0/16"), To: pfx("10.9.0.0/16")},
+			}}},
+		},
+		{
+			name: "peer sees none of my networks: no NAT",
+			peer: Peer{ClusterID: "e", PublicKey: key,
+				Views: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}},
 			want: nil,
 		},
 		{
@@ -47,6 +55,7 @@ func TestNAT(t *testing.T) {
 			want: []PeerNAT{{Peer: "c", Views: []netip.Prefix{pfx("10.80.0.0/16"), pfx("10.81.0.0/16")}, Rules: []NATRule{
 				{Kind: SNAT, Match: pfx("10.0.0.0/16"), To: pfx("10.75.0.0/16")},
 				{Kind: DNAT, Match: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
+				{Kind: SNAT, Match: pfx("10.96.0.0/12"), To: pfx("10.96.0.0/12")},
 			}}},
 		},
 	}
