@@ -10,7 +10,8 @@ import (
 )
 
 // The gateway host itself reaches a remote pod by its view, pinging and
-// over TCP, and the pod sees it as the peer's view of the host source;
+// over TCP, and the pod sees it as the peer's view of the host source,
+// a CNI's masquerade of the PodCIDR (which holds the host source) in force;
 // with the host source unset again, the link holds no address and no
 // route names a source.
 func TestGatewayHostReachesRemotePods(t *testing.T) {
@@ -18,6 +19,7 @@ func TestGatewayHostReachesRemotePods(t *testing.T) {
 	a, b := m.sites[0], m.sites[1]
 	const port = 7074
 	b.pod.ServeTCP(port)
+	cniMasquerade(t, a, "nft")
 	m.start(a)
 	m.start(b)
 	hostSource := netip.MustParseAddr("10.0.0.1") // the first address of a's node block 10.0.0.0/24
