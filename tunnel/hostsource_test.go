@@ -2,6 +2,7 @@ package tunnel_test
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +13,9 @@ import (
 // The gateway host itself reaches a remote pod by its view, pinging and
 // over TCP, and the pod sees it as the peer's view of the host source,
 // a CNI's masquerade of the PodCIDR (which holds the host source) in force;
-// with the host source unset again, the link holds no address and no
-// route names a source.
+// someone deleting the address gets it and its routes put back; with the
+// host source unset again, the link holds no address and no route names
+// a source.
 func TestGatewayHostReachesRemotePods(t *testing.T) {
 	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
 	a, b := m.sites[0], m.sites[1]
@@ -44,6 +46,21 @@ func TestGatewayHostReachesRemotePods(t *testing.T) {
 	})
 	if seen != want {
 		t.Errorf("pod b sees gateway a as %s, want %s (b's view of host source %s)", seen, want, hostSource)
+	}
+
+	// Deleting the address takes the routes naming it with it; the route
+	// events bring both back.
+	withSource := a.ownedRoutes(t)
+	if len(withSource) != 1 || !strings.Contains(withSource[0], " src "+hostSource.String()) {
+		t.Fatalf("routes with host source %s: %q, want one naming it as src", hostSource, withSource)
+	}
+	a.exec(t, "ip", "addr", "del", hostSource.String()+"/32", "dev", a.ifname)
+	waitUntil(t, 5*time.Second, "host source and its routes back", func() bool {
+		return slices.Equal(a.ownedRoutes(t), withSource) &&
+			strings.Contains(a.exec(t, "ip", "-4", "-o", "addr", "show", "dev", a.ifname), hostSource.String()+"/32")
+	})
+	if seen, err := a.TCPExchange(netip.AddrPortFrom(dst, port)); err != nil || seen != want {
+		t.Errorf("after the repair pod b sees gateway a as %s (%v), want %s", seen, err, want)
 	}
 
 	m.apply(a, m.desiredFor(a, b))
