@@ -453,9 +453,7 @@ func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
 func (k kernelNAT) sound(n *natTable) bool {
 	for _, d := range directions {
 		if ch := k.chains[d.base]; ch != nil {
-			want := n.baseChain(nil, d)
-			if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type ||
-				ch.Priority == nil || *ch.Priority != *want.Priority {
+			if !sameHook(ch, n.baseChain(nil, d)) {
 				return false
 			}
 		}
@@ -465,14 +463,17 @@ func (k kernelNAT) sound(n *natTable) bool {
 			}
 		}
 	}
-	if ch := k.chains[chainMSS]; ch != nil {
-		want := mssChain(nil)
-		if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type ||
-			ch.Priority == nil || *ch.Priority != *want.Priority {
-			return false
-		}
+	if ch := k.chains[chainMSS]; ch != nil && !sameHook(ch, mssChain(nil)) {
+		return false
 	}
 	return true
+}
+
+// sameHook reports whether the base chain ch, as read back, has want's
+// type, hook and priority.
+func sameHook(ch, want *nftables.Chain) bool {
+	return ch.Type == want.Type && ch.Hooknum != nil && *ch.Hooknum == *want.Hooknum &&
+		ch.Priority != nil && *ch.Priority == *want.Priority
 }
 
 // resync reads the table back and changes whatever differs from want, in
