@@ -79,17 +79,47 @@ func (f *fabricPlan) setViews(d tunnel.Desired) {
 	}
 }
 
-// fabricDataplane is the tunnel as peering sees it, telling the fabric
-// plan the views of every data path it applies.
+// fabricDataplane is the tunnel as peering sees it: it gives every data
+// path the gateway host's source address and tells the fabric plan its
+// views.
 type fabricDataplane struct {
 	*tunnel.Tunnel
 	plan *fabricPlan
 }
 
 func (d fabricDataplane) Apply(ctx context.Context, desired tunnel.Desired) error {
+	desired.HostSource = d.plan.hostSource(desired.Networks)
 	err := d.Tunnel.Apply(ctx, desired)
 	d.plan.setViews(desired)
 	return err
+}
+
+// hostSource is the address the gateway host's own traffic to peers leaves
+// with: the first address of the gateway node's pod block (where bridge,
+// flannel and Cilium put the host's side), if that block is inside the
+// networks announced. Zero without a known node or block: the host then
+// reaches no remote pod (docs/fabric.md).
+func (f *fabricPlan) hostSource(networks []netip.Prefix) netip.Addr {
+	f.mu.Lock()
+	nodes := f.nodes
+	f.mu.Unlock()
+	if nodes == nil || f.gatewayNode == "" {
+		return netip.Addr{}
+	}
+	for _, n := range nodes() {
+		if n.Name != f.gatewayNode {
+			continue
+		}
+		for _, block := range n.PodCIDRs {
+			src := block.Addr().Next()
+			for _, net := range networks {
+				if block.Bits() <= 30 && net.Contains(src) && net.Bits() <= block.Bits() {
+					return src
+				}
+			}
+		}
+	}
+	return netip.Addr{}
 }
 
 // newFabricPlan prepares the fabric plan; with Config.FabricOwner set it
