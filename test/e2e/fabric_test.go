@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,49 @@ func TestFabric(t *testing.T) {
 			}
 			talk(t)
 		})
+		t.Run("the gateway host reaches a remote worker pod", func(t *testing.T) {
+			for _, from := range cs {
+				for _, to := range cs {
+					if from == to {
+						continue
+					}
+					dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(web[to].Status.PodIP))
+					// The host's source: the first address of its node's
+					// pod block, as the peer sees it.
+					want := federation.ViewOf(t, to.Cluster, from.Cluster, from.Gateway.PodCIDR.Addr().Next())
+					if err := from.Gateway.Ping(dst); err != nil {
+						t.Errorf("gateway host of %s pings %s's worker pod at %s: %v", from.Name, to.Name, dst, err)
+					}
+					seen, err := from.Gateway.TCPExchange(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
+					if err != nil || seen != want {
+						t.Errorf("gateway host of %s -> %s's worker pod at %s: seen as %v (%v), want %s", from.Name, to.Name, dst, seen, err, want)
+					}
+				}
+			}
+		})
+		t.Run("1 MB crosses with ICMP fragmentation-needed dropped", func(t *testing.T) {
+			// Every node drops ICMP "fragmentation needed", as firewalls on
+			// many paths do: path MTU discovery cannot work, only the MSS
+			// clamp keeps segments within the tunnel's MTU.
+			for _, c := range cs {
+				for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+					dropFragNeeded(t, n)
+				}
+			}
+			for _, from := range cs {
+				for _, to := range cs {
+					if from == to {
+						continue
+					}
+					dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(web[to].Status.PodIP))
+					url := fmt.Sprintf("http://%s:%d/bytes?n=%d", dst, harness.TestServerHTTPPort, 1<<20)
+					out, err := federation.KubectlTimeout(from.CP, time.Minute, "exec", web[from].Name, "--", "/testserver", "-discard", "-get", url)
+					if err != nil || !strings.HasPrefix(out, fmt.Sprint(1<<20)+" ") {
+						t.Errorf("%s's worker pod GET 1 MB from %s's at %s: %q, %v", from.Name, to.Name, dst, out, err)
+					}
+				}
+			}
+		})
 		t.Run("a worker added after peering gets its routes", func(t *testing.T) {
 			a, b := cs[0], cs[1]
 			n := a.AddWorkers(t, "w3")[0]
@@ -135,6 +179,28 @@ func TestFabric(t *testing.T) {
 	if left := harness.Leftovers(run); len(left) > 0 {
 		t.Fatalf("run %s left behind: %v", run, left)
 	}
+}
+
+// dropFragNeeded drops ICMP "fragmentation needed" the node sends or
+// forwards, until the test ends.
+func dropFragNeeded(t *testing.T, n *harness.Node) {
+	t.Helper()
+	const rules = `table ip flotest-pmtu {
+	chain pmtu_out { type filter hook output priority 0; icmp type destination-unreachable icmp code frag-needed counter drop; }
+	chain pmtu_fwd { type filter hook forward priority 0; icmp type destination-unreachable icmp code frag-needed counter drop; }
+}
+`
+	if err := n.Do(func() error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("drop ICMP fragmentation-needed on %s: %v", n.NodeName, err)
+	}
+	t.Cleanup(func() { n.Exec(context.Background(), "nft", "delete", "table", "ip", "flotest-pmtu") })
 }
 
 // fabricOn lists what of the fabric a node holds: rules to its table,
