@@ -83,6 +83,13 @@ type Config struct {
 	// WireGuardKeyRotation replaces the WireGuard key this often; 0 never.
 	// Peers learn the new public key from the next statement.
 	WireGuardKeyRotation time.Duration
+
+	// FabricOwner is the agent's Deployment, which owns the fabric's
+	// DaemonSet; empty: no fabric (the agent runs outside a Deployment,
+	// and only pods on its own node reach the peers).
+	FabricOwner string
+	// Namespace and NodeName are the agent's pod's (downward API).
+	Namespace, NodeName string
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -119,6 +126,9 @@ type Agent struct {
 	// listener is bound in New so that a bad address fails at once and
 	// callers (tests) can learn the port when asked for ":0".
 	listener net.Listener
+	// fabric is the cluster's fabric plan and nodes its Nodes, once started.
+	fabric *fabricPlan
+	nodes  clusterNodes
 	// start starts the components (startComponents; tests give their own).
 	start func(ctx context.Context, comps *components) error
 }
@@ -151,7 +161,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", cfg.StateDir, err)
 	}
-	restCfg, err := kubeConfig(cfg.Kubeconfig)
+	restCfg, err := KubeConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +170,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, registry: newRegistry(), kube: kube, restCfg: restCfg}
+	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
 		if a.listener, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
@@ -170,7 +180,9 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-func kubeConfig(path string) (*rest.Config, error) {
+// KubeConfig is the client configuration from a kubeconfig file, or the
+// pod's service account when path is empty.
+func KubeConfig(path string) (*rest.Config, error) {
 	if path != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", path)
 		if err != nil {
@@ -185,7 +197,9 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func newRegistry() *prometheus.Registry {
+// NewRegistry is a metrics registry with the Go, process and build
+// collectors every Flotilla process serves.
+func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(
 		collectors.NewGoCollector(),
@@ -214,7 +228,7 @@ func (a *Agent) MetricsAddr() string {
 // after a clean stop, and the failure, naming the component, otherwise.
 func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent starting", "version", Version, "commit", BuildCommit(), "stateDir", a.cfg.StateDir, "apiServer", a.restCfg.Host)
-	routeKubernetesLogs(a.log)
+	RouteKubernetesLogs(a.log)
 	// runCtx ends at the first failure, with it as the cause: a start
 	// still under way gives up, a running agent stops.
 	runCtx, fail := context.WithCancelCause(ctx)

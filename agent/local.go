@@ -193,9 +193,11 @@ func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ip
 	comps.Go("host network events", func(ctx context.Context) error {
 		return watchHostNetworks(ctx, a.log, locals.notify)
 	})
-	if locals.nodes, err = a.watchNodes(ctx, comps, locals.notify); err != nil {
+	nodes, err := a.watchNodes(ctx, comps, func() { locals.notify(); a.fabric.changed() })
+	if err != nil {
 		return nil, nil, err
 	}
+	locals.nodes, a.nodes = nodes.addresses, nodes
 	if _, err := locals.update(); err != nil {
 		return nil, nil, err
 	}

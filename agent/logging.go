@@ -20,12 +20,12 @@ var kubernetesLogs = struct {
 	target atomic.Pointer[slog.Handler]
 }{}
 
-// routeKubernetesLogs sends the Kubernetes libraries' logs to log, tagged
+// RouteKubernetesLogs sends the Kubernetes libraries' logs to log, tagged
 // component=kubernetes. Without it controller-runtime prints a stack trace
 // ("log.SetLogger(...) was never called") and drops its messages, and klog
 // writes its own format to stderr. Their verbosity V(n) is slog level -n:
 // V(0) is info, V(4) debug.
-func routeKubernetesLogs(log *slog.Logger) {
+func RouteKubernetesLogs(log *slog.Logger) {
 	h := log.With("component", "kubernetes").Handler()
 	kubernetesLogs.target.Store(&h)
 	kubernetesLogs.once.Do(func() {

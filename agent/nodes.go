@@ -13,32 +13,38 @@ import (
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 )
 
 // informerSyncPoll is how often an informer is asked whether it synced.
 const informerSyncPoll = 5 * time.Millisecond
 
+// clusterNodes are the cluster's Nodes as the agent's informer holds
+// them: names, addresses and pod blocks.
+type clusterNodes struct{ store toolscache.Store }
+
 // watchNodes runs an informer on the cluster's Nodes, as a component, and
 // returns once it has synced. changed is called when a Node comes, goes or
-// changes its addresses; addresses returns them all.
-func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (addresses func() []netip.Prefix, err error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTransform(nodeAddressesOnly))
+// changes its addresses or pod blocks.
+func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (clusterNodes, error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTransform(nodeFieldsRead))
 	inf := factory.Core().V1().Nodes().Informer()
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	_, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { changed() },
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*corev1.Node)
 			c, ok2 := cur.(*corev1.Node)
 			// Kubelets rewrite their Node's status every few seconds;
-			// only the addresses matter here.
-			if !ok1 || !ok2 || !slices.Equal(o.Status.Addresses, c.Status.Addresses) {
+			// only the addresses and pod blocks matter here.
+			if !ok1 || !ok2 || !slices.Equal(o.Status.Addresses, c.Status.Addresses) || !slices.Equal(o.Spec.PodCIDRs, c.Spec.PodCIDRs) {
 				changed()
 			}
 		},
 		DeleteFunc: func(any) { changed() },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("watch Nodes: %w", err)
+		return clusterNodes{}, fmt.Errorf("watch Nodes: %w", err)
 	}
 	comps.Go("Node informer", func(ctx context.Context) error {
 		factory.Start(ctx.Done())
@@ -51,28 +57,63 @@ func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func(
 	synced := func(context.Context) (bool, error) { return inf.HasSynced(), nil }
 	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("informer", "Nodes"))
 	if wait.PollUntilContextCancel(ctx, informerSyncPoll, true, synced) != nil || !toolscache.WaitForNamedCacheSyncWithContext(ctx, inf.HasSynced) {
-		return nil, fmt.Errorf("watch Nodes: not synced: %w", context.Cause(ctx))
+		return clusterNodes{}, fmt.Errorf("watch Nodes: not synced: %w", context.Cause(ctx))
 	}
-	return func() []netip.Prefix {
-		var out []netip.Prefix
-		for _, obj := range inf.GetStore().List() {
-			if n, ok := obj.(*corev1.Node); ok {
-				out = append(out, nodeAddresses(n)...)
-			}
-		}
-		return out
-	}, nil
+	return clusterNodes{inf.GetStore()}, nil
 }
 
-// nodeAddressesOnly keeps of a Node what the agent reads: the informer
-// holds every Node of the cluster.
-func nodeAddressesOnly(obj any) (any, error) {
+// addresses are every Node's addresses.
+func (c clusterNodes) addresses() []netip.Prefix {
+	var out []netip.Prefix
+	for _, obj := range c.store.List() {
+		if n, ok := obj.(*corev1.Node); ok {
+			out = append(out, nodeAddresses(n)...)
+		}
+	}
+	return out
+}
+
+// fabric lists the Nodes as the fabric plan names them: the first IPv4
+// InternalIP and the IPv4 pod blocks of each.
+func (c clusterNodes) fabric() []fabricapi.Node {
+	var out []fabricapi.Node
+	for _, obj := range c.store.List() {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			continue
+		}
+		fn := fabricapi.Node{Name: n.Name, Addr: internalIPv4(n)}
+		for _, s := range n.Spec.PodCIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
+				fn.PodCIDRs = append(fn.PodCIDRs, p.Masked())
+			}
+		}
+		out = append(out, fn)
+	}
+	return out
+}
+
+// internalIPv4 is a Node's first IPv4 InternalIP, its address on the node
+// network; zero if it has none.
+func internalIPv4(n *corev1.Node) netip.Addr {
+	for _, a := range n.Status.Addresses {
+		if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP && ip.Unmap().Is4() {
+			return ip.Unmap()
+		}
+	}
+	return netip.Addr{}
+}
+
+// nodeFieldsRead keeps of a Node what the agent reads (addresses and
+// pod blocks): the informer holds every Node of the cluster.
+func nodeFieldsRead(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{PodCIDRs: n.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
 }

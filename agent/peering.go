@@ -9,12 +9,11 @@ import (
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/peering/peerapi"
-	"github.com/flotilla-io/flotilla/tunnel"
 )
 
 // startPeering runs the negotiation engine and returns once it has
 // restored its state and applied the data path it found in the ledger.
-func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun *tunnel.Tunnel, disc *discovery.Discovery) (*peering.Engine, *peerapi.Objects, error) {
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *peerapi.Objects, error) {
 	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
 	if err != nil {
 		return nil, nil, err

@@ -22,6 +22,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 			return err
 		}
 	}
+	if a.fabric, err = a.newFabricPlan(comps, gateway); err != nil {
+		return err
+	}
 	locals, announced, err := a.startNetworks(ctx, comps, st.ledger, gateway)
 	if err != nil {
 		return err
@@ -35,13 +38,14 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	a.fabric.start(a.nodes.fabric, tun.MTU())
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
 	var engine atomic.Pointer[peering.Engine]
 	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
 	if err != nil {
 		return err
 	}
-	eng, objects, err := a.startPeering(ctx, comps, st, announced, endpoint, tun, disc)
+	eng, objects, err := a.startPeering(ctx, comps, st, announced, endpoint, fabricDataplane{tun, a.fabric}, disc)
 	if err != nil {
 		return err
 	}

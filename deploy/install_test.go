@@ -36,6 +36,7 @@ const (
 	namespace      = "flotilla-system"
 	serviceAccount = "flotilla-agent"
 	agentUser      = "system:serviceaccount:" + namespace + ":" + serviceAccount
+	fabricUser     = "system:serviceaccount:" + namespace + ":flotilla-fabric"
 	crdName        = "peers.flotilla.io"
 	gatewayLabel   = "flotilla.io/gateway"
 	agentSelector  = "app.kubernetes.io/name=flotilla,app.kubernetes.io/component=agent"
@@ -74,6 +75,7 @@ func TestInstall(t *testing.T) {
 	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
 	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
 	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
+	t.Run("agent and fabric with their own tokens", func(t *testing.T) { testFabricRequests(t, cp) })
 	t.Run("kubectl delete -k removes everything", func(t *testing.T) { testUninstall(t, cp) })
 }
 
@@ -423,6 +425,14 @@ func agentAccess() []access {
 		allow("get", "", "configmaps", "kube-system", "kubeadm-config"),
 		// The agent probes its API server's readiness.
 		access{verb: "get", path: "/readyz", allowed: true},
+		// The fabric: its own Deployment, the fabric's DaemonSet and plan.
+		allow("get", "apps", "deployments", namespace, "flotilla-agent"),
+		allow("get", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		allow("create", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		allow("patch", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		allow("get", "", "configmaps", namespace, "flotilla-fabric"),
+		allow("create", "", "configmaps", namespace, "flotilla-fabric"),
+		allow("patch", "", "configmaps", namespace, "flotilla-fabric"),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.
@@ -469,15 +479,45 @@ func agentAccess() []access {
 		deny("update", "coordination.k8s.io", "leases", "kube-system", "kube-controller-manager"),
 		deny("update", "coordination.k8s.io", "leases", namespace, "someone-else"),
 		deny("delete", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		// The fabric's objects only, only in its namespace; no other
+		// workload, no way to change its own Deployment.
+		deny("create", "apps", "daemonsets", namespace, ""),
+		deny("create", "apps", "daemonsets", "kube-system", "flotilla-fabric"),
+		deny("patch", "apps", "daemonsets", namespace, "kube-proxy"),
+		deny("delete", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		deny("patch", "apps", "deployments", namespace, "flotilla-agent"),
+		deny("create", "apps", "deployments", namespace, ""),
+		deny("list", "apps", "deployments", namespace, ""),
+		deny("create", "", "configmaps", namespace, ""),
+		deny("patch", "", "configmaps", namespace, "other"),
+		deny("get", "", "configmaps", namespace, "other"),
 	)
 	return cases
 }
 
-// ask puts the question to the API server's authorizer as the agent's
-// service account, with the groups its token carries.
-func (a access) ask(ctx context.Context, kube kubernetes.Interface) (bool, string, error) {
+// fabricAccess is what the fabric's pods may do, and what they may not.
+func fabricAccess() []access {
+	return []access{
+		allow("get", "", "configmaps", namespace, "flotilla-fabric"),
+		allow("list", "", "configmaps", namespace, "flotilla-fabric"),
+		allow("watch", "", "configmaps", namespace, "flotilla-fabric"),
+		allow("get", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		deny("list", "", "configmaps", namespace, ""),
+		deny("get", "", "configmaps", namespace, "other"),
+		deny("patch", "", "configmaps", namespace, "flotilla-fabric"),
+		deny("patch", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		deny("list", "", "nodes", "", ""),
+		deny("get", "", "secrets", namespace, ""),
+		deny("list", "flotilla.io", "peers", "", ""),
+		deny("create", "", "pods", namespace, ""),
+	}
+}
+
+// ask puts the question to the API server's authorizer as user (a service
+// account), with the groups its token carries.
+func (a access) ask(ctx context.Context, kube kubernetes.Interface, user string) (bool, string, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User:   agentUser,
+		User:   user,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 	}}
 	if a.path != "" {
@@ -498,16 +538,18 @@ func (a access) ask(ctx context.Context, kube kubernetes.Interface) (bool, strin
 // Every grant and refusal, asked of the real authorizer as the agent's
 // service account with the groups its token carries.
 func testAccess(t *testing.T, cp *harness.ControlPlane) {
-	for _, tc := range agentAccess() {
-		t.Run(tc.String(), func(t *testing.T) {
-			allowed, reason, err := tc.ask(t.Context(), cp.Client)
-			if err != nil {
-				t.Fatalf("SubjectAccessReview: %v", err)
-			}
-			if allowed != tc.allowed {
-				t.Errorf("%s as %s: allowed=%v (%s), want %v", tc, agentUser, allowed, reason, tc.allowed)
-			}
-		})
+	for user, cases := range map[string][]access{agentUser: agentAccess(), fabricUser: fabricAccess()} {
+		for _, tc := range cases {
+			t.Run(user+" "+tc.String(), func(t *testing.T) {
+				allowed, reason, err := tc.ask(t.Context(), cp.Client, user)
+				if err != nil {
+					t.Fatalf("SubjectAccessReview: %v", err)
+				}
+				if allowed != tc.allowed {
+					t.Errorf("%s as %s: allowed=%v (%s), want %v", tc, user, allowed, reason, tc.allowed)
+				}
+			})
+		}
 	}
 }
 
@@ -587,11 +629,17 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 // service account from the TokenRequest API, as a pod gets one.
 func agentConfig(t *testing.T, cp *harness.ControlPlane) *rest.Config {
 	t.Helper()
+	return tokenConfig(t, cp, serviceAccount)
+}
+
+// tokenConfig is agentConfig for any service account of the namespace.
+func tokenConfig(t *testing.T, cp *harness.ControlPlane, account string) *rest.Config {
+	t.Helper()
 	expiry := int64(600)
-	tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), serviceAccount,
+	tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), account,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("token for %s: %v", agentUser, err)
+		t.Fatalf("token for service account %s/%s: %v", namespace, account, err)
 	}
 	return &rest.Config{
 		Host:            cp.Config.Host,

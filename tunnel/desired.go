@@ -65,6 +65,16 @@ type Desired struct {
 	// Networks are this cluster's real networks (PodCIDR and the like).
 	Networks []netip.Prefix `json:"networks"`
 	Peers    []Peer         `json:"peers"`
+	// HostSource is the source of traffic this host originates to a view
+	// (the gateway host itself, hostNetwork pods): an IPv4 address inside
+	// one of Networks, so that the prefix NAT gives it the peer's view of
+	// it and the peer's allowed IPs accept it. The agent sets it to the
+	// first address of the gateway node's own pod block, which bridge,
+	// flannel and Cilium give the host side. The tunnel holds it as a /32
+	// on its link and as the preferred source of every route of a view.
+	// Zero: routes without a source; such traffic leaves with the host's
+	// node address and the peer refuses it.
+	HostSource netip.Addr `json:"hostSource,omitzero"`
 }
 
 // maxClusterIDLen bounds cluster IDs; they end up in rule comments (at most
@@ -102,6 +112,9 @@ func (d Desired) Validate() error {
 				return fmt.Errorf("local networks %s and %s overlap", m, n)
 			}
 		}
+	}
+	if err := d.checkHostSource(); err != nil {
+		return err
 	}
 	ids := map[string]bool{}
 	keys := map[Key]string{}
@@ -168,6 +181,28 @@ func (d Desired) Validate() error {
 		}
 	}
 	return checkDisjoint(claimed)
+}
+
+// checkHostSource: zero, or an IPv4 address inside one of my networks,
+// neither its first nor its last address.
+func (d Desired) checkHostSource() error {
+	a := d.HostSource
+	if !a.IsValid() {
+		return nil
+	}
+	if !a.Is4() {
+		return fmt.Errorf("host source %s: only IPv4 is supported", a)
+	}
+	for _, n := range d.Networks {
+		if !n.Contains(a) {
+			continue
+		}
+		if a == n.Addr() || a == lastAddr(n) {
+			return fmt.Errorf("host source %s: the first or last address of %s; use a host address, such as the first address of this node's pod block", a, n)
+		}
+		return nil
+	}
+	return fmt.Errorf("host source %s: not inside any of my networks %v, so no view of it exists; use the first address of this node's pod block", a, d.Networks)
 }
 
 // claim is a range this host routes: a local network (no peer) or my view

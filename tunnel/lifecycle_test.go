@@ -136,8 +136,8 @@ func TestRepair(t *testing.T) {
 		t.Fatalf("before: %v", err)
 	}
 	wantRoutes, wantNAT := a.ownedRoutes(t), a.natListing(t)
-	if !strings.Contains(wantNAT, "jump egress-cluster-b") || !strings.Contains(wantNAT, "snat prefix to") {
-		t.Fatalf("NAT before: no dispatch to peer b or no snat:\n%s", wantNAT)
+	if !strings.Contains(wantNAT, "jump egress-cluster-b") || !strings.Contains(wantNAT, "snat prefix to") || !strings.Contains(wantNAT, "maxseg size set rt mtu") {
+		t.Fatalf("NAT before: no dispatch to peer b, no snat or no mss clamp:\n%s", wantNAT)
 	}
 	sameNAT := func() bool { return a.natListing(t) == wantNAT }
 	for _, tc := range []struct {
@@ -150,6 +150,8 @@ func TestRepair(t *testing.T) {
 		{"table deleted", []string{"nft", "delete", "table", "ip", "flotilla"}, sameNAT},
 		{"base chain deleted", []string{"nft", "delete", "chain", "ip", "flotilla", "ingress"}, sameNAT},
 		{"peer chain flushed", []string{"nft", "flush", "chain", "ip", "flotilla", "egress-cluster-b"}, sameNAT},
+		{"mss clamp chain deleted", []string{"nft", "delete", "chain", "ip", "flotilla", "mss"}, sameNAT},
+		{"mss clamp chain flushed", []string{"nft", "flush", "chain", "ip", "flotilla", "mss"}, sameNAT},
 		{"map element deleted", []string{"nft", "delete", "element", "ip", "flotilla", "egress-peers", "{", a.views["b"].String(), "}"}, sameNAT},
 		{"foreign rule in our chain", []string{"nft", "add", "rule", "ip", "flotilla", "egress", "counter"}, sameNAT},
 		{"foreign chain and map in our table", []string{"nft", "add chain ip flotilla junk; add map ip flotilla junkmap { type ipv4_addr : verdict; elements = { 10.9.9.9 : jump junk } }"}, sameNAT},

@@ -14,6 +14,7 @@ type metrics struct {
 	repairs          prometheus.Counter
 	firstContacts    *prometheus.CounterVec
 	resubscribes     *prometheus.CounterVec
+	conntrackFlushed prometheus.Counter
 	rxBytes          *prometheus.Desc
 	txBytes          *prometheus.Desc
 	handshake        *prometheus.Desc
@@ -43,6 +44,10 @@ func newMetrics(t *Tunnel) *metrics {
 			Name: "flotilla_tunnel_resubscribes_total",
 			Help: "Kernel event subscriptions (route, link, nftables) opened again after they ended on an error such as ENOBUFS; each is followed by reading back everything owned.",
 		}, []string{"kind"}),
+		conntrackFlushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_tunnel_conntrack_flushed_total",
+			Help: "Conntrack entries deleted because the view their translation used was released or remapped.",
+		}),
 		rxBytes: prometheus.NewDesc("flotilla_tunnel_peer_receive_bytes_total",
 			"Bytes received from the peer through WireGuard.", []string{"peer"}, nil),
 		txBytes: prometheus.NewDesc("flotilla_tunnel_peer_transmit_bytes_total",
@@ -63,6 +68,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		r.Register(m.repairs),
 		r.Register(m.firstContacts),
 		r.Register(m.resubscribes),
+		r.Register(m.conntrackFlushed),
 		r.Register(m),
 	)
 }

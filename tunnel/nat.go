@@ -45,11 +45,14 @@ func (r NATRule) Key(peer string) string {
 }
 
 // NAT computes the prefix NAT the desired state needs, one entry per peer
-// that needs any, in the order of d.Peers. For every network of mine the
-// peer sees under another range there is an SNAT (my real -> the peer's
-// view of me) for packets to the peer and a DNAT (the peer's view of me ->
-// my real) for packets from it. Where a peer sees all my networks as they
-// are, it needs no NAT and gets no entry.
+// that sees any network of mine, in the order of d.Peers. For every network
+// of mine the peer sees under another range there is an SNAT (my real ->
+// the peer's view of me) for packets to the peer and a DNAT (the peer's
+// view of me -> my real) for packets from it. A network the peer sees as
+// it is gets an identity SNAT (my real -> my real): it changes nothing,
+// but a source NAT bound by our chain is one no later NAT chain, such as
+// a CNI's masquerade, can make, and without it traffic to the peer would
+// be masqueraded out of a link that has no address to masquerade to.
 func NAT(d Desired) []PeerNAT {
 	var out []PeerNAT
 	for _, p := range d.Peers {
@@ -66,6 +69,7 @@ func peerNAT(p Peer) (PeerNAT, bool) {
 	pn := PeerNAT{Peer: p.ClusterID}
 	for _, mine := range ofMe {
 		if mine.As == mine.Real {
+			pn.Rules = append(pn.Rules, NATRule{Kind: SNAT, Match: mine.Real, To: mine.Real})
 			continue
 		}
 		pn.Rules = append(pn.Rules,

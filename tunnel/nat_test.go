@@ -3,6 +3,7 @@ package tunnel
 import (
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -26,10 +27,18 @@ func TestNAT(t *testing.T) {
 			}}},
 		},
 		{
-			name: "peer sees me as I am: no NAT, whatever my view of it",
+			name: "peer sees me as I am: an identity snat, so no later NAT chain rewrites the source",
 			peer: Peer{ClusterID: "d", PublicKey: key,
 				Views:     []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}},
 				ViewsOfMe: []View{{Real: pfx("10.9.0.0/16"), As: pfx("10.9.0.0/16")}}},
+			want: []PeerNAT{{Peer: "d", Views: []netip.Prefix{pfx("10.72.0.0/16")}, Rules: []NATRule{
+				{Kind: SNAT, Match: pfx("10.9.0.0/16"), To: pfx("10.9.0.0/16")},
+			}}},
+		},
+		{
+			name: "peer sees none of my networks: no NAT",
+			peer: Peer{ClusterID: "e", PublicKey: key,
+				Views: []View{{Real: pfx("10.0.0.0/16"), As: pfx("10.72.0.0/16")}}},
 			want: nil,
 		},
 		{
@@ -46,6 +55,7 @@ func TestNAT(t *testing.T) {
 			want: []PeerNAT{{Peer: "c", Views: []netip.Prefix{pfx("10.80.0.0/16"), pfx("10.81.0.0/16")}, Rules: []NATRule{
 				{Kind: SNAT, Match: pfx("10.0.0.0/16"), To: pfx("10.75.0.0/16")},
 				{Kind: DNAT, Match: pfx("10.75.0.0/16"), To: pfx("10.0.0.0/16")},
+				{Kind: SNAT, Match: pfx("10.96.0.0/12"), To: pfx("10.96.0.0/12")},
 			}}},
 		},
 	}
@@ -146,6 +156,12 @@ func TestValidate(t *testing.T) {
 		{"no views", func(d *Desired) { d.Peers[0].Views = nil }, false},
 		{"endpoint without port", func(d *Desired) { d.Peers[0].Endpoint = netip.MustParseAddrPort("198.18.1.2:0") }, false},
 		{"no endpoint", func(d *Desired) { d.Peers[0].Endpoint = netip.AddrPort{} }, true},
+		{"host source in my network", func(d *Desired) { d.HostSource = netip.MustParseAddr("10.0.0.1") }, true},
+		{"host source outside my networks", func(d *Desired) { d.HostSource = netip.MustParseAddr("10.70.0.1") }, false},
+		{"host source the network address", func(d *Desired) { d.HostSource = netip.MustParseAddr("10.0.0.0") }, false},
+		{"host source the last address", func(d *Desired) { d.HostSource = netip.MustParseAddr("10.0.255.255") }, false},
+		{"host source IPv6", func(d *Desired) { d.HostSource = netip.MustParseAddr("fd00::1") }, false},
+		{"host source IPv4-mapped IPv6", func(d *Desired) { d.HostSource = netip.MustParseAddr("::ffff:10.0.0.1") }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,11 +220,17 @@ func FuzzParseKey(f *testing.F) {
 func FuzzParseDesired(f *testing.F) {
 	f.Add(`{"networks":["10.0.0.0/16"],"peers":[{"clusterID":"b","publicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","endpoint":"198.18.1.2:51820","views":[{"real":"10.0.0.0/16","as":"10.70.0.0/16"}],"viewsOfMe":[{"real":"10.0.0.0/16","as":"10.71.0.0/16"}]}]}`)
 	f.Add(`{"networks":[],"peers":[]}`)
+	f.Add(`{"networks":["10.0.0.0/16"],"hostSource":"10.0.0.1","peers":[]}`)
+	f.Add(`{"networks":["10.0.0.0/16"],"hostSource":"::ffff:10.0.0.1","peers":[]}`)
+	f.Add(`{"networks":["10.0.0.0/16"],"hostSource":"","peers":[]}`)
 	f.Add(`{"networks":["10.0.0.0/8"],"peers":[{"clusterID":"x","publicKey":"AA==","endpoint":"[::1]:1","views":[]}]}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		d, err := ParseDesired([]byte(s))
 		if err != nil {
 			return
+		}
+		if h := d.HostSource; h.IsValid() && (!h.Is4() || !slices.ContainsFunc(d.Networks, func(n netip.Prefix) bool { return n.Contains(h) })) {
+			t.Fatalf("host source %s accepted outside my networks %v", h, d.Networks)
 		}
 		keys := map[string]bool{}
 		chains := map[string]bool{}

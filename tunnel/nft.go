@@ -19,20 +19,34 @@ import (
 // The NAT lives in an nftables table of our own (family ip), laid out so
 // that a peer is added, changed or removed through its own objects only:
 //
-//	chain egress  { type nat hook postrouting priority srcnat; oifname IF ip daddr vmap @egress-peers }
+//	chain egress  { type nat hook postrouting priority srcnat - 10; oifname IF ip daddr vmap @egress-peers }
 //	chain ingress { type nat hook prerouting priority dstnat; iifname IF ip saddr vmap @ingress-peers }
 //	map egress-peers  { type ipv4_addr : verdict; flags interval; <my view of P> : jump egress-P }
 //	map ingress-peers { type ipv4_addr : verdict; flags interval; <my view of P> : jump ingress-P }
 //	chain egress-P  { ip saddr <my real> snat ip prefix to <P's view of me> }
 //	chain ingress-P { ip daddr <P's view of me> dnat ip prefix to <my real> }
 //
+//	chain mss     { type filter hook forward priority mangle;
+//	                oifname IF tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu
+//	                iifname IF tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu }
+//
 // The maps key egress by destination and ingress by source in my view of
 // the peer, so a new connection costs one map lookup and the rules of one
 // peer, whatever the number of peers. SNAT and DNAT need chains of their
 // own: the kernel refuses an snat reachable from prerouting.
+//
+// The egress chain runs before srcnat (100), the priority of iptables'
+// nat POSTROUTING and of CNIs' nft masquerade chains: the kernel stops at
+// the first NAT chain that binds a source NAT, and at equal priority the
+// chain registered last runs first, so a CNI's masquerade would otherwise
+// rewrite traffic to a view whenever it was (re)installed after us.
 const (
 	chainEgress  = "egress"
 	chainIngress = "ingress"
+	// egressPriority is srcnat - 10: our SNAT binds before any CNI's.
+	egressPriority = nftables.ChainPriority(90)
+	// chainMSS clamps the MSS of TCP SYNs through our link (mssRules).
+	chainMSS = "mss"
 	// dispatchComment tags the one rule of each base chain.
 	dispatchComment = "flotilla dispatch by peer"
 	// elementBatch bounds the elements per netlink message: the element
@@ -89,7 +103,7 @@ func (n *natTable) baseChain(t *nftables.Table, d direction) *nftables.Chain {
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
 	}
 	return &nftables.Chain{Name: d.base, Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(egressPriority), Policy: &accept}
 }
 
 func (n *natTable) vmap(t *nftables.Table, d direction) *nftables.Set {
@@ -145,7 +159,7 @@ func (n *natTable) recordHolds() (bool, error) {
 			have[ch.Name] = true
 		}
 	}
-	if len(have) != len(directions)*(1+len(n.applied)) {
+	if len(have) != len(directions)*(1+len(n.applied))+1 || !have[chainMSS] {
 		return false, nil
 	}
 	for _, d := range directions {
@@ -433,12 +447,13 @@ func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
 }
 
 // sound reports whether the table's base chains and maps, where present,
-// are of the kind we make; if not, the table is rebuilt.
+// are of the kind we make; if not, the table is rebuilt. A hook's priority
+// cannot be changed in place, so a base chain at another priority (an
+// older agent's egress at srcnat) is a reason to rebuild.
 func (k kernelNAT) sound(n *natTable) bool {
 	for _, d := range directions {
 		if ch := k.chains[d.base]; ch != nil {
-			want := n.baseChain(nil, d)
-			if ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum || ch.Type != want.Type {
+			if !sameHook(ch, n.baseChain(nil, d)) {
 				return false
 			}
 		}
@@ -448,7 +463,17 @@ func (k kernelNAT) sound(n *natTable) bool {
 			}
 		}
 	}
+	if ch := k.chains[chainMSS]; ch != nil && !sameHook(ch, mssChain(nil)) {
+		return false
+	}
 	return true
+}
+
+// sameHook reports whether the base chain ch, as read back, has want's
+// type, hook and priority.
+func sameHook(ch, want *nftables.Chain) bool {
+	return ch.Type == want.Type && ch.Hooknum != nil && *ch.Hooknum == *want.Hooknum &&
+		ch.Priority != nil && *ch.Priority == *want.Priority
 }
 
 // resync reads the table back and changes whatever differs from want, in
@@ -506,8 +531,10 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 		}
 	}
 
+	changes += n.resyncMSS(c, t, k)
+
 	wanted := make(map[string]PeerNAT, len(want))
-	wantChains := map[string]bool{chainEgress: true, chainIngress: true}
+	wantChains := map[string]bool{chainEgress: true, chainIngress: true, chainMSS: true}
 	var wantIvs [len(directions)][]interval
 	for _, p := range want {
 		wanted[p.Peer] = p

@@ -23,6 +23,7 @@ type routeTable struct {
 
 	applied map[netip.Prefix]bool // nil when unknown
 	link    int                   // the link index applied routes go through
+	src     netip.Addr            // the preferred source of applied routes
 }
 
 // ours lists our routes through the link with index linkIndex.
@@ -44,18 +45,19 @@ func (rt *routeTable) isOurs(r netlink.Route, linkIndex int) bool {
 
 func (rt *routeTable) invalidate() { rt.applied = nil }
 
-// reconcile makes exactly the routes for want exist through the link and
-// reports how many it added or removed. With full set, or without a
-// record for this link, it lists the table first.
-func (rt *routeTable) reconcile(linkIndex int, want []netip.Prefix, full bool) (int, error) {
-	if !full && rt.applied != nil && rt.link == linkIndex {
+// reconcile makes exactly the routes for want exist through the link, with
+// src as their preferred source (none if zero), and reports how many it
+// added, changed or removed. With full set, or without a record for this
+// link and source, it lists the table first.
+func (rt *routeTable) reconcile(linkIndex int, want []netip.Prefix, src netip.Addr, full bool) (int, error) {
+	if !full && rt.applied != nil && rt.link == linkIndex && rt.src == src {
 		if n, err := rt.update(linkIndex, want); err == nil {
 			return n, nil
 		}
 		// The record was wrong (a route of ours deleted or added behind
 		// our back): list the table and try again.
 	}
-	return rt.resync(linkIndex, want)
+	return rt.resync(linkIndex, want, src)
 }
 
 // update adds and deletes the difference between the record and want.
@@ -92,9 +94,10 @@ func (rt *routeTable) update(linkIndex int, want []netip.Prefix) (int, error) {
 	return changes, nil
 }
 
-// resync lists our routes and makes them exactly want.
-func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
+// resync lists our routes and makes them exactly want, with source src.
+func (rt *routeTable) resync(linkIndex int, want []netip.Prefix, src netip.Addr) (int, error) {
 	rt.applied = nil
+	rt.src = src
 	have, err := rt.ours(linkIndex)
 	if err != nil {
 		return 0, err
@@ -109,6 +112,14 @@ func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
 		p := prefixOf(r.Dst)
 		if wanted[p] {
 			delete(wanted, p)
+			if !sameSource(r.Src, src) {
+				fixed := rt.route(linkIndex, p)
+				if err := netlink.RouteReplace(&fixed); err != nil {
+					errs = append(errs, fmt.Errorf("set source of route %s to %s: %w", p, src, err))
+					continue
+				}
+				changes++
+			}
 			continue
 		}
 		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -143,13 +154,27 @@ func (rt *routeTable) resync(linkIndex int, want []netip.Prefix) (int, error) {
 }
 
 func (rt *routeTable) route(linkIndex int, p netip.Prefix) netlink.Route {
-	return netlink.Route{
+	r := netlink.Route{
 		LinkIndex: linkIndex,
 		Dst:       &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
 		Table:     rt.table,
 		Protocol:  netlink.RouteProtocol(rt.protocol),
 		Scope:     netlink.SCOPE_LINK,
 	}
+	if rt.src.IsValid() {
+		r.Src = rt.src.AsSlice()
+	}
+	return r
+}
+
+// sameSource reports whether a route's preferred source is src (nil for
+// none).
+func sameSource(ip net.IP, src netip.Addr) bool {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return !src.IsValid()
+	}
+	return a.Unmap() == src
 }
 
 // removeAll deletes every route of ours through the link with index

@@ -294,9 +294,31 @@ func (t *Tunnel) Apply(ctx context.Context, d Desired) error {
 		return errors.New("apply tunnel state: tunnel closed")
 	}
 	d = cloneDesired(d)
+	old := t.desired
 	t.desired = &d
 	_, err := t.reconcileLocked(0)
+	if old != nil {
+		// After the new mapping is in place: an entry deleted before it
+		// could be made again under the old one.
+		t.flushStaleFlows(*old, d)
+	}
 	return err
+}
+
+// flushStaleFlows deletes the conntrack entries of flows that old's
+// mappings made and d's no longer make (conntrack.go). A failure leaves
+// those flows to time out; it is logged, not returned, as the data path
+// itself is in place.
+func (t *Tunnel) flushStaleFlows(old, d Desired) {
+	n, err := flushFlows(staleFlows(old, d))
+	t.metrics.conntrackFlushed.Add(float64(n))
+	if err != nil {
+		t.log.Warn("flows of released views keep their old translation until they time out", "err", err)
+		return
+	}
+	if n > 0 {
+		t.log.Info("flushed conntrack entries of released or remapped views", "entries", n)
+	}
 }
 
 // SetPrivateKey rotates this cluster's WireGuard key. Peers must learn the
@@ -353,8 +375,12 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
+	// The source must be on the link before a route can name it.
+	n, err = setHostSource(t.lastLink, d.HostSource)
+	changes += n
+	errs = append(errs, err)
 	t1 := time.Now()
-	n, err = t.rt.reconcile(t.lastLink, Routes(d), full&fullRoutes != 0)
+	n, err = t.rt.reconcile(t.lastLink, Routes(d), d.HostSource, full&fullRoutes != 0)
 	changes += n
 	errs = append(errs, err)
 	t2 := time.Now()
@@ -557,7 +583,7 @@ func Cleanup(cfg Config) error {
 }
 
 func cloneDesired(d Desired) Desired {
-	out := Desired{Networks: append([]netip.Prefix(nil), d.Networks...)}
+	out := Desired{Networks: append([]netip.Prefix(nil), d.Networks...), HostSource: d.HostSource}
 	for _, p := range d.Peers {
 		p.Views = append([]View(nil), p.Views...)
 		p.ViewsOfMe = append([]View(nil), p.ViewsOfMe...)
@@ -565,3 +591,6 @@ func cloneDesired(d Desired) Desired {
 	}
 	return out
 }
+
+// MTU is the WireGuard link's MTU.
+func (t *Tunnel) MTU() int { return t.mtu }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -52,6 +53,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.WireGuardInterface, "wireguard-interface", cfg.WireGuardInterface, "WireGuard interface name (unique per host)")
 	fs.IntVar(&cfg.WireGuardPort, "wireguard-port", cfg.WireGuardPort, "WireGuard UDP port")
 	fs.DurationVar(&cfg.WireGuardKeyRotation, "wireguard-key-rotation", 0, "replace the WireGuard key this often, e.g. 720h (0: never)")
+
+	fs.StringVar(&cfg.FabricOwner, "fabric-owner", "", "the agent's Deployment, which owns the fabric's DaemonSet that brings every node into the federation (empty: no fabric, only the gateway node's pods reach peers)")
+	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
+	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "the gateway node's name, for the fabric (default: $NODE_NAME)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/flotilla-io/flotilla/fabric"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -16,7 +17,8 @@ func init() {
 	})
 }
 
-// runCleanup removes the tunnel's link, routes and nftables table. It
+// runCleanup removes the tunnel's link, routes and nftables table, and the
+// fabric's routes, rules and nftables table (on any node). It
 // takes the same names the agent was started with and touches only objects
 // tagged as ours under those names: routes only through the named link,
 // and only if that link is tagged ours.
@@ -26,6 +28,8 @@ func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	table := fs.Int("route-table", tunnel.DefaultRouteTable, "routing table our routes are in")
 	proto := fs.Int("route-protocol", tunnel.DefaultRouteProtocol, "route protocol number that tags our routes (never one of the kernel's or a routing daemon's)")
 	nftTable := fs.String("nft-table", tunnel.DefaultNFTable, "name of our nftables table (family ip)")
+	fabricTable := fs.Int("fabric-table", fabric.DefaultTable, "routing table of the fabric's routes (docs/fabric.md)")
+	fabricNFT := fs.String("fabric-nft-table", fabric.DefaultNFTable, "name of the fabric's nftables table (family ip)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -45,5 +49,10 @@ func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "removed tunnel objects: link %s and its routes with protocol %d in table %d, nftables table ip %s\n",
 		*ifname, *proto, *table, *nftTable)
+	if err := fabric.Remove(fabric.Config{Table: *fabricTable, RouteProtocol: *proto, NFTable: *fabricNFT}); err != nil {
+		return fmt.Errorf("fabric: %w", err)
+	}
+	fmt.Fprintf(stdout, "removed fabric objects: routes with protocol %d in table %d and the rules to it, nftables table ip %s\n",
+		*proto, *fabricTable, *fabricNFT)
 	return nil
 }

@@ -136,7 +136,10 @@ func documentedAccess() map[string][]string {
 	return map[string][]string{
 		federation.AgentNamespace: ns(append(events,
 			"leases.coordination.k8s.io [] [create]",
-			"leases.coordination.k8s.io [flotilla-agent] [get update]")...),
+			"leases.coordination.k8s.io [flotilla-agent] [get update]",
+			"deployments.apps [flotilla-agent] [get]",
+			"daemonsets.apps [flotilla-fabric] [create get patch]",
+			"configmaps [flotilla-fabric] [create get patch]")...),
 		"default":     ns(events...),
 		"kube-system": ns("configmaps [kubeadm-config] [get]"),
 		"kube-public": ns(),

@@ -45,6 +45,25 @@ type NodeCluster struct {
 	// Install is the directory of the kustomization applied: deploy/ as
 	// its base and the cluster's settings.
 	Install string
+
+	lan        *harness.LAN
+	image      string // the agent's image tarball, imported into every node
+	masquerade harness.Masquerade
+}
+
+// AddWorkers starts more worker nodes of c at once, like the others (on
+// the LAN, with the agent's image and the CNI's masquerade), and returns
+// them once Ready.
+func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
+	t.Helper()
+	nodes := c.CP.StartNodes(harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}, names...)
+	for _, n := range nodes {
+		if err := n.InstallMasquerade(c.masquerade); err != nil {
+			t.Fatalf("cluster %s: %v", c.Name, err)
+		}
+	}
+	c.Workers = append(c.Workers, nodes...)
+	return nodes
 }
 
 // NodeOptions configure OnNodes.
@@ -104,6 +123,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				StateDir: filepath.Join(env.Dir, "state-"+name)},
 			Gateway: nodes[i*perCluster],
 			Workers: nodes[i*perCluster+1 : (i+1)*perCluster],
+			lan:     lan, image: image, masquerade: opts.Masquerade,
 		}
 		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
 		for _, n := range nodes[i*perCluster : (i+1)*perCluster] {
@@ -219,6 +239,7 @@ spec:
         - --advertise-addr=%s
         - --wireguard-interface=%s
         - --federation-key-file=/etc/flotilla/token
+        - --fabric-owner=flotilla-agent
         env:
         - name: KUBERNETES_SERVICE_HOST
           value: "127.0.0.1"
@@ -355,25 +376,31 @@ func tail(s string, n int) string {
 // also says when that is not Want, to's view of from's pod.
 func Fetch(t harness.TB, from, to *NodeCluster) Result {
 	t.Helper()
+	return FetchPods(t, from, from.Web, to, to.Web)
+}
+
+// FetchPods is Fetch between any two test server pods (RunWeb).
+func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeCluster, toPod corev1.Pod) Result {
+	t.Helper()
 	r := Result{
 		From: from.Cluster, To: to.Cluster,
-		Dst:  ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(to.Web.Status.PodIP)),
-		Want: ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(from.Web.Status.PodIP)),
+		Dst:  ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP)),
+		Want: ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
 	}
 	url := fmt.Sprintf("http://%s:%d/peer", r.Dst, harness.TestServerHTTPPort)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var out string
-		out, r.Err = Kubectl(from.CP, "exec", from.Web.Name, "--", "/testserver", "-get", url)
+		out, r.Err = Kubectl(from.CP, "exec", fromPod.Name, "--", "/testserver", "-get", url)
 		if r.Err == nil {
 			r.Seen, r.Err = netip.ParseAddr(strings.TrimSpace(out))
 			if r.Err == nil && r.Seen != r.Want {
-				r.Err = fmt.Errorf("%s's pod saw the caller as %s, want %s (its view of the caller)", to.Name, r.Seen, r.Want)
+				r.Err = fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to.Name, toPod.Name, r.Seen, r.Want)
 			}
 			return r
 		}
 		if time.Now().After(deadline) {
-			r.Err = fmt.Errorf("GET %s from %s's pod: %w", url, from.Name, r.Err)
+			r.Err = fmt.Errorf("GET %s from %s's pod %s: %w", url, from.Name, fromPod.Name, r.Err)
 			return r
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -382,7 +409,12 @@ func Fetch(t harness.TB, from, to *NodeCluster) Result {
 
 // Kubectl runs the pinned kubectl against cp and returns its output.
 func Kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return KubectlTimeout(cp, 30*time.Second, args...)
+}
+
+// KubectlTimeout is Kubectl for commands that may take longer than 30 s.
+func KubectlTimeout(cp *harness.ControlPlane, timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	argv := append([]string{"--kubeconfig", cp.Kubeconfig}, args...)
 	out, err := exec.CommandContext(ctx, KubectlPath(), argv...).CombinedOutput()

@@ -4,12 +4,15 @@
 //   - TCP (-tcp, default :9000): reads one line, answers one line with the
 //     address it sees the client as, the protocol of harness.Netns.ServeTCP;
 //   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
-//     /peer the client's address as seen here, / both.
+//     /peer the client's address as seen here, /bytes?n=N N bytes (for
+//     bulk transfers), / both.
 //
 // It logs every connection to stdout, so `kubectl logs` has something to
 // show. With -get URL it is a client instead: it prints the body of one GET
 // and exits (non-zero on failure), for `kubectl exec POD -- /testserver
-// -get http://...` in an image that has nothing else.
+// -get http://...` in an image that has nothing else; with -discard it
+// prints how many bytes the body had and how long it took instead, for
+// transfers too big to print.
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -29,9 +33,10 @@ func main() {
 	tcpAddr := flag.String("tcp", ":9000", "address of the line-echo TCP server (empty: none)")
 	httpAddr := flag.String("http", ":8080", "address of the HTTP server (empty: none)")
 	get := flag.String("get", "", "fetch this URL, print its body and exit")
+	discard := flag.Bool("discard", false, "with -get: print \"<bytes> <seconds>\" of the body instead of the body")
 	flag.Parse()
 	if *get != "" {
-		os.Exit(fetch(*get))
+		os.Exit(fetch(*get, *discard))
 	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds | log.LUTC)
 	host, _ := os.Hostname()
@@ -56,14 +61,28 @@ func main() {
 	log.Fatal(<-errc)
 }
 
-func fetch(url string) int {
-	c := &http.Client{Timeout: 5 * time.Second}
+func fetch(url string, discard bool) int {
+	timeout := 5 * time.Second
+	if discard {
+		timeout = 2 * time.Minute
+	}
+	c := &http.Client{Timeout: timeout}
+	start := time.Now()
 	resp, err := c.Get(url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer resp.Body.Close()
+	if discard {
+		n, err := io.Copy(io.Discard, resp.Body)
+		fmt.Printf("%d %.6f\n", n, time.Since(start).Seconds())
+		if err != nil || resp.StatusCode != http.StatusOK {
+			fmt.Fprintf(os.Stderr, "GET %s: %s %v\n", url, resp.Status, err)
+			return 1
+		}
+		return 0
+	}
 	body, err := io.ReadAll(resp.Body)
 	os.Stdout.Write(body)
 	if err != nil || resp.StatusCode != http.StatusOK {
@@ -102,11 +121,32 @@ func handler(host string) http.Handler {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
 		fmt.Fprintln(w, peerOf(r.RemoteAddr))
 	})
+	mux.HandleFunc("/bytes", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+		if err != nil || n < 0 || n > maxBytes {
+			http.Error(w, fmt.Sprintf("want n=0..%d", maxBytes), http.StatusBadRequest)
+			return
+		}
+		log.Printf("http %s n=%d from %s", r.URL.Path, n, peerOf(r.RemoteAddr))
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		io.CopyN(w, zeros{}, n)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
 		fmt.Fprintf(w, "host %s\npeer %s\n", host, peerOf(r.RemoteAddr))
 	})
 	return mux
+}
+
+// maxBytes bounds /bytes: 4 GiB.
+const maxBytes = 4 << 30
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // peerOf returns the address part of a remote address, IPv4 unmapped.

@@ -1,0 +1,138 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// fabricPlan keeps the cluster's fabric plan (see package fabricapi) in
+// line with the data path and the Nodes, and has it published. Without a
+// publisher (the agent runs outside a Deployment) it only keeps track.
+type fabricPlan struct {
+	publisher                    *fabricapi.Publisher
+	gatewayNode, tunnelInterface string
+	fallback                     netip.Addr // the gateway's address if its Node has no InternalIP
+
+	mu sync.Mutex
+	// nodes lists the cluster's Nodes and mtu is the tunnel's; both are
+	// set once known (start).
+	nodes func() []fabricapi.Node
+	mtu   int
+	views []netip.Prefix
+}
+
+// start gives the plan what it lacked at first and publishes it.
+func (f *fabricPlan) start(nodes func() []fabricapi.Node, mtu int) {
+	f.mu.Lock()
+	f.nodes, f.mtu = nodes, mtu
+	f.mu.Unlock()
+	f.changed()
+}
+
+// changed publishes the plan again, if there is a publisher and the plan
+// is complete.
+func (f *fabricPlan) changed() {
+	if f == nil || f.publisher == nil {
+		return
+	}
+	f.mu.Lock()
+	nodes, mtu, views := f.nodes, f.mtu, slices.Clone(f.views)
+	f.mu.Unlock()
+	if nodes == nil {
+		return
+	}
+	plan := fabricapi.Plan{
+		GatewayNode: f.gatewayNode, Gateway: f.fallback,
+		TunnelInterface: f.tunnelInterface, MTU: mtu,
+		Views: views, Nodes: nodes(),
+	}
+	for _, n := range plan.Nodes {
+		if n.Name == f.gatewayNode && n.Addr.IsValid() {
+			plan.Gateway = n.Addr
+		}
+	}
+	f.publisher.Set(plan)
+}
+
+// setViews records the views of a data path applied, and publishes the
+// plan when they changed.
+func (f *fabricPlan) setViews(d tunnel.Desired) {
+	var views []netip.Prefix
+	for _, p := range d.Peers {
+		for _, v := range p.Views {
+			views = append(views, v.As)
+		}
+	}
+	slices.SortFunc(views, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	f.mu.Lock()
+	same := slices.Equal(views, f.views)
+	f.views = views
+	f.mu.Unlock()
+	if !same {
+		f.changed()
+	}
+}
+
+// fabricDataplane is the tunnel as peering sees it: it gives every data
+// path the gateway host's source address and tells the fabric plan its
+// views.
+type fabricDataplane struct {
+	*tunnel.Tunnel
+	plan *fabricPlan
+}
+
+func (d fabricDataplane) Apply(ctx context.Context, desired tunnel.Desired) error {
+	desired.HostSource = d.plan.hostSource(desired.Networks)
+	err := d.Tunnel.Apply(ctx, desired)
+	d.plan.setViews(desired)
+	return err
+}
+
+// hostSource is the address the gateway host's own traffic to peers leaves
+// with: the first address of the gateway node's pod block (where bridge,
+// flannel and Cilium put the host's side), if that block is inside the
+// networks announced. Zero without a known node or block: the host then
+// reaches no remote pod (docs/fabric.md).
+func (f *fabricPlan) hostSource(networks []netip.Prefix) netip.Addr {
+	f.mu.Lock()
+	nodes := f.nodes
+	f.mu.Unlock()
+	if nodes == nil || f.gatewayNode == "" {
+		return netip.Addr{}
+	}
+	for _, n := range nodes() {
+		if n.Name != f.gatewayNode {
+			continue
+		}
+		for _, block := range n.PodCIDRs {
+			src := block.Addr().Next()
+			for _, net := range networks {
+				if block.Bits() <= 30 && net.Contains(src) && net.Bits() <= block.Bits() {
+					return src
+				}
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
+// newFabricPlan prepares the fabric plan; with Config.FabricOwner set it
+// publishes it and owns the fabric's DaemonSet, as a component.
+func (a *Agent) newFabricPlan(comps *components, gateway netip.Addr) (*fabricPlan, error) {
+	f := &fabricPlan{gatewayNode: a.cfg.NodeName, tunnelInterface: a.cfg.WireGuardInterface, fallback: gateway}
+	if a.cfg.FabricOwner == "" {
+		return f, nil
+	}
+	if a.cfg.Namespace == "" || a.cfg.NodeName == "" {
+		return nil, errors.New("the fabric needs the agent's namespace and node name: set --namespace and --node-name (POD_NAMESPACE and NODE_NAME from the downward API)")
+	}
+	f.publisher = fabricapi.NewPublisher(a.kube, a.cfg.Namespace, a.cfg.FabricOwner, a.log.With("component", "fabric"), a.registry)
+	comps.Go("fabric publisher", f.publisher.Run)
+	return f, nil
+}

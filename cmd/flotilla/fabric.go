@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/fabric"
+	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+)
+
+func init() {
+	register(command{name: "fabric", summary: "route this node's traffic to and from the peers (run by the agent's DaemonSet)", run: runFabric})
+}
+
+func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("fabric", stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
+	node := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME)")
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, holding the fabric plan (default: $POD_NAMESPACE)")
+	metricsAddr := fs.String("metrics-addr", fmt.Sprintf(":%d", fabricapi.MetricsPort), "address serving /healthz, /readyz and /metrics (empty: off)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "flotilla fabric: %v\n", err)
+		return errUsage
+	}
+	if *node == "" || *namespace == "" {
+		fmt.Fprintln(stderr, "flotilla fabric: --node-name and --namespace are required (or NODE_NAME and POD_NAMESPACE)")
+		return errUsage
+	}
+	agent.RouteKubernetesLogs(log)
+	restCfg, err := agent.KubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("Kubernetes client: %w", err)
+	}
+	reg := agent.NewRegistry()
+	// Ready once this node holds the newest plan it could read.
+	var applied atomic.Pointer[error]
+	notYet := errors.New("no plan applied yet")
+	applied.Store(&notYet)
+	if *metricsAddr != "" {
+		l, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics address %s: %w", *metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if err := *applied.Load(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ok\n")
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(l)
+		defer srv.Close()
+	}
+	return fabricapi.RunNode(ctx, fabricapi.NodeConfig{
+		Client: client, Namespace: *namespace, NodeName: *node,
+		Fabric:  fabric.Config{Logger: log, Metrics: reg},
+		Log:     log.With("node", *node),
+		Applied: func(err error) { applied.Store(&err) },
+	})
+}

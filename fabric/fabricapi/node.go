@@ -1,0 +1,158 @@
+package fabricapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/fabric"
+)
+
+// uninstallCheckTimeout bounds the question asked at exit: is the fabric
+// being removed from the cluster?
+const uninstallCheckTimeout = 5 * time.Second
+
+// NodeConfig configures RunNode.
+type NodeConfig struct {
+	Client    kubernetes.Interface
+	Namespace string // the agent's, where the plan is
+	NodeName  string // this node's
+	Fabric    fabric.Config
+	Log       *slog.Logger
+	// Applied, when set, is told the outcome of every apply (readiness).
+	Applied func(error)
+}
+
+// RunNode applies this node's part of each plan the agent publishes until
+// ctx ends. With no plan published it removes what the fabric made on the
+// node; a plan it cannot read leaves the node as it is. At the end it
+// removes the fabric from the node only if the fabric is being uninstalled
+// (Uninstalling), so a restarted pod keeps traffic flowing.
+func RunNode(ctx context.Context, cfg NodeConfig) error {
+	if cfg.NodeName == "" || cfg.Namespace == "" {
+		return errors.New("node name and namespace are required (NODE_NAME and POD_NAMESPACE from the downward API)")
+	}
+	f, err := fabric.New(cfg.Fabric)
+	if err != nil {
+		return err
+	}
+	var (
+		mu     sync.Mutex
+		latest Plan
+		latErr error
+		seen   bool
+	)
+	kick := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watchErr := make(chan error, 1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		watchErr <- Watch(ctx, cfg.Client, cfg.Namespace, func(p Plan, err error) {
+			mu.Lock()
+			latest, latErr, seen = p, err, true
+			mu.Unlock()
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		if err := f.Run(ctx); err != nil {
+			cfg.Log.Error("fabric repair loop stopped", "err", err)
+		}
+	}()
+
+	var lastErr string
+	retry := retryMin
+	var timer <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return finish(f, cfg)
+		case err := <-watchErr:
+			if ctx.Err() == nil {
+				return fmt.Errorf("watch the fabric plan: %v", err)
+			}
+			return finish(f, cfg)
+		case <-kick:
+		case <-timer:
+		}
+		timer = nil
+		mu.Lock()
+		plan, perr, ok := latest, latErr, seen
+		mu.Unlock()
+		if !ok {
+			continue
+		}
+		err := applyPlan(f, cfg, plan, perr)
+		if cfg.Applied != nil {
+			cfg.Applied(err)
+		}
+		if err == nil {
+			retry, lastErr = retryMin, ""
+			continue
+		}
+		if err.Error() != lastErr {
+			cfg.Log.Error("cannot apply the fabric plan; retrying", "err", err)
+			lastErr = err.Error()
+		}
+		if !errors.Is(err, errUnusablePlan) {
+			timer = time.After(retry)
+			retry = min(2*retry, retryMax)
+		}
+	}
+}
+
+// errUnusablePlan marks a plan this node cannot read: waiting for the
+// next one is all it can do.
+var errUnusablePlan = errors.New("unusable fabric plan")
+
+func applyPlan(f *fabric.Fabric, cfg NodeConfig, plan Plan, perr error) error {
+	switch {
+	case errors.Is(perr, ErrNoPlan):
+		if err := f.Remove(); err != nil {
+			return fmt.Errorf("no fabric plan published; remove the fabric from this node: %w", err)
+		}
+		cfg.Log.Info("no fabric plan published; nothing of the fabric on this node")
+		return nil
+	case perr != nil:
+		return fmt.Errorf("%w: %v", errUnusablePlan, perr)
+	}
+	d := plan.For(cfg.NodeName)
+	if err := f.Apply(d); err != nil {
+		return err
+	}
+	cfg.Log.Info("fabric applied", "role", d.Role, "views", len(d.Views), "nodes", len(d.Nodes))
+	return nil
+}
+
+// finish removes the fabric from the node when it is being uninstalled.
+func finish(f *fabric.Fabric, cfg NodeConfig) error {
+	ctx, cancel := context.WithTimeout(context.Background(), uninstallCheckTimeout)
+	defer cancel()
+	gone, err := Uninstalling(ctx, cfg.Client, cfg.Namespace)
+	if err != nil {
+		cfg.Log.Warn("cannot tell whether the fabric is being uninstalled; leaving the node's routes in place", "err", err)
+		return nil
+	}
+	if !gone {
+		cfg.Log.Info("stopping; the node's routes stay for the next fabric pod")
+		return nil
+	}
+	if err := f.Remove(); err != nil {
+		return fmt.Errorf("fabric uninstalled; remove it from this node: %w", err)
+	}
+	cfg.Log.Info("fabric uninstalled; removed it from this node")
+	return nil
+}

@@ -1,0 +1,147 @@
+// Package fabricapi is the Kubernetes side of the fabric. The agent
+// publishes the cluster's fabric plan (which node is the gateway, the views
+// of every peer, every node's pod blocks) in a ConfigMap and owns the
+// DaemonSet that runs `flotilla fabric` on every node; each fabric pod
+// reads the plan and applies its own node's part with package fabric.
+package fabricapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/flotilla-io/flotilla/fabric"
+)
+
+// Names of what the agent creates in its namespace.
+const (
+	// PlanName is the ConfigMap holding the plan, under PlanKey.
+	PlanName = "flotilla-fabric"
+	PlanKey  = "plan.json"
+	// DaemonSetName and ServiceAccountName: the fabric's pods and their
+	// identity (deploy/ installs the account and its Role).
+	DaemonSetName      = "flotilla-fabric"
+	ServiceAccountName = "flotilla-fabric"
+)
+
+// Plan is the fabric of the whole cluster, as the agent publishes it.
+type Plan struct {
+	// GatewayNode is the Node the agent runs on; Gateway is its address
+	// on the node network, which every other node routes the views to.
+	GatewayNode string     `json:"gatewayNode"`
+	Gateway     netip.Addr `json:"gateway"`
+	// TunnelInterface is the gateway's WireGuard link; MTU its MTU.
+	TunnelInterface string `json:"tunnelInterface"`
+	MTU             int    `json:"mtu"`
+	// Views are the ranges this cluster addresses its peers' networks by.
+	Views []netip.Prefix `json:"views"`
+	// Nodes are the cluster's nodes with their addresses and pod blocks.
+	Nodes []Node `json:"nodes"`
+}
+
+// Node is one node of the plan.
+type Node struct {
+	Name     string         `json:"name"`
+	Addr     netip.Addr     `json:"addr"`
+	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+}
+
+// ParsePlan decodes and validates a plan.
+func ParsePlan(b []byte) (Plan, error) {
+	var p Plan
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Plan{}, fmt.Errorf("decode fabric plan: %w", err)
+	}
+	if dec.More() {
+		return Plan{}, errors.New("decode fabric plan: trailing data")
+	}
+	if err := p.Validate(); err != nil {
+		return Plan{}, err
+	}
+	return p, nil
+}
+
+// Validate checks what a node needs of the plan; the fabric checks the
+// ranges themselves when it applies them.
+func (p Plan) Validate() error {
+	if p.GatewayNode == "" {
+		return errors.New("fabric plan: no gateway node")
+	}
+	if !p.Gateway.IsValid() || !p.Gateway.Is4() {
+		return fmt.Errorf("fabric plan: gateway address %v is not an IPv4 address", p.Gateway)
+	}
+	if p.TunnelInterface == "" {
+		return errors.New("fabric plan: no tunnel interface")
+	}
+	if p.MTU != 0 && (p.MTU < 576 || p.MTU > 65535) {
+		return fmt.Errorf("fabric plan: MTU %d out of range 576..65535", p.MTU)
+	}
+	for _, v := range p.Views {
+		if err := checkRange(v); err != nil {
+			return fmt.Errorf("fabric plan: view %s: %w", v, err)
+		}
+	}
+	names := map[string]bool{}
+	for _, n := range p.Nodes {
+		if n.Name == "" || names[n.Name] {
+			return fmt.Errorf("fabric plan: node name %q empty or listed twice", n.Name)
+		}
+		names[n.Name] = true
+		for _, c := range n.PodCIDRs {
+			if err := checkRange(c); err != nil {
+				return fmt.Errorf("fabric plan: node %s: pod block %s: %w", n.Name, c, err)
+			}
+		}
+	}
+	return nil
+}
+
+func checkRange(p netip.Prefix) error {
+	if !p.Addr().Is4() {
+		return errors.New("not IPv4")
+	}
+	if p != p.Masked() {
+		return fmt.Errorf("not canonical (want %s)", p.Masked())
+	}
+	return nil
+}
+
+// Marshal encodes the plan in a stable order, so an unchanged plan is an
+// unchanged ConfigMap.
+func (p Plan) Marshal() ([]byte, error) {
+	p.Views = slices.Clone(p.Views)
+	slices.SortFunc(p.Views, comparePrefixes)
+	p.Nodes = slices.Clone(p.Nodes)
+	slices.SortFunc(p.Nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	return json.Marshal(p)
+}
+
+func comparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// For is the part of the plan the node named node applies. The gateway
+// node sends what arrives from the tunnel to the node holding its
+// destination; every other node routes the views to the gateway. Both
+// exempt view traffic from a CNI's masquerade.
+func (p Plan) For(node string) fabric.Desired {
+	if node == p.GatewayNode {
+		d := fabric.Desired{Role: fabric.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
+		for _, n := range p.Nodes {
+			if n.Name != node && n.Addr.IsValid() && len(n.PodCIDRs) > 0 {
+				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: n.PodCIDRs})
+			}
+		}
+		return d
+	}
+	return fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: p.MTU}
+}

@@ -1,0 +1,102 @@
+package fabricapi
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/flotilla-io/flotilla/fabric"
+)
+
+func testPlan() Plan {
+	return Plan{
+		GatewayNode: "gw", Gateway: netip.MustParseAddr("198.18.0.2"),
+		TunnelInterface: "flotilla0", MTU: 1420,
+		Views: []netip.Prefix{netip.MustParsePrefix("10.71.0.0/16"), netip.MustParsePrefix("10.70.0.0/16")},
+		Nodes: []Node{
+			{Name: "w1", Addr: netip.MustParseAddr("198.18.0.3"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}},
+			{Name: "gw", Addr: netip.MustParseAddr("198.18.0.2"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}},
+			{Name: "new"}, // not yet given an address or a block
+		},
+	}
+}
+
+func TestPlanRoundTrip(t *testing.T) {
+	p := testPlan()
+	b, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParsePlan(b)
+	if err != nil {
+		t.Fatalf("ParsePlan(%s): %v", b, err)
+	}
+	if got.Views[0] != netip.MustParsePrefix("10.70.0.0/16") || got.Nodes[0].Name != "gw" {
+		t.Errorf("Marshal does not sort: views %v, nodes %v", got.Views, got.Nodes)
+	}
+	// The same plan in another order is the same ConfigMap.
+	p.Views[0], p.Views[1] = p.Views[1], p.Views[0]
+	p.Nodes[0], p.Nodes[1] = p.Nodes[1], p.Nodes[0]
+	if b2, _ := p.Marshal(); string(b2) != string(b) {
+		t.Errorf("Marshal depends on order:\n%s\n%s", b, b2)
+	}
+}
+
+func TestPlanForNode(t *testing.T) {
+	p := testPlan()
+	gw := p.For("gw")
+	want := fabric.Desired{Role: fabric.Gateway, Views: p.Views, TunnelInterface: "flotilla0",
+		Nodes: []fabric.Node{{Addr: netip.MustParseAddr("198.18.0.3"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}}}
+	if !reflect.DeepEqual(gw, want) {
+		t.Errorf("gateway's part:\n got %+v\nwant %+v", gw, want)
+	}
+	w := p.For("w1")
+	want = fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: 1420}
+	if !reflect.DeepEqual(w, want) {
+		t.Errorf("worker's part:\n got %+v\nwant %+v", w, want)
+	}
+}
+
+func TestParsePlanRefuses(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0","views":[],"nodes":[],"extra":1}`, "unknown field"},
+		{`{"gatewayNode":"","gateway":"198.18.0.2","tunnelInterface":"f0"}`, "no gateway node"},
+		{`{"gatewayNode":"gw","gateway":"fd00::1","tunnelInterface":"f0"}`, "not an IPv4"},
+		{`{"gatewayNode":"gw","tunnelInterface":"f0"}`, "not an IPv4"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2"}`, "no tunnel interface"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0","mtu":100}`, "MTU 100"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0","views":["10.0.0.1/16"]}`, "not canonical"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0","nodes":[{"name":"a","podCIDRs":["fd00::/64"]}]}`, "not IPv4"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0","nodes":[{"name":"a"},{"name":"a"}]}`, "listed twice"},
+		{`{"gatewayNode":"gw","gateway":"198.18.0.2","tunnelInterface":"f0"} {}`, "trailing"},
+	} {
+		_, err := ParsePlan([]byte(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParsePlan(%s): %v, want an error with %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func FuzzParsePlan(f *testing.F) {
+	b, _ := testPlan().Marshal()
+	f.Add(b)
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := ParsePlan(b)
+		if err != nil {
+			return
+		}
+		// What parses is valid and survives a round trip.
+		out, err := p.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParsePlan(out); err != nil {
+			t.Fatalf("re-parse of %s: %v", out, err)
+		}
+		if d := p.For(p.GatewayNode); d.Role != fabric.Gateway {
+			t.Fatalf("the gateway node's part has role %q", d.Role)
+		}
+	})
+}

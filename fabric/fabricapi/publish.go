@@ -1,0 +1,137 @@
+package fabricapi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// FieldManager is the agent's field manager for what it applies here.
+const FieldManager = "flotilla"
+
+// Retries of a failed write, and how often the DaemonSet is applied again
+// (an apply that changes nothing writes nothing; it puts back a DaemonSet
+// someone deleted or edited).
+const (
+	retryMin         = 100 * time.Millisecond
+	retryMax         = 10 * time.Second
+	daemonSetRefresh = time.Minute
+)
+
+// Publisher is the agent's side: it writes the newest plan to the
+// ConfigMap, coalescing changes that come while a write is under way, and
+// keeps the fabric's DaemonSet applied.
+type Publisher struct {
+	client    kubernetes.Interface
+	namespace string
+	owner     string // the agent's Deployment
+	log       *slog.Logger
+
+	kick chan struct{}
+	mu   sync.Mutex
+	plan *Plan
+
+	writes, failures prometheus.Counter
+}
+
+// NewPublisher returns a publisher for the agent whose Deployment is owner
+// in namespace; metrics go to reg.
+func NewPublisher(client kubernetes.Interface, namespace, owner string, log *slog.Logger, reg prometheus.Registerer) *Publisher {
+	p := &Publisher{
+		client: client, namespace: namespace, owner: owner, log: log,
+		kick: make(chan struct{}, 1),
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_fabric_plan_writes_total", Help: "Fabric plans written to the ConfigMap.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_fabric_plan_write_errors_total", Help: "Failed writes of the fabric plan (retried).",
+		}),
+	}
+	reg.MustRegister(p.writes, p.failures)
+	return p
+}
+
+// Set makes plan the one to publish; it never blocks.
+func (p *Publisher) Set(plan Plan) {
+	p.mu.Lock()
+	p.plan = &plan
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run applies the DaemonSet and writes plans until ctx ends.
+func (p *Publisher) Run(ctx context.Context) error {
+	var written []byte
+	var daemonSetDue time.Time
+	retry := retryMin
+	var timer <-chan time.Time
+	for {
+		err := p.publish(ctx, &written)
+		if time.Now().After(daemonSetDue) && err == nil {
+			if err = p.ApplyDaemonSet(ctx); err == nil {
+				daemonSetDue = time.Now().Add(daemonSetRefresh)
+			}
+		}
+		if err != nil {
+			p.failures.Inc()
+			p.log.Warn("cannot publish the fabric; retrying", "in", retry, "err", err)
+			timer = time.After(retry)
+			retry = min(2*retry, retryMax)
+		} else {
+			retry = retryMin
+			timer = time.After(time.Until(daemonSetDue))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.kick:
+		case <-timer:
+		}
+	}
+}
+
+// publish writes the newest plan unless it is what was written last.
+func (p *Publisher) publish(ctx context.Context, written *[]byte) error {
+	p.mu.Lock()
+	plan := p.plan
+	p.mu.Unlock()
+	if plan == nil {
+		return nil
+	}
+	b, err := plan.Marshal()
+	if err != nil {
+		return err
+	}
+	if string(b) == string(*written) {
+		return nil
+	}
+	cm := corev1ac.ConfigMap(PlanName, p.namespace).
+		WithLabels(labels("fabric")).
+		WithData(map[string]string{PlanKey: string(b)})
+	if _, err := p.client.CoreV1().ConfigMaps(p.namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return fmt.Errorf("write ConfigMap %s/%s: %w", p.namespace, PlanName, err)
+	}
+	*written = b
+	p.writes.Inc()
+	p.log.Info("fabric plan published", "views", len(plan.Views), "nodes", len(plan.Nodes), "gateway", plan.GatewayNode)
+	return nil
+}
+
+// labels are on everything the agent creates for the fabric.
+func labels(component string) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":       "flotilla",
+		"app.kubernetes.io/component":  component,
+		"app.kubernetes.io/managed-by": "flotilla",
+	}
+}

@@ -1,0 +1,77 @@
+package fabricapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+// ErrNoPlan is what Watch reports while the ConfigMap does not exist.
+var ErrNoPlan = errors.New("no fabric plan published")
+
+// Watch calls changed with the plan in namespace whenever it changes, with
+// ErrNoPlan while there is none and a parse error for a plan it cannot
+// use, until ctx ends. It watches that one ConfigMap and nothing else.
+func Watch(ctx context.Context, client kubernetes.Interface, namespace string, changed func(Plan, error)) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", PlanName).String()
+		}))
+	inf := factory.Core().V1().ConfigMaps().Informer()
+	report := func(obj any) {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok {
+			return
+		}
+		data, ok := cm.Data[PlanKey]
+		if !ok {
+			changed(Plan{}, fmt.Errorf("ConfigMap %s/%s has no %s", namespace, PlanName, PlanKey))
+			return
+		}
+		plan, err := ParsePlan([]byte(data))
+		changed(plan, err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    report,
+		UpdateFunc: func(_, cur any) { report(cur) },
+		DeleteFunc: func(any) { changed(Plan{}, ErrNoPlan) },
+	}); err != nil {
+		return fmt.Errorf("watch ConfigMap %s/%s: %w", namespace, PlanName, err)
+	}
+	factory.Start(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		factory.Shutdown()
+		return nil
+	}
+	if len(inf.GetStore().List()) == 0 {
+		changed(Plan{}, ErrNoPlan)
+	}
+	<-ctx.Done()
+	factory.Shutdown()
+	return nil
+}
+
+// Uninstalling reports whether the fabric is being removed from the
+// cluster rather than restarted on this node: its DaemonSet is gone or
+// being deleted, or the fabric's service account lost its rights (the
+// namespace is going). A pod that stops for any other reason (an update,
+// a node drain) leaves the routes in place, so traffic keeps flowing.
+func Uninstalling(ctx context.Context, client kubernetes.Interface, namespace string) (bool, error) {
+	ds, err := client.AppsV1().DaemonSets(namespace).Get(ctx, DaemonSetName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err), apierrors.IsUnauthorized(err), apierrors.IsForbidden(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("read DaemonSet %s/%s: %w", namespace, DaemonSetName, err)
+	}
+	return ds.DeletionTimestamp != nil, nil
+}

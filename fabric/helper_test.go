@@ -1,0 +1,156 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/flotilla-io/flotilla/fabric"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// Addresses of the test cluster: nodes' pod blocks inside 10.0.0.0/16,
+// one peer's network seen as the view 10.70.0.0/16.
+var (
+	podNet   = netip.MustParsePrefix("10.0.0.0/16")
+	gwBlock  = netip.MustParsePrefix("10.0.0.0/24")
+	wkBlock  = netip.MustParsePrefix("10.0.1.0/24")
+	podAddr  = netip.MustParseAddr("10.0.1.5")
+	view     = netip.MustParsePrefix("10.70.0.0/16")
+	peerAddr = netip.MustParseAddr("10.70.0.9") // the remote pod, as this cluster sees it
+)
+
+const (
+	port       = 7070
+	tunnelLink = "wgx" // the stand-in for the gateway's WireGuard link
+)
+
+var iptables = harness.Requirement{
+	Name:  "iptables (nf_tables backend)",
+	Check: func() error { _, err := exec.LookPath("iptables"); return err },
+	Fix:   "apt-get install -y --no-install-recommends iptables",
+}
+
+// cluster is a gateway node and a worker node on one LAN, a pod behind
+// the worker, and behind the gateway's "tunnel" link a peer namespace that
+// holds an address in the view, as the remote pod would after the
+// tunnel's translation. The gateway routes the view into that link, as
+// the tunnel does.
+type cluster struct {
+	env     *harness.Env
+	gw, wk  *harness.Site
+	pod     *harness.Pod
+	peer    *harness.Site
+	fabrics map[*harness.Site]*fabric.Fabric
+}
+
+func newCluster(t testing.TB) *cluster {
+	t.Helper()
+	env := harness.New(t)
+	env.Require(harness.Root, harness.IPRoute2, harness.Ping, harness.NFT)
+	lan := env.NewLAN("lan")
+	c := &cluster{env: env, fabrics: map[*harness.Site]*fabric.Fabric{}}
+	c.gw = env.NewSite("gw", harness.SiteOptions{LAN: lan, PodCIDR: gwBlock})
+	c.wk = env.NewSite("wk", harness.SiteOptions{LAN: lan, PodCIDR: wkBlock})
+	c.pod = c.wk.AddPod("p", podAddr)
+	// The peer sits on a LAN of its own with only the gateway; its
+	// "lan0" plays the far end of the tunnel.
+	tun := env.NewLAN("tun")
+	c.peer = env.NewSite("peer", harness.SiteOptions{LAN: tun})
+	c.gw.MustExec("ip", "link", "add", tunnelLink, "type", "veth", "peer", "name", "wgx-far")
+	c.gw.MustExec("ip", "link", "set", "wgx-far", "netns", c.peer.Name)
+	c.gw.MustExec("ip", "addr", "add", "169.254.9.1/30", "dev", tunnelLink)
+	c.gw.MustExec("ip", "link", "set", tunnelLink, "up")
+	c.peer.MustExec("ip", "addr", "add", "169.254.9.2/30", "dev", "wgx-far")
+	c.peer.MustExec("ip", "addr", "add", peerAddr.String()+"/32", "dev", "wgx-far")
+	c.peer.MustExec("ip", "link", "set", "wgx-far", "up")
+	c.peer.MustExec("ip", "route", "add", podNet.String(), "via", "169.254.9.1", "src", peerAddr.String())
+	// The node network too, so that a masqueraded connection is answered
+	// and a test sees which source address arrived.
+	c.peer.MustExec("ip", "route", "add", lan.Prefix.String(), "via", "169.254.9.1", "src", peerAddr.String())
+	c.gw.MustExec("ip", "route", "add", view.String(), "via", "169.254.9.2")
+	c.peer.ServeTCP(port)
+	return c
+}
+
+// fabric returns the Fabric of a node, made on first use; it is removed
+// when the test ends.
+func (c *cluster) fabric(t testing.TB, s *harness.Site) *fabric.Fabric {
+	t.Helper()
+	if f := c.fabrics[s]; f != nil {
+		return f
+	}
+	return c.fabricWith(t, s, fabric.Config{})
+}
+
+// fabricWith makes the Fabric of a node with cfg; it is removed when the
+// test ends.
+func (c *cluster) fabricWith(t testing.TB, s *harness.Site, cfg fabric.Config) *fabric.Fabric {
+	t.Helper()
+	f, err := fabric.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fabrics[s] = f
+	t.Cleanup(func() {
+		if err := s.Do(func() error { return fabric.Remove(cfg) }); err != nil {
+			t.Errorf("remove fabric on %s: %v", s.SiteName, err)
+		}
+	})
+	return f
+}
+
+func (c *cluster) workerDesired() fabric.Desired {
+	return fabric.Desired{Role: fabric.Worker, Gateway: c.gw.Addr, Views: []netip.Prefix{view}, MTU: 1420}
+}
+
+func (c *cluster) gatewayDesired() fabric.Desired {
+	return fabric.Desired{Role: fabric.Gateway, Views: []netip.Prefix{view}, TunnelInterface: tunnelLink,
+		Nodes: []fabric.Node{{Addr: c.gw.Addr, PodCIDRs: []netip.Prefix{gwBlock}}, {Addr: c.wk.Addr, PodCIDRs: []netip.Prefix{wkBlock}}}}
+}
+
+func (c *cluster) apply(t testing.TB, s *harness.Site, d fabric.Desired) {
+	t.Helper()
+	f := c.fabric(t, s)
+	if err := s.Do(func() error { return f.Apply(d) }); err != nil {
+		t.Fatalf("apply on %s: %v", s.SiteName, err)
+	}
+}
+
+func (c *cluster) applyBoth(t testing.TB) {
+	t.Helper()
+	c.apply(t, c.gw, c.gatewayDesired())
+	c.apply(t, c.wk, c.workerDesired())
+}
+
+// remove takes the fabric off a node.
+func remove(t testing.TB, s *harness.Site) {
+	t.Helper()
+	if err := s.Do(func() error { return fabric.Remove(fabric.Config{}) }); err != nil {
+		t.Fatalf("remove on %s: %v", s.SiteName, err)
+	}
+}
+
+// seen connects from the pod to addr and returns the source address the
+// server saw.
+func (c *cluster) seen(to netip.Addr) (netip.Addr, error) {
+	return c.pod.TCPExchange(netip.AddrPortFrom(to, port))
+}
+
+// state is what a node shows of the fabric's kinds of objects, for
+// comparing before and after.
+func state(s *harness.Site) string {
+	var b strings.Builder
+	for _, cmd := range [][]string{
+		{"ip", "-4", "-d", "route", "show", "table", "all"},
+		{"ip", "-4", "rule", "show"},
+		{"nft", "list", "ruleset"},
+	} {
+		out, err := s.Exec(context.Background(), cmd[0], cmd[1:]...)
+		fmt.Fprintf(&b, "$ %s\n%s%v\n", strings.Join(cmd, " "), out, err)
+	}
+	return b.String()
+}

@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// Every node in the federation: two clusters of three real nodes (a
+// gateway and two workers), both on 10.0.0.0/16, with flannel's
+// masquerade rules (iptables-nft) installed before the agent. Pods on the
+// workers of each cluster talk to pods on the workers of the other, in
+// both directions, each seeing the other at its own view of it; then with
+// Calico's rules (nft) added after the agent. A worker added after
+// peering gets its routes; a fabric pod restarted keeps traffic flowing;
+// an uninstall leaves no rule, route or table of the fabric on any node.
+func TestFabric(t *testing.T) {
+	harness.Require(t, harness.NeedsNodes...)
+	harness.Require(t, harness.IPTables)
+	var run string
+	t.Run("federation", func(t *testing.T) {
+		env := harness.New(t)
+		run = env.RunID
+		start := time.Now()
+		cs := federation.OnNodes(t, env, federation.NodeOptions{
+			Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+			Workers: 2, Masquerade: harness.FlannelIPTables,
+		})
+		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+		t.Logf("Peers Connected: %s", time.Since(start).Round(time.Millisecond))
+		web := map[*federation.NodeCluster]corev1.Pod{}
+		for _, c := range cs {
+			web[c] = federation.RunWeb(t, c, c.Workers[0], "web-w1")
+		}
+		talk := func(t *testing.T) {
+			t.Helper()
+			for _, from := range cs {
+				for _, to := range cs {
+					if from == to {
+						continue
+					}
+					if r := federation.FetchPods(t, from, web[from], to, web[to]); r.Err != nil {
+						t.Errorf("worker pod of %s -> worker pod of %s (%s): %v\n%s", from.Name, to.Name, r.Dst, r.Err, fabricDiagnosis(cs))
+					}
+				}
+			}
+		}
+
+		t.Run("worker pods talk by their views, flannel's masquerade first", talk)
+		t.Run("the fabric is on every node", func(t *testing.T) {
+			for _, c := range cs {
+				for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+					if left := fabricOn(n); len(left) == 0 {
+						t.Errorf("node %s of %s holds nothing of the fabric", n.NodeName, c.Name)
+					}
+				}
+			}
+		})
+		t.Run("with Calico's masquerade (nft) added after the agent", func(t *testing.T) {
+			for _, c := range cs {
+				for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+					if err := n.InstallMasquerade(harness.CalicoNFT); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			talk(t)
+		})
+		t.Run("the gateway host reaches a remote worker pod", func(t *testing.T) {
+			for _, from := range cs {
+				for _, to := range cs {
+					if from == to {
+						continue
+					}
+					dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(web[to].Status.PodIP))
+					// The host's source: the first address of its node's
+					// pod block, as the peer sees it.
+					want := federation.ViewOf(t, to.Cluster, from.Cluster, from.Gateway.PodCIDR.Addr().Next())
+					if err := from.Gateway.Ping(dst); err != nil {
+						t.Errorf("gateway host of %s pings %s's worker pod at %s: %v", from.Name, to.Name, dst, err)
+					}
+					seen, err := from.Gateway.TCPExchange(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
+					if err != nil || seen != want {
+						t.Errorf("gateway host of %s -> %s's worker pod at %s: seen as %v (%v), want %s", from.Name, to.Name, dst, seen, err, want)
+					}
+				}
+			}
+		})
+		t.Run("1 MB crosses with ICMP fragmentation-needed dropped", func(t *testing.T) {
+			// Every node drops ICMP "fragmentation needed", as firewalls on
+			// many paths do: path MTU discovery cannot work, only the MSS
+			// clamp keeps segments within the tunnel's MTU.
+			for _, c := range cs {
+				for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+					dropFragNeeded(t, n)
+				}
+			}
+			for _, from := range cs {
+				for _, to := range cs {
+					if from == to {
+						continue
+					}
+					dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(web[to].Status.PodIP))
+					url := fmt.Sprintf("http://%s:%d/bytes?n=%d", dst, harness.TestServerHTTPPort, 1<<20)
+					out, err := federation.KubectlTimeout(from.CP, time.Minute, "exec", web[from].Name, "--", "/testserver", "-discard", "-get", url)
+					if err != nil || !strings.HasPrefix(out, fmt.Sprint(1<<20)+" ") {
+						t.Errorf("%s's worker pod GET 1 MB from %s's at %s: %q, %v", from.Name, to.Name, dst, out, err)
+					}
+				}
+			}
+		})
+		t.Run("a worker added after peering gets its routes", func(t *testing.T) {
+			a, b := cs[0], cs[1]
+			n := a.AddWorkers(t, "w3")[0]
+			pod := federation.RunWeb(t, a, n, "web-w3")
+			if r := federation.FetchPods(t, a, pod, b, web[b]); r.Err != nil {
+				t.Errorf("pod on the new worker -> %s: %v\n%s", b.Name, r.Err, fabricDiagnosis(cs))
+			}
+			if r := federation.FetchPods(t, b, web[b], a, pod); r.Err != nil {
+				t.Errorf("%s -> pod on the new worker: %v\n%s", b.Name, r.Err, fabricDiagnosis(cs))
+			}
+		})
+		t.Run("a fabric pod restarted keeps traffic flowing", func(t *testing.T) {
+			a, b := cs[0], cs[1]
+			ctx := t.Context()
+			old := fabricPod(t, a, a.Workers[0])
+			if err := a.CP.Client.CoreV1().Pods(federation.AgentNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// While no fabric pod runs on the node (its old one gone,
+			// the new one not yet started), traffic still flows.
+			eventually.Within(t, 30*time.Second, "the old fabric pod gone", func() error {
+				_, err := a.CP.Client.CoreV1().Pods(federation.AgentNamespace).Get(ctx, old.Name, metav1.GetOptions{})
+				if err == nil {
+					return fmt.Errorf("pod %s still there", old.Name)
+				}
+				return nil
+			})
+			if r := federation.FetchPods(t, a, web[a], b, web[b]); r.Err != nil {
+				t.Errorf("between fabric pods: %v", r.Err)
+			}
+			eventually.Within(t, 60*time.Second, "a new fabric pod Ready on the node", func() error {
+				p, err := fabricPodOn(ctx, a, a.Workers[0])
+				if err != nil {
+					return err
+				}
+				if p.UID == old.UID {
+					return fmt.Errorf("still the old pod")
+				}
+				return podIsReady(p)
+			})
+			talk(t)
+		})
+		t.Run("uninstall leaves nothing of the fabric on any node", func(t *testing.T) {
+			a := cs[0]
+			mustKubectl(t, a.CP, "delete", "-k", a.Install, "--wait", "--timeout=90s")
+			for _, n := range append([]*harness.Node{a.Gateway}, a.Workers...) {
+				eventually.Within(t, 30*time.Second, "nothing of the fabric on "+n.NodeName, func() error {
+					if left := fabricOn(n); len(left) > 0 {
+						return fmt.Errorf("left: %s", strings.Join(left, "; "))
+					}
+					return nil
+				})
+			}
+		})
+	})
+	if left := harness.Leftovers(run); len(left) > 0 {
+		t.Fatalf("run %s left behind: %v", run, left)
+	}
+}
+
+// dropFragNeeded drops ICMP "fragmentation needed" the node sends or
+// forwards, until the test ends.
+func dropFragNeeded(t *testing.T, n *harness.Node) {
+	t.Helper()
+	const rules = `table ip flotest-pmtu {
+	chain pmtu_out { type filter hook output priority 0; icmp type destination-unreachable icmp code frag-needed counter drop; }
+	chain pmtu_fwd { type filter hook forward priority 0; icmp type destination-unreachable icmp code frag-needed counter drop; }
+}
+`
+	if err := n.Do(func() error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("drop ICMP fragmentation-needed on %s: %v", n.NodeName, err)
+	}
+	t.Cleanup(func() { n.Exec(context.Background(), "nft", "delete", "table", "ip", "flotest-pmtu") })
+}
+
+// fabricOn lists what of the fabric a node holds: rules to its table,
+// routes in it, its nftables table.
+func fabricOn(n *harness.Node) []string {
+	var out []string
+	if rules, err := n.Exec(context.Background(), "ip", "rule", "show", "table", fmt.Sprint(fabricTable)); err == nil && len(strings.TrimSpace(string(rules))) > 0 {
+		out = append(out, "rules: "+strings.TrimSpace(string(rules)))
+	}
+	if routes, err := n.Exec(context.Background(), "ip", "route", "show", "table", fmt.Sprint(fabricTable)); err == nil && len(strings.TrimSpace(string(routes))) > 0 {
+		out = append(out, "routes: "+strings.TrimSpace(string(routes)))
+	}
+	if _, err := n.Exec(context.Background(), "nft", "list", "table", "ip", fabricNFTable); err == nil {
+		out = append(out, "nftables table ip "+fabricNFTable)
+	}
+	return out
+}
+
+// The fabric's defaults (package fabric).
+const (
+	fabricTable   = 102
+	fabricNFTable = "flotilla-fabric"
+)
+
+// fabricDiagnosis says what the fabric holds on every node, and the
+// fabric pods' last log lines, for a failure message.
+func fabricDiagnosis(cs []*federation.NodeCluster) string {
+	var b strings.Builder
+	for _, c := range cs {
+		for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+			fmt.Fprintf(&b, "%s/%s: %s\n", c.Name, n.NodeName, strings.Join(fabricOn(n), "; "))
+		}
+		out, _ := federation.Kubectl(c.CP, "-n", federation.AgentNamespace, "logs", "--tail=5", "--prefix", "-l", "app.kubernetes.io/component=fabric")
+		b.WriteString(out)
+	}
+	return b.String()
+}
+
+// fabricPod is the fabric's pod on node, once Ready.
+func fabricPod(t *testing.T, c *federation.NodeCluster, node *harness.Node) corev1.Pod {
+	t.Helper()
+	var p corev1.Pod
+	eventually.Within(t, 60*time.Second, "fabric pod Ready on "+node.NodeName, func() error {
+		var err error
+		if p, err = fabricPodOn(t.Context(), c, node); err != nil {
+			return err
+		}
+		return podIsReady(p)
+	})
+	return p
+}
+
+func fabricPodOn(ctx context.Context, c *federation.NodeCluster, node *harness.Node) (corev1.Pod, error) {
+	pods, err := c.CP.Client.CoreV1().Pods(federation.AgentNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=fabric",
+		FieldSelector: "spec.nodeName=" + node.NodeName,
+	})
+	if err != nil {
+		return corev1.Pod{}, err
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			return p, nil
+		}
+	}
+	return corev1.Pod{}, fmt.Errorf("no fabric pod on %s (of %d)", node.NodeName, len(pods.Items))
+}
+
+func podIsReady(p corev1.Pod) error {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
+}
