@@ -1,13 +1,14 @@
 // Command demo brings up a local federation on this machine: for each
-// cluster a real control plane and a real gateway node (containerd,
-// kubelet, kube-proxy, a bridge CNI) on one shared LAN, all clusters on
-// the same PodCIDR. Each cluster's agent is installed as a cluster runs
+// cluster a real control plane, a real gateway node and a real worker
+// node (containerd, kubelet, kube-proxy, a bridge CNI) on one shared LAN,
+// all clusters on the same PodCIDR. Each cluster's agent is installed as a cluster runs
 // it, with `kubectl apply --server-side -k` of deploy/ plus the cluster's
 // settings, from its own image built from this checkout; a test server
 // pod runs on each gateway node. The agents find each other (mDNS),
 // negotiate views and bring up WireGuard tunnels, and the demo shows a
 // real pod of one cluster fetching from a real pod of the other across
-// the overlapping PodCIDRs. It tears everything down on Ctrl-C. `make
+// the overlapping PodCIDRs: gateway node to gateway node, then worker to
+// worker through the fabric. It tears everything down on Ctrl-C. `make
 // demo` runs it.
 package main
 
@@ -23,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -30,12 +33,17 @@ import (
 
 func main() {
 	clusters := flag.Int("clusters", 2, "number of clusters (1-9)")
+	workers := flag.Int("workers", 1, "worker nodes per cluster besides its gateway node (0-4)")
 	podCIDR := flag.String("pod-cidr", "10.0.0.0/16", "PodCIDR of every cluster (the same on purpose: Flotilla remaps overlaps)")
 	bin := flag.String("flotilla", "", "flotilla binary for the status command (default: build this checkout; the agent runs from its image, always built from this checkout)")
 	exitWhenReady := flag.Bool("exit-when-ready", false, "tear down as soon as everything is up (for tests)")
 	flag.Parse()
 	if *clusters < 1 || *clusters > 9 {
 		fmt.Fprintln(os.Stderr, "demo: -clusters must be 1 to 9")
+		os.Exit(2)
+	}
+	if *workers < 0 || *workers > 4 {
+		fmt.Fprintln(os.Stderr, "demo: -workers must be 0 to 4")
 		os.Exit(2)
 	}
 	cidr, err := netip.ParsePrefix(*podCIDR)
@@ -46,19 +54,19 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(harness.RunProgram("demo", os.Stderr, func(p *harness.Program) {
-		run(ctx, p, os.Stdout, *clusters, cidr, *bin, *exitWhenReady)
+		run(ctx, p, os.Stdout, *clusters, *workers, cidr, *bin, *exitWhenReady)
 	}))
 }
 
-func run(ctx context.Context, p *harness.Program, out io.Writer, n int, cidr netip.Prefix, bin string, exitWhenReady bool) {
+func run(ctx context.Context, p *harness.Program, out io.Writer, n, workers int, cidr netip.Prefix, bin string, exitWhenReady bool) {
 	harness.Require(p, harness.NeedsNodes...)
 	start := time.Now()
 	env := harness.New(p)
 	if bin == "" {
 		bin = harness.Flotilla(p)
 	}
-	fmt.Fprintf(out, "demo: run %s: starting %d clusters of real nodes, all with PodCIDR %s\n", env.RunID, n, cidr)
-	cs := federation.OnNodes(p, env, federation.NodeOptions{Clusters: n, PodCIDR: cidr})
+	fmt.Fprintf(out, "demo: run %s: starting %d clusters of real nodes (a gateway and %d workers each), all with PodCIDR %s\n", env.RunID, n, workers, cidr)
+	cs := federation.OnNodes(p, env, federation.NodeOptions{Clusters: n, PodCIDR: cidr, Workers: workers})
 	fmt.Fprintf(out, "demo: control planes, gateway nodes, agents (kubectl apply -k) and test pods up in %.1fs; waiting for the agents to connect\n", time.Since(start).Seconds())
 	if n > 1 {
 		federation.WaitPhases(p, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
@@ -69,7 +77,15 @@ func run(ctx context.Context, p *harness.Program, out io.Writer, n int, cidr net
 	}
 	var url string
 	if n > 1 {
-		url = showFetch(p, out, cs[0], cs[1], cidr)
+		url = showFetch(p, out, cs[0], cs[0].Web, cs[1], cs[1].Web, cidr)
+		if workers > 0 {
+			// Through the fabric: from a worker node to the gateway,
+			// through the tunnel, and to the worker of the other.
+			a, b := cs[0], cs[1]
+			wa := federation.RunWeb(p, a, a.Workers[0], "web-w1")
+			wb := federation.RunWeb(p, b, b.Workers[0], "web-w1")
+			showFetch(p, out, a, wa, b, wb, cidr)
+		}
 	}
 	showHowToLook(out, cs[0], url)
 	fmt.Fprintf(out, "demo: ready in %.1fs\n", time.Since(start).Seconds())
@@ -99,17 +115,17 @@ func showCluster(p *harness.Program, out io.Writer, c *federation.NodeCluster, b
 
 // showFetch has a's test server pod fetch from b's by a's view of it, and
 // returns the URL it fetched.
-func showFetch(p *harness.Program, out io.Writer, a, b *federation.NodeCluster, cidr netip.Prefix) string {
-	r := federation.Fetch(p, a, b)
+func showFetch(p *harness.Program, out io.Writer, a *federation.NodeCluster, pa corev1.Pod, b *federation.NodeCluster, pb corev1.Pod, cidr netip.Prefix) string {
+	r := federation.FetchPods(p, a, pa, b, pb)
 	url := fmt.Sprintf("http://%s:%d/peer", r.Dst, harness.TestServerHTTPPort)
-	fmt.Fprintf(out, "\nPod-to-pod across the overlap: pod %s (%s) of %s fetched %s from pod %s (%s) of %s, at %s's view of %s;\n",
-		a.Web.Name, a.Web.Status.PodIP, a.Name, url, b.Web.Name, b.Web.Status.PodIP, b.Name, a.Name, b.Name)
+	fmt.Fprintf(out, "\nPod-to-pod across the overlap: pod %s (%s, node %s) of %s fetched %s from pod %s (%s, node %s) of %s, at %s's view of %s;\n",
+		pa.Name, pa.Status.PodIP, pa.Spec.NodeName, a.Name, url, pb.Name, pb.Status.PodIP, pb.Spec.NodeName, b.Name, a.Name, b.Name)
 	if r.Err != nil {
 		p.Fatalf("the fetch failed: %v", r.Err)
 	}
 	same := fmt.Sprintf("Both pods are in %s in their own clusters.", cidr)
-	if a.Web.Status.PodIP == b.Web.Status.PodIP {
-		same = fmt.Sprintf("Both pods are %s in their own clusters.", a.Web.Status.PodIP)
+	if pa.Status.PodIP == pb.Status.PodIP {
+		same = fmt.Sprintf("Both pods are %s in their own clusters.", pa.Status.PodIP)
 	}
 	fmt.Fprintf(out, "%s's pod answered and saw the caller as %s (%s's view of %s). %s\n", b.Name, r.Seen, b.Name, a.Name, same)
 	return url
