@@ -126,6 +126,12 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	if !cp.Options.PodCIDR.IsValid() || cp.Options.PodCIDR.Addr().Is6() {
 		return nil, errors.New("real nodes need an IPv4 ControlPlaneOptions.PodCIDR, from which each node gets its slice")
 	}
+	if err := e.claimSysctls(); err != nil {
+		return nil, err
+	}
+	if err := e.ensureInotifyRoom(); err != nil {
+		return nil, err
+	}
 	if err := cp.startScheduler(); err != nil {
 		return nil, err
 	}
@@ -145,9 +151,6 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		images = append(images, path)
 	}
 	images = append(images, opts.Images...)
-	if err := e.claimSysctls(); err != nil {
-		return nil, err
-	}
 
 	ns, err := e.newNetns(cp.Name + "-" + name)
 	if err != nil {
