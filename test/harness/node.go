@@ -126,6 +126,12 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	if !cp.Options.PodCIDR.IsValid() || cp.Options.PodCIDR.Addr().Is6() {
 		return nil, errors.New("real nodes need an IPv4 ControlPlaneOptions.PodCIDR, from which each node gets its slice")
 	}
+	if err := e.claimSysctls(); err != nil {
+		return nil, err
+	}
+	if err := e.ensureInotifyRoom(); err != nil {
+		return nil, err
+	}
 	if err := cp.startScheduler(); err != nil {
 		return nil, err
 	}
@@ -145,9 +151,6 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		images = append(images, path)
 	}
 	images = append(images, opts.Images...)
-	if err := e.claimSysctls(); err != nil {
-		return nil, err
-	}
 
 	ns, err := e.newNetns(cp.Name + "-" + name)
 	if err != nil {
@@ -263,8 +266,8 @@ func (n *Node) startContainerd(images []string) error {
 		if _, err := n.Ctr(ctx, "version"); err == nil {
 			break
 		}
-		if exited, err := n.Containerd.Exited(); exited {
-			return fmt.Errorf("containerd exited (%v):\n%s", err, n.Containerd.Tail(15))
+		if exited, _ := n.Containerd.Exited(); exited {
+			return n.Containerd.exitError()
 		}
 		select {
 		case <-ctx.Done():
@@ -272,12 +275,38 @@ func (n *Node) startContainerd(images []string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	if err := n.checkCRI(ctx); err != nil {
+		return err
+	}
 	for _, img := range images {
 		if err := n.ImportImage(img); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// checkCRI fails when the node's containerd runs without its CRI plugin:
+// containerd only warns when the plugin fails to load (out of inotify
+// instances, say), and kubelet would then exit with "unknown service
+// runtime.v1.RuntimeService", which hides why.
+func (n *Node) checkCRI(ctx context.Context) error {
+	out, err := n.Ctr(ctx, "plugins", "ls")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		// TYPE ID PLATFORMS STATUS
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == "io.containerd.grpc.v1" && f[1] == "cri" {
+			if status := f[len(f)-1]; status != "ok" {
+				return fmt.Errorf("containerd of node %s runs without its CRI plugin (%s), which kubelet needs; last lines of containerd (log: %s):\n%s",
+					n.NodeName, status, n.Containerd.LogPath, n.Containerd.Tail(15))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("containerd of node %s lists no CRI plugin (io.containerd.grpc.v1 cri):\n%s", n.NodeName, out)
 }
 
 // Ctr runs containerd's ctr against the node's containerd, in the
@@ -333,9 +362,10 @@ func (n *Node) startKubelet(role string) error {
 	// manager once the kubelet has registered the Node.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	var exited bool
 	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if exited, err := n.Kubelet.Exited(); exited {
-			return false, fmt.Errorf("kubelet exited (%v)", err)
+		if exited, _ = n.Kubelet.Exited(); exited {
+			return false, n.Kubelet.exitError()
 		}
 		node, err := cp.Client.CoreV1().Nodes().Get(ctx, n.NodeName, metav1.GetOptions{})
 		if err != nil || len(node.Spec.PodCIDRs) == 0 {
@@ -344,8 +374,11 @@ func (n *Node) startKubelet(role string) error {
 		n.PodCIDR, err = netip.ParsePrefix(node.Spec.PodCIDRs[0])
 		return err == nil, err
 	})
-	if err != nil {
-		return fmt.Errorf("node %s registered with no pod range: %w\nlast lines of kubelet:\n%s", n.NodeName, err, n.Kubelet.Tail(15))
+	switch {
+	case exited:
+		return err
+	case err != nil:
+		return fmt.Errorf("node %s registered with no pod range: %w\nlast lines of kubelet (log: %s):\n%s", n.NodeName, err, n.Kubelet.LogPath, n.Kubelet.Tail(15))
 	}
 	return nil
 }
@@ -425,8 +458,8 @@ func (n *Node) waitReady(timeout time.Duration) error {
 	var last string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		for _, p := range []*Process{n.Containerd, n.Kubelet, n.KubeProxy} {
-			if exited, err := p.Exited(); exited {
-				return false, fmt.Errorf("%s exited (%v):\n%s", p.Name, err, p.Tail(15))
+			if exited, _ := p.Exited(); exited {
+				return false, p.exitError()
 			}
 		}
 		node, err := n.cp.Client.CoreV1().Nodes().Get(ctx, n.NodeName, metav1.GetOptions{})

@@ -16,8 +16,8 @@ import (
 // network namespace does not separate them.
 var kubeletSysctls = []string{"vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops"}
 
-// The values before the first kubelet of any run are kept in a host-wide
-// file; each run with nodes holds a marker file; the last run to finish
+// The values before the first kubelet of any run (and the inotify limit's
+// before the harness raises it) are kept in a host-wide file; each run with nodes holds a marker file; the last run to finish
 // (or Sweep, after a crash) restores the values and removes the file.
 var (
 	sysctlOriginals = filepath.Join(lockDir, "sysctl-originals")
@@ -92,7 +92,8 @@ func withSysctlLock(fn func() error) error {
 }
 
 // claimSysctls records, once per run, that the run is about to start
-// kubelets, and the sysctls' values unless another run already did.
+// kubelets, and the values of the sysctls they change unless another run
+// already did.
 func (e *Env) claimSysctls() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -110,18 +111,12 @@ func (e *Env) claimSysctls() error {
 		if err := os.WriteFile(nodesMarker(e.RunID), nil, 0o644); err != nil {
 			return err
 		}
-		if _, err := os.Stat(sysctlOriginals); err == nil {
-			return nil // another run with nodes is live, or a dead one's sweep is due
-		}
-		var b strings.Builder
 		for _, k := range kubeletSysctls {
-			v, err := readSysctl(k)
-			if err != nil {
-				return fmt.Errorf("read %s: %w", k, err)
+			if err := recordOriginal(k); err != nil {
+				return err
 			}
-			fmt.Fprintf(&b, "%s=%s\n", k, v)
 		}
-		return os.WriteFile(sysctlOriginals, []byte(b.String()), 0o644)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("record the sysctls kubelet changes: %w", err)
@@ -133,6 +128,34 @@ func (e *Env) claimSysctls() error {
 		}
 	})
 	return nil
+}
+
+// recordOriginal adds key's value to the originals file, unless a run
+// already recorded it (another run with nodes is live, or a dead one's
+// sweep is due). The caller holds the sysctl lock.
+func recordOriginal(key string) error {
+	b, err := os.ReadFile(sysctlOriginals)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, _, _ := strings.Cut(line, "="); k == key {
+			return nil
+		}
+	}
+	v, err := readSysctl(key)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	f, err := os.OpenFile(sysctlOriginals, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(f, "%s=%s\n", key, v); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // kubeletSocket is the device-plugin socket every kubelet creates there,

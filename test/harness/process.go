@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -188,6 +189,39 @@ func (p *Process) Stop() error {
 	}
 	_, err := p.Exited()
 	return err
+}
+
+// exitError says that the process exited on its own: first the last
+// error it logged, which names the cause (kubelet's "Failed to start
+// cAdvisor" err="..."), then its last lines.
+func (p *Process) exitError() error {
+	_, err := p.Exited()
+	reason := p.lastError()
+	if reason == "" {
+		reason = "it logged no error"
+	}
+	return fmt.Errorf("%s exited (%v): %s\nlast lines of %s (log: %s):\n%s", p.Name, err, reason, p.Name, p.LogPath, p.Tail(15))
+}
+
+// klogError matches the header of an error or fatal line of klog
+// (Kubernetes components): "E1123 16:00:00.013897   30735 kubelet.go:1687] ".
+var klogError = regexp.MustCompile(`^[EF]\d{4} [\d:.]+\s+\d+ [^\]]*\] `)
+
+// lastError returns the last error line of the process's log, in klog's
+// format (without its header) or logrus's (containerd's level=error or
+// level=fatal), or "".
+func (p *Process) lastError() string {
+	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if h := klogError.FindString(l); h != "" {
+			return l[len(h):]
+		}
+		if strings.Contains(l, "level=error") || strings.Contains(l, "level=fatal") {
+			return l
+		}
+	}
+	return ""
 }
 
 // Log returns what the process has printed so far.
