@@ -18,7 +18,9 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// Every node in the federation: two clusters of three real nodes (a
+// Every node in the federation (issue 11), and the harness's clusters of
+// real nodes with workers and a CNI's masquerade (issue 10): two clusters
+// of three real nodes (a
 // gateway and two workers), both on 10.0.0.0/16, with flannel's
 // masquerade rules (iptables-nft) installed before the agent. Pods on the
 // workers of each cluster talk to pods on the workers of the other, in
@@ -39,7 +41,15 @@ func TestFabric(t *testing.T) {
 			Workers: 2, Masquerade: harness.FlannelIPTables,
 		})
 		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-		t.Logf("Peers Connected: %s", time.Since(start).Round(time.Millisecond))
+		var mem int64
+		for _, c := range cs {
+			mem += c.CP.Memory() + c.Gateway.Memory()
+			for _, w := range c.Workers {
+				mem += w.Memory()
+			}
+		}
+		t.Logf("2 clusters of 3 nodes: Peers Connected %s after the start; %d MiB", time.Since(start).Round(time.Millisecond), mem>>20)
+		t.Run("the clusters are what OnNodes says", func(t *testing.T) { checkOnNodes(t, cs) })
 		web := map[*federation.NodeCluster]corev1.Pod{}
 		for _, c := range cs {
 			web[c] = federation.RunWeb(t, c, c.Workers[0], "web-w1")
@@ -178,6 +188,51 @@ func TestFabric(t *testing.T) {
 	})
 	if left := harness.Leftovers(run); len(left) > 0 {
 		t.Fatalf("run %s left behind: %v", run, left)
+	}
+}
+
+// checkOnNodes checks the harness's side of the clusters: every node on
+// the gateways' LAN with flannel's masquerade in nat POSTROUTING, the
+// workers labelled as such, and a worker's pod reaching the gateway's pod
+// inside the cluster with its own address.
+func checkOnNodes(t *testing.T, cs []*federation.NodeCluster) {
+	ctx := t.Context()
+	lan := netip.PrefixFrom(cs[0].Gateway.Addr, 24).Masked()
+	for _, c := range cs {
+		if len(c.Workers) != 2 {
+			t.Fatalf("cluster %s has %d workers, want 2", c.Name, len(c.Workers))
+		}
+		for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+			if !lan.Contains(n.Addr) {
+				t.Errorf("node %s of %s at %s, off the gateways' LAN %s", n.NodeName, c.Name, n.Addr, lan)
+			}
+			rules, err := n.Exec(ctx, "iptables-nft", "-t", "nat", "-S", "POSTROUTING")
+			if err != nil || !strings.Contains(string(rules), "FLANNEL-POSTRTG") {
+				t.Errorf("node %s of %s: no flannel masquerade in nat POSTROUTING (%v):\n%s", n.NodeName, c.Name, err, rules)
+			}
+		}
+		for _, w := range c.Workers {
+			node, err := c.CP.Client.CoreV1().Nodes().Get(ctx, w.NodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if role := node.Labels[harness.RoleLabel]; role != "worker" {
+				t.Errorf("node %s of %s has role %q, want worker", w.NodeName, c.Name, role)
+			}
+		}
+	}
+	a := cs[0]
+	pod := federation.RunWeb(t, a, a.Workers[1], "web-w2")
+	if !a.Workers[1].PodCIDR.Contains(netip.MustParseAddr(pod.Status.PodIP)) {
+		t.Fatalf("pod %s with %s, want in %s's block %s", pod.Name, pod.Status.PodIP, a.Workers[1].NodeName, a.Workers[1].PodCIDR)
+	}
+	url := fmt.Sprintf("http://%s:%d/peer", a.Web.Status.PodIP, harness.TestServerHTTPPort)
+	out, err := federation.Kubectl(a.CP, "exec", pod.Name, "--", "/testserver", "-get", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen := strings.TrimSpace(out); seen != pod.Status.PodIP {
+		t.Errorf("the gateway's pod saw the worker's pod (%s) as %s", pod.Status.PodIP, seen)
 	}
 }
 
