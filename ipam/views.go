@@ -398,11 +398,13 @@ func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
 	width := remote.Addr().BitLen()
 	mask := hostMask(width, remote.Bits())
 	var tried []string
+	largest := false // some pool is as large as remote
 	for _, pool := range t.l.pools {
 		if pool.Addr().BitLen() != width {
 			continue
 		}
 		tried = append(tried, pool.String())
+		largest = largest || pool.Bits() <= remote.Bits()
 		if pool.Bits() > remote.Bits() {
 			continue
 		}
@@ -439,8 +441,25 @@ func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
 	if len(tried) == 0 {
 		return netip.Prefix{}, fmt.Errorf("%w: no %s pool configured for a /%d", ErrExhausted, family(remote), remote.Bits())
 	}
-	return netip.Prefix{}, fmt.Errorf("%w: no free /%d in %s (%s)", ErrExhausted, remote.Bits(), strings.Join(tried, ", "), family(remote))
+	return netip.Prefix{}, &ExhaustedError{Range: remote, Pools: strings.Join(tried, ", "), Larger: !largest}
 }
+
+// ExhaustedError says that no remap pool had room for a view of Range; it
+// is ErrExhausted (errors.Is).
+type ExhaustedError struct {
+	Range netip.Prefix
+	// Pools are the pools of its family, as a list for people.
+	Pools string
+	// Larger: Range is larger than every pool, so it can never be
+	// remapped, however empty the pools.
+	Larger bool
+}
+
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("%v: no free /%d in %s (%s)", ErrExhausted, e.Range.Bits(), e.Pools, family(e.Range))
+}
+
+func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // RecordTheirView records that peer addresses this cluster's range mine as
 // theirs, as learned in negotiation. The claim is refused, with the reason,
@@ -489,6 +508,36 @@ func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 	}
 	if err != nil {
 		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
+	}
+	return nil
+}
+
+// KeepTheirViews drops the peer's claims about ranges of ours other than
+// mine: the ranges this cluster announces changed, and a claim about one it
+// no longer announces describes nothing (and would refuse a claim about a
+// new range that overlaps it). Nothing to drop costs a read.
+func (l *Ledger) KeepTheirViews(peer string, mine []netip.Prefix) error {
+	stale := false
+	l.read(func(st *state) {
+		for k := range st.theirs {
+			stale = stale || k.peer == peer && !slices.Contains(mine, k.r)
+		}
+	})
+	if !stale {
+		return nil
+	}
+	err := l.update(func(t *txn) error {
+		for k := range t.st.theirs {
+			if k.peer == peer && !slices.Contains(mine, k.r) {
+				if err := t.deleteTheir(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("drop peer %s's views of ranges no longer announced: %w", peer, err)
 	}
 	return nil
 }
