@@ -95,7 +95,12 @@ func TestChangedNetworksReallocateAndRelease(t *testing.T) {
 	if err := a.eng.SetNetworks(blocksOf(pair)); err != nil {
 		t.Fatal(err)
 	}
+	probe := netip.MustParseAddr("10.0.1.9")
+	seen, _ := b.ledger.ToLocal(aID, probe)
 	follows("blocks aggregated", blocksOf(pair))
+	if now, _ := b.ledger.ToLocal(aID, probe); now != seen {
+		t.Errorf("b saw a's %s as %s, after aggregation as %s", probe, seen, now)
+	}
 	if err := a.eng.SetNetworks(blocksOf(block0, block1)); err != nil {
 		t.Fatal(err)
 	}

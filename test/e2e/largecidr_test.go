@@ -21,8 +21,9 @@ import (
 // 10.0.0.0/8 (a gateway and a worker, a /24 each), b on 10.244.0.0/16,
 // inside a's range, and c on 192.168.0.0/16. a announces its nodes'
 // blocks, not the /8, so b and c can map them; every pair connects and
-// pods talk by their views. A worker added to a afterwards gets its block
-// announced, viewed by b and c, and reached from them.
+// pods talk by their views. Two workers added to a afterwards get their
+// blocks announced, viewed by b and c, and reached from them, and the
+// pods b and c reached before keep their addresses.
 func TestLargePodCIDRPeers(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
@@ -88,21 +89,40 @@ func TestLargePodCIDRPeers(t *testing.T) {
 	})
 	t.Run("gateway pods talk", func(t *testing.T) { talk(t, a.Web) })
 	t.Run("a's worker pod talks", func(t *testing.T) { talk(t, onWorker) })
-	t.Run("a worker added to a gets its block announced and reached", func(t *testing.T) {
+	t.Run("workers added to a get their blocks announced and reached", func(t *testing.T) {
+		// How b and c address a's pods before: re-aggregating a's blocks
+		// (two /24s more make the /23 a /22) must not move them.
+		before := map[string]netip.Addr{}
+		for _, o := range cs[1:] {
+			for _, p := range []corev1.Pod{a.Web, onWorker} {
+				before[o.Name+"/"+p.Name] = federation.ViewOf(t, o.Cluster, a.Cluster, netip.MustParseAddr(p.Status.PodIP))
+			}
+		}
 		added := time.Now()
-		n := a.AddWorkers(t, "w2")[0]
+		nodes := a.AddWorkers(t, "w2", "w3")
 		registered := time.Now()
 		for _, o := range cs[1:] {
-			eventually.Within(t, 60*time.Second, o.Name+" views a's new block "+n.PodCIDR.String(), func() error {
-				if ranges := theirRanges(t, o, a); !coveredBy(n.PodCIDR, ranges) {
-					return fmt.Errorf("%s's views of a: %v", o.Name, ranges)
-				}
-				return nil
-			})
+			for _, n := range nodes {
+				eventually.Within(t, 60*time.Second, o.Name+" views a's new block "+n.PodCIDR.String(), func() error {
+					if ranges := theirRanges(t, o, a); !coveredBy(n.PodCIDR, ranges) {
+						return fmt.Errorf("%s's views of a: %v", o.Name, ranges)
+					}
+					return nil
+				})
+			}
 		}
-		t.Logf("node w2 Ready after %s; its block %s viewed by b and c %s after", registered.Sub(added).Round(time.Millisecond), n.PodCIDR, time.Since(registered).Round(time.Millisecond))
+		t.Logf("nodes w2, w3 Ready after %s; their blocks %s, %s viewed by b and c %s after; b sees a's %v",
+			registered.Sub(added).Round(time.Millisecond), nodes[0].PodCIDR, nodes[1].PodCIDR,
+			time.Since(registered).Round(time.Millisecond), theirRanges(t, cs[1], a))
 		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 60*time.Second)
-		talk(t, federation.RunWeb(t, a, n, "web-w2"))
+		for _, o := range cs[1:] {
+			for _, p := range []corev1.Pod{a.Web, onWorker} {
+				if now := federation.ViewOf(t, o.Cluster, a.Cluster, netip.MustParseAddr(p.Status.PodIP)); now != before[o.Name+"/"+p.Name] {
+					t.Errorf("%s addressed a's pod %s as %s, now as %s", o.Name, p.Name, before[o.Name+"/"+p.Name], now)
+				}
+			}
+		}
+		talk(t, federation.RunWeb(t, a, nodes[1], "web-w3"))
 		// The pods that talked before still do.
 		talk(t, onWorker)
 	})
