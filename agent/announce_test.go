@@ -1,14 +1,19 @@
 package agent
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/peering"
 )
@@ -162,5 +167,64 @@ func TestAnnounceTooManyBlocks(t *testing.T) {
 	got = announce(AnnounceAuto, r, blocks[:peering.MaxNetworks], ipam.DefaultPools)
 	if len(got.Networks) != peering.MaxNetworks || len(got.Notes) != 0 {
 		t.Fatalf("64 blocks: announced %d networks (%q), want the 64 blocks", len(got.Networks), got.Notes)
+	}
+}
+
+// A burst of Node changes is one renegotiation, and a look that changes
+// nothing is none.
+func TestAnnouncerDebouncesABurst(t *testing.T) {
+	var mu sync.Mutex
+	blocks := fields("10.0.0.0/24")
+	n := newAnnouncer(slog.New(slog.DiscardHandler), AnnounceAuto, fields("10.0.0.0/8"))
+	n.blocks = func() []netip.Prefix { mu.Lock(); defer mu.Unlock(); return slices.Clone(blocks) }
+	if first, _ := n.current(); !slices.Equal(first.Networks, fields("10.0.0.0/24")) {
+		t.Fatalf("announced %v at start", first.Networks)
+	}
+	sets := make(chan []netip.Prefix, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- n.run(ctx, func(p []netip.Prefix) error { sets <- p; return nil }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Three nodes register one after another, each a notification.
+	for _, b := range []string{"10.0.1.0/24", "10.0.2.0/24", "10.0.3.0/24"} {
+		mu.Lock()
+		blocks = append(blocks, netip.MustParsePrefix(b))
+		mu.Unlock()
+		n.notify()
+	}
+	if got := <-sets; !slices.Equal(got, fields("10.0.0.0/22")) {
+		t.Fatalf("renegotiated %v, want the /22", got)
+	}
+	// A change of nothing announced (a Node's address, say): no call.
+	// Witness: a real change after it is the next call.
+	n.notify()
+	time.Sleep(2 * announceDebounce)
+	mu.Lock()
+	blocks = blocks[1:]
+	mu.Unlock()
+	n.notify()
+	if got := <-sets; !slices.Equal(got, fields("10.0.1.0/24 10.0.2.0/23")) {
+		t.Fatalf("renegotiated %v after a block went", got)
+	}
+}
+
+// The gateway host's source stays inside what is announced: with blocks,
+// its node's own block is among them.
+func TestHostSourceInsideAnnouncedBlocks(t *testing.T) {
+	nodes := []fabricapi.Node{
+		{Name: "w1", PodCIDRs: fields("10.0.0.0/24")},
+		{Name: "gw", PodCIDRs: fields("10.0.1.0/24")},
+		{Name: "w2", PodCIDRs: fields("10.0.2.0/24")},
+	}
+	var blocks []netip.Prefix
+	for _, n := range nodes {
+		blocks = append(blocks, n.PodCIDRs...)
+	}
+	f := &fabricPlan{gatewayNode: "gw", nodes: func() []fabricapi.Node { return nodes }}
+	for _, mode := range []Announce{AnnounceAuto, AnnounceBlocks, AnnounceRange} {
+		a := announce(mode, fields("10.0.0.0/8"), blocks, ipam.DefaultPools)
+		if got := f.hostSource(a.Networks); got != netip.MustParseAddr("10.0.1.1") {
+			t.Errorf("%s: announced %v, the host's source is %v, want 10.0.1.1", mode, a.Networks, got)
+		}
 	}
 }
