@@ -55,6 +55,8 @@ type Config struct {
 	ReservedCIDRs []netip.Prefix
 	// Peering is the policy for Peers whose spec says nothing.
 	Peering peering.Policy
+	// Announce says what of the pod ranges is announced to peers.
+	Announce Announce
 	// UnreachableGrace: how long a failed member keeps tunnel and view.
 	UnreachableGrace time.Duration
 	// InstallCRDs applies the embedded CRDs at start.
@@ -102,6 +104,7 @@ func DefaultConfig() Config {
 		Logger:             slog.Default(),
 		ClusterName:        host,
 		Peering:            peering.PolicyAuto,
+		Announce:           AnnounceAuto,
 		UnreachableGrace:   5 * time.Minute,
 		InstallCRDs:        true,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
@@ -146,6 +149,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := peering.ParsePolicy(string(cfg.Peering)); err != nil {
 		return nil, fmt.Errorf("--peering: %w", err)
+	}
+	if cfg.Announce == "" {
+		cfg.Announce = AnnounceAuto
+	}
+	if _, err := ParseAnnounce(string(cfg.Announce)); err != nil {
+		return nil, fmt.Errorf("--announce: %w", err)
 	}
 	if _, err := tunnel.ParseMode(string(cfg.WireGuard)); err != nil {
 		return nil, fmt.Errorf("--wireguard: %w", err)

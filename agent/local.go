@@ -166,16 +166,17 @@ func (n *localNetworks) run(ctx context.Context, moved func()) error {
 // and the host's interfaces. It returns the pod ranges to announce and the
 // local networks, whose updates followLocalNetworks starts once peering can
 // follow moved views.
-func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ipam.Ledger, gateway netip.Addr) (*localNetworks, []netip.Prefix, error) {
+func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ipam.Ledger, gateway netip.Addr) (*localNetworks, *announcer, error) {
 	nets, err := detectNetworks(ctx, a.kube, a.cfg.PodCIDRs, a.cfg.ServiceCIDRs)
 	if err != nil {
 		return nil, nil, err
 	}
 	a.log.Info("cluster networks", "pods", nets.Pods, "from", nets.PodSource, "services", nets.Services, "servicesFrom", nets.ServiceSource)
-	announced, err := a.announced(nets.Pods)
+	ranges, err := a.announced(nets.Pods)
 	if err != nil {
 		return nil, nil, err
 	}
+	ann := newAnnouncer(a.log, a.cfg.Announce, ranges)
 	locals := &localNetworks{
 		log: a.log, ledger: ledger, gateway: gateway, changed: make(chan struct{}, 1),
 		connected: func() ([]netip.Prefix, error) { return connectedNetworks(a.cfg.WireGuardInterface) },
@@ -193,24 +194,27 @@ func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ip
 	comps.Go("host network events", func(ctx context.Context) error {
 		return watchHostNetworks(ctx, a.log, locals.notify)
 	})
-	nodes, err := a.watchNodes(ctx, comps, func() { locals.notify(); a.fabric.changed() })
+	nodes, err := a.watchNodes(ctx, comps, func() { locals.notify(); ann.notify(); a.fabric.changed() })
 	if err != nil {
 		return nil, nil, err
 	}
-	locals.nodes, a.nodes = nodes.addresses, nodes
+	locals.nodes, ann.blocks, a.nodes = nodes.addresses, nodes.podBlocks, nodes
 	if _, err := locals.update(); err != nil {
 		return nil, nil, err
 	}
-	return locals, announced, nil
+	return locals, ann, nil
 }
 
-// followLocalNetworks keeps the local networks current from now on and has
-// the engine follow the views that move.
-func (a *Agent) followLocalNetworks(comps *components, locals *localNetworks, eng *peering.Engine) {
+// followLocalNetworks keeps the local networks and what is announced
+// current from now on, and has the engine follow the views that move and
+// renegotiate what is announced.
+func (a *Agent) followLocalNetworks(comps *components, locals *localNetworks, ann *announcer, eng *peering.Engine) {
 	comps.Go("local networks", func(ctx context.Context) error { return locals.run(ctx, eng.ViewsMoved) })
+	comps.Go("announced networks", func(ctx context.Context) error { return ann.run(ctx, eng.SetNetworks) })
 }
 
-// announced returns the pod ranges peers are told about. The tunnel routes
+// announced returns the pod ranges peers are told about, whole or by the
+// Nodes' blocks in them (announcer). The tunnel routes
 // IPv4 only for now: IPv6 pod ranges stay local networks in the ledger
 // (views avoid them) but are not announced.
 func (a *Agent) announced(pods []netip.Prefix) ([]netip.Prefix, error) {

@@ -93,6 +93,15 @@ func (c clusterNodes) fabric() []fabricapi.Node {
 	return out
 }
 
+// podBlocks are the IPv4 pod blocks (spec.podCIDRs) of every Node.
+func (c clusterNodes) podBlocks() []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range c.fabric() {
+		out = append(out, n.PodCIDRs...)
+	}
+	return out
+}
+
 // internalIPv4 is a Node's first IPv4 InternalIP, its address on the node
 // network; zero if it has none.
 func internalIPv4(n *corev1.Node) netip.Addr {

@@ -25,7 +25,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if a.fabric, err = a.newFabricPlan(comps, gateway); err != nil {
 		return err
 	}
-	locals, announced, err := a.startNetworks(ctx, comps, st.ledger, gateway)
+	locals, ann, err := a.startNetworks(ctx, comps, st.ledger, gateway)
 	if err != nil {
 		return err
 	}
@@ -45,12 +45,13 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	eng, objects, err := a.startPeering(ctx, comps, st, announced, endpoint, fabricDataplane{tun, a.fabric}, disc)
+	announced, _ := ann.current()
+	eng, objects, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, fabricDataplane{tun, a.fabric}, disc)
 	if err != nil {
 		return err
 	}
 	engine.Store(eng)
-	a.followLocalNetworks(comps, locals, eng)
+	a.followLocalNetworks(comps, locals, ann, eng)
 	if err := a.watchPeers(ctx, comps, objects, eng); err != nil {
 		return err
 	}

@@ -88,6 +88,30 @@ func (a u128) add(b u128) (u128, bool) {
 	return u128{hi, lo}, c != 0
 }
 
+// sub returns a-b and whether it borrowed (b > a).
+func (a u128) sub(b u128) (u128, bool) {
+	lo, c := bits.Sub64(a.lo, b.lo, 0)
+	hi, c := bits.Sub64(a.hi, b.hi, c)
+	return u128{hi, lo}, c != 0
+}
+
+// shift returns the address at a's offset from "from", counted from "to"
+// (all of one family), and false when that falls outside the family.
+func shift(a, from, to netip.Addr) (netip.Addr, bool) {
+	var n u128
+	var out bool
+	if d, neg := addrNum(a).sub(addrNum(from)); !neg {
+		n, out = addrNum(to).add(d)
+	} else {
+		d, _ = addrNum(from).sub(addrNum(a))
+		n, out = addrNum(to).sub(d)
+	}
+	if out || a.Is4() && (n.hi != 0 || n.lo > 0xffffffff) {
+		return netip.Addr{}, false
+	}
+	return numAddr(n, a.Is4()), true
+}
+
 // hostMask is the mask of the host bits of a prefix of the given length in
 // a family of width bits (32 or 128).
 func hostMask(width, prefixBits int) u128 {

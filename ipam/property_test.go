@@ -77,6 +77,16 @@ func TestPropertyViewsNeverOverlap(t *testing.T) {
 		case n < 88:
 			p := peer()
 			rs := []netip.Prefix{randomRange(r), randomRange(r)}
+			if vs := l.Views(""); len(vs) > 0 && r.IntN(2) == 0 {
+				// The peer re-aggregates a range: splits it or merges it
+				// with its sibling (views inherit their addresses).
+				v := vs[r.IntN(len(vs))]
+				p, rs = v.Peer, []netip.Prefix{netip.PrefixFrom(v.Remote.Addr(), v.Remote.Bits()-1).Masked()}
+				if v.Remote.Bits() < v.Remote.Addr().BitLen() && r.IntN(2) == 0 {
+					lo := netip.PrefixFrom(v.Remote.Addr(), v.Remote.Bits()+1)
+					rs = []netip.Prefix{lo, outside(v.Remote, lo)[0]}
+				}
+			}
 			op = fmt.Sprintf("SyncPeer(%s, %v)", p, rs)
 			_, err = l.SyncPeer(p, rs)
 		case n < 95:

@@ -310,6 +310,12 @@ func (t *txn) viewOf(peer string, remote netip.Prefix, fresh bool) (View, error)
 			}
 		}
 	}
+	if !block.IsValid() && !fresh {
+		var err error
+		if block, err = t.inherit(peer, remote); err != nil {
+			return View{}, err
+		}
+	}
 	if !block.IsValid() && !occ.overlaps(remote) {
 		block = remote
 	}
@@ -321,6 +327,96 @@ func (t *txn) viewOf(peer string, remote netip.Prefix, fresh bool) (View, error)
 	}
 	v := View{Peer: peer, Remote: remote, View: block, Since: t.now}
 	return v, t.putView(v)
+}
+
+// inherit gives remote the addresses the peer's released views had for
+// the ranges it overlaps: a peer that splits or merges its ranges (a
+// cluster announcing its nodes' blocks, aggregated anew as nodes come and
+// go) keeps every address it still has as it was seen here. The view is
+// the quarantined blocks of ranges inside or around remote, at the same
+// offset, taken out of quarantine (what of them lies outside remote stays
+// there), plus free addresses. Zero when no such view exists.
+func (t *txn) inherit(peer string, remote netip.Prefix) (netip.Prefix, error) {
+	var mine []Quarantined // the peer's quarantined blocks of ranges overlapping remote
+	for _, q := range t.st.quarantine {
+		if q.Peer == peer && overlaps(q.Remote, remote) {
+			mine = append(mine, q)
+		}
+	}
+	slices.SortFunc(mine, func(a, b Quarantined) int { return comparePrefix(a.Block, b.Block) })
+	for _, q := range mine {
+		start, ok := shift(remote.Addr(), q.Remote.Addr(), q.Block.Addr())
+		if !ok {
+			continue
+		}
+		cand := netip.PrefixFrom(start, remote.Bits())
+		if cand.Masked() != cand || t.overlapsLocal(cand) {
+			continue
+		}
+		if t.viewOverlaps(cand) {
+			continue
+		}
+		// Every quarantined block in the way must be this peer's, at the
+		// same offset: then each address keeps its meaning.
+		var absorb []Quarantined
+		consistent := true
+		for b, o := range t.st.quarantine {
+			if !overlaps(b, cand) {
+				continue
+			}
+			at, ok := shift(o.Remote.Addr(), remote.Addr(), cand.Addr())
+			if o.Peer != peer || !ok || at != b.Addr() {
+				consistent = false
+				break
+			}
+			absorb = append(absorb, o)
+		}
+		if !consistent {
+			continue
+		}
+		for _, o := range absorb {
+			if err := t.deleteQuarantine(o.Block); err != nil {
+				return netip.Prefix{}, err
+			}
+			// Of a larger block, what lies outside cand stays quarantined.
+			for _, rest := range outside(o.Block, cand) {
+				r, _ := shift(rest.Addr(), o.Block.Addr(), o.Remote.Addr())
+				if err := t.putQuarantine(Quarantined{Block: rest, Peer: peer, Remote: netip.PrefixFrom(r, rest.Bits()), Until: o.Until}); err != nil {
+					return netip.Prefix{}, err
+				}
+			}
+		}
+		return cand, nil
+	}
+	return netip.Prefix{}, nil
+}
+
+func (t *txn) viewOverlaps(p netip.Prefix) bool {
+	for _, v := range t.st.views {
+		if overlaps(v.View, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// outside returns the prefixes that cover what of outer lies outside inner
+// (nothing when inner holds outer): the sibling of inner's ancestor at
+// each length between them.
+func outside(outer, inner netip.Prefix) []netip.Prefix {
+	if inner.Bits() <= outer.Bits() {
+		return nil
+	}
+	var out []netip.Prefix
+	width := inner.Addr().BitLen()
+	for l := outer.Bits() + 1; l <= inner.Bits(); l++ {
+		anc, _ := inner.Addr().Prefix(l)
+		flip := hostMask(width, l-1).and(hostMask(width, l).not()) // the bit that tells siblings apart
+		n := addrNum(anc.Addr())
+		n = u128{n.hi ^ flip.hi, n.lo ^ flip.lo}
+		out = append(out, netip.PrefixFrom(numAddr(n, width == 32), l))
+	}
+	return out
 }
 
 func (t *txn) overlapsLocal(p netip.Prefix) bool {
@@ -398,11 +494,13 @@ func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
 	width := remote.Addr().BitLen()
 	mask := hostMask(width, remote.Bits())
 	var tried []string
+	largest := false // some pool is as large as remote
 	for _, pool := range t.l.pools {
 		if pool.Addr().BitLen() != width {
 			continue
 		}
 		tried = append(tried, pool.String())
+		largest = largest || pool.Bits() <= remote.Bits()
 		if pool.Bits() > remote.Bits() {
 			continue
 		}
@@ -439,8 +537,25 @@ func (t *txn) allocate(remote netip.Prefix, occ spans) (netip.Prefix, error) {
 	if len(tried) == 0 {
 		return netip.Prefix{}, fmt.Errorf("%w: no %s pool configured for a /%d", ErrExhausted, family(remote), remote.Bits())
 	}
-	return netip.Prefix{}, fmt.Errorf("%w: no free /%d in %s (%s)", ErrExhausted, remote.Bits(), strings.Join(tried, ", "), family(remote))
+	return netip.Prefix{}, &ExhaustedError{Range: remote, Pools: strings.Join(tried, ", "), Larger: !largest}
 }
+
+// ExhaustedError says that no remap pool had room for a view of Range; it
+// is ErrExhausted (errors.Is).
+type ExhaustedError struct {
+	Range netip.Prefix
+	// Pools are the pools of its family, as a list for people.
+	Pools string
+	// Larger: Range is larger than every pool, so it can never be
+	// remapped, however empty the pools.
+	Larger bool
+}
+
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("%v: no free /%d in %s (%s)", ErrExhausted, e.Range.Bits(), e.Pools, family(e.Range))
+}
+
+func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // RecordTheirView records that peer addresses this cluster's range mine as
 // theirs, as learned in negotiation. The claim is refused, with the reason,
@@ -489,6 +604,36 @@ func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 	}
 	if err != nil {
 		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
+	}
+	return nil
+}
+
+// KeepTheirViews drops the peer's claims about ranges of ours other than
+// mine: the ranges this cluster announces changed, and a claim about one it
+// no longer announces describes nothing (and would refuse a claim about a
+// new range that overlaps it). Nothing to drop costs a read.
+func (l *Ledger) KeepTheirViews(peer string, mine []netip.Prefix) error {
+	stale := false
+	l.read(func(st *state) {
+		for k := range st.theirs {
+			stale = stale || k.peer == peer && !slices.Contains(mine, k.r)
+		}
+	})
+	if !stale {
+		return nil
+	}
+	err := l.update(func(t *txn) error {
+		for k := range t.st.theirs {
+			if k.peer == peer && !slices.Contains(mine, k.r) {
+				if err := t.deleteTheir(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("drop peer %s's views of ranges no longer announced: %w", peer, err)
 	}
 	return nil
 }

@@ -182,12 +182,14 @@ func TestSyncPeerQuarantinesChangedRange(t *testing.T) {
 	if err != nil || len(vs) != 2 || vs[0].View != pfx("100.96.0.0/16") || vs[1].View != pfx("172.20.0.0/16") {
 		t.Fatalf("SyncPeer = %+v, %v", vs, err)
 	}
-	// The peer's pod range changes from 10.0.0.0/16 to 10.0.0.0/17.
+	// The peer's pod range changes from 10.0.0.0/16 to 10.0.0.0/17: its
+	// addresses keep their view (the first half of the old one), and the
+	// half it no longer has goes to quarantine.
 	vs, err = l.SyncPeer("a", []netip.Prefix{pfx("10.0.0.0/17"), pfx("172.20.0.0/16")})
-	if err != nil || len(vs) != 2 || vs[0].View != pfx("100.97.0.0/17") || vs[1].View != pfx("172.20.0.0/16") {
+	if err != nil || len(vs) != 2 || vs[0].View != pfx("100.96.0.0/17") || vs[1].View != pfx("172.20.0.0/16") {
 		t.Fatalf("SyncPeer after change = %+v, %v", vs, err)
 	}
-	if q := l.Quarantine(); len(q) != 1 || q[0].Block != pfx("100.96.0.0/16") || q[0].Remote != pfx("10.0.0.0/16") {
+	if q := l.Quarantine(); len(q) != 1 || q[0].Block != pfx("100.96.128.0/17") || q[0].Remote != pfx("10.0.128.0/17") {
 		t.Fatalf("quarantine = %+v", q)
 	}
 	if got := l.Views("a"); len(got) != 2 {

@@ -76,6 +76,7 @@ type Ledger interface {
 	Views(peer string) []ipam.View
 	RecordTheirView(peer string, mine, theirs netip.Prefix) error
 	TheirViews(peer string) []ipam.TheirView
+	KeepTheirViews(peer string, mine []netip.Prefix) error
 	ReleasePeer(peer string) error
 	PeerState(peer string) ([]byte, error)
 	PutPeerState(peer string, value []byte) error
@@ -115,7 +116,8 @@ type Config struct {
 	// Name is this cluster's human name.
 	Name   string
 	Policy Policy
-	// Networks are this cluster's real ranges, announced to peers.
+	// Networks are this cluster's real ranges, announced to peers, at
+	// start; SetNetworks changes them.
 	Networks []netip.Prefix
 	// Endpoint is this cluster's WireGuard endpoint.
 	Endpoint netip.AddrPort
@@ -176,13 +178,8 @@ func (c *Config) validate() error {
 	if c.Ledger == nil || c.Dataplane == nil || c.Transport == nil {
 		return errors.New("ledger, dataplane and transport are required")
 	}
-	if len(c.Networks) == 0 {
-		return errors.New("no local networks to announce")
-	}
-	for _, n := range c.Networks {
-		if err := ipam.CheckRange(n); err != nil {
-			return fmt.Errorf("local network %s: %w", n, err)
-		}
+	if err := checkNetworks(c.Networks); err != nil {
+		return err
 	}
 	if !c.Endpoint.IsValid() || c.Endpoint.Port() == 0 || c.Endpoint.Addr().IsUnspecified() {
 		return fmt.Errorf("WireGuard endpoint %q: want a routable address:port", c.Endpoint)
@@ -247,10 +244,13 @@ type peer struct {
 	hello   *Hello
 	payload []byte
 
-	myViews    []ipam.View
-	viewsFor   []netip.Prefix // the networks myViews were made for
-	theirOK    bool           // their views of all my networks are recorded
-	viewsErr   error
+	myViews  []ipam.View
+	viewsFor []netip.Prefix // the networks myViews were made for
+	theirOK  bool           // their views of all my networks are recorded
+	viewsErr error
+	// viewsRetry: allocating views failed; tried again then, or sooner
+	// when the networks or views change.
+	viewsRetry time.Time
 	out        *Hello // what we last sealed for the peer
 	outMsg     []byte
 	sender     *sender // while the member is alive

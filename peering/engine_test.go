@@ -33,6 +33,7 @@ type fakeDataplane struct {
 	fail       error
 	handshakes map[string]time.Time
 	bytes      map[string][2]int64
+	removed    map[string]int
 }
 
 func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
@@ -41,8 +42,23 @@ func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
 	if f.fail != nil {
 		return f.fail
 	}
+	for _, p := range f.d.Peers {
+		if !slices.ContainsFunc(d.Peers, func(q tunnel.Peer) bool { return q.ClusterID == p.ClusterID }) {
+			if f.removed == nil {
+				f.removed = map[string]int{}
+			}
+			f.removed[p.ClusterID]++
+		}
+	}
 	f.d, f.n = d, f.n+1
 	return nil
+}
+
+// removals is how often a tunnel peer left the data path.
+func (f *fakeDataplane) removals(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.removed[id]
 }
 
 func (f *fakeDataplane) setFailing(err error) {
@@ -221,6 +237,11 @@ type nodeOptions struct {
 	rewrite func(from identity.Identity, msg []byte) []byte
 	// ledger, when set, stands between the engine and its ledger.
 	ledger func(Ledger) Ledger
+	// networks are the node's announced ranges (default: pods); locals
+	// its local networks in the ledger (default: networks).
+	networks, locals []netip.Prefix
+	// logger, when set, receives the engine's log.
+	logger *slog.Logger
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -241,7 +262,18 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 		t.Fatal(err)
 	}
 	n.ledger = l
-	if _, err := l.SetLocalNetworks([]ipam.LocalNetwork{{Range: pods, Kind: ipam.PodNetwork}}); err != nil {
+	networks := o.networks
+	if networks == nil {
+		networks = []netip.Prefix{pods}
+	}
+	var locals []ipam.LocalNetwork
+	if o.locals == nil {
+		o.locals = networks
+	}
+	for _, p := range o.locals {
+		locals = append(locals, ipam.LocalNetwork{Range: p, Kind: ipam.PodNetwork})
+	}
+	if _, err := l.SetLocalNetworks(locals); err != nil {
 		t.Fatal(err)
 	}
 	n.reg = prometheus.NewRegistry()
@@ -255,10 +287,13 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	}
 	cfg := Config{
 		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Policy: o.policy,
-		Networks: []netip.Prefix{pods}, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
+		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
 		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
+	}
+	if o.logger != nil {
+		cfg.Logger = o.logger
 	}
 	if o.clock != nil {
 		cfg.Now = o.clock.Now

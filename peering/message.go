@@ -105,10 +105,13 @@ type Hello struct {
 // allocate much or program absurd state.
 const (
 	maxMessageSize = 64 << 10
-	maxNetworks    = 64
 	maxNameLength  = 253
 	signatureSize  = ed25519.SignatureSize
 )
+
+// MaxNetworks is how many networks (and views of them) a Hello carries at
+// most; an agent with more pod blocks announces its ranges instead.
+const MaxNetworks = 64
 
 var magic = [4]byte{'F', 'L', 'P', 1}
 
@@ -245,8 +248,8 @@ func (h *Hello) validate() error {
 	default:
 		return fmt.Errorf("decision %q: want accept, pending or deny", h.Decision)
 	}
-	if len(h.Networks) > maxNetworks || len(h.ViewsOfYou) > maxNetworks {
-		return fmt.Errorf("more than %d networks", maxNetworks)
+	if len(h.Networks) > MaxNetworks || len(h.ViewsOfYou) > MaxNetworks {
+		return fmt.Errorf("more than %d networks", MaxNetworks)
 	}
 	if len(h.WireGuardKey) != 32 {
 		return fmt.Errorf("WireGuard key of %d bytes, want 32", len(h.WireGuardKey))

@@ -125,7 +125,7 @@ func TestInvalidHellos(t *testing.T) {
 		}},
 		{"too many networks", func(h *Hello) {
 			h.Networks = nil
-			for i := range maxNetworks + 1 {
+			for i := range MaxNetworks + 1 {
 				h.Networks = append(h.Networks, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i), 0, 0}), 16))
 			}
 		}},

@@ -1,12 +1,14 @@
 package peering
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
 	"time"
 
+	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -143,7 +145,9 @@ func (e *Engine) state(p *peer) PeerState {
 		s.TheirNetworks = append(s.TheirNetworks, View{Range: v.Remote, As: v.View})
 	}
 	for _, v := range e.cfg.Ledger.TheirViews(p.id) {
-		s.MyNetworks = append(s.MyNetworks, View{Range: v.Mine, As: v.Theirs})
+		if slices.Contains(e.cfg.Networks, v.Mine) {
+			s.MyNetworks = append(s.MyNetworks, View{Range: v.Mine, As: v.Theirs})
+		}
 	}
 	if st, ok := e.stats[p.id]; ok && !p.configured.IsZero() {
 		if !st.LastHandshake.IsZero() {
@@ -185,6 +189,8 @@ func (e *Engine) state(p *peer) PeerState {
 		s.Accepted = Condition{true, "Accepted", "both sides accept networking"}
 	}
 	switch {
+	case errors.Is(p.viewsErr, ipam.ErrExhausted):
+		s.ViewsAgreed = Condition{false, "PoolExhausted", p.viewsErr.Error()}
 	case p.viewsErr != nil:
 		s.ViewsAgreed = Condition{false, "Refused", p.viewsErr.Error()}
 	case p.theirOK && len(p.myViews) > 0:

@@ -1,9 +1,13 @@
 package peering
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/flotilla-io/flotilla/ipam"
 )
 
 // wanted reports whether p should have views and a tunnel now.
@@ -29,28 +33,44 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 			}
 			e.log.Info("views released to quarantine", "peer", p.id, "decision", e.decision(p), "theirDecision", decisionOf(p.hello))
 		}
-		p.myViews, p.viewsFor, p.theirOK, p.viewsErr = nil, nil, false, nil
+		p.myViews, p.viewsFor, p.theirOK, p.viewsErr, p.viewsRetry = nil, nil, false, nil, time.Time{}
 		return
 	}
 	// Errors that repeat every reconcile are logged when they change.
 	before := errorText(p.viewsErr)
-	if !slices.Equal(p.viewsFor, p.hello.Networks) || len(p.myViews) == 0 {
+	// A failed allocation is tried again when the peer's networks or our
+	// views change, and otherwise after viewsRetry (pools free up as
+	// quarantine expires): not on every reconcile.
+	failed := len(p.myViews) == 0 && !p.viewsRetry.IsZero()
+	if !slices.Equal(p.viewsFor, p.hello.Networks) || len(p.myViews) == 0 && (!failed || !now.Before(p.viewsRetry)) {
 		views, err := e.cfg.Ledger.SyncPeer(p.id, p.hello.Networks)
 		if err != nil {
-			p.viewsErr = fmt.Errorf("allocate views of %s: %w", p.id, err)
-			p.myViews, p.viewsFor = nil, nil
+			p.viewsErr = viewsError(p, err)
+			p.myViews, p.viewsFor, p.viewsRetry = nil, slices.Clone(p.hello.Networks), now.Add(viewsRetry)
 			if errorText(p.viewsErr) != before {
-				e.log.Error("cannot give the peer a view", "peer", p.id, "err", err)
+				e.log.Error("cannot give the peer a view", "peer", p.id, "err", p.viewsErr)
 			}
 		} else {
-			p.myViews, p.viewsFor, p.viewsErr = views, slices.Clone(p.hello.Networks), nil
+			p.myViews, p.viewsFor, p.viewsErr, p.viewsRetry = views, slices.Clone(p.hello.Networks), nil, time.Time{}
 		}
+	}
+	if len(p.myViews) == 0 {
+		p.theirOK = false
+		return // p.viewsErr says why
 	}
 	if err := e.checkEndpoints(p); err != nil {
 		p.viewsErr, p.theirOK = err, false
 		return
 	}
+	agreed := p.theirOK
 	p.theirOK = false
+	if err := e.cfg.Ledger.KeepTheirViews(p.id, e.cfg.Networks); err != nil {
+		p.viewsErr = err
+		if err.Error() != before {
+			e.log.Error("cannot drop the peer's views of networks no longer announced", "peer", p.id, "err", err)
+		}
+		return
+	}
 	if len(p.hello.ViewsOfYou) == 0 {
 		return
 	}
@@ -58,7 +78,10 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 		i := slices.IndexFunc(p.hello.ViewsOfYou, func(v ViewClaim) bool { return v.Range == mine })
 		if i < 0 {
 			// The peer answered an older statement of ours; ours is on its
-			// way, so this settles by itself.
+			// way, so this settles by itself. A peer already agreed keeps
+			// its tunnel meanwhile, with the networks it has views of: a
+			// node's block coming or going interrupts no other.
+			p.theirOK = agreed && p.viewsErr == nil
 			return
 		}
 		if err := e.cfg.Ledger.RecordTheirView(p.id, mine, p.hello.ViewsOfYou[i].As); err != nil {
@@ -73,6 +96,30 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 		p.theirOK = true
 		e.stepOnce(p, StepViewsAgreed, time.Time{})
 	}
+}
+
+// viewsRetry is how soon a failed allocation of views is tried again when
+// nothing changes meanwhile.
+const viewsRetry = 30 * time.Second
+
+// viewsError says why p's networks got no views and, when the remap pools
+// are the reason, what to set.
+func viewsError(p *peer, err error) error {
+	var ex *ipam.ExhaustedError
+	if !errors.As(err, &ex) {
+		return fmt.Errorf("allocate views of %s: %w", p.id, err)
+	}
+	who := p.id
+	if p.hello.Name != "" {
+		who = fmt.Sprintf("%s (%s)", p.hello.Name, p.id)
+	}
+	if ex.Larger {
+		return fmt.Errorf("peer %s announces %s, larger than any remap pool (%s): it overlaps a network of this cluster, so it must be remapped, and cannot be; "+
+			"have %s announce its nodes' pod blocks instead (its agent's --announce=blocks; the default, auto, does so for pod ranges larger than every pool) "+
+			"or use a smaller pod range: %w", who, ex.Range, ex.Pools, who, err)
+	}
+	return fmt.Errorf("peer %s announces %s, and the remap pools (%s) have no free /%d left for it: it overlaps a network of this cluster, so it must be remapped; "+
+		"have %s announce smaller networks (its agent's --announce=blocks), or free views by removing peers: %w", who, ex.Range, ex.Pools, ex.Range.Bits(), who, err)
 }
 
 // checkEndpoints refuses to route a peer's range that holds a gateway
@@ -108,4 +155,47 @@ func (e *Engine) ViewsMoved() {
 			p.viewsFor = nil
 		}
 	})
+}
+
+// SetNetworks replaces the networks this cluster announces (the agent
+// calls it when its Nodes' pod blocks change). Every alive peer is sent a
+// new statement at once; each re-syncs its views of us (releasing those of
+// networks no longer announced to quarantine) and answers with its views
+// of the new ones, and the data path follows. Networks that stay keep
+// their views and their place in the data path meanwhile.
+func (e *Engine) SetNetworks(networks []netip.Prefix) error {
+	if err := checkNetworks(networks); err != nil {
+		return err
+	}
+	networks = slices.Clone(networks)
+	e.input(func() {
+		if slices.Equal(networks, e.cfg.Networks) {
+			return
+		}
+		e.log.Info("announced networks changed: renegotiating", "networks", networks, "before", e.cfg.Networks)
+		e.cfg.Networks = networks
+	})
+	return nil
+}
+
+// checkNetworks is what a cluster may announce: at least one network, no
+// more than a Hello carries, each a valid range, none overlapping another.
+func checkNetworks(networks []netip.Prefix) error {
+	if len(networks) == 0 {
+		return errors.New("no local networks to announce")
+	}
+	if len(networks) > MaxNetworks {
+		return fmt.Errorf("%d networks to announce, more than the %d a statement carries", len(networks), MaxNetworks)
+	}
+	for i, n := range networks {
+		if err := ipam.CheckRange(n); err != nil {
+			return fmt.Errorf("local network %s: %w", n, err)
+		}
+		for _, m := range networks[:i] {
+			if n.Overlaps(m) {
+				return fmt.Errorf("local networks %s and %s overlap", m, n)
+			}
+		}
+	}
+	return nil
 }

@@ -32,6 +32,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Var(&pods, "pod-cidr", "this cluster's pod network, repeatable or comma-separated (default: read from the cluster)")
 	fs.Var(&services, "service-cidr", "this cluster's service network, repeatable or comma-separated (default: read from the cluster)")
 	fs.Var(&reserved, "reserved-cidr", "a range views of peers' networks must never use, repeatable or comma-separated; the node's networks and Node addresses count without it")
+	announce := fs.String("announce", string(cfg.Announce), "what of the pod network peers are told: range (the whole --pod-cidr), blocks (the Nodes' spec.podCIDRs in use, aggregated), or auto (range when a peer can remap it, no larger than a remap pool (/11); blocks otherwise)")
 	policy := fs.String("peering", string(cfg.Peering), "auto: connect every federation member; manual: only Peers whose spec.networking is Accept")
 	fs.DurationVar(&cfg.UnreachableGrace, "unreachable-grace", cfg.UnreachableGrace, "how long an unreachable peer keeps its tunnel and view")
 	fs.BoolVar(&cfg.InstallCRDs, "install-crds", cfg.InstallCRDs, "install the flotilla.io CRDs at start")
@@ -70,6 +71,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cfg.DNSDomains, cfg.Joins = domains, joins
 	if cfg.Peering, err = peering.ParsePolicy(*policy); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --peering: %v\n", err)
+		return errUsage
+	}
+	if cfg.Announce, err = agent.ParseAnnounce(*announce); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --announce: %v\n", err)
 		return errUsage
 	}
 	if cfg.WireGuard, err = tunnel.ParseMode(*wg); err != nil {

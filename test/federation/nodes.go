@@ -73,10 +73,16 @@ type NodeOptions struct {
 	// PodCIDR is every cluster's pod network: the same on purpose, to
 	// show that overlaps are remapped.
 	PodCIDR netip.Prefix
+	// PodCIDRs, when set, are the clusters' pod networks, one per cluster
+	// (overriding PodCIDR): a /8 gives each node a /24 of it.
+	PodCIDRs []netip.Prefix
 	// Workers is how many worker nodes (role "worker") each cluster has
 	// besides its gateway node. A harness node sits on one network, so
 	// they share the gateways' LAN: every node of every cluster is on it.
 	Workers int
+	// WorkersOf, when set, is how many worker nodes each cluster has, one
+	// count per cluster (overriding Workers).
+	WorkersOf []int
 	// Masquerade is a CNI's masquerade rules, installed on every node of
 	// every cluster before the agent is; zero: none.
 	Masquerade harness.Masquerade
@@ -98,19 +104,33 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	lan := env.NewLAN("lan")
 	token := federationToken(t)
 	var cs []*NodeCluster
-	cps := env.ControlPlanes(opts.Clusters, harness.ControlPlaneOptions{PodCIDR: opts.PodCIDR})
+	cidrs, workers := make([]netip.Prefix, opts.Clusters), make([]int, opts.Clusters)
+	cpOpts := make([]harness.ControlPlaneOptions, opts.Clusters)
+	for i := range opts.Clusters {
+		cidrs[i], workers[i] = opts.PodCIDR, opts.Workers
+		if opts.PodCIDRs != nil {
+			cidrs[i] = opts.PodCIDRs[i]
+		}
+		if opts.WorkersOf != nil {
+			workers[i] = opts.WorkersOf[i]
+		}
+		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i]}
+	}
+	cps := env.ControlPlanesEach(cpOpts...)
 	// Every node of every cluster at once: most of a node's start is
 	// waiting (for its kubelet to register, for its pod range).
-	perCluster := 1 + opts.Workers
 	var specs []harness.NodeSpec
-	for _, cp := range cps {
+	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]]
+	for i, cp := range cps {
+		first[i] = len(specs)
 		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}}
 		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
 		node.Role = "worker"
-		for w := range opts.Workers {
+		for w := range workers[i] {
 			specs = append(specs, harness.NodeSpec{CP: cp, Name: fmt.Sprintf("w%d", w+1), Options: node})
 		}
 	}
+	first[opts.Clusters] = len(specs)
 	nodes := env.StartNodes(specs...)
 	for i, cp := range cps {
 		name := string(rune('a' + i))
@@ -121,17 +141,17 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		nc := &NodeCluster{
 			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
 				StateDir: filepath.Join(env.Dir, "state-"+name)},
-			Gateway: nodes[i*perCluster],
-			Workers: nodes[i*perCluster+1 : (i+1)*perCluster],
+			Gateway: nodes[first[i]],
+			Workers: nodes[first[i]+1 : first[i+1]],
 			lan:     lan, image: image, masquerade: opts.Masquerade,
 		}
 		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
-		for _, n := range nodes[i*perCluster : (i+1)*perCluster] {
+		for _, n := range nodes[first[i]:first[i+1]] {
 			if err := n.InstallMasquerade(opts.Masquerade); err != nil {
 				t.Fatalf("cluster %s: %v", name, err)
 			}
 		}
-		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: opts.PodCIDR, token: token})
+		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: cidrs[i], token: token})
 		mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
 		cs = append(cs, nc)
 	}

@@ -67,6 +67,18 @@ type ControlPlane struct {
 // ControlPlanes starts n control planes concurrently, named cp1..cpN.
 func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
 	e.t.Helper()
+	each := make([]ControlPlaneOptions, n)
+	for i := range each {
+		each[i] = opts
+	}
+	return e.ControlPlanesEach(each...)
+}
+
+// ControlPlanesEach is ControlPlanes with options of its own for each
+// control plane (a pod network per cluster, say).
+func (e *Env) ControlPlanesEach(opts ...ControlPlaneOptions) []*ControlPlane {
+	e.t.Helper()
+	n := len(opts)
 	cps := make([]*ControlPlane, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -74,7 +86,7 @@ func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cps[i], errs[i] = e.startControlPlaneRetrying(fmt.Sprintf("cp%d", i+1), opts)
+			cps[i], errs[i] = e.startControlPlaneRetrying(fmt.Sprintf("cp%d", i+1), opts[i])
 		}()
 	}
 	wg.Wait()
