@@ -230,7 +230,17 @@ func TestGenerationsGrowWithoutAWriteEach(t *testing.T) {
 	mu.Unlock()
 	a2 := newNode(t, net, nodeOptions{clock: clk, seed: a})
 	meet(a2, b)
-	within(t, "b accepts the restarted a's statements", func() error { return connected(a2, b) })
+	// b may still count a as connected from before the restart: wait for
+	// a statement of the restarted a too.
+	within(t, "b accepts the restarted a's statements", func() error {
+		mu.Lock()
+		n := len(issued)
+		mu.Unlock()
+		if n == 0 {
+			return errors.New("the restarted a has issued nothing yet")
+		}
+		return connected(a2, b)
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if len(issued) == 0 || slices.Min(issued) <= before {
