@@ -62,7 +62,10 @@ func TestOf(t *testing.T) {
 func TestParse(t *testing.T) {
 	a, b := Of(netip.MustParsePrefix("10.80.0.0/16")), Of(netip.MustParsePrefix("10.81.0.0/16"))
 	top := Of(netip.MustParsePrefix("255.255.255.0/24"))
-	end := func(s string) nftables.SetElement { k := ip(s); return nftables.SetElement{Key: k[:], IntervalEnd: true} }
+	end := func(s string) nftables.SetElement {
+		k := ip(s)
+		return nftables.SetElement{Key: k[:], IntervalEnd: true}
+	}
 	for _, tc := range []struct {
 		name      string
 		elems     []nftables.SetElement
