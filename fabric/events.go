@@ -3,14 +3,11 @@ package fabric
 import (
 	"context"
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/google/nftables"
-	mdnetlink "github.com/mdlayher/netlink"
+	"github.com/flotilla-io/flotilla/internal/eventstream"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -22,42 +19,9 @@ const (
 	eventsNFT   = "nftables"
 )
 
-const (
-	// resubscribeFirst and resubscribeMax bound the wait before opening a
-	// stream that ended again; it doubles while the stream keeps ending.
-	resubscribeFirst = 100 * time.Millisecond
-	resubscribeMax   = 10 * time.Second
-	// streamSettled is how long a stream must stay open for its next end
-	// to count as a new trouble.
-	streamSettled = 30 * time.Second
-	// repairRetryFirst is the first wait before trying a failed repair
-	// again; it doubles up to the resync interval.
-	repairRetryFirst = 200 * time.Millisecond
-)
-
-// stream is one kernel event subscription. A subscription ends on a
-// receive error, typically ENOBUFS when events come faster than we read
-// them and the kernel drops some. Run opens it again, after a backoff
-// while it keeps ending, and reads back everything we own, since events
-// were lost.
-type stream struct {
-	kind string
-	// subscribe opens the subscription in the calling thread's network
-	// namespace and starts its reader in wg; the reader calls ended once
-	// when the stream ends.
-	subscribe func(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error
-
-	cancel   context.CancelFunc
-	opened   time.Time
-	failures int       // ends and failed opens since the stream last settled
-	retryAt  time.Time // zero while open
-	logged   string    // the trouble last logged, to log once per change
-}
-
-type streamEnd struct {
-	s   *stream
-	err error
-}
+// repairRetryFirst is the first wait before trying a failed repair again;
+// it doubles up to the resync interval.
+const repairRetryFirst = 200 * time.Millisecond
 
 // Run repairs what someone changes of ours until ctx ends: on route, rule
 // and link events (a link set down loses its routes without a route
@@ -70,21 +34,25 @@ func (f *Fabric) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	ended := make(chan streamEnd)
-	streams := []*stream{
-		{kind: eventsRoute, subscribe: f.subscribeRoutes},
-		{kind: eventsNFT, subscribe: f.subscribeNFT},
+	// A kernel event subscription that ends (ENOBUFS: events were lost)
+	// is opened again, and everything read back.
+	nft := eventstream.NFTables(f.cfg.NFTable, func() int { return f.eventBuffer(eventsNFT) },
+		func(uint32) { f.trigger() }, nil)
+	streams := []*eventstream.Stream{
+		{Kind: eventsRoute, Subscribe: f.subscribeRoutes},
+		{Kind: eventsNFT, Subscribe: nft},
 	}
-	for _, s := range streams {
-		if err := f.open(ctx, &wg, s, ended); err != nil {
-			return err
-		}
+	events, err := eventstream.Watch(ctx, &wg, streams, eventstream.Hooks{
+		Log:      f.log,
+		Lost:     f.trigger,
+		Reopened: func(kind string) { f.metrics.resubscribes.WithLabelValues(kind).Inc() },
+	})
+	if err != nil {
+		return err
 	}
 	f.log.Debug("watching kernel events", "events", []string{eventsRoute, eventsNFT})
 	tick := time.NewTicker(f.resync)
 	defer tick.Stop()
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
 	// A failed repair is tried again after a backoff too: what it waited
 	// for (a link's connected route coming back after the link came up)
 	// may change with no event of ours.
@@ -92,22 +60,11 @@ func (f *Fabric) Run(ctx context.Context) error {
 	defer again.Stop()
 	failures := 0
 	for {
-		retry.Stop()
-		if next := nextRetry(streams); !next.IsZero() {
-			retry.Reset(time.Until(next))
-		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case e := <-ended:
-			f.streamEnded(e.s, e.err)
-			continue
-		case <-retry.C:
-			for _, s := range streams {
-				if !s.retryAt.IsZero() && !time.Now().Before(s.retryAt) {
-					f.reopen(ctx, &wg, s, ended)
-				}
-			}
+		case <-events.Wake():
+			events.Tend(ctx, &wg)
 			continue
 		case <-f.kick:
 		case <-tick.C:
@@ -163,79 +120,12 @@ func (f *Fabric) trigger() {
 	}
 }
 
-func (f *Fabric) open(ctx context.Context, wg *sync.WaitGroup, s *stream, ended chan<- streamEnd) error {
-	sctx, cancel := context.WithCancel(ctx)
-	err := s.subscribe(sctx, wg, func(err error) {
-		if sctx.Err() != nil {
-			return // closed by us
-		}
-		select {
-		case ended <- streamEnd{s, err}:
-		case <-ctx.Done():
-		}
-	})
-	if err != nil {
-		cancel()
-		return fmt.Errorf("subscribe to %s events: %w", s.kind, err)
-	}
-	s.cancel, s.opened, s.retryAt = cancel, time.Now(), time.Time{}
-	return nil
-}
-
-func (f *Fabric) streamEnded(s *stream, err error) {
-	s.cancel()
-	if time.Since(s.opened) >= streamSettled {
-		s.failures, s.logged = 0, ""
-	}
-	if err == nil {
-		err = errors.New("event channel closed")
-	}
-	f.troubleOnce(s, "kernel events ended; events may have been lost, resubscribing", err, f.backoff(s))
-	f.trigger()
-}
-
-func (f *Fabric) reopen(ctx context.Context, wg *sync.WaitGroup, s *stream, ended chan<- streamEnd) {
-	if err := f.open(ctx, wg, s, ended); err != nil {
-		f.troubleOnce(s, "resubscribing to kernel events failed; retrying", err, f.backoff(s))
-		return
-	}
-	f.metrics.resubscribes.WithLabelValues(s.kind).Inc()
-	f.log.Debug("resubscribed to kernel events; reading back what they may have missed", "events", s.kind)
-	f.trigger()
-}
-
-func (f *Fabric) backoff(s *stream) time.Duration {
-	delay := min(resubscribeFirst<<min(s.failures, 16), resubscribeMax)
-	s.failures++
-	s.retryAt = time.Now().Add(delay)
-	return delay
-}
-
-func (f *Fabric) troubleOnce(s *stream, msg string, err error, retryIn time.Duration) {
-	if err.Error() == s.logged {
-		f.log.Debug(msg, "events", s.kind, "err", err, "retryIn", retryIn)
-		return
-	}
-	s.logged = err.Error()
-	f.log.Warn(msg, "events", s.kind, "err", err, "retryIn", retryIn)
-}
-
 // eventBuffer is the receive buffer size of a kind of stream; 0 keeps
 // the default. Tests make it tiny to overflow it.
 func (f *Fabric) eventBuffer(kind string) int {
 	f.buffersMu.Lock()
 	defer f.buffersMu.Unlock()
 	return f.buffers[kind]
-}
-
-func nextRetry(streams []*stream) time.Time {
-	var next time.Time
-	for _, s := range streams {
-		if !s.retryAt.IsZero() && (next.IsZero() || s.retryAt.Before(next)) {
-			next = s.retryAt
-		}
-	}
-	return next
 }
 
 // subscribeRoutes reads route, rule and link events from one rtnetlink
@@ -301,70 +191,6 @@ func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 		}
 		links := f.links.Load()
 		return links != nil && (*links)[int(int32(binary.NativeEndian.Uint32(m.Data[4:8])))]
-	}
-	return false
-}
-
-// subscribeNFT reports nftables changes that may concern our table.
-func (f *Fabric) subscribeNFT(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error {
-	opts := []nftables.ConnOption{nftables.AsLasting()}
-	if n := f.eventBuffer(eventsNFT); n != 0 {
-		opts = append(opts, nftables.WithSockOptions(func(c *mdnetlink.Conn) error { return c.SetReadBuffer(n) }))
-	}
-	// A lasting connection, so that we can close it: the monitor leaves
-	// its socket open when it ends on an error.
-	conn, err := nftables.New(opts...)
-	if err != nil {
-		return err
-	}
-	mon := nftables.NewMonitor(nftables.WithMonitorObject(nftables.MonitorObjectAny), nftables.WithMonitorEventBuffer(256))
-	events, err := conn.AddGenerationalMonitor(mon)
-	if err != nil {
-		conn.CloseLasting()
-		return err
-	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		conn.CloseLasting()
-	}()
-	go func() {
-		defer wg.Done()
-		var last error
-		for evs := range events {
-			if evs.GeneratedBy.Error != nil {
-				last = evs.GeneratedBy.Error
-				continue
-			}
-			for _, ev := range evs.Changes {
-				if ev.Error != nil || f.nftEventMayBeOurs(ev) {
-					f.trigger()
-					break
-				}
-			}
-		}
-		ended(last)
-	}()
-	return nil
-}
-
-// nftEventMayBeOurs reports whether a change may concern our table. Set
-// element events do not name their table, so every one may; reading our
-// small table back costs little, and a repair that finds nothing to do
-// writes nothing.
-func (f *Fabric) nftEventMayBeOurs(ev *nftables.MonitorEvent) bool {
-	switch d := ev.Data.(type) {
-	case *nftables.Table:
-		return d.Name == f.cfg.NFTable
-	case *nftables.Chain:
-		return d.Table != nil && d.Table.Name == f.cfg.NFTable
-	case *nftables.Rule:
-		return d.Table != nil && d.Table.Name == f.cfg.NFTable
-	case *nftables.Set:
-		return d.Table != nil && d.Table.Name == f.cfg.NFTable
-	case []nftables.SetElement:
-		return true
 	}
 	return false
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/flotilla-io/flotilla/internal/nftinterval"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -24,8 +25,6 @@ const (
 	// rules apart when read back.
 	commentToView   = "flotilla fabric: traffic to a view keeps its source address (no CNI masquerade)"
 	commentFromView = "flotilla fabric: traffic from a view keeps its source address (no CNI masquerade)"
-	// elementBatch bounds the set elements per netlink message.
-	elementBatch = 512
 )
 
 // Offsets of the addresses in the IPv4 header.
@@ -65,95 +64,13 @@ func exemptRules(t *nftables.Table, ch *nftables.Chain, s *nftables.Set) []*nfta
 	return []*nftables.Rule{rule(offsetDaddr, commentToView), rule(offsetSaddr, commentFromView)}
 }
 
-// interval is one element of the interval set as the kernel holds it: a
-// start and the first address after it, flagged as an end; a range up to
-// 255.255.255.255 has no end.
-type interval struct {
-	start, end [4]byte
-	open       bool
-}
-
-func intervalOf(p netip.Prefix) interval {
-	iv := interval{start: p.Addr().As4()}
-	if next := lastAddr(p).Next(); next.IsValid() {
-		iv.end = next.As4()
-	} else {
-		iv.open = true
-	}
-	return iv
-}
-
-// elements go in and out in start, end pairs: the kernel refuses an end
-// that lands on the start of an interval already inserted in the same
-// transaction, which adjacent views would otherwise produce.
-func (iv interval) elements() []nftables.SetElement {
-	start := nftables.SetElement{Key: slices.Clone(iv.start[:])}
-	if iv.open {
-		return []nftables.SetElement{start}
-	}
-	return []nftables.SetElement{start, {Key: slices.Clone(iv.end[:]), IntervalEnd: true}}
-}
-
-func elementsOf(ivs []interval) []nftables.SetElement {
-	var out []nftables.SetElement
-	for _, iv := range ivs {
-		out = append(out, iv.elements()...)
-	}
-	return out
-}
-
-// parseIntervals pairs the elements as the kernel dumps them into
-// intervals; end elements with no start before them are stray.
-func parseIntervals(elems []nftables.SetElement) (ivs []interval, stray []nftables.SetElement) {
-	elems = slices.Clone(elems)
-	slices.SortFunc(elems, func(a, b nftables.SetElement) int {
-		if c := slices.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		// The end of one interval comes before the start of the next.
-		switch {
-		case a.IntervalEnd && !b.IntervalEnd:
-			return -1
-		case !a.IntervalEnd && b.IntervalEnd:
-			return 1
-		}
-		return 0
-	})
-	var cur *interval
-	for _, e := range elems {
-		if len(e.Key) != 4 {
-			continue
-		}
-		if e.IntervalEnd {
-			if cur == nil {
-				stray = append(stray, nftables.SetElement{Key: e.Key, IntervalEnd: true})
-				continue
-			}
-			cur.end = [4]byte(e.Key)
-			ivs = append(ivs, *cur)
-			cur = nil
-			continue
-		}
-		if cur != nil {
-			cur.open = true
-			ivs = append(ivs, *cur)
-		}
-		cur = &interval{start: [4]byte(e.Key)}
-	}
-	if cur != nil {
-		cur.open = true
-		ivs = append(ivs, *cur)
-	}
-	return ivs, stray
-}
-
 // kernelExemption is our table as read back.
 type kernelExemption struct {
 	table  bool
 	chains map[string]*nftables.Chain
 	rules  []*nftables.Rule // of chainExempt
 	sets   map[string]*nftables.Set
-	ivs    []interval // of setViews
+	ivs    []nftinterval.Interval // of setViews
 	stray  []nftables.SetElement
 }
 
@@ -191,7 +108,11 @@ func readExemption(c *nftables.Conn, name string) (kernelExemption, error) {
 		if err != nil {
 			return k, fmt.Errorf("list elements of set %s: %w", setViews, err)
 		}
-		k.ivs, k.stray = parseIntervals(elems)
+		var ivs []nftinterval.Dumped
+		ivs, k.stray = nftinterval.Parse(elems)
+		for _, iv := range ivs {
+			k.ivs = append(k.ivs, iv.Interval)
+		}
 	}
 	return k, nil
 }
@@ -283,26 +204,26 @@ func reconcileExemption(name string, views []netip.Prefix) (int, error) {
 			changes++
 		}
 	}
-	want := map[interval]bool{}
-	var add []interval
+	want := map[nftinterval.Interval]bool{}
+	var add []nftinterval.Interval
 	for _, v := range views {
-		want[intervalOf(v)] = true
+		want[nftinterval.Of(v)] = true
 	}
-	have := map[interval]bool{}
+	have := map[nftinterval.Interval]bool{}
 	del := k.stray
 	for _, iv := range k.ivs {
 		have[iv] = true
 		if !want[iv] {
-			del = append(del, iv.elements()...)
+			del = append(del, iv.Elements()...)
 		}
 	}
 	for _, v := range views {
-		if iv := intervalOf(v); !have[iv] {
+		if iv := nftinterval.Of(v); !have[iv] {
 			add = append(add, iv)
 		}
 	}
 	changes += len(del) + len(add)
-	if err := changeElements(c, s, del, elementsOf(add)); err != nil {
+	if err := nftinterval.Change(c, s, del, nftinterval.ElementsOf(add)); err != nil {
 		return 0, err
 	}
 	if changes == 0 {
@@ -312,26 +233,6 @@ func reconcileExemption(name string, views []netip.Prefix) (int, error) {
 		return 0, fmt.Errorf("apply nftables table %s: %w", name, err)
 	}
 	return changes, nil
-}
-
-// changeElements queues the deletion of del and then the addition of add,
-// in messages small enough for netlink.
-func changeElements(c *nftables.Conn, s *nftables.Set, del, add []nftables.SetElement) error {
-	for len(del) > 0 {
-		k := min(len(del), elementBatch)
-		if err := c.SetDeleteElements(s, del[:k]); err != nil {
-			return fmt.Errorf("delete elements of set %s: %w", s.Name, err)
-		}
-		del = del[k:]
-	}
-	for len(add) > 0 {
-		k := min(len(add), elementBatch)
-		if err := c.SetAddElements(s, add[:k]); err != nil {
-			return fmt.Errorf("add elements to set %s: %w", s.Name, err)
-		}
-		add = add[k:]
-	}
-	return nil
 }
 
 func removeExemption(name string) error {
@@ -372,12 +273,4 @@ func tableExists(c *nftables.Conn, name string) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-func lastAddr(p netip.Prefix) netip.Addr {
-	a := p.Addr().As4()
-	for i := p.Bits(); i < 32; i++ {
-		a[i/8] |= 1 << (7 - i%8)
-	}
-	return netip.AddrFrom4(a)
 }

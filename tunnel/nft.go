@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/flotilla-io/flotilla/internal/nftinterval"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -49,9 +50,6 @@ const (
 	chainMSS = "mss"
 	// dispatchComment tags the one rule of each base chain.
 	dispatchComment = "flotilla dispatch by peer"
-	// elementBatch bounds the elements per netlink message: the element
-	// list is one attribute, whose length field has 16 bits.
-	elementBatch = 512
 )
 
 // direction is one half of the NAT: a base chain, the map that picks the
@@ -250,7 +248,7 @@ func (n *natTable) update(want []PeerNAT) (int, error) {
 	// Order matters within the transaction: a chain must exist before an
 	// element jumps to it, and no element may jump to a chain deleted.
 	for i, d := range directions {
-		if err := changeElements(c, n.vmap(t, d), delElem[i], addElem[i]); err != nil {
+		if err := nftinterval.Change(c, n.vmap(t, d), delElem[i], addElem[i]); err != nil {
 			return 0, err
 		}
 	}
@@ -302,16 +300,11 @@ type ruleRef struct {
 	comment string
 }
 
-// interval is one entry of an interval map. The kernel holds it as two
-// elements: its start, with the verdict, and the first address after it,
-// flagged as an end; an interval reaching 255.255.255.255 has no end.
-// Elements go in and out in start, end pairs: the kernel refuses an end
-// that lands on the start of an interval already inserted in the same
-// transaction, which adjacent views would otherwise produce.
+// interval is one entry of an interval map, with its verdict: an entry
+// jumping to the wrong chain differs from the one wanted.
 type interval struct {
-	start, end [4]byte
-	open       bool // no end element
-	v          verdict
+	nftinterval.Interval
+	v verdict
 }
 
 type verdict struct {
@@ -323,13 +316,7 @@ type verdict struct {
 func intervals(ps []netip.Prefix, chain string) []interval {
 	out := make([]interval, 0, len(ps))
 	for _, p := range ps {
-		iv := interval{start: p.Addr().As4(), v: verdict{code: int32(expr.VerdictJump), chain: chain}}
-		if next := lastAddr(p).Next(); next.IsValid() {
-			iv.end = next.As4()
-		} else {
-			iv.open = true
-		}
-		out = append(out, iv)
+		out = append(out, interval{nftinterval.Of(p), verdict{code: int32(expr.VerdictJump), chain: chain}})
 	}
 	return out
 }
@@ -337,14 +324,11 @@ func intervals(ps []netip.Prefix, chain string) []interval {
 // elements are the interval's kernel elements; the verdict only if
 // withVerdict (a deletion names keys alone).
 func (iv interval) elements(withVerdict bool) []nftables.SetElement {
-	start := nftables.SetElement{Key: slices.Clone(iv.start[:])}
+	es := iv.Interval.Elements()
 	if withVerdict {
-		start.VerdictData = &expr.Verdict{Kind: expr.VerdictKind(iv.v.code), Chain: iv.v.chain}
+		es[0].VerdictData = &expr.Verdict{Kind: expr.VerdictKind(iv.v.code), Chain: iv.v.chain}
 	}
-	if iv.open {
-		return []nftables.SetElement{start}
-	}
-	return []nftables.SetElement{start, {Key: slices.Clone(iv.end[:]), IntervalEnd: true}}
+	return es
 }
 
 func setOf(ivs []interval) map[interval]bool {
@@ -363,47 +347,13 @@ func elementsOf(ivs []interval, withVerdict bool) []nftables.SetElement {
 	return out
 }
 
-// parseIntervals pairs the elements of an interval map as the kernel dumps
-// them into intervals; end elements with no start before them are stray.
+// parseIntervals reads the elements of an interval map as the kernel
+// dumps them back into intervals with their verdicts; end elements with
+// no start before them are stray.
 func parseIntervals(elems []nftables.SetElement) (ivs []interval, stray []nftables.SetElement) {
-	elems = slices.Clone(elems)
-	slices.SortFunc(elems, func(a, b nftables.SetElement) int {
-		if c := slices.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		// The end of one interval comes before the start of the next.
-		switch {
-		case a.IntervalEnd && !b.IntervalEnd:
-			return -1
-		case !a.IntervalEnd && b.IntervalEnd:
-			return 1
-		}
-		return 0
-	})
-	var cur *interval
-	for _, e := range elems {
-		if len(e.Key) != 4 {
-			continue
-		}
-		if e.IntervalEnd {
-			if cur == nil {
-				stray = append(stray, nftables.SetElement{Key: e.Key, IntervalEnd: true})
-				continue
-			}
-			cur.end = [4]byte(e.Key)
-			ivs = append(ivs, *cur)
-			cur = nil
-			continue
-		}
-		if cur != nil {
-			cur.open = true
-			ivs = append(ivs, *cur)
-		}
-		cur = &interval{start: [4]byte(e.Key), v: parseVerdict(e.Val)}
-	}
-	if cur != nil {
-		cur.open = true
-		ivs = append(ivs, *cur)
+	dumped, stray := nftinterval.Parse(elems)
+	for _, d := range dumped {
+		ivs = append(ivs, interval{d.Interval, parseVerdict(d.StartElement.Val)})
 	}
 	return ivs, stray
 }
@@ -582,7 +532,7 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 			}
 		}
 		changes += len(k.stray[d.vmap])
-		if err := changeElements(c, sets[i], del, add); err != nil {
+		if err := nftinterval.Change(c, sets[i], del, add); err != nil {
 			return 0, err
 		}
 	}
@@ -640,26 +590,6 @@ func ruleKeys(p PeerNAT, kind NATKind) []string {
 		}
 	}
 	return keys
-}
-
-// changeElements queues the deletion of del and then the addition of add
-// to the map s, in messages small enough for netlink.
-func changeElements(c *nftables.Conn, s *nftables.Set, del, add []nftables.SetElement) error {
-	for len(del) > 0 {
-		k := min(len(del), elementBatch)
-		if err := c.SetDeleteElements(s, del[:k]); err != nil {
-			return fmt.Errorf("delete elements of map %s: %w", s.Name, err)
-		}
-		del = del[k:]
-	}
-	for len(add) > 0 {
-		k := min(len(add), elementBatch)
-		if err := c.SetAddElements(s, add[:k]); err != nil {
-			return fmt.Errorf("add elements to map %s: %w", s.Name, err)
-		}
-		add = add[k:]
-	}
-	return nil
 }
 
 // parseVerdict decodes the data of a verdict map element as the kernel

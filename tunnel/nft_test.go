@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/flotilla-io/flotilla/internal/nftinterval"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
@@ -45,14 +46,14 @@ func TestParseIntervals(t *testing.T) {
 		want      []interval
 		wantStray int
 	}{
-		{"one interval", dumped(a), []interval{{start: [4]byte{10, 80, 0, 0}, end: [4]byte{10, 81, 0, 0}, v: jumpA}}, 0},
+		{"one interval", dumped(a), []interval{{nftinterval.Interval{Start: [4]byte{10, 80, 0, 0}, End: [4]byte{10, 81, 0, 0}}, jumpA}}, 0},
 		{"adjacent intervals", dumped(a, b), []interval{
-			{start: [4]byte{10, 80, 0, 0}, end: [4]byte{10, 81, 0, 0}, v: jumpA},
-			{start: [4]byte{10, 81, 0, 0}, end: [4]byte{10, 82, 0, 0}, v: jumpB},
+			{nftinterval.Interval{Start: [4]byte{10, 80, 0, 0}, End: [4]byte{10, 81, 0, 0}}, jumpA},
+			{nftinterval.Interval{Start: [4]byte{10, 81, 0, 0}, End: [4]byte{10, 82, 0, 0}}, jumpB},
 		}, 0},
-		{"interval to the last address", dumped(top), []interval{{start: [4]byte{255, 255, 255, 0}, open: true, v: jumpB}}, 0},
+		{"interval to the last address", dumped(top), []interval{{nftinterval.Interval{Start: [4]byte{255, 255, 255, 0}, Open: true}, jumpB}}, 0},
 		{"start deleted", dumped(a)[:1], nil, 1},
-		{"end deleted", dumped(a)[1:], []interval{{start: [4]byte{10, 80, 0, 0}, open: true, v: jumpA}}, 0},
+		{"end deleted", dumped(a)[1:], []interval{{nftinterval.Interval{Start: [4]byte{10, 80, 0, 0}, Open: true}, jumpA}}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

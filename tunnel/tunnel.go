@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flotilla-io/flotilla/internal/eventstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -424,7 +425,7 @@ func (t *Tunnel) Status() ([]PeerStatus, error) {
 // table) and puts back whatever differs from the last applied state, until
 // ctx ends. Route and link changes come from rtnetlink events, nftables
 // changes from its netlink monitor; a subscription that ends on an error
-// is opened again (events.go). A periodic resync catches the rest
+// is opened again (internal/eventstream). A periodic resync catches the rest
 // (WireGuard peer edits send no event). Run returns once every goroutine
 // it started has ended.
 func (t *Tunnel) Run(ctx context.Context) error {
@@ -432,36 +433,24 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	ended := make(chan streamEnd)
-	streams := t.streams()
-	for _, s := range streams {
-		if err := t.open(ctx, &wg, s, ended); err != nil {
-			return err
-		}
+	events, err := eventstream.Watch(ctx, &wg, t.streams(), eventstream.Hooks{
+		Log:      t.log,
+		Lost:     func() { t.trigger(fullAll) },
+		Reopened: func(kind string) { t.metrics.resubscribes.WithLabelValues(kind).Inc() },
+	})
+	if err != nil {
+		return err
 	}
 	t.log.Debug("watching kernel events", "events", []string{eventsRoute, eventsLink, eventsNFT})
 	tick := time.NewTicker(t.resync)
 	defer tick.Stop()
-	retry := time.NewTimer(time.Hour)
-	defer retry.Stop()
 	var failing string // the repair error last logged
 	for {
-		retry.Stop()
-		if next := nextRetry(streams); !next.IsZero() {
-			retry.Reset(time.Until(next))
-		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case e := <-ended:
-			t.streamEnded(e.s, e.err)
-			continue
-		case <-retry.C:
-			for _, s := range streams {
-				if !s.retryAt.IsZero() && !time.Now().Before(s.retryAt) {
-					t.reopen(ctx, &wg, s, ended)
-				}
-			}
+		case <-events.Wake():
+			events.Tend(ctx, &wg)
 			continue
 		case <-t.kick:
 		case <-tick.C:
