@@ -36,8 +36,10 @@ func (f *Fabric) Run(ctx context.Context) error {
 	defer cancel()
 	// A kernel event subscription that ends (ENOBUFS: events were lost)
 	// is opened again, and everything read back.
+	// A transaction whose generation cannot be decoded may have been
+	// ours or anyone's: read back, as the tunnel does.
 	nft := eventstream.NFTables(f.cfg.NFTable, func() int { return f.eventBuffer(eventsNFT) },
-		func(uint32) { f.trigger() }, nil)
+		func(uint32) { f.trigger() }, f.trigger)
 	streams := []*eventstream.Stream{
 		{Kind: eventsRoute, Subscribe: f.subscribeRoutes},
 		{Kind: eventsNFT, Subscribe: nft},
