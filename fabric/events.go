@@ -238,12 +238,12 @@ func nextRetry(streams []*stream) time.Time {
 	return next
 }
 
-// subscribeRoutes reads route, rule, link, neighbour (FDB included) and
-// IPv4 link setting events from one rtnetlink socket; the
+// subscribeRoutes reads route, rule, link and neighbour (FDB included)
+// events from one rtnetlink socket; the
 // vishvananda/netlink library has no rule subscription.
 func (f *Fabric) subscribeRoutes(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error {
 	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE,
-		unix.RTNLGRP_NEIGH, unix.RTNLGRP_IPV4_NETCONF)
+		unix.RTNLGRP_NEIGH)
 	if err != nil {
 		return err
 	}
@@ -279,7 +279,7 @@ func (f *Fabric) subscribeRoutes(ctx context.Context, wg *sync.WaitGroup, ended 
 
 // concerns reports whether an rtnetlink event may have changed what we
 // own: any route or rule in our table, any change of a link our routes go
-// through, any FDB or neighbour entry or IPv4 setting of our VXLAN link.
+// through, any FDB or neighbour entry of our VXLAN link.
 func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 	switch m.Header.Type {
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWRULE, unix.RTM_DELRULE:
@@ -310,27 +310,9 @@ func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 		}
 		vx := f.overlayLink.Load()
 		return vx != 0 && int64(int32(binary.NativeEndian.Uint32(m.Data[4:8]))) == vx
-	case unix.RTM_NEWNETCONF:
-		// netconfmsg (4 bytes aligned), then NETCONFA_IFINDEX among others.
-		vx := f.overlayLink.Load()
-		if vx == 0 || len(m.Data) < 4 {
-			return false
-		}
-		attrs, err := nl.ParseRouteAttr(m.Data[4:])
-		if err != nil {
-			return false
-		}
-		for _, a := range attrs {
-			if a.Attr.Type == netconfIfindex && len(a.Value) >= 4 && int64(int32(binary.NativeEndian.Uint32(a.Value))) == vx {
-				return true
-			}
-		}
 	}
 	return false
 }
-
-// netconfIfindex is NETCONFA_IFINDEX.
-const netconfIfindex = 1
 
 // subscribeNFT reports nftables changes that may concern our table.
 func (f *Fabric) subscribeNFT(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error {

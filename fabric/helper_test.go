@@ -168,8 +168,10 @@ func (c *cluster) seen(to netip.Addr) (netip.Addr, error) {
 func state(s *harness.Site) string {
 	var b strings.Builder
 	for _, cmd := range [][]string{
-		{"ip", "-d", "link", "show"},
-		{"bridge", "fdb", "show"},
+		// VXLAN links and our link's FDB only: the other links' FDB
+		// gains IPv6 multicast entries on its own after they come up.
+		{"ip", "-d", "link", "show", "type", "vxlan"},
+		{"bridge", "fdb", "show", "dev", fabric.DefaultOverlayLink},
 		{"ip", "-4", "-d", "route", "show", "table", "all"},
 		{"ip", "-4", "rule", "show"},
 		{"nft", "list", "ruleset"},

@@ -9,7 +9,6 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,13 +23,6 @@ const (
 	// vxlanOverhead is what VXLAN adds over IPv4: outer IP 20, UDP 8,
 	// VXLAN 8, inner Ethernet 14.
 	vxlanOverhead = 50
-	// rpFilterLoose: on the gateway, a worker pod's packets arrive on the
-	// overlay while main (the CNI's routes, or the default route) reaches
-	// their source elsewhere; strict mode would drop them.
-	rpFilterLoose = 2
-	// ipv4DevconfRPFilter is IPV4_DEVCONF_RP_FILTER, the index of
-	// rp_filter in IFLA_INET_CONF.
-	ipv4DevconfRPFilter = 8
 )
 
 // overlayPlan is the overlay one node needs; nil when every node it
@@ -198,9 +190,6 @@ func (f *Fabric) reconcileOverlay(o *overlayPlan, ch *changes) (int, error) {
 			ch.overlay++
 		}
 	}
-	if err := reconcileRPFilter(idx, ch); err != nil {
-		errs = append(errs, fmt.Errorf("%s: %w", name, err))
-	}
 	if err := reconcileFDB(idx, o.peers, ch); err != nil {
 		errs = append(errs, err)
 	}
@@ -235,77 +224,6 @@ func (f *Fabric) addVXLAN(o *overlayPlan) (netlink.Link, error) {
 		return nil, fmt.Errorf("read back VXLAN link %s: %w", name, err)
 	}
 	return l, nil
-}
-
-// reconcileRPFilter puts our link's reverse-path filter in loose mode,
-// through netlink (IFLA_INET_CONF), which works where /proc/sys is read
-// only, as in a container. The kernel applies the larger of the link's
-// and "all"'s value, so loose here wins over a strict "all".
-func reconcileRPFilter(idx int, ch *changes) error {
-	v, err := rpFilter(idx)
-	if err != nil {
-		return err
-	}
-	if v == rpFilterLoose {
-		return nil
-	}
-	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(idx)
-	req.AddData(msg)
-	conf := nl.NewRtAttr(unix.IFLA_INET_CONF, nil)
-	conf.AddRtAttr(ipv4DevconfRPFilter, nl.Uint32Attr(rpFilterLoose))
-	inet := nl.NewRtAttr(unix.AF_INET, nil)
-	inet.AddChild(conf)
-	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
-	spec.AddChild(inet)
-	req.AddData(spec)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
-		return fmt.Errorf("set rp_filter %d: %w", rpFilterLoose, err)
-	}
-	ch.overlay++
-	return nil
-}
-
-// rpFilter reads a link's rp_filter from its IFLA_INET_CONF, an array of
-// every IPv4 setting of the link.
-func rpFilter(idx int) (uint32, error) {
-	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(idx)
-	req.AddData(msg)
-	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
-	if err != nil || len(msgs) == 0 || len(msgs[0]) < unix.SizeofIfInfomsg {
-		return 0, fmt.Errorf("read link %d: %v", idx, err)
-	}
-	attrs, err := nl.ParseRouteAttr(msgs[0][unix.SizeofIfInfomsg:])
-	if err != nil {
-		return 0, fmt.Errorf("parse link %d: %w", idx, err)
-	}
-	for _, a := range attrs {
-		if a.Attr.Type != unix.IFLA_AF_SPEC {
-			continue
-		}
-		afs, err := nl.ParseRouteAttr(a.Value)
-		if err != nil {
-			return 0, fmt.Errorf("parse link %d's settings: %w", idx, err)
-		}
-		for _, af := range afs {
-			if af.Attr.Type != unix.AF_INET {
-				continue
-			}
-			confs, err := nl.ParseRouteAttr(af.Value)
-			if err != nil {
-				return 0, fmt.Errorf("parse link %d's IPv4 settings: %w", idx, err)
-			}
-			for _, c := range confs {
-				if off := 4 * (ipv4DevconfRPFilter - 1); c.Attr.Type == unix.IFLA_INET_CONF && len(c.Value) >= off+4 {
-					return binary.NativeEndian.Uint32(c.Value[off:]), nil
-				}
-			}
-		}
-	}
-	return 0, fmt.Errorf("link %d has no IPv4 settings (is IPv4 disabled?)", idx)
 }
 
 func fdbEntry(idx int, p overlayPeer) netlink.Neigh {
