@@ -109,7 +109,7 @@ func (f *Fabric) repair() bool {
 	if n := ch.total(); n > 0 {
 		f.metrics.repairs.Add(float64(n))
 		f.log.Info("repaired fabric state", "objects", n, "routes", ch.routesAdded+ch.routesChanged+ch.routesDeleted,
-			"rules", ch.rules, "exemption", ch.nft)
+			"rules", ch.rules, "exemption", ch.nft, "overlay", ch.overlay)
 	}
 	return true
 }
@@ -130,10 +130,12 @@ func (f *Fabric) eventBuffer(kind string) int {
 	return f.buffers[kind]
 }
 
-// subscribeRoutes reads route, rule and link events from one rtnetlink
-// socket; the vishvananda/netlink library has no rule subscription.
+// subscribeRoutes reads route, rule, link and neighbour (FDB included)
+// events from one rtnetlink socket; the vishvananda/netlink library has no
+// rule subscription.
 func (f *Fabric) subscribeRoutes(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error {
-	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE)
+	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE,
+		unix.RTNLGRP_NEIGH)
 	if err != nil {
 		return err
 	}
@@ -169,7 +171,7 @@ func (f *Fabric) subscribeRoutes(ctx context.Context, wg *sync.WaitGroup, ended 
 
 // concerns reports whether an rtnetlink event may have changed what we
 // own: any route or rule in our table, any change of a link our routes go
-// through.
+// through, any FDB or neighbour entry of our VXLAN link.
 func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 	switch m.Header.Type {
 	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWRULE, unix.RTM_DELRULE:
@@ -193,6 +195,13 @@ func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 		}
 		links := f.links.Load()
 		return links != nil && (*links)[int(int32(binary.NativeEndian.Uint32(m.Data[4:8])))]
+	case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
+		// ndmsg: family, 3 bytes of padding, the link's index.
+		if len(m.Data) < 8 {
+			return false
+		}
+		vx := f.overlayLink.Load()
+		return vx != 0 && int64(int32(binary.NativeEndian.Uint32(m.Data[4:8]))) == vx
 	}
 	return false
 }

@@ -18,10 +18,19 @@
 //	ip rule add priority 20000 iif <tunnel> lookup 102 proto 102
 //	ip route add <node's pod block> via <node> dev <link> table 102 proto 102
 //
-// The routes are direct: the gateway (or the node) must be on a network
-// this node is connected to, which RouteGet tells; where it is not, Apply
-// says so. An overlay (VXLAN or Geneve) for nodes that do not share a link
-// with the gateway is future work. A table of our own keeps the CNI's
+// The routes are direct where the gateway (or the node) is on a network
+// this node is connected to, which RouteGet tells. Where a router is in
+// between, they go through an overlay instead: one VXLAN link of ours per
+// node (tagged with our alias, never adopted by name), unicast FDB
+// entries and permanent neighbour entries only, and next hops derived
+// from the nodes' addresses inside a range of our own (240.0.0.0/8):
+//
+//	ip link add flotilla-vx type vxlan id 102 dstport 6102 nolearning
+//	bridge fdb append <peer's MAC> dev flotilla-vx dst <peer node> self permanent
+//	ip neigh replace <peer's next hop> lladdr <peer's MAC> dev flotilla-vx nud permanent
+//	ip route add <view or block> via <peer's next hop> dev flotilla-vx onlink table 102 proto 102
+//
+// A table of our own keeps the CNI's
 // routes in main untouched and our routes easy to tell apart: ours are
 // the routes in our table with our protocol number, and the rules that
 // point at our table with our protocol number. Nothing else is changed or
@@ -74,6 +83,14 @@ const (
 	// local's (0).
 	DefaultRulePriority = 20000
 	DefaultNFTable      = "flotilla-fabric"
+	// DefaultOverlayLink is our VXLAN link's name.
+	DefaultOverlayLink = "flotilla-vx"
+	// DefaultVXLANPort and DefaultVNI are no common CNI's: flannel and
+	// Cilium use 8472, Calico and Antrea 4789, Submariner 4800, Liqo's
+	// Geneve 6091, Geneve itself 6081. 102 is our number, as for the
+	// table and the route protocol.
+	DefaultVXLANPort = 6102
+	DefaultVNI       = 102
 	// resyncInterval bounds how long a change no event reports stays
 	// unrepaired.
 	resyncInterval = 30 * time.Second
@@ -91,8 +108,18 @@ type Config struct {
 	RouteProtocol int
 	// NFTable is the name of our nftables table (family ip).
 	NFTable string
-	Logger  *slog.Logger
-	Metrics prometheus.Registerer
+	// OverlayLink names our VXLAN link, used only between nodes that do
+	// not share a link with the gateway.
+	OverlayLink string
+	// VXLANPort (UDP) and VNI of the overlay; the same on every node.
+	VXLANPort int
+	VNI       int
+	// OverlayRange holds the overlay's next hops, one per node, derived
+	// from its address (see DefaultOverlayRange); it must not overlap a
+	// view or pod block.
+	OverlayRange netip.Prefix
+	Logger       *slog.Logger
+	Metrics      prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -107,6 +134,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.NFTable == "" {
 		c.NFTable = DefaultNFTable
+	}
+	if c.OverlayLink == "" {
+		c.OverlayLink = DefaultOverlayLink
+	}
+	if c.VXLANPort == 0 {
+		c.VXLANPort = DefaultVXLANPort
+	}
+	if c.VNI == 0 {
+		c.VNI = DefaultVNI
+	}
+	if !c.OverlayRange.IsValid() {
+		c.OverlayRange = DefaultOverlayRange
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -130,8 +169,24 @@ func (c *Config) validate() error {
 	if len(c.NFTable) > 255 || strings.ContainsAny(c.NFTable, " \t\n/") {
 		return fmt.Errorf("nftables table name %q: at most 255 characters, no spaces or '/'", c.NFTable)
 	}
+	if len(c.OverlayLink) >= 16 || strings.ContainsAny(c.OverlayLink, "/ \t\n") {
+		return fmt.Errorf("overlay link name %q: 1 to 15 characters, no '/' or spaces", c.OverlayLink)
+	}
+	if c.VXLANPort < 1 || c.VXLANPort > 65535 {
+		return fmt.Errorf("VXLAN port %d out of range 1..65535", c.VXLANPort)
+	}
+	if c.VNI < 1 || c.VNI >= 1<<24 {
+		return fmt.Errorf("VNI %d out of range 1..16777215", c.VNI)
+	}
+	if r := c.OverlayRange; !r.Addr().Is4() || r != r.Masked() || r.Bits() < 4 || r.Bits() > 24 {
+		return fmt.Errorf("overlay range %s: want a canonical IPv4 prefix of /4 to /24 no network uses, such as the default %s", r, DefaultOverlayRange)
+	}
 	return nil
 }
+
+// DefaultOverlayRange is reserved (class E): no network routes it, so a
+// next hop in it never names a real host. Linux handles it as unicast.
+var DefaultOverlayRange = netip.MustParsePrefix("240.0.0.0/8")
 
 // Role is what a node does in the fabric.
 type Role string
@@ -148,6 +203,10 @@ const (
 // are ignored.
 type Desired struct {
 	Role Role
+	// Addr is this node's own address on the node network as the others
+	// know it (its Node's InternalIP). Needed only where the overlay is:
+	// the overlay derives this node's VXLAN address from it.
+	Addr netip.Addr
 	// Gateway (workers): the gateway node's address on the node network;
 	// every view is routed via it.
 	Gateway netip.Addr
@@ -186,8 +245,10 @@ type Fabric struct {
 	failing string   // the apply or repair error last logged
 
 	// links are the indexes of the links our routes go through, for the
-	// event reader to tell which link events concern us.
-	links atomic.Pointer[map[int]bool]
+	// event reader to tell which link events concern us; overlayLink is
+	// our VXLAN link's (0: none), whose FDB and neighbours are ours.
+	links       atomic.Pointer[map[int]bool]
+	overlayLink atomic.Int64
 
 	buffersMu sync.Mutex
 	buffers   map[string]int // event receive buffer sizes by stream kind, for tests
@@ -231,7 +292,7 @@ func (f *Fabric) Apply(d Desired) error {
 	if ch.any() {
 		f.log.Info("fabric applied", "role", d.Role, "views", len(d.Views), "routes", len(p.routes),
 			"routesAdded", ch.routesAdded, "routesChanged", ch.routesChanged, "routesDeleted", ch.routesDeleted,
-			"rules", ch.rules, "exemption", ch.nft)
+			"rules", ch.rules, "exemption", ch.nft, "overlay", ch.overlay)
 	}
 	return nil
 }
@@ -239,15 +300,32 @@ func (f *Fabric) Apply(d Desired) error {
 // reconcile brings routes, rule and exemption in line with p; it reports
 // what it changed. Callers hold f.mu.
 func (f *Fabric) reconcile(p plan) (changes, error) {
-	links := make(map[int]bool, len(p.links))
+	var ch changes
+	var errs []error
+	links := make(map[int]bool, len(p.links)+1)
 	for _, l := range p.links {
 		links[l] = true
 	}
+	vx, err := f.reconcileOverlay(p.overlay, &ch)
+	f.overlayLink.Store(int64(vx))
+	if vx != 0 {
+		links[vx] = true
+	}
 	f.links.Store(&links)
-	var ch changes
-	var errs []error
-	if err := f.reconcileRoutes(p, &ch); err != nil {
+	if err != nil {
+		// Overlay routes cannot be right without their link: the routes
+		// stay as they are until the next repair.
 		errs = append(errs, err)
+	} else {
+		for dst, r := range p.routes {
+			if r.overlay {
+				r.link = vx
+				p.routes[dst] = r
+			}
+		}
+		if err := f.reconcileRoutes(p, &ch); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := f.reconcileRules(p, &ch); err != nil {
 		errs = append(errs, err)
@@ -265,17 +343,19 @@ type changes struct {
 	routesAdded, routesChanged, routesDeleted int
 	rules                                     int // rules added or deleted
 	nft                                       int // nftables objects and elements
+	overlay                                   int // overlay link, its settings, FDB and neighbour entries
 }
 
 func (c changes) any() bool { return c.total() > 0 }
 
 func (c changes) total() int {
-	return c.routesAdded + c.routesChanged + c.routesDeleted + c.rules + c.nft
+	return c.routesAdded + c.routesChanged + c.routesDeleted + c.rules + c.nft + c.overlay
 }
 
 // Remove deletes everything the fabric with cfg made on this node: the
 // routes in our table with our protocol, the rules pointing at our table
-// with our protocol, and our nftables table. Nothing else is touched.
+// with our protocol, our nftables table and our VXLAN link (with its FDB
+// and neighbours). Nothing else is touched.
 func Remove(cfg Config) error {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -285,6 +365,7 @@ func Remove(cfg Config) error {
 		removeRoutes(cfg),
 		removeRules(cfg),
 		removeExemption(cfg.NFTable),
+		removeOverlay(cfg),
 	)
 }
 

@@ -111,8 +111,10 @@ func TestBadInputRefused(t *testing.T) {
 	c := newCluster(t)
 	c.applyBoth(t)
 	// A gateway behind a router: the worker reaches 203.0.113.0/24 via
-	// the gateway node, so the address is not on a connected network.
+	// the gateway node, so the address is not on a connected network and
+	// needs the overlay.
 	c.wk.MustExec("ip", "route", "add", "203.0.113.0/24", "via", c.gw.Addr.String())
+	routed := netip.MustParseAddr("203.0.113.7")
 	good := c.workerDesired()
 	for _, tc := range []struct {
 		name string
@@ -123,7 +125,11 @@ func TestBadInputRefused(t *testing.T) {
 		{"non-canonical view", func(d *fabric.Desired) { d.Views = append(d.Views, netip.MustParsePrefix("10.71.0.1/16")) }, "did you mean 10.71.0.0/16"},
 		{"overlapping views", func(d *fabric.Desired) { d.Views = append(d.Views, netip.MustParsePrefix("10.70.8.0/24")) }, "overlaps"},
 		{"same view twice", func(d *fabric.Desired) { d.Views = append(d.Views, view) }, "overlaps"},
-		{"gateway behind a router", func(d *fabric.Desired) { d.Gateway = netip.MustParseAddr("203.0.113.7") }, "not on a network this node is connected to"},
+		{"overlay without own address", func(d *fabric.Desired) { d.Gateway, d.Addr = routed, netip.Addr{} }, "needs this node's own address"},
+		{"overlay with another's address", func(d *fabric.Desired) { d.Gateway, d.Addr = routed, c.gw.Addr }, "not an address of this node"},
+		{"view in the overlay range", func(d *fabric.Desired) {
+			d.Gateway, d.Views = routed, append(d.Views, netip.MustParsePrefix("240.1.0.0/16"))
+		}, "overlaps the overlay range"},
 		{"gateway unreachable", func(d *fabric.Desired) { d.Gateway = netip.MustParseAddr("192.0.2.7") }, "not on a network this node is connected to"},
 		{"gateway is this node", func(d *fabric.Desired) { d.Gateway = c.wk.Addr }, "this node's own"},
 		{"gateway inside a view", func(d *fabric.Desired) { d.Gateway = netip.MustParseAddr("10.70.0.1") }, "inside view"},
@@ -161,6 +167,11 @@ func TestBadConfigRefused(t *testing.T) {
 		{fabric.Config{Table: 254}, "table of its own"},
 		{fabric.Config{RouteProtocol: 4}, "static"},
 		{fabric.Config{RulePriority: 32766}, "before the main table"},
+		{fabric.Config{VNI: 1 << 24}, "VNI"},
+		{fabric.Config{VXLANPort: 70000}, "VXLAN port"},
+		{fabric.Config{OverlayRange: netip.MustParsePrefix("192.0.0.0/2")}, "overlay range"},
+		{fabric.Config{OverlayRange: netip.MustParsePrefix("240.0.0.1/8")}, "overlay range"},
+		{fabric.Config{OverlayLink: "a-name-too-long-for-a-link"}, "overlay link name"},
 	} {
 		t.Run(fmt.Sprint(tc.cfg), func(t *testing.T) {
 			if _, err := fabric.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {

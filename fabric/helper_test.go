@@ -44,6 +44,7 @@ type cluster struct {
 	gw, wk  *harness.Site
 	pod     *harness.Pod
 	peer    *harness.Site
+	wan     *harness.Router // the router of a routed cluster
 	fabrics map[*harness.Site]*fabric.Fabric
 }
 
@@ -56,10 +57,33 @@ func newCluster(t testing.TB) *cluster {
 	c.gw = env.NewSite("gw", harness.SiteOptions{LAN: lan, PodCIDR: gwBlock})
 	c.wk = env.NewSite("wk", harness.SiteOptions{LAN: lan, PodCIDR: wkBlock})
 	c.pod = c.wk.AddPod("p", podAddr)
+	c.addPeer(lan.Prefix)
+	return c
+}
+
+// newRoutedCluster is newCluster with the gateway and the worker each on
+// a segment of their own behind a router: they share no link, so the
+// fabric goes through its overlay.
+func newRoutedCluster(t testing.TB) *cluster {
+	t.Helper()
+	env := harness.New(t)
+	env.Require(harness.Root, harness.IPRoute2, harness.Ping, harness.NFT)
+	wan := env.NewRouter("wan")
+	c := &cluster{env: env, wan: wan, fabrics: map[*harness.Site]*fabric.Fabric{}}
+	c.gw = env.NewSite("gw", harness.SiteOptions{Router: wan, PodCIDR: gwBlock})
+	c.wk = env.NewSite("wk", harness.SiteOptions{Router: wan, PodCIDR: wkBlock})
+	c.pod = c.wk.AddPod("p", podAddr)
+	c.addPeer(netip.MustParsePrefix("198.19.0.0/16"))
+	return c
+}
+
+// addPeer puts the peer behind the gateway's "tunnel" link; nodes is the
+// node network, which the peer routes back through the gateway.
+func (c *cluster) addPeer(nodes netip.Prefix) {
 	// The peer sits on a LAN of its own with only the gateway; its
 	// "lan0" plays the far end of the tunnel.
-	tun := env.NewLAN("tun")
-	c.peer = env.NewSite("peer", harness.SiteOptions{LAN: tun})
+	tun := c.env.NewLAN("tun")
+	c.peer = c.env.NewSite("peer", harness.SiteOptions{LAN: tun})
 	c.gw.MustExec("ip", "link", "add", tunnelLink, "type", "veth", "peer", "name", "wgx-far")
 	c.gw.MustExec("ip", "link", "set", "wgx-far", "netns", c.peer.Name)
 	c.gw.MustExec("ip", "addr", "add", "169.254.9.1/30", "dev", tunnelLink)
@@ -70,10 +94,9 @@ func newCluster(t testing.TB) *cluster {
 	c.peer.MustExec("ip", "route", "add", podNet.String(), "via", "169.254.9.1", "src", peerAddr.String())
 	// The node network too, so that a masqueraded connection is answered
 	// and a test sees which source address arrived.
-	c.peer.MustExec("ip", "route", "add", lan.Prefix.String(), "via", "169.254.9.1", "src", peerAddr.String())
+	c.peer.MustExec("ip", "route", "add", nodes.String(), "via", "169.254.9.1", "src", peerAddr.String())
 	c.gw.MustExec("ip", "route", "add", view.String(), "via", "169.254.9.2")
 	c.peer.ServeTCP(port)
-	return c
 }
 
 // fabric returns the Fabric of a node, made on first use; it is removed
@@ -104,11 +127,11 @@ func (c *cluster) fabricWith(t testing.TB, s *harness.Site, cfg fabric.Config) *
 }
 
 func (c *cluster) workerDesired() fabric.Desired {
-	return fabric.Desired{Role: fabric.Worker, Gateway: c.gw.Addr, Views: []netip.Prefix{view}, MTU: 1420}
+	return fabric.Desired{Role: fabric.Worker, Addr: c.wk.Addr, Gateway: c.gw.Addr, Views: []netip.Prefix{view}, MTU: 1420}
 }
 
 func (c *cluster) gatewayDesired() fabric.Desired {
-	return fabric.Desired{Role: fabric.Gateway, Views: []netip.Prefix{view}, TunnelInterface: tunnelLink,
+	return fabric.Desired{Role: fabric.Gateway, Addr: c.gw.Addr, Views: []netip.Prefix{view}, TunnelInterface: tunnelLink,
 		Nodes: []fabric.Node{{Addr: c.gw.Addr, PodCIDRs: []netip.Prefix{gwBlock}}, {Addr: c.wk.Addr, PodCIDRs: []netip.Prefix{wkBlock}}}}
 }
 
@@ -145,6 +168,10 @@ func (c *cluster) seen(to netip.Addr) (netip.Addr, error) {
 func state(s *harness.Site) string {
 	var b strings.Builder
 	for _, cmd := range [][]string{
+		// VXLAN links and our link's FDB only: the other links' FDB
+		// gains IPv6 multicast entries on its own after they come up.
+		{"ip", "-d", "link", "show", "type", "vxlan"},
+		{"bridge", "fdb", "show", "dev", fabric.DefaultOverlayLink},
 		{"ip", "-4", "-d", "route", "show", "table", "all"},
 		{"ip", "-4", "rule", "show"},
 		{"nft", "list", "ruleset"},

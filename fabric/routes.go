@@ -13,76 +13,122 @@ import (
 
 // plan is a Desired turned into kernel objects for this node.
 type plan struct {
-	routes map[netip.Prefix]route
-	iif    string // our rule's input interface; empty: every lookup
-	views  []netip.Prefix
-	links  []int // links our routes go through
+	routes  map[netip.Prefix]route
+	iif     string // our rule's input interface; empty: every lookup
+	views   []netip.Prefix
+	links   []int        // links our direct routes go through, and the overlay's underlays
+	overlay *overlayPlan // nil: every node shares a link with this one
 }
 
-// route is one route of ours: dst via a neighbour on a link.
+// route is one route of ours: dst via a neighbour on a link, or through
+// the overlay via a peer's next hop there.
 type route struct {
-	via  netip.Addr
-	link int
-	mtu  int
+	via     netip.Addr
+	link    int // for overlay routes, filled in once the link exists
+	mtu     int
+	overlay bool
 }
 
 // plan finds the links that reach the gateway (workers) or the nodes
-// (gateway) directly; it changes nothing.
+// (gateway): directly where they share a link, through the overlay where
+// a router is in between. It changes nothing.
 func (f *Fabric) plan(d Desired) (plan, error) {
 	p := plan{routes: map[netip.Prefix]route{}, views: d.Views}
+	r := f.cfg.OverlayRange
 	switch d.Role {
 	case Worker:
-		link, local, err := directLink(d.Gateway)
+		at, err := reach(d.Gateway)
 		if err != nil {
 			return p, fmt.Errorf("route views via gateway %s: %w", d.Gateway, err)
 		}
-		if local {
+		if at.local {
 			return p, fmt.Errorf("gateway address %s is this node's own: run this node with role %q", d.Gateway, Gateway)
 		}
-		for _, v := range d.Views {
-			p.routes[v] = route{via: d.Gateway, link: link, mtu: d.MTU}
+		p.links = []int{at.link}
+		if !at.router.IsValid() {
+			for _, v := range d.Views {
+				p.routes[v] = route{via: d.Gateway, link: at.link, mtu: d.MTU}
+			}
+			break
 		}
-		p.links = []int{link}
+		o := &overlayPlan{}
+		if err := o.addPeer(r, d.Gateway, at.link); err != nil {
+			return p, err
+		}
+		if err := f.checkOverlay(o, d.Addr, d); err != nil {
+			return p, fmt.Errorf("gateway %s is reached via router %s, so through the overlay: %w", d.Gateway, at.router, err)
+		}
+		mtu := o.mtu
+		if d.MTU != 0 {
+			mtu = min(d.MTU, o.mtu)
+		}
+		for _, v := range d.Views {
+			p.routes[v] = route{via: o.peers[0].inner, mtu: mtu, overlay: true}
+		}
+		p.overlay = o
 	case Gateway:
 		p.iif = d.TunnelInterface
+		o := &overlayPlan{}
 		for _, n := range d.Nodes {
-			link, local, err := directLink(n.Addr)
+			at, err := reach(n.Addr)
 			if err != nil {
 				return p, fmt.Errorf("route pod blocks %v to node %s: %w", n.PodCIDRs, n.Addr, err)
 			}
-			if local {
+			if at.local {
 				continue // this node's own blocks are its CNI's
 			}
+			if !slices.Contains(p.links, at.link) {
+				p.links = append(p.links, at.link)
+			}
+			if !at.router.IsValid() {
+				for _, b := range n.PodCIDRs {
+					p.routes[b] = route{via: n.Addr, link: at.link}
+				}
+				continue
+			}
+			if err := o.addPeer(r, n.Addr, at.link); err != nil {
+				return p, err
+			}
 			for _, b := range n.PodCIDRs {
-				p.routes[b] = route{via: n.Addr, link: link}
+				p.routes[b] = route{via: innerAddr(r, n.Addr), overlay: true}
 			}
-			if !slices.Contains(p.links, link) {
-				p.links = append(p.links, link)
+		}
+		if len(o.peers) > 0 {
+			if err := f.checkOverlay(o, d.Addr, d); err != nil {
+				return p, fmt.Errorf("nodes reached via a router go through the overlay: %w", err)
 			}
+			p.overlay = o
 		}
 	}
 	return p, nil
 }
 
-// directLink returns the link through which a is reached without a
-// router, or local if a is this node's own address.
-func directLink(a netip.Addr) (link int, local bool, err error) {
-	const direct = "the fabric routes directly and needs nodes that share a link with the gateway; an overlay for this case is not implemented yet"
+// path is how this node reaches an address.
+type path struct {
+	local  bool       // the address is this node's own
+	link   int        // the link it leaves by
+	router netip.Addr // the router it goes through; invalid if none
+}
+
+// reach asks the kernel how this node reaches a.
+func reach(a netip.Addr) (path, error) {
 	rs, err := netlink.RouteGet(a.AsSlice())
 	if errors.Is(err, unix.ENETUNREACH) || (err == nil && len(rs) == 0) {
-		return 0, false, fmt.Errorf("%s is not on a network this node is connected to (no route to it): %s", a, direct)
+		return path{}, fmt.Errorf("%s is not on a network this node is connected to, nor behind a router it knows (no route to it)", a)
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("look up the route to %s: %w", a, err)
+		return path{}, fmt.Errorf("look up the route to %s: %w", a, err)
 	}
 	r := rs[0]
 	if r.Type == unix.RTN_LOCAL {
-		return 0, true, nil
+		return path{local: true}, nil
 	}
+	at := path{link: r.LinkIndex}
 	if r.Gw != nil {
-		return 0, false, fmt.Errorf("%s is not on a network this node is connected to (reached via router %s): %s", a, r.Gw, direct)
+		at.router, _ = netip.AddrFromSlice(r.Gw)
+		at.router = at.router.Unmap()
 	}
-	return r.LinkIndex, false, nil
+	return at, nil
 }
 
 // ours lists the routes in our table with our protocol.
@@ -104,7 +150,16 @@ func (f *Fabric) netlinkRoute(dst netip.Prefix, r route) netlink.Route {
 		Table:     f.cfg.Table,
 		Protocol:  netlink.RouteProtocol(f.cfg.RouteProtocol),
 		MTU:       r.mtu,
+		Flags:     onlink(r.overlay),
 	}
+}
+
+// onlink: overlay routes name a next hop no address of the link covers.
+func onlink(overlay bool) int {
+	if overlay {
+		return int(netlink.FLAG_ONLINK)
+	}
+	return 0
 }
 
 // reconcileRoutes lists our routes and adds, replaces or deletes only
@@ -158,7 +213,8 @@ func (f *Fabric) reconcileRoutes(p plan, ch *changes) error {
 // same reports whether a route of ours in the kernel is want.
 func same(k netlink.Route, want route) bool {
 	via, _ := netip.AddrFromSlice(k.Gw)
-	return k.LinkIndex == want.link && via.Unmap() == want.via && k.MTU == want.mtu && len(k.MultiPath) == 0
+	return k.LinkIndex == want.link && via.Unmap() == want.via && k.MTU == want.mtu && len(k.MultiPath) == 0 &&
+		k.Flags&int(netlink.FLAG_ONLINK) == onlink(want.overlay)
 }
 
 func removeRoutes(cfg Config) error {

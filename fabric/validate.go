@@ -21,6 +21,9 @@ func (d Desired) clone() Desired {
 // prefixes with host bits set, and ranges that overlap, which would make
 // a destination ambiguous.
 func (d Desired) validate() error {
+	if d.Addr.IsValid() && !d.Addr.Is4() {
+		return fmt.Errorf("node address %s: want this node's IPv4 address on the node network", d.Addr)
+	}
 	var ranges []named
 	for _, v := range d.Views {
 		if err := checkPrefix("view", v); err != nil {

@@ -132,10 +132,12 @@ func comparePrefixes(a, b netip.Prefix) int {
 // For is the part of the plan the node named node applies. The gateway
 // node sends what arrives from the tunnel to the node holding its
 // destination; every other node routes the views to the gateway. Both
-// exempt view traffic from a CNI's masquerade.
+// exempt view traffic from a CNI's masquerade. Each learns its own
+// address, from which the overlay (for nodes behind a router) derives its
+// VXLAN address.
 func (p Plan) For(node string) fabric.Desired {
 	if node == p.GatewayNode {
-		d := fabric.Desired{Role: fabric.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
+		d := fabric.Desired{Role: fabric.Gateway, Addr: p.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
 		for _, n := range p.Nodes {
 			if n.Name != node && n.Addr.IsValid() && len(n.PodCIDRs) > 0 {
 				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: n.PodCIDRs})
@@ -143,5 +145,11 @@ func (p Plan) For(node string) fabric.Desired {
 		}
 		return d
 	}
-	return fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: p.MTU}
+	d := fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: p.MTU}
+	for _, n := range p.Nodes {
+		if n.Name == node {
+			d.Addr = n.Addr
+		}
+	}
+	return d
 }

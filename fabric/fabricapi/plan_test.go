@@ -46,13 +46,13 @@ func TestPlanRoundTrip(t *testing.T) {
 func TestPlanForNode(t *testing.T) {
 	p := testPlan()
 	gw := p.For("gw")
-	want := fabric.Desired{Role: fabric.Gateway, Views: p.Views, TunnelInterface: "flotilla0",
+	want := fabric.Desired{Role: fabric.Gateway, Addr: p.Gateway, Views: p.Views, TunnelInterface: "flotilla0",
 		Nodes: []fabric.Node{{Addr: netip.MustParseAddr("198.18.0.3"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}}}
 	if !reflect.DeepEqual(gw, want) {
 		t.Errorf("gateway's part:\n got %+v\nwant %+v", gw, want)
 	}
 	w := p.For("w1")
-	want = fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: 1420}
+	want = fabric.Desired{Role: fabric.Worker, Addr: netip.MustParseAddr("198.18.0.3"), Gateway: p.Gateway, Views: p.Views, MTU: 1420}
 	if !reflect.DeepEqual(w, want) {
 		t.Errorf("worker's part:\n got %+v\nwant %+v", w, want)
 	}
