@@ -27,7 +27,8 @@ import (
 // workers of each cluster talk to pods on the workers of the other, in
 // both directions, each seeing the other at its own view of it; then with
 // Calico's rules (nft) added after the agent. A worker added after
-// peering gets its routes; a fabric pod restarted keeps traffic flowing;
+// peering gets its routes, and the gateway drops its route when it leaves;
+// a fabric pod restarted keeps traffic flowing;
 // an uninstall leaves no rule, route or table of the fabric on any node.
 func TestFabric(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
