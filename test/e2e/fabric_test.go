@@ -165,11 +165,15 @@ func TestFabric(t *testing.T) {
 				}
 				return nil
 			})
+			// The node goes for good: stopped, its Node deleted (Stop does), and its
+			// fabric pod, which no kubelet confirms any more, removed.
+			a.Workers = a.Workers[:len(a.Workers)-1]
 			if err := n.Stop(); err != nil {
 				t.Fatal(err)
 			}
-			mustKubectl(t, a.CP, "delete", "node", n.NodeName)
-			a.Workers = a.Workers[:len(a.Workers)-1]
+			mustKubectl(t, a.CP, "delete", "node", "--ignore-not-found", n.NodeName)
+			mustKubectl(t, a.CP, "-n", federation.AgentNamespace, "delete", "pod", "--force", "--grace-period=0",
+				"--field-selector", "spec.nodeName="+n.NodeName)
 			eventually.Within(t, 30*time.Second, "the gateway's route to "+n.NodeName+"'s block gone", func() error {
 				if ok, err := gatewayRoutes(); err != nil || ok {
 					return fmt.Errorf("route to %s still in table %d (%v)", n.PodCIDR, fabricTable, err)
