@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -26,7 +27,8 @@ import (
 // workers of each cluster talk to pods on the workers of the other, in
 // both directions, each seeing the other at its own view of it; then with
 // Calico's rules (nft) added after the agent. A worker added after
-// peering gets its routes; a fabric pod restarted keeps traffic flowing;
+// peering gets its routes, and the gateway drops its route when it leaves;
+// a fabric pod restarted keeps traffic flowing;
 // an uninstall leaves no rule, route or table of the fabric on any node.
 func TestFabric(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
@@ -141,6 +143,43 @@ func TestFabric(t *testing.T) {
 			if r := federation.FetchPods(t, b, web[b], a, pod); r.Err != nil {
 				t.Errorf("%s -> pod on the new worker: %v\n%s", b.Name, r.Err, fabricDiagnosis(cs))
 			}
+		})
+		t.Run("a worker that leaves loses its route on the gateway", func(t *testing.T) {
+			a := cs[0]
+			n := a.Workers[len(a.Workers)-1]
+			gatewayRoutes := func() (bool, error) {
+				routes, err := a.Gateway.Netlink().RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: fabricTable}, netlink.RT_FILTER_TABLE)
+				if err != nil {
+					return false, err
+				}
+				for _, r := range routes {
+					if r.Dst != nil && r.Dst.String() == n.PodCIDR.String() {
+						return true, nil
+					}
+				}
+				return false, nil
+			}
+			eventually.Within(t, 30*time.Second, "the gateway routes "+n.NodeName+"'s block", func() error {
+				if ok, err := gatewayRoutes(); err != nil || !ok {
+					return fmt.Errorf("no route to %s in table %d (%v)", n.PodCIDR, fabricTable, err)
+				}
+				return nil
+			})
+			// The node goes for good: stopped, its Node deleted (Stop does), and its
+			// fabric pod, which no kubelet confirms any more, removed.
+			a.Workers = a.Workers[:len(a.Workers)-1]
+			if err := n.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			mustKubectl(t, a.CP, "delete", "node", "--ignore-not-found", n.NodeName)
+			mustKubectl(t, a.CP, "-n", federation.AgentNamespace, "delete", "pod", "--force", "--grace-period=0",
+				"--field-selector", "spec.nodeName="+n.NodeName)
+			eventually.Within(t, 30*time.Second, "the gateway's route to "+n.NodeName+"'s block gone", func() error {
+				if ok, err := gatewayRoutes(); err != nil || ok {
+					return fmt.Errorf("route to %s still in table %d (%v)", n.PodCIDR, fabricTable, err)
+				}
+				return nil
+			})
 		})
 		t.Run("a fabric pod restarted keeps traffic flowing", func(t *testing.T) {
 			a, b := cs[0], cs[1]

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -309,6 +310,50 @@ func (n *Node) checkCRI(ctx context.Context) error {
 	return fmt.Errorf("containerd of node %s lists no CRI plugin (io.containerd.grpc.v1 cri):\n%s", n.NodeName, out)
 }
 
+// devicePluginSocket is where every kubelet of the host listens for device
+// plugins, whatever its --root-dir (the path is fixed in kubelet). A
+// starting kubelet empties the directory and then binds it: two kubelets
+// starting at once can remove each other's socket file between the two,
+// and the second bind fails ("address already in use"), killing it.
+const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+// kubeletStartLock serializes that window host-wide, across test processes.
+var kubeletStartLock = filepath.Join(lockDir, "kubelet-start.lock")
+
+// withKubeletStartLock runs fn holding the host-wide kubelet start lock.
+func withKubeletStartLock(fn func() error) error {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(kubeletStartLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return fn()
+}
+
+// waitDevicePluginSocket returns once the kubelet started at start has
+// bound its device plugin socket, has exited, or 20 s passed. The tests
+// use no device plugin: the next kubelet may take the path over, as long
+// as this one has bound first.
+func (n *Node) waitDevicePluginSocket(start time.Time) {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(devicePluginSocket); err == nil && !fi.ModTime().Before(start.Truncate(time.Second)) {
+			return
+		}
+		if exited, _ := n.Kubelet.Exited(); exited {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Ctr runs containerd's ctr against the node's containerd, in the
 // namespace Kubernetes uses (k8s.io).
 func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
@@ -354,7 +399,14 @@ func (n *Node) startKubelet(role string) error {
 	if role != "" {
 		argv = append(argv, "--node-labels", RoleLabel+"="+role)
 	}
-	if n.Kubelet, err = n.startNodeProcess("kubelet", argv...); err != nil {
+	if err := withKubeletStartLock(func() error {
+		start := time.Now()
+		if n.Kubelet, err = n.startNodeProcess("kubelet", argv...); err != nil {
+			return err
+		}
+		n.waitDevicePluginSocket(start)
+		return nil
+	}); err != nil {
 		return err
 	}
 	n.Kubelet.quiet = true
@@ -586,7 +638,10 @@ func (cp *ControlPlane) drainNodes() {
 // drain cordons the node (no replacement pod lands there), deletes its
 // pods with grace 0 and waits until their processes are gone from the
 // node's cgroups: the kubelet has stopped their sandboxes and the CNI has
-// torn down their networks.
+// torn down their networks. DaemonSet pods stay, as with `kubectl drain
+// --ignore-daemonsets`: their DaemonSet would put them back at once
+// (they tolerate the cordon); they go with the node's cgroups when it
+// stops.
 func (n *Node) drain(ctx context.Context) error {
 	nodes := n.cp.Client.CoreV1().Nodes()
 	patch := []byte(`{"spec":{"unschedulable":true}}`)
@@ -600,11 +655,16 @@ func (n *Node) drain(ctx context.Context) error {
 		return fmt.Errorf("list pods: %w", err)
 	}
 	zero := int64(0)
+	daemons := map[string]bool{}
 	for _, p := range pods.Items {
+		if owner := metav1.GetControllerOf(&p); owner != nil && owner.Kind == "DaemonSet" {
+			daemons["pod"+string(p.UID)] = true
+			continue
+		}
 		n.cp.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	}
 	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
-		return len(cgroupProcesses(n.cgroup)) == 0, nil
+		return len(cgroupProcessesBut(n.cgroup, daemons)) == 0, nil
 	})
 }
 

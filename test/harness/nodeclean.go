@@ -67,12 +67,20 @@ func createCgroup(name string) error {
 
 // cgroupProcesses lists the processes in cgroup name and below, in any
 // hierarchy.
-func cgroupProcesses(name string) []int {
+func cgroupProcesses(name string) []int { return cgroupProcessesBut(name, nil) }
+
+// cgroupProcessesBut is cgroupProcesses without the processes in cgroup
+// directories whose names are in skip (a pod's: "pod<uid>", kubelet's
+// cgroupfs layout).
+func cgroupProcessesBut(name string, skip map[string]bool) []int {
 	seen := map[int]bool{}
 	for _, h := range cgroupHierarchies() {
 		filepath.WalkDir(filepath.Join(h, name), func(path string, d os.DirEntry, err error) error {
 			if err != nil || !d.IsDir() {
 				return nil
+			}
+			if skip[d.Name()] {
+				return filepath.SkipDir
 			}
 			b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
 			if err != nil {
