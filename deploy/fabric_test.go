@@ -1,11 +1,13 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +21,21 @@ import (
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
 
 // The agent applies the fabric's DaemonSet and publishes the plan with its
 // own token, as deploy/ grants it; a fabric pod's token reads the plan by
@@ -52,6 +69,21 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 	}
 	if caps := pod.Containers[0].SecurityContext.Capabilities; len(caps.Add) != 1 || caps.Add[0] != "NET_ADMIN" {
 		t.Errorf("fabric capabilities %+v, want NET_ADMIN only", caps)
+	}
+
+	// A Deployment it may not read (a wrong --fabric-owner): refused on
+	// every retry, said once.
+	var logged bytes.Buffer
+	reg := prometheus.NewRegistry()
+	wrong := fabricapi.NewPublisher(agent, namespace, "someone-else", slog.New(slog.NewTextHandler(&logged, nil)), reg)
+	wrongCtx, stopWrong := context.WithTimeout(ctx, 2*time.Second)
+	wrong.Run(wrongCtx)
+	stopWrong()
+	if n := strings.Count(logged.String(), "cannot publish the fabric"); n != 1 || !strings.Contains(logged.String(), "forbidden") {
+		t.Errorf("a refusal that repeats was logged %d times, want once, saying forbidden:\n%s", n, logged.String())
+	}
+	if n := counterValue(t, reg, "flotilla_fabric_plan_write_errors_total"); n < 3 {
+		t.Errorf("%v failed attempts in 2 s, want at least 3 (retried with a backoff from 100 ms)", n)
 	}
 
 	plan := fabricapi.Plan{

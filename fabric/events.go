@@ -130,12 +130,12 @@ func (f *Fabric) eventBuffer(kind string) int {
 	return f.buffers[kind]
 }
 
-// subscribeRoutes reads route, rule, link and neighbour (FDB included)
-// events from one rtnetlink socket; the vishvananda/netlink library has no
+// subscribeRoutes reads route, rule, link, neighbour (FDB included) and
+// address events from one rtnetlink socket; the vishvananda/netlink library has no
 // rule subscription.
 func (f *Fabric) subscribeRoutes(ctx context.Context, wg *sync.WaitGroup, ended func(error)) error {
 	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV4_RULE,
-		unix.RTNLGRP_NEIGH)
+		unix.RTNLGRP_NEIGH, unix.RTNLGRP_IPV4_IFADDR)
 	if err != nil {
 		return err
 	}
@@ -202,6 +202,16 @@ func (f *Fabric) concerns(m syscall.NetlinkMessage) bool {
 		}
 		vx := f.overlayLink.Load()
 		return vx != 0 && int64(int32(binary.NativeEndian.Uint32(m.Data[4:8]))) == vx
+	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+		// A removed address takes the routes preferring it as their
+		// source with it, and the kernel says nothing of those routes:
+		// the host source's address on lo is watched itself. ifaddrmsg:
+		// family, prefix length, flags, scope, the link's index.
+		if len(m.Data) < unix.SizeofIfAddrmsg {
+			return false
+		}
+		lo := f.hostLink.Load()
+		return lo != 0 && int64(binary.NativeEndian.Uint32(m.Data[4:8])) == lo
 	}
 	return false
 }

@@ -85,6 +85,9 @@ const (
 	DefaultNFTable      = "flotilla-fabric"
 	// DefaultOverlayLink is our VXLAN link's name.
 	DefaultOverlayLink = "flotilla-vx"
+	// DefaultHostLabel labels the address on lo holding a worker's host
+	// source (hostsource.go).
+	DefaultHostLabel = "lo:flotilla"
 	// DefaultVXLANPort and DefaultVNI are no common CNI's: flannel and
 	// Cilium use 8472, Calico and Antrea 4789, Submariner 4800, Liqo's
 	// Geneve 6091, Geneve itself 6081. 102 is our number, as for the
@@ -111,6 +114,9 @@ type Config struct {
 	// OverlayLink names our VXLAN link, used only between nodes that do
 	// not share a link with the gateway.
 	OverlayLink string
+	// HostLabel labels our address on lo, a worker's HostSource; it
+	// starts with "lo:".
+	HostLabel string
 	// VXLANPort (UDP) and VNI of the overlay; the same on every node.
 	VXLANPort int
 	VNI       int
@@ -137,6 +143,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.OverlayLink == "" {
 		c.OverlayLink = DefaultOverlayLink
+	}
+	if c.HostLabel == "" {
+		c.HostLabel = DefaultHostLabel
 	}
 	if c.VXLANPort == 0 {
 		c.VXLANPort = DefaultVXLANPort
@@ -171,6 +180,9 @@ func (c *Config) validate() error {
 	}
 	if len(c.OverlayLink) >= 16 || strings.ContainsAny(c.OverlayLink, "/ \t\n") {
 		return fmt.Errorf("overlay link name %q: 1 to 15 characters, no '/' or spaces", c.OverlayLink)
+	}
+	if len(c.HostLabel) >= 16 || len(c.HostLabel) <= 3 || !strings.HasPrefix(c.HostLabel, "lo:") || strings.ContainsAny(c.HostLabel, "/ \t\n") {
+		return fmt.Errorf("host address label %q: \"lo:\" and a name, 15 characters at most, no '/' or spaces, such as the default %s", c.HostLabel, DefaultHostLabel)
 	}
 	if c.VXLANPort < 1 || c.VXLANPort > 65535 {
 		return fmt.Errorf("VXLAN port %d out of range 1..65535", c.VXLANPort)
@@ -224,6 +236,11 @@ type Desired struct {
 	// TunnelInterface (gateway): the WireGuard link's name, for the rule
 	// `iif <it> lookup <table>`.
 	TunnelInterface string
+	// HostSource (workers): the address the node's own traffic to a view
+	// leaves with, the first address of its pod block; kept on lo under
+	// our label and set as the views' preferred source (hostsource.go).
+	// Zero: none, and the host reaches no remote pod.
+	HostSource netip.Addr
 }
 
 // Node is one node of the cluster as the gateway sees it.
@@ -249,6 +266,9 @@ type Fabric struct {
 	// our VXLAN link's (0: none), whose FDB and neighbours are ours.
 	links       atomic.Pointer[map[int]bool]
 	overlayLink atomic.Int64
+	// hostLink is the index of lo while it holds our host source (0:
+	// none), for the event reader.
+	hostLink atomic.Int64
 
 	buffersMu sync.Mutex
 	buffers   map[string]int // event receive buffer sizes by stream kind, for tests
@@ -311,7 +331,13 @@ func (f *Fabric) reconcile(p plan) (changes, error) {
 	if vx != 0 {
 		links[vx] = true
 	}
+	// The routes' preferred source must be an address of this node first.
+	lo, hostErr := f.reconcileHostSource(p.hostSource, &ch)
+	f.hostLink.Store(int64(lo))
 	f.links.Store(&links)
+	if hostErr != nil {
+		errs = append(errs, hostErr)
+	}
 	if err != nil {
 		// Overlay routes cannot be right without their link: the routes
 		// stay as they are until the next repair.
@@ -344,12 +370,13 @@ type changes struct {
 	rules                                     int // rules added or deleted
 	nft                                       int // nftables objects and elements
 	overlay                                   int // overlay link, its settings, FDB and neighbour entries
+	links                                     int // the host source's address
 }
 
 func (c changes) any() bool { return c.total() > 0 }
 
 func (c changes) total() int {
-	return c.routesAdded + c.routesChanged + c.routesDeleted + c.rules + c.nft + c.overlay
+	return c.routesAdded + c.routesChanged + c.routesDeleted + c.rules + c.nft + c.overlay + c.links
 }
 
 // Remove deletes everything the fabric with cfg made on this node: the
@@ -366,6 +393,7 @@ func Remove(cfg Config) error {
 		removeRules(cfg),
 		removeExemption(cfg.NFTable),
 		removeOverlay(cfg),
+		removeHostSource(cfg),
 	)
 }
 

@@ -18,6 +18,8 @@ type plan struct {
 	views   []netip.Prefix
 	links   []int        // links our direct routes go through, and the overlay's underlays
 	overlay *overlayPlan // nil: every node shares a link with this one
+	// hostSource is the views' preferred source on a worker; zero: none.
+	hostSource netip.Addr
 }
 
 // route is one route of ours: dst via a neighbour on a link, or through
@@ -27,6 +29,7 @@ type route struct {
 	link    int // for overlay routes, filled in once the link exists
 	mtu     int
 	overlay bool
+	src     netip.Addr // preferred source; zero: none
 }
 
 // plan finds the links that reach the gateway (workers) or the nodes
@@ -37,6 +40,7 @@ func (f *Fabric) plan(d Desired) (plan, error) {
 	r := f.cfg.OverlayRange
 	switch d.Role {
 	case Worker:
+		p.hostSource = d.HostSource
 		at, err := reach(d.Gateway)
 		if err != nil {
 			return p, fmt.Errorf("route views via gateway %s: %w", d.Gateway, err)
@@ -47,7 +51,7 @@ func (f *Fabric) plan(d Desired) (plan, error) {
 		p.links = []int{at.link}
 		if !at.router.IsValid() {
 			for _, v := range d.Views {
-				p.routes[v] = route{via: d.Gateway, link: at.link, mtu: d.MTU}
+				p.routes[v] = route{via: d.Gateway, link: at.link, mtu: d.MTU, src: d.HostSource}
 			}
 			break
 		}
@@ -63,7 +67,7 @@ func (f *Fabric) plan(d Desired) (plan, error) {
 			mtu = min(d.MTU, o.mtu)
 		}
 		for _, v := range d.Views {
-			p.routes[v] = route{via: o.peers[0].inner, mtu: mtu, overlay: true}
+			p.routes[v] = route{via: o.peers[0].inner, mtu: mtu, overlay: true, src: d.HostSource}
 		}
 		p.overlay = o
 	case Gateway:
@@ -151,7 +155,15 @@ func (f *Fabric) netlinkRoute(dst netip.Prefix, r route) netlink.Route {
 		Protocol:  netlink.RouteProtocol(f.cfg.RouteProtocol),
 		MTU:       r.mtu,
 		Flags:     onlink(r.overlay),
+		Src:       srcOf(r.src),
 	}
+}
+
+func srcOf(a netip.Addr) net.IP {
+	if !a.IsValid() {
+		return nil
+	}
+	return a.AsSlice()
 }
 
 // onlink: overlay routes name a next hop no address of the link covers.
@@ -213,7 +225,9 @@ func (f *Fabric) reconcileRoutes(p plan, ch *changes) error {
 // same reports whether a route of ours in the kernel is want.
 func same(k netlink.Route, want route) bool {
 	via, _ := netip.AddrFromSlice(k.Gw)
+	src, _ := netip.AddrFromSlice(k.Src)
 	return k.LinkIndex == want.link && via.Unmap() == want.via && k.MTU == want.mtu && len(k.MultiPath) == 0 &&
+		src.Unmap() == want.src &&
 		k.Flags&int(netlink.FLAG_ONLINK) == onlink(want.overlay)
 }
 

@@ -44,6 +44,19 @@ func (d Desired) validate() error {
 		if d.MTU != 0 && (d.MTU < 1280 || d.MTU > 65535) {
 			return fmt.Errorf("mtu %d out of range 1280..65535 (0 sets none)", d.MTU)
 		}
+		if s := d.HostSource; s.IsValid() {
+			if !s.Is4() || s.IsLoopback() || s.IsUnspecified() || s.IsMulticast() {
+				return fmt.Errorf("host source %s: want an IPv4 unicast address of this node's pod block", s)
+			}
+			if s == d.Gateway {
+				return fmt.Errorf("host source %s is the gateway's address", s)
+			}
+			for _, v := range d.Views {
+				if v.Contains(s) {
+					return fmt.Errorf("host source %s is inside view %s: want an address of this node's pod block", s, v)
+				}
+			}
+		}
 	case Gateway:
 		if d.TunnelInterface == "" || len(d.TunnelInterface) >= 16 || strings.ContainsAny(d.TunnelInterface, "/ \t\n") {
 			return fmt.Errorf("tunnel interface %q: want the WireGuard link's name, 1 to 15 characters, no '/' or spaces", d.TunnelInterface)

@@ -131,8 +131,9 @@ func comparePrefixes(a, b netip.Prefix) int {
 
 // For is the part of the plan the node named node applies. The gateway
 // node sends what arrives from the tunnel to the node holding its
-// destination; every other node routes the views to the gateway. Both
-// exempt view traffic from a CNI's masquerade. Each learns its own
+// destination; every other node routes the views to the gateway, its own
+// traffic leaving with the first address of its pod block. Both exempt
+// view traffic from a CNI's masquerade. Each learns its own
 // address, from which the overlay (for nodes behind a router) derives its
 // VXLAN address.
 func (p Plan) For(node string) fabric.Desired {
@@ -149,6 +150,11 @@ func (p Plan) For(node string) fabric.Desired {
 	for _, n := range p.Nodes {
 		if n.Name == node {
 			d.Addr = n.Addr
+			// The host's own traffic leaves with the first address of
+			// the node's block (docs/fabric.md).
+			if len(n.PodCIDRs) > 0 && n.PodCIDRs[0].Bits() <= 30 {
+				d.HostSource = n.PodCIDRs[0].Addr().Next()
+			}
 		}
 	}
 	return d

@@ -52,7 +52,7 @@ func TestPlanForNode(t *testing.T) {
 		t.Errorf("gateway's part:\n got %+v\nwant %+v", gw, want)
 	}
 	w := p.For("w1")
-	want = fabric.Desired{Role: fabric.Worker, Addr: netip.MustParseAddr("198.18.0.3"), Gateway: p.Gateway, Views: p.Views, MTU: 1420}
+	want = fabric.Desired{Role: fabric.Worker, Addr: netip.MustParseAddr("198.18.0.3"), Gateway: p.Gateway, Views: p.Views, MTU: 1420, HostSource: netip.MustParseAddr("10.0.1.1")}
 	if !reflect.DeepEqual(w, want) {
 		t.Errorf("worker's part:\n got %+v\nwant %+v", w, want)
 	}

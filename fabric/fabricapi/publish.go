@@ -75,6 +75,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	var daemonSetDue time.Time
 	retry := retryMin
 	var timer <-chan time.Time
+	var failing string // the error last logged: a repeated one is logged once
 	for {
 		err := p.publish(ctx, &written)
 		if time.Now().After(daemonSetDue) && err == nil {
@@ -84,10 +85,17 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			p.failures.Inc()
-			p.log.Warn("cannot publish the fabric; retrying", "in", retry, "err", err)
+			if err.Error() != failing {
+				p.log.Warn("cannot publish the fabric; retrying with a backoff", "err", err)
+				failing = err.Error()
+			}
 			timer = time.After(retry)
 			retry = min(2*retry, retryMax)
 		} else {
+			if failing != "" {
+				p.log.Info("fabric published again")
+				failing = ""
+			}
 			retry = retryMin
 			timer = time.After(time.Until(daemonSetDue))
 		}

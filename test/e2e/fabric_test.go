@@ -26,7 +26,8 @@ import (
 // masquerade rules (iptables-nft) installed before the agent. Pods on the
 // workers of each cluster talk to pods on the workers of the other, in
 // both directions, each seeing the other at its own view of it; then with
-// Calico's rules (nft) added after the agent. A worker added after
+// Calico's rules (nft) added after the agent. The gateway's and a
+// worker's hosts reach remote pods too. A worker added after
 // peering gets its routes, and the gateway drops its route when it leaves;
 // a fabric pod restarted keeps traffic flowing;
 // an uninstall leaves no rule, route or table of the fabric on any node.
@@ -90,22 +91,25 @@ func TestFabric(t *testing.T) {
 			}
 			talk(t)
 		})
-		t.Run("the gateway host reaches a remote worker pod", func(t *testing.T) {
+		t.Run("the gateway and worker hosts reach a remote worker pod", func(t *testing.T) {
 			for _, from := range cs {
 				for _, to := range cs {
 					if from == to {
 						continue
 					}
 					dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(web[to].Status.PodIP))
-					// The host's source: the first address of its node's
-					// pod block, as the peer sees it.
-					want := federation.ViewOf(t, to.Cluster, from.Cluster, from.Gateway.PodCIDR.Addr().Next())
-					if err := from.Gateway.Ping(dst); err != nil {
-						t.Errorf("gateway host of %s pings %s's worker pod at %s: %v", from.Name, to.Name, dst, err)
-					}
-					seen, err := from.Gateway.TCPExchange(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
-					if err != nil || seen != want {
-						t.Errorf("gateway host of %s -> %s's worker pod at %s: seen as %v (%v), want %s", from.Name, to.Name, dst, seen, err, want)
+					// A host's source (its own traffic, a hostNetwork
+					// pod's): the first address of its node's pod block,
+					// as the peer sees it.
+					for _, host := range []*harness.Node{from.Gateway, from.Workers[0]} {
+						want := federation.ViewOf(t, to.Cluster, from.Cluster, host.PodCIDR.Addr().Next())
+						if err := host.Ping(dst); err != nil {
+							t.Errorf("host %s of %s pings %s's worker pod at %s: %v", host.NodeName, from.Name, to.Name, dst, err)
+						}
+						seen, err := host.TCPExchange(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
+						if err != nil || seen != want {
+							t.Errorf("host %s of %s -> %s's worker pod at %s: seen as %v (%v), want %s", host.NodeName, from.Name, to.Name, dst, seen, err, want)
+						}
 					}
 				}
 			}
@@ -298,7 +302,7 @@ func dropFragNeeded(t *testing.T, n *harness.Node) {
 }
 
 // fabricOn lists what of the fabric a node holds: rules to its table,
-// routes in it, its nftables table.
+// routes in it, a worker's host source on lo, its nftables table.
 func fabricOn(n *harness.Node) []string {
 	var out []string
 	if rules, err := n.Exec(context.Background(), "ip", "rule", "show", "table", fmt.Sprint(fabricTable)); err == nil && len(strings.TrimSpace(string(rules))) > 0 {
@@ -306,6 +310,9 @@ func fabricOn(n *harness.Node) []string {
 	}
 	if routes, err := n.Exec(context.Background(), "ip", "route", "show", "table", fmt.Sprint(fabricTable)); err == nil && len(strings.TrimSpace(string(routes))) > 0 {
 		out = append(out, "routes: "+strings.TrimSpace(string(routes)))
+	}
+	if addrs, err := n.Exec(context.Background(), "ip", "-4", "addr", "show", "dev", "lo", "label", fabricHostLabel); err == nil && len(strings.TrimSpace(string(addrs))) > 0 {
+		out = append(out, "host source on lo: "+strings.TrimSpace(string(addrs)))
 	}
 	if _, err := n.Exec(context.Background(), "nft", "list", "table", "ip", fabricNFTable); err == nil {
 		out = append(out, "nftables table ip "+fabricNFTable)
@@ -315,8 +322,9 @@ func fabricOn(n *harness.Node) []string {
 
 // The fabric's defaults (package fabric).
 const (
-	fabricTable   = 102
-	fabricNFTable = "flotilla-fabric"
+	fabricTable     = 102
+	fabricNFTable   = "flotilla-fabric"
+	fabricHostLabel = "lo:flotilla"
 )
 
 // fabricDiagnosis says what the fabric holds on every node, and the

@@ -337,14 +337,15 @@ func withKubeletStartLock(fn func() error) error {
 	return fn()
 }
 
-// waitDevicePluginSocket returns once the kubelet started at start has
-// bound its device plugin socket, has exited, or 20 s passed. The tests
-// use no device plugin: the next kubelet may take the path over, as long
-// as this one has bound first.
-func (n *Node) waitDevicePluginSocket(start time.Time) {
+// waitDevicePluginSocket returns once the kubelet just started has bound
+// its device plugin socket (a new file where before was), has exited, or
+// 20 s passed. The tests use no device plugin: the
+// next kubelet may take the path over, as long as this one has bound
+// first. (File times would not do: they come from a coarse clock.)
+func (n *Node) waitDevicePluginSocket(before fileID) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(devicePluginSocket); err == nil && !fi.ModTime().Before(start.Truncate(time.Second)) {
+		if id := socketInode(devicePluginSocket); id != (fileID{}) && id != before {
 			return
 		}
 		if exited, _ := n.Kubelet.Exited(); exited {
@@ -352,6 +353,22 @@ func (n *Node) waitDevicePluginSocket(start time.Time) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// fileID tells one file at a path from the next: its inode and change
+// time (an inode number may be reused at once, within one tick of the
+// coarse clock file times come from hardly); zero if there is none.
+type fileID struct {
+	ino  uint64
+	ctim unix.Timespec
+}
+
+func socketInode(path string) fileID {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return fileID{}
+	}
+	return fileID{st.Ino, st.Ctim}
 }
 
 // Ctr runs containerd's ctr against the node's containerd, in the
@@ -400,11 +417,11 @@ func (n *Node) startKubelet(role string) error {
 		argv = append(argv, "--node-labels", RoleLabel+"="+role)
 	}
 	if err := withKubeletStartLock(func() error {
-		start := time.Now()
+		before := socketInode(devicePluginSocket)
 		if n.Kubelet, err = n.startNodeProcess("kubelet", argv...); err != nil {
 			return err
 		}
-		n.waitDevicePluginSocket(start)
+		n.waitDevicePluginSocket(before)
 		return nil
 	}); err != nil {
 		return err
