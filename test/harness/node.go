@@ -321,21 +321,7 @@ const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
 var kubeletStartLock = filepath.Join(lockDir, "kubelet-start.lock")
 
 // withKubeletStartLock runs fn holding the host-wide kubelet start lock.
-func withKubeletStartLock(fn func() error) error {
-	if err := os.MkdirAll(lockDir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(kubeletStartLock, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		return err
-	}
-	defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return fn()
-}
+func withKubeletStartLock(fn func() error) error { return withHostLock(kubeletStartLock, fn) }
 
 // waitDevicePluginSocket returns once the kubelet just started has bound
 // its device plugin socket (a new file where before was), has exited, or

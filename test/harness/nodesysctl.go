@@ -75,11 +75,15 @@ func writeSysctl(key, value string) error {
 }
 
 // withSysctlLock runs fn holding the host-wide lock on the originals file.
-func withSysctlLock(fn func() error) error {
+func withSysctlLock(fn func() error) error { return withHostLock(sysctlLock, fn) }
+
+// withHostLock runs fn holding the host-wide lock file path (exclusive,
+// across test processes), made in lockDir if need be.
+func withHostLock(path string, fn func() error) error {
 	if err := os.MkdirAll(lockDir, 0o755); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(sysctlLock, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return err
 	}
