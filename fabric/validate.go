@@ -26,7 +26,7 @@ func (d Desired) validate() error {
 	}
 	var ranges []named
 	for _, v := range d.Views {
-		if err := checkPrefix("view", v); err != nil {
+		if err := CheckRange("view", v); err != nil {
 			return err
 		}
 		ranges = append(ranges, named{"view " + v.String(), v})
@@ -66,7 +66,7 @@ func (d Desired) validate() error {
 				return fmt.Errorf("node address %q: want the node's IPv4 address on the node network", n.Addr)
 			}
 			for _, b := range n.PodCIDRs {
-				if err := checkPrefix(fmt.Sprintf("pod block of node %s", n.Addr), b); err != nil {
+				if err := CheckRange(fmt.Sprintf("pod block of node %s", n.Addr), b); err != nil {
 					return err
 				}
 				ranges = append(ranges, named{fmt.Sprintf("pod block %s of node %s", b, n.Addr), b})
@@ -78,7 +78,9 @@ func (d Desired) validate() error {
 	return disjoint(ranges)
 }
 
-func checkPrefix(what string, p netip.Prefix) error {
+// CheckRange reports why p, named what in the error, cannot be a range
+// the fabric routes: valid, IPv4, canonical, not everything.
+func CheckRange(what string, p netip.Prefix) error {
 	switch {
 	case !p.IsValid():
 		return fmt.Errorf("%s %q: not a valid prefix", what, p)

@@ -83,8 +83,8 @@ func (p Plan) Validate() error {
 		return fmt.Errorf("fabric plan: MTU %d out of range 576..65535", p.MTU)
 	}
 	for _, v := range p.Views {
-		if err := checkRange(v); err != nil {
-			return fmt.Errorf("fabric plan: view %s: %w", v, err)
+		if err := fabric.CheckRange("fabric plan: view", v); err != nil {
+			return err
 		}
 	}
 	names := map[string]bool{}
@@ -94,20 +94,10 @@ func (p Plan) Validate() error {
 		}
 		names[n.Name] = true
 		for _, c := range n.PodCIDRs {
-			if err := checkRange(c); err != nil {
-				return fmt.Errorf("fabric plan: node %s: pod block %s: %w", n.Name, c, err)
+			if err := fabric.CheckRange("fabric plan: pod block of node "+n.Name, c); err != nil {
+				return err
 			}
 		}
-	}
-	return nil
-}
-
-func checkRange(p netip.Prefix) error {
-	if !p.Addr().Is4() {
-		return errors.New("not IPv4")
-	}
-	if p != p.Masked() {
-		return fmt.Errorf("not canonical (want %s)", p.Masked())
 	}
 	return nil
 }
