@@ -212,7 +212,7 @@ func TestFabric(t *testing.T) {
 				if p.UID == old.UID {
 					return fmt.Errorf("still the old pod")
 				}
-				return podIsReady(p)
+				return federation.PodReady(p)
 			})
 			talk(t)
 		})
@@ -350,7 +350,7 @@ func fabricPod(t *testing.T, c *federation.NodeCluster, node *harness.Node) core
 		if p, err = fabricPodOn(t.Context(), c, node); err != nil {
 			return err
 		}
-		return podIsReady(p)
+		return federation.PodReady(p)
 	})
 	return p
 }
@@ -369,13 +369,4 @@ func fabricPodOn(ctx context.Context, c *federation.NodeCluster, node *harness.N
 		}
 	}
 	return corev1.Pod{}, fmt.Errorf("no fabric pod on %s (of %d)", node.NodeName, len(pods.Items))
-}
-
-func podIsReady(p corev1.Pod) error {
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
-			return nil
-		}
-	}
-	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
 }

@@ -348,11 +348,11 @@ func (c *NodeCluster) AgentPod(ctx context.Context) (corev1.Pod, error) {
 			return p, fmt.Errorf("agent container restarted %d times (last: %+v); see kubectl logs --previous", s.RestartCount, s.LastTerminationState.Terminated)
 		}
 	}
-	return p, podReady(p)
+	return p, PodReady(p)
 }
 
-// podReady says why p is not Ready, or nil.
-func podReady(p corev1.Pod) error {
+// PodReady says why p is not Ready, or nil.
+func PodReady(p corev1.Pod) error {
 	for _, s := range p.Status.ContainerStatuses {
 		if w := s.State.Waiting; w != nil {
 			return fmt.Errorf("pod %s: container %s waiting: %s: %s", p.Name, s.Name, w.Reason, w.Message)
@@ -373,7 +373,7 @@ func waitPod(t harness.TB, node *harness.Node, what string, get func(context.Con
 	for {
 		p, err := get(context.Background())
 		if err == nil {
-			err = podReady(p)
+			err = PodReady(p)
 		}
 		if err == nil {
 			return p
