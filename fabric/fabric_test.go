@@ -20,21 +20,7 @@ import (
 func TestPodOnWorkerReachesPeer(t *testing.T) {
 	c := newCluster(t)
 	c.applyBoth(t)
-	from, err := c.seen(peerAddr)
-	if err != nil {
-		t.Fatalf("pod on the worker to the peer with the fabric: %v", err)
-	}
-	if from != podAddr {
-		t.Errorf("peer saw the pod as %s, want its own address %s", from, podAddr)
-	}
-	c.pod.ServeTCP(port)
-	from, err = c.peer.TCPExchange(netip.AddrPortFrom(podAddr, port))
-	if err != nil {
-		t.Fatalf("peer to the pod on the worker with the fabric: %v", err)
-	}
-	if from != peerAddr {
-		t.Errorf("pod saw the peer as %s, want %s", from, peerAddr)
-	}
+	c.podAndPeerTalk(t, "with the fabric")
 
 	remove(t, c.wk)
 	if _, err := c.seen(peerAddr); err == nil {

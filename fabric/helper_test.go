@@ -157,6 +157,28 @@ func remove(t testing.TB, s *harness.Site) {
 	}
 }
 
+// podAndPeerTalk checks that the worker's pod and the peer reach each
+// other both ways, each seeing the other's own address; how says by what
+// path, for the errors. It serves TCP in the pod: call it once per cluster.
+func (c *cluster) podAndPeerTalk(t *testing.T, how string) {
+	t.Helper()
+	from, err := c.seen(peerAddr)
+	if err != nil {
+		t.Fatalf("pod on the worker to the peer %s: %v", how, err)
+	}
+	if from != podAddr {
+		t.Errorf("peer saw the pod as %s, want its own address %s", from, podAddr)
+	}
+	c.pod.ServeTCP(port)
+	from, err = c.peer.TCPExchange(netip.AddrPortFrom(podAddr, port))
+	if err != nil {
+		t.Fatalf("peer to the pod on the worker %s: %v", how, err)
+	}
+	if from != peerAddr {
+		t.Errorf("pod saw the peer as %s, want %s", from, peerAddr)
+	}
+}
+
 // seen connects from the pod to addr and returns the source address the
 // server saw.
 func (c *cluster) seen(to netip.Addr) (netip.Addr, error) {

@@ -48,21 +48,7 @@ func TestOverlayPodReachesPeer(t *testing.T) {
 		t.Fatal("pod reached the peer without the fabric: the test proves nothing")
 	}
 	c.applyBoth(t)
-	from, err := c.seen(peerAddr)
-	if err != nil {
-		t.Fatalf("pod on the worker to the peer through the overlay: %v", err)
-	}
-	if from != podAddr {
-		t.Errorf("peer saw the pod as %s, want its own address %s", from, podAddr)
-	}
-	c.pod.ServeTCP(port)
-	from, err = c.peer.TCPExchange(netip.AddrPortFrom(podAddr, port))
-	if err != nil {
-		t.Fatalf("peer to the pod on the worker through the overlay: %v", err)
-	}
-	if from != peerAddr {
-		t.Errorf("pod saw the peer as %s, want %s", from, peerAddr)
-	}
+	c.podAndPeerTalk(t, "through the overlay")
 	remove(t, c.wk)
 	if _, err := c.seen(peerAddr); err == nil {
 		t.Error("pod reached the peer with the worker's fabric removed")
