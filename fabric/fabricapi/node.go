@@ -129,12 +129,9 @@ func applyPlan(f *fabric.Fabric, cfg NodeConfig, plan Plan, perr error) error {
 	case perr != nil:
 		return fmt.Errorf("%w: %v", errUnusablePlan, perr)
 	}
-	d := plan.For(cfg.NodeName)
-	if err := f.Apply(d); err != nil {
-		return err
-	}
-	cfg.Log.Info("fabric applied", "role", d.Role, "views", len(d.Views), "nodes", len(d.Nodes))
-	return nil
+	// Apply logs what it changed; a plan that changes nothing on this
+	// node (another node's block) says nothing.
+	return f.Apply(plan.For(cfg.NodeName))
 }
 
 // finish removes the fabric from the node when it is being uninstalled.
