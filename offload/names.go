@@ -3,8 +3,6 @@
 // it issues them; on a consumer, the credentials it holds.
 package offload
 
-
-
 // What a provider creates for a consumer, by name. deploy/ refers to the
 // same names (the consumer's ClusterRole, the admission policies).
 const (
@@ -35,4 +33,3 @@ func TenantNamespace(consumer string) string { return TenantPrefix + consumer }
 func ConsumerUser(consumer string) string {
 	return "system:serviceaccount:" + TenantNamespace(consumer) + ":" + ConsumerServiceAccount
 }
-
