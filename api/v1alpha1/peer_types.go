@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -22,6 +23,46 @@ type PeerSpec struct {
 	// under --peering=manual); Deny tears the tunnel down on both sides.
 	// +optional
 	Networking Networking `json:"networking,omitempty"`
+	// Offloading: whether the peer may offload to this cluster (this
+	// cluster is then its provider). Empty follows the agent's
+	// --offload-grants policy (manual by default: never without Grant);
+	// Grant gives the peer a tenant namespace and a short-lived credential
+	// for this cluster's API server; Deny revokes it.
+	// +optional
+	Offloading Offloading `json:"offloading,omitempty"`
+	// OffloadLimits bound what the peer may run here when granted; a limit
+	// left out is no limit of that kind.
+	// +optional
+	OffloadLimits *OffloadLimits `json:"offloadLimits,omitempty"`
+}
+
+// Offloading is the admin's decision on letting a peer offload here.
+// +kubebuilder:validation:Enum="";Grant;Deny
+type Offloading string
+
+const (
+	// OffloadingDefault follows the agent's --offload-grants policy.
+	OffloadingDefault Offloading = ""
+	OffloadingGrant   Offloading = "Grant"
+	OffloadingDeny    Offloading = "Deny"
+)
+
+// OffloadLimits bound what a consumer may run on its provider.
+type OffloadLimits struct {
+	// CPU is the sum of the CPU requests of the consumer's pods.
+	// +optional
+	CPU *resource.Quantity `json:"cpu,omitempty"`
+	// Memory is the sum of their memory requests.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// Pods is how many pods the consumer may have at once.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Pods *int64 `json:"pods,omitempty"`
+	// Namespaces is how many namespaces the consumer may have mirrored.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Namespaces *int64 `json:"namespaces,omitempty"`
 }
 
 // Phase is where a peering stands.
@@ -98,10 +139,41 @@ type PeerStatus struct {
 	// when it wrote this status.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Offloading is what each side grants the other for offloading; it
+	// never holds a credential.
+	// +optional
+	Offloading *OffloadingStatus `json:"offloading,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// OffloadingStatus says what this cluster grants the peer and what the
+// peer grants this cluster.
+type OffloadingStatus struct {
+	// Granted: this cluster is the peer's provider.
+	// +optional
+	Granted *GrantStatus `json:"granted,omitempty"`
+	// Received: the peer is this cluster's provider.
+	// +optional
+	Received *GrantStatus `json:"received,omitempty"`
+}
+
+// GrantStatus describes one grant, on either side.
+type GrantStatus struct {
+	// Namespace is the consumer's tenant namespace on the provider.
+	Namespace string `json:"namespace"`
+	// Server is the provider's API server URL the credential is for.
+	// +optional
+	Server string `json:"server,omitempty"`
+	// Limits are the grant's limits.
+	// +optional
+	Limits *OffloadLimits `json:"limits,omitempty"`
+	// Expires is when the credential in use expires; it is renewed
+	// before then.
+	// +optional
+	Expires *metav1.Time `json:"expires,omitempty"`
 }
 
 // Condition types of a Peer.
@@ -114,6 +186,12 @@ const (
 	ConditionViewsAgreed = "ViewsAgreed"
 	// ConditionTunnelUp: the tunnel to the peer has a recent handshake.
 	ConditionTunnelUp = "TunnelUp"
+	// ConditionOffloadGranted: this cluster lets the peer offload here
+	// (it is the peer's provider), and the peer holds a credential.
+	ConditionOffloadGranted = "OffloadGranted"
+	// ConditionOffloadCredential: the peer lets this cluster offload there,
+	// and this cluster holds a valid credential for its API server.
+	ConditionOffloadCredential = "OffloadCredential"
 )
 
 // Peer is another cluster of the federation, as this cluster sees it. The
@@ -129,6 +207,10 @@ const (
 // +kubebuilder:printcolumn:name="Views",type=string,JSONPath=`.status.views`,priority=1
 // +kubebuilder:printcolumn:name="Networking",type=string,JSONPath=`.spec.networking`,priority=1
 // +kubebuilder:printcolumn:name="Sources",type=string,JSONPath=`.status.sources`,priority=1
+// +kubebuilder:printcolumn:name="Offloading",type=string,JSONPath=`.spec.offloading`,priority=1
+// +kubebuilder:printcolumn:name="Hosting",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadGranted")].reason`,description="Whether the peer may offload here (this cluster hosts it)"
+// +kubebuilder:printcolumn:name="Offload",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadCredential")].reason`,description="Whether this cluster may offload to the peer (holds its credential)"
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.offloading.received.expires`,priority=1,description="When the credential the peer granted expires (renewed before)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Peer struct {
 	metav1.TypeMeta   `json:",inline"`
