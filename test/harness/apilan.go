@@ -1,8 +1,15 @@
 package harness
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
+	"time"
 )
 
 // LANAPIPort is where a control plane on a LAN serves its API, as kubeadm's
@@ -63,3 +70,40 @@ func (cp *ControlPlane) CA() []byte { return cp.pki.caPEM }
 
 // CAFile is the path of the same PEM, for flags such as --api-server-ca.
 func (cp *ControlPlane) CAFile() string { return cp.pki.caCert }
+
+// APIServerVersion GETs /version of the API server at url from inside the
+// namespace, trusting only the CA bundle ca, and returns its gitVersion:
+// whether a client there reaches the API server over verified TLS.
+func (n *Netns) APIServerVersion(url string, ca []byte) (string, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return "", errors.New("no certificate in the CA bundle")
+	}
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext:     n.DialContext,
+			TLSClientConfig: &tls.Config{RootCAs: pool},
+		},
+	}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(url + "/version")
+	if err != nil {
+		return "", fmt.Errorf("from %s: %w", n.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("from %s: GET %s/version: %w", n.Name, url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("from %s: GET %s/version: %s: %s", n.Name, url, resp.Status, body)
+	}
+	var v struct {
+		GitVersion string `json:"gitVersion"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return "", fmt.Errorf("from %s: GET %s/version: %w", n.Name, url, err)
+	}
+	return v.GitVersion, nil
+}

@@ -2,18 +2,10 @@ package harness_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -44,7 +36,7 @@ func TestAPIServerOnLAN(t *testing.T) {
 			t.Fatalf("LANURL = %q (address %s), want %q on %s", url, cp.LANAddr, want, lan.Prefix)
 		}
 
-		version, err := getVersion(on.Netns, url, cp.CA())
+		version, err := on.APIServerVersion(url, cp.CA())
 		if err != nil {
 			t.Fatalf("from a site on the LAN: %v", err)
 		}
@@ -55,10 +47,10 @@ func TestAPIServerOnLAN(t *testing.T) {
 		// The witness that the other site's attempt got as far as the
 		// network: the API server answers it through loopback.
 		cp.ExposeTo(off.Netns)
-		if _, err := getVersion(off.Netns, cp.Config.Host, cp.CA()); err != nil {
+		if _, err := off.APIServerVersion(cp.Config.Host, cp.CA()); err != nil {
 			t.Fatalf("from the site off the LAN, through loopback: %v", err)
 		}
-		_, err = getVersion(off.Netns, url, cp.CA())
+		_, err = off.APIServerVersion(url, cp.CA())
 		if !errors.Is(err, syscall.ENETUNREACH) {
 			t.Fatalf("from the site off the LAN: %v, want network unreachable", err)
 		}
@@ -66,44 +58,6 @@ func TestAPIServerOnLAN(t *testing.T) {
 	if left := harness.Leftovers(run); len(left) > 0 {
 		t.Fatalf("run %s left behind: %v", run, left)
 	}
-}
-
-// getVersion GETs /version at url from inside n, trusting only ca, and
-// returns gitVersion.
-func getVersion(n interface {
-	DialContext(context.Context, string, string) (net.Conn, error)
-}, url string, ca []byte) (string, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return "", errors.New("no certificate in the CA bundle")
-	}
-	client := &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			DialContext:     n.DialContext,
-			TLSClientConfig: &tls.Config{RootCAs: pool},
-		},
-	}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get(url + "/version")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s/version: %s: %s", url, resp.Status, body)
-	}
-	var v struct {
-		GitVersion string `json:"gitVersion"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return "", fmt.Errorf("GET %s/version: %w", url, err)
-	}
-	return v.GitVersion, nil
 }
 
 // The API server accepts tokens for the audience of grants besides its
