@@ -40,6 +40,13 @@ type Cluster struct {
 	Args     []string
 	StateDir string
 	Bin      string
+	// APIServerURL is the cluster's API server as the other clusters reach
+	// it (on the federation's LAN, port 6443), and APIServerCA the path of
+	// the CA bundle that verifies it: what the agent announces to its
+	// consumers (--api-server-url, --api-server-ca). Empty for routed
+	// sites.
+	APIServerURL string
+	APIServerCA  string
 
 	iface string
 }
@@ -73,7 +80,6 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		bin = harness.Flotilla(t)
 	}
 	n := len(opts.PodCIDRs)
-	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{})
 	lan := opts.LAN
 	var rtr *harness.Router
 	switch {
@@ -82,6 +88,11 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	case lan == nil:
 		lan = env.NewLAN("lan")
 	}
+	// Every API server on the sites' LAN, as the other clusters reach it.
+	// Routed sites have none: a routed API server would need a segment of
+	// its own on the router (an address the sites' default routes reach)
+	// and its certificate naming that address.
+	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{LAN: lan})
 	var cs []*Cluster
 	for i, cp := range cps {
 		name := string(rune('a' + i))
@@ -96,7 +107,8 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		pod.ServeTCP(PodPort)
 		cs = append(cs, &Cluster{
 			Name: name, CP: cp, Site: site, Pod: pod, Client: c, Bin: bin,
-			StateDir: filepath.Join(env.Dir, "state-"+name),
+			StateDir:     filepath.Join(env.Dir, "state-"+name),
+			APIServerURL: cp.LANURL(), APIServerCA: apiServerCA(cp),
 		})
 	}
 	key, err := discovery.GenerateFederationKey()
@@ -130,6 +142,14 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		}
 	}
 	return cs
+}
+
+// apiServerCA is the CA file of cp's API server when it is on a LAN.
+func apiServerCA(cp *harness.ControlPlane) string {
+	if cp.LANURL() == "" {
+		return ""
+	}
+	return cp.CAFile()
 }
 
 // StartAgent starts (or restarts) the cluster's agent.

@@ -114,7 +114,8 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		if opts.WorkersOf != nil {
 			workers[i] = opts.WorkersOf[i]
 		}
-		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i]}
+		// The API server on the nodes' LAN too, as other clusters reach it.
+		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan}
 	}
 	cps := env.ControlPlanesEach(cpOpts...)
 	// Every node of every cluster at once: most of a node's start is
@@ -140,7 +141,8 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		}
 		nc := &NodeCluster{
 			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
-				StateDir: filepath.Join(env.Dir, "state-"+name)},
+				StateDir:     filepath.Join(env.Dir, "state-"+name),
+				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway: nodes[first[i]],
 			Workers: nodes[first[i]+1 : first[i+1]],
 			lan:     lan, image: image, masquerade: opts.Masquerade,

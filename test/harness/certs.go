@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -36,7 +37,9 @@ type pki struct {
 	serial   int64
 }
 
-func newPKI(dir string) (*pki, error) {
+// newPKI creates a control plane's certificates; the API server's serving
+// certificate names loopback and, when valid, lanAddr.
+func newPKI(dir string, lanAddr netip.Addr) (*pki, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -85,12 +88,16 @@ func newPKI(dir string) (*pki, error) {
 		}
 		return pemOf("CERTIFICATE", der), pemOf("EC PRIVATE KEY", keyDER), nil
 	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	if lanAddr.IsValid() {
+		ips = append(ips, lanAddr.AsSlice())
+	}
 	servingCert, servingKey, err := issue("serving", &x509.Certificate{
 		SerialNumber: big.NewInt(2),
 		Subject:      pkix.Name{CommonName: "kube-apiserver"},
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses:  ips,
 	})
 	if err != nil {
 		return nil, err

@@ -31,7 +31,19 @@ type ControlPlaneOptions struct {
 	ServiceCIDR netip.Prefix
 	// Scheduler also starts kube-scheduler.
 	Scheduler bool
+	// LAN, when set, gives the API server an address on it as well
+	// (LANURL, port 6443, named by its serving certificate), so that
+	// other clusters' sites and nodes on the LAN reach it as across a
+	// real network. It still listens on loopback for Config.
+	LAN *LAN
 }
+
+const serviceAccountIssuer = "https://kubernetes.default.svc"
+
+// OffloadAudience is the audience of grant tokens, which every control
+// plane's API server accepts besides its own. It repeats
+// offload.DefaultAudience: offload's tests import the harness.
+const OffloadAudience = "flotilla.io/offload"
 
 // ControlPlane is a running Kubernetes control plane: its own etcd, a real
 // kube-apiserver and kube-controller-manager, and optionally kube-scheduler,
@@ -40,6 +52,9 @@ type ControlPlane struct {
 	Name string
 	// Addr is where the API server listens (127.0.0.1:port).
 	Addr netip.AddrPort
+	// LANAddr is the API server's address on ControlPlaneOptions.LAN
+	// (invalid when none); LANURL is its URL.
+	LANAddr netip.Addr
 	// Config is an admin rest.Config (client certificate in
 	// system:masters).
 	Config *rest.Config
@@ -110,10 +125,25 @@ func (e *Env) ControlPlane(name string, opts ControlPlaneOptions) *ControlPlane 
 // drew be taken before its server bound it (another test's server drew
 // it too), stops it and starts again on new ports.
 func (e *Env) startControlPlaneRetrying(name string, opts ControlPlaneOptions) (*ControlPlane, error) {
+	if err := checkName("control plane", name); err != nil {
+		return nil, err
+	}
+	// The LAN address outlives the attempts: the certificates of each
+	// attempt name it.
+	var front *apiFront
+	if opts.LAN != nil {
+		var err error
+		if front, err = e.newAPIFront(name, opts.LAN); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	var err error
 	for attempt := 1; attempt <= 3; attempt++ {
 		var cp *ControlPlane
-		cp, err = e.startControlPlane(name, opts)
+		cp, err = e.startControlPlane(name, opts, front)
+		if err == nil && front != nil {
+			err = front.serve(cp.Addr)
+		}
 		if err == nil || !strings.Contains(err.Error(), "address already in use") {
 			return cp, err
 		}
@@ -126,19 +156,20 @@ func (e *Env) startControlPlaneRetrying(name string, opts ControlPlaneOptions) (
 	return nil, err
 }
 
-func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*ControlPlane, error) {
-	if err := checkName("control plane", name); err != nil {
-		return nil, err
-	}
+func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *apiFront) (*ControlPlane, error) {
 	if !opts.ServiceCIDR.IsValid() {
 		opts.ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
 	}
 	dir := filepath.Join(e.Dir, name)
-	p, err := newPKI(filepath.Join(dir, "pki"))
+	var lanAddr netip.Addr
+	if front != nil {
+		lanAddr = front.addr
+	}
+	p, err := newPKI(filepath.Join(dir, "pki"), lanAddr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: certificates: %w", name, err)
 	}
-	cp := &ControlPlane{Name: name, Options: opts, env: e, dir: dir, pki: p}
+	cp := &ControlPlane{Name: name, Options: opts, LANAddr: lanAddr, env: e, dir: dir, pki: p}
 	ports, err := freePorts(4)
 	if err != nil {
 		return cp, err
@@ -177,7 +208,11 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions) (*Control
 		"--secure-port", strconv.Itoa(apiPort),
 		"--tls-cert-file", p.servingCert, "--tls-private-key-file", p.servingKey,
 		"--client-ca-file", p.caCert,
-		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-issuer", serviceAccountIssuer,
+		// The issuer first: pods' own tokens carry it. Then the audience
+		// of the tokens a provider grants its consumers
+		// (offload.DefaultAudience; harness_test checks they agree).
+		"--api-audiences", serviceAccountIssuer + "," + OffloadAudience,
 		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
 		"--service-cluster-ip-range", opts.ServiceCIDR.String(),
 		"--authorization-mode", "Node,RBAC",

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -168,29 +169,102 @@ func (n *Netns) forwardFromHost(addr netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	n.env.t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go relay(in, addr.String())
-		}
-	}()
+	f := newForwarder(l, addr.String())
+	n.env.t.Cleanup(f.Close)
 	return nil
 }
 
-func relay(in net.Conn, to string) {
-	defer in.Close()
-	out, err := net.DialTimeout("tcp", to, 5*time.Second)
+// forwarder relays every connection accepted on a listener to one address
+// dialed from the test process's own namespace, until Close, which ends
+// the connections under way too and waits for its goroutines.
+type forwarder struct {
+	l      net.Listener
+	to     string
+	ctx    context.Context // canceled by Close: ends dials under way
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func newForwarder(l net.Listener, to string) *forwarder {
+	f := &forwarder{l: l, to: to, conns: map[net.Conn]struct{}{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	f.wg.Add(1)
+	go f.accept()
+	return f
+}
+
+func (f *forwarder) accept() {
+	defer f.wg.Done()
+	for {
+		in, err := f.l.Accept()
+		if err != nil {
+			return
+		}
+		if !f.track(in) {
+			in.Close()
+			return
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer f.untrack(in)
+			f.relay(in)
+		}()
+	}
+}
+
+// track records c so that Close can end it; false once closed.
+func (f *forwarder) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *forwarder) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+	c.Close()
+}
+
+func (f *forwarder) relay(in net.Conn) {
+	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	defer cancel()
+	var d net.Dialer
+	out, err := d.DialContext(ctx, "tcp", f.to)
 	if err != nil {
 		return
 	}
-	defer out.Close()
+	if !f.track(out) {
+		out.Close()
+		return
+	}
+	defer f.untrack(out)
 	done := make(chan struct{}, 2)
 	go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
 	go func() { io.Copy(in, out); in.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
 	<-done
 	<-done
+}
+
+// Close stops accepting, ends every connection under way and waits until
+// every goroutine of the forwarder has returned.
+func (f *forwarder) Close() {
+	f.mu.Lock()
+	f.closed = true
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.cancel()
+	f.l.Close()
+	f.wg.Wait()
 }
