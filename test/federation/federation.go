@@ -93,6 +93,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	// its own on the router (an address the sites' default routes reach)
 	// and its certificate naming that address.
 	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{LAN: lan})
+	publishClusterInfo(t, cps)
 	var cs []*Cluster
 	for i, cp := range cps {
 		name := string(rune('a' + i))
@@ -150,6 +151,21 @@ func apiServerCA(cp *harness.ControlPlane) string {
 		return ""
 	}
 	return cp.CAFile()
+}
+
+// publishClusterInfo gives every control plane on a LAN kubeadm's
+// kube-public/cluster-info: the address a provider's agent announces to
+// the peers it grants offloading.
+func publishClusterInfo(t harness.TB, cps []*harness.ControlPlane) {
+	t.Helper()
+	for _, cp := range cps {
+		if cp.LANURL() == "" {
+			continue
+		}
+		if err := cp.PublishClusterInfo(context.Background()); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
 }
 
 // StartAgent starts (or restarts) the cluster's agent.

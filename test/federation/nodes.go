@@ -118,6 +118,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan}
 	}
 	cps := env.ControlPlanesEach(cpOpts...)
+	publishClusterInfo(t, cps)
 	// Every node of every cluster at once: most of a node's start is
 	// waiting (for its kubelet to register, for its pod range).
 	var specs []harness.NodeSpec

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -10,6 +11,11 @@ import (
 	"net/http"
 	"net/netip"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // LANAPIPort is where a control plane on a LAN serves its API, as kubeadm's
@@ -106,4 +112,24 @@ func (n *Netns) APIServerVersion(url string, ca []byte) (string, error) {
 		return "", fmt.Errorf("from %s: GET %s/version: %w", n.Name, url, err)
 	}
 	return v.GitVersion, nil
+}
+
+// PublishClusterInfo writes kube-public/cluster-info as kubeadm does: a
+// kubeconfig with the API server's LAN URL and its CA, meant for clients
+// outside the cluster (a provider's agent announces it to its consumers).
+func (cp *ControlPlane) PublishClusterInfo(ctx context.Context) error {
+	if !cp.LANAddr.IsValid() {
+		return fmt.Errorf("%s: cluster-info: the control plane has no LAN address", cp.Name)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[""] = &clientcmdapi.Cluster{Server: cp.LANURL(), CertificateAuthorityData: cp.CA()}
+	raw, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return fmt.Errorf("%s: cluster-info: %w", cp.Name, err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cluster-info", Namespace: "kube-public"}, Data: map[string]string{"kubeconfig": string(raw)}}
+	if _, err := cp.Client.CoreV1().ConfigMaps("kube-public").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("%s: create kube-public/cluster-info: %w", cp.Name, err)
+	}
+	return nil
 }
