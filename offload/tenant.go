@@ -226,14 +226,23 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 		return fmt.Errorf("apply ServiceAccount %s: %w", ConsumerServiceAccount, err)
 	}
 	secret := corev1ac.Secret(GrantSecret, ns).WithLabels(lbl).WithType(GrantSecretType)
-	if _, err := core.Secrets(ns).Apply(ctx, secret, apply); err != nil {
-		return fmt.Errorf("apply Secret %s: %w", GrantSecret, err)
+	err := t.applyOrReplace(ctx, consumer, "Secret "+GrantSecret, func() error {
+		_, err := core.Secrets(ns).Apply(ctx, secret, apply)
+		return err
+	}, func(opts metav1.DeleteOptions) error { return core.Secrets(ns).Delete(ctx, GrantSecret, opts) })
+	if err != nil {
+		return err
 	}
+	rbs := t.client.RbacV1().RoleBindings(ns)
 	rb := rbacv1ac.RoleBinding(ConsumerServiceAccount, ns).WithLabels(lbl).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(ConsumerClusterRole)).
 		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(ConsumerServiceAccount).WithNamespace(ns))
-	if _, err := t.client.RbacV1().RoleBindings(ns).Apply(ctx, rb, apply); err != nil {
-		return fmt.Errorf("apply RoleBinding %s: %w", ConsumerServiceAccount, err)
+	err = t.applyOrReplace(ctx, consumer, "RoleBinding "+ConsumerServiceAccount, func() error {
+		_, err := rbs.Apply(ctx, rb, apply)
+		return err
+	}, func(opts metav1.DeleteOptions) error { return rbs.Delete(ctx, ConsumerServiceAccount, opts) })
+	if err != nil {
+		return err
 	}
 
 	defaults := defaultRequests(hard)
@@ -256,6 +265,28 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 		if err := core.LimitRanges(ns).Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete LimitRange %s (no CPU or memory limit any more): %w", GrantSecret, err)
 		}
+	}
+	return nil
+}
+
+// applyOrReplace applies an object and, when the API server refuses the
+// apply as invalid because someone remade the object with a field no
+// update may change (a RoleBinding's roleRef, a Secret's type), deletes
+// it and applies again: the object is ours by its name in our namespace.
+func (t *Tenants) applyOrReplace(ctx context.Context, consumer, what string, apply func() error, del func(metav1.DeleteOptions) error) error {
+	err := apply()
+	if !apierrors.IsInvalid(err) {
+		if err != nil {
+			return fmt.Errorf("apply %s: %w", what, err)
+		}
+		return nil
+	}
+	t.log.Warn("replacing an object someone changed in a way an apply cannot undo", "consumer", consumer, "object", what, "err", err)
+	if err := del(metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("replace %s: delete: %w", what, err)
+	}
+	if err := apply(); err != nil {
+		return fmt.Errorf("replace %s: apply: %w", what, err)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -129,6 +130,7 @@ func TestTenants(t *testing.T) {
 	t.Run("EnsureTwiceChangesNothing", s.testEnsureTwice)
 	t.Run("LimitsChangeAndGo", s.testLimits)
 	t.Run("PodWithoutRequestsFitsTheQuota", s.testDefaultRequests)
+	t.Run("ImmutableFieldsPutBack", s.testImmutablePutBack)
 	t.Run("ForeignNamespaceRefused", s.testForeign)
 	t.Run("TerminatingNamespace", s.testTerminating)
 	t.Run("IssueRotateRevoke", s.testIssueRotateRevoke)
@@ -330,6 +332,42 @@ func (s *suite) testDefaultRequests(t *testing.T) {
 	want := rl("cpu", DefaultCPURequest.String(), "memory", DefaultMemoryRequest.String())
 	if req := got.Spec.Containers[0].Resources.Requests; !sameResources(req, want) {
 		t.Errorf("requests %v, want the defaults %v", req, want)
+	}
+}
+
+// A RoleBinding or Secret remade by someone else with another roleRef or
+// type, fields an apply cannot change, is replaced by ours.
+func (s *suite) testImmutablePutBack(t *testing.T) {
+	ctx, consumer := t.Context(), newConsumer(t)
+	s.ensure(t, consumer, grant.Limits{})
+	ns := TenantNamespace(consumer)
+	rbs, secrets := s.cp.Client.RbacV1().RoleBindings(ns), s.cp.Client.CoreV1().Secrets(ns)
+	rb, err := rbs.Get(ctx, ConsumerServiceAccount, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rbs.Delete(ctx, rb.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb = &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: rb.Name}, RoleRef: rb.RoleRef, Subjects: rb.Subjects}
+	rb.RoleRef.Name = "admin"
+	if _, err := rbs.Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := secrets.Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	opaque := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: GrantSecret}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"k": []byte("v")}}
+	if _, err := secrets.Create(ctx, opaque, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	s.ensure(t, consumer, grant.Limits{})
+	if rb, err := rbs.Get(ctx, ConsumerServiceAccount, metav1.GetOptions{}); err != nil || rb.RoleRef.Name != ConsumerClusterRole {
+		t.Errorf("RoleBinding after Ensure: %+v, %v; want roleRef %s", rb.RoleRef, err, ConsumerClusterRole)
+	}
+	if sec, err := secrets.Get(ctx, GrantSecret, metav1.GetOptions{}); err != nil || sec.Type != GrantSecretType || len(sec.Data) != 0 {
+		t.Errorf("Secret after Ensure: type %q, %d keys, %v; want %q and none", sec.Type, len(sec.Data), err, GrantSecretType)
 	}
 }
 
