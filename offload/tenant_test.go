@@ -499,8 +499,12 @@ func (s *suite) testIssueRotateRevoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the tenant namespace after Remove: %v", err)
 	}
-	if list, err := s.tenants.List(ctx); err != nil || slices.Contains(list, consumer) {
+	list, err = s.tenants.List(ctx)
+	if err != nil || slices.Contains(list, consumer) {
 		t.Errorf("List after Remove = %v, %v; want no %s", list, err, consumer)
+	}
+	if got := testutil.ToFloat64(s.tenants.metrics.tenants); got != float64(len(list)) {
+		t.Errorf("flotilla_grant_tenants = %v after List found %d", got, len(list))
 	}
 	if err := s.tenants.Remove(ctx, consumer); err != nil {
 		t.Errorf("Remove of a removed tenant: %v, want success", err)
@@ -510,8 +514,10 @@ func (s *suite) testIssueRotateRevoke(t *testing.T) {
 	}
 }
 
-// How long after Remove returns a token gets 401: the API server caches
-// successful authentications for a while. Logged, not asserted.
+// How long after Remove returns a token used just before gets 401:
+// kube-apiserver caches successful authentications (10 s), so a token in
+// use keeps working that long; an idle one fails at once. Logged, not
+// asserted.
 func (s *suite) testRevocationLatency(t *testing.T) {
 	const runs = 5
 	var took []time.Duration
