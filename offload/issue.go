@@ -1,0 +1,104 @@
+package offload
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Token is a credential issued to a consumer. It never prints itself:
+// fmt's verbs and slog show it redacted; only Value holds the secret.
+type Token struct {
+	Value   string
+	Expires time.Time
+}
+
+const redacted = "[token redacted]"
+
+func (Token) String() string             { return redacted }
+func (Token) GoString() string           { return redacted }
+func (Token) LogValue() slog.Value       { return slog.StringValue(redacted) }
+func (Token) Format(f fmt.State, _ rune) { fmt.Fprint(f, redacted) }
+
+// Issue makes a new token for consumer's ServiceAccount with the audience
+// and lifetime of t, bound to its grant Secret, and checks that the API
+// server authenticates it as the consumer. Earlier tokens keep working
+// until they expire or the grant is removed.
+func (t *Tenants) Issue(ctx context.Context, consumer string) (Token, error) {
+	tok, err := t.issue(ctx, consumer)
+	if err != nil {
+		t.metrics.fail.Inc()
+		return Token{}, fmt.Errorf("issue token for %s: %w", consumer, err)
+	}
+	t.metrics.issued.Inc()
+	t.log.Info("token issued", "consumer", consumer, "audience", t.audience, "expires", tok.Expires)
+	return tok, nil
+}
+
+func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
+	name := TenantNamespace(consumer)
+	// A namespace of that name that is not ours may hold an account with
+	// other rights: never hand out its tokens.
+	ns, err := t.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return Token{}, fmt.Errorf("no tenant namespace %s: ensure the tenant first", name)
+	}
+	if err != nil {
+		return Token{}, fmt.Errorf("read namespace %s: %w", name, err)
+	}
+	if err := checkOurs(ns, consumer); err != nil {
+		return Token{}, err
+	}
+	secret, err := t.client.CoreV1().Secrets(name).Get(ctx, GrantSecret, metav1.GetOptions{})
+	if err != nil {
+		return Token{}, fmt.Errorf("read Secret %s/%s the token is bound to (ensure the tenant first): %w", name, GrantSecret, err)
+	}
+	seconds := int64(t.lifetime / time.Second)
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		Audiences:         []string{t.audience},
+		ExpirationSeconds: &seconds,
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: GrantSecret, UID: secret.UID},
+	}}
+	resp, err := t.client.CoreV1().ServiceAccounts(name).CreateToken(ctx, ConsumerServiceAccount, req, metav1.CreateOptions{})
+	if err != nil {
+		return Token{}, fmt.Errorf("TokenRequest for %s/%s: %w", name, ConsumerServiceAccount, err)
+	}
+	tok := Token{Value: resp.Status.Token, Expires: resp.Status.ExpirationTimestamp.Time}
+	if err := t.check(ctx, tok, ConsumerUser(consumer)); err != nil {
+		return Token{}, err
+	}
+	return tok, nil
+}
+
+// check makes a SelfSubjectReview with tok against the API server the
+// tokens are for and wants it to answer user.
+func (t *Tenants) check(ctx context.Context, tok Token, user string) error {
+	cfg := rest.AnonymousClientConfig(t.config)
+	cfg.BearerToken = tok.Value
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("check the token: client for %s: %w", cfg.Host, err)
+	}
+	review, err := c.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if apierrors.IsUnauthorized(err) {
+		return fmt.Errorf("the API server does not accept tokens for audience %s: add it to kube-apiserver --api-audiences (after the issuer's), or run the agent with --grant-audience=AUDIENCE, one it accepts", t.audience)
+	}
+	if err != nil {
+		return fmt.Errorf("check the token with a SelfSubjectReview at %s: %w", cfg.Host, err)
+	}
+	if got := review.Status.UserInfo.Username; got != user {
+		return fmt.Errorf("check the token: the API server at %s authenticates it as %q, want %q", cfg.Host, got, user)
+	}
+	return nil
+}
+
+// MarshalJSON keeps the token out of JSON too: a grant is sealed through a
+// wire struct of its own that names the value.
+func (Token) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`), nil }
