@@ -435,6 +435,48 @@ func agentAccess() []access {
 		allow("patch", "", "configmaps", namespace, "flotilla-fabric"),
 	)
 
+	// Grants (docs/offload.md): tenant namespaces and the objects in them.
+	// RBAC allows these anywhere; the policies of admission.yaml confine
+	// them to tenant namespaces (deploy/grants_test.go).
+	for _, v := range []string{"get", "list", "watch", "create", "patch", "delete"} {
+		cases = append(cases, allow(v, "", "namespaces", "", ""))
+	}
+	for _, v := range []string{"get", "create", "patch", "delete"} {
+		cases = append(cases,
+			allow(v, "", "serviceaccounts", tenant, "flotilla-consumer"),
+			allow(v, "rbac.authorization.k8s.io", "rolebindings", tenant, "flotilla-consumer"),
+			allow(v, "", "resourcequotas", tenant, "flotilla-grant"),
+			allow(v, "", "limitranges", tenant, "flotilla-grant"))
+	}
+	for _, v := range []string{"create", "patch", "delete"} {
+		cases = append(cases, allow(v, "", "secrets", tenant, "flotilla-grant"))
+	}
+	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
+	consumerToken.subresource = "token"
+	otherToken := deny("create", "", "serviceaccounts", tenant, "default")
+	otherToken.subresource = "token"
+	cases = append(cases, consumerToken, otherToken,
+		allow("bind", "rbac.authorization.k8s.io", "clusterroles", tenant, "flotilla-consumer"),
+		deny("bind", "rbac.authorization.k8s.io", "clusterroles", tenant, "admin"),
+		deny("bind", "rbac.authorization.k8s.io", "roles", tenant, ""),
+		deny("escalate", "rbac.authorization.k8s.io", "clusterroles", "", "flotilla-consumer"),
+		deny("create", "rbac.authorization.k8s.io", "roles", tenant, ""),
+		deny("update", "", "namespaces", "", "default"),
+		deny("deletecollection", "", "namespaces", "", ""),
+		deny("update", "", "secrets", tenant, "flotilla-grant"),
+		deny("get", "", "secrets", tenant, "flotilla-grant"),
+		deny("watch", "", "secrets", tenant, ""),
+		deny("list", "", "serviceaccounts", tenant, ""),
+		deny("create", "", "pods", tenant, ""),
+		// The API server address it announces.
+		allow("get", "", "configmaps", "kube-public", "cluster-info"),
+		deny("get", "", "configmaps", "kube-public", "other"),
+		deny("list", "", "configmaps", "kube-public", ""),
+		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
+		deny("get", "discovery.k8s.io", "endpointslices", "default", "other"),
+		deny("list", "discovery.k8s.io", "endpointslices", "default", ""),
+	)
+
 	// Refusals: everything the brief names, and the likely escapes.
 	for _, ns := range []string{"", "default", namespace, "kube-system"} {
 		cases = append(cases, deny("get", "", "secrets", ns, ""), deny("list", "", "secrets", ns, ""))
@@ -466,7 +508,6 @@ func agentAccess() []access {
 		deny("delete", "apiextensions.k8s.io", "customresourcedefinitions", "", crdName),
 		// No way to widen its own grants.
 		deny("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
-		deny("create", "rbac.authorization.k8s.io", "rolebindings", namespace, ""),
 		deny("update", "rbac.authorization.k8s.io", "clusterroles", "", "flotilla-agent"),
 		deny("escalate", "rbac.authorization.k8s.io", "clusterroles", "", ""),
 		deny("bind", "rbac.authorization.k8s.io", "clusterroles", "", "cluster-admin"),
@@ -516,9 +557,10 @@ func fabricAccess() []access {
 // ask puts the question to the API server's authorizer as user (a service
 // account), with the groups its token carries.
 func (a access) ask(ctx context.Context, kube kubernetes.Interface, user string) (bool, string, error) {
+	ns, _, _ := strings.Cut(strings.TrimPrefix(user, "system:serviceaccount:"), ":")
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User:   user,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
 	}}
 	if a.path != "" {
 		sar.Spec.NonResourceAttributes = &authorizationv1.NonResourceAttributes{Verb: a.verb, Path: a.path}
@@ -714,6 +756,11 @@ func testUninstall(t *testing.T, cp *harness.ControlPlane) {
 		"clusterrolebinding/flotilla-agent",
 		"-n default role/flotilla-agent-events",
 		"-n default rolebinding/flotilla-agent-events",
+		"-n default role/flotilla-agent-api-server",
+		"-n kube-public rolebinding/flotilla-agent-api-server",
+		"clusterrole/flotilla-consumer",
+		"validatingadmissionpolicy/flotilla-agent-namespaces",
+		"validatingadmissionpolicybinding/flotilla-consumer-pods",
 	} {
 		out, err := kubectl(cp, append([]string{"get"}, strings.Fields(obj)...)...)
 		if err == nil || !strings.Contains(out, "NotFound") {

@@ -130,6 +130,16 @@ func documentedAccess() map[string][]string {
 		"nodes [] [get list watch]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
+		// Grants: tenant namespaces and what is in them (admission.yaml
+		// confines the writes to tenants).
+		"namespaces [] [create delete get list patch watch]",
+		"serviceaccounts [] [create delete get patch]",
+		"serviceaccounts/token [flotilla-consumer] [create]",
+		"rolebindings.rbac.authorization.k8s.io [] [create delete get patch]",
+		"clusterroles.rbac.authorization.k8s.io [flotilla-consumer] [bind]",
+		"resourcequotas [] [create delete get patch]",
+		"limitranges [] [create delete get patch]",
+		"secrets [] [create delete patch]",
 	}
 	events := []string{"events [] [create patch]", "events.events.k8s.io [] [create patch]"}
 	ns := func(rows ...string) []string { return append(slices.Clone(cluster), rows...) }
@@ -140,9 +150,9 @@ func documentedAccess() map[string][]string {
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]")...),
-		"default":     ns(events...),
+		"default":     ns(append(events, "endpointslices.discovery.k8s.io [kubernetes] [get]")...),
 		"kube-system": ns("configmaps [kubeadm-config] [get]"),
-		"kube-public": ns(),
+		"kube-public": ns("configmaps [cluster-info] [get]"),
 	}
 }
 
