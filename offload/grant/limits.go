@@ -1,8 +1,9 @@
 // Package grant is what a provider sends a consumer when it lets it
 // offload: a short-lived credential for the provider's API server with
 // the limits it comes with, signed by the provider and sealed to the
-// consumer. It knows nothing of Kubernetes: the offload package issues
-// and uses what it carries.
+// consumer (Seal, Open), and the consumer's Store of the grants it holds.
+// It knows nothing of Kubernetes: the offload package issues and uses what
+// it carries.
 package grant
 
 import (
