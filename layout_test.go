@@ -10,10 +10,11 @@ import (
 )
 
 // The folders below the Kubernetes side know nothing of Kubernetes: the
-// negotiation, the data path (tunnel and fabric), the ledger, discovery and identity import no
-// k8s.io or sigs.k8s.io package, directly or through another.
+// negotiation, the data path (tunnel and fabric), the ledger, discovery,
+// identity and the grant message import no k8s.io or sigs.k8s.io package,
+// directly or through another.
 func TestLowerLayersImportNoKubernetes(t *testing.T) {
-	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering"} {
+	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering", "./offload/grant"} {
 		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
 			// One line per package that imports Kubernetes itself.
 			reported := map[string]bool{}

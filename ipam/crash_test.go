@@ -87,6 +87,15 @@ func crashChild(path string) {
 			if err = l.Release(v.Peer, v.Remote); err == nil {
 				done = []string{"del," + key(v.Peer, v.Remote)}
 			}
+		case n < 84:
+			// A grant (offload/grant keeps them sealed here): put, or
+			// replaced by the next.
+			val := fmt.Sprintf("sealed-%d", r.Uint64())
+			begin = []string{"grant:" + peer}
+			os.Stdout.WriteString("begin " + strings.Join(begin, " ") + "\n")
+			if err = l.PutGrant(peer, []byte(val)); err == nil {
+				done = []string{"grant," + peer + "," + val}
+			}
 		case n < 88:
 			for _, v := range l.Views(peer) {
 				begin = append(begin, key(v.Peer, v.Remote))
@@ -127,6 +136,7 @@ func TestCrashSafety(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), FileName)
 	committed := map[string]string{} // "peer,remote" -> view, per the child's done lines
+	grants := map[string]string{}    // peer -> the grant put last, per the done lines
 	var identity string
 	var commits, midOp int
 	seed := testSeed(t)
@@ -179,6 +189,10 @@ func TestCrashSafety(t *testing.T) {
 				commits++
 				for _, e := range strings.Fields(rest) {
 					f := strings.Split(e, ",")
+					if f[0] == "grant" {
+						grants[f[1]] = f[2]
+						continue
+					}
 					k := f[1] + "," + f[2]
 					if f[0] == "map" {
 						committed[k] = f[3]
@@ -212,6 +226,18 @@ func TestCrashSafety(t *testing.T) {
 				t.Fatalf("round %d: identity key %x, %v; want %s", round, seed, err, identity)
 			}
 		}
+		for peer, v := range grants {
+			if got, err := l.Grant(peer); !inFlight["grant:"+peer] && (err != nil || string(got) != v) {
+				t.Fatalf("round %d: committed grant from %s %q lost (ledger has %q, %v)", round, peer, v, got, err)
+			}
+		}
+		for k := range inFlight {
+			if peer, ok := strings.CutPrefix(k, "grant:"); ok {
+				if got, err := l.Grant(peer); err == nil {
+					grants[peer] = string(got)
+				}
+			}
+		}
 		l.Close()
 		for k, v := range committed {
 			if !inFlight[k] && actual[k] != v {
@@ -232,7 +258,7 @@ func TestCrashSafety(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d rounds, %d committed writes, %d kills in the middle of a write, %d views at the end", rounds, commits, midOp, len(committed))
+	t.Logf("%d rounds, %d committed writes, %d kills in the middle of a write, %d views and %d grants at the end", rounds, commits, midOp, len(committed), len(grants))
 	if commits < rounds {
 		t.Fatalf("only %d writes committed in %d rounds: the child is not exercising the ledger", commits, rounds)
 	}

@@ -98,7 +98,11 @@ func (l *Ledger) get(bucket []byte, name string) ([]byte, error) {
 	}
 	var out []byte
 	err := l.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucket).Get([]byte(name)); v != nil {
+		b := tx.Bucket(bucket)
+		if b == nil {
+			return nil // an added bucket a read-only file predates
+		}
+		if v := b.Get([]byte(name)); v != nil {
 			out = bytes.Clone(v)
 		}
 		return nil

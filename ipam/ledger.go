@@ -1,7 +1,8 @@
 // Package ipam holds the ledger: the agent's crash-safe bbolt file that
 // decides how this cluster addresses each peer's networks (its views of
 // them), records how each peer addresses ours, keeps released views in
-// quarantine before reuse, and stores the agent's secrets.
+// quarantine before reuse, and stores the agent's secrets and what other
+// packages keep per peer (peering's statements, the grants received).
 //
 // All writes go through one transaction each and are fsynced before the
 // call returns; address translation (ToLocal, ToRemote) is served from an
@@ -110,7 +111,13 @@ var (
 	bucketTheirs     = []byte("theirs")
 	bucketQuarantine = []byte("quarantine")
 	bucketPeers      = []byte("peers")
-	allBuckets       = [][]byte{bucketMeta, bucketKeys, bucketLocal, bucketViews, bucketTheirs, bucketQuarantine, bucketPeers}
+	bucketGrants     = []byte("grants")
+	allBuckets       = [][]byte{bucketMeta, bucketKeys, bucketLocal, bucketViews, bucketTheirs, bucketQuarantine, bucketPeers, bucketGrants}
+	// addedBuckets came after schema 1 without a migration: a read-write
+	// open creates them, and a read-only open of a file written before
+	// them (flotilla ledger show of an older agent's ledger) reads them as
+	// empty.
+	addedBuckets = [][]byte{bucketGrants}
 
 	keyMagic  = []byte("magic")
 	keySchema = []byte("schema")

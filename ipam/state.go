@@ -207,7 +207,7 @@ func loadState(tx *bolt.Tx) (*state, error) {
 		return fmt.Errorf("%w: bucket %s, key %x: %v", ErrCorrupt, bucket, k, err)
 	}
 	for _, name := range allBuckets {
-		if tx.Bucket(name) == nil {
+		if tx.Bucket(name) == nil && !slices.ContainsFunc(addedBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) {
 			return nil, fmt.Errorf("%w: bucket %s missing", ErrCorrupt, name)
 		}
 	}

@@ -110,6 +110,18 @@ type Publisher interface {
 	Withdraw(id string)
 }
 
+// GrantReceiver takes the sealed grants peers send this cluster (the
+// consumer side of offload/grant opens and keeps them). The engine calls
+// it from its own goroutine: it must not block.
+type GrantReceiver interface {
+	// GrantReceived hands over the sealed grant in a statement accepted
+	// from the peer from, whose identity key is key: once per new content
+	// (a resend, or a new statement with the same grant, calls nothing),
+	// and again after a restart of this agent, since what the receiver
+	// kept is its own to know.
+	GrantReceived(from string, key ed25519.PublicKey, sealed []byte)
+}
+
 // Config is what an Engine needs.
 type Config struct {
 	Identity identity.Identity
@@ -127,6 +139,8 @@ type Config struct {
 	Transport Transport
 	// Publisher, when set, receives every peer's state as it changes.
 	Publisher Publisher
+	// Grants, when set, receives the grants peers send.
+	Grants GrantReceiver
 
 	// Keepalive is WireGuard's persistent keepalive (default 25 s); it
 	// also makes the first handshake happen without traffic.
@@ -206,7 +220,10 @@ type Engine struct {
 	peers map[string]*peer
 	// specs are the admin's decisions, by peer; they outlive the peers'
 	// runtime state, as their objects do.
-	specs        map[string]Spec
+	specs map[string]Spec
+	// grants are the sealed grants to send, by peer (SetGrant); like
+	// specs they outlive the peers' runtime state.
+	grants       map[string][]byte
 	published    map[string]PeerState
 	gen          uint64 // the last generation issued
 	genCeiling   uint64 // stored: no generation issued is above it
@@ -260,6 +277,8 @@ type peer struct {
 	tunnelErr error
 	// steps logged during this membership (steps.go).
 	steps map[Step]bool
+	// grantDelivered is the last grant handed to Config.Grants.
+	grantDelivered []byte
 }
 
 // New checks cfg and prepares an Engine; Run starts it.
@@ -272,7 +291,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "peering"), self: cfg.Identity.ClusterID(),
 		metrics: newMetrics(cfg.Metrics, cfg.Dataplane),
 		inputs:  make(chan func(), 256), inbox: make(chan []byte, 1024),
-		peers: map[string]*peer{}, specs: map[string]Spec{}, published: map[string]PeerState{},
+		peers: map[string]*peer{}, specs: map[string]Spec{}, grants: map[string][]byte{}, published: map[string]PeerState{},
 		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{},
 		ready: make(chan struct{}), stopped: make(chan struct{}),
 	}
@@ -297,6 +316,30 @@ func (e *Engine) SpecChanged(id string, s Spec) {
 // is reset.
 func (e *Engine) SpecDeleted(id string) {
 	e.input(func() { e.specDeleted(id) })
+}
+
+// SetGrant sets the sealed grant the statements to peer id carry from now
+// on (nil: none); a change is sent at once, as any change of statement.
+// The engine does not open it.
+func (e *Engine) SetGrant(id string, sealed []byte) error {
+	if err := identity.ValidateClusterID(id); err != nil {
+		return fmt.Errorf("set grant: %w", err)
+	}
+	if id == e.self {
+		return errors.New("set grant: a grant to this cluster itself")
+	}
+	if len(sealed) > MaxGrantSize {
+		return fmt.Errorf("set grant for %s: %d bytes, over the %d a statement carries", id, len(sealed), MaxGrantSize)
+	}
+	sealed = slices.Clone(sealed)
+	e.input(func() {
+		if len(sealed) == 0 {
+			delete(e.grants, id)
+		} else {
+			e.grants[id] = sealed
+		}
+	})
+	return nil
 }
 
 // Receive hands the engine a message from the transport. It never blocks:
@@ -405,7 +448,8 @@ func (e *Engine) memberChanged(m Member) {
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
 		p.steps = nil // a new membership: its steps are logged anew
 		e.stepOnce(p, StepJoined, time.Time{})
-		e.send(p, true) // introduce ourselves at once
+		e.deliverGrant(p) // one restored from the ledger, now that its key is known
+		e.send(p, true)   // introduce ourselves at once
 		if early, ok := e.early[m.ClusterID]; ok {
 			delete(e.early, m.ClusterID)
 			e.metrics.held.Set(float64(len(e.early)))

@@ -242,6 +242,8 @@ type nodeOptions struct {
 	networks, locals []netip.Prefix
 	// logger, when set, receives the engine's log.
 	logger *slog.Logger
+	// grants, when set, receives the grants peers send.
+	grants GrantReceiver
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -295,6 +297,7 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	if o.logger != nil {
 		cfg.Logger = o.logger
 	}
+	cfg.Grants = o.grants
 	if o.clock != nil {
 		cfg.Now = o.clock.Now
 	}

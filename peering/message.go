@@ -28,11 +28,12 @@ import (
 // writing a version older ones read until every cluster is upgraded.
 //
 // Version 2 signs the signing domain with the payload; version 1 signed
-// the payload alone and is no longer read. Version 3 adds tunnelReady.
+// the payload alone and is no longer read. Version 3 adds tunnelReady,
+// version 4 grant.
 const (
-	ProtocolVersion    = 3
+	ProtocolVersion    = 4
 	ProtocolVersionMin = 2
-	ProtocolVersionMax = 4
+	ProtocolVersionMax = 5
 )
 
 // protocolTunnelReady is the first version whose writers say tunnelReady:
@@ -99,6 +100,10 @@ type Hello struct {
 	// started it, so a receiver that waits for it and saw nothing knows it
 	// was lost (tunnel's first contact). Since version 3.
 	TunnelReady bool `json:"tunnelReady,omitempty"`
+	// Grant is the sender's grant to the receiver, sealed to the receiver
+	// (offload/grant); peering carries it unopened. Empty says nothing
+	// new: a revocation is a grant too. Since version 4.
+	Grant []byte `json:"grant,omitempty"`
 }
 
 // Limits on what a Hello may carry, so a hostile sender cannot make us
@@ -108,6 +113,10 @@ const (
 	maxNameLength  = 253
 	signatureSize  = ed25519.SignatureSize
 )
+
+// MaxGrantSize bounds the sealed grant a Hello carries: with MaxNetworks
+// networks and views of them it fits in a message.
+const MaxGrantSize = 40 << 10
 
 // MaxNetworks is how many networks (and views of them) a Hello carries at
 // most; an agent with more pod blocks announces its ranges instead.
@@ -250,6 +259,9 @@ func (h *Hello) validate() error {
 	}
 	if len(h.Networks) > MaxNetworks || len(h.ViewsOfYou) > MaxNetworks {
 		return fmt.Errorf("more than %d networks", MaxNetworks)
+	}
+	if len(h.Grant) > MaxGrantSize {
+		return fmt.Errorf("grant of %d bytes, over %d", len(h.Grant), MaxGrantSize)
 	}
 	if len(h.WireGuardKey) != 32 {
 		return fmt.Errorf("WireGuard key of %d bytes, want 32", len(h.WireGuardKey))

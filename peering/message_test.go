@@ -123,6 +123,7 @@ func TestInvalidHellos(t *testing.T) {
 		{"multicast view", func(h *Hello) {
 			h.ViewsOfYou = []ViewClaim{{Range: netip.MustParsePrefix("10.0.0.0/16"), As: netip.MustParsePrefix("224.1.0.0/16")}}
 		}},
+		{"grant too large", func(h *Hello) { h.Grant = make([]byte, MaxGrantSize+1) }},
 		{"too many networks", func(h *Hello) {
 			h.Networks = nil
 			for i := range MaxNetworks + 1 {

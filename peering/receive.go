@@ -1,6 +1,7 @@
 package peering
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -38,8 +39,10 @@ func (e *Engine) receive(msg []byte) {
 		case h.Generation == p.hello.Generation:
 			if !s.SameAs(p.payload) {
 				e.refuse(h.From, fmt.Errorf("%w: a different message with generation %d", ErrReplayed, h.Generation))
+				return
 			}
-			return // a resend: nothing new
+			e.deliverGrant(p) // not yet, if restored from the ledger before its member
+			return            // a resend: nothing else new
 		}
 	}
 	p.hello, p.payload = h, slices.Clone(s.Payload())
@@ -48,10 +51,23 @@ func (e *Engine) receive(msg []byte) {
 	if err := e.persist(p, msg); err != nil {
 		e.log.Error("cannot persist peer statement", "peer", p.id, "err", err)
 	}
-	e.log.Debug("hello accepted", "peer", p.id, "generation", h.Generation, "protocol", h.Protocol, "decision", h.Decision, "views", len(h.ViewsOfYou))
+	e.log.Debug("hello accepted", "peer", p.id, "generation", h.Generation, "protocol", h.Protocol, "decision", h.Decision, "views", len(h.ViewsOfYou), "grant", len(h.Grant))
+	e.deliverGrant(p)
 	// Answer every new statement, so a peer that lost ours recovers now
 	// rather than at the next resend.
 	e.send(p, true)
+}
+
+// deliverGrant hands the grant in p's last accepted statement to the
+// receiver when it differs from the last one handed over. An empty field
+// is no news: the grant last delivered stands until the provider sends
+// another (a revocation included).
+func (e *Engine) deliverGrant(p *peer) {
+	if e.cfg.Grants == nil || p.hello == nil || p.member == nil || len(p.hello.Grant) == 0 || bytes.Equal(p.hello.Grant, p.grantDelivered) {
+		return
+	}
+	p.grantDelivered = slices.Clone(p.hello.Grant)
+	e.cfg.Grants.GrantReceived(p.id, slices.Clone(p.member.PublicKey), slices.Clone(p.hello.Grant))
 }
 
 // Bounds on messages held for senders discovery has not reported yet.

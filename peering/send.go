@@ -23,6 +23,7 @@ func (e *Engine) outgoing(p *peer) *Hello {
 		}
 	}
 	h.TunnelReady = h.Decision == Accept && !p.configured.IsZero() && p.tunnelErr == nil && e.applyErr == nil
+	h.Grant = e.grants[p.id]
 	return h
 }
 

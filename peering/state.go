@@ -1,6 +1,7 @@
 package peering
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -67,6 +68,9 @@ type PeerState struct {
 	// TunnelUp: the tunnel to the peer has a recent handshake.
 	TunnelUp Condition
 
+	// IdentityKey is the member's identity key, which grants to it are
+	// sealed to; nil before discovery reports the member.
+	IdentityKey ed25519.PublicKey
 	// Sources are the discovery sources that found the member.
 	Sources []string
 	// Gossip is the member's gossip address.
@@ -134,6 +138,7 @@ func (e *Engine) state(p *peer) PeerState {
 	if p.member != nil {
 		s.Gossip = p.member.Gossip
 		s.Sources = slices.Clone(p.member.Sources)
+		s.IdentityKey = slices.Clone(p.member.PublicKey)
 	}
 	if p.hello != nil {
 		s.Name = p.hello.Name

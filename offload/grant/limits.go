@@ -1,9 +1,15 @@
 // Package grant is what a provider sends a consumer when it lets it
 // offload: a short-lived credential for the provider's API server with
 // the limits it comes with, signed by the provider and sealed to the
-// consumer. It knows nothing of Kubernetes: the offload package issues
-// and uses what it carries.
+// consumer (Seal, Open), and the consumer's Store of the grants it holds.
+// It knows nothing of Kubernetes: the offload package issues and uses what
+// it carries.
 package grant
+
+import (
+	"fmt"
+	"regexp"
+)
 
 // Limits bound what a consumer may run on a provider. A zero field means
 // no limit of that kind.
@@ -16,4 +22,31 @@ type Limits struct {
 	Pods int64 `json:"pods,omitempty"`
 	// Namespaces is how many namespaces the consumer may have mirrored.
 	Namespaces int64 `json:"namespaces,omitempty"`
+}
+
+// quantity is the syntax of a non-negative Kubernetes quantity: a decimal
+// number with an SI or binary suffix or a decimal exponent.
+var quantity = regexp.MustCompile(`^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$`)
+
+const maxQuantityLength = 64
+
+// Validate checks the limits' syntax: quantities as Kubernetes writes
+// them, counts not negative. Whether a quantity fits its resource is the
+// API server's to say.
+func (l Limits) Validate() error {
+	for _, q := range []struct{ name, v string }{{"cpu", l.CPU}, {"memory", l.Memory}} {
+		if q.v == "" {
+			continue
+		}
+		if len(q.v) > maxQuantityLength || !quantity.MatchString(q.v) {
+			return fmt.Errorf("%s %.70q: want a quantity such as 4, 500m or 8Gi", q.name, q.v)
+		}
+	}
+	if l.Pods < 0 {
+		return fmt.Errorf("pods %d: want 0 (no limit) or more", l.Pods)
+	}
+	if l.Namespaces < 0 {
+		return fmt.Errorf("namespaces %d: want 0 (no limit) or more", l.Namespaces)
+	}
+	return nil
 }
