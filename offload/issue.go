@@ -3,7 +3,6 @@ package offload
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -11,21 +10,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
-// Token is a credential issued to a consumer. It never prints itself:
-// fmt's verbs and slog show it redacted; only Value holds the secret.
+// Token is a credential issued to a consumer and when it expires. The
+// credential never prints itself (grant.Token).
 type Token struct {
-	Value   string
+	Value   grant.Token
 	Expires time.Time
 }
-
-const redacted = "[token redacted]"
-
-func (Token) String() string             { return redacted }
-func (Token) GoString() string           { return redacted }
-func (Token) LogValue() slog.Value       { return slog.StringValue(redacted) }
-func (Token) Format(f fmt.State, _ rune) { fmt.Fprint(f, redacted) }
 
 // Issue makes a new token for consumer's ServiceAccount with the audience
 // and lifetime of t, bound to its grant Secret, and checks that the API
@@ -56,21 +50,19 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 	if err := checkOurs(ns, consumer); err != nil {
 		return Token{}, err
 	}
-	secret, err := t.client.CoreV1().Secrets(name).Get(ctx, GrantSecret, metav1.GetOptions{})
-	if err != nil {
-		return Token{}, fmt.Errorf("read Secret %s/%s the token is bound to (ensure the tenant first): %w", name, GrantSecret, err)
-	}
 	seconds := int64(t.lifetime / time.Second)
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		Audiences:         []string{t.audience},
 		ExpirationSeconds: &seconds,
-		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: GrantSecret, UID: secret.UID},
+		// By name only: the API server looks the Secret up and binds the
+		// token to its UID; the agent may not read Secrets.
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: GrantSecret},
 	}}
 	resp, err := t.client.CoreV1().ServiceAccounts(name).CreateToken(ctx, ConsumerServiceAccount, req, metav1.CreateOptions{})
 	if err != nil {
 		return Token{}, fmt.Errorf("TokenRequest for %s/%s: %w", name, ConsumerServiceAccount, err)
 	}
-	tok := Token{Value: resp.Status.Token, Expires: resp.Status.ExpirationTimestamp.Time}
+	tok := Token{Value: grant.NewToken(resp.Status.Token), Expires: resp.Status.ExpirationTimestamp.Time}
 	if err := t.check(ctx, tok, ConsumerUser(consumer)); err != nil {
 		return Token{}, err
 	}
@@ -81,7 +73,7 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 // tokens are for and wants it to answer user.
 func (t *Tenants) check(ctx context.Context, tok Token, user string) error {
 	cfg := rest.AnonymousClientConfig(t.config)
-	cfg.BearerToken = tok.Value
+	cfg.BearerToken = tok.Value.Reveal()
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("check the token: client for %s: %w", cfg.Host, err)
@@ -98,7 +90,3 @@ func (t *Tenants) check(ctx context.Context, tok Token, user string) error {
 	}
 	return nil
 }
-
-// MarshalJSON keeps the token out of JSON too: a grant is sealed through a
-// wire struct of its own that names the value.
-func (Token) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`), nil }
