@@ -1,0 +1,123 @@
+package offload
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload/grant"
+)
+
+// Each side writes its own part of a Peer's status with server-side apply
+// under a field manager of its own: the condition of its type and its half
+// of status.offloading. The peering writer owns the rest, so no side
+// removes what another wrote.
+const (
+	providerFieldOwner = "flotilla-offload-provider"
+	consumerFieldOwner = "flotilla-offload-consumer"
+)
+
+// grantCondition is one side's condition on a Peer and its half of
+// status.offloading (nil: none).
+type grantCondition struct {
+	kind    string // v1alpha1.ConditionOffloadGranted or ConditionOffloadCredential
+	ok      bool
+	reason  string
+	message string
+	// generation is the Peer spec the condition acted on (provider side).
+	generation int64
+	grant      *v1alpha1.GrantStatus
+}
+
+// applyGrantStatus writes c into the status of Peer id, keeping the
+// transition time when the condition's status did not change (cur is the
+// informer's copy, nil when unknown).
+func applyGrantStatus(ctx context.Context, w client.Client, owner, id string, cur *v1alpha1.Peer, c grantCondition, now time.Time) error {
+	cond := metav1.Condition{
+		Type: c.kind, Status: metav1.ConditionFalse, Reason: c.reason, Message: c.message,
+		ObservedGeneration: c.generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second)),
+	}
+	if c.ok {
+		cond.Status = metav1.ConditionTrue
+	}
+	if cur != nil {
+		if old := meta.FindStatusCondition(cur.Status.Conditions, c.kind); old != nil && old.Status == cond.Status {
+			cond.LastTransitionTime = old.LastTransitionTime
+		}
+	}
+	var off v1alpha1.OffloadingStatus
+	switch c.kind {
+	case v1alpha1.ConditionOffloadGranted:
+		off.Granted = c.grant
+	default:
+		off.Received = c.grant
+	}
+	st := v1alpha1.PeerStatus{Conditions: []metav1.Condition{cond}}
+	if off.Granted != nil || off.Received != nil {
+		st.Offloading = &off
+	}
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return fmt.Errorf("status of Peer %s: %w", id, err)
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Peer"))
+	obj.SetName(id)
+	obj.Object["status"] = status
+	if err := w.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(owner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("apply %s of Peer %s: %w", c.kind, id, err)
+	}
+	return nil
+}
+
+// limitsOf turns a Peer's limits into the grant's.
+func limitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
+	var g grant.Limits
+	if l == nil {
+		return g
+	}
+	if l.CPU != nil {
+		g.CPU = l.CPU.String()
+	}
+	if l.Memory != nil {
+		g.Memory = l.Memory.String()
+	}
+	if l.Pods != nil {
+		g.Pods = *l.Pods
+	}
+	if l.Namespaces != nil {
+		g.Namespaces = *l.Namespaces
+	}
+	return g
+}
+
+// limitsStatus is how a grant's limits show in a Peer's status; nil when
+// there are none. Quantities that do not parse (a newer provider's) are
+// left out.
+func limitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
+	if g == (grant.Limits{}) {
+		return nil
+	}
+	l := &v1alpha1.OffloadLimits{}
+	if q, err := resource.ParseQuantity(g.CPU); err == nil && g.CPU != "" {
+		l.CPU = &q
+	}
+	if q, err := resource.ParseQuantity(g.Memory); err == nil && g.Memory != "" {
+		l.Memory = &q
+	}
+	if g.Pods > 0 {
+		l.Pods = &g.Pods
+	}
+	if g.Namespaces > 0 {
+		l.Namespaces = &g.Namespaces
+	}
+	return l
+}
