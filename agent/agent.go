@@ -26,6 +26,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
@@ -92,6 +93,18 @@ type Config struct {
 	FabricOwner string
 	// Namespace and NodeName are the agent's pod's (downward API).
 	Namespace, NodeName string
+
+	// OffloadGrants is the policy for Peers whose spec.offloading is
+	// empty: manual (never without Grant) or auto.
+	OffloadGrants offload.GrantPolicy
+	// APIServerURL and APIServerCA (a PEM file) are what this cluster
+	// announces to the peers it grants; empty: found in the cluster
+	// (offload.FindAPIServer).
+	APIServerURL, APIServerCA string
+	// GrantAudience is the audience of the tokens granted; the API server
+	// must accept it. GrantLifetime is their lifetime (renewed at 2/3).
+	GrantAudience string
+	GrantLifetime time.Duration
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -113,6 +126,9 @@ func DefaultConfig() Config {
 		WireGuard:          tunnel.ModeAuto,
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
+		OffloadGrants:      offload.GrantsManual,
+		GrantAudience:      offload.DefaultAudience,
+		GrantLifetime:      time.Hour,
 	}
 }
 
@@ -158,6 +174,18 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := tunnel.ParseMode(string(cfg.WireGuard)); err != nil {
 		return nil, fmt.Errorf("--wireguard: %w", err)
+	}
+	if cfg.OffloadGrants == "" {
+		cfg.OffloadGrants = offload.GrantsManual
+	}
+	if _, err := offload.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
+		return nil, fmt.Errorf("--offload-grants: %w", err)
+	}
+	if cfg.GrantLifetime == 0 {
+		cfg.GrantLifetime = time.Hour
+	}
+	if cfg.GrantLifetime < 10*time.Minute {
+		return nil, fmt.Errorf("--grant-lifetime %s: the API server issues tokens for 10m at least", cfg.GrantLifetime)
 	}
 	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
 		return nil, errors.New("give --federation-key or --federation-key-file, not both")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
@@ -13,21 +14,27 @@ import (
 
 // startPeering runs the negotiation engine and returns once it has
 // restored its state and applied the data path it found in the ledger.
-func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *peerapi.Objects, error) {
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloading, error) {
 	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var engine atomic.Pointer[peering.Engine]
+	off, err := a.newOffloading(st, objects, &engine)
 	if err != nil {
 		return nil, nil, err
 	}
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: objects,
+		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: off, Grants: off.consumer,
 		UnreachableGrace: a.cfg.UnreachableGrace,
 		Logger:           a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	engine.Store(eng)
 	stopped := make(chan struct{})
 	comps.Go("peering engine", func(ctx context.Context) error {
 		defer close(stopped)
@@ -46,7 +53,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	case <-ctx.Done():
 		return nil, nil, fmt.Errorf("peering engine not ready: %w", context.Cause(ctx))
 	}
-	return eng, objects, nil
+	return eng, off, nil
 }
 
 // watchPeers reports the Peer objects' specs to the engine and writes the

@@ -46,13 +46,16 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	announced, _ := ann.current()
-	eng, objects, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, fabricDataplane{tun, a.fabric}, disc)
+	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, fabricDataplane{tun, a.fabric}, disc)
 	if err != nil {
 		return err
 	}
 	engine.Store(eng)
 	a.followLocalNetworks(comps, locals, ann, eng)
-	if err := a.watchPeers(ctx, comps, objects, eng); err != nil {
+	if err := a.watchPeers(ctx, comps, off.objects, eng); err != nil {
+		return err
+	}
+	if err := off.start(ctx, comps); err != nil {
 		return err
 	}
 	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
@@ -58,6 +59,12 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.FabricOwner, "fabric-owner", "", "the agent's Deployment, which owns the fabric's DaemonSet that brings every node into the federation (empty: no fabric, only the gateway node's pods reach peers)")
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "the gateway node's name, for the fabric (default: $NODE_NAME)")
+
+	grants := fs.String("offload-grants", string(cfg.OffloadGrants), "manual: a peer may offload here only when its Peer's spec.offloading is Grant (flotilla grant); auto: every peer not denied")
+	fs.StringVar(&cfg.APIServerURL, "api-server-url", "", "this cluster's API server as the peers granted offloading reach it, https://host:port (default: kube-public/cluster-info, then the kubernetes EndpointSlice)")
+	fs.StringVar(&cfg.APIServerCA, "api-server-ca", "", "PEM file of the CA bundle that verifies --api-server-url (default: with the URL found, or the agent's own)")
+	fs.StringVar(&cfg.GrantAudience, "grant-audience", cfg.GrantAudience, "audience of the tokens granted to peers; the API server must accept it (kube-apiserver --api-audiences)")
+	fs.DurationVar(&cfg.GrantLifetime, "grant-lifetime", cfg.GrantLifetime, "lifetime of the tokens granted to peers (10m at least); each is renewed at two thirds of it")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -79,6 +86,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if cfg.WireGuard, err = tunnel.ParseMode(*wg); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --wireguard: %v\n", err)
+		return errUsage
+	}
+	if cfg.OffloadGrants, err = offload.ParseGrantPolicy(*grants); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --offload-grants: %v\n", err)
 		return errUsage
 	}
 	a, err := agent.New(cfg)

@@ -80,6 +80,22 @@ func (o *Objects) Publish(s peering.PeerState) { o.status.publish(s) }
 // Withdraw drops what is queued for id (peering.Publisher).
 func (o *Objects) Withdraw(id string) { o.status.withdraw(id) }
 
+// Reader reads Peers from the informer's cache.
+func (o *Objects) Reader() client.Reader { return o.cache }
+
+// AddHandler has h told of Peer changes too; added after the informer
+// started, h first hears of every Peer there is.
+func (o *Objects) AddHandler(ctx context.Context, h toolscache.ResourceEventHandler) error {
+	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{})
+	if err != nil {
+		return fmt.Errorf("watch Peers: %w", err)
+	}
+	if _, err := inf.AddEventHandler(h); err != nil {
+		return fmt.Errorf("watch Peers: %w", err)
+	}
+	return nil
+}
+
 // Synced is closed once Run has reported every existing Peer's spec and
 // starts writing statuses.
 func (o *Objects) Synced() <-chan struct{} { return o.synced }

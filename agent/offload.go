@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/grant"
+	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
+)
+
+// offloading is the agent's part in grants, both ways: as a provider, the
+// tenants and credentials of the peers it grants; as a consumer, the
+// credentials peers granted it. It sits between the engine and the Peer
+// objects: peer states go to both the Peer writer and the provider.
+type offloading struct {
+	objects  *peerapi.Objects
+	provider *offload.Provider
+	consumer *offload.Consumer
+}
+
+func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
+	c, err := client.New(a.restCfg, client.Options{Scheme: peerapi.Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("client for Peers: %w", err)
+	}
+	tenants, err := offload.NewTenants(offload.TenantsConfig{
+		Config: a.restCfg, Client: a.kube, Audience: a.cfg.GrantAudience, Lifetime: a.cfg.GrantLifetime,
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	provider, err := offload.NewProvider(offload.ProviderConfig{
+		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
+		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
+		Policy: a.cfg.OffloadGrants, Grace: a.cfg.UnreachableGrace,
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	consumer, err := offload.NewConsumer(offload.ConsumerConfig{
+		Store: grant.NewStore(st.id, st.ledger), Peers: objects.Reader(), Client: c,
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &offloading{objects: objects, provider: provider, consumer: consumer}, nil
+}
+
+// Publish hands a peer's state to the Peer writer and the provider
+// (peering.Publisher).
+func (o *offloading) Publish(s peering.PeerState) {
+	o.objects.Publish(s)
+	o.provider.PeerChanged(s)
+}
+
+// Withdraw is the Peer writer's (peering.Publisher).
+func (o *offloading) Withdraw(id string) { o.objects.Withdraw(id) }
+
+// start runs both sides once the Peer informer has synced.
+func (o *offloading) start(ctx context.Context, comps *components) error {
+	if err := o.objects.AddHandler(ctx, o.provider.PeerHandler()); err != nil {
+		return err
+	}
+	comps.Go("offload grants", o.provider.Run)
+	comps.Go("offload credentials", o.consumer.Run)
+	return nil
+}
+
+// engineGrants hands sealed grants to the engine, once there is one.
+type engineGrants struct {
+	eng *atomic.Pointer[peering.Engine]
+}
+
+func (g engineGrants) SetGrant(id string, sealed []byte) error {
+	e := g.eng.Load()
+	if e == nil {
+		return errors.New("the peering engine is not running yet")
+	}
+	return e.SetGrant(id, sealed)
+}
+
+// apiServer finds the address this cluster announces with its grants,
+// once: from the flags, or from the cluster (offload.FindAPIServer).
+func (a *Agent) apiServer() func(context.Context) (offload.APIServer, error) {
+	var mu sync.Mutex
+	var found *offload.APIServer
+	return func(ctx context.Context) (offload.APIServer, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if found != nil {
+			return *found, nil
+		}
+		s, err := offload.FindAPIServer(ctx, a.kube, a.restCfg, a.cfg.APIServerURL, a.cfg.APIServerCA)
+		if err != nil {
+			return offload.APIServer{}, err
+		}
+		a.log.Info("API server announced to the peers granted offloading", "url", s.URL, "source", s.Source)
+		found = &s
+		return s, nil
+	}
+}

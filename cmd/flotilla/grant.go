@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
+)
+
+func init() {
+	register(command{name: "grant", summary: "let a peer offload to this cluster, with limits (Peer spec.offloading: Grant)", run: runGrant})
+	register(command{name: "revoke", summary: "stop a peer offloading to this cluster; its credential stops working (spec.offloading: Deny)", run: runRevoke})
+}
+
+// peerCommand is what grant and revoke share: the Peer named first, then
+// flags, as kubectl has them.
+type peerCommand struct {
+	fs         *flag.FlagSet
+	kubeconfig *string
+	wait       *time.Duration
+}
+
+func newPeerCommand(name string, stderr io.Writer) peerCommand {
+	fs := newFlagSet(name, stderr)
+	return peerCommand{
+		fs:         fs,
+		kubeconfig: fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)"),
+		wait:       fs.Duration("wait", 30*time.Second, "how long to wait for the agent to act on it (0: do not wait)"),
+	}
+}
+
+// parse reads "PEER [flags]" and returns the PEER argument.
+func (pc peerCommand) parse(args []string) (string, error) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if err := pc.fs.Parse(args); err != nil && errors.Is(err, flag.ErrHelp) {
+			return "", err
+		}
+		fmt.Fprintf(pc.fs.Output(), "%s: name the peer first (its cluster name or ID, as `flotilla status` shows them)\n", pc.fs.Name())
+		return "", errUsage
+	}
+	return args[0], parseFlags(pc.fs, args[1:])
+}
+
+func (pc peerCommand) client() (client.Client, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = *pc.kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return client.New(cfg, client.Options{Scheme: peerapi.Scheme()})
+}
+
+func runGrant(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	pc := newPeerCommand("grant", stderr)
+	cpu := pc.fs.String("cpu", "", "CPU the peer's pods may request in all (a quantity: 4, 500m); empty: no limit")
+	memory := pc.fs.String("memory", "", "memory the peer's pods may request in all (8Gi); empty: no limit")
+	pods := pc.fs.Int64("pods", 0, "how many pods the peer may run here at once; 0: no limit")
+	namespaces := pc.fs.Int64("namespaces", 0, "how many namespaces the peer may have mirrored here; 0: no limit")
+	name, err := pc.parse(args)
+	if err != nil {
+		return err
+	}
+	limits, err := grantLimits(*cpu, *memory, *pods, *namespaces)
+	if err != nil {
+		return err
+	}
+	c, err := pc.client()
+	if err != nil {
+		return err
+	}
+	peer, err := findPeer(ctx, c, name)
+	if err != nil {
+		return err
+	}
+	spec := map[string]any{"offloading": v1alpha1.OffloadingGrant, "offloadLimits": limits}
+	gen, err := patchSpec(ctx, c, peer, spec)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "peer %s (%s): offloading granted in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+	return waitGrant(ctx, c, stdout, peer.Name, gen, *pc.wait, true)
+}
+
+func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	pc := newPeerCommand("revoke", stderr)
+	name, err := pc.parse(args)
+	if err != nil {
+		return err
+	}
+	c, err := pc.client()
+	if err != nil {
+		return err
+	}
+	peer, err := findPeer(ctx, c, name)
+	if err != nil {
+		return err
+	}
+	gen, err := patchSpec(ctx, c, peer, map[string]any{"offloading": v1alpha1.OffloadingDeny})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "peer %s (%s): offloading denied in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+	return waitGrant(ctx, c, stdout, peer.Name, gen, *pc.wait, false)
+}
+
+// grantLimits checks the flags and returns the spec's offloadLimits; nil
+// when no limit is given.
+func grantLimits(cpu, memory string, pods, namespaces int64) (*v1alpha1.OffloadLimits, error) {
+	var l v1alpha1.OffloadLimits
+	for _, q := range []struct {
+		flag, v string
+		to      **resource.Quantity
+	}{{"--cpu", cpu, &l.CPU}, {"--memory", memory, &l.Memory}} {
+		if q.v == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q.v)
+		if err != nil || v.Sign() < 0 {
+			return nil, fmt.Errorf("%s %q: want a non-negative quantity such as 4, 500m or 8Gi", q.flag, q.v)
+		}
+		*q.to = &v
+	}
+	for _, n := range []struct {
+		flag string
+		v    int64
+		to   **int64
+	}{{"--pods", pods, &l.Pods}, {"--namespaces", namespaces, &l.Namespaces}} {
+		switch {
+		case n.v < 0:
+			return nil, fmt.Errorf("%s %d: want 0 (no limit) or more", n.flag, n.v)
+		case n.v > 0:
+			v := n.v
+			*n.to = &v
+		}
+	}
+	if l == (v1alpha1.OffloadLimits{}) {
+		return nil, nil
+	}
+	return &l, nil
+}
+
+// findPeer finds a Peer by its name (the cluster ID) or its cluster's
+// human name.
+func findPeer(ctx context.Context, c client.Client, name string) (v1alpha1.Peer, error) {
+	var peers v1alpha1.PeerList
+	if err := c.List(ctx, &peers); err != nil {
+		return v1alpha1.Peer{}, fmt.Errorf("list Peers: %w", err)
+	}
+	var found []v1alpha1.Peer
+	for _, p := range peers.Items {
+		if p.Name == name || p.Status.ClusterName == name {
+			found = append(found, p)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return v1alpha1.Peer{}, fmt.Errorf("no peer named %q: `flotilla status` lists the peers by cluster name and ID", name)
+	}
+	ids := make([]string, len(found))
+	for i, p := range found {
+		ids[i] = p.Name
+	}
+	return v1alpha1.Peer{}, fmt.Errorf("%d peers are named %q (%s): name one by its ID", len(found), name, strings.Join(ids, ", "))
+}
+
+// patchSpec merges spec into the Peer's and returns the new generation.
+func patchSpec(ctx context.Context, c client.Client, peer v1alpha1.Peer, spec map[string]any) (int64, error) {
+	body, err := json.Marshal(map[string]any{"spec": spec})
+	if err != nil {
+		return 0, err
+	}
+	if err := c.Patch(ctx, &peer, client.RawPatch("application/merge-patch+json", body)); err != nil {
+		return 0, fmt.Errorf("update Peer %s: %w", peer.Name, err)
+	}
+	return peer.Generation, nil
+}
+
+// waitGrant waits until the agent has acted on generation gen and prints
+// what it says.
+func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, gen int64, timeout time.Duration, granted bool) error {
+	if timeout == 0 {
+		return nil
+	}
+	var last *metav1.Condition
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		var p v1alpha1.Peer
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
+			return false, nil
+		}
+		cond := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionOffloadGranted)
+		if cond == nil || cond.ObservedGeneration < gen {
+			return false, nil
+		}
+		last = cond
+		// Granted ends the wait; so does a failure the agent reports, and
+		// any state once revoked.
+		return cond.Status == metav1.ConditionTrue || !granted || cond.Reason != "WaitingForPeer", nil
+	})
+	if last == nil {
+		return fmt.Errorf("the agent has not acted on the change within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)
+	}
+	fmt.Fprintf(w, "%s: %s\n", last.Reason, last.Message)
+	if err != nil && granted && last.Status != metav1.ConditionTrue {
+		return fmt.Errorf("not granted yet after %s: %s", timeout, last.Reason)
+	}
+	if granted && last.Status != metav1.ConditionTrue {
+		return fmt.Errorf("not granted: %s", last.Reason)
+	}
+	return nil
+}
