@@ -52,6 +52,8 @@ func TestAgentPodFromManifests(t *testing.T) {
 				}
 			}
 		})
+		// Before the logs are read: the agents' grants work shows there.
+		t.Run("grants", func(t *testing.T) { testGrants(t, cs[0], cs[1]) })
 		t.Run("kubectl logs shows the agent's log", func(t *testing.T) {
 			for _, c := range cs {
 				logs := mustKubectl(t, c.CP, "-n", federation.AgentNamespace, "logs", "deployment/flotilla-agent")

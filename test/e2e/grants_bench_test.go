@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// From the provider's admin setting spec.offloading to Grant to a working
+// credential on the consumer: the consumer's Peer says Ready, which its
+// agent writes only after a request to the provider's API server with the
+// credential succeeded. Two clusters of real nodes, the agents as pods
+// under their own accounts. Each round starts from nothing: the previous
+// grant revoked and its tenant namespace gone. Target: <= 1 s median;
+// Liqo v1's `liqoctl peer` needs both kubeconfigs at once and several
+// round trips through both API servers.
+func BenchmarkGrantToCredential(b *testing.B) {
+	harness.Require(b, harness.NeedsNodes...)
+	env := harness.New(b)
+	cs := federation.OnNodes(b, env, federation.NodeOptions{Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})
+	prov, cons := cs[0], cs[1]
+	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	var took []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		setOffloading(b, prov, cons.Name, v1alpha1.OffloadingGrant)
+		waitCondition(b, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 30*time.Second)
+		took = append(took, time.Since(start))
+
+		setOffloading(b, prov, cons.Name, v1alpha1.OffloadingDeny)
+		waitCondition(b, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Revoked", 30*time.Second)
+		waitTenantsGone(b, prov, 90*time.Second)
+	}
+	b.ReportMetric(ms(spreadOf(append([]time.Duration(nil), took...)).median), "ms-grant-to-credential")
+	b.ReportMetric(0, "ns/op")
+	fmt.Fprintf(os.Stdout, "BenchmarkGrantToCredential: Grant to a working credential on the consumer %s (ms: median, min, max, rounds)\n", spreadOf(took))
+}
+
+func setOffloading(t testing.TB, c *federation.NodeCluster, peer string, o v1alpha1.Offloading) {
+	t.Helper()
+	peers, err := c.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := peers[peer]
+	if !ok {
+		t.Fatalf("%s has no Peer for %s", c.Name, peer)
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	p.Spec.Offloading = o
+	if err := c.Client.Patch(context.Background(), &p, patch); err != nil {
+		t.Fatalf("set %s's Peer %s offloading to %s: %v", c.Name, peer, o, err)
+	}
+}
+
+// waitTenantsGone waits until c has no tenant namespace.
+func waitTenantsGone(t testing.TB, c *federation.NodeCluster, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		nss, err := c.CP.Client.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{LabelSelector: offload.LabelTenant})
+		if err == nil && len(nss.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tenant namespaces of %s not gone after %s (err %v)", c.Name, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/test/federation"
+)
+
+// testGrants runs on a federation of two real clusters whose agents run
+// as pods under their own accounts (TestAgentPodFromManifests): prov
+// grants cons offloading from the command line, cons holds a credential
+// that works against prov's API server across the LAN, and revoking it
+// makes the grant's tokens get 401 and cons say so. No credential shows
+// in any log, event or status.
+func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
+	consID := peerID(t, prov, cons.Name)
+	tenant := offload.TenantNamespace(consID)
+
+	t.Run("manual policy: nothing on the provider until Grant", func(t *testing.T) {
+		// The witness that the provider looked: its Peer says NotGranted.
+		waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, "NotGranted", 30*time.Second)
+		nss, err := prov.CP.Client.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{LabelSelector: offload.LabelTenant})
+		if err != nil || len(nss.Items) != 0 {
+			t.Errorf("tenant namespaces on %s before any grant: %d (err %v)", prov.Name, len(nss.Items), err)
+		}
+		if c := condition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential); c != nil {
+			t.Errorf("%s shows a credential from %s before any grant: %s %s", cons.Name, prov.Name, c.Reason, c.Message)
+		}
+	})
+
+	t.Run("flotilla grant gives the consumer a working credential", func(t *testing.T) {
+		out, err := flotillaCLI(prov, "grant", cons.Name, "--cpu", "2", "--memory", "4Gi", "--pods", "20", "--namespaces", "3")
+		if err != nil || !strings.Contains(out, "Granted: tenant namespace "+tenant) {
+			t.Fatalf("flotilla grant %s on %s: %v\n%s", cons.Name, prov.Name, err, out)
+		}
+		c := waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 30*time.Second)
+		if c.Status != metav1.ConditionTrue {
+			t.Errorf("%s's credential from %s: %s %s", cons.Name, prov.Name, c.Reason, c.Message)
+		}
+		p := peerNamed(t, cons, prov.Name)
+		got := p.Status.Offloading
+		if got == nil || got.Received == nil || got.Received.Namespace != tenant || got.Received.Expires == nil ||
+			got.Received.Limits == nil || got.Received.Limits.Pods == nil || *got.Received.Limits.Pods != 20 {
+			t.Errorf("%s's status.offloading for %s: %+v, want namespace %s, limits with 20 pods, an expiry", cons.Name, prov.Name, got, tenant)
+		} else if left := time.Until(got.Received.Expires.Time); left < 50*time.Minute || left > 61*time.Minute {
+			t.Errorf("the credential expires in %s, want about an hour", left)
+		}
+		q, err := prov.CP.Client.CoreV1().ResourceQuotas(tenant).Get(context.Background(), offload.GrantSecret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("quota of %s on %s: %v", tenant, prov.Name, err)
+		}
+		if pods := q.Spec.Hard["pods"]; pods.Value() != 20 {
+			t.Errorf("quota of %s: pods %s, want 20", tenant, pods.String())
+		}
+		if ps := peerNamed(t, prov, cons.Name).Status.Offloading; ps == nil || ps.Granted == nil || ps.Granted.Namespace != tenant {
+			t.Errorf("%s's status.offloading for %s: %+v, want granted in %s", prov.Name, cons.Name, ps, tenant)
+		}
+	})
+
+	t.Run("flotilla revoke: the grant's tokens get 401 and the consumer says Revoked", func(t *testing.T) {
+		// A token of the grant, as the provider issues them.
+		token := grantToken(t, prov, consID)
+		cfg := &rest.Config{Host: "https://" + prov.CP.Addr.String(), BearerToken: token,
+			TLSClientConfig: rest.TLSClientConfig{CAData: prov.CP.Config.CAData}}
+		if err := whoAmI(cfg); err != nil {
+			t.Fatalf("a token of the grant before revoke: %v", err)
+		}
+		out, err := flotillaCLI(prov, "revoke", cons.Name)
+		start := time.Now()
+		if err != nil || !strings.Contains(out, "Denied") {
+			t.Fatalf("flotilla revoke %s on %s: %v\n%s", cons.Name, prov.Name, err, out)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for err := whoAmI(cfg); !apierrors.IsUnauthorized(err); err = whoAmI(cfg) {
+			if time.Now().After(deadline) {
+				t.Fatalf("a token of the grant 10 s after revoke: %v, want 401", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("401 %s after flotilla revoke returned", time.Since(start).Round(time.Millisecond))
+		waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Revoked", 30*time.Second)
+		deadline = time.Now().Add(60 * time.Second)
+		for {
+			_, err := prov.CP.Client.CoreV1().Namespaces().Get(context.Background(), tenant, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("tenant namespace %s still on %s 60 s after revoke (err %v)", tenant, prov.Name, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
+	t.Run("no credential in any log, event or status", func(t *testing.T) {
+		// Every token the API server issues is a JWT: its header starts so.
+		const jwt = "eyJhbGciOi"
+		for _, c := range []*federation.NodeCluster{prov, cons} {
+			for what, args := range map[string][]string{
+				"agent log": {"-n", federation.AgentNamespace, "logs", "deployment/flotilla-agent"},
+				"events":    {"get", "events", "-A", "-o", "json"},
+				"Peers":     {"get", "peers", "-o", "json"},
+			} {
+				out := mustKubectl(t, c.CP, args...)
+				if strings.Contains(out, jwt) {
+					t.Errorf("%s of %s holds a token", what, c.Name)
+				}
+			}
+		}
+	})
+}
+
+// peerID is the name (the cluster ID) of c's Peer for the cluster named
+// name.
+func peerID(t *testing.T, c *federation.NodeCluster, name string) string {
+	t.Helper()
+	return peerNamed(t, c, name).Name
+}
+
+func peerNamed(t *testing.T, c *federation.NodeCluster, name string) v1alpha1.Peer {
+	t.Helper()
+	peers, err := c.Peers(context.Background())
+	if err != nil {
+		t.Fatalf("Peers of %s: %v", c.Name, err)
+	}
+	p, ok := peers[name]
+	if !ok {
+		t.Fatalf("%s has no Peer for %s", c.Name, name)
+	}
+	return p
+}
+
+func condition(t *testing.T, c *federation.NodeCluster, peer, kind string) *metav1.Condition {
+	t.Helper()
+	p := peerNamed(t, c, peer)
+	return meta.FindStatusCondition(p.Status.Conditions, kind)
+}
+
+// waitCondition waits until c's Peer for peer has a condition of kind
+// with reason.
+func waitCondition(t testing.TB, c *federation.NodeCluster, peer, kind, reason string, timeout time.Duration) metav1.Condition {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *metav1.Condition
+	for {
+		peers, err := c.Peers(context.Background())
+		if err == nil {
+			p := peers[peer]
+			if last = meta.FindStatusCondition(p.Status.Conditions, kind); last != nil && last.Reason == reason {
+				return *last
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's Peer %s: condition %s is %+v after %s, want reason %s", c.Name, peer, kind, last, timeout, reason)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// flotillaCLI runs an operator command of the binary against c.
+func flotillaCLI(c *federation.NodeCluster, args ...string) (string, error) {
+	args = append(args, "--kubeconfig", c.CP.Kubeconfig)
+	out, err := exec.Command(c.Bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// grantToken issues a token of consumer's grant on c, as its agent does.
+func grantToken(t *testing.T, c *federation.NodeCluster, consumer string) string {
+	t.Helper()
+	ns := offload.TenantNamespace(consumer)
+	sec, err := c.CP.Client.CoreV1().Secrets(ns).Get(context.Background(), offload.GrantSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the grant's Secret on %s: %v", c.Name, err)
+	}
+	life := int64(600)
+	tr, err := c.CP.Client.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), offload.ConsumerServiceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			Audiences: []string{offload.DefaultAudience}, ExpirationSeconds: &life,
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: sec.Name, UID: sec.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token of the grant on %s: %v", c.Name, err)
+	}
+	return tr.Status.Token
+}
+
+// whoAmI makes a request with cfg's credential.
+func whoAmI(cfg *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	_, err = cs.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	return err
+}
