@@ -475,6 +475,8 @@ func agentAccess() []access {
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
 		deny("get", "discovery.k8s.io", "endpointslices", "default", "other"),
 		deny("list", "discovery.k8s.io", "endpointslices", "default", ""),
+		allow("get", "", "services", "default", "kubernetes"),
+		deny("get", "", "services", "default", "other"),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.

@@ -152,7 +152,7 @@ func documentedAccess() map[string][]string {
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]")...),
-		"default":     ns(append(events, "endpointslices.discovery.k8s.io [kubernetes] [get]")...),
+		"default":     ns(append(events, "endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]")...),
 		"kube-system": ns("configmaps [kubeadm-config] [get]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),
 	}

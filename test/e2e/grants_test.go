@@ -17,6 +17,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // testGrants runs on a federation of two real clusters whose agents run
@@ -42,7 +43,7 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 	})
 
 	t.Run("flotilla grant gives the consumer a working credential", func(t *testing.T) {
-		out, err := flotillaCLI(prov, "grant", cons.Name, "--cpu", "2", "--memory", "4Gi", "--pods", "20", "--namespaces", "3")
+		out, err := flotillaCLI(t, prov, "grant", cons.Name, "--cpu", "2", "--memory", "4Gi", "--pods", "20", "--namespaces", "3")
 		if err != nil || !strings.Contains(out, "Granted: tenant namespace "+tenant) {
 			t.Fatalf("flotilla grant %s on %s: %v\n%s", cons.Name, prov.Name, err, out)
 		}
@@ -78,7 +79,7 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		if err := whoAmI(cfg); err != nil {
 			t.Fatalf("a token of the grant before revoke: %v", err)
 		}
-		out, err := flotillaCLI(prov, "revoke", cons.Name)
+		out, err := flotillaCLI(t, prov, "revoke", cons.Name)
 		start := time.Now()
 		if err != nil || !strings.Contains(out, "Denied") {
 			t.Fatalf("flotilla revoke %s on %s: %v\n%s", cons.Name, prov.Name, err, out)
@@ -170,10 +171,11 @@ func waitCondition(t testing.TB, c *federation.NodeCluster, peer, kind, reason s
 	}
 }
 
-// flotillaCLI runs an operator command of the binary against c.
-func flotillaCLI(c *federation.NodeCluster, args ...string) (string, error) {
+// flotillaCLI runs an operator command of the binary built from this
+// checkout against c.
+func flotillaCLI(t testing.TB, c *federation.NodeCluster, args ...string) (string, error) {
 	args = append(args, "--kubeconfig", c.CP.Kubeconfig)
-	out, err := exec.Command(c.Bin, args...).CombinedOutput()
+	out, err := exec.Command(harness.Flotilla(t), args...).CombinedOutput()
 	return string(out), err
 }
 
