@@ -91,6 +91,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 	peer := &flotillav1.Peer{
 		TypeMeta:   metav1.TypeMeta{APIVersion: flotillav1.GroupVersion.String(), Kind: "Peer"},
 		ObjectMeta: metav1.ObjectMeta{Name: "c-beta"},
+		Spec:       flotillav1.PeerSpec{Offloading: flotillav1.OffloadingGrant},
 	}
 	created, err := peers.Create(ctx, toUnstructured(t, peer), metav1.CreateOptions{})
 	if err != nil {
@@ -104,6 +105,12 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		Views:         "10.0.0.0/16=>10.70.0.0/16",
 		Sources:       []string{"mdns", "seed"},
 		LastHandshake: &metav1.Time{Time: time.Now().Add(-20 * time.Minute)},
+		Offloading: &flotillav1.OffloadingStatus{Received: &flotillav1.GrantStatus{
+			Namespace: "flotilla-tenant-c-alpha", Expires: &metav1.Time{Time: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}}},
+		Conditions: []metav1.Condition{
+			{Type: flotillav1.ConditionOffloadGranted, Status: metav1.ConditionTrue, Reason: "Granted", Message: "m", LastTransitionTime: metav1.Now()},
+			{Type: flotillav1.ConditionOffloadCredential, Status: metav1.ConditionTrue, Reason: "Ready", Message: "m", LastTransitionTime: metav1.Now()},
+		},
 	}
 	if _, err := peers.UpdateStatus(ctx, toUnstructured(t, peer), metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update Peer status: %v", err)
@@ -114,8 +121,8 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		columns []string
 		values  []string
 	}{
-		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "20m"}},
-		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "VIEWS", "NETWORKING", "SOURCES", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16", `["mdns","seed"]`}},
+		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "HOSTING", "OFFLOAD", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "20m", "Granted", "Ready"}},
+		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "VIEWS", "NETWORKING", "SOURCES", "OFFLOADING", "HOSTING", "OFFLOAD", "EXPIRES", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16", `["mdns","seed"]`, "Grant", "2030-01-02T03:04:05Z"}},
 	} {
 		out, err := kubectl(cp, tc.args...)
 		if err != nil {

@@ -210,7 +210,7 @@ const (
 // +kubebuilder:printcolumn:name="Offloading",type=string,JSONPath=`.spec.offloading`,priority=1
 // +kubebuilder:printcolumn:name="Hosting",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadGranted")].reason`,description="Whether the peer may offload here (this cluster hosts it)"
 // +kubebuilder:printcolumn:name="Offload",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadCredential")].reason`,description="Whether this cluster may offload to the peer (holds its credential)"
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.offloading.received.expires`,priority=1,description="When the credential the peer granted expires (renewed before)"
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.offloading.received.expires`,priority=1,description="When the credential the peer granted expires (renewed before)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Peer struct {
 	metav1.TypeMeta   `json:",inline"`
