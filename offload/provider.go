@@ -415,7 +415,9 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 		p.m.revoked.Inc()
 		p.log.Info("grant revoked: tenant removed", "peer", id, "reason", reason)
 	}
-	if cur == nil {
+	// After a restart nothing was sent yet, but the consumer may hold a
+	// grant from before: it hears of the revocation all the same.
+	if cur == nil && !hadTenant {
 		return nil
 	}
 	if len(key) != 0 {
