@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -106,7 +109,7 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		}
 	})
 
-	t.Run("no credential in any log, event or status", func(t *testing.T) {
+	t.Run("no credential in any log, event, status or metric", func(t *testing.T) {
 		// Every token the API server issues is a JWT: its header starts so.
 		const jwt = "eyJhbGciOi"
 		for _, c := range []*federation.NodeCluster{prov, cons} {
@@ -120,8 +123,35 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 					t.Errorf("%s of %s holds a token", what, c.Name)
 				}
 			}
+			metrics := agentMetrics(t, c)
+			if !strings.Contains(metrics, "flotilla_grant_") {
+				t.Errorf("the metrics of %s's agent have no flotilla_grant_ series: not the agent's", c.Name)
+			}
+			if strings.Contains(metrics, jwt) {
+				t.Errorf("the metrics of %s's agent hold a token", c.Name)
+			}
 		}
 	})
+}
+
+// agentMetrics scrapes the agent's /metrics from its gateway node's
+// network, which the agent's pod shares.
+func agentMetrics(t *testing.T, c *federation.NodeCluster) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return c.Gateway.DialContext(ctx, network, addr)
+		}}}
+	resp, err := hc.Get("http://127.0.0.1:9470/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+	}
+	return string(b)
 }
 
 // peerID is the name (the cluster ID) of c's Peer for the cluster named
