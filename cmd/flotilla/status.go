@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -18,7 +19,7 @@ import (
 )
 
 func init() {
-	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake", run: runStatus})
+	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, offloading both ways", run: runStatus})
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,13 +54,23 @@ func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Status.ClusterName < peers[j].Status.ClusterName })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// Traffic is in the agent's metrics (flotilla_peer_*_bytes_total).
-	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE")
+	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tHOSTING\tOFFLOAD")
 	for _, p := range peers {
 		s := p.Status
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
-			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
+			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now),
+			reason(s.Conditions, v1alpha1.ConditionOffloadGranted), reason(s.Conditions, v1alpha1.ConditionOffloadCredential))
 	}
 	tw.Flush()
+}
+
+// reason is the reason of the condition of type kind, as kubectl's
+// HOSTING and OFFLOAD columns show it.
+func reason(cs []metav1.Condition, kind string) string {
+	if c := meta.FindStatusCondition(cs, kind); c != nil {
+		return c.Reason
+	}
+	return "-"
 }
 
 func views(vs []v1alpha1.NetworkView) string {
