@@ -27,6 +27,15 @@ import (
 // agent's 600 ms to gossip) on every start.
 const crdDigestAnnotation = "flotilla.io/crd-digest"
 
+// ensureCRDs runs installCRDs unless the admin installs the CRDs
+// (--install-crds=false); the start runs it in the background.
+func (a *Agent) ensureCRDs(ctx context.Context) (struct{}, error) {
+	if !a.cfg.InstallCRDs {
+		return struct{}{}, nil
+	}
+	return struct{}{}, installCRDs(ctx, a.restCfg)
+}
+
 // installCRDs applies the embedded CRDs that are not in place yet
 // (server-side apply, field owner "flotilla") and waits until they are
 // established.

@@ -161,16 +161,18 @@ func (n *localNetworks) run(ctx context.Context, moved func()) error {
 	}
 }
 
-// startNetworks finds this cluster's networks, gives the ledger every local
+// clusterNetworks reads this cluster's pod and service ranges (flags or the
+// cluster); the start runs it in the background.
+func (a *Agent) clusterNetworks(ctx context.Context) (Networks, error) {
+	return detectNetworks(ctx, a.kube, a.cfg.PodCIDRs, a.cfg.ServiceCIDRs)
+}
+
+// startNetworks takes this cluster's networks, gives the ledger every local
 // network (remapping views that overlap one) and starts watching the Nodes
 // and the host's interfaces. It returns the pod ranges to announce and the
 // local networks, whose updates followLocalNetworks starts once peering can
 // follow moved views.
-func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ipam.Ledger, gateway netip.Addr) (*localNetworks, *announcer, error) {
-	nets, err := detectNetworks(ctx, a.kube, a.cfg.PodCIDRs, a.cfg.ServiceCIDRs)
-	if err != nil {
-		return nil, nil, err
-	}
+func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ipam.Ledger, gateway netip.Addr, nets Networks) (*localNetworks, *announcer, error) {
 	a.log.Info("cluster networks", "pods", nets.Pods, "from", nets.PodSource, "services", nets.Services, "servicesFrom", nets.ServiceSource)
 	ranges, err := a.announced(nets.Pods)
 	if err != nil {

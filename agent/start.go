@@ -12,6 +12,11 @@ import (
 // networks, CRDs, tunnel, peering, Peer objects, discovery. Each registers
 // with comps what must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
+	// Steps on the API server alone run meanwhile from the start.
+	nets := startBackground(ctx, a.clusterNetworks)
+	defer nets.stop()
+	crds := startBackground(ctx, a.ensureCRDs)
+	defer crds.stop()
 	st, err := a.openState(comps)
 	if err != nil {
 		return err
@@ -25,17 +30,19 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if a.fabric, err = a.newFabricPlan(comps, gateway); err != nil {
 		return err
 	}
-	locals, ann, err := a.startNetworks(ctx, comps, st.ledger, gateway)
+	detected, err := nets.wait()
 	if err != nil {
 		return err
 	}
-	if a.cfg.InstallCRDs {
-		if err := installCRDs(ctx, a.restCfg); err != nil {
-			return err
-		}
+	locals, ann, err := a.startNetworks(ctx, comps, st.ledger, gateway, detected)
+	if err != nil {
+		return err
 	}
 	tun, err := a.startTunnel(comps, st.ledger)
 	if err != nil {
+		return err
+	}
+	if _, err := crds.wait(); err != nil {
 		return err
 	}
 	a.fabric.start(a.nodes.fabric, tun.MTU())

@@ -30,6 +30,13 @@ var sourceOrder = []Source{SourceMDNS, SourceDNS, SourceSeed, SourceGossip}
 // maxCandidates bounds the candidate table against floods of answers.
 const maxCandidates = 1024
 
+// maxIntroductions bounds the addresses a new candidate is joined at even
+// though it is a member already: in a small federation that saves the
+// member the wait for our alive message to be gossiped to it (100 to
+// 400 ms on a loaded machine); in a large one gossip carries it, and a
+// state exchange with each of hundreds of members would cost more.
+const maxIntroductions = 32
+
 // Candidate is an address that may belong to a member.
 type Candidate struct {
 	Addr     string // host:port
@@ -43,6 +50,9 @@ type Candidate struct {
 	// resync: the next try exchanges state even if the address is a
 	// member (the follow-up of a join; see joined).
 	resync bool
+	// introduce: the address is new and not tried yet; the first try
+	// exchanges state even if it is a member already (see add).
+	introduce bool
 	// resolved are the addresses a host name resolved to when last
 	// tried, so a member found by a named seed is matched to it.
 	resolved []string
@@ -86,6 +96,10 @@ func (c *candidates) add(addr string, src Source, ttl time.Duration) (added bool
 		}
 		cand = &Candidate{Addr: addr, NextTry: now, expires: map[Source]time.Time{}}
 		c.table[addr] = cand
+		// A member that answers for the first time (mDNS, DNS-SD, a seed)
+		// often does not know us yet: it learns of us now, by a direct
+		// exchange, rather than when gossip brings our alive message.
+		cand.introduce = len(c.table) <= maxIntroductions
 	}
 	if !slices.Contains(cand.Sources, src) {
 		cand.Sources = append(cand.Sources, src)
@@ -153,6 +167,7 @@ func (c *candidates) result(addr string, err error) {
 	if !ok {
 		return
 	}
+	cand.introduce = false
 	if err == nil {
 		cand.Failures = 0
 		cand.LastError = ""
@@ -192,6 +207,7 @@ func (c *candidates) joined(addr string) {
 	cand.LastError = ""
 	cand.NextTry = now.Add(c.settle)
 	cand.resync = true
+	cand.introduce = false
 }
 
 // recheckSoon makes every candidate due within a short time; used when a
@@ -334,7 +350,8 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if !cand.resync && d.isKnown(ctx, cand.Addr, known) {
+			member := !cand.resync && d.isKnown(ctx, cand.Addr, known)
+			if member && !cand.introduce {
 				d.cands.result(cand.Addr, nil)
 				continue
 			}
@@ -348,6 +365,11 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 				d.cands.result(cand.Addr, err)
 			case cand.resync:
 				d.log.Debug("exchanged state again with candidate", "addr", cand.Addr, "source", src)
+				d.cands.result(cand.Addr, nil)
+			case member:
+				// An introduction: we were members together already, and
+				// gossip carries whoever joined it after us.
+				d.log.Debug("introduced to a member", "addr", cand.Addr, "source", src)
 				d.cands.result(cand.Addr, nil)
 			default:
 				d.log.Debug("joined candidate", "addr", cand.Addr, "source", src)

@@ -3,6 +3,7 @@ package discovery
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"log/slog"
@@ -34,6 +35,8 @@ type nodeOpts struct {
 	onMessage func([]byte)
 	serials   SerialStore
 	now       func() time.Time
+	// tune adjusts the memberlist configuration after fastTimings.
+	tune func(*memberlist.Config)
 }
 
 type testNode struct {
@@ -91,12 +94,17 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 		RetryMin:        100 * time.Millisecond,
 		RetryMax:        time.Second,
 		Profile:         ProfileLocal,
-		Tune:            fastTimings,
-		OnMessage:       o.onMessage,
-		Serials:         o.serials,
-		Now:             o.now,
-		Logger:          testLogger(t),
-		Metrics:         reg,
+		Tune: func(c *memberlist.Config) {
+			fastTimings(c)
+			if o.tune != nil {
+				o.tune(c)
+			}
+		},
+		OnMessage: o.onMessage,
+		Serials:   o.serials,
+		Now:       o.now,
+		Logger:    testLogger(t),
+		Metrics:   reg,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -216,6 +224,32 @@ func TestSeedsFormFullMembership(t *testing.T) {
 	if got := metricValue(t, c.reg, "flotilla_discovery_members", "state=alive"); got != 2 {
 		t.Errorf("members{state=alive} = %v, want 2", got)
 	}
+}
+
+// A newcomer that learned of a member through another one still exchanges
+// state with it when it answers as a candidate (an mDNS answer arriving
+// after the first join): the member learns of the newcomer at once, not
+// when gossip brings the newcomer's alive message. Gossip, probes and
+// periodic exchanges are off here, so a direct exchange is the only way
+// anyone learns of anyone.
+func TestNewCandidateThatIsAMemberLearnsOfUsDirectly(t *testing.T) {
+	quiet := func(c *memberlist.Config) { c.GossipInterval, c.ProbeInterval, c.PushPullInterval = 0, 0, 0 }
+	a := startNode(t, nodeOpts{tune: quiet})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}, tune: quiet})
+	t.Cleanup(a.d.kill) // a Leave would wait for gossip that is off
+	t.Cleanup(b.d.kill)
+	// b's join and its follow-up are over: b learns nothing more from a.
+	waitUntil(t, 10*time.Second, func() error {
+		if n := metricValue(t, b.reg, "flotilla_discovery_joins_total"); n < 2 {
+			return fmt.Errorf("b made %v exchanges with a, want the join and its follow-up", n)
+		}
+		return nil
+	})
+	c := startNode(t, nodeOpts{seeds: []string{a.addr()}, tune: quiet})
+	t.Cleanup(c.d.kill)
+	waitUntil(t, 10*time.Second, func() error { return errors.Join(sees(a, b, c), sees(c, a, b)) })
+	c.d.cands.add(b.addr(), SourceMDNS, time.Minute)
+	waitUntil(t, 10*time.Second, func() error { return sees(b, c) })
 }
 
 func TestSubscribeStartsWithAliveMembersAndFollowsUpdates(t *testing.T) {
