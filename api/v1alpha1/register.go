@@ -11,7 +11,7 @@ var GroupVersion = schema.GroupVersion{Group: "flotilla.io", Version: "v1alpha1"
 
 // AddToScheme registers the types of this package.
 func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Peer{}, &PeerList{})
+	s.AddKnownTypes(GroupVersion, &Peer{}, &PeerList{}, &NamespaceOffload{}, &NamespaceOffloadList{}, &NamespaceRequest{}, &NamespaceRequestList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

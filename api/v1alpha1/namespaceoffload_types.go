@@ -1,0 +1,199 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NamespaceMapping says how an offloaded namespace is named on a provider.
+// +kubebuilder:validation:Enum=DefaultName;SameName;Selected
+type NamespaceMapping string
+
+const (
+	// MappingDefaultName: the local name plus a short suffix of the
+	// consumer's cluster ID, hashed when the result would be too long.
+	MappingDefaultName NamespaceMapping = "DefaultName"
+	// MappingSameName: the local name.
+	MappingSameName NamespaceMapping = "SameName"
+	// MappingSelected: spec.remoteName.
+	MappingSelected NamespaceMapping = "Selected"
+)
+
+// PodOffloading says where the pods of an offloaded namespace may run.
+// +kubebuilder:validation:Enum=LocalAndRemote;Remote;Local
+type PodOffloading string
+
+const (
+	PodsLocalAndRemote PodOffloading = "LocalAndRemote"
+	PodsRemote         PodOffloading = "Remote"
+	PodsLocal          PodOffloading = "Local"
+)
+
+// NamespaceOffloadSpec is what the user wants of the namespace it is in.
+// +kubebuilder:validation:XValidation:rule="self.namespaceMapping != 'Selected' || (has(self.remoteName) && self.remoteName != '')",message="namespaceMapping Selected needs remoteName"
+type NamespaceOffloadSpec struct {
+	// ClusterSelector picks the Peers (by their labels: the provider's
+	// cluster labels and the local admin's) the namespace extends to;
+	// empty: every peer that granted this cluster offloading.
+	// +optional
+	ClusterSelector *metav1.LabelSelector `json:"clusterSelector,omitempty"`
+	// NamespaceMapping names the namespace on each provider (default
+	// DefaultName).
+	// +kubebuilder:default=DefaultName
+	// +optional
+	NamespaceMapping NamespaceMapping `json:"namespaceMapping,omitempty"`
+	// RemoteName is the name on every provider with Selected.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	RemoteName string `json:"remoteName,omitempty"`
+	// PodOffloading says where the namespace's pods may run (default
+	// LocalAndRemote).
+	// +kubebuilder:default=LocalAndRemote
+	// +optional
+	PodOffloading PodOffloading `json:"podOffloading,omitempty"`
+}
+
+// OffloadPhase sums up a NamespaceOffload.
+// +kubebuilder:validation:Enum=Ready;NoClusterSelected;InProgress;SomeFailed;AllFailed;Terminating
+type OffloadPhase string
+
+const (
+	OffloadReady             OffloadPhase = "Ready"
+	OffloadNoClusterSelected OffloadPhase = "NoClusterSelected"
+	OffloadInProgress        OffloadPhase = "InProgress"
+	OffloadSomeFailed        OffloadPhase = "SomeFailed"
+	OffloadAllFailed         OffloadPhase = "AllFailed"
+	OffloadTerminating       OffloadPhase = "Terminating"
+)
+
+// ClusterOffload is where a namespace stands on one selected provider.
+type ClusterOffload struct {
+	// ClusterID is the provider's (its Peer's name).
+	ClusterID string `json:"clusterID"`
+	// ClusterName is its human name.
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
+	// RemoteNamespace is the namespace's name there.
+	// +optional
+	RemoteNamespace string `json:"remoteNamespace,omitempty"`
+	// Conditions: Ready (the namespace exists there, with this cluster's
+	// rights), with a reason a user can act on.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NamespaceOffloadStatus is what the agent did.
+type NamespaceOffloadStatus struct {
+	// +optional
+	Phase OffloadPhase `json:"phase,omitempty"`
+	// Clusters are the selected providers.
+	// +optional
+	// +listType=map
+	// +listMapKey=clusterID
+	Clusters []ClusterOffload `json:"clusters,omitempty"`
+	// ObservedGeneration is the spec this status acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// NamespaceOffload extends the namespace it is in to the providers its
+// selector picks: the namespace is mirrored there, through each
+// provider's agent. One per namespace, named "offload".
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=nsoffload
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Mapping",type=string,JSONPath=`.spec.namespaceMapping`
+// +kubebuilder:printcolumn:name="Pods",type=string,JSONPath=`.spec.podOffloading`
+// +kubebuilder:printcolumn:name="Clusters",type=string,JSONPath=`.status.clusters[*].clusterName`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NamespaceOffload struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   NamespaceOffloadSpec   `json:"spec,omitempty"`
+	Status NamespaceOffloadStatus `json:"status,omitempty"`
+}
+
+// NamespaceOffloadList is a list of NamespaceOffloads.
+//
+// +kubebuilder:object:root=true
+type NamespaceOffloadList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NamespaceOffload `json:"items"`
+}
+
+// NamespaceRequestSpec is what a consumer asks its provider for.
+type NamespaceRequestSpec struct {
+	// SourceNamespace is the consumer's namespace being offloaded.
+	// +kubebuilder:validation:MaxLength=63
+	SourceNamespace string `json:"sourceNamespace"`
+}
+
+// RequestPhase is where a NamespaceRequest stands.
+// +kubebuilder:validation:Enum=Pending;Created;Refused
+type RequestPhase string
+
+const (
+	RequestPending RequestPhase = "Pending"
+	RequestCreated RequestPhase = "Created"
+	RequestRefused RequestPhase = "Refused"
+)
+
+// NamespaceRequestStatus is the provider's answer.
+type NamespaceRequestStatus struct {
+	// +optional
+	Phase RequestPhase `json:"phase,omitempty"`
+	// Reason is CamelCase (Created, AlreadyExists, Reserved, InvalidName,
+	// OverLimit, NotGranted); Message says it to a person.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// NamespaceRequest is a consumer's request, written in its tenant
+// namespace on the provider, for a namespace named like the request. The
+// provider's agent validates it, creates the namespace with the
+// consumer's rights and answers in status; the consumer never creates
+// namespaces itself.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceNamespace`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NamespaceRequest struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   NamespaceRequestSpec   `json:"spec,omitempty"`
+	Status NamespaceRequestStatus `json:"status,omitempty"`
+}
+
+// NamespaceRequestList is a list of NamespaceRequests.
+//
+// +kubebuilder:object:root=true
+type NamespaceRequestList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NamespaceRequest `json:"items"`
+}
+
+// Labels and finalizers of namespace offloading.
+const (
+	// LabelMirroredFrom marks a provider's namespace mirrored for a
+	// consumer; its value is the consumer's namespace.
+	LabelMirroredFrom = "flotilla.io/mirrored-from"
+	// FinalizerOffload holds a NamespaceOffload until its remote
+	// namespaces are gone; FinalizerRequest holds a NamespaceRequest until
+	// its namespace is.
+	FinalizerOffload = "flotilla.io/offload"
+	FinalizerRequest = "flotilla.io/namespace"
+)
