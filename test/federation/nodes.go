@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +87,8 @@ type NodeOptions struct {
 	// Masquerade is a CNI's masquerade rules, installed on every node of
 	// every cluster before the agent is; zero: none.
 	Masquerade harness.Masquerade
+	// ArgsFor, when set, gives cluster i's agent more arguments.
+	ArgsFor func(i int) []string
 }
 
 // OnNodes starts opts.Clusters clusters of real nodes: per cluster a
@@ -154,7 +157,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				t.Fatalf("cluster %s: %v", name, err)
 			}
 		}
-		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: cidrs[i], token: token})
+		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)})
 		mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
 		cs = append(cs, nc)
 	}
@@ -195,6 +198,14 @@ func federationToken(t harness.TB) string {
 type agentSettings struct {
 	image, token string
 	podCIDR      netip.Prefix
+	args         []string
+}
+
+func argsFor(opts NodeOptions, i int) []string {
+	if opts.ArgsFor == nil {
+		return nil
+	}
+	return opts.ArgsFor(i)
 }
 
 // writeKustomization writes a kustomization that installs deploy/
@@ -262,7 +273,7 @@ spec:
         - --advertise-addr=%s
         - --wireguard-interface=%s
         - --federation-key-file=/etc/flotilla/token
-        - --fabric-owner=flotilla-agent
+        - --fabric-owner=flotilla-agent%s
         env:
         - name: KUBERNETES_SERVICE_HOST
           value: "127.0.0.1"
@@ -280,7 +291,7 @@ spec:
       - name: federation
         secret:
           secretName: flotilla-federation
-`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, c.CP.Addr.Port(), c.StateDir),
+`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, extraArgs(s.args), c.CP.Addr.Port(), c.StateDir),
 	}
 	for file, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
@@ -288,6 +299,15 @@ spec:
 		}
 	}
 	return dir
+}
+
+// extraArgs renders args as more items of the container's args list.
+func extraArgs(args []string) string {
+	var b strings.Builder
+	for _, a := range args {
+		b.WriteString("\n        - " + strconv.Quote(a))
+	}
+	return b.String()
 }
 
 // RunWeb runs a test server pod (TestServerImage) named name in
