@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -164,7 +165,7 @@ func (p *provider) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	scheme := peerScheme(t)
-	peers, err := cache.New(w.provCP.Config, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	peers, err := cache.New(w.provCP.Config, cache.Options{Scheme: scheme, Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +390,11 @@ func (w *world) testPolicy(t *testing.T) {
 			if gs, _ := p.bridge.grants(t, c.id); !tc.granted && len(gs) != 0 {
 				t.Errorf("%d grants sent to a peer not granted", len(gs))
 			}
-			if !tc.granted {
+			if tc.reason == "NotGranted" {
+				// Until the admin grants it.
+				w.updatePeer(t, w.provClient, c.id.ClusterID(), func(peer *v1alpha1.Peer) { peer.Spec.Offloading = v1alpha1.OffloadingGrant })
+				w.waitCondition(t, w.provClient, c.id.ClusterID(), v1alpha1.ConditionOffloadGranted, true, "Granted")
+			} else if !tc.granted {
 				return
 			}
 			w.waitCondition(t, w.consClient, p.id.ClusterID(), v1alpha1.ConditionOffloadCredential, true, "Ready")
@@ -550,7 +555,19 @@ func (w *world) testRevocation(t *testing.T) {
 			if tc.reason != "" {
 				w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, false, tc.reason)
 			}
-			w.waitCondition(t, w.consClient, p.id.ClusterID(), v1alpha1.ConditionOffloadCredential, false, "Revoked")
+			consPeer := w.waitCondition(t, w.consClient, p.id.ClusterID(), v1alpha1.ConditionOffloadCredential, false, "Revoked")
+			if off := consPeer.Status.Offloading; off != nil && off.Received != nil {
+				t.Errorf("the consumer's Peer still shows the grant: %+v", off.Received)
+			}
+			if tc.reason != "" {
+				var provPeer v1alpha1.Peer
+				if err := w.provClient.Get(ctx, client.ObjectKey{Name: cid}, &provPeer); err != nil {
+					t.Fatal(err)
+				}
+				if off := provPeer.Status.Offloading; off != nil && off.Granted != nil {
+					t.Errorf("the provider's Peer still shows the grant: %+v", off.Granted)
+				}
+			}
 			if revocation := p.bridge.last(t, c.id); !revocation.Revoked || revocation.Serial <= granted.Serial {
 				t.Errorf("last grant carried: revoked %v, serial %d after %d", revocation.Revoked, revocation.Serial, granted.Serial)
 			}
@@ -959,9 +976,17 @@ func peerScheme(t *testing.T) *runtime.Scheme {
 	return s
 }
 
+// peerMapper knows where Peers are served, as the agent's does: asking
+// discovery right after the CRD is established may not find them yet.
+func peerMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
+	return m
+}
+
 func peerClient(t *testing.T, cfg *rest.Config) client.Client {
 	t.Helper()
-	c, err := client.New(cfg, client.Options{Scheme: peerScheme(t)})
+	c, err := client.New(cfg, client.Options{Scheme: peerScheme(t), Mapper: peerMapper()})
 	if err != nil {
 		t.Fatal(err)
 	}
