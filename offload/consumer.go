@@ -259,6 +259,12 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 	default:
 		return 0, nil
 	}
+	if held && refused != nil {
+		// The credential held is still the one in use, but the peer's
+		// newer grant was not taken: without this it would expire
+		// unexplained.
+		st.message += "; the peer's latest grant was refused: " + refused.Error()
+	}
 	var peer v1alpha1.Peer
 	if err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: id}, &peer); apierrors.IsNotFound(err) {
 		return time.Second, nil // the peering writes it soon

@@ -108,7 +108,10 @@ type Provider struct {
 	members map[string]memberState
 	issued  map[string]*issuedGrant
 	tenants map[string]bool // consumers with a tenant of ours
-	serial  sync.Mutex      // serialises nextSerial
+	// owed: consumers revoked before their key was known (after a
+	// restart), told once it is.
+	owed   map[string]bool
+	serial sync.Mutex // serialises nextSerial
 }
 
 type memberState struct {
@@ -159,7 +162,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "grants"}),
 		m:       newProviderMetrics(cfg.Metrics),
-		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{},
+		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{},
 	}, nil
 }
 
@@ -392,6 +395,7 @@ func (p *Provider) ensureGranted(ctx context.Context, id string, key ed25519.Pub
 	}
 	p.mu.Lock()
 	p.issued[id] = &ig
+	delete(p.owed, id)
 	p.mu.Unlock()
 	p.m.issued.Inc()
 	p.log.Info("credential granted", "peer", id, "namespace", t.Namespace, "server", api.URL,
@@ -400,10 +404,11 @@ func (p *Provider) ensureGranted(ctx context.Context, id string, key ed25519.Pub
 }
 
 // revoke removes the consumer's tenant (its tokens stop working at once)
-// and tells the consumer, when it was granted before.
+// and tells the consumer, when it was granted before: by this run, or by
+// an earlier one that left the tenant.
 func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey, reason string) error {
 	p.mu.Lock()
-	hadTenant, cur := p.tenants[id], p.issued[id]
+	hadTenant, cur, owed := p.tenants[id], p.issued[id], p.owed[id]
 	p.mu.Unlock()
 	if hadTenant {
 		if err := p.cfg.Tenants.Remove(ctx, id); err != nil {
@@ -417,7 +422,7 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 	}
 	// After a restart nothing was sent yet, but the consumer may hold a
 	// grant from before: it hears of the revocation all the same.
-	if cur == nil && !hadTenant {
+	if cur == nil && !hadTenant && !owed {
 		return nil
 	}
 	if len(key) != 0 {
@@ -438,6 +443,13 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 	}
 	p.mu.Lock()
 	delete(p.issued, id)
+	// Without the key no revocation could be sealed: the next reconcile
+	// after the membership reports the member sends it.
+	if len(key) == 0 {
+		p.owed[id] = true
+	} else {
+		delete(p.owed, id)
+	}
 	p.mu.Unlock()
 	return nil
 }
