@@ -262,20 +262,22 @@ func previousRelease(t *testing.T, msg []byte) (fields map[string]json.RawMessag
 }
 
 // The release before grants (it wrote 3 and read up to 4) reads what this
-// one writes: the version is in its range and the grant is the only field
-// it does not know, which it ignores.
+// one writes: the version is in its range and the grant and the labels
+// are the only fields it does not know, which it ignores.
 func TestPreviousReleaseReadsThisVersion(t *testing.T) {
 	a, b := mustIdentity(t), mustIdentity(t)
 	h := sampleHello(a, b)
 	h.Grant = []byte("sealed grant")
 	h.TunnelReady = true
+	h.Labels = map[string]string{"region": "a"}
 	msg, err := Seal(h, a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fields, ignored := previousRelease(t, msg)
-	if !slices.Equal(ignored, []string{"grant"}) {
-		t.Fatalf("the previous release ignores %v, want only the grant", ignored)
+	slices.Sort(ignored)
+	if !slices.Equal(ignored, []string{"grant", "labels"}) {
+		t.Fatalf("the previous release ignores %v, want only the grant and the labels", ignored)
 	}
 	// What it reads, resealed by itself, is a valid statement for it.
 	payload, err := json.Marshal(fields)
