@@ -8,8 +8,14 @@ import (
 	"strings"
 )
 
-// MaxLabels is how many labels a cluster announces at most.
-const MaxLabels = 64
+// MaxLabels is how many labels a cluster announces at most, and
+// MaxLabelsSize how many bytes their keys and values hold together: with
+// the largest grant and the most networks, a statement still fits in a
+// message (TestLargestGrantFitsAStatement).
+const (
+	MaxLabels     = 64
+	MaxLabelsSize = 4 << 10
+)
 
 // ReservedLabelDomain is the label domain of flotilla's own labels (and
 // every subdomain of it): a cluster may not announce labels in it, which
@@ -28,22 +34,28 @@ const (
 	maxLabelPrefix = 253
 )
 
-// CheckLabels checks the labels a cluster announces: at most MaxLabels,
-// keys and values as Kubernetes has them, no key in ReservedLabelDomain.
+// CheckLabels checks the labels a cluster announces: at most MaxLabels of
+// MaxLabelsSize bytes, keys and values as Kubernetes has them, no key in
+// ReservedLabelDomain.
 func CheckLabels(labels map[string]string) error {
 	if len(labels) > MaxLabels {
 		return fmt.Errorf("%d labels, over %d", len(labels), MaxLabels)
 	}
 	// In key order, so the same labels always give the same error.
 	keys := make([]string, 0, len(labels))
-	for k := range labels {
+	size := 0
+	for k, v := range labels {
 		keys = append(keys, k)
+		size += len(k) + len(v)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
 		if err := CheckLabel(k, labels[k]); err != nil {
 			return err
 		}
+	}
+	if size > MaxLabelsSize {
+		return fmt.Errorf("labels of %d bytes (keys and values), over %d", size, MaxLabelsSize)
 	}
 	return nil
 }

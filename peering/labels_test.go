@@ -17,6 +17,10 @@ func TestClusterLabels(t *testing.T) {
 	for i := range MaxLabels + 1 {
 		many[fmt.Sprintf("l%d", i)] = "v"
 	}
+	large := map[string]string{}
+	for i := range 33 { // 33 of 126 bytes
+		large[fmt.Sprintf("%s%02d", strings.Repeat("k", 61), i)] = strings.Repeat("v", 63)
+	}
 	tests := []struct {
 		name   string
 		labels map[string]string
@@ -32,6 +36,7 @@ func TestClusterLabels(t *testing.T) {
 		{"mixed case, dots, underscores", map[string]string{"Tier_1.x": "Gold_2.b"}, ""},
 		{"exactly the limit", func() map[string]string { m := maps.Clone(many); delete(m, "l0"); return m }(), ""},
 		{"too many", many, "65 labels, over 64"},
+		{"too many bytes", large, "labels of 4158 bytes (keys and values), over 4096"},
 		{"empty key", map[string]string{"": "v"}, "empty"},
 		{"name too long", map[string]string{strings.Repeat("k", 64): "v"}, "64 characters, over 63"},
 		{"value too long", map[string]string{"k": strings.Repeat("v", 64)}, "64 characters, over 63"},
