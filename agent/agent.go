@@ -48,6 +48,9 @@ type Config struct {
 	// ClusterName is this cluster's human name, shown on other clusters'
 	// Peers.
 	ClusterName string
+	// ClusterLabels are this cluster's labels, announced to peers, which
+	// show them on their Peer for it (peering.CheckLabels).
+	ClusterLabels map[string]string
 	// PodCIDRs and ServiceCIDRs are this cluster's networks; empty means
 	// read them from the cluster.
 	PodCIDRs, ServiceCIDRs []netip.Prefix
@@ -171,6 +174,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := ParseAnnounce(string(cfg.Announce)); err != nil {
 		return nil, fmt.Errorf("--announce: %w", err)
+	}
+	if err := peering.CheckLabels(cfg.ClusterLabels); err != nil {
+		return nil, fmt.Errorf("--cluster-label: %w", err)
 	}
 	if _, err := tunnel.ParseMode(string(cfg.WireGuard)); err != nil {
 		return nil, fmt.Errorf("--wireguard: %w", err)

@@ -25,7 +25,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 		return nil, nil, err
 	}
 	eng, err := peering.New(peering.Config{
-		Identity: st.id, Name: a.cfg.ClusterName, Policy: a.cfg.Peering,
+		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
 		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: off, Grants: off.consumer,
 		UnreachableGrace: a.cfg.UnreachableGrace,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -126,7 +127,10 @@ type GrantReceiver interface {
 type Config struct {
 	Identity identity.Identity
 	// Name is this cluster's human name.
-	Name   string
+	Name string
+	// Labels are this cluster's labels, announced to every peer
+	// (CheckLabels).
+	Labels map[string]string
 	Policy Policy
 	// Networks are this cluster's real ranges, announced to peers, at
 	// start; SetNetworks changes them.
@@ -200,6 +204,9 @@ func (c *Config) validate() error {
 	}
 	if _, err := ParsePolicy(string(c.Policy)); err != nil {
 		return err
+	}
+	if err := CheckLabels(c.Labels); err != nil {
+		return fmt.Errorf("cluster labels: %w", err)
 	}
 	return nil
 }
@@ -287,6 +294,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("peering config: %w", err)
 	}
+	cfg.Labels = maps.Clone(cfg.Labels) // the caller's map may change; statements may not
 	e := &Engine{
 		cfg: cfg, log: cfg.Logger.With("component", "peering"), self: cfg.Identity.ClusterID(),
 		metrics: newMetrics(cfg.Metrics, cfg.Dataplane),

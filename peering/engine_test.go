@@ -244,6 +244,8 @@ type nodeOptions struct {
 	logger *slog.Logger
 	// grants, when set, receives the grants peers send.
 	grants GrantReceiver
+	// labels are the node's cluster labels.
+	labels map[string]string
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -288,7 +290,7 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 		led = o.ledger(l)
 	}
 	cfg := Config{
-		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Policy: o.policy,
+		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Labels: o.labels, Policy: o.policy,
 		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
 		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,

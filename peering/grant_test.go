@@ -194,7 +194,7 @@ func TestSetGrantRefusesWhatCannotBeSent(t *testing.T) {
 }
 
 // The largest grant there is, in a statement with as many networks and
-// views as one carries, fits in a message.
+// views and as many bytes of labels as one carries, fits in a message.
 func TestLargestGrantFitsAStatement(t *testing.T) {
 	if grant.MaxSealedSize > MaxGrantSize {
 		t.Fatalf("grants seal to %d bytes, statements carry %d", grant.MaxSealedSize, MaxGrantSize)
@@ -210,6 +210,13 @@ func TestLargestGrantFitsAStatement(t *testing.T) {
 			As: netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 96, byte(i), 0}), 24)})
 	}
 	h.Grant = bytes.Repeat([]byte{0xff}, MaxGrantSize)
+	h.Labels = map[string]string{}
+	for i := range MaxLabels {
+		h.Labels[fmt.Sprintf("%s/%02d", strings.Repeat("k", 60), i)] = strings.Repeat("v", MaxLabelsSize/MaxLabels-63)
+	}
+	if err := CheckLabels(h.Labels); err != nil {
+		t.Fatalf("not the largest labels there are: %v", err)
+	}
 	msg, err := Seal(h, a)
 	if err != nil {
 		t.Fatalf("Seal of the largest statement: %v", err)
@@ -262,20 +269,22 @@ func previousRelease(t *testing.T, msg []byte) (fields map[string]json.RawMessag
 }
 
 // The release before grants (it wrote 3 and read up to 4) reads what this
-// one writes: the version is in its range and the grant is the only field
-// it does not know, which it ignores.
+// one writes: the version is in its range and the grant and the labels
+// are the only fields it does not know, which it ignores.
 func TestPreviousReleaseReadsThisVersion(t *testing.T) {
 	a, b := mustIdentity(t), mustIdentity(t)
 	h := sampleHello(a, b)
 	h.Grant = []byte("sealed grant")
 	h.TunnelReady = true
+	h.Labels = map[string]string{"region": "a"}
 	msg, err := Seal(h, a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fields, ignored := previousRelease(t, msg)
-	if !slices.Equal(ignored, []string{"grant"}) {
-		t.Fatalf("the previous release ignores %v, want only the grant", ignored)
+	slices.Sort(ignored)
+	if !slices.Equal(ignored, []string{"grant", "labels"}) {
+		t.Fatalf("the previous release ignores %v, want only the grant and the labels", ignored)
 	}
 	// What it reads, resealed by itself, is a valid statement for it.
 	payload, err := json.Marshal(fields)

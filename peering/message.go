@@ -29,7 +29,8 @@ import (
 //
 // Version 2 signs the signing domain with the payload; version 1 signed
 // the payload alone and is no longer read. Version 3 adds tunnelReady,
-// version 4 grant.
+// version 4 grant and labels (4 is not released yet: fields may still
+// join it).
 const (
 	ProtocolVersion    = 4
 	ProtocolVersionMin = 2
@@ -104,6 +105,10 @@ type Hello struct {
 	// (offload/grant); peering carries it unopened. Empty says nothing
 	// new: a revocation is a grant too. Since version 4.
 	Grant []byte `json:"grant,omitempty"`
+	// Labels are the sender's cluster labels (--cluster-label), which the
+	// receiver shows on its Peer for the sender: Kubernetes label keys
+	// and values, none under flotilla.io/ (CheckLabels). Since version 4.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Limits on what a Hello may carry, so a hostile sender cannot make us
@@ -262,6 +267,9 @@ func (h *Hello) validate() error {
 	}
 	if len(h.Grant) > MaxGrantSize {
 		return fmt.Errorf("grant of %d bytes, over %d", len(h.Grant), MaxGrantSize)
+	}
+	if err := CheckLabels(h.Labels); err != nil {
+		return err
 	}
 	if len(h.WireGuardKey) != 32 {
 		return fmt.Errorf("WireGuard key of %d bytes, want 32", len(h.WireGuardKey))

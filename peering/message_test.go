@@ -229,6 +229,13 @@ func FuzzParse(f *testing.F) {
 	a, b := mustIdentity(f), mustIdentity(f)
 	genuine, _ := Seal(sampleHello(a, b), a)
 	f.Add(genuine)
+	labelled := sampleHello(a, b)
+	labelled.Labels = map[string]string{"region": "eu-west", "topology.example.com/zone": "a", "gpu": ""}
+	withLabels, err := Seal(labelled, a)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withLabels)
 	f.Add(reseal(withFields(f, sampleHello(a, b), map[string]any{"protocol": ProtocolVersionMax, "relays": []string{"x"}}), a))
 	f.Add([]byte{})
 	f.Add(append(magic[:], 0, 0, 0, 2, '{', '}'))

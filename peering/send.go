@@ -2,6 +2,7 @@ package peering
 
 import (
 	"context"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -24,6 +25,9 @@ func (e *Engine) outgoing(p *peer) *Hello {
 	}
 	h.TunnelReady = h.Decision == Accept && !p.configured.IsZero() && p.tunnelErr == nil && e.applyErr == nil
 	h.Grant = e.grants[p.id]
+	if len(e.cfg.Labels) > 0 { // nil otherwise, as a decoded statement has them
+		h.Labels = maps.Clone(e.cfg.Labels)
+	}
 	return h
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -56,8 +57,11 @@ type View struct {
 type PeerState struct {
 	ClusterID string
 	// Name is the peer's human name, from its statement.
-	Name  string
-	Phase Phase
+	Name string
+	// Labels are the peer's cluster labels, from its last accepted
+	// statement.
+	Labels map[string]string
+	Phase  Phase
 
 	// Member: the cluster is an alive member of the federation.
 	Member Condition
@@ -142,6 +146,7 @@ func (e *Engine) state(p *peer) PeerState {
 	}
 	if p.hello != nil {
 		s.Name = p.hello.Name
+		s.Labels = maps.Clone(p.hello.Labels)
 		s.StatementGeneration = p.hello.Generation
 		s.Endpoint = p.hello.Endpoint
 		copy(s.PublicKey[:], p.hello.WireGuardKey)

@@ -29,6 +29,8 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
 	fs.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "this cluster's human name, shown on other clusters' Peers")
+	labels := labelFlag{}
+	fs.Var(labels, "cluster-label", "a label of this cluster as key=value, repeatable: announced to peers, which show it on their Peer for this cluster (a NamespaceOffload's clusterSelector picks by them); Kubernetes label syntax, no key under flotilla.io/")
 	var pods, services, reserved cidrList
 	fs.Var(&pods, "pod-cidr", "this cluster's pod network, repeatable or comma-separated (default: read from the cluster)")
 	fs.Var(&services, "service-cidr", "this cluster's service network, repeatable or comma-separated (default: read from the cluster)")
@@ -76,6 +78,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cfg.Logger = logger
 	cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
 	cfg.DNSDomains, cfg.Joins = domains, joins
+	cfg.ClusterLabels = labels
 	if cfg.Peering, err = peering.ParsePolicy(*policy); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --peering: %v\n", err)
 		return errUsage
@@ -126,6 +129,25 @@ func (l *cidrList) Set(v string) error {
 		}
 		*l = append(*l, p)
 	}
+	return nil
+}
+
+// labelFlag is a repeatable key=value label, each checked as it is given.
+type labelFlag map[string]string
+
+func (l labelFlag) String() string { return fmt.Sprint(map[string]string(l)) }
+func (l labelFlag) Set(v string) error {
+	key, value, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("%q: want key=value, e.g. region=eu-west", v)
+	}
+	if old, dup := l[key]; dup && old != value {
+		return fmt.Errorf("%s given twice, as %q and %q", key, old, value)
+	}
+	if err := peering.CheckLabel(key, value); err != nil {
+		return err
+	}
+	l[key] = value
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -23,5 +24,34 @@ func TestAgentRefusesBadReservedCIDR(t *testing.T) {
 		if out := stderr.String(); code != tt.code || !strings.Contains(out, "reserved-cidr") || !strings.Contains(out, tt.errHas) {
 			t.Errorf("--reserved-cidr %s: exit %d, stderr %q; want %d and %q", tt.arg, code, out, tt.code, tt.errHas)
 		}
+	}
+}
+
+// A bad --cluster-label is refused before anything starts, saying what is
+// wrong with it.
+func TestAgentRefusesBadClusterLabel(t *testing.T) {
+	tooMany := []string{}
+	for i := range 65 {
+		tooMany = append(tooMany, "--cluster-label", fmt.Sprintf("l%d=v", i))
+	}
+	for _, tt := range []struct {
+		name   string
+		args   []string
+		code   int
+		errHas string
+	}{
+		{"no value", []string{"--cluster-label", "region"}, 2, "want key=value"},
+		{"flotilla's domain", []string{"--cluster-label", "flotilla.io/tenant=x"}, 2, "flotilla's own"},
+		{"bad value", []string{"--cluster-label", "region=eu west"}, 2, `value "eu west"`},
+		{"two values", []string{"--cluster-label", "region=a", "--cluster-label", "region=b"}, 2, "region given twice"},
+		{"too many", tooMany, 1, "65 labels, over 64"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(append([]string{"agent", "--state-dir", t.TempDir()}, tt.args...), &stdout, &stderr)
+			if out := stderr.String(); code != tt.code || !strings.Contains(out, "cluster-label") || !strings.Contains(out, tt.errHas) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, out, tt.code, tt.errHas)
+			}
+		})
 	}
 }

@@ -188,7 +188,7 @@ func (g *gate) release() {
 	}
 }
 
-func waitPeer(t *testing.T, c client.Client, id, what string, ok func(v1alpha1.Peer) error) v1alpha1.Peer {
+func waitPeer(t *testing.T, c client.Reader, id, what string, ok func(v1alpha1.Peer) error) v1alpha1.Peer {
 	t.Helper()
 	var p v1alpha1.Peer
 	eventually.Within(t, 30*time.Second, what, func() error {

@@ -58,7 +58,7 @@ func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}
-	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
+	ca, err := cache.New(cfg, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: keepOwnApply})
 	if err != nil {
 		return nil, fmt.Errorf("cache for Peers: %w", err)
 	}

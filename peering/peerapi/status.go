@@ -1,6 +1,7 @@
 package peerapi
 
 import (
+	"maps"
 	"regexp"
 	"strings"
 	"time"
@@ -75,9 +76,15 @@ func views(vs []peering.View) []v1alpha1.NetworkView {
 
 var notLabel = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
-// peerLabels are the labels of the Peer of a cluster named name.
-func peerLabels(name string) map[string]string {
-	l := map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}
+// peerLabels are the labels the agent puts on the Peer of a cluster named
+// name that announces the labels announced: those, its name and the
+// managed-by label. Ours win over an announced label of the same key.
+func peerLabels(name string, announced map[string]string) map[string]string {
+	l := maps.Clone(announced)
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[v1alpha1.LabelManagedBy] = v1alpha1.ManagedByValue
 	v := strings.Trim(notLabel.ReplaceAllString(name, "-"), "-._")
 	if len(v) > 63 {
 		v = strings.Trim(v[:63], "-._")

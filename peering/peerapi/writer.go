@@ -2,13 +2,17 @@ package peerapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -185,8 +189,9 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	return true
 }
 
-// write creates the Peer of s when missing (or fixes its labels) and
-// applies its status. The informer's copy says whether the object exists
+// write creates the Peer of s when missing (or brings its labels up to
+// date) and applies its status. The informer's copy says whether the
+// object exists, which labels it has and which of them this writer set,
 // and holds the conditions' transition times.
 func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	id := s.ClusterID
@@ -197,10 +202,12 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	} else if err != nil {
 		return fmt.Errorf("read Peer %s: %w", id, err)
 	}
-	labels := peerLabels(s.Name)
-	if !exists || !hasLabels(cur.Labels, labels) {
+	labels := peerLabels(s.Name, s.Labels)
+	if !exists || !hasLabels(cur.Labels, labels) || setButUnwanted(&cur, labels) {
 		obj := peerObject(id)
 		obj.SetLabels(labels)
+		// Server-side apply: a label this owner set before and omits now
+		// (the peer stopped announcing it) goes; the admin's labels stay.
 		if err := w.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 			return fmt.Errorf("create or label Peer %s: %w", id, err)
 		}
@@ -233,6 +240,66 @@ func hasLabels(have, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// setButUnwanted reports whether the writer set a label of p (as its
+// managed fields say) that is not among labels.
+func setButUnwanted(p *v1alpha1.Peer, labels map[string]string) bool {
+	for _, k := range labelsSet(p) {
+		if _, ok := labels[k]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// labelsSet are the label keys of p this writer's apply holds, read from
+// its managed fields (which the cache keeps: keepOwnApply).
+func labelsSet(p *v1alpha1.Peer) []string {
+	var keys []string
+	for _, e := range p.ManagedFields {
+		if !ownApply(e) || e.FieldsV1 == nil {
+			continue
+		}
+		var fields struct {
+			Metadata struct {
+				Labels map[string]json.RawMessage `json:"f:labels"`
+			} `json:"f:metadata"`
+		}
+		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
+			continue // not the format of fieldsV1: nothing known set
+		}
+		for f := range fields.Metadata.Labels {
+			if k, ok := strings.CutPrefix(f, "f:"); ok {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return keys
+}
+
+// ownApply says whether e is this writer's apply of the object itself
+// (its labels), not of its status.
+func ownApply(e metav1.ManagedFieldsEntry) bool {
+	return e.Manager == fieldOwner && e.Operation == metav1.ManagedFieldsOperationApply && e.Subresource == ""
+}
+
+// keepOwnApply is the cache's transform: of a Peer's managed fields it
+// keeps only the writer's own apply of its labels, the one entry the
+// writer reads, so the cache holds little more than without any.
+func keepOwnApply(in any) (any, error) {
+	obj, err := meta.Accessor(in)
+	if err != nil || obj.GetManagedFields() == nil {
+		return in, nil
+	}
+	var kept []metav1.ManagedFieldsEntry
+	for _, e := range obj.GetManagedFields() {
+		if ownApply(e) {
+			kept = append(kept, e)
+		}
+	}
+	obj.SetManagedFields(kept)
+	return in, nil
 }
 
 func ptr[T any](v T) *T { return &v }
