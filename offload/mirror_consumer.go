@@ -325,11 +325,11 @@ type mirrorMetrics struct {
 func newMirrorMetrics(reg prometheus.Registerer) *mirrorMetrics {
 	m := &mirrorMetrics{
 		reconciles: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flotilla_offload_reconciles_total", Help: "Reconciles of an offloaded namespace (consumer side)."}),
+			Name: "flotilla_offload_consumer_reconciles_total", Help: "Reconciles of an offloaded namespace (consumer side)."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flotilla_offload_reconcile_errors_total", Help: "Reconciles of an offloaded namespace that failed and were retried."}),
+			Name: "flotilla_offload_consumer_reconcile_errors_total", Help: "Reconciles of an offloaded namespace that failed and were retried."}),
 		phases: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "flotilla_offload_namespaces", Help: "Namespaces offloaded from this cluster, by phase."}, []string{"phase"}),
+			Name: "flotilla_offload_consumer_namespaces", Help: "Namespaces offloaded from this cluster, by phase."}, []string{"phase"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconciles, m.errors, m.phases)
