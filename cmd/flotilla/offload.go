@@ -1,0 +1,378 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	watchtools "k8s.io/client-go/tools/watch"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/peering/peerapi"
+)
+
+func init() {
+	register(command{name: "offload", summary: "extend a namespace to the peers a selector picks: offload namespace NS (NamespaceOffload)", run: runOffload})
+	register(command{name: "unoffload", summary: "stop extending a namespace; its namespaces on the peers go: unoffload namespace NS", run: runUnoffload})
+}
+
+// offloadName is the one NamespaceOffload the command writes in a
+// namespace.
+const offloadName = "offload"
+
+// namespaceCommand is what offload and unoffload share: "namespace NS"
+// first, then flags, as kubectl has them.
+type namespaceCommand struct {
+	fs         *flag.FlagSet
+	kubeconfig *string
+	wait       *time.Duration
+}
+
+func newNamespaceCommand(name string, stderr io.Writer) namespaceCommand {
+	fs := newFlagSet(name, stderr)
+	return namespaceCommand{
+		fs:         fs,
+		kubeconfig: fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)"),
+		wait:       fs.Duration("wait", 30*time.Second, "how long to show progress and wait for the outcome (0: do not wait)"),
+	}
+}
+
+// parse reads "namespace NS [flags]" and returns NS.
+func (nc namespaceCommand) parse(args []string) (string, error) {
+	if len(args) < 2 || args[0] != "namespace" || strings.HasPrefix(args[1], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			return "", nc.fs.Parse(args)
+		}
+		fmt.Fprintf(nc.fs.Output(), "%s: say what first: %s namespace NS [flags]\n", nc.fs.Name(), nc.fs.Name())
+		return "", errUsage
+	}
+	ns := args[1]
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		fmt.Fprintf(nc.fs.Output(), "%s: namespace %q: %s\n", nc.fs.Name(), ns, errs[0])
+		return "", errUsage
+	}
+	return ns, parseFlags(nc.fs, args[2:])
+}
+
+func (nc namespaceCommand) client() (client.WithWatch, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = *nc.kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return client.NewWithWatch(cfg, client.Options{Scheme: peerapi.Scheme()})
+}
+
+// offloadFlags are the flags of offload, read into a spec.
+type offloadFlags struct {
+	selector, mapping, remoteName, pods *string
+}
+
+func addOffloadFlags(fs *flag.FlagSet) offloadFlags {
+	return offloadFlags{
+		selector:   fs.String("selector", "", "labels of the peers to offload to (region=a,tier=edge; set-based too: 'region in (a,b)'); empty: every peer that granted this cluster offloading"),
+		mapping:    fs.String("mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)"),
+		remoteName: fs.String("remote-name", "", "the namespace's name on every peer, with --mapping Selected"),
+		pods:       fs.String("pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local"),
+	}
+}
+
+// spec checks the flags and returns the NamespaceOffload's spec.
+func (f offloadFlags) spec() (v1alpha1.NamespaceOffloadSpec, error) {
+	sel, err := parseSelector(*f.selector)
+	if err != nil {
+		return v1alpha1.NamespaceOffloadSpec{}, err
+	}
+	spec := v1alpha1.NamespaceOffloadSpec{
+		ClusterSelector: sel, NamespaceMapping: v1alpha1.NamespaceMapping(*f.mapping),
+		RemoteName: *f.remoteName, PodOffloading: v1alpha1.PodOffloading(*f.pods),
+	}
+	switch spec.NamespaceMapping {
+	case v1alpha1.MappingDefaultName, v1alpha1.MappingSameName:
+		if spec.RemoteName != "" {
+			return spec, fmt.Errorf("--remote-name %q needs --mapping Selected", spec.RemoteName)
+		}
+	case v1alpha1.MappingSelected:
+		if spec.RemoteName == "" {
+			return spec, errors.New("--mapping Selected needs --remote-name")
+		}
+		if errs := validation.IsDNS1123Label(spec.RemoteName); len(errs) > 0 {
+			return spec, fmt.Errorf("--remote-name %q: %s", spec.RemoteName, errs[0])
+		}
+	default:
+		return spec, fmt.Errorf("--mapping %q: want DefaultName, SameName or Selected", *f.mapping)
+	}
+	switch spec.PodOffloading {
+	case v1alpha1.PodsLocalAndRemote, v1alpha1.PodsRemote, v1alpha1.PodsLocal:
+	default:
+		return spec, fmt.Errorf("--pods %q: want LocalAndRemote, Remote or Local", *f.pods)
+	}
+	return spec, nil
+}
+
+// parseSelector reads --selector; empty is no selector (every granting
+// peer).
+func parseSelector(s string) (*metav1.LabelSelector, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	sel, err := metav1.ParseToLabelSelector(s)
+	if err != nil {
+		return nil, fmt.Errorf("--selector %q: %v (want key=value[,key=value...] over the peers' labels, as `kubectl get peers --show-labels` shows them)", s, err)
+	}
+	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+		return nil, fmt.Errorf("--selector %q: %v", s, err)
+	}
+	return sel, nil
+}
+
+func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	nc := newNamespaceCommand("offload", stderr)
+	flags := addOffloadFlags(nc.fs)
+	ns, err := nc.parse(args)
+	if err != nil {
+		return err
+	}
+	spec, err := flags.spec()
+	if err != nil {
+		return err
+	}
+	c, err := nc.client()
+	if err != nil {
+		return err
+	}
+	gen, verb, err := writeOffload(ctx, c, ns, spec)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "namespace %s: NamespaceOffload %s %s (generation %d)\n", ns, offloadName, verb, gen)
+	if *nc.wait == 0 {
+		return nil
+	}
+	return waitOffloaded(ctx, c, stdout, ns, gen, *nc.wait)
+}
+
+// writeOffload creates the NamespaceOffload in ns, or sets its spec, and
+// returns the generation to wait for.
+func writeOffload(ctx context.Context, c client.Client, ns string, spec v1alpha1.NamespaceOffloadSpec) (int64, string, error) {
+	var gen int64
+	verb := "updated"
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var o v1alpha1.NamespaceOffload
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: offloadName}, &o)
+		switch {
+		case apierrors.IsNotFound(err):
+			o = v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: offloadName}, Spec: spec}
+			verb = "created"
+			err = c.Create(ctx, &o)
+		case err == nil:
+			if o.DeletionTimestamp != nil {
+				return fmt.Errorf("NamespaceOffload %s/%s is being deleted: wait for `flotilla unoffload namespace %s` to finish, then offload again", ns, offloadName, ns)
+			}
+			o.Spec = spec
+			err = c.Update(ctx, &o)
+		}
+		gen = o.Generation
+		return err
+	})
+	switch {
+	case apierrors.IsNotFound(err):
+		return 0, "", fmt.Errorf("namespace %s: %w (create the namespace first)", ns, err)
+	case meta.IsNoMatchError(err):
+		return 0, "", fmt.Errorf("this cluster does not know NamespaceOffloads: %w (is the agent installed? it installs the CRDs)", err)
+	case err != nil:
+		return 0, "", fmt.Errorf("write NamespaceOffload %s/%s: %w", ns, offloadName, err)
+	}
+	return gen, verb, nil
+}
+
+// waitOffloaded shows progress until the agent has acted on generation
+// gen and the namespace is Ready, or failed.
+func waitOffloaded(ctx context.Context, c client.WithWatch, w io.Writer, ns string, gen int64, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	p := &progress{w: w, lines: map[string]string{}}
+	var last *v1alpha1.NamespaceOffload
+	_, err := watchtools.UntilWithSync(ctx, offloadWatch(c, ns), &v1alpha1.NamespaceOffload{}, nil, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Deleted {
+			return false, fmt.Errorf("NamespaceOffload %s/%s was deleted", ns, offloadName)
+		}
+		o, ok := ev.Object.(*v1alpha1.NamespaceOffload)
+		if !ok || o.Status.ObservedGeneration < gen {
+			return false, nil
+		}
+		last = o
+		p.show(o)
+		return settled(o.Status.Phase), nil
+	})
+	if last == nil {
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		return fmt.Errorf("the agent has not acted on the NamespaceOffload within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)
+	}
+	if last.Status.Phase == v1alpha1.OffloadReady {
+		fmt.Fprintf(w, "Ready: namespace %s extends to %d cluster(s)\n", ns, len(last.Status.Clusters))
+		return nil
+	}
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	if !settled(last.Status.Phase) {
+		return fmt.Errorf("not Ready after %s: %s%s", timeout, last.Status.Phase, failures(last))
+	}
+	return fmt.Errorf("%s%s", last.Status.Phase, failures(last))
+}
+
+// settled: the agent has reached an outcome a person should read.
+func settled(p v1alpha1.OffloadPhase) bool {
+	switch p {
+	case v1alpha1.OffloadReady, v1alpha1.OffloadSomeFailed, v1alpha1.OffloadAllFailed, v1alpha1.OffloadNoClusterSelected:
+		return true
+	}
+	return false
+}
+
+// failures lists the clusters that are not Ready, with their reasons.
+func failures(o *v1alpha1.NamespaceOffload) string {
+	if o.Status.Phase == v1alpha1.OffloadNoClusterSelected {
+		return ": no peer matches the selector (`kubectl get peers --show-labels`; with no selector, peers that granted this cluster offloading)"
+	}
+	var out []string
+	for _, c := range o.Status.Clusters {
+		if r := meta.FindStatusCondition(c.Conditions, offload.ConditionReady); r != nil && r.Status != metav1.ConditionTrue {
+			out = append(out, fmt.Sprintf("%s: %s (%s)", clusterOf(c), r.Reason, r.Message))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(out, "; ")
+}
+
+// progress prints each cluster's line and the phase when they change.
+type progress struct {
+	w     io.Writer
+	phase v1alpha1.OffloadPhase
+	lines map[string]string
+}
+
+func (p *progress) show(o *v1alpha1.NamespaceOffload) {
+	clusters := append([]v1alpha1.ClusterOffload(nil), o.Status.Clusters...)
+	sort.Slice(clusters, func(i, j int) bool { return clusters[i].ClusterID < clusters[j].ClusterID })
+	for _, c := range clusters {
+		r := meta.FindStatusCondition(c.Conditions, offload.ConditionReady)
+		if r == nil {
+			continue
+		}
+		remote := c.RemoteNamespace
+		if remote == "" {
+			remote = "-"
+		}
+		line := fmt.Sprintf("  %s  %s  %s: %s", clusterOf(c), remote, r.Reason, r.Message)
+		if p.lines[c.ClusterID] != line {
+			p.lines[c.ClusterID] = line
+			fmt.Fprintln(p.w, line)
+		}
+	}
+	if o.Status.Phase != p.phase {
+		p.phase = o.Status.Phase
+		fmt.Fprintf(p.w, "phase %s\n", p.phase)
+	}
+}
+
+func clusterOf(c v1alpha1.ClusterOffload) string {
+	if c.ClusterName == "" {
+		return c.ClusterID
+	}
+	return c.ClusterName + " (" + c.ClusterID + ")"
+}
+
+// offloadWatch lists and watches the one NamespaceOffload in ns.
+func offloadWatch(c client.WithWatch, ns string) toolscache.ListerWatcher {
+	field := "metadata.name=" + offloadName
+	return &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = field
+			var l v1alpha1.NamespaceOffloadList
+			err := c.List(ctx, &l, client.InNamespace(ns), &client.ListOptions{Raw: &opts})
+			return &l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = field
+			return c.Watch(ctx, &v1alpha1.NamespaceOffloadList{}, client.InNamespace(ns), &client.ListOptions{Raw: &opts})
+		},
+	}
+}
+
+func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	nc := newNamespaceCommand("unoffload", stderr)
+	ns, err := nc.parse(args)
+	if err != nil {
+		return err
+	}
+	c, err := nc.client()
+	if err != nil {
+		return err
+	}
+	err = c.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: offloadName}})
+	switch {
+	case apierrors.IsNotFound(err):
+		fmt.Fprintf(stdout, "namespace %s is not offloaded\n", ns)
+		return nil
+	case meta.IsNoMatchError(err):
+		return fmt.Errorf("this cluster does not know NamespaceOffloads: %w (is the agent installed?)", err)
+	case err != nil:
+		return fmt.Errorf("delete NamespaceOffload %s/%s: %w", ns, offloadName, err)
+	}
+	fmt.Fprintf(stdout, "namespace %s: NamespaceOffload %s deleted; its namespaces on the peers go first\n", ns, offloadName)
+	if *nc.wait == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, *nc.wait)
+	defer cancel()
+	p := &progress{w: stdout, lines: map[string]string{}}
+	var last *v1alpha1.NamespaceOffload
+	gone := func(store toolscache.Store) (bool, error) {
+		_, exists, err := store.GetByKey(ns + "/" + offloadName)
+		return !exists, err
+	}
+	_, err = watchtools.UntilWithSync(wctx, offloadWatch(c, ns), &v1alpha1.NamespaceOffload{}, gone, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Deleted {
+			return true, nil
+		}
+		if o, ok := ev.Object.(*v1alpha1.NamespaceOffload); ok {
+			last = o
+			p.show(o)
+		}
+		return false, nil
+	})
+	if err != nil {
+		if wctx.Err() != nil && last != nil {
+			return fmt.Errorf("still there after %s: %s%s", *nc.wait, last.Status.Phase, failures(last))
+		}
+		if wctx.Err() != nil {
+			return fmt.Errorf("still there after %s (is the agent running? it removes the namespaces on the peers, then the NamespaceOffload)", *nc.wait)
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "namespace %s is no longer offloaded\n", ns)
+	return nil
+}

@@ -1,0 +1,408 @@
+package offload
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/offload/grant"
+)
+
+// Credentials hands out what providers granted this cluster
+// (*Consumer): the REST config of the provider's API server with the
+// credential, and the grant (its Namespace is the tenant namespace there).
+type Credentials interface {
+	Credential(provider string) (*rest.Config, grant.Grant, error)
+}
+
+// MirrorConsumerConfig is what a MirrorConsumer needs.
+type MirrorConsumerConfig struct {
+	// Config reaches the local API server (NamespaceOffloads, Peers).
+	Config      *rest.Config
+	Credentials Credentials
+	// Self is this cluster's ID: remote names and tenant namespaces
+	// derive from it.
+	Self string
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// MirrorConsumer extends local namespaces to providers: for each
+// NamespaceOffload it writes a NamespaceRequest in this cluster's tenant
+// namespace on every provider its selector picks, deletes those no longer
+// wanted, and sums up the providers' answers in the NamespaceOffload's
+// status. It never creates a namespace on a provider: the provider's
+// agent does, or refuses. Level-triggered: one reconcile per local
+// namespace, from the local objects, the Peers and each provider's
+// requests as its watch holds them.
+type MirrorConsumer struct {
+	cfg   MirrorConsumerConfig
+	log   *slog.Logger
+	local cache.Cache
+	write client.Client
+	queue workqueue.TypedRateLimitingInterface[string]
+	m     *mirrorMetrics
+
+	watches *providerWatches
+
+	mu      sync.Mutex
+	phases  map[string]v1alpha1.OffloadPhase // by namespace, for the gauge
+	lastErr map[string]string                // by namespace: log an error once per change
+}
+
+// syncProviders is the queue key that brings the provider watches in
+// line with the credentials held; no namespace has an empty name.
+const syncProviders = ""
+
+// mirrorWorkers reconcile different namespaces at once; the queue never
+// hands one namespace to two workers.
+const mirrorWorkers = 2
+
+// NewMirrorConsumer checks cfg and prepares a MirrorConsumer; Run starts
+// it.
+func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
+	if cfg.Config == nil || cfg.Credentials == nil {
+		return nil, errors.New("namespace offloading: the local REST config and the credentials are required")
+	}
+	if err := identity.ValidateClusterID(cfg.Self); err != nil {
+		return nil, fmt.Errorf("namespace offloading: this cluster's ID: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	scheme := mirrorScheme()
+	mapper := mirrorMapper()
+	local, err := cache.New(cfg.Config, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return nil, fmt.Errorf("namespace offloading: cache: %w", err)
+	}
+	write, err := client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper})
+	if err != nil {
+		return nil, fmt.Errorf("namespace offloading: client: %w", err)
+	}
+	mc := &MirrorConsumer{
+		cfg: cfg, log: cfg.Logger.With("component", "namespace-offload"),
+		local: local, write: write,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "namespace-offload"}),
+		m:      newMirrorMetrics(cfg.Metrics),
+		phases: map[string]v1alpha1.OffloadPhase{}, lastErr: map[string]string{},
+	}
+	mc.watches = newProviderWatches(mc.log, mc.providerChanged)
+	return mc, nil
+}
+
+func mirrorScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		panic(err) // the types are ours: a mistake shows in every test
+	}
+	return s
+}
+
+// mirrorMapper knows where the kinds are served, so neither the cache nor
+// the client asks the API server first.
+func mirrorMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
+	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
+	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceRequest"), meta.RESTScopeNamespace)
+	return m
+}
+
+// Run watches NamespaceOffloads and Peers and reconciles until ctx ends;
+// it returns once every goroutine it started (the provider watches too)
+// has.
+func (mc *MirrorConsumer) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		mc.queue.ShutDown()
+		wg.Wait()
+		mc.watches.stopAll()
+	}()
+	offloads, err := mc.local.GetInformer(ctx, &v1alpha1.NamespaceOffload{})
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
+	}
+	peers, err := mc.local.GetInformer(ctx, &v1alpha1.Peer{})
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
+	}
+	regOffloads, err := offloads.AddEventHandler(mc.offloadEvents())
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
+	}
+	regPeers, err := peers.AddEventHandler(mc.peerEvents())
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
+	}
+	cacheErr := make(chan error, 1)
+	wg.Go(func() { cacheErr <- mc.local.Start(ctx) })
+	// No reconcile before both caches hold everything: a namespace would
+	// otherwise look unwanted and lose its requests.
+	synced := func(context.Context) (bool, error) { return regOffloads.HasSynced() && regPeers.HasSynced(), nil }
+	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
+		select {
+		case err := <-cacheErr:
+			if err != nil {
+				return fmt.Errorf("namespace offloading: watch: %w", err)
+			}
+		default:
+		}
+		return nil
+	}
+	mc.queue.Add(syncProviders)
+	for range mirrorWorkers {
+		wg.Go(func() {
+			for mc.next(ctx) {
+			}
+		})
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-cacheErr:
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("namespace offloading: watch: %w", err)
+		}
+		return nil
+	}
+}
+
+func (mc *MirrorConsumer) next(ctx context.Context) bool {
+	key, quit := mc.queue.Get()
+	if quit {
+		return false
+	}
+	defer mc.queue.Done(key)
+	var err error
+	if key == syncProviders {
+		err = mc.syncWatches(ctx)
+	} else {
+		mc.m.reconciles.Inc()
+		err = mc.reconcile(ctx, key)
+	}
+	mc.noteError(key, err)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		mc.m.errors.Inc()
+		mc.queue.AddRateLimited(key)
+	default:
+		mc.queue.Forget(key)
+	}
+	return true
+}
+
+// noteError logs a namespace's error once per change.
+func (mc *MirrorConsumer) noteError(key string, err error) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	switch {
+	case err == nil && mc.lastErr[key] != "":
+		delete(mc.lastErr, key)
+		mc.log.Info("namespace offloading reconciled again", "namespace", key)
+	case err != nil && mc.lastErr[key] != err.Error():
+		mc.lastErr[key] = err.Error()
+		mc.log.Warn("namespace offloading not reconciled; retrying", "namespace", key, "err", err)
+	}
+}
+
+// offloadEvents queues the namespace of a NamespaceOffload that changed.
+func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
+	add := func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if o, ok := obj.(metav1.Object); ok {
+			mc.queue.Add(o.GetNamespace())
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    add,
+		UpdateFunc: func(_, obj any) { add(obj) },
+		DeleteFunc: add,
+	}
+}
+
+// peerEvents queues every offloaded namespace, and the provider watches,
+// when a Peer comes or goes, or its labels or credential change: what a
+// selector picks and what can be reached follow from them. Other status
+// changes (the peering's) are not ours.
+func (mc *MirrorConsumer) peerEvents() toolscache.ResourceEventHandler {
+	all := func() {
+		mc.queue.Add(syncProviders)
+		mc.queueOffloaded()
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { all() },
+		UpdateFunc: func(old, obj any) {
+			o, ok1 := old.(*v1alpha1.Peer)
+			n, ok2 := obj.(*v1alpha1.Peer)
+			if !ok1 || !ok2 || !equalStrings(o.Labels, n.Labels) ||
+				!sameCondition(meta.FindStatusCondition(o.Status.Conditions, v1alpha1.ConditionOffloadCredential),
+					meta.FindStatusCondition(n.Status.Conditions, v1alpha1.ConditionOffloadCredential)) ||
+				o.Status.ClusterName != n.Status.ClusterName {
+				all()
+			}
+		},
+		DeleteFunc: func(any) { all() },
+	}
+}
+
+// queueOffloaded queues every namespace with a NamespaceOffload.
+func (mc *MirrorConsumer) queueOffloaded() {
+	var list v1alpha1.NamespaceOffloadList
+	if err := mc.local.List(context.Background(), &list); err != nil {
+		return // the cache is not started: its own events follow
+	}
+	for _, o := range list.Items {
+		mc.queue.Add(o.Namespace)
+	}
+}
+
+// providerChanged is told when a provider's watch syncs, changes
+// reachability or sees a request change; it queues the namespaces
+// concerned.
+func (mc *MirrorConsumer) providerChanged(namespaces []string, all bool) {
+	if all {
+		mc.queueOffloaded()
+	}
+	for _, ns := range namespaces {
+		if ns != "" {
+			mc.queue.Add(ns)
+		}
+	}
+}
+
+// syncWatches keeps a watch on the requests of every provider whose
+// credential this cluster holds; one restarted when its grant is
+// renewed, stopped when the credential goes.
+func (mc *MirrorConsumer) syncWatches(ctx context.Context) error {
+	var peers v1alpha1.PeerList
+	if err := mc.local.List(ctx, &peers); err != nil {
+		return fmt.Errorf("list Peers: %w", err)
+	}
+	want := map[string]providerCredential{}
+	for _, p := range peers.Items {
+		cfg, g, err := mc.cfg.Credentials.Credential(p.Name)
+		if err != nil {
+			continue
+		}
+		want[p.Name] = providerCredential{config: cfg, grant: g}
+	}
+	return mc.watches.sync(want)
+}
+
+type mirrorMetrics struct {
+	reconciles, errors prometheus.Counter
+	phases             *prometheus.GaugeVec
+}
+
+func newMirrorMetrics(reg prometheus.Registerer) *mirrorMetrics {
+	m := &mirrorMetrics{
+		reconciles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_offload_consumer_reconciles_total", Help: "Reconciles of an offloaded namespace (consumer side)."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_offload_consumer_reconcile_errors_total", Help: "Reconciles of an offloaded namespace that failed and were retried."}),
+		phases: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flotilla_offload_consumer_namespaces", Help: "Namespaces offloaded from this cluster, by phase."}, []string{"phase"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.reconciles, m.errors, m.phases)
+	}
+	return m
+}
+
+// setPhase counts namespace ns under phase p ("" when it is no longer
+// offloaded).
+func (mc *MirrorConsumer) setPhase(ns string, p v1alpha1.OffloadPhase) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	old, had := mc.phases[ns]
+	if had && old == p {
+		return
+	}
+	if had {
+		mc.m.phases.WithLabelValues(string(old)).Dec()
+		delete(mc.phases, ns)
+	}
+	if p != "" {
+		mc.m.phases.WithLabelValues(string(p)).Inc()
+		mc.phases[ns] = p
+	}
+}
+
+// remoteNamespace names local namespace local on a provider for
+// consumer, by mapping: the same rule as the provider's.
+func remoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consumer string) (string, error) {
+	var name string
+	switch mapping {
+	case v1alpha1.MappingDefaultName, "":
+		if err := identity.ValidateClusterID(consumer); err != nil {
+			return "", err
+		}
+		suffix := consumer[1:7]
+		name = local + "-" + suffix
+		if len(name) > validation.DNS1123LabelMaxLength {
+			sum := sha256.Sum256([]byte(local))
+			name = local[:validation.DNS1123LabelMaxLength-1-8-1-len(suffix)] + "-" + hex.EncodeToString(sum[:])[:8] + "-" + suffix
+		}
+	case v1alpha1.MappingSameName:
+		name = local
+	case v1alpha1.MappingSelected:
+		if remoteName == "" {
+			return "", errors.New("namespaceMapping Selected needs spec.remoteName")
+		}
+		name = remoteName
+	default:
+		return "", fmt.Errorf("namespaceMapping %q: want DefaultName, SameName or Selected", mapping)
+	}
+	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+		return "", fmt.Errorf("namespace name %q: %s", name, errs[0])
+	}
+	return name, nil
+}
+
+func equalStrings(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// sameCondition compares what a condition says, not when.
+func sameCondition(a, b *metav1.Condition) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message && a.ObservedGeneration == b.ObservedGeneration
+}
