@@ -23,6 +23,8 @@ type offloading struct {
 	objects  *peerapi.Objects
 	provider *offload.Provider
 	consumer *offload.Consumer
+	// mirrors extends this cluster's namespaces to its providers.
+	mirrors *offload.MirrorConsumer
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -53,7 +55,14 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, provider: provider, consumer: consumer}, nil
+	mirrors, err := offload.NewMirrorConsumer(offload.MirrorConsumerConfig{
+		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(),
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -73,6 +82,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	}
 	comps.Go("offload grants", o.provider.Run)
 	comps.Go("offload credentials", o.consumer.Run)
+	comps.Go("namespace offloading", o.mirrors.Run)
 	return nil
 }
 

@@ -129,6 +129,8 @@ func documentedAccess() map[string][]string {
 	cluster := []string{
 		"peers.flotilla.io [] [create delete get list patch update watch]",
 		"peers.flotilla.io/status [] [get patch update]",
+		"namespaceoffloads.flotilla.io [] [get list patch update watch]",
+		"namespaceoffloads.flotilla.io/status [] [get patch update]",
 		"nodes [] [get list watch]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io namespaceoffloads.flotilla.io namespacerequests.flotilla.io] [create get patch update]",
