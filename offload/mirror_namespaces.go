@@ -11,9 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload/grant"
@@ -171,20 +173,39 @@ func (t *Tenants) releaseRequests(ctx context.Context, consumer string) error {
 	}
 	var errs []error
 	for _, r := range list.Items {
+		if err := t.releaseRequest(ctx, &r); err != nil {
+			errs = append(errs, fmt.Errorf("release NamespaceRequest %s/%s: %w", ns, r.GetName(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// releaseRequest takes FinalizerRequest off r, reading it again when the
+// mirroring controller wrote it meanwhile.
+func (t *Tenants) releaseRequest(ctx context.Context, r *unstructured.Unstructured) error {
+	requests := t.requests.Namespace(r.GetNamespace())
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		fins := r.GetFinalizers()
 		if !slices.Contains(fins, v1alpha1.FinalizerRequest) {
-			continue
+			return nil
 		}
 		patch, err := finalizersPatch(r.GetResourceVersion(), slices.DeleteFunc(slices.Clone(fins), func(f string) bool { return f == v1alpha1.FinalizerRequest }))
 		if err != nil {
 			return err
 		}
-		_, err = t.requests.Namespace(ns).Patch(ctx, r.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: TenantFieldManager})
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("release NamespaceRequest %s/%s: %w", ns, r.GetName(), err))
+		_, err = requests.Patch(ctx, r.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: TenantFieldManager})
+		if apierrors.IsConflict(err) {
+			got, gerr := requests.Get(ctx, r.GetName(), metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			*r = *got
 		}
-	}
-	return errors.Join(errs...)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	})
 }
 
 // finalizersPatch sets an object's finalizers, if it is still at

@@ -299,7 +299,8 @@ func (m *MirrorProvider) reconcile(ctx context.Context, consumer string) (time.D
 	var tenant corev1.Namespace
 	tenantOurs := false
 	if err := m.cache.Get(ctx, client.ObjectKey{Name: TenantNamespace(consumer)}, &tenant); err == nil {
-		tenantOurs = checkOurs(&tenant, consumer) == nil || errors.Is(checkOurs(&tenant, consumer), ErrTerminating)
+		err := checkOurs(&tenant, consumer)
+		tenantOurs = err == nil || errors.Is(err, ErrTerminating)
 	} else if !apierrors.IsNotFound(err) {
 		return 0, fmt.Errorf("read tenant namespace: %w", err)
 	}
@@ -352,6 +353,9 @@ func (m *MirrorProvider) reconcile(ctx context.Context, consumer string) (time.D
 		return strings.Compare(a.Name, b.Name)
 	})
 	limits, granted := m.cfg.Grants.Granted(consumer)
+	// A tenant being removed gets nothing new, whatever the grant says
+	// while the revocation runs.
+	granted = granted && tenant.DeletionTimestamp == nil
 	count := int64(0)
 	for _, r := range live {
 		a, err := m.answer(ctx, consumer, r, mirrored[r.Name], limits, granted, &count)

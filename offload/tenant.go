@@ -365,8 +365,8 @@ func defaultRequests(hard corev1.ResourceList) corev1.ResourceList {
 }
 
 // Remove revokes consumer's grant and deletes its tenant: the Secret first,
-// so every token of the grant fails at once, then the namespaces mirrored
-// for it, then its tenant namespace. A
+// so every token of the grant fails at once, then its tenant namespace,
+// then the namespaces mirrored for it. A
 // namespace that is not ours is refused and left alone; one already gone
 // is success.
 func (t *Tenants) Remove(ctx context.Context, consumer string) error {
@@ -392,12 +392,6 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 	if err := t.client.CoreV1().Secrets(name).Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove tenant of %s: revoke its tokens: delete Secret %s/%s: %w", consumer, name, GrantSecret, err)
 	}
-	if err := t.removeMirrored(ctx, consumer); err != nil {
-		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
-	}
-	if err := t.releaseRequests(ctx, consumer); err != nil {
-		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
-	}
 	if ns.DeletionTimestamp == nil {
 		// The UID precondition: never a namespace of that name made since.
 		err := t.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(ns.UID))})
@@ -405,6 +399,14 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 			return fmt.Errorf("remove tenant of %s: delete namespace %s: %w", consumer, name, err)
 		}
 		t.log.Info("tenant removed", "consumer", consumer, "namespace", name)
+	}
+	// After the tenant namespace: once it is terminating, the mirroring
+	// controller makes no namespace for its requests any more.
+	if err := t.removeMirrored(ctx, consumer); err != nil {
+		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
+	}
+	if err := t.releaseRequests(ctx, consumer); err != nil {
+		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
 	}
 	t.setKnown(consumer, false)
 	return nil
