@@ -40,7 +40,17 @@ func consumerAccess() []access {
 			allow(v, "", "events", tenant, ""), allow(v, "events.k8s.io", "events", tenant, ""))
 	}
 
+	// Its requests for mirrored namespaces, in its tenant namespace; never
+	// their status, which is the provider's answer.
+	for _, v := range []string{"create", "get", "list", "watch", "update", "patch", "delete"} {
+		cases = append(cases, allow(v, "flotilla.io", "namespacerequests", tenant, ""))
+	}
 	sub := func(a access, subresource string) access { a.subresource = subresource; return a }
+	cases = append(cases,
+		sub(deny("update", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"), "status"),
+		sub(deny("patch", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"), "status"),
+		deny("create", "flotilla.io", "namespacerequests", "default", ""),
+		deny("list", "flotilla.io", "namespacerequests", "", ""))
 	cases = append(cases,
 		// Nothing cluster-wide, nothing in other namespaces.
 		deny("create", "", "namespaces", "", ""),

@@ -14,10 +14,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -64,6 +67,7 @@ func TestGrants(t *testing.T) {
 	t.Run("agent is refused outside tenants", g.testAgentRefusals)
 	t.Run("consumer grants and refusals", func(t *testing.T) { testConsumerAccess(t, cp) })
 	t.Run("consumer requests with its own token", g.testConsumerRequests)
+	t.Run("mirroring with the parties' own tokens", g.testMirroring)
 	t.Run("admission refuses the consumer what it admits from an admin", g.testConsumerAdmission)
 	t.Run("consumer may not touch our labels", g.testConsumerLabels)
 	t.Run("deleting the grant's Secret revokes the token", g.testRevoke)
@@ -461,4 +465,59 @@ func (g *grant) testRevoke(t *testing.T) {
 	if _, err := consumer.CoreV1().Pods(tenant).List(ctx, metav1.ListOptions{}); !apierrors.IsUnauthorized(err) {
 		t.Errorf("list pods with the revoked token: %v, want 401 Unauthorized", err)
 	}
+}
+
+// Namespace mirroring with the parties' own tokens: the consumer asks in
+// its tenant namespace and may not answer itself or make the namespace;
+// the agent may make a mirrored namespace, labelled as the consumer's,
+// under a name that is not reserved, and no other.
+func (g *grant) testMirroring(t *testing.T) {
+	ctx := t.Context()
+	gvr := v1alpha1.GroupVersion.WithResource("namespacerequests")
+	consumer := dynamic.NewForConfigOrDie(g.consumer).Resource(gvr).Namespace(tenant)
+	req := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "NamespaceRequest",
+		"metadata": map[string]any{"name": "shop-q3x7bd", "labels": map[string]any{v1alpha1.LabelMirroredFrom: "shop"}},
+		"spec":     map[string]any{"sourceNamespace": "shop"},
+	}}
+	created, err := consumer.Create(ctx, req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the consumer creates a NamespaceRequest in its tenant namespace: %v", err)
+	}
+	if _, err := consumer.Get(ctx, created.GetName(), metav1.GetOptions{}); err != nil {
+		t.Errorf("the consumer reads its request back: %v", err)
+	}
+	status := created.DeepCopy()
+	if err := unstructured.SetNestedField(status.Object, "Created", "status", "phase"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = consumer.UpdateStatus(ctx, status, metav1.UpdateOptions{})
+	refusal{"write its request's status", "", func(context.Context) error { return err }}.check(t, "the consumer")
+	_, err = consumer.Patch(ctx, created.GetName(), types.MergePatchType, []byte(`{"status":{"phase":"Created"}}`), metav1.PatchOptions{}, "status")
+	refusal{"patch its request's status", "", func(context.Context) error { return err }}.check(t, "the consumer")
+	if err := consumer.Delete(ctx, created.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Errorf("the consumer deletes its request: %v", err)
+	}
+	_, err = kubernetes.NewForConfigOrDie(g.consumer).CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop-q3x7bd", Labels: mirroredLabels("shop")}}, metav1.CreateOptions{})
+	refusal{"create the namespace itself", "", func(context.Context) error { return err }}.check(t, "the consumer")
+
+	agent := g.agent.CoreV1().Namespaces()
+	mirrored, err := agent.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop-q3x7bd", Labels: mirroredLabels("shop")}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the agent creates a mirrored namespace: %v", err)
+	}
+	if err := agent.Delete(ctx, mirrored.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("the agent deletes the mirrored namespace it made: %v", err)
+	}
+	for _, name := range []string{"kube-foo", "default", "flotilla-system", "openshift-config"} {
+		_, err := agent.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: mirroredLabels("shop")}}, metav1.CreateOptions{})
+		refusal{"create a mirrored namespace named " + name, "under the reserved name " + name, func(context.Context) error { return err }}.check(t, "the agent")
+	}
+}
+
+func mirroredLabels(source string) map[string]string {
+	l := tenantLabels(consumerID)
+	l[v1alpha1.LabelMirroredFrom] = source
+	return l
 }

@@ -458,6 +458,17 @@ func agentAccess() []access {
 	for _, v := range []string{"create", "patch", "delete"} {
 		cases = append(cases, allow(v, "", "secrets", tenant, "flotilla-grant"))
 	}
+	// Namespace mirroring: it answers the consumers' requests.
+	for _, v := range []string{"get", "list", "watch", "update", "patch"} {
+		cases = append(cases, allow(v, "flotilla.io", "namespacerequests", "", ""))
+	}
+	for _, v := range []string{"get", "update", "patch"} {
+		a := allow(v, "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd")
+		a.subresource = "status"
+		cases = append(cases, a)
+	}
+	cases = append(cases, deny("create", "flotilla.io", "namespacerequests", tenant, ""),
+		deny("delete", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"))
 	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
 	consumerToken.subresource = "token"
 	otherToken := deny("create", "", "serviceaccounts", tenant, "default")

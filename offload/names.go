@@ -10,7 +10,7 @@ const (
 	// the consumer's cluster ID.
 	TenantPrefix = "flotilla-tenant-"
 	// LabelTenant carries the consumer's cluster ID on its tenant
-	// namespace (and, later, on the namespaces mirrored for it).
+	// namespace and on the namespaces mirrored for it.
 	LabelTenant = "flotilla.io/tenant"
 	// ConsumerServiceAccount is the consumer's account in its tenant
 	// namespace; its tokens are the credentials granted.

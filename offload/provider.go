@@ -188,6 +188,18 @@ func (p *Provider) PeerChanged(s peering.PeerState) {
 	}
 }
 
+// Granted returns the limits this provider grants consumer now, and false
+// when it does not grant it (never granted, revoked, or not yet granted
+// since a restart: a credential is sent first).
+func (p *Provider) Granted(consumer string) (grant.Limits, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g := p.issued[consumer]; g != nil {
+		return g.limits, true
+	}
+	return grant.Limits{}, false
+}
+
 // PeerHandler enqueues the Peers whose spec changed, or that were deleted.
 func (p *Provider) PeerHandler() toolscache.ResourceEventHandler {
 	return peerEvents(p.queue)

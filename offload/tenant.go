@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -81,6 +82,7 @@ type TenantsConfig struct {
 // level-triggered: a controller calls them with what it wants.
 type Tenants struct {
 	client   kubernetes.Interface
+	requests dynamic.NamespaceableResourceInterface // NamespaceRequests
 	config   *rest.Config
 	audience string
 	lifetime time.Duration
@@ -122,9 +124,13 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 		}
 		cfg.Client = c
 	}
+	dyn, err := dynamic.NewForConfig(cfg.Config)
+	if err != nil {
+		return nil, fmt.Errorf("tenants: client for %s: %w", cfg.Config.Host, err)
+	}
 	t := &Tenants{
-		client: cfg.Client, config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime,
-		log: cfg.Logger, metrics: newTenantMetrics(), known: map[string]bool{},
+		client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
+		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, metrics: newTenantMetrics(), known: map[string]bool{},
 	}
 	if cfg.Metrics != nil {
 		if err := t.metrics.register(cfg.Metrics); err != nil {
@@ -211,9 +217,9 @@ func tenantLabels(consumer string) map[string]string {
 	return map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, LabelTenant: consumer}
 }
 
-// applyObjects applies what the tenant namespace holds. The LimitRange
-// comes before the quota and goes after it, so no pod without requests
-// meets a quota without defaults.
+// applyObjects applies what the tenant namespace holds: the account the
+// tokens are for, the Secret they are bound to, and what every namespace
+// of the consumer's holds.
 func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1.ResourceList) error {
 	ns := TenantNamespace(consumer)
 	core := t.client.CoreV1()
@@ -233,11 +239,23 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 	if err != nil {
 		return err
 	}
+	return t.applyGrantObjects(ctx, consumer, ns, hard)
+}
+
+// applyGrantObjects applies what every namespace of consumer's holds (its
+// tenant namespace and those mirrored for it): the RoleBinding that gives
+// it its rights there, and the grant's quota and LimitRange. The
+// LimitRange comes before the quota and goes after it, so no pod without
+// requests meets a quota without defaults.
+func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList) error {
+	core := t.client.CoreV1()
+	apply := metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}
+	lbl := tenantLabels(consumer)
 	rbs := t.client.RbacV1().RoleBindings(ns)
 	rb := rbacv1ac.RoleBinding(ConsumerServiceAccount, ns).WithLabels(lbl).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(ConsumerClusterRole)).
-		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(ConsumerServiceAccount).WithNamespace(ns))
-	err = t.applyOrReplace(ctx, consumer, "RoleBinding "+ConsumerServiceAccount, func() error {
+		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(ConsumerServiceAccount).WithNamespace(TenantNamespace(consumer)))
+	err := t.applyOrReplace(ctx, consumer, "RoleBinding "+ConsumerServiceAccount, func() error {
 		_, err := rbs.Apply(ctx, rb, apply)
 		return err
 	}, func(opts metav1.DeleteOptions) error { return rbs.Delete(ctx, ConsumerServiceAccount, opts) })
@@ -347,7 +365,8 @@ func defaultRequests(hard corev1.ResourceList) corev1.ResourceList {
 }
 
 // Remove revokes consumer's grant and deletes its tenant: the Secret first,
-// so every token of the grant fails at once, then the namespace. A
+// so every token of the grant fails at once, then its tenant namespace,
+// then the namespaces mirrored for it. A
 // namespace that is not ours is refused and left alone; one already gone
 // is success.
 func (t *Tenants) Remove(ctx context.Context, consumer string) error {
@@ -357,6 +376,10 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 	name := TenantNamespace(consumer)
 	ns, err := t.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
+		// Namespaces mirrored for it may outlive a tenant removed before.
+		if err := t.removeMirrored(ctx, consumer); err != nil {
+			return fmt.Errorf("remove tenant of %s: %w", consumer, err)
+		}
 		t.setKnown(consumer, false)
 		return nil
 	}
@@ -376,6 +399,14 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 			return fmt.Errorf("remove tenant of %s: delete namespace %s: %w", consumer, name, err)
 		}
 		t.log.Info("tenant removed", "consumer", consumer, "namespace", name)
+	}
+	// After the tenant namespace: once it is terminating, the mirroring
+	// controller makes no namespace for its requests any more.
+	if err := t.removeMirrored(ctx, consumer); err != nil {
+		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
+	}
+	if err := t.releaseRequests(ctx, consumer); err != nil {
+		return fmt.Errorf("remove tenant of %s: %w", consumer, err)
 	}
 	t.setKnown(consumer, false)
 	return nil
