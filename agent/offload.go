@@ -23,8 +23,10 @@ type offloading struct {
 	objects  *peerapi.Objects
 	provider *offload.Provider
 	consumer *offload.Consumer
-	// mirrors extends this cluster's namespaces to its providers.
+	// mirrors extends this cluster's namespaces to its providers; hosted
+	// answers the namespace requests of the consumers it grants.
 	mirrors *offload.MirrorConsumer
+	hosted  *offload.MirrorProvider
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -39,10 +41,16 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	var hosted *offload.MirrorProvider // told of grants changing, once made
 	provider, err := offload.NewProvider(offload.ProviderConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
 		Policy: a.cfg.OffloadGrants, Grace: a.cfg.UnreachableGrace,
+		Changed: func(consumer string) {
+			if hosted != nil {
+				hosted.GrantChanged(consumer)
+			}
+		},
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -62,7 +70,14 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors}, nil
+	hosted, err = offload.NewMirrorProvider(offload.MirrorProviderConfig{
+		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(),
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -83,7 +98,17 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("offload grants", o.provider.Run)
 	comps.Go("offload credentials", o.consumer.Run)
 	comps.Go("namespace offloading", o.mirrors.Run)
+	comps.Go("hosted namespaces", o.hosted.Run)
 	return nil
+}
+
+// agentNamespace is the agent's own namespace, never mirrored for a
+// consumer.
+func (a *Agent) agentNamespace() string {
+	if a.cfg.Namespace != "" {
+		return a.cfg.Namespace
+	}
+	return "flotilla-system"
 }
 
 // engineGrants hands sealed grants to the engine, once there is one.

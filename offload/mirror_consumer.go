@@ -2,8 +2,6 @@ package offload
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,11 +9,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -62,7 +60,7 @@ type MirrorConsumer struct {
 	local cache.Cache
 	write client.Client
 	queue workqueue.TypedRateLimitingInterface[string]
-	m     *mirrorMetrics
+	m     *offloadMetrics
 
 	watches *providerWatches
 
@@ -75,8 +73,8 @@ type MirrorConsumer struct {
 // line with the credentials held; no namespace has an empty name.
 const syncProviders = ""
 
-// mirrorWorkers reconcile different namespaces at once; the queue never
-// hands one namespace to two workers.
+// mirrorWorkers reconcile different keys (namespaces here, consumers on
+// the provider's side) at once; a queue never hands one key to two.
 const mirrorWorkers = 2
 
 // NewMirrorConsumer checks cfg and prepares a MirrorConsumer; Run starts
@@ -107,7 +105,7 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "namespace-offload"}),
-		m:      newMirrorMetrics(cfg.Metrics),
+		m:      newOffloadMetrics(cfg.Metrics),
 		phases: map[string]v1alpha1.OffloadPhase{}, lastErr: map[string]string{},
 	}
 	mc.watches = newProviderWatches(mc.log, mc.providerChanged)
@@ -125,10 +123,11 @@ func mirrorScheme() *runtime.Scheme {
 // mirrorMapper knows where the kinds are served, so neither the cache nor
 // the client asks the API server first.
 func mirrorMapper() meta.RESTMapper {
-	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
 	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceRequest"), meta.RESTScopeNamespace)
+	m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
 	return m
 }
 
@@ -317,13 +316,13 @@ func (mc *MirrorConsumer) syncWatches(ctx context.Context) error {
 	return mc.watches.sync(want)
 }
 
-type mirrorMetrics struct {
+type offloadMetrics struct {
 	reconciles, errors prometheus.Counter
 	phases             *prometheus.GaugeVec
 }
 
-func newMirrorMetrics(reg prometheus.Registerer) *mirrorMetrics {
-	m := &mirrorMetrics{
+func newOffloadMetrics(reg prometheus.Registerer) *offloadMetrics {
+	m := &offloadMetrics{
 		reconciles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_offload_consumer_reconciles_total", Help: "Reconciles of an offloaded namespace (consumer side)."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -354,37 +353,6 @@ func (mc *MirrorConsumer) setPhase(ns string, p v1alpha1.OffloadPhase) {
 		mc.m.phases.WithLabelValues(string(p)).Inc()
 		mc.phases[ns] = p
 	}
-}
-
-// remoteNamespace names local namespace local on a provider for
-// consumer, by mapping: the same rule as the provider's.
-func remoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consumer string) (string, error) {
-	var name string
-	switch mapping {
-	case v1alpha1.MappingDefaultName, "":
-		if err := identity.ValidateClusterID(consumer); err != nil {
-			return "", err
-		}
-		suffix := consumer[1:7]
-		name = local + "-" + suffix
-		if len(name) > validation.DNS1123LabelMaxLength {
-			sum := sha256.Sum256([]byte(local))
-			name = local[:validation.DNS1123LabelMaxLength-1-8-1-len(suffix)] + "-" + hex.EncodeToString(sum[:])[:8] + "-" + suffix
-		}
-	case v1alpha1.MappingSameName:
-		name = local
-	case v1alpha1.MappingSelected:
-		if remoteName == "" {
-			return "", errors.New("namespaceMapping Selected needs spec.remoteName")
-		}
-		name = remoteName
-	default:
-		return "", fmt.Errorf("namespaceMapping %q: want DefaultName, SameName or Selected", mapping)
-	}
-	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
-		return "", fmt.Errorf("namespace name %q: %s", name, errs[0])
-	}
-	return name, nil
 }
 
 func equalStrings(a, b map[string]string) bool {

@@ -21,15 +21,12 @@ import (
 	"github.com/flotilla-io/flotilla/identity"
 )
 
-// Reasons of a cluster's Ready condition that the provider does not give.
+// Reasons of a cluster's Ready condition besides the provider's own
+// (mirror_provider.go): ReasonNotGranted also when no credential is held,
+// ReasonAlreadyExists also when the name is requested there for another
+// local namespace, ReasonInvalidName also when the name cannot be made.
 const (
-	ReasonPending     = "Pending"
-	ReasonNotGranted  = "NotGranted"
 	ReasonUnreachable = "Unreachable"
-	ReasonInvalidName = "InvalidName"
-	// ReasonAlreadyExists: on the provider, or the name is requested
-	// there for another local namespace.
-	ReasonAlreadyExists = "AlreadyExists"
 	// ReasonDuplicate: another NamespaceOffload in the namespace acts.
 	ReasonDuplicate = "Duplicate"
 	// ReasonDeleting: the namespace is being removed there.
@@ -114,7 +111,7 @@ func (mc *MirrorConsumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffl
 	if err != nil {
 		return err
 	}
-	remote, nameErr := remoteNamespace(o.Spec.NamespaceMapping, ns, o.Spec.RemoteName, mc.cfg.Self)
+	remote, nameErr := RemoteNamespace(o.Spec.NamespaceMapping, ns, o.Spec.RemoteName, mc.cfg.Self)
 	wanted := map[string]string{} // provider -> remote name
 	var errs []error
 	st := v1alpha1.NamespaceOffloadStatus{ObservedGeneration: o.Generation}

@@ -32,49 +32,6 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-func TestRemoteNamespace(t *testing.T) {
-	const consumer = "cabcdefghijklmnopqrstuvwxyz"
-	long := strings.Repeat("a", 60)
-	for _, tc := range []struct {
-		name                string
-		mapping             v1alpha1.NamespaceMapping
-		local, remote, want string
-		wantErr             string
-	}{
-		{name: "default", mapping: v1alpha1.MappingDefaultName, local: "shop", want: "shop-" + consumer[1:7]},
-		{name: "default when empty", local: "shop", want: "shop-" + consumer[1:7]},
-		{name: "default too long is hashed", mapping: v1alpha1.MappingDefaultName, local: long,
-			want: long[:47] + "-" + "????????" + "-" + consumer[1:7]},
-		{name: "same", mapping: v1alpha1.MappingSameName, local: "shop", want: "shop"},
-		{name: "selected", mapping: v1alpha1.MappingSelected, local: "shop", remote: "store", want: "store"},
-		{name: "selected without name", mapping: v1alpha1.MappingSelected, local: "shop", wantErr: "needs spec.remoteName"},
-		{name: "selected not a label", mapping: v1alpha1.MappingSelected, local: "shop", remote: "Store_1", wantErr: `"Store_1"`},
-		{name: "unknown mapping", mapping: "Other", local: "shop", wantErr: `namespaceMapping "Other"`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := remoteNamespace(tc.mapping, tc.local, tc.remote, consumer)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("remoteNamespace: %q, %v; want an error with %q", got, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got) > 63 || len(got) != len(tc.want) || !matchesPattern(got, tc.want) {
-				t.Errorf("remoteNamespace = %q, want %q", got, tc.want)
-			}
-		})
-	}
-	// Two long names differing only past the cut differ in their hash.
-	a, _ := remoteNamespace(v1alpha1.MappingDefaultName, long+"x", "", consumer)
-	b, _ := remoteNamespace(v1alpha1.MappingDefaultName, long+"y", "", consumer)
-	if a == b {
-		t.Errorf("%q and %q both map to %q", long+"x", long+"y", a)
-	}
-}
-
 // matchesPattern compares s to p, where '?' in p stands for any character.
 func matchesPattern(s, p string) bool {
 	for i := range p {
@@ -463,7 +420,7 @@ func TestMirrorConsumer(t *testing.T) {
 	t.Run("OnlyTheSelectedProvider", func(t *testing.T) {
 		e.offload(t, "shop", "offload", v1alpha1.NamespaceOffloadSpec{
 			ClusterSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"region": "a"}}})
-		remote, _ := remoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
+		remote, _ := RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
 		r := p1.waitRequest(t, "shop", remote)
 		if r.Labels[v1alpha1.LabelMirroredFrom] != "shop" {
 			t.Errorf("request labels %v", r.Labels)
@@ -505,7 +462,7 @@ func TestMirrorConsumer(t *testing.T) {
 
 	t.Run("ProviderNoLongerSelected", func(t *testing.T) {
 		e.setLabels(t, p2.id, map[string]string{"region": "a"})
-		remote, _ := remoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
+		remote, _ := RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
 		p2.waitRequest(t, "shop", remote)
 		e.waitStatus(t, "shop", "p2 selected", phaseIs(v1alpha1.OffloadInProgress, map[string]string{"p1": "Created", "p2": ReasonPending}))
 		e.setLabels(t, p2.id, map[string]string{"region": "b"})
@@ -547,7 +504,7 @@ func TestMirrorConsumer(t *testing.T) {
 	})
 
 	t.Run("DeletionRemovesRemoteNamespacesFirst", func(t *testing.T) {
-		remote, _ := remoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
+		remote, _ := RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.self)
 		if err := e.lc.Delete(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "offload"}}); err != nil {
 			t.Fatal(err)
 		}
@@ -571,7 +528,7 @@ func TestMirrorConsumer(t *testing.T) {
 	t.Run("RestartConverges", func(t *testing.T) {
 		e.offload(t, "again", "offload", v1alpha1.NamespaceOffloadSpec{
 			ClusterSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"region": "a"}}})
-		remote, _ := remoteNamespace(v1alpha1.MappingDefaultName, "again", "", e.self)
+		remote, _ := RemoteNamespace(v1alpha1.MappingDefaultName, "again", "", e.self)
 		before := p1.waitRequest(t, "again", remote)
 		p1.answerAsProvider(t, remote, v1alpha1.RequestCreated, "Created", "")
 		e.waitStatus(t, "again", "Ready", phaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
@@ -607,7 +564,7 @@ func TestMirrorConsumer(t *testing.T) {
 		})
 		// Its status was written in the pass that kept the first's
 		// requests: still one per provider, under the first's name.
-		remote, _ := remoteNamespace(v1alpha1.MappingDefaultName, "again", "", e.self)
+		remote, _ := RemoteNamespace(v1alpha1.MappingDefaultName, "again", "", e.self)
 		p1.waitRequest(t, "again", remote)
 		p2.waitRequest(t, "again", remote)
 	})

@@ -14,11 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -142,12 +140,6 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 }
 
 // mirrorMapper knows where the kinds watched are served, without asking.
-func mirrorMapper() meta.RESTMapper {
-	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
-	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceRequest"), meta.RESTScopeNamespace)
-	m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
-	return m
-}
 
 // ourNamespaces selects every namespace labelled for a consumer.
 func ourNamespaces() labels.Selector {
@@ -163,10 +155,6 @@ func (m *MirrorProvider) GrantChanged(consumer string) {
 		m.queue.Add(consumer)
 	}
 }
-
-// mirrorWorkers reconcile different consumers at once; the queue never
-// hands one consumer to two.
-const mirrorWorkers = 2
 
 // Run watches and reconciles until ctx ends; it returns once everything
 // it started has stopped.

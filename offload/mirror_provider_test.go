@@ -89,7 +89,7 @@ func TestMirrorProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := client.New(cp.Config, client.Options{Scheme: mirrorScheme(t), Mapper: mirrorMapper()})
+	admin, err := client.New(cp.Config, client.Options{Scheme: providerTestScheme(t), Mapper: mirrorMapper()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,14 +120,6 @@ func TestMirrorProvider(t *testing.T) {
 	})
 }
 
-// testWriter sends the controller's log to the test's.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
-
 // start runs a new controller until stop or the test's end.
 func (s *mirrorSuite) start() {
 	t := s.top
@@ -156,7 +148,7 @@ func (s *mirrorSuite) start() {
 	t.Cleanup(s.stop)
 }
 
-func mirrorScheme(t *testing.T) *runtime.Scheme {
+func providerTestScheme(t *testing.T) *runtime.Scheme {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := errors.Join(v1alpha1.AddToScheme(scheme), corev1.AddToScheme(scheme)); err != nil {
@@ -240,7 +232,7 @@ func (s *mirrorSuite) newConsumer(t *testing.T, limits grant.Limits) consumerOf 
 	}
 	cfg := rest.AnonymousClientConfig(s.cp.Config)
 	cfg.BearerToken = tok.Value.Reveal()
-	c, err := client.New(cfg, client.Options{Scheme: mirrorScheme(t), Mapper: mirrorMapper()})
+	c, err := client.New(cfg, client.Options{Scheme: providerTestScheme(t), Mapper: mirrorMapper()})
 	if err != nil {
 		t.Fatal(err)
 	}

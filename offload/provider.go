@@ -83,6 +83,9 @@ type ProviderConfig struct {
 	// Grace is how long a member may be gone before its grant is revoked
 	// (the peering's unreachable grace).
 	Grace time.Duration
+	// Changed, when set, is told of every consumer whose grant was given,
+	// renewed, changed or revoked (namespace mirroring looks again).
+	Changed func(consumer string)
 	// RenewAt is the part of a token's life after which a new one is
 	// issued (default 2/3).
 	RenewAt float64
@@ -410,6 +413,7 @@ func (p *Provider) ensureGranted(ctx context.Context, id string, key ed25519.Pub
 	delete(p.owed, id)
 	p.mu.Unlock()
 	p.m.issued.Inc()
+	p.changed(id)
 	p.log.Info("credential granted", "peer", id, "namespace", t.Namespace, "server", api.URL,
 		"serial", serial, "expires", tok.Expires.UTC().Format(time.RFC3339))
 	return ig, nil
@@ -430,6 +434,7 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 		delete(p.tenants, id)
 		p.mu.Unlock()
 		p.m.revoked.Inc()
+		p.changed(id)
 		p.log.Info("grant revoked: tenant removed", "peer", id, "reason", reason)
 	}
 	// After a restart nothing was sent yet, but the consumer may hold a
@@ -464,6 +469,12 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 	}
 	p.mu.Unlock()
 	return nil
+}
+
+func (p *Provider) changed(consumer string) {
+	if p.cfg.Changed != nil {
+		p.cfg.Changed(consumer)
+	}
 }
 
 // nextSerial issues a serial above every one issued before, kept in the
