@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -855,12 +856,16 @@ func (w *world) createPeer(t *testing.T, c client.Client, name string, spec v1al
 
 func (w *world) updatePeer(t *testing.T, c client.Client, name string, change func(*v1alpha1.Peer)) {
 	t.Helper()
-	var peer v1alpha1.Peer
-	if err := c.Get(t.Context(), client.ObjectKey{Name: name}, &peer); err != nil {
-		t.Fatal(err)
-	}
-	change(&peer)
-	if err := c.Update(t.Context(), &peer); err != nil {
+	// The status writers update the object too: read again on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var peer v1alpha1.Peer
+		if err := c.Get(t.Context(), client.ObjectKey{Name: name}, &peer); err != nil {
+			return err
+		}
+		change(&peer)
+		return c.Update(t.Context(), &peer)
+	})
+	if err != nil {
 		t.Fatalf("update Peer %s: %v", name, err)
 	}
 }

@@ -29,7 +29,7 @@ const (
 )
 
 // NamespaceOffloadSpec is what the user wants of the namespace it is in.
-// +kubebuilder:validation:XValidation:rule="self.namespaceMapping != 'Selected' || (has(self.remoteName) && self.remoteName != ”)",message="namespaceMapping Selected needs remoteName"
+// +kubebuilder:validation:XValidation:rule="self.namespaceMapping != 'Selected' || (has(self.remoteName) && size(self.remoteName) > 0)",message="namespaceMapping Selected needs remoteName"
 type NamespaceOffloadSpec struct {
 	// ClusterSelector picks the Peers (by their labels: the provider's
 	// cluster labels and the local admin's) the namespace extends to;
