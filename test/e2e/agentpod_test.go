@@ -133,7 +133,9 @@ func documentedAccess() map[string][]string {
 		"namespaceoffloads.flotilla.io/status [] [get patch update]",
 		"nodes [] [get list watch]",
 		"servicecidrs.networking.k8s.io [] [list]",
-		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io namespaceoffloads.flotilla.io namespacerequests.flotilla.io] [create get patch update]",
+		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
+		"customresourcedefinitions.apiextensions.k8s.io [namespaceoffloads.flotilla.io] [create get patch update]",
+		"customresourcedefinitions.apiextensions.k8s.io [namespacerequests.flotilla.io] [create get patch update]",
 		// Grants: tenant namespaces and what is in them (admission.yaml
 		// confines the writes to tenants).
 		"namespaces [] [create delete get list patch watch]",
