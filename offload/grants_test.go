@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -33,10 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/ipam"
@@ -64,7 +60,11 @@ func TestGrants(t *testing.T) {
 	w.provClient, w.consClient = peerClient(t, cps[0].Config), peerClient(t, cps[1].Config)
 	var wg sync.WaitGroup
 	for _, cp := range cps {
-		wg.Go(func() { installPeerCRD(t, cp.Config) })
+		wg.Go(func() {
+			if err := applyCRDs(context.Background(), cp.Config); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 	wg.Wait()
 	if t.Failed() {
@@ -996,59 +996,4 @@ func peerClient(t *testing.T, cfg *rest.Config) client.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// installPeerCRD applies the embedded CRDs, as the agent does at start.
-func installPeerCRD(t *testing.T, cfg *rest.Config) {
-	scheme := runtime.NewScheme()
-	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
-		t.Error(err)
-		return
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	files, err := fs.Glob(deploy.CRDs, "crds/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Errorf("embedded CRDs: %v (%d files)", err, len(files))
-		return
-	}
-	for _, f := range files {
-		raw, err := fs.ReadFile(deploy.CRDs, f)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(raw, &crd); err != nil {
-			t.Errorf("%s: %v", f, err)
-			return
-		}
-		if err := c.Create(context.Background(), &crd); err != nil {
-			t.Errorf("create CRD %s: %v", crd.Name, err)
-			return
-		}
-		established := func() error {
-			var got apiextensionsv1.CustomResourceDefinition
-			if err := c.Get(context.Background(), client.ObjectKey{Name: crd.Name}, &got); err != nil {
-				return err
-			}
-			for _, cond := range got.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return nil
-				}
-			}
-			return errors.New("not established")
-		}
-		deadline := time.Now().Add(30 * time.Second)
-		for err := established(); err != nil; err = established() {
-			if time.Now().After(deadline) {
-				t.Errorf("CRD %s: %v", crd.Name, err)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"strings"
@@ -23,10 +22,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -94,9 +91,9 @@ func newMirrorEnv(t *testing.T) *mirrorEnv {
 	cps := env.ControlPlanes(3, harness.ControlPlaneOptions{})
 	e := &mirrorEnv{local: cps[0], self: newConsumer(t), creds: &testCredentials{m: map[string]providerCredential{}}}
 	e.lc = adminClient(t, e.local)
-	installOffloadCRDs(t, e.local)
+	mustApplyCRDs(t, e.local.Config)
 	for i, cp := range cps[1:] {
-		installOffloadCRDs(t, cp)
+		mustApplyCRDs(t, cp.Config)
 		p := &testProvider{id: newConsumer(t), cp: cp, admin: adminClient(t, cp)}
 		e.grant(t, p)
 		e.providers = append(e.providers, p)
@@ -359,41 +356,6 @@ func adminClient(t *testing.T, cp *harness.ControlPlane) client.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// installOffloadCRDs applies the embedded CRDs, as the agent does.
-func installOffloadCRDs(t *testing.T, cp *harness.ControlPlane) {
-	t.Helper()
-	c := adminClient(t, cp)
-	files, err := fs.Glob(deploy.CRDs, "crds/*.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		raw, err := fs.ReadFile(deploy.CRDs, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(raw, &crd); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if err := c.Create(t.Context(), &crd); err != nil {
-			t.Fatalf("create CRD %s: %v", crd.Name, err)
-		}
-		eventually.Within(t, 30*time.Second, "CRD "+crd.Name+" established", func() error {
-			var got apiextensionsv1.CustomResourceDefinition
-			if err := c.Get(t.Context(), client.ObjectKey{Name: crd.Name}, &got); err != nil {
-				return err
-			}
-			for _, cond := range got.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return nil
-				}
-			}
-			return errors.New("not established")
-		})
-	}
 }
 
 // closedAddress is a loopback address nothing listens on.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -27,10 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -76,7 +71,7 @@ func TestMirrorProvider(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	installCRDs(t, cp.Config)
+	mustApplyCRDs(t, cp.Config)
 	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
 		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
 			"apply", "--server-side", "-f", filepath.Join("..", "deploy", f))
@@ -155,41 +150,6 @@ func providerTestScheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	return scheme
-}
-
-// installCRDs applies the embedded CRDs and waits until they are served.
-func installCRDs(t *testing.T, cfg *rest.Config) {
-	t.Helper()
-	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
-	files, err := fs.Glob(deploy.CRDs, "crds/*.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		raw, err := fs.ReadFile(deploy.CRDs, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(raw, &crd); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := crds.Create(t.Context(), &crd, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create CRD %s: %v", crd.Name, err)
-		}
-		eventually.Within(t, 30*time.Second, "CRD "+crd.Name+" established", func() error {
-			got, err := crds.Get(t.Context(), crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return nil
-				}
-			}
-			return errors.New("not established")
-		})
-	}
 }
 
 // serviceAccountConfig is a client config with a token of account, as a
