@@ -9,7 +9,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
@@ -49,19 +48,7 @@ func BenchmarkGrantToCredential(b *testing.B) {
 
 func setOffloading(t testing.TB, c *federation.NodeCluster, peer string, o v1alpha1.Offloading) {
 	t.Helper()
-	peers, err := c.Peers(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, ok := peers[peer]
-	if !ok {
-		t.Fatalf("%s has no Peer for %s", c.Name, peer)
-	}
-	patch := client.MergeFrom(p.DeepCopy())
-	p.Spec.Offloading = o
-	if err := c.Client.Patch(context.Background(), &p, patch); err != nil {
-		t.Fatalf("set %s's Peer %s offloading to %s: %v", c.Name, peer, o, err)
-	}
+	changePeerSpec(t, c.Cluster, peer, func(s *v1alpha1.PeerSpec) { s.Offloading = o })
 }
 
 // waitTenantsGone waits until c has no tenant namespace.

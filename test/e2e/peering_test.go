@@ -228,6 +228,13 @@ func TestPeeringManual(t *testing.T) {
 
 func setNetworking(t testing.TB, c *federation.Cluster, peer string, n v1alpha1.Networking) {
 	t.Helper()
+	changePeerSpec(t, c, peer, func(s *v1alpha1.PeerSpec) { s.Networking = n })
+}
+
+// changePeerSpec changes the spec of c's Peer for the cluster named peer,
+// as its admin would.
+func changePeerSpec(t testing.TB, c *federation.Cluster, peer string, change func(*v1alpha1.PeerSpec)) {
+	t.Helper()
 	peers, err := c.Peers(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -237,9 +244,9 @@ func setNetworking(t testing.TB, c *federation.Cluster, peer string, n v1alpha1.
 		t.Fatalf("%s has no Peer for %s", c.Name, peer)
 	}
 	patch := client.MergeFrom(p.DeepCopy())
-	p.Spec.Networking = n
+	change(&p.Spec)
 	if err := c.Client.Patch(context.Background(), &p, patch); err != nil {
-		t.Fatalf("set %s's Peer %s to %s: %v", c.Name, peer, n, err)
+		t.Fatalf("change %s's Peer %s: %v", c.Name, peer, err)
 	}
 }
 
