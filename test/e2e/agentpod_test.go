@@ -131,6 +131,8 @@ func documentedAccess() map[string][]string {
 		"peers.flotilla.io/status [] [get patch update]",
 		"namespaceoffloads.flotilla.io [] [get list patch update watch]",
 		"namespaceoffloads.flotilla.io/status [] [get patch update]",
+		"namespacerequests.flotilla.io [] [get list patch update watch]",
+		"namespacerequests.flotilla.io/status [] [get patch update]",
 		"nodes [] [get list watch]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
