@@ -226,17 +226,20 @@ func New(cfg Config) (*Agent, error) {
 // KubeConfig is the client configuration from a kubeconfig file, or the
 // pod's service account when path is empty.
 func KubeConfig(path string) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
 	if path != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", path); err != nil {
 			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 		}
-		return cfg, nil
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
 		return nil, fmt.Errorf("no --kubeconfig given and not running in a pod (%w); pass --kubeconfig", err)
 	}
+	// No client-side rate limit, as controller-runtime does: the API
+	// server's priority and fairness protects it, while client-go's
+	// default (5 a second per API group) held each offloaded namespace
+	// a second on the provider. Writers that want a limit set their own.
+	cfg.QPS, cfg.Burst = -1, -1
 	return cfg, nil
 }
 

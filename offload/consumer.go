@@ -121,6 +121,10 @@ func restConfigOf(g grant.Grant) *rest.Config {
 		Host: g.Server, BearerToken: g.Token.Reveal(),
 		TLSClientConfig: rest.TLSClientConfig{CAData: g.CAData},
 		Timeout:         10 * time.Second,
+		// No client-side rate limit (client-go's default is 5 a second):
+		// the provider's priority and fairness limits its tenants, and
+		// a hundred namespaces offloaded at once are a hundred requests.
+		QPS: -1, Burst: -1,
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -546,4 +547,23 @@ func (e *mirrorEnv) waitGone(t *testing.T, ns string) {
 		}
 		return fmt.Errorf("still there: %s, finalizers %v", describeOffload(&o), o.Finalizers)
 	})
+}
+
+// The consumer's clients of a provider never hold a request back on
+// their side (client-go's default is 5 a second, bursts of 10): a
+// hundred namespaces offloaded at once are a hundred requests there.
+func TestCredentialConfigDoesNotThrottle(t *testing.T) {
+	cs, err := kubernetes.NewForConfig(restConfigOf(grant.Grant{Server: "https://127.0.0.1:6443"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := cs.CoreV1().RESTClient().GetRateLimiter()
+	if l == nil {
+		return
+	}
+	for i := range 500 {
+		if !l.TryAccept() {
+			t.Fatalf("the client of a provider holds request %d back (client-side rate limit %v a second)", i+1, l.QPS())
+		}
+	}
 }
