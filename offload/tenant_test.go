@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -216,6 +217,19 @@ func (s *suite) testEnsureTwice(t *testing.T) {
 		t.Errorf("RoleBinding %+v %+v", rb.RoleRef, rb.Subjects)
 	}
 
+	// The quota controller writes the quota's status (a new
+	// resourceVersion) once: wait for it, so only our writes can change
+	// the versions.
+	eventually.Within(t, 30*time.Second, "the quota's status written by its controller", func() error {
+		q, err := s.cp.Client.CoreV1().ResourceQuotas(ns).Get(ctx, GrantSecret, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(q.Status.Hard) == 0 {
+			return fmt.Errorf("no status yet")
+		}
+		return nil
+	})
 	before := s.versions(t, consumer)
 	if len(before) != 6 {
 		t.Fatalf("tenant objects %v, want all six", before)
