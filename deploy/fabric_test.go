@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,7 +95,9 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 	pubCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(pubCtx) }()
-	defer func() { stop(); <-done }()
+	var stopOnce sync.Once
+	stopPublisher := func() { stopOnce.Do(func() { stop(); <-done }) }
+	defer stopPublisher()
 	pub.Set(plan)
 
 	got := make(chan fabricapi.Plan, 10)
@@ -142,6 +145,9 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 	}
 
 	// The DaemonSet deleted: a stopping fabric pod removes its node's part.
+	// The publisher stops first, as with the agent uninstalled: its
+	// periodic re-apply would otherwise put the DaemonSet back.
+	stopPublisher()
 	if err := cp.Client.AppsV1().DaemonSets(namespace).Delete(ctx, fabricapi.DaemonSetName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
