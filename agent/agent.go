@@ -209,13 +209,6 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	restCfg.UserAgent = "flotilla-agent/" + Version
-	// No client-side limit (client-go's default is 5 requests a second):
-	// the API server's priority and fairness protects it, as with
-	// controller-runtime's configs. Mirroring 100 namespaces took 100 s
-	// at 5 a second (BenchmarkNamespaceOffloadScale).
-	if restCfg.QPS == 0 {
-		restCfg.QPS = -1
-	}
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
