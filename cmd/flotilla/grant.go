@@ -14,11 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
 
 func init() {
@@ -55,15 +53,7 @@ func (pc peerCommand) parse(args []string) (string, error) {
 	return args[0], parseFlags(pc.fs, args[1:])
 }
 
-func (pc peerCommand) client() (client.Client, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *pc.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return client.New(cfg, client.Options{Scheme: peerapi.Scheme()})
-}
+func (pc peerCommand) client() (client.Client, error) { return clusterClient(*pc.kubeconfig) }
 
 func runGrant(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pc := newPeerCommand("grant", stderr)

@@ -17,14 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
-	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
 
 func init() {
@@ -70,15 +68,7 @@ func (nc namespaceCommand) parse(args []string) (string, error) {
 	return ns, parseFlags(nc.fs, args[2:])
 }
 
-func (nc namespaceCommand) client() (client.WithWatch, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *nc.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	return client.NewWithWatch(cfg, client.Options{Scheme: peerapi.Scheme()})
-}
+func (nc namespaceCommand) client() (client.WithWatch, error) { return clusterClient(*nc.kubeconfig) }
 
 // offloadFlags are the flags of offload, read into a spec.
 type offloadFlags struct {

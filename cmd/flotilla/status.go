@@ -28,13 +28,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: peerapi.Scheme()})
+	c, err := clusterClient(*kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -44,6 +38,19 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	printPeers(stdout, peers.Items, time.Now())
 	return nil
+}
+
+// clusterClient reads and writes the flotilla.io objects of the cluster
+// a kubeconfig names, as kubectl finds it: the path given, else
+// $KUBECONFIG, else ~/.kube/config.
+func clusterClient(kubeconfig string) (client.WithWatch, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return client.NewWithWatch(cfg, client.Options{Scheme: peerapi.Scheme()})
 }
 
 func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
