@@ -77,15 +77,19 @@ var errNotOurs = errors.New("namespace exists and is not mirrored for this consu
 // ensureMirrored makes the namespace name mirrored for consumer from
 // source, with the consumer's RoleBinding and the grant's quota, or checks
 // that the one of that name is. Like the tenant's, it never applies to a
-// namespace that exists: that would adopt one created in between.
-func (t *Tenants) ensureMirrored(ctx context.Context, consumer, name, source string, limits grant.Limits) (ns *corev1.Namespace, created bool, err error) {
+// namespace that exists: that would adopt one created in between. known is
+// the namespace the caller already read and found mirrored for consumer
+// from source (nil: none), so it is not read again.
+func (t *Tenants) ensureMirrored(ctx context.Context, consumer, name, source string, limits grant.Limits, known *corev1.Namespace) (ns *corev1.Namespace, created bool, err error) {
 	hard, err := quotaOf(limits)
 	if err != nil {
 		return nil, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 	}
-	ns, created, err = t.createMirrored(ctx, consumer, name, source)
-	if err != nil {
-		return nil, false, err
+	ns = known
+	if ns == nil {
+		if ns, created, err = t.createMirrored(ctx, consumer, name, source); err != nil {
+			return nil, false, err
+		}
 	}
 	if err := t.applyGrantObjects(ctx, consumer, name, hard); err != nil {
 		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
@@ -96,30 +100,34 @@ func (t *Tenants) ensureMirrored(ctx context.Context, consumer, name, source str
 	return ns, created, nil
 }
 
+// createMirrored creates the namespace, or, when one of that name exists
+// (created in between), reads it and checks it is the consumer's. Create
+// comes first: the caller has just found none.
 func (t *Tenants) createMirrored(ctx context.Context, consumer, name, source string) (*corev1.Namespace, bool, error) {
 	for range 2 {
-		ns, err := t.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			if !mirroredFor(ns, consumer, source) {
-				return nil, false, fmt.Errorf("namespace %s (labels %s=%q, %s=%q): %w", name,
-					LabelTenant, ns.Labels[LabelTenant], v1alpha1.LabelMirroredFrom, ns.Labels[v1alpha1.LabelMirroredFrom], errNotOurs)
-			}
-			if ns.DeletionTimestamp != nil {
-				return nil, false, fmt.Errorf("namespace %s: %w; it is created again once gone", name, ErrTerminating)
-			}
-			return ns, false, nil
-		}
-		if !apierrors.IsNotFound(err) {
-			return nil, false, fmt.Errorf("read namespace %s: %w", name, err)
-		}
-		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: mirroredLabels(consumer, source)}}
-		ns, err = t.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: mirroredLabels(consumer, source)}}
+		ns, err := t.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
 		if err == nil {
 			return ns, true, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, false, fmt.Errorf("create namespace %s: %w", name, err)
 		}
+		ns, err = t.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue // deleted in between: create it again
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("read namespace %s: %w", name, err)
+		}
+		if !mirroredFor(ns, consumer, source) {
+			return nil, false, fmt.Errorf("namespace %s (labels %s=%q, %s=%q): %w", name,
+				LabelTenant, ns.Labels[LabelTenant], v1alpha1.LabelMirroredFrom, ns.Labels[v1alpha1.LabelMirroredFrom], errNotOurs)
+		}
+		if ns.DeletionTimestamp != nil {
+			return nil, false, fmt.Errorf("namespace %s: %w; it is created again once gone", name, ErrTerminating)
+		}
+		return ns, false, nil
 	}
 	return nil, false, fmt.Errorf("create namespace %s: created and deleted by someone else while we tried; retry", name)
 }

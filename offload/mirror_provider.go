@@ -432,7 +432,7 @@ func (m *MirrorProvider) answer(ctx context.Context, consumer string, r *v1alpha
 	if done && applied == limits {
 		return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, nil
 	}
-	got, created, err := m.cfg.Tenants.ensureMirrored(ctx, consumer, r.Name, src, limits)
+	got, created, err := m.cfg.Tenants.ensureMirrored(ctx, consumer, r.Name, src, limits, ns)
 	switch {
 	case errors.Is(err, errNotOurs):
 		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil
