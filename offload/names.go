@@ -33,3 +33,32 @@ func TenantNamespace(consumer string) string { return TenantPrefix + consumer }
 func ConsumerUser(consumer string) string {
 	return "system:serviceaccount:" + TenantNamespace(consumer) + ":" + ConsumerServiceAccount
 }
+
+// Workload offloading (docs/offload.md): what the consumer's agent puts in
+// its own cluster for each provider, and how an offloaded pod is known on
+// both sides.
+const (
+	// VirtualNodePrefix starts the name of every virtual node; the rest is
+	// the provider's cluster ID (its Peer's name).
+	VirtualNodePrefix = "flotilla-"
+	// LabelVirtualNode is "true" on every virtual node; the taint of the
+	// same key keeps pods that do not tolerate it off them.
+	LabelVirtualNode = "flotilla.io/virtual-node"
+	// TaintVirtualNode is the key of the NoExecute taint on virtual nodes.
+	TaintVirtualNode = LabelVirtualNode
+	// LabelClusterID and LabelClusterName name the provider a virtual node
+	// stands for; placement selects virtual nodes by LabelClusterID.
+	LabelClusterID   = "flotilla.io/cluster-id"
+	LabelClusterName = "flotilla.io/cluster-name"
+	// LabelOffloaded is "true" on a consumer's namespace while a
+	// NamespaceOffload is in it: the placement webhook's namespace
+	// selector.
+	LabelOffloaded = "flotilla.io/offloaded"
+	// AnnotationOrigin is on every pod a consumer creates on a provider:
+	// "<namespace>/<name>/<uid>" of the consumer's pod it stands for. The
+	// remote pod also carries LabelTenant (the consumer's cluster ID).
+	AnnotationOrigin = "flotilla.io/origin"
+)
+
+// VirtualNodeName is the name of the virtual node that stands for provider.
+func VirtualNodeName(provider string) string { return VirtualNodePrefix + provider }

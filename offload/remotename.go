@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -68,4 +69,15 @@ func validNamespaceName(name string) error {
 		return fmt.Errorf("%q is not a valid namespace name: %s", name, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// MirroredNamespace is the namespace o's namespace has on provider, and
+// whether it is there and ready for this cluster's objects (its Ready
+// condition is true).
+func MirroredNamespace(o *v1alpha1.NamespaceOffload, provider string) (string, bool) {
+	c := findCluster(o.Status.Clusters, provider)
+	if c == nil || c.RemoteNamespace == "" {
+		return "", false
+	}
+	return c.RemoteNamespace, meta.IsStatusConditionTrue(c.Conditions, ConditionReady)
 }
