@@ -108,6 +108,14 @@ type Config struct {
 	// must accept it. GrantLifetime is their lifetime (renewed at 2/3).
 	GrantAudience string
 	GrantLifetime time.Duration
+
+	// NodeAddress is where this cluster's API server reaches the agent:
+	// the InternalIP of the virtual nodes, whose kubelet API it serves on
+	// KubeletPort, and the address of the placement webhook on
+	// WebhookPort. Default: $POD_IP (the gateway node's address, the pod
+	// being on the host network), else AdvertiseAddr.
+	NodeAddress              netip.Addr
+	KubeletPort, WebhookPort int
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -123,6 +131,8 @@ func DefaultConfig() Config {
 		Announce:           AnnounceAuto,
 		UnreachableGrace:   5 * time.Minute,
 		InstallCRDs:        true,
+		KubeletPort:        10260,
+		WebhookPort:        9443,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,
 		GossipProfile:      string(discovery.ProfileLAN),

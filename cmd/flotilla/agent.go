@@ -67,6 +67,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.APIServerCA, "api-server-ca", "", "PEM file of the CA bundle that verifies --api-server-url (default: with the URL found, or the agent's own)")
 	fs.StringVar(&cfg.GrantAudience, "grant-audience", cfg.GrantAudience, "audience of the tokens granted to peers; the API server must accept it (kube-apiserver --api-audiences)")
 	fs.DurationVar(&cfg.GrantLifetime, "grant-lifetime", cfg.GrantLifetime, "lifetime of the tokens granted to peers (10m at least); each is renewed at two thirds of it")
+	nodeAddr := addrFlag{&cfg.NodeAddress}
+	fs.Var(nodeAddr, "node-address", "address this cluster's API server reaches the agent at, for the virtual nodes' kubelet API and the placement webhook (default: $POD_IP, else --advertise-addr)")
+	fs.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of the kubelet API the virtual nodes serve (kubectl logs and exec on offloaded pods)")
+	fs.IntVar(&cfg.WebhookPort, "webhook-port", cfg.WebhookPort, "port of the placement webhook (pods of offloaded namespaces)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -76,6 +80,11 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return errUsage
 	}
 	cfg.Logger = logger
+	if v := os.Getenv("POD_IP"); !cfg.NodeAddress.IsValid() && v != "" {
+		if cfg.NodeAddress, err = netip.ParseAddr(v); err != nil {
+			return fmt.Errorf("$POD_IP %q (the default of --node-address): %w", v, err)
+		}
+	}
 	cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
 	cfg.DNSDomains, cfg.Joins = domains, joins
 	cfg.ClusterLabels = labels
