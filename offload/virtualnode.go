@@ -161,8 +161,8 @@ func ourVirtualNodes() labels.Selector {
 	return labels.NewSelector().Add(*virtual, *managed)
 }
 
-// isOurVirtualNode reports whether n carries the labels of a Node this
-// agent made: the only Nodes it ever writes or deletes.
+// isOurVirtualNode reports whether obj carries the labels of what this
+// agent made: the only Nodes and Leases it ever writes or deletes.
 func isOurVirtualNode(obj interface{ GetLabels() map[string]string }) bool {
 	l := obj.GetLabels()
 	return l[LabelVirtualNode] == "true" && l[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue
