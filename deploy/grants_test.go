@@ -70,6 +70,7 @@ func TestGrants(t *testing.T) {
 	t.Run("mirroring with the parties' own tokens", g.testMirroring)
 	t.Run("admission refuses the consumer what it admits from an admin", g.testConsumerAdmission)
 	t.Run("consumer may not touch our labels", g.testConsumerLabels)
+	t.Run("agent writes only virtual nodes", g.testVirtualNodes)
 	t.Run("deleting the grant's Secret revokes the token", g.testRevoke)
 }
 
@@ -163,6 +164,10 @@ func waitPoliciesEnforced(t *testing.T, cp *harness.ControlPlane) {
 		{"flotilla-agent-rolebindings", func() error {
 			everyone := rbacv1.Subject{Kind: "Group", APIGroup: rbacv1.GroupName, Name: "system:authenticated"}
 			_, err := agent.RbacV1().RoleBindings(witness).Create(ctx, roleBinding("witness", "ClusterRole", offload.ConsumerClusterRole, everyone), dry)
+			return err
+		}},
+		{"flotilla-agent-virtual-nodes", func() error {
+			_, err := agent.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "witness"}}, dry)
 			return err
 		}},
 		{"flotilla-agent-tokens", func() error {

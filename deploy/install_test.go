@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	flotillav1 "github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -415,6 +416,26 @@ func agentAccess() []access {
 	for _, v := range []string{"get", "list", "watch"} {
 		cases = append(cases, allow(v, "", "nodes", "", ""))
 	}
+	// Virtual nodes: RBAC allows writing any Node and node Lease; the
+	// policy flotilla-agent-virtual-nodes confines them to virtual nodes
+	// (deploy/virtualnodes_test.go).
+	for _, v := range []string{"create", "update", "patch", "delete"} {
+		cases = append(cases, allow(v, "", "nodes", "", "flotilla-c1"))
+	}
+	for _, v := range []string{"update", "patch"} {
+		a := allow(v, "", "nodes", "", "flotilla-c1")
+		a.subresource = "status"
+		cases = append(cases, a)
+	}
+	for _, v := range []string{"get", "create", "update", "delete"} {
+		cases = append(cases, allow(v, "coordination.k8s.io", "leases", "kube-node-lease", "flotilla-c1"))
+	}
+	nodeProxy := deny("get", "", "nodes", "", "gateway")
+	nodeProxy.subresource = "proxy"
+	cases = append(cases, nodeProxy,
+		deny("deletecollection", "", "nodes", "", ""),
+		deny("list", "coordination.k8s.io", "leases", "kube-node-lease", ""),
+		deny("deletecollection", "coordination.k8s.io", "leases", "kube-node-lease", ""))
 	for _, v := range []string{"get", "create", "update", "patch"} {
 		cases = append(cases, allow(v, "apiextensions.k8s.io", "customresourcedefinitions", "", crdName))
 	}
@@ -501,17 +522,11 @@ func agentAccess() []access {
 	for _, ns := range []string{"", "default", namespace, "kube-system"} {
 		cases = append(cases, deny("get", "", "secrets", ns, ""), deny("list", "", "secrets", ns, ""))
 	}
-	nodeStatus := deny("update", "", "nodes", "", "gateway")
-	nodeStatus.subresource = "status"
 	saToken := deny("create", "", "serviceaccounts", namespace, serviceAccount)
 	saToken.subresource = "token"
 	cases = append(cases,
 		deny("create", "", "pods", namespace, ""),
 		deny("create", "", "pods", "default", ""),
-		deny("delete", "", "nodes", "", "gateway"),
-		deny("update", "", "nodes", "", "gateway"),
-		deny("patch", "", "nodes", "", "gateway"),
-		nodeStatus,
 		deny("get", "", "configmaps", "kube-system", ""),
 		deny("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		deny("update", "", "configmaps", "kube-system", "kubeadm-config"),
@@ -677,6 +692,15 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 		}},
 		{"delete its CRD", func() error { return dyn.Resource(crdGVR).Delete(ctx, crdName, metav1.DeleteOptions{}) }},
 	}
+	// RBAC lets the agent delete Nodes; the policy that keeps it to
+	// virtual nodes is loaded in the background.
+	eventually.Within(t, 30*time.Second, "policy flotilla-agent-virtual-nodes enforced", func() error {
+		err := kube.CoreV1().Nodes().Delete(ctx, "worker", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil || !strings.Contains(err.Error(), "'flotilla-agent-virtual-nodes'") {
+			return fmt.Errorf("dry-run delete of node worker: %v", err)
+		}
+		return nil
+	})
 	for _, r := range refusals {
 		if err := r.do(); !apierrors.IsForbidden(err) {
 			t.Errorf("agent may %s: got %v, want Forbidden", r.what, err)
@@ -780,6 +804,8 @@ func testUninstall(t *testing.T, cp *harness.ControlPlane) {
 		"-n kube-public rolebinding/flotilla-agent-api-server",
 		"clusterrole/flotilla-consumer",
 		"validatingadmissionpolicy/flotilla-agent-namespaces",
+		"validatingadmissionpolicy/flotilla-agent-virtual-nodes",
+		"-n kube-node-lease role/flotilla-agent-node-leases",
 		"validatingadmissionpolicybinding/flotilla-consumer-pods",
 	} {
 		out, err := kubectl(cp, append([]string{"get"}, strings.Fields(obj)...)...)

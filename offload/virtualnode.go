@@ -1,0 +1,439 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/wait"
+	apiversion "k8s.io/apimachinery/pkg/version"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/identity"
+)
+
+// How a virtual node keeps its heartbeat (docs/offload.md, "Virtual
+// nodes"): the kubelet's numbers. The node lifecycle controller counts a
+// node alive while either its Lease is renewed or its Ready condition's
+// heartbeat moves within --node-monitor-grace-period (50 s by default).
+const (
+	virtualNodeLeaseRenew    = 10 * time.Second
+	virtualNodeLeaseDuration = 40 * time.Second
+	virtualNodeHeartbeat     = 40 * time.Second
+	// VirtualNodeFieldManager is the field manager of every write to a
+	// virtual node and its Lease.
+	VirtualNodeFieldManager = "flotilla-virtual-node"
+)
+
+// VirtualNodesConfig is what VirtualNodes needs.
+type VirtualNodesConfig struct {
+	// Config reaches the local API server (Peers, Nodes).
+	Config *rest.Config
+	// Client writes Nodes and Leases; one made from Config when nil.
+	Client kubernetes.Interface
+	// Credentials say what each provider granted: the virtual node's
+	// capacity is the grant's limits.
+	Credentials Credentials
+	// Address is the virtual nodes' InternalIP: where this cluster's API
+	// server reaches the agent's kubelet API.
+	Address netip.Addr
+	// KubeletPort is where the agent serves the kubelet API
+	// (status.daemonEndpoints.kubeletEndpoint.Port).
+	KubeletPort int32
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// VirtualNodes keeps one Node in this cluster for each provider that
+// granted it offloading: named VirtualNodeName(provider), labelled and
+// tainted as a virtual node, its capacity the grant's limits, Ready only
+// while the peering is Connected and the credential works, with a Lease
+// in kube-node-lease renewed like a kubelet's. It removes the Node when
+// the grant is revoked or expires, or the Peer goes. It writes only Nodes
+// and Leases it labelled as its own, and never a whole Node: the node
+// lifecycle controller writes taints and conditions on them too.
+// Level-triggered: one reconcile per provider, from its Peer and its Node.
+type VirtualNodes struct {
+	cfg   VirtualNodesConfig
+	log   *slog.Logger
+	cache cache.Cache // Peers, and our Nodes only
+	queue workqueue.TypedRateLimitingInterface[string]
+	m     *virtualNodeMetrics
+	// kubeletVersion is what the nodes report, set before the first
+	// reconcile.
+	kubeletVersion string
+
+	mu sync.Mutex
+	// leases are the Leases last written, by provider: renewing one
+	// needs no read.
+	leases  map[string]*coordinationv1.Lease
+	ready   map[string]bool
+	lastErr map[string]string // by provider: log an error once per change
+}
+
+// virtualNodeWorkers reconcile different providers at once.
+const virtualNodeWorkers = 2
+
+// NewVirtualNodes checks cfg and prepares VirtualNodes; Run starts them.
+func NewVirtualNodes(cfg VirtualNodesConfig) (*VirtualNodes, error) {
+	if cfg.Config == nil || cfg.Credentials == nil {
+		return nil, errors.New("virtual nodes: the local REST config and the credentials are required")
+	}
+	if !cfg.Address.IsValid() {
+		return nil, errors.New("virtual nodes: the agent's address (the nodes' InternalIP) is required")
+	}
+	if cfg.KubeletPort <= 0 || cfg.KubeletPort > 65535 {
+		return nil, fmt.Errorf("virtual nodes: kubelet port %d: want 1-65535, where the agent serves the kubelet API", cfg.KubeletPort)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Client == nil {
+		c, err := kubernetes.NewForConfig(cfg.Config)
+		if err != nil {
+			return nil, fmt.Errorf("virtual nodes: client: %w", err)
+		}
+		cfg.Client = c
+	}
+	scheme := runtime.NewScheme()
+	if err := errors.Join(v1alpha1.AddToScheme(scheme), corev1.AddToScheme(scheme)); err != nil {
+		return nil, fmt.Errorf("virtual nodes: scheme: %w", err)
+	}
+	ca, err := cache.New(cfg.Config, cache.Options{
+		Scheme: scheme, Mapper: virtualNodeMapper(), DefaultTransform: cache.TransformStripManagedFields(),
+		// Our Nodes only: a Node without both labels is not ours, even
+		// under our name.
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Label: ourVirtualNodes()}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("virtual nodes: cache: %w", err)
+	}
+	m := newVirtualNodeMetrics()
+	if cfg.Metrics != nil {
+		if err := m.register(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("virtual nodes: register metrics: %w", err)
+		}
+	}
+	return &VirtualNodes{
+		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: ca,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "virtual-nodes"}),
+		m:      m,
+		leases: map[string]*coordinationv1.Lease{}, ready: map[string]bool{}, lastErr: map[string]string{},
+	}, nil
+}
+
+// virtualNodeMapper knows where Peers and Nodes are served, without
+// asking.
+func virtualNodeMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
+	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
+	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
+	return m
+}
+
+// ourVirtualNodes selects the Nodes this agent made.
+func ourVirtualNodes() labels.Selector {
+	virtual, _ := labels.NewRequirement(LabelVirtualNode, selection.Equals, []string{"true"})
+	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
+	return labels.NewSelector().Add(*virtual, *managed)
+}
+
+// isOurVirtualNode reports whether obj carries the labels of what this
+// agent made: the only Nodes and Leases it ever writes or deletes.
+func isOurVirtualNode(obj interface{ GetLabels() map[string]string }) bool {
+	l := obj.GetLabels()
+	return l[LabelVirtualNode] == "true" && l[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue
+}
+
+// Ready reports whether provider's virtual node exists and this agent
+// last said it is Ready: offloaded pods are reachable there.
+func (v *VirtualNodes) Ready(provider string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.ready[provider]
+}
+
+// Run watches Peers and the virtual nodes and reconciles until ctx ends;
+// it returns once every goroutine it started has.
+func (v *VirtualNodes) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		v.queue.ShutDown()
+		wg.Wait()
+	}()
+	var regs []toolscache.ResourceEventHandlerRegistration
+	for _, h := range []struct {
+		obj client.Object
+		key func(obj any) string
+	}{
+		{&v1alpha1.Peer{}, func(obj any) string { return obj.(*v1alpha1.Peer).Name }},
+		{&corev1.Node{}, func(obj any) string { return obj.(*corev1.Node).Labels[LabelClusterID] }},
+	} {
+		inf, err := v.cache.GetInformer(ctx, h.obj)
+		if err != nil {
+			return fmt.Errorf("virtual nodes: watch %T: %w", h.obj, err)
+		}
+		reg, err := inf.AddEventHandler(v.events(h.key))
+		if err != nil {
+			return fmt.Errorf("virtual nodes: watch %T: %w", h.obj, err)
+		}
+		regs = append(regs, reg)
+	}
+	cacheErr := make(chan error, 1)
+	wg.Go(func() { cacheErr <- v.cache.Start(ctx) })
+	// No reconcile before both caches hold everything: a Node whose Peer
+	// is not read yet would look unwanted and be deleted.
+	synced := func(context.Context) (bool, error) {
+		for _, r := range regs {
+			if !r.HasSynced() {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
+		select {
+		case err := <-cacheErr:
+			if err != nil {
+				return fmt.Errorf("virtual nodes: watch: %w", err)
+			}
+		default:
+		}
+		return nil
+	}
+	server, err := v.cfg.Client.Discovery().ServerVersion()
+	if err != nil {
+		v.log.Warn("the API server's version is unknown; virtual nodes report the release the agent is built with", "err", err)
+		server = &apiversion.Info{}
+	}
+	v.kubeletVersion = virtualNodeKubeletVersion(server.GitVersion)
+	v.log.Info("keeping a virtual node for each provider that granted offloading",
+		"address", v.cfg.Address, "kubeletPort", v.cfg.KubeletPort, "version", v.kubeletVersion)
+	for range virtualNodeWorkers {
+		wg.Go(func() {
+			for v.next(ctx) {
+			}
+		})
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-cacheErr:
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("virtual nodes: watch: %w", err)
+		}
+		return nil
+	}
+}
+
+// events queue the provider an object is about. Every change counts: a
+// reconcile that finds its Node as wanted writes nothing.
+func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHandler {
+	add := func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		switch obj.(type) {
+		case *v1alpha1.Peer, *corev1.Node:
+		default:
+			return
+		}
+		if id := key(obj); identity.ValidateClusterID(id) == nil {
+			v.queue.Add(id)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    add,
+		UpdateFunc: func(_, obj any) { add(obj) },
+		DeleteFunc: add,
+	}
+}
+
+func (v *VirtualNodes) next(ctx context.Context) bool {
+	id, quit := v.queue.Get()
+	if quit {
+		return false
+	}
+	defer v.queue.Done(id)
+	after, err := v.reconcile(ctx, id)
+	v.noteError(id, err)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		v.m.errors.WithLabelValues(id, errorReason(err)).Inc()
+		v.queue.AddRateLimited(id)
+	case after > 0:
+		v.queue.Forget(id)
+		v.queue.AddAfter(id, after)
+	default:
+		v.queue.Forget(id)
+	}
+	return true
+}
+
+// reconcile brings provider id's virtual node, and its Lease, in line with
+// its Peer; it returns when to look again (the next renewal or heartbeat).
+func (v *VirtualNodes) reconcile(ctx context.Context, id string) (time.Duration, error) {
+	var peer *v1alpha1.Peer
+	var p v1alpha1.Peer
+	switch err := v.cache.Get(ctx, client.ObjectKey{Name: id}, &p); {
+	case err == nil:
+		peer = &p
+	case !apierrors.IsNotFound(err):
+		return 0, fmt.Errorf("read Peer %s: %w", id, err)
+	}
+	var node *corev1.Node
+	var n corev1.Node
+	switch err := v.cache.Get(ctx, client.ObjectKey{Name: VirtualNodeName(id)}, &n); {
+	case err == nil:
+		node = &n
+	case !apierrors.IsNotFound(err):
+		return 0, fmt.Errorf("read node %s: %w", VirtualNodeName(id), err)
+	}
+	if ok, why := virtualNodeWanted(peer); !ok {
+		return 0, v.remove(ctx, id, node, why)
+	}
+	now := time.Now()
+	want := v.desiredNode(peer, node, now)
+	var err error
+	if node == nil {
+		node, err = v.createNode(ctx, want)
+	}
+	if err == nil {
+		node, err = v.patchNode(ctx, want, node, now)
+	}
+	if errors.Is(err, errForeignNode) {
+		v.setReady(id, true, false)
+	}
+	if err != nil {
+		return 0, err
+	}
+	v.setReady(id, true, want.ready)
+	renewIn, err := v.renewLease(ctx, id, node, now)
+	if err != nil {
+		return 0, err
+	}
+	beat := virtualNodeHeartbeat
+	if c := nodeCondition(node, corev1.NodeReady); c != nil {
+		beat = c.LastHeartbeatTime.Add(virtualNodeHeartbeat).Sub(now)
+	}
+	return max(min(renewIn, beat), time.Second), nil
+}
+
+// remove deletes provider id's virtual node (node, ours, nil: none) and
+// its Lease.
+func (v *VirtualNodes) remove(ctx context.Context, id string, node *corev1.Node, why string) error {
+	if node != nil {
+		// The UID: a Node that replaced ours since it was read is not ours
+		// to delete.
+		err := v.cfg.Client.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &node.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete virtual node %s (%s): %w", node.Name, why, err)
+		}
+		v.m.writes.WithLabelValues("delete").Inc()
+		v.log.Info("virtual node removed", "node", node.Name, "because", why)
+	}
+	if err := v.deleteLease(ctx, id, node != nil); err != nil {
+		return err
+	}
+	v.setReady(id, false, false)
+	return nil
+}
+
+// noteError logs a provider's error once per change.
+func (v *VirtualNodes) noteError(id string, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch {
+	case apierrors.IsConflict(err):
+		// Someone wrote the Node between our read and our write (the
+		// controller manager often does, just after we create one): the
+		// retry reads it again.
+		v.log.Debug("virtual node changed while written; retrying", "peer", id, "err", err)
+	case err == nil && v.lastErr[id] != "":
+		delete(v.lastErr, id)
+		v.log.Info("virtual node reconciled again", "peer", id, "node", VirtualNodeName(id))
+	case err != nil && v.lastErr[id] != err.Error():
+		v.lastErr[id] = err.Error()
+		v.log.Warn("virtual node not reconciled; retrying", "peer", id, "node", VirtualNodeName(id), "err", err)
+	}
+}
+
+// errForeignNode is a Node or Lease under a virtual node's name that this
+// agent did not make: it is left alone.
+var errForeignNode = errors.New("not made by Flotilla (it lacks the labels " + LabelVirtualNode + "=true and " +
+	v1alpha1.LabelManagedBy + "=" + v1alpha1.ManagedByValue + "); left alone: rename or remove it to let the virtual node be made")
+
+func errorReason(err error) string {
+	switch {
+	case errors.Is(err, errForeignNode):
+		return "foreign"
+	case apierrors.IsConflict(err):
+		return "conflict"
+	default:
+		return "api"
+	}
+}
+
+// setReady records what provider's virtual node says (present: whether
+// there is one).
+func (v *VirtualNodes) setReady(id string, present, ready bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !present {
+		delete(v.ready, id)
+		v.m.ready.DeleteLabelValues(id)
+		return
+	}
+	v.ready[id] = ready
+	g := 0.0
+	if ready {
+		g = 1
+	}
+	v.m.ready.WithLabelValues(id).Set(g)
+}
+
+type virtualNodeMetrics struct {
+	ready  *prometheus.GaugeVec
+	errors *prometheus.CounterVec
+	writes *prometheus.CounterVec
+}
+
+func newVirtualNodeMetrics() *virtualNodeMetrics {
+	return &virtualNodeMetrics{
+		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flotilla_virtual_node_ready", Help: "1 while the virtual node of a provider is Ready, 0 while it is not; absent when there is none."}, []string{"peer"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_virtual_node_errors_total", Help: "Reconciles of a virtual node that failed, by reason (foreign: a Node or Lease of its name not made by Flotilla)."}, []string{"peer", "reason"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_virtual_node_writes_total", Help: "Writes to virtual nodes and their Leases, by what was written."}, []string{"write"}),
+	}
+}
+
+func (m *virtualNodeMetrics) register(reg prometheus.Registerer) error {
+	return errors.Join(reg.Register(m.ready), reg.Register(m.errors), reg.Register(m.writes))
+}
