@@ -14,6 +14,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 )
 
@@ -66,7 +67,7 @@ func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func(
 func (c clusterNodes) addresses() []netip.Prefix {
 	var out []netip.Prefix
 	for _, obj := range c.store.List() {
-		if n, ok := obj.(*corev1.Node); ok {
+		if n, ok := obj.(*corev1.Node); ok && !virtual(n) {
 			out = append(out, nodeAddresses(n)...)
 		}
 	}
@@ -79,7 +80,7 @@ func (c clusterNodes) fabric() []fabricapi.Node {
 	var out []fabricapi.Node
 	for _, obj := range c.store.List() {
 		n, ok := obj.(*corev1.Node)
-		if !ok {
+		if !ok || virtual(n) {
 			continue
 		}
 		fn := fabricapi.Node{Name: n.Name, Addr: internalIPv4(n)}
@@ -113,18 +114,31 @@ func internalIPv4(n *corev1.Node) netip.Addr {
 	return netip.Addr{}
 }
 
-// nodeFieldsRead keeps of a Node what the agent reads (addresses and
-// pod blocks): the informer holds every Node of the cluster.
+// virtual reports whether n is a virtual node, which stands for a provider
+// (offload.VirtualNodes): neither its address nor the pod block the
+// controller manager may give it are this cluster's.
+func virtual(n *corev1.Node) bool { return n.Labels[v1alpha1.LabelVirtualNode] == "true" }
+
+// nodeFieldsRead keeps of a Node what the agent reads (addresses, pod
+// blocks, whether it is virtual): the informer holds every Node of the
+// cluster.
 func nodeFieldsRead(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
 	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: virtualLabel(n)},
 		Spec:       corev1.NodeSpec{PodCIDRs: n.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
+}
+
+func virtualLabel(n *corev1.Node) map[string]string {
+	if v, ok := n.Labels[v1alpha1.LabelVirtualNode]; ok {
+		return map[string]string{v1alpha1.LabelVirtualNode: v}
+	}
+	return nil
 }
 
 // nodeAddresses returns a Node's internal and external addresses as host

@@ -3,6 +3,8 @@
 // it issues them; on a consumer, the credentials it holds.
 package offload
 
+import "github.com/flotilla-io/flotilla/api/v1alpha1"
+
 // What a provider creates for a consumer, by name. deploy/ refers to the
 // same names (the consumer's ClusterRole, the admission policies).
 const (
@@ -43,7 +45,7 @@ const (
 	VirtualNodePrefix = "flotilla-"
 	// LabelVirtualNode is "true" on every virtual node; the taint of the
 	// same key keeps pods that do not tolerate it off them.
-	LabelVirtualNode = "flotilla.io/virtual-node"
+	LabelVirtualNode = v1alpha1.LabelVirtualNode
 	// TaintVirtualNode is the key of the NoExecute taint on virtual nodes.
 	TaintVirtualNode = LabelVirtualNode
 	// LabelClusterID and LabelClusterName name the provider a virtual node

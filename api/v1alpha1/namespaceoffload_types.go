@@ -191,6 +191,10 @@ const (
 	// LabelMirroredFrom marks a provider's namespace mirrored for a
 	// consumer; its value is the consumer's namespace.
 	LabelMirroredFrom = "flotilla.io/mirrored-from"
+	// LabelVirtualNode is "true" on the Nodes that stand for providers
+	// (the virtual nodes): what the agent and the fabric leave out of the
+	// cluster's own nodes.
+	LabelVirtualNode = "flotilla.io/virtual-node"
 	// FinalizerOffload holds a NamespaceOffload until its remote
 	// namespaces are gone; FinalizerRequest holds a NamespaceRequest until
 	// its namespace is.

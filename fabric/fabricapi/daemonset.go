@@ -12,6 +12,8 @@ import (
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
 
 // agentContainer is the container of the agent's Deployment whose image
@@ -107,6 +109,12 @@ func DaemonSet(owner *appsv1.Deployment) (*appsv1ac.DaemonSetApplyConfiguration,
 		// Every node, whatever its taints: a node without the fabric
 		// cannot reach the peers.
 		WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
+		// But no virtual node: it stands for another cluster, which has
+		// its own fabric.
+		WithAffinity(corev1ac.Affinity().WithNodeAffinity(corev1ac.NodeAffinity().
+			WithRequiredDuringSchedulingIgnoredDuringExecution(corev1ac.NodeSelector().WithNodeSelectorTerms(
+				corev1ac.NodeSelectorTerm().WithMatchExpressions(corev1ac.NodeSelectorRequirement().
+					WithKey(v1alpha1.LabelVirtualNode).WithOperator(corev1.NodeSelectorOpDoesNotExist)))))).
 		WithTerminationGracePeriodSeconds(10).
 		WithContainers(container)
 	return appsv1ac.DaemonSet(DaemonSetName, owner.Namespace).
