@@ -79,9 +79,11 @@ func virtualNodeKubeletVersion(serverVersion string) string {
 
 // virtualNodeWanted says whether provider's Peer calls for a virtual
 // node, and why not. A grant received keeps it, working or not (its
-// Ready condition says which); one revoked, expired or refused does not:
-// those are the reasons offload.Consumer gives when it holds no usable
-// credential.
+// Ready condition says which); one revoked or refused does not. An
+// expired one does: a provider unreachable for longer than a token's
+// lifetime must not have its pods deleted here (the pod garbage collector
+// deletes the pods of a deleted Node), and its next grant makes the node
+// Ready again.
 func virtualNodeWanted(peer *v1alpha1.Peer) (bool, string) {
 	if peer == nil {
 		return false, "its Peer is gone"
@@ -90,7 +92,7 @@ func virtualNodeWanted(peer *v1alpha1.Peer) (bool, string) {
 	switch {
 	case c == nil:
 		return false, "it has granted this cluster nothing"
-	case c.Status != metav1.ConditionTrue && slices.Contains([]string{"Revoked", "Expired", "Refused"}, c.Reason):
+	case c.Status != metav1.ConditionTrue && slices.Contains([]string{"Revoked", "Refused"}, c.Reason):
 		return false, "its grant is " + strings.ToLower(c.Reason)
 	}
 	return true, ""

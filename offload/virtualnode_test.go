@@ -438,9 +438,17 @@ func (e *vnEnv) testReady(t *testing.T) {
 	})
 	e.setStatus(t, id, func(st *v1alpha1.PeerStatus) { setCredentialCondition(st, true, "Ready", "works again") })
 	e.waitNode(t, id, "Ready again", readyIs(corev1.ConditionTrue, ReasonVirtualNodeReady, ""))
+
+	// Expired is what a provider unreachable for longer than the token's
+	// lifetime leaves: the node stays, not Ready, so the pods bound to it
+	// are not deleted, and comes back with the next grant.
+	e.setStatus(t, id, func(st *v1alpha1.PeerStatus) { setCredentialCondition(st, false, "Expired", "the credential expired") })
+	e.waitNode(t, id, "not Ready while the credential is expired", readyIs(corev1.ConditionFalse, ReasonCredentialNotReady, "Expired"))
+	e.setStatus(t, id, func(st *v1alpha1.PeerStatus) { setCredentialCondition(st, true, "Ready", "renewed") })
+	e.waitNode(t, id, "Ready after a new grant", readyIs(corev1.ConditionTrue, ReasonVirtualNodeReady, ""))
 }
 
-// Revoked, expired, or the Peer gone: the node and its Lease are deleted,
+// Revoked, or the Peer gone: the node and its Lease are deleted,
 // and its series with them.
 func (e *vnEnv) testRemoved(t *testing.T) {
 	for _, tc := range []struct {
@@ -452,10 +460,6 @@ func (e *vnEnv) testRemoved(t *testing.T) {
 			e.setStatus(t, id, func(st *v1alpha1.PeerStatus) {
 				setCredentialCondition(st, false, "Revoked", "the peer revoked the grant")
 			})
-		}},
-		{"expired", func(t *testing.T, id string) {
-			e.creds.drop(id)
-			e.setStatus(t, id, func(st *v1alpha1.PeerStatus) { setCredentialCondition(st, false, "Expired", "the credential expired") })
 		}},
 		{"peer deleted", func(t *testing.T, id string) {
 			if err := e.admin.Delete(t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id}}); err != nil {
