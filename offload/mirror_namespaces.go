@@ -91,7 +91,7 @@ func (t *Tenants) ensureMirrored(ctx context.Context, consumer, name, source str
 			return nil, false, err
 		}
 	}
-	if err := t.applyGrantObjects(ctx, consumer, name, hard); err != nil {
+	if err := t.applyGrantObjects(ctx, consumer, name, hard, created); err != nil {
 		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			err = fmt.Errorf("%w: %w", ErrTerminating, err)
 		}

@@ -15,9 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -109,10 +107,10 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 		return nil, fmt.Errorf("mirror provider: scheme: %w", err)
 	}
 	mapper := mirrorMapper()
+	// Every namespace, not only ours: a request's name is checked against
+	// the cache, where it cost a read of the API server before each create.
 	ca, err := cache.New(cfg.Config, cache.Options{
 		Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields(),
-		// Our namespaces only: tenants and those mirrored.
-		ByObject: map[client.Object]cache.ByObject{&corev1.Namespace{}: {Label: ourNamespaces()}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mirror provider: cache: %w", err)
@@ -137,15 +135,6 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 		}
 	}
 	return m, nil
-}
-
-// mirrorMapper knows where the kinds watched are served, without asking.
-
-// ourNamespaces selects every namespace labelled for a consumer.
-func ourNamespaces() labels.Selector {
-	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
-	tenant, _ := labels.NewRequirement(LabelTenant, selection.Exists, nil)
-	return labels.NewSelector().Add(*managed, *tenant)
 }
 
 // GrantChanged has consumer looked at again now (a grant given, changed
@@ -344,17 +333,33 @@ func (m *MirrorProvider) reconcile(ctx context.Context, consumer string) (time.D
 	// A tenant being removed gets nothing new, whatever the grant says
 	// while the revocation runs.
 	granted = granted && tenant.DeletionTimestamp == nil
+	// Decided one after another, in the order above (the count), then
+	// acted on at once: a consumer's hundred requests do not wait for
+	// each other's round trips.
 	count := int64(0)
-	for _, r := range live {
-		a, err := m.answer(ctx, consumer, r, mirrored[r.Name], limits, granted, &count)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("request %s: %w", r.Name, err))
-		}
-		if a.phase == v1alpha1.RequestCreated || a.reason == ReasonNotGranted || a.reason == ReasonPending {
+	answers := make([]answer, len(live))
+	failed := make([]error, len(live))
+	acting := make(chan struct{}, mirrorActing)
+	var wg sync.WaitGroup
+	for i, r := range live {
+		a, ns, act, err := m.decide(ctx, consumer, r, mirrored[r.Name], limits, granted, &count)
+		acting <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-acting }()
+			if act {
+				a, err = m.act(ctx, consumer, r, ns, limits)
+			}
+			if err != nil {
+				err = fmt.Errorf("request %s: %w", r.Name, err)
+			}
+			answers[i], failed[i] = a, errors.Join(err, m.writeStatus(ctx, r, a))
+		})
+	}
+	wg.Wait()
+	errs = append(errs, failed...)
+	for i, r := range live {
+		if a := answers[i]; a.phase == v1alpha1.RequestCreated || a.reason == ReasonNotGranted || a.reason == ReasonPending {
 			wanted[r.Name] = true
-		}
-		if err := m.writeStatus(ctx, r, a); err != nil {
-			errs = append(errs, err)
 		}
 	}
 	for name, ns := range mirrored {
@@ -385,41 +390,57 @@ func (m *MirrorProvider) held(requests []v1alpha1.NamespaceRequest, ns *corev1.N
 	return false
 }
 
-// answer decides a live request and acts on it: creates its namespace, or
-// says why not. count is the consumer's namespaces so far.
-func (m *MirrorProvider) answer(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, cached *corev1.Namespace, limits grant.Limits, granted bool, count *int64) (answer, error) {
+// mirrorActing bounds the requests of one consumer acted on (and their
+// status written) at once.
+const mirrorActing = 8
+
+// decide answers a live request from what the cache holds, or says to act
+// on it (act), with the namespace of its name that is the consumer's (nil:
+// none yet). count is the consumer's namespaces so far. mirrored is the
+// namespace of that name mirrored for the consumer, if any.
+func (m *MirrorProvider) decide(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, mirrored *corev1.Namespace, limits grant.Limits, granted bool, count *int64) (a answer, ns *corev1.Namespace, act bool, err error) {
 	src := r.Spec.SourceNamespace
 	switch {
 	case !granted:
-		return answer{v1alpha1.RequestRefused, ReasonNotGranted, "this cluster does not grant " + consumer + " offloading now; its admin grants it with `flotilla grant`"}, nil
+		return answer{v1alpha1.RequestRefused, ReasonNotGranted, "this cluster does not grant " + consumer + " offloading now; its admin grants it with `flotilla grant`"}, nil, false, nil
 	case validNamespaceName(r.Name) != nil:
-		return answer{v1alpha1.RequestRefused, ReasonInvalidName, validNamespaceName(r.Name).Error() + ": a namespace name is lowercase letters, digits and '-', at most 63 characters"}, nil
+		return answer{v1alpha1.RequestRefused, ReasonInvalidName, validNamespaceName(r.Name).Error() + ": a namespace name is lowercase letters, digits and '-', at most 63 characters"}, nil, false, nil
 	case validNamespaceName(src) != nil:
-		return answer{v1alpha1.RequestRefused, ReasonInvalidName, "spec.sourceNamespace: " + validNamespaceName(src).Error()}, nil
+		return answer{v1alpha1.RequestRefused, ReasonInvalidName, "spec.sourceNamespace: " + validNamespaceName(src).Error()}, nil, false, nil
 	case reservedNamespace(r.Name, m.cfg.AgentNamespace):
-		return answer{v1alpha1.RequestRefused, ReasonReserved, fmt.Sprintf("namespace %s is reserved on this cluster (default, kube-*, flotilla-*, openshift-* and the agent's own); choose another remote name", r.Name)}, nil
+		return answer{v1alpha1.RequestRefused, ReasonReserved, fmt.Sprintf("namespace %s is reserved on this cluster (default, kube-*, flotilla-*, openshift-* and the agent's own); choose another remote name", r.Name)}, nil, false, nil
 	}
-	ns := cached
+	ns = mirrored
 	if ns == nil {
-		// Not ours, or not in the cache yet: ask the API server.
-		got, err := m.cfg.Tenants.client.CoreV1().Namespaces().Get(ctx, r.Name, metav1.GetOptions{})
-		switch {
+		// The cache holds every namespace: one not in it is created at
+		// once; one created since the cache saw none fails the create,
+		// which then reads it.
+		var got corev1.Namespace
+		switch err := m.cache.Get(ctx, client.ObjectKey{Name: r.Name}, &got); {
 		case err == nil:
-			ns = got
+			ns = &got
 		case !apierrors.IsNotFound(err):
-			return answer{v1alpha1.RequestPending, ReasonPending, "cannot read namespace " + r.Name + "; retrying"}, fmt.Errorf("read namespace %s: %w", r.Name, err)
+			return answer{v1alpha1.RequestPending, ReasonPending, "cannot read namespace " + r.Name + "; retrying"}, nil, false, fmt.Errorf("read namespace %s: %w", r.Name, err)
 		}
 	}
 	if ns != nil && !mirroredFor(ns, consumer, src) {
-		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil
+		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil, false, nil
 	}
 	if ns == nil && limits.Namespaces > 0 && *count >= limits.Namespaces {
-		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limits.Namespaces)}, nil
+		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limits.Namespaces)}, nil, false, nil
 	}
 	*count++
 	if ns != nil && ns.DeletionTimestamp != nil {
-		return answer{v1alpha1.RequestPending, ReasonPending, "namespace " + r.Name + " is being deleted; it is created again once gone"}, nil
+		return answer{v1alpha1.RequestPending, ReasonPending, "namespace " + r.Name + " is being deleted; it is created again once gone"}, nil, false, nil
 	}
+	return answer{}, ns, true, nil
+}
+
+// act creates the namespace of a request decide let through (ns: the
+// consumer's namespace of that name, nil when there is none yet), or
+// brings its objects to the grant's limits.
+func (m *MirrorProvider) act(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, ns *corev1.Namespace, limits grant.Limits) (answer, error) {
+	src := r.Spec.SourceNamespace
 	if err := m.addFinalizer(ctx, r); err != nil {
 		return answer{v1alpha1.RequestPending, ReasonPending, "retrying"}, err
 	}

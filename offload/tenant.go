@@ -160,7 +160,7 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 	if err != nil {
 		return Tenant{}, err
 	}
-	if err := t.applyObjects(ctx, consumer, hard); err != nil {
+	if err := t.applyObjects(ctx, consumer, hard, created); err != nil {
 		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			err = fmt.Errorf("%w: %w", ErrTerminating, err)
 		}
@@ -219,70 +219,117 @@ func tenantLabels(consumer string) map[string]string {
 
 // applyObjects applies what the tenant namespace holds: the account the
 // tokens are for, the Secret they are bound to, and what every namespace
-// of the consumer's holds.
-func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1.ResourceList) error {
+// of the consumer's holds; all at once, as none needs another to exist.
+// fresh says the namespace was just created: it holds nothing yet.
+func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1.ResourceList, fresh bool) error {
 	ns := TenantNamespace(consumer)
 	core := t.client.CoreV1()
 	apply := metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}
 	lbl := tenantLabels(consumer)
-
-	sa := corev1ac.ServiceAccount(ConsumerServiceAccount, ns).WithLabels(lbl).
-		WithAutomountServiceAccountToken(false) // its tokens leave the cluster; pods here run as others
-	if _, err := core.ServiceAccounts(ns).Apply(ctx, sa, apply); err != nil {
-		return fmt.Errorf("apply ServiceAccount %s: %w", ConsumerServiceAccount, err)
-	}
-	secret := corev1ac.Secret(GrantSecret, ns).WithLabels(lbl).WithType(GrantSecretType)
-	err := t.applyOrReplace(ctx, consumer, "Secret "+GrantSecret, func() error {
-		_, err := core.Secrets(ns).Apply(ctx, secret, apply)
-		return err
-	}, func(opts metav1.DeleteOptions) error { return core.Secrets(ns).Delete(ctx, GrantSecret, opts) })
-	if err != nil {
-		return err
-	}
-	return t.applyGrantObjects(ctx, consumer, ns, hard)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() {
+		sa := corev1ac.ServiceAccount(ConsumerServiceAccount, ns).WithLabels(lbl).
+			WithAutomountServiceAccountToken(false) // its tokens leave the cluster; pods here run as others
+		if _, err := core.ServiceAccounts(ns).Apply(ctx, sa, apply); err != nil {
+			errs[0] = fmt.Errorf("apply ServiceAccount %s: %w", ConsumerServiceAccount, err)
+		}
+	})
+	wg.Go(func() {
+		secret := corev1ac.Secret(GrantSecret, ns).WithLabels(lbl).WithType(GrantSecretType)
+		errs[1] = t.applyOrReplace(ctx, consumer, "Secret "+GrantSecret, func() error {
+			_, err := core.Secrets(ns).Apply(ctx, secret, apply)
+			return err
+		}, func(opts metav1.DeleteOptions) error { return core.Secrets(ns).Delete(ctx, GrantSecret, opts) })
+	})
+	wg.Go(func() { errs[2] = t.applyGrantObjects(ctx, consumer, ns, hard, fresh) })
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // applyGrantObjects applies what every namespace of consumer's holds (its
 // tenant namespace and those mirrored for it): the RoleBinding that gives
-// it its rights there, and the grant's quota and LimitRange. The
-// LimitRange comes before the quota and goes after it, so no pod without
-// requests meets a quota without defaults.
-func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList) error {
-	core := t.client.CoreV1()
+// it its rights there, and the grant's quota and LimitRange; each one's
+// error is in the one returned. They are applied at once, but in a
+// namespace that may hold pods (not fresh: created before this call) the
+// LimitRange comes before the quota and goes after it, so that no pod
+// without requests meets a quota without defaults. A fresh namespace has
+// nothing to delete.
+func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) error {
+	defaults := defaultRequests(hard)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() { errs[0] = t.applyRoleBinding(ctx, consumer, ns) })
+	switch {
+	case fresh:
+		if len(defaults) > 0 {
+			wg.Go(func() { errs[1] = t.applyLimitRange(ctx, consumer, ns, defaults) })
+		}
+		if len(hard) > 0 {
+			wg.Go(func() { errs[2] = t.applyQuota(ctx, consumer, ns, hard) })
+		}
+	case len(defaults) > 0:
+		wg.Go(func() {
+			if errs[1] = t.applyLimitRange(ctx, consumer, ns, defaults); errs[1] == nil {
+				errs[2] = t.applyQuota(ctx, consumer, ns, hard)
+			}
+		})
+	default:
+		wg.Go(func() {
+			if errs[2] = t.applyQuota(ctx, consumer, ns, hard); errs[2] == nil {
+				errs[1] = t.applyLimitRange(ctx, consumer, ns, defaults)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// applyRoleBinding binds ConsumerClusterRole to the consumer's account in
+// ns.
+func (t *Tenants) applyRoleBinding(ctx context.Context, consumer, ns string) error {
 	apply := metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}
-	lbl := tenantLabels(consumer)
 	rbs := t.client.RbacV1().RoleBindings(ns)
-	rb := rbacv1ac.RoleBinding(ConsumerServiceAccount, ns).WithLabels(lbl).
+	rb := rbacv1ac.RoleBinding(ConsumerServiceAccount, ns).WithLabels(tenantLabels(consumer)).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(ConsumerClusterRole)).
 		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(ConsumerServiceAccount).WithNamespace(TenantNamespace(consumer)))
-	err := t.applyOrReplace(ctx, consumer, "RoleBinding "+ConsumerServiceAccount, func() error {
+	return t.applyOrReplace(ctx, consumer, "RoleBinding "+ConsumerServiceAccount, func() error {
 		_, err := rbs.Apply(ctx, rb, apply)
 		return err
 	}, func(opts metav1.DeleteOptions) error { return rbs.Delete(ctx, ConsumerServiceAccount, opts) })
-	if err != nil {
-		return err
-	}
+}
 
-	defaults := defaultRequests(hard)
-	if len(defaults) > 0 {
-		lr := corev1ac.LimitRange(GrantSecret, ns).WithLabels(lbl).WithSpec(corev1ac.LimitRangeSpec().WithLimits(
-			corev1ac.LimitRangeItem().WithType(corev1.LimitTypeContainer).WithDefaultRequest(defaults)))
-		if _, err := core.LimitRanges(ns).Apply(ctx, lr, apply); err != nil {
-			return fmt.Errorf("apply LimitRange %s: %w", GrantSecret, err)
-		}
-	}
-	if len(hard) > 0 {
-		q := corev1ac.ResourceQuota(GrantSecret, ns).WithLabels(lbl).WithSpec(corev1ac.ResourceQuotaSpec().WithHard(hard))
-		if _, err := core.ResourceQuotas(ns).Apply(ctx, q, apply); err != nil {
-			return fmt.Errorf("apply ResourceQuota %s: %w", GrantSecret, err)
-		}
-	} else if err := core.ResourceQuotas(ns).Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete ResourceQuota %s (no limits any more): %w", GrantSecret, err)
-	}
+// applyLimitRange applies the LimitRange that gives pods the default
+// requests defaults, or deletes it when there are none.
+func (t *Tenants) applyLimitRange(ctx context.Context, consumer, ns string, defaults corev1.ResourceList) error {
+	lrs := t.client.CoreV1().LimitRanges(ns)
 	if len(defaults) == 0 {
-		if err := core.LimitRanges(ns).Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := lrs.Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete LimitRange %s (no CPU or memory limit any more): %w", GrantSecret, err)
 		}
+		return nil
+	}
+	lr := corev1ac.LimitRange(GrantSecret, ns).WithLabels(tenantLabels(consumer)).WithSpec(corev1ac.LimitRangeSpec().WithLimits(
+		corev1ac.LimitRangeItem().WithType(corev1.LimitTypeContainer).WithDefaultRequest(defaults)))
+	if _, err := lrs.Apply(ctx, lr, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply LimitRange %s: %w", GrantSecret, err)
+	}
+	return nil
+}
+
+// applyQuota applies the grant's ResourceQuota, or deletes it when the
+// grant limits nothing it covers.
+func (t *Tenants) applyQuota(ctx context.Context, consumer, ns string, hard corev1.ResourceList) error {
+	quotas := t.client.CoreV1().ResourceQuotas(ns)
+	if len(hard) == 0 {
+		if err := quotas.Delete(ctx, GrantSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ResourceQuota %s (no limits any more): %w", GrantSecret, err)
+		}
+		return nil
+	}
+	q := corev1ac.ResourceQuota(GrantSecret, ns).WithLabels(tenantLabels(consumer)).WithSpec(corev1ac.ResourceQuotaSpec().WithHard(hard))
+	if _, err := quotas.Apply(ctx, q, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply ResourceQuota %s: %w", GrantSecret, err)
 	}
 	return nil
 }

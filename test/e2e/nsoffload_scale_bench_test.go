@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,7 +79,6 @@ func benchProviders(b *testing.B) []int {
 func benchOffloadScale(b *testing.B, providers int) {
 	requireAll(b)
 	requireMemory(b, providers+1)
-	requireInotify(b, providers+1)
 	loadBefore := loadAvg()
 	env := harness.New(b)
 	cidrs := make([]string, providers+1)
@@ -375,46 +373,6 @@ func requireMemory(b *testing.B, clusters int) {
 		return
 	}
 	msg := fmt.Sprintf("%d clusters need about %d MiB (%d each), %d MiB available", clusters, need, scaleClusterMiB, have)
-	if os.Getenv("CI") == "true" {
-		b.Fatal(msg)
-	}
-	fmt.Fprintf(os.Stdout, "%s: skipped: %s\n", b.Name(), msg)
-	b.Skip(msg)
-}
-
-// scaleClusterInotify is the inotify instances one cluster takes: nine
-// for its control plane (docs/testing.md), one for its agent's
-// userspace WireGuard device (its control socket's listener).
-const scaleClusterInotify = 10
-
-// requireInotify skips (fails under CI=true) a size whose clusters would
-// run out of the host's inotify instances (fs.inotify.max_user_instances,
-// 128 on Debian, shared by every process running as root): agents then
-// exit at start with "listen on wireguard control socket: too many open
-// files". The harness raises the limit only for real nodes.
-func requireInotify(b *testing.B, clusters int) {
-	b.Helper()
-	raw, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances")
-	if err != nil {
-		return
-	}
-	limit, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		return
-	}
-	inUse := 0
-	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
-	for _, fd := range fds {
-		if target, err := os.Readlink(fd); err == nil && target == "anon_inode:inotify" {
-			inUse++
-		}
-	}
-	need := clusters * scaleClusterInotify
-	if limit-inUse >= need {
-		return
-	}
-	msg := fmt.Sprintf("%d clusters need about %d inotify instances (%d each), %d of fs.inotify.max_user_instances=%d are free; raise it (sysctl -w fs.inotify.max_user_instances=%d)",
-		clusters, need, scaleClusterInotify, limit-inUse, limit, inUse+need+64)
 	if os.Getenv("CI") == "true" {
 		b.Fatal(msg)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,9 +24,11 @@ import (
 
 // Namespace offloading across three clusters of real nodes, the agents as
 // pods under their own accounts: a consumer (a) and two providers that
-// grant every peer (--offload-grants=auto), b labelled region=a and c
-// region=b by their own --cluster-label. A namespace offloaded with a
-// selector reaches the matching provider only; a label the consumer's
+// grant every peer (--offload-grants=auto), b labelled region=a by its own
+// --cluster-label, and c, whose agent joins the federation only once the
+// namespace is offloaded. A namespace offloaded with a selector reaches
+// the matching provider; c joining with region=a gets it too, and loses
+// it when its agent comes back without the label; a label the consumer's
 // admin puts on c's Peer brings c in, and taking it off takes c out; a
 // name that exists on a provider, or a reserved one, is refused with its
 // reason and nothing of the provider's is touched; restarting an agent
@@ -37,20 +40,16 @@ func TestNamespaceOffload(t *testing.T) {
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
 		Clusters: 3, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
 		ArgsFor: func(i int) []string {
-			switch i {
-			case 1:
+			if i == 1 {
 				return []string{"--offload-grants=auto", "--cluster-label=region=a"}
-			case 2:
-				return []string{"--offload-grants=auto", "--cluster-label=region=b"}
 			}
 			return nil
 		},
+		Later: []int{2}, // c joins in a subtest
 	})
 	a, b, c := cs[0], cs[1], cs[2]
-	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	for _, p := range []*federation.NodeCluster{b, c} {
-		waitCondition(t, a, p.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
-	}
+	federation.WaitPhases(t, federation.Clusters(cs[:2]), v1alpha1.PhaseConnected, 90*time.Second)
+	waitCondition(t, a, b.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
 	aID := peerID(t, b, a.Name)
 
 	createNamespace(t, a, "shop")
@@ -72,10 +71,26 @@ func TestNamespaceOffload(t *testing.T) {
 		if ns.Labels[offload.LabelTenant] != aID || ns.Labels[v1alpha1.LabelMirroredFrom] != "shop" {
 			t.Errorf("namespace %s on %s has labels %v", remote, b.Name, ns.Labels)
 		}
-		// c was looked at: a's status names b alone after reading c's Peer.
-		if _, err := c.CP.Client.CoreV1().Namespaces().Get(context.Background(), remote, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			t.Errorf("namespace %s on %s, which the selector does not pick: %v", remote, c.Name, err)
+	})
+
+	t.Run("a cluster joining with region=a gets it; without the label it loses it", func(t *testing.T) {
+		c.InstallAgent(t, []string{"--offload-grants=auto", "--cluster-label=region=a"})
+		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+		waitOffloadClusters(t, a, "shop", []string{b.Name, c.Name}, 90*time.Second)
+		ns := waitNamespace(t, c, remote, 30*time.Second)
+		if ns.Labels[offload.LabelTenant] != aID || ns.Labels[v1alpha1.LabelMirroredFrom] != "shop" {
+			t.Errorf("namespace %s on %s has labels %v", remote, c.Name, ns.Labels)
 		}
+		// c's agent again, its statement without the label: a selects b
+		// alone once its Peer for c has lost it, and c deletes the
+		// namespace when a withdraws the request.
+		c.InstallAgent(t, []string{"--offload-grants=auto"})
+		waitOffloadClusters(t, a, "shop", []string{b.Name}, 90*time.Second)
+		waitNamespaceGone(t, c, remote, 60*time.Second)
+		if l := peerNamed(t, a, c.Name).Labels; l["region"] != "" {
+			t.Errorf("a's Peer for %s still labelled region=%s", c.Name, l["region"])
+		}
+		waitNamespace(t, b, remote, 5*time.Second)
 	})
 
 	t.Run("a label on c's Peer brings c in; taking it off takes c out", func(t *testing.T) {
@@ -204,6 +219,30 @@ func waitNamespaceGone(t *testing.T, c *federation.NodeCluster, name string, tim
 			t.Fatalf("namespace %s still on %s after %s (err %v)", name, c.Name, timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitOffloadClusters waits until the NamespaceOffload of ns on c is Ready
+// with clusters, and no other, in its status.
+func waitOffloadClusters(t testing.TB, c *federation.NodeCluster, ns string, clusters []string, timeout time.Duration) v1alpha1.NamespaceOffload {
+	t.Helper()
+	want := slices.Sorted(slices.Values(clusters))
+	deadline := time.Now().Add(timeout)
+	var last v1alpha1.NamespaceOffload
+	for {
+		err := c.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "offload"}, &last)
+		var got []string
+		for _, cl := range last.Status.Clusters {
+			got = append(got, cl.ClusterName)
+		}
+		slices.Sort(got)
+		if err == nil && last.Status.Phase == v1alpha1.OffloadReady && last.Status.ObservedGeneration == last.Generation && slices.Equal(got, want) {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NamespaceOffload of %s on %s: phase %q (err %v), clusters %+v; want Ready with %v", ns, c.Name, last.Status.Phase, err, last.Status.Clusters, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

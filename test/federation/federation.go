@@ -70,6 +70,11 @@ type Options struct {
 // PodPort is where every cluster's pod answers TCP exchanges.
 const PodPort = 7000
 
+// agentInotify is the inotify instances an agent process takes: one, the
+// listener of its userspace WireGuard device's control socket
+// (wireguard-go watches the socket's directory).
+const agentInotify = 1
+
 // New starts the clusters' control planes, sites and pods (the fifth
 // address of each PodCIDR, answering on PodPort); StartAgent starts their
 // agents.
@@ -94,6 +99,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	// and its certificate naming that address.
 	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{LAN: lan})
 	publishClusterInfo(t, cps)
+	env.EnsureInotify(n*agentInotify, fmt.Sprintf("%d agents", n))
 	var cs []*Cluster
 	for i, cp := range cps {
 		name := string(rune('a' + i))

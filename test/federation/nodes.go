@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,8 +34,9 @@ const (
 
 // NodeCluster is a cluster of real nodes: a control plane, its gateway
 // node and worker nodes, the agent installed from deploy/ as a pod of its
-// own image, and a test server pod (WebPod) on the gateway node. Its
-// Cluster has no Site, Pod or Agent process.
+// own image (by OnNodes, or by InstallAgent for a cluster in
+// NodeOptions.Later), and a test server pod (WebPod) on the gateway node.
+// Its Cluster has no Site, Pod or Agent process.
 type NodeCluster struct {
 	*Cluster
 	Gateway *harness.Node
@@ -47,6 +49,8 @@ type NodeCluster struct {
 	// its base and the cluster's settings.
 	Install string
 
+	env        *harness.Env
+	settings   agentSettings // the agent's, as last installed
 	lan        *harness.LAN
 	image      string // the agent's image tarball, imported into every node
 	masquerade harness.Masquerade
@@ -89,6 +93,10 @@ type NodeOptions struct {
 	Masquerade harness.Masquerade
 	// ArgsFor, when set, gives cluster i's agent more arguments.
 	ArgsFor func(i int) []string
+	// Later lists clusters (by index) whose agent OnNodes does not
+	// install: the test installs it with InstallAgent, as a cluster that
+	// joins the federation after the others.
+	Later []int
 }
 
 // OnNodes starts opts.Clusters clusters of real nodes: per cluster a
@@ -98,7 +106,8 @@ type NodeOptions struct {
 // each cluster's agent with `kubectl apply --server-side -k` of deploy/
 // plus only the cluster's settings; and runs a test server pod on each
 // gateway node. It returns once the agent pods and the test server pods
-// are Ready; WaitPhases waits for the Peers.
+// are Ready; WaitPhases waits for the Peers. The clusters in opts.Later
+// get everything but their agent.
 func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	t.Helper()
 	start := time.Now()
@@ -149,7 +158,8 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway: nodes[first[i]],
 			Workers: nodes[first[i]+1 : first[i+1]],
-			lan:     lan, image: image, masquerade: opts.Masquerade,
+			env:     env, lan: lan, image: image, masquerade: opts.Masquerade,
+			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
 		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
 		for _, n := range nodes[first[i]:first[i+1]] {
@@ -157,20 +167,43 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				t.Fatalf("cluster %s: %v", name, err)
 			}
 		}
-		nc.Install = writeKustomization(t, env, nc, agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)})
-		mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
+		if !slices.Contains(opts.Later, i) {
+			nc.Install = writeKustomization(t, env, nc, nc.settings)
+			mustKubectl(t, cp, "apply", "--server-side", "-k", nc.Install)
+		}
 		cs = append(cs, nc)
 	}
 	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
 	for _, c := range cs {
 		c.createWeb(t, c.Gateway, WebPod)
 	}
-	for _, c := range cs {
+	for i, c := range cs {
 		c.Web = c.waitWeb(t, c.Gateway, WebPod)
-		waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)
+		if !slices.Contains(opts.Later, i) {
+			waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)
+		}
 	}
 	t.Logf("agent and test server pods Ready: %s", time.Since(start).Round(time.Millisecond))
 	return cs
+}
+
+// InstallAgent installs c's agent from deploy/ with the cluster's settings
+// and args (nil: none) as its further arguments, in place of those it was
+// installed with, if any (its Deployment recreates the pod), and returns
+// once the new agent pod is Ready.
+func (c *NodeCluster) InstallAgent(t harness.TB, args []string) {
+	t.Helper()
+	old, _ := c.AgentPod(context.Background()) // none yet: no UID
+	c.settings.args = args
+	c.Install = writeKustomization(t, c.env, c, c.settings)
+	mustKubectl(t, c.CP, "apply", "--server-side", "-k", c.Install)
+	waitPod(t, c.Gateway, "new agent pod of "+c.Name+" Ready", func(ctx context.Context) (corev1.Pod, error) {
+		p, err := c.AgentPod(ctx)
+		if err == nil && old.UID != "" && p.UID == old.UID {
+			return p, fmt.Errorf("agent pod %s not replaced yet", p.Name)
+		}
+		return p, err
+	})
 }
 
 // Clusters returns the Clusters of cs, for WaitPhases and ViewOf.

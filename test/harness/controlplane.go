@@ -94,6 +94,9 @@ func (e *Env) ControlPlanes(n int, opts ControlPlaneOptions) []*ControlPlane {
 func (e *Env) ControlPlanesEach(opts ...ControlPlaneOptions) []*ControlPlane {
 	e.t.Helper()
 	n := len(opts)
+	if err := e.ensureInotifyRoom(n*controlPlaneInotify, fmt.Sprintf("%d control planes", n)); err != nil {
+		e.fatalf("start control planes: %v", err)
+	}
 	cps := make([]*ControlPlane, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -114,6 +117,9 @@ func (e *Env) ControlPlanesEach(opts ...ControlPlaneOptions) []*ControlPlane {
 // ControlPlane starts one control plane.
 func (e *Env) ControlPlane(name string, opts ControlPlaneOptions) *ControlPlane {
 	e.t.Helper()
+	if err := e.ensureInotifyRoom(controlPlaneInotify, "control plane "+name); err != nil {
+		e.fatalf("start control plane %s: %v", name, err)
+	}
 	cp, err := e.startControlPlaneRetrying(name, opts)
 	if err != nil {
 		e.fatalf("start control plane %s: %v", name, err)

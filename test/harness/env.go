@@ -57,7 +57,7 @@ type Env struct {
 
 	mu             sync.Mutex
 	segments       int  // LANs and routed segments handed out, for subnets
-	sysctlsClaimed bool // kubelets of this run may change host sysctls
+	sysctlsClaimed bool // this run may change host sysctls (kubelets, the inotify limit)
 }
 
 // New creates an Env bound to t. It first sweeps what killed runs left.

@@ -130,7 +130,7 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	if err := e.claimSysctls(); err != nil {
 		return nil, err
 	}
-	if err := e.ensureInotifyRoom(); err != nil {
+	if err := e.ensureInotifyRoom(inotifyHeadroom/2, "real nodes"); err != nil {
 		return nil, err
 	}
 	if err := cp.startScheduler(); err != nil {

@@ -17,8 +17,10 @@ import (
 var kubeletSysctls = []string{"vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops"}
 
 // The values before the first kubelet of any run (and the inotify limit's
-// before the harness raises it) are kept in a host-wide file; each run with nodes holds a marker file; the last run to finish
-// (or Sweep, after a crash) restores the values and removes the file.
+// before the harness raises it) are kept in a host-wide file; each run
+// with nodes or control planes holds a marker file; the last run to
+// finish (or Sweep, after a crash) restores the values and removes the
+// file.
 var (
 	sysctlOriginals = filepath.Join(lockDir, "sysctl-originals")
 	sysctlLock      = filepath.Join(lockDir, "sysctl.lock")
@@ -26,9 +28,10 @@ var (
 
 func nodesMarker(run string) string { return filepath.Join(lockDir, run+".nodes") }
 
-// nodesLock is held shared by every run while it has real nodes, and
-// exclusively by a test that must be the only one changing host-wide
-// state (HoldNodesAlone); packages of one `go test ./...` run at once.
+// nodesLock is held shared by every run while it has real nodes or
+// control planes (both draw on the inotify limit), and exclusively by a
+// test that must be the only one changing host-wide state
+// (HoldNodesAlone); packages of one `go test ./...` run at once.
 var nodesLock = filepath.Join(lockDir, "nodes.lock")
 
 // nodesAloneEnv tells a child test binary that its parent holds the nodes
@@ -53,10 +56,10 @@ func lockNodes(t TB, how int) error {
 	return nil
 }
 
-// HoldNodesAlone waits until no other run has real nodes and keeps others
-// from starting any until t ends, for a test that checks host-wide state
-// kubelets change (sysctls). Child test binaries it starts inherit the
-// hold.
+// HoldNodesAlone waits until no other run has real nodes or control
+// planes and keeps others from starting any until t ends, for a test that
+// checks host-wide state kubelets change (sysctls, the inotify limit).
+// Child test binaries it starts inherit the hold.
 func HoldNodesAlone(t testing.TB) {
 	t.Helper()
 	if err := lockNodes(t, unix.LOCK_EX); err != nil {
@@ -96,8 +99,8 @@ func withHostLock(path string, fn func() error) error {
 }
 
 // claimSysctls records, once per run, that the run is about to start
-// kubelets, and the values of the sysctls they change unless another run
-// already did.
+// kubelets or control planes, and the values of the sysctls kubelets
+// change unless another run already did.
 func (e *Env) claimSysctls() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -135,8 +138,8 @@ func (e *Env) claimSysctls() error {
 }
 
 // recordOriginal adds key's value to the originals file, unless a run
-// already recorded it (another run with nodes is live, or a dead one's
-// sweep is due). The caller holds the sysctl lock.
+// already recorded it (another run with nodes or control planes is live,
+// or a dead one's sweep is due). The caller holds the sysctl lock.
 func recordOriginal(key string) error {
 	b, err := os.ReadFile(sysctlOriginals)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -167,8 +170,8 @@ func recordOriginal(key string) error {
 const kubeletSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
 // releaseSysctls removes run's marker (none for ""); when no live run
-// with nodes is left, it restores the recorded sysctls and removes the
-// kubelets' stale device-plugin socket.
+// with nodes or control planes is left, it restores the recorded sysctls
+// and removes the kubelets' stale device-plugin socket.
 func releaseSysctls(run string) error {
 	return withSysctlLock(func() error {
 		if run != "" {
