@@ -203,6 +203,18 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.GrantLifetime < 10*time.Minute {
 		return nil, fmt.Errorf("--grant-lifetime %s: the API server issues tokens for 10m at least", cfg.GrantLifetime)
 	}
+	for _, p := range []struct {
+		flag string
+		port *int
+		def  int
+	}{{"--kubelet-port", &cfg.KubeletPort, DefaultConfig().KubeletPort}, {"--webhook-port", &cfg.WebhookPort, DefaultConfig().WebhookPort}} {
+		if *p.port == 0 {
+			*p.port = p.def
+		}
+		if *p.port < 1 || *p.port > 65535 {
+			return nil, fmt.Errorf("%s %d: want a TCP port, 1 to 65535", p.flag, *p.port)
+		}
+	}
 	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
 		return nil, errors.New("give --federation-key or --federation-key-file, not both")
 	}

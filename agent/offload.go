@@ -27,6 +27,8 @@ type offloading struct {
 	// answers the namespace requests of the consumers it grants.
 	mirrors *offload.MirrorConsumer
 	hosted  *offload.MirrorProvider
+	// nodes are the virtual nodes that stand for the providers.
+	nodes *offload.VirtualNodes
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -77,7 +79,15 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted}, nil
+	nodes, err := offload.NewVirtualNodes(offload.VirtualNodesConfig{
+		Config: a.restCfg, Client: a.kube, Credentials: consumer,
+		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort),
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted, nodes: nodes}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -99,6 +109,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("offload credentials", o.consumer.Run)
 	comps.Go("namespace offloading", o.mirrors.Run)
 	comps.Go("hosted namespaces", o.hosted.Run)
+	comps.Go("virtual nodes", o.nodes.Run)
 	return nil
 }
 

@@ -27,6 +27,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 			return err
 		}
 	}
+	if !a.cfg.NodeAddress.IsValid() {
+		a.cfg.NodeAddress = gateway
+	}
 	if a.fabric, err = a.newFabricPlan(comps, gateway); err != nil {
 		return err
 	}

@@ -70,7 +70,7 @@ type VirtualNodesConfig struct {
 // tainted as a virtual node, its capacity the grant's limits, Ready only
 // while the peering is Connected and the credential works, with a Lease
 // in kube-node-lease renewed like a kubelet's. It removes the Node when
-// the grant is revoked or expires, or the Peer goes. It writes only Nodes
+// the grant is revoked, or the Peer goes. It writes only Nodes
 // and Leases it labelled as its own, and never a whole Node: the node
 // lifecycle controller writes taints and conditions on them too.
 // Level-triggered: one reconcile per provider, from its Peer and its Node.
