@@ -35,6 +35,14 @@ func consumerAccess() []access {
 	podLog := allow("get", "", "pods", tenant, "p")
 	podLog.subresource = "log"
 	cases = append(cases, podLog)
+	// kubectl exec, attach and port-forward, which the consumer's virtual
+	// nodes forward as SPDY upgrades (POST: create); never as WebSocket
+	// GETs.
+	for _, sub := range []string{"exec", "attach", "portforward"} {
+		stream, get := allow("create", "", "pods", tenant, "p"), deny("get", "", "pods", tenant, "p")
+		stream.subresource, get.subresource = sub, sub
+		cases = append(cases, stream, get)
+	}
 	for _, v := range []string{"get", "list", "watch"} {
 		cases = append(cases, allow(v, "", "serviceaccounts", tenant, ""),
 			allow(v, "", "events", tenant, ""), allow(v, "events.k8s.io", "events", tenant, ""))
@@ -78,10 +86,10 @@ func consumerAccess() []access {
 		deny("impersonate", "", "groups", "", "system:masters"),
 		deny("impersonate", "", "serviceaccounts", tenant, "default"),
 		deny("impersonate", "authentication.k8s.io", "userextras", "", "scopes"),
-		// Into pods only through what the pod spec allows.
-		sub(deny("create", "", "pods", tenant, "p"), "exec"),
-		sub(deny("create", "", "pods", tenant, "p"), "attach"),
-		sub(deny("create", "", "pods", tenant, "p"), "portforward"),
+		// Into pods only through what the pod spec allows, and streams
+		// only in its own namespaces.
+		sub(deny("create", "", "pods", "default", "p"), "exec"),
+		sub(deny("create", "", "pods", namespace, "p"), "portforward"),
 		sub(deny("update", "", "pods", tenant, "p"), "status"),
 		sub(deny("patch", "", "pods", tenant, "p"), "ephemeralcontainers"),
 		sub(deny("update", "", "services", tenant, "s"), "status"),

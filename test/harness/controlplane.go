@@ -36,6 +36,11 @@ type ControlPlaneOptions struct {
 	// other clusters' sites and nodes on the LAN reach it as across a
 	// real network. It still listens on loopback for Config.
 	LAN *LAN
+	// KubeletCA, when set, is the PEM bundle the API server verifies
+	// kubelets' serving certificates with (--kubelet-certificate-authority),
+	// as production clusters do; nil: it does not verify them. Real nodes'
+	// kubelets serve self-signed certificates, which fail it.
+	KubeletCA []byte
 }
 
 const serviceAccountIssuer = "https://kubernetes.default.svc"
@@ -207,7 +212,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 	}
 	cp.Etcd.quiet = true
 	bin := func(b string) string { return filepath.Join(KubeBinDir(), b) }
-	cp.APIServer, err = e.start(name+"-apiserver", nil, []string{
+	apiserverArgs := []string{
 		bin("kube-apiserver"),
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
@@ -235,7 +240,15 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		"--profiling=false",
 		"--cert-dir", filepath.Join(dir, "apiserver"),
 		"-v", "1",
-	})
+	}
+	if len(opts.KubeletCA) > 0 {
+		path, err := p.write("kubelet-ca.crt", opts.KubeletCA)
+		if err != nil {
+			return cp, err
+		}
+		apiserverArgs = append(apiserverArgs, "--kubelet-certificate-authority", path)
+	}
+	cp.APIServer, err = e.start(name+"-apiserver", nil, apiserverArgs)
 	if err != nil {
 		return cp, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
 	}

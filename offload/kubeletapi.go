@@ -1,0 +1,350 @@
+package offload
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/flotilla-io/flotilla/identity"
+)
+
+// DefaultKubeletAPIPort is where the virtual nodes serve the kubelet API
+// when KubeletAPIConfig.Port is 0: the gateway node's own kubelet holds
+// 10250 on the same address.
+const DefaultKubeletAPIPort = 10260
+
+// KubeletAPIConfig is what a KubeletAPI needs.
+type KubeletAPIConfig struct {
+	// Client reaches the local API server: pods, NamespaceOffloads and
+	// virtual nodes (read), the client CA ConfigMap (watched),
+	// SubjectAccessReviews (created).
+	Client kubernetes.Interface
+	// Credentials hands out what each provider granted; the requests go
+	// there with it.
+	Credentials Credentials
+	// Address is where the local API server reaches the agent: the
+	// InternalIP every virtual node registers. The serving certificate
+	// names it.
+	Address netip.Addr
+	// Port is where to listen on Address, and what the virtual nodes
+	// register as their kubelet port; 0 is DefaultKubeletAPIPort.
+	Port uint16
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// KubeletAPI is the kubelet API of the virtual nodes, so that `kubectl
+// logs`, `exec`, `attach` and `port-forward` work on offloaded pods: the
+// local API server calls it as it would a node's kubelet, and it forwards
+// each call to the pod's subresource on the provider's API server, with
+// the credential the provider granted. It authenticates and authorizes
+// like a kubelet: a client certificate of the cluster's client CA, and
+// nodes/proxy on the pod's node by SubjectAccessReview.
+type KubeletAPI struct {
+	cfg      KubeletAPIConfig
+	log      *slog.Logger
+	m        *kubeletAPIMetrics
+	certs    *servingCerts
+	clientCA *clientCA
+
+	nodes corelisters.NodeLister // the virtual nodes, once Run has them
+	// namesChanged wakes Run when the set of virtual nodes changed: the
+	// serving certificate names them.
+	namesChanged chan struct{}
+
+	// streams are the requests being served, upgraded ones included,
+	// which http.Server does not wait for.
+	mu      sync.Mutex
+	closing bool
+	streams sync.WaitGroup
+}
+
+// NewKubeletAPI checks cfg and prepares a KubeletAPI, with a certificate
+// authority of its own for its serving certificates; Run serves.
+func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
+	if cfg.Client == nil || cfg.Credentials == nil {
+		return nil, errors.New("kubelet API: the local client and the credentials are required")
+	}
+	cfg.Address = cfg.Address.Unmap()
+	if !cfg.Address.IsValid() || cfg.Address.IsUnspecified() {
+		return nil, fmt.Errorf("kubelet API: address %v: want the address the API server reaches the agent at (the virtual nodes' InternalIP), which the serving certificate names", cfg.Address)
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultKubeletAPIPort
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ca, err := newKubeletCA(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("component", "kubelet-api")
+	return &KubeletAPI{
+		cfg: cfg, log: log, m: newKubeletAPIMetrics(cfg.Metrics),
+		certs:        newServingCerts(cfg.Address, ca, servingCertLifetime),
+		clientCA:     &clientCA{log: log},
+		namesChanged: make(chan struct{}, 1),
+	}, nil
+}
+
+// CA is the authority of the serving certificates (PEM): what an API
+// server that verifies its kubelets (--kubelet-certificate-authority)
+// must trust for the virtual nodes.
+func (k *KubeletAPI) CA() []byte { return k.certs.caPEM() }
+
+// Addr is where the kubelet API listens.
+func (k *KubeletAPI) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
+
+// Run watches the client CA and the virtual nodes, serves until ctx ends,
+// renewing the serving certificate on the way, and returns once every
+// request it served has ended.
+func (k *KubeletAPI) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	caInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
+		informers.WithNamespace(clientCANamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
+		}))
+	nodeInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{LabelVirtualNode: "true"}).String()
+		}),
+		informers.WithTransform(nodeNameAndLabels))
+	defer func() {
+		cancel()
+		caInformers.Shutdown()
+		nodeInformers.Shutdown()
+	}()
+	configMaps := caInformers.Core().V1().ConfigMaps().Informer()
+	// A deleted ConfigMap leaves the CA held: the API server puts it back.
+	takeCA := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			k.clientCA.set(cm)
+		}
+	}
+	if _, err := configMaps.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: takeCA, UpdateFunc: func(_, obj any) { takeCA(obj) },
+	}); err != nil {
+		return fmt.Errorf("kubelet API: watch the client CA: %w", err)
+	}
+	nodes := nodeInformers.Core().V1().Nodes()
+	changed := func(any) {
+		select {
+		case k.namesChanged <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := nodes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
+	}); err != nil {
+		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
+	}
+	k.mu.Lock()
+	k.nodes = nodes.Lister()
+	k.mu.Unlock()
+	caInformers.Start(ctx.Done())
+	nodeInformers.Start(ctx.Done())
+	if !k.waitSynced(ctx, configMaps.HasSynced, nodes.Informer().HasSynced) {
+		return nil
+	}
+
+	k.certs.setNames(k.virtualNodeNames())
+	if err := k.certs.issue(time.Now()); err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", k.Addr().String())
+	if err != nil {
+		return fmt.Errorf("kubelet API: listen on %s: %w", k.Addr(), err)
+	}
+	srv := &http.Server{
+		Handler: k.handler(),
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: k.certs.get,
+			// Verified against the client CA held at the time of the
+			// request (it changes), so that a stranger gets a 401 rather
+			// than a failed handshake, as from a kubelet.
+			ClientAuth: tls.RequestClientCert,
+			// HTTP/1.1 only: exec, attach and port-forward switch
+			// protocols, which HTTP/2 cannot.
+			NextProtos: []string{"http/1.1"},
+		},
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          slog.NewLogLogger(k.log.Handler(), slog.LevelDebug),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(l, "", "") }()
+	defer func() {
+		k.mu.Lock()
+		k.closing = true
+		k.mu.Unlock()
+		srv.Close()
+		// Upgraded streams end with their request's context.
+		cancel()
+		k.streams.Wait()
+		<-served
+	}()
+	k.log.Info("kubelet API serving the virtual nodes", "address", k.Addr().String())
+	return k.renewCertificates(ctx, served)
+}
+
+// renewCertificates renews the serving certificate when due and when the
+// virtual nodes change, until ctx ends or the server stops.
+func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error) error {
+	retry := time.Time{}
+	for {
+		next := k.certs.renewAt()
+		if !retry.IsZero() {
+			next = retry
+		}
+		timer := time.NewTimer(time.Until(next))
+		renew := false
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case err := <-served:
+			timer.Stop()
+			return fmt.Errorf("kubelet API on %s: %w", k.Addr(), err)
+		case <-timer.C:
+			renew = true
+		case <-k.namesChanged:
+			timer.Stop()
+			renew = k.certs.setNames(k.virtualNodeNames())
+		}
+		if !renew {
+			continue
+		}
+		retry = time.Time{}
+		if err := k.certs.issue(time.Now()); err != nil {
+			k.log.Warn("kubelet API: serving certificate not renewed; retrying in a minute", "err", err)
+			retry = time.Now().Add(time.Minute)
+		}
+	}
+}
+
+// waitSynced waits for the informers, saying once if they take long: the
+// agent may lack the rights to read the client CA.
+func (k *KubeletAPI) waitSynced(ctx context.Context, synced ...toolscache.InformerSynced) bool {
+	start := time.Now()
+	warned := false
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		for _, s := range synced {
+			if !s() {
+				if !warned && time.Since(start) > 30*time.Second {
+					warned = true
+					k.log.Warn("kubelet API: still waiting to read the client CA and the virtual nodes; the agent needs get, list and watch on ConfigMap kube-system/extension-apiserver-authentication (Role extension-apiserver-authentication-reader) and on nodes")
+				}
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return err == nil
+}
+
+// nodeNameAndLabels keeps of a Node what the kubelet API reads.
+func nodeNameAndLabels(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels, ResourceVersion: n.ResourceVersion}}, nil
+}
+
+// virtualNodeNames are the names of the virtual nodes of this cluster.
+func (k *KubeletAPI) virtualNodeNames() []string {
+	list, err := k.nodeLister().List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(list))
+	for _, n := range list {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
+func (k *KubeletAPI) nodeLister() corelisters.NodeLister {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.nodes
+}
+
+// providerOf is the provider a virtual node stands for; false when node
+// is not one of this cluster's virtual nodes.
+func (k *KubeletAPI) providerOf(node string) (string, bool) {
+	provider, ok := strings.CutPrefix(node, VirtualNodePrefix)
+	if !ok || identity.ValidateClusterID(provider) != nil {
+		return "", false
+	}
+	n, err := k.nodeLister().Get(node)
+	if err != nil || n.Labels[LabelVirtualNode] != "true" {
+		return "", false
+	}
+	return provider, true
+}
+
+// begin counts a request being served; false once Run is stopping.
+func (k *KubeletAPI) begin() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closing {
+		return false
+	}
+	k.streams.Add(1)
+	return true
+}
+
+// Results of requests, the label of flotilla_kubelet_api_requests_total.
+const (
+	kubeletResultOK              = "ok"
+	kubeletResultUnauthenticated = "unauthenticated"
+	kubeletResultForbidden       = "forbidden"
+	kubeletResultNotFound        = "not_found"
+	kubeletResultNoCredential    = "no_credential"
+	kubeletResultRefused         = "provider_refused"
+	kubeletResultUnreachable     = "provider_unreachable"
+	kubeletResultError           = "error"
+)
+
+type kubeletAPIMetrics struct {
+	requests *prometheus.CounterVec
+}
+
+func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
+	m := &kubeletAPIMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_kubelet_api_requests_total",
+			Help: "Requests to the virtual nodes' kubelet API, by route (containerLogs, exec, attach, portForward, other) and result.",
+		}, []string{"route", "result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests)
+	}
+	return m
+}
