@@ -267,11 +267,22 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 
 	// Certificates first, then the server, then the configuration: the
 	// API server calls the webhook as soon as it reads a configuration.
-	if err := w.load(ctx); err != nil {
-		return err
-	}
-	if err := w.syncCerts(ctx, time.Now()); err != nil {
-		return err
+	retry := time.Second
+	for {
+		err := w.load(ctx)
+		if err == nil {
+			err = w.syncCerts(ctx, time.Now())
+		}
+		w.noteError(err)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry):
+			retry = min(2*retry, time.Minute)
+		}
 	}
 	addr := netip.AddrPortFrom(w.cfg.Address, w.cfg.Port).String()
 	l, err := net.Listen("tcp", addr)
@@ -300,7 +311,7 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 	}()
 	w.log.Info("placement webhook serving", "url", w.url, "listen", addr)
 
-	retry := time.Second
+	retry = time.Second
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {

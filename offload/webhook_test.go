@@ -115,6 +115,12 @@ func (r *logRecorder) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func (r *logRecorder) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.lines)
+}
+
 // admissions are the logged admissions of pods in namespace ns, by name.
 func (r *logRecorder) admissions(ns string) []string {
 	r.mu.Lock()
@@ -426,6 +432,26 @@ func TestPlacementWebhook(t *testing.T) {
 		e.waitActive(t, "remote")
 		if after := e.bundle(t); !bytes.Equal(before, after) {
 			t.Errorf("the caBundle changed across a restart:\n%s\nthen\n%s", before, after)
+		}
+	})
+
+	t.Run("AnUnusableCASecretIsReplaced", func(t *testing.T) {
+		before := e.bundle(t)
+		stop()
+		patch := fmt.Appendf(nil, `{"data":{%q:%q}}`, caKeyKey, "bm90IGEga2V5")
+		if _, err := e.kube.CoreV1().Secrets(e.agentNS).Patch(t.Context(), PlacementCASecret, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		stop = e.start(top, nil)
+		e.waitActive(t, "remote")
+		if after := e.bundle(t); bytes.Equal(before, after) {
+			t.Errorf("the caBundle is the same after the CA Secret became unusable")
+		}
+		if ids := e.secretCAs(t); len(ids) != 1 {
+			t.Errorf("the CA Secret holds %d CAs, want the new one", len(ids))
+		}
+		if !slices.ContainsFunc(e.logs.all(), func(l string) bool { return strings.Contains(l, "CA Secret is unusable") && strings.Contains(l, "not PEM") }) {
+			t.Errorf("no log line says why the CA was replaced")
 		}
 	})
 
