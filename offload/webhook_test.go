@@ -450,7 +450,9 @@ func TestPlacementWebhook(t *testing.T) {
 		if ids := e.secretCAs(t); len(ids) != 1 {
 			t.Errorf("the CA Secret holds %d CAs, want the new one", len(ids))
 		}
-		if !slices.ContainsFunc(e.logs.all(), func(l string) bool { return strings.Contains(l, "CA Secret is unusable") && strings.Contains(l, "not PEM") }) {
+		if !slices.ContainsFunc(e.logs.all(), func(l string) bool {
+			return strings.Contains(l, "CA Secret is unusable") && strings.Contains(l, "not PEM")
+		}) {
 			t.Errorf("no log line says why the CA was replaced")
 		}
 	})
