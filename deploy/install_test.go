@@ -490,6 +490,24 @@ func agentAccess() []access {
 	}
 	cases = append(cases, deny("create", "flotilla.io", "namespacerequests", tenant, ""),
 		deny("delete", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"))
+	// Placement: its one webhook configuration, its one CA Secret.
+	for _, v := range []string{"get", "list", "watch", "create", "patch", "delete"} {
+		cases = append(cases, allow(v, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "flotilla-placement"))
+	}
+	for _, v := range []string{"get", "create", "patch"} {
+		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"))
+	}
+	cases = append(cases,
+		deny("list", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""),
+		deny("create", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""),
+		deny("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "other"),
+		deny("delete", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "other"),
+		deny("create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "flotilla-placement"),
+		deny("patch", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", "flotilla-agent-namespaces"),
+		deny("get", "", "secrets", namespace, "flotilla-federation"),
+		deny("get", "", "secrets", "default", "flotilla-placement-ca"),
+		deny("list", "", "secrets", namespace, "flotilla-placement-ca"),
+	)
 	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
 	consumerToken.subresource = "token"
 	otherToken := deny("create", "", "serviceaccounts", tenant, "default")

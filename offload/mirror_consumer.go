@@ -159,11 +159,21 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
 	}
+	namespaces, err := mc.local.GetInformer(ctx, metadataOf(namespaceGVK))
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
+	}
+	regNamespaces, err := namespaces.AddEventHandler(mc.namespaceEvents())
+	if err != nil {
+		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
+	}
 	cacheErr := make(chan error, 1)
 	wg.Go(func() { cacheErr <- mc.local.Start(ctx) })
 	// No reconcile before both caches hold everything: a namespace would
 	// otherwise look unwanted and lose its requests.
-	synced := func(context.Context) (bool, error) { return regOffloads.HasSynced() && regPeers.HasSynced(), nil }
+	synced := func(context.Context) (bool, error) {
+		return regOffloads.HasSynced() && regPeers.HasSynced() && regNamespaces.HasSynced(), nil
+	}
 	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
 		select {
 		case err := <-cacheErr:
@@ -244,6 +254,34 @@ func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
 		AddFunc:    add,
 		UpdateFunc: func(_, obj any) { add(obj) },
 		DeleteFunc: add,
+	}
+}
+
+// namespaceEvents queues a namespace whose LabelOffloaded is set or
+// changes: the label is ours, put back or taken off as its
+// NamespaceOffloads say.
+func (mc *MirrorConsumer) namespaceEvents() toolscache.ResourceEventHandler {
+	label := func(obj any) (string, bool) {
+		m, ok := obj.(*metav1.PartialObjectMetadata)
+		if !ok {
+			return "", false
+		}
+		v, ok := m.Labels[LabelOffloaded]
+		return v, ok
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if _, ok := label(obj); ok {
+				mc.queue.Add(obj.(*metav1.PartialObjectMetadata).Name)
+			}
+		},
+		UpdateFunc: func(old, obj any) {
+			v1, ok1 := label(old)
+			v2, ok2 := label(obj)
+			if v1 != v2 || ok1 != ok2 {
+				mc.queue.Add(obj.(*metav1.PartialObjectMetadata).Name)
+			}
+		},
 	}
 }
 

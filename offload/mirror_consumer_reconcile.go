@@ -2,6 +2,7 @@ package offload
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,10 +11,12 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -57,30 +60,26 @@ func (mc *MirrorConsumer) reconcile(ctx context.Context, ns string) error {
 		// Requests left by a NamespaceOffload removed without us.
 		mc.setPhase(ns, "")
 		_, err := mc.removeRequests(ctx, ns)
-		return err
+		return errors.Join(err, mc.markOffloaded(ctx, ns, false))
 	}
 	items := list.Items
-	slices.SortFunc(items, func(a, b v1alpha1.NamespaceOffload) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	// The oldest one not being deleted acts; one being deleted while
-	// another lives hands its requests over to it.
-	var acting *v1alpha1.NamespaceOffload
+	slices.SortFunc(items, compareOffloads)
+	// One being deleted while another lives hands its requests over to
+	// the one acting.
+	acting := actingOffload(items)
 	var deleting []*v1alpha1.NamespaceOffload
 	for i := range items {
-		o := &items[i]
-		switch {
-		case o.DeletionTimestamp != nil:
+		if o := &items[i]; o.DeletionTimestamp != nil {
 			deleting = append(deleting, o)
-		case acting == nil:
-			acting = o
 		}
 	}
 	var errs []error
 	if acting == nil {
+		// New pods stay here from now on: no webhook places them on a
+		// provider whose namespace is going.
+		if err := mc.markOffloaded(ctx, ns, false); err != nil {
+			return err
+		}
 		return mc.terminate(ctx, ns, deleting)
 	}
 	for _, o := range deleting {
@@ -92,7 +91,64 @@ func (mc *MirrorConsumer) reconcile(ctx context.Context, ns string) error {
 		}
 	}
 	errs = append(errs, mc.offload(ctx, acting))
+	// After the status: the webhook places pods on the clusters it lists.
+	errs = append(errs, mc.markOffloaded(ctx, ns, true))
 	return errors.Join(errs...)
+}
+
+// compareOffloads orders a namespace's NamespaceOffloads oldest first,
+// then by name.
+func compareOffloads(a, b v1alpha1.NamespaceOffload) int {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+// actingOffload is the NamespaceOffload that acts in its namespace, of
+// items (all in one namespace): the oldest not being deleted; nil when
+// there is none. The placement webhook follows the same one.
+func actingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
+	var acting *v1alpha1.NamespaceOffload
+	for i := range items {
+		o := &items[i]
+		if o.DeletionTimestamp == nil && (acting == nil || compareOffloads(*o, *acting) < 0) {
+			acting = o
+		}
+	}
+	return acting
+}
+
+// namespaceGVK is read as metadata only: its labels are all that counts.
+var namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")
+
+// markOffloaded sets LabelOffloaded on namespace ns, or removes it: the
+// placement webhook's namespaceSelector sends the pods of labelled
+// namespaces only. A namespace that is gone needs nothing.
+func (mc *MirrorConsumer) markOffloaded(ctx context.Context, ns string, offloaded bool) error {
+	m := metadataOf(namespaceGVK)
+	err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, m)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read namespace %s: %w", ns, err)
+	case (m.Labels[LabelOffloaded] == "true") == offloaded:
+		return nil
+	}
+	value := any(nil)
+	if offloaded {
+		value = "true"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{LabelOffloaded: value}}})
+	if err != nil {
+		return err
+	}
+	if err := mc.write.Patch(ctx, m, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("label namespace %s %s=%v: %w", ns, LabelOffloaded, offloaded, err)
+	}
+	mc.log.Info("namespace label set", "namespace", ns, "label", LabelOffloaded, "offloaded", offloaded)
+	return nil
 }
 
 // offload writes o's requests where its selector points, deletes the

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -404,6 +405,19 @@ func TestMirrorConsumer(t *testing.T) {
 		if o.Status.Clusters[0].RemoteNamespace != remote || o.Status.Clusters[0].ClusterID != p1.id {
 			t.Errorf("cluster status %+v", o.Status.Clusters[0])
 		}
+		// The placement webhook's namespaceSelector.
+		e.waitOffloadedLabel(t, "shop", true)
+	})
+
+	t.Run("OffloadedLabelIsOurs", func(t *testing.T) {
+		// Taken off by hand, it comes back while the namespace is
+		// offloaded; put on a namespace that is not, it goes.
+		e.removeOffloadedLabel(t, "shop")
+		e.waitOffloadedLabel(t, "shop", true)
+		if err := e.lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain", Labels: map[string]string{LabelOffloaded: "true"}}}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitOffloadedLabel(t, "plain", false)
 	})
 
 	t.Run("RefusalsShowTheirReason", func(t *testing.T) {
@@ -472,6 +486,11 @@ func TestMirrorConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitStatus(t, "shop", "Terminating", phaseIs(v1alpha1.OffloadTerminating, map[string]string{"p1": ReasonDeleting}))
+		// The label went before the status said Terminating: no pod
+		// created from then on is sent to a provider.
+		if v, ok := e.namespaceLabels(t, "shop")[LabelOffloaded]; ok {
+			t.Errorf("namespace shop still labelled %s=%s while its offload terminates", LabelOffloaded, v)
+		}
 		// The request is deleted and held by the provider's finalizer; the
 		// NamespaceOffload waits for it.
 		eventually.Within(t, 30*time.Second, "request deleted", func() error {
@@ -531,6 +550,38 @@ func TestMirrorConsumer(t *testing.T) {
 		p1.waitRequest(t, "again", remote)
 		p2.waitRequest(t, "again", remote)
 	})
+}
+
+func (e *mirrorEnv) namespaceLabels(t *testing.T, ns string) map[string]string {
+	t.Helper()
+	var n corev1.Namespace
+	if err := e.lc.Get(t.Context(), client.ObjectKey{Name: ns}, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n.Labels
+}
+
+// waitOffloadedLabel waits until namespace ns carries LabelOffloaded=true,
+// or carries no LabelOffloaded.
+func (e *mirrorEnv) waitOffloadedLabel(t *testing.T, ns string, offloaded bool) {
+	t.Helper()
+	eventually.Within(t, 30*time.Second, fmt.Sprintf("namespace %s offloaded=%v", ns, offloaded), func() error {
+		v, ok := e.namespaceLabels(t, ns)[LabelOffloaded]
+		if (offloaded && v != "true") || (!offloaded && ok) {
+			return fmt.Errorf("label %s=%q (present %v)", LabelOffloaded, v, ok)
+		}
+		return nil
+	})
+}
+
+// removeOffloadedLabel takes LabelOffloaded off namespace ns, as a user
+// could.
+func (e *mirrorEnv) removeOffloadedLabel(t *testing.T, ns string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, LabelOffloaded)
+	if err := e.lc.Patch(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitGone waits until ns/offload no longer exists.

@@ -148,6 +148,8 @@ func documentedAccess() map[string][]string {
 		"resourcequotas [] [create delete get patch]",
 		"limitranges [] [create delete get patch]",
 		"secrets [] [create delete patch]",
+		// Placement: its one webhook configuration.
+		"mutatingwebhookconfigurations.admissionregistration.k8s.io [flotilla-placement] [create delete get list patch watch]",
 	}
 	events := []string{"events [] [create patch]", "events.events.k8s.io [] [create patch]"}
 	ns := func(rows ...string) []string { return append(slices.Clone(cluster), rows...) }
@@ -157,7 +159,8 @@ func documentedAccess() map[string][]string {
 			"leases.coordination.k8s.io [flotilla-agent] [get update]",
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
-			"configmaps [flotilla-fabric] [create get patch]")...),
+			"configmaps [flotilla-fabric] [create get patch]",
+			"secrets [flotilla-placement-ca] [create get patch]")...),
 		"default":     ns(append(events, "endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]")...),
 		"kube-system": ns("configmaps [kubeadm-config] [get]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),

@@ -423,6 +423,14 @@ func (cp *ControlPlane) ExposeTo(n *Netns) {
 	}
 }
 
+// ReachInto makes the API server's connections to addresses in prefix
+// (webhooks it calls by URL, kubelets) go into netns n, as on a network
+// where it reaches them: an agent running in a site serves its admission
+// webhook at the site's address. Nodes' addresses are routed so already.
+func (cp *ControlPlane) ReachInto(n *Netns, prefix netip.Prefix) {
+	cp.egress.route(prefix, n)
+}
+
 // freePorts returns n TCP ports that were free on loopback a moment ago,
 // drawn below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
 // so outgoing connections cannot take one before its server binds it, as

@@ -14,12 +14,16 @@ import (
 )
 
 // egressProxy carries the API server's connections to kubelets and pods
-// (logs, exec, port-forward, the proxy subresources) into the network
-// namespace of the node that holds the address. The API server runs in
-// the host's namespace on loopback and reaches nothing inside a node's
-// namespace by itself; its egress selector ("cluster") sends those
-// connections here as HTTP CONNECT requests over a Unix socket. Addresses
-// no node holds are dialled from the host, as without the proxy.
+// (logs, exec, port-forward, the proxy subresources), and to webhooks it
+// calls by URL (an agent's admission webhook), into the network
+// namespace that holds the address: a node's, or one a test routed with
+// ReachInto. The API server runs in the host's namespace on loopback and
+// reaches nothing inside another namespace by itself; its egress
+// selector ("cluster" for kubelets and pods, "controlplane" for webhooks
+// called by URL) sends those connections here as HTTP CONNECT requests
+// over a Unix socket. Addresses nobody routed are dialled from the host,
+// as without the proxy (a webhook served by the test process on
+// loopback, say).
 type egressProxy struct {
 	socket string
 	l      net.Listener
@@ -57,7 +61,13 @@ egressSelections:
     proxyProtocol: HTTPConnect
     transport:
       uds:
-        udsName: %s
+        udsName: %[1]s
+- name: controlplane
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: %[1]s
 `, p.socket)
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }

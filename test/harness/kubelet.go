@@ -28,6 +28,10 @@ type KubeletOptions struct {
 	// PodCIDR is the node's pod range, used when the control plane does not
 	// allocate one (ControlPlaneOptions.PodCIDR unset).
 	PodCIDR netip.Prefix
+	// Labels are added to the Node's, Taints are its spec.taints: a node
+	// standing for another (a virtual node) is told apart by them.
+	Labels map[string]string
+	Taints []corev1.Taint
 }
 
 // Kubelet plays the kubelet of one Node: it registers the Node, keeps its
@@ -108,10 +112,14 @@ func (k *Kubelet) register(ctx context.Context) error {
 		ObjectMeta: metav1.ObjectMeta{Name: k.NodeName, Labels: map[string]string{
 			"kubernetes.io/hostname": k.NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
 		}},
+		Spec: corev1.NodeSpec{Taints: k.opts.Taints},
 		Status: corev1.NodeStatus{
 			Capacity: capacity, Allocatable: capacity,
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}, {Type: corev1.NodeHostName, Address: k.NodeName}},
 		},
+	}
+	for key, v := range k.opts.Labels {
+		node.Labels[key] = v
 	}
 	if !k.cp.Options.PodCIDR.IsValid() && k.opts.PodCIDR.IsValid() {
 		node.Spec.PodCIDR = k.opts.PodCIDR.String()

@@ -1,0 +1,298 @@
+package offload
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"time"
+)
+
+// The placement webhook's certificates (docs/offload.md, "Certificate
+// rotation"). The agent is its own CA: the API server trusts the CAs in
+// the webhook configuration's caBundle, nothing else, and the CAs live
+// in a Secret of the agent's namespace so that a restarted agent serves
+// what the API server already trusts.
+const (
+	// DefaultWebhookCALifetime is a CA's; a successor is made when a
+	// third of it is left, and both are in the caBundle until the old
+	// one expires: four months of overlap.
+	DefaultWebhookCALifetime = 365 * 24 * time.Hour
+	// DefaultWebhookServingLifetime is a serving certificate's; it is
+	// renewed when a third of it is left (10 days), and at once when a
+	// newer CA has been trusted for DefaultWebhookCAPublishDelay. It is
+	// kept in memory only: a restarted agent issues a new one.
+	DefaultWebhookServingLifetime = 30 * 24 * time.Hour
+	// DefaultWebhookCAPublishDelay is how long a new CA sits in the
+	// caBundle before it signs: API servers read webhook configurations
+	// from a watch, which lags by far less than this.
+	DefaultWebhookCAPublishDelay = time.Minute
+	// certBackdate starts every certificate's validity this much before
+	// it was made, for API servers whose clocks are a little behind.
+	certBackdate = 5 * time.Minute
+)
+
+// certLifetimes are the lifetimes in force (the defaults, or a test's).
+type certLifetimes struct {
+	ca, serving, publish time.Duration
+}
+
+func (l certLifetimes) validate() error {
+	switch {
+	case l.ca <= 0 || l.serving <= 0 || l.publish <= 0:
+		return errors.New("placement webhook: certificate lifetimes and the CA publish delay must be positive")
+	case l.serving > l.ca/3:
+		return fmt.Errorf("placement webhook: the serving certificate lifetime %s exceeds a third of the CA lifetime %s: a CA would be replaced before the certificates it signs", l.serving, l.ca)
+	case l.publish >= l.serving:
+		return fmt.Errorf("placement webhook: the CA publish delay %s is not shorter than the serving certificate lifetime %s", l.publish, l.serving)
+	}
+	return nil
+}
+
+// webhookCA is one certificate authority of the webhook.
+type webhookCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// id names a CA in logs and in the set of published ones.
+func (ca *webhookCA) id() string { return hex.EncodeToString(ca.cert.SubjectKeyId) }
+
+// caSet is the webhook's CAs, oldest first; the newest signs.
+type caSet []*webhookCA
+
+// newest is the last CA, nil when there is none.
+func (s caSet) newest() *webhookCA {
+	if len(s) == 0 {
+		return nil
+	}
+	return s[len(s)-1]
+}
+
+// rotated drops the CAs that expired by now and adds a new one when the
+// newest has less than a third of lifetime left (or there is none).
+func (s caSet) rotated(now time.Time, lifetime time.Duration) (caSet, bool, error) {
+	var out caSet
+	for _, ca := range s {
+		if ca.cert.NotAfter.After(now) {
+			out = append(out, ca)
+		}
+	}
+	changed := len(out) != len(s)
+	if n := out.newest(); n == nil || n.cert.NotAfter.Sub(now) < lifetime/3 {
+		ca, err := newWebhookCA(now, lifetime)
+		if err != nil {
+			return s, false, err
+		}
+		out = append(out, ca)
+		changed = true
+	}
+	return out, changed, nil
+}
+
+// rotateAt is when rotated next changes the set: the newest CA's
+// rotation point or the first expiry.
+func (s caSet) rotateAt(lifetime time.Duration) time.Time {
+	n := s.newest()
+	if n == nil {
+		return time.Time{}
+	}
+	at := n.cert.NotAfter.Add(-lifetime / 3)
+	for _, ca := range s {
+		if ca.cert.NotAfter.Before(at) {
+			at = ca.cert.NotAfter
+		}
+	}
+	return at
+}
+
+// bundle is the caBundle: every CA's certificate, PEM.
+func (s caSet) bundle() []byte {
+	var b bytes.Buffer
+	for _, ca := range s {
+		pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+	}
+	return b.Bytes()
+}
+
+// Keys of the CA Secret's data.
+const (
+	caCertKey = "ca.crt"
+	caKeyKey  = "ca.key"
+)
+
+// encode is the CA Secret's data: the certificates and their keys, in
+// the same order.
+func (s caSet) encode() (map[string][]byte, error) {
+	var keys bytes.Buffer
+	for _, ca := range s {
+		der, err := x509.MarshalPKCS8PrivateKey(ca.key)
+		if err != nil {
+			return nil, fmt.Errorf("encode the key of CA %s: %w", ca.id(), err)
+		}
+		pem.Encode(&keys, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	}
+	return map[string][]byte{caCertKey: s.bundle(), caKeyKey: keys.Bytes()}, nil
+}
+
+// decodeCAs reads what encode wrote; each certificate must be a CA with
+// the key after it.
+func decodeCAs(data map[string][]byte) (caSet, error) {
+	certs, err := pemBlocks(data[caCertKey], "CERTIFICATE")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", caCertKey, err)
+	}
+	keys, err := pemBlocks(data[caKeyKey], "PRIVATE KEY")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", caKeyKey, err)
+	}
+	if len(certs) == 0 || len(certs) != len(keys) {
+		return nil, fmt.Errorf("%d certificates and %d keys; want as many of each, at least one", len(certs), len(keys))
+	}
+	var s caSet
+	for i := range certs {
+		cert, err := x509.ParseCertificate(certs[i])
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", i+1, err)
+		}
+		if !cert.IsCA {
+			return nil, fmt.Errorf("certificate %d is not a CA", i+1)
+		}
+		k, err := x509.ParsePKCS8PrivateKey(keys[i])
+		if err != nil {
+			return nil, fmt.Errorf("key %d: %w", i+1, err)
+		}
+		key, ok := k.(*ecdsa.PrivateKey)
+		if !ok || !key.PublicKey.Equal(cert.PublicKey) {
+			return nil, fmt.Errorf("key %d is not the key of certificate %d", i+1, i+1)
+		}
+		s = append(s, &webhookCA{cert: cert, key: key})
+	}
+	return s, nil
+}
+
+func pemBlocks(data []byte, typ string) ([][]byte, error) {
+	var out [][]byte
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != typ {
+			return nil, fmt.Errorf("a PEM block of type %s, want %s", b.Type, typ)
+		}
+		out = append(out, b.Bytes)
+	}
+	if len(bytes.TrimSpace(data)) > 0 {
+		return nil, errors.New("data that is not PEM")
+	}
+	return out, nil
+}
+
+func newWebhookCA(now time.Time, lifetime time.Duration) (*webhookCA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "flotilla placement webhook CA " + now.UTC().Format(time.RFC3339)},
+		NotBefore:             now.Add(-certBackdate),
+		NotAfter:              now.Add(lifetime),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		MaxPathLenZero:        true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		// SubjectKeyId: made by x509 from the key, as for every CA.
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &webhookCA{cert: cert, key: key}, nil
+}
+
+// servingCert is the certificate the webhook serves and when to renew
+// it.
+type servingCert struct {
+	tls     *tls.Certificate
+	issuer  string // the id of the CA that signed it
+	renewAt time.Time
+}
+
+// issueServing signs a serving certificate for host (an IP address or
+// a DNS name) with ca, valid for lifetime but never past ca; it is
+// renewed at two thirds of its validity.
+func issueServing(ca *webhookCA, hosts []string, now time.Time, lifetime time.Duration) (*servingCert, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("serving key: %w", err)
+	}
+	notAfter := now.Add(lifetime)
+	if ca.cert.NotAfter.Before(notAfter) {
+		notAfter = ca.cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "flotilla placement webhook"},
+		NotBefore:    now.Add(-certBackdate),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("serving certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &servingCert{
+		tls:     &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
+		issuer:  ca.id(),
+		renewAt: now.Add(notAfter.Sub(now) * 2 / 3),
+	}, nil
+}
+
+// signer is the CA that signs the next serving certificate: the newest
+// one that has been in the caBundle for publish (published holds when
+// each CA went in; the zero time for one found there at start), else
+// the newest one (nothing older is left).
+func (s caSet) signer(published map[string]time.Time, now time.Time, publish time.Duration) *webhookCA {
+	for i := len(s) - 1; i >= 0; i-- {
+		if at, ok := published[s[i].id()]; ok && !now.Before(at.Add(publish)) {
+			return s[i]
+		}
+	}
+	return s.newest()
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(err) // crypto/rand does not fail
+	}
+	return n
+}
