@@ -23,8 +23,6 @@ import (
 const (
 	servingCertLifetime = 7 * 24 * time.Hour
 	kubeletCALifetime   = 365 * 24 * time.Hour
-	// certBackdate covers clocks a little behind ours.
-	certBackdate = 5 * time.Minute
 )
 
 // kubeletCA is the small authority of the kubelet API: it signs the

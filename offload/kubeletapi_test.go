@@ -58,10 +58,10 @@ type kubeletWorld struct {
 }
 
 // Where the consumer's pods are, in namespace appsNS, offloaded to the
-// provider; webPod runs there.
+// provider; kubeletAPIPod runs there.
 const (
 	appsNS = "apps"
-	webPod = "web"
+	kubeletAPIPod = "web"
 )
 
 // TestKubeletAPI runs kubectl logs, exec, port-forward and attach on an
@@ -255,7 +255,7 @@ func runKubeletAPI(t *testing.T, api *KubeletAPI) (stop func() error) {
 // an earlier pod being replaced.
 func (w *kubeletWorld) runWeb(t *testing.T) {
 	t.Helper()
-	for _, name := range []string{webPod, "stale"} {
+	for _, name := range []string{kubeletAPIPod, "stale"} {
 		local := w.localPod(t, appsNS, name, VirtualNodeName(w.provider))
 		origin := appsNS + "/" + name + "/" + string(local.UID)
 		if name == "stale" {
@@ -284,7 +284,7 @@ func (w *kubeletWorld) runWeb(t *testing.T) {
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		p, err := w.prov.Client.CoreV1().Pods(w.tenant).Get(t.Context(), webPod, metav1.GetOptions{})
+		p, err := w.prov.Client.CoreV1().Pods(w.tenant).Get(t.Context(), kubeletAPIPod, metav1.GetOptions{})
 		if err == nil {
 			err = federation.PodReady(*p)
 		}
@@ -292,11 +292,11 @@ func (w *kubeletWorld) runWeb(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s not Ready on the provider's node within 90 s: %v\nkubelet:\n%s", webPod, err, tailLines(w.node.Logs("kubelet"), 20))
+			t.Fatalf("pod %s not Ready on the provider's node within 90 s: %v\nkubelet:\n%s", kubeletAPIPod, err, tailLines(w.node.Logs("kubelet"), 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	w.reflectRunning(t, webPod)
+	w.reflectRunning(t, kubeletAPIPod)
 }
 
 // reflectRunning says on the consumer that pod name runs, as the pods
@@ -346,14 +346,14 @@ func (w *kubeletWorld) kubectl(args ...string) (string, error) {
 // 1. kubectl logs shows the remote container's log, with the options
 // passed on.
 func (w *kubeletWorld) testLogs(t *testing.T) {
-	out, err := w.kubectl("logs", webPod)
+	out, err := w.kubectl("logs", kubeletAPIPod)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out, ": TCP on") || !strings.Contains(out, ": HTTP on") {
 		t.Fatalf("kubectl logs: %q, want the test server's start lines", out)
 	}
-	out, err = w.kubectl("logs", webPod, "--tail=1", "--timestamps")
+	out, err = w.kubectl("logs", kubeletAPIPod, "--tail=1", "--timestamps")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func (w *kubeletWorld) testLogs(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339Nano, stamp); err != nil {
 		t.Errorf("kubectl logs --timestamps: %q does not start with a timestamp: %v", lines[0], err)
 	}
-	out, err = w.kubectl("logs", webPod, "--limit-bytes=7")
+	out, err = w.kubectl("logs", kubeletAPIPod, "--limit-bytes=7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func (w *kubeletWorld) testLogsFollow(t *testing.T) {
 	// The last line so far comes first: then the stream is open, and the
 	// next line the server logs must follow.
 	lines := w.follow(t)
-	if _, err := w.kubectl("exec", webPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/hostname"); err != nil {
+	if _, err := w.kubectl("exec", kubeletAPIPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/hostname"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -395,21 +395,21 @@ func (w *kubeletWorld) testLogsFollow(t *testing.T) {
 // 3. kubectl exec runs in the remote container: its output, and its exit
 // code.
 func (w *kubeletWorld) testExec(t *testing.T) {
-	out, err := w.kubectl("exec", webPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/hostname")
+	out, err := w.kubectl("exec", kubeletAPIPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/hostname")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.TrimSpace(out) != webPod {
-		t.Errorf("kubectl exec: %q, want the pod's hostname %s", out, webPod)
+	if strings.TrimSpace(out) != kubeletAPIPod {
+		t.Errorf("kubectl exec: %q, want the pod's hostname %s", out, kubeletAPIPod)
 	}
-	out, err = w.kubectl("exec", webPod, "--", "/testserver", "-get", "http://127.0.0.1:1/")
+	out, err = w.kubectl("exec", kubeletAPIPod, "--", "/testserver", "-get", "http://127.0.0.1:1/")
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || !strings.Contains(out, "connection refused") || !strings.Contains(out, "command terminated with exit code 1") {
 		t.Errorf("kubectl exec of a failing command: %v: %q, want its error and exit code 1", err, out)
 	}
 	// Into a container the pod does not have: the consumer's API server
 	// says so before calling any kubelet.
-	if out, err := w.kubectl("exec", webPod, "-c", "nope", "--", "/testserver"); err == nil || !strings.Contains(out, "nope") {
+	if out, err := w.kubectl("exec", kubeletAPIPod, "-c", "nope", "--", "/testserver"); err == nil || !strings.Contains(out, "nope") {
 		t.Errorf("kubectl exec -c nope: %v: %q", err, out)
 	}
 }
@@ -424,7 +424,7 @@ func (w *kubeletWorld) testPortForward(t *testing.T) {
 // and returns kubectl's output from then on.
 func (w *kubeletWorld) portForward(t *testing.T) <-chan string {
 	t.Helper()
-	lines := w.background(t, "port-forward", "pod/"+webPod, ":"+fmt.Sprint(harness.TestServerHTTPPort))
+	lines := w.background(t, "port-forward", "pod/"+kubeletAPIPod, ":"+fmt.Sprint(harness.TestServerHTTPPort))
 	var port string
 	forwarding := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) ->`)
 	select {
@@ -443,7 +443,7 @@ func (w *kubeletWorld) portForward(t *testing.T) <-chan string {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if strings.TrimSpace(string(body)) != webPod {
+	if strings.TrimSpace(string(body)) != kubeletAPIPod {
 		t.Errorf("GET /hostname through port-forward: %s %q", resp.Status, body)
 	}
 	return lines
@@ -453,9 +453,9 @@ func (w *kubeletWorld) portForward(t *testing.T) <-chan string {
 // on. Nothing says when it is attached: the test makes the server log a
 // line until one comes through.
 func (w *kubeletWorld) testAttach(t *testing.T) {
-	lines := w.background(t, "attach", webPod)
+	lines := w.background(t, "attach", kubeletAPIPod)
 	eventually.Within(t, 30*time.Second, "a line through kubectl attach", func() error {
-		if _, err := w.kubectl("exec", webPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/peer"); err != nil {
+		if _, err := w.kubectl("exec", kubeletAPIPod, "--", "/testserver", "-get", "http://127.0.0.1:8080/peer"); err != nil {
 			return err
 		}
 		deadline := time.After(time.Second)
@@ -479,7 +479,7 @@ func (w *kubeletWorld) testAttach(t *testing.T) {
 // open: after the last line so far.
 func (w *kubeletWorld) follow(t *testing.T) <-chan string {
 	t.Helper()
-	lines := w.background(t, "logs", "-f", "--tail=1", webPod)
+	lines := w.background(t, "logs", "-f", "--tail=1", kubeletAPIPod)
 	select {
 	case line := <-lines:
 		if line == "" {
@@ -575,8 +575,8 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 	w.localPod(t, appsNS, "unbound", "")
 	w.localPod(t, "default", "elsewhere", VirtualNodeName(w.provider)) // default is not offloaded
 
-	logs := "/containerLogs/" + appsNS + "/" + webPod + "/server"
-	execPath := "/exec/" + appsNS + "/" + webPod + "/server?command=/testserver&output=1"
+	logs := "/containerLogs/" + appsNS + "/" + kubeletAPIPod + "/server"
+	execPath := "/exec/" + appsNS + "/" + kubeletAPIPod + "/server?command=/testserver&output=1"
 	for _, tc := range []struct {
 		name         string
 		cert         *tls.Certificate
