@@ -27,8 +27,12 @@ type offloading struct {
 	// answers the namespace requests of the consumers it grants.
 	mirrors *offload.MirrorConsumer
 	hosted  *offload.MirrorProvider
-	// nodes are the virtual nodes that stand for the providers.
-	nodes *offload.VirtualNodes
+	// nodes are the virtual nodes that stand for the providers; kubelet
+	// serves their kubelet API; placement applies a NamespaceOffload's
+	// pod strategy at admission.
+	nodes     *offload.VirtualNodes
+	kubelet   *offload.KubeletAPI
+	placement *offload.PlacementWebhook
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -87,7 +91,22 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted, nodes: nodes}, nil
+	kubelet, err := offload.NewKubeletAPI(offload.KubeletAPIConfig{
+		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	placement, err := offload.NewPlacementWebhook(offload.PlacementWebhookConfig{
+		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
+		nodes: nodes, kubelet: kubelet, placement: placement}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -110,6 +129,8 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("namespace offloading", o.mirrors.Run)
 	comps.Go("hosted namespaces", o.hosted.Run)
 	comps.Go("virtual nodes", o.nodes.Run)
+	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
+	comps.Go("placement webhook", o.placement.Run)
 	return nil
 }
 

@@ -439,6 +439,18 @@ func agentAccess() []access {
 	for _, v := range []string{"get", "create", "update", "patch"} {
 		cases = append(cases, allow(v, "apiextensions.k8s.io", "customresourcedefinitions", "", crdName))
 	}
+	// Offloaded pods (any namespace may be offloaded) and the kubelet
+	// API's checks.
+	for _, v := range []string{"get", "list", "watch", "delete"} {
+		cases = append(cases, allow(v, "", "pods", "shop", ""))
+	}
+	for _, v := range []string{"update", "patch"} {
+		a := allow(v, "", "pods", "shop", "web")
+		a.subresource = "status"
+		cases = append(cases, a)
+	}
+	cases = append(cases, allow("create", "authorization.k8s.io", "subjectaccessreviews", "", ""),
+		deny("update", "", "pods", "shop", "web"), deny("deletecollection", "", "pods", "shop", ""))
 	for _, ns := range []string{"default", namespace} {
 		for _, g := range []string{"", "events.k8s.io"} {
 			cases = append(cases, allow("create", g, "events", ns, ""), allow("patch", g, "events", ns, "x.17f"))
@@ -546,7 +558,8 @@ func agentAccess() []access {
 		deny("create", "", "pods", namespace, ""),
 		deny("create", "", "pods", "default", ""),
 		deny("get", "", "configmaps", "kube-system", ""),
-		deny("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
+		allow("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
+		allow("watch", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		deny("update", "", "configmaps", "kube-system", "kubeadm-config"),
 		deny("list", "", "configmaps", "kube-system", ""),
 		saToken,
@@ -569,7 +582,8 @@ func agentAccess() []access {
 		deny("impersonate", "", "serviceaccounts", "kube-system", "default"),
 		deny("impersonate", "authentication.k8s.io", "userextras", "", "scopes"),
 		// Events and leases only where granted.
-		deny("create", "", "events", "kube-system", ""),
+		// Events on offloaded pods, wherever they are.
+		allow("create", "", "events", "kube-system", ""),
 		deny("update", "coordination.k8s.io", "leases", "kube-system", "kube-controller-manager"),
 		deny("update", "coordination.k8s.io", "leases", namespace, "someone-else"),
 		deny("delete", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
@@ -691,7 +705,7 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 	}{
 		{"list secrets", func() error { _, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }},
 		{"get configmaps in kube-system", func() error {
-			_, err := kube.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+			_, err := kube.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
 			return err
 		}},
 		{"create a pod", func() error {

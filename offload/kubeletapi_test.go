@@ -60,7 +60,7 @@ type kubeletWorld struct {
 // Where the consumer's pods are, in namespace appsNS, offloaded to the
 // provider; kubeletAPIPod runs there.
 const (
-	appsNS = "apps"
+	appsNS        = "apps"
 	kubeletAPIPod = "web"
 )
 

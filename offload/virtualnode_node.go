@@ -103,8 +103,11 @@ type virtualNode struct {
 	name       string
 	labels     map[string]string
 	peerLabels []string // the keys of labels copied from the Peer
-	status     corev1.NodeStatus
-	ready      bool
+	// owner is the Peer: deleting it, or the CRD with every Peer on
+	// uninstall, has the garbage collector delete the node too.
+	owner  metav1.OwnerReference
+	status corev1.NodeStatus
+	ready  bool
 }
 
 // desiredNode is the virtual node of peer at now; cur is the Node there
@@ -112,7 +115,8 @@ type virtualNode struct {
 // be read, capacity are kept.
 func (v *VirtualNodes) desiredNode(peer *v1alpha1.Peer, cur *corev1.Node, now time.Time) virtualNode {
 	name := VirtualNodeName(peer.Name)
-	want := virtualNode{name: name}
+	want := virtualNode{name: name, owner: metav1.OwnerReference{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Peer", Name: peer.Name, UID: peer.UID}}
 	want.labels, want.peerLabels = virtualNodeLabels(peer, name)
 
 	_, g, credErr := v.cfg.Credentials.Credential(peer.Name)
@@ -263,7 +267,8 @@ func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 func (v *VirtualNodes) createNode(ctx context.Context, want virtualNode) (*corev1.Node, error) {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Labels: want.labels,
-			Annotations: map[string]string{annotationPeerLabels: strings.Join(want.peerLabels, ",")}},
+			Annotations:     map[string]string{annotationPeerLabels: strings.Join(want.peerLabels, ",")},
+			OwnerReferences: []metav1.OwnerReference{want.owner}},
 		Spec:   corev1.NodeSpec{Taints: []corev1.Taint{virtualNodeTaint}},
 		Status: want.status,
 	}

@@ -264,6 +264,9 @@ func (e *vnEnv) testNode(t *testing.T) {
 			t.Errorf("label %s = %q (%v), want %q", k, got, ok, want)
 		}
 	}
+	if o := n.OwnerReferences; len(o) != 1 || o[0].Kind != "Peer" || o[0].Name != id || o[0].UID == "" {
+		t.Errorf("owner references %+v, want the Peer %s (deleted with it on uninstall)", o, id)
+	}
 	for _, k := range []string{"topology.kubernetes.io/zone", "flotilla.io/gateway"} {
 		if _, ok := n.Labels[k]; ok {
 			t.Errorf("label %s of a reserved domain copied from the Peer: %v", k, n.Labels)
