@@ -27,8 +27,11 @@ import (
 )
 
 // DefaultPodWorkers is how many pods a PodReflector reconciles at once
-// when its config says nothing.
-const DefaultPodWorkers = 8
+// when its config says nothing. A pod costs about two API round trips (a
+// create there, a status write here) that wait on the API servers, not
+// on us; more workers than this lose the queue's folding of a pod's
+// changes into one write (docs/offload.md, "Offloaded pods").
+const DefaultPodWorkers = 16
 
 // podFieldManager writes remote pods and local pods' status.
 const podFieldManager = "flotilla"

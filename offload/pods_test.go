@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -25,7 +26,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -63,7 +66,8 @@ type podEnv struct {
 
 // podEnvOptions are what a test or benchmark varies.
 type podEnvOptions struct {
-	// kubelets are the provider's nodes (each holds 250 pods).
+	// kubelets are the provider's nodes (each holds 250 pods), at most
+	// 16.
 	kubelets int
 	// consumer's control plane; its scheduler, say.
 	consumer harness.ControlPlaneOptions
@@ -73,10 +77,16 @@ type podEnvOptions struct {
 
 func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
 	harness.Require(tb, harness.NeedsControlPlane...)
+	// The NamespaceOffload caches log through controller-runtime, which
+	// otherwise complains that nobody set its logger.
+	ctrllog.SetLogger(logr.Discard())
 	env := harness.New(tb)
 	consOpts := o.consumer
 	consOpts.ClientQPS = o.clientQPS
-	cps := env.ControlPlanesEach(consOpts, harness.ControlPlaneOptions{PodCIDR: providerPodCIDR, Scheduler: true, ClientQPS: o.clientQPS})
+	// The provider's nodes get their pod ranges from us, not from its
+	// controller manager: /20s, so that a node hands out more addresses
+	// than its 250 pods (the stand-in kubelet never reuses one).
+	cps := env.ControlPlanesEach(consOpts, harness.ControlPlaneOptions{Scheduler: true, ClientQPS: o.clientQPS})
 	cons, prov := cps[0], cps[1]
 	var wg sync.WaitGroup
 	for _, cp := range cps {
@@ -118,7 +128,8 @@ func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
 	e.start(tb) // the MirrorConsumer
 
 	for i := range o.kubelets {
-		prov.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{})
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
+		prov.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
 	}
 	e.node = keepVirtualNodeReady(tb, cons, e.p.id)
 	return e
@@ -152,8 +163,11 @@ func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
 		handler = slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	e.registry = prometheus.NewRegistry()
+	// As the agent's (agent.KubeConfig): no client-side rate limit.
+	local := rest.CopyConfig(e.local.Config)
+	local.QPS, local.Burst = -1, -1
 	r, err := NewPodReflector(PodReflectorConfig{
-		Config: e.local.Config, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,
+		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,
 		Logger: slog.New(handler), Metrics: e.registry, Workers: workers,
 	})
 	if err != nil {
@@ -727,7 +741,7 @@ func TestPodReflector(t *testing.T) {
 
 // metricOf is the series of metric name with labels (a subset of its
 // own) in reg, nil when there is none.
-func metricOf(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
+func metricOf(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
