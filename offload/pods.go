@@ -222,7 +222,13 @@ func (r *PodReflector) next(ctx context.Context) bool {
 	defer r.queue.Done(key)
 	r.startPass(key)
 	err := r.reconcile(ctx, key)
-	r.endPass(key, err != nil)
+	// Not listed yet: the watch queues the pod once it is, and the time
+	// it took counts in the lag.
+	listing := errors.Is(err, errNotListed)
+	if listing {
+		err = nil
+	}
+	r.endPass(key, err != nil || listing)
 	if ctx.Err() != nil {
 		return true
 	}
@@ -246,14 +252,15 @@ func (r *PodReflector) startPass(key podKey) {
 	}
 }
 
-// endPass keeps the time of a change not acted on for the retry of a
-// failed reconcile; one that found nothing to do forgets it.
-func (r *PodReflector) endPass(key podKey, failed bool) {
+// endPass keeps the time of a change not acted on for the next
+// reconcile of key (keep: this one failed, or could not look yet); one
+// that found nothing to do forgets it.
+func (r *PodReflector) endPass(key podKey, keep bool) {
 	r.changesMu.Lock()
 	defer r.changesMu.Unlock()
 	t, ok := r.acting[key]
 	delete(r.acting, key)
-	if ok && failed {
+	if ok && keep {
 		if later, seen := r.since[key]; !seen || t.Before(later) {
 			r.since[key] = t
 		}
@@ -344,18 +351,26 @@ func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
 	}
 }
 
-// syncLoop brings the providers in line whenever asked, and again a
-// little later when that failed.
+// providerResync is how often the providers are brought in line without
+// an event: a credential can come or go without its Peer changing (the
+// grants kept from before loaded at the agent's start, an expiry).
+const providerResync = 10 * time.Second
+
+// syncLoop brings the providers in line whenever asked, every
+// providerResync, and again a little later when that failed.
 func (r *PodReflector) syncLoop(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	resync := time.NewTicker(providerResync)
+	defer resync.Stop()
 	var last string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.resync:
+		case <-resync.C:
 		case <-retry.C:
 		}
 		err := r.syncProviders(ctx)

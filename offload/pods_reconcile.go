@@ -58,10 +58,11 @@ type mirror struct {
 // the informers hold.
 func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 	pp := r.provider(key.provider)
-	if pp == nil || !pp.localSynced.Load() {
-		// No credential from it (its pods are left as they are), or
-		// its watch starts and queues them once listed.
-		return nil
+	if pp == nil {
+		return nil // no credential from it: its pods are left as they are
+	}
+	if !pp.localSynced.Load() {
+		return errNotListed
 	}
 	local := pp.localPod(key.namespace, key.name)
 	m, err := r.mirrorOf(ctx, key.namespace, key.provider)
@@ -88,13 +89,16 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 			return r.reflect(ctx, pp, key, local, remote)
 		}
 		return nil
-	case m.state == notOffloaded:
+	case m.state == notOffloaded && (remote == nil || !sameOrigin(remote, local)):
+		// Refused as a kubelet refuses at admission; one already
+		// running there (its namespace turned Local) runs on.
 		return r.refuse(ctx, pp, local, m.why)
 	case !known:
 		if m.state == mirrorWaiting {
 			r.waiting(pp, local, m)
+			return nil
 		}
-		return nil // a ready namespace's watch queues its pods once listed
+		return errNotListed
 	case remote == nil:
 		if m.state != mirrorReady {
 			r.waiting(pp, local, m)
@@ -115,7 +119,9 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 
 // mirrorOf is where namespace ns's pods go on provider, from the
 // NamespaceOffloads' status: ready wins over waiting, which wins over not
-// offloaded. A NamespaceOffload being deleted offloads nothing any more.
+// offloaded. A NamespaceOffload being deleted offloads nothing any more;
+// one whose pods stay Local names its namespace there but offloads no
+// new pod.
 func (r *PodReflector) mirrorOf(ctx context.Context, ns, provider string) (mirror, error) {
 	var list v1alpha1.NamespaceOffloadList
 	if err := r.local.List(ctx, &list, client.InNamespace(ns)); err != nil {
@@ -133,6 +139,10 @@ func (r *PodReflector) mirrorOf(ctx context.Context, ns, provider string) (mirro
 		name, ready := MirroredNamespace(o, provider)
 		var m mirror
 		switch {
+		case o.Spec.PodOffloading == v1alpha1.PodsLocal:
+			// Mirrored, but its pods stay here: the namespace there is
+			// still watched for the pods that ran there before.
+			m = mirror{state: notOffloaded, remote: name, why: fmt.Sprintf("NamespaceOffload %s keeps its pods here (podOffloading %s)", o.Name, o.Spec.PodOffloading)}
 		case ready:
 			return mirror{state: mirrorReady, remote: name}, nil
 		case name != "":
@@ -335,6 +345,10 @@ func (r *PodReflector) waiting(pp *podProvider, local *corev1.Pod, m mirror) {
 	}
 	pp.recorder.Eventf(local, corev1.EventTypeNormal, EventWaiting, "waiting for %s on %s: %s", where, pp.id, m.why)
 }
+
+// errNotListed: a watch the reconcile needs has not listed yet; it
+// queues the pods concerned once it has.
+var errNotListed = errors.New("not listed yet")
 
 // retryLater is a wait no watch event ends: the reconcile runs again
 // after its backoff.

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -545,6 +546,35 @@ func TestPodReflector(t *testing.T) {
 		e.waitEvent(t, p, ReasonNotOffloaded, "plain")
 		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.p.id, errNotOffloaded)); n == 0 {
 			t.Errorf("flotilla_reflection_errors_total{reason=%q} = 0", errNotOffloaded)
+		}
+	})
+
+	t.Run("LocalPodsStayLocal", func(t *testing.T) {
+		local := e.offloadReady(t, "local")
+		e.createPods(t, e.podOnVirtualNode("local", "before"))
+		_, running := e.waitReflected(t, "local", local, "before")
+		var o v1alpha1.NamespaceOffload
+		if err := e.lc.Get(t.Context(), client.ObjectKey{Namespace: "local", Name: "offload"}, &o); err != nil {
+			t.Fatal(err)
+		}
+		o.Spec.PodOffloading = v1alpha1.PodsLocal
+		if err := e.lc.Update(t.Context(), &o); err != nil {
+			t.Fatal(err)
+		}
+		e.waitStatus(t, "local", "Local observed", func(o *v1alpha1.NamespaceOffload) error {
+			if o.Status.ObservedGeneration != o.Generation {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		p := e.createPods(t, e.podOnVirtualNode("local", "after"))[0]
+		msg := e.waitEvent(t, p, ReasonNotOffloaded, "Local")
+		if got, _ := e.localPod(t, "local", "after"); got.Status.Phase != corev1.PodFailed {
+			t.Errorf("a new pod in a Local namespace: %s (%s)", describePod(got), msg)
+		}
+		// The one running there before runs on.
+		if _, again := e.waitReflected(t, "local", local, "before"); again.UID != running.UID {
+			t.Errorf("the pod running there was replaced")
 		}
 	})
 
