@@ -86,14 +86,14 @@ func benchmarkPodOffload(b *testing.B, pods int) {
 		toCreated = append(toCreated, r.toCreated...)
 		toRunningThere = append(toRunningThere, r.toRunningThere...)
 		toRunningHere = append(toRunningHere, r.toRunningHere...)
-		b.Logf("round %d: %d pods Running here in %v (all bound by the consumer after %v, the last Running %v later); a pod from its binding to Running here: %s; to its creation there %s, then Running there %s, then Running here %s",
-			round+1, pods, r.running.Sub(start).Round(time.Millisecond), r.bound.Sub(start).Round(time.Millisecond),
-			r.running.Sub(r.bound).Round(time.Millisecond), spread(r.perPod), spread(r.toCreated), spread(r.toRunningThere), spread(r.toRunningHere))
-		b.Logf("round %d: reflection lag, local change to the provider's pod made: %s; the provider's pod's change to the status here: %s",
-			round+1, e.lagSince(b, lagPod, lags[lagPod]), e.lagSince(b, lagPodStatus, lags[lagPodStatus]))
+		// One line a round: benchmarks keep ten lines of log.
+		b.Logf("round %d: %v (all bound here after %v, the last Running here %v later); a pod from binding to Running here %s: to its creation there %s, then Running there %s, then Running here %s; lag metric, pod %s, podstatus %s",
+			round+1, r.running.Sub(start).Round(time.Millisecond), r.bound.Sub(start).Round(time.Millisecond),
+			r.running.Sub(r.bound).Round(time.Millisecond), spread(r.perPod), spread(r.toCreated), spread(r.toRunningThere), spread(r.toRunningHere),
+			e.lagSince(b, lagPod, lags[lagPod]), e.lagSince(b, lagPodStatus, lags[lagPodStatus]))
 		b.StopTimer()
 		if round == 0 {
-			e.reportReflectorHeap(b, pods)
+			e.reportReflectorHeap(b, pods, remoteNS)
 		}
 		e.removeDeployment(b, app, remoteNS)
 		b.StartTimer()
@@ -288,8 +288,9 @@ func (w *benchWatch) wait(b *testing.B, app string, n int) benchResult {
 // once it stopped (both after a collection); the process's RSS likewise,
 // after returning freed memory to the system. Everything else in the
 // process (the harness's kubelets and clients) holds the same in both.
-// A new reflector then takes over, reconciling from both API servers.
-func (e *podEnv) reportReflectorHeap(b *testing.B, pods int) {
+// A new reflector then takes over, reconciling from both API servers: it
+// must replace none of the provider's pods.
+func (e *podEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 	heap := func() (uint64, uint64) {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -298,27 +299,43 @@ func (e *podEnv) reportReflectorHeap(b *testing.B, pods int) {
 		return m.HeapInuse, rssBytes(b)
 	}
 	withHeap, withRSS := heap()
+	before := uidsOf(e.remotePods(b, remoteNS))
 	e.stopReflector()
 	withoutHeap, withoutRSS := heap()
 	mib := func(with, without uint64) float64 { return (float64(with) - float64(without)) / (1 << 20) }
 	b.ReportMetric(mib(withHeap, withoutHeap), "MiB-reflector-heap")
-	b.Logf("with %d pods offloaded, the reflector holds %.1f MiB of Go heap in use (%.1f MiB of the process's RSS)",
-		pods, mib(withHeap, withoutHeap), mib(withRSS, withoutRSS))
+	heapMiB, rssMiB := mib(withHeap, withoutHeap), mib(withRSS, withoutRSS)
 	start := time.Now()
 	workers, _ := strconv.Atoi(os.Getenv("FLOTILLA_BENCH_POD_WORKERS"))
 	e.startReflector(b, workers, false)
 	// Every pod reconciled from both API servers, nothing written: the
 	// queue drains to empty.
 	eventually.Within(b, 5*time.Minute, "the restarted reflector settles", func() error {
-		if pp := e.reflector().provider(e.p.id); pp == nil || !pp.localSynced.Load() {
+		pp := e.reflector().provider(e.p.id)
+		if pp == nil || !pp.localSynced.Load() {
 			return fmt.Errorf("not listed yet")
+		}
+		if rn := pp.namespace(remoteNS); rn == nil || !rn.synced.Load() {
+			return fmt.Errorf("the provider's pods not listed yet")
 		}
 		if n := e.reflector().queue.Len(); n > 0 {
 			return fmt.Errorf("%d pods queued", n)
 		}
 		return nil
 	})
-	b.Logf("a restarted reflector listed both sides and reconciled %d pods in %v", pods, time.Since(start).Round(time.Millisecond))
+	settled := time.Since(start)
+	replaced := 0
+	after := uidsOf(e.remotePods(b, remoteNS))
+	for name, uid := range before {
+		if after[name] != uid {
+			replaced++
+		}
+	}
+	if replaced > 0 || len(after) != len(before) {
+		b.Errorf("a restarted reflector replaced %d of the provider's %d pods (%d there now)", replaced, len(before), len(after))
+	}
+	b.Logf("with %d pods offloaded, the reflector holds %.1f MiB of Go heap in use (%.1f MiB of the process's RSS); restarted, it listed both sides and reconciled them in %v, replacing none",
+		pods, heapMiB, rssMiB, settled.Round(time.Millisecond))
 }
 
 // lagHistogram is the running reflector's flotilla_reflection_lag_seconds

@@ -89,6 +89,8 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 			return r.reflect(ctx, pp, key, local, remote)
 		}
 		return nil
+	case m.state == notOffloaded && rn != nil && !known:
+		return errNotListed // it may be running there: look first
 	case m.state == notOffloaded && (remote == nil || !sameOrigin(remote, local)):
 		// Refused as a kubelet refuses at admission; one already
 		// running there (its namespace turned Local) runs on.
