@@ -572,9 +572,25 @@ func TestPodReflector(t *testing.T) {
 		if got, _ := e.localPod(t, "local", "after"); got.Status.Phase != corev1.PodFailed {
 			t.Errorf("a new pod in a Local namespace: %s (%s)", describePod(got), msg)
 		}
-		// The one running there before runs on.
+		// The one running there before runs on, also after a restart
+		// (which finds it there before deciding).
 		if _, again := e.waitReflected(t, "local", local, "before"); again.UID != running.UID {
 			t.Errorf("the pod running there was replaced")
+		}
+		e.stopReflector()
+		e.startReflector(top, 0, true)
+		eventually.Within(t, 30*time.Second, "the restarted reflector listed the provider", func() error {
+			pp := e.reflector().provider(e.p.id)
+			if pp == nil || !pp.localSynced.Load() {
+				return errors.New("not yet")
+			}
+			if rn := pp.namespace(local); rn == nil || !rn.synced.Load() || e.reflector().queue.Len() > 0 {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		if got, _ := e.localPod(t, "local", "before"); got.Status.Phase != corev1.PodRunning {
+			t.Errorf("after a restart, the pod running there shows %s", describePod(got))
 		}
 	})
 
