@@ -61,7 +61,7 @@ func applyCRDs(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-func mustApplyCRDs(t *testing.T, cfg *rest.Config) {
+func mustApplyCRDs(t testing.TB, cfg *rest.Config) {
 	t.Helper()
 	if err := applyCRDs(t.Context(), cfg); err != nil {
 		t.Fatal(err)

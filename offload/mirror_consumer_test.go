@@ -124,26 +124,34 @@ func (e *mirrorEnv) grant(t *testing.T, p *testProvider) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant, err := tenants.Ensure(ctx, e.self, grant.Limits{})
+	e.creds.grantedBy(t, tenants, e.self, p, p.cp.Config.Host)
+}
+
+// grantedBy makes consumer's tenant on p with tenants and holds a token
+// of it, to be used at server (p's API server, or a way to it), as a
+// provider's grant hands one over.
+func (c *testCredentials) grantedBy(t testing.TB, tenants *Tenants, consumer string, p *testProvider, server string) {
+	t.Helper()
+	tenant, err := tenants.Ensure(t.Context(), consumer, grant.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := tenants.Issue(ctx, e.self)
+	tok, err := tenants.Issue(t.Context(), consumer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.tenant = tenant.Namespace
-	e.creds.set(p.id, providerCredential{
-		config: &rest.Config{Host: p.cp.Config.Host, BearerToken: tok.Value.Reveal(),
+	c.set(p.id, providerCredential{
+		config: &rest.Config{Host: server, BearerToken: tok.Value.Reveal(),
 			TLSClientConfig: rest.TLSClientConfig{CAData: p.cp.Config.CAData}, Timeout: 10 * time.Second},
-		grant: grant.Grant{Provider: p.id, Consumer: e.self, Serial: 1, Server: p.cp.Config.Host,
+		grant: grant.Grant{Provider: p.id, Consumer: consumer, Serial: 1, Server: server,
 			Namespace: tenant.Namespace, ExpiresAt: tok.Expires},
 	})
 }
 
 // addPeer writes the consumer's Peer for a provider, granted (its
 // OffloadCredential condition set, as offload.Consumer writes it).
-func (e *mirrorEnv) addPeer(t *testing.T, id, name string, labels map[string]string) {
+func (e *mirrorEnv) addPeer(t testing.TB, id, name string, labels map[string]string) {
 	t.Helper()
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: labels}}
 	if err := e.lc.Create(t.Context(), peer); err != nil {
@@ -171,7 +179,7 @@ func (e *mirrorEnv) setLabels(t *testing.T, id string, labels map[string]string)
 
 // start runs a MirrorConsumer until the returned stop is called (or the
 // test ends).
-func (e *mirrorEnv) start(t *testing.T) (stop func()) {
+func (e *mirrorEnv) start(t testing.TB) (stop func()) {
 	t.Helper()
 	mc, err := NewMirrorConsumer(MirrorConsumerConfig{
 		Config: e.local.Config, Credentials: e.creds, Self: e.self,
@@ -196,7 +204,7 @@ func (e *mirrorEnv) start(t *testing.T) (stop func()) {
 	return stop
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
@@ -204,7 +212,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // offload creates namespace ns and a NamespaceOffload in it.
-func (e *mirrorEnv) offload(t *testing.T, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
+func (e *mirrorEnv) offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
 	t.Helper()
 	err := e.lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -216,7 +224,7 @@ func (e *mirrorEnv) offload(t *testing.T, ns, name string, spec v1alpha1.Namespa
 }
 
 // waitStatus waits until the NamespaceOffload ns/offload satisfies check.
-func (e *mirrorEnv) waitStatus(t *testing.T, ns, what string, check func(o *v1alpha1.NamespaceOffload) error) *v1alpha1.NamespaceOffload {
+func (e *mirrorEnv) waitStatus(t testing.TB, ns, what string, check func(o *v1alpha1.NamespaceOffload) error) *v1alpha1.NamespaceOffload {
 	t.Helper()
 	var o v1alpha1.NamespaceOffload
 	eventually.Within(t, 30*time.Second, what, func() error {
@@ -345,7 +353,7 @@ func (p *testProvider) releaseAsProvider(t *testing.T, name string) {
 	}
 }
 
-func adminClient(t *testing.T, cp *harness.ControlPlane) client.Client {
+func adminClient(t testing.TB, cp *harness.ControlPlane) client.Client {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{v1alpha1.AddToScheme, corev1.AddToScheme, apiextensionsv1.AddToScheme} {

@@ -72,13 +72,7 @@ func TestMirrorProvider(t *testing.T) {
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
 	mustApplyCRDs(t, cp.Config)
-	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
-		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
-			"apply", "--server-side", "-f", filepath.Join("..", "deploy", f))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("kubectl apply deploy/%s: %v\n%s", f, err, out)
-		}
-	}
+	installProvider(t, cp)
 	agent := serviceAccountConfig(t, cp, "flotilla-system", "flotilla-agent")
 	tenants, err := NewTenants(TenantsConfig{Config: agent, Audience: acceptedAudience})
 	if err != nil {
@@ -113,6 +107,20 @@ func TestMirrorProvider(t *testing.T) {
 		}
 
 	})
+}
+
+// installProvider applies what a provider's agent is installed with:
+// its namespace and account, deploy/'s RBAC (the consumer's ClusterRole
+// among it) and admission policies.
+func installProvider(t testing.TB, cp *harness.ControlPlane) {
+	t.Helper()
+	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
+		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
+			"apply", "--server-side", "-f", filepath.Join("..", "deploy", f))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("kubectl apply deploy/%s: %v\n%s", f, err, out)
+		}
+	}
 }
 
 // start runs a new controller until stop or the test's end.
@@ -154,7 +162,7 @@ func providerTestScheme(t *testing.T) *runtime.Scheme {
 
 // serviceAccountConfig is a client config with a token of account, as a
 // pod of it gets one.
-func serviceAccountConfig(t *testing.T, cp *harness.ControlPlane, ns, account string) *rest.Config {
+func serviceAccountConfig(t testing.TB, cp *harness.ControlPlane, ns, account string) *rest.Config {
 	t.Helper()
 	expiry := int64(3600)
 	tr, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), account,

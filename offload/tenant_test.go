@@ -38,7 +38,7 @@ const (
 	refusedAudience  = "flotilla.io/not-accepted-here"
 )
 
-func newConsumer(t *testing.T) string {
+func newConsumer(t testing.TB) string {
 	t.Helper()
 	id, err := identity.Generate()
 	if err != nil {

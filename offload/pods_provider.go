@@ -1,0 +1,415 @@
+package offload
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// podProvider is what a PodReflector keeps for one provider: an informer
+// of the local pods bound to its virtual node, one of the pods in each
+// namespace mirrored there for this cluster (it may list pods only in
+// namespaces it has rights in), and the clients with its credential.
+type podProvider struct {
+	id, node string
+	r        *PodReflector
+	log      *slog.Logger
+	recorder record.EventRecorder
+	// What the watches were started against: a new token alone does not
+	// restart them (currentToken), a new server, CA or tenant does.
+	server, tenant string
+	ca             []byte
+
+	client kubernetes.Interface // writes, with the credential's timeout
+	watch  kubernetes.Interface // informers, without
+
+	localPods   toolscache.SharedIndexInformer
+	localSynced atomic.Bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+
+	mu         sync.Mutex
+	namespaces map[string]*remoteNamespace // by name on the provider
+	err        error                       // the provider's last list or watch failure
+}
+
+// remoteNamespace is the watch of this cluster's pods in one namespace
+// mirrored on the provider.
+type remoteNamespace struct {
+	name, local string
+	informer    toolscache.SharedIndexInformer
+	synced      atomic.Bool
+	cancel      context.CancelFunc
+	done        sync.WaitGroup
+}
+
+func (r *PodReflector) startProvider(id string, c providerCredential) (*podProvider, error) {
+	client, watchClient, err := providerClients(id, r.cfg.Credentials, c.config)
+	if err != nil {
+		return nil, fmt.Errorf("clients for %s at %s: %w", id, c.grant.Server, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pp := &podProvider{
+		id: id, node: VirtualNodeName(id), r: r,
+		log:      r.log.With("peer", id, "server", c.grant.Server),
+		recorder: r.recorder(id),
+		server:   c.grant.Server, tenant: c.grant.Namespace, ca: c.config.CAData,
+		client: client, watch: watchClient,
+		ctx: ctx, cancel: cancel,
+		namespaces: map[string]*remoteNamespace{},
+	}
+	selector := fields.OneTermEqualSelector("spec.nodeName", pp.node).String()
+	pods := r.watch.CoreV1().Pods(metav1.NamespaceAll)
+	lw := &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = selector
+			return pods.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = selector
+			return pods.Watch(ctx, opts)
+		},
+	}
+	pp.localPods = toolscache.NewSharedIndexInformerWithOptions(lw, &corev1.Pod{}, toolscache.SharedIndexInformerOptions{
+		Indexers: toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc},
+	})
+	if err := pp.localPods.SetTransform(stripManagedFields); err != nil {
+		cancel()
+		return nil, err
+	}
+	queueLocal := func(obj any, initial bool) {
+		if p, ok := podOf(obj); ok {
+			r.changed(podKey{provider: id, namespace: p.Namespace, name: p.Name}, initial)
+		}
+	}
+	reg, err := pp.localPods.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc:    queueLocal,
+		UpdateFunc: func(_, obj any) { queueLocal(obj, false) },
+		DeleteFunc: func(obj any) { queueLocal(obj, false) },
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	pp.done.Go(func() { pp.localPods.RunWithContext(ctx) })
+	pp.done.Go(func() {
+		if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			return
+		}
+		pp.localSynced.Store(true)
+		pp.queueAll()
+	})
+	return pp, nil
+}
+
+// providerClients are the clients of a provider: no client-side rate
+// limit (its priority and fairness limits its tenants; a thousand pods
+// are a thousand creates), and the token of the credential held at each
+// request, so a renewed token needs no new watch.
+func providerClients(id string, creds Credentials, base *rest.Config) (write, watchClient kubernetes.Interface, err error) {
+	cfg := rest.CopyConfig(base)
+	cfg.QPS, cfg.Burst = -1, -1
+	cfg.BearerToken, cfg.BearerTokenFile = "", ""
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return &currentToken{provider: id, creds: creds, next: rt}
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if write, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, nil, err
+	}
+	wcfg := rest.CopyConfig(cfg)
+	wcfg.Timeout = 0 // or the watches are cut
+	if watchClient, err = kubernetes.NewForConfig(wcfg); err != nil {
+		return nil, nil, err
+	}
+	return write, watchClient, nil
+}
+
+// currentToken authenticates each request with the token of the
+// credential held for provider at that moment.
+type currentToken struct {
+	provider string
+	creds    Credentials
+	next     http.RoundTripper
+}
+
+func (t *currentToken) RoundTrip(req *http.Request) (*http.Response, error) {
+	cfg, _, err := t.creds.Credential(t.provider)
+	if err != nil {
+		return nil, err
+	}
+	req = utilnet.CloneRequest(req)
+	req.Header.Set("Authorization", "Bearer "+cfg.BearerToken)
+	return t.next.RoundTrip(req)
+}
+
+func (t *currentToken) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+// sameEndpoint reports whether c reaches the provider the watches were
+// started against.
+func (pp *podProvider) sameEndpoint(c providerCredential) bool {
+	return c.grant.Server == pp.server && c.grant.Namespace == pp.tenant && bytes.Equal(c.config.CAData, pp.ca)
+}
+
+func (pp *podProvider) stop() {
+	pp.cancel()
+	pp.done.Wait()
+	pp.mu.Lock()
+	rns := pp.namespaces
+	pp.namespaces = map[string]*remoteNamespace{}
+	pp.mu.Unlock()
+	// Outside the lock: a watch being stopped may be reporting.
+	for _, rn := range rns {
+		rn.stop()
+	}
+}
+
+// localPod is the local pod ns/name bound to the provider's virtual node,
+// nil when there is none.
+func (pp *podProvider) localPod(ns, name string) *corev1.Pod {
+	obj, ok, err := pp.localPods.GetIndexer().GetByKey(ns + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	p, _ := obj.(*corev1.Pod)
+	return p
+}
+
+// namespace is the watch of remote namespace name, nil when none.
+func (pp *podProvider) namespace(name string) *remoteNamespace {
+	if name == "" {
+		return nil
+	}
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return pp.namespaces[name]
+}
+
+// watching is the namespaces watched: remote name -> local name.
+func (pp *podProvider) watching() map[string]string {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	out := make(map[string]string, len(pp.namespaces))
+	for name, rn := range pp.namespaces {
+		out[name] = rn.local
+	}
+	return out
+}
+
+// syncNamespaces watches exactly the namespaces of want (remote ->
+// local); the pods of a namespace no longer watched are queued (they are
+// no longer offloaded, or wait).
+func (pp *podProvider) syncNamespaces(want map[string]string) {
+	pp.mu.Lock()
+	var stopped []*remoteNamespace
+	for name, rn := range pp.namespaces {
+		if want[name] != rn.local {
+			stopped = append(stopped, rn)
+			delete(pp.namespaces, name)
+		}
+	}
+	for name, local := range want {
+		if pp.namespaces[name] == nil {
+			pp.namespaces[name] = pp.startNamespace(name, local)
+			pp.log.Debug("watching offloaded pods", "namespace", local, "remote", name)
+		}
+	}
+	pp.mu.Unlock()
+	for _, rn := range stopped {
+		rn.stop()
+		pp.log.Debug("no longer watching offloaded pods", "namespace", rn.local, "remote", rn.name)
+		pp.queueNamespace(rn.local)
+	}
+}
+
+// startNamespace watches this cluster's pods in namespace name on the
+// provider, mirrored for local.
+func (pp *podProvider) startNamespace(name, local string) *remoteNamespace {
+	ctx, cancel := context.WithCancel(pp.ctx)
+	rn := &remoteNamespace{name: name, local: local, cancel: cancel}
+	// Every pod there: the namespace is mirrored for this cluster alone,
+	// and the origin annotation names the local pod.
+	pods := pp.watch.CoreV1().Pods(name)
+	lw := &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			list, err := pods.List(ctx, opts)
+			pp.report(err)
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			w, err := pods.Watch(ctx, opts)
+			pp.report(err)
+			return w, err
+		},
+	}
+	rn.informer = toolscache.NewSharedIndexInformerWithOptions(lw, &corev1.Pod{}, toolscache.SharedIndexInformerOptions{})
+	// Neither can fail before the informer runs.
+	_ = rn.informer.SetTransform(remoteTransform)
+	_ = rn.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *toolscache.Reflector, err error) {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+			pp.report(err)
+		}
+	})
+	queueRemote := func(obj any, initial bool) {
+		if p, ok := podOf(obj); ok {
+			if o, ok := originOfRemote(p); ok {
+				pp.r.changed(podKey{provider: pp.id, namespace: o.namespace, name: o.name}, initial)
+			}
+		}
+	}
+	reg, _ := rn.informer.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc:    queueRemote,
+		UpdateFunc: func(_, obj any) { queueRemote(obj, false) },
+		DeleteFunc: func(obj any) { queueRemote(obj, false) },
+	})
+	rn.done.Go(func() { rn.informer.RunWithContext(ctx) })
+	rn.done.Go(func() {
+		if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			return
+		}
+		rn.synced.Store(true)
+		// Reconciles before now found it not listed yet and left their
+		// pods alone.
+		pp.queueNamespace(local)
+		pp.queueRemote(rn)
+	})
+	return rn
+}
+
+func (rn *remoteNamespace) stop() {
+	rn.cancel()
+	rn.done.Wait()
+}
+
+// pod is the remote pod standing for key's local pod (its origin names
+// it), nil when there is none.
+func (rn *remoteNamespace) pod(key podKey) *corev1.Pod {
+	obj, ok, err := rn.informer.GetStore().GetByKey(rn.name + "/" + key.name)
+	if err != nil || !ok {
+		return nil
+	}
+	p, _ := obj.(*corev1.Pod)
+	if p == nil {
+		return nil
+	}
+	if o, ok := originOfRemote(p); !ok || o.namespace != key.namespace || o.name != key.name {
+		return nil // a pod of that name that is not ours: never touched
+	}
+	return p
+}
+
+// report records whether the provider answered; a change is logged once
+// and, back from failing, every pod of the provider is looked at again at
+// once rather than after its backoff.
+func (pp *podProvider) report(err error) {
+	if err != nil && pp.ctx.Err() != nil {
+		return // stopped by us
+	}
+	pp.mu.Lock()
+	was := pp.err
+	pp.err = err
+	pp.mu.Unlock()
+	if (was == nil) == (err == nil) {
+		return
+	}
+	if err != nil {
+		pp.log.Warn("a provider's API server does not answer; its offloaded pods are left as they are until it does", "err", err)
+		return
+	}
+	pp.log.Info("a provider's API server answers again")
+	pp.queueAll()
+}
+
+// queueNamespace queues the local pods of namespace ns.
+func (pp *podProvider) queueNamespace(ns string) {
+	objs, err := pp.localPods.GetIndexer().ByIndex(toolscache.NamespaceIndex, ns)
+	if err != nil {
+		return
+	}
+	for _, obj := range objs {
+		if p, ok := podOf(obj); ok {
+			pp.r.queue.Add(podKey{provider: pp.id, namespace: p.Namespace, name: p.Name})
+		}
+	}
+}
+
+// queueRemote queues the local pods rn's pods stand for (gone ones
+// included: their remote pods go).
+func (pp *podProvider) queueRemote(rn *remoteNamespace) {
+	for _, obj := range rn.informer.GetStore().List() {
+		if p, ok := podOf(obj); ok {
+			if o, ok := originOfRemote(p); ok {
+				pp.r.queue.Add(podKey{provider: pp.id, namespace: o.namespace, name: o.name})
+			}
+		}
+	}
+}
+
+// queueAll queues every pod of the provider, local and remote.
+func (pp *podProvider) queueAll() {
+	for _, obj := range pp.localPods.GetStore().List() {
+		if p, ok := podOf(obj); ok {
+			pp.r.queue.Add(podKey{provider: pp.id, namespace: p.Namespace, name: p.Name})
+		}
+	}
+	pp.mu.Lock()
+	rns := make([]*remoteNamespace, 0, len(pp.namespaces))
+	for _, rn := range pp.namespaces {
+		rns = append(rns, rn)
+	}
+	pp.mu.Unlock()
+	for _, rn := range rns {
+		pp.queueRemote(rn)
+	}
+}
+
+// podOf is the pod an informer handed over, a deleted one's last state
+// included.
+func podOf(obj any) (*corev1.Pod, bool) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	return p, ok
+}
+
+func stripManagedFields(obj any) (any, error) {
+	if o, ok := obj.(metav1.Object); ok {
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// remoteTransform keeps of a remote pod what the reconcile reads: its
+// metadata and status. The spec is the consumer's (it made it), so a
+// thousand pods are not held twice.
+func remoteTransform(obj any) (any, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		p.ManagedFields = nil
+		p.Spec = corev1.PodSpec{}
+	}
+	return obj, nil
+}

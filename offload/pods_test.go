@@ -1,0 +1,922 @@
+package offload
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/offload/grant"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// The provider's pod network, the consumer's view of it, and the
+// address the consumer's virtual node registers (TEST-NET-1).
+var (
+	providerPodCIDR    = netip.MustParsePrefix("10.0.0.0/16")
+	viewOfProviderPods = netip.MustParsePrefix("10.70.0.0/16")
+	virtualNodeAddress = netip.MustParseAddr("192.0.2.10")
+)
+
+// podEnv is a consumer and a provider, each a real control plane, with a
+// real grant between them: deploy/'s RBAC and admission on the provider,
+// the consumer's tenant and token made by the provider's Tenants with the
+// agent's own token, and namespace mirroring running on both sides. The
+// provider's nodes are the harness's stand-in kubelets; the consumer's
+// virtual node is a Node the test keeps Ready. The consumer reaches the
+// provider through a link the test can cut.
+type podEnv struct {
+	*mirrorEnv
+	p      *testProvider
+	grants *grants
+	link   *cutLink
+	views  offsetViews
+	node   string // the virtual node
+
+	reflectors []*PodReflector // every one started, the running one last
+	registry   *prometheus.Registry
+	stop       func() // stops the running PodReflector
+}
+
+// podEnvOptions are what a test or benchmark varies.
+type podEnvOptions struct {
+	// kubelets are the provider's nodes (each holds 250 pods), at most
+	// 16.
+	kubelets int
+	// consumer's control plane; its scheduler, say.
+	consumer harness.ControlPlaneOptions
+	// clientQPS of both controller managers and schedulers (0: theirs).
+	clientQPS int
+}
+
+func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
+	harness.Require(tb, harness.NeedsControlPlane...)
+	// The NamespaceOffload caches log through controller-runtime, which
+	// otherwise complains that nobody set its logger.
+	ctrllog.SetLogger(logr.Discard())
+	env := harness.New(tb)
+	consOpts := o.consumer
+	consOpts.ClientQPS = o.clientQPS
+	// The provider's nodes get their pod ranges from us, not from its
+	// controller manager: /20s, so that a node hands out more addresses
+	// than its 250 pods (the stand-in kubelet never reuses one).
+	cps := env.ControlPlanesEach(consOpts, harness.ControlPlaneOptions{Scheduler: true, ClientQPS: o.clientQPS})
+	cons, prov := cps[0], cps[1]
+	var wg sync.WaitGroup
+	for _, cp := range cps {
+		wg.Go(func() {
+			if err := applyCRDs(context.Background(), cp.Config); err != nil {
+				tb.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if tb.Failed() {
+		tb.FailNow()
+	}
+	installProvider(tb, prov)
+
+	e := &podEnv{mirrorEnv: &mirrorEnv{local: cons, lc: adminClient(tb, cons), self: newConsumer(tb),
+		creds: &testCredentials{m: map[string]providerCredential{}}}}
+	e.p = &testProvider{id: newConsumer(tb), cp: prov, admin: adminClient(tb, prov)}
+	e.providers = []*testProvider{e.p}
+	e.views = offsetViews{provider: e.p.id, real: providerPodCIDR, view: viewOfProviderPods}
+	e.link = newCutLink(tb, prov.Addr.String())
+
+	agent := serviceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
+	tenants, err := NewTenants(TenantsConfig{Config: agent, Audience: acceptedAudience})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.creds.grantedBy(tb, tenants, e.self, e.p, "https://"+e.link.addr)
+	e.grants = &grants{m: map[string]grant.Limits{e.self: {}}}
+	hosted, err := NewMirrorProvider(MirrorProviderConfig{
+		Config: agent, Tenants: tenants, Grants: e.grants, AgentNamespace: "flotilla-system",
+		Resync: time.Second, Logger: slog.New(slog.NewTextHandler(testWriter{tb}, nil)),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	runUntilCleanup(tb, "MirrorProvider", hosted.Run)
+	e.addPeer(tb, e.p.id, "p1", map[string]string{"region": "a"})
+	e.start(tb) // the MirrorConsumer
+
+	for i := range o.kubelets {
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
+		prov.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
+	}
+	e.node = keepVirtualNodeReady(tb, cons, e.p.id)
+	return e
+}
+
+// runUntilCleanup runs a controller until the test ends, or the returned
+// stop.
+func runUntilCleanup(tb testing.TB, what string, run func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Errorf("%s: %v", what, err)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+// startReflector runs a new PodReflector until stopReflector or the
+// test's end.
+func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
+	tb.Helper()
+	handler := slog.Handler(slog.DiscardHandler)
+	if logs {
+		handler = slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})
+	}
+	e.registry = prometheus.NewRegistry()
+	// As the agent's (agent.KubeConfig): no client-side rate limit.
+	local := rest.CopyConfig(e.local.Config)
+	local.QPS, local.Burst = -1, -1
+	r, err := NewPodReflector(PodReflectorConfig{
+		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,
+		Logger: slog.New(handler), Metrics: e.registry, Workers: workers,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.reflectors = append(e.reflectors, r)
+	e.stop = runUntilCleanup(tb, "PodReflector", r.Run)
+}
+
+func (e *podEnv) stopReflector() { e.stop() }
+
+// reflector is the running PodReflector (or the last one).
+func (e *podEnv) reflector() *PodReflector { return e.reflectors[len(e.reflectors)-1] }
+
+// offloadReady offloads namespace ns to the provider and waits until it
+// is Ready there; it returns the namespace's name on the provider.
+func (e *podEnv) offloadReady(tb testing.TB, ns string) string {
+	tb.Helper()
+	e.offload(tb, ns, "offload", v1alpha1.NamespaceOffloadSpec{})
+	e.waitStatus(tb, ns, "Ready", phaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
+	remote, err := RemoteNamespace(v1alpha1.MappingDefaultName, ns, "", e.self)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return remote
+}
+
+// keepVirtualNodeReady registers the virtual node of provider on cp, as
+// the node controller would (labels, taint, address, capacity), and
+// keeps it Ready (its lease renewed) until the test ends.
+func keepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider string) string {
+	tb.Helper()
+	name := VirtualNodeName(provider)
+	ctx := tb.Context()
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			LabelVirtualNode: "true", LabelClusterID: provider, "kubernetes.io/hostname": name,
+			"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "virtual-kubelet",
+		}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: TaintVirtualNode, Value: "true", Effect: corev1.TaintEffectNoExecute}}},
+	}
+	if _, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("1000"), corev1.ResourceMemory: resource.MustParse("4Ti"), corev1.ResourcePods: resource.MustParse("10000"),
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status = corev1.NodeStatus{
+			Capacity: capacity, Allocatable: capacity,
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: virtualNodeAddress.String()}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Test",
+				Message: "kept Ready by the test", LastHeartbeatTime: now, LastTransitionTime: now}},
+		}
+		_, err = cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	renewCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		leases := cp.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+		seconds := int32(40)
+		for {
+			now := metav1.NewMicroTime(time.Now())
+			l, err := leases.Get(renewCtx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				_, err = leases.Create(renewCtx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
+					Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &seconds, RenewTime: &now}}, metav1.CreateOptions{})
+			case err == nil:
+				l.Spec.RenewTime = &now
+				_, err = leases.Update(renewCtx, l, metav1.UpdateOptions{})
+			}
+			if err != nil && renewCtx.Err() == nil {
+				tb.Logf("renew the lease of virtual node %s: %v", name, err)
+			}
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-time.After(10 * time.Second):
+			}
+		}
+	})
+	tb.Cleanup(func() { cancel(); wg.Wait() })
+	return name
+}
+
+// offsetViews is the consumer's view of one provider's pod network: the
+// same offset in another prefix.
+type offsetViews struct {
+	provider   string
+	real, view netip.Prefix
+}
+
+func (v offsetViews) Translate(provider string, a netip.Addr) (netip.Addr, bool) {
+	if provider != v.provider || !a.Is4() || !v.real.Contains(a) {
+		return netip.Addr{}, false
+	}
+	host := ^uint32(0) >> v.real.Bits()
+	ab, vb := a.As4(), v.view.Addr().As4()
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], binary.BigEndian.Uint32(vb[:])&^host|binary.BigEndian.Uint32(ab[:])&host)
+	return netip.AddrFrom4(out), true
+}
+
+func (v offsetViews) translate(tb testing.TB, ip string) string {
+	a, ok := v.Translate(v.provider, netip.MustParseAddr(ip))
+	if !ok {
+		tb.Fatalf("the provider's pod IP %s is outside %s", ip, v.real)
+	}
+	return a.String()
+}
+
+// podOnVirtualNode is a pod bound to the virtual node with what the
+// placement webhook adds (the toleration), as the scheduler binds it.
+func (e *podEnv) podOnVirtualNode(ns, name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			NodeName:    e.node,
+			Tolerations: []corev1.Toleration{{Key: TaintVirtualNode, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+			Containers:  []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
+		},
+	}
+}
+
+// createPods creates pods on the consumer; a namespace just made may not
+// have its default account yet, which admission waits for.
+func (e *podEnv) createPods(tb testing.TB, pods ...*corev1.Pod) []*corev1.Pod {
+	tb.Helper()
+	var out []*corev1.Pod
+	for _, p := range pods {
+		eventually.Within(tb, 30*time.Second, "create pod "+p.Namespace+"/"+p.Name, func() error {
+			made, err := e.local.Client.CoreV1().Pods(p.Namespace).Create(tb.Context(), p, metav1.CreateOptions{})
+			if err != nil {
+				if strings.Contains(err.Error(), "serviceaccount") {
+					return err
+				}
+				tb.Fatalf("create pod %s/%s: %v", p.Namespace, p.Name, err)
+			}
+			out = append(out, made)
+			return nil
+		})
+	}
+	return out
+}
+
+func (e *podEnv) localPod(tb testing.TB, ns, name string) (*corev1.Pod, bool) {
+	tb.Helper()
+	p, err := e.local.Client.CoreV1().Pods(ns).Get(tb.Context(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, true
+}
+
+// remotePods are the pods in namespace ns on the provider, by name, as
+// its admin sees them (not through the link).
+func (e *podEnv) remotePods(tb testing.TB, ns string) map[string]*corev1.Pod {
+	tb.Helper()
+	list, err := e.p.cp.Client.CoreV1().Pods(ns).List(tb.Context(), metav1.ListOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out
+}
+
+// waitReflected waits until local pod ns/name runs on the provider and
+// shows it: Running, with the provider pod's IP in this cluster's view
+// and the virtual node's address as host IP. It returns both pods.
+func (e *podEnv) waitReflected(tb testing.TB, ns, remoteNS, name string) (local, remote *corev1.Pod) {
+	tb.Helper()
+	eventually.Within(tb, 90*time.Second, "pod "+ns+"/"+name+" reflected", func() error {
+		var ok bool
+		if local, ok = e.localPod(tb, ns, name); !ok {
+			return errors.New("no local pod")
+		}
+		if remote = e.remotePods(tb, remoteNS)[name]; remote == nil {
+			return fmt.Errorf("no pod on the provider; local status %s", describePod(local))
+		}
+		if remote.Status.Phase != corev1.PodRunning || remote.Status.PodIP == "" || remote.Annotations[AnnotationOrigin] != originOf(local) {
+			return fmt.Errorf("the provider's pod: %s, origin %q", describePod(remote), remote.Annotations[AnnotationOrigin])
+		}
+		want := e.views.translate(tb, remote.Status.PodIP)
+		s := local.Status
+		if s.Phase != corev1.PodRunning || s.PodIP != want || len(s.PodIPs) != 1 || s.PodIPs[0].IP != want ||
+			s.HostIP != virtualNodeAddress.String() || len(s.HostIPs) != 1 || s.HostIPs[0].IP != s.HostIP {
+			return fmt.Errorf("local status %s, want Running with IP %s (the provider's %s) on host %s", describePod(local), want, remote.Status.PodIP, virtualNodeAddress)
+		}
+		return nil
+	})
+	return local, remote
+}
+
+func describePod(p *corev1.Pod) string {
+	s := fmt.Sprintf("phase %q reason %q ip %q host %q", p.Status.Phase, p.Status.Reason, p.Status.PodIP, p.Status.HostIP)
+	if p.DeletionTimestamp != nil {
+		s += " deleting"
+	}
+	return s
+}
+
+// waitGonePod waits until ns/name is gone from the consumer or, with
+// remoteNS set, from the provider.
+func (e *podEnv) waitGonePod(tb testing.TB, ns, name, where string) {
+	tb.Helper()
+	eventually.Within(tb, 90*time.Second, "pod "+ns+"/"+name+" gone "+where, func() error {
+		var p *corev1.Pod
+		if where == "here" {
+			p, _ = e.localPod(tb, ns, name)
+		} else {
+			p = e.remotePods(tb, ns)[name]
+		}
+		if p != nil {
+			return fmt.Errorf("still there: %s", describePod(p))
+		}
+		return nil
+	})
+}
+
+// waitEvent waits for an event on the local pod with reason and a message
+// containing text, and returns its message.
+func (e *podEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string) string {
+	tb.Helper()
+	var msg string
+	eventually.Within(tb, 90*time.Second, "event "+reason+" on "+pod.Name, func() error {
+		sel := fields.Set{"involvedObject.uid": string(pod.UID), "reason": reason}.String()
+		list, err := e.local.Client.CoreV1().Events(pod.Namespace).List(tb.Context(), metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return err
+		}
+		var seen []string
+		for _, ev := range list.Items {
+			if strings.Contains(ev.Message, text) {
+				msg = ev.Message
+				return nil
+			}
+			seen = append(seen, ev.Message)
+		}
+		return fmt.Errorf("events %q", seen)
+	})
+	return msg
+}
+
+// deleteRemote deletes a pod on the provider as its admin, out of band.
+func (e *podEnv) deleteRemote(tb testing.TB, p *corev1.Pod) {
+	tb.Helper()
+	err := e.p.cp.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func uidsOf(pods map[string]*corev1.Pod) map[string]types.UID {
+	out := map[string]types.UID{}
+	for name, p := range pods {
+		out[name] = p.UID
+	}
+	return out
+}
+
+// TestPodReflector runs the pod reflection between a real consumer and a
+// real provider; the subtests run in order, each in namespaces of its
+// own, against one PodReflector (restarted where a subtest says so).
+func TestPodReflector(t *testing.T) {
+	e := newPodEnv(t, podEnvOptions{kubelets: 2})
+	top := t // the reflector outlives each subtest
+	e.startReflector(top, 0, true)
+	web := e.offloadReady(t, "web")
+
+	t.Run("RunningWithTranslatedIP", func(t *testing.T) {
+		made := e.createPods(t, e.podOnVirtualNode("web", "a"), e.podOnVirtualNode("web", "b"), e.podOnVirtualNode("web", "c"))
+		for _, p := range made {
+			local, remote := e.waitReflected(t, "web", web, p.Name)
+			if remote.Spec.NodeName == "" || remote.Spec.NodeName == e.node {
+				t.Errorf("the provider's pod runs on node %q, want one of the provider's", remote.Spec.NodeName)
+			}
+			if remote.Labels["app"] != p.Name {
+				t.Errorf("the provider's pod labels %v, want the local ones", remote.Labels)
+			}
+			// The consumer's admission gave the local pod its token
+			// volume; the provider's pod has none of it, nor the
+			// virtual node's toleration.
+			if !slices.ContainsFunc(local.Spec.Volumes, isServiceAccountTokenVolume) {
+				t.Errorf("the local pod has no token volume to clean: %v", local.Spec.Volumes)
+			}
+			if slices.ContainsFunc(remote.Spec.Volumes, isServiceAccountTokenVolume) || len(remote.Spec.Containers[0].VolumeMounts) != 0 {
+				t.Errorf("the provider's pod kept the consumer's token: volumes %v, mounts %v", remote.Spec.Volumes, remote.Spec.Containers[0].VolumeMounts)
+			}
+			if slices.ContainsFunc(remote.Spec.Tolerations, func(tol corev1.Toleration) bool { return tol.Key == TaintVirtualNode }) {
+				t.Errorf("the provider's pod tolerates the virtual node: %v", remote.Spec.Tolerations)
+			}
+			if remote.Spec.ServiceAccountName != "default" || remote.Spec.AutomountServiceAccountToken == nil || *remote.Spec.AutomountServiceAccountToken {
+				t.Errorf("the provider's pod runs as %q, automount %v", remote.Spec.ServiceAccountName, remote.Spec.AutomountServiceAccountToken)
+			}
+		}
+	})
+
+	t.Run("DeletionRemovesTheRemotePodFirst", func(t *testing.T) {
+		// A finalizer holds the provider's pod while deleted: the local
+		// pod must wait for it.
+		remote := e.remotePods(t, web)["a"]
+		patch := []byte(`{"metadata":{"finalizers":["test.flotilla.io/hold"]}}`)
+		if _, err := e.p.cp.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.local.Client.CoreV1().Pods("web").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually.Within(t, 60*time.Second, "the provider's pod deleted", func() error {
+			if p := e.remotePods(t, web)["a"]; p == nil || p.UID != remote.UID || p.DeletionTimestamp == nil {
+				return errors.New("not being deleted")
+			}
+			return nil
+		})
+		if p, ok := e.localPod(t, "web", "a"); !ok || p.DeletionTimestamp == nil {
+			t.Fatalf("the local pod went before the provider's: %v", ok)
+		}
+		patch = []byte(`{"metadata":{"finalizers":null}}`)
+		if _, err := e.p.cp.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitGonePod(t, web, "a", "there")
+		e.waitGonePod(t, "web", "a", "here")
+	})
+
+	t.Run("RemoteDeletedOutOfBandIsRecreated", func(t *testing.T) {
+		local, before := e.waitReflected(t, "web", web, "b")
+		e.deleteRemote(t, before)
+		eventually.Within(t, 60*time.Second, "the provider's pod made again", func() error {
+			if p := e.remotePods(t, web)["b"]; p == nil || p.UID == before.UID {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		after, remote := e.waitReflected(t, "web", web, "b")
+		if after.UID != local.UID {
+			t.Errorf("the local pod was replaced (uid %s, was %s)", after.UID, local.UID)
+		}
+		if remote.Status.PodIP == before.Status.PodIP {
+			t.Logf("the new pod got the old one's address %s", remote.Status.PodIP)
+		}
+	})
+
+	t.Run("NotOffloadedNamespaceFails", func(t *testing.T) {
+		if err := e.lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}); err != nil {
+			t.Fatal(err)
+		}
+		p := e.createPods(t, e.podOnVirtualNode("plain", "stray"))[0]
+		eventually.Within(t, 60*time.Second, "refused", func() error {
+			got, _ := e.localPod(t, "plain", "stray")
+			if got == nil || got.Status.Phase != corev1.PodFailed || got.Status.Reason != ReasonNotOffloaded {
+				return fmt.Errorf("status %v", got)
+			}
+			if !strings.Contains(got.Status.Message, "not offloaded") {
+				return fmt.Errorf("message %q", got.Status.Message)
+			}
+			return nil
+		})
+		e.waitEvent(t, p, ReasonNotOffloaded, "plain")
+		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.p.id, errNotOffloaded)); n == 0 {
+			t.Errorf("flotilla_reflection_errors_total{reason=%q} = 0", errNotOffloaded)
+		}
+	})
+
+	t.Run("LocalPodsStayLocal", func(t *testing.T) {
+		local := e.offloadReady(t, "local")
+		e.createPods(t, e.podOnVirtualNode("local", "before"))
+		_, running := e.waitReflected(t, "local", local, "before")
+		var o v1alpha1.NamespaceOffload
+		if err := e.lc.Get(t.Context(), client.ObjectKey{Namespace: "local", Name: "offload"}, &o); err != nil {
+			t.Fatal(err)
+		}
+		o.Spec.PodOffloading = v1alpha1.PodsLocal
+		if err := e.lc.Update(t.Context(), &o); err != nil {
+			t.Fatal(err)
+		}
+		e.waitStatus(t, "local", "Local observed", func(o *v1alpha1.NamespaceOffload) error {
+			if o.Status.ObservedGeneration != o.Generation {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		p := e.createPods(t, e.podOnVirtualNode("local", "after"))[0]
+		msg := e.waitEvent(t, p, ReasonNotOffloaded, "Local")
+		if got, _ := e.localPod(t, "local", "after"); got.Status.Phase != corev1.PodFailed {
+			t.Errorf("a new pod in a Local namespace: %s (%s)", describePod(got), msg)
+		}
+		// The one running there before runs on, also after a restart
+		// (which finds it there before deciding).
+		if _, again := e.waitReflected(t, "local", local, "before"); again.UID != running.UID {
+			t.Errorf("the pod running there was replaced")
+		}
+		e.stopReflector()
+		e.startReflector(top, 0, true)
+		eventually.Within(t, 30*time.Second, "the restarted reflector listed the provider", func() error {
+			pp := e.reflector().provider(e.p.id)
+			if pp == nil || !pp.localSynced.Load() {
+				return errors.New("not yet")
+			}
+			if rn := pp.namespace(local); rn == nil || !rn.synced.Load() || e.reflector().queue.Len() > 0 {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		if got, _ := e.localPod(t, "local", "before"); got.Status.Phase != corev1.PodRunning {
+			t.Errorf("after a restart, the pod running there shows %s", describePod(got))
+		}
+	})
+
+	t.Run("NamespaceNotReadyWaits", func(t *testing.T) {
+		// kube-system is reserved on every provider: refused, never
+		// Ready, so the pod waits and says why.
+		e.offload(t, "held", "offload", v1alpha1.NamespaceOffloadSpec{NamespaceMapping: v1alpha1.MappingSelected, RemoteName: "kube-system"})
+		e.waitStatus(t, "held", "refused", phaseIs(v1alpha1.OffloadAllFailed, map[string]string{"p1": ReasonReserved}))
+		p := e.createPods(t, e.podOnVirtualNode("held", "waits"))[0]
+		e.waitEvent(t, p, EventWaiting, ReasonReserved)
+		got, _ := e.localPod(t, "held", "waits")
+		if got.Status.Phase != corev1.PodPending || got.Status.HostIP != "" {
+			t.Errorf("the waiting pod's status: %s", describePod(got))
+		}
+		if pod := e.remotePods(t, "kube-system")["waits"]; pod != nil {
+			t.Errorf("a pod was made in the refused namespace: %s", describePod(pod))
+		}
+	})
+
+	t.Run("QuotaRefusalShownThenRetried", func(t *testing.T) {
+		e.grants.set(e.self, grant.Limits{Pods: 1})
+		t.Cleanup(func() { e.grants.set(e.self, grant.Limits{}) })
+		quota := e.offloadReady(t, "quota")
+		// Quota admission counts once the quota controller wrote the
+		// quota's status.
+		eventually.Within(t, 60*time.Second, "quota in force", func() error {
+			q, err := e.p.cp.Client.CoreV1().ResourceQuotas(quota).Get(t.Context(), GrantSecret, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if n, ok := q.Status.Hard[corev1.ResourcePods]; !ok || n.Value() != 1 {
+				return fmt.Errorf("status %v", q.Status.Hard)
+			}
+			return nil
+		})
+		e.createPods(t, e.podOnVirtualNode("quota", "q1"))
+		e.waitReflected(t, "quota", quota, "q1")
+		q2 := e.createPods(t, e.podOnVirtualNode("quota", "q2"))[0]
+		msg := e.waitEvent(t, q2, EventProviderRefused, "exceeded quota")
+		if !strings.Contains(msg, "pods=1") || !strings.Contains(msg, e.p.id) {
+			t.Errorf("event %q does not carry the provider's message or name", msg)
+		}
+		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.p.id, errQuota)); n == 0 {
+			t.Errorf("flotilla_reflection_errors_total{reason=%q} = 0", errQuota)
+		}
+		// Once the provider grants more, the retries get it there.
+		e.grants.set(e.self, grant.Limits{})
+		e.waitReflected(t, "quota", quota, "q2")
+	})
+
+	t.Run("RestartDeletesNothing", func(t *testing.T) {
+		e.createPods(t, e.podOnVirtualNode("web", "e"))
+		e.waitReflected(t, "web", web, "e")
+		e.waitReflected(t, "web", web, "c")
+		_, oob := e.waitReflected(t, "web", web, "b")
+		e.stopReflector()
+		before := uidsOf(e.remotePods(t, web))
+		// While it is down: a new pod, a deleted one, one deleted out of
+		// band.
+		e.createPods(t, e.podOnVirtualNode("web", "d"))
+		if err := e.local.Client.CoreV1().Pods("web").Delete(t.Context(), "c", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.deleteRemote(t, oob)
+		e.startReflector(top, 0, true)
+		e.waitReflected(t, "web", web, "d")
+		e.waitGonePod(t, web, "c", "there")
+		e.waitGonePod(t, "web", "c", "here")
+		_, b := e.waitReflected(t, "web", web, "b")
+		if b.UID == oob.UID {
+			t.Errorf("the pod deleted out of band is back with its old uid")
+		}
+		if after := e.remotePods(t, web)["e"]; after == nil || after.UID != before["e"] {
+			t.Errorf("the untouched pod e was replaced on the provider")
+		}
+	})
+
+	t.Run("FiftyPodsCancelledMidway", func(t *testing.T) {
+		fifty := e.offloadReady(t, "fifty")
+		e.stopReflector()
+		var pods []*corev1.Pod
+		for i := range 50 {
+			pods = append(pods, e.podOnVirtualNode("fifty", fmt.Sprintf("p%02d", i)))
+		}
+		made := e.createPods(t, pods...)
+		// One worker, stopped once some but not all are made there.
+		e.startReflector(top, 1, false)
+		eventually.Within(t, 60*time.Second, "some pods made there", func() error {
+			if n := len(e.remotePods(t, fifty)); n < 10 {
+				return fmt.Errorf("%d", n)
+			}
+			return nil
+		})
+		e.stopReflector()
+		before := uidsOf(e.remotePods(t, fifty))
+		t.Logf("stopped with %d of 50 pods made on the provider", len(before))
+		e.startReflector(top, 0, false)
+		for _, p := range made {
+			e.waitReflected(t, "fifty", fifty, p.Name)
+		}
+		after := e.remotePods(t, fifty)
+		if len(after) != 50 {
+			t.Errorf("%d pods on the provider, want 50", len(after))
+		}
+		for name, uid := range before {
+			if after[name] == nil || after[name].UID != uid {
+				t.Errorf("pod %s made before the stop was replaced", name)
+			}
+		}
+		for _, p := range made {
+			if r := after[p.Name]; r == nil || r.Annotations[AnnotationOrigin] != originOf(p) {
+				t.Errorf("pod %s on the provider does not stand for the local one", p.Name)
+			}
+		}
+	})
+
+	t.Run("ProviderUnreachableDeletesNothing", func(t *testing.T) {
+		e.stopReflector() // the quiet one
+		e.startReflector(top, 0, true)
+		for _, name := range []string{"b", "d", "e"} {
+			e.waitReflected(t, "web", web, name)
+		}
+		before := uidsOf(e.remotePods(t, web))
+		e.link.cut()
+		e.waitStatus(t, "web", "Unreachable", phaseIs(v1alpha1.OffloadAllFailed, map[string]string{"p1": ReasonUnreachable}))
+		if err := e.local.Client.CoreV1().Pods("web").Delete(t.Context(), "d", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f := e.createPods(t, e.podOnVirtualNode("web", "f"))[0]
+		// The witnesses that the reflector looked: the new pod says what
+		// it waits for, and the deletion was tried and failed.
+		e.waitEvent(t, f, EventWaiting, ReasonUnreachable)
+		// And it goes on failing for a while: a few retries.
+		eventually.Within(t, 60*time.Second, "failed deletes", func() error {
+			if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.p.id, errUnreachable)); n < 6 {
+				return fmt.Errorf("%v so far", n)
+			}
+			return nil
+		})
+		remote := e.remotePods(t, web)
+		for name, uid := range before {
+			if p := remote[name]; p == nil || p.UID != uid || p.DeletionTimestamp != nil {
+				t.Errorf("pod %s on the provider was deleted while it was unreachable", name)
+			}
+		}
+		for _, name := range []string{"b", "e"} {
+			if p, ok := e.localPod(t, "web", name); !ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				t.Errorf("local pod %s changed while the provider was unreachable", name)
+			}
+		}
+		if p, ok := e.localPod(t, "web", "d"); !ok {
+			t.Errorf("local pod d went before its provider's pod")
+		} else if p.DeletionTimestamp == nil {
+			t.Errorf("local pod d is not being deleted")
+		}
+		e.link.restore(t)
+		e.waitReflected(t, "web", web, "f")
+		e.waitGonePod(t, web, "d", "there")
+		e.waitGonePod(t, "web", "d", "here")
+		remote = e.remotePods(t, web)
+		for _, name := range []string{"b", "e"} {
+			if p := remote[name]; p == nil || p.UID != before[name] {
+				t.Errorf("pod %s on the provider was replaced", name)
+			}
+		}
+	})
+
+	t.Run("Metrics", func(t *testing.T) {
+		list, err := e.local.Client.CoreV1().Pods("").List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + e.node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := 0
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		peer := map[string]string{"peer": e.p.id}
+		if m := metricOf(t, e.registry, "flotilla_offloaded_pods", map[string]string{"peer": e.p.id, "phase": "Running"}); m == nil || int(m.GetGauge().GetValue()) != running {
+			t.Errorf("flotilla_offloaded_pods{phase=Running} %v, want %d", m, running)
+		}
+		for _, kind := range []string{lagPod, lagPodStatus} {
+			peer["kind"] = kind
+			if m := metricOf(t, e.registry, "flotilla_reflection_lag_seconds", peer); m == nil || m.GetHistogram().GetSampleCount() == 0 {
+				t.Errorf("no flotilla_reflection_lag_seconds{kind=%q}", kind)
+			} else {
+				t.Logf("reflection lag %s: %d samples, %.1f ms on average", kind, m.GetHistogram().GetSampleCount(),
+					1000*m.GetHistogram().GetSampleSum()/float64(m.GetHistogram().GetSampleCount()))
+			}
+		}
+	})
+}
+
+// metricOf is the series of metric name with labels (a subset of its
+// own) in reg, nil when there is none.
+func metricOf(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			has := map[string]string{}
+			for _, l := range m.GetLabel() {
+				has[l.GetName()] = l.GetValue()
+			}
+			if matchesAll(has, labels) {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func matchesAll(has, want map[string]string) bool {
+	for k, v := range want {
+		if has[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// cutLink is the consumer's way to the provider's API server: a TCP relay
+// the test cuts (every connection closed, new ones refused, as a network
+// gone) and restores on the same address.
+type cutLink struct {
+	addr, target string
+
+	mu    sync.Mutex
+	l     net.Listener
+	down  bool
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func newCutLink(tb testing.TB, target string) *cutLink {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &cutLink{addr: l.Addr().String(), target: target, conns: map[net.Conn]bool{}}
+	c.serve(l)
+	tb.Cleanup(func() {
+		c.cut()
+		c.wg.Wait()
+	})
+	return c
+}
+
+func (c *cutLink) serve(l net.Listener) {
+	c.mu.Lock()
+	c.l, c.down = l, false
+	c.mu.Unlock()
+	c.wg.Go(func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.wg.Go(func() { c.relay(in) })
+		}
+	})
+}
+
+func (c *cutLink) relay(in net.Conn) {
+	out, err := net.Dial("tcp", c.target)
+	if err != nil {
+		in.Close()
+		return
+	}
+	c.mu.Lock()
+	if c.down {
+		c.mu.Unlock()
+		in.Close()
+		out.Close()
+		return
+	}
+	c.conns[in], c.conns[out] = true, true
+	c.mu.Unlock()
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		done <- struct{}{}
+	}
+	go pipe(out, in)
+	go pipe(in, out)
+	<-done
+	in.Close()
+	out.Close()
+	<-done
+	c.mu.Lock()
+	delete(c.conns, in)
+	delete(c.conns, out)
+	c.mu.Unlock()
+}
+
+// cut closes every connection and refuses new ones.
+func (c *cutLink) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = true
+	c.l.Close()
+	for conn := range c.conns {
+		conn.Close()
+	}
+}
+
+// restore listens on the same address again.
+func (c *cutLink) restore(tb testing.TB) {
+	var l net.Listener
+	var err error
+	for range 50 {
+		if l, err = net.Listen("tcp", c.addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatalf("restore the link on %s: %v", c.addr, err)
+	}
+	c.serve(l)
+}
