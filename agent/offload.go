@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/peering"
@@ -33,6 +35,8 @@ type offloading struct {
 	nodes     *offload.VirtualNodes
 	kubelet   *offload.KubeletAPI
 	placement *offload.PlacementWebhook
+	// pods runs the pods bound to virtual nodes on their providers.
+	pods *offload.PodReflector
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -105,8 +109,15 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	pods, err := offload.NewPodReflector(offload.PodReflectorConfig{
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Address: a.cfg.NodeAddress, Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement}, nil
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -131,6 +142,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("virtual nodes", o.nodes.Run)
 	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
 	comps.Go("placement webhook", o.placement.Run)
+	comps.Go("offloaded pods", o.pods.Run)
 	return nil
 }
 
@@ -141,6 +153,14 @@ func (a *Agent) agentNamespace() string {
 		return a.cfg.Namespace
 	}
 	return "flotilla-system"
+}
+
+// ledgerViews translates a provider's pod addresses by the views the
+// peering negotiated (offload.Views).
+type ledgerViews struct{ l *ipam.Ledger }
+
+func (v ledgerViews) Translate(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.ToLocal(provider, addr)
 }
 
 // engineGrants hands sealed grants to the engine, once there is one.

@@ -133,7 +133,14 @@ func documentedAccess() map[string][]string {
 		"namespaceoffloads.flotilla.io/status [] [get patch update]",
 		"namespacerequests.flotilla.io [] [get list patch update watch]",
 		"namespacerequests.flotilla.io/status [] [get patch update]",
-		"nodes [] [get list watch]",
+		"nodes [] [create delete get list patch update watch]",
+		"nodes/status [] [patch update]",
+		// Offloaded pods, their events, the kubelet API's checks.
+		"pods [] [delete get list watch]",
+		"pods/status [] [patch update]",
+		"events [] [create patch]",
+		"events.events.k8s.io [] [create patch]",
+		"subjectaccessreviews.authorization.k8s.io [] [create]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
 		"customresourcedefinitions.apiextensions.k8s.io [namespaceoffloads.flotilla.io] [create get patch update]",
@@ -151,18 +158,17 @@ func documentedAccess() map[string][]string {
 		// Placement: its one webhook configuration.
 		"mutatingwebhookconfigurations.admissionregistration.k8s.io [flotilla-placement] [create delete get list patch watch]",
 	}
-	events := []string{"events [] [create patch]", "events.events.k8s.io [] [create patch]"}
 	ns := func(rows ...string) []string { return append(slices.Clone(cluster), rows...) }
 	return map[string][]string{
-		federation.AgentNamespace: ns(append(events,
+		federation.AgentNamespace: ns(
 			"leases.coordination.k8s.io [] [create]",
 			"leases.coordination.k8s.io [flotilla-agent] [get update]",
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]",
-			"secrets [flotilla-placement-ca] [create get patch]")...),
-		"default":     ns(append(events, "endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]")...),
-		"kube-system": ns("configmaps [kubeadm-config] [get]"),
+			"secrets [flotilla-placement-ca] [create get patch]"),
+		"default":     ns("endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]"),
+		"kube-system": ns("configmaps [kubeadm-config] [get]", "configmaps [extension-apiserver-authentication] [get list watch]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),
 	}
 }
