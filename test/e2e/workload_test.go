@@ -10,13 +10,11 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -90,7 +88,7 @@ func TestWorkloadOffload(t *testing.T) {
 	offloadNamespace(t, a, "shop", "--selector", "region=a", "--pods", "Remote")
 
 	t.Run("Remote: a Deployment's pods run on b and look local on a", func(t *testing.T) {
-		createDeployment(t, a, "shop", "web", 3, nil)
+		federation.CreateDeployment(t, a, "shop", "web", 3, nil)
 		pods := waitPods(t, a, "shop", "app=web", 3, 90*time.Second, runningOn(offload.VirtualNodeName(bID)))
 		theirs := remotePods(t, b, shop, 3)
 		for _, p := range pods {
@@ -138,7 +136,7 @@ func TestWorkloadOffload(t *testing.T) {
 	t.Run("placement: LocalAndRemote picks selected providers and local nodes; Local stays; contradictions are refused", func(t *testing.T) {
 		createNamespace(t, a, "mixed")
 		offloadNamespace(t, a, "mixed", "--selector", "region=a", "--pods", "LocalAndRemote")
-		createDeployment(t, a, "mixed", "web", 4, nil)
+		federation.CreateDeployment(t, a, "mixed", "web", 4, nil)
 		pods := waitPods(t, a, "mixed", "app=web", 4, 90*time.Second, scheduled)
 		for _, p := range pods {
 			if p.Spec.NodeName != offload.VirtualNodeName(bID) && p.Spec.NodeName != a.Gateway.NodeName {
@@ -148,7 +146,7 @@ func TestWorkloadOffload(t *testing.T) {
 
 		createNamespace(t, a, "home")
 		offloadNamespace(t, a, "home", "--selector", "region=a", "--pods", "Local")
-		createDeployment(t, a, "home", "web", 2, nil)
+		federation.CreateDeployment(t, a, "home", "web", 2, nil)
 		for _, p := range waitPods(t, a, "home", "app=web", 2, 90*time.Second, scheduled) {
 			if p.Spec.NodeName != a.Gateway.NodeName {
 				t.Errorf("Local pod %s on node %s, want a local node", p.Name, p.Spec.NodeName)
@@ -197,7 +195,7 @@ func TestWorkloadOffload(t *testing.T) {
 	t.Run("the consumer's agent killed while 50 pods are created: each exists once on b", func(t *testing.T) {
 		// Requests no node of b can hold: the pods exist on b but stay
 		// Pending there, so 50 of them cost the machine little.
-		createDeployment(t, a, "shop", "many", 50, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")})
+		federation.CreateDeployment(t, a, "shop", "many", 50, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")})
 		eventually.Within(t, 60*time.Second, "b's first pods of many", func() error {
 			n := len(listPods(t, b, shop, "app=many"))
 			if n < 5 {
@@ -233,7 +231,7 @@ func TestWorkloadOffload(t *testing.T) {
 	t.Run("a pod over c's quota shows c's refusal", func(t *testing.T) {
 		createNamespace(t, a, "tight")
 		offloadNamespace(t, a, "tight", "--selector", "region=b", "--pods", "Remote")
-		createDeployment(t, a, "tight", "web", 3, nil)
+		federation.CreateDeployment(t, a, "tight", "web", 3, nil)
 		eventually.Within(t, 90*time.Second, "c's refusal shown on a", func() error {
 			evs, err := a.CP.Client.CoreV1().Events("tight").List(context.Background(), metav1.ListOptions{})
 			if err != nil {
@@ -294,43 +292,9 @@ func waitVirtualNode(t *testing.T, c *federation.NodeCluster, provider string, t
 
 // testPod is a pod of the test server image.
 func testPod(name string, nodeSelector map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
-		Spec:       testPodSpec(nodeSelector, nil),
-	}
-}
-
-func testPodSpec(nodeSelector map[string]string, requests corev1.ResourceList) corev1.PodSpec {
-	return corev1.PodSpec{
-		NodeSelector:                  nodeSelector,
-		TerminationGracePeriodSeconds: new(int64),
-		Containers: []corev1.Container{{
-			Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
-			Resources: corev1.ResourceRequirements{Requests: requests},
-			ReadinessProbe: &corev1.Probe{
-				ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(harness.TestServerTCPPort)}},
-				PeriodSeconds: 1,
-			},
-		}},
-	}
-}
-
-// createDeployment creates a Deployment of the test server in ns, its
-// pods labelled app=name.
-func createDeployment(t *testing.T, c *federation.NodeCluster, ns, name string, replicas int32, requests corev1.ResourceList) {
-	t.Helper()
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: testPodSpec(nil, requests)},
-		},
-	}
-	if _, err := c.CP.Client.AppsV1().Deployments(ns).Create(context.Background(), d, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create Deployment %s/%s on %s: %v", ns, name, c.Name, err)
-	}
+	spec := federation.TestPodSpec(nil)
+	spec.NodeSelector = nodeSelector
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}}, Spec: spec}
 }
 
 // podCheck says why a pod is not yet as wanted, or nil.
