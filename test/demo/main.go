@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -87,6 +88,9 @@ func run(ctx context.Context, p *harness.Program, out io.Writer, n, workers int,
 			showFetch(p, out, a, wa, b, wb, cidr)
 		}
 	}
+	if n > 1 {
+		showOffload(p, out, cs[0], cs[1], bin)
+	}
 	showHowToLook(out, cs[0], url)
 	fmt.Fprintf(out, "demo: ready in %.1fs\n", time.Since(start).Seconds())
 	if exitWhenReady {
@@ -130,6 +134,53 @@ func showFetch(p *harness.Program, out io.Writer, a *federation.NodeCluster, pa 
 	fmt.Fprintf(out, "%s's pod answered and saw the caller as %s (%s's view of %s). %s\n", b.Name, r.Seen, b.Name, a.Name, same)
 	return url
 }
+
+// showOffload has b grant a, a offload a namespace to b with its pods
+// Remote, and a Deployment there run on b: it prints where each pod runs
+// as both clusters see it, and a request from a's test server pod
+// answered by an offloaded one.
+func showOffload(p *harness.Program, out io.Writer, a, b *federation.NodeCluster, bin string) {
+	start := time.Now()
+	cli := func(c *federation.NodeCluster, args ...string) string {
+		args = append(args, "--kubeconfig", c.CP.Kubeconfig)
+		got, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			p.Fatalf("flotilla %s on %s: %v\n%s", strings.Join(args, " "), c.Name, err, got)
+		}
+		fmt.Fprintf(out, "$ flotilla %s   # on %s\n%s", strings.Join(args[:len(args)-2], " "), c.Name, got)
+		return string(got)
+	}
+	fmt.Fprintf(out, "\nOffloading: %s lends itself to %s, which runs a Deployment there.\n", b.Name, a.Name)
+	cli(b, "grant", a.Name)
+	federation.WaitOffloadCredential(p, a, b.Name, 60*time.Second)
+	if _, err := federation.Kubectl(a.CP, "create", "namespace", demoNamespace); err != nil {
+		p.Fatalf("create namespace %s on %s: %v", demoNamespace, a.Name, err)
+	}
+	cli(a, "offload", "namespace", demoNamespace, "--pods", "Remote")
+	federation.CreateDeployment(p, a, demoNamespace, "web", 3, nil)
+	pods := federation.WaitDeployment(p, a, demoNamespace, "web", 3, 90*time.Second)
+	fmt.Fprintf(out, "Deployment %s/web of %s Running in %.1fs:\n", demoNamespace, a.Name, time.Since(start).Seconds())
+	show := func(c *federation.NodeCluster, args ...string) {
+		got, err := federation.Kubectl(c.CP, args...)
+		if err != nil {
+			p.Fatalf("kubectl %s on %s: %v", strings.Join(args, " "), c.Name, err)
+		}
+		fmt.Fprintf(out, "$ kubectl %s   # on %s\n%s", strings.Join(args, " "), c.Name, got)
+	}
+	show(a, "get", "nodes")
+	show(a, "-n", demoNamespace, "get", "pods", "-o", "wide")
+	show(b, "get", "pods", "-A", "-l", "app=web", "-o", "wide")
+	url := fmt.Sprintf("http://%s:%d/hostname", pods[0].Status.PodIP, harness.TestServerHTTPPort)
+	got, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
+	if err != nil {
+		p.Fatalf("GET %s from %s's pod %s: %v", url, a.Name, a.Web.Name, err)
+	}
+	fmt.Fprintf(out, "%s's local pod %s fetched %s: answered by %s, running on %s as pod %s of %s.\n",
+		a.Name, a.Web.Name, url, strings.TrimSpace(got), b.Name, pods[0].Name, a.Name)
+}
+
+// demoNamespace is the namespace the demo offloads.
+const demoNamespace = "shop"
 
 // showHowToLook prints commands that look inside cluster c; url, when
 // set, is what its pod fetched from another cluster.

@@ -62,6 +62,7 @@ func TestDemoUpAndDown(t *testing.T) {
 		"CLUSTER", "Connected",
 		"flotest-" + run + "-cp1-gw", "flotest-" + run + "-cp2-gw", "10.0.0.0/16",
 		"Pod-to-pod across the overlap", "answered and saw the caller", "node w1", "web-w1",
+		"Offloading:", "flotilla grant", "flotilla offload namespace shop", "Deployment shop/web", "answered by web-",
 		"KUBECONFIG=", "get peers -o wide", "logs deployment/flotilla-agent", "nsenter --net=", "wg show", "nft list table ip flotilla",
 	} {
 		if !strings.Contains(output, want) {
