@@ -58,7 +58,8 @@ const (
 	LabelOffloaded = "flotilla.io/offloaded"
 	// AnnotationOrigin is on every pod a consumer creates on a provider:
 	// "<namespace>/<name>/<uid>" of the consumer's pod it stands for. The
-	// remote pod also carries LabelTenant (the consumer's cluster ID).
+	// mirrored namespace it is in says whose it is (LabelTenant): the
+	// provider's admission refuses our labels from a consumer.
 	AnnotationOrigin = "flotilla.io/origin"
 )
 

@@ -292,36 +292,12 @@ func candidateNodes(in placementInput, s strategy) []*corev1.Node {
 }
 
 // expectedVirtualNode is the virtual node of cluster c as it will be
-// registered (docs/offload.md, "Virtual nodes"): our labels, and the
-// Peer's labels but those of Kubernetes' own prefixes.
+// registered, labelled as VirtualNodes labels it (virtualNodeLabels).
 func expectedVirtualNode(c v1alpha1.ClusterOffload, peerLabels map[string]string) *corev1.Node {
-	l := map[string]string{}
-	for k, v := range peerLabels {
-		if !kubernetesLabel(k) {
-			l[k] = v
-		}
-	}
-	l[LabelVirtualNode] = "true"
-	l[LabelClusterID] = c.ClusterID
-	if c.ClusterName != "" {
-		l[LabelClusterName] = c.ClusterName
-	}
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: VirtualNodeName(c.ClusterID), Labels: l}}
-}
-
-// kubernetesLabel reports whether key is under kubernetes.io or k8s.io
-// (or a subdomain), which a virtual node never takes from a Peer.
-func kubernetesLabel(key string) bool {
-	prefix, _, ok := strings.Cut(key, "/")
-	if !ok {
-		return false
-	}
-	for _, d := range []string{"kubernetes.io", "k8s.io"} {
-		if prefix == d || strings.HasSuffix(prefix, "."+d) {
-			return true
-		}
-	}
-	return false
+	name := VirtualNodeName(c.ClusterID)
+	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: c.ClusterID, Labels: peerLabels}, Status: v1alpha1.PeerStatus{ClusterName: c.ClusterName}}
+	labels, _ := virtualNodeLabels(peer, name)
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 }
 
 // matching are the nodes pod's nodeName and required terms let it run

@@ -342,25 +342,15 @@ func TestExpectedVirtualNode(t *testing.T) {
 	n := expectedVirtualNode(v1alpha1.ClusterOffload{ClusterID: idC, ClusterName: "c"},
 		map[string]string{"region": "ap", "topology.kubernetes.io/zone": "ap-1", LabelClusterID: "forged"})
 	want := map[string]string{"region": "ap", LabelVirtualNode: "true", LabelClusterID: idC, LabelClusterName: "c"}
-	if n.Name != VirtualNodeName(idC) || !equality.Semantic.DeepEqual(n.Labels, want) {
-		t.Errorf("expected node %s %v, want %s %v", n.Name, n.Labels, VirtualNodeName(idC), want)
+	if n.Name != VirtualNodeName(idC) {
+		t.Errorf("expected node %s, want %s", n.Name, VirtualNodeName(idC))
 	}
-}
-
-func TestKubernetesLabel(t *testing.T) {
-	for key, want := range map[string]bool{
-		"kubernetes.io/hostname":        true,
-		"topology.kubernetes.io/zone":   true,
-		"node.k8s.io/instance-type":     true,
-		"k8s.io/x":                      true,
-		"region":                        false,
-		"example.com/kubernetes.io":     false,
-		"notkubernetes.io/x":            false,
-		"flotilla.io/cluster-name":      false,
-		"node-role.kubernetes.io/infra": true,
-	} {
-		if got := kubernetesLabel(key); got != want {
-			t.Errorf("kubernetesLabel(%q) = %v, want %v", key, got, want)
+	for k, v := range want {
+		if n.Labels[k] != v {
+			t.Errorf("expected node's label %s=%q, want %q (labels %v)", k, n.Labels[k], v, n.Labels)
 		}
+	}
+	if _, ok := n.Labels["topology.kubernetes.io/zone"]; ok {
+		t.Errorf("expected node took a Kubernetes label from its Peer: %v", n.Labels)
 	}
 }
