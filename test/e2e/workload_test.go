@@ -113,11 +113,18 @@ func TestWorkloadOffload(t *testing.T) {
 		}
 		waitEndpoints(t, a, "shop", "web", podIPs(pods), 60*time.Second)
 		url := fmt.Sprintf("http://%s:%d/peer", svc.Spec.ClusterIP, harness.TestServerHTTPPort)
-		out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
 		want := federation.ViewOf(t, b.Cluster, a.Cluster, netip.MustParseAddr(a.Web.Status.PodIP))
-		if err != nil || strings.TrimSpace(out) != want.String() {
-			t.Errorf("a's pod to the Service web at %s: %q (err %v), want the offloaded pod to see %s", url, out, err, want)
-		}
+		// kube-proxy programs the Service a moment after its endpoints.
+		eventually.Within(t, 30*time.Second, "a's pod reaches the offloaded pods through the Service "+url, func() error {
+			out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			if strings.TrimSpace(out) != want.String() {
+				return fmt.Errorf("the offloaded pod saw the caller as %q, want %s (b's view of a's pod)", out, want)
+			}
+			return nil
+		})
 	})
 
 	t.Run("kubectl logs and exec reach the offloaded pod", func(t *testing.T) {
