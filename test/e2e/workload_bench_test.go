@@ -19,7 +19,7 @@ import (
 // benchPodsEnvVar sets how many pods BenchmarkOffloadedPodStartup starts
 // per round (default 10): as many as one real node of this machine runs
 // at once without measuring the machine's limits rather than Flotilla.
-const benchPodsEnvVar = "FLOTILLA_BENCH_PODS"
+const benchPodsEnvVar = "FLOTILLA_BENCH_STARTUP_PODS"
 
 // Offloaded pod startup on real kubelets, as a ratio to the same pods
 // started directly on the provider, in the same run. Two clusters of real
