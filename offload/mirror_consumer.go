@@ -185,21 +185,7 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 		return nil
 	}
 	mc.queue.Add(syncProviders)
-	for range mirrorWorkers {
-		wg.Go(func() {
-			for mc.next(ctx) {
-			}
-		})
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-cacheErr:
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("namespace offloading: watch: %w", err)
-		}
-		return nil
-	}
+	return work(ctx, &wg, mirrorWorkers, mc.next, cacheErr, "namespace offloading")
 }
 
 func (mc *MirrorConsumer) next(ctx context.Context) bool {

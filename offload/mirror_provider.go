@@ -181,21 +181,7 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 		}
 	}
 	m.log.Info("mirroring namespaces for consumers")
-	for range mirrorWorkers {
-		wg.Go(func() {
-			for m.next(ctx) {
-			}
-		})
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-cacheErr:
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("mirror provider: watch: %w", err)
-	}
+	return work(ctx, &wg, mirrorWorkers, m.next, cacheErr, "mirror provider")
 }
 
 // events enqueues the consumer an object belongs to.

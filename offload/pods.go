@@ -197,21 +197,7 @@ func (r *PodReflector) Run(ctx context.Context) error {
 	}
 	r.triggerSync()
 	wg.Go(func() { r.syncLoop(ctx) })
-	for range r.cfg.Workers {
-		wg.Go(func() {
-			for r.next(ctx) {
-			}
-		})
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-cacheErr:
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("pod offloading: watch: %w", err)
-		}
-		return nil
-	}
+	return work(ctx, &wg, r.cfg.Workers, r.next, cacheErr, "pod offloading")
 }
 
 func (r *PodReflector) next(ctx context.Context) bool {

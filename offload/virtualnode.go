@@ -234,21 +234,7 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 	v.kubeletVersion = virtualNodeKubeletVersion(server.GitVersion)
 	v.log.Info("keeping a virtual node for each provider that granted offloading",
 		"address", v.cfg.Address, "kubeletPort", v.cfg.KubeletPort, "version", v.kubeletVersion)
-	for range virtualNodeWorkers {
-		wg.Go(func() {
-			for v.next(ctx) {
-			}
-		})
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-cacheErr:
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("virtual nodes: watch: %w", err)
-		}
-		return nil
-	}
+	return work(ctx, &wg, virtualNodeWorkers, v.next, cacheErr, "virtual nodes")
 }
 
 // events queue the provider an object is about. Every change counts: a
