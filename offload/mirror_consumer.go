@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -167,22 +166,11 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
 	}
-	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- mc.local.Start(ctx) })
-	// No reconcile before both caches hold everything: a namespace would
-	// otherwise look unwanted and lose its requests.
-	synced := func(context.Context) (bool, error) {
-		return regOffloads.HasSynced() && regPeers.HasSynced() && regNamespaces.HasSynced(), nil
-	}
-	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
-		select {
-		case err := <-cacheErr:
-			if err != nil {
-				return fmt.Errorf("namespace offloading: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	// A namespace whose offload is not read yet would look unwanted and
+	// lose its requests.
+	cacheErr, synced, err := startCache(ctx, &wg, mc.local, "namespace offloading", regOffloads, regPeers, regNamespaces)
+	if !synced {
+		return err
 	}
 	mc.queue.Add(syncProviders)
 	return work(ctx, &wg, mirrorWorkers, mc.next, cacheErr, "namespace offloading")
@@ -228,19 +216,11 @@ func (mc *MirrorConsumer) noteError(key string, err error) {
 
 // offloadEvents queues the namespace of a NamespaceOffload that changed.
 func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
-	add := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
+	return onEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			mc.queue.Add(o.GetNamespace())
 		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    add,
-		UpdateFunc: func(_, obj any) { add(obj) },
-		DeleteFunc: add,
-	}
+	})
 }
 
 // namespaceEvents queues a namespace whose LabelOffloaded is set or

@@ -270,17 +270,9 @@ func (w *providerWatch) request(name string) *v1alpha1.NamespaceRequest {
 
 // requestEvents queue the local namespace a request mirrors.
 func (w *providerWatch) requestEvents() toolscache.ResourceEventHandler {
-	source := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
+	return onEvery(func(obj any) {
 		if r, ok := obj.(*v1alpha1.NamespaceRequest); ok {
 			w.changed([]string{r.Labels[v1alpha1.LabelMirroredFrom], r.Spec.SourceNamespace}, false)
 		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    source,
-		UpdateFunc: func(_, obj any) { source(obj) },
-		DeleteFunc: source,
-	}
+	})
 }

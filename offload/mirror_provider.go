@@ -155,8 +155,6 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 		m.queue.ShutDown()
 		wg.Wait()
 	}()
-	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- m.cache.Start(ctx) })
 	for _, h := range []struct {
 		obj     client.Object
 		handler toolscache.ResourceEventHandler
@@ -172,13 +170,9 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 			return fmt.Errorf("mirror provider: watch %T: %w", h.obj, err)
 		}
 	}
-	if !m.cache.WaitForCacheSync(ctx) {
-		select {
-		case err := <-cacheErr:
-			return fmt.Errorf("mirror provider: watch NamespaceRequests and namespaces: %w", err)
-		default:
-			return ctx.Err()
-		}
+	cacheErr, synced, err := startCache(ctx, &wg, m.cache, "mirror provider")
+	if !synced {
+		return err
 	}
 	m.log.Info("mirroring namespaces for consumers")
 	return work(ctx, &wg, mirrorWorkers, m.next, cacheErr, "mirror provider")
@@ -186,21 +180,13 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 
 // events enqueues the consumer an object belongs to.
 func (m *MirrorProvider) events(consumerOf func(metav1.Object) string) toolscache.ResourceEventHandler {
-	add := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
+	return onEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			if c := consumerOf(o); c != "" {
 				m.queue.Add(c)
 			}
 		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    add,
-		UpdateFunc: func(_, obj any) { add(obj) },
-		DeleteFunc: add,
-	}
+	})
 }
 
 // requestConsumer is the consumer whose tenant namespace holds a request;

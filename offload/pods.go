@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -180,20 +179,11 @@ func (r *PodReflector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pod offloading: watch Peers: %w", err)
 	}
-	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- r.local.Start(ctx) })
-	// Nothing is decided before the NamespaceOffloads are known: a pod
-	// would otherwise look not offloaded and be refused.
-	synced := func(context.Context) (bool, error) { return regOffloads.HasSynced() && regPeers.HasSynced(), nil }
-	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
-		select {
-		case err := <-cacheErr:
-			if err != nil {
-				return fmt.Errorf("pod offloading: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	// A pod whose NamespaceOffload is not read yet would look not
+	// offloaded and be refused.
+	cacheErr, synced, err := startCache(ctx, &wg, r.local, "pod offloading", regOffloads, regPeers)
+	if !synced {
+		return err
 	}
 	r.triggerSync()
 	wg.Go(func() { r.syncLoop(ctx) })
@@ -319,22 +309,14 @@ func (r *PodReflector) triggerSync() {
 // offloadEvents note the namespace of a NamespaceOffload that changed:
 // its pods are queued once the namespace watches follow the change.
 func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
-	note := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
+	return onEvery(func(obj any) {
 		if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
 			r.mu.Lock()
 			r.dirty[o.Namespace] = true
 			r.mu.Unlock()
 			r.triggerSync()
 		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    note,
-		UpdateFunc: func(_, obj any) { note(obj) },
-		DeleteFunc: note,
-	}
+	})
 }
 
 // providerResync is how often the providers are brought in line without

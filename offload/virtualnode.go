@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/util/wait"
 	apiversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -204,27 +203,10 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 		}
 		regs = append(regs, reg)
 	}
-	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- v.cache.Start(ctx) })
-	// No reconcile before both caches hold everything: a Node whose Peer
-	// is not read yet would look unwanted and be deleted.
-	synced := func(context.Context) (bool, error) {
-		for _, r := range regs {
-			if !r.HasSynced() {
-				return false, nil
-			}
-		}
-		return true, nil
-	}
-	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, synced); err != nil {
-		select {
-		case err := <-cacheErr:
-			if err != nil {
-				return fmt.Errorf("virtual nodes: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	// A Node whose Peer is not read yet would look unwanted and be deleted.
+	cacheErr, synced, err := startCache(ctx, &wg, v.cache, "virtual nodes", regs...)
+	if !synced {
+		return err
 	}
 	server, err := v.cfg.Client.Discovery().ServerVersion()
 	if err != nil {
@@ -240,10 +222,7 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 // events queue the provider an object is about. Every change counts: a
 // reconcile that finds its Node as wanted writes nothing.
 func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHandler {
-	add := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
+	return onEvery(func(obj any) {
 		switch obj.(type) {
 		case *v1alpha1.Peer, *corev1.Node:
 		default:
@@ -252,12 +231,7 @@ func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHand
 		if id := key(obj); identity.ValidateClusterID(id) == nil {
 			v.queue.Add(id)
 		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    add,
-		UpdateFunc: func(_, obj any) { add(obj) },
-		DeleteFunc: add,
-	}
+	})
 }
 
 func (v *VirtualNodes) next(ctx context.Context) bool {

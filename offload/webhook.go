@@ -252,17 +252,9 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
 	}
-	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- w.cache.Start(ctx) })
-	if !w.cache.WaitForCacheSync(ctx) {
-		select {
-		case err := <-cacheErr:
-			if err != nil {
-				return fmt.Errorf("placement webhook: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	cacheErr, synced, err := startCache(ctx, &wg, w.cache, "placement webhook")
+	if !synced {
+		return err
 	}
 
 	// Certificates first, then the server, then the configuration: the
