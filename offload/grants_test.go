@@ -58,18 +58,7 @@ func TestGrants(t *testing.T) {
 	cps := env.ControlPlanes(2, harness.ControlPlaneOptions{})
 	w := &world{provCP: cps[0], consCP: cps[1], logs: &syncBuffer{}, tokens: &tokenLog{}}
 	w.provClient, w.consClient = peerClient(t, cps[0].Config), peerClient(t, cps[1].Config)
-	var wg sync.WaitGroup
-	for _, cp := range cps {
-		wg.Go(func() {
-			if err := applyCRDs(context.Background(), cp.Config); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	mustApplyCRDsTo(t, cps...)
 
 	t.Run("Policy", w.testPolicy)
 	t.Run("Grant", w.testGrant)

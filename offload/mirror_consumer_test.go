@@ -1,7 +1,6 @@
 package offload
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -188,20 +187,7 @@ func (e *mirrorEnv) start(t testing.TB) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mc.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return runController(t, "MirrorConsumer.Run", mc.Run)
 }
 
 type testWriter struct{ t testing.TB }

@@ -136,19 +136,7 @@ func (s *mirrorSuite) start() {
 		s.first = m
 	}
 	s.last = m
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	var once sync.Once
-	s.stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("MirrorProvider.Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(s.stop)
+	s.stop = runController(t, "MirrorProvider.Run", m.Run)
 }
 
 func providerTestScheme(t *testing.T) *runtime.Scheme {

@@ -89,18 +89,7 @@ func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
 	// than its 250 pods (the stand-in kubelet never reuses one).
 	cps := env.ControlPlanesEach(consOpts, harness.ControlPlaneOptions{Scheduler: true, ClientQPS: o.clientQPS})
 	cons, prov := cps[0], cps[1]
-	var wg sync.WaitGroup
-	for _, cp := range cps {
-		wg.Go(func() {
-			if err := applyCRDs(context.Background(), cp.Config); err != nil {
-				tb.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if tb.Failed() {
-		tb.FailNow()
-	}
+	mustApplyCRDsTo(tb, cps...)
 	installProvider(tb, prov)
 
 	e := &podEnv{mirrorEnv: &mirrorEnv{local: cons, lc: adminClient(tb, cons), self: newConsumer(tb),

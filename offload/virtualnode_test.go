@@ -97,15 +97,7 @@ func (e *vnEnv) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- vn.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runController(t, "VirtualNodes.Run", vn.Run)
 }
 
 // addPeer writes a provider's Peer, Connected, with a working credential

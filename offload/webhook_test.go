@@ -2,7 +2,6 @@ package offload
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
@@ -152,16 +151,12 @@ func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	run := runController(t, "PlacementWebhook.Run", w.Run)
+	// Stopped, its metric goes: a webhook started again registers it.
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
+			run()
 			e.registry.Unregister(w.requests)
 		})
 	}
