@@ -25,19 +25,7 @@ import (
 // Liqo v0.8 took 0.31 s (+- 0.07).
 func BenchmarkNamespaceOffload(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
-	env := harness.New(b)
-	cs := federation.OnNodes(b, env, federation.NodeOptions{
-		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
-		ArgsFor: func(i int) []string {
-			if i == 1 {
-				return []string{"--offload-grants=auto"}
-			}
-			return nil
-		},
-	})
-	cons, prov := cs[0], cs[1]
-	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	waitCondition(b, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
+	cons, _ := grantedPair(b)
 	var took []time.Duration
 	for i := 0; b.Loop(); i++ {
 		ns := fmt.Sprintf("bench-%d", i)
@@ -55,4 +43,24 @@ func BenchmarkNamespaceOffload(b *testing.B) {
 	b.ReportMetric(ms(spreadOf(append([]time.Duration(nil), took...)).median), "ms-to-ready")
 	b.ReportMetric(0, "ns/op")
 	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffload: NamespaceOffload to Ready, one provider %s (ms: median, min, max, rounds)\n", spreadOf(took))
+}
+
+// grantedPair starts two clusters of real nodes on the same PodCIDR, the
+// second granting every peer (--offload-grants=auto), and returns them
+// once connected and the consumer holds a working credential.
+func grantedPair(b *testing.B) (cons, prov *federation.NodeCluster) {
+	b.Helper()
+	env := harness.New(b)
+	cs := federation.OnNodes(b, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		ArgsFor: func(i int) []string {
+			if i == 1 {
+				return []string{"--offload-grants=auto"}
+			}
+			return nil
+		},
+	})
+	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	federation.WaitOffloadCredential(b, cs[0], cs[1].Name, 60*time.Second)
+	return cs[0], cs[1]
 }

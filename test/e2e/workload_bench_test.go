@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -40,20 +38,8 @@ func BenchmarkOffloadedPodStartup(b *testing.B) {
 		}
 		pods = n
 	}
-	env := harness.New(b)
-	cs := federation.OnNodes(b, env, federation.NodeOptions{
-		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
-		ArgsFor: func(i int) []string {
-			if i == 1 {
-				return []string{"--offload-grants=auto"}
-			}
-			return nil
-		},
-	})
-	cons, prov := cs[0], cs[1]
-	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	federation.WaitOffloadCredential(b, cons, prov.Name, 60*time.Second)
-	for _, c := range cs {
+	cons, prov := grantedPair(b)
+	for _, c := range []*federation.NodeCluster{cons, prov} {
 		if _, err := c.CP.Client.CoreV1().Namespaces().Create(context.Background(), namespaceNamed("bench"), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
