@@ -65,3 +65,22 @@ const (
 
 // VirtualNodeName is the name of the virtual node that stands for provider.
 func VirtualNodeName(provider string) string { return VirtualNodePrefix + provider }
+
+// Reflection (docs/services.md): what a consumer copies into the
+// namespaces mirrored for it. Reflected objects carry AnnotationOrigin
+// ("<namespace>/<name>/<uid>" of the local object) and LabelReflected;
+// an object there without both is foreign and never touched.
+const (
+	// LabelReflected is "true" on every object a consumer reflects to a
+	// provider (a consumer may set flotilla.io labels other than
+	// LabelTenant; the provider's admission says so).
+	LabelReflected = "flotilla.io/reflected"
+	// AnnotationReflect "true" on a ConfigMap or Secret of an offloaded
+	// namespace reflects it to the namespace's providers even when no
+	// offloaded pod references it.
+	AnnotationReflect = "flotilla.io/reflect"
+	// ReflectionManagedBy is the endpointslice.kubernetes.io/managed-by
+	// value of the EndpointSlices a consumer reflects: the provider's
+	// EndpointSlice controller leaves them alone.
+	ReflectionManagedBy = "reflection.flotilla.io"
+)
