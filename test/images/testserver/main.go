@@ -12,11 +12,15 @@
 // and exits (non-zero on failure), for `kubectl exec POD -- /testserver
 // -get http://...` in an image that has nothing else; with -discard it
 // prints how many bytes the body had and how long it took instead, for
-// transfers too big to print.
+// transfers too big to print; with -dns SERVER:PORT the URL's host name is
+// resolved by that DNS server only (the agent's clusterset.local server).
+// With -cat FILE it prints the file and exits, for reading what a pod has
+// mounted (ConfigMaps, Secrets).
 package main
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -34,9 +38,20 @@ func main() {
 	httpAddr := flag.String("http", ":8080", "address of the HTTP server (empty: none)")
 	get := flag.String("get", "", "fetch this URL, print its body and exit")
 	discard := flag.Bool("discard", false, "with -get: print \"<bytes> <seconds>\" of the body instead of the body")
+	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
+	cat := flag.String("cat", "", "print this file and exit")
 	flag.Parse()
+	if *cat != "" {
+		b, err := os.ReadFile(*cat)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(b)
+		os.Exit(0)
+	}
 	if *get != "" {
-		os.Exit(fetch(*get, *discard))
+		os.Exit(fetch(*get, *discard, *dns))
 	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds | log.LUTC)
 	host, _ := os.Hostname()
@@ -61,12 +76,18 @@ func main() {
 	log.Fatal(<-errc)
 }
 
-func fetch(url string, discard bool) int {
+func fetch(url string, discard bool, dns string) int {
 	timeout := 5 * time.Second
 	if discard {
 		timeout = 2 * time.Minute
 	}
 	c := &http.Client{Timeout: timeout}
+	if dns != "" {
+		d := &net.Dialer{Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, dns)
+		}}}
+		c.Transport = &http.Transport{DialContext: d.DialContext}
+	}
 	start := time.Now()
 	resp, err := c.Get(url)
 	if err != nil {
