@@ -197,8 +197,7 @@ func startRound(b *testing.B, cs []*federation.Cluster, watchers []client.WithWa
 		r.agents[c.Name] = a
 	}
 	// All at once, as a federation's clusters start on their own: started
-	// one after another, the last waited for the others' execs (about
-	// 25 ms each here).
+	// one after another, the last waited for the others' execs.
 	r.start = time.Now()
 	var wg sync.WaitGroup
 	for _, a := range r.agents {
