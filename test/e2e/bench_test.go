@@ -187,16 +187,28 @@ func startRound(b *testing.B, cs []*federation.Cluster, watchers []client.WithWa
 		go r.watchViews(ctx, c, cs, watchers[i], synced.Done)
 	}
 	synced.Wait()
-	r.start = time.Now()
 	for _, c := range cs {
-		a := &agentRun{c: c, started: time.Now()}
+		a := &agentRun{c: c}
 		if c.Agent != nil {
 			if fi, err := os.Stat(c.Agent.LogPath); err == nil {
 				a.offset = fi.Size()
 			}
 		}
-		c.StartAgent(b)
 		r.agents[c.Name] = a
+	}
+	// All at once, as a federation's clusters start on their own: started
+	// one after another, the last waited for the others' execs.
+	r.start = time.Now()
+	var wg sync.WaitGroup
+	for _, a := range r.agents {
+		wg.Go(func() {
+			a.started = time.Now()
+			a.c.StartAgent(b)
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		b.FailNow() // StartAgent failed in its goroutine
 	}
 	return r
 }

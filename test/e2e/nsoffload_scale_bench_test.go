@@ -129,7 +129,10 @@ func benchOffloadScale(b *testing.B, providers int) {
 		for i := range names {
 			names[i] = fmt.Sprintf("scale-%d-%03d", round, i)
 		}
+		idle := idleCost(cs)
+		before := costNow(cs)
 		t, e := offloadAtOnce(b, kube, cl, names, providers)
+		printCost(providers, idle, before, costNow(cs))
 		total += t
 		each = append(each, e...)
 		prev = names
