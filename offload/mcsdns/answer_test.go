@@ -136,7 +136,10 @@ func TestAnswers(t *testing.T) {
 			"SRV 0 100 5432 db-0." + clusterA + ".db.shop.svc.clusterset.local.",
 			"SRV 0 100 5432 db-1." + clusterA + ".db.shop.svc.clusterset.local.",
 			"SRV 0 100 5432 db-0." + clusterB + ".db.shop.svc.clusterset.local.",
+			"SRV 0 100 5432 10-1-0-13." + clusterA + ".db.shop.svc.clusterset.local.",
 		}},
+		// An endpoint without a hostname is named by its address.
+		{"10-1-0-13." + clusterA + ".db.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess, []string{"A 10.1.0.13"}},
 		// No ready endpoint, no ClusterSetIP yet: NXDOMAIN.
 		{"empty.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError, nil},
 		{"pending.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError, nil},
@@ -186,8 +189,8 @@ func TestAnswers(t *testing.T) {
 func TestSRVAdditionalAndOrder(t *testing.T) {
 	s := testZone()
 	resp := query(s, "_db._tcp.db.shop.svc.clusterset.local.", dns.TypeSRV)
-	// Targets in name order: db-0.<A>, db-0.<B>, db-1.<A>.
-	want := []string{"A 10.1.0.10", "A 10.2.0.10", "A 10.1.0.11"}
+	// Targets in name order: 10-1-0-13.<A>, db-0.<A>, db-0.<B>, db-1.<A>.
+	want := []string{"A 10.1.0.13", "A 10.1.0.10", "A 10.2.0.10", "A 10.1.0.11"}
 	if got := rdata(resp.Extra); !slices.Equal(got, want) {
 		t.Errorf("additional %q, want %q", got, want)
 	}

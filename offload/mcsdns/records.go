@@ -103,22 +103,20 @@ func (s *service) buildHeadless(eps []*discoveryv1.EndpointSlice) {
 				}
 			}
 			s.addrs = append(s.addrs, addrs...)
-			if ep.Hostname == nil || !isLabel(*ep.Hostname) || !isLabel(cluster) || len(addrs) == 0 {
+			if !isLabel(cluster) {
+				continue // answers for the Service, but has no name of its own
+			}
+			if ep.Hostname != nil {
+				if isLabel(*ep.Hostname) {
+					s.addHost(*ep.Hostname+"."+cluster, cluster, addrs, es.Ports)
+				}
 				continue
 			}
-			host := *ep.Hostname + "." + cluster
-			s.hosts[host] = append(s.hosts[host], addrs...)
-			s.clusters[cluster] = true
-			for _, p := range es.Ports {
-				if p.Name == nil || p.Port == nil {
-					continue
-				}
-				proto := corev1.ProtocolTCP
-				if p.Protocol != nil {
-					proto = *p.Protocol
-				}
-				if k, ok := srvKey(*p.Name, proto, *p.Port); ok {
-					s.srv[k] = append(s.srv[k], srvTarget{port: uint16(*p.Port), target: host})
+			// Without a hostname, the specification's "system-assigned
+			// identifier": the address, dashed, as CoreDNS names them.
+			for _, a := range addrs {
+				if h := dashed(a); isLabel(h) {
+					s.addHost(h+"."+cluster, cluster, []netip.Addr{a}, es.Ports)
 				}
 			}
 		}
@@ -127,6 +125,33 @@ func (s *service) buildHeadless(eps []*discoveryv1.EndpointSlice) {
 	for h := range s.hosts {
 		s.hosts[h] = sortAddrs(s.hosts[h])
 	}
+}
+
+// addHost gives host (hostname.clusterid) addrs and an SRV target for
+// each named port of its slice.
+func (s *service) addHost(host, cluster string, addrs []netip.Addr, ports []discoveryv1.EndpointPort) {
+	if len(addrs) == 0 {
+		return
+	}
+	s.hosts[host] = append(s.hosts[host], addrs...)
+	s.clusters[cluster] = true
+	for _, p := range ports {
+		if p.Name == nil || p.Port == nil {
+			continue
+		}
+		proto := corev1.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		if k, ok := srvKey(*p.Name, proto, *p.Port); ok {
+			s.srv[k] = append(s.srv[k], srvTarget{port: uint16(*p.Port), target: host})
+		}
+	}
+}
+
+// dashed is an address as a DNS label: 10-1-0-7, fd00--7.
+func dashed(a netip.Addr) string {
+	return strings.NewReplacer(".", "-", ":", "-").Replace(a.String())
 }
 
 // srvKey is the two labels of a port's SRV name; unnamed ports have none.
