@@ -27,6 +27,7 @@ import (
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
@@ -116,6 +117,9 @@ type Config struct {
 	// being on the host network), else AdvertiseAddr.
 	NodeAddress              netip.Addr
 	KubeletPort, WebhookPort int
+	// ClustersetDNSPort is where the agent answers the clusterset.local
+	// zone on NodeAddress, UDP and TCP (offload/mcsdns); 0: it does not.
+	ClustersetDNSPort int
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -133,6 +137,7 @@ func DefaultConfig() Config {
 		InstallCRDs:        true,
 		KubeletPort:        10260,
 		WebhookPort:        9443,
+		ClustersetDNSPort:  mcsdns.DefaultPort,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,
 		GossipProfile:      string(discovery.ProfileLAN),
@@ -214,6 +219,9 @@ func New(cfg Config) (*Agent, error) {
 		if *p.port < 1 || *p.port > 65535 {
 			return nil, fmt.Errorf("%s %d: want a TCP port, 1 to 65535", p.flag, *p.port)
 		}
+	}
+	if cfg.ClustersetDNSPort < 0 || cfg.ClustersetDNSPort > 65535 {
+		return nil, fmt.Errorf("--clusterset-dns-port %d: want a port, 1 to 65535, or 0 to answer no DNS", cfg.ClustersetDNSPort)
 	}
 	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
 		return nil, errors.New("give --federation-key or --federation-key-file, not both")

@@ -68,6 +68,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := off.start(ctx, comps); err != nil {
 		return err
 	}
+	if err := a.startClustersetDNS(ctx, comps); err != nil {
+		return err
+	}
 	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
 		return err
 	}

@@ -71,6 +71,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Var(nodeAddr, "node-address", "address this cluster's API server reaches the agent at, for the virtual nodes' kubelet API and the placement webhook (default: $POD_IP, else --advertise-addr)")
 	fs.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of the kubelet API the virtual nodes serve (kubectl logs and exec on offloaded pods)")
 	fs.IntVar(&cfg.WebhookPort, "webhook-port", cfg.WebhookPort, "port of the placement webhook (pods of offloaded namespaces)")
+	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

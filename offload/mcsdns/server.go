@@ -1,0 +1,212 @@
+// Package mcsdns answers the clusterset.local zone of the Multi-Cluster
+// Services API (KEP-1645's DNS specification) from this cluster's
+// ServiceImports and their EndpointSlices, so that CoreDNS can forward
+// the zone to the agent (docs/services.md, "DNS").
+package mcsdns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+)
+
+// DefaultPort is where the agent answers the zone (--clusterset-dns-port):
+// not 53, which the node's own resolver may hold, the agent being in the
+// host network.
+const DefaultPort = 10053
+
+// Config is what a Server needs.
+type Config struct {
+	// Config reaches the local API server.
+	Config *rest.Config
+	// Address is where the server listens, UDP and TCP (the gateway
+	// node's address, where CoreDNS forwards the zone). Port 0 picks a
+	// free one (tests); Addr says which.
+	Address netip.AddrPort
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// Server is the zone's DNS server: it listens from New on, and answers
+// once Run has read every ServiceImport (SERVFAIL before, so that a
+// resolver does not cache a name as missing that merely is not read yet).
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	zone    *table
+	udp     net.PacketConn
+	tcp     net.Listener
+	synced  chan struct{}
+	queries *prometheus.CounterVec
+}
+
+// New binds the server's sockets, so that a taken port fails at once; Run
+// serves them (and closes them when it returns).
+func New(cfg Config) (*Server, error) {
+	if cfg.Config == nil {
+		return nil, errors.New("clusterset DNS: the local REST config is required")
+	}
+	if !cfg.Address.IsValid() {
+		return nil, fmt.Errorf("clusterset DNS: address %q: want host:port", cfg.Address)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger.With("component", "clusterset-dns"),
+		// The serial only grows while the agent runs; starting from the
+		// clock keeps it growing across restarts too.
+		zone:   newTable(uint32(time.Now().Unix())),
+		synced: make(chan struct{}),
+	}
+	s.queries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_clusterset_dns_queries_total",
+		Help: "Queries the clusterset.local DNS server answered, by query type (A, AAAA, SRV, TXT, SOA, ANY, other) and response code.",
+	}, []string{"type", "rcode"})
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(s.queries); err != nil {
+			return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
+		}
+	}
+	var err error
+	if s.tcp, s.udp, err = listen(cfg.Address); err != nil {
+		return nil, fmt.Errorf("clusterset DNS: %w (choose another with --clusterset-dns-port, or 0 to disable)", err)
+	}
+	return s, nil
+}
+
+// listen binds TCP and UDP on the same port; with port 0, a free one for
+// both.
+func listen(addr netip.AddrPort) (net.Listener, net.PacketConn, error) {
+	for attempt := 0; ; attempt++ {
+		tcp, err := net.Listen("tcp", addr.String())
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen on TCP %s: %w", addr, err)
+		}
+		port := tcp.Addr().(*net.TCPAddr).Port
+		udp, err := net.ListenPacket("udp", net.JoinHostPort(addr.Addr().String(), strconv.Itoa(port)))
+		if err == nil {
+			return tcp, udp, nil
+		}
+		tcp.Close()
+		if addr.Port() != 0 || attempt == 10 {
+			return nil, nil, fmt.Errorf("listen on UDP %s: %w", addr, err)
+		}
+	}
+}
+
+// Addr is where the server listens, UDP and TCP.
+func (s *Server) Addr() netip.AddrPort {
+	return s.tcp.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// Run watches the ServiceImports and EndpointSlices and answers queries
+// until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	servers := []*dns.Server{
+		{PacketConn: s.udp, Handler: s, UDPSize: dns.DefaultMsgSize},
+		{Listener: s.tcp, Handler: s, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second},
+	}
+	errc := make(chan error, len(servers)+1)
+	for _, srv := range servers {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		wg.Go(func() { errc <- srv.ActivateAndServe() })
+		select {
+		case <-started:
+		case err := <-errc:
+			return fmt.Errorf("clusterset DNS: serve: %w", err)
+		}
+	}
+	defer func() {
+		for _, srv := range servers {
+			if err := srv.Shutdown(); err != nil {
+				s.log.Warn("stop serving", "err", err)
+			}
+		}
+	}()
+	s.log.Info("answering the clusterset zone", "address", s.Addr().String())
+	wg.Go(func() { errc <- s.watch(ctx) })
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("stopped on its own")
+		}
+		return fmt.Errorf("clusterset DNS: %w", err)
+	}
+}
+
+// ServeDNS answers one query (dns.Handler).
+func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	resp := s.respond(req)
+	qtype := "none"
+	if len(req.Question) == 1 {
+		qtype = typeLabel(req.Question[0].Qtype)
+	}
+	s.queries.WithLabelValues(qtype, dns.RcodeToString[resp.Rcode]).Inc()
+	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+		size := dns.MinMsgSize
+		if opt := req.IsEdns0(); opt != nil {
+			size = max(int(opt.UDPSize()), dns.MinMsgSize)
+		}
+		resp.Truncate(size)
+	}
+	if err := w.WriteMsg(resp); err != nil {
+		s.log.Debug("write answer", "client", w.RemoteAddr().String(), "err", err)
+	}
+}
+
+// respond builds the answer to req.
+func (s *Server) respond(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	switch {
+	case req.Opcode != dns.OpcodeQuery:
+		resp.SetRcode(req, dns.RcodeNotImplemented)
+	case len(req.Question) != 1:
+		resp.SetRcode(req, dns.RcodeFormatError)
+	case req.Question[0].Qclass != dns.ClassINET && req.Question[0].Qclass != dns.ClassANY:
+		resp.SetRcode(req, dns.RcodeRefused)
+	default:
+		resp.SetReply(req)
+		select {
+		case <-s.synced:
+			s.zone.answer(req, resp)
+		default:
+			resp.Rcode = dns.RcodeServerFailure
+		}
+	}
+	resp.RecursionAvailable = false
+	if opt := req.IsEdns0(); opt != nil {
+		resp.SetEdns0(dns.DefaultMsgSize, false)
+	}
+	return resp
+}
+
+// typeLabel bounds the metric's type label to the types the zone has.
+func typeLabel(t uint16) string {
+	switch t {
+	case dns.TypeA, dns.TypeAAAA, dns.TypeSRV, dns.TypeTXT, dns.TypeSOA, dns.TypeANY, dns.TypePTR, dns.TypeNS:
+		return dns.TypeToString[t]
+	}
+	return "other"
+}

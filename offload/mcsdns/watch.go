@@ -1,0 +1,230 @@
+package mcsdns
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	"github.com/flotilla-io/flotilla/offload/mcs"
+)
+
+// crdRetry is how often the server looks again for the ServiceImport CRD
+// when the cluster has none yet (the agent or an operator installs it).
+const crdRetry = 5 * time.Second
+
+// watch keeps the table current from the ServiceImports and the
+// EndpointSlices the agent imported, each change rebuilding the records
+// of the one Service it is about.
+func (s *Server) watch(ctx context.Context) error {
+	scheme := runtime.NewScheme()
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := mcsv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	// Only the slices an importer wrote: anyone who may create an
+	// EndpointSlice in a namespace must not add answers to the zone.
+	imported, err := labels.NewRequirement(mcs.LabelServiceName, selection.Exists, nil)
+	if err != nil {
+		return err
+	}
+	ours, err := labels.NewRequirement(discoveryv1.LabelManagedBy, selection.Equals, []string{mcs.ManagedBy})
+	if err != nil {
+		return err
+	}
+	c, err := cache.New(s.cfg.Config, cache.Options{
+		Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*imported, *ours)},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("cache: %w", err)
+	}
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterset-dns"})
+	defer queue.ShutDown()
+
+	regs, err := s.handlers(ctx, c, queue)
+	if err != nil || regs == nil {
+		return err // nil: ctx ended first
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	wg.Go(func() { errc <- c.Start(ctx) })
+	synced := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		for _, r := range regs {
+			if !r.HasSynced() {
+				return false, nil
+			}
+		}
+		return true, nil
+	}) == nil
+	if !synced {
+		return s.cacheEnded(ctx, errc)
+	}
+	// The zone opens once every ServiceImport read has its records: a
+	// name answered NXDOMAIN only because it was not built yet would sit
+	// in resolvers' caches.
+	if err := s.firstPass(ctx, c); err != nil {
+		return err
+	}
+	for range 2 {
+		wg.Go(func() {
+			for s.next(ctx, c, queue) {
+			}
+		})
+	}
+	return s.cacheEnded(ctx, errc)
+}
+
+// handlers registers the queue with both informers, once the cluster
+// has the ServiceImport CRD.
+func (s *Server) handlers(ctx context.Context, c cache.Cache, queue workqueue.TypedRateLimitingInterface[string]) ([]toolscache.ResourceEventHandlerRegistration, error) {
+	var imports cache.Informer
+	logged := false
+	err := wait.PollUntilContextCancel(ctx, crdRetry, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if imports, err = c.GetInformer(ctx, &mcsv1alpha1.ServiceImport{}); err != nil {
+			if !logged {
+				s.log.Warn("cannot watch ServiceImports yet; the zone answers SERVFAIL until it can (is the ServiceImport CRD installed?)", "err", err)
+				logged = true
+			}
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, nil // ctx ended
+	}
+	slices, err := c.GetInformer(ctx, &discoveryv1.EndpointSlice{})
+	if err != nil {
+		return nil, fmt.Errorf("watch EndpointSlices: %w", err)
+	}
+	r1, err := imports.AddEventHandler(onEvery(func(obj client.Object) {
+		queue.Add(obj.GetNamespace() + "/" + obj.GetName())
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("watch ServiceImports: %w", err)
+	}
+	r2, err := slices.AddEventHandler(onEvery(func(obj client.Object) {
+		if name := obj.GetLabels()[mcs.LabelServiceName]; name != "" {
+			queue.Add(obj.GetNamespace() + "/" + name)
+		}
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("watch EndpointSlices: %w", err)
+	}
+	return []toolscache.ResourceEventHandlerRegistration{r1, r2}, nil
+}
+
+// firstPass builds the records of every ServiceImport, then opens the
+// zone. The queue holds them too, from the lists: built again, the same.
+func (s *Server) firstPass(ctx context.Context, c client.Reader) error {
+	var imports mcsv1alpha1.ServiceImportList
+	if err := c.List(ctx, &imports); err != nil {
+		return fmt.Errorf("list ServiceImports: %w", err)
+	}
+	for _, imp := range imports.Items {
+		key := imp.Namespace + "/" + imp.Name
+		if err := s.rebuild(ctx, c, key); err != nil {
+			return fmt.Errorf("records of %s: %w", key, err)
+		}
+	}
+	close(s.synced)
+	s.log.Info("clusterset zone ready", "services", len(imports.Items))
+	return nil
+}
+
+func (s *Server) cacheEnded(ctx context.Context, errc <-chan error) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("watch: %w", err)
+		}
+		return nil
+	}
+}
+
+// next rebuilds the records of one queued Service.
+func (s *Server) next(ctx context.Context, c client.Reader, queue workqueue.TypedRateLimitingInterface[string]) bool {
+	key, quit := queue.Get()
+	if quit {
+		return false
+	}
+	defer queue.Done(key)
+	if err := s.rebuild(ctx, c, key); err != nil {
+		s.log.Warn("rebuild records", "service", key, "err", err)
+		queue.AddRateLimited(key)
+		return true
+	}
+	queue.Forget(key)
+	return true
+}
+
+func (s *Server) rebuild(ctx context.Context, c client.Reader, key string) error {
+	nn, ok := splitKey(key)
+	if !ok {
+		return nil
+	}
+	var imp mcsv1alpha1.ServiceImport
+	if err := c.Get(ctx, nn, &imp); err != nil {
+		if apierrors.IsNotFound(err) {
+			s.zone.set(key, nil)
+			return nil
+		}
+		return fmt.Errorf("read ServiceImport: %w", err)
+	}
+	var list discoveryv1.EndpointSliceList
+	if err := c.List(ctx, &list, client.InNamespace(nn.Namespace), client.MatchingLabels{mcs.LabelServiceName: nn.Name}); err != nil {
+		return fmt.Errorf("list EndpointSlices: %w", err)
+	}
+	eps := make([]*discoveryv1.EndpointSlice, len(list.Items))
+	for i := range list.Items {
+		eps[i] = &list.Items[i]
+	}
+	s.zone.set(key, buildService(&imp, eps))
+	return nil
+}
+
+func splitKey(key string) (types.NamespacedName, bool) {
+	ns, name, ok := strings.Cut(key, "/")
+	return types.NamespacedName{Namespace: ns, Name: name}, ok && ns != "" && name != ""
+}
+
+// onEvery calls f with the object of every add, update (the new one) and
+// delete, a deletion's last known state unwrapped.
+func onEvery(f func(client.Object)) toolscache.ResourceEventHandler {
+	g := func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if o, ok := obj.(client.Object); ok {
+			f(o)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: g, UpdateFunc: func(_, obj any) { g(obj) }, DeleteFunc: g,
+	}
+}
