@@ -36,7 +36,7 @@ func TestResolve(t *testing.T) {
 		{"affinity", []Source{{"b", at(base, 0)}, {"c", at(sticky, time.Hour)}}, "b", map[string]string{"c": "SessionAffinityConflict"}},
 		{"tie goes to the lower ID", []Source{{"c", at(base, 0)}, {"b", at(headless, 0)}}, "b", map[string]string{"c": "TypeConflict"}},
 		{"port order does not matter", []Source{{"b", at(reordered, 0)}, {"c", at(reordered2, time.Hour)}}, "b", nil},
-		{"three", []Source{{"a", at(sticky, 2 * time.Hour)}, {"b", at(base, 0)}, {"c", at(headless, time.Hour)}}, "b",
+		{"three", []Source{{"a", at(sticky, 2*time.Hour)}, {"b", at(base, 0)}, {"c", at(headless, time.Hour)}}, "b",
 			map[string]string{"a": "SessionAffinityConflict", "c": "TypeConflict"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
