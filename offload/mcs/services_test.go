@@ -11,8 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 )
 
 // imported is what a user of cluster c sees of an import.
@@ -279,6 +282,41 @@ func TestExportImport(t *testing.T) {
 		}
 	})
 
+	t.Run("cluster properties", func(t *testing.T) {
+		// b's cluster ID was set by someone else before: left alone.
+		other := &aboutv1alpha1.ClusterProperty{ObjectMeta: metav1.ObjectMeta{Name: ClusterIDProperty},
+			Spec: aboutv1alpha1.ClusterPropertySpec{Value: "set-by-hand"}}
+		if err := aboutClient(t, b).Create(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []*cluster{a, b} {
+			p, err := NewClusterProperties(x.cp.Config, x.id.ClusterID(), "flotilla", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, tt := range []struct {
+			x           *cluster
+			name, value string
+		}{
+			{a, ClusterIDProperty, a.id.ClusterID()},
+			{a, ClusterSetProperty, "flotilla"},
+			{b, ClusterIDProperty, "set-by-hand"},
+			{b, ClusterSetProperty, "flotilla"},
+		} {
+			var cp aboutv1alpha1.ClusterProperty
+			if err := aboutClient(t, tt.x).Get(ctx, client.ObjectKey{Name: tt.name}, &cp); err != nil {
+				t.Fatalf("%s: %s: %v", tt.x.name, tt.name, err)
+			}
+			if cp.Spec.Value != tt.value {
+				t.Errorf("%s: %s = %q, want %q", tt.x.name, tt.name, cp.Spec.Value, tt.value)
+			}
+		}
+	})
+
 	t.Run("unexport removes the import everywhere", func(t *testing.T) {
 		for _, x := range []*cluster{b, c} {
 			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
@@ -308,4 +346,17 @@ func TestExportImport(t *testing.T) {
 			t.Errorf("b's Service: %v", err)
 		}
 	})
+}
+
+func aboutClient(t *testing.T, c *cluster) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := aboutv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.cp.Config, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
