@@ -258,20 +258,30 @@ func eventually(tb testing.TB, what string, check func() error) {
 }
 
 // exportService creates namespace ns (if missing), a Service without
-// selector with the given ports, its EndpointSlice of addrs, and the
-// ServiceExport.
+// selector, its EndpointSlice of addrs, and the ServiceExport.
 func (c *cluster) exportService(tb testing.TB, ns, name string, port int32, addrs ...string) {
 	tb.Helper()
-	ctx := context.Background()
 	c.ensureNamespace(tb, ns)
+	c.createService(tb, ns, name, port, addrs...)
+	c.createExport(tb, ns, name)
+}
+
+// createService creates a Service without selector, port http, and its
+// EndpointSlice of addrs.
+func (c *cluster) createService(tb testing.TB, ns, name string, port int32, addrs ...string) {
+	tb.Helper()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: port}}}}
-	if err := c.admin.Create(ctx, svc); err != nil {
+	if err := c.admin.Create(context.Background(), svc); err != nil {
 		tb.Fatal(err)
 	}
 	c.setEndpoints(tb, ns, name, addrs...)
+}
+
+func (c *cluster) createExport(tb testing.TB, ns, name string) {
+	tb.Helper()
 	se := &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	if err := c.admin.Create(ctx, se); err != nil {
+	if err := c.admin.Create(context.Background(), se); err != nil {
 		tb.Fatal(err)
 	}
 }

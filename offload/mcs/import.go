@@ -143,7 +143,8 @@ func (s *Services) nextImport(ctx context.Context) bool {
 	after, err := s.reconcileImport(ctx, k)
 	switch {
 	case err != nil:
-		if ctx.Err() == nil {
+		// A conflict is a cache behind its own write: no news.
+		if ctx.Err() == nil && !apierrors.IsConflict(err) {
 			s.log.Warn("import not reconciled; retrying", "import", k, "err", err)
 		}
 		s.imports.AddRateLimited(k)

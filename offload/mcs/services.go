@@ -349,6 +349,7 @@ func (s *Services) apply(snap Snapshot) {
 	old := s.snapshots[snap.Cluster]
 	s.snapshots[snap.Cluster] = snap
 	s.mu.Unlock()
+	s.log.Debug("exports of a peer applied", "peer", snap.Cluster, "serial", snap.Serial, "exports", len(snap.Exports))
 	s.enqueueChanged(snap.Cluster, old.Exports, snap.Exports)
 }
 

@@ -101,6 +101,7 @@ func condition(conds []metav1.Condition, t string) metav1.Condition {
 // control planes, their exports carried by an in-memory bus.
 func TestExportImport(t *testing.T) {
 	f, cs := newFederation(t, "a", "b", "c")
+	top := t // a restarted controller runs until the whole test ends
 	a, b, c := cs[0], cs[1], cs[2]
 	B, C := b.id.ClusterID(), c.id.ClusterID()
 	ctx := context.Background()
@@ -217,7 +218,7 @@ func TestExportImport(t *testing.T) {
 			t.Fatal(err)
 		}
 		a.stop()
-		f.start(t, a)
+		f.start(top, a)
 		// A resync has come and gone: a has heard from b and c again.
 		eventually(t, "a hears from b and c again", func() error {
 			a.svcs.mu.Lock()
