@@ -37,6 +37,8 @@ type offloading struct {
 	placement *offload.PlacementWebhook
 	// pods runs the pods bound to virtual nodes on their providers.
 	pods *offload.PodReflector
+	// services is the Multi-Cluster Services API (agent/services.go).
+	services
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -125,6 +127,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 func (o *offloading) Publish(s peering.PeerState) {
 	o.objects.Publish(s)
 	o.provider.PeerChanged(s)
+	o.services.peerChanged(s)
 }
 
 // Withdraw is the Peer writer's (peering.Publisher).
@@ -143,6 +146,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
 	comps.Go("placement webhook", o.placement.Run)
 	comps.Go("offloaded pods", o.pods.Run)
+	o.services.start(comps)
 	return nil
 }
 
