@@ -163,6 +163,14 @@ func (v ledgerViews) Translate(provider string, addr netip.Addr) (netip.Addr, bo
 	return v.l.ToLocal(provider, addr)
 }
 
+func (v ledgerViews) ToRemote(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.ToRemote(provider, addr)
+}
+
+func (v ledgerViews) AsSeenBy(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.AsSeenBy(provider, addr)
+}
+
 // engineGrants hands sealed grants to the engine, once there is one.
 type engineGrants struct {
 	eng *atomic.Pointer[peering.Engine]
