@@ -147,7 +147,6 @@ func TestReflectedSliceTranslatesOrDrops(t *testing.T) {
 	}
 }
 
-
 // FuzzReflectedOrigin: what a provider's objects say of their origin is
 // the provider's to write; nothing in it may pass for ours unless both
 // markers are well-formed.
