@@ -37,6 +37,9 @@ type offloading struct {
 	placement *offload.PlacementWebhook
 	// pods runs the pods bound to virtual nodes on their providers.
 	pods *offload.PodReflector
+	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
+	// Services, EndpointSlices) into the namespaces mirrored for them.
+	reflection *offload.Reflector
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -116,8 +119,16 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// Reflection (docs/services.md).
+	reflection, err := offload.NewReflector(offload.ReflectorConfig{
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods}, nil
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -143,6 +154,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
 	comps.Go("placement webhook", o.placement.Run)
 	comps.Go("offloaded pods", o.pods.Run)
+	comps.Go("reflection", o.reflection.Run)
 	return nil
 }
 
