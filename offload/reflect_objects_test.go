@@ -169,3 +169,27 @@ func FuzzReflectedOrigin(f *testing.F) {
 		}
 	})
 }
+
+func TestMergedChangesOnlyWhatDiffers(t *testing.T) {
+	local := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", UID: "u"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt(80), Protocol: corev1.ProtocolTCP}}}}
+	want := reflectedService(local, "r")
+	// As the provider holds it: its ClusterIP, its defaults.
+	there := want.DeepCopy()
+	there.ResourceVersion, there.Spec.ClusterIP, there.Spec.ClusterIPs = "7", "10.1.0.9", []string{"10.1.0.9"}
+	if _, changed := merged(there, want); changed {
+		t.Fatal("merged reports a change where there is none: a restart would rewrite every object")
+	}
+	local.Spec.Ports[0].Port = 81
+	u, changed := merged(there, reflectedService(local, "r"))
+	s := u.(*corev1.Service)
+	if !changed || s.Spec.Ports[0].Port != 81 || s.Spec.ClusterIP != "10.1.0.9" || s.ResourceVersion != "7" {
+		t.Fatalf("merged = %v, %+v: want the new port, the provider's ClusterIP and resourceVersion kept", changed, s.Spec)
+	}
+	cm := reflectedConfigMap(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "c", UID: "u"}, Data: map[string]string{"k": "v"}}, "r")
+	edited := cm.DeepCopy()
+	edited.Data["k"] = "edited there"
+	if u, changed := merged(edited, cm); !changed || u.(*corev1.ConfigMap).Data["k"] != "v" {
+		t.Fatal("an edit on the provider is not put back")
+	}
+}
