@@ -45,6 +45,9 @@ func podRefs(pod *corev1.Pod) []objectRef {
 		}
 	}
 	for _, v := range pod.Spec.Volumes {
+		if isServiceAccountTokenVolume(v) {
+			continue // this cluster's token and CA: not offloaded (remoteSpec)
+		}
 		if v.ConfigMap != nil {
 			add(kindConfigMap, v.ConfigMap.Name)
 		}
@@ -138,6 +141,10 @@ func reflectedOrigin(obj metav1.Object) (ns, name string, ok bool) {
 	}
 	return parts[0], parts[1], true
 }
+
+// rootCAConfigMap is published by every cluster in every namespace
+// (its API server's CA): the provider has its own, never ours.
+const rootCAConfigMap = "kube-root-ca.crt"
 
 // isServiceAccountToken reports whether s holds a token of this
 // cluster's: never reflected (docs/services.md, "Service account tokens").

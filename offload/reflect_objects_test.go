@@ -43,6 +43,11 @@ func TestPodRefsNameWhatThePodNeeds(t *testing.T) {
 				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
 			}}}},
 			{Name: "d", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			// This cluster's token and CA, which the pod does not take along.
+			{Name: serviceAccountVolumePrefix + "x1", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+				{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: rootCAConfigMap}}},
+			}}}},
 		},
 		InitContainers: []corev1.Container{{Name: "i", EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "s-init"}}}}}},
 		Containers: []corev1.Container{{Name: "c",

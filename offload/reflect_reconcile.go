@@ -117,6 +117,9 @@ func (r *Reflector) desired(ctx context.Context, key reflectKey, remoteNS string
 	}
 	switch l := local.(type) {
 	case *corev1.ConfigMap:
+		if l.Name == rootCAConfigMap {
+			return nil, nil, nil
+		}
 		if ok, err := r.wanted(ctx, key, l); !ok || err != nil {
 			return nil, nil, err
 		}

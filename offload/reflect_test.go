@@ -30,6 +30,9 @@ import (
 type reflectEnv struct {
 	*podEnv
 	ns, remote string
+	// lcx and pcx reach the consumer and the provider as administrators,
+	// with every kind reflected in their scheme.
+	lcx, pcx   client.Client
 	reflectors []*Reflector
 	registry   *prometheus.Registry
 	stop       func()
@@ -37,6 +40,13 @@ type reflectEnv struct {
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	e := &reflectEnv{podEnv: newPodEnv(tb, podEnvOptions{}), ns: "app"}
+	var err error
+	if e.lcx, err = client.New(e.local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
+		tb.Fatal(err)
+	}
+	if e.pcx, err = client.New(e.p.cp.Config, client.Options{Scheme: reflectScheme()}); err != nil {
+		tb.Fatal(err)
+	}
 	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
 	return e
@@ -69,7 +79,7 @@ func (e *reflectEnv) boundPod(tb testing.TB, name string, mutate func(*corev1.Po
 		Tolerations: []corev1.Toleration{{Key: TaintVirtualNode, Operator: corev1.TolerationOpExists}},
 	}}
 	mutate(&p.Spec)
-	if err := e.lc.Create(tb.Context(), p); err != nil {
+	if err := e.lcx.Create(tb.Context(), p); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -77,7 +87,7 @@ func (e *reflectEnv) boundPod(tb testing.TB, name string, mutate func(*corev1.Po
 func (e *reflectEnv) create(tb testing.TB, obj client.Object) {
 	tb.Helper()
 	obj.SetNamespace(e.ns)
-	if err := e.lc.Create(tb.Context(), obj); err != nil {
+	if err := e.lcx.Create(tb.Context(), obj); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -87,7 +97,7 @@ func (e *reflectEnv) create(tb testing.TB, obj client.Object) {
 func waitRemote[T client.Object](tb testing.TB, e *reflectEnv, obj T, name string, check func(T) error) T {
 	tb.Helper()
 	eventually.Within(tb, 30*time.Second, fmt.Sprintf("%T %s on the provider", obj, name), func() error {
-		if err := e.p.admin.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj); err != nil {
+		if err := e.pcx.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj); err != nil {
 			return err
 		}
 		if check != nil {
@@ -102,7 +112,7 @@ func waitRemote[T client.Object](tb testing.TB, e *reflectEnv, obj T, name strin
 func (e *reflectEnv) waitRemoteGone(tb testing.TB, obj client.Object, name string) {
 	tb.Helper()
 	eventually.Within(tb, 30*time.Second, fmt.Sprintf("%T %s gone from the provider", obj, name), func() error {
-		err := e.p.admin.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj)
+		err := e.pcx.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -115,7 +125,7 @@ func (e *reflectEnv) waitRemoteGone(tb testing.TB, obj client.Object, name strin
 
 func (e *reflectEnv) remoteAbsent(tb testing.TB, obj client.Object, name string) {
 	tb.Helper()
-	err := e.p.admin.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj)
+	err := e.pcx.Get(tb.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, obj)
 	if !apierrors.IsNotFound(err) {
 		tb.Fatalf("%T %s on the provider: %v, want not found (labels %v)", obj, name, err, obj.GetLabels())
 	}
@@ -186,11 +196,11 @@ func TestReflection(t *testing.T) {
 
 	t.Run("an update reaches the provider", func(t *testing.T) {
 		var cm corev1.ConfigMap
-		if err := e.lc.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "cfg"}, &cm); err != nil {
+		if err := e.lcx.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "cfg"}, &cm); err != nil {
 			t.Fatal(err)
 		}
 		cm.Data["k"] = "v2"
-		if err := e.lc.Update(ctx, &cm); err != nil {
+		if err := e.lcx.Update(ctx, &cm); err != nil {
 			t.Fatal(err)
 		}
 		waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v2"))
@@ -216,7 +226,7 @@ func TestReflection(t *testing.T) {
 
 	t.Run("a reference removed deletes the reflection", func(t *testing.T) {
 		zero := int64(0)
-		if err := e.lc.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "web"}},
+		if err := e.lcx.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "web"}},
 			&client.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 			t.Fatal(err)
 		}
@@ -225,7 +235,7 @@ func TestReflection(t *testing.T) {
 		e.waitRemoteGone(t, &corev1.Secret{}, "pull")
 		// Opted in: stays; deleted here: goes.
 		waitRemote(t, e, &corev1.ConfigMap{}, "opted-in", nil)
-		if err := e.lc.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "opted-in"}}); err != nil {
+		if err := e.lcx.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "opted-in"}}); err != nil {
 			t.Fatal(err)
 		}
 		e.waitRemoteGone(t, &corev1.ConfigMap{}, "opted-in")
@@ -233,7 +243,7 @@ func TestReflection(t *testing.T) {
 
 	t.Run("a foreign object is left alone and the condition says so", func(t *testing.T) {
 		theirs := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: e.remote, Name: "taken"}, Data: map[string]string{"k": "theirs"}}
-		if err := e.p.admin.Create(ctx, theirs); err != nil {
+		if err := e.pcx.Create(ctx, theirs); err != nil {
 			t.Fatal(err)
 		}
 		e.create(t, optIn("taken", map[string]string{"k": "ours"}))
@@ -248,7 +258,7 @@ func TestReflection(t *testing.T) {
 			t.Fatalf("Reflected condition lost: %s", describeOffload(o))
 		}
 		// Gone there: ours is made, and the condition clears.
-		if err := e.p.admin.Delete(ctx, theirs); err != nil {
+		if err := e.pcx.Delete(ctx, theirs); err != nil {
 			t.Fatal(err)
 		}
 		waitRemote(t, e, &corev1.ConfigMap{}, "taken", configMapData("k", "ours"))
@@ -334,7 +344,7 @@ func (e *reflectEnv) remoteObjects(tb testing.TB) map[string]string {
 		kindConfigMap: &corev1.ConfigMapList{}, kindSecret: &corev1.SecretList{},
 		kindService: &corev1.ServiceList{}, kindEndpointSlice: &discoveryv1.EndpointSliceList{},
 	} {
-		if err := e.p.admin.List(tb.Context(), list, client.InNamespace(e.remote), sel); err != nil {
+		if err := e.pcx.List(tb.Context(), list, client.InNamespace(e.remote), sel); err != nil {
 			tb.Fatal(err)
 		}
 		items, _ := meta.ExtractList(list)
