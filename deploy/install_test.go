@@ -706,10 +706,14 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 		what string
 		do   func() error
 	}{
-		{"list secrets", func() error { _, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }},
-		{"get configmaps in kube-system", func() error {
-			_, err := kube.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		// It reads Secrets and ConfigMaps anywhere (reflection), and
+		// writes them nowhere but its own.
+		{"create a secret in kube-system", func() error {
+			_, err := kube.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "escape"}}, metav1.CreateOptions{})
 			return err
+		}},
+		{"delete configmaps in kube-system", func() error {
+			return kube.CoreV1().ConfigMaps("kube-system").Delete(ctx, "kube-proxy", metav1.DeleteOptions{})
 		}},
 		{"create a pod", func() error {
 			pod := &corev1.Pod{
