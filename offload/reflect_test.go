@@ -334,6 +334,54 @@ func TestReflection(t *testing.T) {
 	})
 }
 
+// Un-offloading a namespace removes everything reflected for it there:
+// the provider deletes the mirrored namespace with its contents, and
+// the Reflector writes nothing more in it.
+func TestReflectionEndsWithTheOffload(t *testing.T) {
+	// One worker: the witness below is decided after the change before.
+	e := newReflectEnv(t, 1)
+	ctx := t.Context()
+	other := e.offloadReady(t, "other")
+	e.create(t, optIn("cfg", map[string]string{"k": "v"}))
+	waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v"))
+	if err := e.lc.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "offload"}}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitGone(t, e.ns)
+	eventually.Within(t, 60*time.Second, "namespace "+e.remote+" gone from the provider", func() error {
+		var ns corev1.Namespace
+		err := e.pcx.Get(ctx, client.ObjectKey{Name: e.remote}, &ns)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("still there, phase %s", ns.Status.Phase)
+	})
+	// A change here after that reaches nothing there: the namespace
+	// stays gone, and the local object keeps its data.
+	var cm corev1.ConfigMap
+	if err := e.lcx.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "cfg"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["k"] = "after"
+	if err := e.lcx.Update(ctx, &cm); err != nil {
+		t.Fatal(err)
+	}
+	witness := optIn("witness", nil)
+	witness.Namespace = "other"
+	if err := e.lcx.Create(ctx, witness); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Within(t, 30*time.Second, "witness reflected into "+other, func() error {
+		return e.pcx.Get(ctx, client.ObjectKey{Namespace: other, Name: "witness"}, &corev1.ConfigMap{})
+	})
+	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.p.id, errForbidden)); n != 0 {
+		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
+	}
+}
+
 // remoteObjects are the reflected objects on the provider: kind/name ->
 // uid/resourceVersion.
 func (e *reflectEnv) remoteObjects(tb testing.TB) map[string]string {
