@@ -111,12 +111,42 @@ func BenchmarkReflectionLag(b *testing.B) {
 				return a.String(), err
 			}},
 	}
+	// A ConfigMap reflected because a new pod bound to the virtual node
+	// references it: from the pod's creation to the ConfigMap there.
+	pods := e.local.Client.CoreV1().Pods(e.ns)
+	for i := range changes {
+		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ref-%d", i)}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	kinds = append(kinds, struct {
+		kind   string
+		watch  func(context.Context, metav1.ListOptions) (watch.Interface, error)
+		marker func(runtime.Object) string
+		change func(i int) (want string, err error)
+	}{kindReferenced, remote.CoreV1().ConfigMaps(e.remote).Watch,
+		func(o runtime.Object) string { return o.(*corev1.ConfigMap).Name },
+		func(i int) (string, error) {
+			name := fmt.Sprintf("ref-%d", i)
+			_, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
+				NodeName:    e.node,
+				Containers:  []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}},
+				Tolerations: []corev1.Toleration{{Key: TaintVirtualNode, Operator: corev1.TolerationOpExists}},
+				Volumes: []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: name}}}}},
+			}}, metav1.CreateOptions{})
+			return name, err
+		}})
 	for _, k := range kinds {
 		b.Run(k.kind, func(b *testing.B) {
 			// From any version: a watch from the latest waits for the
 			// API server's cache of that kind to reach it, which, with
 			// no other writes of the kind, takes seconds.
-			w, err := k.watch(ctx, metav1.ListOptions{ResourceVersion: "0", FieldSelector: fields.OneTermEqualSelector("metadata.name", benchName(k.kind)).String()})
+			opts := metav1.ListOptions{ResourceVersion: "0", FieldSelector: fields.OneTermEqualSelector("metadata.name", benchName(k.kind)).String()}
+			if k.kind == kindReferenced {
+				opts.FieldSelector = "" // a new name each time
+			}
+			w, err := k.watch(ctx, opts)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -147,6 +177,10 @@ func BenchmarkReflectionLag(b *testing.B) {
 		})
 	}
 }
+
+// kindReferenced is the sub-benchmark of ConfigMaps reflected for a new
+// pod that references them.
+const kindReferenced = "ConfigMapReferencedByNewPod"
 
 func benchName(kind string) string {
 	if kind == kindEndpointSlice {
