@@ -39,6 +39,9 @@ type offloading struct {
 	pods *offload.PodReflector
 	// services is the Multi-Cluster Services API (agent/services.go).
 	services
+	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
+	// Services, EndpointSlices) into the namespaces mirrored for them.
+	reflection *offload.Reflector
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -118,8 +121,16 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// Reflection (docs/services.md).
+	reflection, err := offload.NewReflector(offload.ReflectorConfig{
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods}, nil
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -147,6 +158,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("placement webhook", o.placement.Run)
 	comps.Go("offloaded pods", o.pods.Run)
 	o.services.start(comps)
+	comps.Go("reflection", o.reflection.Run)
 	return nil
 }
 
@@ -165,6 +177,14 @@ type ledgerViews struct{ l *ipam.Ledger }
 
 func (v ledgerViews) Translate(provider string, addr netip.Addr) (netip.Addr, bool) {
 	return v.l.ToLocal(provider, addr)
+}
+
+func (v ledgerViews) ToRemote(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.ToRemote(provider, addr)
+}
+
+func (v ledgerViews) AsSeenBy(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.AsSeenBy(provider, addr)
 }
 
 // engineGrants hands sealed grants to the engine, once there is one.
