@@ -298,7 +298,7 @@ func (s *Services) nextExport(ctx context.Context) bool {
 	}
 	defer s.exports.Done(k)
 	if err := s.exportStatus(ctx, k); err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !apierrors.IsConflict(err) {
 			s.log.Warn("ServiceExport status not written; retrying", "export", k, "err", err)
 		}
 		s.exports.AddRateLimited(k)

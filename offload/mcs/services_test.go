@@ -16,6 +16,9 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/peering"
 )
 
 // imported is what a user of cluster c sees of an import.
@@ -281,6 +284,77 @@ func TestExportImport(t *testing.T) {
 		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("api")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
 			t.Errorf("a derived Service for the foreign import: %v", err)
 		}
+	})
+
+	t.Run("headless", func(t *testing.T) {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "db"},
+			Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 5432}}}}
+		if err := b.admin.Create(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
+		b.setEndpoints(t, "web", "db", "10.1.0.11")
+		b.createExport(t, "web", "db")
+		eventually(t, "a imports b's headless db", func() error {
+			im, err := a.imported("web", "db")
+			if err != nil {
+				return err
+			}
+			if im.si.Spec.Type != mcsv1alpha1.Headless || len(im.si.Spec.IPs) != 0 {
+				return fmt.Errorf("type %s, ips %v", im.si.Spec.Type, im.si.Spec.IPs)
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.11"}})
+		})
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("db")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a headless import has a derived Service: %v", err)
+		}
+	})
+
+	t.Run("a namespace mirrored for a consumer imports that consumer's exports only", func(t *testing.T) {
+		// a hosts web of b as web-b (namespace offloading); c's export of
+		// web/front is not b's, and stays out of it.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web-b",
+			Labels: map[string]string{offload.LabelTenant: B, v1alpha1.LabelMirroredFrom: "web"}}}
+		if err := a.admin.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "a imports b's web/front into web-b", func() error {
+			im, err := a.imported("web-b", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}}); err != nil {
+				return err
+			}
+			if cond := condition(im.si.Status.Conditions, ImportConditionConflict); cond.Status != metav1.ConditionFalse {
+				return fmt.Errorf("Conflict %+v: c's export is not imported here", cond)
+			}
+			return nil
+		})
+	})
+
+	t.Run("a peer gone longer than the grace is withdrawn", func(t *testing.T) {
+		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseUnreachable})
+		eventually(t, "c's endpoints leave a", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}}); err != nil {
+				return err
+			}
+			if cond := condition(im.si.Status.Conditions, ImportConditionConflict); cond.Status != metav1.ConditionFalse {
+				return fmt.Errorf("Conflict %+v", cond)
+			}
+			return nil
+		})
+		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseConnected})
+		eventually(t, "c's endpoints are back once it is Connected again", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}, C: {"10.202.0.7"}})
+		})
 	})
 
 	t.Run("cluster properties", func(t *testing.T) {
