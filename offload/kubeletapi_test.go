@@ -50,7 +50,7 @@ type kubeletWorld struct {
 	remote     kubernetes.Interface
 	local      client.Client // admin of the consumer
 
-	ca   *kubeletCA
+	ca   *certAuthority
 	api  *KubeletAPI
 	stop func() error // stops api, returns what its Run did
 	logs *syncBuffer
@@ -73,13 +73,13 @@ const (
 func TestKubeletAPI(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
-	ca, err := newKubeletCA(time.Now())
+	ca, err := newCA("test", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cps := env.ControlPlanesEach(
 		harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.244.0.0/16")},
-		harness.ControlPlaneOptions{KubeletCA: ca.pem},
+		harness.ControlPlaneOptions{KubeletCA: ca.pem()},
 	)
 	w := &kubeletWorld{prov: cps[0], cons: cps[1], provider: newConsumer(t), ca: ca, logs: &syncBuffer{}, reg: prometheus.NewRegistry()}
 	w.node = w.prov.StartNode("n1", harness.NodeOptions{})
@@ -170,15 +170,17 @@ func (w *kubeletWorld) virtualNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.offload(t, appsNS)
+	// The authority the consumer's API server was started to trust, in
+	// the Secret the kubelet API keeps its CAs in, as an operator who
+	// brings the CA would put it.
+	seedKubeletCA(t, w.cons, w.ca)
 	api, err := NewKubeletAPI(KubeletAPIConfig{
-		Client: w.cons.Client, Credentials: w.credentials(), Address: addr.Addr(), Port: addr.Port(),
+		Client: w.cons.Client, Credentials: w.credentials(), Address: addr.Addr(), Port: addr.Port(), AgentNamespace: testAgentNamespace,
 		Logger: slog.New(slog.NewJSONHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: w.reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The authority the consumer's API server was started to trust.
-	api.certs = newServingCerts(addr.Addr(), w.ca, servingCertLifetime)
 	w.api = api
 }
 
@@ -548,7 +550,7 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := newKubeletCA(time.Now())
+	other, err := newCA("test", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -613,7 +615,7 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 // 7. The client CA is watched: a CA added to the cluster's bundle is
 // trusted at once, and no longer once removed.
 func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
-	other, err := newKubeletCA(time.Now())
+	other, err := newCA("test", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -623,7 +625,7 @@ func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
 		t.Fatalf("before her CA is trusted: %d %q, want 401", status, body)
 	}
 	var before string
-	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.pem) })
+	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.pem()) })
 	eventually.Within(t, 30*time.Second, "carol's CA trusted", func() error {
 		if status, body := kubeletRequest(t, w.api, &carol, "GET", path, nil); status != http.StatusNotFound {
 			return fmt.Errorf("%d %q, want 404", status, body)

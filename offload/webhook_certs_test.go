@@ -23,7 +23,7 @@ import (
 func TestCARotationSchedule(t *testing.T) {
 	year := DefaultWebhookCALifetime
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cas, changed, err := caSet(nil).rotated(start, year)
+	cas, changed, err := caSet(nil).rotated("test", start, year)
 	if err != nil || !changed || len(cas) != 1 {
 		t.Fatalf("first CA: %d CAs, changed %v, %v", len(cas), changed, err)
 	}
@@ -47,7 +47,7 @@ func TestCARotationSchedule(t *testing.T) {
 		{start.Add(year).Add(time.Second), 1, false},
 	} {
 		var c bool
-		cas, c, err = cas.rotated(step.at, year)
+		cas, c, err = cas.rotated("test", step.at, year)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +58,7 @@ func TestCARotationSchedule(t *testing.T) {
 	if cas[0] == first {
 		t.Errorf("the first CA outlived its expiry")
 	}
-	if _, c, _ := cas.rotated(start.Add(year).Add(2*time.Second), year); c {
+	if _, c, _ := cas.rotated("test", start.Add(year).Add(2*time.Second), year); c {
 		t.Errorf("nothing to do, yet changed")
 	}
 }
@@ -68,11 +68,11 @@ func TestCARotationSchedule(t *testing.T) {
 // the bundle, names the address, and never outlives its CA.
 func TestServingCertificate(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	old, err := newWebhookCA(now.Add(-300*24*time.Hour), DefaultWebhookCALifetime)
+	old, err := newCA("test", now.Add(-300*24*time.Hour), DefaultWebhookCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := newWebhookCA(now, DefaultWebhookCALifetime)
+	fresh, err := newCA("test", now, DefaultWebhookCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestServingCertificate(t *testing.T) {
 	}
 
 	// Signed by the old CA, 65 days before it expires: capped by it.
-	s, err := issueServing(old, []string{"192.0.2.7", "agent.example"}, now, 90*24*time.Hour)
+	s, err := issueServing(old, "test", []string{"192.0.2.7", "agent.example"}, now, 90*24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +121,8 @@ func TestServingCertificate(t *testing.T) {
 // with a reason.
 func TestCASecretEncoding(t *testing.T) {
 	now := time.Now()
-	a, _ := newWebhookCA(now, time.Hour)
-	b, _ := newWebhookCA(now, 2*time.Hour)
+	a, _ := newCA("test", now, time.Hour)
+	b, _ := newCA("test", now, 2*time.Hour)
 	data, err := caSet{a, b}.encode()
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestCASecretEncoding(t *testing.T) {
 		t.Fatalf("decoded %d CAs, %v", len(back), err)
 	}
 	swapped, _ := caSet{b, a}.encode()
-	leaf, _ := issueServing(a, []string{"192.0.2.7"}, now, time.Minute)
+	leaf, _ := issueServing(a, "test", []string{"192.0.2.7"}, now, time.Minute)
 	for name, tc := range map[string]struct {
 		data map[string][]byte
 		want string
@@ -161,7 +161,7 @@ func pemCert(c *x509.Certificate) []byte {
 func TestCertLifetimesValidate(t *testing.T) {
 	for _, l := range []certLifetimes{
 		{ca: time.Hour, serving: 30 * time.Minute, publish: time.Minute},
-		{ca: time.Hour, serving: 10 * time.Minute, publish: 10 * time.Minute},
+		{ca: time.Hour, serving: 10 * time.Minute, publish: 20 * time.Minute},
 		{ca: 0, serving: time.Minute, publish: time.Second},
 	} {
 		if err := l.validate(); err == nil {

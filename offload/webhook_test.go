@@ -158,6 +158,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) 
 		once.Do(func() {
 			run()
 			e.registry.Unregister(w.requests)
+			e.registry.Unregister(w.certs)
 		})
 	}
 	t.Cleanup(stop)
