@@ -56,6 +56,10 @@ type KubeletAPIConfig struct {
 	// the old CA can no longer cover a serving certificate) when set;
 	// tests shorten them to see a rotation.
 	CALifetime, ServingLifetime, CAPublishDelay time.Duration
+	// AuthorizedTTL and UnauthorizedTTL are how long the answer of a
+	// SubjectAccessReview is used again (DefaultKubeletAuthorizedTTL and
+	// DefaultKubeletUnauthorizedTTL when 0).
+	AuthorizedTTL, UnauthorizedTTL time.Duration
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -74,6 +78,7 @@ type KubeletAPI struct {
 	m        *kubeletAPIMetrics
 	certs    *caStore
 	clientCA *clientCA
+	authz    *authCache
 	serving  atomic.Bool // listening, for Ready
 
 	nodes corelisters.NodeLister // the virtual nodes, once Run has them
@@ -104,6 +109,12 @@ func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 	if cfg.AgentNamespace == "" {
 		return nil, errors.New("kubelet API: the agent's namespace is required (it holds the CA Secret)")
 	}
+	if cfg.AuthorizedTTL <= 0 {
+		cfg.AuthorizedTTL = DefaultKubeletAuthorizedTTL
+	}
+	if cfg.UnauthorizedTTL <= 0 {
+		cfg.UnauthorizedTTL = DefaultKubeletUnauthorizedTTL
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -121,6 +132,10 @@ func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 		clientCA:     &clientCA{log: log},
 		namesChanged: make(chan struct{}, 1),
 	}
+	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
+		return authorizeProxy(ctx, cfg.Client, u, method, node)
+	}, cfg.AuthorizedTTL, cfg.UnauthorizedTTL, kubeletAuthCacheSize,
+		k.m.authCache.WithLabelValues("hit"), k.m.authCache.WithLabelValues("miss"))
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(k.certs); err != nil {
 			return nil, fmt.Errorf("kubelet API: metrics: %w", err)
@@ -403,6 +418,9 @@ const (
 
 type kubeletAPIMetrics struct {
 	requests *prometheus.CounterVec
+	// authCache counts the authorizations answered from the cache (hit)
+	// and by a SubjectAccessReview (miss).
+	authCache *prometheus.CounterVec
 }
 
 func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
@@ -411,9 +429,13 @@ func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
 			Name: "flotilla_kubelet_api_requests_total",
 			Help: "Requests to the virtual nodes' kubelet API, by route (containerLogs, exec, attach, portForward, other) and result.",
 		}, []string{"route", "result"}),
+		authCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_kubelet_api_authorization_cache_total",
+			Help: "Authorizations of the kubelet API's callers answered from the cache (result=hit) or by a SubjectAccessReview to the local API server (result=miss).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests)
+		reg.MustRegister(m.requests, m.authCache)
 	}
 	return m
 }
