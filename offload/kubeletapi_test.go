@@ -73,7 +73,7 @@ const (
 func TestKubeletAPI(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
-	ca, err := newCA("test", time.Now(), time.Hour)
+	ca, err := newCA("test", time.Now(), DefaultKubeletCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
