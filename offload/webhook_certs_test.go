@@ -231,3 +231,62 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// Whatever a CA Secret holds (edited by hand), decodeCAs returns CAs
+// whose keys match their certificates, or an error; it never panics.
+func FuzzDecodeCAs(f *testing.F) {
+	a, _ := newCA("test", time.Now(), time.Hour)
+	data, _ := caSet{a}.encode()
+	f.Add(data[caCertKey], data[caKeyKey])
+	f.Add([]byte("hello"), data[caKeyKey])
+	f.Add(data[caKeyKey], data[caCertKey])
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, certs, keys []byte) {
+		cas, err := decodeCAs(map[string][]byte{caCertKey: certs, caKeyKey: keys})
+		if err != nil {
+			return
+		}
+		for _, ca := range cas {
+			if !ca.cert.IsCA || !ca.key.PublicKey.Equal(ca.cert.PublicKey) {
+				t.Fatalf("CA %s accepted without being a CA with its key", ca.id())
+			}
+		}
+	})
+}
+
+// The kubelet API's new CA signs as late as it can: until then the old
+// one does, and its last serving certificates still run their full 7
+// days, so an operator has months to copy the new bundle into
+// --kubelet-certificate-authority.
+func TestKubeletCASchedule(t *testing.T) {
+	l := kubeletLifetimes(KubeletAPIConfig{})
+	if err := l.validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cas, _, err := caSet(nil).rotated("test", start, l.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cas[0]
+	rotate := cas.rotateAt(l.ca)
+	cas, _, err = cas.rotated("test", rotate.Add(time.Second), l.ca)
+	if err != nil || len(cas) != 2 {
+		t.Fatalf("at the rotation: %d CAs, %v", len(cas), err)
+	}
+	fresh := cas[1]
+	published := map[string]time.Time{old.id(): old.made(), fresh.id(): fresh.made()}
+	switchAt := fresh.made().Add(l.publish)
+	if s := cas.signer(published, switchAt.Add(-time.Second), l.publish); s != old {
+		t.Errorf("the new CA signs %s before the old one can no longer cover a serving certificate", time.Second)
+	}
+	if s := cas.signer(published, switchAt, l.publish); s != fresh {
+		t.Errorf("the new CA does not sign once the old one cannot cover a serving certificate")
+	}
+	if left := old.cert.NotAfter.Sub(switchAt); left < l.serving-time.Minute {
+		t.Errorf("the old CA's last serving certificate runs %s, less than %s", left, l.serving)
+	}
+	if d := switchAt.Sub(fresh.made()); d < 100*24*time.Hour {
+		t.Errorf("the new CA signs %s after it is in the Secret; want months", d)
+	}
+}
