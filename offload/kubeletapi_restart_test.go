@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
@@ -101,17 +101,22 @@ func (w *kubeletCAWorld) start(t *testing.T, tweak func(*KubeletAPIConfig)) (*Ku
 
 // logsThroughAPIServer is `kubectl logs` of the pod: the API server
 // dials the virtual node's address and verifies the certificate it is
-// served against the CA it was started with. nil when the kubelet API's
-// own answer came back.
-func (w *kubeletCAWorld) logsThroughAPIServer(t *testing.T) error {
-	_, err := w.cp.Client.CoreV1().Pods(appsNS).GetLogs(caWorldPod, &corev1.PodLogOptions{Container: "server"}).DoRaw(t.Context())
+// served against the CA it was started with. nil when the request came
+// through to api, which answered it (404: the pod's namespace is not
+// offloaded; the API server passes on the code, not the message).
+func (w *kubeletCAWorld) logsThroughAPIServer(t *testing.T, api *KubeletAPI) error {
+	served := api.m.requests.WithLabelValues("containerLogs", kubeletResultNotFound)
+	before := testutil.ToFloat64(served)
+	body, err := w.cp.Client.CoreV1().Pods(appsNS).GetLogs(caWorldPod, &corev1.PodLogOptions{Container: "server"}).DoRaw(t.Context())
 	switch {
 	case err == nil:
-		return errors.New("logs of a pod whose namespace is not offloaded")
-	case strings.Contains(err.Error(), "is not offloaded to"):
-		return nil
+		return fmt.Errorf("logs of a pod whose namespace is not offloaded: %q", body)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("kubectl logs: %w: %q", err, body)
+	case testutil.ToFloat64(served) != before+1:
+		return fmt.Errorf("kubectl logs: %w, but the kubelet API did not answer it", err)
 	}
-	return fmt.Errorf("kubectl logs: %w", err)
+	return nil
 }
 
 // The kubelet API keeps its CA across restarts: an API server that
@@ -124,8 +129,8 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, stop := w.start(t, nil)
-	if err := w.logsThroughAPIServer(t); err != nil {
+	api, _, stop := w.start(t, nil)
+	if err := w.logsThroughAPIServer(t, api); err != nil {
 		t.Fatalf("first start: %v", err)
 	}
 	if err := stop(); err != nil {
@@ -134,7 +139,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 
 	// The agent restarted, with a serving certificate of 3 s.
 	api, reg, _ := w.start(t, func(c *KubeletAPIConfig) { c.ServingLifetime = 3 * time.Second })
-	if err := w.logsThroughAPIServer(t); err != nil {
+	if err := w.logsThroughAPIServer(t, api); err != nil {
 		t.Fatalf("after a restart: %v", err)
 	}
 	first, err := servedLeaf(api)
@@ -155,7 +160,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 		if leaf.NotBefore.Add(certBackdate).After(first.NotAfter) {
 			t.Errorf("renewed at %s, after the old certificate expired at %s", leaf.NotBefore.Add(certBackdate), first.NotAfter)
 		}
-		return w.logsThroughAPIServer(t)
+		return w.logsThroughAPIServer(t, api)
 	})
 	if v, year := expiryGauge(t, reg, "kubelet_api", "ca"), DefaultKubeletCALifetime.Seconds(); v < year-3600 || v > year {
 		t.Errorf("flotilla_certificate_expiry_seconds{cert=ca}: %v, want the CA's remaining life, a year", v)
