@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -545,7 +544,6 @@ func (w *kubeletWorld) background(t *testing.T, args ...string) <-chan string {
 // not there (404), other routes (404). None of the caller's headers go
 // on to the provider.
 func (w *kubeletWorld) testRefusals(t *testing.T) {
-	ctx := t.Context()
 	admin, err := tls.X509KeyPair(w.cons.Config.CertData, w.cons.Config.KeyData)
 	if err != nil {
 		t.Fatal(err)
@@ -559,21 +557,7 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 	// may do nothing, bob GET the kubelet API of every node.
 	alice := clusterClientCert(t, w.cons, "alice")
 	bob := clusterClientCert(t, w.cons, "bob")
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelet-api-reader"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/proxy"}, Verbs: []string{"get"}}},
-	}
-	if _, err := w.cons.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelet-api-reader"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "bob"}},
-	}
-	if _, err := w.cons.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantNodesProxy(t, w.cons, "kubelet-api-reader", "bob", "get")
 	w.localPod(t, appsNS, "unbound", "")
 	w.localPod(t, "default", "elsewhere", VirtualNodeName(w.provider)) // default is not offloaded
 
