@@ -50,6 +50,7 @@ type kubeletWorld struct {
 	local      client.Client // admin of the consumer
 
 	ca   *certAuthority
+	addr netip.AddrPort // the kubelet API's, the virtual node's
 	api  *KubeletAPI
 	stop func() error // stops api, returns what its Run did
 	logs *syncBuffer
@@ -97,6 +98,7 @@ func TestKubeletAPI(t *testing.T) {
 	t.Run("NoCredentialInLogs", w.testNoCredentialInLogs)
 	t.Run("Metrics", w.testMetrics)
 	t.Run("StopEndsStreams", w.testStopEndsStreams)
+	t.Run("Restart", w.testRestart)
 	if t.Failed() {
 		t.Logf("kubelet API log:\n%s", w.logs.String())
 	}
@@ -173,14 +175,23 @@ func (w *kubeletWorld) virtualNode(t *testing.T) {
 	// the Secret the kubelet API keeps its CAs in, as an operator who
 	// brings the CA would put it.
 	seedKubeletCA(t, w.cons, w.ca)
+	w.addr = addr
+	w.api = w.newAPI(t)
+}
+
+// newAPI is the kubelet API of the virtual node, as the agent makes it
+// at each start; its metrics go to a registry of its own, w.reg.
+func (w *kubeletWorld) newAPI(t *testing.T) *KubeletAPI {
+	t.Helper()
+	w.reg = prometheus.NewRegistry()
 	api, err := NewKubeletAPI(KubeletAPIConfig{
-		Client: w.cons.Client, Credentials: w.credentials(), Address: addr.Addr(), Port: addr.Port(), AgentNamespace: testAgentNamespace,
+		Client: w.cons.Client, Credentials: w.credentials(), Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
 		Logger: slog.New(slog.NewJSONHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: w.reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.api = api
+	return api
 }
 
 func (w *kubeletWorld) credentials() Credentials {
@@ -704,6 +715,15 @@ func (w *kubeletWorld) testStopEndsStreams(t *testing.T) {
 			return errors.New("still running")
 		})
 	}
+}
+
+// 11. An agent restarted: its kubelet API serves the CA it kept, which
+// the consumer's API server still trusts, so logs and exec work again.
+func (w *kubeletWorld) testRestart(t *testing.T) {
+	w.api = w.newAPI(t)
+	w.start(t)
+	w.testLogs(t)
+	w.testExec(t)
 }
 
 // requests is how many requests of route have ended, whatever their
