@@ -102,7 +102,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	kubelet, err := offload.NewKubeletAPI(offload.KubeletAPIConfig{
 		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
-		Logger: a.log, Metrics: a.registry,
+		AgentNamespace: a.agentNamespace(), Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -114,6 +114,10 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// The API server calls these two: the agent is not ready while either
+	// does not serve with a valid certificate.
+	a.ready.add("placement webhook", placement.Ready)
+	a.ready.add("kubelet API", kubelet.Ready)
 	pods, err := offload.NewPodReflector(offload.PodReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Logger: a.log, Metrics: a.registry,

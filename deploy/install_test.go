@@ -502,12 +502,13 @@ func agentAccess() []access {
 	}
 	cases = append(cases, deny("create", "flotilla.io", "namespacerequests", tenant, ""),
 		deny("delete", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"))
-	// Placement: its one webhook configuration, its one CA Secret.
+	// Placement and the kubelet API: the one webhook configuration, a CA Secret each.
 	for _, v := range []string{"get", "list", "watch", "create", "patch", "delete"} {
 		cases = append(cases, allow(v, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "flotilla-placement"))
 	}
 	for _, v := range []string{"get", "create", "patch"} {
-		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"))
+		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"),
+			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"))
 	}
 	cases = append(cases,
 		deny("list", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""),
@@ -519,6 +520,7 @@ func agentAccess() []access {
 		allow("get", "", "secrets", namespace, "flotilla-federation"),
 		allow("get", "", "secrets", "default", "flotilla-placement-ca"),
 		allow("list", "", "secrets", namespace, "flotilla-placement-ca"),
+		allow("get", "", "secrets", "default", "flotilla-kubelet-ca"),
 	)
 	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
 	consumerToken.subresource = "token"
