@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	mcscrd "sigs.k8s.io/mcs-api/config/crd"
+
 	"github.com/flotilla-io/flotilla/deploy"
 )
 
@@ -65,6 +67,10 @@ func installCRDs(ctx context.Context, cfg *rest.Config) error {
 		switch {
 		case err == nil && got.Annotations[crdDigestAnnotation] == digest && established(got):
 			continue
+		case err == nil && installedByOther(got):
+			// Another Multi-Cluster Services implementation's CRD, perhaps
+			// of a newer release: not ours to downgrade.
+			continue
 		case err != nil && !apierrors.IsNotFound(err):
 			return fmt.Errorf("read CRD %s: %w (or install it with kubectl apply -f deploy/crds and run with --install-crds=false)", crd.Name, err)
 		}
@@ -90,6 +96,14 @@ func installCRDs(ctx context.Context, cfg *rest.Config) error {
 		}
 	}
 	return nil
+}
+
+// installedByOther says whether crd is one of the Multi-Cluster Services
+// API's CRDs (which carry its release label) that no agent applied.
+func installedByOther(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	_, upstream := crd.Labels[mcscrd.ReleaseVersionLabel]
+	_, ours := crd.Annotations[crdDigestAnnotation]
+	return upstream && !ours
 }
 
 func established(crd *apiextensionsv1.CustomResourceDefinition) bool {

@@ -9,6 +9,7 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	mcscrd "sigs.k8s.io/mcs-api/config/crd"
 
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -74,6 +75,27 @@ func TestCRDsAppliedOnlyWhenNotInPlace(t *testing.T) {
 	}
 	if w := written(); len(w) != 1 {
 		t.Fatalf("a start with another version's CRD wrote %v, want one apply", w)
+	}
+
+	// The Multi-Cluster Services API's CRD as another implementation
+	// installed it (a newer release, no digest of ours): left alone.
+	se, err := crds.Get(ctx, "serviceexports.multicluster.x-k8s.io", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(se.Annotations, crdDigestAnnotation)
+	se.Labels[mcscrd.ReleaseVersionLabel] = "v9.9.9"
+	if _, err := crds.Update(ctx, se, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := installCRDs(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if w := written(); len(w) != 0 {
+		t.Fatalf("a start with another implementation's ServiceExport CRD wrote %v", w)
+	}
+	if got, err := crds.Get(ctx, se.Name, metav1.GetOptions{}); err != nil || got.Labels[mcscrd.ReleaseVersionLabel] != "v9.9.9" {
+		t.Fatalf("the other implementation's CRD: %v, release %q", err, got.Labels[mcscrd.ReleaseVersionLabel])
 	}
 }
 

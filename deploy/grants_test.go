@@ -71,6 +71,7 @@ func TestGrants(t *testing.T) {
 	t.Run("admission refuses the consumer what it admits from an admin", g.testConsumerAdmission)
 	t.Run("consumer may not touch our labels", g.testConsumerLabels)
 	t.Run("agent writes only virtual nodes", g.testVirtualNodes)
+	t.Run("agent writes only its own Services and EndpointSlices", g.testServiceObjects)
 	t.Run("deleting the grant's Secret revokes the token", g.testRevoke)
 }
 
@@ -168,6 +169,10 @@ func waitPoliciesEnforced(t *testing.T, cp *harness.ControlPlane) {
 		}},
 		{"flotilla-agent-virtual-nodes", func() error {
 			_, err := agent.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "witness"}}, dry)
+			return err
+		}},
+		{"flotilla-agent-service-objects", func() error {
+			_, err := agent.CoreV1().Services(witness).Create(ctx, service("witness", corev1.ServiceTypeClusterIP), dry)
 			return err
 		}},
 		{"flotilla-agent-tokens", func() error {

@@ -545,9 +545,18 @@ func agentAccess() []access {
 		allow("list", "", "configmaps", "kube-public", ""),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "other"),
-		allow("list", "discovery.k8s.io", "endpointslices", "default", ""),
 		allow("get", "", "services", "default", "kubernetes"),
+		// Multi-Cluster Services (docs/services.md): any Service may be
+		// exported, and imports land in the users' namespaces; the policy
+		// flotilla-agent-service-objects confines the writes to its own.
+		allow("list", "discovery.k8s.io", "endpointslices", "default", ""),
 		allow("get", "", "services", "default", "other"),
+		allow("list", "multicluster.x-k8s.io", "serviceexports", "default", ""),
+		deny("create", "multicluster.x-k8s.io", "serviceexports", "default", ""),
+		deny("delete", "multicluster.x-k8s.io", "serviceexports", "default", "other"),
+		allow("create", "multicluster.x-k8s.io", "serviceimports", "default", ""),
+		allow("create", "about.k8s.io", "clusterproperties", "", ""),
+		deny("delete", "about.k8s.io", "clusterproperties", "", "cluster.clusterset.k8s.io"),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.

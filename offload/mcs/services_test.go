@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -158,6 +159,40 @@ func TestExportImport(t *testing.T) {
 			}
 			return im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}})
 		})
+	})
+
+	t.Run("forged and replayed snapshots change nothing", func(t *testing.T) {
+		// c signs a snapshot claiming to be b's, without exports; and b's
+		// own first snapshot comes again.
+		forged, err := Encode(c.id, Snapshot{Cluster: B, Serial: 1 << 62}, 64<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := Encode(b.id, Snapshot{Cluster: B, Serial: 1}, 64<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.svcs.Receive(forged[0])
+		a.svcs.Receive(old[0])
+		eventually(t, "both refused", func() error {
+			if n := testutil.ToFloat64(a.svcs.metrics.rejected.WithLabelValues("bad_signature")); n != 1 {
+				return fmt.Errorf("%v refused for a bad signature", n)
+			}
+			if n := testutil.ToFloat64(a.svcs.metrics.rejected.WithLabelValues("replay")); n < 1 {
+				return fmt.Errorf("%v refused as replays", n)
+			}
+			return nil
+		})
+		// Witness: b's next change still arrives, and the import holds.
+		b.setEndpoints(t, "web", "front", "10.1.0.6", "10.1.0.9", "10.1.0.10")
+		eventually(t, "a follows b's endpoints after the forgery", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.10", "10.201.0.6", "10.201.0.9"}})
+		})
+		b.setEndpoints(t, "web", "front", "10.1.0.6", "10.1.0.9")
 	})
 
 	t.Run("an export without its Service is not Valid", func(t *testing.T) {
@@ -416,6 +451,12 @@ func TestExportImport(t *testing.T) {
 				return nil
 			})
 		}
+		eventually(t, "front gone from web-b in a", func() error {
+			if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web-b", Name: "front"}, &mcsv1alpha1.ServiceImport{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("ServiceImport: %v", err)
+			}
+			return nil
+		})
 		// The exported Services themselves are the user's: untouched.
 		if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &corev1.Service{}); err != nil {
 			t.Errorf("b's Service: %v", err)
