@@ -45,6 +45,7 @@ func TestPlacement(t *testing.T) {
 	t.Run("the webhook runs with the agent's rights", func(t *testing.T) { testPlacementWebhookAsAgent(t, cp, agent) })
 	t.Run("the agent labels offloaded namespaces and nothing more", func(t *testing.T) { testOffloadedLabel(t, cp, agent) })
 	t.Run("the agent is refused other webhooks and Secrets", func(t *testing.T) { testPlacementRefusals(t, agent) })
+	t.Run("the kubelet API keeps its CA with the agent's rights", func(t *testing.T) { testKubeletCAAsAgent(t, cp, agent) })
 }
 
 // lockedBuffer is the webhook's log, written from its goroutines.

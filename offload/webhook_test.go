@@ -43,6 +43,7 @@ type placementEnv struct {
 	agentNS  string
 	logs     *logRecorder
 	registry *prometheus.Registry
+	webhook  *PlacementWebhook // the one started last
 	port     uint16
 	addr     netip.Addr
 }
@@ -151,6 +152,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.webhook = w
 	run := runController(t, "PlacementWebhook.Run", w.Run)
 	// Stopped, its metric goes: a webhook started again registers it.
 	var once sync.Once
@@ -421,9 +423,24 @@ func TestPlacementWebhook(t *testing.T) {
 		}
 	})
 
+	t.Run("ReadyWithItsCertificates", func(t *testing.T) {
+		if err := e.webhook.Ready(); err != nil {
+			t.Errorf("Ready while it admits pods: %v", err)
+		}
+		serving := expiryGauge(t, e.registry, "placement_webhook", "serving")
+		ca := expiryGauge(t, e.registry, "placement_webhook", "ca")
+		if serving <= 0 || serving > DefaultWebhookServingLifetime.Seconds() || ca < serving || ca > DefaultWebhookCALifetime.Seconds() {
+			t.Errorf("flotilla_certificate_expiry_seconds: serving %v, ca %v; want within their lifetimes, the CA outliving the serving certificate", serving, ca)
+		}
+	})
+
 	t.Run("RestartKeepsTheCA", func(t *testing.T) {
 		before := e.bundle(t)
+		stopped := e.webhook
 		stop()
+		if err := stopped.Ready(); err == nil || !strings.Contains(err.Error(), "not serving") {
+			t.Errorf("Ready of a stopped webhook: %v, want not serving", err)
+		}
 		stop = e.start(top, nil)
 		e.waitActive(t, "remote")
 		if after := e.bundle(t); !bytes.Equal(before, after) {
