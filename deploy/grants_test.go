@@ -400,18 +400,6 @@ func (g *grant) testAgentRefusals(t *testing.T) {
 			_, err := core.Secrets(tenant).Create(ctx, tokenSecret("forever"), create)
 			return err
 		}},
-		{"read the grant's Secret", "", func(ctx context.Context) error {
-			_, err := core.Secrets(tenant).Get(ctx, offload.GrantSecret, metav1.GetOptions{})
-			return err
-		}},
-		{"list Secrets in a tenant", "", func(ctx context.Context) error {
-			_, err := core.Secrets(tenant).List(ctx, metav1.ListOptions{})
-			return err
-		}},
-		{"list every Secret", "", func(ctx context.Context) error {
-			_, err := core.Secrets("").List(ctx, metav1.ListOptions{})
-			return err
-		}},
 		{"issue a token for another account", "", func(ctx context.Context) error {
 			_, err := core.ServiceAccounts(tenant).CreateToken(ctx, "default", bound(offload.GrantSecret), create)
 			return err

@@ -14,7 +14,6 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -223,10 +222,6 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 			_, err := agent.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "stash"}}, metav1.CreateOptions{})
 			return err
 		}},
-		{"read another Secret in its namespace", "", func(ctx context.Context) error {
-			_, err := agent.CoreV1().Secrets(namespace).Get(ctx, "flotilla-federation", metav1.GetOptions{})
-			return err
-		}},
 		{"make a Secret of the CA's name elsewhere", "only in tenant namespaces", func(ctx context.Context) error {
 			_, err := agent.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: offload.PlacementCASecret}}, metav1.CreateOptions{})
 			return err
@@ -234,7 +229,6 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 	} {
 		t.Run(r.what, func(t *testing.T) { r.check(t, "the agent") })
 	}
-	if _, err := agent.CoreV1().Secrets("default").Get(context.Background(), offload.PlacementCASecret, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the agent reads a Secret named like its CA outside its namespace: %v, want Forbidden", err)
-	}
+	// The agent reads every Secret (reflection, docs/services.md); it may
+	// write none outside its own and its tenants' (above).
 }
