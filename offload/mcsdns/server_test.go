@@ -51,7 +51,7 @@ func newDNSEnv(tb testing.TB) *dnsEnv {
 	e := &dnsEnv{cfg: cp.Config, c: c, registry: prometheus.NewRegistry()}
 	e.srv, err = New(Config{
 		Config: cp.Config, Address: netip.MustParseAddrPort("127.0.0.1:0"),
-		Logger: slog.New(slog.DiscardHandler), Metrics: e.registry,
+		Logger: slog.New(slog.NewTextHandler(testLog{tb}, nil)), Metrics: e.registry,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -144,6 +144,14 @@ func (e *dnsEnv) create(tb testing.TB, objs ...client.Object) {
 			tb.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
+}
+
+// testLog writes the server's log into the test's.
+type testLog struct{ tb testing.TB }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // A user's view: the server answers SERVFAIL until it can read the

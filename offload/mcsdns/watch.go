@@ -57,18 +57,20 @@ func (s *Server) watch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cache: %w", err)
 	}
+	// Stopped in reverse: the cache and the workers' queue, then the wait
+	// for both.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterset-dns"})
 	defer queue.ShutDown()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	regs, err := s.handlers(ctx, c, queue)
 	if err != nil || regs == nil {
 		return err // nil: ctx ended first
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	errc := make(chan error, 1)
 	wg.Go(func() { errc <- c.Start(ctx) })
 	synced := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
