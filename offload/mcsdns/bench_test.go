@@ -48,7 +48,7 @@ func BenchmarkClustersetDNS(b *testing.B) {
 	e.answers(b, "udp", "web99.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess, "A 10.100.0.100")
 	srvName := "_db._tcp.db9.shop.svc.clusterset.local."
 	poll(b, "headless db9 complete", func(context.Context) error {
-		r, err := e.ask("udp", srvName, dns.TypeSRV)
+		r, err := e.ask("tcp", srvName, dns.TypeSRV) // 20 targets: more than 512 bytes
 		if err == nil && len(r.Answer) != 20 {
 			err = fmt.Errorf("%d SRV records", len(r.Answer))
 		}
@@ -117,6 +117,7 @@ func BenchmarkClustersetDNS(b *testing.B) {
 			}
 		})
 		b.ReportMetric(float64(n.Load())/time.Since(start).Seconds(), "queries/s")
+		b.ReportMetric(0, "ns/op")
 	})
 	b.Run("change", func(b *testing.B) {
 		var samples []time.Duration

@@ -120,7 +120,10 @@ func (s *Server) Run(ctx context.Context) error {
 	defer wg.Wait()
 	servers := []*dns.Server{
 		{PacketConn: s.udp, Handler: s, UDPSize: dns.DefaultMsgSize},
-		{Listener: s.tcp, Handler: s, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second},
+		// CoreDNS's forward keeps its connections: no cap on queries per
+		// connection (the library's default closes one after 128); the
+		// idle timeout still ends the quiet ones.
+		{Listener: s.tcp, Handler: s, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxTCPQueries: -1},
 	}
 	errc := make(chan error, len(servers)+1)
 	for _, srv := range servers {

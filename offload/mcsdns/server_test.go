@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,9 +50,12 @@ func newDNSEnv(tb testing.TB) *dnsEnv {
 		tb.Fatal(err)
 	}
 	e := &dnsEnv{cfg: cp.Config, c: c, registry: prometheus.NewRegistry()}
+	// Runs after the server's cleanup: its last words still reach the log.
+	log := testLog{tb: tb, done: new(atomic.Bool)}
+	tb.Cleanup(func() { log.done.Store(true) })
 	e.srv, err = New(Config{
 		Config: cp.Config, Address: netip.MustParseAddrPort("127.0.0.1:0"),
-		Logger: slog.New(slog.NewTextHandler(testLog{tb}, nil)), Metrics: e.registry,
+		Logger: slog.New(slog.NewTextHandler(log, nil)), Metrics: e.registry,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -147,10 +151,15 @@ func (e *dnsEnv) create(tb testing.TB, objs ...client.Object) {
 }
 
 // testLog writes the server's log into the test's.
-type testLog struct{ tb testing.TB }
+type testLog struct {
+	tb   testing.TB
+	done *atomic.Bool // the test ended: logging would panic
+}
 
 func (w testLog) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimSpace(string(p)))
+	if !w.done.Load() {
+		w.tb.Log(strings.TrimSpace(string(p)))
+	}
 	return len(p), nil
 }
 
