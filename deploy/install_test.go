@@ -542,10 +542,14 @@ func agentAccess() []access {
 		deny("get", "", "configmaps", "kube-public", "other"),
 		deny("list", "", "configmaps", "kube-public", ""),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
-		deny("get", "discovery.k8s.io", "endpointslices", "default", "other"),
-		deny("list", "discovery.k8s.io", "endpointslices", "default", ""),
 		allow("get", "", "services", "default", "kubernetes"),
 		deny("get", "", "services", "default", "other"),
+		// The clusterset DNS reads the imported EndpointSlices, which RBAC
+		// cannot tell from others by label, and the ServiceImports: read,
+		// never write, from that role.
+		allow("watch", "discovery.k8s.io", "endpointslices", "", ""),
+		allow("list", "multicluster.x-k8s.io", "serviceimports", "", ""),
+		allow("watch", "multicluster.x-k8s.io", "serviceimports", "", ""),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.
