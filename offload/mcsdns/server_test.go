@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -184,6 +185,17 @@ func TestClustersetDNS(t *testing.T) {
 	e.answers(t, "udp", web, dns.TypeA, dns.RcodeSuccess, "A 10.100.0.7")
 	e.answers(t, "tcp", web, dns.TypeA, dns.RcodeSuccess, "A 10.100.0.7")
 	e.answers(t, "udp", "_http._tcp."+web, dns.TypeSRV, dns.RcodeSuccess, "SRV 0 100 80 "+web)
+	// Go's own resolver, as test/images/testserver -dns uses it: A and
+	// AAAA asked together, the empty AAAA answer accepted.
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, e.srv.Addr().String())
+	}}
+	if addrs, err := r.LookupHost(t.Context(), web); err != nil || !slices.Equal(addrs, []string{"10.100.0.7"}) {
+		t.Errorf("Go resolver: %s: %v %v", web, addrs, err)
+	}
+	if _, srvs, err := r.LookupSRV(t.Context(), "http", "tcp", web); err != nil || len(srvs) != 1 || srvs[0].Port != 80 || srvs[0].Target != web {
+		t.Errorf("Go resolver: SRV http tcp %s: %v", web, err)
+	}
 	db := "db.shop.svc.clusterset.local."
 	e.answers(t, "udp", db, dns.TypeA, dns.RcodeSuccess, "A 10.1.0.10", "A 10.2.0.10")
 	e.answers(t, "udp", "db-0."+clusterB+"."+db, dns.TypeA, dns.RcodeSuccess, "A 10.2.0.10")
