@@ -27,6 +27,7 @@ import (
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -49,6 +50,9 @@ type Config struct {
 	// ClusterName is this cluster's human name, shown on other clusters'
 	// Peers.
 	ClusterName string
+	// ClusterSetName is the clusterset's (the federation's) name, which
+	// the agent writes as KEP-2149's ClusterProperty clusterset.k8s.io.
+	ClusterSetName string
 	// ClusterLabels are this cluster's labels, announced to peers, which
 	// show them on their Peer for it (peering.CheckLabels).
 	ClusterLabels map[string]string
@@ -131,6 +135,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),
 		ClusterName:        host,
+		ClusterSetName:     "flotilla",
 		Peering:            peering.PolicyAuto,
 		Announce:           AnnounceAuto,
 		UnreachableGrace:   5 * time.Minute,
@@ -168,6 +173,8 @@ type Agent struct {
 	nodes  clusterNodes
 	// start starts the components (startComponents; tests give their own).
 	start func(ctx context.Context, comps *components) error
+	// services receives the peers' exports from the gossip, once made.
+	services atomic.Pointer[mcs.Services]
 }
 
 // New validates cfg and prepares the agent; it starts nothing.

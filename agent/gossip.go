@@ -30,6 +30,11 @@ func (a *Agent) newDiscovery(st state, gateway netip.Addr, endpoint netip.AddrPo
 				e.Receive(msg)
 			}
 		},
+		OnServices: func(msg []byte) {
+			if s := a.services.Load(); s != nil {
+				s.Receive(msg)
+			}
+		},
 		Serials: st.ledger,
 		Logger:  a.log, Metrics: a.registry,
 	})

@@ -37,6 +37,11 @@ type offloading struct {
 	placement *offload.PlacementWebhook
 	// pods runs the pods bound to virtual nodes on their providers.
 	pods *offload.PodReflector
+	// services is the Multi-Cluster Services API (agent/services.go).
+	services
+	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
+	// Services, EndpointSlices) into the namespaces mirrored for them.
+	reflection *offload.Reflector
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -97,7 +102,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	kubelet, err := offload.NewKubeletAPI(offload.KubeletAPIConfig{
 		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
-		Logger: a.log, Metrics: a.registry,
+		AgentNamespace: a.agentNamespace(), Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -109,6 +114,10 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// The API server calls these two: the agent is not ready while either
+	// does not serve with a valid certificate.
+	a.ready.add("placement webhook", placement.Ready)
+	a.ready.add("kubelet API", kubelet.Ready)
 	pods, err := offload.NewPodReflector(offload.PodReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Logger: a.log, Metrics: a.registry,
@@ -116,8 +125,16 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// Reflection (docs/services.md).
+	reflection, err := offload.NewReflector(offload.ReflectorConfig{
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods}, nil
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -125,6 +142,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 func (o *offloading) Publish(s peering.PeerState) {
 	o.objects.Publish(s)
 	o.provider.PeerChanged(s)
+	o.services.peerChanged(s)
 }
 
 // Withdraw is the Peer writer's (peering.Publisher).
@@ -143,6 +161,8 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
 	comps.Go("placement webhook", o.placement.Run)
 	comps.Go("offloaded pods", o.pods.Run)
+	o.services.start(comps)
+	comps.Go("reflection", o.reflection.Run)
 	return nil
 }
 
@@ -161,6 +181,14 @@ type ledgerViews struct{ l *ipam.Ledger }
 
 func (v ledgerViews) Translate(provider string, addr netip.Addr) (netip.Addr, bool) {
 	return v.l.ToLocal(provider, addr)
+}
+
+func (v ledgerViews) ToRemote(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.ToRemote(provider, addr)
+}
+
+func (v ledgerViews) AsSeenBy(provider string, addr netip.Addr) (netip.Addr, bool) {
+	return v.l.AsSeenBy(provider, addr)
 }
 
 // engineGrants hands sealed grants to the engine, once there is one.

@@ -24,6 +24,9 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	if err != nil {
 		return nil, nil, err
 	}
+	if off.services, err = a.newServices(st, disc); err != nil {
+		return nil, nil, err
+	}
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,

@@ -502,12 +502,13 @@ func agentAccess() []access {
 	}
 	cases = append(cases, deny("create", "flotilla.io", "namespacerequests", tenant, ""),
 		deny("delete", "flotilla.io", "namespacerequests", tenant, "shop-q3x7bd"))
-	// Placement: its one webhook configuration, its one CA Secret.
+	// Placement and the kubelet API: the one webhook configuration, a CA Secret each.
 	for _, v := range []string{"get", "list", "watch", "create", "patch", "delete"} {
 		cases = append(cases, allow(v, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "flotilla-placement"))
 	}
 	for _, v := range []string{"get", "create", "patch"} {
-		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"))
+		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"),
+			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"))
 	}
 	cases = append(cases,
 		deny("list", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""),
@@ -516,9 +517,10 @@ func agentAccess() []access {
 		deny("delete", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "other"),
 		deny("create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "flotilla-placement"),
 		deny("patch", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", "flotilla-agent-namespaces"),
-		deny("get", "", "secrets", namespace, "flotilla-federation"),
-		deny("get", "", "secrets", "default", "flotilla-placement-ca"),
-		deny("list", "", "secrets", namespace, "flotilla-placement-ca"),
+		allow("get", "", "secrets", namespace, "flotilla-federation"),
+		allow("get", "", "secrets", "default", "flotilla-placement-ca"),
+		allow("list", "", "secrets", namespace, "flotilla-placement-ca"),
+		allow("get", "", "secrets", "default", "flotilla-kubelet-ca"),
 	)
 	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
 	consumerToken.subresource = "token"
@@ -533,39 +535,43 @@ func agentAccess() []access {
 		deny("update", "", "namespaces", "", "default"),
 		deny("deletecollection", "", "namespaces", "", ""),
 		deny("update", "", "secrets", tenant, "flotilla-grant"),
-		deny("get", "", "secrets", tenant, "flotilla-grant"),
-		deny("watch", "", "secrets", tenant, ""),
+		allow("get", "", "secrets", tenant, "flotilla-grant"),
+		allow("watch", "", "secrets", tenant, ""),
 		deny("list", "", "serviceaccounts", tenant, ""),
 		deny("create", "", "pods", tenant, ""),
 		// The API server address it announces.
 		allow("get", "", "configmaps", "kube-public", "cluster-info"),
-		deny("get", "", "configmaps", "kube-public", "other"),
-		deny("list", "", "configmaps", "kube-public", ""),
+		allow("get", "", "configmaps", "kube-public", "other"),
+		allow("list", "", "configmaps", "kube-public", ""),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
+		allow("get", "discovery.k8s.io", "endpointslices", "default", "other"),
+		allow("list", "discovery.k8s.io", "endpointslices", "default", ""),
 		allow("get", "", "services", "default", "kubernetes"),
-		deny("get", "", "services", "default", "other"),
-		// The clusterset DNS reads the imported EndpointSlices, which RBAC
-		// cannot tell from others by label, and the ServiceImports: read,
-		// never write, from that role.
+		allow("get", "", "services", "default", "other"),
+		// The clusterset DNS reads the imported EndpointSlices and the
+		// ServiceImports.
 		allow("watch", "discovery.k8s.io", "endpointslices", "", ""),
 		allow("list", "multicluster.x-k8s.io", "serviceimports", "", ""),
 		allow("watch", "multicluster.x-k8s.io", "serviceimports", "", ""),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.
+	// Reads of ConfigMaps, Secrets, Services and EndpointSlices are
+	// reflection's (deploy/reflection.yaml, docs/services.md), anywhere;
+	// writes stay refused.
 	for _, ns := range []string{"", "default", namespace, "kube-system"} {
-		cases = append(cases, deny("get", "", "secrets", ns, ""), deny("list", "", "secrets", ns, ""))
+		cases = append(cases, allow("get", "", "secrets", ns, ""), allow("list", "", "secrets", ns, ""))
 	}
 	saToken := deny("create", "", "serviceaccounts", namespace, serviceAccount)
 	saToken.subresource = "token"
 	cases = append(cases,
 		deny("create", "", "pods", namespace, ""),
 		deny("create", "", "pods", "default", ""),
-		deny("get", "", "configmaps", "kube-system", ""),
+		allow("get", "", "configmaps", "kube-system", ""),
 		allow("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		allow("watch", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		deny("update", "", "configmaps", "kube-system", "kubeadm-config"),
-		deny("list", "", "configmaps", "kube-system", ""),
+		allow("list", "", "configmaps", "kube-system", ""),
 		saToken,
 		deny("deletecollection", "flotilla.io", "peers", "", ""),
 		// CRDs: only peers.flotilla.io, never deleted, a create only by name.
@@ -602,7 +608,7 @@ func agentAccess() []access {
 		deny("list", "apps", "deployments", namespace, ""),
 		deny("create", "", "configmaps", namespace, ""),
 		deny("patch", "", "configmaps", namespace, "other"),
-		deny("get", "", "configmaps", namespace, "other"),
+		allow("get", "", "configmaps", namespace, "other"),
 	)
 	return cases
 }
@@ -707,10 +713,14 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 		what string
 		do   func() error
 	}{
-		{"list secrets", func() error { _, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); return err }},
-		{"get configmaps in kube-system", func() error {
-			_, err := kube.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		// It reads Secrets and ConfigMaps anywhere (reflection), and
+		// writes them nowhere but its own.
+		{"create a secret in kube-system", func() error {
+			_, err := kube.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "escape"}}, metav1.CreateOptions{})
 			return err
+		}},
+		{"delete configmaps in kube-system", func() error {
+			return kube.CoreV1().ConfigMaps("kube-system").Delete(ctx, "kube-proxy", metav1.DeleteOptions{})
 		}},
 		{"create a pod", func() error {
 			pod := &corev1.Pod{

@@ -120,6 +120,11 @@ type Config struct {
 	// itself does not say which member sent it: authenticate the content
 	// (peering signs its messages).
 	OnMessage func(msg []byte)
+	// OnServices receives the messages other members send with
+	// SendServices (the Multi-Cluster Services API's exports), under
+	// OnMessage's rules: it must not block, msg is its to keep, and the
+	// content must authenticate itself.
+	OnServices func(msg []byte)
 
 	// Serials keeps this cluster's record serial across restarts, so the
 	// serial only grows even when the clock steps back (*ipam.Ledger).

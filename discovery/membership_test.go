@@ -33,8 +33,10 @@ type nodeOpts struct {
 	dns      string
 	// onMessage is Config.OnMessage.
 	onMessage func([]byte)
-	serials   SerialStore
-	now       func() time.Time
+	// onServices is Config.OnServices.
+	onServices func([]byte)
+	serials    SerialStore
+	now        func() time.Time
 	// tune adjusts the memberlist configuration after fastTimings.
 	tune func(*memberlist.Config)
 }
@@ -100,11 +102,12 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 				o.tune(c)
 			}
 		},
-		OnMessage: o.onMessage,
-		Serials:   o.serials,
-		Now:       o.now,
-		Logger:    testLogger(t),
-		Metrics:   reg,
+		OnMessage:  o.onMessage,
+		OnServices: o.onServices,
+		Serials:    o.serials,
+		Now:        o.now,
+		Logger:     testLogger(t),
+		Metrics:    reg,
 	})
 	if err != nil {
 		t.Fatal(err)

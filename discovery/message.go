@@ -14,7 +14,10 @@ import (
 // Every user message starts with a kind byte so that later kinds can be
 // told apart from peering's; a kind this build does not know is dropped
 // and counted.
-const kindPeering byte = 'P'
+const (
+	kindPeering  byte = 'P'
+	kindServices byte = 'S'
+)
 
 // MaxMessageLen bounds a message given to Send or accepted from a member.
 const MaxMessageLen = 64 << 10
@@ -38,6 +41,17 @@ const (
 // nil error means the member's agent received it, not that its handler
 // acted on it. The peering engine uses Send as its transport.
 func (d *Discovery) Send(ctx context.Context, to string, msg []byte) error {
+	return d.send(ctx, to, kindPeering, msg)
+}
+
+// SendServices delivers msg to to like Send, for the receiver's
+// OnServices: the exports of the Multi-Cluster Services API travel beside
+// peering's messages, each kind to its own handler.
+func (d *Discovery) SendServices(ctx context.Context, to string, msg []byte) error {
+	return d.send(ctx, to, kindServices, msg)
+}
+
+func (d *Discovery) send(ctx context.Context, to string, kind byte, msg []byte) error {
 	if len(msg) > MaxMessageLen {
 		return fmt.Errorf("send to %s: message of %d bytes, at most %d", to, len(msg), MaxMessageLen)
 	}
@@ -57,7 +71,7 @@ func (d *Discovery) Send(ctx context.Context, to string, msg []byte) error {
 	addr := gossip.String()
 	node := &memberlist.Node{Name: to, Addr: net.IP(gossip.Addr().AsSlice()), Port: gossip.Port()}
 	buf := make([]byte, 0, 1+len(msg))
-	buf = append(buf, kindPeering)
+	buf = append(buf, kind)
 	buf = append(buf, msg...)
 	// memberlist's send does not take a context; it gives up on its own
 	// after TCPTimeout, so the goroutine left behind when ctx ends first
@@ -82,17 +96,27 @@ func (d *Discovery) Send(ctx context.Context, to string, msg []byte) error {
 // so the handler gets a copy.
 func (g *delegate) NotifyMsg(b []byte) {
 	d := g.d()
-	switch {
-	case len(b) == 0:
+	if len(b) == 0 {
 		d.metrics.messagesDrop.WithLabelValues(MsgDropEmpty).Inc()
-	case b[0] != kindPeering:
+		return
+	}
+	var handler func([]byte)
+	switch b[0] {
+	case kindPeering:
+		handler = d.cfg.OnMessage
+	case kindServices:
+		handler = d.cfg.OnServices
+	default:
 		d.metrics.messagesDrop.WithLabelValues(MsgDropUnknownKind).Inc()
+		return
+	}
+	switch {
 	case len(b)-1 > MaxMessageLen:
 		d.metrics.messagesDrop.WithLabelValues(MsgDropOversized).Inc()
-	case d.cfg.OnMessage == nil:
+	case handler == nil:
 		d.metrics.messagesDrop.WithLabelValues(MsgDropNoHandler).Inc()
 	default:
 		d.metrics.messagesReceived.Inc()
-		d.cfg.OnMessage(slices.Clone(b[1:]))
+		handler(slices.Clone(b[1:]))
 	}
 }

@@ -127,3 +127,34 @@ func rawSend(t *testing.T, from *Discovery, to *testNode, msg []byte) {
 	// receiver does with it.
 	_ = from.ml.SendReliable(node, msg)
 }
+
+// Each kind of message reaches its own handler: the exports of services
+// never reach the peering engine, and a member without a services handler
+// drops them, counted.
+func TestSendServicesReachesItsOwnHandler(t *testing.T) {
+	inA, svcA, inB := newInbox(), newInbox(), newInbox()
+	a := startNode(t, nodeOpts{onMessage: inA.handler, onServices: svcA.handler})
+	b := startNode(t, nodeOpts{seeds: []string{a.addr()}, onMessage: inB.handler})
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
+	waitUntil(t, 20*time.Second, func() error { return sees(b, a) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	if err := b.d.SendServices(ctx, a.id.ClusterID(), []byte("exports of b")); err != nil {
+		t.Fatalf("b to a: %v", err)
+	}
+	if got := svcA.next(t, 5*time.Second); string(got) != "exports of b" {
+		t.Errorf("a's services handler got %q", got)
+	}
+	if err := a.d.SendServices(ctx, b.id.ClusterID(), []byte("exports of a")); err != nil {
+		t.Fatalf("a to b: %v", err)
+	}
+	waitUntil(t, 5*time.Second, func() error {
+		if got := metricValue(t, b.reg, "flotilla_discovery_messages_dropped_total", "reason="+MsgDropNoHandler); got != 1 {
+			return fmt.Errorf("messages without a handler dropped = %v, want 1", got)
+		}
+		return nil
+	})
+	inA.none(t, 0)
+	inB.none(t, 0)
+}

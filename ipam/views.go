@@ -676,3 +676,19 @@ func (l *Ledger) TheirViews(peer string) []TheirView {
 	})
 	return out
 }
+
+// AsSeenBy translates ip, an address of this cluster's own (one of its
+// pods, say), into the address peer uses for it, by the claims peer made
+// about our ranges (RecordTheirView). ok is false when no claim of peer
+// covers ip: peer has no route to it.
+func (l *Ledger) AsSeenBy(peer string, ip netip.Addr) (theirs netip.Addr, ok bool) {
+	l.read(func(st *state) {
+		for k, v := range st.theirs {
+			if k.peer == peer && v.Mine.Contains(ip) {
+				theirs, ok = translate(ip, v.Theirs), true
+				return
+			}
+		}
+	})
+	return theirs, ok
+}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +49,17 @@ type KubeletAPIConfig struct {
 	// Port is where to listen on Address, and what the virtual nodes
 	// register as their kubelet port; 0 is DefaultKubeletAPIPort.
 	Port uint16
+	// AgentNamespace holds the CA Secret (KubeletCASecret).
+	AgentNamespace string
+	// CALifetime, ServingLifetime and CAPublishDelay replace the
+	// defaults (DefaultKubeletCALifetime...; the publish delay: until
+	// the old CA can no longer cover a serving certificate) when set;
+	// tests shorten them to see a rotation.
+	CALifetime, ServingLifetime, CAPublishDelay time.Duration
+	// AuthorizedTTL and UnauthorizedTTL are how long the answer of a
+	// SubjectAccessReview is used again (DefaultKubeletAuthorizedTTL and
+	// DefaultKubeletUnauthorizedTTL when 0).
+	AuthorizedTTL, UnauthorizedTTL time.Duration
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -64,8 +76,10 @@ type KubeletAPI struct {
 	cfg      KubeletAPIConfig
 	log      *slog.Logger
 	m        *kubeletAPIMetrics
-	certs    *servingCerts
+	certs    *caStore
 	clientCA *clientCA
+	authz    *authCache
+	serving  atomic.Bool // listening, for Ready
 
 	nodes corelisters.NodeLister // the virtual nodes, once Run has them
 	// namesChanged wakes Run when the set of virtual nodes changed: the
@@ -79,8 +93,8 @@ type KubeletAPI struct {
 	streams sync.WaitGroup
 }
 
-// NewKubeletAPI checks cfg and prepares a KubeletAPI, with a certificate
-// authority of its own for its serving certificates; Run serves.
+// NewKubeletAPI checks cfg and prepares a KubeletAPI; Run serves, with
+// certificates of its own CAs, kept in a Secret.
 func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 	if cfg.Client == nil || cfg.Credentials == nil {
 		return nil, errors.New("kubelet API: the local client and the credentials are required")
@@ -92,26 +106,58 @@ func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 	if cfg.Port == 0 {
 		cfg.Port = DefaultKubeletAPIPort
 	}
+	if cfg.AgentNamespace == "" {
+		return nil, errors.New("kubelet API: the agent's namespace is required (it holds the CA Secret)")
+	}
+	if cfg.AuthorizedTTL <= 0 {
+		cfg.AuthorizedTTL = DefaultKubeletAuthorizedTTL
+	}
+	if cfg.UnauthorizedTTL <= 0 {
+		cfg.UnauthorizedTTL = DefaultKubeletUnauthorizedTTL
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	ca, err := newKubeletCA(time.Now())
-	if err != nil {
-		return nil, err
+	l := kubeletLifetimes(cfg)
+	if err := l.validate(); err != nil {
+		return nil, fmt.Errorf("kubelet API: %w", err)
 	}
 	log := cfg.Logger.With("component", "kubelet-api")
-	return &KubeletAPI{
+	k := &KubeletAPI{
 		cfg: cfg, log: log, m: newKubeletAPIMetrics(cfg.Metrics),
-		certs:        newServingCerts(cfg.Address, ca, servingCertLifetime),
+		certs: newCAStore(caStoreConfig{
+			kube: cfg.Client, namespace: cfg.AgentNamespace, secret: KubeletCASecret,
+			name: "flotilla virtual nodes", component: "kubelet_api", lifetimes: l, log: log,
+		}),
 		clientCA:     &clientCA{log: log},
 		namesChanged: make(chan struct{}, 1),
-	}, nil
+	}
+	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
+		return authorizeProxy(ctx, cfg.Client, u, method, node)
+	}, cfg.AuthorizedTTL, cfg.UnauthorizedTTL, kubeletAuthCacheSize,
+		k.m.authCache.WithLabelValues("hit"), k.m.authCache.WithLabelValues("miss"))
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(k.certs); err != nil {
+			return nil, fmt.Errorf("kubelet API: metrics: %w", err)
+		}
+	}
+	return k, nil
 }
 
-// CA is the authority of the serving certificates (PEM): what an API
-// server that verifies its kubelets (--kubelet-certificate-authority)
-// must trust for the virtual nodes.
-func (k *KubeletAPI) CA() []byte { return k.certs.caPEM() }
+// CA is the bundle of the CAs of the serving certificates (PEM), once
+// Run has them: what an API server that verifies its kubelets
+// (--kubelet-certificate-authority) must trust for the virtual nodes. It
+// is the ca.crt of Secret KubeletCASecret as well.
+func (k *KubeletAPI) CA() []byte { return k.certs.bundle() }
+
+// Ready says whether the kubelet API serves with a valid certificate,
+// for the agent's /readyz.
+func (k *KubeletAPI) Ready() error {
+	if !k.serving.Load() {
+		return errors.New("kubelet API: not serving yet")
+	}
+	return k.certs.ready(time.Now())
+}
 
 // Addr is where the kubelet API listens.
 func (k *KubeletAPI) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
@@ -170,9 +216,8 @@ func (k *KubeletAPI) Run(ctx context.Context) error {
 		return nil
 	}
 
-	k.certs.setNames(k.virtualNodeNames())
-	if err := k.certs.issue(time.Now()); err != nil {
-		return err
+	if !k.loadCertificates(ctx) {
+		return nil
 	}
 	l, err := net.Listen("tcp", k.Addr().String())
 	if err != nil {
@@ -182,7 +227,7 @@ func (k *KubeletAPI) Run(ctx context.Context) error {
 		Handler: k.handler(),
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
-			GetCertificate: k.certs.get,
+			GetCertificate: k.certs.certificate,
 			// Verified against the client CA held at the time of the
 			// request (it changes), so that a stranger gets a 401 rather
 			// than a failed handshake, as from a kubelet.
@@ -198,7 +243,9 @@ func (k *KubeletAPI) Run(ctx context.Context) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(l, "", "") }()
+	k.serving.Store(true)
 	defer func() {
+		k.serving.Store(false)
 		k.mu.Lock()
 		k.closing = true
 		k.mu.Unlock()
@@ -212,17 +259,43 @@ func (k *KubeletAPI) Run(ctx context.Context) error {
 	return k.renewCertificates(ctx, served)
 }
 
-// renewCertificates renews the serving certificate when due and when the
-// virtual nodes change, until ctx ends or the server stops.
-func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error) error {
-	retry := time.Time{}
+// loadCertificates reads the CAs from their Secret and issues the first
+// serving certificate, retrying until it can; false when ctx ended first.
+func (k *KubeletAPI) loadCertificates(ctx context.Context) bool {
+	retry := time.Second
 	for {
-		next := k.certs.renewAt()
-		if !retry.IsZero() {
-			next = retry
+		err := k.certs.load(ctx)
+		if err == nil {
+			// A CA in the Secret is published: operators copy it from there.
+			k.certs.noteTrusted(k.certs.bundle())
+			k.certs.setHosts(kubeletHosts(k))
+			_, err = k.certs.sync(ctx, time.Now())
+		}
+		if err == nil {
+			k.certs.notePublished(time.Now())
+			return true
+		}
+		k.log.Warn("kubelet API: no serving certificate yet; retrying", "err", err, "retry", retry)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(retry):
+			retry = min(2*retry, time.Minute)
+		}
+	}
+}
+
+// renewCertificates rotates the CAs and renews the serving certificate
+// when due and when the virtual nodes change, until ctx ends or the
+// server stops.
+func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error) error {
+	retry, failing := time.Second, false
+	for {
+		next := k.certs.wakeAt()
+		if failing {
+			next = time.Now().Add(retry)
 		}
 		timer := time.NewTimer(time.Until(next))
-		renew := false
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -231,18 +304,29 @@ func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error)
 			timer.Stop()
 			return fmt.Errorf("kubelet API on %s: %w", k.Addr(), err)
 		case <-timer.C:
-			renew = true
 		case <-k.namesChanged:
 			timer.Stop()
-			renew = k.certs.setNames(k.virtualNodeNames())
+			if !k.certs.setHosts(kubeletHosts(k)) && !failing {
+				continue
+			}
 		}
-		if !renew {
-			continue
+		rotated, err := k.certs.sync(ctx, time.Now())
+		if rotated {
+			k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+KubeletCASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.describe())
 		}
-		retry = time.Time{}
-		if err := k.certs.issue(time.Now()); err != nil {
-			k.log.Warn("kubelet API: serving certificate not renewed; retrying in a minute", "err", err)
-			retry = time.Now().Add(time.Minute)
+		if err == nil {
+			// The Secret is where the bundle is published.
+			k.certs.notePublished(time.Now())
+		}
+		switch {
+		case err != nil && !failing:
+			k.log.Warn("kubelet API: serving certificate not renewed; retrying", "err", err)
+			failing = true
+		case err != nil:
+			retry = min(2*retry, time.Minute)
+		case failing:
+			k.log.Info("kubelet API: serving certificate renewed again")
+			failing, retry = false, time.Second
 		}
 	}
 }
@@ -334,6 +418,9 @@ const (
 
 type kubeletAPIMetrics struct {
 	requests *prometheus.CounterVec
+	// authCache counts the authorizations answered from the cache (hit)
+	// and by a SubjectAccessReview (miss).
+	authCache *prometheus.CounterVec
 }
 
 func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
@@ -342,9 +429,13 @@ func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
 			Name: "flotilla_kubelet_api_requests_total",
 			Help: "Requests to the virtual nodes' kubelet API, by route (containerLogs, exec, attach, portForward, other) and result.",
 		}, []string{"route", "result"}),
+		authCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_kubelet_api_authorization_cache_total",
+			Help: "Authorizations of the kubelet API's callers answered from the cache (result=hit) or by a SubjectAccessReview to the local API server (result=miss).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests)
+		reg.MustRegister(m.requests, m.authCache)
 	}
 	return m
 }

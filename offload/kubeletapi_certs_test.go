@@ -23,6 +23,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -38,14 +39,16 @@ func TestKubeletAPIServingCertificate(t *testing.T) {
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
 	addr := freeLoopback(t)
+	createNamespace(t, cp, testAgentNamespace)
 	api, err := NewKubeletAPI(KubeletAPIConfig{
 		Client: cp.Client, Credentials: &testCredentials{m: map[string]providerCredential{}},
-		Address: addr.Addr(), Port: addr.Port(), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Address: addr.Addr(), Port: addr.Port(), AgentNamespace: testAgentNamespace,
+		CALifetime: time.Hour, ServingLifetime: 3 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	api.certs.lifetime = 3 * time.Second
 	runKubeletAPI(t, api)
 
 	first, err := servedLeaf(api)
@@ -168,18 +171,14 @@ func freeLoopback(t *testing.T) netip.AddrPort {
 }
 
 // clientCertOf is a client certificate for user in groups from ca.
-func clientCertOf(t *testing.T, ca *kubeletCA, user string, groups ...string) tls.Certificate {
+func clientCertOf(t *testing.T, ca *certAuthority, user string, groups ...string) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial, err := newSerial()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: user, Organization: groups},
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: user, Organization: groups},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
@@ -241,4 +240,32 @@ func clusterClientCert(t *testing.T, cp *harness.ControlPlane, user string) tls.
 		t.Fatal(err)
 	}
 	return cert
+}
+
+// testAgentNamespace holds the CA Secrets in tests, as flotilla-system
+// does in a cluster.
+const testAgentNamespace = "flotilla-system"
+
+func createNamespace(t *testing.T, cp *harness.ControlPlane, name string) {
+	t.Helper()
+	_, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// seedKubeletCA puts ca in the kubelet API's CA Secret of cp, in the
+// agent's namespace, as an operator who brings the CA an API server was
+// started to trust does.
+func seedKubeletCA(t *testing.T, cp *harness.ControlPlane, ca *certAuthority) {
+	t.Helper()
+	createNamespace(t, cp, testAgentNamespace)
+	data, err := caSet{ca}.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: KubeletCASecret, Namespace: testAgentNamespace}, Data: data}
+	if _, err := cp.Client.CoreV1().Secrets(testAgentNamespace).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -209,7 +209,7 @@ func (k *KubeletAPI) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, re
 	if pod != nil {
 		node = pod.Spec.NodeName
 	}
-	allowed, reason, err := authorizeProxy(ctx, k.cfg.Client, u, r.Method, node)
+	allowed, reason, err := k.authz.authorize(ctx, u, r.Method, node)
 	if err != nil {
 		return nil, nil, &kubeletRefusal{http.StatusInternalServerError, kubeletResultError, fmt.Sprintf("authorize %s: %v", u.name, err)}
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -50,7 +49,8 @@ type kubeletWorld struct {
 	remote     kubernetes.Interface
 	local      client.Client // admin of the consumer
 
-	ca   *kubeletCA
+	ca   *certAuthority
+	addr netip.AddrPort // the kubelet API's, the virtual node's
 	api  *KubeletAPI
 	stop func() error // stops api, returns what its Run did
 	logs *syncBuffer
@@ -73,13 +73,13 @@ const (
 func TestKubeletAPI(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
-	ca, err := newKubeletCA(time.Now())
+	ca, err := newCA("test", time.Now(), DefaultKubeletCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cps := env.ControlPlanesEach(
 		harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.244.0.0/16")},
-		harness.ControlPlaneOptions{KubeletCA: ca.pem},
+		harness.ControlPlaneOptions{KubeletCA: ca.pem()},
 	)
 	w := &kubeletWorld{prov: cps[0], cons: cps[1], provider: newConsumer(t), ca: ca, logs: &syncBuffer{}, reg: prometheus.NewRegistry()}
 	w.node = w.prov.StartNode("n1", harness.NodeOptions{})
@@ -98,6 +98,7 @@ func TestKubeletAPI(t *testing.T) {
 	t.Run("NoCredentialInLogs", w.testNoCredentialInLogs)
 	t.Run("Metrics", w.testMetrics)
 	t.Run("StopEndsStreams", w.testStopEndsStreams)
+	t.Run("Restart", w.testRestart)
 	if t.Failed() {
 		t.Logf("kubelet API log:\n%s", w.logs.String())
 	}
@@ -170,16 +171,27 @@ func (w *kubeletWorld) virtualNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.offload(t, appsNS)
+	// The authority the consumer's API server was started to trust, in
+	// the Secret the kubelet API keeps its CAs in, as an operator who
+	// brings the CA would put it.
+	seedKubeletCA(t, w.cons, w.ca)
+	w.addr = addr
+	w.api = w.newAPI(t)
+}
+
+// newAPI is the kubelet API of the virtual node, as the agent makes it
+// at each start; its metrics go to a registry of its own, w.reg.
+func (w *kubeletWorld) newAPI(t *testing.T) *KubeletAPI {
+	t.Helper()
+	w.reg = prometheus.NewRegistry()
 	api, err := NewKubeletAPI(KubeletAPIConfig{
-		Client: w.cons.Client, Credentials: w.credentials(), Address: addr.Addr(), Port: addr.Port(),
+		Client: w.cons.Client, Credentials: w.credentials(), Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
 		Logger: slog.New(slog.NewJSONHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: w.reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The authority the consumer's API server was started to trust.
-	api.certs = newServingCerts(addr.Addr(), w.ca, servingCertLifetime)
-	w.api = api
+	return api
 }
 
 func (w *kubeletWorld) credentials() Credentials {
@@ -543,12 +555,11 @@ func (w *kubeletWorld) background(t *testing.T, args ...string) <-chan string {
 // not there (404), other routes (404). None of the caller's headers go
 // on to the provider.
 func (w *kubeletWorld) testRefusals(t *testing.T) {
-	ctx := t.Context()
 	admin, err := tls.X509KeyPair(w.cons.Config.CertData, w.cons.Config.KeyData)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := newKubeletCA(time.Now())
+	other, err := newCA("test", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,21 +568,7 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 	// may do nothing, bob GET the kubelet API of every node.
 	alice := clusterClientCert(t, w.cons, "alice")
 	bob := clusterClientCert(t, w.cons, "bob")
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelet-api-reader"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/proxy"}, Verbs: []string{"get"}}},
-	}
-	if _, err := w.cons.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelet-api-reader"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "bob"}},
-	}
-	if _, err := w.cons.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantNodesProxy(t, w.cons, "kubelet-api-reader", "bob", "get")
 	w.localPod(t, appsNS, "unbound", "")
 	w.localPod(t, "default", "elsewhere", VirtualNodeName(w.provider)) // default is not offloaded
 
@@ -613,7 +610,7 @@ func (w *kubeletWorld) testRefusals(t *testing.T) {
 // 7. The client CA is watched: a CA added to the cluster's bundle is
 // trusted at once, and no longer once removed.
 func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
-	other, err := newKubeletCA(time.Now())
+	other, err := newCA("test", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -623,7 +620,7 @@ func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
 		t.Fatalf("before her CA is trusted: %d %q, want 401", status, body)
 	}
 	var before string
-	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.pem) })
+	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.pem()) })
 	eventually.Within(t, 30*time.Second, "carol's CA trusted", func() error {
 		if status, body := kubeletRequest(t, w.api, &carol, "GET", path, nil); status != http.StatusNotFound {
 			return fmt.Errorf("%d %q, want 404", status, body)
@@ -718,6 +715,15 @@ func (w *kubeletWorld) testStopEndsStreams(t *testing.T) {
 			return errors.New("still running")
 		})
 	}
+}
+
+// 11. An agent restarted: its kubelet API serves the CA it kept, which
+// the consumer's API server still trusts, so logs and exec work again.
+func (w *kubeletWorld) testRestart(t *testing.T) {
+	w.api = w.newAPI(t)
+	w.start(t)
+	w.testLogs(t)
+	w.testExec(t)
 }
 
 // requests is how many requests of route have ended, whatever their

@@ -498,6 +498,13 @@ func (mc *MirrorConsumer) writeStatus(ctx context.Context, o *v1alpha1.Namespace
 				c.LastTransitionTime = oc.LastTransitionTime
 			}
 		}
+		// Conditions of other types are other controllers' (the
+		// Reflector's Reflected): kept, or each write would undo theirs.
+		for _, oc := range old.Conditions {
+			if meta.FindStatusCondition(st.Clusters[i].Conditions, oc.Type) == nil {
+				st.Clusters[i].Conditions = append(st.Clusters[i].Conditions, oc)
+			}
+		}
 	}
 	if reflect.DeepEqual(o.Status, st) {
 		return nil

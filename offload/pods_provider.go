@@ -128,15 +128,7 @@ func (r *PodReflector) startProvider(id string, c providerCredential) (*podProvi
 // are a thousand creates), and the token of the credential held at each
 // request, so a renewed token needs no new watch.
 func providerClients(id string, creds Credentials, base *rest.Config) (write, watchClient kubernetes.Interface, err error) {
-	cfg := rest.CopyConfig(base)
-	cfg.QPS, cfg.Burst = -1, -1
-	cfg.BearerToken, cfg.BearerTokenFile = "", ""
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		return &currentToken{provider: id, creds: creds, next: rt}
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 10 * time.Second
-	}
+	cfg := providerConfig(id, creds, base)
 	if write, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, nil, err
 	}
@@ -146,6 +138,21 @@ func providerClients(id string, creds Credentials, base *rest.Config) (write, wa
 		return nil, nil, err
 	}
 	return write, watchClient, nil
+}
+
+// providerConfig is base for writes to provider, as providerClients
+// describes; a watch needs its Timeout cleared.
+func providerConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
+	cfg := rest.CopyConfig(base)
+	cfg.QPS, cfg.Burst = -1, -1
+	cfg.BearerToken, cfg.BearerTokenFile = "", ""
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return &currentToken{provider: id, creds: creds, next: rt}
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	return cfg
 }
 
 // currentToken authenticates each request with the token of the

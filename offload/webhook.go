@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,26 +65,23 @@ type PlacementWebhookConfig struct {
 // certificate of its own CA and keeps the MutatingWebhookConfiguration,
 // the CA Secret and the certificates current.
 type PlacementWebhook struct {
-	cfg       PlacementWebhookConfig
-	lifetimes certLifetimes
-	log       *slog.Logger
-	url       string
-	hosts     []string // what the serving certificate names
-	kube      kubernetes.Interface
-	meta      metadata.Interface
-	cache     cache.Cache
-	live      client.Reader // uncached: a NamespaceOffload the cache has not seen yet
-	requests  *prometheus.CounterVec
-	cert      atomic.Pointer[tls.Certificate]
-	changed   chan struct{} // the configuration changed on the API server
+	cfg      PlacementWebhookConfig
+	log      *slog.Logger
+	url      string
+	hosts    []string // what the serving certificate names
+	kube     kubernetes.Interface
+	meta     metadata.Interface
+	cache    cache.Cache
+	live     client.Reader // uncached: a NamespaceOffload the cache has not seen yet
+	requests *prometheus.CounterVec
+	certs    *caStore
+	changed  chan struct{} // the configuration changed on the API server
+	serving  atomic.Bool   // listening, for Ready
 
 	// Owned by Run's goroutine.
-	cas       caSet
-	published map[string]time.Time // by CA id: when it went into the caBundle
-	serving   *servingCert
-	applied   []byte // the caBundle last applied
-	owner     types.UID
-	lastErr   string
+	applied []byte // the caBundle last applied
+	owner   types.UID
+	lastErr string
 }
 
 // Results of an admission, the values of flotilla_webhook_requests_total's
@@ -126,13 +122,13 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 		l.publish = cfg.CAPublishDelay
 	}
 	if err := l.validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("placement webhook: %w", err)
 	}
 	w := &PlacementWebhook{
-		cfg: cfg, lifetimes: l, log: cfg.Logger.With("component", "placement-webhook"),
+		cfg: cfg, log: cfg.Logger.With("component", "placement-webhook"),
 		url:     "https://" + netip.AddrPortFrom(cfg.Address, cfg.Port).String() + placementPath,
 		hosts:   []string{cfg.Address.String()},
-		changed: make(chan struct{}, 1), published: map[string]time.Time{},
+		changed: make(chan struct{}, 1),
 	}
 	if cfg.URL != "" {
 		u, err := url.Parse(cfg.URL)
@@ -148,6 +144,10 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 	if w.kube, err = kubernetes.NewForConfig(cfg.Config); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
+	w.certs = newCAStore(caStoreConfig{
+		kube: w.kube, namespace: cfg.AgentNamespace, secret: PlacementCASecret,
+		name: "flotilla placement webhook", component: "placement_webhook", lifetimes: l, log: w.log,
+	})
 	if w.meta, err = metadata.NewForConfig(cfg.Config); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
@@ -174,8 +174,10 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 		w.requests.WithLabelValues(r)
 	}
 	if cfg.Metrics != nil {
-		if err := cfg.Metrics.Register(w.requests); err != nil {
-			return nil, fmt.Errorf("placement webhook: metrics: %w", err)
+		for _, c := range []prometheus.Collector{w.requests, w.certs} {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("placement webhook: metrics: %w", err)
+			}
 		}
 	}
 	return w, nil
@@ -263,7 +265,7 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 	for {
 		err := w.load(ctx)
 		if err == nil {
-			err = w.syncCerts(ctx, time.Now())
+			_, err = w.certs.sync(ctx, time.Now())
 		}
 		w.noteError(err)
 		if err == nil {
@@ -291,12 +293,14 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return w.cert.Load(), nil },
+			GetCertificate: w.certs.certificate,
 		},
 	}
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- srv.ServeTLS(l, "", "") })
+	w.serving.Store(true)
 	defer func() {
+		w.serving.Store(false)
 		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
 		defer done()
 		srv.Shutdown(shutdown)
@@ -322,7 +326,7 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 		}
 		err := w.sync(ctx, time.Now())
 		w.noteError(err)
-		next := w.wakeAt()
+		next := w.certs.wakeAt()
 		if err != nil {
 			next = time.Now().Add(retry)
 			retry = min(2*retry, time.Minute)
@@ -337,20 +341,10 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 // what the API server trusts) and notes which of them the configuration
 // already carries.
 func (w *PlacementWebhook) load(ctx context.Context) error {
-	s, err := w.kube.CoreV1().Secrets(w.cfg.AgentNamespace).Get(ctx, PlacementCASecret, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		w.log.Info("no placement webhook CA yet; making one", "secret", w.cfg.AgentNamespace+"/"+PlacementCASecret)
-	case err != nil:
-		return fmt.Errorf("placement webhook: read Secret %s/%s: %w", w.cfg.AgentNamespace, PlacementCASecret, err)
-	default:
-		cas, err := decodeCAs(s.Data)
-		if err != nil {
-			// Unusable: a new CA replaces it, as if it were not there.
-			w.log.Warn("the placement webhook's CA Secret is unusable; making a new CA", "secret", w.cfg.AgentNamespace+"/"+PlacementCASecret, "err", err)
-		}
-		w.cas = cas
+	if err := w.certs.load(ctx); err != nil {
+		return err
 	}
+	w.certs.setHosts(w.hosts)
 	cfg, err := w.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, PlacementWebhookConfiguration, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -359,11 +353,7 @@ func (w *PlacementWebhook) load(ctx context.Context) error {
 		return fmt.Errorf("placement webhook: read MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
 	}
 	for _, wh := range cfg.Webhooks {
-		for _, ca := range w.cas {
-			if bytes.Contains(wh.ClientConfig.CABundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})) {
-				w.published[ca.id()] = time.Time{} // trusted since before this start
-			}
-		}
+		w.certs.noteTrusted(wh.ClientConfig.CABundle)
 	}
 	return nil
 }
@@ -371,43 +361,10 @@ func (w *PlacementWebhook) load(ctx context.Context) error {
 // sync brings the CAs, the serving certificate and the configuration in
 // line with now.
 func (w *PlacementWebhook) sync(ctx context.Context, now time.Time) error {
-	if err := w.syncCerts(ctx, now); err != nil {
+	if _, err := w.certs.sync(ctx, now); err != nil {
 		return err
 	}
 	return w.syncConfig(ctx, now)
-}
-
-// syncCerts rotates the CAs (saving them first: a CA the API server
-// trusts is never lost) and renews the serving certificate when due or
-// when a newer CA may sign it.
-func (w *PlacementWebhook) syncCerts(ctx context.Context, now time.Time) error {
-	cas, changed, err := w.cas.rotated(now, w.lifetimes.ca)
-	if err != nil {
-		return fmt.Errorf("placement webhook: %w", err)
-	}
-	if changed {
-		data, err := cas.encode()
-		if err != nil {
-			return fmt.Errorf("placement webhook: %w", err)
-		}
-		if err := applyCASecret(ctx, w.kube, w.cfg.AgentNamespace, data); err != nil {
-			return fmt.Errorf("placement webhook: %w", err)
-		}
-		w.log.Info("placement webhook CAs rotated", "cas", describeCAs(cas))
-		w.cas = cas
-	}
-	signer := w.cas.signer(w.published, now, w.lifetimes.publish)
-	if s := w.serving; s != nil && s.issuer == signer.id() && now.Before(s.renewAt) {
-		return nil
-	}
-	s, err := issueServing(signer, w.hosts, now, w.lifetimes.serving)
-	if err != nil {
-		return fmt.Errorf("placement webhook: %w", err)
-	}
-	w.serving = s
-	w.cert.Store(s.tls)
-	w.log.Info("placement webhook serving certificate issued", "ca", signer.id(), "hosts", w.hosts, "notAfter", s.tls.Leaf.NotAfter, "renewAt", s.renewAt)
-	return nil
 }
 
 // syncConfig applies the configuration when its caBundle or owner
@@ -418,37 +375,27 @@ func (w *PlacementWebhook) syncConfig(ctx context.Context, now time.Time) error 
 	if err != nil {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
-	bundle := w.cas.bundle()
+	bundle := w.certs.bundle()
 	if err := applyPlacementConfiguration(ctx, w.kube, placementConfiguration(w.url, bundle, w.cfg.AgentNamespace, owner)); err != nil {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
 	if !bytes.Equal(bundle, w.applied) || owner != w.owner {
-		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", describeCAs(w.cas), "crdOwner", owner != "")
+		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", w.certs.describe(), "crdOwner", owner != "")
 	}
 	w.applied, w.owner = bundle, owner
-	for _, ca := range w.cas {
-		if _, ok := w.published[ca.id()]; !ok {
-			w.published[ca.id()] = now
-		}
-	}
-	// A new CA may now sign once published long enough: wakeAt says when.
+	// A new CA may sign once in the caBundle long enough: wakeAt says
+	// when.
+	w.certs.notePublished(now)
 	return nil
 }
 
-// wakeAt is when sync has something to do next: a CA to rotate or drop,
-// the serving certificate to renew, a new CA published long enough to
-// sign.
-func (w *PlacementWebhook) wakeAt() time.Time {
-	at := w.cas.rotateAt(w.lifetimes.ca)
-	if w.serving != nil && w.serving.renewAt.Before(at) {
-		at = w.serving.renewAt
+// Ready says whether the webhook serves with a valid certificate, for
+// the agent's /readyz.
+func (w *PlacementWebhook) Ready() error {
+	if !w.serving.Load() {
+		return errors.New("placement webhook: not serving yet")
 	}
-	if n := w.cas.newest(); n != nil && w.serving != nil && w.serving.issuer != n.id() {
-		if p, ok := w.published[n.id()]; ok && p.Add(w.lifetimes.publish).Before(at) {
-			at = p.Add(w.lifetimes.publish)
-		}
-	}
-	return at
+	return w.certs.ready(time.Now())
 }
 
 // noteError logs an error of sync once per change.
@@ -461,12 +408,4 @@ func (w *PlacementWebhook) noteError(err error) {
 		w.lastErr = err.Error()
 		w.log.Warn("placement webhook objects not current; retrying", "err", err)
 	}
-}
-
-func describeCAs(cas caSet) []string {
-	var out []string
-	for _, ca := range cas {
-		out = append(out, ca.id()+" until "+ca.cert.NotAfter.UTC().Format(time.RFC3339))
-	}
-	return out
 }

@@ -23,7 +23,7 @@ import (
 func TestCARotationSchedule(t *testing.T) {
 	year := DefaultWebhookCALifetime
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cas, changed, err := caSet(nil).rotated(start, year)
+	cas, changed, err := caSet(nil).rotated("test", start, year)
 	if err != nil || !changed || len(cas) != 1 {
 		t.Fatalf("first CA: %d CAs, changed %v, %v", len(cas), changed, err)
 	}
@@ -47,7 +47,7 @@ func TestCARotationSchedule(t *testing.T) {
 		{start.Add(year).Add(time.Second), 1, false},
 	} {
 		var c bool
-		cas, c, err = cas.rotated(step.at, year)
+		cas, c, err = cas.rotated("test", step.at, year)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +58,7 @@ func TestCARotationSchedule(t *testing.T) {
 	if cas[0] == first {
 		t.Errorf("the first CA outlived its expiry")
 	}
-	if _, c, _ := cas.rotated(start.Add(year).Add(2*time.Second), year); c {
+	if _, c, _ := cas.rotated("test", start.Add(year).Add(2*time.Second), year); c {
 		t.Errorf("nothing to do, yet changed")
 	}
 }
@@ -68,11 +68,11 @@ func TestCARotationSchedule(t *testing.T) {
 // the bundle, names the address, and never outlives its CA.
 func TestServingCertificate(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	old, err := newWebhookCA(now.Add(-300*24*time.Hour), DefaultWebhookCALifetime)
+	old, err := newCA("test", now.Add(-300*24*time.Hour), DefaultWebhookCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := newWebhookCA(now, DefaultWebhookCALifetime)
+	fresh, err := newCA("test", now, DefaultWebhookCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestServingCertificate(t *testing.T) {
 	}
 
 	// Signed by the old CA, 65 days before it expires: capped by it.
-	s, err := issueServing(old, []string{"192.0.2.7", "agent.example"}, now, 90*24*time.Hour)
+	s, err := issueServing(old, "test", []string{"192.0.2.7", "agent.example"}, now, 90*24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +121,8 @@ func TestServingCertificate(t *testing.T) {
 // with a reason.
 func TestCASecretEncoding(t *testing.T) {
 	now := time.Now()
-	a, _ := newWebhookCA(now, time.Hour)
-	b, _ := newWebhookCA(now, 2*time.Hour)
+	a, _ := newCA("test", now, time.Hour)
+	b, _ := newCA("test", now, 2*time.Hour)
 	data, err := caSet{a, b}.encode()
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestCASecretEncoding(t *testing.T) {
 		t.Fatalf("decoded %d CAs, %v", len(back), err)
 	}
 	swapped, _ := caSet{b, a}.encode()
-	leaf, _ := issueServing(a, []string{"192.0.2.7"}, now, time.Minute)
+	leaf, _ := issueServing(a, "test", []string{"192.0.2.7"}, now, time.Minute)
 	for name, tc := range map[string]struct {
 		data map[string][]byte
 		want string
@@ -161,7 +161,7 @@ func pemCert(c *x509.Certificate) []byte {
 func TestCertLifetimesValidate(t *testing.T) {
 	for _, l := range []certLifetimes{
 		{ca: time.Hour, serving: 30 * time.Minute, publish: time.Minute},
-		{ca: time.Hour, serving: 10 * time.Minute, publish: 10 * time.Minute},
+		{ca: time.Hour, serving: 10 * time.Minute, publish: 20 * time.Minute},
 		{ca: 0, serving: time.Minute, publish: time.Second},
 	} {
 		if err := l.validate(); err == nil {
@@ -231,3 +231,62 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// Whatever a CA Secret holds (edited by hand), decodeCAs returns CAs
+// whose keys match their certificates, or an error; it never panics.
+func FuzzDecodeCAs(f *testing.F) {
+	a, _ := newCA("test", time.Now(), time.Hour)
+	data, _ := caSet{a}.encode()
+	f.Add(data[caCertKey], data[caKeyKey])
+	f.Add([]byte("hello"), data[caKeyKey])
+	f.Add(data[caKeyKey], data[caCertKey])
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, certs, keys []byte) {
+		cas, err := decodeCAs(map[string][]byte{caCertKey: certs, caKeyKey: keys})
+		if err != nil {
+			return
+		}
+		for _, ca := range cas {
+			if !ca.cert.IsCA || !ca.key.PublicKey.Equal(ca.cert.PublicKey) {
+				t.Fatalf("CA %s accepted without being a CA with its key", ca.id())
+			}
+		}
+	})
+}
+
+// The kubelet API's new CA signs as late as it can: until then the old
+// one does, and its last serving certificates still run their full 7
+// days, so an operator has months to copy the new bundle into
+// --kubelet-certificate-authority.
+func TestKubeletCASchedule(t *testing.T) {
+	l := kubeletLifetimes(KubeletAPIConfig{})
+	if err := l.validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cas, _, err := caSet(nil).rotated("test", start, l.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cas[0]
+	rotate := cas.rotateAt(l.ca)
+	cas, _, err = cas.rotated("test", rotate.Add(time.Second), l.ca)
+	if err != nil || len(cas) != 2 {
+		t.Fatalf("at the rotation: %d CAs, %v", len(cas), err)
+	}
+	fresh := cas[1]
+	published := map[string]time.Time{old.id(): old.made(), fresh.id(): fresh.made()}
+	switchAt := fresh.made().Add(l.publish)
+	if s := cas.signer(published, switchAt.Add(-time.Second), l.publish); s != old {
+		t.Errorf("the new CA signs %s before the old one can no longer cover a serving certificate", time.Second)
+	}
+	if s := cas.signer(published, switchAt, l.publish); s != fresh {
+		t.Errorf("the new CA does not sign once the old one cannot cover a serving certificate")
+	}
+	if left := old.cert.NotAfter.Sub(switchAt); left < l.serving-time.Minute {
+		t.Errorf("the old CA's last serving certificate runs %s, less than %s", left, l.serving)
+	}
+	if d := switchAt.Sub(fresh.made()); d < 100*24*time.Hour {
+		t.Errorf("the new CA signs %s after it is in the Secret; want months", d)
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	admissionregistrationv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -114,18 +113,6 @@ func offloadCRDUID(ctx context.Context, meta metadata.Interface) (types.UID, err
 		return "", fmt.Errorf("read CRD %s: %w", offloadCRD, err)
 	}
 	return m.UID, nil
-}
-
-// applyCASecret writes the CAs to the Secret in namespace.
-func applyCASecret(ctx context.Context, kube kubernetes.Interface, namespace string, data map[string][]byte) error {
-	s := corev1ac.Secret(PlacementCASecret, namespace).
-		WithLabels(map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, "app.kubernetes.io/name": "flotilla"}).
-		WithType(corev1.SecretTypeOpaque).
-		WithData(data)
-	if _, err := kube.CoreV1().Secrets(namespace).Apply(ctx, s, metav1.ApplyOptions{FieldManager: placementFieldOwner, Force: true}); err != nil {
-		return fmt.Errorf("apply Secret %s/%s: %w", namespace, PlacementCASecret, err)
-	}
-	return nil
 }
 
 // DeletePlacementWebhook removes the placement webhook's configuration,

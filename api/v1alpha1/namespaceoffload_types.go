@@ -83,6 +83,20 @@ type ClusterOffload struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// Conditions of a ClusterOffload besides Ready, each written by its own
+// controller with its own field manager.
+const (
+	// ConditionReflected says whether what the namespace's offloaded pods
+	// need (ConfigMaps, Secrets, Services, EndpointSlices) is reflected to
+	// that provider (docs/services.md, "Reflection").
+	ConditionReflected = "Reflected"
+	// ReasonReflected: nothing stands in the way.
+	ReasonReflected = "Reflected"
+	// ReasonForeignObject: an object of a reflected one's name is there
+	// and not ours; it is left alone, and the message names it.
+	ReasonForeignObject = "ForeignObject"
+)
+
 // NamespaceOffloadStatus is what the agent did.
 type NamespaceOffloadStatus struct {
 	// +optional

@@ -29,6 +29,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
 	fs.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "this cluster's human name, shown on other clusters' Peers")
+	fs.StringVar(&cfg.ClusterSetName, "clusterset-name", cfg.ClusterSetName, "the federation's name, written as the ClusterProperty clusterset.k8s.io (Multi-Cluster Services)")
 	labels := labelFlag{}
 	fs.Var(labels, "cluster-label", "a label of this cluster as key=value, repeatable: announced to peers, which show it on their Peer for this cluster (a NamespaceOffload's clusterSelector picks by them); Kubernetes label syntax, no key under flotilla.io/")
 	var pods, services, reserved cidrList

@@ -5,7 +5,13 @@
 // views; and the cluster's identity per KEP-2149 (ClusterProperty).
 package mcs
 
-import mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+)
 
 // How the objects an importer writes are known (docs/services.md).
 const (
@@ -30,3 +36,37 @@ const (
 	// Zone is the DNS zone the agent answers for the clusterset.
 	Zone = "clusterset.local."
 )
+
+// What the importer writes, beyond the KEP's labels.
+const (
+	// LabelManagedBy with the value ManagedBy marks the ServiceImports and
+	// derived Services an importer writes: one without it is foreign and
+	// never touched.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// ImportConditionValid and ImportConditionConflict are the KEP's
+	// ServiceImport conditions that v0.5.2 of the API does not name (it
+	// names Ready only).
+	ImportConditionValid    = "Valid"
+	ImportConditionConflict = "Conflict"
+)
+
+// DerivedServiceName is the name of the Service an importer derives for
+// the ServiceImport service: the prefix and the name, cut with a hash of
+// the name when that passes 63 characters (a Service name is a DNS-1035
+// label).
+func DerivedServiceName(service string) string {
+	name := DerivedServicePrefix + service
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(service))
+	return name[:63-9] + "-" + hex.EncodeToString(sum[:4])
+}
+
+// ImportedSliceName is the name of the index-th EndpointSlice an importer
+// writes for service's endpoints in cluster: one truth, so that a
+// restarted importer finds the slices it wrote before.
+func ImportedSliceName(service, cluster string, index int) string {
+	sum := sha256.Sum256([]byte(cluster))
+	return fmt.Sprintf("%s-%s-%d", DerivedServiceName(service), hex.EncodeToString(sum[:4]), index)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -24,6 +25,9 @@ func TestAgentSmoke(t *testing.T) {
 	bin := harness.Flotilla(t)
 	harness.Require(t, harness.NeedsNetwork...)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
+	if err := federation.EnsureAgentNamespace(cp); err != nil {
+		t.Fatal(err)
+	}
 	// The agent owns kernel state (a WireGuard link, routes, nftables):
 	// it runs in a site, never in the test machine's own namespace.
 	site := env.NewSite("a", harness.SiteOptions{LAN: env.NewLAN("lan")})
@@ -40,7 +44,7 @@ func TestAgentSmoke(t *testing.T) {
 	client := siteClient(site)
 	waitFor(t, agent, 60*time.Second, func() error { return expectBody(client, base+"/healthz", 200, "ok") })
 	waitFor(t, agent, 60*time.Second, func() error { return expectBody(client, base+"/readyz", 200, "ok") })
-	for _, check := range []string{"kubernetes", "ledger", "tunnel", "discovery", "peering"} {
+	for _, check := range []string{"kubernetes", "ledger", "tunnel", "discovery", "peering", "placement webhook", "kubelet API"} {
 		if err := expectBody(client, base+"/readyz?verbose", 200, "[+]"+check+" ok"); err != nil {
 			t.Error(err)
 		}

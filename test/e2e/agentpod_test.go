@@ -166,7 +166,7 @@ func documentedAccess() map[string][]string {
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]",
-			"secrets [flotilla-placement-ca] [create get patch]"),
+			"secrets [flotilla-placement-ca flotilla-kubelet-ca] [create get patch]"),
 		"default":     ns("endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]"),
 		"kube-system": ns("configmaps [kubeadm-config] [get]", "configmaps [extension-apiserver-authentication] [get list watch]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),

@@ -17,6 +17,9 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -99,6 +102,14 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	// and its certificate naming that address.
 	cps := env.ControlPlanes(n, harness.ControlPlaneOptions{LAN: lan})
 	publishClusterInfo(t, cps)
+	for _, cp := range cps {
+		// The agent's namespace, as deploy/namespace.yaml makes it: the
+		// placement webhook and the kubelet API keep their CAs there, and
+		// the agent is not ready until both serve.
+		if err := EnsureAgentNamespace(cp); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
 	env.EnsureInotify(n*agentInotify, fmt.Sprintf("%d agents", n))
 	var cs []*Cluster
 	for i, cp := range cps {
@@ -384,4 +395,15 @@ func Connect(t harness.TB, cs []*Cluster) {
 		c.StartAgent(t)
 	}
 	WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+}
+
+// EnsureAgentNamespace makes AgentNamespace in cp when it is not there,
+// for agents started as processes (deploy/ makes it otherwise).
+func EnsureAgentNamespace(cp *harness.ControlPlane) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AgentNamespace}}
+	_, err := cp.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("%s: create namespace %s: %w", cp.Name, AgentNamespace, err)
+	}
+	return nil
 }

@@ -17,11 +17,13 @@ import (
 	"time"
 )
 
-// The placement webhook's certificates (docs/offload.md, "Certificate
-// rotation"). The agent is its own CA: the API server trusts the CAs in
-// the webhook configuration's caBundle, nothing else, and the CAs live
-// in a Secret of the agent's namespace so that a restarted agent serves
-// what the API server already trusts.
+// The certificates of the agent's two servers the API server calls, the
+// placement webhook and the virtual nodes' kubelet API (docs/offload.md,
+// "Certificates"). For each the agent is its own CA: the API server
+// trusts that server's CAs and nothing else, and the CAs live in a Secret
+// of the agent's namespace (caStore) so that a restarted agent serves
+// what the API server already trusts. This file is the certificates
+// themselves; castore.go keeps and rotates them.
 const (
 	// DefaultWebhookCALifetime is a CA's; a successor is made when a
 	// third of it is left, and both are in the caBundle until the old
@@ -49,29 +51,41 @@ type certLifetimes struct {
 func (l certLifetimes) validate() error {
 	switch {
 	case l.ca <= 0 || l.serving <= 0 || l.publish <= 0:
-		return errors.New("placement webhook: certificate lifetimes and the CA publish delay must be positive")
+		return errors.New("certificate lifetimes and the CA publish delay must be positive")
 	case l.serving > l.ca/3:
-		return fmt.Errorf("placement webhook: the serving certificate lifetime %s exceeds a third of the CA lifetime %s: a CA would be replaced before the certificates it signs", l.serving, l.ca)
-	case l.publish >= l.serving:
-		return fmt.Errorf("placement webhook: the CA publish delay %s is not shorter than the serving certificate lifetime %s", l.publish, l.serving)
+		return fmt.Errorf("the serving certificate lifetime %s exceeds a third of the CA lifetime %s: a CA would be replaced before the certificates it signs", l.serving, l.ca)
+	case l.publish >= l.ca/3:
+		// A new CA is made when a third of the old one's life is left; it
+		// must sign before the old one expires.
+		return fmt.Errorf("the CA publish delay %s is not shorter than a third of the CA lifetime %s: the old CA would expire before the new one signs", l.publish, l.ca)
 	}
 	return nil
 }
 
-// webhookCA is one certificate authority of the webhook.
-type webhookCA struct {
+// certAuthority is one CA of a server of the agent.
+type certAuthority struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
 }
 
 // id names a CA in logs and in the set of published ones.
-func (ca *webhookCA) id() string { return hex.EncodeToString(ca.cert.SubjectKeyId) }
+func (ca *certAuthority) id() string { return hex.EncodeToString(ca.cert.SubjectKeyId) }
 
-// caSet is the webhook's CAs, oldest first; the newest signs.
-type caSet []*webhookCA
+// made is when the CA was made (its validity starts certBackdate
+// before): it was published no earlier.
+func (ca *certAuthority) made() time.Time { return ca.cert.NotBefore.Add(certBackdate) }
+
+// pem is the CA's certificate, PEM.
+func (ca *certAuthority) pem() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+// caSet is a server's CAs, oldest first; the newest signs once
+// published (signer).
+type caSet []*certAuthority
 
 // newest is the last CA, nil when there is none.
-func (s caSet) newest() *webhookCA {
+func (s caSet) newest() *certAuthority {
 	if len(s) == 0 {
 		return nil
 	}
@@ -80,7 +94,7 @@ func (s caSet) newest() *webhookCA {
 
 // rotated drops the CAs that expired by now and adds a new one when the
 // newest has less than a third of lifetime left (or there is none).
-func (s caSet) rotated(now time.Time, lifetime time.Duration) (caSet, bool, error) {
+func (s caSet) rotated(name string, now time.Time, lifetime time.Duration) (caSet, bool, error) {
 	var out caSet
 	for _, ca := range s {
 		if ca.cert.NotAfter.After(now) {
@@ -89,7 +103,7 @@ func (s caSet) rotated(now time.Time, lifetime time.Duration) (caSet, bool, erro
 	}
 	changed := len(out) != len(s)
 	if n := out.newest(); n == nil || n.cert.NotAfter.Sub(now) < lifetime/3 {
-		ca, err := newWebhookCA(now, lifetime)
+		ca, err := newCA(name, now, lifetime)
 		if err != nil {
 			return s, false, err
 		}
@@ -119,7 +133,7 @@ func (s caSet) rotateAt(lifetime time.Duration) time.Time {
 func (s caSet) bundle() []byte {
 	var b bytes.Buffer
 	for _, ca := range s {
-		pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+		b.Write(ca.pem())
 	}
 	return b.Bytes()
 }
@@ -175,7 +189,7 @@ func decodeCAs(data map[string][]byte) (caSet, error) {
 		if !ok || !key.PublicKey.Equal(cert.PublicKey) {
 			return nil, fmt.Errorf("key %d is not the key of certificate %d", i+1, i+1)
 		}
-		s = append(s, &webhookCA{cert: cert, key: key})
+		s = append(s, &certAuthority{cert: cert, key: key})
 	}
 	return s, nil
 }
@@ -199,14 +213,16 @@ func pemBlocks(data []byte, typ string) ([][]byte, error) {
 	return out, nil
 }
 
-func newWebhookCA(now time.Time, lifetime time.Duration) (*webhookCA, error) {
+// newCA makes a CA named after its server (name) and when it was made:
+// two CAs of one server, side by side in a bundle, read apart.
+func newCA(name string, now time.Time, lifetime time.Duration) (*certAuthority, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "flotilla placement webhook CA " + now.UTC().Format(time.RFC3339)},
+		Subject:               pkix.Name{CommonName: name + " CA " + now.UTC().Format(time.RFC3339)},
 		NotBefore:             now.Add(-certBackdate),
 		NotAfter:              now.Add(lifetime),
 		IsCA:                  true,
@@ -223,21 +239,20 @@ func newWebhookCA(now time.Time, lifetime time.Duration) (*webhookCA, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &webhookCA{cert: cert, key: key}, nil
+	return &certAuthority{cert: cert, key: key}, nil
 }
 
-// servingCert is the certificate the webhook serves and when to renew
-// it.
+// servingCert is the certificate a server serves and when to renew it.
 type servingCert struct {
 	tls     *tls.Certificate
 	issuer  string // the id of the CA that signed it
 	renewAt time.Time
 }
 
-// issueServing signs a serving certificate for host (an IP address or
-// a DNS name) with ca, valid for lifetime but never past ca; it is
-// renewed at two thirds of its validity.
-func issueServing(ca *webhookCA, hosts []string, now time.Time, lifetime time.Duration) (*servingCert, error) {
+// issueServing signs a serving certificate of the server name for hosts
+// (IP addresses or DNS names) with ca, valid for lifetime but never past
+// ca; it is renewed at two thirds of its validity.
+func issueServing(ca *certAuthority, name string, hosts []string, now time.Time, lifetime time.Duration) (*servingCert, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("serving key: %w", err)
@@ -248,7 +263,7 @@ func issueServing(ca *webhookCA, hosts []string, now time.Time, lifetime time.Du
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "flotilla placement webhook"},
+		Subject:      pkix.Name{CommonName: name},
 		NotBefore:    now.Add(-certBackdate),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -277,10 +292,10 @@ func issueServing(ca *webhookCA, hosts []string, now time.Time, lifetime time.Du
 }
 
 // signer is the CA that signs the next serving certificate: the newest
-// one that has been in the caBundle for publish (published holds when
-// each CA went in; the zero time for one found there at start), else
-// the newest one (nothing older is left).
-func (s caSet) signer(published map[string]time.Time, now time.Time, publish time.Duration) *webhookCA {
+// one that has been published for publish (published holds when each
+// CA was published to whoever must trust it), else the newest one
+// (nothing older is left).
+func (s caSet) signer(published map[string]time.Time, now time.Time, publish time.Duration) *certAuthority {
 	for i := len(s) - 1; i >= 0; i-- {
 		if at, ok := published[s[i].id()]; ok && !now.Before(at.Add(publish)) {
 			return s[i]

@@ -1,0 +1,110 @@
+package mcs
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+)
+
+// Source is one cluster's export of a Service.
+type Source struct {
+	Cluster string
+	Export  Export
+}
+
+// Resolution is what the exports of one Service across the clusterset
+// agree on (KEP-1645): where they differ, the oldest export's property
+// holds (creation time, then cluster ID), and every other export that
+// differs is in conflict.
+type Resolution struct {
+	// Oldest is the export whose properties hold.
+	Oldest          Source
+	Type            string
+	Ports           []Port
+	SessionAffinity string
+	AffinityTimeout int32
+	// Conflicts are the clusters whose exports differ from the oldest's,
+	// with the KEP's reason for the first property that differs.
+	Conflicts []Conflict
+}
+
+// Conflict is one export that lost.
+type Conflict struct {
+	Cluster string
+	Reason  string
+	Message string
+}
+
+// Resolve resolves sources, at least one.
+func Resolve(sources []Source) Resolution {
+	sorted := slices.Clone(sources)
+	slices.SortFunc(sorted, func(a, b Source) int {
+		if c := a.Export.Created.Compare(b.Export.Created); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Cluster, b.Cluster)
+	})
+	o := sorted[0]
+	r := Resolution{Oldest: o, Type: o.Export.Type, Ports: sortedPorts(o.Export.Ports),
+		SessionAffinity: affinity(o.Export), AffinityTimeout: o.Export.AffinityTimeout}
+	for _, s := range sorted[1:] {
+		if reason, what := differs(o.Export, s.Export); reason != "" {
+			r.Conflicts = append(r.Conflicts, Conflict{Cluster: s.Cluster, Reason: reason,
+				Message: fmt.Sprintf("the export of cluster %s differs in %s from the oldest export, of cluster %s, which holds", s.Cluster, what, o.Cluster)})
+		}
+	}
+	return r
+}
+
+// differs returns the KEP's reason for the first property in which e
+// differs from the oldest export, and its name for a person.
+func differs(oldest, e Export) (reason, what string) {
+	switch {
+	case oldest.Type != e.Type:
+		return string(mcsv1alpha1.ServiceExportReasonTypeConflict), "type (" + e.Type + ", not " + oldest.Type + ")"
+	case !slices.Equal(sortedPorts(oldest.Ports), sortedPorts(e.Ports)):
+		return string(mcsv1alpha1.ServiceExportReasonPortConflict), "ports (" + portList(e.Ports) + ", not " + portList(oldest.Ports) + ")"
+	case affinity(oldest) != affinity(e):
+		return string(mcsv1alpha1.ServiceExportReasonSessionAffinityConflict), "session affinity (" + affinity(e) + ", not " + affinity(oldest) + ")"
+	case oldest.AffinityTimeout != e.AffinityTimeout:
+		return string(mcsv1alpha1.ServiceExportReasonSessionAffinityConfigConflict), "session affinity timeout"
+	}
+	return "", ""
+}
+
+func affinity(e Export) string {
+	if e.SessionAffinity == "" {
+		return "None"
+	}
+	return e.SessionAffinity
+}
+
+func sortedPorts(ps []Port) []Port {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, func(a, b Port) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port),
+			cmp.Compare(a.AppProtocol, b.AppProtocol))
+	})
+	return out
+}
+
+func portList(ps []Port) string {
+	var b []string
+	for _, p := range sortedPorts(ps) {
+		b = append(b, fmt.Sprintf("%d/%s", p.Port, p.Protocol))
+	}
+	return strings.Join(b, ",")
+}
+
+// ConflictOf returns cluster's conflict in r, if it lost.
+func (r Resolution) ConflictOf(cluster string) (Conflict, bool) {
+	for _, c := range r.Conflicts {
+		if c.Cluster == cluster {
+			return c, true
+		}
+	}
+	return Conflict{}, false
+}

@@ -1,0 +1,437 @@
+package mcs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/peering"
+)
+
+// imported is what a user of cluster c sees of an import.
+type imported struct {
+	si        mcsv1alpha1.ServiceImport
+	clusterIP string
+	// addrs by source cluster, sorted.
+	addrs map[string][]string
+}
+
+func (c *cluster) imported(ns, name string) (imported, error) {
+	ctx := context.Background()
+	var out imported
+	if err := c.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &out.si); err != nil {
+		return out, err
+	}
+	if out.si.Spec.Type == mcsv1alpha1.ClusterSetIP {
+		var svc corev1.Service
+		if err := c.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: DerivedServiceName(name)}, &svc); err != nil {
+			return out, fmt.Errorf("derived Service: %w", err)
+		}
+		out.clusterIP = svc.Spec.ClusterIP
+	}
+	var list discoveryv1.EndpointSliceList
+	if err := c.admin.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{LabelServiceName: name}); err != nil {
+		return out, err
+	}
+	out.addrs = map[string][]string{}
+	for _, es := range list.Items {
+		if es.Labels[discoveryv1.LabelServiceName] != DerivedServiceName(name) || es.Labels[discoveryv1.LabelManagedBy] != ManagedBy {
+			return out, fmt.Errorf("slice %s labelled %v", es.Name, es.Labels)
+		}
+		src := es.Labels[LabelSourceCluster]
+		for _, ep := range es.Endpoints {
+			out.addrs[src] = append(out.addrs[src], ep.Addresses...)
+		}
+		slices.Sort(out.addrs[src])
+	}
+	return out, nil
+}
+
+// usable checks that the import is one a client can use: ClusterSetIP
+// with the derived Service's IP in spec.ips, Ready, from the given
+// clusters with the given addresses.
+func (im imported) usable(want map[string][]string) error {
+	if im.si.Spec.Type == mcsv1alpha1.ClusterSetIP && (im.clusterIP == "" || !slices.Equal(im.si.Spec.IPs, []string{im.clusterIP})) {
+		return fmt.Errorf("spec.ips %v, derived Service's ClusterIP %q", im.si.Spec.IPs, im.clusterIP)
+	}
+	if !meta.IsStatusConditionTrue(im.si.Status.Conditions, string(mcsv1alpha1.ServiceImportConditionReady)) {
+		return fmt.Errorf("not Ready: %v", im.si.Status.Conditions)
+	}
+	var clusters []string
+	for _, c := range im.si.Status.Clusters {
+		clusters = append(clusters, c.Cluster)
+	}
+	var wantClusters []string
+	for c := range want {
+		wantClusters = append(wantClusters, c)
+	}
+	slices.Sort(wantClusters)
+	if !slices.Equal(clusters, wantClusters) {
+		return fmt.Errorf("status.clusters %v, want %v", clusters, wantClusters)
+	}
+	for c, addrs := range want {
+		if !slices.Equal(im.addrs[c], addrs) {
+			return fmt.Errorf("addresses from %s: %v, want %v", c, im.addrs[c], addrs)
+		}
+	}
+	if len(im.addrs) != len(want) {
+		return fmt.Errorf("slices from %d clusters, want %d", len(im.addrs), len(want))
+	}
+	return nil
+}
+
+func condition(conds []metav1.Condition, t string) metav1.Condition {
+	if c := meta.FindStatusCondition(conds, t); c != nil {
+		return *c
+	}
+	return metav1.Condition{}
+}
+
+// TestExportImport runs the Multi-Cluster Services API across three real
+// control planes, their exports carried by an in-memory bus.
+func TestExportImport(t *testing.T) {
+	f, cs := newFederation(t, "a", "b", "c")
+	top := t // a restarted controller runs until the whole test ends
+	a, b, c := cs[0], cs[1], cs[2]
+	B, C := b.id.ClusterID(), c.id.ClusterID()
+	ctx := context.Background()
+	for _, x := range cs {
+		x.ensureNamespace(t, "web")
+	}
+
+	t.Run("export reaches the importer, translated", func(t *testing.T) {
+		// 192.168.7.7 is covered by no view of b: left out in a.
+		b.exportService(t, "web", "front", 80, "10.1.0.5", "10.1.0.6", "192.168.7.7")
+		eventually(t, "a imports b's front", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.5", "10.201.0.6"}}); err != nil {
+				return err
+			}
+			if p := im.si.Spec.Ports; len(p) != 1 || p[0].Port != 80 || p[0].Protocol != corev1.ProtocolTCP {
+				return fmt.Errorf("ports %v", p)
+			}
+			return nil
+		})
+		// The exporter imports its own, its addresses as they are.
+		eventually(t, "b imports its own front", func() error {
+			im, err := b.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.1.0.5", "10.1.0.6", "192.168.7.7"}})
+		})
+		eventually(t, "b's export is Valid, without conflict", func() error {
+			var se mcsv1alpha1.ServiceExport
+			if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
+				return err
+			}
+			if !meta.IsStatusConditionTrue(se.Status.Conditions, mcsv1alpha1.ServiceExportValid) ||
+				!meta.IsStatusConditionFalse(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict) {
+				return fmt.Errorf("conditions %v", se.Status.Conditions)
+			}
+			return nil
+		})
+	})
+
+	t.Run("endpoints follow", func(t *testing.T) {
+		b.setEndpoints(t, "web", "front", "10.1.0.6", "10.1.0.9")
+		eventually(t, "a follows b's endpoints", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}})
+		})
+	})
+
+	t.Run("an export without its Service is not Valid", func(t *testing.T) {
+		se := &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "missing"}}
+		if err := b.admin.Create(ctx, se); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "NoService", func() error {
+			if err := b.admin.Get(ctx, client.ObjectKeyFromObject(se), se); err != nil {
+				return err
+			}
+			if c := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportValid); c.Status != metav1.ConditionFalse || c.Reason != "NoService" {
+				return fmt.Errorf("Valid %+v", c)
+			}
+			return nil
+		})
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "missing"}, &mcsv1alpha1.ServiceImport{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a imports an export without a Service: %v", err)
+		}
+	})
+
+	t.Run("a younger conflicting export loses", func(t *testing.T) {
+		c.exportService(t, "web", "front", 81, "10.1.0.7")
+		eventually(t, "a shows the conflict", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}, C: {"10.202.0.7"}}); err != nil {
+				return err
+			}
+			if cond := condition(im.si.Status.Conditions, ImportConditionConflict); cond.Status != metav1.ConditionTrue || cond.Reason != "PortConflict" {
+				return fmt.Errorf("Conflict %+v", cond)
+			}
+			if p := im.si.Spec.Ports; len(p) != 1 || p[0].Port != 80 {
+				return fmt.Errorf("ports %v, want the oldest export's, 80", p)
+			}
+			return nil
+		})
+		eventually(t, "c's export shows it lost, b's that it did not", func() error {
+			var se mcsv1alpha1.ServiceExport
+			if err := c.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
+				return err
+			}
+			if cond := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict); cond.Status != metav1.ConditionTrue || cond.Reason != "PortConflict" {
+				return fmt.Errorf("c's Conflict %+v", cond)
+			}
+			if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
+				return err
+			}
+			if cond := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict); cond.Status != metav1.ConditionFalse {
+				return fmt.Errorf("b's Conflict %+v", cond)
+			}
+			return nil
+		})
+	})
+
+	t.Run("importer restart", func(t *testing.T) {
+		before, err := a.imported("web", "front")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.stop()
+		f.start(top, a)
+		// A resync has come and gone: a has heard from b and c again.
+		eventually(t, "a hears from b and c again", func() error {
+			a.svcs.mu.Lock()
+			defer a.svcs.mu.Unlock()
+			if _, ok := a.svcs.snapshots[B]; !ok {
+				return fmt.Errorf("no snapshot of b")
+			}
+			if _, ok := a.svcs.snapshots[C]; !ok {
+				return fmt.Errorf("no snapshot of c")
+			}
+			return nil
+		})
+		eventually(t, "the same import, once", func() error {
+			after, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if after.si.UID != before.si.UID || after.clusterIP != before.clusterIP {
+				return fmt.Errorf("import replaced: uid %s->%s, ip %s->%s", before.si.UID, after.si.UID, before.clusterIP, after.clusterIP)
+			}
+			var list discoveryv1.EndpointSliceList
+			if err := a.admin.List(ctx, &list, client.InNamespace("web"), client.MatchingLabels{LabelServiceName: "front"}); err != nil {
+				return err
+			}
+			if len(list.Items) != 2 {
+				return fmt.Errorf("%d slices, want 2 (one from b, one from c)", len(list.Items))
+			}
+			var sis mcsv1alpha1.ServiceImportList
+			if err := a.admin.List(ctx, &sis, client.InNamespace("web")); err != nil {
+				return err
+			}
+			if len(sis.Items) != 1 {
+				return fmt.Errorf("%d ServiceImports", len(sis.Items))
+			}
+			return after.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}, C: {"10.202.0.7"}})
+		})
+	})
+
+	t.Run("a foreign ServiceImport is left alone", func(t *testing.T) {
+		foreign := &mcsv1alpha1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "api"},
+			Spec: mcsv1alpha1.ServiceImportSpec{Type: mcsv1alpha1.Headless, Ports: []mcsv1alpha1.ServicePort{{Port: 1, Protocol: corev1.ProtocolUDP}}}}
+		if err := a.admin.Create(ctx, foreign); err != nil {
+			t.Fatal(err)
+		}
+		b.exportService(t, "web", "api", 80, "10.1.0.8")
+		eventually(t, "c imports b's api", func() error {
+			im, err := c.imported("web", "api")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.8"}})
+		})
+		var got mcsv1alpha1.ServiceImport
+		if err := a.admin.Get(ctx, client.ObjectKeyFromObject(foreign), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Spec.Type != mcsv1alpha1.Headless || len(got.Spec.Ports) != 1 || got.Spec.Ports[0].Port != 1 || len(got.Labels) != 0 || len(got.Status.Clusters) != 0 {
+			t.Errorf("the foreign ServiceImport was touched: %+v", got)
+		}
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("api")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a derived Service for the foreign import: %v", err)
+		}
+	})
+
+	t.Run("headless", func(t *testing.T) {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "db"},
+			Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 5432}}}}
+		if err := b.admin.Create(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
+		b.setEndpoints(t, "web", "db", "10.1.0.11")
+		b.createExport(t, "web", "db")
+		eventually(t, "a imports b's headless db", func() error {
+			im, err := a.imported("web", "db")
+			if err != nil {
+				return err
+			}
+			if im.si.Spec.Type != mcsv1alpha1.Headless || len(im.si.Spec.IPs) != 0 {
+				return fmt.Errorf("type %s, ips %v", im.si.Spec.Type, im.si.Spec.IPs)
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.11"}})
+		})
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("db")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a headless import has a derived Service: %v", err)
+		}
+	})
+
+	t.Run("a namespace mirrored for a consumer imports that consumer's exports only", func(t *testing.T) {
+		// a hosts web of b as web-b (namespace offloading); c's export of
+		// web/front is not b's, and stays out of it.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web-b",
+			Labels: map[string]string{offload.LabelTenant: B, v1alpha1.LabelMirroredFrom: "web"}}}
+		if err := a.admin.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "a imports b's web/front into web-b", func() error {
+			im, err := a.imported("web-b", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}}); err != nil {
+				return err
+			}
+			if cond := condition(im.si.Status.Conditions, ImportConditionConflict); cond.Status != metav1.ConditionFalse {
+				return fmt.Errorf("Conflict %+v: c's export is not imported here", cond)
+			}
+			return nil
+		})
+	})
+
+	t.Run("a peer gone longer than the grace is withdrawn", func(t *testing.T) {
+		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseUnreachable})
+		eventually(t, "c's endpoints leave a", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if err := im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}}); err != nil {
+				return err
+			}
+			if cond := condition(im.si.Status.Conditions, ImportConditionConflict); cond.Status != metav1.ConditionFalse {
+				return fmt.Errorf("Conflict %+v", cond)
+			}
+			return nil
+		})
+		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseConnected})
+		eventually(t, "c's endpoints are back once it is Connected again", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{B: {"10.201.0.6", "10.201.0.9"}, C: {"10.202.0.7"}})
+		})
+	})
+
+	t.Run("cluster properties", func(t *testing.T) {
+		// b's cluster ID was set by someone else before: left alone.
+		other := &aboutv1alpha1.ClusterProperty{ObjectMeta: metav1.ObjectMeta{Name: ClusterIDProperty},
+			Spec: aboutv1alpha1.ClusterPropertySpec{Value: "set-by-hand"}}
+		if err := aboutClient(t, b).Create(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []*cluster{a, b} {
+			p, err := NewClusterProperties(x.cp.Config, x.id.ClusterID(), "flotilla", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Ensure(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, tt := range []struct {
+			x           *cluster
+			name, value string
+		}{
+			{a, ClusterIDProperty, a.id.ClusterID()},
+			{a, ClusterSetProperty, "flotilla"},
+			{b, ClusterIDProperty, "set-by-hand"},
+			{b, ClusterSetProperty, "flotilla"},
+		} {
+			var cp aboutv1alpha1.ClusterProperty
+			if err := aboutClient(t, tt.x).Get(ctx, client.ObjectKey{Name: tt.name}, &cp); err != nil {
+				t.Fatalf("%s: %s: %v", tt.x.name, tt.name, err)
+			}
+			if cp.Spec.Value != tt.value {
+				t.Errorf("%s: %s = %q, want %q", tt.x.name, tt.name, cp.Spec.Value, tt.value)
+			}
+		}
+	})
+
+	t.Run("unexport removes the import everywhere", func(t *testing.T) {
+		for _, x := range []*cluster{b, c} {
+			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, x := range cs {
+			eventually(t, "front gone from "+x.name, func() error {
+				if err := x.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &mcsv1alpha1.ServiceImport{}); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("ServiceImport: %v", err)
+				}
+				if err := x.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("front")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("derived Service: %v", err)
+				}
+				var list discoveryv1.EndpointSliceList
+				if err := x.admin.List(ctx, &list, client.InNamespace("web"), client.MatchingLabels{LabelServiceName: "front"}); err != nil {
+					return err
+				}
+				if len(list.Items) != 0 {
+					return fmt.Errorf("%d slices left", len(list.Items))
+				}
+				return nil
+			})
+		}
+		// The exported Services themselves are the user's: untouched.
+		if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &corev1.Service{}); err != nil {
+			t.Errorf("b's Service: %v", err)
+		}
+	})
+}
+
+func aboutClient(t *testing.T, c *cluster) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := aboutv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.cp.Config, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
