@@ -22,9 +22,12 @@ const (
 	clusterB = "cbbbbbbbbbbbbbbbbbbbbbbbbbb"
 )
 
+// ours labels an object as the importer (offload/mcs) writes it.
+func ours() map[string]string { return map[string]string{mcs.LabelManagedBy: mcs.ManagedBy} }
+
 func clusterSetImport(ns, name string, ips ...string) *mcsv1alpha1.ServiceImport {
 	return &mcsv1alpha1.ServiceImport{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: ours()},
 		Spec: mcsv1alpha1.ServiceImportSpec{
 			Type: mcsv1alpha1.ClusterSetIP, IPs: ips,
 			Ports: []mcsv1alpha1.ServicePort{
@@ -38,7 +41,7 @@ func clusterSetImport(ns, name string, ips ...string) *mcsv1alpha1.ServiceImport
 
 func headlessImport(ns, name string) *mcsv1alpha1.ServiceImport {
 	return &mcsv1alpha1.ServiceImport{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: ours()},
 		Spec: mcsv1alpha1.ServiceImportSpec{
 			Type: mcsv1alpha1.Headless, Ports: []mcsv1alpha1.ServicePort{{Name: "db", Protocol: corev1.ProtocolTCP, Port: 5432}},
 		},

@@ -219,6 +219,13 @@ func TestClustersetDNS(t *testing.T) {
 		endpoint{hostname: "db-1", addrs: []string{"10.2.0.11"}}))
 	e.answers(t, "udp", db, dns.TypeA, dns.RcodeSuccess, "A 10.1.0.10", "A 10.2.0.10", "A 10.2.0.11")
 	e.answers(t, "udp", "evil."+clusterA+"."+db, dns.TypeA, dns.RcodeNameError)
+	// Nor does a ServiceImport without our label (another
+	// implementation's); ours, created after it, is the witness.
+	foreignImport := clusterSetImport("shop", "theirs", "10.100.9.9")
+	foreignImport.Labels = nil
+	e.create(t, foreignImport, clusterSetImport("shop", "after", "10.100.0.9"))
+	e.answers(t, "udp", "after.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess, "A 10.100.0.9")
+	e.answers(t, "udp", "theirs.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError)
 
 	// An endpoint turning ready appears; a ClusterSetIP that changes
 	// follows; a ServiceImport deleted is gone.
