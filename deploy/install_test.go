@@ -557,6 +557,11 @@ func agentAccess() []access {
 		allow("create", "multicluster.x-k8s.io", "serviceimports", "default", ""),
 		allow("create", "about.k8s.io", "clusterproperties", "", ""),
 		deny("delete", "about.k8s.io", "clusterproperties", "", "cluster.clusterset.k8s.io"),
+		// The clusterset DNS reads the imported EndpointSlices and the
+		// ServiceImports.
+		allow("watch", "discovery.k8s.io", "endpointslices", "", ""),
+		allow("list", "multicluster.x-k8s.io", "serviceimports", "", ""),
+		allow("watch", "multicluster.x-k8s.io", "serviceimports", "", ""),
 	)
 
 	// Refusals: everything the brief names, and the likely escapes.

@@ -1,6 +1,8 @@
 package mcsdns
 
 import (
+	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -20,9 +22,12 @@ const (
 	clusterB = "cbbbbbbbbbbbbbbbbbbbbbbbbbb"
 )
 
+// ours labels an object as the importer (offload/mcs) writes it.
+func ours() map[string]string { return map[string]string{mcs.LabelManagedBy: mcs.ManagedBy} }
+
 func clusterSetImport(ns, name string, ips ...string) *mcsv1alpha1.ServiceImport {
 	return &mcsv1alpha1.ServiceImport{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: ours()},
 		Spec: mcsv1alpha1.ServiceImportSpec{
 			Type: mcsv1alpha1.ClusterSetIP, IPs: ips,
 			Ports: []mcsv1alpha1.ServicePort{
@@ -36,7 +41,7 @@ func clusterSetImport(ns, name string, ips ...string) *mcsv1alpha1.ServiceImport
 
 func headlessImport(ns, name string) *mcsv1alpha1.ServiceImport {
 	return &mcsv1alpha1.ServiceImport{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: ours()},
 		Spec: mcsv1alpha1.ServiceImportSpec{
 			Type: mcsv1alpha1.Headless, Ports: []mcsv1alpha1.ServicePort{{Name: "db", Protocol: corev1.ProtocolTCP, Port: 5432}},
 		},
@@ -317,4 +322,60 @@ func FuzzRespond(f *testing.F) {
 			t.Fatalf("answer to %v does not pack: %v", req, err)
 		}
 	})
+}
+
+// recorder is a dns.ResponseWriter that keeps the answer written.
+type recorder struct {
+	dns.ResponseWriter
+	remote net.Addr
+	msg    *dns.Msg
+}
+
+func (r *recorder) RemoteAddr() net.Addr      { return r.remote }
+func (r *recorder) WriteMsg(m *dns.Msg) error { r.msg = m; return nil }
+
+// Over UDP an answer larger than the client's size is truncated (TC), so
+// that the client asks again over TCP; over TCP, or with room, it is whole.
+func TestUDPTruncation(t *testing.T) {
+	s := &Server{zone: newTable(1), synced: make(chan struct{}), queries: newQueriesMetric()}
+	close(s.synced)
+	var eps []endpoint
+	for i := range 40 {
+		eps = append(eps, endpoint{hostname: fmt.Sprintf("db-%d", i), addrs: []string{fmt.Sprintf("10.1.0.%d", i+1)}})
+	}
+	s.zone.set("shop/db", buildService(headlessImport("shop", "db"), []*discoveryv1.EndpointSlice{
+		importedSlice("shop", "db", "db-a", clusterA, discoveryv1.AddressTypeIPv4, eps...)}))
+	udp := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5353}
+	tcp := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5353}
+	for _, tc := range []struct {
+		what      string
+		remote    net.Addr
+		edns      uint16
+		truncated bool
+	}{
+		{"UDP, no EDNS0", udp, 0, true},
+		{"UDP, EDNS0 65000", udp, 65000, false},
+		{"TCP", tcp, 0, false},
+	} {
+		req := new(dns.Msg)
+		req.SetQuestion("_db._tcp.db.shop.svc.clusterset.local.", dns.TypeSRV)
+		if tc.edns != 0 {
+			req.SetEdns0(tc.edns, false)
+		}
+		w := &recorder{remote: tc.remote}
+		s.ServeDNS(w, req)
+		raw, err := w.msg.Pack()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.what, err)
+		}
+		if w.msg.Truncated != tc.truncated {
+			t.Errorf("%s: TC %v, want %v", tc.what, w.msg.Truncated, tc.truncated)
+		}
+		if tc.truncated && len(raw) > dns.MinMsgSize {
+			t.Errorf("%s: %d bytes, more than %d", tc.what, len(raw), dns.MinMsgSize)
+		}
+		if !tc.truncated && len(w.msg.Answer) != 40 {
+			t.Errorf("%s: %d SRV records, want 40", tc.what, len(w.msg.Answer))
+		}
+	}
 }

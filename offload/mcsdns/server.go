@@ -70,10 +70,7 @@ func New(cfg Config) (*Server, error) {
 		zone:   newTable(uint32(time.Now().Unix())),
 		synced: make(chan struct{}),
 	}
-	s.queries = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "flotilla_clusterset_dns_queries_total",
-		Help: "Queries the clusterset.local DNS server answered, by query type (A, AAAA, SRV, TXT, SOA, ANY, other) and response code.",
-	}, []string{"type", "rcode"})
+	s.queries = newQueriesMetric()
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(s.queries); err != nil {
 			return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
@@ -120,7 +117,10 @@ func (s *Server) Run(ctx context.Context) error {
 	defer wg.Wait()
 	servers := []*dns.Server{
 		{PacketConn: s.udp, Handler: s, UDPSize: dns.DefaultMsgSize},
-		{Listener: s.tcp, Handler: s, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second},
+		// CoreDNS's forward keeps its connections: no cap on queries per
+		// connection (the library's default closes one after 128); the
+		// idle timeout still ends the quiet ones.
+		{Listener: s.tcp, Handler: s, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxTCPQueries: -1},
 	}
 	errc := make(chan error, len(servers)+1)
 	for _, srv := range servers {
@@ -200,6 +200,13 @@ func (s *Server) respond(req *dns.Msg) *dns.Msg {
 		resp.SetEdns0(dns.DefaultMsgSize, false)
 	}
 	return resp
+}
+
+func newQueriesMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_clusterset_dns_queries_total",
+		Help: "Queries the clusterset.local DNS server answered, by query type (A, AAAA, SRV, TXT, SOA, NS, PTR, ANY, other) and response code.",
+	}, []string{"type", "rcode"})
 }
 
 // typeLabel bounds the metric's type label to the types the zone has.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,9 +51,12 @@ func newDNSEnv(tb testing.TB) *dnsEnv {
 		tb.Fatal(err)
 	}
 	e := &dnsEnv{cfg: cp.Config, c: c, registry: prometheus.NewRegistry()}
+	// Runs after the server's cleanup: its last words still reach the log.
+	log := testLog{tb: tb, done: new(atomic.Bool)}
+	tb.Cleanup(func() { log.done.Store(true) })
 	e.srv, err = New(Config{
 		Config: cp.Config, Address: netip.MustParseAddrPort("127.0.0.1:0"),
-		Logger: slog.New(slog.DiscardHandler), Metrics: e.registry,
+		Logger: slog.New(slog.NewTextHandler(log, nil)), Metrics: e.registry,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -146,6 +151,19 @@ func (e *dnsEnv) create(tb testing.TB, objs ...client.Object) {
 	}
 }
 
+// testLog writes the server's log into the test's.
+type testLog struct {
+	tb   testing.TB
+	done *atomic.Bool // the test ended: logging would panic
+}
+
+func (w testLog) Write(p []byte) (int, error) {
+	if !w.done.Load() {
+		w.tb.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
 // A user's view: the server answers SERVFAIL until it can read the
 // ServiceImports, then the clusterset names of the imports and their
 // slices, over UDP and TCP, and follows changes.
@@ -167,6 +185,17 @@ func TestClustersetDNS(t *testing.T) {
 	e.answers(t, "udp", web, dns.TypeA, dns.RcodeSuccess, "A 10.100.0.7")
 	e.answers(t, "tcp", web, dns.TypeA, dns.RcodeSuccess, "A 10.100.0.7")
 	e.answers(t, "udp", "_http._tcp."+web, dns.TypeSRV, dns.RcodeSuccess, "SRV 0 100 80 "+web)
+	// Go's own resolver, as test/images/testserver -dns uses it: A and
+	// AAAA asked together, the empty AAAA answer accepted.
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, e.srv.Addr().String())
+	}}
+	if addrs, err := r.LookupHost(t.Context(), web); err != nil || !slices.Equal(addrs, []string{"10.100.0.7"}) {
+		t.Errorf("Go resolver: %s: %v %v", web, addrs, err)
+	}
+	if _, srvs, err := r.LookupSRV(t.Context(), "http", "tcp", web); err != nil || len(srvs) != 1 || srvs[0].Port != 80 || srvs[0].Target != web {
+		t.Errorf("Go resolver: SRV http tcp %s: %v", web, err)
+	}
 	db := "db.shop.svc.clusterset.local."
 	e.answers(t, "udp", db, dns.TypeA, dns.RcodeSuccess, "A 10.1.0.10", "A 10.2.0.10")
 	e.answers(t, "udp", "db-0."+clusterB+"."+db, dns.TypeA, dns.RcodeSuccess, "A 10.2.0.10")
@@ -190,6 +219,13 @@ func TestClustersetDNS(t *testing.T) {
 		endpoint{hostname: "db-1", addrs: []string{"10.2.0.11"}}))
 	e.answers(t, "udp", db, dns.TypeA, dns.RcodeSuccess, "A 10.1.0.10", "A 10.2.0.10", "A 10.2.0.11")
 	e.answers(t, "udp", "evil."+clusterA+"."+db, dns.TypeA, dns.RcodeNameError)
+	// Nor does a ServiceImport without our label (another
+	// implementation's); ours, created after it, is the witness.
+	foreignImport := clusterSetImport("shop", "theirs", "10.100.9.9")
+	foreignImport.Labels = nil
+	e.create(t, foreignImport, clusterSetImport("shop", "after", "10.100.0.9"))
+	e.answers(t, "udp", "after.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess, "A 10.100.0.9")
+	e.answers(t, "udp", "theirs.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError)
 
 	// An endpoint turning ready appears; a ClusterSetIP that changes
 	// follows; a ServiceImport deleted is gone.

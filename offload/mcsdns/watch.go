@@ -27,48 +27,24 @@ import (
 // when the cluster has none yet (the agent or an operator installs it).
 const crdRetry = 5 * time.Second
 
-// watch keeps the table current from the ServiceImports and the
+// watch keeps the table current from the ServiceImports and
 // EndpointSlices the agent imported, each change rebuilding the records
 // of the one Service it is about.
 func (s *Server) watch(ctx context.Context) error {
-	scheme := runtime.NewScheme()
-	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := mcsv1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	// Only the slices an importer wrote: anyone who may create an
-	// EndpointSlice in a namespace must not add answers to the zone.
-	imported, err := labels.NewRequirement(mcs.LabelServiceName, selection.Exists, nil)
-	if err != nil {
-		return err
-	}
-	ours, err := labels.NewRequirement(discoveryv1.LabelManagedBy, selection.Equals, []string{mcs.ManagedBy})
-	if err != nil {
-		return err
-	}
-	c, err := cache.New(s.cfg.Config, cache.Options{
-		Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields(),
-		ByObject: map[client.Object]cache.ByObject{
-			&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*imported, *ours)},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("cache: %w", err)
-	}
+	// Stopped in reverse: the cache and the workers' queue, then the wait
+	// for both.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterset-dns"})
 	defer queue.ShutDown()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
-	regs, err := s.handlers(ctx, c, queue)
+	c, regs, err := s.handlers(ctx, queue)
 	if err != nil || regs == nil {
 		return err // nil: ctx ended first
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	errc := make(chan error, 1)
 	wg.Go(func() { errc <- c.Start(ctx) })
 	synced := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -97,14 +73,54 @@ func (s *Server) watch(ctx context.Context) error {
 	return s.cacheEnded(ctx, errc)
 }
 
-// handlers registers the queue with both informers, once the cluster
-// has the ServiceImport CRD.
-func (s *Server) handlers(ctx context.Context, c cache.Cache, queue workqueue.TypedRateLimitingInterface[string]) ([]toolscache.ResourceEventHandlerRegistration, error) {
+// newCache is the cache of the ServiceImports and EndpointSlices the
+// agent imported. It fails while the cluster has no ServiceImport CRD.
+func (s *Server) newCache() (cache.Cache, error) {
+	scheme := runtime.NewScheme()
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := mcsv1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	// Only the slices an importer wrote: anyone who may create an
+	// EndpointSlice in a namespace must not add answers to the zone.
+	imported, err := labels.NewRequirement(mcs.LabelServiceName, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	ours, err := labels.NewRequirement(discoveryv1.LabelManagedBy, selection.Equals, []string{mcs.ManagedBy})
+	if err != nil {
+		return nil, err
+	}
+	// Likewise only our ServiceImports: a foreign one (another MCS
+	// implementation's) has its own DNS, and blocks ours (offload/mcs).
+	ourImports := labels.SelectorFromSet(labels.Set{mcs.LabelManagedBy: mcs.ManagedBy})
+	return cache.New(s.cfg.Config, cache.Options{
+		Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*imported, *ours)},
+			&mcsv1alpha1.ServiceImport{}: {Label: ourImports},
+		},
+	})
+}
+
+// handlers makes the cache and registers the queue with both its
+// informers, once the cluster has the ServiceImport CRD; nil registrations
+// when ctx ended first.
+func (s *Server) handlers(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) (cache.Cache, []toolscache.ResourceEventHandlerRegistration, error) {
+	var c cache.Cache
 	var imports cache.Informer
 	logged := false
 	err := wait.PollUntilContextCancel(ctx, crdRetry, true, func(ctx context.Context) (bool, error) {
 		var err error
-		if imports, err = c.GetInformer(ctx, &mcsv1alpha1.ServiceImport{}); err != nil {
+		if c == nil {
+			c, err = s.newCache()
+		}
+		if err == nil {
+			imports, err = c.GetInformer(ctx, &mcsv1alpha1.ServiceImport{})
+		}
+		if err != nil {
 			if !logged {
 				s.log.Warn("cannot watch ServiceImports yet; the zone answers SERVFAIL until it can (is the ServiceImport CRD installed?)", "err", err)
 				logged = true
@@ -114,17 +130,17 @@ func (s *Server) handlers(ctx context.Context, c cache.Cache, queue workqueue.Ty
 		return true, nil
 	})
 	if err != nil {
-		return nil, nil // ctx ended
+		return nil, nil, nil // ctx ended
 	}
 	slices, err := c.GetInformer(ctx, &discoveryv1.EndpointSlice{})
 	if err != nil {
-		return nil, fmt.Errorf("watch EndpointSlices: %w", err)
+		return nil, nil, fmt.Errorf("watch EndpointSlices: %w", err)
 	}
 	r1, err := imports.AddEventHandler(onEvery(func(obj client.Object) {
 		queue.Add(obj.GetNamespace() + "/" + obj.GetName())
 	}))
 	if err != nil {
-		return nil, fmt.Errorf("watch ServiceImports: %w", err)
+		return nil, nil, fmt.Errorf("watch ServiceImports: %w", err)
 	}
 	r2, err := slices.AddEventHandler(onEvery(func(obj client.Object) {
 		if name := obj.GetLabels()[mcs.LabelServiceName]; name != "" {
@@ -132,9 +148,9 @@ func (s *Server) handlers(ctx context.Context, c cache.Cache, queue workqueue.Ty
 		}
 	}))
 	if err != nil {
-		return nil, fmt.Errorf("watch EndpointSlices: %w", err)
+		return nil, nil, fmt.Errorf("watch EndpointSlices: %w", err)
 	}
-	return []toolscache.ResourceEventHandlerRegistration{r1, r2}, nil
+	return c, []toolscache.ResourceEventHandlerRegistration{r1, r2}, nil
 }
 
 // firstPass builds the records of every ServiceImport, then opens the
