@@ -106,10 +106,14 @@ func reflectMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, discoveryv1.SchemeGroupVersion})
 	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
+	// The lists too: a cache of several namespaces asks the mapper
+	// whether a list's kind is namespaced.
 	for _, k := range []string{"Pod", kindConfigMap, kindSecret, kindService} {
 		m.Add(corev1.SchemeGroupVersion.WithKind(k), meta.RESTScopeNamespace)
+		m.Add(corev1.SchemeGroupVersion.WithKind(k+"List"), meta.RESTScopeNamespace)
 	}
 	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace)
+	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice+"List"), meta.RESTScopeNamespace)
 	return m
 }
 
@@ -314,10 +318,16 @@ func (r *Reflector) next(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
 	}
+	// Not listed there yet: the watch queues the object once it is, and
+	// the time it took counts in the lag.
+	listing := errors.Is(err, errNotListed)
+	if listing {
+		err = nil
+	}
 	switch {
 	case wrote && timed:
 		r.m.lag.WithLabelValues(key.kind, key.provider).Observe(time.Since(t).Seconds())
-	case err != nil && timed:
+	case (err != nil || listing) && timed:
 		r.stateMu.Lock()
 		if later, ok := r.since[key]; !ok || t.Before(later) {
 			r.since[key] = t

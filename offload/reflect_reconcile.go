@@ -48,10 +48,13 @@ func (r *Reflector) reconcile(ctx context.Context, key reflectKey) (wrote bool, 
 		return false, r.reconcileStatus(ctx, pp, key.namespace)
 	}
 	remoteNS, rc := pp.remoteNamespace(key.namespace), pp.cache()
-	if remoteNS == "" || rc == nil {
-		// Not mirrored and ready there (what is there goes with the
-		// namespace), or not listed yet: queued once it is.
+	switch {
+	case remoteNS == "":
+		// Not mirrored and ready there: what is there goes with the
+		// namespace.
 		return false, nil
+	case rc == nil:
+		return false, errNotListed // queued once it is
 	}
 	want, dropped, err := r.desired(ctx, key, remoteNS)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -204,6 +205,17 @@ func TestReflection(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v2"))
+		// Observed once the write returns, which may be after the
+		// provider's watch showed it.
+		eventually.Within(t, 10*time.Second, "lag observed", func() error {
+			if n := e.metricSum(t, "flotilla_object_reflection_lag_seconds", kindConfigMap); n < 2 {
+				return fmt.Errorf("ConfigMap reflection lag observed %v times, want the creation and the update", n)
+			}
+			return nil
+		})
+		if n := e.metricSum(t, "flotilla_reflected_objects", kindConfigMap); n < 1 {
+			t.Fatalf("flotilla_reflected_objects{kind=ConfigMap} = %v, want at least cfg", n)
+		}
 	})
 
 	t.Run("the opt-in annotation reflects an unreferenced ConfigMap", func(t *testing.T) {
@@ -380,6 +392,36 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.p.id, errForbidden)); n != 0 {
 		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
 	}
+}
+
+// metricSum is the sum over the series of metric name with label kind:
+// the sample count of a histogram, the value of a gauge or counter.
+func (e *reflectEnv) metricSum(tb testing.TB, name, kind string) float64 {
+	tb.Helper()
+	families, err := e.registry.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "kind" && l.GetValue() == kind }) {
+				continue
+			}
+			switch {
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 // remoteObjects are the reflected objects on the provider: kind/name ->
