@@ -238,7 +238,10 @@ func (r *Reflector) Run(ctx context.Context) error {
 		}},
 		{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
 		{&corev1.Secret{}, onEvery(func(obj any) { r.localChanged(kindSecret, obj) })},
-		{&corev1.Service{}, onEvery(func(obj any) { r.localChanged(kindService, obj) })},
+		{&corev1.Service{}, onEvery(func(obj any) {
+			r.localChanged(kindService, obj)
+			r.serviceSlicesChanged(obj)
+		})},
 		{&discoveryv1.EndpointSlice{}, onEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })},
 	}
 	var regs []toolscache.ResourceEventHandlerRegistration
@@ -290,6 +293,23 @@ func (r *Reflector) localChanged(kind string, obj any) {
 	}
 	for _, pp := range r.allProviders() {
 		r.changed(reflectKey{provider: pp.id, kind: kind, namespace: o.GetNamespace(), name: o.GetName()})
+	}
+}
+
+// serviceSlicesChanged queues the EndpointSlices of a Service that
+// changed: a slice is reflected only while its Service is.
+func (r *Reflector) serviceSlicesChanged(obj any) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return
+	}
+	var slices discoveryv1.EndpointSliceList
+	if err := r.local.List(context.Background(), &slices, client.InNamespace(svc.Namespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+		return
+	}
+	for i := range slices.Items {
+		r.localChanged(kindEndpointSlice, &slices.Items[i])
 	}
 }
 

@@ -332,6 +332,15 @@ func TestReflection(t *testing.T) {
 		}
 	})
 
+	t.Run("a Service deleted takes its reflected slices along", func(t *testing.T) {
+		if err := e.lcx.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "api"}}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitRemoteGone(t, &corev1.Service{}, "api")
+		// The manual slice stays here (no owner), but goes there.
+		e.waitRemoteGone(t, &discoveryv1.EndpointSlice{}, "api-manual")
+	})
+
 	t.Run("a restart rewrites and duplicates nothing", func(t *testing.T) {
 		before := e.remoteObjects(t)
 		e.stop()
