@@ -50,6 +50,10 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	}
 	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
+	// The witness that the Reflector watches the namespace there: what
+	// changes from now on is reflected as a change, not found at start.
+	e.create(tb, optIn("reflector-ready", nil))
+	waitRemote(tb, e, &corev1.ConfigMap{}, "reflector-ready", nil)
 	return e
 }
 
