@@ -233,7 +233,17 @@ func (r *Reflector) Run(ctx context.Context) error {
 		{&v1alpha1.Peer{}, onEvery(func(any) { r.triggerSync() })},
 		{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { r.podChanged(obj) },
-			UpdateFunc: func(old, obj any) { r.podChanged(old); r.podChanged(obj) },
+			// What a pod references cannot change; where it runs changes
+			// once, when it is bound. Its status, written all the time,
+			// changes nothing here.
+			UpdateFunc: func(old, obj any) {
+				o, ok1 := old.(*corev1.Pod)
+				n, ok2 := obj.(*corev1.Pod)
+				if ok1 && ok2 && o.Spec.NodeName != n.Spec.NodeName {
+					r.podChanged(old)
+					r.podChanged(obj)
+				}
+			},
 			DeleteFunc: func(obj any) { r.podChanged(obj) },
 		}},
 		{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
