@@ -232,7 +232,7 @@ func (r *Reflector) Run(ctx context.Context) error {
 		})},
 		{&v1alpha1.Peer{}, onEvery(func(any) { r.triggerSync() })},
 		{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { r.podChanged(obj) },
+			AddFunc: func(obj any) { r.podChanged(obj) },
 			// What a pod references cannot change; where it runs changes
 			// once, when it is bound. Its status, written all the time,
 			// changes nothing here.
