@@ -341,8 +341,19 @@ func TestReflection(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitRemoteGone(t, &corev1.Service{}, "api")
-		// The manual slice stays here (no owner), but goes there.
+		// The manual slice stays here (no owner), but goes there; the
+		// controller's goes here, then there.
 		e.waitRemoteGone(t, &discoveryv1.EndpointSlice{}, "api-manual")
+		eventually.Within(t, 30*time.Second, "every slice of Service api gone from the provider", func() error {
+			var l discoveryv1.EndpointSliceList
+			if err := e.pcx.List(ctx, &l, client.InNamespace(e.remote), client.MatchingLabels{discoveryv1.LabelServiceName: "api"}); err != nil {
+				return err
+			}
+			if len(l.Items) > 0 {
+				return fmt.Errorf("%d left, %s first", len(l.Items), l.Items[0].Name)
+			}
+			return nil
+		})
 	})
 
 	t.Run("a restart rewrites and duplicates nothing", func(t *testing.T) {
