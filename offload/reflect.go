@@ -106,10 +106,14 @@ func reflectMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, discoveryv1.SchemeGroupVersion})
 	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
+	// The lists too: a cache of several namespaces asks the mapper
+	// whether a list's kind is namespaced.
 	for _, k := range []string{"Pod", kindConfigMap, kindSecret, kindService} {
 		m.Add(corev1.SchemeGroupVersion.WithKind(k), meta.RESTScopeNamespace)
+		m.Add(corev1.SchemeGroupVersion.WithKind(k+"List"), meta.RESTScopeNamespace)
 	}
 	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace)
+	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice+"List"), meta.RESTScopeNamespace)
 	return m
 }
 
@@ -228,13 +232,26 @@ func (r *Reflector) Run(ctx context.Context) error {
 		})},
 		{&v1alpha1.Peer{}, onEvery(func(any) { r.triggerSync() })},
 		{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { r.podChanged(obj) },
-			UpdateFunc: func(old, obj any) { r.podChanged(old); r.podChanged(obj) },
+			AddFunc: func(obj any) { r.podChanged(obj) },
+			// What a pod references cannot change; where it runs changes
+			// once, when it is bound. Its status, written all the time,
+			// changes nothing here.
+			UpdateFunc: func(old, obj any) {
+				o, ok1 := old.(*corev1.Pod)
+				n, ok2 := obj.(*corev1.Pod)
+				if ok1 && ok2 && o.Spec.NodeName != n.Spec.NodeName {
+					r.podChanged(old)
+					r.podChanged(obj)
+				}
+			},
 			DeleteFunc: func(obj any) { r.podChanged(obj) },
 		}},
 		{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
 		{&corev1.Secret{}, onEvery(func(obj any) { r.localChanged(kindSecret, obj) })},
-		{&corev1.Service{}, onEvery(func(obj any) { r.localChanged(kindService, obj) })},
+		{&corev1.Service{}, onEvery(func(obj any) {
+			r.localChanged(kindService, obj)
+			r.serviceSlicesChanged(obj)
+		})},
 		{&discoveryv1.EndpointSlice{}, onEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })},
 	}
 	var regs []toolscache.ResourceEventHandlerRegistration
@@ -289,6 +306,23 @@ func (r *Reflector) localChanged(kind string, obj any) {
 	}
 }
 
+// serviceSlicesChanged queues the EndpointSlices of a Service that
+// changed: a slice is reflected only while its Service is.
+func (r *Reflector) serviceSlicesChanged(obj any) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return
+	}
+	var slices discoveryv1.EndpointSliceList
+	if err := r.local.List(context.Background(), &slices, client.InNamespace(svc.Namespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+		return
+	}
+	for i := range slices.Items {
+		r.localChanged(kindEndpointSlice, &slices.Items[i])
+	}
+}
+
 // changed queues key, and starts its reflection lag unless a change
 // before is still waiting.
 func (r *Reflector) changed(key reflectKey) {
@@ -314,10 +348,16 @@ func (r *Reflector) next(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
 	}
+	// Not listed there yet: the watch queues the object once it is, and
+	// the time it took counts in the lag.
+	listing := errors.Is(err, errNotListed)
+	if listing {
+		err = nil
+	}
 	switch {
 	case wrote && timed:
 		r.m.lag.WithLabelValues(key.kind, key.provider).Observe(time.Since(t).Seconds())
-	case err != nil && timed:
+	case (err != nil || listing) && timed:
 		r.stateMu.Lock()
 		if later, ok := r.since[key]; !ok || t.Before(later) {
 			r.since[key] = t

@@ -73,6 +73,8 @@ func BenchmarkReflectionLag(b *testing.B) {
 		watch  func(context.Context, metav1.ListOptions) (watch.Interface, error)
 		marker func(runtime.Object) string
 		change func(i int) (want string, err error)
+		// prepare, when set, runs before each change, not timed.
+		prepare func() error
 	}{
 		{kindConfigMap, remote.CoreV1().ConfigMaps(e.remote).Watch,
 			func(o runtime.Object) string { return o.(*corev1.ConfigMap).Data["v"] },
@@ -80,14 +82,14 @@ func BenchmarkReflectionLag(b *testing.B) {
 				cm.Data["v"] = strconv.Itoa(i)
 				cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 				return strconv.Itoa(i), err
-			}},
+			}, nil},
 		{kindSecret, remote.CoreV1().Secrets(e.remote).Watch,
 			func(o runtime.Object) string { return string(o.(*corev1.Secret).Data["v"]) },
 			func(i int) (string, error) {
 				secret.Data["v"] = []byte(strconv.Itoa(i))
 				secret, err = secrets.Update(ctx, secret, metav1.UpdateOptions{})
 				return strconv.Itoa(i), err
-			}},
+			}, nil},
 		{kindService, remote.CoreV1().Services(e.remote).Watch,
 			func(o runtime.Object) string { return strconv.Itoa(int(o.(*corev1.Service).Spec.Ports[0].Port)) },
 			func(i int) (string, error) {
@@ -95,7 +97,7 @@ func BenchmarkReflectionLag(b *testing.B) {
 				svc.Spec.Ports[0].Port = port
 				svc, err = svcs.Update(ctx, svc, metav1.UpdateOptions{})
 				return strconv.Itoa(int(port)), err
-			}},
+			}, nil},
 		{kindEndpointSlice, remote.DiscoveryV1().EndpointSlices(e.remote).Watch,
 			func(o runtime.Object) string {
 				s := o.(*discoveryv1.EndpointSlice)
@@ -109,25 +111,23 @@ func BenchmarkReflectionLag(b *testing.B) {
 				slice, err = eps.Update(ctx, slice, metav1.UpdateOptions{})
 				a, _ := e.views.AsSeenBy(e.p.id, netip.MustParseAddr(benchAddress(i)))
 				return a.String(), err
-			}},
+			}, nil},
 	}
 	// A ConfigMap reflected because a new pod bound to the virtual node
 	// references it: from the pod's creation to the ConfigMap there.
+	// Each round makes new ones: the ConfigMap first, not timed.
 	pods := e.local.Client.CoreV1().Pods(e.ns)
-	for i := range changes {
-		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ref-%d", i)}}, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	seq := 0
 	kinds = append(kinds, struct {
-		kind   string
-		watch  func(context.Context, metav1.ListOptions) (watch.Interface, error)
-		marker func(runtime.Object) string
-		change func(i int) (want string, err error)
+		kind    string
+		watch   func(context.Context, metav1.ListOptions) (watch.Interface, error)
+		marker  func(runtime.Object) string
+		change  func(i int) (want string, err error)
+		prepare func() error
 	}{kindReferenced, remote.CoreV1().ConfigMaps(e.remote).Watch,
 		func(o runtime.Object) string { return o.(*corev1.ConfigMap).Name },
-		func(i int) (string, error) {
-			name := fmt.Sprintf("ref-%d", i)
+		func(int) (string, error) {
+			name := fmt.Sprintf("ref-%d", seq)
 			_, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
 				NodeName:    e.node,
 				Containers:  []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}},
@@ -136,6 +136,11 @@ func BenchmarkReflectionLag(b *testing.B) {
 					LocalObjectReference: corev1.LocalObjectReference{Name: name}}}}},
 			}}, metav1.CreateOptions{})
 			return name, err
+		},
+		func() error {
+			seq++
+			_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ref-%d", seq)}}, metav1.CreateOptions{})
+			return err
 		}})
 	for _, k := range kinds {
 		b.Run(k.kind, func(b *testing.B) {
@@ -154,6 +159,11 @@ func BenchmarkReflectionLag(b *testing.B) {
 			var lags []time.Duration
 			for b.Loop() {
 				for i := range changes {
+					if k.prepare != nil {
+						if err := k.prepare(); err != nil {
+							b.Fatal(err)
+						}
+					}
 					start := time.Now()
 					want, err := k.change(i)
 					if err != nil {

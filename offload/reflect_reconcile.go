@@ -48,10 +48,13 @@ func (r *Reflector) reconcile(ctx context.Context, key reflectKey) (wrote bool, 
 		return false, r.reconcileStatus(ctx, pp, key.namespace)
 	}
 	remoteNS, rc := pp.remoteNamespace(key.namespace), pp.cache()
-	if remoteNS == "" || rc == nil {
-		// Not mirrored and ready there (what is there goes with the
-		// namespace), or not listed yet: queued once it is.
+	switch {
+	case remoteNS == "":
+		// Not mirrored and ready there: what is there goes with the
+		// namespace.
 		return false, nil
+	case rc == nil:
+		return false, errNotListed // queued once it is
 	}
 	want, dropped, err := r.desired(ctx, key, remoteNS)
 	if err != nil {
@@ -351,7 +354,8 @@ func (r *Reflector) writeCondition(ctx context.Context, o *v1alpha1.NamespaceOff
 			map[string]any{"clusterID": provider, "conditions": []any{cu}},
 		}},
 	}}
-	//nolint:staticcheck // client.Apply on the status subresource: no typed apply configurations for our CRDs.
+	// Server-side apply on the status subresource: client.Apply is what
+	// controller-runtime offers for subresources.
 	err = r.write.Status().Patch(ctx, u, client.Apply, client.FieldOwner(reflectFieldManager), client.ForceOwnership)
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("condition %s of NamespaceOffload %s/%s for %s: %w", cond.Type, o.Namespace, o.Name, provider, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,6 +50,10 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	}
 	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
+	// The witness that the Reflector watches the namespace there: what
+	// changes from now on is reflected as a change, not found at start.
+	e.create(tb, optIn("reflector-ready", nil))
+	waitRemote(tb, e, &corev1.ConfigMap{}, "reflector-ready", nil)
 	return e
 }
 
@@ -204,6 +209,17 @@ func TestReflection(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v2"))
+		// Observed once the write returns, which may be after the
+		// provider's watch showed it.
+		eventually.Within(t, 10*time.Second, "lag observed", func() error {
+			if n := e.metricSum(t, "flotilla_object_reflection_lag_seconds", kindConfigMap); n < 2 {
+				return fmt.Errorf("ConfigMap reflection lag observed %v times, want the creation and the update", n)
+			}
+			return nil
+		})
+		if n := e.metricSum(t, "flotilla_reflected_objects", kindConfigMap); n < 1 {
+			t.Fatalf("flotilla_reflected_objects{kind=ConfigMap} = %v, want at least cfg", n)
+		}
 	})
 
 	t.Run("the opt-in annotation reflects an unreferenced ConfigMap", func(t *testing.T) {
@@ -315,9 +331,34 @@ func TestReflection(t *testing.T) {
 			}
 			return nil
 		})
-		if n := testutil.ToFloat64(e.reflectors[len(e.reflectors)-1].m.dropped.WithLabelValues(e.p.id, dropThirdCluster)); n < 1 {
-			t.Fatalf("dropped third-cluster endpoints counted %v, want at least 1", n)
+		// Counted once the write returns, which may be after the
+		// provider's watch showed it.
+		eventually.Within(t, 10*time.Second, "dropped endpoint counted", func() error {
+			if n := testutil.ToFloat64(e.reflectors[len(e.reflectors)-1].m.dropped.WithLabelValues(e.p.id, dropThirdCluster)); n < 1 {
+				return fmt.Errorf("dropped third-cluster endpoints counted %v, want at least 1", n)
+			}
+			return nil
+		})
+	})
+
+	t.Run("a Service deleted takes its reflected slices along", func(t *testing.T) {
+		if err := e.lcx.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "api"}}); err != nil {
+			t.Fatal(err)
 		}
+		e.waitRemoteGone(t, &corev1.Service{}, "api")
+		// The manual slice stays here (no owner), but goes there; the
+		// controller's goes here, then there.
+		e.waitRemoteGone(t, &discoveryv1.EndpointSlice{}, "api-manual")
+		eventually.Within(t, 30*time.Second, "every slice of Service api gone from the provider", func() error {
+			var l discoveryv1.EndpointSliceList
+			if err := e.pcx.List(ctx, &l, client.InNamespace(e.remote), client.MatchingLabels{discoveryv1.LabelServiceName: "api"}); err != nil {
+				return err
+			}
+			if len(l.Items) > 0 {
+				return fmt.Errorf("%d left, %s first", len(l.Items), l.Items[0].Name)
+			}
+			return nil
+		})
 	})
 
 	t.Run("a restart rewrites and duplicates nothing", func(t *testing.T) {
@@ -380,6 +421,36 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.p.id, errForbidden)); n != 0 {
 		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
 	}
+}
+
+// metricSum is the sum over the series of metric name with label kind:
+// the sample count of a histogram, the value of a gauge or counter.
+func (e *reflectEnv) metricSum(tb testing.TB, name, kind string) float64 {
+	tb.Helper()
+	families, err := e.registry.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "kind" && l.GetValue() == kind }) {
+				continue
+			}
+			switch {
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 // remoteObjects are the reflected objects on the provider: kind/name ->
