@@ -74,15 +74,9 @@ type PodReflector struct {
 	m     *podMetrics
 
 	events record.EventBroadcaster
-	// resync asks for the providers and their namespaces to be brought in
-	// line with the Peers, credentials and NamespaceOffloads.
-	resync chan struct{}
-
-	mu        sync.Mutex
-	providers map[string]*podProvider
-	// dirty are local namespaces whose NamespaceOffloads changed: their
-	// pods are queued once the namespace watches follow.
-	dirty map[string]bool
+	// providers watch the pods in the namespaces mirrored on each
+	// provider.
+	providers *namespaceWatches[*podProvider]
 
 	changesMu sync.Mutex
 	since     map[podKey]time.Time // the first change not yet looked at
@@ -135,10 +129,9 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[podKey](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "pod-offload"}),
-		resync:    make(chan struct{}, 1),
-		providers: map[string]*podProvider{}, dirty: map[string]bool{},
 		since: map[podKey]time.Time{}, acting: map[podKey]time.Time{}, lastErr: map[podKey]string{},
 	}
+	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
 	if r.m, err = newPodMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("pod offloading: metrics: %w", err)
 	}
@@ -155,7 +148,7 @@ func (r *PodReflector) Run(ctx context.Context) error {
 		cancel()
 		r.queue.ShutDown()
 		wg.Wait()
-		r.stopProviders()
+		r.providers.stopAll()
 		r.events.Shutdown()
 	}()
 	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
@@ -171,11 +164,7 @@ func (r *PodReflector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
 	}
-	regPeers, err := peers.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { r.triggerSync() },
-		UpdateFunc: func(any, any) { r.triggerSync() },
-		DeleteFunc: func(any) { r.triggerSync() },
-	})
+	regPeers, err := peers.AddEventHandler(onEvery(func(any) { r.providers.trigger() }))
 	if err != nil {
 		return fmt.Errorf("pod offloading: watch Peers: %w", err)
 	}
@@ -185,8 +174,8 @@ func (r *PodReflector) Run(ctx context.Context) error {
 	if !synced {
 		return err
 	}
-	r.triggerSync()
-	wg.Go(func() { r.syncLoop(ctx) })
+	r.providers.trigger()
+	wg.Go(func() { r.providers.loop(ctx) })
 	return work(ctx, &wg, r.cfg.Workers, r.next, cacheErr, "pod offloading")
 }
 
@@ -299,175 +288,20 @@ func (r *PodReflector) noteError(key podKey, err error) {
 	}
 }
 
-func (r *PodReflector) triggerSync() {
-	select {
-	case r.resync <- struct{}{}:
-	default:
-	}
-}
-
 // offloadEvents note the namespace of a NamespaceOffload that changed:
 // its pods are queued once the namespace watches follow the change.
 func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
 	return onEvery(func(obj any) {
 		if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
-			r.mu.Lock()
-			r.dirty[o.Namespace] = true
-			r.mu.Unlock()
-			r.triggerSync()
+			r.providers.offloadChanged(o.Namespace)
 		}
 	})
 }
 
-// providerResync is how often the providers are brought in line without
-// an event: a credential can come or go without its Peer changing (the
-// grants kept from before loaded at the agent's start, an expiry).
-const providerResync = 10 * time.Second
-
-// syncLoop brings the providers in line whenever asked, every
-// providerResync, and again a little later when that failed.
-func (r *PodReflector) syncLoop(ctx context.Context) {
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
-	resync := time.NewTicker(providerResync)
-	defer resync.Stop()
-	var last string
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.resync:
-		case <-resync.C:
-		case <-retry.C:
-		}
-		err := r.syncProviders(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			if err.Error() != last {
-				r.log.Warn("providers' pod watches not in line; retrying", "err", err)
-			}
-			last = err.Error()
-			retry.Reset(5 * time.Second)
-		case err == nil && last != "":
-			r.log.Info("providers' pod watches in line again")
-			last = ""
-		}
-	}
-}
-
-// syncProviders keeps a podProvider for every Peer whose credential this
-// cluster holds, watching the namespaces mirrored there, and queues the
-// pods of the namespaces whose offloading changed.
-func (r *PodReflector) syncProviders(ctx context.Context) error {
-	var peers v1alpha1.PeerList
-	if err := r.local.List(ctx, &peers); err != nil {
-		return fmt.Errorf("list Peers: %w", err)
-	}
-	var offloads v1alpha1.NamespaceOffloadList
-	if err := r.local.List(ctx, &offloads); err != nil {
-		return fmt.Errorf("list NamespaceOffloads: %w", err)
-	}
-	want := map[string]providerCredential{}
-	for _, p := range peers.Items {
-		if p.Name == r.cfg.Self || identity.ValidateClusterID(p.Name) != nil {
-			continue
-		}
-		if cfg, g, err := r.cfg.Credentials.Credential(p.Name); err == nil {
-			want[p.Name] = providerCredential{config: cfg, grant: g}
-		}
-	}
-	var stopping []*podProvider
-	r.mu.Lock()
-	for id, pp := range r.providers {
-		if c, ok := want[id]; !ok || !pp.sameEndpoint(c) {
-			stopping = append(stopping, pp)
-			delete(r.providers, id)
-		}
-	}
-	r.mu.Unlock()
-	for _, pp := range stopping {
-		pp.stop()
-		r.log.Info("stopped reflecting pods to a provider", "peer", pp.id)
-	}
-	var errs []error
-	for id, c := range want {
-		if r.provider(id) != nil {
-			continue
-		}
-		pp, err := r.startProvider(id, c)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.mu.Lock()
-		r.providers[id] = pp
-		r.mu.Unlock()
-		r.log.Info("reflecting pods to a provider", "peer", id, "node", pp.node, "server", c.grant.Server)
-	}
-	r.mu.Lock()
-	dirty := r.dirty
-	r.dirty = map[string]bool{}
-	r.mu.Unlock()
-	for _, pp := range r.allProviders() {
-		pp.syncNamespaces(watchedNamespaces(offloads.Items, pp.id, pp.watching()))
-		for ns := range dirty {
-			pp.queueNamespace(ns)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// watchedNamespaces are the namespaces to watch on provider (remote name
-// -> local name): those mirrored there and ready, and those already
-// watched that are still mirrored (a provider unreachable for a while
-// keeps its watch and cache). A NamespaceOffload being deleted counts for
-// nothing: its namespaces are going.
-func watchedNamespaces(offloads []v1alpha1.NamespaceOffload, provider string, watching map[string]string) map[string]string {
-	want := map[string]string{}
-	for i := range offloads {
-		o := &offloads[i]
-		if o.DeletionTimestamp != nil {
-			continue
-		}
-		name, ready := MirroredNamespace(o, provider)
-		switch {
-		case name == "":
-		case ready:
-			want[name] = o.Namespace
-		case watching[name] == o.Namespace:
-			if _, taken := want[name]; !taken {
-				want[name] = o.Namespace
-			}
-		}
-	}
-	return want
-}
-
+// provider is the watch of provider's pods, nil when there is none.
 func (r *PodReflector) provider(id string) *podProvider {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.providers[id]
-}
-
-func (r *PodReflector) allProviders() []*podProvider {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]*podProvider, 0, len(r.providers))
-	for _, pp := range r.providers {
-		out = append(out, pp)
-	}
-	return out
-}
-
-func (r *PodReflector) stopProviders() {
-	r.mu.Lock()
-	all := r.providers
-	r.providers = map[string]*podProvider{}
-	r.mu.Unlock()
-	for _, pp := range all {
-		pp.stop()
-	}
+	pp, _ := r.providers.get(id)
+	return pp
 }
 
 // recorder records events on local pods as the virtual node of provider,

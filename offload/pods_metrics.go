@@ -41,7 +41,7 @@ type offloadedPods struct{ r *PodReflector }
 func (c offloadedPods) Describe(ch chan<- *prometheus.Desc) { ch <- offloadedPodsDesc }
 
 func (c offloadedPods) Collect(ch chan<- prometheus.Metric) {
-	for _, pp := range c.r.allProviders() {
+	for _, pp := range c.r.providers.snapshot() {
 		if !pp.localSynced.Load() {
 			continue
 		}

@@ -229,7 +229,7 @@ func (pp *podProvider) watching() map[string]string {
 // syncNamespaces watches exactly the namespaces of want (remote ->
 // local); the pods of a namespace no longer watched are queued (they are
 // no longer offloaded, or wait).
-func (pp *podProvider) syncNamespaces(want map[string]string) {
+func (pp *podProvider) syncNamespaces(want map[string]string) error {
 	pp.mu.Lock()
 	var stopped []*remoteNamespace
 	for name, rn := range pp.namespaces {
@@ -250,6 +250,7 @@ func (pp *podProvider) syncNamespaces(want map[string]string) {
 		pp.log.Debug("no longer watching offloaded pods", "namespace", rn.local, "remote", rn.name)
 		pp.queueNamespace(rn.local)
 	}
+	return nil
 }
 
 // startNamespace watches this cluster's pods in namespace name on the

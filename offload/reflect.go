@@ -66,11 +66,9 @@ type Reflector struct {
 	queue workqueue.TypedRateLimitingInterface[reflectKey]
 	m     *reflectMetrics
 
-	resync chan struct{}
-
-	mu        sync.Mutex
-	providers map[string]*reflectProvider
-	dirty     map[string]bool // namespaces whose NamespaceOffloads changed
+	// providers watch what was reflected in the namespaces mirrored on
+	// each provider.
+	providers *namespaceWatches[*reflectProvider]
 
 	stateMu sync.Mutex
 	// foreign are the objects found in the way, per provider and local
@@ -158,11 +156,11 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[reflectKey](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[reflectKey]{Name: "reflection"}),
-		resync:    make(chan struct{}, 1),
-		providers: map[string]*reflectProvider{}, dirty: map[string]bool{},
 		foreign: map[nsOnProvider]map[string]bool{},
 		since:   map[reflectKey]time.Time{}, lastErr: map[reflectKey]string{},
 	}
+	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "objects", r.newProvider,
+		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("reflection: metrics: %w", err)
 	}
@@ -216,7 +214,7 @@ func (r *Reflector) Run(ctx context.Context) error {
 		cancel()
 		r.queue.ShutDown()
 		wg.Wait()
-		r.stopProviders()
+		r.providers.stopAll()
 	}()
 	handlers := []struct {
 		obj client.Object
@@ -224,13 +222,10 @@ func (r *Reflector) Run(ctx context.Context) error {
 	}{
 		{&v1alpha1.NamespaceOffload{}, onEvery(func(obj any) {
 			if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
-				r.mu.Lock()
-				r.dirty[o.Namespace] = true
-				r.mu.Unlock()
-				r.triggerSync()
+				r.providers.offloadChanged(o.Namespace)
 			}
 		})},
-		{&v1alpha1.Peer{}, onEvery(func(any) { r.triggerSync() })},
+		{&v1alpha1.Peer{}, onEvery(func(any) { r.providers.trigger() })},
 		{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) { r.podChanged(obj) },
 			// What a pod references cannot change; where it runs changes
@@ -272,8 +267,8 @@ func (r *Reflector) Run(ctx context.Context) error {
 	if !synced {
 		return err
 	}
-	r.triggerSync()
-	wg.Go(func() { r.syncLoop(ctx) })
+	r.providers.trigger()
+	wg.Go(func() { r.providers.loop(ctx) })
 	return work(ctx, &wg, r.cfg.Workers, r.next, cacheErr, "reflection")
 }
 
@@ -301,8 +296,8 @@ func (r *Reflector) localChanged(kind string, obj any) {
 	if !ok {
 		return
 	}
-	for _, pp := range r.allProviders() {
-		r.changed(reflectKey{provider: pp.id, kind: kind, namespace: o.GetNamespace(), name: o.GetName()})
+	for id := range r.providers.snapshot() {
+		r.changed(reflectKey{provider: id, kind: kind, namespace: o.GetNamespace(), name: o.GetName()})
 	}
 }
 
@@ -392,109 +387,6 @@ func (r *Reflector) noteError(key reflectKey, err error) {
 	}
 }
 
-func (r *Reflector) triggerSync() {
-	select {
-	case r.resync <- struct{}{}:
-	default:
-	}
-}
-
-// syncLoop brings the providers in line whenever asked, every
-// providerResync (a credential can come or go without an event), and
-// again a little later when that failed.
-func (r *Reflector) syncLoop(ctx context.Context) {
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
-	resync := time.NewTicker(providerResync)
-	defer resync.Stop()
-	var last string
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.resync:
-		case <-resync.C:
-		case <-retry.C:
-		}
-		err := r.syncProviders(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			if err.Error() != last {
-				r.log.Warn("providers' reflection not in line; retrying", "err", err)
-			}
-			last = err.Error()
-			retry.Reset(5 * time.Second)
-		case err == nil && last != "":
-			r.log.Info("providers' reflection in line again")
-			last = ""
-		}
-	}
-}
-
-// syncProviders keeps a reflectProvider for every Peer whose credential
-// this cluster holds, watching what is reflected in the namespaces
-// mirrored there, and queues the objects of namespaces whose offloading
-// changed.
-func (r *Reflector) syncProviders(ctx context.Context) error {
-	var peers v1alpha1.PeerList
-	if err := r.local.List(ctx, &peers); err != nil {
-		return fmt.Errorf("list Peers: %w", err)
-	}
-	var offloads v1alpha1.NamespaceOffloadList
-	if err := r.local.List(ctx, &offloads); err != nil {
-		return fmt.Errorf("list NamespaceOffloads: %w", err)
-	}
-	want := map[string]providerCredential{}
-	for _, p := range peers.Items {
-		if p.Name == r.cfg.Self || identity.ValidateClusterID(p.Name) != nil {
-			continue
-		}
-		if cfg, g, err := r.cfg.Credentials.Credential(p.Name); err == nil {
-			want[p.Name] = providerCredential{config: cfg, grant: g}
-		}
-	}
-	var stopping []*reflectProvider
-	r.mu.Lock()
-	for id, pp := range r.providers {
-		if c, ok := want[id]; !ok || !pp.sameEndpoint(c) {
-			stopping = append(stopping, pp)
-			delete(r.providers, id)
-		}
-	}
-	r.mu.Unlock()
-	for _, pp := range stopping {
-		pp.stop()
-		r.log.Info("stopped reflecting to a provider", "peer", pp.id)
-	}
-	var errs []error
-	for id, c := range want {
-		if r.provider(id) != nil {
-			continue
-		}
-		pp, err := r.newProvider(id, c)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.mu.Lock()
-		r.providers[id] = pp
-		r.mu.Unlock()
-		r.log.Info("reflecting to a provider", "peer", id, "server", c.grant.Server)
-	}
-	r.mu.Lock()
-	dirty := r.dirty
-	r.dirty = map[string]bool{}
-	r.mu.Unlock()
-	for _, pp := range r.allProviders() {
-		errs = append(errs, pp.syncNamespaces(watchedNamespaces(offloads.Items, pp.id, pp.watching())))
-		for ns := range dirty {
-			r.queueNamespace(pp.id, ns)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // queueNamespace queues every local object of ns that may be reflected
 // to provider, and the namespace's condition there.
 func (r *Reflector) queueNamespace(provider, ns string) {
@@ -520,28 +412,9 @@ func (r *Reflector) queueNamespace(provider, ns string) {
 	r.queue.Add(reflectKey{provider: provider, kind: kindStatus, namespace: ns})
 }
 
+// provider is the watch of what was reflected to provider, nil when
+// there is none.
 func (r *Reflector) provider(id string) *reflectProvider {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.providers[id]
-}
-
-func (r *Reflector) allProviders() []*reflectProvider {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]*reflectProvider, 0, len(r.providers))
-	for _, pp := range r.providers {
-		out = append(out, pp)
-	}
-	return out
-}
-
-func (r *Reflector) stopProviders() {
-	r.mu.Lock()
-	all := r.providers
-	r.providers = map[string]*reflectProvider{}
-	r.mu.Unlock()
-	for _, pp := range all {
-		pp.stop()
-	}
+	pp, _ := r.providers.get(id)
+	return pp
 }

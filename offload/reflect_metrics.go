@@ -45,7 +45,7 @@ type reflectedObjects struct{ r *Reflector }
 func (c reflectedObjects) Describe(ch chan<- *prometheus.Desc) { ch <- reflectedObjectsDesc }
 
 func (c reflectedObjects) Collect(ch chan<- prometheus.Metric) {
-	for _, pp := range c.r.allProviders() {
+	for _, pp := range c.r.providers.snapshot() {
 		rc := pp.cache()
 		if rc == nil {
 			continue
