@@ -46,11 +46,7 @@ func (c reflectedObjects) Describe(ch chan<- *prometheus.Desc) { ch <- reflected
 
 func (c reflectedObjects) Collect(ch chan<- prometheus.Metric) {
 	for _, pp := range c.r.providers.snapshot() {
-		rc := pp.cache()
-		if rc == nil {
-			continue
-		}
-		for kind, n := range rc.counts() {
+		for kind, n := range pp.counts() {
 			ch <- prometheus.MustNewConstMetric(reflectedObjectsDesc, prometheus.GaugeValue, float64(n), pp.id, kind)
 		}
 	}

@@ -3,8 +3,10 @@ package offload
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -18,10 +20,12 @@ import (
 )
 
 // reflectProvider is what a Reflector keeps for one provider: a client
-// with its credential, and a cache of what this cluster reflected in the
-// namespaces mirrored there (LabelReflected only: a consumer may list
+// with its credential, and per namespace mirrored there a cache of what
+// this cluster reflected in it (LabelReflected only: a consumer may list
 // only in namespaces it has rights in, and foreign objects are looked up
-// when they stand in the way).
+// when they stand in the way). A cache per namespace, so that a
+// namespace mirrored or dropped starts or stops its own watches and
+// leaves the others' alone.
 type reflectProvider struct {
 	id     string
 	r      *Reflector
@@ -32,16 +36,15 @@ type reflectProvider struct {
 	server, tenant string
 	ca             []byte
 
-	mu         sync.Mutex
-	namespaces map[string]string // remote -> local
-	remote     *remoteCache
+	mu     sync.Mutex
+	caches map[string]*remoteCache // by remote namespace
 }
 
-// remoteCache watches the reflected objects in a set of namespaces; a
-// new set is a new cache (controller-runtime's caches are made for a
-// fixed set).
+// remoteCache watches the reflected objects in one namespace mirrored
+// for local.
 type remoteCache struct {
 	cache.Cache
+	local  string
 	synced atomic.Bool
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -58,7 +61,7 @@ func (r *Reflector) newProvider(id string, c providerCredential) (*reflectProvid
 	return &reflectProvider{
 		id: id, r: r, client: cl, watch: watch,
 		server: c.grant.Server, tenant: c.grant.Namespace, ca: c.config.CAData,
-		namespaces: map[string]string{},
+		caches: map[string]*remoteCache{},
 	}, nil
 }
 
@@ -69,7 +72,11 @@ func (pp *reflectProvider) sameEndpoint(c providerCredential) bool {
 func (pp *reflectProvider) watching() map[string]string {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
-	return maps.Clone(pp.namespaces)
+	out := make(map[string]string, len(pp.caches))
+	for remote, rc := range pp.caches {
+		out[remote] = rc.local
+	}
+	return out
 }
 
 // remoteNamespace is local namespace ns's name there while it is
@@ -77,22 +84,23 @@ func (pp *reflectProvider) watching() map[string]string {
 func (pp *reflectProvider) remoteNamespace(ns string) string {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
-	for remote, local := range pp.namespaces {
-		if local == ns {
+	for remote, rc := range pp.caches {
+		if rc.local == ns {
 			return remote
 		}
 	}
 	return ""
 }
 
-// cache is the remote cache once it has listed; nil before.
-func (pp *reflectProvider) cache() *remoteCache {
+// cacheOf is the cache of remote namespace ns once it has listed; nil
+// before.
+func (pp *reflectProvider) cacheOf(ns string) *remoteCache {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
-	if pp.remote == nil || !pp.remote.synced.Load() {
-		return nil
+	if rc := pp.caches[ns]; rc != nil && rc.synced.Load() {
+		return rc
 	}
-	return pp.remote
+	return nil
 }
 
 // syncNamespaces watches exactly the namespaces of want (remote ->
@@ -100,47 +108,52 @@ func (pp *reflectProvider) cache() *remoteCache {
 // it is no longer mirrored for this cluster, or not ready, and goes with
 // the namespace (docs/services.md).
 func (pp *reflectProvider) syncNamespaces(want map[string]string) error {
+	var stopped []*remoteCache
+	var starting []string
 	pp.mu.Lock()
-	if maps.Equal(want, pp.namespaces) {
+	for remote, rc := range pp.caches {
+		if want[remote] != rc.local {
+			stopped = append(stopped, rc)
+			delete(pp.caches, remote)
+		}
+	}
+	for remote := range want {
+		if pp.caches[remote] == nil {
+			starting = append(starting, remote)
+		}
+	}
+	pp.mu.Unlock()
+	for _, rc := range stopped {
+		rc.stop()
+	}
+	var errs []error
+	for _, remote := range starting {
+		rc, start, err := pp.newCache(remote, want[remote])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("watch reflected objects in %s on %s: %w", remote, pp.id, err))
+			continue
+		}
+		pp.mu.Lock()
+		taken := pp.caches[remote] != nil
+		if !taken {
+			pp.caches[remote] = rc
+		}
 		pp.mu.Unlock()
-		return nil
+		if taken {
+			rc.cancel() // started by a pass that overtook this one
+			continue
+		}
+		start()
 	}
-	old := pp.remote
-	pp.remote, pp.namespaces = nil, want
-	pp.mu.Unlock()
-	if old != nil {
-		old.stop()
-	}
-	if len(want) == 0 {
-		return nil // a cache of no namespace would watch them all
-	}
-	rc, start, err := pp.newCache(want)
-	if err != nil {
-		return fmt.Errorf("watch reflected objects on %s: %w", pp.id, err)
-	}
-	pp.mu.Lock()
-	current := maps.Equal(want, pp.namespaces) && pp.remote == nil
-	if current {
-		pp.remote = rc
-	}
-	pp.mu.Unlock()
-	if !current {
-		rc.cancel() // overtaken by another set
-		return nil
-	}
-	start()
-	return nil
+	return errors.Join(errs...)
 }
 
-// newCache prepares the cache of namespaces; start runs it.
-func (pp *reflectProvider) newCache(namespaces map[string]string) (rc *remoteCache, start func(), err error) {
-	byNS := map[string]cache.Config{}
-	for remote := range namespaces {
-		byNS[remote] = cache.Config{}
-	}
+// newCache prepares the cache of remote namespace ns, mirrored for
+// local; start runs it.
+func (pp *reflectProvider) newCache(ns, local string) (rc *remoteCache, start func(), err error) {
 	c, err := cache.New(pp.watch, cache.Options{
 		Scheme: reflectScheme(), Mapper: reflectMapper(),
-		DefaultNamespaces:    byNS,
+		DefaultNamespaces:    map[string]cache.Config{ns: {}},
 		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{LabelReflected: "true"}),
 		DefaultTransform:     cache.TransformStripManagedFields(),
 	})
@@ -148,7 +161,7 @@ func (pp *reflectProvider) newCache(namespaces map[string]string) (rc *remoteCac
 		return nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rc = &remoteCache{Cache: c, cancel: cancel}
+	rc = &remoteCache{Cache: c, local: local, cancel: cancel}
 	var regs []toolscache.ResourceEventHandlerRegistration
 	for kind, obj := range map[string]client.Object{
 		kindConfigMap: &corev1.ConfigMap{}, kindSecret: &corev1.Secret{},
@@ -173,10 +186,10 @@ func (pp *reflectProvider) newCache(namespaces map[string]string) (rc *remoteCac
 		}
 		regs = append(regs, reg)
 	}
-	return rc, func() { rc.run(ctx, pp, regs, namespaces) }, nil
+	return rc, func() { rc.run(ctx, pp, regs) }, nil
 }
 
-func (rc *remoteCache) run(ctx context.Context, pp *reflectProvider, regs []toolscache.ResourceEventHandlerRegistration, namespaces map[string]string) {
+func (rc *remoteCache) run(ctx context.Context, pp *reflectProvider, regs []toolscache.ResourceEventHandlerRegistration) {
 	rc.done.Go(func() {
 		if err := rc.Start(ctx); err != nil && ctx.Err() == nil {
 			pp.r.log.Warn("watch of reflected objects stopped", "peer", pp.id, "err", err)
@@ -196,9 +209,7 @@ func (rc *remoteCache) run(ctx context.Context, pp *reflectProvider, regs []tool
 		rc.synced.Store(true)
 		// Reconciles before now found nothing to compare with and left
 		// their objects alone.
-		for _, local := range namespaces {
-			pp.r.queueNamespace(pp.id, local)
-		}
+		pp.r.queueNamespace(pp.id, rc.local)
 	})
 }
 
@@ -209,10 +220,28 @@ func (rc *remoteCache) stop() {
 
 func (pp *reflectProvider) stop() {
 	pp.mu.Lock()
-	rc := pp.remote
-	pp.remote, pp.namespaces = nil, map[string]string{}
+	all := pp.caches
+	pp.caches = map[string]*remoteCache{}
 	pp.mu.Unlock()
-	if rc != nil {
+	for _, rc := range all {
 		rc.stop()
 	}
+}
+
+// counts is how many reflected objects of each kind the provider's
+// caches hold.
+func (pp *reflectProvider) counts() map[string]int {
+	pp.mu.Lock()
+	caches := slices.Collect(maps.Values(pp.caches))
+	pp.mu.Unlock()
+	out := map[string]int{}
+	for _, rc := range caches {
+		if !rc.synced.Load() {
+			continue
+		}
+		for kind, n := range rc.counts() {
+			out[kind] += n
+		}
+	}
+	return out
 }

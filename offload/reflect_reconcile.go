@@ -47,7 +47,8 @@ func (r *Reflector) reconcile(ctx context.Context, key reflectKey) (wrote bool, 
 	if key.kind == kindStatus {
 		return false, r.reconcileStatus(ctx, pp, key.namespace)
 	}
-	remoteNS, rc := pp.remoteNamespace(key.namespace), pp.cache()
+	remoteNS := pp.remoteNamespace(key.namespace)
+	rc := pp.cacheOf(remoteNS)
 	switch {
 	case remoteNS == "":
 		// Not mirrored and ready there: what is there goes with the
@@ -300,7 +301,7 @@ func (r *Reflector) setForeign(key reflectKey, foreign bool) bool {
 // NamespaceOffloads for pp: whether foreign objects stand in the way.
 func (r *Reflector) reconcileStatus(ctx context.Context, pp *reflectProvider, ns string) error {
 	remoteNS := pp.remoteNamespace(ns)
-	if remoteNS == "" || pp.cache() == nil {
+	if remoteNS == "" || pp.cacheOf(remoteNS) == nil {
 		return nil
 	}
 	r.stateMu.Lock()
