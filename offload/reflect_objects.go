@@ -243,6 +243,9 @@ func reflectedSlice(local *discoveryv1.EndpointSlice, namespace string, t endpoi
 			addrs = append(addrs, ip.String())
 		}
 		if !ok || len(addrs) == 0 {
+			if _, _, third := t.thirdAddresses(e); third {
+				continue // in a slice of its own (reflect_third.go)
+			}
 			reason := dropUntranslatable
 			if e.NodeName != nil && providerOfNode(*e.NodeName) != "" && providerOfNode(*e.NodeName) != t.provider {
 				reason = dropThirdCluster
