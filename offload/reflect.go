@@ -110,6 +110,9 @@ func reflectMapper() meta.RESTMapper {
 		m.Add(corev1.SchemeGroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
 	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace)
+	// A cache of several namespaces asks the scope of the list's kind
+	// (controller-runtime's multi-namespace cache).
+	m.Add(discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice+"List"), meta.RESTScopeNamespace)
 	return m
 }
 
