@@ -44,7 +44,7 @@ var (
 	providerViewOfBLo = netip.MustParsePrefix("10.71.0.0/17")
 )
 
-func newThirdEnv(t *testing.T) *thirdEnv {
+func newThirdEnv(t testing.TB) *thirdEnv {
 	e := &thirdEnv{reflectEnv: &reflectEnv{podEnv: newPodEnv(t, podEnvOptions{}), ns: "app"}, b: newConsumer(t), c: newConsumer(t)}
 	var err error
 	if e.lcx, err = client.New(e.local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
@@ -78,8 +78,11 @@ func newThirdEnv(t *testing.T) *thirdEnv {
 		t.Fatal(err)
 	}
 	e.hostedRg = prometheus.NewRegistry()
+	// As the agent's (agent.KubeConfig): no client-side rate limit.
+	agent := serviceAccountConfig(t, e.p.cp, "flotilla-system", "flotilla-agent")
+	agent.QPS, agent.Burst = -1, -1
 	e.hosted, err = NewHostedEndpoints(HostedEndpointsConfig{
-		Config: serviceAccountConfig(t, e.p.cp, "flotilla-system", "flotilla-agent"), Self: e.p.id,
+		Config: agent, Self: e.p.id,
 		Views:   manyViews{{provider: e.b, real: providerSeesOfB, view: providerViewOfBLo}},
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.hostedRg,
