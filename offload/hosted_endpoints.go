@@ -44,10 +44,16 @@ type HostedEndpointsConfig struct {
 	Self string
 	// Views translates a peer's own addresses into this cluster's view
 	// of it (Translate; the agent's ledger, ToLocal).
-	Views   Views
+	Views Views
+	// Workers is how many slices are translated at once
+	// (DefaultHostedEndpointsWorkers when zero).
+	Workers int
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 }
+
+// DefaultHostedEndpointsWorkers: each translation is one write.
+const DefaultHostedEndpointsWorkers = 2
 
 // HostedEndpoints is the provider's side of endpoints on third clusters
 // (docs/services.md, "Endpoints on third clusters"): a consumer writes,
@@ -114,6 +120,9 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultHostedEndpointsWorkers
 	}
 	// Both the consumers' slices and ours carry LabelEndpointsOf: one
 	// watch holds both, and nothing else of the cluster's slices.
@@ -192,7 +201,7 @@ func (h *HostedEndpoints) Run(ctx context.Context) error {
 		return err
 	}
 	h.queueSources("")
-	return work(ctx, &wg, 2, h.next, cacheErr, "endpoints on third clusters")
+	return work(ctx, &wg, h.cfg.Workers, h.next, cacheErr, "endpoints on third clusters")
 }
 
 // sliceChanged queues the source a slice is or was translated from.

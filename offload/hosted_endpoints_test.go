@@ -86,6 +86,9 @@ func newThirdEnv(t testing.TB) *thirdEnv {
 		Views:   manyViews{{provider: e.b, real: providerSeesOfB, view: providerViewOfBLo}},
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.hostedRg,
+		// One worker: what is queued first is decided first, the
+		// witness for what is not written.
+		Workers: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -217,6 +220,36 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 		}
 		if len(list.Items) != 1 || list.Items[0].Name != translated {
 			t.Fatalf("%d translated slices, want only %s", len(list.Items), translated)
+		}
+	})
+
+	t.Run("a slice outside the consumers' namespaces, or naming the provider, is not translated", func(t *testing.T) {
+		// As a consumer's reflection writes it, but in a namespace of
+		// the provider's users.
+		outside := thirdSliceOf("outside", "api", e.b, "10.1.0.5")
+		outside.Namespace, outside.UID = metav1.NamespaceDefault, ""
+		outside.Annotations = nil
+		if err := e.pcx.Create(ctx, outside); err != nil {
+			t.Fatal(err)
+		}
+		self := thirdSliceOf("self", "api", e.p.id, "10.0.0.5")
+		// No origin: the consumer's Reflector leaves it alone.
+		self.Namespace, self.UID, self.Annotations = e.remote, "", nil
+		if err := e.pcx.Create(ctx, self); err != nil {
+			t.Fatal(err)
+		}
+		// Witness: the one queued after it refused.
+		eventually.Within(t, 30*time.Second, "the provider named refused", func() error {
+			if n := testutil.ToFloat64(e.hosted.m.dropped.WithLabelValues(e.self, hostedDropUnknownCluster)); n != 2 {
+				return fmt.Errorf("unknown-cluster endpoints counted %v, want 2", n)
+			}
+			return nil
+		})
+		for _, s := range []*discoveryv1.EndpointSlice{outside, self} {
+			err := e.pcx.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: hostedSliceName(s.Name)}, &discoveryv1.EndpointSlice{})
+			if !apierrors.IsNotFound(err) {
+				t.Fatalf("translation of %s/%s: %v, want none", s.Namespace, s.Name, err)
+			}
 		}
 	})
 
