@@ -76,6 +76,7 @@ type HostedEndpoints struct {
 	// decided is, per source slice, the resourceVersion whose refusal or
 	// drops were counted and logged: once per change, not per resync.
 	decided map[types.NamespacedName]string
+	lastErr map[types.NamespacedName]string
 }
 
 type hostedMetrics struct {
@@ -150,7 +151,7 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "hosted-endpoints"}),
-		decided: map[types.NamespacedName]string{},
+		decided: map[types.NamespacedName]string{}, lastErr: map[types.NamespacedName]string{},
 	}
 	if h.m, err = newHostedMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("endpoints on third clusters: metrics: %w", err)
@@ -242,13 +243,28 @@ func (h *HostedEndpoints) next(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
 	}
+	h.noteError(key, err)
 	if err != nil {
-		h.log.Debug("not translated; retrying", "slice", key.String(), "err", err)
 		h.queue.AddRateLimited(key)
 		return true
 	}
 	h.queue.Forget(key)
 	return true
+}
+
+// noteError logs a slice's error once per change, and when it clears.
+func (h *HostedEndpoints) noteError(key types.NamespacedName, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	was := h.lastErr[key]
+	switch {
+	case err == nil && was != "":
+		delete(h.lastErr, key)
+		h.log.Info("translated again", "slice", key.String())
+	case err != nil && was != err.Error():
+		h.lastErr[key] = err.Error()
+		h.log.Warn("not translated; retrying", "slice", key.String(), "err", err)
+	}
 }
 
 // reconcile brings the translation of the consumer's slice key in line:
@@ -293,7 +309,9 @@ func (h *HostedEndpoints) reconcile(ctx context.Context, key types.NamespacedNam
 	if u.AddressType != want.AddressType {
 		// Immutable: the old one goes, the new one comes on the retry.
 		uid := current.UID
-		_ = h.client.Delete(ctx, &current, client.Preconditions{UID: &uid})
+		if err := h.client.Delete(ctx, &current, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete EndpointSlice %s/%s of another address type: %w", key.Namespace, name, err)
+		}
 		return fmt.Errorf("EndpointSlice %s/%s changed address type: deleted, made again", key.Namespace, name)
 	}
 	if err := h.client.Update(ctx, u, client.FieldOwner(hostedEndpointsFieldManager)); err != nil {
