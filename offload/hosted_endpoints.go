@@ -73,8 +73,9 @@ type HostedEndpoints struct {
 	m      *hostedMetrics
 
 	mu sync.Mutex
-	// decided is, per source slice, the resourceVersion whose refusal or
-	// drops were counted and logged: once per change, not per resync.
+	// decided is, per source slice, the resourceVersion and reason whose
+	// refusal or drops were counted and logged: once per change, not per
+	// resync.
 	decided map[types.NamespacedName]string
 	lastErr map[types.NamespacedName]string
 }
@@ -386,8 +387,9 @@ func (h *HostedEndpoints) desired(ctx context.Context, key types.NamespacedName)
 // once per change of src.
 func (h *HostedEndpoints) refused(key types.NamespacedName, src *discoveryv1.EndpointSlice, consumer, reason string, n int, why error) {
 	h.mu.Lock()
-	seen := h.decided[key] == src.ResourceVersion
-	h.decided[key] = src.ResourceVersion
+	decision := src.ResourceVersion + "/" + reason
+	seen := h.decided[key] == decision
+	h.decided[key] = decision
 	h.mu.Unlock()
 	if seen {
 		return

@@ -297,4 +297,21 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 			return nil
 		})
 	})
+
+	t.Run("a peer gone takes its translations, and back brings them back", func(t *testing.T) {
+		name := translatedSliceOf("api-manual", e.b)
+		if err := e.p.admin.Delete(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitRemoteGone(t, &discoveryv1.EndpointSlice{}, name)
+		if err := e.p.admin.Create(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
+			t.Fatal(err)
+		}
+		waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, name, func(s *discoveryv1.EndpointSlice) error {
+			if !slices.Equal(addressesOf(s), []string{"10.71.5.7"}) {
+				return fmt.Errorf("addresses %v", addressesOf(s))
+			}
+			return nil
+		})
+	})
 }
