@@ -42,6 +42,11 @@ type offloading struct {
 	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
 	// Services, EndpointSlices) into the namespaces mirrored for them.
 	reflection *offload.Reflector
+
+	// hostedEndpoints translates what consumers reflect of their
+	// endpoints on third clusters into this cluster's views of those
+	// clusters (docs/services.md, "Endpoints on third clusters").
+	hostedEndpoints *offload.HostedEndpoints
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -133,8 +138,18 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// Endpoints on third clusters, the provider's side (docs/services.md):
+	// the ledger's views of this cluster's peers translate them.
+	hostedEndpoints, err := offload.NewHostedEndpoints(offload.HostedEndpointsConfig{
+		Config: a.restCfg, Self: st.id.ClusterID(), Views: ledgerViews{st.ledger},
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection}, nil
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection,
+		hostedEndpoints: hostedEndpoints}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -163,6 +178,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	comps.Go("offloaded pods", o.pods.Run)
 	o.services.start(comps)
 	comps.Go("reflection", o.reflection.Run)
+	comps.Go("endpoints on third clusters", o.hostedEndpoints.Run)
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 )
 
@@ -49,6 +50,21 @@ func (g *grant) testServiceObjects(t *testing.T) {
 		t.Fatalf("the agent creates an imported EndpointSlice: %v", err)
 	}
 
+	// A consumer's endpoints on a third cluster, translated
+	// (offload.HostedEndpoints): a slice of its own, managed by
+	// endpoints.flotilla.io.
+	translated := slice.DeepCopy()
+	translated.Name, translated.Labels = "api-x-translated", map[string]string{
+		discoveryv1.LabelManagedBy: offload.HostedEndpointsManagedBy, discoveryv1.LabelServiceName: "api"}
+	if _, err := slices.Create(ctx, translated, create); err != nil {
+		t.Fatalf("the agent creates a translated EndpointSlice: %v", err)
+	}
+	usersSlice := slice.DeepCopy()
+	usersSlice.Name, usersSlice.Labels = "users-front-y", map[string]string{discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", discoveryv1.LabelServiceName: user.Name}
+	if _, err := g.cp.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, usersSlice, create); err != nil {
+		t.Fatal(err)
+	}
+
 	unlabelled := service("not-ours", corev1.ServiceTypeClusterIP)
 	foreignSlice := slice.DeepCopy()
 	foreignSlice.Name, foreignSlice.Labels = "users-front-x", map[string]string{discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", discoveryv1.LabelServiceName: user.Name}
@@ -63,12 +79,19 @@ func (g *grant) testServiceObjects(t *testing.T) {
 			return err
 		}},
 		{"create a slice of a user's Service", func() error { _, err := slices.Create(ctx, foreignSlice, create); return err }},
+		{"adopt a user's slice by labelling it as a translation", func() error {
+			_, err := slices.Patch(ctx, usersSlice.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"endpointslice.kubernetes.io/managed-by":"endpoints.flotilla.io"}}}`), metav1.PatchOptions{})
+			return err
+		}},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			if err := tt.do(); err == nil || !containsPolicy(err, "flotilla-agent-service-objects") {
 				t.Fatalf("err = %v, want a refusal by flotilla-agent-service-objects", err)
 			}
 		})
+	}
+	if err := slices.Delete(ctx, translated.Name, del); err != nil {
+		t.Errorf("the agent deletes its translated EndpointSlice: %v", err)
 	}
 	if err := slices.Delete(ctx, slice.Name, del); err != nil {
 		t.Errorf("the agent deletes its EndpointSlice: %v", err)

@@ -84,3 +84,23 @@ const (
 	// EndpointSlice controller leaves them alone.
 	ReflectionManagedBy = "reflection.flotilla.io"
 )
+
+// Endpoints on third clusters (docs/services.md, "Endpoints on third
+// clusters"): a consumer's endpoints on a pod it offloaded to another
+// provider B reach provider P in B's own addresses, in a slice P's
+// kube-proxy ignores; P's agent, which knows its view of B, translates
+// them into a slice of its own.
+const (
+	// LabelEndpointsOf is the cluster ID of B on such a slice (and on the
+	// slice P translates from it): the cluster whose own addresses it
+	// lists.
+	LabelEndpointsOf = "flotilla.io/endpoints-of"
+	// LabelServiceName names the Service the slice is for, in place of
+	// kubernetes.io/service-name, so that nothing on P routes to the
+	// untranslated addresses.
+	LabelServiceName = "flotilla.io/service-name"
+	// HostedEndpointsManagedBy is the endpointslice.kubernetes.io/managed-by
+	// value of the slices P's agent translates: its own, so that neither
+	// the EndpointSlice controller nor a consumer's reflection takes them.
+	HostedEndpointsManagedBy = "endpoints.flotilla.io"
+)

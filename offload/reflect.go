@@ -339,7 +339,7 @@ func (r *Reflector) next(ctx context.Context) bool {
 	t, timed := r.since[key]
 	delete(r.since, key)
 	r.stateMu.Unlock()
-	wrote, err := r.reconcile(ctx, key)
+	wrote, err := r.reconcileWithThird(ctx, key)
 	if ctx.Err() != nil {
 		return true
 	}

@@ -192,8 +192,9 @@ func reflectedService(local *corev1.Service, namespace string) *corev1.Service {
 
 // Reasons of flotilla_reflection_dropped_endpoints_total.
 const (
-	// dropThirdCluster: the endpoint runs on a third cluster, whose
-	// address only that cluster's peers can translate.
+	// dropThirdCluster: the endpoint runs on a third cluster, at an
+	// address outside this cluster's views of it (those inside go in a
+	// slice of their own, reflect_third.go).
 	dropThirdCluster = "third_cluster"
 	// dropUntranslatable: neither a pod of ours the provider has a view
 	// of, nor one of its own.
@@ -243,6 +244,9 @@ func reflectedSlice(local *discoveryv1.EndpointSlice, namespace string, t endpoi
 			addrs = append(addrs, ip.String())
 		}
 		if !ok || len(addrs) == 0 {
+			if _, _, third := t.thirdAddresses(e); third {
+				continue // in a slice of its own (reflect_third.go)
+			}
 			reason := dropUntranslatable
 			if e.NodeName != nil && providerOfNode(*e.NodeName) != "" && providerOfNode(*e.NodeName) != t.provider {
 				reason = dropThirdCluster
