@@ -47,7 +47,7 @@ func Diff(old, new []Sets) []Delta {
 		default:
 			d := Delta{Peer: new[j].Peer}
 			d.AddPods, d.DelPods = diffSorted(old[i].Pods, new[j].Pods, netip.Addr.Compare)
-			d.AddServices, d.DelServices = diffSorted(old[i].Services, new[j].Services, compareEndpoint)
+			d.AddServices, d.DelServices = diffSorted(old[i].Services, new[j].Services, CompareEndpoint)
 			if !d.Empty() {
 				out = append(out, d)
 			}

@@ -89,16 +89,17 @@ type Peer struct {
 // Endpoint is one element of a services set: a destination address, its
 // protocol and port.
 type Endpoint struct {
-	Addr     netip.Addr
-	Protocol Protocol
-	Port     uint16
+	Addr     netip.Addr `json:"addr"`
+	Protocol Protocol   `json:"protocol"`
+	Port     uint16     `json:"port"`
 }
 
 func (e Endpoint) String() string {
 	return fmt.Sprintf("%s %s/%d", e.Addr, e.Protocol, e.Port)
 }
 
-func compareEndpoint(a, b Endpoint) int {
+// CompareEndpoint orders endpoints by address, protocol, port.
+func CompareEndpoint(a, b Endpoint) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 }
 
@@ -113,6 +114,37 @@ type Sets struct {
 // Equal reports whether a and b hold the same elements for the same peer.
 func (a Sets) Equal(b Sets) bool {
 	return a.Peer == b.Peer && slices.Equal(a.Pods, b.Pods) && slices.Equal(a.Services, b.Services)
+}
+
+// Check reports the first address or port of s that cannot be enforced.
+// Order and duplicates do not matter: Normal takes care of them.
+func (s Sets) Check() error {
+	for _, a := range s.Pods {
+		if err := checkAddr(a); err != nil {
+			return fmt.Errorf("pod %s: %w", a, err)
+		}
+	}
+	for _, e := range s.Services {
+		if err := checkAddr(e.Addr); err != nil {
+			return fmt.Errorf("service endpoint %s: %w", e.Addr, err)
+		}
+		if err := checkPort(Port{Protocol: e.Protocol, Port: e.Port}); err != nil {
+			return fmt.Errorf("service endpoint %s: %w", e.Addr, err)
+		}
+	}
+	return nil
+}
+
+// Normal returns s with its sets sorted and without duplicates, in new
+// slices: the form Diff compares.
+func (s Sets) Normal() Sets {
+	s.Pods = slices.Clone(s.Pods)
+	slices.SortFunc(s.Pods, netip.Addr.Compare)
+	s.Pods = slices.Compact(s.Pods)
+	s.Services = slices.Clone(s.Services)
+	slices.SortFunc(s.Services, CompareEndpoint)
+	s.Services = slices.Compact(s.Services)
+	return s
 }
 
 // maxPeerIDLen matches the tunnel's bound: the ID names kernel objects.
@@ -173,11 +205,7 @@ func decidePeer(p Peer) (Sets, error) {
 			}
 		}
 	}
-	slices.SortFunc(s.Pods, netip.Addr.Compare)
-	s.Pods = slices.Compact(s.Pods)
-	slices.SortFunc(s.Services, compareEndpoint)
-	s.Services = slices.Compact(s.Services)
-	return s, nil
+	return s.Normal(), nil
 }
 
 // checkAddr: the tunnel filters IPv4 only; anything else cannot be put

@@ -185,7 +185,7 @@ func apply(old []Sets, ds []Delta) []Sets {
 		slices.SortFunc(s.Pods, netip.Addr.Compare)
 		s.Services = slices.DeleteFunc(slices.Clone(s.Services), func(e Endpoint) bool { return slices.Contains(d.DelServices, e) })
 		s.Services = append(s.Services, d.AddServices...)
-		slices.SortFunc(s.Services, compareEndpoint)
+		slices.SortFunc(s.Services, CompareEndpoint)
 		byPeer[d.Peer] = s
 	}
 	var out []Sets

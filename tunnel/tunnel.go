@@ -146,6 +146,7 @@ type Tunnel struct {
 	wg        *wgctrl.Client
 	rt        *routeTable
 	nat       *natTable
+	filter    *filterTable
 	wgApplied *wgRecord // nil when unknown
 	key       Key
 	pub       Key      // of key
@@ -178,7 +179,8 @@ const (
 	fullWireGuard scope = 1 << iota
 	fullRoutes
 	fullNAT
-	fullAll = fullWireGuard | fullRoutes | fullNAT
+	fullPolicy
+	fullAll = fullWireGuard | fullRoutes | fullNAT | fullPolicy
 )
 
 // New adopts the interface of a previous run, or creates it, and returns
@@ -197,6 +199,7 @@ func New(cfg Config) (*Tunnel, error) {
 		log:     cfg.Logger.With("component", "tunnel", "link", cfg.Interface),
 		rt:      &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
 		nat:     &natTable{name: cfg.NFTable, ifname: cfg.Interface},
+		filter:  &filterTable{name: PolicyTable(cfg.NFTable), ifname: cfg.Interface},
 		kick:    make(chan struct{}, 1),
 		key:     cfg.PrivateKey,
 		pub:     cfg.PrivateKey.PublicKey(),
@@ -388,7 +391,11 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
 	changes += n
 	errs = append(errs, err)
-	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
+	t3 := time.Now()
+	n, err = t.filter.reconcile(Filters(d), full&fullPolicy != 0)
+	changes += n
+	errs = append(errs, err)
+	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", t3.Sub(t2), "policy", time.Since(t3))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
 		return changes, err
@@ -510,8 +517,10 @@ func (t *Tunnel) takePending() scope {
 	defer t.pendingMu.Unlock()
 	full := t.pending
 	for _, g := range t.nftGens {
-		if !t.nat.madeGeneration(g) {
-			full |= fullNAT
+		// The streams of both tables report here; a generation of
+		// either table's own transaction is not a foreign change.
+		if !t.nat.madeGeneration(g) && !t.filter.madeGeneration(g) {
+			full |= fullNAT | fullPolicy
 		}
 	}
 	t.pending, t.nftGens = 0, nil
@@ -565,6 +574,9 @@ func Cleanup(cfg Config) error {
 	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := (&filterTable{name: PolicyTable(cfg.NFTable)}).remove(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := removeLink(cfg.Interface); err != nil {
 		errs = append(errs, err)
 	}
@@ -576,6 +588,10 @@ func cloneDesired(d Desired) Desired {
 	for _, p := range d.Peers {
 		p.Views = append([]View(nil), p.Views...)
 		p.ViewsOfMe = append([]View(nil), p.ViewsOfMe...)
+		if p.Segregated != nil {
+			s := p.Segregated.Normal()
+			p.Segregated = &s
+		}
 		out.Peers = append(out.Peers, p)
 	}
 	return out
