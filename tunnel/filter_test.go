@@ -1,0 +1,245 @@
+package tunnel_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/policy"
+	"github.com/flotilla-io/flotilla/test/harness"
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// segregatedMesh is two sites; site a has three pods (p1 offloaded from b,
+// p2 the endpoint of a Service exported to b on TCP 7081, p3 neither),
+// each serving TCP on 7080 to 7082.
+type segregatedMesh struct {
+	*mesh
+	a, b       *meshSite
+	p1, p2, p3 *harness.Pod
+}
+
+func newSegregatedMesh(t *testing.T) *segregatedMesh {
+	m := newMesh(t, "10.0.0.0/16", "10.1.0.0/16")
+	s := &segregatedMesh{mesh: m, a: m.sites[0], b: m.sites[1]}
+	s.p1 = s.a.pod
+	s.p2 = s.a.AddPod("p2", hostIn(s.a.PodCIDR, 2, 2))
+	s.p3 = s.a.AddPod("p3", hostIn(s.a.PodCIDR, 3, 3))
+	for _, p := range []*harness.Pod{s.p1, s.p2, s.p3} {
+		for port := uint16(7080); port <= 7082; port++ {
+			p.ServeTCP(port)
+		}
+	}
+	m.applyFullMesh()
+	return s
+}
+
+// segregate applies site a's desired state with b Segregated to sets (nil:
+// Full).
+func (s *segregatedMesh) segregate(sets *policy.Sets) {
+	d := s.desiredFor(s.a, s.b)
+	d.Peers[0].Segregated = sets
+	s.apply(s.a, d)
+}
+
+// from b's pod, to a pod of a by the address b uses for it.
+func (s *segregatedMesh) dst(p *harness.Pod, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(translate(p.Addr, s.a.PodCIDR, s.b.views[s.a.name]), port)
+}
+
+// reaches waits until b's pod exchanges a line with dst: the positive
+// witness that the path works before anything is expected to be dropped.
+func (s *segregatedMesh) reaches(t *testing.T, dst netip.AddrPort) {
+	t.Helper()
+	waitUntil(t, 15*time.Second, "b's pod reaches "+dst.String(), func() bool {
+		_, err := s.b.pod.TCPExchange(dst)
+		return err == nil
+	})
+}
+
+// refused asserts that a new connection from b's pod to dst does not get
+// through: the SYN is dropped, so the dial times out.
+func (s *segregatedMesh) refused(t *testing.T, dst netip.AddrPort) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := s.b.pod.DialContext(ctx, "tcp", dst.String())
+	if err == nil {
+		c.Close()
+		t.Errorf("b's pod connected to %s; want it dropped", dst)
+	}
+}
+
+var dropCounter = regexp.MustCompile(`counter packets (\d+) bytes (\d+) drop`)
+
+// dropped reads the drop counter of peer b's chain as nft lists it.
+func (s *segregatedMesh) dropped(t *testing.T) uint64 {
+	t.Helper()
+	out := s.a.exec(t, "nft", "list", "chain", "ip", tunnel.PolicyTable(tunnel.DefaultNFTable), "from-cluster-b")
+	m := dropCounter.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no drop counter in chain from-cluster-b:\n%s", out)
+	}
+	n, _ := strconv.ParseUint(m[1], 10, 64)
+	return n
+}
+
+func (s *segregatedMesh) allowed(pods []*harness.Pod, svcs ...policy.Endpoint) *policy.Sets {
+	sets := &policy.Sets{Services: svcs}
+	for _, p := range pods {
+		sets.Pods = append(sets.Pods, p.Addr)
+	}
+	return sets
+}
+
+// A Segregated peer reaches its offloaded pod on any port and the
+// exported Service's endpoint on the Service's port only; everything else
+// is dropped and counted.
+func TestSegregatedPeerReachesOnlyWhatIsAllowed(t *testing.T) {
+	s := newSegregatedMesh(t)
+	s.segregate(s.allowed([]*harness.Pod{s.p1}, policy.Endpoint{Addr: s.p2.Addr, Protocol: policy.TCP, Port: 7081}))
+
+	s.reaches(t, s.dst(s.p1, 7080))
+	s.reaches(t, s.dst(s.p1, 7082))
+	s.reaches(t, s.dst(s.p2, 7081))
+	// An operator reads the rules and the sets plainly with nft.
+	listing := s.a.exec(t, "nft", "list", "table", "ip", tunnel.PolicyTable(tunnel.DefaultNFTable))
+	t.Logf("policy table:\n%s", listing)
+	for _, want := range []string{
+		"ip daddr @pods-cluster-b accept",
+		"ip daddr . meta l4proto . th dport @services-cluster-b accept",
+		fmt.Sprintf("elements = { %s . tcp . 7081 }", s.p2.Addr),
+	} {
+		if !strings.Contains(listing, want) {
+			t.Errorf("nft list lacks %q", want)
+		}
+	}
+	before := s.dropped(t)
+	s.refused(t, s.dst(s.p2, 7080))
+	s.refused(t, s.dst(s.p3, 7081))
+	if got := s.dropped(t); got <= before {
+		t.Errorf("drop counter of peer b: %d before, %d after two refused connections; want it to grow", before, got)
+	}
+	// Replies to what a opens towards b are not b's new connections.
+	s.b.pod.ServeTCP(7090)
+	if _, err := s.p3.TCPExchange(netip.AddrPortFrom(s.a.seenFrom(s.b), 7090)); err != nil {
+		t.Errorf("a's pod p3 to b's pod: %v; want the replies let through", err)
+	}
+}
+
+// echo is an established connection from b's pod to a server that echoes
+// lines back.
+type echo struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func serveEcho(t *testing.T, p *harness.Pod, port uint16) {
+	l, err := p.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+func (s *segregatedMesh) dialEcho(t *testing.T, dst netip.AddrPort) *echo {
+	t.Helper()
+	var e *echo
+	waitUntil(t, 15*time.Second, "echo connection to "+dst.String(), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c, err := s.b.pod.DialContext(ctx, "tcp", dst.String())
+		if err != nil {
+			return false
+		}
+		e = &echo{c: c, r: bufio.NewReader(c)}
+		return true
+	})
+	t.Cleanup(func() { e.c.Close() })
+	return e
+}
+
+func (e *echo) roundTrip(msg string) error {
+	e.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintln(e.c, msg); err != nil {
+		return err
+	}
+	got, err := e.r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(got) != msg {
+		return fmt.Errorf("echoed %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// Unoffloading a pod refuses new connections to it at once, while one
+// already established keeps working (conntrack).
+func TestRemovedElementRefusesNewConnectionsOnly(t *testing.T) {
+	s := newSegregatedMesh(t)
+	serveEcho(t, s.p1, 7099)
+	s.segregate(s.allowed([]*harness.Pod{s.p1, s.p2}))
+	held := s.dialEcho(t, s.dst(s.p1, 7099))
+	if err := held.roundTrip("before"); err != nil {
+		t.Fatal(err)
+	}
+	s.reaches(t, s.dst(s.p1, 7080))
+
+	s.segregate(s.allowed([]*harness.Pod{s.p2}))
+	s.reaches(t, s.dst(s.p2, 7080))
+	s.refused(t, s.dst(s.p1, 7080))
+	if err := held.roundTrip("after"); err != nil {
+		t.Errorf("established connection to the removed pod: %v; want it kept", err)
+	}
+}
+
+// A live peer goes from Full to Segregated and back: what is not allowed
+// passes, is dropped, passes again; Full leaves nothing of ours on the
+// forward path.
+func TestSwitchFullSegregated(t *testing.T) {
+	s := newSegregatedMesh(t)
+	table := tunnel.PolicyTable(tunnel.DefaultNFTable)
+	s.reaches(t, s.dst(s.p3, 7080))
+	if _, err := s.a.Exec(context.Background(), "nft", "list", "table", "ip", table); err == nil {
+		t.Errorf("table %s exists with every peer Full", table)
+	}
+
+	s.segregate(s.allowed([]*harness.Pod{s.p1}))
+	s.reaches(t, s.dst(s.p1, 7080))
+	s.refused(t, s.dst(s.p3, 7080))
+
+	s.segregate(nil)
+	s.reaches(t, s.dst(s.p3, 7080))
+	if _, err := s.a.Exec(context.Background(), "nft", "list", "table", "ip", table); err == nil {
+		t.Errorf("table %s still exists after peer b went back to Full", table)
+	}
+}
