@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -241,5 +242,61 @@ func TestSwitchFullSegregated(t *testing.T) {
 	s.reaches(t, s.dst(s.p3, 7080))
 	if _, err := s.a.Exec(context.Background(), "nft", "list", "table", "ip", table); err == nil {
 		t.Errorf("table %s still exists after peer b went back to Full", table)
+	}
+}
+
+// policyListing is the filter table as nft lists it, one statement a line,
+// sorted, counters zeroed: two listings of the same content compare equal.
+func (s *segregatedMesh) policyListing(t *testing.T) string {
+	out, err := s.a.Exec(context.Background(), "nft", "list", "table", "ip", tunnel.PolicyTable(tunnel.DefaultNFTable))
+	if err != nil {
+		return ""
+	}
+	return sortedStatements(dropCounter.ReplaceAllString(string(out), "counter drop"))
+}
+
+func sortedStatements(listing string) string {
+	var lines []string
+	for _, l := range strings.Split(listing, "\n") {
+		for _, part := range strings.Split(strings.Trim(strings.TrimSpace(l), "{},"), ",") {
+			if part = strings.TrimSpace(part); part != "" && part != "}" {
+				lines = append(lines, part)
+			}
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// Whatever someone does to the filter table, the tunnel puts it back as
+// it was, and the peer is again held to what it is allowed.
+func TestPolicyRepair(t *testing.T) {
+	s := newSegregatedMesh(t)
+	table := tunnel.PolicyTable(tunnel.DefaultNFTable)
+	s.segregate(s.allowed([]*harness.Pod{s.p1}, policy.Endpoint{Addr: s.p2.Addr, Protocol: policy.TCP, Port: 7081}))
+	s.reaches(t, s.dst(s.p1, 7080))
+	want := s.policyListing(t)
+	same := func() bool { return s.policyListing(t) == want }
+	for _, tc := range []struct {
+		name   string
+		break_ []string
+	}{
+		{"table deleted", []string{"nft", "delete", "table", "ip", table}},
+		{"table flushed", []string{"nft", "flush", "table", "ip", table}},
+		{"peer chain flushed", []string{"nft", "flush", "chain", "ip", table, "from-cluster-b"}},
+		{"base chain deleted", []string{"nft", "delete", "chain", "ip", table, "forward"}},
+		{"allowed pod deleted", []string{"nft", "delete", "element", "ip", table, "pods-cluster-b", "{", s.p1.Addr.String(), "}"}},
+		{"pod slipped in", []string{"nft", "add", "element", "ip", table, "pods-cluster-b", "{", s.p3.Addr.String(), "}"}},
+		{"service port slipped in", []string{"nft", "add", "element", "ip", table, "services-cluster-b", "{", s.p2.Addr.String(), ".", "tcp", ".", "7080", "}"}},
+		{"dispatch element deleted", []string{"nft", "delete", "element", "ip", table, "from-peers", "{", s.a.views["b"].String(), "}"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.a.exec(t, tc.break_[0], tc.break_[1:]...)
+			took := waitUntil(t, 10*time.Second, "repaired", same)
+			t.Logf("%s: repaired after %s", tc.name, took.Round(time.Millisecond))
+			s.reaches(t, s.dst(s.p1, 7080))
+			s.refused(t, s.dst(s.p3, 7080))
+			s.refused(t, s.dst(s.p2, 7080))
+		})
 	}
 }
