@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netns"
 )
 
 // The filter for Segregated peers lives in a second table of ours, next to
@@ -431,11 +432,12 @@ type Dropped struct {
 	Packets, Bytes uint64
 }
 
-// dropped reads the drop counters of every peer's chain.
-func (f *filterTable) dropped() (map[string]Dropped, error) {
-	c, err := newNFTConn()
+// dropped reads the drop counters of every peer's chain in the network
+// namespace ns.
+func (f *filterTable) dropped(ns netns.NsHandle) (map[string]Dropped, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open nftables: %w", err)
 	}
 	out := map[string]Dropped{}
 	t := f.table()
@@ -460,5 +462,8 @@ func (f *filterTable) dropped() (map[string]Dropped, error) {
 func (t *Tunnel) Dropped() (map[string]Dropped, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.filter.dropped()
+	if t.closed {
+		return nil, errors.New("read drop counters: tunnel closed")
+	}
+	return t.filter.dropped(t.netns)
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -298,5 +300,64 @@ func TestPolicyRepair(t *testing.T) {
 			s.refused(t, s.dst(s.p3, 7080))
 			s.refused(t, s.dst(s.p2, 7080))
 		})
+	}
+}
+
+// gauge returns the value of the metric name with labels, and whether it
+// is there.
+func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue next
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue(), true
+			}
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// The metrics show each Segregated peer's set sizes and its drop counter;
+// a peer back to Full has neither.
+func TestPolicyMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	site, tun, _ := siteTunnel(t, tunnel.Config{Metrics: reg})
+	d := onePeer(t, mustPrefix("10.80.0.0/24"))
+	d.Peers[0].Segregated = &policy.Sets{
+		Pods:     []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6")},
+		Services: []policy.Endpoint{{Addr: netip.MustParseAddr("10.0.0.7"), Protocol: policy.UDP, Port: 53}},
+	}
+	if err := site.Do(func() error { return tun.Apply(context.Background(), d) }); err != nil {
+		t.Fatal(err)
+	}
+	for set, want := range map[string]float64{"pods": 2, "services": 1} {
+		if got, ok := gauge(t, reg, "flotilla_tunnel_policy_set_elements", map[string]string{"peer": "b", "set": set}); !ok || got != want {
+			t.Errorf("flotilla_tunnel_policy_set_elements{peer=b,set=%s} = %v (present %v), want %v", set, got, ok, want)
+		}
+	}
+	if _, ok := gauge(t, reg, "flotilla_tunnel_policy_dropped_packets_total", map[string]string{"peer": "b", "reason": "not_allowed"}); !ok {
+		t.Errorf("no flotilla_tunnel_policy_dropped_packets_total for peer b")
+	}
+
+	d.Peers[0].Segregated = nil
+	if err := site.Do(func() error { return tun.Apply(context.Background(), d) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gauge(t, reg, "flotilla_tunnel_policy_set_elements", map[string]string{"peer": "b"}); ok {
+		t.Errorf("peer b back to Full still has set sizes")
 	}
 }

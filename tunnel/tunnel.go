@@ -23,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/internal/eventstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 )
@@ -141,12 +142,16 @@ type Tunnel struct {
 	pending   scope    // what the next repair must read back
 	nftGens   []uint32 // nftables generations that touched our table, to check
 
-	mu        sync.Mutex
-	link      *wgLink
-	wg        *wgctrl.Client
-	rt        *routeTable
-	nat       *natTable
-	filter    *filterTable
+	mu     sync.Mutex
+	link   *wgLink
+	wg     *wgctrl.Client
+	rt     *routeTable
+	nat    *natTable
+	filter *filterTable
+	// netns is the network namespace New ran in, where every object of
+	// ours lives: the metrics read the filter's counters from goroutines
+	// that may run anywhere.
+	netns     netns.NsHandle
 	wgApplied *wgRecord // nil when unknown
 	key       Key
 	pub       Key      // of key
@@ -219,6 +224,10 @@ func New(cfg Config) (*Tunnel, error) {
 	if _, err := t.ensureLink(); err != nil {
 		t.wg.Close()
 		return nil, err
+	}
+	if t.netns, err = netns.Get(); err != nil {
+		t.wg.Close()
+		return nil, fmt.Errorf("open this network namespace: %w", err)
 	}
 	t.metrics = newMetrics(t)
 	if cfg.Metrics != nil {
@@ -395,6 +404,7 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	n, err = t.filter.reconcile(Filters(d), full&fullPolicy != 0)
 	changes += n
 	errs = append(errs, err)
+	t.metrics.policySeconds.Observe(time.Since(t3).Seconds())
 	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", t3.Sub(t2), "policy", time.Since(t3))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
@@ -537,6 +547,7 @@ func (t *Tunnel) Close() error {
 		return nil
 	}
 	t.closed = true
+	t.netns.Close()
 	if t.contactTimer != nil {
 		t.contactTimer.Stop()
 	}
