@@ -23,6 +23,7 @@ func podAddr(i int) netip.Addr {
 // removed, 5,000 others added). Apply returns once the kernel has
 // acknowledged the transaction, and from then on packets meet the new
 // set; the benchmark checks with nft that the last element is there.
+// Removing the one element again (a pod unoffloaded) is reported too.
 // Median, min and max of b.N runs (use -benchtime Nx).
 func BenchmarkPolicyUpdate(b *testing.B) {
 	site, tun, _ := siteTunnel(b, tunnel.Config{Logger: benchLogger()})
@@ -50,14 +51,15 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 
 	b.Run("one-added-to-10000", func(b *testing.B) {
 		apply(base)
-		var runs []time.Duration
+		var added, removed []time.Duration
 		for i := range b.N {
-			runs = append(runs, apply(append(base[:len(base):len(base)], podAddr(20000+i))))
-			apply(base)
+			added = append(added, apply(append(base[:len(base):len(base)], podAddr(20000+i))))
+			removed = append(removed, apply(base))
 		}
 		apply(append(base[:len(base):len(base)], podAddr(20000)))
 		visible(podAddr(20000))
-		reportSpread(b, runs, "one-element")
+		reportSpread(b, added, "one-added")
+		reportSpread(b, removed, "one-removed")
 	})
 	b.Run("10000-changes-in-one-batch", func(b *testing.B) {
 		other := make([]netip.Addr, 10000)
