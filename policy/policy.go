@@ -106,9 +106,9 @@ func CompareEndpoint(a, b Endpoint) int {
 // Sets is what a Segregated peer may reach, sorted and without duplicates:
 // the contents of its two kernel sets.
 type Sets struct {
-	Peer     string
-	Pods     []netip.Addr
-	Services []Endpoint
+	Peer     string       `json:"peer,omitempty"`
+	Pods     []netip.Addr `json:"pods"`
+	Services []Endpoint   `json:"services"`
 }
 
 // Equal reports whether a and b hold the same elements for the same peer.
