@@ -361,3 +361,57 @@ func TestPolicyMetrics(t *testing.T) {
 		t.Errorf("peer b back to Full still has set sizes")
 	}
 }
+
+// While 10,000 elements change in each of several transactions, new
+// connections to an allowed pod keep being made and an established one
+// keeps exchanging, and not one packet of the peer is dropped: no set is
+// ever flushed and refilled.
+func TestAllowedFlowsSurviveLargeChanges(t *testing.T) {
+	s := newSegregatedMesh(t)
+	serveEcho(t, s.p2, 7099)
+	filler := func(from int) []netip.Addr {
+		out := []netip.Addr{s.p1.Addr, s.p2.Addr}
+		for i := range 10000 {
+			out = append(out, podAddr(from+i))
+		}
+		return out
+	}
+	s.segregate(&policy.Sets{Pods: filler(0)})
+	s.reaches(t, s.dst(s.p1, 7080))
+	held := s.dialEcho(t, s.dst(s.p2, 7099))
+	before := s.dropped(t)
+
+	stop := make(chan struct{})
+	done := make(chan [2]int)
+	go func() {
+		var ok, failed int
+		for {
+			select {
+			case <-stop:
+				done <- [2]int{ok, failed}
+				return
+			default:
+			}
+			if _, err := s.b.pod.TCPExchange(s.dst(s.p1, 7080)); err != nil {
+				failed++
+			} else {
+				ok++
+			}
+		}
+	}()
+	for i := range 6 {
+		s.segregate(&policy.Sets{Pods: filler(10000 * ((i + 1) % 2))})
+		if err := held.roundTrip(fmt.Sprint("change ", i)); err != nil {
+			t.Errorf("established connection after change %d: %v", i, err)
+		}
+	}
+	close(stop)
+	n := <-done
+	if n[0] == 0 || n[1] > 0 {
+		t.Errorf("new connections during the changes: %d made, %d failed; want some made and none failed", n[0], n[1])
+	}
+	t.Logf("%d new connections made during 6 changes of 10,000 elements", n[0])
+	if after := s.dropped(t); after != before {
+		t.Errorf("drop counter of peer b went from %d to %d during the changes; want no packet dropped", before, after)
+	}
+}
