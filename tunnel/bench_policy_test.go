@@ -2,12 +2,15 @@ package tunnel_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/flotilla-io/flotilla/policy"
+	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -79,4 +82,63 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 		visible(podAddr(14999))
 		reportSpread(b, runs, "batch-10000")
 	})
+}
+
+// BenchmarkSegregatedThroughput measures pod-to-pod TCP throughput (iperf3,
+// 3 s) from a peer into a site with the peer Full and with it Segregated to
+// 10,000 pods and 10,000 service endpoints (the server's pod among them),
+// alternating, three rounds each, in one run; it reports the medians and
+// their ratio (issue 16's target: >= 0.95). It runs once whatever b.N is.
+func BenchmarkSegregatedThroughput(b *testing.B) {
+	m := newMesh(b, "10.1.0.0/16", "10.2.0.0/16")
+	m.env.Require(harness.IPerf3)
+	a, c := m.sites[0], m.sites[1]
+	a.views["b"], c.views["a"] = mustPrefix("10.70.0.0/16"), mustPrefix("10.71.0.0/16")
+	a.pod.Start("iperf3", "iperf3", "-s")
+	m.applyFullMesh()
+	dst := c.seenFrom(a)
+	waitUntil(b, 15*time.Second, "ping from the peer's pod", func() bool { return c.pod.Ping(dst) == nil })
+	segregated := &policy.Sets{Pods: []netip.Addr{a.pod.Addr}}
+	for i := range 10000 {
+		segregated.Pods = append(segregated.Pods, podAddr(i))
+		segregated.Services = append(segregated.Services, policy.Endpoint{Addr: podAddr(i), Protocol: policy.TCP, Port: 5201})
+	}
+	measure := func() float64 {
+		var out []byte
+		var err error
+		for range 3 { // the server may still be busy with the last run
+			if out, err = c.pod.Exec(context.Background(), "iperf3", "-c", dst.String(), "-t", "3", "-J"); err == nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			b.Fatalf("iperf3: %v\n%s", err, out)
+		}
+		var res struct {
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			b.Fatalf("iperf3 output: %v", err)
+		}
+		return res.End.SumReceived.BitsPerSecond / 1e9
+	}
+	var full, seg []float64
+	for range 3 {
+		m.apply(a, m.desiredFor(a, c))
+		full = append(full, measure())
+		d := m.desiredFor(a, c)
+		d.Peers[0].Segregated = segregated
+		m.apply(a, d)
+		seg = append(seg, measure())
+	}
+	b.Logf("Full %v Gbit/s, Segregated %v Gbit/s", full, seg)
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	b.ReportMetric(med(full), "full-Gbit/s")
+	b.ReportMetric(med(seg), "segregated-Gbit/s")
+	b.ReportMetric(med(seg)/med(full), "segregated/full")
 }
