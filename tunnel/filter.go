@@ -24,6 +24,8 @@ import (
 //	  map from-peers { type ipv4_addr : verdict; flags interval; <my view of P> : jump from-P }
 //	  chain forward  { type filter hook forward priority filter; policy accept;
 //	                   iifname IF ip saddr vmap @from-peers }
+//	  chain input    { type filter hook input priority filter; policy accept;
+//	                   iifname IF ip saddr vmap @from-peers }
 //	  set pods-P     { type ipv4_addr }
 //	  set services-P { type ipv4_addr . inet_proto . inet_service }
 //	  chain from-P   { ct state established,related accept
@@ -32,7 +34,9 @@ import (
 //	                   counter drop }
 //	}
 //
-// Filtering happens on forward, after the NAT table's DNAT (prerouting):
+// Filtering happens on forward, and on input for what is addressed to the
+// gateway host itself (its HostSource on our link, whatever listens on all
+// addresses), after the NAT table's DNAT (prerouting):
 // the destination is this cluster's real address, the one policy's sets
 // hold. The source is still my view of the peer, which the peer's
 // WireGuard allowed IPs guarantee, so a peer cannot pass as another. Only
@@ -44,9 +48,19 @@ import (
 // covers one concern.
 const (
 	filterChain    = "forward"
+	inputChain     = "input"
 	filterMap      = "from-peers"
 	filterDispatch = "flotilla policy dispatch by peer"
 )
+
+// baseChains are the hooks a Segregated peer's traffic is filtered at.
+var baseChains = [...]struct {
+	name string
+	hook *nftables.ChainHook
+}{
+	{filterChain, nftables.ChainHookForward},
+	{inputChain, nftables.ChainHookInput},
+}
 
 // PolicyTable names the filter table of a tunnel whose NAT table is nat.
 func PolicyTable(nat string) string { return nat + "-policy" }
@@ -103,10 +117,10 @@ func (f *filterTable) table() *nftables.Table {
 	return &nftables.Table{Name: f.name, Family: nftables.TableFamilyIPv4}
 }
 
-func (f *filterTable) baseChain(t *nftables.Table) *nftables.Chain {
+func (f *filterTable) baseChain(t *nftables.Table, i int) *nftables.Chain {
 	accept := nftables.ChainPolicyAccept
-	return &nftables.Chain{Name: filterChain, Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept}
+	return &nftables.Chain{Name: baseChains[i].name, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: baseChains[i].hook, Priority: nftables.ChainPriorityFilter, Policy: &accept}
 }
 
 func (f *filterTable) vmap(t *nftables.Table) *nftables.Set {
@@ -273,10 +287,12 @@ func (f *filterTable) addSkeleton(c *nftables.Conn, t *nftables.Table) int {
 	c.AddTable(t)
 	vm := f.vmap(t)
 	c.AddSet(vm, nil) //nolint:errcheck // an interval map without elements cannot fail to encode
-	base := c.AddChain(f.baseChain(t))
-	c.AddRule(&nftables.Rule{Table: t, Chain: base, Exprs: f.dispatchExprs(vm),
-		UserData: userdata.AppendString(nil, userdata.TypeComment, filterDispatch)})
-	return 4
+	for i := range baseChains {
+		base := c.AddChain(f.baseChain(t, i))
+		c.AddRule(&nftables.Rule{Table: t, Chain: base, Exprs: f.dispatchExprs(vm),
+			UserData: userdata.AppendString(nil, userdata.TypeComment, filterDispatch)})
+	}
+	return 2 + 2*len(baseChains)
 }
 
 // addPeer queues a peer's sets, with their elements, and its chain.

@@ -52,17 +52,19 @@ func (f *filterTable) readStructure(c *nftables.Conn) (kernelFilter, error) {
 // sets for the peers of want, of the kinds we make: then only elements can
 // differ. Anything else is rebuilt.
 func (k kernelFilter) structured(f *filterTable, want map[string]PeerFilter) bool {
-	base := k.chains[filterChain]
-	if base == nil || !sameHook(base, f.baseChain(nil)) {
-		return false
-	}
-	if !slices.Equal(comments(k.rules[filterChain]), []string{filterDispatch}) {
-		return false
+	for i, bc := range baseChains {
+		base := k.chains[bc.name]
+		if base == nil || !sameHook(base, f.baseChain(nil, i)) {
+			return false
+		}
+		if !slices.Equal(comments(k.rules[bc.name]), []string{filterDispatch}) {
+			return false
+		}
 	}
 	if vm := k.sets[filterMap]; vm == nil || !vm.Interval || !isVerdictMap(vm) {
 		return false
 	}
-	if len(k.chains) != 1+len(want) || len(k.sets) != 1+2*len(want) {
+	if len(k.chains) != len(baseChains)+len(want) || len(k.sets) != 1+2*len(want) {
 		return false
 	}
 	for peer := range want {

@@ -415,3 +415,24 @@ func TestAllowedFlowsSurviveLargeChanges(t *testing.T) {
 		t.Errorf("drop counter of peer b went from %d to %d during the changes; want no packet dropped", before, after)
 	}
 }
+
+// What a Segregated peer sends to the gateway host itself (an address of
+// this cluster's on the host, and whatever listens on all addresses) is
+// filtered like what it sends to pods: reachable while the peer is Full,
+// dropped and counted once it is Segregated.
+func TestSegregatedPeerKeptFromGatewayHost(t *testing.T) {
+	s := newSegregatedMesh(t)
+	hostAddr := hostIn(s.a.PodCIDR, 255, 1)
+	s.a.exec(t, "ip", "addr", "add", hostAddr.String()+"/32", "dev", "lo")
+	s.a.ServeTCP(7085)
+	toHost := netip.AddrPortFrom(translate(hostAddr, s.a.PodCIDR, s.b.views[s.a.name]), 7085)
+	s.reaches(t, toHost)
+
+	s.segregate(s.allowed([]*harness.Pod{s.p1}))
+	s.reaches(t, s.dst(s.p1, 7080))
+	before := s.dropped(t)
+	s.refused(t, toHost)
+	if got := s.dropped(t); got <= before {
+		t.Errorf("drop counter of peer b: %d before, %d after a refused connection to the gateway host; want it to grow", before, got)
+	}
+}
