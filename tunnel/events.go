@@ -25,8 +25,9 @@ const (
 func (t *Tunnel) streams() []*eventstream.Stream {
 	nft := eventstream.NFTables(t.cfg.NFTable, func() int { return t.eventBuffer[eventsNFT] },
 		t.nftChanged, func() { t.trigger(fullNAT) })
+	// The filter table's stream shares the nftables buffer setting.
 	policyNFT := eventstream.NFTables(PolicyTable(t.cfg.NFTable), func() int { return t.eventBuffer[eventsNFT] },
-		t.nftChanged, func() { t.trigger(fullPolicy) })
+		t.policyChanged, func() { t.trigger(fullPolicy) })
 	return []*eventstream.Stream{
 		{Kind: eventsRoute, Subscribe: t.subscribeRoutes},
 		{Kind: eventsLink, Subscribe: t.subscribeLinks},

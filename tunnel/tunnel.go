@@ -141,6 +141,8 @@ type Tunnel struct {
 	pendingMu sync.Mutex
 	pending   scope    // what the next repair must read back
 	nftGens   []uint32 // nftables generations that touched our table, to check
+	// policyGens are those that touched the filter table (filter.go).
+	policyGens []uint32
 
 	mu     sync.Mutex
 	link   *wgLink
@@ -519,6 +521,14 @@ func (t *Tunnel) nftChanged(gen uint32) {
 	t.trigger(0)
 }
 
+// policyChanged is nftChanged for the filter table.
+func (t *Tunnel) policyChanged(gen uint32) {
+	t.pendingMu.Lock()
+	t.policyGens = append(t.policyGens, gen)
+	t.pendingMu.Unlock()
+	t.trigger(0)
+}
+
 // takePending returns what the next repair must read back. Called with mu
 // held: every transaction of ours has recorded its generation by then, so
 // our own changes are told apart from someone else's.
@@ -526,14 +536,21 @@ func (t *Tunnel) takePending() scope {
 	t.pendingMu.Lock()
 	defer t.pendingMu.Unlock()
 	full := t.pending
+	// A stream reports set element changes of any table (the kernel's
+	// element events do not name it), so a generation of either table's
+	// own transactions is not a foreign change to the other.
+	ours := func(g uint32) bool { return t.nat.madeGeneration(g) || t.filter.madeGeneration(g) }
 	for _, g := range t.nftGens {
-		// The streams of both tables report here; a generation of
-		// either table's own transaction is not a foreign change.
-		if !t.nat.madeGeneration(g) && !t.filter.madeGeneration(g) {
-			full |= fullNAT | fullPolicy
+		if !ours(g) {
+			full |= fullNAT
 		}
 	}
-	t.pending, t.nftGens = 0, nil
+	for _, g := range t.policyGens {
+		if !ours(g) {
+			full |= fullPolicy
+		}
+	}
+	t.pending, t.nftGens, t.policyGens = 0, nil, nil
 	return full
 }
 
