@@ -11,10 +11,10 @@ import (
 
 // The folders below the Kubernetes side know nothing of Kubernetes: the
 // negotiation, the data path (tunnel and fabric), the ledger, discovery,
-// identity and the grant message import no k8s.io or sigs.k8s.io package,
-// directly or through another.
+// identity, the grant message and the traffic policy import no k8s.io or
+// sigs.k8s.io package, directly or through another.
 func TestLowerLayersImportNoKubernetes(t *testing.T) {
-	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering", "./offload/grant"} {
+	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering", "./offload/grant", "./policy"} {
 		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
 			// One line per package that imports Kubernetes itself.
 			reported := map[string]bool{}

@@ -30,6 +30,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -105,6 +106,9 @@ type Config struct {
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
 	OffloadGrants offload.GrantPolicy
+	// Traffic is the mode for Peers whose spec.traffic is empty: Full
+	// (every pod reachable, as routed) or Segregated (docs/policy.md).
+	Traffic policy.Mode
 	// APIServerURL and APIServerCA (a PEM file) are what this cluster
 	// announces to the peers it grants; empty: found in the cluster
 	// (offload.FindAPIServer).
@@ -150,6 +154,7 @@ func DefaultConfig() Config {
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
 		OffloadGrants:      offload.GrantsManual,
+		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
 		GrantLifetime:      time.Hour,
 	}
@@ -209,6 +214,11 @@ func New(cfg Config) (*Agent, error) {
 	if _, err := offload.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
 		return nil, fmt.Errorf("--offload-grants: %w", err)
 	}
+	traffic, err := policy.ParseMode(string(cfg.Traffic))
+	if err != nil {
+		return nil, fmt.Errorf("--traffic: %w", err)
+	}
+	cfg.Traffic = traffic
 	if cfg.GrantLifetime == 0 {
 		cfg.GrantLifetime = time.Hour
 	}

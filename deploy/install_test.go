@@ -92,7 +92,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 	peer := &flotillav1.Peer{
 		TypeMeta:   metav1.TypeMeta{APIVersion: flotillav1.GroupVersion.String(), Kind: "Peer"},
 		ObjectMeta: metav1.ObjectMeta{Name: "c-beta"},
-		Spec:       flotillav1.PeerSpec{Offloading: flotillav1.OffloadingGrant},
+		Spec:       flotillav1.PeerSpec{Offloading: flotillav1.OffloadingGrant, Traffic: flotillav1.TrafficSegregated},
 	}
 	created, err := peers.Create(ctx, toUnstructured(t, peer), metav1.CreateOptions{})
 	if err != nil {
@@ -123,7 +123,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		values  []string
 	}{
 		{[]string{"get", "peers"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "HOSTING", "OFFLOAD", "AGE"}, []string{"c-beta", "beta", "Connected", "198.18.0.2:51820", "20m", "Granted", "Ready"}},
-		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "VIEWS", "NETWORKING", "SOURCES", "OFFLOADING", "HOSTING", "OFFLOAD", "EXPIRES", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16", `["mdns","seed"]`, "Grant", "2030-01-02T03:04:05Z"}},
+		{[]string{"get", "peers", "-o", "wide"}, []string{"NAME", "CLUSTER", "PHASE", "ENDPOINT", "HANDSHAKE", "VIEWS", "NETWORKING", "SOURCES", "OFFLOADING", "TRAFFIC", "HOSTING", "OFFLOAD", "EXPIRES", "AGE"}, []string{"10.0.0.0/16=>10.70.0.0/16", `["mdns","seed"]`, "Grant", "Segregated", "2030-01-02T03:04:05Z"}},
 	} {
 		out, err := kubectl(cp, tc.args...)
 		if err != nil {
@@ -142,6 +142,17 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 				t.Errorf("kubectl %s: row %q lacks %q", strings.Join(tc.args, " "), lines[1], v)
 			}
 		}
+	}
+
+	// A traffic mode that does not exist is refused by the API server,
+	// naming the ones that do.
+	bad := peer.DeepCopy()
+	bad.ObjectMeta = metav1.ObjectMeta{Name: "c-gamma"}
+	bad.Status = flotillav1.PeerStatus{}
+	bad.Spec.Traffic = "Partial"
+	if _, err := peers.Create(ctx, toUnstructured(t, bad), metav1.CreateOptions{}); err == nil ||
+		!strings.Contains(err.Error(), `Unsupported value: "Partial"`) || !strings.Contains(err.Error(), `"Segregated"`) {
+		t.Errorf("create Peer with spec.traffic Partial: %v; want it refused naming Full and Segregated", err)
 	}
 }
 

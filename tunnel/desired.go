@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/policy"
 	"net/netip"
 	"slices"
 	"time"
@@ -40,6 +41,10 @@ type Peer struct {
 	// it decides when a side that waits for the first handshake stops
 	// waiting (firstcontact.go).
 	FirstContact FirstContact `json:"firstContact,omitempty"`
+	// Segregated, when set, is all that traffic from the peer may reach
+	// in this cluster (filter.go); nil is Full: everything, as routed.
+	// Its Peer field is ignored: the set belongs to this peer.
+	Segregated *policy.Sets `json:"segregated,omitempty"`
 }
 
 // FirstContact is what the peer says of its side of the first handshake.
@@ -148,6 +153,11 @@ func (d Desired) Validate() error {
 		case FirstContactGuess, FirstContactAnnounced, FirstContactReady:
 		default:
 			return fmt.Errorf("peer %s: first contact %q: want %q, %q or empty", p.ClusterID, p.FirstContact, FirstContactAnnounced, FirstContactReady)
+		}
+		if p.Segregated != nil {
+			if err := p.Segregated.Check(); err != nil {
+				return fmt.Errorf("peer %s: segregated traffic: %w", p.ClusterID, err)
+			}
 		}
 		if len(p.Views) == 0 {
 			return fmt.Errorf("peer %s: no views of its networks", p.ClusterID)

@@ -12,9 +12,10 @@ import (
 // Kernel event streams Run keeps open, by the name logs and the
 // resubscribes metric give them.
 const (
-	eventsRoute = "route"
-	eventsLink  = "link"
-	eventsNFT   = "nftables"
+	eventsRoute     = "route"
+	eventsLink      = "link"
+	eventsNFT       = "nftables"
+	eventsNFTPolicy = "nftables-policy"
 )
 
 // streams are the kernel events that can undo our work. Events arrive
@@ -24,10 +25,14 @@ const (
 func (t *Tunnel) streams() []*eventstream.Stream {
 	nft := eventstream.NFTables(t.cfg.NFTable, func() int { return t.eventBuffer[eventsNFT] },
 		t.nftChanged, func() { t.trigger(fullNAT) })
+	// The filter table's stream shares the nftables buffer setting.
+	policyNFT := eventstream.NFTables(PolicyTable(t.cfg.NFTable), func() int { return t.eventBuffer[eventsNFT] },
+		t.policyChanged, func() { t.trigger(fullPolicy) })
 	return []*eventstream.Stream{
 		{Kind: eventsRoute, Subscribe: t.subscribeRoutes},
 		{Kind: eventsLink, Subscribe: t.subscribeLinks},
 		{Kind: eventsNFT, Subscribe: nft},
+		{Kind: eventsNFTPolicy, Subscribe: policyNFT},
 	}
 }
 

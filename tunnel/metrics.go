@@ -18,6 +18,10 @@ type metrics struct {
 	rxBytes          *prometheus.Desc
 	txBytes          *prometheus.Desc
 	handshake        *prometheus.Desc
+	policySeconds    prometheus.Histogram
+	droppedPackets   *prometheus.Desc
+	droppedBytes     *prometheus.Desc
+	setElements      *prometheus.Desc
 }
 
 func newMetrics(t *Tunnel) *metrics {
@@ -54,8 +58,19 @@ func newMetrics(t *Tunnel) *metrics {
 			"Bytes sent to the peer through WireGuard.", []string{"peer"}, nil),
 		handshake: prometheus.NewDesc("flotilla_tunnel_peer_last_handshake_timestamp_seconds",
 			"Unix time of the last WireGuard handshake with the peer; 0 if never.", []string{"peer"}, nil),
+		policySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "flotilla_tunnel_policy_update_duration_seconds",
+			Help:    "Time to bring the filter of Segregated peers in line with the desired state, kernel acknowledgement included.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}),
+		droppedPackets: prometheus.NewDesc("flotilla_tunnel_policy_dropped_packets_total",
+			"Packets from a Segregated peer dropped by the filter, by reason (not_allowed: no offloaded pod, Service endpoint and port, or reply matched). Resets when the peer's chain is made again.", []string{"peer", "reason"}, nil),
+		droppedBytes: prometheus.NewDesc("flotilla_tunnel_policy_dropped_bytes_total",
+			"Bytes of the packets in flotilla_tunnel_policy_dropped_packets_total.", []string{"peer", "reason"}, nil),
+		setElements: prometheus.NewDesc("flotilla_tunnel_policy_set_elements",
+			"Elements in a Segregated peer's allowed set (pods: addresses; services: address, protocol, port).", []string{"peer", "set"}, nil),
 	}
-	for _, kind := range []string{eventsRoute, eventsLink, eventsNFT} {
+	for _, kind := range []string{eventsRoute, eventsLink, eventsNFT, eventsNFTPolicy} {
 		m.resubscribes.WithLabelValues(kind) // shown at 0 before the first
 	}
 	return m
@@ -69,6 +84,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		r.Register(m.firstContacts),
 		r.Register(m.resubscribes),
 		r.Register(m.conntrackFlushed),
+		r.Register(m.policySeconds),
 		r.Register(m),
 	)
 }
@@ -79,10 +95,14 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.rxBytes
 	ch <- m.txBytes
 	ch <- m.handshake
+	ch <- m.droppedPackets
+	ch <- m.droppedBytes
+	ch <- m.setElements
 }
 
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.collectPolicy(ch)
 	peers, err := m.t.Status()
 	if err != nil {
 		return
@@ -99,5 +119,27 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			hs = float64(p.LastHandshake.UnixNano()) / float64(time.Second)
 		}
 		ch <- prometheus.MustNewConstMetric(m.handshake, prometheus.GaugeValue, hs, id)
+	}
+}
+
+// collectPolicy reads the drop counters of the Segregated peers' chains
+// and the sizes of their sets as last applied.
+func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	for id, f := range m.t.filter.applied {
+		ch <- prometheus.MustNewConstMetric(m.setElements, prometheus.GaugeValue, float64(len(f.Pods)), id, "pods")
+		ch <- prometheus.MustNewConstMetric(m.setElements, prometheus.GaugeValue, float64(len(f.Services)), id, "services")
+	}
+	if m.t.closed {
+		return
+	}
+	dropped, err := m.t.filter.dropped(m.t.netns)
+	if err != nil {
+		return
+	}
+	for id, d := range dropped {
+		ch <- prometheus.MustNewConstMetric(m.droppedPackets, prometheus.CounterValue, float64(d.Packets), id, "not_allowed")
+		ch <- prometheus.MustNewConstMetric(m.droppedBytes, prometheus.CounterValue, float64(d.Bytes), id, "not_allowed")
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/flotilla-io/flotilla/policy"
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
@@ -224,6 +226,8 @@ func FuzzParseDesired(f *testing.F) {
 	f.Add(`{"networks":["10.0.0.0/16"],"hostSource":"::ffff:10.0.0.1","peers":[]}`)
 	f.Add(`{"networks":["10.0.0.0/16"],"hostSource":"","peers":[]}`)
 	f.Add(`{"networks":["10.0.0.0/8"],"peers":[{"clusterID":"x","publicKey":"AA==","endpoint":"[::1]:1","views":[]}]}`)
+	f.Add(`{"networks":["10.0.0.0/16"],"peers":[{"clusterID":"b","publicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","views":[{"real":"10.0.0.0/16","as":"10.70.0.0/16"}],"viewsOfMe":[],"segregated":{"pods":["10.0.0.9","10.0.0.5","10.0.0.9"],"services":[{"addr":"10.0.0.7","protocol":6,"port":80},{"addr":"10.0.0.7","protocol":1,"port":0}]}}]}`)
+	f.Add(`{"networks":["10.0.0.0/16"],"peers":[{"clusterID":"b","publicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","views":[{"real":"10.0.0.0/16","as":"10.70.0.0/16"}],"viewsOfMe":[],"segregated":{"pods":["fd00::1"]}}]}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		d, err := ParseDesired([]byte(s))
 		if err != nil {
@@ -261,6 +265,30 @@ func FuzzParseDesired(f *testing.F) {
 					}
 				}
 				views = append(views, v)
+			}
+		}
+		// A Segregated peer's sets hold only what the kernel sets can:
+		// IPv4 unicast, TCP/UDP/SCTP on a port, sorted and unique, each
+		// service key round-tripping through its kernel encoding.
+		for _, pf := range Filters(d) {
+			if len(fromChain(pf.Peer)) > 255 || len(servicesSet(pf.Peer)) > 255 {
+				t.Fatalf("peer %s: chain or set name too long", pf.Peer)
+			}
+			if !slices.IsSortedFunc(pf.Pods, netip.Addr.Compare) || len(slices.Compact(slices.Clone(pf.Pods))) != len(pf.Pods) {
+				t.Fatalf("peer %s: pods not sorted and unique: %v", pf.Peer, pf.Pods)
+			}
+			for _, a := range pf.Pods {
+				if !a.Is4() || a.IsMulticast() || a.IsUnspecified() {
+					t.Fatalf("peer %s: pod %s accepted", pf.Peer, a)
+				}
+			}
+			for _, e := range pf.Services {
+				if !e.Addr.Is4() || e.Port == 0 || (e.Protocol != policy.TCP && e.Protocol != policy.UDP && e.Protocol != policy.SCTP) {
+					t.Fatalf("peer %s: service endpoint %v accepted", pf.Peer, e)
+				}
+				if back, ok := parseServiceKey(serviceKeyOf(e)); !ok || back != e {
+					t.Fatalf("service key of %v reads back as %v", e, back)
+				}
 			}
 		}
 		routes := map[netip.Prefix]bool{}

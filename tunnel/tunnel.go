@@ -23,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/internal/eventstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 )
@@ -140,12 +141,19 @@ type Tunnel struct {
 	pendingMu sync.Mutex
 	pending   scope    // what the next repair must read back
 	nftGens   []uint32 // nftables generations that touched our table, to check
+	// policyGens are those that touched the filter table (filter.go).
+	policyGens []uint32
 
-	mu        sync.Mutex
-	link      *wgLink
-	wg        *wgctrl.Client
-	rt        *routeTable
-	nat       *natTable
+	mu     sync.Mutex
+	link   *wgLink
+	wg     *wgctrl.Client
+	rt     *routeTable
+	nat    *natTable
+	filter *filterTable
+	// netns is the network namespace New ran in, where every object of
+	// ours lives: the metrics read the filter's counters from goroutines
+	// that may run anywhere.
+	netns     netns.NsHandle
 	wgApplied *wgRecord // nil when unknown
 	key       Key
 	pub       Key      // of key
@@ -178,7 +186,8 @@ const (
 	fullWireGuard scope = 1 << iota
 	fullRoutes
 	fullNAT
-	fullAll = fullWireGuard | fullRoutes | fullNAT
+	fullPolicy
+	fullAll = fullWireGuard | fullRoutes | fullNAT | fullPolicy
 )
 
 // New adopts the interface of a previous run, or creates it, and returns
@@ -197,6 +206,7 @@ func New(cfg Config) (*Tunnel, error) {
 		log:     cfg.Logger.With("component", "tunnel", "link", cfg.Interface),
 		rt:      &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
 		nat:     &natTable{name: cfg.NFTable, ifname: cfg.Interface},
+		filter:  &filterTable{name: PolicyTable(cfg.NFTable), ifname: cfg.Interface},
 		kick:    make(chan struct{}, 1),
 		key:     cfg.PrivateKey,
 		pub:     cfg.PrivateKey.PublicKey(),
@@ -216,6 +226,10 @@ func New(cfg Config) (*Tunnel, error) {
 	if _, err := t.ensureLink(); err != nil {
 		t.wg.Close()
 		return nil, err
+	}
+	if t.netns, err = netns.Get(); err != nil {
+		t.wg.Close()
+		return nil, fmt.Errorf("open this network namespace: %w", err)
 	}
 	t.metrics = newMetrics(t)
 	if cfg.Metrics != nil {
@@ -388,7 +402,12 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
 	changes += n
 	errs = append(errs, err)
-	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", time.Since(t2))
+	t3 := time.Now()
+	n, err = t.filter.reconcile(Filters(d), full&fullPolicy != 0)
+	changes += n
+	errs = append(errs, err)
+	t.metrics.policySeconds.Observe(time.Since(t3).Seconds())
+	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", t3.Sub(t2), "policy", time.Since(t3))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
 		return changes, err
@@ -502,6 +521,14 @@ func (t *Tunnel) nftChanged(gen uint32) {
 	t.trigger(0)
 }
 
+// policyChanged is nftChanged for the filter table.
+func (t *Tunnel) policyChanged(gen uint32) {
+	t.pendingMu.Lock()
+	t.policyGens = append(t.policyGens, gen)
+	t.pendingMu.Unlock()
+	t.trigger(0)
+}
+
 // takePending returns what the next repair must read back. Called with mu
 // held: every transaction of ours has recorded its generation by then, so
 // our own changes are told apart from someone else's.
@@ -509,12 +536,21 @@ func (t *Tunnel) takePending() scope {
 	t.pendingMu.Lock()
 	defer t.pendingMu.Unlock()
 	full := t.pending
+	// A stream reports set element changes of any table (the kernel's
+	// element events do not name it), so a generation of either table's
+	// own transactions is not a foreign change to the other.
+	ours := func(g uint32) bool { return t.nat.madeGeneration(g) || t.filter.madeGeneration(g) }
 	for _, g := range t.nftGens {
-		if !t.nat.madeGeneration(g) {
+		if !ours(g) {
 			full |= fullNAT
 		}
 	}
-	t.pending, t.nftGens = 0, nil
+	for _, g := range t.policyGens {
+		if !ours(g) {
+			full |= fullPolicy
+		}
+	}
+	t.pending, t.nftGens, t.policyGens = 0, nil, nil
 	return full
 }
 
@@ -528,6 +564,7 @@ func (t *Tunnel) Close() error {
 		return nil
 	}
 	t.closed = true
+	t.netns.Close()
 	if t.contactTimer != nil {
 		t.contactTimer.Stop()
 	}
@@ -565,6 +602,9 @@ func Cleanup(cfg Config) error {
 	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := (&filterTable{name: PolicyTable(cfg.NFTable)}).remove(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := removeLink(cfg.Interface); err != nil {
 		errs = append(errs, err)
 	}
@@ -576,6 +616,10 @@ func cloneDesired(d Desired) Desired {
 	for _, p := range d.Peers {
 		p.Views = append([]View(nil), p.Views...)
 		p.ViewsOfMe = append([]View(nil), p.ViewsOfMe...)
+		if p.Segregated != nil {
+			s := p.Segregated.Normal()
+			p.Segregated = &s
+		}
 		out.Peers = append(out.Peers, p)
 	}
 	return out

@@ -34,7 +34,25 @@ type PeerSpec struct {
 	// left out is no limit of that kind.
 	// +optional
 	OffloadLimits *OffloadLimits `json:"offloadLimits,omitempty"`
+	// Traffic: what traffic from the peer may reach in this cluster.
+	// Empty follows the agent's --traffic (Full by default); Full lets it
+	// reach every pod, as routed; Segregated only its pods offloaded here
+	// and the endpoints of Services reflected or exported to it, on their
+	// ports (docs/policy.md says what is enforced so far).
+	// +optional
+	Traffic Traffic `json:"traffic,omitempty"`
 }
+
+// Traffic is how much of this cluster a peer's traffic reaches.
+// +kubebuilder:validation:Enum="";Full;Segregated
+type Traffic string
+
+const (
+	// TrafficDefault follows the agent's --traffic.
+	TrafficDefault    Traffic = ""
+	TrafficFull       Traffic = "Full"
+	TrafficSegregated Traffic = "Segregated"
+)
 
 // Offloading is the admin's decision on letting a peer offload here.
 // +kubebuilder:validation:Enum="";Grant;Deny
@@ -208,6 +226,7 @@ const (
 // +kubebuilder:printcolumn:name="Networking",type=string,JSONPath=`.spec.networking`,priority=1
 // +kubebuilder:printcolumn:name="Sources",type=string,JSONPath=`.status.sources`,priority=1
 // +kubebuilder:printcolumn:name="Offloading",type=string,JSONPath=`.spec.offloading`,priority=1
+// +kubebuilder:printcolumn:name="Traffic",type=string,JSONPath=`.spec.traffic`,priority=1,description="Full or Segregated; empty follows the agent's --traffic"
 // +kubebuilder:printcolumn:name="Hosting",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadGranted")].reason`,description="Whether the peer may offload here (this cluster hosts it)"
 // +kubebuilder:printcolumn:name="Offload",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadCredential")].reason`,description="Whether this cluster may offload to the peer (holds its credential)"
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.offloading.received.expires`,priority=1,description="When the credential the peer granted expires (renewed before)"

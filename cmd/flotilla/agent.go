@@ -12,6 +12,7 @@ import (
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
+	trafficpolicy "github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -63,6 +64,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "the gateway node's name, for the fabric (default: $NODE_NAME)")
 
+	traffic := fs.String("traffic", string(cfg.Traffic), "Full: a peer's traffic reaches every pod here; Segregated: only its offloaded pods and the Services reflected or exported to it (docs/policy.md); a Peer's spec.traffic overrides it")
 	grants := fs.String("offload-grants", string(cfg.OffloadGrants), "manual: a peer may offload here only when its Peer's spec.offloading is Grant (flotilla grant); auto: every peer not denied")
 	fs.StringVar(&cfg.APIServerURL, "api-server-url", "", "this cluster's API server as the peers granted offloading reach it, https://host:port (default: kube-public/cluster-info, then the kubernetes EndpointSlice)")
 	fs.StringVar(&cfg.APIServerCA, "api-server-ca", "", "PEM file of the CA bundle that verifies --api-server-url (default: with the URL found, or the agent's own)")
@@ -104,6 +106,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if cfg.OffloadGrants, err = offload.ParseGrantPolicy(*grants); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --offload-grants: %v\n", err)
+		return errUsage
+	}
+	if cfg.Traffic, err = trafficpolicy.ParseMode(*traffic); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --traffic: %v\n", err)
 		return errUsage
 	}
 	a, err := agent.New(cfg)

@@ -55,3 +55,13 @@ func TestAgentRefusesBadClusterLabel(t *testing.T) {
 		})
 	}
 }
+
+// An unknown --traffic mode is refused before anything starts, naming the
+// two modes there are.
+func TestAgentRefusesBadTraffic(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"agent", "--state-dir", t.TempDir(), "--traffic", "segregated-ish"}, &stdout, &stderr)
+	if out := stderr.String(); code != 2 || !strings.Contains(out, "--traffic") || !strings.Contains(out, `"Full" or "Segregated"`) {
+		t.Errorf("exit %d, stderr %q; want 2 and the modes named", code, out)
+	}
+}
