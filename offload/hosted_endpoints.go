@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -170,31 +169,19 @@ func (h *HostedEndpoints) Run(ctx context.Context) error {
 		h.queue.ShutDown()
 		wg.Wait()
 	}()
-	handlers := []struct {
-		obj client.Object
-		h   toolscache.ResourceEventHandler
-	}{
-		{&discoveryv1.EndpointSlice{}, onEvery(h.sliceChanged)},
+	regs, err := addWatches(ctx, h.cache, "endpoints on third clusters",
+		informerWatch{&discoveryv1.EndpointSlice{}, onEvery(h.sliceChanged)},
 		// A namespace mirrored or no longer, a peer come or gone: every
 		// source in it, or everywhere, is decided again.
-		{&corev1.Namespace{}, onEvery(func(obj any) {
+		informerWatch{&corev1.Namespace{}, onEvery(func(obj any) {
 			if ns, ok := obj.(*corev1.Namespace); ok {
 				h.queueSources(ns.Name)
 			}
 		})},
-		{&v1alpha1.Peer{}, onEvery(func(any) { h.queueSources("") })},
-	}
-	var regs []toolscache.ResourceEventHandlerRegistration
-	for _, x := range handlers {
-		inf, err := h.cache.GetInformer(ctx, x.obj)
-		if err != nil {
-			return fmt.Errorf("endpoints on third clusters: watch %T: %w", x.obj, err)
-		}
-		reg, err := inf.AddEventHandler(x.h)
-		if err != nil {
-			return fmt.Errorf("endpoints on third clusters: watch %T: %w", x.obj, err)
-		}
-		regs = append(regs, reg)
+		informerWatch{&v1alpha1.Peer{}, onEvery(func(any) { h.queueSources("") })},
+	)
+	if err != nil {
+		return err
 	}
 	// A peer not read yet would make a source look refused, and its
 	// translation be deleted.

@@ -155,20 +155,11 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 		m.queue.ShutDown()
 		wg.Wait()
 	}()
-	for _, h := range []struct {
-		obj     client.Object
-		handler toolscache.ResourceEventHandler
-	}{
-		{&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)},
-		{&corev1.Namespace{}, m.events(namespaceConsumer)},
-	} {
-		inf, err := m.cache.GetInformer(ctx, h.obj)
-		if err != nil {
-			return fmt.Errorf("mirror provider: watch %T: %w", h.obj, err)
-		}
-		if _, err := inf.AddEventHandler(h.handler); err != nil {
-			return fmt.Errorf("mirror provider: watch %T: %w", h.obj, err)
-		}
+	if _, err := addWatches(ctx, m.cache, "mirror provider",
+		informerWatch{&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)},
+		informerWatch{&corev1.Namespace{}, m.events(namespaceConsumer)},
+	); err != nil {
+		return err
 	}
 	cacheErr, synced, err := startCache(ctx, &wg, m.cache, "mirror provider")
 	if !synced {

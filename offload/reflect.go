@@ -216,17 +216,14 @@ func (r *Reflector) Run(ctx context.Context) error {
 		wg.Wait()
 		r.providers.stopAll()
 	}()
-	handlers := []struct {
-		obj client.Object
-		h   toolscache.ResourceEventHandler
-	}{
-		{&v1alpha1.NamespaceOffload{}, onEvery(func(obj any) {
+	regs, err := addWatches(ctx, r.local, "reflection",
+		informerWatch{&v1alpha1.NamespaceOffload{}, onEvery(func(obj any) {
 			if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
 				r.providers.offloadChanged(o.Namespace)
 			}
 		})},
-		{&v1alpha1.Peer{}, onEvery(func(any) { r.providers.trigger() })},
-		{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
+		informerWatch{&v1alpha1.Peer{}, onEvery(func(any) { r.providers.trigger() })},
+		informerWatch{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) { r.podChanged(obj) },
 			// What a pod references cannot change; where it runs changes
 			// once, when it is bound. Its status, written all the time,
@@ -241,25 +238,16 @@ func (r *Reflector) Run(ctx context.Context) error {
 			},
 			DeleteFunc: func(obj any) { r.podChanged(obj) },
 		}},
-		{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
-		{&corev1.Secret{}, onEvery(func(obj any) { r.localChanged(kindSecret, obj) })},
-		{&corev1.Service{}, onEvery(func(obj any) {
+		informerWatch{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
+		informerWatch{&corev1.Secret{}, onEvery(func(obj any) { r.localChanged(kindSecret, obj) })},
+		informerWatch{&corev1.Service{}, onEvery(func(obj any) {
 			r.localChanged(kindService, obj)
 			r.serviceSlicesChanged(obj)
 		})},
-		{&discoveryv1.EndpointSlice{}, onEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })},
-	}
-	var regs []toolscache.ResourceEventHandlerRegistration
-	for _, h := range handlers {
-		inf, err := r.local.GetInformer(ctx, h.obj)
-		if err != nil {
-			return fmt.Errorf("reflection: watch %T: %w", h.obj, err)
-		}
-		reg, err := inf.AddEventHandler(h.h)
-		if err != nil {
-			return fmt.Errorf("reflection: watch %T: %w", h.obj, err)
-		}
-		regs = append(regs, reg)
+		informerWatch{&discoveryv1.EndpointSlice{}, onEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })},
+	)
+	if err != nil {
+		return err
 	}
 	// A reference not read yet would make its object look unreferenced,
 	// and its reflection be deleted.

@@ -185,23 +185,12 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 		v.queue.ShutDown()
 		wg.Wait()
 	}()
-	var regs []toolscache.ResourceEventHandlerRegistration
-	for _, h := range []struct {
-		obj client.Object
-		key func(obj any) string
-	}{
-		{&v1alpha1.Peer{}, func(obj any) string { return obj.(*v1alpha1.Peer).Name }},
-		{&corev1.Node{}, func(obj any) string { return obj.(*corev1.Node).Labels[LabelClusterID] }},
-	} {
-		inf, err := v.cache.GetInformer(ctx, h.obj)
-		if err != nil {
-			return fmt.Errorf("virtual nodes: watch %T: %w", h.obj, err)
-		}
-		reg, err := inf.AddEventHandler(v.events(h.key))
-		if err != nil {
-			return fmt.Errorf("virtual nodes: watch %T: %w", h.obj, err)
-		}
-		regs = append(regs, reg)
+	regs, err := addWatches(ctx, v.cache, "virtual nodes",
+		informerWatch{&v1alpha1.Peer{}, v.events(func(obj any) string { return obj.(*v1alpha1.Peer).Name })},
+		informerWatch{&corev1.Node{}, v.events(func(obj any) string { return obj.(*corev1.Node).Labels[LabelClusterID] })},
+	)
+	if err != nil {
+		return err
 	}
 	// A Node whose Peer is not read yet would look unwanted and be deleted.
 	cacheErr, synced, err := startCache(ctx, &wg, v.cache, "virtual nodes", regs...)

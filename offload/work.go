@@ -9,7 +9,34 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
+
+// informerWatch is a kind an informer of a cache holds and the handler of its
+// events.
+type informerWatch struct {
+	obj client.Object
+	h   toolscache.ResourceEventHandler
+}
+
+// addWatches adds each handler to the informer of its kind in c and
+// returns their registrations, for startCache; what names the component
+// in errors.
+func addWatches(ctx context.Context, c cache.Informers, what string, watches ...informerWatch) ([]toolscache.ResourceEventHandlerRegistration, error) {
+	regs := make([]toolscache.ResourceEventHandlerRegistration, 0, len(watches))
+	for _, w := range watches {
+		inf, err := c.GetInformer(ctx, w.obj)
+		if err != nil {
+			return nil, fmt.Errorf("%s: watch %T: %w", what, w.obj, err)
+		}
+		reg, err := inf.AddEventHandler(w.h)
+		if err != nil {
+			return nil, fmt.Errorf("%s: watch %T: %w", what, w.obj, err)
+		}
+		regs = append(regs, reg)
+	}
+	return regs, nil
+}
 
 // startCache runs c on wg and returns once every handler of regs (with
 // none, every informer of c) has seen all of c's objects: no reconcile

@@ -11,41 +11,11 @@ import (
 )
 
 // kernelFilter is the filter table as read back from the kernel.
-type kernelFilter struct {
-	table  bool
-	chains map[string]*nftables.Chain
-	rules  map[string][]ruleRef
-	sets   map[string]*nftables.Set
-}
+type kernelFilter = tableStructure
 
 // readStructure reads the table's chains, rules and sets, not elements.
 func (f *filterTable) readStructure(c *nftables.Conn) (kernelFilter, error) {
-	k := kernelFilter{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
-	exists, err := tableExists(c, f.name)
-	if err != nil || !exists {
-		return k, err
-	}
-	k.table = true
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		return k, fmt.Errorf("list nftables chains: %w", err)
-	}
-	for _, ch := range chains {
-		if ch.Table.Name == f.name {
-			k.chains[ch.Name] = ch
-		}
-	}
-	if k.rules, err = listRules(f.name); err != nil {
-		return k, err
-	}
-	sets, err := c.GetSets(f.table())
-	if err != nil {
-		return k, fmt.Errorf("list sets of nftables table %s: %w", f.name, err)
-	}
-	for _, s := range sets {
-		k.sets[s.Name] = s
-	}
-	return k, nil
+	return readTableStructure(c, f.table())
 }
 
 // structured reports whether the table holds exactly the chains, rules and

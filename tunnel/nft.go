@@ -287,12 +287,49 @@ func (n *natTable) madeGeneration(g uint32) bool { return slices.Contains(n.own,
 
 // kernelNAT is our table as read back from the kernel.
 type kernelNAT struct {
+	tableStructure
+	maps  map[string][]interval            // by map name
+	stray map[string][]nftables.SetElement // end elements without a start, by map name
+}
+
+// tableStructure is a table of ours as the kernel holds it, its sets'
+// elements apart.
+type tableStructure struct {
 	table  bool
 	chains map[string]*nftables.Chain
-	rules  map[string][]ruleRef             // by chain
-	sets   map[string]*nftables.Set         // by name
-	maps   map[string][]interval            // by map name
-	stray  map[string][]nftables.SetElement // end elements without a start, by map name
+	rules  map[string][]ruleRef     // by chain
+	sets   map[string]*nftables.Set // by name
+}
+
+// readTableStructure reads table t's chains, rules and sets, not their
+// elements; a table that does not exist reads as empty.
+func readTableStructure(c *nftables.Conn, t *nftables.Table) (tableStructure, error) {
+	k := tableStructure{chains: map[string]*nftables.Chain{}, rules: map[string][]ruleRef{}, sets: map[string]*nftables.Set{}}
+	exists, err := tableExists(c, t.Name)
+	if err != nil || !exists {
+		return k, err
+	}
+	k.table = true
+	chains, err := c.ListChainsOfTableFamily(t.Family)
+	if err != nil {
+		return k, fmt.Errorf("list nftables chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == t.Name {
+			k.chains[ch.Name] = ch
+		}
+	}
+	if k.rules, err = listRules(t.Name); err != nil {
+		return k, err
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return k, fmt.Errorf("list sets of nftables table %s: %w", t.Name, err)
+	}
+	for _, s := range sets {
+		k.sets[s.Name] = s
+	}
+	return k, nil
 }
 
 type ruleRef struct {
@@ -359,31 +396,12 @@ func parseIntervals(elems []nftables.SetElement) (ivs []interval, stray []nftabl
 }
 
 func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
-	k := kernelNAT{chains: map[string]*nftables.Chain{}, rules: map[string][]ruleRef{},
-		sets: map[string]*nftables.Set{}, maps: map[string][]interval{}, stray: map[string][]nftables.SetElement{}}
-	exists, err := tableExists(c, n.name)
-	if err != nil || !exists {
+	st, err := readTableStructure(c, n.table())
+	k := kernelNAT{tableStructure: st, maps: map[string][]interval{}, stray: map[string][]nftables.SetElement{}}
+	if err != nil || !k.table {
 		return k, err
 	}
-	k.table = true
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		return k, fmt.Errorf("list nftables chains: %w", err)
-	}
-	for _, ch := range chains {
-		if ch.Table.Name == n.name {
-			k.chains[ch.Name] = ch
-		}
-	}
-	if k.rules, err = listRules(n.name); err != nil {
-		return k, err
-	}
-	sets, err := c.GetSets(n.table())
-	if err != nil {
-		return k, fmt.Errorf("list sets of nftables table %s: %w", n.name, err)
-	}
-	for _, s := range sets {
-		k.sets[s.Name] = s
+	for _, s := range k.sets {
 		if !isVerdictMap(s) {
 			continue
 		}

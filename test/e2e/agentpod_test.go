@@ -154,7 +154,22 @@ func documentedAccess() map[string][]string {
 		"clusterroles.rbac.authorization.k8s.io [flotilla-consumer] [bind]",
 		"resourcequotas [] [create delete get patch]",
 		"limitranges [] [create delete get patch]",
-		"secrets [] [create delete patch]",
+		// Reflection reads Secrets and ConfigMaps (docs/services.md);
+		// the writes stay confined to tenants.
+		"secrets [] [create delete get list patch watch]",
+		"configmaps [] [get list watch]",
+		// Services: reflection and the MCS API read them all and write
+		// only their own (the policy flotilla-agent-service-objects).
+		"services [] [create delete get list patch update watch]",
+		"endpointslices.discovery.k8s.io [] [create delete get list patch update watch]",
+		"serviceexports.multicluster.x-k8s.io [] [get list watch]",
+		"serviceexports.multicluster.x-k8s.io/status [] [get patch update]",
+		"serviceimports.multicluster.x-k8s.io [] [create delete get list patch update watch]",
+		"serviceimports.multicluster.x-k8s.io/status [] [get patch update]",
+		"clusterproperties.about.k8s.io [] [create get update]",
+		"customresourcedefinitions.apiextensions.k8s.io [serviceexports.multicluster.x-k8s.io] [create get patch update]",
+		"customresourcedefinitions.apiextensions.k8s.io [serviceimports.multicluster.x-k8s.io] [create get patch update]",
+		"customresourcedefinitions.apiextensions.k8s.io [clusterproperties.about.k8s.io] [create get patch update]",
 		// Placement: its one webhook configuration.
 		"mutatingwebhookconfigurations.admissionregistration.k8s.io [flotilla-placement] [create delete get list patch watch]",
 	}
@@ -195,8 +210,7 @@ func testAgentAccess(t *testing.T, cp *harness.ControlPlane) {
 	}
 	for _, refused := range [][]string{
 		{"-n", "default", "create", "secret", "generic", "probe", "--from-literal=k=v"},
-		// Not even the federation token: the pod reads it as a volume.
-		{"-n", federation.AgentNamespace, "get", "secret", "flotilla-federation"},
+		{"-n", "default", "create", "configmap", "probe", "--from-literal=k=v"},
 	} {
 		out, err := federation.Kubectl(cp, append(refused, "--as", agentAccount)...)
 		if err == nil || !strings.Contains(strings.ToLower(out), "forbidden") {
