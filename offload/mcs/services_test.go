@@ -228,7 +228,13 @@ func TestExportImport(t *testing.T) {
 				return fmt.Errorf("Conflict %+v", cond)
 			}
 			if p := im.si.Spec.Ports; len(p) != 1 || p[0].Port != 80 {
-				return fmt.Errorf("ports %v, want the oldest export's, 80", p)
+				var bse, cse mcsv1alpha1.ServiceExport
+				_ = b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &bse)
+				_ = c.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &cse)
+				a.svcs.mu.Lock()
+				snapB, snapC := a.svcs.snapshots[B], a.svcs.snapshots[C]
+				a.svcs.mu.Unlock()
+				return fmt.Errorf("ports %v, want the oldest export's, 80 (b's export created %v, c's %v; a holds b %+v, c %+v)", p, bse.CreationTimestamp, cse.CreationTimestamp, snapB.Exports, snapC.Exports)
 			}
 			return nil
 		})
