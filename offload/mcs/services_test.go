@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -215,6 +216,15 @@ func TestExportImport(t *testing.T) {
 	})
 
 	t.Run("a younger conflicting export loses", func(t *testing.T) {
+		// Creation times have seconds: within b's second, the KEP's tie
+		// rule (the lower cluster ID) would decide, not age.
+		var bse mcsv1alpha1.ServiceExport
+		if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &bse); err != nil {
+			t.Fatal(err)
+		}
+		for !time.Now().Truncate(time.Second).After(bse.CreationTimestamp.Time) {
+			time.Sleep(50 * time.Millisecond)
+		}
 		c.exportService(t, "web", "front", 81, "10.1.0.7")
 		eventually(t, "a shows the conflict", func() error {
 			im, err := a.imported("web", "front")
