@@ -2,10 +2,6 @@ package offload
 
 import (
 	"fmt"
-	"math"
-	"os"
-	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -25,17 +21,7 @@ import (
 //
 //	go test ./offload -run '^$' -bench ThirdClusterEndpointsLag -benchtime 1x
 func BenchmarkThirdClusterEndpointsLag(b *testing.B) {
-	changes := 1000
-	if testing.Short() {
-		changes = 100
-	}
-	if s := os.Getenv("FLOTILLA_BENCH_CHANGES"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			b.Fatalf("FLOTILLA_BENCH_CHANGES=%q: want a count", s)
-		}
-		changes = n
-	}
+	changes := benchChanges(b)
 	e := newThirdEnv(b)
 	ctx := b.Context()
 	if _, err := e.local.Client.CoreV1().Services(e.ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "bench"}, Spec: corev1.ServiceSpec{
@@ -85,13 +71,5 @@ func BenchmarkThirdClusterEndpointsLag(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	slices.Sort(lags)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	p99 := lags[int(math.Ceil(0.99*float64(len(lags))))-1]
-	b.ReportMetric(ms(median(lags)), "ms-median")
-	b.ReportMetric(ms(p99), "ms-p99")
-	b.ReportMetric(ms(lags[0]), "ms-min")
-	b.ReportMetric(ms(lags[len(lags)-1]), "ms-max")
-	b.ReportMetric(0, "ns/op")
-	b.Logf("%d changes: %v median, %v p99, %v min, %v max", len(lags), median(lags), p99, lags[0], lags[len(lags)-1])
+	reportLags(b, "third-cluster endpoints", lags)
 }

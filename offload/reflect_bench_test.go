@@ -28,17 +28,7 @@ import (
 //
 //	go test ./offload -run '^$' -bench ReflectionLag -benchtime 1x
 func BenchmarkReflectionLag(b *testing.B) {
-	changes := 1000
-	if testing.Short() {
-		changes = 100
-	}
-	if s := os.Getenv("FLOTILLA_BENCH_CHANGES"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			b.Fatalf("FLOTILLA_BENCH_CHANGES=%q: want a count", s)
-		}
-		changes = n
-	}
+	changes := benchChanges(b)
 	e := newReflectEnv(b, 0)
 	ctx := b.Context()
 	cms, secrets := e.local.Client.CoreV1().ConfigMaps(e.ns), e.local.Client.CoreV1().Secrets(e.ns)
@@ -174,18 +164,40 @@ func BenchmarkReflectionLag(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			slices.Sort(lags)
-			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-			p99 := lags[int(math.Ceil(0.99*float64(len(lags))))-1]
-			b.ReportMetric(ms(median(lags)), "ms-median")
-			b.ReportMetric(ms(p99), "ms-p99")
-			b.ReportMetric(ms(lags[0]), "ms-min")
-			b.ReportMetric(ms(lags[len(lags)-1]), "ms-max")
-			b.ReportMetric(0, "ns/op")
-			b.Logf("%s: %d changes: %v median, %v p99, %v min, %v max", k.kind, len(lags),
-				median(lags), p99, lags[0], lags[len(lags)-1])
+			reportLags(b, k.kind, lags)
 		})
 	}
+}
+
+// benchChanges is how many changes a lag benchmark times:
+// FLOTILLA_BENCH_CHANGES, else 1000 (100 with -short).
+func benchChanges(b *testing.B) int {
+	changes := 1000
+	if testing.Short() {
+		changes = 100
+	}
+	if s := os.Getenv("FLOTILLA_BENCH_CHANGES"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			b.Fatalf("FLOTILLA_BENCH_CHANGES=%q: want a count", s)
+		}
+		changes = n
+	}
+	return changes
+}
+
+// reportLags reports the median, p99, min and max of lags (at least one)
+// as the benchmark's metrics, and logs them.
+func reportLags(b *testing.B, what string, lags []time.Duration) {
+	slices.Sort(lags)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	p99 := lags[int(math.Ceil(0.99*float64(len(lags))))-1]
+	b.ReportMetric(ms(median(lags)), "ms-median")
+	b.ReportMetric(ms(p99), "ms-p99")
+	b.ReportMetric(ms(lags[0]), "ms-min")
+	b.ReportMetric(ms(lags[len(lags)-1]), "ms-max")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("%s: %d changes: %v median, %v p99, %v min, %v max", what, len(lags), median(lags), p99, lags[0], lags[len(lags)-1])
 }
 
 // kindReferenced is the sub-benchmark of ConfigMaps reflected for a new

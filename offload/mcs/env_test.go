@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -14,14 +13,11 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
@@ -196,48 +192,10 @@ func runUntilCleanup(tb testing.TB, what string, run func(context.Context) error
 	return stop
 }
 
-// applyCRDs creates the embedded CRDs, as the agent does, and waits until
-// each is established.
+// applyCRDs creates the embedded CRDs, as the agent does at start, and
+// waits until each is established.
 func applyCRDs(ctx context.Context, cfg *rest.Config) error {
-	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
-	files, err := fs.Glob(deploy.CRDs, "crds/*.yaml")
-	if err != nil || len(files) == 0 {
-		return fmt.Errorf("embedded CRDs: %v (%d files)", err, len(files))
-	}
-	for _, f := range files {
-		raw, err := fs.ReadFile(deploy.CRDs, f)
-		if err != nil {
-			return err
-		}
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(raw, &crd); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		if _, err := crds.Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create CRD %s: %w", crd.Name, err)
-		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
-			if err == nil && established(got) {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("CRD %s not established: %v", crd.Name, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return nil
-}
-
-func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
-	for _, c := range crd.Status.Conditions {
-		if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-			return true
-		}
-	}
-	return false
+	return harness.ApplyCRDs(ctx, cfg, deploy.CRDs, "crds/*.yaml")
 }
 
 // eventually retries check until it passes, failing the test with its
