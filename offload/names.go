@@ -83,6 +83,14 @@ const (
 	// value of the EndpointSlices a consumer reflects: the provider's
 	// EndpointSlice controller leaves them alone.
 	ReflectionManagedBy = "reflection.flotilla.io"
+	// AnnotationReachableFrom is on the EndpointSlices a consumer reflects
+	// to a provider: the other providers the same namespace is offloaded
+	// to, comma-separated cluster IDs. Their offloaded pods reach the
+	// Service's endpoints on this provider directly (docs/services.md,
+	// "Endpoints on third clusters"); a Segregated provider lets those
+	// peers reach the consumer's own pods listed there, on the slice's
+	// ports, and nothing else (docs/policy.md).
+	AnnotationReachableFrom = "flotilla.io/reachable-from"
 )
 
 // Endpoints on third clusters (docs/services.md, "Endpoints on third

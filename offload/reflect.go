@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -398,6 +399,35 @@ func (r *Reflector) queueNamespace(provider, ns string) {
 		})
 	}
 	r.queue.Add(reflectKey{provider: provider, kind: kindStatus, namespace: ns})
+}
+
+// otherProviders are the providers, other than provider, that local
+// namespace ns is reflected to now, sorted: the peers whose offloaded
+// pods reach its Services' endpoints on provider.
+func (r *Reflector) otherProviders(ns, provider string) []string {
+	var out []string
+	for id, pp := range r.providers.snapshot() {
+		if id != provider && pp.remoteNamespace(ns) != "" {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// queueSlicesElsewhere queues the EndpointSlices of local namespace ns
+// for every provider but provider, when ns started or stopped being
+// reflected to provider: their AnnotationReachableFrom names it.
+func (r *Reflector) queueSlicesElsewhere(ns, provider string) {
+	var list discoveryv1.EndpointSliceList
+	if err := r.local.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return
+	}
+	for _, other := range r.otherProviders(ns, provider) {
+		for _, s := range list.Items {
+			r.queue.Add(reflectKey{provider: other, kind: kindEndpointSlice, namespace: ns, name: s.Name})
+		}
+	}
 }
 
 // provider is the watch of what was reflected to provider, nil when

@@ -125,6 +125,7 @@ func (pp *reflectProvider) syncNamespaces(want map[string]string) error {
 	pp.mu.Unlock()
 	for _, rc := range stopped {
 		rc.stop()
+		pp.r.queueSlicesElsewhere(rc.local, pp.id)
 	}
 	var errs []error
 	for _, remote := range starting {
@@ -210,6 +211,7 @@ func (rc *remoteCache) run(ctx context.Context, pp *reflectProvider, regs []tool
 		// Reconciles before now found nothing to compare with and left
 		// their objects alone.
 		pp.r.queueNamespace(pp.id, rc.local)
+		pp.r.queueSlicesElsewhere(rc.local, pp.id)
 	})
 }
 
@@ -225,6 +227,7 @@ func (pp *reflectProvider) stop() {
 	pp.mu.Unlock()
 	for _, rc := range all {
 		rc.stop()
+		pp.r.queueSlicesElsewhere(rc.local, pp.id)
 	}
 }
 

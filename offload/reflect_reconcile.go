@@ -154,6 +154,9 @@ func (r *Reflector) desired(ctx context.Context, key reflectKey, remoteNS string
 			return nil, nil, fmt.Errorf("read Service %s/%s here: %w", key.namespace, svc, err)
 		}
 		want, dropped := reflectedSlice(l, remoteNS, endpointTranslator{provider: key.provider, views: r.cfg.Views})
+		if others := r.otherProviders(key.namespace, key.provider); len(others) > 0 {
+			want.Annotations[AnnotationReachableFrom] = strings.Join(others, ",")
+		}
 		return want, dropped, nil
 	}
 	return nil, nil, nil

@@ -40,7 +40,11 @@ func main() {
 	discard := flag.Bool("discard", false, "with -get: print \"<bytes> <seconds>\" of the body instead of the body")
 	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
 	cat := flag.String("cat", "", "print this file and exit")
+	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as) and exit")
 	flag.Parse()
+	if *dial != "" {
+		os.Exit(dialEcho(*dial))
+	}
 	if *cat != "" {
 		b, err := os.ReadFile(*cat)
 		if err != nil {
@@ -110,6 +114,30 @@ func fetch(url string, discard bool, dns string) int {
 		fmt.Fprintf(os.Stderr, "GET %s: %s %v\n", url, resp.Status, err)
 		return 1
 	}
+	return 0
+}
+
+// dialEcho is the client of serveTCP: one line out, one line back, in 5 s
+// like fetch, so that a refused exchange fails the same way over TCP and
+// HTTP.
+func dialEcho(addr string) int {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintln(c, "hello"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Print(line)
 	return 0
 }
 
