@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,7 +37,8 @@ func TestTrafficMode(t *testing.T) {
 }
 
 // The pods of a consumer are those in namespaces labelled as its tenant's
-// by us, with an IP of their own.
+// by us, with an IP of their own, still running; an IPv6 address is named
+// as a problem and the pod's IPv4 one kept.
 func TestOffloadedPods(t *testing.T) {
 	ns := func(name, tenant string, ours bool) corev1.Namespace {
 		l := map[string]string{offload.LabelTenant: tenant}
@@ -44,20 +47,23 @@ func TestOffloadedPods(t *testing.T) {
 		}
 		return corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
 	}
-	pod := func(ns, ip string, hostNet bool) corev1.Pod {
-		return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns},
-			Spec:   corev1.PodSpec{HostNetwork: hostNet},
-			Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: ip}}}}
+	pod := func(ns, name string, hostNet bool, phase corev1.PodPhase, ips ...string) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.PodSpec{HostNetwork: hostNet}, Status: corev1.PodStatus{Phase: phase}}
+		for _, ip := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+		return p
 	}
-	got := offloadedPods(
+	got, problems := offloadedPods(
 		[]corev1.Namespace{ns("b-shop", "b", true), ns("c-web", "c", true), ns("forged", "b", false)},
 		[]corev1.Pod{
-			pod("b-shop", "10.0.1.5", false),
-			pod("b-shop", "192.168.0.10", true), // hostNetwork: the node's address
-			pod("c-web", "10.0.2.7", false),
-			pod("c-web", "fd00::7", false),
-			pod("forged", "10.0.3.3", false), // a namespace not ours
-			pod("default", "10.0.4.4", false),
+			pod("b-shop", "web", false, corev1.PodRunning, "10.0.1.5"),
+			pod("b-shop", "agent", true, corev1.PodRunning, "192.168.0.10"), // the node's address
+			pod("b-shop", "done", false, corev1.PodSucceeded, "10.0.1.6"),   // its IP released
+			pod("c-web", "dual", false, corev1.PodRunning, "10.0.2.7", "fd00::7"),
+			pod("forged", "x", false, corev1.PodRunning, "10.0.3.3"), // a namespace not ours
+			pod("default", "y", false, corev1.PodRunning, "10.0.4.4"),
 		})
 	want := map[string][]netip.Addr{
 		"b": {netip.MustParseAddr("10.0.1.5")},
@@ -65,6 +71,9 @@ func TestOffloadedPods(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("offloadedPods = %v, want %v", got, want)
+	}
+	if len(problems) != 1 || problems[0].Object != "Pod c-web/dual" || !strings.Contains(problems[0].Err.Error(), "IPv4 only") {
+		t.Errorf("problems = %v; want one naming Pod c-web/dual's IPv6 address", problems)
 	}
 }
 
@@ -80,55 +89,74 @@ func (r *recordingDataplane) Apply(_ context.Context, d tunnel.Desired) error {
 func (r *recordingDataplane) Status() ([]tunnel.PeerStatus, error) { return nil, nil }
 func (r *recordingDataplane) PublicKey() tunnel.Key                { return tunnel.Key{} }
 
-// Every desired state applied carries the Segregated peers' sets; a new
-// decision applies the last state again, an unchanged one does not, and
-// bad input changes nothing.
+// segregated is what the i-th state applied makes each peer: nil Full.
+func (r *recordingDataplane) segregated(i int) map[string]*policy.Sets {
+	out := map[string]*policy.Sets{}
+	for _, p := range r.applied[i].Peers {
+		out[p.ClusterID] = p.Segregated
+	}
+	return out
+}
+
+// Until the first input, what the kernel held at start is applied, not
+// Full (which would open the peer) nor empty sets (which would drop what
+// is allowed); then every desired state applied carries the decision; a
+// new decision applies the last state again, an unchanged one does not.
 func TestSegregatingDataplane(t *testing.T) {
 	rec := &recordingDataplane{}
-	s := &segregatingDataplane{Dataplane: rec}
+	pod := netip.MustParseAddr("10.0.1.5")
+	heldSets := policy.Sets{Peer: "b", Pods: []netip.Addr{netip.MustParseAddr("10.0.1.9")}}
+	s := newSegregatingDataplane(rec, []policy.Sets{heldSets, {Peer: "gone"}}, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	d := tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b"}, {ClusterID: "c"}}}
-	pod := netip.MustParseAddr("10.0.1.5")
-	in := trafficInput{
-		Modes: map[string]policy.Mode{"b": policy.Segregated, "c": policy.Full},
-		Pods:  map[string][]netip.Addr{"b": {pod}, "c": {netip.MustParseAddr("10.0.2.7")}},
-	}
-	if err := s.setInput(ctx, in); err != nil {
-		t.Fatal(err)
-	}
-	if len(rec.applied) != 0 {
-		t.Fatalf("applied %d states before the engine applied any", len(rec.applied))
-	}
 	if err := s.Apply(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	segregated := func(i int) map[string]*policy.Sets {
-		out := map[string]*policy.Sets{}
-		for _, p := range rec.applied[i].Peers {
-			out[p.ClusterID] = p.Segregated
-		}
-		return out
-	}
-	if got := segregated(0); got["c"] != nil || got["b"] == nil || !reflect.DeepEqual(got["b"].Pods, []netip.Addr{pod}) {
-		t.Fatalf("applied %+v; want b Segregated to its pod, c Full", got)
+	if got := rec.segregated(0); got["c"] != nil || got["b"] == nil || !got["b"].Equal(heldSets) {
+		t.Fatalf("before the first input: applied %v; want b held to %v, c Full", got, heldSets)
 	}
 	if d.Peers[0].Segregated != nil {
 		t.Errorf("the engine's desired state was changed")
 	}
 
-	if err := s.setInput(ctx, in); err != nil || len(rec.applied) != 1 {
-		t.Errorf("same input: %v, %d applies; want no new apply", err, len(rec.applied))
+	in := trafficInput{
+		Default: policy.Full,
+		Modes:   map[string]policy.Mode{"b": policy.Segregated},
+		Pods:    map[string][]netip.Addr{"b": {pod}, "c": {netip.MustParseAddr("10.0.2.7")}},
+		Exported: []policy.Service{{Name: "shop/api", Addresses: []netip.Addr{netip.MustParseAddr("10.0.9.9")},
+			Ports: []policy.Port{{Protocol: policy.TCP, Port: 8080}}}},
+	}
+	if applied, err := s.setInput(ctx, in); err != nil || !applied {
+		t.Fatalf("first input: %v, applied %v; want applied", err, applied)
+	}
+	got := rec.segregated(1)
+	if got["c"] != nil || got["b"] == nil || !reflect.DeepEqual(got["b"].Pods, []netip.Addr{pod}) ||
+		!reflect.DeepEqual(got["b"].Services, []policy.Endpoint{{Addr: netip.MustParseAddr("10.0.9.9"), Protocol: policy.TCP, Port: 8080}}) {
+		t.Fatalf("first input: applied %v; want b Segregated to its pod and the export, c Full", got)
+	}
+	if applied, err := s.setInput(ctx, in); err != nil || applied || len(rec.applied) != 2 {
+		t.Errorf("same input: %v, applied %v, %d applies; want no new apply", err, applied, len(rec.applied))
+	}
+	// --traffic=Segregated: c follows it, and gets the export too.
+	in.Default = policy.Segregated
+	if _, err := s.setInput(ctx, in); err != nil || len(rec.applied) != 3 {
+		t.Fatalf("default Segregated: %v, %d applies; want one more", err, len(rec.applied))
+	}
+	if got := rec.segregated(2); got["c"] == nil || len(got["c"].Pods) != 1 || len(got["c"].Services) != 1 {
+		t.Errorf("default Segregated: c is %v; want its pod and the export", got["c"])
 	}
 	in.Modes["b"] = policy.Full
-	if err := s.setInput(ctx, in); err != nil || len(rec.applied) != 2 {
-		t.Fatalf("b back to Full: %v, %d applies; want one more", err, len(rec.applied))
+	if _, err := s.setInput(ctx, in); err != nil || len(rec.applied) != 4 {
+		t.Fatalf("b to Full: %v, %d applies; want one more", err, len(rec.applied))
 	}
-	if got := segregated(1); got["b"] != nil {
-		t.Errorf("b back to Full still Segregated: %+v", got["b"])
+	if got := rec.segregated(3); got["b"] != nil {
+		t.Errorf("b to Full still Segregated: %+v", got["b"])
 	}
-	in.Modes["b"] = policy.Segregated
-	in.Pods["b"] = []netip.Addr{netip.MustParseAddr("fd00::1")}
-	if err := s.setInput(ctx, in); err == nil || len(rec.applied) != 2 {
-		t.Errorf("IPv6 pod: %v, %d applies; want an error and nothing applied", err, len(rec.applied))
+	// The engine's next state carries the decision too.
+	if err := s.Apply(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.segregated(4); got["b"] != nil || got["c"] == nil {
+		t.Errorf("engine's apply after the input: %v; want b Full, c Segregated", got)
 	}
 }

@@ -3,9 +3,11 @@ package tunnel_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -435,4 +437,42 @@ func TestSegregatedPeerKeptFromGatewayHost(t *testing.T) {
 	if got := s.dropped(t); got <= before {
 		t.Errorf("drop counter of peer b: %d before, %d after a refused connection to the gateway host; want it to grow", before, got)
 	}
+}
+
+// The filter survives a restart of the tunnel's process: while it is
+// down, its table and sets stay in the kernel, and the new process reads
+// those sets back (Tunnel.PolicySets) before anything is applied, which
+// the agent holds until it has decided anew. (The test's WireGuard is
+// userspace, gone with the process, so the sets are checked by listing
+// while it is down, and by traffic once it is up.)
+func TestPolicySetsSurviveRestart(t *testing.T) {
+	s := newSegregatedMesh(t)
+	sets := s.allowed([]*harness.Pod{s.p1}, policy.Endpoint{Addr: s.p2.Addr, Protocol: policy.TCP, Port: 7081})
+	s.segregate(sets)
+	s.reaches(t, s.dst(s.p1, 7080))
+	s.refused(t, s.dst(s.p3, 7080))
+	before := s.policyListing(t)
+
+	if err := s.a.proc.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if got := s.policyListing(t); got != before {
+		t.Errorf("policy table while the tunnel is down:\n%s\nwant as before:\n%s", got, before)
+	}
+	os.Remove(s.a.desired + ".held")
+	s.start(s.a)
+	var held []policy.Sets
+	waitUntil(t, 15*time.Second, "the restarted tunnel reports the sets it found", func() bool {
+		b, err := os.ReadFile(s.a.desired + ".held")
+		return err == nil && json.Unmarshal(b, &held) == nil
+	})
+	want := sets.Normal()
+	want.Peer = "cluster-b"
+	if len(held) != 1 || !held[0].Equal(want) {
+		t.Fatalf("sets read back after the restart: %+v; want %+v", held, want)
+	}
+	// Applied again as read, as the agent does until it has decided.
+	s.segregate(&held[0])
+	s.reaches(t, s.dst(s.p2, 7081))
+	s.refused(t, s.dst(s.p3, 7080))
 }
