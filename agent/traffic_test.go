@@ -5,11 +5,14 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
@@ -158,5 +161,111 @@ func TestSegregatingDataplane(t *testing.T) {
 	}
 	if got := rec.segregated(4); got["b"] != nil || got["c"] == nil {
 		t.Errorf("engine's apply after the input: %v; want b Full, c Segregated", got)
+	}
+}
+
+// What a Segregated peer may reach, from the objects: a provider the
+// Services of the namespaces offloaded to it (their slices' addresses on
+// their ports), every peer the exported Services; what the Reflector and
+// the exporter leave out is left out here too; bad parts of a slice are
+// named and the rest kept.
+func TestTrafficInputOf(t *testing.T) {
+	tcp, udp, sctp := corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP
+	weird := corev1.Protocol("QUIC")
+	port := func(p int32, proto *corev1.Protocol) discoveryv1.EndpointPort {
+		return discoveryv1.EndpointPort{Port: &p, Protocol: proto}
+	}
+	slice := func(ns, name, svc string, at discoveryv1.AddressType, ports []discoveryv1.EndpointPort, addrs ...string) discoveryv1.EndpointSlice {
+		es := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc}}, AddressType: at, Ports: ports}
+		for _, a := range addrs {
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}})
+		}
+		return es
+	}
+	svc := func(ns, name string, labels map[string]string) corev1.Service {
+		return corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}}
+	}
+	offloaded := func(ns string, providers ...string) v1alpha1.NamespaceOffload {
+		o := v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"}}
+		for _, p := range providers {
+			o.Status.Clusters = append(o.Status.Clusters, v1alpha1.ClusterOffload{ClusterID: p, RemoteNamespace: ns + "-" + p})
+		}
+		return o
+	}
+	reflected := slice("shop", "api-1", "api", discoveryv1.AddressTypeIPv4,
+		[]discoveryv1.EndpointPort{port(8080, &tcp), port(53, &udp)}, "10.0.1.1", "10.70.0.9")
+	objs := trafficObjects{
+		Services: []corev1.Service{
+			svc("shop", "api", nil),
+			svc("shop", "mirror", map[string]string{offload.LabelReflected: "true"}), // reflected here: never sent on
+			svc("web", "front", nil),
+			svc("default", "kubernetes", nil),
+		},
+		Slices: []discoveryv1.EndpointSlice{
+			reflected,
+			slice("shop", "mirror-1", "mirror", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{port(80, &tcp)}, "10.0.1.2"),
+			slice("web", "front-1", "front", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{port(443, nil), port(9, &weird), port(0, &tcp), {Protocol: &sctp}}, "10.0.2.1", "fd00::1"),
+			slice("web", "front-2", "front", discoveryv1.AddressTypeIPv6, []discoveryv1.EndpointPort{port(443, &tcp)}, "fd00::2"),
+			slice("default", "kubernetes", "kubernetes", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{port(6443, &tcp)}, "192.0.2.1"),
+			slice("other", "x-1", "x", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{port(80, &tcp)}, "10.0.3.1"),
+		},
+		Offloads: []v1alpha1.NamespaceOffload{offloaded("shop", "p"), offloaded("default", "p")},
+		Exports:  []mcsv1alpha1.ServiceExport{{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}},
+		Peers: []v1alpha1.Peer{
+			{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.PeerSpec{Traffic: v1alpha1.TrafficSegregated}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "q"}},
+		},
+	}
+	in, problems := trafficInputOf(objs, policy.Full)
+	if in.mode("p") != policy.Segregated || in.mode("q") != policy.Full || in.mode("unknown") != policy.Full {
+		t.Errorf("modes %v, default %s; want p Segregated, q and unknown Full", in.Modes, in.Default)
+	}
+	addrs := func(ss ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, s := range ss {
+			out = append(out, netip.MustParseAddr(s))
+		}
+		return out
+	}
+	wantReflected := []policy.Service{{Name: "shop/api", Addresses: addrs("10.0.1.1", "10.70.0.9"),
+		Ports: []policy.Port{{Protocol: policy.TCP, Port: 8080}, {Protocol: policy.UDP, Port: 53}}}}
+	if !reflect.DeepEqual(in.Reflected, map[string][]policy.Service{"p": wantReflected}) {
+		t.Errorf("reflected %+v; want p: %+v", in.Reflected, wantReflected)
+	}
+	// The IPv4 slice keeps its good address and port; the IPv6 slice is
+	// left out, named.
+	wantExported := []policy.Service{
+		{Name: "web/front", Addresses: addrs("10.0.2.1"), Ports: []policy.Port{{Protocol: policy.TCP, Port: 443}}},
+		{Name: "web/front"},
+	}
+	if !reflect.DeepEqual(in.Exported, wantExported) {
+		t.Errorf("exported %+v; want %+v", in.Exported, wantExported)
+	}
+	var named []string
+	for _, p := range problems {
+		named = append(named, p.Object+": "+p.Err.Error())
+	}
+	for _, want := range []string{
+		`EndpointSlice web/front-1: port: protocol "QUIC"`,
+		"EndpointSlice web/front-1: port: port 0",
+		"EndpointSlice web/front-1: port: no port number",
+		"EndpointSlice web/front-1: address fd00::1: the tunnel carries IPv4 only",
+		"EndpointSlice web/front-2: address type IPv6",
+	} {
+		if !slices.ContainsFunc(named, func(s string) bool { return strings.HasPrefix(s, want) }) {
+			t.Errorf("problems %q lack %q", named, want)
+		}
+	}
+	if len(named) != 5 {
+		t.Errorf("%d problems, want 5: %q", len(named), named)
+	}
+	sets, err := policy.Decide([]policy.Peer{in.peer("p"), in.peer("q")})
+	if err != nil {
+		t.Fatalf("policy refuses the input: %v", err)
+	}
+	if len(sets) != 1 || len(sets[0].Services) != 5 {
+		t.Errorf("decided %+v; want p alone with 2x2 reflected + 1 exported endpoints", sets)
 	}
 }
