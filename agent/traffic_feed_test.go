@@ -277,56 +277,52 @@ func TestTrafficFeed(t *testing.T) {
 	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{})
 	e.wantStatus("p", v1alpha1.TrafficFull, nil)
 
-	t.Run("offloaded pods come and go", func(t *testing.T) {
-		e.create(tenantNamespace("flotilla-tenant-b", "b"), tenantNamespace("shop-b", "b"), namespaceObject("mine", nil))
-		e.runPod("flotilla-tenant-b", "web", "10.0.1.5")
-		e.runPod("shop-b", "db", "10.0.1.6")
-		e.runPod("mine", "own", "10.0.1.7") // this cluster's own: never b's
-		e.want("b", false, []string{"10.0.1.5", "10.0.1.6"}, nil)
-		e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 2})
-		e.deletePod("flotilla-tenant-b", "web")
-		e.want("b", false, []string{"10.0.1.6"}, nil)
-	})
+	// Offloaded pods come and go.
+	e.create(tenantNamespace("flotilla-tenant-b", "b"), tenantNamespace("shop-b", "b"), namespaceObject("mine", nil))
+	e.runPod("flotilla-tenant-b", "web", "10.0.1.5")
+	e.runPod("shop-b", "db", "10.0.1.6")
+	e.runPod("mine", "own", "10.0.1.7") // this cluster's own: never b's
+	e.want("b", false, []string{"10.0.1.5", "10.0.1.6"}, nil)
+	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 2})
+	e.deletePod("flotilla-tenant-b", "web")
+	e.want("b", false, []string{"10.0.1.6"}, nil)
 
-	t.Run("reflected and exported services", func(t *testing.T) {
-		e.setTraffic("p", v1alpha1.TrafficSegregated)
-		e.create(namespaceObject("shop", nil), namespaceObject("web", nil))
-		e.service("shop", "api", 80, 8080, "10.0.2.1", "10.70.0.9") // a pod here, one on a third cluster (our view)
-		e.service("shop", "hidden", 80, 8081, "10.0.2.2")           // no matter its name: the namespace goes
-		e.offloadTo("shop", "p")
-		e.want("p", false, nil, []string{"10.0.2.1 tcp/8080", "10.0.2.2 tcp/8081", "10.70.0.9 tcp/8080"})
-		e.want("b", false, []string{"10.0.1.6"}, nil)
+	// Reflected and exported services.
+	e.setTraffic("p", v1alpha1.TrafficSegregated)
+	e.create(namespaceObject("shop", nil), namespaceObject("web", nil))
+	e.service("shop", "api", 80, 8080, "10.0.2.1", "10.70.0.9") // a pod here, one on a third cluster (our view)
+	e.service("shop", "hidden", 80, 8081, "10.0.2.2")           // no matter its name: the namespace goes
+	e.offloadTo("shop", "p")
+	e.want("p", false, nil, []string{"10.0.2.1 tcp/8080", "10.0.2.2 tcp/8081", "10.70.0.9 tcp/8080"})
+	e.want("b", false, []string{"10.0.1.6"}, nil)
 
-		e.service("web", "front", 443, 8443, "10.0.3.1")
-		e.create(&mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}})
-		e.want("p", false, nil, []string{"10.0.2.1 tcp/8080", "10.0.2.2 tcp/8081", "10.0.3.1 tcp/8443", "10.70.0.9 tcp/8080"})
-		e.want("b", false, []string{"10.0.1.6"}, []string{"10.0.3.1 tcp/8443"})
-		e.wantStatus("p", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Services: 4})
-	})
+	e.service("web", "front", 443, 8443, "10.0.3.1")
+	e.create(&mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}})
+	e.want("p", false, nil, []string{"10.0.2.1 tcp/8080", "10.0.2.2 tcp/8081", "10.0.3.1 tcp/8443", "10.70.0.9 tcp/8080"})
+	e.want("b", false, []string{"10.0.1.6"}, []string{"10.0.3.1 tcp/8443"})
+	e.wantStatus("p", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Services: 4})
 
-	t.Run("Full and back", func(t *testing.T) {
-		e.setTraffic("b", v1alpha1.TrafficFull)
-		e.want("b", true, nil, nil)
-		e.wantStatus("b", v1alpha1.TrafficFull, nil)
-		e.setTraffic("b", "") // follows --traffic, Full here
-		e.setTraffic("b", v1alpha1.TrafficSegregated)
-		e.want("b", false, []string{"10.0.1.6"}, []string{"10.0.3.1 tcp/8443"})
-		e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 1, Services: 1})
-	})
+	// Full and back.
+	e.setTraffic("b", v1alpha1.TrafficFull)
+	e.want("b", true, nil, nil)
+	e.wantStatus("b", v1alpha1.TrafficFull, nil)
+	e.setTraffic("b", "") // follows --traffic, Full here
+	e.setTraffic("b", v1alpha1.TrafficSegregated)
+	e.want("b", false, []string{"10.0.1.6"}, []string{"10.0.3.1 tcp/8443"})
+	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 1, Services: 1})
 
-	t.Run("an IPv6 address is named and the rest kept", func(t *testing.T) {
-		e.runPod("shop-b", "dual", "10.0.1.8", "fd00::8")
-		e.want("b", false, []string{"10.0.1.6", "10.0.1.8"}, []string{"10.0.3.1 tcp/8443"})
-		eventually.Within(t, 10*time.Second, "the IPv6 address logged", func() error {
-			if l := e.logs.String(); !strings.Contains(l, "object=\"Pod shop-b/dual\"") || !strings.Contains(l, "fd00::8: the tunnel carries IPv4 only") {
-				return fmt.Errorf("log:\n%s", l)
-			}
-			return nil
-		})
-		if n := testutil.ToFloat64(e.feed.m.problems.WithLabelValues("Pod")); n != 1 {
-			t.Errorf("flotilla_policy_input_errors{kind=Pod} = %v, want 1", n)
+	// An IPv6 address is named and the rest kept.
+	e.runPod("shop-b", "dual", "10.0.1.8", "fd00::8")
+	e.want("b", false, []string{"10.0.1.6", "10.0.1.8"}, []string{"10.0.3.1 tcp/8443"})
+	eventually.Within(t, 10*time.Second, "the IPv6 address logged", func() error {
+		if l := e.logs.String(); !strings.Contains(l, "object=\"Pod shop-b/dual\"") || !strings.Contains(l, "fd00::8: the tunnel carries IPv4 only") {
+			return fmt.Errorf("log:\n%s", l)
 		}
+		return nil
 	})
+	if n := testutil.ToFloat64(e.feed.m.problems.WithLabelValues("Pod")); n != 1 {
+		t.Errorf("flotilla_policy_input_errors{kind=Pod} = %v, want 1", n)
+	}
 
 	if n := testutil.CollectAndCount(e.reg, "flotilla_policy_update_latency_seconds"); n != 1 {
 		t.Errorf("latency histogram: %d series, want 1", n)
