@@ -85,6 +85,9 @@ type segregatingDataplane struct {
 }
 
 func newSegregatingDataplane(dp peering.Dataplane, held []policy.Sets, log *slog.Logger) *segregatingDataplane {
+	if log == nil {
+		log = slog.Default()
+	}
 	s := &segregatingDataplane{Dataplane: dp, log: log, held: map[string]policy.Sets{}}
 	for _, h := range held {
 		s.held[h.Peer] = h

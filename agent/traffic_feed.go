@@ -29,8 +29,11 @@ import (
 	"github.com/flotilla-io/flotilla/policy"
 )
 
-// DefaultTrafficDebounce gathers a burst of changes (a Deployment scaled,
-// a namespace offloaded) into one decision and one kernel transaction.
+// DefaultTrafficDebounce is the least time between two decisions: a
+// change after a quiet spell is decided on at once, and the rest of a
+// burst (a Deployment scaled, a namespace offloaded) gathered into one
+// decision and one kernel transaction every so often. Each decision reads
+// everything the informers hold, so this bounds what a burst costs.
 const DefaultTrafficDebounce = 20 * time.Millisecond
 
 // unsafeNoCopy: the feed lists everything once a pass and changes nothing
@@ -235,6 +238,8 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 	f.mu.Unlock()
 	retry := time.NewTimer(0) // the first pass, at once
 	defer retry.Stop()
+	var last time.Time // the end of the last pass
+	var failing string // the error last logged, once per change
 	for {
 		select {
 		case <-ctx.Done():
@@ -245,16 +250,27 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 			}
 			return nil
 		case <-f.wake:
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(f.cfg.Debounce):
+			if wait := f.cfg.Debounce - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
 			}
 		case <-retry.C:
 		}
-		if err := f.pass(ctx); err != nil && ctx.Err() == nil {
-			f.log.Error("traffic policy not applied; retrying", "err", err, "in", trafficRetry)
+		err := f.pass(ctx)
+		last = time.Now()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if err.Error() != failing {
+				f.log.Error("traffic policy not applied; retrying", "err", err, "every", trafficRetry)
+			}
+			failing = err.Error()
 			retry.Reset(trafficRetry)
+		case err == nil && failing != "":
+			f.log.Info("traffic policy applied again")
+			failing = ""
 		}
 	}
 }

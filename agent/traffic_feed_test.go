@@ -80,7 +80,7 @@ func (l *logBuffer) String() string {
 // the data plane it feeds, with peers b (a consumer of this cluster) and
 // p (a provider of it) in the tunnel.
 type trafficEnv struct {
-	t    *testing.T
+	t    testing.TB
 	c    client.Client
 	dp   *lastDataplane
 	feed *trafficFeed
@@ -88,7 +88,7 @@ type trafficEnv struct {
 	logs *logBuffer
 }
 
-func newTrafficEnv(t *testing.T, held []policy.Sets, def policy.Mode) *trafficEnv {
+func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEnv {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("traffic", harness.ControlPlaneOptions{})
@@ -211,9 +211,21 @@ func tenantNamespace(name, consumer string) *corev1.Namespace {
 // runPod creates a pod and gives it the addresses a kubelet would.
 func (e *trafficEnv) runPod(ns, name string, ips ...string) {
 	e.t.Helper()
+	e.startPod(e.newPod(ns, name), ips...)
+}
+
+func (e *trafficEnv) newPod(ns, name string) *corev1.Pod {
+	e.t.Helper()
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
 	e.create(p)
+	return p
+}
+
+// startPod gives p the addresses a kubelet would.
+func (e *trafficEnv) startPod(p *corev1.Pod, ips ...string) {
+	e.t.Helper()
+	ns, name := p.Namespace, p.Name
 	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ips[0]}
 	for _, ip := range ips {
 		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
@@ -332,7 +344,7 @@ func TestTrafficFeed(t *testing.T) {
 	}
 }
 
-func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+func histogramCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
