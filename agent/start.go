@@ -56,7 +56,14 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	announced, _ := ann.current()
-	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, fabricDataplane{tun, a.fabric}, disc)
+	// Segregated traffic (docs/policy.md): every data path the engine
+	// applies goes through the policy, which holds the sets the kernel
+	// has until its informers have synced (startTrafficFeed, below).
+	seg, err := a.newSegregation(tun, fabricDataplane{tun, a.fabric})
+	if err != nil {
+		return err
+	}
+	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err
 	}
@@ -66,6 +73,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	if err := off.start(ctx, comps); err != nil {
+		return err
+	}
+	if err := a.startTrafficFeed(comps, seg); err != nil {
 		return err
 	}
 	if err := a.startClustersetDNS(ctx, comps); err != nil {

@@ -3,6 +3,7 @@ package offload
 import (
 	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -165,6 +166,43 @@ func reflectedSecret(local *corev1.Secret, namespace string) *corev1.Secret {
 		ObjectMeta: reflectedMeta(local, namespace),
 		Type:       local.Type, Data: maps.Clone(local.Data), Immutable: local.Immutable,
 	}
+}
+
+// ReflectedNamespaces are the local namespaces whose Services are
+// reflected to each provider (provider -> namespaces): those a
+// NamespaceOffload not being deleted mirrors there, ready or not yet (the
+// Reflector keeps what it reflected while a namespace is not ready). The
+// agent's traffic policy allows a Segregated provider what these hold.
+func ReflectedNamespaces(offloads []v1alpha1.NamespaceOffload) map[string][]string {
+	out := map[string][]string{}
+	for i := range offloads {
+		o := &offloads[i]
+		if o.DeletionTimestamp != nil {
+			continue
+		}
+		for _, c := range o.Status.Clusters {
+			if name, _ := MirroredNamespace(o, c.ClusterID); name != "" && !slices.Contains(out[c.ClusterID], o.Namespace) {
+				out[c.ClusterID] = append(out[c.ClusterID], o.Namespace)
+			}
+		}
+	}
+	return out
+}
+
+// ReflectsService reports whether svc, in a namespace offloaded to a
+// provider, is reflected there: not one reflected here by another cluster,
+// nor this cluster's API server (the provider has its own).
+func ReflectsService(svc *corev1.Service) bool {
+	return svc.DeletionTimestamp == nil && svc.Labels[LabelReflected] != "true" &&
+		!(svc.Namespace == metav1.NamespaceDefault && svc.Name == "kubernetes")
+}
+
+// ReflectsSlice reports whether es, in a namespace offloaded to a
+// provider, is reflected there while its Service is: it names a Service
+// and is not one reflected here.
+func ReflectsSlice(es *discoveryv1.EndpointSlice) bool {
+	return es.DeletionTimestamp == nil && es.Labels[discoveryv1.LabelServiceName] != "" &&
+		es.Labels[discoveryv1.LabelManagedBy] != ReflectionManagedBy && es.Labels[LabelReflected] != "true"
 }
 
 // reflectedService is local's Service on a provider: no selector (its

@@ -137,13 +137,13 @@ func (r *Reflector) desired(ctx context.Context, key reflectKey, remoteNS string
 		}
 		return reflectedSecret(l, remoteNS), nil, nil
 	case *corev1.Service:
-		if l.Namespace == metav1.NamespaceDefault && l.Name == "kubernetes" {
-			return nil, nil, nil // this cluster's API server; the provider has its own
+		if !ReflectsService(l) {
+			return nil, nil, nil
 		}
 		return reflectedService(l, remoteNS), nil, nil
 	case *discoveryv1.EndpointSlice:
 		svc := l.Labels[discoveryv1.LabelServiceName]
-		if svc == "" || l.Labels[discoveryv1.LabelManagedBy] == ReflectionManagedBy {
+		if !ReflectsSlice(l) {
 			return nil, nil, nil
 		}
 		var s corev1.Service

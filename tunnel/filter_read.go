@@ -1,13 +1,16 @@
 package tunnel
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/flotilla-io/flotilla/internal/nftinterval"
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 )
 
 // kernelFilter is the filter table as read back from the kernel.
@@ -198,4 +201,43 @@ func readSets(c *nftables.Conn, t *nftables.Table, peer string) (policy.Sets, er
 	slices.SortFunc(s.Pods, netip.Addr.Compare)
 	slices.SortFunc(s.Services, policy.CompareEndpoint)
 	return s, nil
+}
+
+// PolicySets reads the Segregated peers' sets as the kernel holds them
+// now, sorted by peer: those an earlier run of the agent made survive its
+// restart, and the agent holds them until it has decided anew
+// (agent/traffic.go), so that a restart opens nothing it had closed. A
+// table or peer chain that is not of our making reads as none.
+func (t *Tunnel) PolicySets() ([]policy.Sets, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("read the policy sets: tunnel closed")
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(t.netns)), nftables.WithSockOptions(func(c *netlink.Conn) error {
+		return c.SetReadBuffer(nftSocketBuffer)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	k, err := t.filter.readStructure(c)
+	if err != nil {
+		return nil, fmt.Errorf("read nftables table %s: %w", t.filter.name, err)
+	}
+	var out []policy.Sets
+	tab := t.filter.table()
+	for name := range k.chains {
+		peer, ok := strings.CutPrefix(name, "from-")
+		if !ok || !slices.Equal(comments(k.rules[name]), filterRuleComments(peer)) ||
+			k.sets[podsSet(peer)] == nil || k.sets[servicesSet(peer)] == nil {
+			continue
+		}
+		s, err := readSets(c, tab, peer)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b policy.Sets) int { return strings.Compare(a.Peer, b.Peer) })
+	return out, nil
 }

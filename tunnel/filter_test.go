@@ -3,9 +3,11 @@ package tunnel_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -434,5 +436,107 @@ func TestSegregatedPeerKeptFromGatewayHost(t *testing.T) {
 	s.refused(t, toHost)
 	if got := s.dropped(t); got <= before {
 		t.Errorf("drop counter of peer b: %d before, %d after a refused connection to the gateway host; want it to grow", before, got)
+	}
+}
+
+// The filter survives a restart of the tunnel's process: while it is
+// down, its table and sets stay in the kernel, and the new process reads
+// those sets back (Tunnel.PolicySets) before anything is applied, which
+// the agent holds until it has decided anew. (The test's WireGuard is
+// userspace, gone with the process, so the sets are checked by listing
+// while it is down, and by traffic once it is up.)
+func TestPolicySetsSurviveRestart(t *testing.T) {
+	s := newSegregatedMesh(t)
+	sets := s.allowed([]*harness.Pod{s.p1}, policy.Endpoint{Addr: s.p2.Addr, Protocol: policy.TCP, Port: 7081})
+	s.segregate(sets)
+	s.reaches(t, s.dst(s.p1, 7080))
+	s.refused(t, s.dst(s.p3, 7080))
+	before := s.policyListing(t)
+
+	if err := s.a.proc.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if got := s.policyListing(t); got != before {
+		t.Errorf("policy table while the tunnel is down:\n%s\nwant as before:\n%s", got, before)
+	}
+	os.Remove(s.a.desired + ".held")
+	s.start(s.a)
+	var held []policy.Sets
+	waitUntil(t, 15*time.Second, "the restarted tunnel reports the sets it found", func() bool {
+		b, err := os.ReadFile(s.a.desired + ".held")
+		return err == nil && json.Unmarshal(b, &held) == nil
+	})
+	want := sets.Normal()
+	want.Peer = "cluster-b"
+	if len(held) != 1 || !held[0].Equal(want) {
+		t.Fatalf("sets read back after the restart: %+v; want %+v", held, want)
+	}
+	// Applied again as read, as the agent does until it has decided.
+	s.segregate(&held[0])
+	s.reaches(t, s.dst(s.p2, 7081))
+	s.refused(t, s.dst(s.p3, 7080))
+}
+
+// nftCounter reads the packets of the rule with comment in an nft listing.
+func nftCounter(t *testing.T, listing, comment string) uint64 {
+	t.Helper()
+	m := regexp.MustCompile(`counter packets (\d+) bytes \d+ comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
+	if m == nil {
+		t.Fatalf("no counter %q in:\n%s", comment, listing)
+	}
+	n, _ := strconv.ParseUint(m[1], 10, 64)
+	return n
+}
+
+// A Segregated peer that sends with another peer's source range to pass
+// as that peer (here c, which is Full) gets nothing through: WireGuard on
+// this side accepts from b's key only sources within b's allowed IPs (my
+// views of b), so the packets are dropped before any table of ours sees
+// them. Counted on both ends: b's gateway sends them into the tunnel, none
+// comes out of it here; b's own range, on the same path, does.
+func TestPeerCannotPassAsAnother(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.1.0.0/16", "10.2.0.0/16")
+	a, b, c := m.sites[0], m.sites[1], m.sites[2]
+	p3 := a.AddPod("p3", hostIn(a.PodCIDR, 3, 3))
+	m.applyFullMesh()
+	d := m.desiredFor(a, b, c)
+	d.Peers[0].Segregated = &policy.Sets{Pods: []netip.Addr{a.pod.Addr}}
+	m.apply(a, d)
+
+	// Counters: what leaves b's gateway into the tunnel, what comes out
+	// of it at a, by source (a test table of its own, before any hook of
+	// ours).
+	own, forged := hostIn(b.PodCIDR, 0, 77), hostIn(c.PodCIDR, 0, 77)
+	b.exec(t, "nft", "add table ip watch; add chain ip watch out { type filter hook postrouting priority -300; }; "+
+		fmt.Sprintf(`add rule ip watch out oifname "%s" ip saddr %s counter comment "forged"`, b.ifname, forged))
+	a.exec(t, "nft", "add table ip watch; add chain ip watch in { type filter hook prerouting priority -300; }; "+
+		fmt.Sprintf(`add rule ip watch in iifname "%s" ip saddr %s counter comment "own"; `, a.ifname, a.views[b.name].Masked())+
+		fmt.Sprintf(`add rule ip watch in iifname "%s" ip saddr %s counter comment "as c"`, a.ifname, a.views[c.name].Masked()))
+	// b's gateway holds an address of its own range and one of c's.
+	b.exec(t, "ip", "addr", "add", own.String()+"/32", "dev", "lo")
+	b.exec(t, "ip", "addr", "add", forged.String()+"/32", "dev", "lo")
+
+	allowed := translate(a.pod.Addr, a.PodCIDR, b.views[a.name])
+	notAllowed := translate(p3.Addr, a.PodCIDR, b.views[a.name])
+	waitUntil(t, 15*time.Second, "b's gateway reaches its allowed pod from its own range", func() bool {
+		_, err := b.Exec(context.Background(), "ping", "-n", "-c", "1", "-W", "1", "-I", own.String(), allowed.String())
+		return err == nil
+	})
+	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "own"); n == 0 {
+		t.Fatalf("a counted nothing from b's own range after b's ping was answered")
+	}
+	const sent = 5
+	if out, err := b.Exec(context.Background(), "ping", "-n", "-c", fmt.Sprint(sent), "-i", "0.2", "-W", "1", "-I", forged.String(), notAllowed.String()); err == nil {
+		t.Errorf("b's gateway, as c, reached p3:\n%s", out)
+	}
+	if n := nftCounter(t, b.exec(t, "nft", "list", "table", "ip", "watch"), "forged"); n < sent {
+		t.Errorf("b's gateway sent %d packets with c's source into the tunnel, want %d: the test did not forge", n, sent)
+	}
+	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "as c"); n != 0 {
+		t.Errorf("%d packets from b with c's source came out of a's tunnel; want none (WireGuard's allowed IPs)", n)
+	}
+	// The same as c's pod itself: allowed, c being Full.
+	if err := c.pod.Ping(translate(p3.Addr, a.PodCIDR, c.views[a.name])); err != nil {
+		t.Errorf("c's pod to p3: %v; c is Full", err)
 	}
 }

@@ -111,6 +111,14 @@ func helperMain(args []string) int {
 		return fail(err)
 	}
 	log.Info("tunnel up", "kernel", tun.Kernel(), "took", time.Since(start))
+	// What the kernel held of the policy at start, as an agent reads it
+	// to hold it until it has decided anew.
+	if held, err := tun.PolicySets(); err != nil {
+		log.Error("read the policy sets", "err", err)
+	} else {
+		b, _ := json.Marshal(held)
+		writeAtomic(*desiredFile+".held", b)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() {

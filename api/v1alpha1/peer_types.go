@@ -161,10 +161,28 @@ type PeerStatus struct {
 	// never holds a credential.
 	// +optional
 	Offloading *OffloadingStatus `json:"offloading,omitempty"`
+	// Traffic is the mode in effect for traffic from the peer:
+	// spec.traffic, else the agent's --traffic. Written once the agent has
+	// read what a Segregated peer may reach (docs/policy.md).
+	// +optional
+	Traffic Traffic `json:"traffic,omitempty"`
+	// Allowed is, while the peer is Segregated, the size of what it may
+	// reach as applied at the gateway.
+	// +optional
+	Allowed *TrafficAllowed `json:"allowed,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// TrafficAllowed is the size of a Segregated peer's sets at the gateway.
+type TrafficAllowed struct {
+	// Pods are the addresses of the peer's pods offloaded here.
+	Pods int64 `json:"pods"`
+	// Services are the endpoints of the Services reflected or exported to
+	// the peer: address, protocol and port, one for each.
+	Services int64 `json:"services"`
 }
 
 // OffloadingStatus says what this cluster grants the peer and what the
@@ -226,7 +244,7 @@ const (
 // +kubebuilder:printcolumn:name="Networking",type=string,JSONPath=`.spec.networking`,priority=1
 // +kubebuilder:printcolumn:name="Sources",type=string,JSONPath=`.status.sources`,priority=1
 // +kubebuilder:printcolumn:name="Offloading",type=string,JSONPath=`.spec.offloading`,priority=1
-// +kubebuilder:printcolumn:name="Traffic",type=string,JSONPath=`.spec.traffic`,priority=1,description="Full or Segregated; empty follows the agent's --traffic"
+// +kubebuilder:printcolumn:name="Traffic",type=string,JSONPath=`.status.traffic`,priority=1,description="Full or Segregated, as in effect: spec.traffic, else the agent's --traffic"
 // +kubebuilder:printcolumn:name="Hosting",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadGranted")].reason`,description="Whether the peer may offload here (this cluster hosts it)"
 // +kubebuilder:printcolumn:name="Offload",type=string,JSONPath=`.status.conditions[?(@.type=="OffloadCredential")].reason`,description="Whether this cluster may offload to the peer (holds its credential)"
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.offloading.received.expires`,priority=1,description="When the credential the peer granted expires (renewed before)"

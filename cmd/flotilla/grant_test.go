@@ -75,8 +75,30 @@ func TestStatusShowsOffloading(t *testing.T) {
 		}},
 	}}, time.Now())
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "HOSTING  OFFLOAD") ||
-		!strings.HasSuffix(strings.TrimSpace(lines[1]), "Granted  Revoked") {
+	if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "HOSTING  OFFLOAD  TRAFFIC") ||
+		!strings.HasSuffix(strings.TrimSpace(lines[1]), "Granted  Revoked  -") {
 		t.Errorf("flotilla status:\n%s", out.String())
+	}
+}
+
+// flotilla status shows the traffic mode in effect and, Segregated, what
+// the peer may reach.
+func TestStatusShowsTraffic(t *testing.T) {
+	for _, tc := range []struct {
+		status v1alpha1.PeerStatus
+		want   string
+	}{
+		{v1alpha1.PeerStatus{}, "-"},
+		{v1alpha1.PeerStatus{Traffic: v1alpha1.TrafficFull}, "Full"},
+		{v1alpha1.PeerStatus{Traffic: v1alpha1.TrafficSegregated, Allowed: &v1alpha1.TrafficAllowed{Pods: 3, Services: 12}},
+			"Segregated (3 pods, 12 service endpoints)"},
+	} {
+		var out bytes.Buffer
+		tc.status.ClusterName = "b"
+		printPeers(&out, []v1alpha1.Peer{{ObjectMeta: metav1.ObjectMeta{Name: "cabc"}, Status: tc.status}}, time.Now())
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[1]), "  "+tc.want) {
+			t.Errorf("status %+v: flotilla status:\n%s\nwant the row to end in %q", tc.status, out.String(), tc.want)
+		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, offloading both ways", run: runStatus})
+	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, offloading both ways, traffic mode", run: runStatus})
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -61,14 +61,25 @@ func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Status.ClusterName < peers[j].Status.ClusterName })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// Traffic is in the agent's metrics (flotilla_peer_*_bytes_total).
-	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tHOSTING\tOFFLOAD")
+	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tHOSTING\tOFFLOAD\tTRAFFIC")
 	for _, p := range peers {
 		s := p.Status
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
 			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now),
-			reason(s.Conditions, v1alpha1.ConditionOffloadGranted), reason(s.Conditions, v1alpha1.ConditionOffloadCredential))
+			reason(s.Conditions, v1alpha1.ConditionOffloadGranted), reason(s.Conditions, v1alpha1.ConditionOffloadCredential),
+			traffic(s))
 	}
 	tw.Flush()
+}
+
+// traffic is the mode in effect for traffic from the peer and, when
+// Segregated, what it may reach: "Segregated (3 pods, 12 service
+// endpoints)". "-" until the agent has written it.
+func traffic(s v1alpha1.PeerStatus) string {
+	if s.Traffic != v1alpha1.TrafficSegregated || s.Allowed == nil {
+		return orDash(string(s.Traffic))
+	}
+	return fmt.Sprintf("%s (%d pods, %d service endpoints)", s.Traffic, s.Allowed.Pods, s.Allowed.Services)
 }
 
 // reason is the reason of the condition of type kind, as kubectl's

@@ -202,7 +202,7 @@ func (s *Services) buildExports(ctx context.Context) ([]Export, error) {
 			}
 			return nil, fmt.Errorf("read Service %s/%s: %w", se.Namespace, se.Name, err)
 		}
-		if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		if !Exportable(&svc) {
 			continue
 		}
 		e, err := s.exportOf(ctx, se, &svc)
@@ -250,7 +250,7 @@ func (s *Services) exportOf(ctx context.Context, se *mcsv1alpha1.ServiceExport, 
 		return 0
 	})
 	for _, es := range items {
-		if es.Labels[discoveryv1.LabelManagedBy] == ManagedBy || es.AddressType == discoveryv1.AddressTypeFQDN {
+		if !ExportsSlice(&es) {
 			continue
 		}
 		sl := Slice{}
@@ -279,6 +279,20 @@ func (s *Services) exportOf(ctx context.Context, se *mcsv1alpha1.ServiceExport, 
 		e.Slices = append(e.Slices, sl)
 	}
 	return e, nil
+}
+
+// Exportable reports whether the Service of a ServiceExport (not being
+// deleted) is exported: every type but ExternalName. The agent's traffic
+// policy allows every Segregated peer what an exported Service's slices
+// hold.
+func Exportable(svc *corev1.Service) bool {
+	return svc.Spec.Type != corev1.ServiceTypeExternalName
+}
+
+// ExportsSlice reports whether an EndpointSlice of an exported Service is
+// exported with it: not one the importer made, not of FQDNs.
+func ExportsSlice(es *discoveryv1.EndpointSlice) bool {
+	return es.Labels[discoveryv1.LabelManagedBy] != ManagedBy && es.AddressType != discoveryv1.AddressTypeFQDN
 }
 
 func deref(p *string) string {
