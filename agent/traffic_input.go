@@ -91,6 +91,8 @@ func trafficInputOf(objs trafficObjects, def policy.Mode) (trafficInput, []input
 			}
 		}
 	}
+	// Provider side: what consumers opened to their other providers.
+	reachableServices(objs, in.Reflected, serviceOf)
 	// What this cluster exports goes to every peer.
 	for i := range objs.Exports {
 		se := &objs.Exports[i]
