@@ -41,7 +41,7 @@ func TestServicesAcrossClusters(t *testing.T) {
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
 		Clusters: 3, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
 		ArgsFor: func(i int) []string {
-			if i == 1 {
+			if i > 0 {
 				return []string{"--offload-grants=auto", "--cluster-label=region=a"}
 			}
 			return nil
@@ -49,9 +49,12 @@ func TestServicesAcrossClusters(t *testing.T) {
 	})
 	a, b, c := cs[0], cs[1], cs[2]
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	aID, bID := peerID(t, b, a.Name), peerID(t, a, b.Name)
-	waitCondition(t, a, b.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
+	aID, bID, cID := peerID(t, b, a.Name), peerID(t, a, b.Name), peerID(t, a, c.Name)
+	for _, p := range []*federation.NodeCluster{b, c} {
+		waitCondition(t, a, p.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
+	}
 	waitVirtualNode(t, a, bID, 60*time.Second)
+	waitVirtualNode(t, a, cID, 60*time.Second)
 
 	shop, err := offload.RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", aID)
 	if err != nil {
@@ -80,8 +83,15 @@ func TestServicesAcrossClusters(t *testing.T) {
 	homePod := appPod("home", map[string]string{"kubernetes.io/hostname": a.Gateway.NodeName})
 	createObject(t, a, homePod)
 	createObject(t, a, serviceFor("home", "shop"))
+	// For the traffic matrices: a home pod behind no Service, and a pod
+	// on c behind a Service that goes to b as well.
+	createObject(t, a, appPod("secret", map[string]string{"kubernetes.io/hostname": a.Gateway.NodeName}))
+	createObject(t, a, appPod("far", map[string]string{offload.LabelClusterID: cID}))
+	createObject(t, a, serviceFor("far", "shop"))
 	app := waitPods(t, a, "shop", "app=app", 1, 120*time.Second, runningOn(offload.VirtualNodeName(bID)))[0]
 	home := waitPods(t, a, "shop", "app=home", 1, 90*time.Second, runningOn(a.Gateway.NodeName))[0]
+	secret := waitPods(t, a, "shop", "app=secret", 1, 90*time.Second, runningOn(a.Gateway.NodeName))[0]
+	far := waitPods(t, a, "shop", "app=far", 1, 120*time.Second, runningOn(offload.VirtualNodeName(cID)))[0]
 
 	t.Run("the offloaded pod reads its ConfigMap and Secret on b", func(t *testing.T) {
 		for file, want := range map[string]string{"/etc/settings/greeting": "hello", "/etc/creds/token": "s3cret"} {
@@ -170,20 +180,6 @@ func TestServicesAcrossClusters(t *testing.T) {
 		})
 	})
 
-	t.Run("a pod's reference removed: its Secret leaves b", func(t *testing.T) {
-		mustKubectl(t, a.CP, "-n", "shop", "delete", "pod", app.Name, "--wait=true")
-		waitGone(t, "Secret creds on "+b.Name, func() error {
-			_, err := b.CP.Client.CoreV1().Secrets(shop).Get(context.Background(), "creds", metav1.GetOptions{})
-			return err
-		})
-		// The opted-in local is still reflected (well, refused): the
-		// Service home still there is the witness that reflection of shop
-		// goes on.
-		if _, err := b.CP.Client.CoreV1().Services(shop).Get(context.Background(), "home", metav1.GetOptions{}); err != nil {
-			t.Errorf("Service home on %s after the pod went: %v, want it kept (the namespace is still offloaded)", b.Name, err)
-		}
-	})
-
 	for _, cl := range cs {
 		createNamespace(t, cl, "mcs")
 	}
@@ -252,6 +248,27 @@ func TestServicesAcrossClusters(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("segregated traffic", func(t *testing.T) {
+		segregatedMatrices(t, trafficFixture{
+			a: a, b: b, c: c, aID: aID, bID: bID, cID: cID, shopOnB: shop,
+			app: app, far: far, home: home, secret: secret, echo: echo,
+		})
+	})
+
+	t.Run("a pod's reference removed: its Secret leaves b", func(t *testing.T) {
+		mustKubectl(t, a.CP, "-n", "shop", "delete", "pod", app.Name, "--wait=true")
+		waitGone(t, "Secret creds on "+b.Name, func() error {
+			_, err := b.CP.Client.CoreV1().Secrets(shop).Get(context.Background(), "creds", metav1.GetOptions{})
+			return err
+		})
+		// The opted-in local is still reflected (well, refused): the
+		// Service home still there is the witness that reflection of shop
+		// goes on.
+		if _, err := b.CP.Client.CoreV1().Services(shop).Get(context.Background(), "home", metav1.GetOptions{}); err != nil {
+			t.Errorf("Service home on %s after the pod went: %v, want it kept (the namespace is still offloaded)", b.Name, err)
+		}
 	})
 
 	t.Run("unexport removes the import everywhere", func(t *testing.T) {
