@@ -451,9 +451,9 @@ type Dropped struct {
 // dropped reads the drop counters of every peer's chain in the network
 // namespace ns.
 func (f *filterTable) dropped(ns netns.NsHandle) (map[string]Dropped, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	c, err := newNFTConnIn(ns)
 	if err != nil {
-		return nil, fmt.Errorf("open nftables: %w", err)
+		return nil, err
 	}
 	out := map[string]Dropped{}
 	t := f.table()

@@ -10,7 +10,6 @@ import (
 	"github.com/flotilla-io/flotilla/internal/nftinterval"
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
 )
 
 // kernelFilter is the filter table as read back from the kernel.
@@ -214,11 +213,9 @@ func (t *Tunnel) PolicySets() ([]policy.Sets, error) {
 	if t.closed {
 		return nil, errors.New("read the policy sets: tunnel closed")
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(t.netns)), nftables.WithSockOptions(func(c *netlink.Conn) error {
-		return c.SetReadBuffer(nftSocketBuffer)
-	}))
+	c, err := newNFTConnIn(t.netns)
 	if err != nil {
-		return nil, fmt.Errorf("open nftables: %w", err)
+		return nil, err
 	}
 	k, err := t.filter.readStructure(c)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -692,12 +693,33 @@ const nftSocketBuffer = 16 << 20
 // transaction. A new one per reconcile: a Conn keeps the first
 // serialisation error forever.
 func newNFTConn() (*nftables.Conn, error) {
-	c, err := nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error {
+	return openNFT()
+}
+
+// newNFTConnIn is newNFTConn in network namespace ns, for callers on any
+// goroutine (metrics, the agent's start). Entering ns takes setns, which
+// needs CAP_SYS_ADMIN, which the agent's pod does not have: when ns is
+// where this thread is already (the agent's own, always, outside tests),
+// the socket is opened here without it.
+func newNFTConnIn(ns netns.NsHandle) (*nftables.Conn, error) {
+	here, err := netns.Get()
+	if err == nil {
+		defer here.Close()
+		if here.Equal(ns) {
+			return openNFT()
+		}
+	}
+	return openNFT(nftables.WithNetNSFd(int(ns)))
+}
+
+func openNFT(opts ...nftables.ConnOption) (*nftables.Conn, error) {
+	opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
 		if err := c.SetReadBuffer(nftSocketBuffer); err != nil {
 			return err
 		}
 		return c.SetWriteBuffer(nftSocketBuffer)
 	}))
+	c, err := nftables.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("open nftables: %w", err)
 	}

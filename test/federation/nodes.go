@@ -401,10 +401,22 @@ func (c *NodeCluster) AgentPod(ctx context.Context) (corev1.Pod, error) {
 	}
 	for _, s := range p.Status.ContainerStatuses {
 		if s.RestartCount > 0 {
-			return p, fmt.Errorf("agent container restarted %d times (last: %+v); see kubectl logs --previous", s.RestartCount, s.LastTerminationState.Terminated)
+			return p, fmt.Errorf("agent container restarted %d times (last: %+v); the last lines it wrote before:\n%s",
+				s.RestartCount, s.LastTerminationState.Terminated, c.previousLogs(ctx, p))
 		}
 	}
 	return p, PodReady(p)
+}
+
+// previousLogs is the tail of what the agent's previous container wrote
+// (kubectl logs --previous), or why it cannot be read.
+func (c *NodeCluster) previousLogs(ctx context.Context, p corev1.Pod) string {
+	tail := int64(15)
+	b, err := c.CP.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Previous: true, TailLines: &tail}).DoRaw(ctx)
+	if err != nil {
+		return fmt.Sprintf("(kubectl logs --previous: %v)", err)
+	}
+	return string(b)
 }
 
 // PodReady says why p is not Ready, or nil.
