@@ -377,3 +377,39 @@ func inOrder(s string, parts ...string) bool {
 	}
 	return true
 }
+
+// peer without a verb, or with one it does not know, lists the verbs and
+// exits 2; -h lists them and exits 0; a verb without its NAME says so.
+func TestPeerUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "flotilla peer: say what to do"},
+		{[]string{"connect", "beta"}, 2, `flotilla peer: unknown verb "connect"`},
+		{[]string{"-h"}, 0, "Usage: flotilla peer <verb> [NAME] [flags]"},
+		{[]string{"accept"}, 2, "flotilla peer accept: name the peer first"},
+		{[]string{"deny", "--wait=0"}, 2, "flotilla peer deny: name the peer first"},
+		{[]string{"list", "beta"}, 2, `unexpected argument "beta"`},
+	} {
+		code, _, errOut := flotilla(append([]string{"peer"}, tc.args...)...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("peer %q: exit %d, stderr:\n%s\nwant %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+		if tc.code == 2 && strings.Contains(tc.want, "say what") && !strings.Contains(errOut, "accept   connect to a peer") {
+			t.Errorf("peer %q: the verbs are not listed:\n%s", tc.args, errOut)
+		}
+	}
+}
+
+func TestProgramName(t *testing.T) {
+	for argv0, want := range map[string]string{
+		"flotilla": "flotilla", "/usr/local/bin/flotilla": "flotilla", "./bin/kubectl-flotilla": "kubectl flotilla",
+		"/usr/local/bin/kubectl-flotilla": "kubectl flotilla", "kubectl-flotilla-old": "flotilla",
+	} {
+		if got := programName(argv0); got != want {
+			t.Errorf("programName(%q) = %q, want %q", argv0, got, want)
+		}
+	}
+}
