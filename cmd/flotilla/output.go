@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -24,6 +25,15 @@ const (
 	outputYAML  output = "yaml"
 	outputName  output = "name"
 )
+
+// outputFlag defines -o and its long form --output, as kubectl has them.
+func outputFlag(fs *flag.FlagSet) *string {
+	o := new(string)
+	const usage = "output format: wide, json, yaml or name; empty: the table"
+	fs.StringVar(o, "o", "", usage)
+	fs.StringVar(o, "output", "", usage+" (as -o)")
+	return o
+}
 
 func parseOutput(s string) (output, error) {
 	switch o := output(s); o {

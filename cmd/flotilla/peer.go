@@ -65,7 +65,7 @@ func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("peer list", stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
-	o := fs.String("o", "", "output format: wide, json, yaml or name; empty: the table")
+	o := outputFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -155,7 +155,7 @@ func TestPeerVerbs(t *testing.T) {
 		}
 	})
 	t.Run("list -o wide", func(t *testing.T) {
-		code, out, _ := flotilla("peer", "list", kc, "-o", "wide")
+		code, out, _ := flotilla("peer", "list", kc, "--output=wide")
 		if code != 0 || !strings.Contains(out, "THEIRS AS SEEN HERE") || !strings.Contains(out, "10.0.0.0/16->100.96.0.0/16") ||
 			!strings.Contains(out, "SOURCES") || !strings.Contains(out, "mdns") {
 			t.Errorf("peer list -o wide: exit %d\n%s", code, out)
