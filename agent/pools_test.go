@@ -26,19 +26,19 @@ func TestRemapPoolMetrics(t *testing.T) {
 	want := `
 # HELP flotilla_remap_pool_used_addresses Addresses of a remap pool taken by views, blocks in quarantine after a peer released them, and local networks.
 # TYPE flotilla_remap_pool_used_addresses gauge
-flotilla_remap_pool_used_addresses{pool="100.64.0.0/11"} 0
-flotilla_remap_pool_used_addresses{pool="100.96.0.0/11"} 65536
-flotilla_remap_pool_used_addresses{pool="fddc:467:9000::/40"} 0
+flotilla_remap_pool_used_addresses{family="ipv4",pool="100.64.0.0/11"} 0
+flotilla_remap_pool_used_addresses{family="ipv4",pool="100.96.0.0/11"} 65536
+flotilla_remap_pool_used_addresses{family="ipv6",pool="fddc:467:9000::/40"} 0
 # HELP flotilla_remap_pool_addresses Addresses in a remap pool, which views of peers' overlapping ranges are drawn from.
 # TYPE flotilla_remap_pool_addresses gauge
-flotilla_remap_pool_addresses{pool="100.64.0.0/11"} 2.097152e+06
-flotilla_remap_pool_addresses{pool="100.96.0.0/11"} 2.097152e+06
-flotilla_remap_pool_addresses{pool="fddc:467:9000::/40"} 3.094850098213451e+26
+flotilla_remap_pool_addresses{family="ipv4",pool="100.64.0.0/11"} 2.097152e+06
+flotilla_remap_pool_addresses{family="ipv4",pool="100.96.0.0/11"} 2.097152e+06
+flotilla_remap_pool_addresses{family="ipv6",pool="fddc:467:9000::/40"} 3.094850098213451e+26
 # HELP flotilla_remap_pool_largest_free_block_addresses Addresses in the largest free aligned block of a remap pool: a peer range larger than this can no longer be remapped into it (0: full).
 # TYPE flotilla_remap_pool_largest_free_block_addresses gauge
-flotilla_remap_pool_largest_free_block_addresses{pool="100.64.0.0/11"} 2.097152e+06
-flotilla_remap_pool_largest_free_block_addresses{pool="100.96.0.0/11"} 1.048576e+06
-flotilla_remap_pool_largest_free_block_addresses{pool="fddc:467:9000::/40"} 3.094850098213451e+26
+flotilla_remap_pool_largest_free_block_addresses{family="ipv4",pool="100.64.0.0/11"} 2.097152e+06
+flotilla_remap_pool_largest_free_block_addresses{family="ipv4",pool="100.96.0.0/11"} 1.048576e+06
+flotilla_remap_pool_largest_free_block_addresses{family="ipv6",pool="fddc:467:9000::/40"} 3.094850098213451e+26
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)
