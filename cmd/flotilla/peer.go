@@ -170,7 +170,7 @@ func waitPhase(ctx context.Context, c client.WithWatch, w io.Writer, peer v1alph
 			return false, nil
 		}
 		if want == v1alpha1.PhaseConnected && p.Status.Phase == v1alpha1.PhaseDenied {
-			return false, fmt.Errorf("peer %s is Denied%s", peerName(peer), blocking(p))
+			return false, fmt.Errorf("peer %s is Denied%s; its admin accepts this cluster there with `%s peer accept`", peerName(peer), blocking(p), progName)
 		}
 		return p.Status.Phase == want, nil
 	})
@@ -180,6 +180,8 @@ func waitPhase(ctx context.Context, c client.WithWatch, w io.Writer, peer v1alph
 		return nil
 	case wctx.Err() == nil:
 		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("stopped waiting for %s: the change to the Peer's spec stands and the agent goes on acting on it (`%s peer list` shows where it stands)", want, progName)
 	case last == nil || last.Status.ObservedGeneration < gen:
 		return fmt.Errorf("the agent has not acted on the change within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)
 	}

@@ -250,6 +250,25 @@ func TestPeerVerbs(t *testing.T) {
 		}
 	})
 
+	t.Run("accept of a peer that denies this cluster says so at once", func(t *testing.T) {
+		e.addPeer(t, "cepsilon", "epsilon", v1alpha1.PhaseDenied)
+		var p v1alpha1.Peer
+		if err := e.admin.Get(t.Context(), client.ObjectKey{Name: "cepsilon"}, &p); err != nil {
+			t.Fatal(err)
+		}
+		// The agent's answer to the accept (the next generation): the
+		// other side denies.
+		p.Status.ObservedGeneration = p.Generation + 1
+		p.Status.Conditions = []metav1.Condition{cond(v1alpha1.ConditionAccepted, "DeniedByPeer", "the peer denies networking with this cluster", false)}
+		if err := e.admin.Status().Update(t.Context(), &p); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := flotilla("peer", "accept", "epsilon", kc, "--wait=1m")
+		if code != 1 || !strings.Contains(errOut, "peer epsilon (cepsilon) is Denied: Accepted DeniedByPeer: the peer denies networking with this cluster; its admin accepts this cluster there with `flotilla peer accept`") {
+			t.Errorf("peer accept epsilon: exit %d, %s", code, errOut)
+		}
+	})
+
 	t.Run("accept without an agent says so", func(t *testing.T) {
 		if code, _, errOut := flotilla("peer", "deny", "beta", kc, "--wait=0"); code != 0 {
 			t.Fatalf("peer deny: %s", errOut)
