@@ -14,6 +14,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -339,6 +340,21 @@ func TestPeerVerbs(t *testing.T) {
 		if out, err := kubectlFlotilla("peer", "accept", "delta"); err == nil || !strings.Contains(out, "kubectl flotilla peer: no peer named") {
 			t.Errorf("kubectl flotilla peer accept delta: %v\n%s", err, out)
 		}
+	})
+
+	// Last: it removes the Peers.
+	t.Run("without Flotilla installed", func(t *testing.T) {
+		crds := apiextensionsclient.NewForConfigOrDie(e.cp.Config).ApiextensionsV1().CustomResourceDefinitions()
+		if err := crds.Delete(t.Context(), "peers.flotilla.io", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually.Within(t, time.Minute, "peer list says Flotilla is not installed", func() error {
+			code, out, errOut := flotilla("peer", "list", kc)
+			if code != 1 || !strings.Contains(errOut, "this cluster has no Peers resource: is Flotilla installed (docs/install.md)?") {
+				return fmt.Errorf("exit %d\n%s%s", code, out, errOut)
+			}
+			return nil
+		})
 	})
 }
 
