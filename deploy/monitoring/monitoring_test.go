@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,29 +232,51 @@ func TestDashboard(t *testing.T) {
 // others (go_*, process_*) and Prometheus's up are checked by name.
 var metricName = regexp.MustCompile(`\b(flotilla_[a-z0-9_]+|go_[a-z0-9_]+|process_[a-z0-9_]+|up)\b`)
 
+// selector matches a metric with a label selector, and matcher each label
+// it names.
+var (
+	selector = regexp.MustCompile(`\b(flotilla_[a-z0-9_]+)\{([^}]*)\}`)
+	matcher  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
+)
+
+// Labels every series has once scraped; le is a histogram bucket's.
+var scrapeLabels = map[string]bool{"instance": true, "job": true}
+
 // Every metric the rules and the dashboard query is one the agent
-// serves: a query of a renamed or misspelt metric returns nothing, and an
-// alert on it never fires.
+// serves, with the labels they select on: a query of a renamed or
+// misspelt metric or label returns nothing, and an alert on it never
+// fires.
 func TestQueriedMetricsExist(t *testing.T) {
 	known := registeredMetrics(t)
-	used := map[string][]string{} // metric: where
+	var queries []string // "where: expr"
 	for _, g := range readRules(t).Groups {
 		for _, r := range g.Rules {
-			for _, m := range metricName.FindAllString(r.Expr, -1) {
-				used[m] = append(used[m], "alert "+r.Alert)
-			}
+			queries = append(queries, "alert "+r.Alert+": "+r.Expr)
 		}
 	}
 	for _, p := range readDashboard(t).panels() {
 		for _, tg := range p.Targets {
-			for _, m := range metricName.FindAllString(tg.Expr, -1) {
-				used[m] = append(used[m], "panel "+strconv.Quote(p.Title))
-			}
+			queries = append(queries, "panel "+strconv.Quote(p.Title)+": "+tg.Expr)
 		}
 	}
-	for m, where := range used {
-		if !known[m] {
-			t.Errorf("%s (in %s) is not a metric the agent serves", m, strings.Join(slices.Compact(where), ", "))
+	used := map[string]bool{}
+	for _, q := range queries {
+		for _, m := range metricName.FindAllString(q, -1) {
+			used[m] = true
+			if _, ok := known[m]; !ok {
+				t.Errorf("%s is not a metric the agent serves (in %s)", m, q)
+			}
+		}
+		for _, sel := range selector.FindAllStringSubmatch(q, -1) {
+			labels, ok := known[sel[1]]
+			if !ok || labels == nil {
+				continue // unknown metric (reported above) or labels not literal
+			}
+			for _, l := range matcher.FindAllStringSubmatch(sel[2], -1) {
+				if !labels[l[1]] && !scrapeLabels[l[1]] {
+					t.Errorf("%s has no label %s (it has %v; in %s)", sel[1], l[1], slices.Sorted(maps.Keys(labels)), q)
+				}
+			}
 		}
 	}
 	if len(used) < 10 {
@@ -261,21 +284,28 @@ func TestQueriedMetricsExist(t *testing.T) {
 	}
 }
 
-// registeredMetrics are the names the agent serves: what its registry
-// holds from the start (build info, Go and process collectors), and what
-// its components register, read from their source: most register only
-// once running against a cluster, and series with labels appear only once
+// registeredMetrics are the names the agent serves, each with its labels
+// (nil when the source does not spell them out): what its registry holds
+// from the start (build info, Go and process collectors), and what its
+// components register, read from their source: most register only once
+// running against a cluster, and series with labels appear only once
 // observed, so a scrape of a fresh agent would miss them.
-func registeredMetrics(t *testing.T) map[string]bool {
+func registeredMetrics(t *testing.T) map[string]map[string]bool {
 	t.Helper()
 	// Prometheus adds up to every scraped target.
-	known := map[string]bool{"up": true}
+	known := map[string]map[string]bool{"up": {}}
 	families, err := agent.NewRegistry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		known[f.GetName()] = true
+		labels := map[string]bool{}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = true
+			}
+		}
+		known[f.GetName()] = labels
 	}
 	fromSource := 0
 	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
@@ -292,11 +322,16 @@ func registeredMetrics(t *testing.T) map[string]bool {
 		if err != nil {
 			return err
 		}
-		for name, kind := range metricsDeclared(f) {
+		for name, m := range metricsDeclared(f) {
 			fromSource++
-			known[name] = true
-			for _, suffix := range seriesSuffixes[kind] {
-				known[name+suffix] = true
+			known[name] = m.labels
+			for _, suffix := range seriesSuffixes[m.kind] {
+				labels := m.labels
+				if suffix == "_bucket" && labels != nil {
+					labels = maps.Clone(labels)
+					labels["le"] = true
+				}
+				known[name+suffix] = labels
 			}
 		}
 		return nil
@@ -316,12 +351,18 @@ var seriesSuffixes = map[string][]string{
 	"SummaryOpts":   {"_sum", "_count"},
 }
 
-// metricsDeclared finds prometheus.XxxOpts{Name: "..."} and
-// prometheus.NewDesc("...", ...) in f, by name and kind (the Opts type;
-// "Desc" for a custom collector's).
-func metricsDeclared(f *ast.File) map[string]string {
-	out := map[string]string{}
-	isPrometheus := func(e ast.Expr) (string, bool) {
+// declared is a metric as its source declares it.
+type declared struct {
+	kind   string          // the Opts type, or "Desc" for a custom collector's
+	labels map[string]bool // variable and constant labels; nil if not literal
+}
+
+// metricsDeclared finds prometheus.XxxOpts{Name: "..."} (with the labels
+// of the NewXxxVec it is given to) and prometheus.NewDesc("...", help,
+// labels, constLabels) in f.
+func metricsDeclared(f *ast.File) map[string]declared {
+	out := map[string]declared{}
+	prometheusName := func(e ast.Expr) (string, bool) {
 		sel, ok := e.(*ast.SelectorExpr)
 		if !ok {
 			return "", false
@@ -337,27 +378,91 @@ func metricsDeclared(f *ast.File) map[string]string {
 		s, err := strconv.Unquote(lit.Value)
 		return s, err == nil
 	}
+	// addLabels adds the labels of a []string{...} or a
+	// prometheus.Labels{...} literal (nil adds none); false if e is
+	// something else.
+	addLabels := func(to map[string]bool, e ast.Expr) bool {
+		if id, ok := e.(*ast.Ident); ok && id.Name == "nil" {
+			return true
+		}
+		lit, ok := e.(*ast.CompositeLit)
+		if !ok {
+			return false
+		}
+		for _, el := range lit.Elts {
+			if kv, ok := el.(*ast.KeyValueExpr); ok {
+				el = kv.Key
+			}
+			s, ok := str(el)
+			if !ok {
+				return false
+			}
+			to[s] = true
+		}
+		return true
+	}
+	// opts reads an Opts literal: its name, kind and constant labels.
+	opts := func(e ast.Expr) (string, declared, bool) {
+		lit, ok := e.(*ast.CompositeLit)
+		if !ok {
+			return "", declared{}, false
+		}
+		kind, ok := prometheusName(lit.Type)
+		if !ok || !strings.HasSuffix(kind, "Opts") {
+			return "", declared{}, false
+		}
+		d := declared{kind: kind, labels: map[string]bool{}}
+		name := ""
+		for _, el := range lit.Elts {
+			kv, ok := el.(*ast.KeyValueExpr)
+			if !ok {
+				continue
+			}
+			switch key, _ := kv.Key.(*ast.Ident); {
+			case key == nil:
+			case key.Name == "Name":
+				name, _ = str(kv.Value)
+			case key.Name == "ConstLabels":
+				if !addLabels(d.labels, kv.Value) {
+					d.labels = nil
+				}
+			}
+		}
+		return name, d, name != ""
+	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.CompositeLit:
-			kind, ok := isPrometheus(n.Type)
-			if !ok || !strings.HasSuffix(kind, "Opts") {
-				return true
-			}
-			for _, el := range n.Elts {
-				if kv, ok := el.(*ast.KeyValueExpr); ok {
-					if key, ok := kv.Key.(*ast.Ident); ok && key.Name == "Name" {
-						if name, ok := str(kv.Value); ok {
-							out[name] = kind
-						}
-					}
+			// Opts given to a constructor without labels; a Vec's are
+			// completed below, where the call is seen first.
+			if name, d, ok := opts(n); ok {
+				if _, seen := out[name]; !seen {
+					out[name] = d
 				}
 			}
 		case *ast.CallExpr:
-			if fn, ok := isPrometheus(n.Fun); ok && fn == "NewDesc" && len(n.Args) > 0 {
-				if name, ok := str(n.Args[0]); ok {
-					out[name] = "Desc"
+			fn, ok := prometheusName(n.Fun)
+			switch {
+			case !ok:
+			case fn == "NewDesc" && len(n.Args) == 4:
+				name, ok := str(n.Args[0])
+				if !ok {
+					return true
 				}
+				d := declared{kind: "Desc", labels: map[string]bool{}}
+				if !addLabels(d.labels, n.Args[2]) || !addLabels(d.labels, n.Args[3]) {
+					d.labels = nil
+				}
+				out[name] = d
+			case strings.HasSuffix(fn, "Vec") && len(n.Args) == 2:
+				name, d, ok := opts(n.Args[0])
+				if !ok {
+					return true
+				}
+				if d.labels != nil && !addLabels(d.labels, n.Args[1]) {
+					d.labels = nil
+				}
+				out[name] = d
 			}
 		}
 		return true
