@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
@@ -239,6 +240,8 @@ func apiError(verb, name string, err error) error {
 		return fmt.Errorf("this cluster has no Peers resource: is Flotilla installed (docs/install.md)? %w", err)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("the API server did not accept your credentials: %w (check the kubeconfig's user)", err)
+	case utilnet.IsConnectionRefused(err) || utilnet.IsTimeout(err):
+		return fmt.Errorf("cannot reach the API server: %w (is the kubeconfig's cluster the one meant, and up? `kubectl cluster-info` says where it points)", err)
 	}
 	return fmt.Errorf("%s %s: %w", verb, what, err)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -446,5 +448,28 @@ func TestProgramName(t *testing.T) {
 		if got := programName(argv0); got != want {
 			t.Errorf("programName(%q) = %q, want %q", argv0, got, want)
 		}
+	}
+}
+
+// A kubeconfig whose API server does not answer is named as such.
+func TestPeerListUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["gone"] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
+	cfg.AuthInfos["me"] = &clientcmdapi.AuthInfo{Token: "x"}
+	cfg.Contexts["gone"] = &clientcmdapi.Context{Cluster: "gone", AuthInfo: "me"}
+	cfg.CurrentContext = "gone"
+	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := flotilla("peer", "list", "--kubeconfig", kubeconfig)
+	if code != 1 || !strings.Contains(errOut, "cannot reach the API server") || !strings.Contains(errOut, addr) {
+		t.Errorf("peer list against %s: exit %d, %s", addr, code, errOut)
 	}
 }
