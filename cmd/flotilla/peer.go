@@ -66,6 +66,7 @@ func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("peer list", stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
+	kubeContext := contextFlag(fs)
 	o := outputFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -74,7 +75,7 @@ func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	c, err := clusterClient(*kubeconfig)
+	c, err := clusterClientIn(*kubeconfig, *kubeContext)
 	if err != nil {
 		return err
 	}
@@ -98,6 +99,7 @@ func runPeerDeny(ctx context.Context, args []string, stdout, stderr io.Writer) e
 func setNetworking(ctx context.Context, args []string, stdout, stderr io.Writer, to v1alpha1.Networking) error {
 	verb := strings.ToLower(string(to))
 	pc := newPeerCommand("peer "+verb, stderr)
+	kubeContext := contextFlag(pc.fs)
 	if to == v1alpha1.NetworkingAccept {
 		// Connecting takes a negotiation and a handshake, and under
 		// --peering=manual the other side's admin too.
@@ -107,7 +109,7 @@ func setNetworking(ctx context.Context, args []string, stdout, stderr io.Writer,
 	if err != nil {
 		return err
 	}
-	c, err := clusterClient(*pc.kubeconfig)
+	c, err := clusterClientIn(*pc.kubeconfig, *kubeContext)
 	if err != nil {
 		return err
 	}
@@ -128,6 +130,12 @@ func setNetworking(ctx context.Context, args []string, stdout, stderr io.Writer,
 		want = v1alpha1.PhaseDenied
 	}
 	return waitPhase(ctx, c, stdout, peer, gen, want, *pc.wait)
+}
+
+// contextFlag defines --context, kubectl's: which of the kubeconfig's
+// contexts to use. kubectl does not pass its own to plugins.
+func contextFlag(fs *flag.FlagSet) *string {
+	return fs.String("context", "", "the kubeconfig context to use (default: its current context)")
 }
 
 // setDefault changes a flag's default before parsing.

@@ -203,6 +203,34 @@ func TestPeerVerbs(t *testing.T) {
 		}
 	})
 
+	t.Run("--context picks the kubeconfig's context", func(t *testing.T) {
+		cfg, err := clientcmd.LoadFromFile(e.cp.Kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		real := cfg.CurrentContext
+		// The current context is a cluster that does not answer.
+		cfg.Clusters["gone"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:9", InsecureSkipTLSVerify: true}
+		cfg.Contexts["gone"] = &clientcmdapi.Context{Cluster: "gone", AuthInfo: cfg.Contexts[real].AuthInfo}
+		cfg.CurrentContext = "gone"
+		two := filepath.Join(t.TempDir(), "kubeconfig")
+		if err := clientcmd.WriteToFile(*cfg, two); err != nil {
+			t.Fatal(err)
+		}
+		if code, _, errOut := flotilla("peer", "list", "--kubeconfig", two); code != 1 || !strings.Contains(errOut, "cannot reach the API server") {
+			t.Errorf("peer list in context gone: exit %d, %s", code, errOut)
+		}
+		if code, out, errOut := flotilla("peer", "list", "--kubeconfig", two, "--context", real, "-o", "name"); code != 0 || !strings.Contains(out, "peer.flotilla.io/cbeta") {
+			t.Errorf("peer list --context %s: exit %d\n%s%s", real, code, out, errOut)
+		}
+		if code, out, errOut := flotilla("status", "--kubeconfig", two, "--context", real, "-o", "name"); code != 0 || !strings.Contains(out, "peer.flotilla.io/cbeta") {
+			t.Errorf("status --context %s: exit %d\n%s%s", real, code, out, errOut)
+		}
+		if code, _, errOut := flotilla("peer", "accept", "nobody", "--kubeconfig", two, "--context", real); code != 1 || !strings.Contains(errOut, `no peer named "nobody"`) {
+			t.Errorf("peer accept --context %s: exit %d, %s", real, code, errOut)
+		}
+	})
+
 	t.Run("accept unknown peer names the peers", func(t *testing.T) {
 		code, _, errOut := flotilla("peer", "accept", "delta", kc)
 		if code != 1 || !strings.Contains(errOut, `no peer named "delta"; the peers are: beta (cbeta), gamma (cgamma)`) {

@@ -23,6 +23,7 @@ func init() {
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status", stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
+	kubeContext := contextFlag(fs)
 	o := outputFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -31,7 +32,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	c, err := clusterClient(*kubeconfig)
+	c, err := clusterClientIn(*kubeconfig, *kubeContext)
 	if err != nil {
 		return err
 	}
@@ -55,9 +56,16 @@ func listPeers(ctx context.Context, c client.Client) ([]v1alpha1.Peer, error) {
 // a kubeconfig names, as kubectl finds it: the path given, else
 // $KUBECONFIG, else ~/.kube/config.
 func clusterClient(kubeconfig string) (client.WithWatch, error) {
+	return clusterClientIn(kubeconfig, "")
+}
+
+// clusterClientIn is clusterClient in the kubeconfig's context named
+// kubeContext; empty: its current context.
+func clusterClientIn(kubeconfig, kubeContext string) (client.WithWatch, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
