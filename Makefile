@@ -15,8 +15,11 @@ IMAGE_TAG ?= flotilla:$(VERSION)
 
 all: build
 
+# bin/kubectl-flotilla is the same binary as a kubectl plugin: on PATH,
+# `kubectl flotilla ...` runs it (docs/operations.md).
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
+	ln -sf flotilla bin/kubectl-flotilla
 
 # The agent's image without a container engine: the static binary on an
 # empty base, reproducible (fixed timestamps), as an image tarball that

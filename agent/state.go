@@ -33,6 +33,7 @@ func (a *Agent) openState(comps *components) (state, error) {
 		return state{}, fmt.Errorf("open ledger: %w", err)
 	}
 	comps.OnStop("ledger", ledger.Close)
+	a.registry.MustRegister(newPoolCollector(ledger))
 	a.ready.add("ledger", func() error {
 		_, err := os.Stat(ledger.Path()) // deleted under a running agent: say so
 		return err

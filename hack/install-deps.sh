@@ -26,6 +26,8 @@ declare -A want=(
   [runc]=runc
   # The CNI masquerade shapes of iptables (nft backend) on real nodes.
   [iptables-nft-restore]=iptables
+  # promtool checks and unit-tests deploy/monitoring's alert rules.
+  [promtool]=prometheus
 )
 missing=()
 for cmd in "${!want[@]}"; do

@@ -436,22 +436,8 @@ func (t *txn) occupied(v4 bool) spans {
 	if occ, ok := t.occ[v4]; ok {
 		return occ
 	}
-	var out spans
-	add := func(p netip.Prefix) {
-		if p.Addr().Is4() == v4 {
-			out = append(out, spanOf(p))
-		}
-	}
-	for _, n := range t.st.locals {
-		add(n.Range)
-	}
-	for _, v := range t.st.views {
-		add(v.View)
-	}
-	for b := range t.st.quarantine {
-		add(b) // expired entries were purged when the transaction began
-	}
-	slices.SortFunc(out, compareSpans)
+	// Expired quarantine entries were purged when the transaction began.
+	out := occupiedIn(t.st, v4, t.now)
 	if t.occ == nil {
 		t.occ = map[bool]spans{}
 	}

@@ -80,7 +80,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Consumer{
+	c := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "credentials"),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
@@ -88,7 +88,30 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		m:        newConsumerMetrics(cfg.Metrics),
 		incoming: map[string]sealedGrant{}, held: map[string]grant.Grant{},
 		refused: map[string]error{}, revoked: map[string]bool{},
-	}, nil
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(credentialExpiry{c: c, desc: prometheus.NewDesc("flotilla_grant_credential_expiry_timestamp_seconds",
+			"Unix time when the credential a provider granted this cluster expires; the provider renews it well before, so one close to now means renewals stopped arriving.",
+			[]string{"peer"}, nil)})
+	}
+	return c, nil
+}
+
+// credentialExpiry exports when each held credential expires, read when
+// scraped.
+type credentialExpiry struct {
+	c    *Consumer
+	desc *prometheus.Desc
+}
+
+func (e credentialExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e credentialExpiry) Collect(ch chan<- prometheus.Metric) {
+	e.c.mu.Lock()
+	defer e.c.mu.Unlock()
+	for id, g := range e.c.held {
+		ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(g.ExpiresAt.UnixMilli())/1000, id)
+	}
 }
 
 // GrantReceived takes a sealed grant from the peering engine

@@ -459,7 +459,31 @@ func (w *world) testGrant(t *testing.T) {
 			t.Errorf("limits %+v: quota %v, want %v", step.limits, q.Spec.Hard, rl(step.quota...))
 		}
 		w.credentialWorks(t, c, p)
+		if got, want := credentialExpiryMetric(t, c.reg, p.id.ClusterID()), float64(g.ExpiresAt.UnixMilli())/1000; got != want {
+			t.Errorf("flotilla_grant_credential_expiry_timestamp_seconds %v, want the grant's expiry %v", got, want)
+		}
 	}
+}
+
+// credentialExpiryMetric is what a consumer's metrics say of the expiry of
+// the credential from provider; 0 if nothing.
+func credentialExpiryMetric(t *testing.T, reg *prometheus.Registry, provider string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "flotilla_grant_credential_expiry_timestamp_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == provider {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // 3. A renewed grant arrives with a higher serial and works at once; the
@@ -563,6 +587,9 @@ func (w *world) testRevocation(t *testing.T) {
 			}
 			if _, _, err := c.c.Credential(p.id.ClusterID()); err == nil || !strings.Contains(err.Error(), "no credential from") {
 				t.Errorf("Credential after revocation: %v, want none held", err)
+			}
+			if got := credentialExpiryMetric(t, c.reg, p.id.ClusterID()); got != 0 {
+				t.Errorf("flotilla_grant_credential_expiry_timestamp_seconds %v after revocation, want no series", got)
 			}
 			if _, err := w.provCP.Client.CoreV1().Secrets(ns).Get(ctx, GrantSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				t.Errorf("the grant Secret after revocation: %v, want NotFound", err)

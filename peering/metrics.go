@@ -5,7 +5,12 @@ import (
 )
 
 type metrics struct {
-	peers        *prometheus.GaugeVec
+	peers *prometheus.GaugeVec
+	// phase is 1 for each peer's phase and 0 for the others, so that an
+	// alert names the peer that is down; phased holds the cluster name
+	// each peer's series carry.
+	phase        *prometheus.GaugeVec
+	phased       map[string]string
 	accepted     prometheus.Counter
 	sent         prometheus.Counter
 	refused      *prometheus.CounterVec
@@ -20,6 +25,10 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flotilla_peers", Help: "Peers by phase.",
 		}, []string{"phase"}),
+		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "flotilla_peer_phase", Help: "1 for the phase each peer is in, 0 for the others (peer: its cluster ID, cluster: its name).",
+		}, []string{"peer", "cluster", "phase"}),
+		phased: map[string]string{},
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_peering_messages_accepted_total", Help: "Peering statements accepted (new generations).",
 		}),
@@ -47,9 +56,30 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.peers, m.accepted, m.sent, m.refused, m.held, m.sendErrors, m.applyErrors, m.applySeconds, newTraffic(dp))
+		reg.MustRegister(m.peers, m.phase, m.accepted, m.sent, m.refused, m.held, m.sendErrors, m.applyErrors, m.applySeconds, newTraffic(dp))
 	}
 	return m
+}
+
+// setPhases sets each peer's phase series, by cluster ID, with its
+// cluster name, and removes those of peers no longer known.
+func (m *metrics) setPhases(phases map[string]Phase, names map[string]string) {
+	for id, name := range m.phased {
+		if _, ok := phases[id]; !ok || names[id] != name {
+			m.phase.DeletePartialMatch(prometheus.Labels{"peer": id})
+			delete(m.phased, id)
+		}
+	}
+	for id, ph := range phases {
+		m.phased[id] = names[id]
+		for _, p := range Phases {
+			v := 0.0
+			if p == ph {
+				v = 1
+			}
+			m.phase.WithLabelValues(id, names[id], string(p)).Set(v)
+		}
+	}
 }
 
 // traffic exports the tunnel's byte counters per peer. It reads them from

@@ -227,12 +227,19 @@ func (e *Engine) state(p *peer) PeerState {
 // Publisher.
 func (e *Engine) publish() {
 	counts := map[Phase]int{}
+	phases, names := map[string]Phase{}, map[string]string{}
 	for _, p := range e.peers {
-		counts[e.phase(p)]++
+		ph := e.phase(p)
+		counts[ph]++
+		phases[p.id] = ph
+		if p.hello != nil {
+			names[p.id] = p.hello.Name
+		}
 	}
 	for _, ph := range Phases {
 		e.metrics.peers.WithLabelValues(string(ph)).Set(float64(counts[ph]))
 	}
+	e.metrics.setPhases(phases, names)
 	if e.cfg.Publisher == nil {
 		return
 	}

@@ -149,7 +149,7 @@ func grantLimits(cpu, memory string, pods, namespaces int64) (*v1alpha1.OffloadL
 func findPeer(ctx context.Context, c client.Client, name string) (v1alpha1.Peer, error) {
 	var peers v1alpha1.PeerList
 	if err := c.List(ctx, &peers); err != nil {
-		return v1alpha1.Peer{}, fmt.Errorf("list Peers: %w", err)
+		return v1alpha1.Peer{}, apiError("list", "", err)
 	}
 	var found []v1alpha1.Peer
 	for _, p := range peers.Items {
@@ -161,7 +161,7 @@ func findPeer(ctx context.Context, c client.Client, name string) (v1alpha1.Peer,
 	case 1:
 		return found[0], nil
 	case 0:
-		return v1alpha1.Peer{}, fmt.Errorf("no peer named %q: `flotilla status` lists the peers by cluster name and ID", name)
+		return v1alpha1.Peer{}, noSuchPeer(name, peers.Items)
 	}
 	ids := make([]string, len(found))
 	for i, p := range found {

@@ -67,13 +67,13 @@ func describeLimits(l *v1alpha1.OffloadLimits) string {
 // flotilla status shows both directions of offloading by their reasons.
 func TestStatusShowsOffloading(t *testing.T) {
 	var out bytes.Buffer
-	printPeers(&out, []v1alpha1.Peer{{
+	writePeers(&out, []v1alpha1.Peer{{
 		ObjectMeta: metav1.ObjectMeta{Name: "cabc"},
 		Status: v1alpha1.PeerStatus{ClusterName: "b", Phase: v1alpha1.PhaseConnected, Conditions: []metav1.Condition{
 			{Type: v1alpha1.ConditionOffloadGranted, Reason: "Granted"},
 			{Type: v1alpha1.ConditionOffloadCredential, Reason: "Revoked"},
 		}},
-	}}, time.Now())
+	}}, outputTable, peerStatusColumns, time.Now())
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "HOSTING  OFFLOAD  TRAFFIC") ||
 		!strings.HasSuffix(strings.TrimSpace(lines[1]), "Granted  Revoked  -") {
@@ -95,7 +95,7 @@ func TestStatusShowsTraffic(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		tc.status.ClusterName = "b"
-		printPeers(&out, []v1alpha1.Peer{{ObjectMeta: metav1.ObjectMeta{Name: "cabc"}, Status: tc.status}}, time.Now())
+		writePeers(&out, []v1alpha1.Peer{{ObjectMeta: metav1.ObjectMeta{Name: "cabc"}, Status: tc.status}}, outputTable, peerStatusColumns, time.Now())
 		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 		if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[1]), "  "+tc.want) {
 			t.Errorf("status %+v: flotilla status:\n%s\nwant the row to end in %q", tc.status, out.String(), tc.want)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"syscall"
 )
@@ -34,8 +35,23 @@ func register(c command) {
 // errUsage reports a usage error already explained to the user.
 var errUsage = errors.New("usage error")
 
+// progName is how the user called us, for usage text and errors:
+// "flotilla", or "kubectl flotilla" when run as the kubectl plugin
+// kubectl-flotilla (kubectl finds plugins by that name on PATH).
+var progName = "flotilla"
+
 func main() {
+	progName = programName(os.Args[0])
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// programName is "kubectl flotilla" when argv[0] is the plugin's name,
+// else "flotilla".
+func programName(argv0 string) string {
+	if base := filepath.Base(argv0); base == "kubectl-flotilla" || base == "kubectl-flotilla.exe" {
+		return "kubectl flotilla"
+	}
+	return "flotilla"
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -48,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "flotilla: unknown command %q\n\n", args[0])
+		fmt.Fprintf(stderr, "%s: unknown command %q\n\n", progName, args[0])
 		usage(stderr)
 		return 2
 	}
@@ -61,14 +77,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, errUsage) {
 			return 2
 		}
-		fmt.Fprintf(stderr, "flotilla %s: %v\n", c.name, err)
+		fmt.Fprintf(stderr, "%s %s: %v\n", progName, c.name, err)
 		return 1
 	}
 	return 0
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "Usage: flotilla <command> [flags]")
+	fmt.Fprintf(w, "Usage: %s <command> [flags]\n", progName)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Commands:")
 	names := make([]string, 0, len(commands))
@@ -80,13 +96,13 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Run 'flotilla <command> -h' for the flags of a command.")
+	fmt.Fprintf(w, "Run '%s <command> -h' for the flags of a command.\n", progName)
 }
 
 // newFlagSet returns a flag set whose errors and help go to stderr and are
 // returned rather than exiting, so commands stay testable.
 func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("flotilla "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet(progName+" "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	return fs
 }

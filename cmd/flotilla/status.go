@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -25,51 +23,53 @@ func init() {
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status", stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
+	kubeContext := contextFlag(fs)
+	o := outputFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	c, err := clusterClient(*kubeconfig)
+	format, err := parseOutput(*o)
 	if err != nil {
 		return err
 	}
+	c, err := clusterClientIn(*kubeconfig, *kubeContext)
+	if err != nil {
+		return err
+	}
+	peers, err := listPeers(ctx, c)
+	if err != nil {
+		return err
+	}
+	return writePeers(stdout, peers, format, peerStatusColumns, time.Now())
+}
+
+// listPeers lists the Peers, saying what to do when that fails.
+func listPeers(ctx context.Context, c client.Client) ([]v1alpha1.Peer, error) {
 	var peers v1alpha1.PeerList
 	if err := c.List(ctx, &peers); err != nil {
-		return fmt.Errorf("list Peers: %w", err)
+		return nil, apiError("list", "", err)
 	}
-	printPeers(stdout, peers.Items, time.Now())
-	return nil
+	return peers.Items, nil
 }
 
 // clusterClient reads and writes the flotilla.io objects of the cluster
 // a kubeconfig names, as kubectl finds it: the path given, else
 // $KUBECONFIG, else ~/.kube/config.
 func clusterClient(kubeconfig string) (client.WithWatch, error) {
+	return clusterClientIn(kubeconfig, "")
+}
+
+// clusterClientIn is clusterClient in the kubeconfig's context named
+// kubeContext; empty: its current context.
+func clusterClientIn(kubeconfig, kubeContext string) (client.WithWatch, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	return client.NewWithWatch(cfg, client.Options{Scheme: peerapi.Scheme()})
-}
-
-func printPeers(w io.Writer, peers []v1alpha1.Peer, now time.Time) {
-	if len(peers) == 0 {
-		fmt.Fprintln(w, "No peers yet: no other cluster of the federation has been discovered.")
-		return
-	}
-	sort.Slice(peers, func(i, j int) bool { return peers[i].Status.ClusterName < peers[j].Status.ClusterName })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	// Traffic is in the agent's metrics (flotilla_peer_*_bytes_total).
-	fmt.Fprintln(tw, "CLUSTER\tID\tPHASE\tENDPOINT\tTHEIRS AS SEEN HERE\tOURS AS SEEN THERE\tHANDSHAKE\tHOSTING\tOFFLOAD\tTRAFFIC")
-	for _, p := range peers {
-		s := p.Status
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.ClusterName), p.Name, orDash(string(s.Phase)), orDash(s.Endpoint),
-			views(s.TheirNetworks), views(s.MyNetworks), age(s.LastHandshake, now),
-			reason(s.Conditions, v1alpha1.ConditionOffloadGranted), reason(s.Conditions, v1alpha1.ConditionOffloadCredential),
-			traffic(s))
-	}
-	tw.Flush()
 }
 
 // traffic is the mode in effect for traffic from the peer and, when

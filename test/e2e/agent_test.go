@@ -64,7 +64,8 @@ func TestAgentSmoke(t *testing.T) {
 		t.Fatalf("/metrics is not Prometheus text format: %v", err)
 	}
 	for _, name := range []string{"flotilla_build_info", "flotilla_apiserver_up", "go_goroutines", "process_resident_memory_bytes",
-		"flotilla_peers", "flotilla_discovery_members"} {
+		"flotilla_peers", "flotilla_discovery_members",
+		"flotilla_remap_pool_addresses", "flotilla_remap_pool_used_addresses", "flotilla_remap_pool_largest_free_block_addresses"} {
 		if _, ok := families[name]; !ok {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+)
+
+// output is a -o format, as kubectl get has them.
+type output string
+
+const (
+	outputTable output = ""
+	outputWide  output = "wide"
+	outputJSON  output = "json"
+	outputYAML  output = "yaml"
+	outputName  output = "name"
+)
+
+// outputFlag defines -o and its long form --output, as kubectl has them.
+func outputFlag(fs *flag.FlagSet) *string {
+	o := new(string)
+	const usage = "output format: wide, json, yaml or name; empty: the table"
+	fs.StringVar(o, "o", "", usage)
+	fs.StringVar(o, "output", "", usage+" (as -o)")
+	return o
+}
+
+func parseOutput(s string) (output, error) {
+	switch o := output(s); o {
+	case outputTable, outputWide, outputJSON, outputYAML, outputName:
+		return o, nil
+	}
+	return "", fmt.Errorf("-o %q: want wide, json, yaml or name (or nothing, for the table)", s)
+}
+
+// peerColumn is one column of a Peer table.
+type peerColumn struct {
+	header string
+	value  func(p v1alpha1.Peer, now time.Time) string
+}
+
+var (
+	colCluster    = peerColumn{"CLUSTER", func(p v1alpha1.Peer, _ time.Time) string { return orDash(p.Status.ClusterName) }}
+	colID         = peerColumn{"ID", func(p v1alpha1.Peer, _ time.Time) string { return p.Name }}
+	colPhase      = peerColumn{"PHASE", func(p v1alpha1.Peer, _ time.Time) string { return orDash(string(p.Status.Phase)) }}
+	colNetworking = peerColumn{"NETWORKING", func(p v1alpha1.Peer, _ time.Time) string { return decision(string(p.Spec.Networking)) }}
+	colEndpoint   = peerColumn{"ENDPOINT", func(p v1alpha1.Peer, _ time.Time) string { return orDash(p.Status.Endpoint) }}
+	colTheirs     = peerColumn{"THEIRS AS SEEN HERE", func(p v1alpha1.Peer, _ time.Time) string { return views(p.Status.TheirNetworks) }}
+	colOurs       = peerColumn{"OURS AS SEEN THERE", func(p v1alpha1.Peer, _ time.Time) string { return views(p.Status.MyNetworks) }}
+	colHandshake  = peerColumn{"HANDSHAKE", func(p v1alpha1.Peer, now time.Time) string { return age(p.Status.LastHandshake, now) }}
+	colHosting    = peerColumn{"HOSTING", func(p v1alpha1.Peer, _ time.Time) string {
+		return reason(p.Status.Conditions, v1alpha1.ConditionOffloadGranted)
+	}}
+	colOffload = peerColumn{"OFFLOAD", func(p v1alpha1.Peer, _ time.Time) string {
+		return reason(p.Status.Conditions, v1alpha1.ConditionOffloadCredential)
+	}}
+	// TRAFFIC is the mode in effect (spec.traffic, else --traffic), as the
+	// agent wrote it.
+	colTraffic = peerColumn{"TRAFFIC", func(p v1alpha1.Peer, _ time.Time) string { return traffic(p.Status) }}
+	colSources = peerColumn{"SOURCES", func(p v1alpha1.Peer, _ time.Time) string { return orDash(strings.Join(p.Status.Sources, ",")) }}
+	colAge     = peerColumn{"AGE", func(p v1alpha1.Peer, now time.Time) string {
+		return strings.TrimSuffix(age(&p.CreationTimestamp, now), " ago")
+	}}
+)
+
+// The tables: peer list's is short, status's says everything about the
+// peering at a glance (as it always has), and -o wide adds the admin's
+// decisions and where the peer was found.
+var (
+	peerListColumns   = []peerColumn{colCluster, colID, colPhase, colNetworking, colEndpoint, colHandshake, colAge}
+	peerStatusColumns = []peerColumn{colCluster, colID, colPhase, colEndpoint, colTheirs, colOurs, colHandshake, colHosting, colOffload, colTraffic}
+	peerWideColumns   = []peerColumn{colCluster, colID, colPhase, colNetworking, colEndpoint, colTheirs, colOurs, colHandshake,
+		colHosting, colOffload, colTraffic, colSources, colAge}
+)
+
+// decision prints a spec field the admin left empty as what it means: the
+// agent's flag decides.
+func decision(v string) string {
+	if v == "" {
+		return "(default)"
+	}
+	return v
+}
+
+// writePeers prints peers in format o; table is the columns of the
+// default table.
+func writePeers(w io.Writer, peers []v1alpha1.Peer, o output, table []peerColumn, now time.Time) error {
+	peers = append([]v1alpha1.Peer(nil), peers...)
+	sort.Slice(peers, func(i, j int) bool {
+		if peers[i].Status.ClusterName != peers[j].Status.ClusterName {
+			return peers[i].Status.ClusterName < peers[j].Status.ClusterName
+		}
+		return peers[i].Name < peers[j].Name
+	})
+	switch o {
+	case outputJSON, outputYAML:
+		return writePeerList(w, peers, o)
+	case outputName:
+		for _, p := range peers {
+			fmt.Fprintf(w, "peer.%s/%s\n", v1alpha1.GroupVersion.Group, p.Name)
+		}
+		return nil
+	case outputWide:
+		table = peerWideColumns
+	}
+	if len(peers) == 0 {
+		fmt.Fprintln(w, "No peers yet: no other cluster of the federation has been discovered.")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	headers := make([]string, len(table))
+	for i, c := range table {
+		headers[i] = c.header
+	}
+	fmt.Fprintln(tw, strings.Join(headers, "\t"))
+	for _, p := range peers {
+		cells := make([]string, len(table))
+		for i, c := range table {
+			cells[i] = c.value(p, now)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// writePeerList prints the Peers as kubectl get -o json|yaml does: a v1
+// List that kubectl apply reads back, without managedFields.
+func writePeerList(w io.Writer, peers []v1alpha1.Peer, o output) error {
+	items := make([]v1alpha1.Peer, len(peers))
+	for i, p := range peers {
+		p.APIVersion, p.Kind = v1alpha1.GroupVersion.String(), "Peer"
+		p.ManagedFields = nil
+		items[i] = p
+	}
+	list := struct {
+		APIVersion string          `json:"apiVersion"`
+		Kind       string          `json:"kind"`
+		Items      []v1alpha1.Peer `json:"items"`
+	}{"v1", "List", items}
+	out, err := json.MarshalIndent(list, "", "    ")
+	if err != nil {
+		return err
+	}
+	if o == outputYAML {
+		if out, err = yaml.JSONToYAML(out); err != nil {
+			return err
+		}
+	} else {
+		out = append(out, '\n')
+	}
+	_, err = w.Write(out)
+	return err
+}

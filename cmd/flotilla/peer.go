@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+)
+
+func init() {
+	register(command{name: "peer", summary: "list the peers, or accept or deny networking with one: peer list|accept|deny NAME", run: runPeer})
+}
+
+// peerVerbs are peer's subcommands, in the order usage lists them.
+var peerVerbs = []struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}{
+	{"list", "the peers, as kubectl get does (-o wide|json|yaml|name)", runPeerList},
+	{"accept", "connect to a peer (spec.networking: Accept) and show progress until Connected", runPeerAccept},
+	{"deny", "tear the tunnel to a peer down on both sides (spec.networking: Deny)", runPeerDeny},
+}
+
+func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		for _, v := range peerVerbs {
+			if v.name == args[0] {
+				return v.run(ctx, args[1:], stdout, stderr)
+			}
+		}
+	}
+	help := len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help")
+	if !help {
+		what := "say what to do"
+		if len(args) > 0 {
+			what = fmt.Sprintf("unknown verb %q", args[0])
+		}
+		fmt.Fprintf(stderr, "%s peer: %s\n\n", progName, what)
+	}
+	fmt.Fprintf(stderr, "Usage: %s peer <verb> [NAME] [flags]\n\nVerbs:\n", progName)
+	for _, v := range peerVerbs {
+		fmt.Fprintf(stderr, "  %-8s %s\n", v.name, v.summary)
+	}
+	fmt.Fprintf(stderr, "\nNAME is a peer's cluster name or ID. Run '%s peer <verb> -h' for its flags.\n", progName)
+	if help {
+		return flag.ErrHelp
+	}
+	return errUsage
+}
+
+func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("peer list", stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
+	kubeContext := contextFlag(fs)
+	o := outputFlag(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	format, err := parseOutput(*o)
+	if err != nil {
+		return err
+	}
+	c, err := clusterClientIn(*kubeconfig, *kubeContext)
+	if err != nil {
+		return err
+	}
+	peers, err := listPeers(ctx, c)
+	if err != nil {
+		return err
+	}
+	return writePeers(stdout, peers, format, peerListColumns, time.Now())
+}
+
+func runPeerAccept(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return setNetworking(ctx, args, stdout, stderr, v1alpha1.NetworkingAccept)
+}
+
+func runPeerDeny(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return setNetworking(ctx, args, stdout, stderr, v1alpha1.NetworkingDeny)
+}
+
+// setNetworking writes the admin's decision into the Peer's spec and, with
+// --wait, shows the agent's progress until the phase it leads to.
+func setNetworking(ctx context.Context, args []string, stdout, stderr io.Writer, to v1alpha1.Networking) error {
+	verb := strings.ToLower(string(to))
+	pc := newPeerCommand("peer "+verb, stderr)
+	kubeContext := contextFlag(pc.fs)
+	if to == v1alpha1.NetworkingAccept {
+		// Connecting takes a negotiation and a handshake, and under
+		// --peering=manual the other side's admin too.
+		setDefault(pc.fs, "wait", "1m")
+	}
+	name, err := pc.parse(args)
+	if err != nil {
+		return err
+	}
+	c, err := clusterClientIn(*pc.kubeconfig, *kubeContext)
+	if err != nil {
+		return err
+	}
+	peer, err := findPeer(ctx, c, name)
+	if err != nil {
+		return err
+	}
+	gen, err := patchSpec(ctx, c, peer, map[string]any{"networking": to})
+	if err != nil {
+		return apiError("patch", peer.Name, err)
+	}
+	fmt.Fprintf(stdout, "peer %s: networking %s in spec (generation %d)\n", peerName(peer), to, gen)
+	if *pc.wait == 0 {
+		return nil
+	}
+	want := v1alpha1.PhaseConnected
+	if to == v1alpha1.NetworkingDeny {
+		want = v1alpha1.PhaseDenied
+	}
+	return waitPhase(ctx, c, stdout, peer, gen, want, *pc.wait)
+}
+
+// contextFlag defines --context, kubectl's: which of the kubeconfig's
+// contexts to use. kubectl does not pass its own to plugins.
+func contextFlag(fs *flag.FlagSet) *string {
+	return fs.String("context", "", "the kubeconfig context to use (default: its current context)")
+}
+
+// setDefault changes a flag's default before parsing.
+func setDefault(fs *flag.FlagSet, name, value string) {
+	f := fs.Lookup(name)
+	if err := f.Value.Set(value); err != nil {
+		panic(fmt.Sprintf("flag --%s default %q: %v", name, value, err))
+	}
+	f.DefValue = value
+}
+
+func peerName(p v1alpha1.Peer) string {
+	if p.Status.ClusterName == "" {
+		return p.Name
+	}
+	return p.Status.ClusterName + " (" + p.Name + ")"
+}
+
+// waitPhase watches the Peer until the agent, having acted on generation
+// gen, reports phase want; it prints each change of phase and of what
+// holds the peering up on the way.
+func waitPhase(ctx context.Context, c client.WithWatch, w io.Writer, peer v1alpha1.Peer, gen int64, want v1alpha1.Phase, timeout time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last *v1alpha1.Peer
+	shown := ""
+	_, err := watchtools.UntilWithSync(wctx, peerWatch(c, peer.Name), &v1alpha1.Peer{}, nil, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Deleted {
+			return false, fmt.Errorf("peer %s was deleted while waiting (the cluster left the federation, or someone deleted the Peer; the agent makes it again if the cluster is still a member)", peerName(peer))
+		}
+		p, ok := ev.Object.(*v1alpha1.Peer)
+		if !ok {
+			return false, nil
+		}
+		last = p
+		if line := progressLine(p); line != shown {
+			shown = line
+			fmt.Fprintln(w, line)
+		}
+		if p.Status.ObservedGeneration < gen {
+			return false, nil
+		}
+		if want == v1alpha1.PhaseConnected && p.Status.Phase == v1alpha1.PhaseDenied {
+			return false, fmt.Errorf("peer %s is Denied%s; its admin accepts this cluster there with `%s peer accept`", peerName(peer), blocking(p), progName)
+		}
+		return p.Status.Phase == want, nil
+	})
+	switch {
+	case err == nil:
+		fmt.Fprintf(w, "peer %s: %s\n", peerName(peer), want)
+		return nil
+	case wctx.Err() == nil:
+		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("stopped waiting for %s: the change to the Peer's spec stands and the agent goes on acting on it (`%s peer list` shows where it stands)", want, progName)
+	case last == nil || last.Status.ObservedGeneration < gen:
+		return fmt.Errorf("the agent has not acted on the change within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)
+	}
+	return fmt.Errorf("peer %s is %s after %s, not %s%s; `%s peer list -o wide` shows more, the agent's log why (`kubectl -n flotilla-system logs deploy/flotilla-agent`)",
+		peerName(peer), orDash(string(last.Status.Phase)), timeout, want, blocking(last), progName)
+}
+
+// progressLine is the phase and the first condition on the way to
+// Connected that does not hold, with the agent's reason and message.
+func progressLine(p *v1alpha1.Peer) string {
+	return "  " + orDash(string(p.Status.Phase)) + blocking(p)
+}
+
+// blocking says which condition on the way to Connected does not hold.
+func blocking(p *v1alpha1.Peer) string {
+	for _, t := range []string{v1alpha1.ConditionMember, v1alpha1.ConditionAccepted, v1alpha1.ConditionViewsAgreed, v1alpha1.ConditionTunnelUp} {
+		c := meta.FindStatusCondition(p.Status.Conditions, t)
+		if c != nil && c.Status != metav1.ConditionTrue {
+			return fmt.Sprintf(": %s %s: %s", t, c.Reason, c.Message)
+		}
+	}
+	return ""
+}
+
+// peerWatch lists and watches the one Peer named name.
+func peerWatch(c client.WithWatch, name string) toolscache.ListerWatcher {
+	field := "metadata.name=" + name
+	return &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = field
+			var l v1alpha1.PeerList
+			err := c.List(ctx, &l, &client.ListOptions{Raw: &opts})
+			return &l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = field
+			return c.Watch(ctx, &v1alpha1.PeerList{}, &client.ListOptions{Raw: &opts})
+		},
+	}
+}
+
+// apiError says what to do about an API error on Peers: whom to ask for
+// which permission, or that Flotilla is not installed.
+func apiError(verb, name string, err error) error {
+	what := "peers.flotilla.io"
+	if name != "" {
+		what += " " + name
+	}
+	switch {
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("you may not %s peers.flotilla.io (cluster-scoped): %w; ask an admin for a ClusterRole allowing %q on peers.flotilla.io, bound to you "+
+			"(`kubectl create clusterrole flotilla-peers --verb=get,list,watch,patch --resource=peers.flotilla.io`, then `kubectl create clusterrolebinding flotilla-peers --clusterrole=flotilla-peers --user=YOU`)",
+			verb, err, verb)
+	case meta.IsNoMatchError(err):
+		return fmt.Errorf("this cluster has no Peers resource: is Flotilla installed (docs/install.md)? %w", err)
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("the API server did not accept your credentials: %w (check the kubeconfig's user)", err)
+	case utilnet.IsConnectionRefused(err) || utilnet.IsTimeout(err):
+		return fmt.Errorf("cannot reach the API server: %w (is the kubeconfig's cluster the one meant, and up? `kubectl cluster-info` says where it points)", err)
+	}
+	return fmt.Errorf("%s %s: %w", verb, what, err)
+}
+
+// noSuchPeer names the peers there are, so that the user picks one.
+func noSuchPeer(name string, peers []v1alpha1.Peer) error {
+	if len(peers) == 0 {
+		return fmt.Errorf("no peer named %q: this cluster has no peers yet (no other cluster of the federation has been discovered)", name)
+	}
+	names := make([]string, len(peers))
+	for i, p := range peers {
+		names[i] = peerName(p)
+	}
+	sort.Strings(names)
+	return fmt.Errorf("no peer named %q; the peers are: %s", name, strings.Join(names, ", "))
+}
