@@ -26,6 +26,8 @@ declare -A want=(
   [runc]=runc
   # The CNI masquerade shapes of iptables (nft backend) on real nodes.
   [iptables-nft-restore]=iptables
+  # The dashboard's test looks at the page in a real headless browser.
+  [chromium]=chromium
 )
 missing=()
 for cmd in "${!want[@]}"; do
