@@ -1,0 +1,106 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// svgContent is what a parsed SVG shows: the clusters' ids, the links'
+// ends, and every text and title.
+type svgContent struct {
+	clusters map[string]bool
+	links    map[[2]string]bool
+	texts    string
+}
+
+func parseSVG(t *testing.T, doc []byte) svgContent {
+	t.Helper()
+	c := svgContent{clusters: map[string]bool{}, links: map[[2]string]bool{}}
+	d := xml.NewDecoder(bytes.NewReader(doc))
+	var texts strings.Builder
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the SVG does not parse as XML: %v\n%s", err, doc)
+		}
+		switch e := tok.(type) {
+		case xml.StartElement:
+			attrs := map[string]string{}
+			for _, a := range e.Attr {
+				attrs[a.Name.Local] = a.Value
+			}
+			switch attrs["class"] {
+			case "cluster":
+				c.clusters[attrs["data-id"]] = true
+			case "link":
+				c.links[[2]string{attrs["data-a"], attrs["data-b"]}] = true
+			}
+		case xml.CharData:
+			texts.Write(e)
+			texts.WriteByte('\n')
+		}
+	}
+	c.texts = texts.String()
+	return c
+}
+
+func TestSVG(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reports []Report
+	}{
+		{"three", threeClusters()},
+		{"thirty", fullMesh(30)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := Build(tc.reports, now)
+			var b bytes.Buffer
+			if err := WriteSVG(&b, g); err != nil {
+				t.Fatal(err)
+			}
+			got := parseSVG(t, b.Bytes())
+			for _, c := range g.Clusters {
+				if !got.clusters[c.ID] {
+					t.Errorf("cluster %s (%s) is not drawn", c.Name, c.ID)
+				}
+				// Shortened on the canvas or not, the full name is in
+				// the tooltip.
+				if !strings.Contains(got.texts, c.Name) {
+					t.Errorf("cluster name %q appears nowhere", c.Name)
+				}
+			}
+			for _, l := range g.Links {
+				if !got.links[[2]string{l.A, l.B}] {
+					t.Errorf("link %s-%s is not drawn", l.A, l.B)
+				}
+			}
+			if len(got.clusters) != len(g.Clusters) || len(got.links) != len(g.Links) {
+				t.Errorf("drawn %d clusters and %d links, want %d and %d", len(got.clusters), len(got.links), len(g.Clusters), len(g.Links))
+			}
+		})
+	}
+}
+
+// Names from other clusters cannot break the document.
+func TestSVGEscapes(t *testing.T) {
+	rs := threeClusters()
+	rs[0].Self.Name = `<script>alert("x")</script> & "quotes"`
+	var b bytes.Buffer
+	if err := WriteSVG(&b, Build(rs, now)); err != nil {
+		t.Fatal(err)
+	}
+	got := parseSVG(t, b.Bytes())
+	if !strings.Contains(got.texts, `<script>alert("x")</script>`) {
+		t.Errorf("the odd name is not shown as text:\n%s", b.String())
+	}
+	if strings.Contains(b.String(), "<script>") {
+		t.Errorf("the name became markup:\n%s", b.String())
+	}
+}
