@@ -152,7 +152,7 @@ func TestGraphMergesClusters(t *testing.T) {
 		t.Errorf("alpha's offloaded namespaces = %+v, want shop on beta", a.Offloads)
 	}
 	l := g.Links[0]
-	if l.AB == nil || l.AB.Phase != "Connected" || graph.Ranges(l.AB.Theirs) != "10.1.0.0/16->10.201.0.0/16" || l.AB.OffloadsTo == nil || l.AB.OffloadsTo.State != "CredentialValid" {
+	if l.AB == nil || l.AB.Phase != "Connected" || graph.Ranges(l.AB.Theirs) != "10.1.0.0/16→10.201.0.0/16" || l.AB.OffloadsTo == nil || l.AB.OffloadsTo.State != "CredentialValid" {
 		t.Errorf("alpha's side = %+v, want Connected, beta's pods as 10.201.0.0/16, offloading to beta with a valid credential", l.AB)
 	}
 	if l.BA == nil || l.BA.Phase != "Degraded" || l.BA.Hosts == nil || l.BA.Hosts.Namespace != "flotilla-tenant-alpha" || l.BA.Offloading != "Grant" {

@@ -24,12 +24,12 @@ const (
 	// maxName is the longest name a box shows at large sizes.
 	maxName = 20
 	// minSize leaves room for the legend.
-	minSize = 600
+	minSize = 660
 )
 
 // layout is where each cluster sits and what its box shows.
 type layout struct {
-	size      float64 // the canvas is square
+	w, h      float64 // the canvas
 	boxW      float64
 	lines     [][]string // per cluster, the lines its box shows
 	x, y      []float64  // box centres
@@ -71,15 +71,27 @@ func newLayout(g Graph) layout {
 	if n == 1 {
 		radius = 0
 	}
-	l.size = max(2*radius+l.boxW+boxH+2*margin, minSize)
-	centre := l.size / 2
 	for i := range n {
 		// Start at the top and go clockwise.
 		a := -math.Pi/2 + 2*math.Pi*float64(i)/float64(n)
-		l.x = append(l.x, centre+radius*math.Cos(a))
-		l.y = append(l.y, centre+legendHeight/2+radius*math.Sin(a))
+		l.x = append(l.x, radius*math.Cos(a))
+		l.y = append(l.y, radius*math.Sin(a))
 	}
-	l.size += legendHeight
+	// The canvas is the boxes' bounding box and a margin, the legend
+	// above, wide enough for the legend.
+	minX, maxX, minY, maxY := 0.0, 0.0, 0.0, 0.0
+	for i := range n {
+		minX, maxX = min(minX, l.x[i]), max(maxX, l.x[i])
+		minY, maxY = min(minY, l.y[i]), max(maxY, l.y[i])
+	}
+	l.w = max(maxX-minX+l.boxW+2*margin, minSize)
+	l.h = maxY - minY + boxH + 2*margin + legendHeight
+	dx := l.w/2 - (minX+maxX)/2
+	dy := margin + legendHeight + boxH/2 - minY
+	for i := range n {
+		l.x[i] += dx
+		l.y[i] += dy
+	}
 	return l
 }
 
@@ -104,7 +116,7 @@ func writeSVG(w io.Writer, g Graph) {
 		index[c.ID] = i
 	}
 	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %.0f %.0f" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11" role="img">`+"\n",
-		l.size, l.size, l.size, l.size)
+		l.w, l.h, l.w, l.h)
 	fmt.Fprintf(w, "<title>Flotilla federation: %s, %s</title>\n", plural(len(g.Clusters), "cluster"), plural(len(g.Links), "link"))
 	writeLegend(w)
 	for _, k := range g.Links {

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Ranges prints views as "range" when addressed as is, "range->as" when
+// Ranges prints views as "range" when addressed as is, "range→as" when
 // remapped.
 func Ranges(vs []NetworkView) string {
 	parts := make([]string, 0, len(vs))
@@ -13,7 +13,7 @@ func Ranges(vs []NetworkView) string {
 		if v.As == "" || v.As == v.Range {
 			parts = append(parts, v.Range)
 		} else {
-			parts = append(parts, v.Range+"->"+v.As)
+			parts = append(parts, v.Range+"→"+v.As)
 		}
 	}
 	return strings.Join(parts, ",")
