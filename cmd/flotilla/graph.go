@@ -38,6 +38,7 @@ const (
 func runGraph(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("graph", stderr)
 	format := fs.String("format", "dot", "output format: dot (Graphviz), svg (drawn here, no Graphviz needed) or json")
+	fs.StringVar(format, "o", "dot", "short for --format, as kubectl's -o")
 	var kubeconfigs stringList
 	fs.Var(&kubeconfigs, "kubeconfig", "kubeconfig of a cluster of the federation; repeat it to merge several clusters' own reports (default: $KUBECONFIG or ~/.kube/config)")
 	if err := parseFlags(fs, args); err != nil {

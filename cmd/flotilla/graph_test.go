@@ -185,6 +185,11 @@ func TestGraphOneCluster(t *testing.T) {
 		}
 	}
 	g, _ := graphOf(t, "--kubeconfig", cp.Kubeconfig)
+	var dot, errb2 bytes.Buffer
+	if code := run([]string{"graph", "-o", "dot", "--kubeconfig", cp.Kubeconfig}, &dot, &errb2); code != 0 || !strings.HasPrefix(dot.String(), "graph federation {") ||
+		!strings.Contains(dot.String(), `"`+alphaID+`" -- "`+betaID+`"`) {
+		t.Errorf("flotilla graph -o dot exited %d (%s):\n%s", code, errb2.String(), dot.String())
+	}
 	if beta, ok := g.Cluster(betaID); !ok || beta.Reported || len(beta.PodCIDRs) != 1 || beta.PodCIDRs[0] != "10.1.0.0/16" {
 		t.Errorf("beta = %+v, want unreported with the pods alpha's Peer names", beta)
 	}

@@ -104,3 +104,47 @@ func TestSVGEscapes(t *testing.T) {
 		t.Errorf("the name became markup:\n%s", b.String())
 	}
 }
+
+// Names and IDs come from other clusters: whatever they hold, the SVG
+// parses and the DOT keeps them inside their quotes.
+func FuzzNames(f *testing.F) {
+	f.Add("alpha", "11111111-aaaa", "Connected")
+	f.Add(`<b>"x"&amp;`, "id\nwith\\newline", `"];evil`)
+	f.Add("\x00\xff\xfe", "\u202e", "")
+	f.Fuzz(func(t *testing.T, name, id, phase string) {
+		rs := threeClusters()
+		rs[0].Self.Name, rs[0].Self.ID = name, id
+		rs[1].Peers[0].ID, rs[1].Peers[0].Name, rs[1].Peers[0].Phase = id, name, phase
+		g := Build(rs, now)
+		var svg bytes.Buffer
+		if err := WriteSVG(&svg, g); err != nil {
+			t.Fatal(err)
+		}
+		parseSVG(t, svg.Bytes())
+		var dot bytes.Buffer
+		if err := WriteDOT(&dot, g); err != nil {
+			t.Fatal(err)
+		}
+		checkDOTStrings(t, dot.String())
+	})
+}
+
+// checkDOTStrings checks that every line of a DOT document opens and
+// closes its quoted strings: a name cannot end one early or span lines.
+func checkDOTStrings(t *testing.T, dot string) {
+	t.Helper()
+	for _, line := range strings.Split(strings.TrimSuffix(dot, "\n"), "\n") {
+		in := false
+		for i := 0; i < len(line); i++ {
+			switch {
+			case in && line[i] == '\\':
+				i++ // an escaped character
+			case line[i] == '"':
+				in = !in
+			}
+		}
+		if in {
+			t.Fatalf("a quoted string is left open on %q", line)
+		}
+	}
+}
