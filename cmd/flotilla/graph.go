@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -102,10 +101,7 @@ func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (gr
 	case !absent(err):
 		note("cluster ID", err)
 	}
-	r.Self.Name = raw.CurrentContext
-	if r.Self.ID != "" {
-		r.Self.Name = ""
-	}
+	r.Self.Alias = raw.CurrentContext
 	var offloads v1alpha1.NamespaceOffloadList
 	switch err := c.List(ctx, &offloads); {
 	case err == nil:
@@ -152,7 +148,7 @@ func graphClient(cfg *rest.Config) (client.Client, error) {
 // absent: the kind is not installed or the object does not exist, which
 // a graph shows as nothing.
 func absent(err error) bool {
-	return apierrors.IsNotFound(err) || meta.IsNoMatchError(err) || errors.Is(err, &meta.NoKindMatchError{})
+	return apierrors.IsNotFound(err) || meta.IsNoMatchError(err)
 }
 
 // agentTraffic reads the tunnel counters from the agent's /metrics,

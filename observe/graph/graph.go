@@ -24,8 +24,10 @@ type Report struct {
 type Self struct {
 	// ID is its cluster ID; empty when it could not be read (the graph
 	// then finds it on another cluster's Peer of the same name).
-	ID   string
-	Name string
+	ID string
+	// Name is its name as it knows it; empty: as its peers know it, else
+	// Alias (a kubeconfig's context, say).
+	Name, Alias string
 	// Nodes is how many real Nodes it has; negative: unknown.
 	Nodes int
 	// PodCIDRs are its pod ranges; empty: taken from its Peers' MyNetworks.
@@ -147,6 +149,9 @@ func Build(reports []Report, now time.Time) Graph {
 	}
 	// Own reports first: a cluster's word on itself wins over its peers'.
 	for _, r := range reports {
+		if c := clusters[r.Self.ID]; c != nil && c.Reported {
+			continue // the same cluster twice: its first report stands
+		}
 		c := cluster(r.Self.ID, r.Self.Name)
 		c.Name = cmp.Or(r.Self.Name, c.Name)
 		c.Reported = true
@@ -188,6 +193,11 @@ func Build(reports []Report, now time.Time) Graph {
 			} else {
 				l.BA = &v
 			}
+		}
+	}
+	for _, r := range reports {
+		if c := clusters[r.Self.ID]; c.Name == "" {
+			c.Name = r.Self.Alias
 		}
 	}
 	var g Graph
@@ -232,7 +242,7 @@ func identify(reports []Report) []Report {
 				}
 			}
 		}
-		out[i].Self.ID = cmp.Or(out[i].Self.ID, "name:"+out[i].Self.Name)
+		out[i].Self.ID = cmp.Or(out[i].Self.ID, "name:"+cmp.Or(out[i].Self.Name, out[i].Self.Alias))
 	}
 	return out
 }

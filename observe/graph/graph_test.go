@@ -84,3 +84,30 @@ func TestBuildIDFromPeersName(t *testing.T) {
 		}
 	}
 }
+
+// A cluster nobody names is shown by its alias (the kubeconfig's
+// context); a name its peers give wins over the alias.
+func TestBuildAlias(t *testing.T) {
+	rs := threeClusters()
+	for i := range rs {
+		rs[i].Self.Name, rs[i].Self.Alias = "", "ctx-"+rs[i].Self.ID
+	}
+	g := Build(rs, now)
+	if a, _ := g.Cluster("11111111-aaaa"); a.Name != "alpha" {
+		t.Errorf("alpha is named %q, want alpha as its peers name it", a.Name)
+	}
+	g = Build(rs[:1], now)
+	if a, _ := g.Cluster("11111111-aaaa"); a.Name != "ctx-11111111-aaaa" {
+		t.Errorf("alpha alone is named %q, want its alias", a.Name)
+	}
+}
+
+// The same kubeconfig given twice draws the cluster once.
+func TestBuildSameReportTwice(t *testing.T) {
+	rs := threeClusters()
+	g := Build(append(rs, rs[0]), now)
+	a, _ := g.Cluster("11111111-aaaa")
+	if len(g.Clusters) != 3 || len(g.Links) != 3 || len(a.Offloads) != 1 {
+		t.Errorf("%d clusters, %d links, alpha's offloads %v: want 3, 3 and shop once", len(g.Clusters), len(g.Links), a.Offloads)
+	}
+}
