@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/observe/dashboard"
 	"github.com/flotilla-io/flotilla/observe/graph"
@@ -25,13 +26,14 @@ func (a *Agent) dashboardHandler() http.Handler {
 	}, a.log.With("component", "dashboard"))
 }
 
-// feedDashboard points the page at the Peer informer, once it synced.
-func (a *Agent) feedDashboard(clusterID string, objects *peerapi.Objects) {
+// feedDashboard points the page at the Peer informer, once it synced,
+// and at namespace offloading's cache (offloads; nil: none shown).
+func (a *Agent) feedDashboard(clusterID string, objects *peerapi.Objects, offloads client.Reader) {
 	nodes := a.nodes
 	self := func() graph.Self {
 		return graph.Self{ID: clusterID, Name: a.cfg.ClusterName, Nodes: nodes.count()}
 	}
-	src := dashboard.PeersSource(objects.Reader(), self, a.registry)
+	src := dashboard.PeersSource(dashboard.Readers{Peers: objects.Reader(), Offloads: offloads, Metrics: a.registry}, self)
 	a.dashboard.Store(&src)
 }
 

@@ -66,7 +66,7 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 			return ctx.Err()
 		}
 		<-objects.Synced()
-		a.feedDashboard("1a1a1a1a-0000-4000-8000-000000000001", objects)
+		a.feedDashboard("1a1a1a1a-0000-4000-8000-000000000001", objects, nil)
 		return nil
 	}
 	runCtx, stop := context.WithCancel(context.Background())

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flotilla-io/flotilla/observe/graph"
@@ -39,6 +40,9 @@ type Handler struct {
 	src Source
 	log *slog.Logger
 	now func() time.Time
+
+	mu      sync.Mutex
+	lastErr string // logged once per change, not per page load
 }
 
 // New serves src's report; log receives the errors of src.
@@ -63,9 +67,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	now := h.now()
 	report, err := h.src(r.Context())
-	if err != nil {
-		h.log.Warn("dashboard: the report is incomplete", "err", err)
-	}
+	h.noteError(err)
 	g := graph.Build([]graph.Report{report}, now)
 	var body bytes.Buffer
 	switch r.URL.Path {
@@ -90,6 +92,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_, _ = w.Write(body.Bytes())
+}
+
+// noteError logs err when it differs from the last one.
+func (h *Handler) noteError(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	h.mu.Lock()
+	changed := msg != h.lastErr
+	h.lastErr = msg
+	h.mu.Unlock()
+	switch {
+	case changed && err != nil:
+		h.log.Warn("dashboard: the page is incomplete", "err", err)
+	case changed:
+		h.log.Info("dashboard: the page is complete again")
+	}
 }
 
 // pageData is what the template reads.

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -104,6 +106,18 @@ func newDashboardEnv(t *testing.T) *dashboardEnv {
 			t.Fatal(err)
 		}
 	}
+	// alpha offloads namespace shop to beta.
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	no := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Name: "offload", Namespace: "shop"}}
+	if err := w.Create(ctx, no); err != nil {
+		t.Fatal(err)
+	}
+	no.Status = v1alpha1.NamespaceOffloadStatus{Phase: v1alpha1.OffloadReady, Clusters: []v1alpha1.ClusterOffload{{ClusterID: betaID, ClusterName: "beta", RemoteNamespace: "shop-1a1a1a"}}}
+	if err := w.Status().Update(ctx, no); err != nil {
+		t.Fatal(err)
+	}
 	objects, err := peerapi.New(cp.Config, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -122,6 +136,26 @@ func newDashboardEnv(t *testing.T) *dashboardEnv {
 	case err := <-done:
 		t.Fatalf("Peer informer: %v", err)
 	}
+	// Namespace offloading's cache, as the agent's MirrorConsumer keeps.
+	offloads, err := cache.New(cp.Config, cache.Options{Scheme: peerapi.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := offloads.GetInformer(ctx, &v1alpha1.NamespaceOffload{}); err != nil {
+		t.Fatal(err)
+	}
+	cacheCtx, stopCache := context.WithCancel(context.Background())
+	cacheDone := make(chan error, 1)
+	go func() { cacheDone <- offloads.Start(cacheCtx) }()
+	t.Cleanup(func() {
+		stopCache()
+		if err := <-cacheDone; err != nil {
+			t.Errorf("NamespaceOffload cache: %v", err)
+		}
+	})
+	if !offloads.WaitForCacheSync(ctx) {
+		t.Fatal("the NamespaceOffload cache did not sync")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(tunnelCounters{
 		rx: prometheus.NewDesc("flotilla_peer_receive_bytes_total", "rx", []string{"peer"}, nil),
@@ -129,7 +163,7 @@ func newDashboardEnv(t *testing.T) *dashboardEnv {
 	})
 	e := &dashboardEnv{writer: w, reader: objects.Reader()}
 	self := func() graph.Self { return graph.Self{ID: alphaID, Name: "alpha", Nodes: 3} }
-	h := New(PeersSource(e.reader, self, reg), nil)
+	h := New(PeersSource(Readers{Peers: e.reader, Offloads: offloads, Metrics: reg}, self), nil)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if g := e.gate.Load(); g != nil && r.URL.Path == "/" {
 			(*g)(r)
@@ -152,6 +186,8 @@ func TestDashboardWithoutJavaScript(t *testing.T) {
 		`<td>beta</td><td class="id">` + betaID + `</td><td class="phase-Connected">Connected</td><td>192.0.2.2:51820</td>`,
 		`<td>gamma</td><td class="id">` + gammaID + `</td><td class="phase-Degraded">Degraded</td>`,
 		"rx 1.5 KiB, tx 3.0 MiB", "10.1.0.0/16→10.201.0.0/16", "flotilla-tenant-alpha",
+		// The namespaces alpha offloads, in the list and in its box.
+		"<li>namespace shop offloaded to beta (Ready)</li>", "ns shop → beta",
 		// The graph: every cluster and link drawn.
 		`data-id="` + betaID + `"`, `data-id="` + gammaID + `"`, `data-a="` + alphaID + `" data-b="` + betaID + `"`,
 	} {

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"errors"
+
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,27 +13,46 @@ import (
 	"github.com/flotilla-io/flotilla/observe/graph"
 )
 
-// PeersSource reports this cluster as self says, its Peers from reader
-// (the agent's informer cache: no request to the API server per page),
-// and the tunnel counters from metrics (the agent's registry; nil: none).
-func PeersSource(reader client.Reader, self func() graph.Self, metrics prometheus.Gatherer) Source {
+// Readers are where the page reads from: caches the agent keeps anyway,
+// so that a page load asks the API server nothing.
+type Readers struct {
+	// Peers reads Peers (the Peer informer's cache); required.
+	Peers client.Reader
+	// Offloads reads NamespaceOffloads (namespace offloading's cache);
+	// nil: none shown.
+	Offloads client.Reader
+	// Metrics has the tunnel counters (the agent's registry); nil: none.
+	Metrics prometheus.Gatherer
+}
+
+// PeersSource reports this cluster as self says, with what the readers
+// hold. What one of them cannot give is left out and named in the error.
+func PeersSource(from Readers, self func() graph.Self) Source {
 	return func(ctx context.Context) (graph.Report, error) {
 		r := graph.Report{Self: self()}
 		var peers v1alpha1.PeerList
-		if err := reader.List(ctx, &peers); err != nil {
+		if err := from.Peers.List(ctx, &peers); err != nil {
 			return r, fmt.Errorf("list Peers: %w", err)
 		}
 		r.Peers = graph.PeersOf(peers.Items)
-		if metrics == nil {
-			return r, nil
+		var errs []error
+		if from.Offloads != nil {
+			var offloads v1alpha1.NamespaceOffloadList
+			if err := from.Offloads.List(ctx, &offloads); err != nil {
+				errs = append(errs, fmt.Errorf("list NamespaceOffloads: %w", err))
+			} else {
+				r.Offloads = graph.OffloadsOf(offloads.Items)
+			}
 		}
-		// A collector that fails still leaves the others' families.
-		fams, err := metrics.Gather()
-		r.WithTraffic(graph.TrafficOf(fams))
-		if err != nil {
-			return r, fmt.Errorf("read the tunnel counters: %w", err)
+		if from.Metrics != nil {
+			// A collector that fails still leaves the others' families.
+			fams, err := from.Metrics.Gather()
+			r.WithTraffic(graph.TrafficOf(fams))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("read the tunnel counters: %w", err))
+			}
 		}
-		return r, nil
+		return r, errors.Join(errs...)
 	}
 }
 
