@@ -159,7 +159,7 @@ func Build(reports []Report, now time.Time) Graph {
 			n := r.Self.Nodes
 			c.Nodes = &n
 		}
-		c.PodCIDRs = r.Self.PodCIDRs
+		c.PodCIDRs = slices.Clone(r.Self.PodCIDRs)
 		if len(c.PodCIDRs) == 0 {
 			for _, p := range r.Peers {
 				c.PodCIDRs = appendRanges(c.PodCIDRs, p.Mine)
@@ -170,6 +170,9 @@ func Build(reports []Report, now time.Time) Graph {
 	links := map[[2]string]*Link{}
 	for _, r := range reports {
 		for _, p := range r.Peers {
+			if p.ID == "" || p.ID == r.Self.ID {
+				continue // no link: a Peer without a name, or for itself
+			}
 			c := cluster(p.ID, p.Name)
 			if !c.Reported {
 				c.PodCIDRs = appendRanges(c.PodCIDRs, p.Theirs)

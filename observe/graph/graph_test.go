@@ -111,3 +111,14 @@ func TestBuildSameReportTwice(t *testing.T) {
 		t.Errorf("%d clusters, %d links, alpha's offloads %v: want 3, 3 and shop once", len(g.Clusters), len(g.Links), a.Offloads)
 	}
 }
+
+// A Peer for the reporting cluster itself, or without an ID, makes no
+// link and no cluster.
+func TestBuildIgnoresSelfPeers(t *testing.T) {
+	rs := threeClusters()[:1]
+	rs[0].Peers = append(rs[0].Peers, PeerReport{ID: rs[0].Self.ID, Name: "me"}, PeerReport{Name: "nobody"})
+	g := Build(rs, now)
+	if len(g.Clusters) != 3 || len(g.Links) != 2 {
+		t.Errorf("%d clusters and %d links, want 3 and 2: %+v", len(g.Clusters), len(g.Links), g)
+	}
+}
