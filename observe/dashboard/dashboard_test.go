@@ -175,10 +175,19 @@ func newDashboardEnv(t *testing.T) *dashboardEnv {
 	return e
 }
 
+// The page in a real browser, on one API server and its informer: with
+// scripts off, as a screenshot, and refreshing itself (last: it changes
+// a Peer).
+func TestDashboardInChromium(t *testing.T) {
+	e := newDashboardEnv(t)
+	t.Run("without JavaScript", e.withoutJavaScript)
+	t.Run("screenshot", e.screenshot)
+	t.Run("refreshes live", e.refreshesLive)
+}
+
 // The page as a browser without JavaScript shows it: everything is in
 // the server's HTML.
-func TestDashboardWithoutJavaScript(t *testing.T) {
-	e := newDashboardEnv(t)
+func (e *dashboardEnv) withoutJavaScript(t *testing.T) {
 	dom := domWithoutJavaScript(t, e.url)
 	for _, want := range []string{
 		"Flotilla: alpha", alphaID,
@@ -198,8 +207,7 @@ func TestDashboardWithoutJavaScript(t *testing.T) {
 }
 
 // A screenshot of the page, 1280x900, with the graph drawn: not blank.
-func TestDashboardScreenshot(t *testing.T) {
-	e := newDashboardEnv(t)
+func (e *dashboardEnv) screenshot(t *testing.T) {
 	shot := filepath.Join(t.TempDir(), "dashboard.png")
 	chromium(t, "--screenshot="+shot, "--window-size=1280,900", "--hide-scrollbars", e.url)
 	f, err := os.Open(shot)
@@ -240,8 +248,7 @@ func TestDashboardScreenshot(t *testing.T) {
 
 // With JavaScript the page refreshes itself: a Peer changed after the
 // first load shows without a reload.
-func TestDashboardRefreshesLive(t *testing.T) {
-	e := newDashboardEnv(t)
+func (e *dashboardEnv) refreshesLive(t *testing.T) {
 	var loads atomic.Int32
 	gate := func(r *http.Request) {
 		switch loads.Add(1) {
@@ -254,6 +261,7 @@ func TestDashboardRefreshesLive(t *testing.T) {
 		}
 	}
 	e.gate.Store(&gate)
+	defer e.gate.Store(nil)
 	// Virtual time runs the page's timer at once; network waits pause it.
 	dom := string(chromium(t, "--dump-dom", "--virtual-time-budget=30000", e.url))
 	if loads.Load() < 2 {
