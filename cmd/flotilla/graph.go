@@ -88,7 +88,10 @@ func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (gr
 	}
 	var peers v1alpha1.PeerList
 	if err := c.List(ctx, &peers); err != nil {
-		return graph.Report{}, fmt.Errorf("%s: list Peers: %w (is Flotilla installed there?)", where, err)
+		if meta.IsNoMatchError(err) {
+			return graph.Report{}, fmt.Errorf("%s: no Peers there: Flotilla is not installed (docs/install.md)", where)
+		}
+		return graph.Report{}, fmt.Errorf("%s: list Peers: %w", where, err)
 	}
 	r := graph.Report{Self: graph.Self{Nodes: -1}, Peers: graph.PeersOf(peers.Items)}
 	// The agent writes its cluster ID as KEP-2149's property; its name

@@ -277,3 +277,15 @@ func TestGraphReadsTrafficFromTheAgent(t *testing.T) {
 		t.Errorf("links %+v: want alpha's side with rx 2.0 KiB, tx 5.0 MiB", g.Links)
 	}
 }
+
+// A cluster without Flotilla: the error says so, and nothing is drawn.
+func TestGraphWithoutFlotilla(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("bare", harness.ControlPlaneOptions{})
+	var out, errb bytes.Buffer
+	code := run([]string{"graph", "--kubeconfig", cp.Kubeconfig}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "Flotilla is not installed") || out.Len() != 0 {
+		t.Errorf("exit %d, stdout %q, stderr %q: want 1, nothing drawn, and that Flotilla is not installed", code, out.String(), errb.String())
+	}
+}
