@@ -203,7 +203,8 @@ func Build(reports []Report, now time.Time) Graph {
 			c.Name = r.Self.Alias
 		}
 	}
-	var g Graph
+	// Empty lists, not null, for scripts reading the JSON.
+	g := Graph{Clusters: []Cluster{}, Links: []Link{}}
 	for _, c := range clusters {
 		slices.Sort(c.PodCIDRs)
 		c.PodCIDRs = slices.Compact(c.PodCIDRs)
@@ -223,9 +224,6 @@ func Build(reports []Report, now time.Time) Graph {
 	slices.SortFunc(g.Links, func(x, y Link) int {
 		return cmp.Or(cmp.Compare(order[x.A], order[y.A]), cmp.Compare(order[x.B], order[y.B]))
 	})
-	if g.Links == nil {
-		g.Links = []Link{}
-	}
 	return g
 }
 

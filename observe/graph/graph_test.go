@@ -122,3 +122,14 @@ func TestBuildIgnoresSelfPeers(t *testing.T) {
 		t.Errorf("%d clusters and %d links, want 3 and 2: %+v", len(g.Clusters), len(g.Links), g)
 	}
 }
+
+// No report at all: empty lists, for scripts that range over them.
+func TestEmptyGraphJSON(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteJSON(&b, Build(nil, now)); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); got != "{\n  \"clusters\": [],\n  \"links\": []\n}\n" {
+		t.Errorf("empty graph as JSON: %q", got)
+	}
+}

@@ -58,6 +58,8 @@ func TestSVG(t *testing.T) {
 		name    string
 		reports []Report
 	}{
+		{"none", nil},
+		{"alone", []Report{{Self: Self{ID: "11111111-aaaa", Name: "alpha", Nodes: 1}}}},
 		{"three", threeClusters()},
 		{"thirty", fullMesh(30)},
 	} {
