@@ -26,6 +26,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/observe/dashboard"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
@@ -180,6 +181,9 @@ type Agent struct {
 	start func(ctx context.Context, comps *components) error
 	// services receives the peers' exports from the gossip, once made.
 	services atomic.Pointer[mcs.Services]
+	// dashboard is what the page at / shows, once the Peers are watched
+	// (agent/dashboard.go).
+	dashboard atomic.Pointer[dashboard.Source]
 }
 
 // New validates cfg and prepares the agent; it starts nothing.
@@ -404,5 +408,7 @@ func (a *Agent) handler() http.Handler {
 	})
 	mux.HandleFunc("/readyz", a.ready.serveReadyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	// Everything else: the dashboard (its page, graph.svg, graph.json).
+	mux.Handle("/", a.dashboardHandler())
 	return mux
 }

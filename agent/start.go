@@ -72,6 +72,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := a.watchPeers(ctx, comps, off.objects, eng); err != nil {
 		return err
 	}
+	a.feedDashboard(st.id.ClusterID(), off.objects, off.mirrors.Offloads())
 	if err := off.start(ctx, comps); err != nil {
 		return err
 	}

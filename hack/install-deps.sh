@@ -28,6 +28,8 @@ declare -A want=(
   [iptables-nft-restore]=iptables
   # promtool checks and unit-tests deploy/monitoring's alert rules.
   [promtool]=prometheus
+  # The dashboard's test looks at the page in a real headless browser.
+  [chromium]=chromium
 )
 missing=()
 for cmd in "${!want[@]}"; do

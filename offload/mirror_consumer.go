@@ -176,6 +176,10 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 	return work(ctx, &wg, mirrorWorkers, mc.next, cacheErr, "namespace offloading")
 }
 
+// Offloads reads the NamespaceOffloads from the controller's cache, for
+// the agent's dashboard; it answers once Run has started the cache.
+func (mc *MirrorConsumer) Offloads() client.Reader { return mc.local }
+
 func (mc *MirrorConsumer) next(ctx context.Context) bool {
 	key, quit := mc.queue.Get()
 	if quit {

@@ -68,6 +68,9 @@ var (
 	NFT      = binary("nft", aptFix+"nftables")
 	WG       = binary("wg", aptFix+"wireguard-tools")
 	IPerf3   = binary("iperf3", aptFix+"iperf3")
+	// Chromium: the dashboard's test looks at the page in Debian's
+	// headless browser.
+	Chromium = binary("chromium", aptFix+"chromium")
 	// Kube: kube-apiserver, kube-controller-manager, kube-scheduler and
 	// kubectl of the pinned version, built into the cache.
 	Kube = Requirement{
