@@ -272,6 +272,30 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 		})
 	})
 
+	t.Run("unexported: a new connection is refused as soon as the sets shrink", func(t *testing.T) {
+		allowed := func() int64 {
+			if s := peerNamed(t, b, a.Name).Status.Allowed; s != nil {
+				return s.Services
+			}
+			return 0
+		}
+		before := allowed()
+		mustKubectl(t, b.CP, "-n", "mcs", "delete", "serviceexport", "echo")
+		// The witness that b decided without echo: fewer endpoints
+		// allowed to a than before.
+		eventually.Within(t, 60*time.Second, b.Name+"'s sets for "+a.Name+" without echo", func() error {
+			if n := allowed(); n >= before {
+				return fmt.Errorf("%s's Peer for %s allows %d service endpoints, as before the unexport", b.Name, a.Name, n)
+			}
+			return nil
+		})
+		runMatrix(t, "Segregated, into "+b.Name+" from "+a.Name+", echo unexported", []exchange{
+			fromA("its pod offloaded to "+b.Name, at(ip(fx.app), httpPort), true, true, b, fx.aID),
+			fromA(b.Name+"'s echo, no longer exported", at(echoOnA, httpPort), true, false, b, fx.aID),
+		})
+		mustKubectlApply(t, b, exportManifest("echo", "mcs"))
+	})
+
 	setTraffic(t, v1alpha1.TrafficFull, a, b, c)
 	runMatrix(t, "Full again: every pod of each cluster", fullRows())
 }
