@@ -250,6 +250,8 @@ func TestServicesAcrossClusters(t *testing.T) {
 		})
 	})
 
+	seeTheFederation(t, cs)
+
 	t.Run("segregated traffic", func(t *testing.T) {
 		segregatedMatrices(t, trafficFixture{
 			a: a, b: b, c: c, aID: aID, bID: bID, cID: cID, shopOnB: shop,
