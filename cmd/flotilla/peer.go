@@ -64,26 +64,7 @@ func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("peer list", stderr)
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
-	kubeContext := contextFlag(fs)
-	o := outputFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	format, err := parseOutput(*o)
-	if err != nil {
-		return err
-	}
-	c, err := clusterClientIn(*kubeconfig, *kubeContext)
-	if err != nil {
-		return err
-	}
-	peers, err := listPeers(ctx, c)
-	if err != nil {
-		return err
-	}
-	return writePeers(stdout, peers, format, peerListColumns, time.Now())
+	return runPeerTable(ctx, "peer list", peerListColumns, args, stdout, stderr)
 }
 
 func runPeerAccept(ctx context.Context, args []string, stdout, stderr io.Writer) error {

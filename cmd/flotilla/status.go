@@ -21,7 +21,13 @@ func init() {
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", stderr)
+	return runPeerTable(ctx, "status", peerStatusColumns, args, stdout, stderr)
+}
+
+// runPeerTable lists this cluster's Peers with the columns of table, or
+// as -o asks: status and peer list.
+func runPeerTable(ctx context.Context, name string, table []peerColumn, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
 	kubeContext := contextFlag(fs)
 	o := outputFlag(fs)
@@ -40,7 +46,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	return writePeers(stdout, peers, format, peerStatusColumns, time.Now())
+	return writePeers(stdout, peers, format, table, time.Now())
 }
 
 // listPeers lists the Peers, saying what to do when that fails.

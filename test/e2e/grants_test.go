@@ -138,20 +138,27 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 // network, which the agent's pod shares.
 func agentMetrics(t *testing.T, c *federation.NodeCluster) string {
 	t.Helper()
+	body, status, err := agentGet(c, "/metrics")
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("metrics of %s's agent: %d %v", c.Name, status, err)
+	}
+	return body
+}
+
+// agentGet reads path from the agent's metrics port, from its gateway
+// node's network.
+func agentGet(c *federation.NodeCluster, path string) (body string, status int, err error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return c.Gateway.DialContext(ctx, network, addr)
 		}}}
-	resp, err := hc.Get("http://127.0.0.1:9470/metrics")
+	resp, err := hc.Get("http://127.0.0.1:9470" + path)
 	if err != nil {
-		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+		return "", 0, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
-	}
-	return string(b)
+	return string(b), resp.StatusCode, err
 }
 
 // peerID is the name (the cluster ID) of c's Peer for the cluster named

@@ -1,15 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/observe/graph"
@@ -67,20 +63,10 @@ func seeTheFederation(t *testing.T, cs []*federation.NodeCluster) {
 	})
 	t.Run("the dashboard names every peer, Connected", func(t *testing.T) {
 		a := cs[0]
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return a.Gateway.DialContext(ctx, network, addr)
-			}}}
-		resp, err := hc.Get("http://127.0.0.1:9470/")
-		if err != nil {
-			t.Fatalf("%s's dashboard: %v", a.Name, err)
+		page, status, err := agentGet(a, "/")
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("%s's dashboard: %d %v", a.Name, status, err)
 		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s's dashboard: %s %v", a.Name, resp.Status, err)
-		}
-		page := string(body)
 		for _, c := range cs[1:] {
 			if !strings.Contains(page, c.Name) {
 				t.Errorf("%s's dashboard does not name %s", a.Name, c.Name)
