@@ -174,17 +174,7 @@ func writeSVG(w io.Writer, g Graph) {
 // boxLines are a cluster's facts in a box's width; the tooltip has them
 // in full.
 func boxLines(g Graph, c Cluster) []string {
-	lines := []string{c.Label()}
-	if c.Name != "" {
-		lines = append(lines, "id "+c.ID)
-	}
-	if len(c.PodCIDRs) > 0 {
-		lines = append(lines, "pods "+strings.Join(c.PodCIDRs, ","))
-	}
-	if c.Nodes != nil {
-		lines = append(lines, plural(*c.Nodes, "node"))
-	}
-	for _, o := range c.Offloads {
+	return g.lines(c, func(o Offload) string {
 		var to []string
 		for _, p := range o.Providers {
 			name := p.ClusterID
@@ -193,9 +183,8 @@ func boxLines(g Graph, c Cluster) []string {
 			}
 			to = append(to, name)
 		}
-		lines = append(lines, "ns "+o.Namespace+" → "+strings.Join(to, ","))
-	}
-	return lines
+		return "ns " + o.Namespace + " → " + strings.Join(to, ",")
+	})
 }
 
 // writeLegend explains the colours and dashes in a line at the top.

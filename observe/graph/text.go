@@ -102,6 +102,11 @@ func state(g *Grant) string {
 // Lines describes a cluster, a line per fact; providers of its offloaded
 // namespaces are named as in g.
 func (g Graph) Lines(c Cluster) []string {
+	return g.lines(c, g.OffloadLine)
+}
+
+// lines are c's facts, its offloaded namespaces each as offload says.
+func (g Graph) lines(c Cluster, offload func(Offload) string) []string {
 	lines := []string{c.Label()}
 	if c.Name != "" {
 		lines = append(lines, "id "+c.ID)
@@ -113,7 +118,7 @@ func (g Graph) Lines(c Cluster) []string {
 		lines = append(lines, plural(*c.Nodes, "node"))
 	}
 	for _, o := range c.Offloads {
-		lines = append(lines, g.OffloadLine(o))
+		lines = append(lines, offload(o))
 	}
 	return lines
 }
