@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+	"github.com/flotilla-io/flotilla/tunnel"
+)
+
+// peerOf is c's Peer for o.
+func peerOf(t *testing.T, c, o *federation.Cluster) v1alpha1.Peer {
+	t.Helper()
+	peers, err := c.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := peers[o.Name]
+	if !ok {
+		t.Fatalf("%s has no Peer for %s", c.Name, o.Name)
+	}
+	return p
+}
+
+// setTraffic writes spec.traffic of c's Peer for o, as an admin does.
+func setTraffic(t *testing.T, c, o *federation.Cluster, mode v1alpha1.Traffic) {
+	t.Helper()
+	p := peerOf(t, c, o)
+	patch := client.RawPatch("application/merge-patch+json", []byte(fmt.Sprintf(`{"spec":{"traffic":%q}}`, mode)))
+	if err := c.Client.Patch(context.Background(), &p, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitTraffic waits until c's Peer for o says mode is in effect, which
+// the agent writes once the data path has it.
+func waitTraffic(t *testing.T, c, o *federation.Cluster, mode v1alpha1.Traffic) {
+	t.Helper()
+	waitUntil(t, fmt.Sprintf("%s's Peer for %s says %s", c.Name, o.Name, mode), func() error {
+		if p := peerOf(t, c, o); p.Status.Traffic != mode {
+			return fmt.Errorf("status.traffic %q", p.Status.Traffic)
+		}
+		return nil
+	})
+}
+
+var dropCounter = regexp.MustCompile(`counter packets (\d+) bytes \d+ drop`)
+
+// dropped is what the drop rule of c's filter for peer id has counted.
+func dropped(t *testing.T, c *federation.Cluster, id string) uint64 {
+	t.Helper()
+	out := c.Site.MustExec("nft", "list", "chain", "ip", tunnel.PolicyTable(tunnel.DefaultNFTable), "from-"+id)
+	m := dropCounter.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no drop counter in chain from-%s:\n%s", id, out)
+	}
+	n, _ := strconv.ParseUint(m[1], 10, 64)
+	return n
+}
+
+// Segregated through the agent, on a live peering: a's admin sets its
+// Peer for b to Segregated, and b's pod, given nothing by a, no longer
+// reaches a's pod (dropped and counted) while a's pod still reaches b's
+// (replies pass); across a restart of a's agent it stays so; back to Full
+// b reaches a again.
+func TestSegregatedPeerThroughTheAgent(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	cs := federation.New(t, env, federation.Options{PodCIDRs: []string{"10.244.0.0/16", "10.245.0.0/16"}})
+	a, b := cs[0], cs[1]
+	federation.Connect(t, cs)
+	if r := federation.Exchange(t, b, a); r.Err != nil {
+		t.Fatalf("b to a while Full: %v", r.Err)
+	}
+	waitTraffic(t, a, b, v1alpha1.TrafficFull)
+	bID := peerOf(t, a, b).Name
+
+	setTraffic(t, a, b, v1alpha1.TrafficSegregated)
+	waitTraffic(t, a, b, v1alpha1.TrafficSegregated)
+	if p := peerOf(t, a, b); p.Status.Allowed == nil || *p.Status.Allowed != (v1alpha1.TrafficAllowed{}) {
+		t.Errorf("a's Peer for b allows %+v; want nothing", p.Status.Allowed)
+	}
+	refusedAfterWitness := func(when string) {
+		t.Helper()
+		if r := federation.Exchange(t, a, b); r.Err != nil {
+			t.Fatalf("%s: a to b: %v; a's own connections get their replies", when, r.Err)
+		}
+		before := dropped(t, a, bID)
+		if r := federation.Exchange(t, b, a); r.Err == nil {
+			t.Errorf("%s: b reached a's pod; want it dropped", when)
+		}
+		if after := dropped(t, a, bID); after <= before {
+			t.Errorf("%s: a's drop counter for b %d, then %d; want it to grow", when, before, after)
+		}
+	}
+	refusedAfterWitness("Segregated")
+
+	if err := a.Agent.Stop(); err != nil {
+		t.Fatalf("stop a's agent: %v", err)
+	}
+	if l := a.Site.MustExec("nft", "list", "table", "ip", tunnel.PolicyTable(tunnel.DefaultNFTable)); !strings.Contains(l, "from-"+bID) {
+		t.Errorf("a's filter for b gone while its agent is down:\n%s", l)
+	}
+	a.StartAgent(t)
+	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+	waitTraffic(t, a, b, v1alpha1.TrafficSegregated)
+	refusedAfterWitness("after a's agent restarted")
+	if !strings.Contains(a.Agent.Log(), "holding the Segregated peers' sets found in the kernel") {
+		t.Errorf("a's agent did not say it held the kernel's sets at start")
+	}
+
+	setTraffic(t, a, b, v1alpha1.TrafficFull)
+	waitTraffic(t, a, b, v1alpha1.TrafficFull)
+	if r := federation.Exchange(t, b, a); r.Err != nil {
+		t.Errorf("b to a back to Full: %v", r.Err)
+	}
+}
