@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -104,6 +106,20 @@ func TestSegregatedPeerThroughTheAgent(t *testing.T) {
 		}
 	}
 	refusedAfterWitness("Segregated")
+	// What an operator reads on a's agent.
+	metrics := scrape(t, a)
+	for _, want := range []string{
+		fmt.Sprintf(`flotilla_tunnel_policy_dropped_packets_total{peer="%s",reason="not_allowed"}`, bID),
+		fmt.Sprintf(`flotilla_tunnel_policy_set_elements{peer="%s",set="pods"} 0`, bID),
+		`flotilla_policy_input_errors{kind="Pod"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("a's metrics lack %s", want)
+		}
+	}
+	if m := regexp.MustCompile(`flotilla_policy_update_latency_seconds_count (\d+)`).FindStringSubmatch(metrics); m == nil || m[1] == "0" {
+		t.Errorf("a's agent observed no update latency after b became Segregated: %v", m)
+	}
 
 	if err := a.Agent.Stop(); err != nil {
 		t.Fatalf("stop a's agent: %v", err)
@@ -124,4 +140,20 @@ func TestSegregatedPeerThroughTheAgent(t *testing.T) {
 	if r := federation.Exchange(t, b, a); r.Err != nil {
 		t.Errorf("b to a back to Full: %v", r.Err)
 	}
+}
+
+// scrape reads c's agent's metrics, in its gateway's namespace.
+func scrape(t *testing.T, c *federation.Cluster) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: c.Site.DialContext}}
+	resp, err := hc.Get("http://127.0.0.1:9470/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+	}
+	return string(b)
 }
