@@ -5,15 +5,23 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -156,4 +164,102 @@ func scrape(t *testing.T, c *federation.Cluster) string {
 		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
 	}
 	return string(b)
+}
+
+// BenchmarkSegregatedPodToKernel: through a real agent and kernel, a pod
+// of a Segregated consumer gets its address here (its status written, as
+// its kubelet's) until the element is in the consumer's pods set in the
+// gateway's kernel, while the cluster exports 10,000 service endpoints
+// (100 slices of 100) that the consumer's services set holds: the API
+// server's write and watch, the feed, the decision, the engine's data path
+// and the kernel's transaction. Median, min and max in milliseconds.
+//
+//	go test ./agent -run '^$' -bench SegregatedPodToKernel -benchtime 21x
+func BenchmarkSegregatedPodToKernel(b *testing.B) {
+	harness.Require(b, harness.NeedsControlPlane...)
+	harness.Require(b, harness.NeedsNetwork...)
+	env := harness.New(b)
+	cs := federation.New(b, env, federation.Options{PodCIDRs: []string{"10.244.0.0/16", "10.245.0.0/16"}})
+	a, bc := cs[0], cs[1]
+	federation.Connect(b, cs)
+	peers, err := a.Peers(b.Context())
+	if err != nil {
+		b.Fatal(err)
+	}
+	peer := peers[bc.Name]
+	patch := client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"traffic":"Segregated"}}`))
+	if err := a.Client.Patch(b.Context(), &peer, patch); err != nil {
+		b.Fatal(err)
+	}
+	// This cluster's objects as the agent finds them: a tenant namespace
+	// of b's with pods, and an exported Service of 10,000 endpoints.
+	c, err := client.New(a.CP.Config, client.Options{Scheme: trafficScheme(), Mapper: trafficMapper()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := &trafficEnv{t: b, c: c}
+	e.create(tenantNamespace("flotilla-tenant-bench", peer.Name), namespaceObject("web", nil))
+	e.service("web", "front", 443, 8443, "10.244.200.1")
+	tcp, port := corev1.ProtocolTCP, int32(8443)
+	for i := range 100 {
+		es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: fmt.Sprintf("front-big-%d", i),
+			Labels: map[string]string{discoveryv1.LabelServiceName: "front", discoveryv1.LabelManagedBy: "test"}},
+			AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Port: &port, Protocol: &tcp}}}
+		for j := range 100 {
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.%d.%d", 100+i, j+1)}})
+		}
+		e.create(es)
+	}
+	e.create(&mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}})
+
+	nft, err := nftables.New(nftables.WithNetNSFd(int(a.Site.Handle())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	table := &nftables.Table{Name: tunnel.PolicyTable(tunnel.DefaultNFTable), Family: nftables.TableFamilyIPv4}
+	elements := func(set string) ([]nftables.SetElement, error) {
+		return nft.GetSetElements(&nftables.Set{Table: table, Name: set + "-" + peer.Name})
+	}
+	eventually.Within(b, 2*time.Minute, "b's services set holds the 10,001 exported endpoints", func() error {
+		els, err := elements("services")
+		if err != nil || len(els) != 10001 {
+			return fmt.Errorf("%d elements, %v", len(els), err)
+		}
+		return nil
+	})
+	inKernel := func(ip netip.Addr) bool {
+		els, err := elements("pods")
+		if err != nil {
+			return false
+		}
+		for _, el := range els {
+			if a, ok := netip.AddrFromSlice(el.Key); ok && a == ip {
+				return true
+			}
+		}
+		return false
+	}
+
+	var lat []time.Duration
+	for i := 0; b.Loop(); i++ {
+		ip := netip.AddrFrom4([4]byte{10, 244, 1, byte(i%250 + 1)})
+		b.StopTimer()
+		p := e.newPod("flotilla-tenant-bench", fmt.Sprintf("pod-%d", i))
+		time.Sleep(2 * DefaultTrafficDebounce)
+		b.StartTimer()
+		start := time.Now()
+		e.startPod(p, ip.String())
+		for !inKernel(ip) {
+			if time.Since(start) > 30*time.Second {
+				b.Fatalf("pod %s not in the kernel's set after 30s", ip)
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	slices.Sort(lat)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(lat[len(lat)/2]), "median-ms")
+	b.ReportMetric(ms(lat[0]), "min-ms")
+	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
 }
