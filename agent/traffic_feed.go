@@ -199,8 +199,12 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 	defer cancel()
 	var regs []toolscache.ResourceEventHandlerRegistration
 	handler := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { f.changed() },
-		UpdateFunc: func(any, any) { f.changed() },
+		AddFunc: func(any) { f.changed() },
+		UpdateFunc: func(old, obj any) {
+			if changedForTraffic(old, obj) {
+				f.changed()
+			}
+		},
 		DeleteFunc: func(any) { f.changed() },
 	}
 	for _, obj := range []client.Object{
@@ -281,6 +285,40 @@ func hasSynced(regs []toolscache.ResourceEventHandlerRegistration) []toolscache.
 		out[i] = r.HasSynced
 	}
 	return out
+}
+
+// changedForTraffic says whether an update can change a decision: pods'
+// and Peers' statuses, written all the time, mostly cannot, and each
+// decision reads everything.
+func changedForTraffic(old, obj any) bool {
+	switch o := old.(type) {
+	case *corev1.Pod:
+		n, ok := obj.(*corev1.Pod)
+		return !ok || o.Status.Phase != n.Status.Phase || o.Spec.HostNetwork != n.Spec.HostNetwork ||
+			!slices.Equal(o.Status.PodIPs, n.Status.PodIPs)
+	case *corev1.Namespace:
+		n, ok := obj.(*corev1.Namespace)
+		return !ok || !maps.Equal(o.Labels, n.Labels)
+	case *v1alpha1.Peer:
+		n, ok := obj.(*v1alpha1.Peer)
+		return !ok || o.Spec.Traffic != n.Spec.Traffic || o.Status.Traffic != n.Status.Traffic ||
+			!equalAllowed(o.Status.Allowed, n.Status.Allowed) || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	case *mcsv1alpha1.ServiceExport:
+		n, ok := obj.(*mcsv1alpha1.ServiceExport)
+		return !ok || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	case *v1alpha1.NamespaceOffload:
+		n, ok := obj.(*v1alpha1.NamespaceOffload)
+		if !ok || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || len(o.Status.Clusters) != len(n.Status.Clusters) {
+			return true
+		}
+		for i, c := range o.Status.Clusters {
+			if d := n.Status.Clusters[i]; c.ClusterID != d.ClusterID || c.RemoteNamespace != d.RemoteNamespace {
+				return true
+			}
+		}
+		return false
+	}
+	return true // Services and EndpointSlices change when what they hold does
 }
 
 // changed notes a change and wakes the loop; it never blocks.

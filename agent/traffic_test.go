@@ -269,3 +269,42 @@ func TestTrafficInputOf(t *testing.T) {
 		t.Errorf("decided %+v; want p alone with 2x2 reflected + 1 exported endpoints", sets)
 	}
 }
+
+// Updates that cannot change a decision (a pod's or Peer's status written
+// for other reasons, a ServiceExport's conditions) wake nothing; those
+// that can do.
+func TestChangedForTraffic(t *testing.T) {
+	pod := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.1.5"}}}}
+	podWith := func(f func(*corev1.Pod)) *corev1.Pod { p := pod.DeepCopy(); f(p); return p }
+	peer := &v1alpha1.Peer{Spec: v1alpha1.PeerSpec{Traffic: v1alpha1.TrafficSegregated}}
+	peerWith := func(f func(*v1alpha1.Peer)) *v1alpha1.Peer { p := peer.DeepCopy(); f(p); return p }
+	offload := &v1alpha1.NamespaceOffload{Status: v1alpha1.NamespaceOffloadStatus{Clusters: []v1alpha1.ClusterOffload{{ClusterID: "p", RemoteNamespace: "shop-p"}}}}
+	offloadWith := func(f func(*v1alpha1.NamespaceOffload)) *v1alpha1.NamespaceOffload {
+		o := offload.DeepCopy()
+		f(o)
+		return o
+	}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		what     string
+		old, new any
+		want     bool
+	}{
+		{"pod status, same addresses", pod, podWith(func(p *corev1.Pod) { p.ResourceVersion = "2" }), false},
+		{"pod address", pod, podWith(func(p *corev1.Pod) { p.Status.PodIPs[0].IP = "10.0.1.6" }), true},
+		{"pod ended", pod, podWith(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), true},
+		{"Peer status", peer, peerWith(func(p *v1alpha1.Peer) { p.Status.Phase = v1alpha1.PhaseConnected }), false},
+		{"Peer mode", peer, peerWith(func(p *v1alpha1.Peer) { p.Spec.Traffic = v1alpha1.TrafficFull }), true},
+		{"Peer traffic status", peer, peerWith(func(p *v1alpha1.Peer) { p.Status.Traffic = v1alpha1.TrafficFull }), true},
+		{"export conditions", &mcsv1alpha1.ServiceExport{}, &mcsv1alpha1.ServiceExport{Status: mcsv1alpha1.ServiceExportStatus{Conditions: []metav1.Condition{{Type: "Valid"}}}}, false},
+		{"export deleted", &mcsv1alpha1.ServiceExport{}, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}, true},
+		{"offload phase", offload, offloadWith(func(o *v1alpha1.NamespaceOffload) { o.Status.Phase = v1alpha1.OffloadReady }), false},
+		{"offload to another", offload, offloadWith(func(o *v1alpha1.NamespaceOffload) { o.Status.Clusters[0].ClusterID = "q" }), true},
+		{"namespace labels", &corev1.Namespace{}, tenantNamespace("x", "b"), true},
+		{"slice", &discoveryv1.EndpointSlice{}, &discoveryv1.EndpointSlice{}, true},
+	} {
+		if got := changedForTraffic(tc.old, tc.new); got != tc.want {
+			t.Errorf("%s: changedForTraffic = %v, want %v", tc.what, got, tc.want)
+		}
+	}
+}

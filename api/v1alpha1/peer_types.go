@@ -38,7 +38,7 @@ type PeerSpec struct {
 	// Empty follows the agent's --traffic (Full by default); Full lets it
 	// reach every pod, as routed; Segregated only its pods offloaded here
 	// and the endpoints of Services reflected or exported to it, on their
-	// ports (docs/policy.md says what is enforced so far).
+	// ports, enforced at the gateway (docs/policy.md).
 	// +optional
 	Traffic Traffic `json:"traffic,omitempty"`
 }
