@@ -362,6 +362,8 @@ func busyLoops(b *testing.B, n int) (stop func()) {
 	var procs []*os.Process
 	for range n {
 		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		// A benchmark killed midway must not leave its loops behind.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
