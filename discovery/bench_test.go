@@ -130,6 +130,16 @@ func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string)
 	if err := d.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+	// A benchmark that fails midway must not leave its members gossiping
+	// in the process: they would load every benchmark after it.
+	b.Cleanup(func() {
+		d.mu.Lock()
+		closed := d.closed
+		d.mu.Unlock()
+		if !closed {
+			d.kill()
+		}
+	})
 	return d
 }
 
