@@ -19,14 +19,24 @@ import (
 )
 
 // benchProfiles are the timings compared by the membership benchmarks:
-// memberlist's stock LAN profile (what ProfileLAN was before it was tuned)
-// and ours.
+// memberlist's stock LAN profile (what ProfileLAN was before it was first
+// tuned), ProfileLAN as it was before the 100-member detection work
+// (probe 700 ms), and ours.
 var benchProfiles = []struct {
 	name string
 	tune func(*memberlist.Config)
 }{
 	{"memberlist-lan", stockLAN},
+	{"lan-700ms", lan700ms},
 	{"lan", nil},
+}
+
+// lan700ms puts back ProfileLAN's timings before the 100-member
+// detection work: stock LAN with probes every 700 ms.
+func lan700ms(c *memberlist.Config) {
+	stockLAN(c)
+	c.ProbeInterval = 700 * time.Millisecond
+	c.ProbeTimeout = 500 * time.Millisecond
 }
 
 // stockLAN puts back memberlist's DefaultLANConfig timings.
@@ -36,6 +46,7 @@ func stockLAN(c *memberlist.Config) {
 	c.ProbeInterval, c.ProbeTimeout = d.ProbeInterval, d.ProbeTimeout
 	c.SuspicionMult, c.SuspicionMaxTimeoutMult = d.SuspicionMult, d.SuspicionMaxTimeoutMult
 	c.PushPullInterval, c.EnableCompression = d.PushPullInterval, d.EnableCompression
+	c.IndirectChecks, c.AwarenessMaxMultiplier = d.IndirectChecks, d.AwarenessMaxMultiplier
 }
 
 // benchTune applies DISCOVERY_BENCH_TUNE, e.g.
@@ -77,6 +88,10 @@ func benchTune(b *testing.B, c *memberlist.Config) {
 			c.SuspicionMult = num()
 		case "SuspicionMaxTimeoutMult":
 			c.SuspicionMaxTimeoutMult = num()
+		case "IndirectChecks":
+			c.IndirectChecks = num()
+		case "AwarenessMaxMultiplier":
+			c.AwarenessMaxMultiplier = num()
 		case "PushPullInterval":
 			c.PushPullInterval = dur()
 		case "UDPBufferSize":
@@ -115,6 +130,16 @@ func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string)
 	if err := d.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+	// A benchmark that fails midway must not leave its members gossiping
+	// in the process: they would load every benchmark after it.
+	b.Cleanup(func() {
+		d.mu.Lock()
+		closed := d.closed
+		d.mu.Unlock()
+		if !closed {
+			d.kill()
+		}
+	})
 	return d
 }
 
@@ -192,6 +217,7 @@ func (s samples) report(b *testing.B, unit string) {
 		med = (sorted[len(sorted)/2-1] + med) / 2
 	}
 	b.ReportMetric(med.Seconds(), unit)
+	b.ReportMetric(sorted[0].Seconds(), "min-"+unit)
 	b.ReportMetric(sorted[len(sorted)-1].Seconds(), "max-"+unit)
 }
 
@@ -346,6 +372,8 @@ func busyLoops(b *testing.B, n int) (stop func()) {
 	var procs []*os.Process
 	for range n {
 		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		// A benchmark killed midway must not leave its loops behind.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}

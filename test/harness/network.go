@@ -44,6 +44,8 @@ type LAN struct {
 
 	mu      sync.Mutex
 	members int
+	// cutReady: the partition table of Cut exists.
+	cutReady bool
 }
 
 // NewLAN creates a LAN.

@@ -1,0 +1,287 @@
+// Package chaos hits a federation of real agents with faults drawn from a
+// seed and checks, after each one heals, what users rely on: every pair
+// Connected again, pods talking by their views, views disjoint, no kernel
+// object of ours without an owner. `make chaos` runs the long form;
+// `make test` runs a short one with a fixed seed.
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// grace is the agents' --unreachable-grace as federation.New sets it.
+const grace = 10 * time.Second
+
+// pingInterval paces the traffic between every pair of pods.
+const pingInterval = 100 * time.Millisecond
+
+// fault is one kind of fault: inject breaks victim and returns when the
+// fault is healed (the agent restarted, the link plugged back).
+type fault struct {
+	name   string
+	inject func(t *testing.T, f *fed, victim *federation.Cluster)
+}
+
+var faults = []fault{
+	{"kill-restart", func(t *testing.T, f *fed, v *federation.Cluster) {
+		// SIGKILL: no goodbye, nothing flushed; restarted on its state dir.
+		v.Agent.Kill()
+		<-v.Agent.Done()
+		v.StartAgent(t)
+	}},
+	{"partition-short", func(t *testing.T, f *fed, v *federation.Cluster) {
+		f.partition(t, v, grace/2)
+	}},
+	{"partition-long", func(t *testing.T, f *fed, v *federation.Cluster) {
+		f.partition(t, v, grace+5*time.Second)
+	}},
+}
+
+type fed struct {
+	lan *harness.LAN
+	cs  []*federation.Cluster
+}
+
+// partition cuts v's site from the LAN for d.
+func (f *fed) partition(t *testing.T, v *federation.Cluster, d time.Duration) {
+	t.Helper()
+	if err := f.lan.Cut(v.Site.Addr); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d)
+	if err := f.lan.Heal(v.Site.Addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// outcome is what one fault cost.
+type outcome struct {
+	converge time.Duration // from the heal until every pair is Connected
+	lost     time.Duration // pings lost over all directions, as time
+	broken   int           // invariants broken after convergence
+}
+
+// TestChaos: three clusters, two on the same PodCIDR and one whose range
+// holds theirs, pings between every pair of pods, and faults drawn from
+// FLOTILLA_CHAOS_SEED (default 1), FLOTILLA_CHAOS_FAULTS of them (default
+// 3). The run prints the seed and a table per fault kind.
+func TestChaos(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	harness.Require(t, harness.NeedsNetwork...)
+	seed := envInt(t, "FLOTILLA_CHAOS_SEED", 1)
+	n := envInt(t, "FLOTILLA_CHAOS_FAULTS", 3)
+	t.Logf("chaos: seed %d, %d faults; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, seed, n)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+
+	env := harness.New(t)
+	lan := env.NewLAN("lan")
+	f := &fed{lan: lan, cs: federation.New(t, env, federation.Options{
+		LAN:      lan,
+		PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/14"},
+	})}
+	federation.Connect(t, f.cs)
+	federation.AllPairsTalk(t, f.cs)
+
+	results := map[string][]outcome{}
+	for i := range n {
+		// Every draw comes from the seed, in the same order, so a run is
+		// reproduced up to the timing of the machine.
+		k := faults[rng.IntN(len(faults))]
+		victim := f.cs[rng.IntN(len(f.cs))]
+		wait := time.Duration(rng.IntN(3000)) * time.Millisecond
+		t.Logf("fault %d: %s of %s after %s", i+1, k.name, victim.Name, wait)
+		traffic := startTraffic(t, f.cs, i+1)
+		time.Sleep(wait)
+		k.inject(t, f, victim)
+		healed := time.Now()
+		federation.WaitPhases(t, f.cs, v1alpha1.PhaseConnected, 2*time.Minute)
+		o := outcome{converge: time.Since(healed)}
+		o.lost = traffic.stop(t)
+		o.broken = checkInvariants(t, f.cs)
+		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
+		results[k.name] = append(results[k.name], o)
+	}
+	t.Logf("chaos seed %d:\n%s", seed, table(results))
+	for _, outs := range results {
+		for _, o := range outs {
+			if o.broken > 0 {
+				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d", seed, n)
+			}
+		}
+	}
+}
+
+// traffic is one ping per ordered pair of pods, each to its view of the
+// other.
+type traffic struct {
+	pings []*harness.Process
+	start time.Time
+}
+
+func startTraffic(t *testing.T, cs []*federation.Cluster, round int) *traffic {
+	t.Helper()
+	tr := &traffic{start: time.Now()}
+	for _, from := range cs {
+		for _, to := range cs {
+			if from == to {
+				continue
+			}
+			dst := federation.ViewOf(t, from, to, to.Pod.Addr)
+			// A log of its own per round: ping's summary is read from it.
+			name := fmt.Sprintf("ping-%d-%s-%s", round, from.Name, to.Name)
+			interval := strconv.FormatFloat(pingInterval.Seconds(), 'f', -1, 64)
+			tr.pings = append(tr.pings, from.Pod.Start(name, "ping", "-n", "-i", interval, "-W", "1", dst.String()))
+		}
+	}
+	return tr
+}
+
+var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
+
+// stop ends the pings and returns the time without answers, summed over
+// the directions: the time they ran less the answers times the interval,
+// so pings that could not even be sent (no route) count as lost.
+func (tr *traffic) stop(t *testing.T) time.Duration {
+	t.Helper()
+	ran := time.Since(tr.start)
+	var lost time.Duration
+	for _, p := range tr.pings {
+		if err := p.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		<-p.Done()
+		m := pingSummary.FindStringSubmatch(p.Log())
+		if m == nil {
+			t.Fatalf("no ping summary in:\n%s", p.Tail(5))
+		}
+		got, _ := strconv.Atoi(m[2])
+		lost += max(0, ran-time.Duration(got)*pingInterval)
+	}
+	return lost
+}
+
+// checkInvariants checks, once every pair is Connected again, that pods
+// talk in every direction by their views, that inside every cluster the
+// views are disjoint from each other and from the cluster's own pods, and
+// that every route of ours leads to a current view. It returns the number
+// of invariants broken and logs each.
+func checkInvariants(t *testing.T, cs []*federation.Cluster) int {
+	t.Helper()
+	federation.AllPairsTalk(t, cs)
+	broken := 0
+	for _, c := range cs {
+		peers, err := c.Peers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var views []netip.Prefix
+		for _, p := range peers {
+			for _, v := range p.Status.TheirNetworks {
+				as, err := netip.ParsePrefix(v.As)
+				if err != nil {
+					t.Errorf("%s's view of %s: %v", c.Name, p.Status.ClusterName, err)
+					broken++
+					continue
+				}
+				views = append(views, as)
+			}
+		}
+		for i, v := range views {
+			if v.Overlaps(c.Site.PodCIDR) {
+				t.Errorf("%s: view %s overlaps its own pods %s", c.Name, v, c.Site.PodCIDR)
+				broken++
+			}
+			for _, w := range views[i+1:] {
+				if v.Overlaps(w) {
+					t.Errorf("%s: views %s and %s overlap", c.Name, v, w)
+					broken++
+				}
+			}
+		}
+		for _, r := range ourRoutes(t, c) {
+			if !slices.Contains(views, r) {
+				t.Errorf("%s: route %s of ours is no view of a peer (views %v)", c.Name, r, views)
+				broken++
+			}
+		}
+	}
+	return broken
+}
+
+// ourRoutes lists the destinations of the routes the agent tagged as its
+// own (protocol 102) in any table of c's site.
+func ourRoutes(t *testing.T, c *federation.Cluster) []netip.Prefix {
+	t.Helper()
+	out := c.Site.MustExec("ip", "-4", "route", "show", "table", "all", "proto", "102")
+	var dsts []netip.Prefix
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		p, err := netip.ParsePrefix(f[0])
+		if err != nil {
+			a, aerr := netip.ParseAddr(f[0])
+			if aerr != nil {
+				t.Fatalf("%s: route %q: %v", c.Name, line, err)
+			}
+			p = netip.PrefixFrom(a, 32)
+		}
+		dsts = append(dsts, p)
+	}
+	return dsts
+}
+
+// table is the report: per fault kind, how often, time to Connected
+// (median, max), traffic lost (median, max), invariants broken.
+func table(results map[string][]outcome) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-16s %5s %20s %20s %7s\n", "fault", "count", "converge med/max", "lost med/max", "broken")
+	for _, k := range faults {
+		outs := results[k.name]
+		if len(outs) == 0 {
+			continue
+		}
+		var conv, lost []time.Duration
+		broken := 0
+		for _, o := range outs {
+			conv = append(conv, o.converge)
+			lost = append(lost, o.lost)
+			broken += o.broken
+		}
+		fmt.Fprintf(&b, "%-16s %5d %20s %20s %7d\n", k.name, len(outs), medMax(conv), medMax(lost), broken)
+	}
+	return b.String()
+}
+
+func medMax(ds []time.Duration) string {
+	slices.Sort(ds)
+	return fmt.Sprintf("%s / %s", ds[len(ds)/2].Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return n
+}
