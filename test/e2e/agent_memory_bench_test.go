@@ -1,0 +1,477 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// The sizes of BenchmarkAgentMemory: FLOTILLA_BENCH_RSS_PODS (default
+// 1000) and FLOTILLA_BENCH_RSS_PEERS (default 100, the provider
+// included; at least 1).
+const (
+	benchRSSPodsEnvVar  = "FLOTILLA_BENCH_RSS_PODS"
+	benchRSSPeersEnvVar = "FLOTILLA_BENCH_RSS_PEERS"
+)
+
+// memWindow is how long each steady state is sampled (every
+// memSampleEvery): long enough for a few garbage collections and the
+// runtime's return of freed pages.
+const (
+	memWindow      = 20 * time.Second
+	memSampleEvery = 250 * time.Millisecond
+)
+
+// The consumer agent's resident memory with 1000 offloaded pods and 100
+// peers (target <= 64 MiB; Liqo users report memory out of hand at 7k
+// pods, liqotech/liqo #2436). The measured agent is the real binary, a
+// process on its site with its own control plane (with a scheduler);
+// the provider is a second such cluster, granting offloading, whose
+// nodes are the harness's stand-in kubelets. The other 99 peers are the
+// test binary run as "swarm" on a third site (swarm_test.go): real
+// gossip members with the federation key and real peering engines, each
+// with a WireGuard device that answers handshakes, so the consumer holds
+// 100 Connected Peers, 100 WireGuard peers with their NAT, and 100 views
+// in its ledger. It samples the agent's VmRSS (/proc/PID/status) and
+// reads its Go heap in use (go_memstats_heap_inuse_bytes): idle with the
+// provider only, idle with every peer, then per round from creating a
+// Deployment of 1000 pods in a Remote namespace until all are Running
+// here with translated addresses (the peak), and steady with all of
+// them. The round ends with the Deployment deleted and its pods gone.
+func BenchmarkAgentMemory(b *testing.B) {
+	pods, peers := envCount(b, benchRSSPodsEnvVar, 1000), envCount(b, benchRSSPeersEnvVar, 100)
+	b.Run(fmt.Sprintf("pods=%d,peers=%d", pods, peers), func(b *testing.B) { benchAgentMemory(b, pods, peers) })
+}
+
+func envCount(b *testing.B, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a positive number", name, s)
+	}
+	return n
+}
+
+func benchAgentMemory(b *testing.B, pods, peers int) {
+	requireAll(b)
+	loadBefore := loadAvg()
+	env := harness.New(b)
+	lan := env.NewLAN("lan")
+	// Both clusters on the same pod network: the consumer remaps the
+	// provider's, as it does each swarm member's.
+	cs := federation.New(b, env, federation.Options{
+		PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16"}, LAN: lan,
+		Args: []string{"--log-level", "info"},
+		ArgsFor: func(i int, _ []*federation.Cluster) []string {
+			if i == 1 {
+				return []string{"--offload-grants=auto"}
+			}
+			return nil
+		},
+	})
+	cons, prov := cs[0], cs[1]
+	installConsumerRole(b, cs[1:])
+	// The consumer's API server calls the agent's placement webhook at
+	// the agent's address in its site.
+	cons.CP.ReachInto(cons.Site.Netns, netip.PrefixFrom(cons.Site.Addr, 32))
+	for _, c := range cs {
+		// Their defaults (50 a second) would make the ramp the
+		// scheduler's; the controller managers keep theirs.
+		c.CP.Options.ClientQPS = 1000
+		c.CP.StartScheduler()
+	}
+	// 250 pods a stand-in node at most, and room to spare.
+	for i := range pods/200 + 1 {
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
+		prov.CP.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
+	}
+	federation.Connect(b, cs)
+	waitCredentials(b, cons, cs[1:], 2*time.Minute)
+	agent := agentPid(b, cons)
+
+	m := &memReport{pods: pods, peers: peers}
+	m.idleOne = sampleFor(b, cons, agent, memWindow)
+
+	if peers > 1 {
+		startSwarm(b, env, lan, cons, peers-1)
+		waitPeersConnected(b, cons, peers, 5*time.Minute)
+	}
+	m.idleAll = sampleFor(b, cons, agent, memWindow)
+
+	view := offloadRemote(b, cons, prov, "bench")
+	for round := 0; b.Loop(); round++ {
+		app := fmt.Sprintf("mem-%d", round)
+		s := startSampler(agent)
+		start := time.Now()
+		createPlainDeployment(b, cons, "bench", app, pods)
+		waitReflected(b, cons, "bench", app, pods, view, 10*time.Minute)
+		ramp := s.stop()
+		steady := sampleFor(b, cons, agent, memWindow)
+		m.rounds = append(m.rounds, memRound{took: time.Since(start), peak: slices.Max(ramp.rss), steady: steady})
+		b.StopTimer()
+		deleteAndWaitGone(b, cons, "bench", app, 10*time.Minute)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	m.report(b, loadBefore)
+}
+
+// memSamples are VmRSS readings and the Go heap in use read once.
+type memSamples struct {
+	rss  []uint64
+	heap uint64
+}
+
+type memRound struct {
+	took   time.Duration
+	peak   uint64
+	steady memSamples
+}
+
+type memReport struct {
+	pods, peers      int
+	idleOne, idleAll memSamples
+	rounds           []memRound
+}
+
+func (m *memReport) report(b *testing.B, loadBefore string) {
+	var peaks, steadies, heaps []uint64
+	for _, r := range m.rounds {
+		peaks = append(peaks, r.peak)
+		steadies = append(steadies, medianBytes(r.steady.rss))
+		heaps = append(heaps, r.steady.heap)
+	}
+	one, all, withPods := medianBytes(m.idleOne.rss), medianBytes(m.idleAll.rss), medianBytes(steadies)
+	b.ReportMetric(mib(one), "MiB-idle-1-peer")
+	b.ReportMetric(mib(all), "MiB-idle-all-peers")
+	b.ReportMetric(mib(withPods), "MiB-with-pods-median")
+	b.ReportMetric(mib(slices.Max(peaks)), "MiB-peak-max")
+	if m.peers > 1 {
+		b.ReportMetric(kib(int64(all)-int64(one))/float64(m.peers-1), "KiB-per-peer")
+	}
+	b.ReportMetric(kib(int64(withPods)-int64(all))/float64(m.pods), "KiB-per-pod")
+	b.ReportMetric(0, "ns/op")
+	var w strings.Builder
+	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v; Go heap in use\n", m.pods, m.peers, memSampleEvery)
+	fmt.Fprintf(&w, "  idle, the provider its only peer   %s; heap %.1f\n", spreadMiB(m.idleOne.rss), mib(m.idleOne.heap))
+	fmt.Fprintf(&w, "  idle, %3d peers Connected          %s; heap %.1f\n", m.peers, spreadMiB(m.idleAll.rss), mib(m.idleAll.heap))
+	for i, r := range m.rounds {
+		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; peak during the ramp %.1f; then %s; heap %.1f\n",
+			i+1, m.pods, r.took.Seconds(), mib(r.peak), spreadMiB(r.steady.rss), mib(r.steady.heap))
+	}
+	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f), heap %.1f; peak %.1f (max of rounds); target 64\n",
+		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)), mib(medianBytes(heaps)), mib(slices.Max(peaks)))
+	if m.peers > 1 {
+		fmt.Fprintf(&w, "  per peer %.0f KiB (idle, %d peers less 1); ", kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
+	} else {
+		w.WriteString("  ")
+	}
+	fmt.Fprintf(&w, "per pod %.1f KiB (with pods less idle)\n  load %s -> %s\n", kib(int64(withPods)-int64(all))/float64(m.pods), loadBefore, loadAvg())
+	fmt.Fprint(os.Stdout, w.String())
+}
+
+func mib(n uint64) float64 { return float64(n) / (1 << 20) }
+func kib(n int64) float64  { return float64(n) / (1 << 10) }
+
+func medianBytes(xs []uint64) uint64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func spreadMiB(xs []uint64) string {
+	return fmt.Sprintf("%.1f (%.1f to %.1f)", mib(medianBytes(xs)), mib(slices.Min(xs)), mib(slices.Max(xs)))
+}
+
+// agentPid is the pid of c's agent process, checked to be the flotilla
+// binary (the harness starts it through ip netns exec, which execs it).
+func agentPid(b *testing.B, c *federation.Cluster) int {
+	b.Helper()
+	pid := c.Agent.Pid()
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil || filepath.Base(exe) != filepath.Base(c.Bin) {
+		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, c.Bin)
+	}
+	return pid
+}
+
+// vmRSS reads the resident set size of process pid.
+func vmRSS(pid int) (uint64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// sampler reads VmRSS every memSampleEvery until stopped.
+type sampler struct {
+	pid  int
+	mu   sync.Mutex
+	rss  []uint64
+	err  error
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startSampler(pid int) *sampler {
+	s := &sampler{pid: pid, done: make(chan struct{})}
+	s.wg.Go(func() {
+		t := time.NewTicker(memSampleEvery)
+		defer t.Stop()
+		for {
+			n, err := vmRSS(pid)
+			s.mu.Lock()
+			if err != nil && s.err == nil {
+				s.err = err
+			}
+			if err == nil {
+				s.rss = append(s.rss, n)
+			}
+			s.mu.Unlock()
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return s
+}
+
+func (s *sampler) stop() memSamples {
+	close(s.done)
+	s.wg.Wait()
+	return memSamples{rss: s.rss}
+}
+
+// sampleFor samples c's agent for d, then reads its Go heap in use.
+func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) memSamples {
+	b.Helper()
+	s := startSampler(pid)
+	time.Sleep(d)
+	m := s.stop()
+	if s.err != nil {
+		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
+	}
+	heap, err := metricValue(c.Site, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		b.Fatalf("the Go heap of agent %s: %v", c.Name, err)
+	}
+	m.heap = uint64(heap)
+	return m
+}
+
+// metricValue is the value of an unlabelled metric of the agent in s.
+func metricValue(s *harness.Site, name string) (float64, error) {
+	body, err := getIn(s, "http://127.0.0.1:9470/metrics")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("no metric %s", name)
+}
+
+// swarmPorts: the swarm's members gossip on 8000+i and run WireGuard on
+// 52000+i of the swarm's site.
+const (
+	swarmGossipPort    = 8000
+	swarmWireGuardPort = 52000
+)
+
+// startSwarm runs n swarm members on a new site of lan, joined to c's
+// gossip with its federation key.
+func startSwarm(b *testing.B, env *harness.Env, lan *harness.LAN, c *federation.Cluster, n int) {
+	b.Helper()
+	site := env.NewSite("swarm", harness.SiteOptions{LAN: lan})
+	cfg, err := json.Marshal(swarmConfig{
+		Token:     c.Args[indexOf(c.Args, "--federation-key")+1],
+		Advertise: site.Addr, GossipPort: swarmGossipPort, WireGuardPort: swarmWireGuardPort,
+		Hub: netip.AddrPortFrom(c.Site.Addr, 7946), Peers: n,
+		Network: netip.MustParsePrefix("10.0.0.0/20"), Dir: filepath.Join(env.Dir, "swarm"),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// In a file, not on the command line: it holds the federation key.
+	site.Start("swarm", os.Args[0], "swarm", env.WriteFile("swarm.json", cfg))
+}
+
+// waitPeersConnected waits until c has n Peers, all Connected.
+func waitPeersConnected(b *testing.B, c *federation.Cluster, n int, timeout time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		peers, err := c.Peers(context.Background())
+		connected := 0
+		phases := map[v1alpha1.Phase]int{}
+		for _, p := range peers {
+			phases[p.Status.Phase]++
+			if p.Status.Phase == v1alpha1.PhaseConnected {
+				connected++
+			}
+		}
+		if err == nil && connected >= n {
+			return
+		}
+		if exited, xerr := c.Agent.Exited(); exited {
+			b.Fatalf("agent of %s exited: %v\n%s", c.Name, xerr, c.Agent.Tail(30))
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s has %d of %d Peers Connected after %s (err %v); by phase: %v", c.Name, connected, n, timeout, err, phases)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// offloadRemote offloads namespace ns of cons to prov with its pods
+// Remote, waits until it is Ready and the virtual node of prov is Ready,
+// and returns cons's view of prov's pod network.
+func offloadRemote(b *testing.B, cons, prov *federation.Cluster, ns string) netip.Prefix {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := cons.CP.Client.CoreV1().Namespaces().Create(ctx, namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
+		Spec: v1alpha1.NamespaceOffloadSpec{PodOffloading: v1alpha1.PodsRemote}}
+	if err := cons.Client.Create(ctx, nso); err != nil {
+		b.Fatal(err)
+	}
+	peers, err := cons.Peers(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := peers[prov.Name]
+	if len(p.Status.TheirNetworks) == 0 {
+		b.Fatalf("%s has no view of %s's networks: %+v", cons.Name, prov.Name, p.Status)
+	}
+	view := netip.MustParsePrefix(p.Status.TheirNetworks[0].As)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var got v1alpha1.NamespaceOffload
+		err := cons.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offload"}, &got)
+		node, nerr := cons.CP.Client.CoreV1().Nodes().Get(ctx, offload.VirtualNodeName(p.Name), metav1.GetOptions{})
+		if err == nil && got.Status.Phase == v1alpha1.OffloadReady && nerr == nil && nodeReady(node) {
+			return view
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("namespace %s offloaded to %s not Ready with its virtual node after 2 minutes: %v %q, node %v", ns, prov.Name, err, got.Status.Phase, nerr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// createPlainDeployment creates a Deployment of n pods labelled app=name
+// with nothing of placement: the agent's webhook adds it.
+func createPlainDeployment(b *testing.B, c *federation.Cluster, ns, name string, n int) {
+	b.Helper()
+	replicas := int32(n)
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+			},
+		},
+	}
+	if _, err := c.CP.Client.AppsV1().Deployments(ns).Create(context.Background(), d, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// waitReflected waits until n pods app=name in ns of c are Running with
+// an address in view (the provider's pods as c sees them).
+func waitReflected(b *testing.B, c *federation.Cluster, ns, name string, n int, view netip.Prefix, timeout time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + name, ResourceVersion: "0"})
+		running := 0
+		if err == nil {
+			for _, p := range list.Items {
+				ip, perr := netip.ParseAddr(p.Status.PodIP)
+				if p.Status.Phase == corev1.PodRunning && perr == nil && view.Contains(ip) {
+					running++
+				}
+			}
+		}
+		if err == nil && running >= n {
+			return
+		}
+		if exited, xerr := c.Agent.Exited(); exited {
+			b.Fatalf("agent of %s exited: %v\n%s", c.Name, xerr, c.Agent.Tail(30))
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d pods app=%s Running in %s on %s with an address in %s after %s (err %v)", running, n, name, ns, c.Name, view, timeout, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// deleteAndWaitGone deletes Deployment name and waits until its pods are
+// gone from c (each waits for its pod on the provider to go first).
+func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, timeout time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	background := metav1.DeletePropagationBackground
+	if err := c.CP.Client.AppsV1().Deployments(ns).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := c.CP.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err == nil && len(list.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("pods app=%s in %s on %s not gone after %s (err %v)", name, ns, c.Name, timeout, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
