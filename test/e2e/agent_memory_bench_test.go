@@ -129,7 +129,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		waitReflected(b, cons, "bench", app, pods, view, 10*time.Minute)
 		ramp := s.stop()
 		steady := sampleFor(b, cons, agent, memWindow)
-		m.rounds = append(m.rounds, memRound{took: time.Since(start), peak: slices.Max(ramp.rss), steady: steady})
+		m.rounds = append(m.rounds, memRound{took: time.Since(start), rampMax: slices.Max(ramp.rss), steady: steady})
 		b.StopTimer()
 		deleteAndWaitGone(b, cons, "bench", app, 10*time.Minute)
 		b.StartTimer()
@@ -138,17 +138,36 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	m.report(b, loadBefore)
 }
 
-// memSamples are VmRSS readings and the Go heap in use read once.
+// memSamples are VmRSS readings and, read once at the end, what the
+// resident memory is made of: anonymous (the Go heap, stacks, the
+// runtime) against file-backed (the binary's pages that ran), and the Go
+// runtime's own account.
 type memSamples struct {
-	rss  []uint64
-	heap uint64
+	rss []uint64
+	// From /proc/PID/status at the end.
+	anon, file uint64
+	// From the agent's metrics at the end: the heap in use, the heap the
+	// next collection starts at (twice the live heap: GOGC 100), the
+	// heap freed but not yet returned to the system, the stacks, and
+	// the goroutines.
+	heap, nextGC, heapKept, stacks, goroutines uint64
+}
+
+// breakdown says what the resident memory is made of, in MiB.
+func (m memSamples) breakdown() string {
+	return fmt.Sprintf("anon %.1f, file %.1f; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines)",
+		mib(m.anon), mib(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines)
 }
 
 type memRound struct {
-	took   time.Duration
-	peak   uint64
-	steady memSamples
+	took    time.Duration
+	rampMax uint64 // the highest sample from the Deployment's creation to all pods Running here
+	steady  memSamples
 }
+
+// peak is the highest sample of the round, with the pods coming or
+// there.
+func (r memRound) peak() uint64 { return max(r.rampMax, slices.Max(r.steady.rss)) }
 
 type memReport struct {
 	pods, peers      int
@@ -159,7 +178,7 @@ type memReport struct {
 func (m *memReport) report(b *testing.B, loadBefore string) {
 	var peaks, steadies, heaps []uint64
 	for _, r := range m.rounds {
-		peaks = append(peaks, r.peak)
+		peaks = append(peaks, r.peak())
 		steadies = append(steadies, medianBytes(r.steady.rss))
 		heaps = append(heaps, r.steady.heap)
 	}
@@ -174,14 +193,14 @@ func (m *memReport) report(b *testing.B, loadBefore string) {
 	b.ReportMetric(kib(int64(withPods)-int64(all))/float64(m.pods), "KiB-per-pod")
 	b.ReportMetric(0, "ns/op")
 	var w strings.Builder
-	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v; Go heap in use\n", m.pods, m.peers, memSampleEvery)
-	fmt.Fprintf(&w, "  idle, the provider its only peer   %s; heap %.1f\n", spreadMiB(m.idleOne.rss), mib(m.idleOne.heap))
-	fmt.Fprintf(&w, "  idle, %3d peers Connected          %s; heap %.1f\n", m.peers, spreadMiB(m.idleAll.rss), mib(m.idleAll.heap))
+	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v over %v\n", m.pods, m.peers, memSampleEvery, memWindow)
+	fmt.Fprintf(&w, "  idle, the provider its only peer   %s\n    %s\n", spreadMiB(m.idleOne.rss), m.idleOne.breakdown())
+	fmt.Fprintf(&w, "  idle, %3d peers Connected          %s\n    %s\n", m.peers, spreadMiB(m.idleAll.rss), m.idleAll.breakdown())
 	for i, r := range m.rounds {
-		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; peak during the ramp %.1f; then %s; heap %.1f\n",
-			i+1, m.pods, r.took.Seconds(), mib(r.peak), spreadMiB(r.steady.rss), mib(r.steady.heap))
+		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; the highest during the ramp %.1f; then %s\n    %s\n",
+			i+1, m.pods, r.took.Seconds(), mib(r.rampMax), spreadMiB(r.steady.rss), r.steady.breakdown())
 	}
-	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f), heap %.1f; peak %.1f (max of rounds); target 64\n",
+	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f), Go heap in use %.1f; the highest sample %.1f; target 64\n",
 		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)), mib(medianBytes(heaps)), mib(slices.Max(peaks)))
 	if m.peers > 1 {
 		fmt.Fprintf(&w, "  per peer %.0f KiB (idle, %d peers less 1); ", kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
@@ -219,17 +238,34 @@ func agentPid(b *testing.B, c *federation.Cluster) int {
 
 // vmRSS reads the resident set size of process pid.
 func vmRSS(pid int) (uint64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procStatus(pid)
 	if err != nil {
 		return 0, err
 	}
+	return st["VmRSS"], nil
+}
+
+// procStatus reads the sizes in /proc/PID/status, in bytes by name
+// (VmRSS, RssAnon, RssFile, ...).
+func procStatus(pid int) (map[string]uint64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
 	for line := range strings.SplitSeq(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "kB" {
 			kb, err := strconv.ParseUint(f[1], 10, 64)
-			return kb << 10, err
+			if err != nil {
+				return nil, fmt.Errorf("/proc/%d/status: %q: %w", pid, line, err)
+			}
+			out[strings.TrimSuffix(f[0], ":")] = kb << 10
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	if _, ok := out["VmRSS"]; !ok {
+		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return out, nil
 }
 
 // sampler reads VmRSS every memSampleEvery until stopped.
@@ -282,26 +318,42 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	if s.err != nil {
 		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
 	}
-	heap, err := metricValue(c.Site, "go_memstats_heap_inuse_bytes")
+	status, err := procStatus(pid)
 	if err != nil {
-		b.Fatalf("the Go heap of agent %s: %v", c.Name, err)
+		b.Fatal(err)
 	}
-	m.heap = uint64(heap)
+	m.anon, m.file = status["RssAnon"], status["RssFile"]
+	metrics, err := runtimeMetrics(c.Site)
+	if err != nil {
+		b.Fatalf("the Go runtime metrics of agent %s: %v", c.Name, err)
+	}
+	m.heap, m.nextGC, m.stacks, m.goroutines = metrics["go_memstats_heap_inuse_bytes"], metrics["go_memstats_next_gc_bytes"], metrics["go_memstats_stack_inuse_bytes"], metrics["go_goroutines"]
+	m.heapKept = metrics["go_memstats_heap_idle_bytes"] - metrics["go_memstats_heap_released_bytes"]
 	return m
 }
 
-// metricValue is the value of an unlabelled metric of the agent in s.
-func metricValue(s *harness.Site, name string) (float64, error) {
+// runtimeMetrics are the agent's unlabelled metrics in s by name.
+func runtimeMetrics(s *harness.Site) (map[string]uint64, error) {
 	body, err := getIn(s, "http://127.0.0.1:9470/metrics")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
+	out := map[string]uint64{}
 	for line := range strings.SplitSeq(body, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		name, v, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			out[name] = uint64(f)
 		}
 	}
-	return 0, fmt.Errorf("no metric %s", name)
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes"} {
+		if _, ok := out[name]; !ok {
+			return nil, fmt.Errorf("no metric %s", name)
+		}
+	}
+	return out, nil
 }
 
 // swarmPorts: the swarm's members gossip on 8000+i and run WireGuard on
