@@ -183,7 +183,7 @@ func newSinkTunnel(port int) (*sinkTunnel, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev := device.NewDevice(newSinkTUN(), singleBind{conn.NewStdNetBind()}, device.NewLogger(device.LogLevelSilent, ""))
+	dev := device.NewDevice(newSinkTUN(), conn.NewStdNetBind(), device.NewLogger(device.LogLevelSilent, ""))
 	if err := dev.IpcSet(fmt.Sprintf("private_key=%s\nlisten_port=%d\n", hex.EncodeToString(priv[:]), port)); err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("configure WireGuard on port %d: %w", port, err)
@@ -270,14 +270,6 @@ func (s *sinkTunnel) Status() ([]tunnel.PeerStatus, error) {
 	}
 	return out, nil
 }
-
-// singleBind receives one packet at a time: wireguard-go holds a batch
-// of 64 KiB buffers per receive routine, 16 MiB a device with the
-// batches of 128 that the standard bind offers on Linux, which
-// handshakes and keepalives do not need.
-type singleBind struct{ conn.Bind }
-
-func (singleBind) BatchSize() int { return 1 }
 
 // sinkTUN is a TUN device that never yields a packet and drops every one
 // written to it.
