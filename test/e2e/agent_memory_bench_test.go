@@ -31,6 +31,10 @@ import (
 const (
 	benchRSSPodsEnvVar  = "FLOTILLA_BENCH_RSS_PODS"
 	benchRSSPeersEnvVar = "FLOTILLA_BENCH_RSS_PEERS"
+	// benchRSSAgentEnvVar adds environment variables to the measured
+	// agent only, space-separated: "GOMEMLIMIT=48MiB GOGC=50" shows what
+	// the Go runtime's knobs change.
+	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
 )
 
 // memWindow is how long each steady state is sampled (every
@@ -92,6 +96,12 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		},
 	})
 	cons, prov := cs[0], cs[1]
+	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
+	if len(agentEnv) > 0 {
+		// env(1) execs the agent: the pid stays the agent's.
+		cons.Args = append(append(agentEnv, cons.Bin), cons.Args...)
+		cons.Bin = "env"
+	}
 	installConsumerRole(b, cs[1:])
 	// The consumer's API server calls the agent's placement webhook at
 	// the agent's address in its site.
@@ -111,7 +121,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	waitCredentials(b, cons, cs[1:], 2*time.Minute)
 	agent := agentPid(b, cons)
 
-	m := &memReport{pods: pods, peers: peers}
+	m := &memReport{pods: pods, peers: peers, env: agentEnv}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
 
 	if peers > 1 {
@@ -171,6 +181,7 @@ func (r memRound) peak() uint64 { return max(r.rampMax, slices.Max(r.steady.rss)
 
 type memReport struct {
 	pods, peers      int
+	env              []string // the agent's added environment
 	idleOne, idleAll memSamples
 	rounds           []memRound
 }
@@ -193,7 +204,7 @@ func (m *memReport) report(b *testing.B, loadBefore string) {
 	b.ReportMetric(kib(int64(withPods)-int64(all))/float64(m.pods), "KiB-per-pod")
 	b.ReportMetric(0, "ns/op")
 	var w strings.Builder
-	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v over %v\n", m.pods, m.peers, memSampleEvery, memWindow)
+	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v over %v%s\n", m.pods, m.peers, memSampleEvery, memWindow, envNote(m.env))
 	fmt.Fprintf(&w, "  idle, the provider its only peer   %s\n    %s\n", spreadMiB(m.idleOne.rss), m.idleOne.breakdown())
 	fmt.Fprintf(&w, "  idle, %3d peers Connected          %s\n    %s\n", m.peers, spreadMiB(m.idleAll.rss), m.idleAll.breakdown())
 	for i, r := range m.rounds {
@@ -209,6 +220,13 @@ func (m *memReport) report(b *testing.B, loadBefore string) {
 	}
 	fmt.Fprintf(&w, "per pod %.1f KiB (with pods less idle)\n  load %s -> %s\n", kib(int64(withPods)-int64(all))/float64(m.pods), loadBefore, loadAvg())
 	fmt.Fprint(os.Stdout, w.String())
+}
+
+func envNote(env []string) string {
+	if len(env) == 0 {
+		return ""
+	}
+	return "; the agent with " + strings.Join(env, " ")
 }
 
 func mib(n uint64) float64 { return float64(n) / (1 << 20) }
@@ -230,8 +248,8 @@ func agentPid(b *testing.B, c *federation.Cluster) int {
 	b.Helper()
 	pid := c.Agent.Pid()
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if err != nil || filepath.Base(exe) != filepath.Base(c.Bin) {
-		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, c.Bin)
+	if want := harness.Flotilla(b); err != nil || exe != want {
+		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, want)
 	}
 	return pid
 }
