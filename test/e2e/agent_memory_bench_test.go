@@ -161,12 +161,14 @@ type memSamples struct {
 	// heap freed but not yet returned to the system, the stacks, and
 	// the goroutines.
 	heap, nextGC, heapKept, stacks, goroutines uint64
+	// cpu is the share of one core the agent used over the window.
+	cpu float64
 }
 
 // breakdown says what the resident memory is made of, in MiB.
 func (m memSamples) breakdown() string {
-	return fmt.Sprintf("anon %.1f, file %.1f; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines)",
-		mib(m.anon), mib(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines)
+	return fmt.Sprintf("anon %.1f, file %.1f; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
+		mib(m.anon), mib(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
 }
 
 type memRound struct {
@@ -263,6 +265,27 @@ func vmRSS(pid int) (uint64, error) {
 	return st["VmRSS"], nil
 }
 
+// cpuTime is the CPU time process pid used so far (user and system,
+// /proc/PID/stat; clock ticks of 10 ms, USER_HZ on Linux).
+func cpuTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces: fields count from after it.
+	_, rest, ok := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, raw)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, raw)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
 // procStatus reads the sizes in /proc/PID/status, in bytes by name
 // (VmRSS, RssAnon, RssFile, ...).
 func procStatus(pid int) (map[string]uint64, error) {
@@ -330,9 +353,18 @@ func (s *sampler) stop() memSamples {
 // sampleFor samples c's agent for d, then reads its Go heap in use.
 func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) memSamples {
 	b.Helper()
+	cpuBefore, err := cpuTime(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
 	s := startSampler(pid)
 	time.Sleep(d)
 	m := s.stop()
+	cpuAfter, err := cpuTime(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m.cpu = (cpuAfter - cpuBefore).Seconds() / d.Seconds()
 	if s.err != nil {
 		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
 	}
