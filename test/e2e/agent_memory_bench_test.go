@@ -55,12 +55,14 @@ const (
 // gossip members with the federation key and real peering engines, each
 // with a WireGuard device that answers handshakes, so the consumer holds
 // 100 Connected Peers, 100 WireGuard peers with their NAT, and 100 views
-// in its ledger. It samples the agent's VmRSS (/proc/PID/status) and
-// reads its Go heap in use (go_memstats_heap_inuse_bytes): idle with the
-// provider only, idle with every peer, then per round from creating a
-// Deployment of 1000 pods in a Remote namespace until all are Running
-// here with translated addresses (the peak), and steady with all of
-// them. The round ends with the Deployment deleted and its pods gone.
+// in its ledger. It samples the agent's VmRSS (/proc/PID/status) idle
+// with the provider only, idle with every peer, then per round from
+// creating a Deployment of 1000 pods in a Remote namespace until all are
+// Running here with translated addresses (the ramp), and steady with all
+// of them; after each window it reads what the memory is made of
+// (anonymous or file-backed, the Go runtime's metrics) and the agent's
+// CPU over it. The round ends with the Deployment deleted and its pods
+// gone. docs/offload.md has the figures.
 func BenchmarkAgentMemory(b *testing.B) {
 	pods, peers := envCount(b, benchRSSPodsEnvVar, 1000), envCount(b, benchRSSPeersEnvVar, 100)
 	b.Run(fmt.Sprintf("pods=%d,peers=%d", pods, peers), func(b *testing.B) { benchAgentMemory(b, pods, peers) })
@@ -124,7 +126,11 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		c.CP.Options.ClientQPS = 1000
 		c.CP.StartScheduler()
 	}
-	// 250 pods a stand-in node at most, and room to spare.
+	// 250 pods a stand-in node at most, and room to spare; a /20 each
+	// of 10.0.0.0/16.
+	if pods > 15*200 {
+		b.Fatalf("%s=%d: at most %d pods (16 stand-in nodes)", benchRSSPodsEnvVar, pods, 15*200)
+	}
 	for i := range pods/200 + 1 {
 		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
 		prov.CP.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
