@@ -23,8 +23,16 @@ import (
 )
 
 // TestMain lets the test binary play "mallory", a member of the federation
-// that misbehaves, as a real process inside a site (see runMallory).
+// that misbehaves, as a real process inside a site (see runMallory), and
+// "swarm", many well-behaved members without Kubernetes (see runSwarm).
 func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == "swarm" {
+		if err := runSwarm(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "swarm:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if len(os.Args) == 3 && os.Args[1] == "mallory" {
 		if err := runMallory(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, "mallory:", err)
