@@ -301,7 +301,11 @@ func table(results map[string][]outcome) string {
 
 func medMax(ds []time.Duration) string {
 	slices.Sort(ds)
-	return fmt.Sprintf("%s / %s", ds[len(ds)/2].Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+	med := ds[len(ds)/2]
+	if len(ds)%2 == 0 {
+		med = (ds[len(ds)/2-1] + med) / 2
+	}
+	return fmt.Sprintf("%s / %s", med.Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
 }
 
 func envInt(t *testing.T, name string, def int) int {
