@@ -35,8 +35,9 @@ type Profile string
 
 const (
 	// ProfileLAN is memberlist's LAN profile with faster probes and a
-	// shorter suspicion (see lanConfig), so a crashed member is declared
-	// failed by all within 5 s among 10 and among 100.
+	// shorter suspicion (see lanConfig): a crashed member is declared
+	// failed by all in about 3 s among 10 and 5 s among 100 on an
+	// unloaded machine (docs/discovery.md has the figures under load).
 	ProfileLAN Profile = "lan"
 	// ProfileWAN is memberlist's WAN profile unchanged.
 	ProfileWAN Profile = "wan"

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"os"
 	"regexp"
@@ -109,6 +110,10 @@ func TestChaos(t *testing.T) {
 		time.Sleep(wait)
 		k.inject(t, f, victim)
 		healed := time.Now()
+		// A restarted agent's Peers still read Connected from before its
+		// death: converged means it serves again and every pair is
+		// Connected.
+		waitReady(t, victim, 2*time.Minute)
 		federation.WaitPhases(t, f.cs, v1alpha1.PhaseConnected, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
@@ -123,6 +128,31 @@ func TestChaos(t *testing.T) {
 				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d", seed, n)
 			}
 		}
+	}
+}
+
+// waitReady waits until c's agent answers /readyz on its metrics address
+// (federation.New's 127.0.0.1:9470, inside the site).
+func waitReady(t *testing.T, c *federation.Cluster, within time.Duration) {
+	t.Helper()
+	client := &http.Client{
+		Timeout:   time.Second,
+		Transport: &http.Transport{DialContext: c.Site.DialContext},
+	}
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := client.Get("http://127.0.0.1:9470/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent of %s not ready after %s: %v\n%s", c.Name, within, err, c.Agent.Tail(20))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -271,7 +301,11 @@ func table(results map[string][]outcome) string {
 
 func medMax(ds []time.Duration) string {
 	slices.Sort(ds)
-	return fmt.Sprintf("%s / %s", ds[len(ds)/2].Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+	med := ds[len(ds)/2]
+	if len(ds)%2 == 0 {
+		med = (ds[len(ds)/2-1] + med) / 2
+	}
+	return fmt.Sprintf("%s / %s", med.Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
 }
 
 func envInt(t *testing.T, name string, def int) int {
