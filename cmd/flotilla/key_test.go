@@ -1,0 +1,298 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// The federation key rotates on a running federation of three clusters
+// from the command line: the rotation, interrupted after its first step,
+// continues when run again; no member leaves any other's membership on
+// the way; every agent ends up holding the new key alone, says so by
+// fingerprint in its status and metrics, and no key is in a log, a status
+// or the metrics. Afterwards a cluster that holds only the old key is
+// refused, and the same cluster joins with the new one.
+func TestKeyRotateOnARunningFederation(t *testing.T) {
+	harness.Require(t, append(harness.NeedsControlPlane, harness.NeedsNetwork...)...)
+	env := harness.New(t)
+	cs := federation.New(t, env, federation.Options{
+		PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16", "10.1.0.0/16", "10.2.0.0/16"},
+		ArgsFor: func(i int, cs []*federation.Cluster) []string {
+			if i == 3 {
+				// d tries the first gateway directly, so that its refusal
+				// shows in its join failures.
+				return []string{"--join", net.JoinHostPort(cs[0].Site.Addr.String(), strconv.Itoa(discovery.DefaultGossipPort))}
+			}
+			return nil
+		},
+	})
+	members, d := cs[:3], cs[3]
+	federation.Connect(t, members)
+	since := memberSince(t, members)
+
+	// The old key, as an operator gets it from `flotilla token`.
+	oldTok := d.Args[slices.Index(d.Args, "--federation-key")+1]
+	old, err := discovery.ParseFederationKey(oldTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	oldFile := filepath.Join(dir, "current")
+	if err := os.WriteFile(oldFile, []byte(oldTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"rotate", "--current-key-file", oldFile, "--timeout", "90s"}
+	for _, c := range members {
+		args = append(args, "--kubeconfig", c.CP.Kubeconfig)
+	}
+
+	// Partitions: every 50 ms, every Peer must be Connected and a member.
+	watchCtx, stopWatch := context.WithCancel(t.Context())
+	var problems []string
+	var watched sync.WaitGroup
+	watched.Go(func() {
+		for watchCtx.Err() == nil {
+			for _, c := range members {
+				peers, err := c.Peers(watchCtx)
+				if err != nil {
+					continue
+				}
+				for _, p := range peers {
+					if m := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionMember); p.Status.Phase != v1alpha1.PhaseConnected || m == nil || m.Status != metav1.ConditionTrue {
+						problems = append(problems, fmt.Sprintf("%s sees %s %s", c.Name, p.Status.ClusterName, federation.Describe(p)))
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
+	// First run, stopped once the first step is done.
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- runKey(ctx, args, &out, io.Discard) }()
+	eventually.Within(t, 2*time.Minute, "the first step done", func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("key rotate returned before its second step: %v\n%s", err, out.String())
+		default:
+		}
+		if !strings.Contains(out.String(), "step 2 of 3") {
+			return fmt.Errorf("output so far:\n%s", out.String())
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	first := out.String()
+	if !strings.Contains(first, "rotating to the new key ") {
+		t.Fatalf("the first run does not name the new key:\n%s", first)
+	}
+	newFP := strings.Fields(first[strings.Index(first, "rotating to the new key ")+len("rotating to the new key "):])[0]
+
+	// The rerun continues with the same key.
+	code, second, errOut := flotilla(append([]string{"key"}, args...)...)
+	stopWatch()
+	watched.Wait()
+	if code != 0 {
+		t.Fatalf("key rotate again: exit %d\n%s\n%s", code, second, errOut)
+	}
+	if !strings.Contains(second, "continuing the rotation to key "+newFP) || !strings.Contains(second, "every cluster holds only key "+newFP) {
+		t.Fatalf("the rerun did not finish the rotation to %s:\n%s", newFP, second)
+	}
+	if len(problems) > 0 {
+		t.Errorf("a member lost another during the rotation:\n  %s", strings.Join(problems[:min(len(problems), 20)], "\n  "))
+	}
+	if after := memberSince(t, members); !mapsEqual(since, after) {
+		t.Errorf("membership changed during the rotation (Member condition since): before %v, after %v", since, after)
+	}
+	federation.AllPairsTalk(t, members)
+
+	// What each agent holds, as the status verb, the status object and
+	// the metrics say it.
+	next := secretKeyring(t, members[0])
+	if len(next) != 1 || discovery.Fingerprint(next[0]) != newFP {
+		t.Fatalf("a's Secret asks for %v, want only %s", agent.Fingerprints(next), newFP)
+	}
+	statusArgs := []string{"key", "status"}
+	for _, c := range members {
+		statusArgs = append(statusArgs, "--kubeconfig", c.CP.Kubeconfig)
+	}
+	code, status, errOut := flotilla(statusArgs...)
+	if code != 0 {
+		t.Fatalf("key status: exit %d: %s", code, errOut)
+	}
+	for _, c := range members {
+		if !slices.ContainsFunc(strings.Split(status, "\n"), func(l string) bool {
+			return slices.Equal(strings.Fields(l), []string{c.Name, newFP, "(primary)", newFP, "(primary)", "-"})
+		}) {
+			t.Errorf("key status does not show %s holding and asked for %s alone:\n%s", c.Name, newFP, status)
+		}
+		metrics := metricsOf(t, c.Site)
+		if !strings.Contains(metrics, `flotilla_federation_key_info{fingerprint="`+newFP+`",primary="true"} 1`) ||
+			strings.Contains(metrics, discovery.Fingerprint(old.Key)) {
+			t.Errorf("%s's metrics do not say it holds %s alone:\n%s", c.Name, newFP, grepLines(metrics, "flotilla_federation_key"))
+		}
+		cm, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agent.FederationKeysStatus, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		written := fmt.Sprint(cm.Data) + metrics + c.Agent.Log()
+		for _, k := range [][]byte{old.Key, next[0]} {
+			for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+				if s := enc.EncodeToString(k); strings.Contains(written, s[:len(s)-2]) {
+					t.Errorf("%s's status, metrics or log hold the key %s itself", c.Name, discovery.Fingerprint(k))
+				}
+			}
+		}
+		if strings.Contains(written, oldTok) {
+			t.Errorf("%s's status, metrics or log hold the old join token", c.Name)
+		}
+	}
+	for _, s := range []string{first, second, status} {
+		if strings.Contains(s, base64.StdEncoding.EncodeToString(next[0])) || strings.Contains(s, base64.StdEncoding.EncodeToString(old.Key)) {
+			t.Errorf("the command printed a key:\n%s", s)
+		}
+	}
+
+	// The old key stops working: d, holding only it, tries a's gateway and
+	// is refused; nobody becomes a member with it.
+	d.StartAgent(t)
+	eventually.Within(t, time.Minute, "d's join refused", func() error {
+		return metricAtLeast(metricsOf(t, d.Site), "flotilla_discovery_join_failures_total", 1)
+	})
+	for _, c := range members {
+		peers, err := c.Peers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := peers[d.Name]; ok {
+			t.Errorf("%s has a Peer for d, which holds only the old key: %s", c.Name, federation.Describe(p))
+		}
+	}
+	if peers, err := d.Peers(t.Context()); err != nil || len(peers) > 0 {
+		t.Errorf("d, holding only the old key, has Peers %v (%v)", peers, err)
+	}
+	// With the new key the same cluster joins.
+	if err := d.Agent.Stop(); err != nil {
+		t.Logf("stop d: %v", err)
+	}
+	newTok, err := discovery.JoinToken{Key: next[0]}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Args = append(d.Args, "--federation-key", newTok)
+	d.StartAgent(t)
+	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
+}
+
+// memberSince is, for every Peer of every cluster, since when the peer
+// has been a member.
+func memberSince(t *testing.T, cs []*federation.Cluster) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	for _, c := range cs {
+		peers, err := c.Peers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, p := range peers {
+			if m := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionMember); m != nil {
+				out[c.Name+"->"+name] = m.LastTransitionTime.Time
+			}
+		}
+	}
+	return out
+}
+
+func mapsEqual(a, b map[string]time.Time) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !b[k].Equal(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// secretKeyring is the keyring in c's Secret flotilla-federation.
+func secretKeyring(t *testing.T, c *federation.Cluster) [][]byte {
+	t.Helper()
+	s, err := c.CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agent.FederationSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ring
+}
+
+// metricsOf reads the metrics of the agent in site s.
+func metricsOf(t *testing.T, s *harness.Site) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: s.DialContext}}
+	resp, err := hc.Get("http://127.0.0.1:9470/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// metricAtLeast checks that the sum of a metric's series is at least min.
+func metricAtLeast(body, name string, min float64) error {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return fmt.Errorf("metric line %q: %w", line, err)
+		}
+		sum += v
+	}
+	if sum < min {
+		return fmt.Errorf("%s is %v, want at least %v", name, sum, min)
+	}
+	return nil
+}
+
+func grepLines(s, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
