@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fieldsel "k8s.io/apimachinery/pkg/fields"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -107,6 +108,32 @@ func Fingerprints(keys [][]byte) []string {
 		out[i] = discovery.Fingerprint(k)
 	}
 	return out
+}
+
+// secretKeyring reads the keyring of the FederationSecret at start; ok is
+// false when there is none (no Secret, no keyring in it, no permission to
+// read it: the flags and the ledger then say). A damaged keyring is
+// logged and ignored here; the follower reports it in the status.
+func (a *Agent) secretKeyring() ([][]byte, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := a.kube.CoreV1().Secrets(a.agentNamespace()).Get(ctx, FederationSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	if err != nil {
+		a.log.Warn("cannot read the federation keyring at start; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
+		return nil, false
+	}
+	if len(s.Data[SecretKeyring]) == 0 {
+		return nil, false
+	}
+	keys, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
+	if err != nil {
+		a.log.Warn("the federation keyring in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
+		return nil, false
+	}
+	return keys, true
 }
 
 // keyFollower applies the FederationSecret's keyring to discovery,

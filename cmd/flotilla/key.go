@@ -13,6 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
 )
@@ -35,6 +38,9 @@ var keyVerbs = []struct {
 }
 
 func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// client-go's reflectors log a watch the command ends on purpose as
+	// a failure; the command says itself what went wrong.
+	klog.SetLogger(logr.Discard())
 	if len(args) > 0 {
 		for _, v := range keyVerbs {
 			if v.name == args[0] {

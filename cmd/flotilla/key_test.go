@@ -123,6 +123,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	if !strings.Contains(second, "continuing the rotation to key "+newFP) || !strings.Contains(second, "every cluster holds only key "+newFP) {
 		t.Fatalf("the rerun did not finish the rotation to %s:\n%s", newFP, second)
 	}
+	t.Logf("first run:\n%s\nsecond run:\n%s", first, second)
 	if len(problems) > 0 {
 		t.Errorf("a member lost another during the rotation:\n  %s", strings.Join(problems[:min(len(problems), 20)], "\n  "))
 	}
@@ -145,6 +146,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("key status: exit %d: %s", code, errOut)
 	}
+	t.Logf("key status:\n%s", status)
 	for _, c := range members {
 		if !slices.ContainsFunc(strings.Split(status, "\n"), func(l string) bool {
 			return slices.Equal(strings.Fields(l), []string{c.Name, newFP, "(primary)", newFP, "(primary)", "-"})
@@ -176,6 +178,18 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 		if strings.Contains(s, base64.StdEncoding.EncodeToString(next[0])) || strings.Contains(s, base64.StdEncoding.EncodeToString(old.Key)) {
 			t.Errorf("the command printed a key:\n%s", s)
 		}
+	}
+
+	// An agent restarted with the old key on its command line starts with
+	// what its Secret asks for, and is back with the others.
+	b := members[1]
+	if err := b.Agent.Stop(); err != nil {
+		t.Logf("stop b: %v", err)
+	}
+	b.StartAgent(t)
+	federation.WaitPhases(t, members, v1alpha1.PhaseConnected, 90*time.Second)
+	if m := metricsOf(t, b.Site); strings.Contains(m, discovery.Fingerprint(old.Key)) {
+		t.Errorf("b holds the old key again after a restart:\n%s", grepLines(m, "flotilla_federation_key"))
 	}
 
 	// The old key stops working: d, holding only it, tries a's gateway and
