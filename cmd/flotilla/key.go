@@ -275,26 +275,14 @@ func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr
 	if err := parseFlags(f.fs, args); err != nil {
 		return err
 	}
-	cs, err := f.clusters()
-	if err != nil {
-		return err
-	}
-	pool := keyPool{}
-	for _, c := range cs {
-		s, err := c.secret(ctx)
-		if err != nil {
-			return err
-		}
-		pool.addSecret(s)
-	}
 	var k []byte
 	var what string
+	var err error
 	switch {
 	case *keyFile != "":
 		if k, err = readKeyFile("key-file", *keyFile); err != nil {
 			return err
 		}
-		pool.add(k)
 		what = discovery.Fingerprint(k)
 	case fingerprint != nil && *fingerprint != "":
 		// The agents' status names every key by fingerprint: removing one
@@ -307,6 +295,21 @@ func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr
 			fmt.Fprintf(stderr, "%s key %s: give --key-file\n", progName, step.name)
 		}
 		return errUsage
+	}
+	cs, err := f.clusters()
+	if err != nil {
+		return err
+	}
+	pool := keyPool{}
+	for _, c := range cs {
+		s, err := c.secret(ctx)
+		if err != nil {
+			return err
+		}
+		pool.addSecret(s)
+	}
+	if k != nil {
+		pool.add(k)
 	}
 	if step.name == "remove" {
 		step = removeByFingerprint(what)

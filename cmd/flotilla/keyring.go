@@ -42,20 +42,20 @@ type keyCluster struct {
 }
 
 func openKeyCluster(kubeconfig, kubeContext, ns string) (*keyCluster, error) {
+	name := kubeconfig
+	if name == "" {
+		name = "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
+	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-	}
-	name := kubeconfig
-	if name == "" {
-		name = "(default kubeconfig)"
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return &keyCluster{name: name, kube: kube, ns: ns}, nil
 }
