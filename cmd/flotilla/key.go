@@ -112,6 +112,27 @@ func readKeyFile(flagName, path string) ([]byte, error) {
 	return tok.Key, nil
 }
 
+// currentKeyFlag defines --current-key-file: the key an agent holds when
+// no Secret of the clusters given has it (the agent generated it, or it
+// came by flag), so that the verbs can write the keyring that keeps it.
+func currentKeyFlag(fs *flag.FlagSet) *string {
+	return fs.String("current-key-file", "", "file with the key in use (a join token or base64 key), needed only when no cluster given has it in its Secret flotilla-federation (`flotilla token` on a gateway prints a token with it)")
+}
+
+// currentKey is a pool with the key of --current-key-file, if given.
+func currentKey(path string) (keyPool, error) {
+	pool := keyPool{}
+	if path == "" {
+		return pool, nil
+	}
+	k, err := readKeyFile("current-key-file", path)
+	if err != nil {
+		return nil, err
+	}
+	pool.add(k)
+	return pool, nil
+}
+
 // keyStep is one step of a rotation: the keyring a cluster should hold
 // after it, given the one it holds and the key the step is about.
 type keyStep struct {
@@ -213,7 +234,7 @@ func runStep(ctx context.Context, w io.Writer, cs []*keyCluster, pool keyPool, s
 
 func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newKeyFlags("rotate", stderr)
-	current := f.fs.String("current-key-file", "", "file with the key in use (a join token or base64 key), needed only when no cluster given has it in its Secret flotilla-federation (`flotilla token` on a gateway prints it)")
+	current := currentKeyFlag(f.fs)
 	if err := parseFlags(f.fs, args); err != nil {
 		return err
 	}
@@ -221,13 +242,9 @@ func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	pool := keyPool{}
-	if *current != "" {
-		k, err := readKeyFile("current-key-file", *current)
-		if err != nil {
-			return err
-		}
-		pool.add(k)
+	pool, err := currentKey(*current)
+	if err != nil {
+		return err
 	}
 	var next []byte
 	for _, c := range cs {
@@ -268,6 +285,7 @@ func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr io.Writer) error {
 	f := newKeyFlags(step.name, stderr)
 	keyFile := f.fs.String("key-file", "", "file with the key (base64, as `key generate` prints it, or a join token)")
+	current := currentKeyFlag(f.fs)
 	var fingerprint *string
 	if step.name == "remove" {
 		fingerprint = f.fs.String("fingerprint", "", "the fingerprint of the key to remove (`key status` shows them), instead of --key-file")
@@ -300,7 +318,10 @@ func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr
 	if err != nil {
 		return err
 	}
-	pool := keyPool{}
+	pool, err := currentKey(*current)
+	if err != nil {
+		return err
+	}
 	for _, c := range cs {
 		s, err := c.secret(ctx)
 		if err != nil {
