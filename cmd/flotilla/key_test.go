@@ -399,5 +399,76 @@ func TestKeyStepsPerOrganisation(t *testing.T) {
 			t.Errorf("key remove on %s does not end with the new key alone:\n%s", c.Name, out)
 		}
 	}
+	// A damaged keyring in a Secret: the agent keeps its keys and says
+	// why in its status, the verbs refuse to build on it, and nothing is
+	// lost meanwhile.
+	a := cs[0]
+	secrets := a.CP.Client.CoreV1().Secrets(federation.AgentNamespace)
+	sec, err := secrets.Get(t.Context(), agent.FederationSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := sec.Data[agent.SecretKeyring]
+	sec.Data[agent.SecretKeyring] = good[:len(good)-3]
+	if sec, err = secrets.Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Within(t, time.Minute, "a's status says its keyring is damaged", func() error {
+		cm, err := a.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agent.FederationKeysStatus, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(cm.Data[agent.StatusError], "truncated") || cm.Data[agent.StatusKeys] != newFP {
+			return fmt.Errorf("status %v", cm.Data)
+		}
+		return nil
+	})
+	code, out, errOut = flotilla("key", "install", "--key-file", oldFile, "--kubeconfig", a.CP.Kubeconfig)
+	if code != 1 || !strings.Contains(errOut, "fix or delete that entry") {
+		t.Errorf("key install over a damaged keyring: exit %d\n%s%s", code, out, errOut)
+	}
+	code, status, _ := flotilla("key", "status", "--kubeconfig", a.CP.Kubeconfig)
+	if code != 0 || !strings.Contains(status, "damaged keyring") || !strings.Contains(status, "truncated") {
+		t.Errorf("key status does not show the damaged keyring:\n%s", status)
+	}
+	sec.Data[agent.SecretKeyring] = good
+	if _, err := secrets.Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	checkNoPartition(t, cs, since, stop())
+	federation.AllPairsTalk(t, cs)
+}
+
+// BenchmarkKeyRotate measures `key rotate` on a running federation of
+// two clusters, from the command to every agent holding the new key
+// alone: median, min and max of the runs.
+func BenchmarkKeyRotate(b *testing.B) {
+	harness.Require(b, append(harness.NeedsControlPlane, harness.NeedsNetwork...)...)
+	env := harness.New(b)
+	cs := federation.New(b, env, federation.Options{PodCIDRs: []string{"10.0.0.0/16", "10.1.0.0/16"}})
+	federation.Connect(b, cs)
+	current := filepath.Join(b.TempDir(), "current")
+	if err := os.WriteFile(current, []byte(cs[0].Args[slices.Index(cs[0].Args, "--federation-key")+1]), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	args := []string{"key", "rotate", "--current-key-file", current}
+	for _, c := range cs {
+		args = append(args, "--kubeconfig", c.CP.Kubeconfig)
+	}
+	var runs []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if code, out, errOut := flotilla(args...); code != 0 {
+			b.Fatalf("key rotate: exit %d\n%s%s", code, out, errOut)
+		}
+		runs = append(runs, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(runs)
+	b.ReportMetric(runs[len(runs)/2].Seconds()*1000, "ms-median")
+	b.ReportMetric(runs[0].Seconds()*1000, "ms-min")
+	b.ReportMetric(runs[len(runs)-1].Seconds()*1000, "ms-max")
+	b.ReportMetric(0, "ns/op") // the median above is the figure
+	federation.WaitPhases(b, cs, v1alpha1.PhaseConnected, 30*time.Second)
 }
