@@ -53,6 +53,11 @@ func openKeyCluster(kubeconfig, kubeContext, ns string) (*keyCluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	// No client-side limit: a rotation makes some thirty requests in
+	// bursts, which client-go's default (5 a second) stretched from 0.12
+	// to 1.2 s on two clusters; the API server's priority and fairness
+	// protects it, as for the agent.
+	cfg.QPS, cfg.Burst = -1, -1
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
