@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -14,9 +15,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 )
 
@@ -235,12 +239,18 @@ func runStep(ctx context.Context, w io.Writer, cs []*keyCluster, pool keyPool, s
 func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newKeyFlags("rotate", stderr)
 	current := currentKeyFlag(f.fs)
+	partial := f.fs.Bool("partial", false, "rotate the clusters given even though other members of the federation are not among them (those lose the federation at step 2 unless they take the steps themselves)")
 	if err := parseFlags(f.fs, args); err != nil {
 		return err
 	}
 	cs, err := f.clusters()
 	if err != nil {
 		return err
+	}
+	if !*partial {
+		if err := allMembersGiven(ctx, f.kubeconfigs, cs); err != nil {
+			return err
+		}
 	}
 	pool, err := currentKey(*current)
 	if err != nil {
@@ -279,6 +289,45 @@ func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "every cluster holds only key %s; clusters that join from now on need a join token with it (`%s token`)\n", fp, progName)
 	return nil
+}
+
+// allMembersGiven refuses a rotation that leaves out a member of the
+// federation: one that every cluster given sees as a member but that is
+// not given would be cut off when the others start using the new key.
+func allMembersGiven(ctx context.Context, kubeconfigs []string, cs []*keyCluster) error {
+	if len(kubeconfigs) == 0 {
+		kubeconfigs = []string{""}
+	}
+	given := map[string]bool{}
+	for _, c := range cs {
+		st, err := c.status(ctx)
+		if err != nil {
+			return err
+		}
+		given[st.cluster] = true
+	}
+	missing := map[string]bool{}
+	for i, k := range kubeconfigs {
+		cl, err := clusterClient(k)
+		if err != nil {
+			return err
+		}
+		peers, err := listPeers(ctx, cl)
+		if err != nil {
+			return fmt.Errorf("%s: %w", cs[i].name, err)
+		}
+		for _, p := range peers {
+			if m := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionMember); m != nil && m.Status == metav1.ConditionTrue && !given[p.Status.ClusterName] {
+				missing[peerName(p)] = true
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(missing))
+	return fmt.Errorf("the federation has members not given: %s; give each one's --kubeconfig, or let their admins take the steps themselves (`%s key install|use|remove`) and pass --partial",
+		strings.Join(names, ", "), progName)
 }
 
 // runKeyVerb is install, use and remove: one step on the clusters given.

@@ -68,6 +68,15 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 		args = append(args, "--kubeconfig", c.CP.Kubeconfig)
 	}
 
+	// Leaving a member out is refused, naming it, and changes nothing.
+	code, refused, errOut := flotilla("key", "rotate", "--current-key-file", oldFile, "--kubeconfig", members[0].CP.Kubeconfig, "--kubeconfig", members[1].CP.Kubeconfig)
+	if code != 1 || !strings.Contains(errOut, "members not given: c (") {
+		t.Fatalf("key rotate without c: exit %d\n%s%s", code, refused, errOut)
+	}
+	if _, err := members[0].CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agent.FederationSecret, metav1.GetOptions{}); err == nil {
+		t.Fatalf("the refused rotation wrote a's Secret")
+	}
+
 	stopWatch := watchPartitions(t, members)
 
 	// First run, stopped once the first step is done.
