@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
 )
@@ -92,5 +94,50 @@ func TestKeyUsage(t *testing.T) {
 	code, out, _ := flotilla("key", "generate")
 	if tok, err := discovery.ParseFederationKey(out); code != 0 || err != nil || len(tok.Key) != discovery.FederationKeySize {
 		t.Errorf("key generate: exit %d, %v", code, err)
+	}
+}
+
+// Writing a keyring keeps the Secret's join token in step with the
+// primary key, seeds and all, so an agent that restarts from its mounted
+// token starts with the key in use; a Secret without a token gets none.
+func TestSetRingKeepsTheToken(t *testing.T) {
+	old, next := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	tok, err := discovery.JoinToken{Key: old, Seeds: []string{"192.0.2.1:7946"}}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &corev1.Secret{Data: map[string][]byte{agent.SecretToken: []byte(tok)}}
+	for _, c := range []struct {
+		ring     [][]byte
+		rotation string
+		wantKey  []byte
+	}{
+		{[][]byte{old, next}, "fp", old},
+		{[][]byte{next, old}, "fp", next},
+		{[][]byte{next}, "", next},
+	} {
+		enc, err := discovery.EncodeKeyring(c.ring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		setRing(s, c.ring, enc, c.rotation)
+		got, err := discovery.ParseJoinToken(string(s.Data[agent.SecretToken]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Key, c.wantKey) || len(got.Seeds) != 1 || got.Seeds[0] != "192.0.2.1:7946" {
+			t.Errorf("ring %v: token %s, want key %s and the seed kept", agent.Fingerprints(c.ring), got, discovery.Fingerprint(c.wantKey))
+		}
+		if s.Annotations[annotationRotation] != c.rotation {
+			t.Errorf("ring %v: annotation %q, want %q", agent.Fingerprints(c.ring), s.Annotations[annotationRotation], c.rotation)
+		}
+		if !bytes.Equal(s.Data[agent.SecretKeyring], enc) {
+			t.Errorf("ring %v: keyring not written", agent.Fingerprints(c.ring))
+		}
+	}
+	bare := &corev1.Secret{}
+	setRing(bare, [][]byte{next}, []byte{32}, "")
+	if _, ok := bare.Data[agent.SecretToken]; ok {
+		t.Errorf("a Secret without a token got one")
 	}
 }
