@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -427,17 +429,36 @@ func runKeyGenerate(_ context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
+// keyStatusRow is one cluster in `key status`: fingerprints only.
+type keyStatusRow struct {
+	Cluster string `json:"cluster"`
+	// Holds are the keys the agent holds, primary first.
+	Holds []string `json:"holds"`
+	// SecretAsks is the keyring of the Secret, primary first; empty when
+	// the Secret has none (the agent holds the keys of its flags or
+	// ledger).
+	SecretAsks []string `json:"secretAsks,omitempty"`
+	// SecretDamaged: the Secret's keyring does not decode (the agent's
+	// Error says how).
+	SecretDamaged bool   `json:"secretDamaged,omitempty"`
+	Error         string `json:"error,omitempty"`
+}
+
 func runKeyStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newKeyFlags("status", stderr)
+	o := outputFlag(f.fs)
 	if err := parseFlags(f.fs, args); err != nil {
 		return err
+	}
+	format, err := parseOutput(*o)
+	if err != nil || format == outputName {
+		return fmt.Errorf("-o %q: want wide, json or yaml (or nothing, for the table)", *o)
 	}
 	cs, err := f.clusters()
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tHOLDS\tSECRET ASKS\tERROR")
+	var rows []keyStatusRow
 	for _, c := range cs {
 		st, err := c.status(ctx)
 		if err != nil {
@@ -447,19 +468,46 @@ func runKeyStatus(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		asks := "-"
+		row := keyStatusRow{Cluster: st.cluster, Holds: st.keys, Error: st.err}
+		if row.Cluster == "" {
+			row.Cluster = c.name
+		}
 		if s != nil && len(s.Data[agent.SecretKeyring]) > 0 {
 			if ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring]); err != nil {
-				asks = "damaged keyring"
+				row.SecretDamaged = true
 			} else {
-				asks = describeKeys(agent.Fingerprints(ring))
+				row.SecretAsks = agent.Fingerprints(ring)
 			}
 		}
-		name := st.cluster
-		if name == "" {
-			name = c.name
+		rows = append(rows, row)
+	}
+	switch format {
+	case outputJSON:
+		b, err := json.MarshalIndent(rows, "", "    ")
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, describeKeys(st.keys), asks, orDash(strings.TrimSpace(st.err)))
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	case outputYAML:
+		b, err := yaml.Marshal(rows)
+		if err != nil {
+			return err
+		}
+		_, err = stdout.Write(b)
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tHOLDS\tSECRET ASKS\tERROR")
+	for _, r := range rows {
+		asks := "-"
+		switch {
+		case r.SecretDamaged:
+			asks = "damaged keyring"
+		case len(r.SecretAsks) > 0:
+			asks = describeKeys(r.SecretAsks)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Cluster, describeKeys(r.Holds), asks, orDash(strings.TrimSpace(r.Error)))
 	}
 	return tw.Flush()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -131,6 +132,16 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 		t.Fatalf("key status: exit %d: %s", code, errOut)
 	}
 	t.Logf("key status:\n%s", status)
+	code, js, errOut := flotilla(append(statusArgs, "-o", "json")...)
+	var rows []keyStatusRow
+	if err := json.Unmarshal([]byte(js), &rows); code != 0 || err != nil || len(rows) != len(members) {
+		t.Fatalf("key status -o json: exit %d, %v: %s%s", code, err, js, errOut)
+	}
+	for _, r := range rows {
+		if !slices.Equal(r.Holds, []string{newFP}) || !slices.Equal(r.SecretAsks, []string{newFP}) || r.Error != "" {
+			t.Errorf("key status -o json: %+v, want %s held and asked for alone", r, newFP)
+		}
+	}
 	for _, c := range members {
 		if !slices.ContainsFunc(strings.Split(status, "\n"), func(l string) bool {
 			return slices.Equal(strings.Fields(l), []string{c.Name, newFP, "(primary)", newFP, "(primary)", "-"})
