@@ -15,10 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -44,9 +42,6 @@ var keyVerbs = []struct {
 }
 
 func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	// client-go's reflectors log a watch the command ends on purpose as
-	// a failure; the command says itself what went wrong.
-	klog.SetLogger(logr.Discard())
 	if len(args) > 0 {
 		for _, v := range keyVerbs {
 			if v.name == args[0] {

@@ -13,12 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
-	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -210,17 +207,14 @@ func setRing(s *corev1.Secret, ring [][]byte, enc []byte, rotation string) {
 }
 
 // wait watches the agent's status until it holds exactly want (primary
-// first), printing what it holds as that changes.
+// first), printing what it holds as that changes. A plain get and watch,
+// not an informer: ending it on purpose logs nothing.
 func (c *keyCluster) wait(ctx context.Context, w io.Writer, want []string, timeout time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last keyStatus
 	shown := ""
-	_, err := watchtools.UntilWithSync(wctx, c.statusWatch(), &corev1.ConfigMap{}, nil, func(ev watch.Event) (bool, error) {
-		cm, ok := ev.Object.(*corev1.ConfigMap)
-		if !ok || ev.Type == watch.Deleted {
-			return false, nil
-		}
+	see := func(cm *corev1.ConfigMap) bool {
 		last = parseKeyStatus(cm)
 		if last.cluster != "" {
 			c.name = last.cluster
@@ -233,38 +227,47 @@ func (c *keyCluster) wait(ctx context.Context, w io.Writer, want []string, timeo
 			shown = line
 			fmt.Fprintln(w, line)
 		}
-		return slices.Equal(last.keys, want), nil
-	})
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		return fmt.Errorf("stopped waiting for %s: the Secret stands and the agent goes on acting on it; rerun to continue", c.name)
-	case wctx.Err() != nil:
-		why := ""
-		if last.err != "" {
-			why = ": " + last.err
-		}
-		return fmt.Errorf("%s: the agent holds %s after %s, not %s%s (is it running? `kubectl -n %s logs deploy/flotilla-agent`); rerun to continue",
-			c.name, describeKeys(last.keys), timeout, describeKeys(want), why, c.ns)
+		return sameKeys(last.keys, want)
 	}
-	return fmt.Errorf("%s: %w", c.name, err)
-}
-
-// statusWatch lists and watches the agent's status ConfigMap alone.
-func (c *keyCluster) statusWatch() toolscache.ListerWatcher {
-	field := fields.OneTermEqualSelector("metadata.name", agent.FederationKeysStatus).String()
 	cms := c.kube.CoreV1().ConfigMaps(c.ns)
-	return &toolscache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = field
-			return cms.List(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = field
-			return cms.Watch(ctx, opts)
-		},
+	field := fields.OneTermEqualSelector("metadata.name", agent.FederationKeysStatus).String()
+	for wctx.Err() == nil {
+		rv := ""
+		cm, err := cms.Get(wctx, agent.FederationKeysStatus, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			if see(cm) {
+				return nil
+			}
+			rv = cm.ResourceVersion
+		case apierrors.IsNotFound(err), wctx.Err() != nil:
+		default:
+			return c.apiError("read ConfigMap "+agent.FederationKeysStatus, err)
+		}
+		watcher, err := cms.Watch(wctx, metav1.ListOptions{FieldSelector: field, ResourceVersion: rv})
+		if err != nil {
+			if wctx.Err() != nil {
+				break
+			}
+			return c.apiError("watch ConfigMap "+agent.FederationKeysStatus, err)
+		}
+		for ev := range watcher.ResultChan() {
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && ev.Type != watch.Deleted && see(cm) {
+				watcher.Stop()
+				return nil
+			}
+		}
+		watcher.Stop() // the server ended the watch: get and watch again
 	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("stopped waiting for %s: the Secret stands and the agent goes on acting on it; rerun to continue", c.name)
+	}
+	why := ""
+	if last.err != "" {
+		why = ": " + last.err
+	}
+	return fmt.Errorf("%s: the agent holds %s after %s, not %s%s (is it running? `kubectl -n %s logs deploy/flotilla-agent`); rerun to continue",
+		c.name, describeKeys(last.keys), timeout, describeKeys(want), why, c.ns)
 }
 
 // describeKeys names keys by fingerprint, the primary first and marked.
