@@ -85,6 +85,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
 		return err
 	}
+	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
+		return err
+	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return nil
 }

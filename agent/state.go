@@ -58,34 +58,30 @@ type federationKeyring struct {
 	seeds []string
 }
 
-// federationKeys returns the keyring from the flags or the ledger,
-// generating one at first start, and stores it so `flotilla token` can
-// print it.
+// federationKeys returns the keyring from the Secret flotilla-federation,
+// the flags or the ledger, generating one at first start, and stores it
+// so `flotilla token` can print it.
 func (a *Agent) federationKeys(ledger *ipam.Ledger) (federationKeyring, error) {
-	given := a.cfg.FederationKey
-	if given != "" {
-		a.log.Warn("the federation key was given on the command line, where every process on this host can read it; prefer --federation-key-file")
+	tok, given, err := a.givenKey()
+	if err != nil {
+		return federationKeyring{}, err
 	}
-	if a.cfg.FederationKeyFile != "" {
-		b, err := os.ReadFile(a.cfg.FederationKeyFile)
-		if err != nil {
-			return federationKeyring{}, fmt.Errorf("--federation-key-file: %w", err)
-		}
-		given = string(b)
+	keys := [][]byte{tok.Key}
+	if fromSecret, ok := a.secretKeyring(); ok {
+		// The Secret's keyring is what a rotation last asked for: it wins
+		// over a token on the command line or in a file, which still names
+		// the key the cluster joined with.
+		keys, given = fromSecret, true
 	}
-	if given != "" {
-		tok, err := discovery.ParseFederationKey(given)
-		if err != nil {
-			return federationKeyring{}, fmt.Errorf("federation key: %w", err)
-		}
-		ring, err := discovery.EncodeKeyring([][]byte{tok.Key})
+	if given {
+		ring, err := discovery.EncodeKeyring(keys)
 		if err != nil {
 			return federationKeyring{}, err
 		}
 		if err := ledger.PutKey(keyFederation, ring); err != nil {
-			return federationKeyring{}, fmt.Errorf("store the federation key: %w", err)
+			return federationKeyring{}, fmt.Errorf("store the federation keyring: %w", err)
 		}
-		return federationKeyring{keys: [][]byte{tok.Key}, seeds: tok.Seeds}, nil
+		return federationKeyring{keys: keys, seeds: tok.Seeds}, nil
 	}
 	ring, err := ledger.LoadOrCreateKey(keyFederation, func() ([]byte, error) {
 		k, err := discovery.GenerateFederationKey()
@@ -98,9 +94,32 @@ func (a *Agent) federationKeys(ledger *ipam.Ledger) (federationKeyring, error) {
 	if err != nil {
 		return federationKeyring{}, fmt.Errorf("federation key: %w", err)
 	}
-	keys, err := discovery.DecodeKeyring(ring)
+	keys, err = discovery.DecodeKeyring(ring)
 	if err != nil {
 		return federationKeyring{}, fmt.Errorf("federation keyring in the ledger: %w", err)
 	}
 	return federationKeyring{keys: keys}, nil
+}
+
+// givenKey is the join token or key of --federation-key or
+// --federation-key-file; ok is false when neither is given.
+func (a *Agent) givenKey() (tok discovery.JoinToken, ok bool, err error) {
+	given := a.cfg.FederationKey
+	if given != "" {
+		a.log.Warn("the federation key was given on the command line, where every process on this host can read it; prefer --federation-key-file")
+	}
+	if a.cfg.FederationKeyFile != "" {
+		b, err := os.ReadFile(a.cfg.FederationKeyFile)
+		if err != nil {
+			return tok, false, fmt.Errorf("--federation-key-file: %w", err)
+		}
+		given = string(b)
+	}
+	if given == "" {
+		return tok, false, nil
+	}
+	if tok, err = discovery.ParseFederationKey(given); err != nil {
+		return tok, false, fmt.Errorf("federation key: %w", err)
+	}
+	return tok, true, nil
 }

@@ -487,6 +487,12 @@ func agentAccess() []access {
 		allow("get", "", "configmaps", namespace, "flotilla-fabric"),
 		allow("create", "", "configmaps", namespace, "flotilla-fabric"),
 		allow("patch", "", "configmaps", namespace, "flotilla-fabric"),
+		// Key rotation: the keyring it follows, the status it writes.
+		allow("watch", "", "secrets", namespace, "flotilla-federation"),
+		allow("list", "", "secrets", namespace, "flotilla-federation"),
+		allow("get", "", "configmaps", namespace, "flotilla-federation-keys"),
+		allow("create", "", "configmaps", namespace, "flotilla-federation-keys"),
+		allow("patch", "", "configmaps", namespace, "flotilla-federation-keys"),
 	)
 
 	// Grants (docs/offload.md): tenant namespaces and the objects in them.

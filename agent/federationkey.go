@@ -1,0 +1,319 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	fieldsel "k8s.io/apimachinery/pkg/fields"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/informers"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ipam"
+)
+
+// Key rotation from the API (docs/operations.md, "Rotating the federation
+// key"): an operator, or `flotilla key`, writes the keyring this cluster
+// should hold into a Secret; the agent converges its gossip keyring on it
+// and reports what it holds, by fingerprint only, in a ConfigMap and in
+// metrics. The Secret is the one the install already mounts for
+// --federation-key-file, so the key lives in one object per cluster.
+const (
+	// FederationSecret is the Secret, in the agent's namespace, that holds
+	// the join token (data "token", read from its mounted file at start)
+	// and the keyring the agent follows (data "keyring").
+	FederationSecret = "flotilla-federation"
+	// SecretKeyring is the Secret's entry with the keyring, encoded by
+	// discovery.EncodeKeyring: the primary (encrypting) key first, then the
+	// keys that only decrypt. Listed keys are installed, the first made
+	// primary, and unlisted keys removed, in that order.
+	SecretKeyring = "keyring"
+	// SecretToken is the Secret's entry with the join token.
+	SecretToken = "token"
+	// FederationKeysStatus is the ConfigMap, in the agent's namespace,
+	// where the agent says which keys it holds: fingerprints, never keys.
+	FederationKeysStatus = "flotilla-federation-keys"
+	// StatusKeys is the status entry with the fingerprints of the keys
+	// the agent holds, primary first, comma separated; StatusError says why
+	// the Secret's keyring was not applied (empty when it was);
+	// StatusCluster names the cluster.
+	StatusKeys    = "keys"
+	StatusError   = "error"
+	StatusCluster = "cluster"
+)
+
+// keyring is what of discovery the key rotation drives.
+type keyring interface {
+	Keys() [][]byte
+	InstallKey([]byte) error
+	UseKey([]byte) error
+	RemoveKey([]byte) error
+}
+
+// applyKeyring makes held hold exactly want, want[0] as the primary key:
+// it installs the new keys first, then switches the primary, then removes
+// the keys no longer listed, so a member never stops decrypting what a
+// member still encrypts with. It reports whether anything changed.
+func applyKeyring(held keyring, want [][]byte) (bool, error) {
+	if len(want) == 0 {
+		return false, errors.New("the keyring lists no key")
+	}
+	changed := false
+	for _, k := range want {
+		if !containsKey(held.Keys(), k) {
+			if err := held.InstallKey(k); err != nil {
+				return changed, err
+			}
+			changed = true
+		}
+	}
+	if !bytes.Equal(held.Keys()[0], want[0]) {
+		if err := held.UseKey(want[0]); err != nil {
+			return changed, err
+		}
+		changed = true
+	}
+	for _, k := range held.Keys() {
+		if !containsKey(want, k) {
+			if err := held.RemoveKey(k); err != nil {
+				return changed, err
+			}
+			changed = true
+		}
+	}
+	return changed, nil
+}
+
+func containsKey(keys [][]byte, k []byte) bool {
+	return slices.ContainsFunc(keys, func(h []byte) bool { return bytes.Equal(h, k) })
+}
+
+// Fingerprints are the public names of keys, in order.
+func Fingerprints(keys [][]byte) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = discovery.Fingerprint(k)
+	}
+	return out
+}
+
+// secretKeyring reads the keyring of the FederationSecret at start; ok is
+// false when there is none (no Secret, no keyring in it, no permission to
+// read it: the flags and the ledger then say). A damaged keyring is
+// logged and ignored here; the follower reports it in the status.
+func (a *Agent) secretKeyring() ([][]byte, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := a.kube.CoreV1().Secrets(a.agentNamespace()).Get(ctx, FederationSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	if err != nil {
+		a.log.Warn("cannot read the federation keyring at start; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
+		return nil, false
+	}
+	if len(s.Data[SecretKeyring]) == 0 {
+		return nil, false
+	}
+	keys, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
+	if err != nil {
+		a.log.Warn("the federation keyring in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
+		return nil, false
+	}
+	return keys, true
+}
+
+// keyFollower applies the FederationSecret's keyring to discovery,
+// persists it in the ledger, and reports what discovery holds.
+type keyFollower struct {
+	a      *Agent
+	held   keyring
+	ledger *ipam.Ledger
+	ns     string
+	store  toolscache.Store
+	queue  workqueue.TypedRateLimitingInterface[string]
+	// Failures of the watch and of the work are logged once per change.
+	watchLog, workLog logOnce
+}
+
+// logOnce logs a failure when it differs from the last one logged.
+type logOnce struct {
+	mu   sync.Mutex
+	last string
+}
+
+// report logs err once per change; nil clears it.
+func (o *logOnce) report(log *slog.Logger, err error) {
+	text := errText(err)
+	o.mu.Lock()
+	same := text == o.last
+	o.last = text
+	o.mu.Unlock()
+	if !same && err != nil {
+		log.Warn("federation keyring not applied", "err", err)
+	}
+}
+
+// followFederationKeys watches the FederationSecret and applies its
+// keyring, as a component. Without permission to read the Secret (an
+// install from before key rotation) it logs that and the agent keeps the
+// keys it has.
+func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ipam.Ledger) error {
+	f := &keyFollower{
+		a: a, held: held, ledger: ledger, ns: a.agentNamespace(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "federation-keys"}),
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0,
+		informers.WithNamespace(f.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			// Only this Secret: the agent may read no other.
+			o.FieldSelector = fieldsel.OneTermEqualSelector("metadata.name", FederationSecret).String()
+		}),
+		informers.WithTransform(func(obj any) (any, error) {
+			if m, ok := obj.(metav1.Object); ok {
+				m.SetManagedFields(nil)
+			}
+			return obj, nil
+		}))
+	inf := factory.Core().V1().Secrets().Informer()
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *toolscache.Reflector, err error) {
+		f.watchLog.report(a.log, fmt.Errorf("watch Secret %s/%s: %w (deploy/rbac.yaml lets the agent read it)", f.ns, FederationSecret, err))
+	}); err != nil {
+		return fmt.Errorf("watch Secret %s: %w", FederationSecret, err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { f.queue.Add(FederationSecret) },
+		UpdateFunc: func(any, any) { f.queue.Add(FederationSecret) },
+		DeleteFunc: func(any) { f.queue.Add(FederationSecret) },
+	}); err != nil {
+		return fmt.Errorf("watch Secret %s: %w", FederationSecret, err)
+	}
+	f.store = inf.GetStore()
+	a.registry.MustRegister(keyCollector{held})
+	comps.Go("federation keys", func(ctx context.Context) error {
+		factory.Start(ctx.Done())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for f.next(ctx) {
+			}
+		}()
+		// The status says what the agent holds even before the Secret is
+		// read (or when it cannot be).
+		f.queue.Add(FederationSecret)
+		<-ctx.Done()
+		f.queue.ShutDown()
+		<-done
+		factory.Shutdown()
+		return nil
+	})
+	return nil
+}
+
+func (f *keyFollower) next(ctx context.Context) bool {
+	key, quit := f.queue.Get()
+	if quit {
+		return false
+	}
+	defer f.queue.Done(key)
+	if err := f.reconcile(ctx); err != nil {
+		f.queue.AddRateLimited(key)
+		return true
+	}
+	f.queue.Forget(key)
+	return true
+}
+
+// reconcile applies the Secret's keyring, if there is one, and writes the
+// status. An error in the keyring is reported in the status and not
+// retried: the next change of the Secret is.
+func (f *keyFollower) reconcile(ctx context.Context) error {
+	applyErr := f.apply()
+	status := corev1ac.ConfigMap(FederationKeysStatus, f.ns).
+		WithLabels(map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"}).
+		WithData(map[string]string{
+			StatusCluster: f.a.cfg.ClusterName,
+			StatusKeys:    strings.Join(Fingerprints(f.held.Keys()), ","),
+			StatusError:   errText(applyErr),
+		})
+	if _, err := f.a.kube.CoreV1().ConfigMaps(f.ns).Apply(ctx, status, metav1.ApplyOptions{FieldManager: "flotilla", Force: true}); err != nil {
+		err = fmt.Errorf("write ConfigMap %s/%s: %w", f.ns, FederationKeysStatus, err)
+		f.workLog.report(f.a.log, err)
+		return err
+	}
+	f.workLog.report(f.a.log, applyErr)
+	return nil
+}
+
+// apply converges discovery on the Secret's keyring and persists the
+// result. No Secret, or one without a keyring, changes nothing: the keys
+// from the flags or the ledger stay.
+func (f *keyFollower) apply() error {
+	obj, ok, err := f.store.GetByKey(f.ns + "/" + FederationSecret)
+	if err != nil || !ok {
+		return err
+	}
+	s, isSecret := obj.(*corev1.Secret)
+	if !isSecret || len(s.Data[SecretKeyring]) == 0 {
+		return nil
+	}
+	want, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
+	if err != nil {
+		return fmt.Errorf("Secret %s, %q: %w", FederationSecret, SecretKeyring, err)
+	}
+	changed, err := applyKeyring(f.held, want)
+	if changed {
+		// Persist what is held, also after a partial change, so a restart
+		// starts from it.
+		ring, encErr := discovery.EncodeKeyring(f.held.Keys())
+		if encErr == nil {
+			encErr = f.ledger.PutKey(keyFederation, ring)
+		}
+		if encErr != nil {
+			return errors.Join(err, fmt.Errorf("store the federation keyring: %w", encErr))
+		}
+		f.a.log.Info("federation keyring changed", "keys", Fingerprints(f.held.Keys()))
+	}
+	if err != nil {
+		return fmt.Errorf("Secret %s: %w", FederationSecret, err)
+	}
+	return nil
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// keyCollector exports the keys discovery holds, by fingerprint, read at
+// each scrape so it cannot go stale.
+type keyCollector struct{ held keyring }
+
+var keyDesc = prometheus.NewDesc("flotilla_federation_key_info",
+	"The federation keys this agent holds, by fingerprint (never the key); primary=\"true\" for the one that encrypts. Always 1.",
+	[]string{"fingerprint", "primary"}, nil)
+
+func (c keyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- keyDesc }
+
+func (c keyCollector) Collect(ch chan<- prometheus.Metric) {
+	for i, fp := range Fingerprints(c.held.Keys()) {
+		ch <- prometheus.MustNewConstMetric(keyDesc, prometheus.GaugeValue, 1, fp, fmt.Sprint(i == 0))
+	}
+}
