@@ -29,10 +29,7 @@ func init() {
 }
 
 // keyVerbs are key's subcommands, in the order usage lists them.
-var keyVerbs = []struct {
-	name, summary string
-	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
-}{
+var keyVerbs = []verb{
 	{"rotate", "move every cluster given to a new key: install it, use it, remove the old one, waiting for every agent at each step; a rerun continues", runKeyRotate},
 	{"status", "the keys each cluster's agent holds and its Secret asks for (fingerprints only)", runKeyStatus},
 	{"generate", "print a new federation key (a secret) for install and use, where each organisation runs its own steps", runKeyGenerate},
@@ -42,30 +39,9 @@ var keyVerbs = []struct {
 }
 
 func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		for _, v := range keyVerbs {
-			if v.name == args[0] {
-				return v.run(ctx, args[1:], stdout, stderr)
-			}
-		}
-	}
-	help := len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help")
-	if !help {
-		what := "say what to do"
-		if len(args) > 0 {
-			what = fmt.Sprintf("unknown verb %q", args[0])
-		}
-		fmt.Fprintf(stderr, "%s key: %s\n\n", progName, what)
-	}
-	fmt.Fprintf(stderr, "Usage: %s key <verb> [flags]\n\nVerbs:\n", progName)
-	for _, v := range keyVerbs {
-		fmt.Fprintf(stderr, "  %-9s %s\n", v.name, v.summary)
-	}
-	fmt.Fprintf(stderr, "\nEvery verb but generate takes --kubeconfig, repeated for several clusters. Run '%s key <verb> -h' for its flags.\n", progName)
-	if help {
-		return flag.ErrHelp
-	}
-	return errUsage
+	return runVerbs(ctx, "key", "<verb> [flags]",
+		fmt.Sprintf("Every verb but generate takes --kubeconfig, repeated for several clusters. Run '%s key <verb> -h' for its flags.", progName),
+		keyVerbs, args, stdout, stderr)
 }
 
 // keyFlags are the flags the key verbs share.

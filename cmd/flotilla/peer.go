@@ -27,40 +27,16 @@ func init() {
 }
 
 // peerVerbs are peer's subcommands, in the order usage lists them.
-var peerVerbs = []struct {
-	name, summary string
-	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
-}{
+var peerVerbs = []verb{
 	{"list", "the peers, as kubectl get does (-o wide|json|yaml|name)", runPeerList},
 	{"accept", "connect to a peer (spec.networking: Accept) and show progress until Connected", runPeerAccept},
 	{"deny", "tear the tunnel to a peer down on both sides (spec.networking: Deny)", runPeerDeny},
 }
 
 func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		for _, v := range peerVerbs {
-			if v.name == args[0] {
-				return v.run(ctx, args[1:], stdout, stderr)
-			}
-		}
-	}
-	help := len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help")
-	if !help {
-		what := "say what to do"
-		if len(args) > 0 {
-			what = fmt.Sprintf("unknown verb %q", args[0])
-		}
-		fmt.Fprintf(stderr, "%s peer: %s\n\n", progName, what)
-	}
-	fmt.Fprintf(stderr, "Usage: %s peer <verb> [NAME] [flags]\n\nVerbs:\n", progName)
-	for _, v := range peerVerbs {
-		fmt.Fprintf(stderr, "  %-8s %s\n", v.name, v.summary)
-	}
-	fmt.Fprintf(stderr, "\nNAME is a peer's cluster name or ID. Run '%s peer <verb> -h' for its flags.\n", progName)
-	if help {
-		return flag.ErrHelp
-	}
-	return errUsage
+	return runVerbs(ctx, "peer", "<verb> [NAME] [flags]",
+		fmt.Sprintf("NAME is a peer's cluster name or ID. Run '%s peer <verb> -h' for its flags.", progName),
+		peerVerbs, args, stdout, stderr)
 }
 
 func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
