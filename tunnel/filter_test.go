@@ -63,7 +63,12 @@ func (s *segregatedMesh) dst(p *harness.Pod, port uint16) netip.AddrPort {
 // witness that the path works before anything is expected to be dropped.
 func (s *segregatedMesh) reaches(t *testing.T, dst netip.AddrPort) {
 	t.Helper()
-	waitUntil(t, 15*time.Second, "b's pod reaches "+dst.String(), func() bool {
+	s.reachesWithin(t, 15*time.Second, dst)
+}
+
+func (s *segregatedMesh) reachesWithin(t *testing.T, d time.Duration, dst netip.AddrPort) {
+	t.Helper()
+	waitUntil(t, d, "b's pod reaches "+dst.String(), func() bool {
 		_, err := s.b.pod.TCPExchange(dst)
 		return err == nil
 	})
@@ -472,8 +477,11 @@ func TestPolicySetsSurviveRestart(t *testing.T) {
 		t.Fatalf("sets read back after the restart: %+v; want %+v", held, want)
 	}
 	// Applied again as read, as the agent does until it has decided.
+	// b's WireGuard still holds the session of a's previous process and
+	// sends with it until it gives up on an answer (keepalive timeout plus
+	// rekey timeout, 15 s) and handshakes again: wait past that.
 	s.segregate(&held[0])
-	s.reaches(t, s.dst(s.p2, 7081))
+	s.reachesWithin(t, 40*time.Second, s.dst(s.p2, 7081))
 	s.refused(t, s.dst(s.p3, 7080))
 }
 

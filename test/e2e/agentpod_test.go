@@ -182,7 +182,11 @@ func documentedAccess() map[string][]string {
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]",
 			"secrets [flotilla-placement-ca] [create get patch]",
-			"secrets [flotilla-kubelet-ca] [create get patch]"),
+			"secrets [flotilla-kubelet-ca] [create get patch]",
+			// The federation keyring it follows, and where it reports
+			// the fingerprints it holds (docs/operations.md).
+			"secrets [flotilla-federation] [get list watch]",
+			"configmaps [flotilla-federation-keys] [create get patch]"),
 		"default":     ns("endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]"),
 		"kube-system": ns("configmaps [kubeadm-config] [get]", "configmaps [extension-apiserver-authentication] [get list watch]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),
