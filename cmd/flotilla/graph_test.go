@@ -210,17 +210,25 @@ func TestGraphRefusesUnknownFormat(t *testing.T) {
 // (its pod proxy refuses loopback and link-local addresses).
 func hostAddress(t *testing.T) string {
 	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if p, ok := a.(*net.IPNet); ok && p.IP.To4() != nil && p.IP.IsGlobalUnicast() {
-			return p.IP.String()
-		}
-	}
-	t.Skip("no global unicast IPv4 address on this machine for the API server to proxy to")
-	return ""
+	var addr string
+	harness.Require(t, harness.Requirement{
+		Name: "a global unicast IPv4 address on this machine (the API server's pod proxy refuses loopback)",
+		Check: func() error {
+			addrs, err := net.InterfaceAddrs()
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if p, ok := a.(*net.IPNet); ok && p.IP.To4() != nil && p.IP.IsGlobalUnicast() {
+					addr = p.IP.String()
+					return nil
+				}
+			}
+			return fmt.Errorf("none among %v", addrs)
+		},
+		Fix: "give an interface an IPv4 address (ip addr add ... dev ...)",
+	})
+	return addr
 }
 
 // The traffic counters come from the agent's /metrics, through the API

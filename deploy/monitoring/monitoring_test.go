@@ -20,22 +20,19 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// promtool finds Prometheus's promtool (Debian's prometheus package ships
-// it); without it the test is skipped, except under CI, where it fails.
+// promtool finds Prometheus's promtool; without it the test is skipped,
+// except under CI, where it fails (harness.Require).
 func promtool(t *testing.T) string {
 	t.Helper()
+	harness.Require(t, harness.Promtool)
 	path, err := exec.LookPath("promtool")
-	if err == nil {
-		return path
+	if err != nil {
+		t.Fatal(err)
 	}
-	const hint = "promtool is missing: `apt-get install prometheus` (Debian ships it in that package; hack/install-deps.sh installs it)"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(hint)
-	}
-	t.Skip(hint)
-	return ""
+	return path
 }
 
 func runPromtool(t *testing.T, args ...string) {

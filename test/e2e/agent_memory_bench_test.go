@@ -87,13 +87,16 @@ const swarmMemberMiB = 40
 
 func benchAgentMemory(b *testing.B, pods, peers int) {
 	requireAll(b)
-	if need, have := 2*scaleClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
-		msg := fmt.Sprintf("two clusters and %d swarm members need about %d MiB, %d MiB available", peers-1, need, have)
-		if os.Getenv("CI") == "true" {
-			b.Fatal(msg)
-		}
-		b.Skip(msg)
-	}
+	harness.Require(b, harness.Requirement{
+		Name: "memory for two clusters and the swarm",
+		Check: func() error {
+			if need, have := 2*scaleClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
+				return fmt.Errorf("two clusters and %d swarm members need about %d MiB, %d MiB available", peers-1, need, have)
+			}
+			return nil
+		},
+		Fix: "a machine with more memory, or fewer peers (FLOTILLA_BENCH_RSS_PEERS)",
+	})
 	loadBefore := loadAvg()
 	env := harness.New(b)
 	lan := env.NewLAN("lan")

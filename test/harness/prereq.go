@@ -71,6 +71,9 @@ var (
 	// Chromium: the dashboard's test looks at the page in Debian's
 	// headless browser.
 	Chromium = binary("chromium", aptFix+"chromium")
+	// Promtool checks and unit-tests deploy/monitoring's alert rules
+	// (Debian ships it in the prometheus package).
+	Promtool = binary("promtool", aptFix+"prometheus")
 	// Kube: kube-apiserver, kube-controller-manager, kube-scheduler and
 	// kubectl of the pinned version, built into the cache.
 	Kube = Requirement{
