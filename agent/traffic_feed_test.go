@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,12 +16,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -58,24 +59,6 @@ func (l *lastDataplane) sets(id string) *policy.Sets {
 	return nil
 }
 
-// logBuffer collects what the feed logs.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // trafficEnv is a real API server with the CRDs, a feed following it and
 // the data plane it feeds, with peers b (a consumer of this cluster) and
 // p (a provider of it) in the tunnel.
@@ -85,7 +68,7 @@ type trafficEnv struct {
 	dp   *lastDataplane
 	feed *trafficFeed
 	reg  *prometheus.Registry
-	logs *logBuffer
+	logs *syncbuf.Buffer
 }
 
 func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEnv {
@@ -100,7 +83,7 @@ func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEn
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &trafficEnv{t: t, c: c, dp: &lastDataplane{}, reg: prometheus.NewRegistry(), logs: &logBuffer{}}
+	e := &trafficEnv{t: t, c: c, dp: &lastDataplane{}, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
 	seg := newSegregatingDataplane(e.dp, held, log)
 	// The engine applies its data path before the feed has synced.
@@ -183,14 +166,13 @@ func (e *trafficEnv) wantStatus(id string, mode v1alpha1.Traffic, allowed *v1alp
 	})
 }
 
+// setTraffic writes spec.traffic of id's Peer as an admin does, with a
+// merge patch: the feed writes the Peer's status meanwhile, so a read and
+// an update would conflict.
 func (e *trafficEnv) setTraffic(id string, mode v1alpha1.Traffic) {
 	e.t.Helper()
-	var p v1alpha1.Peer
-	if err := e.c.Get(e.t.Context(), client.ObjectKey{Name: id}, &p); err != nil {
-		e.t.Fatal(err)
-	}
-	p.Spec.Traffic = mode
-	if err := e.c.Update(e.t.Context(), &p); err != nil {
+	patch := fmt.Appendf(nil, `{"spec":{"traffic":%q}}`, mode)
+	if err := e.c.Patch(e.t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id}}, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		e.t.Fatal(err)
 	}
 }

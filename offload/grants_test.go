@@ -35,6 +35,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/peering"
@@ -56,7 +57,7 @@ func TestGrants(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard())
 	env := harness.New(t)
 	cps := env.ControlPlanes(2, harness.ControlPlaneOptions{})
-	w := &world{provCP: cps[0], consCP: cps[1], logs: &syncBuffer{}, tokens: &tokenLog{}}
+	w := &world{provCP: cps[0], consCP: cps[1], logs: &syncbuf.Buffer{}, tokens: &tokenLog{}}
 	w.provClient, w.consClient = peerClient(t, cps[0].Config), peerClient(t, cps[1].Config)
 	mustApplyCRDsTo(t, cps...)
 
@@ -75,8 +76,8 @@ type world struct {
 	provCP, consCP         *harness.ControlPlane
 	provClient, consClient client.Client
 
-	logs   *syncBuffer // every provider's, tenants' and consumer's log
-	tokens *tokenLog   // every token the bridges carried
+	logs   *syncbuf.Buffer // every provider's, tenants' and consumer's log
+	tokens *tokenLog       // every token the bridges carried
 
 	mu         sync.Mutex
 	peers      []string // the Peers, as JSON, just before each was deleted

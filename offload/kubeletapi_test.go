@@ -32,6 +32,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -53,7 +54,7 @@ type kubeletWorld struct {
 	addr netip.AddrPort // the kubelet API's, the virtual node's
 	api  *KubeletAPI
 	stop func() error // stops api, returns what its Run did
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 	reg  *prometheus.Registry
 }
 
@@ -81,7 +82,7 @@ func TestKubeletAPI(t *testing.T) {
 		harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.244.0.0/16")},
 		harness.ControlPlaneOptions{KubeletCA: ca.pem()},
 	)
-	w := &kubeletWorld{prov: cps[0], cons: cps[1], provider: newConsumer(t), ca: ca, logs: &syncBuffer{}, reg: prometheus.NewRegistry()}
+	w := &kubeletWorld{prov: cps[0], cons: cps[1], provider: newConsumer(t), ca: ca, logs: &syncbuf.Buffer{}, reg: prometheus.NewRegistry()}
 	w.node = w.prov.StartNode("n1", harness.NodeOptions{})
 	w.grant(t)
 	w.virtualNode(t)
@@ -525,7 +526,7 @@ func (w *kubeletWorld) background(t *testing.T, args ...string) <-chan string {
 	}
 	lines := make(chan string, 100)
 	var wg sync.WaitGroup
-	var all syncBuffer
+	var all syncbuf.Buffer
 	wg.Go(func() {
 		defer close(lines)
 		s := bufio.NewScanner(r)

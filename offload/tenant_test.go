@@ -1,7 +1,6 @@
 package offload
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -91,7 +91,7 @@ func TestTenants(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	tenants, err := NewTenants(TenantsConfig{
 		Config: cp.Config, Client: cp.Client, Audience: acceptedAudience,
@@ -533,7 +533,7 @@ func (s *suite) testRevocationLatency(t *testing.T) {
 
 // An API server that does not accept the audience refuses the token, and
 // Issue says what to do.
-func (s *suite) testAudienceRefused(t *testing.T, logs *syncBuffer) {
+func (s *suite) testAudienceRefused(t *testing.T, logs *syncbuf.Buffer) {
 	consumer := newConsumer(t)
 	s.ensure(t, consumer, grant.Limits{})
 	refusing, err := NewTenants(TenantsConfig{Config: s.cp.Config, Client: s.cp.Client, Audience: refusedAudience,
@@ -615,23 +615,6 @@ func (l *tokenLog) check(t *testing.T, where, text string) {
 			}
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // rl is a ResourceList from name, quantity pairs.

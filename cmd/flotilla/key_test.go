@@ -24,6 +24,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -81,7 +82,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	stopWatch := watchPartitions(t, members)
 
 	// First run, stopped once the first step is done.
-	var out syncBuffer
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- runKey(ctx, args, &out, io.Discard) }()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -36,24 +35,6 @@ func TestMain(m *testing.M) {
 		main()
 	}
 	os.Exit(m.Run())
-}
-
-// syncBuffer is a bytes.Buffer a command writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // peerEnv is a real API server with Flotilla's CRDs and Peers the test
@@ -95,7 +76,7 @@ func (e *peerEnv) addPeer(t *testing.T, id, name string, phase v1alpha1.Phase) {
 // actAsAgent waits for the Peer's spec to say networking, then writes
 // each status in turn, as of that generation, each once the command has
 // shown the one before (so that each is seen).
-func (e *peerEnv) actAsAgent(t *testing.T, id string, networking v1alpha1.Networking, out *syncBuffer, steps ...v1alpha1.PeerStatus) {
+func (e *peerEnv) actAsAgent(t *testing.T, id string, networking v1alpha1.Networking, out *syncbuf.Buffer, steps ...v1alpha1.PeerStatus) {
 	var p v1alpha1.Peer
 	eventually.Within(t, time.Minute, "spec.networking "+string(networking), func() error {
 		if err := e.admin.Get(t.Context(), client.ObjectKey{Name: id}, &p); err != nil {
@@ -134,7 +115,7 @@ func cond(t, reason, msg string, ok bool) metav1.Condition {
 // flotilla runs the command in-process and returns its exit code and
 // output.
 func flotilla(args ...string) (int, string, string) {
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	code := run(args, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
@@ -239,7 +220,7 @@ func TestPeerVerbs(t *testing.T) {
 	})
 
 	t.Run("accept shows progress until Connected", func(t *testing.T) {
-		var out, errOut syncBuffer
+		var out, errOut syncbuf.Buffer
 		done := make(chan int, 1)
 		go func() { done <- run([]string{"peer", "accept", "gamma", kc}, &out, &errOut) }()
 		e.actAsAgent(t, "cgamma", v1alpha1.NetworkingAccept, &out,
@@ -311,7 +292,7 @@ func TestPeerVerbs(t *testing.T) {
 	})
 
 	t.Run("deny waits until Denied", func(t *testing.T) {
-		var out, errOut syncBuffer
+		var out, errOut syncbuf.Buffer
 		done := make(chan int, 1)
 		go func() { done <- run([]string{"peer", "deny", "gamma", kc}, &out, &errOut) }()
 		e.actAsAgent(t, "cgamma", v1alpha1.NetworkingDeny, &out, v1alpha1.PeerStatus{Phase: v1alpha1.PhaseDenied, Conditions: []metav1.Condition{
