@@ -376,22 +376,32 @@ func (e *vnEnv) testReady(t *testing.T) {
 		}
 		return nil
 	})
-	n := e.waitNode(t, id, "tainted not-ready by the node lifecycle controller", func(n *corev1.Node) error {
+	e.waitNode(t, id, "tainted not-ready by the node lifecycle controller", func(n *corev1.Node) error {
 		if !hasTaint(n, corev1.TaintNodeNotReady) {
 			return fmt.Errorf("taints %v", n.Spec.Taints)
 		}
 		return nil
 	})
 	// Take our taint off, keeping the controller's: it comes back, and
-	// the controller's stays.
-	var others []corev1.Taint
-	for _, tt := range n.Spec.Taints {
-		if tt.Key != TaintVirtualNode {
-			others = append(others, tt)
+	// the controller's stays. The agent and the controller write the node
+	// too, so the update is retried on a conflict from a fresh read.
+	nodes := e.cp.Client.CoreV1().Nodes()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := nodes.Get(t.Context(), VirtualNodeName(id), metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-	}
-	n.Spec.Taints = others
-	if _, err := e.cp.Client.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+		var others []corev1.Taint
+		for _, tt := range n.Spec.Taints {
+			if tt.Key != TaintVirtualNode {
+				others = append(others, tt)
+			}
+		}
+		n.Spec.Taints = others
+		_, err = nodes.Update(t.Context(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("take our taint off: %v", err)
 	}
 	e.setLabels(t, id, map[string]string{"state": "degraded"}) // a label write while tainted
