@@ -9,6 +9,8 @@
 package trace
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -184,3 +186,32 @@ const (
 	OurProtocol  = 102
 	RulePriority = 20000
 )
+
+// NodeReport is what the agent (on the gateway) and each fabric pod serve
+// at /trace on their metrics port: the node's kernel state and, from the
+// agent, the tunnel's.
+type NodeReport struct {
+	// Node is the node's name (NODE_NAME), empty where it is not known.
+	Node   string  `json:"node,omitempty"`
+	Kernel *Kernel `json:"kernel,omitempty"`
+	Tunnel *Tunnel `json:"tunnel,omitempty"`
+	// Errors say what could not be read.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// ParseNodeReport decodes a report; fields it does not know (a newer
+// agent's) are passed over.
+func ParseNodeReport(b []byte) (NodeReport, error) {
+	var r NodeReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return NodeReport{}, fmt.Errorf("decode trace report: %w", err)
+	}
+	if r.Kernel != nil {
+		for _, rt := range r.Kernel.Routes {
+			if !rt.Dst.IsValid() {
+				return NodeReport{}, fmt.Errorf("decode trace report: a route without a destination in table %d", rt.Table)
+			}
+		}
+	}
+	return r, nil
+}
