@@ -255,3 +255,34 @@ func prefixes(ps []netip.Prefix) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// Candidates are the addresses a destination may have in the peer's
+// terms: itself, and what each of local's views of its peers maps it to.
+// The command looks up the peer's pods at them.
+func Candidates(local *Cluster, dst string) []netip.Addr {
+	a, err := netip.ParseAddr(dst)
+	if err != nil {
+		return nil
+	}
+	out := []netip.Addr{a}
+	for _, p := range local.Peers {
+		if real, ok := translate(a, p.Theirs, true); ok && real != a {
+			out = append(out, real)
+		}
+	}
+	return out
+}
+
+// Name gives the clusters their names as each other's Peers know them,
+// where they were only known by a kubeconfig's context.
+func Name(a, b *Cluster) {
+	if b == nil {
+		return
+	}
+	if p := b.peer(a.ID, ""); p != nil && p.Name != "" {
+		a.Name = p.Name
+	}
+	if p := a.peer(b.ID, ""); p != nil && p.Name != "" {
+		b.Name = p.Name
+	}
+}
