@@ -139,4 +139,3 @@ func addrOf(s string) []netip.Addr {
 	}
 	return nil
 }
-
