@@ -28,11 +28,13 @@ const (
 	StepPeer           = "peer"
 	StepNodeRoute      = "node route"
 	StepNodeExemption  = "node masquerade exemption"
+	StepAgent          = "gateway agent"
 	StepGatewayRoute   = "gateway route"
 	StepSNAT           = "tunnel SNAT"
 	StepWireGuard      = "WireGuard peer"
 	StepHandshake      = "handshake"
 	StepFarPeer        = "far peer"
+	StepFarAgent       = "far gateway agent"
 	StepFarWireGuard   = "far WireGuard peer"
 	StepFarDNAT        = "far DNAT"
 	StepFarDelivery    = "far gateway to node"
@@ -121,6 +123,7 @@ func (t *tracer) run(src, dst string) {
 		t.nodeRoute(StepNodeRoute, t.a, t.srcNode, t.src, t.view)
 		t.exemption(StepNodeExemption, t.a, t.srcNode, t.view)
 	}
+	t.agentAnswers(StepAgent, t.a)
 	t.gatewayToTunnel(StepGatewayRoute, t.a, t.src, t.view)
 	t.snat()
 	wg := t.wireGuard()
@@ -345,6 +348,7 @@ func (t *tracer) farSide() {
 			return
 		}
 	}
+	t.agentAnswers(StepFarAgent, t.b)
 	t.farWireGuard()
 	t.farDNAT()
 	if !t.real.IsValid() {
@@ -359,6 +363,17 @@ func (t *tracer) farSide() {
 		t.exemption(StepReturnExempt, t.b, dstNode, t.srcAsSeen)
 	}
 	t.gatewayToTunnel(StepReturnGateway, t.b, t.real, t.srcAsSeen)
+}
+
+// agentAnswers names a gateway whose agent could not be read: with the
+// agent down (or its tunnel closed) nothing crosses that gateway.
+func (t *tracer) agentAnswers(id string, c *Cluster) {
+	why, unread := c.Unread["agent"]
+	if c.Tunnel != nil || !unread {
+		return
+	}
+	t.add(id, clusterName(c)+", gateway", "its agent does not answer: "+why, Broken,
+		"is the agent running? kubectl -n flotilla-system get pods -l app.kubernetes.io/component=agent (with --peer-context for the peer's); its log says why it stopped")
 }
 
 func (t *tracer) farWireGuard() {

@@ -198,6 +198,14 @@ func TestBrokenSteps(t *testing.T) {
 			// an unknown step is not broken: the next broken one is named
 			a.Tunnel.WireGuard = nil
 		}, step: StepWireGuard},
+		{name: "agent down", break_: func(a, b *Cluster) {
+			a.Tunnel = nil
+			a.Unread = map[string]string{"agent": "connection refused"}
+		}, step: StepAgent, fix: "is the agent running?"},
+		{name: "far agent down", break_: func(a, b *Cluster) {
+			b.Tunnel = nil
+			b.Unread = map[string]string{"agent": "connection refused"}
+		}, step: StepFarAgent, fix: "is the agent running?"},
 		{name: "exemption missing", break_: func(a, b *Cluster) { a.Nodes[1].Kernel.Exempt = []netip.Prefix{} },
 			step: StepNodeExemption, fix: "fabric pod"},
 		{name: "foreign route in main on the gateway", break_: func(a, b *Cluster) {
