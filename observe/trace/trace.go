@@ -236,6 +236,8 @@ func (t *tracer) peerStep() {
 		t.add(StepPeer, where, found, Broken, "this cluster denies networking with the peer: flotilla peer accept "+p.ID)
 	case p.Phase == "Denied":
 		t.add(StepPeer, where, found, Broken, fmt.Sprintf("%s denies networking with this cluster: there, flotilla peer accept %s", p.label(), orNone(t.a.ID)))
+	case p.Phase == "Unreachable" || p.Phase == "Degraded":
+		t.add(StepPeer, where, found, Broken, fmt.Sprintf("%s does not answer: is its agent running? kubectl --context <peer> -n flotilla-system get pods -l app.kubernetes.io/component=agent; kubectl get peer %s -o yaml", p.label(), p.ID))
 	case p.Phase != "Connected":
 		t.add(StepPeer, where, found, Broken, fmt.Sprintf("the peering is not up: kubectl get peer %s -o yaml (conditions say what it waits for)", p.ID))
 	default:

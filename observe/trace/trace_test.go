@@ -173,6 +173,8 @@ func TestBrokenSteps(t *testing.T) {
 			step: StepPeer, fix: "flotilla peer accept bbbb"},
 		{name: "peer denied there", break_: func(a, b *Cluster) { a.Peers[0].Phase = "Denied" },
 			step: StepPeer, fix: "there, flotilla peer accept aaaa"},
+		{name: "peer unreachable", break_: func(a, b *Cluster) { a.Peers[0].Phase = "Unreachable" },
+			step: StepPeer, fix: "is its agent running?"},
 		{name: "peer negotiating", break_: func(a, b *Cluster) { a.Peers[0].Phase = "Negotiating" },
 			step: StepPeer, fix: "kubectl get peer bbbb"},
 		{name: "foreign rule on the worker", break_: func(a, b *Cluster) {

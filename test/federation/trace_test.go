@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,9 +40,9 @@ func TestTraceNamesTheBrokenStep(t *testing.T) {
 	a, b := cs[0], cs[1]
 	dst := federation.ViewOf(t, a, b, b.Pod.Addr)
 	src := a.Pod.Addr
-	tr := tracer{t: t, a: a, b: b, src: src, dst: dst}
+	tr := &tracer{a: a, b: b, src: src, dst: dst}
 
-	healthy := tr.until("", 60*time.Second)
+	healthy := tr.until(t, "", 60*time.Second)
 	if r := federation.Exchange(t, a, b); r.Err != nil {
 		t.Fatalf("the path is whole by trace, but a's pod cannot reach b's: %v\n%s", r.Err, text(healthy))
 	}
@@ -59,23 +60,23 @@ func TestTraceNamesTheBrokenStep(t *testing.T) {
 	t.Run("foreign rule shadows the tunnel's route", func(t *testing.T) {
 		a.Site.MustExec("ip", "route", "add", "blackhole", view24, "table", "200")
 		a.Site.MustExec("ip", "rule", "add", "priority", "100", "to", view24, "lookup", "200")
-		s := tr.broken(trace.StepGatewayRoute)
+		s := tr.broken(t, trace.StepGatewayRoute)
 		if !strings.Contains(s.Fix, "ip rule del priority 100") {
 			t.Errorf("fix: %s", s.Fix)
 		}
 		a.Site.MustExec("ip", "rule", "del", "priority", "100")
 		a.Site.MustExec("ip", "route", "del", "blackhole", view24, "table", "200")
-		tr.until("", 30*time.Second)
+		tr.until(t, "", 30*time.Second)
 	})
 
 	t.Run("foreign route in main shadows the tunnel's", func(t *testing.T) {
 		a.Site.MustExec("ip", "route", "add", "blackhole", view24, "proto", "boot")
-		s := tr.broken(trace.StepGatewayRoute)
+		s := tr.broken(t, trace.StepGatewayRoute)
 		if !strings.Contains(s.Fix, "a foreign route (proto boot) in table main shadows ours: remove it: ip route del "+view24+" table main") {
 			t.Errorf("fix: %s", s.Fix)
 		}
 		a.Site.MustExec("ip", "route", "del", "blackhole", view24, "proto", "boot")
-		tr.until("", 30*time.Second)
+		tr.until(t, "", 30*time.Second)
 	})
 
 	t.Run("WireGuard peer removed", func(t *testing.T) {
@@ -85,7 +86,7 @@ func TestTraceNamesTheBrokenStep(t *testing.T) {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			a.Site.MustExec("wg", "set", a.Interface(), "peer", key, "remove")
-			r := tr.run()
+			r := tr.run(t)
 			if r.Broken == trace.StepWireGuard {
 				break
 			}
@@ -94,31 +95,44 @@ func TestTraceNamesTheBrokenStep(t *testing.T) {
 			}
 		}
 		// The resync puts it back: the path is whole again within one.
-		tr.until("", 90*time.Second)
+		tr.until(t, "", 90*time.Second)
 	})
 
 	t.Run("far side stopped", func(t *testing.T) {
-		if err := b.Agent.Stop(); err != nil {
-			t.Logf("b's agent: %v", err)
-		}
-		s := tr.broken(trace.StepFarAgent)
-		if !strings.Contains(s.Fix, "is the agent running?") {
-			t.Errorf("fix: %s", s.Fix)
+		// Killed, not stopped: a stopping agent says goodbye, and a's
+		// Peer turns Unreachable at once. Killed, it answers nothing and
+		// a notices only when gossip finds it dead; until then the trace
+		// names b's agent, after that a's Peer of b, Unreachable.
+		b.Agent.Kill()
+		r := tr.until(t, trace.StepFarAgent, 30*time.Second, trace.StepPeer)
+		t.Logf("%s", text(r))
+		s := stepOf(r, r.Broken)
+		switch r.Broken {
+		case trace.StepFarAgent:
+			if !strings.Contains(s.Fix, "is the agent running?") {
+				t.Errorf("fix: %s", s.Fix)
+			}
+		case trace.StepPeer:
+			if !strings.Contains(s.Found, "Unreachable") || !strings.Contains(s.Fix, "is its agent running?") {
+				t.Errorf("step %+v", s)
+			}
 		}
 		b.StartAgent(t)
 		federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
-		tr.until("", 60*time.Second)
+		// The views may have been given anew.
+		tr.dst = federation.ViewOf(t, a, b, b.Pod.Addr)
+		tr.until(t, "", 60*time.Second)
 	})
 
 	t.Run("Peer denied", func(t *testing.T) {
 		setNetworking(t, a, b, `"Deny"`)
-		s := tr.broken(trace.StepPeer)
+		s := tr.broken(t, trace.StepPeer)
 		if want := "flotilla peer accept " + peerOf(t, a, b).Name; !strings.Contains(s.Fix, want) {
 			t.Errorf("fix %q, want %q", s.Fix, want)
 		}
 		setNetworking(t, a, b, "null")
 		federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 90*time.Second)
-		tr.until("", 60*time.Second)
+		tr.until(t, "", 60*time.Second)
 	})
 }
 
@@ -126,47 +140,47 @@ func TestTraceNamesTheBrokenStep(t *testing.T) {
 // as flotilla trace --peer-context does, with the agents' /trace read in
 // their sites instead of through a pod proxy (they run as processes).
 type tracer struct {
-	t        *testing.T
 	a, b     *federation.Cluster
 	src, dst netip.Addr
 }
 
-func (tr tracer) run() trace.Result {
-	tr.t.Helper()
+func (tr *tracer) run(t *testing.T) trace.Result {
+	t.Helper()
 	ctx := context.Background()
 	local, err := collect.Collect(ctx, source(tr.a), collect.Ends{Addrs: []netip.Addr{tr.src}})
 	if err != nil {
-		tr.t.Fatalf("collect %s: %v", tr.a.Name, err)
+		t.Fatalf("collect %s: %v", tr.a.Name, err)
 	}
 	remote, err := collect.Collect(ctx, source(tr.b), collect.Ends{Addrs: trace.Candidates(local, tr.dst.String())})
 	if err != nil {
-		tr.t.Fatalf("collect %s: %v", tr.b.Name, err)
+		t.Fatalf("collect %s: %v", tr.b.Name, err)
 	}
 	trace.Name(local, remote)
 	return trace.Run(local, remote, tr.src.String(), tr.dst.String(), time.Now())
 }
 
-// until traces until the first broken step is want ("": none).
-func (tr tracer) until(want string, timeout time.Duration) trace.Result {
-	tr.t.Helper()
+// until traces until the first broken step is want ("": none), or one
+// of or.
+func (tr *tracer) until(t *testing.T, want string, timeout time.Duration, or ...string) trace.Result {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		r := tr.run()
-		if r.Broken == want {
+		r := tr.run(t)
+		if r.Broken == want || slices.Contains(or, r.Broken) {
 			return r
 		}
 		if time.Now().After(deadline) {
-			tr.t.Fatalf("after %s the first broken step is %q, want %q:\n%s", timeout, r.Broken, want, text(r))
+			t.Fatalf("after %s the first broken step is %q, want %q:\n%s", timeout, r.Broken, want, text(r))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 }
 
 // broken waits for the trace to name step id and returns it.
-func (tr tracer) broken(id string) trace.Step {
-	tr.t.Helper()
-	r := tr.until(id, 30*time.Second)
-	tr.t.Logf("%s", text(r))
+func (tr *tracer) broken(t *testing.T, id string) trace.Step {
+	t.Helper()
+	r := tr.until(t, id, 30*time.Second)
+	t.Logf("%s", text(r))
 	return *stepOf(r, id)
 }
 
