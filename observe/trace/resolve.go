@@ -190,7 +190,7 @@ func translate(a netip.Addr, vs []View, fromView bool) (netip.Addr, bool) {
 		if fromView {
 			from, to = v.As, v.Real
 		}
-		if from.IsValid() && to.IsValid() && from.Contains(a) {
+		if samePlace(from, to) && from.Contains(a) {
 			return mapAddr(a, from, to), true
 		}
 	}
@@ -199,11 +199,17 @@ func translate(a netip.Addr, vs []View, fromView bool) (netip.Addr, bool) {
 
 func translateT(a netip.Addr, ts []Translation) (netip.Addr, bool) {
 	for _, t := range ts {
-		if t.Match.Contains(a) {
+		if samePlace(t.Match, t.To) && t.Match.Contains(a) {
 			return mapAddr(a, t.Match, t.To), true
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// samePlace: from and to are IPv4 prefixes of one length, so an address
+// maps from one into the other (what another cluster wrote may not be).
+func samePlace(from, to netip.Prefix) bool {
+	return from.IsValid() && to.IsValid() && from.Addr().Is4() && to.Addr().Is4() && from.Bits() == to.Bits()
 }
 
 // mapAddr keeps a's host bits under from and puts to's network bits on

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -210,6 +211,15 @@ func ParseNodeReport(b []byte) (NodeReport, error) {
 		for _, rt := range r.Kernel.Routes {
 			if !rt.Dst.IsValid() {
 				return NodeReport{}, fmt.Errorf("decode trace report: a route without a destination in table %d", rt.Table)
+			}
+		}
+	}
+	if r.Tunnel != nil {
+		for _, n := range r.Tunnel.NAT {
+			for _, t := range append(slices.Clone(n.SNAT), n.DNAT...) {
+				if !samePlace(t.Match, t.To) {
+					return NodeReport{}, fmt.Errorf("decode trace report: NAT of peer %q maps %s to %s: not IPv4 prefixes of one length", n.Peer, t.Match, t.To)
+				}
 			}
 		}
 	}
