@@ -59,14 +59,23 @@ func FuzzParseNodeReport(f *testing.F) {
 	}
 	f.Add([]byte(`{"kernel":{"routes":[{"table":254}]}}`))
 	f.Add([]byte(`{"kernel":{"rules":[{"priority":1,"suppressPrefixlen":-3}]}}`))
+	f.Add([]byte(`{"kernel":{"rules":[{"priority":20000,"table":102,"protocol":102,"action":"blackhole"}]}}`))
+	f.Add([]byte(`{"kernel":{"rules":[{"priority":20000,"table":102,"protocol":102,"iif":"flotilla0","action":"prohibit"}]}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		rep, err := ParseNodeReport(raw)
 		if err != nil {
 			return
 		}
-		a, b := fixture()
-		a.Nodes[0].Kernel, a.Tunnel = rep.Kernel, rep.Tunnel
-		Run(&a, &b, "client", "server", now)
-		Run(&a, &b, "10.0.1.5", "10.70.2.7", now)
+		// The report stands for each node and gateway in turn.
+		for i := range 4 {
+			a, b := fixture()
+			c := []*Cluster{&a, &b}[i/2]
+			c.Nodes[i%2].Kernel = rep.Kernel
+			if i%2 == 0 {
+				c.Tunnel = rep.Tunnel
+			}
+			Run(&a, &b, "client", "server", now)
+			Run(&a, &b, "10.0.1.5", "10.70.2.7", now)
+		}
 	})
 }

@@ -77,7 +77,7 @@ func (k *Kernel) longest(t int, dst netip.Addr) *Route {
 // ours reports whether the rule is the fabric's (our priority and
 // protocol, our table).
 func (r Rule) ours() bool {
-	return r.Priority == RulePriority && r.Table == FabricTable && r.Protocol == OurProtocol
+	return r.Priority == RulePriority && r.Table == FabricTable && r.Protocol == OurProtocol && r.Action == ""
 }
 
 func (r Rule) String() string {

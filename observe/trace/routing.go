@@ -141,7 +141,7 @@ func (t *tracer) gatewayToNode(id string, c *Cluster, src, dst netip.Addr, n *No
 		return
 	}
 	ourRule := func(r Rule) bool {
-		return r.Priority == RulePriority && r.Table == FabricTable && r.Protocol == OurProtocol && r.IifName == link
+		return r.ours() && r.IifName == link
 	}
 	var has bool
 	for _, r := range gw.Kernel.Rules {
