@@ -14,7 +14,7 @@ import (
 // identity, the grant message and the traffic policy import no k8s.io or
 // sigs.k8s.io package, directly or through another.
 func TestLowerLayersImportNoKubernetes(t *testing.T) {
-	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering", "./offload/grant", "./policy"} {
+	for _, pkg := range []string{"./identity", "./discovery", "./ipam", "./tunnel", "./fabric", "./peering", "./offload/grant", "./policy", "./observe/trace"} {
 		t.Run(strings.TrimPrefix(pkg, "./"), func(t *testing.T) {
 			// One line per package that imports Kubernetes itself.
 			reported := map[string]bool{}

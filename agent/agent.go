@@ -27,6 +27,7 @@ import (
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/observe/dashboard"
+	"github.com/flotilla-io/flotilla/observe/trace/live"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
@@ -184,6 +185,8 @@ type Agent struct {
 	// dashboard is what the page at / shows, once the Peers are watched
 	// (agent/dashboard.go).
 	dashboard atomic.Pointer[dashboard.Source]
+	// traced is the tunnel /trace reads, once started (agent/trace.go).
+	traced atomic.Pointer[tunnel.Tunnel]
 }
 
 // New validates cfg and prepares the agent; it starts nothing.
@@ -408,6 +411,7 @@ func (a *Agent) handler() http.Handler {
 	})
 	mux.HandleFunc("/readyz", a.ready.serveReadyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	mux.Handle(live.Path, a.traceHandler())
 	// Everything else: the dashboard (its page, graph.svg, graph.json).
 	mux.Handle("/", a.dashboardHandler())
 	return mux

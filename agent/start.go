@@ -45,6 +45,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	a.traced.Store(tun)
 	if _, err := crds.wait(); err != nil {
 		return err
 	}

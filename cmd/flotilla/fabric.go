@@ -17,6 +17,8 @@ import (
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/fabric"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/observe/trace"
+	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
 
 func init() {
@@ -72,6 +74,14 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 			}
 			io.WriteString(w, "ok\n")
 		})
+		// The node's routing state, for flotilla trace.
+		mux.Handle(live.Path, live.Handler(func(context.Context) (trace.NodeReport, error) {
+			k, err := live.ReadKernel(live.Config{})
+			if err != nil {
+				return trace.NodeReport{Node: *node, Errors: []string{err.Error()}}, nil
+			}
+			return trace.NodeReport{Node: *node, Kernel: k}, nil
+		}, log))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(l)
 		defer srv.Close()

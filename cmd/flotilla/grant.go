@@ -61,7 +61,12 @@ func runGrant(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	memory := pc.fs.String("memory", "", "memory the peer's pods may request in all (8Gi); empty: no limit")
 	pods := pc.fs.Int64("pods", 0, "how many pods the peer may run here at once; 0: no limit")
 	namespaces := pc.fs.Int64("namespaces", 0, "how many namespaces the peer may have mirrored here; 0: no limit")
+	o := outputFlag(pc.fs)
 	name, err := pc.parse(args)
+	if err != nil {
+		return err
+	}
+	out, progress, err := resultOutput(*o, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -82,13 +87,50 @@ func runGrant(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "peer %s (%s): offloading granted in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
-	return waitGrant(ctx, c, stdout, peer.Name, gen, *pc.wait, true)
+	fmt.Fprintf(progress, "peer %s (%s): offloading granted in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+	if err := waitGrant(ctx, c, progress, peer.Name, gen, *pc.wait, true); err != nil {
+		return err
+	}
+	return writePeerResult(ctx, c, stdout, peer.Name, out)
+}
+
+// resultOutput reads a verb's -o: with a format, progress goes to stderr
+// and stdout holds only the object once done, for a script to read.
+func resultOutput(o string, stdout, stderr io.Writer) (output, io.Writer, error) {
+	out, err := parseOutput(o)
+	if err != nil {
+		return "", nil, err
+	}
+	if out == outputTable {
+		return out, stdout, nil
+	}
+	return out, stderr, nil
+}
+
+// writePeerResult prints the Peer as it is now in format o (nothing for
+// the default, whose progress lines said it all).
+func writePeerResult(ctx context.Context, c client.Client, w io.Writer, name string, o output) error {
+	if o == outputTable {
+		return nil
+	}
+	var p v1alpha1.Peer
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
+		return apiError("get", name, err)
+	}
+	if o == outputWide {
+		return writePeers(w, []v1alpha1.Peer{p}, outputWide, peerWideColumns, time.Now())
+	}
+	return writeObject(w, &p, "Peer", "peer", o)
 }
 
 func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pc := newPeerCommand("revoke", stderr)
+	o := outputFlag(pc.fs)
 	name, err := pc.parse(args)
+	if err != nil {
+		return err
+	}
+	out, progress, err := resultOutput(*o, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -104,8 +146,11 @@ func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "peer %s (%s): offloading denied in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
-	return waitGrant(ctx, c, stdout, peer.Name, gen, *pc.wait, false)
+	fmt.Fprintf(progress, "peer %s (%s): offloading denied in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+	if err := waitGrant(ctx, c, progress, peer.Name, gen, *pc.wait, false); err != nil {
+		return err
+	}
+	return writePeerResult(ctx, c, stdout, peer.Name, out)
 }
 
 // grantLimits checks the flags and returns the spec's offloadLimits; nil

@@ -136,7 +136,12 @@ func parseSelector(s string) (*metav1.LabelSelector, error) {
 func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	nc := newNamespaceCommand("offload", stderr)
 	flags := addOffloadFlags(nc.fs)
+	o := outputFlag(nc.fs)
 	ns, err := nc.parse(args)
+	if err != nil {
+		return err
+	}
+	out, progress, err := resultOutput(*o, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -152,11 +157,23 @@ func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "namespace %s: NamespaceOffload %s %s (generation %d)\n", ns, offloadName, verb, gen)
-	if *nc.wait == 0 {
+	fmt.Fprintf(progress, "namespace %s: NamespaceOffload %s %s (generation %d)\n", ns, offloadName, verb, gen)
+	if *nc.wait != 0 {
+		if err := waitOffloaded(ctx, c, progress, ns, gen, *nc.wait); err != nil {
+			return err
+		}
+	}
+	if out == outputTable {
 		return nil
 	}
-	return waitOffloaded(ctx, c, stdout, ns, gen, *nc.wait)
+	var x v1alpha1.NamespaceOffload
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: offloadName}, &x); err != nil {
+		return fmt.Errorf("read NamespaceOffload %s/%s: %w", ns, offloadName, err)
+	}
+	if out == outputWide {
+		return writeOffloads(stdout, []v1alpha1.NamespaceOffload{x}, outputWide)
+	}
+	return writeObject(stdout, &x, "NamespaceOffload", "namespaceoffload", out)
 }
 
 // writeOffload creates the NamespaceOffload in ns, or sets its spec, and

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 func TestParseSelector(t *testing.T) {
@@ -158,5 +161,31 @@ func TestOffloadProgress(t *testing.T) {
 	}
 	if got := failures(at(v1alpha1.OffloadSomeFailed, "OverLimit")); got != ": p1 (cabc): OverLimit (m)" {
 		t.Errorf("failures %q", got)
+	}
+}
+
+// TestOffloadOutput: offload -o json|yaml|name|wide prints the
+// NamespaceOffload as written, progress on stderr.
+func TestOffloadOutput(t *testing.T) {
+	e := newPeerEnv(t)
+	if err := harness.ApplyCRDs(t.Context(), e.cp.Config, deploy.CRDs, "crds/flotilla.io_namespaceoffloads.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	kc := "--kubeconfig=" + e.cp.Kubeconfig
+	code, out, errOut := flotilla("offload", "namespace", "default", kc, "--wait=0", "--selector", "region=a", "-o", "json")
+	var x v1alpha1.NamespaceOffload
+	err := json.Unmarshal([]byte(out), &x)
+	if code != 0 || err != nil || x.Kind != "NamespaceOffload" || x.Namespace != "default" || x.Spec.NamespaceMapping != v1alpha1.MappingDefaultName ||
+		x.Spec.ClusterSelector == nil || x.ManagedFields != nil || !strings.Contains(errOut, "NamespaceOffload offload created") {
+		t.Errorf("offload -o json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	if code, out, _ := flotilla("offload", "namespace", "default", kc, "--wait=0", "-o", "name"); code != 0 || out != "namespaceoffload.flotilla.io/offload\n" {
+		t.Errorf("offload -o name: exit %d\n%s", code, out)
+	}
+	code, out, _ = flotilla("offload", "namespace", "default", kc, "--wait=0", "--pods", "Remote", "-o", "wide")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "NAMESPACE PHASE MAPPING PODS CLUSTERS REMOTE NAMESPACES SELECTOR" ||
+		!strings.Contains(lines[1], "Remote") || !strings.Contains(lines[1], "(every granting peer)") {
+		t.Errorf("offload -o wide: exit %d\n%s", code, out)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -160,4 +162,57 @@ func writePeerList(w io.Writer, peers []v1alpha1.Peer, o output) error {
 	}
 	_, err = w.Write(out)
 	return err
+}
+
+// writeObject prints one object of ours as kubectl get KIND NAME -o
+// json|yaml does (without managedFields), or -o name as
+// resource.group/name: what the grant and offload verbs print once done.
+func writeObject(w io.Writer, obj client.Object, kind, resource string, o output) error {
+	if o == outputName {
+		_, err := fmt.Fprintf(w, "%s.%s/%s\n", resource, v1alpha1.GroupVersion.Group, obj.GetName())
+		return err
+	}
+	obj.GetObjectKind().SetGroupVersionKind(v1alpha1.GroupVersion.WithKind(kind))
+	obj.SetManagedFields(nil)
+	out, err := json.MarshalIndent(obj, "", "    ")
+	if err != nil {
+		return err
+	}
+	if o == outputYAML {
+		if out, err = yaml.JSONToYAML(out); err != nil {
+			return err
+		}
+	} else {
+		out = append(out, '\n')
+	}
+	_, err = w.Write(out)
+	return err
+}
+
+// writeOffloads prints NamespaceOffloads as a table; wide adds the
+// remote namespaces.
+func writeOffloads(w io.Writer, os []v1alpha1.NamespaceOffload, o output) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	headers := "NAMESPACE\tPHASE\tMAPPING\tPODS\tCLUSTERS"
+	if o == outputWide {
+		headers += "\tREMOTE NAMESPACES\tSELECTOR"
+	}
+	fmt.Fprintln(tw, headers)
+	for _, x := range os {
+		var clusters, remote []string
+		for _, c := range x.Status.Clusters {
+			clusters = append(clusters, orDash(c.ClusterName))
+			remote = append(remote, orDash(c.RemoteNamespace))
+		}
+		row := []string{x.Namespace, orDash(string(x.Status.Phase)), orDash(string(x.Spec.NamespaceMapping)), orDash(string(x.Spec.PodOffloading)), orDash(strings.Join(clusters, ","))}
+		if o == outputWide {
+			sel := "(every granting peer)"
+			if x.Spec.ClusterSelector != nil {
+				sel = metav1.FormatLabelSelector(x.Spec.ClusterSelector)
+			}
+			row = append(row, orDash(strings.Join(remote, ",")), sel)
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	return tw.Flush()
 }

@@ -177,6 +177,32 @@ func TestPeerVerbs(t *testing.T) {
 			t.Errorf("status -o name: exit %d\n%s", code, out)
 		}
 	})
+	t.Run("grant -o json prints the Peer, progress on stderr", func(t *testing.T) {
+		code, out, errOut := flotilla("grant", "cgamma", kc, "--wait=0", "--pods=3", "-o", "json")
+		var p v1alpha1.Peer
+		err := json.Unmarshal([]byte(out), &p)
+		if code != 0 || err != nil || p.Kind != "Peer" || p.Name != "cgamma" || p.Spec.Offloading != v1alpha1.OffloadingGrant ||
+			p.Spec.OffloadLimits == nil || *p.Spec.OffloadLimits.Pods != 3 || p.ManagedFields != nil || !strings.Contains(errOut, "offloading granted in spec") {
+			t.Errorf("grant -o json: exit %d, %v\n%s%s", code, err, out, errOut)
+		}
+	})
+	t.Run("grant -o wide and revoke -o yaml|name", func(t *testing.T) {
+		code, out, _ := flotilla("grant", "cgamma", kc, "--wait=0", "-o", "wide")
+		if code != 0 || !strings.Contains(out, "THEIRS AS SEEN HERE") || !strings.Contains(out, "gamma") {
+			t.Errorf("grant -o wide: exit %d\n%s", code, out)
+		}
+		code, out, _ = flotilla("revoke", "cgamma", kc, "--wait=0", "-o", "yaml")
+		var p v1alpha1.Peer
+		if err := yaml.UnmarshalStrict([]byte(out), &p); code != 0 || err != nil || p.Spec.Offloading != v1alpha1.OffloadingDeny {
+			t.Errorf("revoke -o yaml: exit %d, %v\n%s", code, err, out)
+		}
+		if code, out, _ = flotilla("revoke", "cgamma", kc, "--wait=0", "-o", "name"); code != 0 || out != "peer.flotilla.io/cgamma\n" {
+			t.Errorf("revoke -o name: exit %d\n%s", code, out)
+		}
+		if code, _, errOut := flotilla("grant", "cgamma", kc, "--wait=0", "-o", "table"); code != 1 || !strings.Contains(errOut, "want wide, json, yaml or name") {
+			t.Errorf("grant -o table: exit %d, %s", code, errOut)
+		}
+	})
 	t.Run("list -o bad", func(t *testing.T) {
 		code, _, errOut := flotilla("peer", "list", kc, "-o", "table")
 		if code != 1 || !strings.Contains(errOut, "want wide, json, yaml or name") {

@@ -143,3 +143,15 @@ func last(p netip.Prefix) netip.Addr {
 	}
 	return netip.AddrFrom4(a)
 }
+
+// Prefix is the prefix the interval covers, when it covers exactly one.
+func (iv Interval) Prefix() (netip.Prefix, bool) {
+	start := netip.AddrFrom4(iv.Start)
+	for bits := 0; bits <= 32; bits++ {
+		p := netip.PrefixFrom(start, bits)
+		if p.Masked() == p && Of(p) == iv {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}

@@ -187,3 +187,16 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestPrefixOfInterval(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/16", "10.70.2.0/24", "0.0.0.0/0", "255.255.255.0/24", "192.0.2.7/32"} {
+		p := netip.MustParsePrefix(s)
+		if got, ok := Of(p).Prefix(); !ok || got != p {
+			t.Errorf("%s: %s, %v", s, got, ok)
+		}
+	}
+	odd := Interval{Start: ip("10.0.0.0"), End: ip("10.0.0.3")}
+	if p, ok := odd.Prefix(); ok {
+		t.Errorf("10.0.0.0-10.0.0.2 read as %s", p)
+	}
+}

@@ -72,6 +72,7 @@ func TestFabric(t *testing.T) {
 		}
 
 		t.Run("worker pods talk by their views, flannel's masquerade first", talk)
+		t.Run("flotilla trace follows a worker pod to a remote one", func(t *testing.T) { traceWorkerPod(t, cs, web) })
 		t.Run("the fabric is on every node", func(t *testing.T) {
 			for _, c := range cs {
 				for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
