@@ -242,6 +242,13 @@ type Engine struct {
 	early        map[string]earlyMessage
 	ctx          context.Context
 
+	// appliedSeq counts the data paths applied; settlingNow says whether
+	// a configured peer waits for its handshake. Both tell pollStats, on
+	// its own goroutine, what reads are current and how often to read.
+	appliedSeq  atomic.Uint64
+	settlingNow atomic.Bool
+	statsKick   chan struct{}
+
 	// senders counts running sender goroutines; Run waits for them.
 	senders      sync.WaitGroup
 	sendersAlive atomic.Int64
@@ -301,7 +308,7 @@ func New(cfg Config) (*Engine, error) {
 		inputs:  make(chan func(), 256), inbox: make(chan []byte, 1024),
 		peers: map[string]*peer{}, specs: map[string]Spec{}, grants: map[string][]byte{}, published: map[string]PeerState{},
 		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{},
-		ready: make(chan struct{}), stopped: make(chan struct{}),
+		ready: make(chan struct{}), stopped: make(chan struct{}), statsKick: make(chan struct{}, 1),
 	}
 	return e, nil
 }
@@ -381,9 +388,15 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.readyOnce.Do(func() { close(e.ready) })
 	resend := time.NewTicker(e.cfg.ResendInterval)
 	defer resend.Stop()
+	// Time alone moves some states (a grace period ends, a tunnel without
+	// a handshake turns Degraded): reconcile every second.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	statsEvery := 0
+	var stats sync.WaitGroup
+	defer stats.Wait()
+	statsCtx, stopStats := context.WithCancel(ctx)
+	defer stopStats()
+	stats.Go(func() { e.pollStats(statsCtx) })
 	for {
 		select {
 		case <-ctx.Done():
@@ -395,16 +408,10 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-resend.C:
 			e.resendAll()
 		case <-tick.C:
-			// Poll tunnel statistics every second while something is
-			// settling, every 5 s otherwise.
-			statsEvery++
-			if statsEvery >= 5 || e.settling() {
-				statsEvery = 0
-				e.refreshStats()
-			}
 		}
 		e.drain()
 		e.reconcile()
+		e.settlingNow.Store(e.settling())
 	}
 }
 

@@ -37,6 +37,9 @@ type fakeDataplane struct {
 	// wire, when set, reports handshakes as WireGuard would make them:
 	// once both sides hold each other (benchmarks).
 	wire *wire
+
+	pubOnce sync.Once
+	pub     tunnel.Key
 }
 
 func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
@@ -109,7 +112,12 @@ func (f *fakeDataplane) Status() ([]tunnel.PeerStatus, error) {
 	return out, nil
 }
 
-func (f *fakeDataplane) PublicKey() tunnel.Key { return f.key.PublicKey() }
+// PublicKey is derived once, as the tunnel holds it: the engine asks for
+// it on every statement it considers.
+func (f *fakeDataplane) PublicKey() tunnel.Key {
+	f.pubOnce.Do(func() { f.pub = f.key.PublicKey() })
+	return f.pub
+}
 
 func (f *fakeDataplane) desired() (tunnel.Desired, int) {
 	f.mu.Lock()
@@ -267,6 +275,8 @@ type nodeOptions struct {
 	resend time.Duration
 	// wire, when set, makes the node's handshakes (benchmarks).
 	wire *wire
+	// dataplane, when set, stands between the engine and its data plane.
+	dataplane func(Dataplane) Dataplane
 }
 
 func newNode(t testing.TB, net *network, o nodeOptions) *node {
@@ -310,10 +320,14 @@ func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	if o.ledger != nil {
 		led = o.ledger(l)
 	}
+	var dp Dataplane = n.dp
+	if o.dataplane != nil {
+		dp = o.dataplane(n.dp)
+	}
 	cfg := Config{
 		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Labels: o.labels, Policy: o.policy,
 		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
-		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
+		Ledger: led, Dataplane: dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
 	}
