@@ -92,6 +92,40 @@ func (l *Ledger) PutPeerState(peer string, value []byte) error {
 	return nil
 }
 
+// PutPeerStates stores the opaque state of several peers in one
+// transaction, one synced write for all of them (peering stores the
+// statements of a burst at once); a nil value deletes. Nothing is stored
+// when a peer's ID is invalid.
+func (l *Ledger) PutPeerStates(states map[string][]byte) error {
+	for peer := range states {
+		if err := CheckPeer(peer); err != nil {
+			return fmt.Errorf("put state of peers: %w", err)
+		}
+	}
+	if len(states) == 0 {
+		return nil
+	}
+	err := l.update(func(t *txn) error {
+		b := t.tx.Bucket(bucketPeers)
+		for peer, value := range states {
+			var err error
+			if value == nil {
+				err = b.Delete([]byte(peer))
+			} else {
+				err = b.Put([]byte(peer), value)
+			}
+			if err != nil {
+				return fmt.Errorf("peer %s: %w", peer, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("put state of %d peers: %w", len(states), err)
+	}
+	return nil
+}
+
 func (l *Ledger) get(bucket []byte, name string) ([]byte, error) {
 	if name == "" {
 		return nil, fmt.Errorf("empty name")

@@ -80,7 +80,7 @@ type Ledger interface {
 	KeepTheirViews(peer string, mine []netip.Prefix) error
 	ReleasePeer(peer string) error
 	PeerState(peer string) ([]byte, error)
-	PutPeerState(peer string, value []byte) error
+	PutPeerStates(states map[string][]byte) error
 	PeersWithState() ([]string, error)
 	LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error)
 	PutKey(name string, value []byte) error
@@ -240,7 +240,11 @@ type Engine struct {
 	applyErr     error
 	stats        map[string]tunnel.PeerStatus
 	early        map[string]earlyMessage
-	ctx          context.Context
+	// toPersist are statements accepted since the last ledger write, by
+	// peer: a burst is written in one synced transaction.
+	toPersist  map[string][]byte
+	persistErr error // the last failure to store them, logged once
+	ctx        context.Context
 
 	// appliedSeq counts the data paths applied; settlingNow says whether
 	// a configured peer waits for its handshake. Both tell pollStats, on
@@ -307,7 +311,7 @@ func New(cfg Config) (*Engine, error) {
 		metrics: newMetrics(cfg.Metrics, cfg.Dataplane),
 		inputs:  make(chan func(), 256), inbox: make(chan []byte, 1024),
 		peers: map[string]*peer{}, specs: map[string]Spec{}, grants: map[string][]byte{}, published: map[string]PeerState{},
-		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{},
+		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{}, toPersist: map[string][]byte{},
 		ready: make(chan struct{}), stopped: make(chan struct{}), statsKick: make(chan struct{}, 1),
 	}
 	return e, nil
@@ -410,6 +414,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		e.drain()
+		e.persistStatements()
 		e.reconcile()
 		e.settlingNow.Store(e.settling())
 	}

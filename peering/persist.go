@@ -18,12 +18,31 @@ type persistedPeer struct {
 	Message []byte `json:"message"`
 }
 
-func (e *Engine) persist(p *peer, msg []byte) error {
-	b, err := json.Marshal(persistedPeer{Message: msg})
-	if err != nil {
-		return err
+// persistStatements stores the statements accepted since the last call, in
+// one ledger write, before the reconcile that acts on them. On a failure
+// they stay queued and are tried again after the next input.
+func (e *Engine) persistStatements() {
+	if len(e.toPersist) == 0 {
+		return
 	}
-	return e.cfg.Ledger.PutPeerState(p.id, b)
+	states := make(map[string][]byte, len(e.toPersist))
+	for id, msg := range e.toPersist {
+		b, err := json.Marshal(persistedPeer{Message: msg})
+		if err != nil {
+			e.log.Error("cannot encode a peer statement", "peer", id, "err", err)
+			delete(e.toPersist, id)
+			continue
+		}
+		states[id] = b
+	}
+	err := e.cfg.Ledger.PutPeerStates(states)
+	if errorText(err) != errorText(e.persistErr) && err != nil {
+		e.log.Error("cannot persist peer statements; retrying", "peers", len(states), "err", err)
+	}
+	e.persistErr = err
+	if err == nil {
+		clear(e.toPersist)
+	}
 }
 
 // loadStatement gives p the last statement the ledger holds from it, so a
