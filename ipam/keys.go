@@ -97,31 +97,31 @@ func (l *Ledger) PutPeerState(peer string, value []byte) error {
 // statements of a burst at once); a nil value deletes. Nothing is stored
 // when a peer's ID is invalid.
 func (l *Ledger) PutPeerStates(states map[string][]byte) error {
-	for peer := range states {
-		if err := CheckPeer(peer); err != nil {
-			return fmt.Errorf("put state of peers: %w", err)
-		}
-	}
 	if len(states) == 0 {
 		return nil
 	}
-	err := l.update(func(t *txn) error {
-		b := t.tx.Bucket(bucketPeers)
-		for peer, value := range states {
-			var err error
-			if value == nil {
-				err = b.Delete([]byte(peer))
-			} else {
-				err = b.Put([]byte(peer), value)
-			}
-			if err != nil {
-				return fmt.Errorf("peer %s: %w", peer, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := l.update(func(t *txn) error { return t.putPeerStates(states) }); err != nil {
 		return fmt.Errorf("put state of %d peers: %w", len(states), err)
+	}
+	return nil
+}
+
+func (t *txn) putPeerStates(states map[string][]byte) error {
+	for peer := range states {
+		if err := CheckPeer(peer); err != nil {
+			return err
+		}
+	}
+	for peer, value := range states {
+		var err error
+		if value == nil {
+			err = t.del(bucketPeers, []byte(peer))
+		} else {
+			err = t.put(bucketPeers, []byte(peer), value)
+		}
+		if err != nil {
+			return fmt.Errorf("peer %s: %w", peer, err)
+		}
 	}
 	return nil
 }
