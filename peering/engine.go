@@ -71,16 +71,13 @@ type Member struct {
 	Alive bool
 }
 
-// Ledger is what peering needs of the ipam ledger (*ipam.Ledger).
+// Ledger is what peering needs of the ipam ledger (*ipam.Ledger). A
+// reconcile makes its writes (statements, views, claims) in one Batch.
 type Ledger interface {
-	SyncPeer(peer string, remotes []netip.Prefix) ([]ipam.View, error)
+	Batch(fn func(ipam.Batch) error) error
 	Views(peer string) []ipam.View
-	RecordTheirView(peer string, mine, theirs netip.Prefix) error
 	TheirViews(peer string) []ipam.TheirView
-	KeepTheirViews(peer string, mine []netip.Prefix) error
-	ReleasePeer(peer string) error
 	PeerState(peer string) ([]byte, error)
-	PutPeerStates(states map[string][]byte) error
 	PeersWithState() ([]string, error)
 	LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error)
 	PutKey(name string, value []byte) error
@@ -242,9 +239,9 @@ type Engine struct {
 	early        map[string]earlyMessage
 	// toPersist are statements accepted since the last ledger write, by
 	// peer: a burst is written in one synced transaction.
-	toPersist  map[string][]byte
-	persistErr error // the last failure to store them, logged once
-	ctx        context.Context
+	toPersist map[string][]byte
+	ledgerErr error // the last failure to write the ledger, logged once
+	ctx       context.Context
 
 	// appliedSeq counts the data paths applied; settlingNow says whether
 	// a configured peer waits for its handshake. Both tell pollStats, on
@@ -414,7 +411,6 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		e.drain()
-		e.persistStatements()
 		e.reconcile()
 		e.settlingNow.Store(e.settling())
 	}
@@ -538,8 +534,8 @@ func decisionOf(h *Hello) Decision {
 // with the current state, then forgets the peers gone for good.
 func (e *Engine) reconcile() {
 	now := e.cfg.Now()
+	e.writeLedger(now)
 	for _, p := range e.peers {
-		e.reconcileViews(p, now)
 		e.send(p, false)
 	}
 	e.applyTunnel()
