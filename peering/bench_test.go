@@ -137,6 +137,7 @@ func BenchmarkConvergence(b *testing.B) {
 }
 
 func benchConvergence(b *testing.B, n int) {
+	loadBefore := loadAverage()
 	var samples []time.Duration
 	var steps = map[Step][]time.Duration{}
 	for b.Loop() {
@@ -152,8 +153,9 @@ func benchConvergence(b *testing.B, n int) {
 	b.ReportMetric(ms(samples[len(samples)-1]), "ms-max")
 	b.ReportMetric(0, "ns/op")
 	var out strings.Builder
-	fmt.Fprintf(&out, "clusters=%d, %d rounds, all pairs connected: median %.1f ms (min %.1f, max %.1f)\n", n, len(samples),
-		ms(samples[len(samples)/2]), ms(samples[0]), ms(samples[len(samples)-1]))
+	// The machine is shared: the load says how comparable two runs are.
+	fmt.Fprintf(&out, "clusters=%d, %d rounds, all pairs connected: median %.1f ms (min %.1f, max %.1f), load %s / %s\n", n, len(samples),
+		ms(samples[len(samples)/2]), ms(samples[0]), ms(samples[len(samples)-1]), loadBefore, loadAverage())
 	fmt.Fprintf(&out, "  %-20s %10s %10s %10s %10s\n", "step (per direction)", "median", "p90", "min", "max")
 	for _, st := range []Step{StepJoined, StepStatementSent, StepStatementReceived, StepViewsAgreed, StepDataPath, StepHandshake, stepConnected} {
 		v := steps[st]
@@ -168,6 +170,15 @@ func benchConvergence(b *testing.B, n int) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// loadAverage is the 1-minute load average, or "?" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
 
 // convergeOnce starts n engines and waits until all pairs are connected;
 // it returns how long that took and, by step, when each direction reached
