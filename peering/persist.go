@@ -84,7 +84,8 @@ func (e *Engine) heldByLedger(p *peer) bool {
 }
 
 // persistStatements queues the statements accepted since the last write
-// into b, and reports whether they were.
+// into b, and reports whether they were; they are forgotten once the
+// batch commits.
 func (e *Engine) persistStatements(b ipam.Batch) bool {
 	if len(e.toPersist) == 0 {
 		return false
@@ -100,7 +101,10 @@ func (e *Engine) persistStatements(b ipam.Batch) bool {
 		states[id] = raw
 	}
 	if err := b.PutPeerStates(states); err != nil {
+		// Refused as such (the IDs are a verified member's): trying again
+		// cannot help.
 		e.log.Error("cannot persist peer statements", "peers", len(states), "err", err)
+		clear(e.toPersist)
 		return false
 	}
 	return true
