@@ -563,12 +563,16 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 	// Peering repeats settled claims on every reconcile: an identical one
 	// costs a read, not a committed transaction.
+	err := checkClaim(peer, mine, theirs)
 	same := false
 	l.read(func(st *state) { same = st.hasTheirView(peer, mine, theirs) })
-	if same && checkClaim(peer, mine, theirs) == nil {
+	if err == nil && same {
 		return nil
 	}
-	if err := l.update(func(t *txn) error { return t.recordTheirView(peer, mine, theirs) }); err != nil {
+	if err == nil {
+		err = l.update(func(t *txn) error { return t.recordTheirView(peer, mine, theirs) })
+	}
+	if err != nil {
 		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
 	}
 	return nil
