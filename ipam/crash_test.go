@@ -106,6 +106,35 @@ func crashChild(path string) {
 			}
 			os.Stdout.WriteString("begin " + strings.Join(begin, " ") + "\n")
 			err = l.ReleasePeer(peer)
+		case n < 94:
+			// Two peers' ranges changed in one batch (peering's reconcile):
+			// one commit for both; a sync that fails is undone alone.
+			peers := []string{peer, fmt.Sprintf("c%d", 12+r.IntN(4))}
+			ranges := []netip.Prefix{pfx(crashRanges[r.IntN(len(crashRanges))]), pfx(crashRanges[r.IntN(len(crashRanges))])}
+			old := map[string][]View{}
+			for i, p := range peers {
+				old[p] = l.Views(p)
+				for _, v := range old[p] {
+					begin = append(begin, key(p, v.Remote))
+				}
+				begin = append(begin, key(p, ranges[i]))
+			}
+			os.Stdout.WriteString("begin " + strings.Join(begin, " ") + "\n")
+			err = l.Batch(func(b Batch) error {
+				for i, p := range peers {
+					vs, err := b.SyncPeer(p, ranges[i:i+1])
+					if err != nil {
+						continue // undone alone: p's views stay as they were
+					}
+					for _, v := range old[p] {
+						if v.Remote != ranges[i] {
+							done = append(done, "del,"+key(p, v.Remote))
+						}
+					}
+					done = append(done, "map,"+key(p, ranges[i])+","+vs[0].View.String())
+				}
+				return nil
+			})
 		default:
 			var reqs []ViewRequest
 			for i := 0; i < 3; i++ {

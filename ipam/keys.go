@@ -92,6 +92,40 @@ func (l *Ledger) PutPeerState(peer string, value []byte) error {
 	return nil
 }
 
+// PutPeerStates stores the opaque state of several peers in one
+// transaction, one synced write for all of them (peering stores the
+// statements of a burst at once); a nil value deletes. Nothing is stored
+// when a peer's ID is invalid.
+func (l *Ledger) PutPeerStates(states map[string][]byte) error {
+	if len(states) == 0 {
+		return nil
+	}
+	if err := l.update(func(t *txn) error { return t.putPeerStates(states) }); err != nil {
+		return fmt.Errorf("put state of %d peers: %w", len(states), err)
+	}
+	return nil
+}
+
+func (t *txn) putPeerStates(states map[string][]byte) error {
+	for peer := range states {
+		if err := CheckPeer(peer); err != nil {
+			return err
+		}
+	}
+	for peer, value := range states {
+		var err error
+		if value == nil {
+			err = t.del(bucketPeers, []byte(peer))
+		} else {
+			err = t.put(bucketPeers, []byte(peer), value)
+		}
+		if err != nil {
+			return fmt.Errorf("peer %s: %w", peer, err)
+		}
+	}
+	return nil
+}
+
 func (l *Ledger) get(bucket []byte, name string) ([]byte, error) {
 	if name == "" {
 		return nil, fmt.Errorf("empty name")

@@ -261,6 +261,30 @@ func TestPeerState(t *testing.T) {
 	}
 }
 
+// Several peers' states stored at once are all there after a reopen; nil
+// deletes; an invalid peer ID stores nothing.
+func TestPeerStates(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	if err := l.PutPeerState("c", []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PutPeerStates(map[string][]byte{"a": []byte("one"), "b": []byte("two"), "c": nil}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PutPeerStates(map[string][]byte{"a": []byte("changed"), "": []byte("bad")}); err == nil {
+		t.Fatal("a state for an empty peer ID was accepted")
+	}
+	l = reopen(t, l, Options{})
+	for peer, want := range map[string]string{"a": "one", "b": "two"} {
+		if v, err := l.PeerState(peer); err != nil || string(v) != want {
+			t.Fatalf("PeerState(%s) after reopen = %q, %v; want %q", peer, v, err, want)
+		}
+	}
+	if _, err := l.PeerState("c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted PeerState = %v", err)
+	}
+}
+
 func TestReadOnlyLedger(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	if _, err := Open(path, Options{ReadOnly: true}); !errors.Is(err, os.ErrNotExist) {

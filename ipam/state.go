@@ -310,6 +310,27 @@ type txn struct {
 	undo    []func()
 	changed map[string]bool // peers whose views changed
 	occ     map[bool]spans  // occupied ranges by family (true: IPv4), built on first use
+	// writes are the file's edits, kept for the commit when tx is nil (a
+	// Batch: its transaction opens at the end, once).
+	writes []func(tx *bolt.Tx) error
+}
+
+// put and del edit the file: in the transaction at once, or in a Batch's
+// at its end.
+func (t *txn) put(bucket, k, v []byte) error {
+	if t.tx != nil {
+		return t.tx.Bucket(bucket).Put(k, v)
+	}
+	t.writes = append(t.writes, func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put(k, v) })
+	return nil
+}
+
+func (t *txn) del(bucket, k []byte) error {
+	if t.tx != nil {
+		return t.tx.Bucket(bucket).Delete(k)
+	}
+	t.writes = append(t.writes, func(tx *bolt.Tx) error { return tx.Bucket(bucket).Delete(k) })
+	return nil
 }
 
 func (t *txn) putView(v View) error {
@@ -328,7 +349,7 @@ func (t *txn) putView(v View) error {
 		t.occ[v.View.Addr().Is4()] = occ.insert(spanOf(v.View))
 	}
 	val := encTime(encPrefix(nil, v.View), v.Since)
-	return t.tx.Bucket(bucketViews).Put(peerRangeKey(v.Peer, v.Remote), val)
+	return t.put(bucketViews, peerRangeKey(v.Peer, v.Remote), val)
 }
 
 // deleteView removes a view. Its block stays in the occupied cache, which
@@ -341,7 +362,7 @@ func (t *txn) deleteView(k peerRange) error {
 	t.undo = append(t.undo, func() { t.st.views[k] = old })
 	delete(t.st.views, k)
 	t.changed[k.peer] = true
-	return t.tx.Bucket(bucketViews).Delete(peerRangeKey(k.peer, k.r))
+	return t.del(bucketViews, peerRangeKey(k.peer, k.r))
 }
 
 func (t *txn) putTheir(v TheirView) error {
@@ -356,7 +377,7 @@ func (t *txn) putTheir(v TheirView) error {
 	})
 	t.st.theirs[k] = v
 	val := encTime(encPrefix(nil, v.Theirs), v.Since)
-	return t.tx.Bucket(bucketTheirs).Put(peerRangeKey(v.Peer, v.Mine), val)
+	return t.put(bucketTheirs, peerRangeKey(v.Peer, v.Mine), val)
 }
 
 func (t *txn) deleteTheir(k peerRange) error {
@@ -366,7 +387,7 @@ func (t *txn) deleteTheir(k peerRange) error {
 	}
 	t.undo = append(t.undo, func() { t.st.theirs[k] = old })
 	delete(t.st.theirs, k)
-	return t.tx.Bucket(bucketTheirs).Delete(peerRangeKey(k.peer, k.r))
+	return t.del(bucketTheirs, peerRangeKey(k.peer, k.r))
 }
 
 func (t *txn) putQuarantine(q Quarantined) error {
@@ -382,7 +403,7 @@ func (t *txn) putQuarantine(q Quarantined) error {
 	if occ, ok := t.occ[q.Block.Addr().Is4()]; ok {
 		t.occ[q.Block.Addr().Is4()] = occ.insert(spanOf(q.Block))
 	}
-	return t.tx.Bucket(bucketQuarantine).Put(encPrefix(nil, q.Block), encQuarantine(q))
+	return t.put(bucketQuarantine, encPrefix(nil, q.Block), encQuarantine(q))
 }
 
 func (t *txn) deleteQuarantine(block netip.Prefix) error {
@@ -392,7 +413,7 @@ func (t *txn) deleteQuarantine(block netip.Prefix) error {
 	}
 	t.undo = append(t.undo, func() { t.st.quarantine[block] = old })
 	delete(t.st.quarantine, block)
-	return t.tx.Bucket(bucketQuarantine).Delete(encPrefix(nil, block))
+	return t.del(bucketQuarantine, encPrefix(nil, block))
 }
 
 func (t *txn) purgeExpired() error {

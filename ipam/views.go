@@ -67,31 +67,38 @@ func (l *Ledger) ViewsOf(reqs []ViewRequest) ([]View, error) {
 // ranges no longer listed go to quarantine, new ones are allocated, all
 // in one transaction. Use it when a peer's ranges change.
 func (l *Ledger) SyncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
-	for _, r := range remotes {
-		if err := checkRequest(peer, r); err != nil {
-			return nil, fmt.Errorf("sync peer %s: %w", peer, err)
-		}
-	}
 	var out []View
 	err := l.update(func(t *txn) error {
-		for k := range t.st.views {
-			if k.peer == peer && !slices.Contains(remotes, k.r) {
-				if err := t.release(k); err != nil {
-					return err
-				}
-			}
-		}
-		for _, r := range remotes {
-			v, err := t.viewOf(peer, r, false)
-			if err != nil {
-				return fmt.Errorf("range %s: %w", r, err)
-			}
-			out = append(out, v)
-		}
-		return nil
+		var err error
+		out, err = t.syncPeer(peer, remotes)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sync peer %s: %w", peer, err)
+	}
+	return out, nil
+}
+
+func (t *txn) syncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
+	for _, r := range remotes {
+		if err := checkRequest(peer, r); err != nil {
+			return nil, err
+		}
+	}
+	var out []View
+	for k := range t.st.views {
+		if k.peer == peer && !slices.Contains(remotes, k.r) {
+			if err := t.release(k); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, r := range remotes {
+		v, err := t.viewOf(peer, r, false)
+		if err != nil {
+			return nil, fmt.Errorf("range %s: %w", r, err)
+		}
+		out = append(out, v)
 	}
 	return out, nil
 }
@@ -139,25 +146,26 @@ func (l *Ledger) Release(peer string, remote netip.Prefix) error {
 // ReleasePeer forgets a peer on unpeering: all its views go to quarantine
 // and its views of us are dropped. Its PeerState is left to its owner.
 func (l *Ledger) ReleasePeer(peer string) error {
-	err := l.update(func(t *txn) error {
-		for k := range t.st.views {
-			if k.peer == peer {
-				if err := t.release(k); err != nil {
-					return err
-				}
-			}
-		}
-		for k := range t.st.theirs {
-			if k.peer == peer {
-				if err := t.deleteTheir(k); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := l.update(func(t *txn) error { return t.releasePeer(peer) }); err != nil {
 		return fmt.Errorf("release peer %s: %w", peer, err)
+	}
+	return nil
+}
+
+func (t *txn) releasePeer(peer string) error {
+	for k := range t.st.views {
+		if k.peer == peer {
+			if err := t.release(k); err != nil {
+				return err
+			}
+		}
+	}
+	for k := range t.st.theirs {
+		if k.peer == peer {
+			if err := t.deleteTheir(k); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -239,13 +247,17 @@ func (l *Ledger) LocalNetworks() []LocalNetwork {
 // Views returns the views of peer's ranges, or of every peer when peer is "".
 func (l *Ledger) Views(peer string) []View {
 	var out []View
-	l.read(func(st *state) {
-		for k, v := range st.views {
-			if peer == "" || k.peer == peer {
-				out = append(out, v)
-			}
+	l.read(func(st *state) { out = st.viewsOf(peer) })
+	return out
+}
+
+func (st *state) viewsOf(peer string) []View {
+	var out []View
+	for k, v := range st.views {
+		if peer == "" || k.peer == peer {
+			out = append(out, v)
 		}
-	})
+	}
 	sortViews(out)
 	return out
 }
@@ -549,49 +561,57 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 // our local networks, or when it overlaps what the peer claims for another
 // of our ranges. A new claim for the same range replaces the old one.
 func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
+	// Peering repeats settled claims on every reconcile: an identical one
+	// costs a read, not a committed transaction.
 	err := checkClaim(peer, mine, theirs)
+	same := false
+	l.read(func(st *state) { same = st.hasTheirView(peer, mine, theirs) })
+	if err == nil && same {
+		return nil
+	}
 	if err == nil {
-		// Peering repeats settled claims on every reconcile: an identical
-		// one costs a read, not a committed transaction.
-		same := false
-		l.read(func(st *state) {
-			o, ok := st.theirs[peerRange{peer, mine}]
-			same = ok && o.Theirs == theirs
-		})
-		if same {
-			return nil
-		}
-		err = l.update(func(t *txn) error {
-			inside := false
-			for _, n := range t.st.locals {
-				if n.Range.Bits() <= mine.Bits() && overlaps(n.Range, mine) {
-					inside = true
-				}
-			}
-			if !inside {
-				return fmt.Errorf("%w: %s is not within any of our local networks", ErrInconsistentClaim, mine)
-			}
-			for k, o := range t.st.theirs {
-				if k.peer != peer || k.r == mine {
-					continue
-				}
-				if overlaps(k.r, mine) {
-					return fmt.Errorf("%w: %s overlaps %s, for which the peer already claims %s", ErrInconsistentClaim, mine, k.r, o.Theirs)
-				}
-				if overlaps(o.Theirs, theirs) {
-					return fmt.Errorf("%w: %s overlaps %s, the peer's view of our %s", ErrInconsistentClaim, theirs, o.Theirs, k.r)
-				}
-			}
-			if o, ok := t.st.theirs[peerRange{peer, mine}]; ok && o.Theirs == theirs {
-				return nil // recorded meanwhile by another caller
-			}
-			return t.putTheir(TheirView{Peer: peer, Mine: mine, Theirs: theirs, Since: t.now})
-		})
+		err = l.update(func(t *txn) error { return t.recordTheirView(peer, mine, theirs) })
 	}
 	if err != nil {
 		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
 	}
 	return nil
+}
+
+func (st *state) hasTheirView(peer string, mine, theirs netip.Prefix) bool {
+	o, ok := st.theirs[peerRange{peer, mine}]
+	return ok && o.Theirs == theirs
+}
+
+func (t *txn) recordTheirView(peer string, mine, theirs netip.Prefix) error {
+	if err := checkClaim(peer, mine, theirs); err != nil || t.st.hasTheirView(peer, mine, theirs) {
+		return err
+	}
+	return t.claim(peer, mine, theirs)
+}
+
+func (t *txn) claim(peer string, mine, theirs netip.Prefix) error {
+	inside := false
+	for _, n := range t.st.locals {
+		if n.Range.Bits() <= mine.Bits() && overlaps(n.Range, mine) {
+			inside = true
+		}
+	}
+	if !inside {
+		return fmt.Errorf("%w: %s is not within any of our local networks", ErrInconsistentClaim, mine)
+	}
+	for k, o := range t.st.theirs {
+		if k.peer != peer || k.r == mine {
+			continue
+		}
+		if overlaps(k.r, mine) {
+			return fmt.Errorf("%w: %s overlaps %s, for which the peer already claims %s", ErrInconsistentClaim, mine, k.r, o.Theirs)
+		}
+		if overlaps(o.Theirs, theirs) {
+			return fmt.Errorf("%w: %s overlaps %s, the peer's view of our %s", ErrInconsistentClaim, theirs, o.Theirs, k.r)
+		}
+	}
+	return t.putTheir(TheirView{Peer: peer, Mine: mine, Theirs: theirs, Since: t.now})
 }
 
 // KeepTheirViews drops the peer's claims about ranges of ours other than
@@ -600,26 +620,32 @@ func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 // new range that overlaps it). Nothing to drop costs a read.
 func (l *Ledger) KeepTheirViews(peer string, mine []netip.Prefix) error {
 	stale := false
-	l.read(func(st *state) {
-		for k := range st.theirs {
-			stale = stale || k.peer == peer && !slices.Contains(mine, k.r)
-		}
-	})
+	l.read(func(st *state) { stale = st.staleTheirViews(peer, mine) })
 	if !stale {
 		return nil
 	}
-	err := l.update(func(t *txn) error {
-		for k := range t.st.theirs {
-			if k.peer == peer && !slices.Contains(mine, k.r) {
-				if err := t.deleteTheir(k); err != nil {
-					return err
-				}
+	if err := l.update(func(t *txn) error { return t.keepTheirViews(peer, mine) }); err != nil {
+		return fmt.Errorf("drop peer %s's views of ranges no longer announced: %w", peer, err)
+	}
+	return nil
+}
+
+func (st *state) staleTheirViews(peer string, mine []netip.Prefix) bool {
+	for k := range st.theirs {
+		if k.peer == peer && !slices.Contains(mine, k.r) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *txn) keepTheirViews(peer string, mine []netip.Prefix) error {
+	for k := range t.st.theirs {
+		if k.peer == peer && !slices.Contains(mine, k.r) {
+			if err := t.deleteTheir(k); err != nil {
+				return err
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("drop peer %s's views of ranges no longer announced: %w", peer, err)
 	}
 	return nil
 }
@@ -647,13 +673,17 @@ func checkClaim(peer string, mine, theirs netip.Prefix) error {
 // claims when peer is "".
 func (l *Ledger) TheirViews(peer string) []TheirView {
 	var out []TheirView
-	l.read(func(st *state) {
-		for k, v := range st.theirs {
-			if peer == "" || k.peer == peer {
-				out = append(out, v)
-			}
+	l.read(func(st *state) { out = st.theirViewsOf(peer) })
+	return out
+}
+
+func (st *state) theirViewsOf(peer string) []TheirView {
+	var out []TheirView
+	for k, v := range st.theirs {
+		if peer == "" || k.peer == peer {
+			out = append(out, v)
 		}
-	})
+	}
 	slices.SortFunc(out, func(a, b TheirView) int {
 		if c := strings.Compare(a.Peer, b.Peer); c != 0 {
 			return c

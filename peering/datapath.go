@@ -67,7 +67,8 @@ func (e *Engine) applyTunnel() {
 	for _, tp := range d.Peers {
 		e.stepOnce(e.peers[tp.ClusterID], StepDataPath, time.Time{})
 	}
-	e.refreshStats()
+	e.appliedSeq.Add(1)
+	e.kickStats()
 }
 
 // firstContact is what the peer's statement says of its side of the first
@@ -124,30 +125,4 @@ func (e *Engine) isolate(d tunnel.Desired) tunnel.Desired {
 		ok.Peers = append(ok.Peers, tp)
 	}
 	return ok
-}
-
-// refreshStats reads the tunnel's handshakes and endpoints in use.
-func (e *Engine) refreshStats() {
-	st, err := e.cfg.Dataplane.Status()
-	if err != nil {
-		e.log.Debug("tunnel status", "err", err)
-		return
-	}
-	clear(e.stats)
-	for _, s := range st {
-		e.stats[s.ClusterID] = s
-		if p, ok := e.peers[s.ClusterID]; ok && !p.configured.IsZero() && !s.LastHandshake.IsZero() {
-			e.stepOnce(p, StepHandshake, s.LastHandshake)
-		}
-	}
-}
-
-// settling reports whether some peer is configured but not yet connected.
-func (e *Engine) settling() bool {
-	for _, p := range e.peers {
-		if !p.configured.IsZero() && e.phase(p) != PhaseConnected {
-			return true
-		}
-	}
-	return false
 }

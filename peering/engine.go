@@ -71,16 +71,13 @@ type Member struct {
 	Alive bool
 }
 
-// Ledger is what peering needs of the ipam ledger (*ipam.Ledger).
+// Ledger is what peering needs of the ipam ledger (*ipam.Ledger). A
+// reconcile makes its writes (statements, views, claims) in one Batch.
 type Ledger interface {
-	SyncPeer(peer string, remotes []netip.Prefix) ([]ipam.View, error)
+	Batch(fn func(ipam.Batch) error) error
 	Views(peer string) []ipam.View
-	RecordTheirView(peer string, mine, theirs netip.Prefix) error
 	TheirViews(peer string) []ipam.TheirView
-	KeepTheirViews(peer string, mine []netip.Prefix) error
-	ReleasePeer(peer string) error
 	PeerState(peer string) ([]byte, error)
-	PutPeerState(peer string, value []byte) error
 	PeersWithState() ([]string, error)
 	LoadOrCreateKey(name string, create func() ([]byte, error)) ([]byte, error)
 	PutKey(name string, value []byte) error
@@ -240,7 +237,18 @@ type Engine struct {
 	applyErr     error
 	stats        map[string]tunnel.PeerStatus
 	early        map[string]earlyMessage
-	ctx          context.Context
+	// toPersist are statements accepted since the last ledger write, by
+	// peer: a burst is written in one synced transaction.
+	toPersist map[string][]byte
+	ledgerErr error // the last failure to write the ledger, logged once
+	ctx       context.Context
+
+	// appliedSeq counts the data paths applied; settlingNow says whether
+	// a configured peer waits for its handshake. Both tell pollStats, on
+	// its own goroutine, what reads are current and how often to read.
+	appliedSeq  atomic.Uint64
+	settlingNow atomic.Bool
+	statsKick   chan struct{}
 
 	// senders counts running sender goroutines; Run waits for them.
 	senders      sync.WaitGroup
@@ -300,8 +308,8 @@ func New(cfg Config) (*Engine, error) {
 		metrics: newMetrics(cfg.Metrics, cfg.Dataplane),
 		inputs:  make(chan func(), 256), inbox: make(chan []byte, 1024),
 		peers: map[string]*peer{}, specs: map[string]Spec{}, grants: map[string][]byte{}, published: map[string]PeerState{},
-		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{},
-		ready: make(chan struct{}), stopped: make(chan struct{}),
+		stats: map[string]tunnel.PeerStatus{}, early: map[string]earlyMessage{}, toPersist: map[string][]byte{},
+		ready: make(chan struct{}), stopped: make(chan struct{}), statsKick: make(chan struct{}, 1),
 	}
 	return e, nil
 }
@@ -381,9 +389,15 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.readyOnce.Do(func() { close(e.ready) })
 	resend := time.NewTicker(e.cfg.ResendInterval)
 	defer resend.Stop()
+	// Time alone moves some states (a grace period ends, a tunnel without
+	// a handshake turns Degraded): reconcile every second.
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	statsEvery := 0
+	var stats sync.WaitGroup
+	defer stats.Wait()
+	statsCtx, stopStats := context.WithCancel(ctx)
+	defer stopStats()
+	stats.Go(func() { e.pollStats(statsCtx) })
 	for {
 		select {
 		case <-ctx.Done():
@@ -395,16 +409,10 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-resend.C:
 			e.resendAll()
 		case <-tick.C:
-			// Poll tunnel statistics every second while something is
-			// settling, every 5 s otherwise.
-			statsEvery++
-			if statsEvery >= 5 || e.settling() {
-				statsEvery = 0
-				e.refreshStats()
-			}
 		}
 		e.drain()
 		e.reconcile()
+		e.settlingNow.Store(e.settling())
 	}
 }
 
@@ -526,8 +534,8 @@ func decisionOf(h *Hello) Decision {
 // with the current state, then forgets the peers gone for good.
 func (e *Engine) reconcile() {
 	now := e.cfg.Now()
+	e.writeLedger(now)
 	for _, p := range e.peers {
-		e.reconcileViews(p, now)
 		e.send(p, false)
 	}
 	e.applyTunnel()

@@ -34,6 +34,12 @@ type fakeDataplane struct {
 	handshakes map[string]time.Time
 	bytes      map[string][2]int64
 	removed    map[string]int
+	// wire, when set, reports handshakes as WireGuard would make them:
+	// once both sides hold each other (benchmarks).
+	wire *wire
+
+	pubOnce sync.Once
+	pub     tunnel.Key
 }
 
 func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
@@ -51,6 +57,9 @@ func (f *fakeDataplane) Apply(_ context.Context, d tunnel.Desired) error {
 		}
 	}
 	f.d, f.n = d, f.n+1
+	if f.wire != nil {
+		f.wire.applied(f.PublicKey(), d)
+	}
 	return nil
 }
 
@@ -93,13 +102,22 @@ func (f *fakeDataplane) Status() ([]tunnel.PeerStatus, error) {
 	var out []tunnel.PeerStatus
 	for _, p := range f.d.Peers {
 		b := f.bytes[p.ClusterID]
+		hs := f.handshakes[p.ClusterID]
+		if f.wire != nil {
+			hs = f.wire.handshake(f.PublicKey(), p.PublicKey)
+		}
 		out = append(out, tunnel.PeerStatus{ClusterID: p.ClusterID, PublicKey: p.PublicKey,
-			LastHandshake: f.handshakes[p.ClusterID], RxBytes: b[0], TxBytes: b[1]})
+			LastHandshake: hs, RxBytes: b[0], TxBytes: b[1]})
 	}
 	return out, nil
 }
 
-func (f *fakeDataplane) PublicKey() tunnel.Key { return f.key.PublicKey() }
+// PublicKey is derived once, as the tunnel holds it: the engine asks for
+// it on every statement it considers.
+func (f *fakeDataplane) PublicKey() tunnel.Key {
+	f.pubOnce.Do(func() { f.pub = f.key.PublicKey() })
+	return f.pub
+}
 
 func (f *fakeDataplane) desired() (tunnel.Desired, int) {
 	f.mu.Lock()
@@ -156,6 +174,8 @@ func (t transport) Send(_ context.Context, to string, msg []byte) error {
 type recorder struct {
 	mu     sync.Mutex
 	events []event
+	// seen, when set, is called with every state published (benchmarks).
+	seen func(PeerState)
 }
 
 type event struct {
@@ -167,6 +187,9 @@ func (r *recorder) Publish(s PeerState) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, event{state: s})
+	if r.seen != nil {
+		r.seen(s)
+	}
 }
 
 func (r *recorder) Withdraw(id string) {
@@ -210,6 +233,8 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	path   string
+
+	stopOnce sync.Once
 }
 
 type clock struct {
@@ -246,11 +271,17 @@ type nodeOptions struct {
 	grants GrantReceiver
 	// labels are the node's cluster labels.
 	labels map[string]string
+	// resend is the engine's ResendInterval (default 200 ms).
+	resend time.Duration
+	// wire, when set, makes the node's handshakes (benchmarks).
+	wire *wire
+	// dataplane, when set, stands between the engine and its data plane.
+	dataplane func(Dataplane) Dataplane
 }
 
-func newNode(t *testing.T, net *network, o nodeOptions) *node {
+func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	t.Helper()
-	n := &node{dp: &fakeDataplane{}, rec: &recorder{}}
+	n := &node{dp: &fakeDataplane{wire: o.wire}, rec: &recorder{}}
 	if o.seed != nil {
 		n.id, n.path, n.dp.key = o.seed.id, o.seed.path, o.seed.dp.key
 	} else {
@@ -289,15 +320,22 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	if o.ledger != nil {
 		led = o.ledger(l)
 	}
+	var dp Dataplane = n.dp
+	if o.dataplane != nil {
+		dp = o.dataplane(n.dp)
+	}
 	cfg := Config{
 		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Labels: o.labels, Policy: o.policy,
 		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
-		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
+		Ledger: led, Dataplane: dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if o.logger != nil {
 		cfg.Logger = o.logger
+	}
+	if o.resend != 0 {
+		cfg.ResendInterval = o.resend
 	}
 	cfg.Grants = o.grants
 	if o.clock != nil {
@@ -323,7 +361,7 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 func (n *node) stop() {
 	n.cancel()
 	<-n.done
-	n.ledger.Close()
+	n.stopOnce.Do(func() { n.ledger.Close() })
 }
 
 func (n *node) member(alive bool) Member {

@@ -143,15 +143,24 @@ func TestSetNetworksRefusesBadNetworks(t *testing.T) {
 	}
 }
 
-// countingLedger counts SyncPeer calls: each is a ledger transaction.
+// countingLedger counts SyncPeer calls: each allocates views.
 type countingLedger struct {
 	Ledger
 	syncs atomic.Int64
 }
 
-func (c *countingLedger) SyncPeer(peer string, remotes []netip.Prefix) ([]ipam.View, error) {
-	c.syncs.Add(1)
-	return c.Ledger.SyncPeer(peer, remotes)
+func (c *countingLedger) Batch(fn func(ipam.Batch) error) error {
+	return c.Ledger.Batch(func(b ipam.Batch) error { return fn(countingBatch{b, c}) })
+}
+
+type countingBatch struct {
+	ipam.Batch
+	c *countingLedger
+}
+
+func (b countingBatch) SyncPeer(peer string, remotes []netip.Prefix) ([]ipam.View, error) {
+	b.c.syncs.Add(1)
+	return b.Batch.SyncPeer(peer, remotes)
 }
 
 // logCounter counts log records whose message has a prefix.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -18,12 +19,95 @@ type persistedPeer struct {
 	Message []byte `json:"message"`
 }
 
-func (e *Engine) persist(p *peer, msg []byte) error {
-	b, err := json.Marshal(persistedPeer{Message: msg})
-	if err != nil {
-		return err
+// writeLedger makes what the reconcile writes to the ledger in one
+// transaction, a single synced write however many peers a burst of
+// statements touched: the statements accepted since the last one, then
+// every peer's views and their views of ours. It comes before anything
+// is sent or applied from them. When the commit fails every write is
+// undone: the statements stay queued, and the peers whose views the
+// ledger no longer holds as the engine does are read again on the next
+// reconcile; the others keep their tunnels.
+func (e *Engine) writeLedger(now time.Time) {
+	stored := false
+	err := e.cfg.Ledger.Batch(func(b ipam.Batch) error {
+		stored = e.persistStatements(b)
+		for _, p := range e.peers {
+			e.reconcileViews(b, p, now)
+		}
+		return nil
+	})
+	if err == nil && stored {
+		clear(e.toPersist)
 	}
-	return e.cfg.Ledger.PutPeerState(p.id, b)
+	if err != nil {
+		for _, p := range e.peers {
+			if !e.heldByLedger(p) {
+				p.myViews, p.viewsFor, p.theirOK, p.viewsErr = nil, nil, false, err
+			}
+		}
+	}
+	if errorText(err) != errorText(e.ledgerErr) && err != nil {
+		e.log.Error("cannot write the ledger; retrying", "err", err)
+	}
+	e.ledgerErr = err
+}
+
+// heldByLedger reports whether the ledger holds p's views and, when they
+// are agreed, its views of ours, as the engine has them.
+func (e *Engine) heldByLedger(p *peer) bool {
+	type pair struct{ a, b netip.Prefix }
+	held := map[pair]bool{}
+	for _, v := range e.cfg.Ledger.Views(p.id) {
+		held[pair{v.Remote, v.View}] = true
+	}
+	if len(held) != len(p.myViews) {
+		return false
+	}
+	for _, v := range p.myViews {
+		if !held[pair{v.Remote, v.View}] {
+			return false
+		}
+	}
+	if !p.theirOK {
+		return true
+	}
+	claims := map[pair]bool{}
+	for _, v := range e.cfg.Ledger.TheirViews(p.id) {
+		claims[pair{v.Mine, v.Theirs}] = true
+	}
+	for _, c := range p.hello.ViewsOfYou {
+		if slices.Contains(e.cfg.Networks, c.Range) && !claims[pair{c.Range, c.As}] {
+			return false
+		}
+	}
+	return true
+}
+
+// persistStatements queues the statements accepted since the last write
+// into b, and reports whether they were; they are forgotten once the
+// batch commits.
+func (e *Engine) persistStatements(b ipam.Batch) bool {
+	if len(e.toPersist) == 0 {
+		return false
+	}
+	states := make(map[string][]byte, len(e.toPersist))
+	for id, msg := range e.toPersist {
+		raw, err := json.Marshal(persistedPeer{Message: msg})
+		if err != nil {
+			e.log.Error("cannot encode a peer statement", "peer", id, "err", err)
+			delete(e.toPersist, id)
+			continue
+		}
+		states[id] = raw
+	}
+	if err := b.PutPeerStates(states); err != nil {
+		// Refused as such (the IDs are a verified member's): trying again
+		// cannot help.
+		e.log.Error("cannot persist peer statements", "peers", len(states), "err", err)
+		clear(e.toPersist)
+		return false
+	}
+	return true
 }
 
 // loadStatement gives p the last statement the ledger holds from it, so a

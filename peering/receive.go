@@ -48,9 +48,7 @@ func (e *Engine) receive(msg []byte) {
 	p.hello, p.payload = h, slices.Clone(s.Payload())
 	e.metrics.accepted.Inc()
 	e.stepOnce(p, StepStatementReceived, time.Time{})
-	if err := e.persist(p, msg); err != nil {
-		e.log.Error("cannot persist peer statement", "peer", p.id, "err", err)
-	}
+	e.toPersist[p.id] = msg // stored before the reconcile that acts on it
 	e.log.Debug("hello accepted", "peer", p.id, "generation", h.Generation, "protocol", h.Protocol, "decision", h.Decision, "views", len(h.ViewsOfYou), "grant", len(h.Grant))
 	e.deliverGrant(p)
 	// Answer every new statement, so a peer that lost ours recovers now

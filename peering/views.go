@@ -23,11 +23,11 @@ func (e *Engine) wanted(p *peer, now time.Time) bool {
 
 // reconcileViews gives p a view of each of its networks and records its
 // views of ours while it is wanted, and releases them to quarantine once
-// it is not.
-func (e *Engine) reconcileViews(p *peer, now time.Time) {
+// it is not, writing to the ledger through b (writeLedger).
+func (e *Engine) reconcileViews(b ipam.Batch, p *peer, now time.Time) {
 	if !e.wanted(p, now) {
-		if len(p.myViews) > 0 || len(e.cfg.Ledger.TheirViews(p.id)) > 0 || len(e.cfg.Ledger.Views(p.id)) > 0 {
-			if err := e.cfg.Ledger.ReleasePeer(p.id); err != nil {
+		if len(p.myViews) > 0 || len(b.TheirViews(p.id)) > 0 || len(b.Views(p.id)) > 0 {
+			if err := b.ReleasePeer(p.id); err != nil {
 				e.log.Error("cannot release peer views", "peer", p.id, "err", err)
 				return
 			}
@@ -43,7 +43,7 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 	// quarantine expires): not on every reconcile.
 	failed := len(p.myViews) == 0 && !p.viewsRetry.IsZero()
 	if !slices.Equal(p.viewsFor, p.hello.Networks) || len(p.myViews) == 0 && (!failed || !now.Before(p.viewsRetry)) {
-		views, err := e.cfg.Ledger.SyncPeer(p.id, p.hello.Networks)
+		views, err := b.SyncPeer(p.id, p.hello.Networks)
 		if err != nil {
 			p.viewsErr = viewsError(p, err)
 			p.myViews, p.viewsFor, p.viewsRetry = nil, slices.Clone(p.hello.Networks), now.Add(viewsRetry)
@@ -64,7 +64,7 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 	}
 	agreed := p.theirOK
 	p.theirOK = false
-	if err := e.cfg.Ledger.KeepTheirViews(p.id, e.cfg.Networks); err != nil {
+	if err := b.KeepTheirViews(p.id, e.cfg.Networks); err != nil {
 		p.viewsErr = err
 		if err.Error() != before {
 			e.log.Error("cannot drop the peer's views of networks no longer announced", "peer", p.id, "err", err)
@@ -84,7 +84,7 @@ func (e *Engine) reconcileViews(p *peer, now time.Time) {
 			p.theirOK = agreed && p.viewsErr == nil
 			return
 		}
-		if err := e.cfg.Ledger.RecordTheirView(p.id, mine, p.hello.ViewsOfYou[i].As); err != nil {
+		if err := b.RecordTheirView(p.id, mine, p.hello.ViewsOfYou[i].As); err != nil {
 			p.viewsErr = err
 			if err.Error() != before {
 				e.log.Warn("inconsistent view claim refused", "peer", p.id, "err", err)
