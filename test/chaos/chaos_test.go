@@ -77,23 +77,35 @@ type outcome struct {
 	broken   int           // invariants broken after convergence
 }
 
-// TestChaos: three clusters, two on the same PodCIDR and one whose range
-// holds theirs, pings between every pair of pods, and faults drawn from
-// FLOTILLA_CHAOS_SEED (default 1), FLOTILLA_CHAOS_FAULTS of them (default
-// 3). The run prints the seed and a table per fault kind.
+// podCIDRs are the clusters' pod networks, the first
+// FLOTILLA_CHAOS_CLUSTERS of them: a and b equal, c's range holding
+// theirs, d's nested in c's beside a's and b's, e's nested in c's and
+// holding a's and b's. Every cluster needs views of the others that
+// overlap it, drawn from the same remap pools.
+var podCIDRs = []string{"10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/14", "10.2.0.0/16", "10.0.0.0/15"}
+
+// TestChaos: FLOTILLA_CHAOS_CLUSTERS clusters (default 3, `make chaos`
+// runs 5) of equal and nested PodCIDRs, pings between every pair of pods,
+// and faults drawn from FLOTILLA_CHAOS_SEED (default 1),
+// FLOTILLA_CHAOS_FAULTS of them (default 3). The run prints the seed and
+// a table per fault kind.
 func TestChaos(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	harness.Require(t, harness.NeedsNetwork...)
 	seed := envInt(t, "FLOTILLA_CHAOS_SEED", 1)
 	n := envInt(t, "FLOTILLA_CHAOS_FAULTS", 3)
-	t.Logf("chaos: seed %d, %d faults; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, seed, n)
+	clusters := envInt(t, "FLOTILLA_CHAOS_CLUSTERS", 3)
+	if clusters < 2 || clusters > len(podCIDRs) {
+		t.Fatalf("FLOTILLA_CHAOS_CLUSTERS=%d: want 2 to %d", clusters, len(podCIDRs))
+	}
+	t.Logf("chaos: seed %d, %d faults, %d clusters; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_CLUSTERS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, clusters, seed, n, clusters)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
 	env := harness.New(t)
 	lan := env.NewLAN("lan")
 	f := &fed{lan: lan, cs: federation.New(t, env, federation.Options{
 		LAN:      lan,
-		PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/14"},
+		PodCIDRs: podCIDRs[:clusters],
 	})}
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
@@ -125,7 +137,7 @@ func TestChaos(t *testing.T) {
 	for _, outs := range results {
 		for _, o := range outs {
 			if o.broken > 0 {
-				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d", seed, n)
+				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_CLUSTERS=%d", seed, n, clusters)
 			}
 		}
 	}
@@ -281,7 +293,7 @@ func ourRoutes(t *testing.T, c *federation.Cluster) []netip.Prefix {
 // (median, max), traffic lost (median, max), invariants broken.
 func table(results map[string][]outcome) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-16s %5s %20s %20s %7s\n", "fault", "count", "converge med/max", "lost med/max", "broken")
+	fmt.Fprintf(&b, "%-18s %5s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "lost min/med/max", "broken")
 	for _, k := range faults {
 		outs := results[k.name]
 		if len(outs) == 0 {
@@ -294,18 +306,19 @@ func table(results map[string][]outcome) string {
 			lost = append(lost, o.lost)
 			broken += o.broken
 		}
-		fmt.Fprintf(&b, "%-16s %5d %20s %20s %7d\n", k.name, len(outs), medMax(conv), medMax(lost), broken)
+		fmt.Fprintf(&b, "%-18s %5d %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(lost), broken)
 	}
 	return b.String()
 }
 
-func medMax(ds []time.Duration) string {
+func minMedMax(ds []time.Duration) string {
 	slices.Sort(ds)
 	med := ds[len(ds)/2]
 	if len(ds)%2 == 0 {
 		med = (ds[len(ds)/2-1] + med) / 2
 	}
-	return fmt.Sprintf("%s / %s", med.Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }
+	return fmt.Sprintf("%s / %s / %s", r(ds[0]), r(med), r(ds[len(ds)-1]))
 }
 
 func envInt(t *testing.T, name string, def int) int {
