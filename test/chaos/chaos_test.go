@@ -6,11 +6,9 @@
 package chaos_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"net/netip"
 	"os"
 	"regexp"
 	"slices"
@@ -20,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -30,45 +27,6 @@ const grace = 10 * time.Second
 
 // pingInterval paces the traffic between every pair of pods.
 const pingInterval = 100 * time.Millisecond
-
-// fault is one kind of fault: inject breaks victim and returns when the
-// fault is healed (the agent restarted, the link plugged back).
-type fault struct {
-	name   string
-	inject func(t *testing.T, f *fed, victim *federation.Cluster)
-}
-
-var faults = []fault{
-	{"kill-restart", func(t *testing.T, f *fed, v *federation.Cluster) {
-		// SIGKILL: no goodbye, nothing flushed; restarted on its state dir.
-		v.Agent.Kill()
-		<-v.Agent.Done()
-		v.StartAgent(t)
-	}},
-	{"partition-short", func(t *testing.T, f *fed, v *federation.Cluster) {
-		f.partition(t, v, grace/2)
-	}},
-	{"partition-long", func(t *testing.T, f *fed, v *federation.Cluster) {
-		f.partition(t, v, grace+5*time.Second)
-	}},
-}
-
-type fed struct {
-	lan *harness.LAN
-	cs  []*federation.Cluster
-}
-
-// partition cuts v's site from the LAN for d.
-func (f *fed) partition(t *testing.T, v *federation.Cluster, d time.Duration) {
-	t.Helper()
-	if err := f.lan.Cut(v.Site.Addr); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(d)
-	if err := f.lan.Heal(v.Site.Addr); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // outcome is what one fault cost.
 type outcome struct {
@@ -99,6 +57,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("FLOTILLA_CHAOS_CLUSTERS=%d: want 2 to %d", clusters, len(podCIDRs))
 	}
 	t.Logf("chaos: seed %d, %d faults, %d clusters; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_CLUSTERS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, clusters, seed, n, clusters)
+	kinds := faultKinds(t)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
 	env := harness.New(t)
@@ -107,6 +66,7 @@ func TestChaos(t *testing.T) {
 		LAN:      lan,
 		PodCIDRs: podCIDRs[:clusters],
 	})}
+	f.inv = newInvariants()
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
 
@@ -114,7 +74,7 @@ func TestChaos(t *testing.T) {
 	for i := range n {
 		// Every draw comes from the seed, in the same order, so a run is
 		// reproduced up to the timing of the machine.
-		k := faults[rng.IntN(len(faults))]
+		k := kinds[rng.IntN(len(kinds))]
 		victim := f.cs[rng.IntN(len(f.cs))]
 		wait := time.Duration(rng.IntN(3000)) * time.Millisecond
 		t.Logf("fault %d: %s of %s after %s", i+1, k.name, victim.Name, wait)
@@ -124,12 +84,12 @@ func TestChaos(t *testing.T) {
 		healed := time.Now()
 		// A restarted agent's Peers still read Connected from before its
 		// death: converged means it serves again and every pair is
-		// Connected.
+		// Connected, by the clusters' current identities.
 		waitReady(t, victim, 2*time.Minute)
-		federation.WaitPhases(t, f.cs, v1alpha1.PhaseConnected, 2*time.Minute)
+		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
-		o.broken = checkInvariants(t, f.cs)
+		o.broken = f.inv.check(t, f.cs)
 		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}
@@ -215,78 +175,6 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 		lost += max(0, ran-time.Duration(got)*pingInterval)
 	}
 	return lost
-}
-
-// checkInvariants checks, once every pair is Connected again, that pods
-// talk in every direction by their views, that inside every cluster the
-// views are disjoint from each other and from the cluster's own pods, and
-// that every route of ours leads to a current view. It returns the number
-// of invariants broken and logs each.
-func checkInvariants(t *testing.T, cs []*federation.Cluster) int {
-	t.Helper()
-	federation.AllPairsTalk(t, cs)
-	broken := 0
-	for _, c := range cs {
-		peers, err := c.Peers(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var views []netip.Prefix
-		for _, p := range peers {
-			for _, v := range p.Status.TheirNetworks {
-				as, err := netip.ParsePrefix(v.As)
-				if err != nil {
-					t.Errorf("%s's view of %s: %v", c.Name, p.Status.ClusterName, err)
-					broken++
-					continue
-				}
-				views = append(views, as)
-			}
-		}
-		for i, v := range views {
-			if v.Overlaps(c.Site.PodCIDR) {
-				t.Errorf("%s: view %s overlaps its own pods %s", c.Name, v, c.Site.PodCIDR)
-				broken++
-			}
-			for _, w := range views[i+1:] {
-				if v.Overlaps(w) {
-					t.Errorf("%s: views %s and %s overlap", c.Name, v, w)
-					broken++
-				}
-			}
-		}
-		for _, r := range ourRoutes(t, c) {
-			if !slices.Contains(views, r) {
-				t.Errorf("%s: route %s of ours is no view of a peer (views %v)", c.Name, r, views)
-				broken++
-			}
-		}
-	}
-	return broken
-}
-
-// ourRoutes lists the destinations of the routes the agent tagged as its
-// own (protocol 102) in any table of c's site.
-func ourRoutes(t *testing.T, c *federation.Cluster) []netip.Prefix {
-	t.Helper()
-	out := c.Site.MustExec("ip", "-4", "route", "show", "table", "all", "proto", "102")
-	var dsts []netip.Prefix
-	for line := range strings.Lines(out) {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		p, err := netip.ParsePrefix(f[0])
-		if err != nil {
-			a, aerr := netip.ParseAddr(f[0])
-			if aerr != nil {
-				t.Fatalf("%s: route %q: %v", c.Name, line, err)
-			}
-			p = netip.PrefixFrom(a, 32)
-		}
-		dsts = append(dsts, p)
-	}
-	return dsts
 }
 
 // table is the report: per fault kind, how often, time to Connected
