@@ -109,6 +109,11 @@ type Publisher interface {
 	// written: its Peer object was deleted and stays so until the engine
 	// publishes the peer again.
 	Withdraw(id string)
+	// Superseded says the peer is gone for good and an alive member
+	// carries its name: the same cluster back under a new identity (its
+	// state directory lost). Its Peer object may go, unless an admin
+	// decided something in it.
+	Superseded(id, by string)
 }
 
 // GrantReceiver takes the sealed grants peers send this cluster (the
@@ -539,9 +544,30 @@ func (e *Engine) reconcile() {
 	}
 	for _, p := range e.peers {
 		if e.goneForGood(p, now) {
+			by := e.successor(p)
 			e.forget(p)
+			if by != "" && e.cfg.Publisher != nil {
+				e.log.Info("peer superseded: a member of the same name took its place", "peer", p.id, "by", by, "name", p.hello.Name)
+				e.cfg.Publisher.Superseded(p.id, by)
+			}
 		}
 	}
+}
+
+// successor is the alive member that carries p's name, the cluster p was
+// before it came back with a new identity; "" when there is none. Names
+// are not unique by construction, but two clusters of one name are a
+// mistake the Peers already show; the one gone for good leaves.
+func (e *Engine) successor(p *peer) string {
+	if p.hello == nil || p.hello.Name == "" {
+		return ""
+	}
+	for _, q := range e.peers {
+		if q != p && q.member != nil && q.member.Alive && q.hello != nil && q.hello.Name == p.hello.Name {
+			return q.id
+		}
+	}
+	return ""
 }
 
 // goneForGood reports whether nothing is left to do about p: the member is

@@ -159,8 +159,9 @@ type recorder struct {
 }
 
 type event struct {
-	state    PeerState
-	withdraw string
+	state      PeerState
+	withdraw   string
+	superseded string
 }
 
 func (r *recorder) Publish(s PeerState) {
@@ -173,6 +174,12 @@ func (r *recorder) Withdraw(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, event{withdraw: id})
+}
+
+func (r *recorder) Superseded(id, by string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, event{superseded: id})
 }
 
 // latest returns the last state published for id.
@@ -193,7 +200,7 @@ func (r *recorder) history(id string) []event {
 	defer r.mu.Unlock()
 	var out []event
 	for _, ev := range r.events {
-		if ev.state.ClusterID == id || ev.withdraw == id {
+		if ev.state.ClusterID == id || ev.withdraw == id || ev.superseded == id {
 			out = append(out, ev)
 		}
 	}
@@ -246,6 +253,8 @@ type nodeOptions struct {
 	grants GrantReceiver
 	// labels are the node's cluster labels.
 	labels map[string]string
+	// name is the node's cluster name (default: from its identity).
+	name string
 }
 
 func newNode(t *testing.T, net *network, o nodeOptions) *node {
@@ -289,8 +298,12 @@ func newNode(t *testing.T, net *network, o nodeOptions) *node {
 	if o.ledger != nil {
 		led = o.ledger(l)
 	}
+	name := o.name
+	if name == "" {
+		name = "cluster-" + n.id.ClusterID()[:6]
+	}
 	cfg := Config{
-		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Labels: o.labels, Policy: o.policy,
+		Identity: n.id, Name: name, Labels: o.labels, Policy: o.policy,
 		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
 		Ledger: led, Dataplane: n.dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,

@@ -250,3 +250,47 @@ func TestGenerationsGrowWithoutAWriteEach(t *testing.T) {
 		t.Fatalf("b refused %v of a's statements as replayed", v)
 	}
 }
+
+// A cluster back under a new identity (its state directory lost) carries
+// its old name: once the old identity is gone for good, it is reported
+// superseded, so its Peer can go. A peer gone for good that nobody took
+// the place of is only forgotten.
+func TestNewIdentitySupersedesTheOld(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	a := newNode(t, net, nodeOptions{clock: clk})
+	b, c := newNode(t, net, nodeOptions{name: "b"}), newNode(t, net, nodeOptions{name: "c"})
+	meet(a, b, c)
+	within(t, "connected", func() error { return errors.Join(connected(a, b), connected(a, c)) })
+
+	b2 := newNode(t, net, nodeOptions{name: "b"})
+	a.eng.MemberChanged(b.member(false))
+	a.eng.MemberChanged(c.member(false))
+	meet(a, b2)
+	within(t, "the new b connected", func() error { return connected(a, b2) })
+	clk.Add(2 * time.Minute)
+	within(t, "the old b and c forgotten", func() error {
+		if n := peersKnown(a); n != 1 {
+			return fmt.Errorf("a keeps state of %d peers", n)
+		}
+		return nil
+	})
+	superseded := func(n *node) []event {
+		var out []event
+		for _, ev := range a.rec.history(n.id.ClusterID()) {
+			if ev.superseded != "" {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	if got := superseded(b); len(got) != 1 {
+		t.Errorf("the old b reported superseded %d times, want once", len(got))
+	}
+	if got := superseded(c); len(got) != 0 {
+		t.Errorf("c, gone with no successor, reported superseded: %+v", got)
+	}
+	if err := connected(a, b2); err != nil {
+		t.Fatalf("the new b after the old one went: %v", err)
+	}
+}

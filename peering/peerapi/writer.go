@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +59,9 @@ type statusWriter struct {
 type queued struct {
 	state peering.PeerState
 	seq   uint64 // tells a newer state from the one being written
+	// supersededBy, when set, asks for the Peer's deletion instead: its
+	// cluster came back as this member.
+	supersededBy string
 }
 
 // The writer's limit on status writes, whatever the federation does. A
@@ -112,6 +116,15 @@ func (w *statusWriter) publish(s peering.PeerState) {
 	w.queue.Add(s.ClusterID)
 }
 
+// supersede queues the deletion of id's Peer in place of any state.
+func (w *statusWriter) supersede(id, by string) {
+	w.mu.Lock()
+	w.seq++
+	w.pending[id] = queued{seq: w.seq, supersededBy: by}
+	w.mu.Unlock()
+	w.queue.Add(id)
+}
+
 func (w *statusWriter) withdraw(id string) {
 	w.mu.Lock()
 	delete(w.pending, id)
@@ -157,7 +170,12 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	if err := w.writes.Wait(ctx); err != nil {
 		return false
 	}
-	err := w.write(ctx, q.state)
+	var err error
+	if q.supersededBy != "" {
+		err = w.remove(ctx, id, q.supersededBy)
+	} else {
+		err = w.write(ctx, q.state)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
@@ -180,6 +198,8 @@ func (w *statusWriter) next(ctx context.Context) bool {
 		delete(w.pending, id)
 	}
 	switch views := len(q.state.TheirNetworks) > 0; {
+	case q.supersededBy != "":
+		delete(w.withViews, id)
 	case views && !w.withViews[id]:
 		w.withViews[id] = true
 		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
@@ -223,6 +243,32 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	if err := w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply status of Peer %s: %w", id, err)
 	}
+	return nil
+}
+
+// remove deletes id's Peer, superseded by the Peer of by, when no admin
+// decided anything in it: a spec of theirs (a decision, a grant, limits)
+// is theirs to drop. The preconditions keep a spec written meanwhile.
+func (w *statusWriter) remove(ctx context.Context, id, by string) error {
+	var cur v1alpha1.Peer
+	if err := w.cache.Get(ctx, client.ObjectKey{Name: id}, &cur); apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("read Peer %s: %w", id, err)
+	}
+	if !equality.Semantic.DeepEqual(cur.Spec, v1alpha1.PeerSpec{}) {
+		w.log.Warn("Peer of a cluster that came back under a new identity kept: its spec holds an admin's decision; delete it once the Peer of the new identity has what it needs", "peer", id, "name", cur.Status.ClusterName, "newPeer", by)
+		return nil
+	}
+	pre := metav1.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}
+	err := w.client.Delete(ctx, &cur, client.Preconditions(pre))
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("delete Peer %s, superseded by %s: %w", id, by, err)
+	}
+	w.log.Info("Peer deleted: its cluster came back under a new identity", "peer", id, "name", cur.Status.ClusterName, "newPeer", by)
 	return nil
 }
 
