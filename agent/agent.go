@@ -184,6 +184,8 @@ type Agent struct {
 	// dashboard is what the page at / shows, once the Peers are watched
 	// (agent/dashboard.go).
 	dashboard atomic.Pointer[dashboard.Source]
+	// now stamps the agent's own state (agent/clock.go).
+	now func() time.Time
 }
 
 // New validates cfg and prepares the agent; it starts nothing.
@@ -255,6 +257,13 @@ func New(cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", cfg.StateDir, err)
 	}
+	now, skew, err := clockFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if skew != 0 {
+		cfg.Logger.Warn("the agent's clock is skewed for a test", "skew", skew, "env", clockSkewEnv)
+	}
 	restCfg, err := KubeConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -264,7 +273,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg}
+	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
 		if a.listener, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {

@@ -31,8 +31,8 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
 		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: off, Grants: off.consumer,
-		UnreachableGrace: a.cfg.UnreachableGrace,
-		Logger:           a.log, Metrics: a.registry,
+		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
+		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, nil, err
