@@ -6,6 +6,7 @@
 package chaos_test
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -67,6 +68,7 @@ func TestChaos(t *testing.T) {
 		PodCIDRs: podCIDRs[:clusters],
 	})}
 	f.inv = newInvariants()
+	mountStateDisks(t, f.cs)
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
 
@@ -80,7 +82,7 @@ func TestChaos(t *testing.T) {
 		t.Logf("fault %d: %s of %s after %s", i+1, k.name, victim.Name, wait)
 		traffic := startTraffic(t, f.cs, i+1)
 		time.Sleep(wait)
-		k.inject(t, f, victim)
+		during := k.inject(t, f, victim)
 		healed := time.Now()
 		// A restarted agent's Peers still read Connected from before its
 		// death: converged means it serves again and every pair is
@@ -89,7 +91,7 @@ func TestChaos(t *testing.T) {
 		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
-		o.broken = f.inv.check(t, f.cs)
+		o.broken = during + f.inv.check(t, f.cs)
 		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}
@@ -162,6 +164,7 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 	t.Helper()
 	ran := time.Since(tr.start)
 	var lost time.Duration
+	var each []string
 	for _, p := range tr.pings {
 		if err := p.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
@@ -171,9 +174,16 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 		if m == nil {
 			t.Fatalf("no ping summary in:\n%s", p.Tail(5))
 		}
+		sent, _ := strconv.Atoi(m[1])
 		got, _ := strconv.Atoi(m[2])
 		lost += max(0, ran-time.Duration(got)*pingInterval)
+		// Which directions lost, and how much of it was answers missing
+		// rather than pings paced slower than asked on a loaded machine.
+		if sent != got {
+			each = append(each, fmt.Sprintf("%s %d of %d unanswered", strings.TrimPrefix(p.Name, "ping-"), sent-got, sent))
+		}
 	}
+	t.Logf("traffic over %s: %s", ran.Round(10*time.Millisecond), cmp.Or(strings.Join(each, ", "), "every ping answered"))
 	return lost
 }
 

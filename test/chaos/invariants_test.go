@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/test/federation"
@@ -152,6 +154,9 @@ func waitConnected(t *testing.T, cs []*federation.Cluster, within time.Duration)
 		var problems []string
 		ids := currentIDs(t, cs)
 		for _, c := range cs {
+			if exited, err := c.Agent.Exited(); exited {
+				t.Fatalf("agent of %s exited: %v\n%s", c.Name, err, c.Agent.Tail(30))
+			}
 			var list v1alpha1.PeerList
 			if err := c.Client.List(context.Background(), &list); err != nil {
 				problems = append(problems, fmt.Sprintf("%s: %v", c.Name, err))
@@ -188,13 +193,30 @@ func currentIDs(t *testing.T, cs []*federation.Cluster) map[string]*federation.C
 	t.Helper()
 	ids := map[string]*federation.Cluster{}
 	for _, c := range cs {
-		m := identityLine.FindAllStringSubmatch(c.Agent.Log(), -1)
-		if len(m) == 0 {
+		id := identityOf(t, c)
+		if id == "" {
 			t.Fatalf("agent of %s logged no identity:\n%s", c.Name, c.Agent.Tail(10))
 		}
-		ids[m[len(m)-1][1]] = c
+		ids[id] = c
 	}
 	return ids
+}
+
+// identityOf is the last identity c's agent logged ("" before any).
+func identityOf(t *testing.T, c *federation.Cluster) string {
+	t.Helper()
+	m := identityLine.FindAllStringSubmatch(c.Agent.Log(), -1)
+	if len(m) == 0 {
+		return ""
+	}
+	return m[len(m)-1][1]
+}
+
+// peerOf reads c's Peer named id.
+func peerOf(c *federation.Cluster, id string) (v1alpha1.Peer, error) {
+	var p v1alpha1.Peer
+	err := c.Client.Get(context.Background(), client.ObjectKey{Name: id}, &p)
+	return p, err
 }
 
 // ourRoutes lists the destinations of the routes the agent tagged as its
