@@ -184,8 +184,10 @@ type Agent struct {
 	// dashboard is what the page at / shows, once the Peers are watched
 	// (agent/dashboard.go).
 	dashboard atomic.Pointer[dashboard.Source]
-	// now stamps the agent's own state (agent/clock.go).
-	now func() time.Time
+	// now stamps the agent's own state, skew off the host's clock
+	// (agent/clock.go).
+	now  func() time.Time
+	skew time.Duration
 }
 
 // New validates cfg and prepares the agent; it starts nothing.
@@ -273,7 +275,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now}
+	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
 		if a.listener, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
