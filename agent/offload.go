@@ -163,8 +163,8 @@ func (o *offloading) Publish(s peering.PeerState) {
 // Withdraw is the Peer writer's (peering.Publisher).
 func (o *offloading) Withdraw(id string) { o.objects.Withdraw(id) }
 
-// Superseded is the Peer writer's (peering.Publisher).
-func (o *offloading) Superseded(id, by string) { o.objects.Superseded(id, by) }
+// Retire is the Peer writer's (peering.Publisher).
+func (o *offloading) Retire(id, why string) { o.objects.Retire(id, why) }
 
 // start runs both sides once the Peer informer has synced.
 func (o *offloading) start(ctx context.Context, comps *components) error {

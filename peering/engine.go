@@ -109,11 +109,12 @@ type Publisher interface {
 	// written: its Peer object was deleted and stays so until the engine
 	// publishes the peer again.
 	Withdraw(id string)
-	// Superseded says the peer is gone for good and an alive member
-	// carries its name: the same cluster back under a new identity (its
-	// state directory lost). Its Peer object may go, unless an admin
-	// decided something in it.
-	Superseded(id, by string)
+	// Retire says the peer is gone for good and its Peer object has no
+	// use left: an alive member carries its name (the same cluster back
+	// under a new identity, its state directory lost), or it never said
+	// who it was (a member seen only in passing). The object may go,
+	// unless an admin decided something in it; why is for the log.
+	Retire(id, why string)
 }
 
 // GrantReceiver takes the sealed grants peers send this cluster (the
@@ -544,27 +545,33 @@ func (e *Engine) reconcile() {
 	}
 	for _, p := range e.peers {
 		if e.goneForGood(p, now) {
-			by := e.successor(p)
+			why := e.retired(p)
 			e.forget(p)
-			if by != "" && e.cfg.Publisher != nil {
-				e.log.Info("peer superseded: a member of the same name took its place", "peer", p.id, "by", by, "name", p.hello.Name)
-				e.cfg.Publisher.Superseded(p.id, by)
+			if why != "" && e.cfg.Publisher != nil {
+				e.log.Info("peer retired: its Peer has no use left", "peer", p.id, "why", why)
+				e.cfg.Publisher.Retire(p.id, why)
 			}
 		}
 	}
 }
 
-// successor is the alive member that carries p's name, the cluster p was
-// before it came back with a new identity; "" when there is none. Names
-// are not unique by construction, but two clusters of one name are a
-// mistake the Peers already show; the one gone for good leaves.
-func (e *Engine) successor(p *peer) string {
-	if p.hello == nil || p.hello.Name == "" {
+// retired says why p, gone for good, leaves no use for its Peer: it never
+// spoke (a member seen only in passing, such as a cluster's old identity
+// gossiped about while it died), or an alive member carries its name (the
+// cluster back under a new identity). "" when its Peer should stay: a
+// cluster gone for good is still shown as such. Names are not unique by
+// construction, but two clusters of one name are a mistake the Peers
+// already show; the one gone for good leaves.
+func (e *Engine) retired(p *peer) string {
+	if p.hello == nil {
+		return "it never sent a statement"
+	}
+	if p.hello.Name == "" {
 		return ""
 	}
 	for _, q := range e.peers {
 		if q != p && q.member != nil && q.member.Alive && q.hello != nil && q.hello.Name == p.hello.Name {
-			return q.id
+			return fmt.Sprintf("cluster %s is back as %s", p.hello.Name, q.id)
 		}
 	}
 	return ""

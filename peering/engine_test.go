@@ -159,9 +159,9 @@ type recorder struct {
 }
 
 type event struct {
-	state      PeerState
-	withdraw   string
-	superseded string
+	state    PeerState
+	withdraw string
+	retired  string
 }
 
 func (r *recorder) Publish(s PeerState) {
@@ -176,10 +176,10 @@ func (r *recorder) Withdraw(id string) {
 	r.events = append(r.events, event{withdraw: id})
 }
 
-func (r *recorder) Superseded(id, by string) {
+func (r *recorder) Retire(id, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, event{superseded: id})
+	r.events = append(r.events, event{retired: id})
 }
 
 // latest returns the last state published for id.
@@ -200,7 +200,7 @@ func (r *recorder) history(id string) []event {
 	defer r.mu.Unlock()
 	var out []event
 	for _, ev := range r.events {
-		if ev.state.ClusterID == id || ev.withdraw == id || ev.superseded == id {
+		if ev.state.ClusterID == id || ev.withdraw == id || ev.retired == id {
 			out = append(out, ev)
 		}
 	}

@@ -59,9 +59,9 @@ type statusWriter struct {
 type queued struct {
 	state peering.PeerState
 	seq   uint64 // tells a newer state from the one being written
-	// supersededBy, when set, asks for the Peer's deletion instead: its
-	// cluster came back as this member.
-	supersededBy string
+	// retired, when set, asks for the Peer's deletion instead, and says
+	// why (peering.Publisher.Retire).
+	retired string
 }
 
 // The writer's limit on status writes, whatever the federation does. A
@@ -116,11 +116,11 @@ func (w *statusWriter) publish(s peering.PeerState) {
 	w.queue.Add(s.ClusterID)
 }
 
-// supersede queues the deletion of id's Peer in place of any state.
-func (w *statusWriter) supersede(id, by string) {
+// retire queues the deletion of id's Peer in place of any state.
+func (w *statusWriter) retire(id, why string) {
 	w.mu.Lock()
 	w.seq++
-	w.pending[id] = queued{seq: w.seq, supersededBy: by}
+	w.pending[id] = queued{seq: w.seq, retired: why}
 	w.mu.Unlock()
 	w.queue.Add(id)
 }
@@ -171,8 +171,8 @@ func (w *statusWriter) next(ctx context.Context) bool {
 		return false
 	}
 	var err error
-	if q.supersededBy != "" {
-		err = w.remove(ctx, id, q.supersededBy)
+	if q.retired != "" {
+		err = w.remove(ctx, id, q.retired)
 	} else {
 		err = w.write(ctx, q.state)
 	}
@@ -198,7 +198,7 @@ func (w *statusWriter) next(ctx context.Context) bool {
 		delete(w.pending, id)
 	}
 	switch views := len(q.state.TheirNetworks) > 0; {
-	case q.supersededBy != "":
+	case q.retired != "":
 		delete(w.withViews, id)
 	case views && !w.withViews[id]:
 		w.withViews[id] = true
@@ -246,10 +246,10 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	return nil
 }
 
-// remove deletes id's Peer, superseded by the Peer of by, when no admin
-// decided anything in it: a spec of theirs (a decision, a grant, limits)
-// is theirs to drop. The preconditions keep a spec written meanwhile.
-func (w *statusWriter) remove(ctx context.Context, id, by string) error {
+// remove deletes id's Peer, retired (why), when no admin decided
+// anything in it: a spec of theirs (a decision, a grant, limits) is
+// theirs to drop. The preconditions keep a spec written meanwhile.
+func (w *statusWriter) remove(ctx context.Context, id, why string) error {
 	var cur v1alpha1.Peer
 	if err := w.cache.Get(ctx, client.ObjectKey{Name: id}, &cur); apierrors.IsNotFound(err) {
 		return nil
@@ -257,7 +257,7 @@ func (w *statusWriter) remove(ctx context.Context, id, by string) error {
 		return fmt.Errorf("read Peer %s: %w", id, err)
 	}
 	if !equality.Semantic.DeepEqual(cur.Spec, v1alpha1.PeerSpec{}) {
-		w.log.Warn("Peer of a cluster that came back under a new identity kept: its spec holds an admin's decision; delete it once the Peer of the new identity has what it needs", "peer", id, "name", cur.Status.ClusterName, "newPeer", by)
+		w.log.Warn("Peer of a member gone for good kept: its spec holds an admin's decision; delete it when it is of no use (if the cluster came back under a new identity, once that Peer has what it needs)", "peer", id, "name", cur.Status.ClusterName, "why", why)
 		return nil
 	}
 	pre := metav1.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}
@@ -266,9 +266,9 @@ func (w *statusWriter) remove(ctx context.Context, id, by string) error {
 	case apierrors.IsNotFound(err):
 		return nil
 	case err != nil:
-		return fmt.Errorf("delete Peer %s, superseded by %s: %w", id, by, err)
+		return fmt.Errorf("delete Peer %s of a member gone for good (%s): %w", id, why, err)
 	}
-	w.log.Info("Peer deleted: its cluster came back under a new identity", "peer", id, "name", cur.Status.ClusterName, "newPeer", by)
+	w.log.Info("Peer of a member gone for good deleted", "peer", id, "name", cur.Status.ClusterName, "why", why)
 	return nil
 }
 

@@ -168,10 +168,9 @@ type noSpecs struct{}
 func (noSpecs) SpecChanged(string, peering.Spec) {}
 func (noSpecs) SpecDeleted(string)               {}
 
-// The Peer of a cluster that came back under a new identity goes once the
-// engine says it is superseded, unless an admin decided something in its
-// spec: that Peer stays, status and spec as they were.
-func TestSupersededPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
+// The Peer of a member gone for good goes once the engine retires it,
+// unless an admin decided something in its spec: that Peer stays.
+func TestRetiredPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
 	objects, c, _ := recordedObjects(t)
 	runObjects(t, objects)
 	old, decided, by := sampleState(), sampleState(), sampleState()
@@ -206,16 +205,16 @@ func TestSupersededPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
 		return nil
 	})
 
-	objects.Superseded(decided.ClusterID, by.ClusterID)
-	objects.Superseded(old.ClusterID, by.ClusterID)
-	eventually.Within(t, 30*time.Second, "the superseded Peer deleted", func() error {
+	objects.Retire(decided.ClusterID, "cluster east is back as "+by.ClusterID)
+	objects.Retire(old.ClusterID, "cluster east is back as "+by.ClusterID)
+	eventually.Within(t, 30*time.Second, "the retired Peer deleted", func() error {
 		err := c.Get(context.Background(), client.ObjectKey{Name: old.ClusterID}, &v1alpha1.Peer{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("still there (%v)", err)
 	})
-	// Superseded calls are handled in order per writer queue, but not
+	// Retirements are handled in order per writer queue, but not
 	// across peers: the witness that the decided one was handled too is
 	// its queue entry gone.
 	eventually.Within(t, 30*time.Second, "the decided Peer's request handled", func() error {
