@@ -1,8 +1,9 @@
 // Package chaos hits a federation of real agents with faults drawn from a
 // seed and checks, after each one heals, what users rely on: every pair
-// Connected again, pods talking by their views, views disjoint, no kernel
-// object of ours without an owner. `make chaos` runs the long form;
-// `make test` runs a short one with a fixed seed.
+// Connected again, pods talking by their views, views disjoint, no view
+// reused inside its quarantine, no kernel or API object of ours without an
+// owner. `make chaos` runs the long form; `make test` runs a short one
+// with a fixed seed (docs/reliability.md).
 package chaos_test
 
 import (
@@ -109,22 +110,33 @@ func TestChaos(t *testing.T) {
 // (federation.New's 127.0.0.1:9470, inside the site).
 func waitReady(t *testing.T, c *federation.Cluster, within time.Duration) {
 	t.Helper()
+	if err := readyWithin(c, within); err != nil {
+		t.Fatalf("agent of %s not ready after %s: %v\n%s", c.Name, within, err, c.Agent.Tail(20))
+	}
+}
+
+// readyWithin is waitReady's wait: nil once c's agent is ready, its last
+// answer after within, or at once when the agent exited.
+func readyWithin(c *federation.Cluster, within time.Duration) error {
 	client := &http.Client{
 		Timeout:   time.Second,
 		Transport: &http.Transport{DialContext: c.Site.DialContext},
 	}
 	deadline := time.Now().Add(within)
 	for {
+		if exited, err := c.Agent.Exited(); exited {
+			return fmt.Errorf("exited: %v", err)
+		}
 		resp, err := client.Get("http://127.0.0.1:9470/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 			err = fmt.Errorf("status %s", resp.Status)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("agent of %s not ready after %s: %v\n%s", c.Name, within, err, c.Agent.Tail(20))
+			return err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
