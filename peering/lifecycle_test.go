@@ -321,3 +321,40 @@ func TestGonePeersWithoutUseAreRetired(t *testing.T) {
 		t.Fatalf("the new b after the old one went: %v", err)
 	}
 }
+
+// A peer retired before a restart stays retired: the restarted engine does
+// not publish it again from its ledger, which would recreate its Peer (the
+// campaign saw a wiped cluster's old identity come back after another
+// cluster's restart). Its statement still refuses replays should it return.
+func TestRetiredPeerStaysRetiredAfterARestart(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	a := newNode(t, net, nodeOptions{clock: clk})
+	b := newNode(t, net, nodeOptions{name: "b"})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	b2 := newNode(t, net, nodeOptions{name: "b"})
+	a.eng.MemberChanged(b.member(false))
+	meet(a, b2)
+	within(t, "the new b connected", func() error { return connected(a, b2) })
+	clk.Add(2 * time.Minute)
+	within(t, "the old b retired", func() error {
+		for _, ev := range a.rec.history(b.id.ClusterID()) {
+			if ev.retired != "" {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	a.stop()
+	net.mu.Lock()
+	delete(net.engines, a.id.ClusterID())
+	net.mu.Unlock()
+
+	a2 := newNode(t, net, nodeOptions{clock: clk, seed: a})
+	meet(a2, b2)
+	within(t, "the restarted a connected to the new b", func() error { return connected(a2, b2) })
+	if s, ok := a2.rec.latest(b.id.ClusterID()); ok {
+		t.Fatalf("the restarted engine published the retired old b again: %s", s.Phase)
+	}
+}
