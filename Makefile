@@ -53,11 +53,13 @@ lint:
 
 # The fault campaign's long form (docs/reliability.md): CHAOS_FAULTS
 # faults, about 100 an hour, drawn from CHAOS_SEED (default: the clock;
-# the run prints it). `make test` runs the short form with seed 1.
+# the run prints it), on CHAOS_CLUSTERS clusters. `make test` runs the
+# short form: seed 1, 3 clusters.
 CHAOS_FAULTS ?= 100
+CHAOS_CLUSTERS ?= 5
 CHAOS_SEED ?= $(shell date +%s)
 chaos: deps
-	FLOTILLA_CHAOS_SEED=$(CHAOS_SEED) FLOTILLA_CHAOS_FAULTS=$(CHAOS_FAULTS) $(GO) test -count=1 -timeout 3h -run TestChaos -v ./test/chaos
+	FLOTILLA_CHAOS_SEED=$(CHAOS_SEED) FLOTILLA_CHAOS_FAULTS=$(CHAOS_FAULTS) FLOTILLA_CHAOS_CLUSTERS=$(CHAOS_CLUSTERS) $(GO) test -count=1 -timeout 3h -run TestChaos -v ./test/chaos
 
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
 

@@ -187,6 +187,10 @@ type Agent struct {
 	dashboard atomic.Pointer[dashboard.Source]
 	// traced is the tunnel /trace reads, once started (agent/trace.go).
 	traced atomic.Pointer[tunnel.Tunnel]
+	// now stamps the agent's own state, skew off the host's clock
+	// (agent/clock.go).
+	now  func() time.Time
+	skew time.Duration
 }
 
 // New validates cfg and prepares the agent; it starts nothing.
@@ -258,6 +262,13 @@ func New(cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory %s: %w", cfg.StateDir, err)
 	}
+	now, skew, err := clockFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if skew != 0 {
+		cfg.Logger.Warn("the agent's clock is skewed for a test", "skew", skew, "env", clockSkewEnv)
+	}
 	restCfg, err := KubeConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -267,7 +278,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg}
+	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
 		if a.listener, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {

@@ -35,8 +35,8 @@ func (a *Agent) newDiscovery(st state, gateway netip.Addr, endpoint netip.AddrPo
 				s.Receive(msg)
 			}
 		},
-		Serials: st.ledger,
-		Logger:  a.log, Metrics: a.registry,
+		Serials: st.ledger, Now: a.now,
+		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)

@@ -163,6 +163,9 @@ func (o *offloading) Publish(s peering.PeerState) {
 // Withdraw is the Peer writer's (peering.Publisher).
 func (o *offloading) Withdraw(id string) { o.objects.Withdraw(id) }
 
+// Retire is the Peer writer's (peering.Publisher).
+func (o *offloading) Retire(id, why string) { o.objects.Retire(id, why) }
+
 // start runs both sides once the Peer informer has synced.
 func (o *offloading) start(ctx context.Context, comps *components) error {
 	if err := o.objects.AddHandler(ctx, o.provider.PeerHandler()); err != nil {

@@ -30,9 +30,9 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: tun, Transport: disc, Publisher: off, Grants: off.consumer,
-		UnreachableGrace: a.cfg.UnreachableGrace,
-		Logger:           a.log, Metrics: a.registry,
+		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: off, Grants: off.consumer,
+		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
+		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, nil, err

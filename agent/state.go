@@ -28,7 +28,7 @@ type state struct {
 // openState opens the ledger, closed last when the agent stops, and loads
 // the cluster's identity from it, creating one at first start.
 func (a *Agent) openState(comps *components) (state, error) {
-	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{})
+	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{Now: a.now})
 	if err != nil {
 		return state{}, fmt.Errorf("open ledger: %w", err)
 	}

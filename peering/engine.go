@@ -106,6 +106,12 @@ type Publisher interface {
 	// written: its Peer object was deleted and stays so until the engine
 	// publishes the peer again.
 	Withdraw(id string)
+	// Retire says the peer is gone for good and its Peer object has no
+	// use left: an alive member carries its name (the same cluster back
+	// under a new identity, its state directory lost), or it never said
+	// who it was (a member seen only in passing). The object may go,
+	// unless an admin decided something in it; why is for the log.
+	Retire(id, why string)
 }
 
 // GrantReceiver takes the sealed grants peers send this cluster (the
@@ -547,9 +553,36 @@ func (e *Engine) reconcile() {
 	}
 	for _, p := range e.peers {
 		if e.goneForGood(p, now) {
+			why := e.retired(p)
 			e.forget(p)
+			if why != "" && e.cfg.Publisher != nil {
+				e.log.Info("peer retired: its Peer has no use left", "peer", p.id, "why", why)
+				e.cfg.Publisher.Retire(p.id, why)
+			}
 		}
 	}
+}
+
+// retired says why p, gone for good, leaves no use for its Peer: it never
+// spoke (a member seen only in passing, such as a cluster's old identity
+// gossiped about while it died), or an alive member carries its name (the
+// cluster back under a new identity). "" when its Peer should stay: a
+// cluster gone for good is still shown as such. Names are not unique by
+// construction, but two clusters of one name are a mistake the Peers
+// already show; the one gone for good leaves.
+func (e *Engine) retired(p *peer) string {
+	if p.hello == nil {
+		return "it never sent a statement"
+	}
+	if p.hello.Name == "" {
+		return ""
+	}
+	for _, q := range e.peers {
+		if q != p && q.member != nil && q.member.Alive && q.hello != nil && q.hello.Name == p.hello.Name {
+			return fmt.Sprintf("cluster %s is back as %s", p.hello.Name, q.id)
+		}
+	}
+	return ""
 }
 
 // goneForGood reports whether nothing is left to do about p: the member is

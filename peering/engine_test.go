@@ -181,6 +181,7 @@ type recorder struct {
 type event struct {
 	state    PeerState
 	withdraw string
+	retired  string
 }
 
 func (r *recorder) Publish(s PeerState) {
@@ -196,6 +197,12 @@ func (r *recorder) Withdraw(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, event{withdraw: id})
+}
+
+func (r *recorder) Retire(id, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, event{retired: id})
 }
 
 // latest returns the last state published for id.
@@ -216,7 +223,7 @@ func (r *recorder) history(id string) []event {
 	defer r.mu.Unlock()
 	var out []event
 	for _, ev := range r.events {
-		if ev.state.ClusterID == id || ev.withdraw == id {
+		if ev.state.ClusterID == id || ev.withdraw == id || ev.retired == id {
 			out = append(out, ev)
 		}
 	}
@@ -277,6 +284,8 @@ type nodeOptions struct {
 	wire *wire
 	// dataplane, when set, stands between the engine and its data plane.
 	dataplane func(Dataplane) Dataplane
+	// name is the node's cluster name (default: from its identity).
+	name string
 }
 
 func newNode(t testing.TB, net *network, o nodeOptions) *node {
@@ -324,8 +333,12 @@ func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	if o.dataplane != nil {
 		dp = o.dataplane(n.dp)
 	}
+	name := o.name
+	if name == "" {
+		name = "cluster-" + n.id.ClusterID()[:6]
+	}
 	cfg := Config{
-		Identity: n.id, Name: "cluster-" + n.id.ClusterID()[:6], Labels: o.labels, Policy: o.policy,
+		Identity: n.id, Name: name, Labels: o.labels, Policy: o.policy,
 		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
 		Ledger: led, Dataplane: dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 // A member that fails keeps its tunnel for the grace period, then loses
@@ -248,5 +250,111 @@ func TestGenerationsGrowWithoutAWriteEach(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(b.eng.metrics.refused.WithLabelValues("replayed")); v != 0 {
 		t.Fatalf("b refused %v of a's statements as replayed", v)
+	}
+}
+
+// A cluster back under a new identity (its state directory lost) carries
+// its old name: once the old identity is gone for good, it is retired, so
+// its Peer can go; so is a member gone for good that never said a word
+// (the campaign saw a cluster's old identity, gossiped about as it died,
+// left as a nameless Peer). A peer gone for good that nobody took the
+// place of is only forgotten: its Peer shows it gone.
+func TestGonePeersWithoutUseAreRetired(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	a := newNode(t, net, nodeOptions{clock: clk})
+	b, c := newNode(t, net, nodeOptions{name: "b"}), newNode(t, net, nodeOptions{name: "c"})
+	meet(a, b, c)
+	within(t, "connected", func() error { return errors.Join(connected(a, b), connected(a, c)) })
+	ghost, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mute := Member{ClusterID: ghost.ClusterID(), PublicKey: ghost.Public(), Alive: true}
+	a.eng.MemberChanged(mute) // no engine behind it: it never speaks
+	within(t, "the mute member published", func() error {
+		if _, ok := a.rec.latest(mute.ClusterID); !ok {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+
+	b2 := newNode(t, net, nodeOptions{name: "b"})
+	a.eng.MemberChanged(b.member(false))
+	a.eng.MemberChanged(c.member(false))
+	mute.Alive = false
+	a.eng.MemberChanged(mute)
+	meet(a, b2)
+	within(t, "the new b connected", func() error { return connected(a, b2) })
+	clk.Add(2 * time.Minute)
+	within(t, "the old b, c and the mute member forgotten", func() error {
+		if n := peersKnown(a); n != 1 {
+			return fmt.Errorf("a keeps state of %d peers", n)
+		}
+		return nil
+	})
+	retired := func(n *node) []event {
+		var out []event
+		for _, ev := range a.rec.history(n.id.ClusterID()) {
+			if ev.retired != "" {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	if got := retired(b); len(got) != 1 {
+		t.Errorf("the old b retired %d times, want once", len(got))
+	}
+	if got := retired(c); len(got) != 0 {
+		t.Errorf("c, gone with no successor, retired: %+v", got)
+	}
+	mutes := 0
+	for _, ev := range a.rec.history(mute.ClusterID) {
+		if ev.retired != "" {
+			mutes++
+		}
+	}
+	if mutes != 1 {
+		t.Errorf("the member that never spoke retired %d times, want once", mutes)
+	}
+	if err := connected(a, b2); err != nil {
+		t.Fatalf("the new b after the old one went: %v", err)
+	}
+}
+
+// A peer retired before a restart stays retired: the restarted engine does
+// not publish it again from its ledger, which would recreate its Peer (the
+// campaign saw a wiped cluster's old identity come back after another
+// cluster's restart). Its statement still refuses replays should it return.
+func TestRetiredPeerStaysRetiredAfterARestart(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	a := newNode(t, net, nodeOptions{clock: clk})
+	b := newNode(t, net, nodeOptions{name: "b"})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	b2 := newNode(t, net, nodeOptions{name: "b"})
+	a.eng.MemberChanged(b.member(false))
+	meet(a, b2)
+	within(t, "the new b connected", func() error { return connected(a, b2) })
+	clk.Add(2 * time.Minute)
+	within(t, "the old b retired", func() error {
+		for _, ev := range a.rec.history(b.id.ClusterID()) {
+			if ev.retired != "" {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	a.stop()
+	net.mu.Lock()
+	delete(net.engines, a.id.ClusterID())
+	net.mu.Unlock()
+
+	a2 := newNode(t, net, nodeOptions{clock: clk, seed: a})
+	meet(a2, b2)
+	within(t, "the restarted a connected to the new b", func() error { return connected(a2, b2) })
+	if s, ok := a2.rec.latest(b.id.ClusterID()); ok {
+		t.Fatalf("the restarted engine published the retired old b again: %s", s.Phase)
 	}
 }

@@ -159,19 +159,22 @@ func (e *Engine) restore() error {
 	}
 	now := e.cfg.Now()
 	for _, id := range ids {
+		// Peers without views were gone for good before the restart: they
+		// stay forgotten until discovery reports them, and their statement
+		// is loaded then (e.peer). Restoring them would publish them, and
+		// so recreate a Peer retired before the restart (the campaign saw
+		// a cluster's old identity come back that way).
+		if !hadViews[id] {
+			continue
+		}
 		p := e.peer(id)
 		if p.hello == nil {
 			delete(e.peers, id)
 			continue
 		}
-		// Not known alive yet. Peers that had views keep their data path
-		// for the grace period; the others have their state published once
-		// and are forgotten until discovery reports them.
+		// Not known alive yet: it keeps its data path for the grace period.
 		p.goneSince = now
-		if !hadViews[id] {
-			p.goneSince = now.Add(-e.cfg.UnreachableGrace)
-		}
-		e.log.Info("restored peer from the ledger", "peer", id, "generation", p.hello.Generation, "dataPath", hadViews[id])
+		e.log.Info("restored peer from the ledger", "peer", id, "generation", p.hello.Generation)
 	}
 	return nil
 }

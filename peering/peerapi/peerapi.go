@@ -80,6 +80,10 @@ func (o *Objects) Publish(s peering.PeerState) { o.status.publish(s) }
 // Withdraw drops what is queued for id (peering.Publisher).
 func (o *Objects) Withdraw(id string) { o.status.withdraw(id) }
 
+// Retire deletes id's Peer, which has no use left (why), unless the admin
+// decided something in its spec (peering.Publisher).
+func (o *Objects) Retire(id, why string) { o.status.retire(id, why) }
+
 // Reader reads Peers from the informer's cache.
 func (o *Objects) Reader() client.Reader { return o.cache }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +59,9 @@ type statusWriter struct {
 type queued struct {
 	state peering.PeerState
 	seq   uint64 // tells a newer state from the one being written
+	// retired, when set, asks for the Peer's deletion instead, and says
+	// why (peering.Publisher.Retire).
+	retired string
 }
 
 // The writer's limit on status writes, whatever the federation does. A
@@ -112,6 +116,15 @@ func (w *statusWriter) publish(s peering.PeerState) {
 	w.queue.Add(s.ClusterID)
 }
 
+// retire queues the deletion of id's Peer in place of any state.
+func (w *statusWriter) retire(id, why string) {
+	w.mu.Lock()
+	w.seq++
+	w.pending[id] = queued{seq: w.seq, retired: why}
+	w.mu.Unlock()
+	w.queue.Add(id)
+}
+
 func (w *statusWriter) withdraw(id string) {
 	w.mu.Lock()
 	delete(w.pending, id)
@@ -157,7 +170,12 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	if err := w.writes.Wait(ctx); err != nil {
 		return false
 	}
-	err := w.write(ctx, q.state)
+	var err error
+	if q.retired != "" {
+		err = w.remove(ctx, id, q.retired)
+	} else {
+		err = w.write(ctx, q.state)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
@@ -180,6 +198,8 @@ func (w *statusWriter) next(ctx context.Context) bool {
 		delete(w.pending, id)
 	}
 	switch views := len(q.state.TheirNetworks) > 0; {
+	case q.retired != "":
+		delete(w.withViews, id)
 	case views && !w.withViews[id]:
 		w.withViews[id] = true
 		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
@@ -223,6 +243,32 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	if err := w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("apply status of Peer %s: %w", id, err)
 	}
+	return nil
+}
+
+// remove deletes id's Peer, retired (why), when no admin decided
+// anything in it: a spec of theirs (a decision, a grant, limits) is
+// theirs to drop. The preconditions keep a spec written meanwhile.
+func (w *statusWriter) remove(ctx context.Context, id, why string) error {
+	var cur v1alpha1.Peer
+	if err := w.cache.Get(ctx, client.ObjectKey{Name: id}, &cur); apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("read Peer %s: %w", id, err)
+	}
+	if !equality.Semantic.DeepEqual(cur.Spec, v1alpha1.PeerSpec{}) {
+		w.log.Warn("Peer of a member gone for good kept: its spec holds an admin's decision; delete it when it is of no use (if the cluster came back under a new identity, once that Peer has what it needs)", "peer", id, "name", cur.Status.ClusterName, "why", why)
+		return nil
+	}
+	pre := metav1.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}
+	err := w.client.Delete(ctx, &cur, client.Preconditions(pre))
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("delete Peer %s of a member gone for good (%s): %w", id, why, err)
+	}
+	w.log.Info("Peer of a member gone for good deleted", "peer", id, "name", cur.Status.ClusterName, "why", why)
 	return nil
 }
 

@@ -12,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -165,3 +167,65 @@ type noSpecs struct{}
 
 func (noSpecs) SpecChanged(string, peering.Spec) {}
 func (noSpecs) SpecDeleted(string)               {}
+
+// The Peer of a member gone for good goes once the engine retires it,
+// unless an admin decided something in its spec: that Peer stays.
+func TestRetiredPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
+	objects, c, _ := recordedObjects(t)
+	runObjects(t, objects)
+	old, decided, by := sampleState(), sampleState(), sampleState()
+	decided.ClusterID = "cbk6b5nxt5mbvd6ta2xmlvy3ixy"
+	by.ClusterID = "cxqjv3m6dcm5yq2xcyyqgmlq3aa"
+	for _, s := range []peering.PeerState{old, decided, by} {
+		objects.Publish(s)
+		waitPeer(t, c, s.ClusterID, "the status written", func(p v1alpha1.Peer) error {
+			if p.Status.Phase == "" {
+				return errors.New("no status yet")
+			}
+			return nil
+		})
+	}
+	var p v1alpha1.Peer
+	if err := c.Get(context.Background(), client.ObjectKey{Name: decided.ClusterID}, &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Networking = v1alpha1.NetworkingAccept
+	if err := c.Update(context.Background(), &p); err != nil {
+		t.Fatal(err)
+	}
+	// The informer must have seen the admin's spec before the writer acts.
+	eventually.Within(t, 30*time.Second, "the spec in the writer's cache", func() error {
+		var cached v1alpha1.Peer
+		if err := objects.Reader().Get(context.Background(), client.ObjectKey{Name: decided.ClusterID}, &cached); err != nil {
+			return err
+		}
+		if cached.Spec.Networking != v1alpha1.NetworkingAccept {
+			return fmt.Errorf("spec %+v", cached.Spec)
+		}
+		return nil
+	})
+
+	objects.Retire(decided.ClusterID, "cluster east is back as "+by.ClusterID)
+	objects.Retire(old.ClusterID, "cluster east is back as "+by.ClusterID)
+	eventually.Within(t, 30*time.Second, "the retired Peer deleted", func() error {
+		err := c.Get(context.Background(), client.ObjectKey{Name: old.ClusterID}, &v1alpha1.Peer{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
+	// Retirements are handled in order per writer queue, but not
+	// across peers: the witness that the decided one was handled too is
+	// its queue entry gone.
+	eventually.Within(t, 30*time.Second, "the decided Peer's request handled", func() error {
+		if n := objects.status.entries(); n != 0 {
+			return fmt.Errorf("%d entries queued", n)
+		}
+		return nil
+	})
+	for _, id := range []string{decided.ClusterID, by.ClusterID} {
+		if err := c.Get(context.Background(), client.ObjectKey{Name: id}, &v1alpha1.Peer{}); err != nil {
+			t.Errorf("Peer %s: %v, want it kept", id, err)
+		}
+	}
+}

@@ -86,6 +86,9 @@ type ControlPlane struct {
 
 	schedulerMu sync.Mutex
 
+	// apiserverArgs start the API server again (RestartAPIServer).
+	apiserverArgs []string
+
 	Etcd, APIServer, ControllerManager, Scheduler *Process
 }
 
@@ -253,6 +256,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		}
 		apiserverArgs = append(apiserverArgs, "--kubelet-certificate-authority", path)
 	}
+	cp.apiserverArgs = apiserverArgs
 	cp.APIServer, err = e.start(name+"-apiserver", nil, apiserverArgs)
 	if err != nil {
 		return cp, fmt.Errorf("%s: start kube-apiserver: %w", name, err)
@@ -303,6 +307,33 @@ func (cp *ControlPlane) Stop() {
 			p.Stop()
 		}
 	}
+}
+
+// StopAPIServer stops the API server alone (SIGTERM), as an upgrade or a
+// crash of a real control plane takes it away: etcd and the controller
+// manager stay, and clients see connections refused until
+// StartAPIServer.
+func (cp *ControlPlane) StopAPIServer() {
+	// Its exit status says nothing here: it is gone either way.
+	_ = cp.APIServer.Stop()
+}
+
+// StartAPIServer starts the API server stopped by StopAPIServer again,
+// on the same port, etcd and certificates, and waits until it serves.
+func (cp *ControlPlane) StartAPIServer() error {
+	if exited, _ := cp.APIServer.Exited(); !exited {
+		return fmt.Errorf("%s: kube-apiserver is still running", cp.Name)
+	}
+	p, err := cp.env.start(cp.Name+"-apiserver", nil, cp.apiserverArgs)
+	if err != nil {
+		return fmt.Errorf("%s: start kube-apiserver again: %w", cp.Name, err)
+	}
+	p.quiet = true
+	cp.APIServer = p
+	if err := cp.waitReady(90 * time.Second); err != nil {
+		return fmt.Errorf("%s: kube-apiserver started again: %w\nlast lines:\n%s", cp.Name, err, p.Tail(15))
+	}
+	return nil
 }
 
 // StartScheduler starts kube-scheduler if it is not running yet.

@@ -72,3 +72,31 @@ func assertDeploymentGetsReplicaSet(t *testing.T, cp *harness.ControlPlane) {
 		t.Fatalf("no ReplicaSet for the Deployment: %v", err)
 	}
 }
+
+// An API server stopped alone and started again serves the same cluster:
+// clients are refused while it is down, and what was written before is
+// there after.
+func TestAPIServerRestart(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	ctx := context.Background()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "before"}, Data: map[string]string{"k": "v"}}
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cp.StopAPIServer()
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Get(ctx, "before", metav1.GetOptions{}); err == nil {
+		t.Fatal("the API server still answers after StopAPIServer")
+	}
+	if err := cp.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cp.Client.CoreV1().ConfigMaps("default").Get(ctx, "before", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	if got.Data["k"] != "v" {
+		t.Fatalf("after the restart the ConfigMap holds %v", got.Data)
+	}
+}
