@@ -323,6 +323,26 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	return mc, nil
 }
 
+// listen opens the gossip transport on mc's bind address and puts the
+// port it got into mc, as memberlist does for its own transport.
+func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
+	ip, err := netip.ParseAddr(mc.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: gossip bind address %q: %w", mc.BindAddr, err)
+	}
+	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: start gossip: %w", err)
+	}
+	if mc.BindPort == 0 {
+		mc.BindPort = t.Port()
+	}
+	if mc.AdvertisePort == 0 {
+		mc.AdvertisePort = t.Port()
+	}
+	return t, nil
+}
+
 // Start joins the gossip and starts the candidate sources. Candidates are
 // joined in the background; Start does not wait for any member.
 func (d *Discovery) Start(ctx context.Context) error {
@@ -330,8 +350,16 @@ func (d *Discovery) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if mc.Transport == nil { // Tune may have set one (benchmarks)
+		t, err := d.listen(mc)
+		if err != nil {
+			return err
+		}
+		mc.Transport = t
+	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		_ = mc.Transport.Shutdown()
 		return fmt.Errorf("discovery: start gossip on %s: %w", d.cfg.BindAddr, err)
 	}
 	d.ml = ml
