@@ -167,6 +167,7 @@ type Discovery struct {
 	log     *slog.Logger
 	metrics *metrics
 	cands   *candidates
+	revive  *revivals
 	selfID  string
 
 	// pubMu orders the issue of records: serial stored, record signed.
@@ -261,6 +262,7 @@ func New(cfg Config) (*Discovery, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "discovery"),
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
+		revive:    newRevivals(),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
 		known:     make(map[string]*knownRecord),
@@ -399,6 +401,7 @@ func (d *Discovery) Start(ctx context.Context) error {
 		d.goRun(func() { d.dnsLoop(runCtx, r) })
 	}
 	d.goRun(func() { d.joinLoop(runCtx) })
+	d.goRun(func() { d.reviveLoop(runCtx) })
 	return nil
 }
 
@@ -816,5 +819,6 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	d.log.Info("member "+kind.String(), "member", n.Name, "gossip", m.Gossip, "endpoint", r.Endpoint)
 	if kind == Failed {
 		d.cands.recheckSoon(d.cfg.RetryMin)
+		d.revive.schedule(n.Name, gossip.String(), time.Now())
 	}
 }
