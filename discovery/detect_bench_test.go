@@ -37,6 +37,7 @@ func BenchmarkDetection(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, hogs := range []int{0, 2} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
+				benchNoRevival = p.noRevival
 				var detect, rejoin samples
 				var falseDeaths, falseEvents int
 				var packets, bytes, cpu, alloc, gcs float64
