@@ -821,7 +821,7 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	d.log.Info("member "+kind.String(), "member", n.Name, "gossip", m.Gossip, "endpoint", r.Endpoint)
 	if kind == Failed {
 		d.cands.recheckSoon(d.cfg.RetryMin)
-		if d.revive != nil {
+		if d.revive != nil && d.revives(n.Name) {
 			d.revive.schedule(n.Name, gossip.String(), time.Now())
 		}
 	}

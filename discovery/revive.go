@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"hash/fnv"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -21,15 +22,20 @@ import (
 // live member's state carries its alive entry, which revives it here (or,
 // if it never heard of its death, our state makes it refute), and
 // memberlist gossips the revival on; a dead one refuses the connection.
-// At most reviveTries exchanges are tried, at growing intervals. The
-// random delay spreads the members out, so that a few exchange and gossip
-// carries the revival to the rest before their turn comes.
+// At most reviveTries exchanges are tried, at growing intervals. Only
+// reviveBy members do it for each failed member, chosen by rendezvous
+// hashing over the members alive (every member computes the same few
+// without a word): a burst of false deaths among 100 would otherwise be
+// thousands of state exchanges of 30 KB each, on the machine that was too
+// busy to answer probes in the first place. The random delay keeps the
+// few from exchanging at the same moment.
 const (
 	reviveAfter  = time.Second
 	reviveSpread = 4 * time.Second
 	// reviveTries bounds the exchanges with a member that stays failed
 	// here: dead, or its refutation on its way.
 	reviveTries = 3
+	reviveBy    = 3
 )
 
 type revival struct {
@@ -123,6 +129,31 @@ func (d *Discovery) reviveOnce(ctx context.Context, id string, v revival) {
 	if !revived {
 		d.revive.retry(id, v, time.Now())
 	}
+}
+
+// revives says whether this member is one of the reviveBy alive members
+// (itself included) that exchange state with the failed member id: those
+// whose hash with id ranks first.
+func (d *Discovery) revives(id string) bool {
+	rank := func(member string) uint64 {
+		h := fnv.New64a()
+		h.Write([]byte(member))
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+		return h.Sum64()
+	}
+	mine := rank(d.selfID)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	before := 0
+	for other, m := range d.table {
+		if m.State == StateAlive && other != id && rank(other) < mine {
+			if before++; before >= reviveBy {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // failed says whether the member id is held failed (not left).

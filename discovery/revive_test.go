@@ -153,3 +153,33 @@ func waitForEvent(t *testing.T, events <-chan Event, kind EventKind, id string) 
 		}
 	}
 }
+
+// Of the members that see one fail, exactly reviveBy exchange state with
+// it, whoever fails and however many members there are: a burst of false
+// deaths is not a storm of exchanges.
+func TestFewMembersReviveEachFailedMember(t *testing.T) {
+	for _, n := range []int{2, 3, 4, 10, 100} {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("c%03d", i)
+		}
+		for _, failed := range []string{"x", "y", "z"} {
+			reviving := 0
+			for _, self := range ids {
+				d := &Discovery{selfID: self, table: map[string]*Member{}}
+				for _, o := range ids {
+					if o != self {
+						d.table[o] = &Member{ClusterID: o, State: StateAlive}
+					}
+				}
+				d.table[failed] = &Member{ClusterID: failed, State: StateFailed}
+				if d.revives(failed) {
+					reviving++
+				}
+			}
+			if want := min(n, reviveBy); reviving != want {
+				t.Errorf("%d members, %s failed: %d revive it, want %d", n, failed, reviving, want)
+			}
+		}
+	}
+}
