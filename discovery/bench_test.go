@@ -21,14 +21,34 @@ import (
 // benchProfiles are the timings compared by the membership benchmarks:
 // memberlist's stock LAN profile (what ProfileLAN was before it was first
 // tuned), ProfileLAN as it was before the 100-member detection work
-// (probe 700 ms), and ours.
+// (probe 700 ms), ours as it was before our transport and the revival of
+// falsely failed members (memberlist's transport, a 64 KiB buffer per
+// packet received; a falsely failed member waits for its own refutation),
+// and ours.
 var benchProfiles = []struct {
 	name string
 	tune func(*memberlist.Config)
+	// noRevival turns off the revival of falsely failed members.
+	noRevival bool
 }{
-	{"memberlist-lan", stockLAN},
-	{"lan-700ms", lan700ms},
-	{"lan", nil},
+	{"memberlist-lan", stockLAN, false},
+	{"lan-700ms", lan700ms, false},
+	{"lan-before-revival", netTransport, true},
+	{"lan", nil, false},
+}
+
+// netTransport gives the member memberlist's own transport on its bind
+// address instead of ours.
+func netTransport(c *memberlist.Config) {
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{c.BindAddr},
+		BindPort:  c.BindPort,
+		Logger:    c.Logger,
+	})
+	if err != nil {
+		panic(fmt.Sprintf("memberlist transport on %s:%d: %v", c.BindAddr, c.BindPort, err))
+	}
+	c.Transport = nt
 }
 
 // lan700ms puts back ProfileLAN's timings before the 100-member
@@ -104,6 +124,10 @@ func benchTune(b *testing.B, c *memberlist.Config) {
 	}
 }
 
+// benchNoRevival starts the members of the next benchmark without the
+// revival of falsely failed members (benchmarks run one at a time).
+var benchNoRevival bool
+
 // startBenchNode starts a member on loopback with the given timings.
 func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string) *Discovery {
 	b.Helper()
@@ -126,6 +150,9 @@ func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string)
 	})
 	if err != nil {
 		b.Fatal(err)
+	}
+	if benchNoRevival {
+		d.revive = nil
 	}
 	if err := d.Start(context.Background()); err != nil {
 		b.Fatal(err)
@@ -231,6 +258,7 @@ func BenchmarkConvergence(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, n := range []int{10, 50, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
+				benchNoRevival = p.noRevival
 				var converge, spread, cpu samples
 				for range b.N {
 					cpu0 := cpuTime()
@@ -265,6 +293,7 @@ func BenchmarkFailureDetection(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, n := range []int{10, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
+				benchNoRevival = p.noRevival
 				var detect samples
 				for range b.N {
 					nodes := startCluster(b, p.tune, n)
@@ -330,6 +359,7 @@ func BenchmarkFalseFailures(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, hogs := range []int{0, 2} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
+				benchNoRevival = p.noRevival
 				var failed int
 				for range b.N {
 					nodes := startCluster(b, p.tune, n)

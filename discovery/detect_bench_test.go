@@ -3,7 +3,10 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,9 +37,10 @@ func BenchmarkDetection(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, hogs := range []int{0, 2} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
-				var detect samples
+				benchNoRevival = p.noRevival
+				var detect, rejoin samples
 				var falseDeaths, falseEvents int
-				var packets, bytes float64
+				var packets, bytes, cpu, alloc, gcs float64
 				for range b.N {
 					var sent sentCounter
 					nodes := startCluster(b, sent.tune(b, p.tune), n)
@@ -46,11 +50,17 @@ func BenchmarkDetection(b *testing.B) {
 					deaths := watchDeaths(nodes, victim.selfID)
 
 					stop := busyLoops(b, hogs)
-					p0, b0, t0 := sent.packets.Load(), sent.bytes.Load(), time.Now()
+					var m0, m1 runtime.MemStats
+					runtime.ReadMemStats(&m0)
+					p0, b0, c0, t0 := sent.packets.Load(), sent.bytes.Load(), cpuTime(), time.Now()
 					time.Sleep(observe)
-					secs := time.Since(t0).Seconds() * n
-					packets += float64(sent.packets.Load()-p0) / secs
-					bytes += float64(sent.bytes.Load()-b0) / secs
+					elapsed := time.Since(t0).Seconds()
+					cpu += (cpuTime() - c0).Seconds() / elapsed
+					runtime.ReadMemStats(&m1)
+					alloc += float64(m1.TotalAlloc-m0.TotalAlloc) / elapsed / 1e6
+					gcs += float64(m1.NumGC-m0.NumGC) / elapsed
+					packets += float64(sent.packets.Load()-p0) / elapsed / n
+					bytes += float64(sent.bytes.Load()-b0) / elapsed / n
 
 					deaths.kill(victim)
 					start := time.Now()
@@ -58,9 +68,10 @@ func BenchmarkDetection(b *testing.B) {
 					detect = append(detect, time.Since(start))
 					stop()
 
-					members, events := deaths.falseDeaths()
+					members, events, back := deaths.falseDeaths()
 					falseDeaths += members
 					falseEvents += events
+					rejoin = append(rejoin, back...)
 					for _, d := range nodes[:n-1] {
 						d.kill()
 					}
@@ -70,6 +81,13 @@ func BenchmarkDetection(b *testing.B) {
 				b.ReportMetric(float64(falseEvents)/float64(b.N), "false-failed-events/run")
 				b.ReportMetric(packets/float64(b.N), "packets/s/member")
 				b.ReportMetric(bytes/float64(b.N), "bytes/s/member")
+				// The price in the process (100 members, while observed).
+				b.ReportMetric(cpu/float64(b.N), "cpu-s/s")
+				b.ReportMetric(alloc/float64(b.N), "alloc-MB/s")
+				b.ReportMetric(gcs/float64(b.N), "gc/s")
+				// How long a falsely dead member stayed dead for an
+				// observer before it was seen alive again (refuted).
+				rejoin.report(b, "s/false-death-rejoin")
 			})
 		}
 	}
@@ -97,7 +115,9 @@ func (d *Discovery) sees(id string) bool {
 }
 
 // deathWatch counts the Failed events of every member's subscription;
-// after kill, the victim's are expected and not counted.
+// after kill, the victim's are expected and not counted. A member falsely
+// declared failed that an observer then sees join again took that long to
+// come back (refute) for that observer.
 type deathWatch struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -107,6 +127,7 @@ type deathWatch struct {
 	mu     sync.Mutex
 	dead   map[string]bool // members declared failed while alive
 	events int
+	rejoin samples
 }
 
 func watchDeaths(nodes []*Discovery, victim string) *deathWatch {
@@ -115,14 +136,27 @@ func watchDeaths(nodes []*Discovery, victim string) *deathWatch {
 	for _, d := range nodes {
 		events := d.Subscribe(ctx)
 		w.wg.Go(func() {
+			failedAt := map[string]time.Time{} // this observer's false deaths
 			for ev := range events {
-				if ev.Kind != Failed || (ev.Member.ClusterID == w.victim && w.killed.Load()) {
+				id := ev.Member.ClusterID
+				if id == w.victim && w.killed.Load() {
 					continue
 				}
-				w.mu.Lock()
-				w.dead[ev.Member.ClusterID] = true
-				w.events++
-				w.mu.Unlock()
+				switch ev.Kind {
+				case Failed:
+					failedAt[id] = time.Now()
+					w.mu.Lock()
+					w.dead[id] = true
+					w.events++
+					w.mu.Unlock()
+				case Join:
+					if at, ok := failedAt[id]; ok {
+						delete(failedAt, id)
+						w.mu.Lock()
+						w.rejoin = append(w.rejoin, time.Since(at))
+						w.mu.Unlock()
+					}
+				}
 			}
 		})
 	}
@@ -136,13 +170,14 @@ func (w *deathWatch) kill(victim *Discovery) {
 }
 
 // falseDeaths stops watching and returns the members declared failed while
-// alive and the number of such events over all observers.
-func (w *deathWatch) falseDeaths() (members, events int) {
+// alive, the number of such events over all observers, and how long each
+// such death lasted for its observer until the member was seen again.
+func (w *deathWatch) falseDeaths() (members, events int, rejoin samples) {
 	w.cancel()
 	w.wg.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.dead), w.events
+	return len(w.dead), w.events, w.rejoin
 }
 
 // sentCounter counts the UDP packets and bytes members send, through a
@@ -151,37 +186,41 @@ type sentCounter struct {
 	packets, bytes atomic.Int64
 }
 
-// tune returns the profile's tuning followed by the counting transport.
+// tune returns the profile's tuning followed by the counting transport,
+// around the profile's transport or, if it sets none, ours.
 func (s *sentCounter) tune(b *testing.B, profile func(*memberlist.Config)) func(*memberlist.Config) {
 	return func(c *memberlist.Config) {
 		if profile != nil {
 			profile(c)
 		}
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{c.BindAddr},
-			BindPort:  c.BindPort,
-			Logger:    c.Logger,
-		})
-		if err != nil {
-			b.Fatal(err)
+		inner, ok := c.Transport.(memberlist.NodeAwareTransport)
+		if !ok {
+			t, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), slog.New(slog.DiscardHandler))
+			if err != nil {
+				b.Fatal(err)
+			}
+			inner = t
+			if c.BindPort == 0 {
+				c.BindPort, c.AdvertisePort = t.Port(), t.Port()
+			}
 		}
-		c.Transport = &countingTransport{NetTransport: nt, sent: s}
+		c.Transport = &countingTransport{NodeAwareTransport: inner, sent: s}
 	}
 }
 
 type countingTransport struct {
-	*memberlist.NetTransport
+	memberlist.NodeAwareTransport
 	sent *sentCounter
 }
 
 func (t *countingTransport) WriteTo(p []byte, addr string) (time.Time, error) {
 	t.sent.packets.Add(1)
 	t.sent.bytes.Add(int64(len(p)))
-	return t.NetTransport.WriteTo(p, addr)
+	return t.NodeAwareTransport.WriteTo(p, addr)
 }
 
 func (t *countingTransport) WriteToAddress(p []byte, a memberlist.Address) (time.Time, error) {
 	t.sent.packets.Add(1)
 	t.sent.bytes.Add(int64(len(p)))
-	return t.NetTransport.WriteToAddress(p, a)
+	return t.NodeAwareTransport.WriteToAddress(p, a)
 }

@@ -167,6 +167,7 @@ type Discovery struct {
 	log     *slog.Logger
 	metrics *metrics
 	cands   *candidates
+	revive  *revivals // nil: off (benchmarks compare without)
 	selfID  string
 
 	// pubMu orders the issue of records: serial stored, record signed.
@@ -261,6 +262,7 @@ func New(cfg Config) (*Discovery, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "discovery"),
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
+		revive:    newRevivals(),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
 		known:     make(map[string]*knownRecord),
@@ -323,6 +325,26 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	return mc, nil
 }
 
+// listen opens the gossip transport on mc's bind address and puts the
+// port it got into mc, as memberlist does for its own transport.
+func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
+	ip, err := netip.ParseAddr(mc.BindAddr)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: gossip bind address %q: %w", mc.BindAddr, err)
+	}
+	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: start gossip: %w", err)
+	}
+	if mc.BindPort == 0 {
+		mc.BindPort = t.Port()
+	}
+	if mc.AdvertisePort == 0 {
+		mc.AdvertisePort = t.Port()
+	}
+	return t, nil
+}
+
 // Start joins the gossip and starts the candidate sources. Candidates are
 // joined in the background; Start does not wait for any member.
 func (d *Discovery) Start(ctx context.Context) error {
@@ -330,8 +352,16 @@ func (d *Discovery) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if mc.Transport == nil { // Tune may have set one (benchmarks)
+		t, err := d.listen(mc)
+		if err != nil {
+			return err
+		}
+		mc.Transport = t
+	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		_ = mc.Transport.Shutdown()
 		return fmt.Errorf("discovery: start gossip on %s: %w", d.cfg.BindAddr, err)
 	}
 	d.ml = ml
@@ -371,6 +401,9 @@ func (d *Discovery) Start(ctx context.Context) error {
 		d.goRun(func() { d.dnsLoop(runCtx, r) })
 	}
 	d.goRun(func() { d.joinLoop(runCtx) })
+	if d.revive != nil {
+		d.goRun(func() { d.reviveLoop(runCtx) })
+	}
 	return nil
 }
 
@@ -788,5 +821,8 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	d.log.Info("member "+kind.String(), "member", n.Name, "gossip", m.Gossip, "endpoint", r.Endpoint)
 	if kind == Failed {
 		d.cands.recheckSoon(d.cfg.RetryMin)
+		if d.revive != nil && d.revives(n.Name) {
+			d.revive.schedule(n.Name, gossip.String(), time.Now())
+		}
 	}
 }
