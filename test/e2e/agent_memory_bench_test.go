@@ -169,14 +169,12 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	m.report(b, loadBefore)
 }
 
-// memSamples are VmRSS readings and, read once at the end, what the
+// memSamples are VmRSS readings split, at each sample, into what the
 // resident memory is made of: anonymous (the Go heap, stacks, the
-// runtime) against file-backed (the binary's pages that ran), and the Go
-// runtime's own account.
+// runtime) against file-backed (the binary's pages that ran); and, read
+// once at the end, the Go runtime's own account.
 type memSamples struct {
-	rss []uint64
-	// From /proc/PID/status at the end.
-	anon, file uint64
+	rss, anon, file []uint64
 	// From the agent's metrics at the end: the heap in use, the heap the
 	// next collection starts at (twice the live heap: GOGC 100), the
 	// heap freed but not yet returned to the system, the stacks, and
@@ -188,8 +186,8 @@ type memSamples struct {
 
 // breakdown says what the resident memory is made of, in MiB.
 func (m memSamples) breakdown() string {
-	return fmt.Sprintf("anon %.1f, file %.1f; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
-		mib(m.anon), mib(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
+	return fmt.Sprintf("anon %s, file %s; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
+		spreadMiB(m.anon), spreadMiB(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
 }
 
 type memRound struct {
@@ -210,16 +208,21 @@ type memReport struct {
 }
 
 func (m *memReport) report(b *testing.B, loadBefore string) {
-	var peaks, steadies, heaps []uint64
+	var peaks, steadies, anons, files, heaps []uint64
 	for _, r := range m.rounds {
 		peaks = append(peaks, r.peak())
 		steadies = append(steadies, medianBytes(r.steady.rss))
+		anons = append(anons, medianBytes(r.steady.anon))
+		files = append(files, medianBytes(r.steady.file))
 		heaps = append(heaps, r.steady.heap)
 	}
 	one, all, withPods := medianBytes(m.idleOne.rss), medianBytes(m.idleAll.rss), medianBytes(steadies)
 	b.ReportMetric(mib(one), "MiB-idle-1-peer")
 	b.ReportMetric(mib(all), "MiB-idle-all-peers")
 	b.ReportMetric(mib(withPods), "MiB-with-pods-median")
+	b.ReportMetric(mib(medianBytes(m.idleAll.anon)), "MiB-anon-idle-all-peers")
+	b.ReportMetric(mib(medianBytes(anons)), "MiB-anon-with-pods-median")
+	b.ReportMetric(mib(medianBytes(files)), "MiB-file-with-pods-median")
 	b.ReportMetric(mib(slices.Max(peaks)), "MiB-peak-max")
 	if m.peers > 1 {
 		b.ReportMetric(kib(int64(all)-int64(one))/float64(m.peers-1), "KiB-per-peer")
@@ -234,8 +237,11 @@ func (m *memReport) report(b *testing.B, loadBefore string) {
 		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; the highest during the ramp %.1f; then %s\n    %s\n",
 			i+1, m.pods, r.took.Seconds(), mib(r.rampMax), spreadMiB(r.steady.rss), r.steady.breakdown())
 	}
-	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f), Go heap in use %.1f; the highest sample %.1f; target 64\n",
-		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)), mib(medianBytes(heaps)), mib(slices.Max(peaks)))
+	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f): anon %.1f (%.1f to %.1f), file %.1f (%.1f to %.1f); Go heap in use %.1f; the highest sample %.1f; target 64\n",
+		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)),
+		mib(medianBytes(anons)), mib(slices.Min(anons)), mib(slices.Max(anons)),
+		mib(medianBytes(files)), mib(slices.Min(files)), mib(slices.Max(files)),
+		mib(medianBytes(heaps)), mib(slices.Max(peaks)))
 	if m.peers > 1 {
 		fmt.Fprintf(&w, "  per peer %.0f KiB (idle, %d peers less 1); ", kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
 	} else {
@@ -277,13 +283,14 @@ func agentPid(b *testing.B, c *federation.Cluster) int {
 	return pid
 }
 
-// vmRSS reads the resident set size of process pid.
-func vmRSS(pid int) (uint64, error) {
+// rssOf reads the resident set size of process pid and its anonymous
+// and file-backed parts.
+func rssOf(pid int) (rss, anon, file uint64, err error) {
 	st, err := procStatus(pid)
 	if err != nil {
-		return 0, err
+		return 0, 0, 0, err
 	}
-	return st["VmRSS"], nil
+	return st["VmRSS"], st["RssAnon"], st["RssFile"], nil
 }
 
 // cpuTime is the CPU time process pid used so far (user and system,
@@ -330,11 +337,12 @@ func procStatus(pid int) (map[string]uint64, error) {
 	return out, nil
 }
 
-// sampler reads VmRSS every memSampleEvery until stopped.
+// sampler reads VmRSS, RssAnon and RssFile every memSampleEvery until
+// stopped.
 type sampler struct {
 	pid  int
 	mu   sync.Mutex
-	rss  []uint64
+	m    memSamples
 	err  error
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -346,13 +354,13 @@ func startSampler(pid int) *sampler {
 		t := time.NewTicker(memSampleEvery)
 		defer t.Stop()
 		for {
-			n, err := vmRSS(pid)
+			rss, anon, file, err := rssOf(pid)
 			s.mu.Lock()
 			if err != nil && s.err == nil {
 				s.err = err
 			}
 			if err == nil {
-				s.rss = append(s.rss, n)
+				s.m.rss, s.m.anon, s.m.file = append(s.m.rss, rss), append(s.m.anon, anon), append(s.m.file, file)
 			}
 			s.mu.Unlock()
 			select {
@@ -368,7 +376,7 @@ func startSampler(pid int) *sampler {
 func (s *sampler) stop() memSamples {
 	close(s.done)
 	s.wg.Wait()
-	return memSamples{rss: s.rss}
+	return s.m
 }
 
 // sampleFor samples c's agent for d, then reads its Go heap in use.
@@ -389,11 +397,6 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	if s.err != nil {
 		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
 	}
-	status, err := procStatus(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m.anon, m.file = status["RssAnon"], status["RssFile"]
 	metrics, err := runtimeMetrics(c.Site)
 	if err != nil {
 		b.Fatalf("the Go runtime metrics of agent %s: %v", c.Name, err)
