@@ -55,13 +55,13 @@ const (
 // gossip members with the federation key and real peering engines, each
 // with a WireGuard device that answers handshakes, so the consumer holds
 // 100 Connected Peers, 100 WireGuard peers with their NAT, and 100 views
-// in its ledger. It samples the agent's VmRSS (/proc/PID/status) idle
-// with the provider only, idle with every peer, then per round from
+// in its ledger. It samples the agent's VmRSS (/proc/PID/status), with
+// its anonymous and file-backed parts (RssAnon, RssFile), idle with the
+// provider only, idle with every peer, then per round from
 // creating a Deployment of 1000 pods in a Remote namespace until all are
 // Running here with translated addresses (the ramp), and steady with all
-// of them; after each window it reads what the memory is made of
-// (anonymous or file-backed, the Go runtime's metrics) and the agent's
-// CPU over it. The round ends with the Deployment deleted and its pods
+// of them; after each window it reads the Go runtime's metrics and the
+// agent's CPU over it. The round ends with the Deployment deleted and its pods
 // gone. docs/offload.md has the figures.
 func BenchmarkAgentMemory(b *testing.B) {
 	pods, peers := envCount(b, benchRSSPodsEnvVar, 1000), envCount(b, benchRSSPeersEnvVar, 100)
