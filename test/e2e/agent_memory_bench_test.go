@@ -35,6 +35,11 @@ const (
 	// agent only, space-separated: "GOMEMLIMIT=48MiB GOGC=50" shows what
 	// the Go runtime's knobs change.
 	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
+	// benchRSSProfilesEnvVar names a directory: the agent runs with
+	// --profiling and the heap profile at the end of each window is
+	// written there (idle-1.pb.gz, idle-all.pb.gz, pods-N.pb.gz) for
+	// go tool pprof.
+	benchRSSProfilesEnvVar = "FLOTILLA_BENCH_RSS_PROFILES"
 )
 
 // memWindow is how long each steady state is sampled (every
@@ -113,6 +118,13 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		},
 	})
 	cons, prov := cs[0], cs[1]
+	profiles := os.Getenv(benchRSSProfilesEnvVar)
+	if profiles != "" {
+		if err := os.MkdirAll(profiles, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		cons.Args = append(cons.Args, "--profiling")
+	}
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
@@ -144,12 +156,14 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 
 	m := &memReport{pods: pods, peers: peers, env: agentEnv}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
+	saveHeapProfile(b, cons, profiles, "idle-1")
 
 	if peers > 1 {
 		startSwarm(b, env, lan, cons, peers-1)
 		waitPeersConnected(b, cons, peers, 5*time.Minute)
 	}
 	m.idleAll = sampleFor(b, cons, agent, memWindow)
+	saveHeapProfile(b, cons, profiles, "idle-all")
 
 	view := offloadRemote(b, cons, prov, "bench")
 	for round := 0; b.Loop(); round++ {
@@ -160,6 +174,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		waitReflected(b, cons, "bench", app, pods, view, 10*time.Minute)
 		ramp := s.stop()
 		steady := sampleFor(b, cons, agent, memWindow)
+		saveHeapProfile(b, cons, profiles, fmt.Sprintf("pods-%d", round+1))
 		m.rounds = append(m.rounds, memRound{took: time.Since(start), rampMax: slices.Max(ramp.rss), steady: steady})
 		b.StopTimer()
 		deleteAndWaitGone(b, cons, "bench", app, 10*time.Minute)
@@ -404,6 +419,22 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	m.heap, m.nextGC, m.stacks, m.goroutines = metrics["go_memstats_heap_inuse_bytes"], metrics["go_memstats_next_gc_bytes"], metrics["go_memstats_stack_inuse_bytes"], metrics["go_goroutines"]
 	m.heapKept = metrics["go_memstats_heap_idle_bytes"] - metrics["go_memstats_heap_released_bytes"]
 	return m
+}
+
+// saveHeapProfile writes c's agent's heap profile to dir/name.pb.gz; no
+// dir, nothing.
+func saveHeapProfile(b *testing.B, c *federation.Cluster, dir, name string) {
+	b.Helper()
+	if dir == "" {
+		return
+	}
+	body, err := getIn(c.Site, "http://127.0.0.1:9470/debug/pprof/heap")
+	if err != nil {
+		b.Fatalf("the heap profile of agent %s: %v", c.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), []byte(body), 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // runtimeMetrics are the agent's unlabelled metrics in s by name.
