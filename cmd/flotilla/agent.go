@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -78,6 +79,13 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if cfg.Profiling {
+		// A heap sample every 16 KiB allocated (default 512 KiB): fine
+		// enough to put a few KiB on each peer or pod. Set before the
+		// agent allocates: the profile scales every sample by the rate
+		// of the moment.
+		runtime.MemProfileRate = 16 << 10
 	}
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
