@@ -86,6 +86,13 @@ func (p *pending) handOn(bufs [][]byte, sizes []int, eps []conn.Endpoint, offset
 
 // batchedBind reports deviceBatch as its batch size to the device while
 // its inner bind reads full batches into batchBuffers.
+//
+// What it costs: wireguard-go starts its route listener only for its own
+// *conn.StdNetBind. The bind inside still replies from the address each
+// peer's packets came to (sticky sockets); what goes is the listener's
+// forgetting that address when the route to a peer changes, so until the
+// peer's next packet or a new endpoint set by the tunnel, a reply may
+// leave from an address the host no longer has.
 type batchedBind struct {
 	conn.Bind
 	batch int
