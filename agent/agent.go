@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"runtime"
@@ -46,6 +47,11 @@ type Config struct {
 	StateDir string
 	// MetricsAddr serves /healthz, /readyz and /metrics; empty disables.
 	MetricsAddr string
+	// Profiling also serves the Go runtime's profiles (net/http/pprof)
+	// under /debug/pprof/ on MetricsAddr. Off by default: a profile shows
+	// the process's inside to whoever reaches the port, and a CPU
+	// profile costs while it runs.
+	Profiling bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -423,6 +429,15 @@ func (a *Agent) handler() http.Handler {
 	mux.HandleFunc("/readyz", a.ready.serveReadyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
 	mux.Handle(live.Path, a.traceHandler())
+	if a.cfg.Profiling {
+		// pprof.Index serves the named profiles (heap, goroutine, ...)
+		// below it; the others are handlers of their own.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	// Everything else: the dashboard (its page, graph.svg, graph.json).
 	mux.Handle("/", a.dashboardHandler())
 	return mux

@@ -132,7 +132,14 @@ func openUserspace(name string, mtu int, log *slog.Logger) (*wgLink, error) {
 		Verbosef: func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...), "link", name) },
 		Errorf:   func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...), "link", name) },
 	}
-	dev := device.NewDevice(tdev, conn.NewDefaultBind(), wlog)
+	// Batches of deviceBatch keep wireguard-go's buffers off the Go
+	// heap's account (batch.go).
+	btun, err := newBatchedTUN(tdev, deviceBatch)
+	if err != nil {
+		tdev.Close()
+		return nil, err
+	}
+	dev := device.NewDevice(btun, newBatchedBind(conn.NewDefaultBind(), deviceBatch), wlog)
 	f, err := ipc.UAPIOpen(name)
 	if err != nil {
 		dev.Close()

@@ -1,6 +1,11 @@
 package tunnel
 
-import "time"
+import (
+	"time"
+
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/tun"
+)
 
 // Resync reconciles reading every kind of owned object back from the
 // kernel, as the periodic resync does; for benchmarks.
@@ -22,3 +27,16 @@ func SetEventBuffer(t *Tunnel, kind string, bytes int) {
 
 // SetResyncInterval sets how often Run reads everything back, before Run.
 func SetResyncInterval(t *Tunnel, d time.Duration) { t.resync = d }
+
+// Batched wraps a TUN and a bind in batches of n, as the agent's
+// userspace device is (deviceBatch), for the benchmarks' bare device.
+func Batched(t tun.Device, b conn.Bind, n int) (tun.Device, conn.Bind, error) {
+	bt, err := newBatchedTUN(t, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return bt, newBatchedBind(b, n), nil
+}
+
+// DeviceBatch is the batch of the agent's userspace device.
+const DeviceBatch = deviceBatch

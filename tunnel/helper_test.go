@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -29,16 +30,25 @@ const helperArg = "tunnel-helper"
 // bareArg makes the test binary act as the wireguard-go command: a TUN
 // served by the same wireguard-go library, with a control socket for wg(8)
 // and nothing else. It is the hand-configured peer and baseline of tests
-// and benchmarks.
+// and benchmarks. With a batch size after the interface name, its reads
+// come in batches of that many, as the agent's device's do.
 const bareArg = "wireguard-go-bare"
 
-func bareMain(ifname string) int {
+func bareMain(ifname string, batch int) int {
+	var tdev tun.Device
 	tdev, err := tun.CreateTUN(ifname, device.DefaultMTU)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dev := device.NewDevice(tdev, conn.NewDefaultBind(), device.NewLogger(device.LogLevelError, ifname+": "))
+	bind := conn.NewDefaultBind()
+	if batch > 0 {
+		if tdev, bind, err = tunnel.Batched(tdev, bind, batch); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	dev := device.NewDevice(tdev, bind, device.NewLogger(device.LogLevelError, ifname+": "))
 	f, err := ipc.UAPIOpen(ifname)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -73,7 +83,11 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain(os.Args[2:]))
 	}
 	if len(os.Args) > 2 && os.Args[1] == bareArg {
-		os.Exit(bareMain(os.Args[2]))
+		batch := 0
+		if len(os.Args) > 3 {
+			batch, _ = strconv.Atoi(os.Args[3])
+		}
+		os.Exit(bareMain(os.Args[2], batch))
 	}
 	os.Exit(m.Run())
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -26,6 +27,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
+	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
@@ -77,6 +79,13 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if cfg.Profiling {
+		// A heap sample every 16 KiB allocated (default 512 KiB): fine
+		// enough to put a few KiB on each peer or pod. Set before the
+		// agent allocates: the profile scales every sample by the rate
+		// of the moment.
+		runtime.MemProfileRate = 16 << 10
 	}
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {

@@ -35,6 +35,11 @@ const (
 	// agent only, space-separated: "GOMEMLIMIT=48MiB GOGC=50" shows what
 	// the Go runtime's knobs change.
 	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
+	// benchRSSProfilesEnvVar names a directory: the agent runs with
+	// --profiling and the heap profile at the end of each window is
+	// written there (idle-1.pb.gz, idle-all.pb.gz, pods-N.pb.gz) for
+	// go tool pprof.
+	benchRSSProfilesEnvVar = "FLOTILLA_BENCH_RSS_PROFILES"
 )
 
 // memWindow is how long each steady state is sampled (every
@@ -55,13 +60,13 @@ const (
 // gossip members with the federation key and real peering engines, each
 // with a WireGuard device that answers handshakes, so the consumer holds
 // 100 Connected Peers, 100 WireGuard peers with their NAT, and 100 views
-// in its ledger. It samples the agent's VmRSS (/proc/PID/status) idle
-// with the provider only, idle with every peer, then per round from
+// in its ledger. It samples the agent's VmRSS (/proc/PID/status), with
+// its anonymous and file-backed parts (RssAnon, RssFile), idle with the
+// provider only, idle with every peer, then per round from
 // creating a Deployment of 1000 pods in a Remote namespace until all are
 // Running here with translated addresses (the ramp), and steady with all
-// of them; after each window it reads what the memory is made of
-// (anonymous or file-backed, the Go runtime's metrics) and the agent's
-// CPU over it. The round ends with the Deployment deleted and its pods
+// of them; after each window it reads the Go runtime's metrics and the
+// agent's CPU over it. The round ends with the Deployment deleted and its pods
 // gone. docs/offload.md has the figures.
 func BenchmarkAgentMemory(b *testing.B) {
 	pods, peers := envCount(b, benchRSSPodsEnvVar, 1000), envCount(b, benchRSSPeersEnvVar, 100)
@@ -113,6 +118,13 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		},
 	})
 	cons, prov := cs[0], cs[1]
+	profiles := os.Getenv(benchRSSProfilesEnvVar)
+	if profiles != "" {
+		if err := os.MkdirAll(profiles, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		cons.Args = append(cons.Args, "--profiling")
+	}
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
@@ -144,12 +156,14 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 
 	m := &memReport{pods: pods, peers: peers, env: agentEnv}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
+	saveHeapProfile(b, cons, profiles, "idle-1")
 
 	if peers > 1 {
 		startSwarm(b, env, lan, cons, peers-1)
 		waitPeersConnected(b, cons, peers, 5*time.Minute)
 	}
 	m.idleAll = sampleFor(b, cons, agent, memWindow)
+	saveHeapProfile(b, cons, profiles, "idle-all")
 
 	view := offloadRemote(b, cons, prov, "bench")
 	for round := 0; b.Loop(); round++ {
@@ -160,6 +174,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		waitReflected(b, cons, "bench", app, pods, view, 10*time.Minute)
 		ramp := s.stop()
 		steady := sampleFor(b, cons, agent, memWindow)
+		saveHeapProfile(b, cons, profiles, fmt.Sprintf("pods-%d", round+1))
 		m.rounds = append(m.rounds, memRound{took: time.Since(start), rampMax: slices.Max(ramp.rss), steady: steady})
 		b.StopTimer()
 		deleteAndWaitGone(b, cons, "bench", app, 10*time.Minute)
@@ -169,14 +184,12 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	m.report(b, loadBefore)
 }
 
-// memSamples are VmRSS readings and, read once at the end, what the
+// memSamples are VmRSS readings split, at each sample, into what the
 // resident memory is made of: anonymous (the Go heap, stacks, the
-// runtime) against file-backed (the binary's pages that ran), and the Go
-// runtime's own account.
+// runtime) against file-backed (the binary's pages that ran); and, read
+// once at the end, the Go runtime's own account.
 type memSamples struct {
-	rss []uint64
-	// From /proc/PID/status at the end.
-	anon, file uint64
+	rss, anon, file []uint64
 	// From the agent's metrics at the end: the heap in use, the heap the
 	// next collection starts at (twice the live heap: GOGC 100), the
 	// heap freed but not yet returned to the system, the stacks, and
@@ -188,8 +201,8 @@ type memSamples struct {
 
 // breakdown says what the resident memory is made of, in MiB.
 func (m memSamples) breakdown() string {
-	return fmt.Sprintf("anon %.1f, file %.1f; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
-		mib(m.anon), mib(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
+	return fmt.Sprintf("anon %s, file %s; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
+		spreadMiB(m.anon), spreadMiB(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
 }
 
 type memRound struct {
@@ -210,16 +223,21 @@ type memReport struct {
 }
 
 func (m *memReport) report(b *testing.B, loadBefore string) {
-	var peaks, steadies, heaps []uint64
+	var peaks, steadies, anons, files, heaps []uint64
 	for _, r := range m.rounds {
 		peaks = append(peaks, r.peak())
 		steadies = append(steadies, medianBytes(r.steady.rss))
+		anons = append(anons, medianBytes(r.steady.anon))
+		files = append(files, medianBytes(r.steady.file))
 		heaps = append(heaps, r.steady.heap)
 	}
 	one, all, withPods := medianBytes(m.idleOne.rss), medianBytes(m.idleAll.rss), medianBytes(steadies)
 	b.ReportMetric(mib(one), "MiB-idle-1-peer")
 	b.ReportMetric(mib(all), "MiB-idle-all-peers")
 	b.ReportMetric(mib(withPods), "MiB-with-pods-median")
+	b.ReportMetric(mib(medianBytes(m.idleAll.anon)), "MiB-anon-idle-all-peers")
+	b.ReportMetric(mib(medianBytes(anons)), "MiB-anon-with-pods-median")
+	b.ReportMetric(mib(medianBytes(files)), "MiB-file-with-pods-median")
 	b.ReportMetric(mib(slices.Max(peaks)), "MiB-peak-max")
 	if m.peers > 1 {
 		b.ReportMetric(kib(int64(all)-int64(one))/float64(m.peers-1), "KiB-per-peer")
@@ -234,8 +252,11 @@ func (m *memReport) report(b *testing.B, loadBefore string) {
 		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; the highest during the ramp %.1f; then %s\n    %s\n",
 			i+1, m.pods, r.took.Seconds(), mib(r.rampMax), spreadMiB(r.steady.rss), r.steady.breakdown())
 	}
-	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f), Go heap in use %.1f; the highest sample %.1f; target 64\n",
-		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)), mib(medianBytes(heaps)), mib(slices.Max(peaks)))
+	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f): anon %.1f (%.1f to %.1f), file %.1f (%.1f to %.1f); Go heap in use %.1f; the highest sample %.1f; target 64\n",
+		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)),
+		mib(medianBytes(anons)), mib(slices.Min(anons)), mib(slices.Max(anons)),
+		mib(medianBytes(files)), mib(slices.Min(files)), mib(slices.Max(files)),
+		mib(medianBytes(heaps)), mib(slices.Max(peaks)))
 	if m.peers > 1 {
 		fmt.Fprintf(&w, "  per peer %.0f KiB (idle, %d peers less 1); ", kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
 	} else {
@@ -277,13 +298,14 @@ func agentPid(b *testing.B, c *federation.Cluster) int {
 	return pid
 }
 
-// vmRSS reads the resident set size of process pid.
-func vmRSS(pid int) (uint64, error) {
+// rssOf reads the resident set size of process pid and its anonymous
+// and file-backed parts.
+func rssOf(pid int) (rss, anon, file uint64, err error) {
 	st, err := procStatus(pid)
 	if err != nil {
-		return 0, err
+		return 0, 0, 0, err
 	}
-	return st["VmRSS"], nil
+	return st["VmRSS"], st["RssAnon"], st["RssFile"], nil
 }
 
 // cpuTime is the CPU time process pid used so far (user and system,
@@ -330,11 +352,12 @@ func procStatus(pid int) (map[string]uint64, error) {
 	return out, nil
 }
 
-// sampler reads VmRSS every memSampleEvery until stopped.
+// sampler reads VmRSS, RssAnon and RssFile every memSampleEvery until
+// stopped.
 type sampler struct {
 	pid  int
 	mu   sync.Mutex
-	rss  []uint64
+	m    memSamples
 	err  error
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -346,13 +369,13 @@ func startSampler(pid int) *sampler {
 		t := time.NewTicker(memSampleEvery)
 		defer t.Stop()
 		for {
-			n, err := vmRSS(pid)
+			rss, anon, file, err := rssOf(pid)
 			s.mu.Lock()
 			if err != nil && s.err == nil {
 				s.err = err
 			}
 			if err == nil {
-				s.rss = append(s.rss, n)
+				s.m.rss, s.m.anon, s.m.file = append(s.m.rss, rss), append(s.m.anon, anon), append(s.m.file, file)
 			}
 			s.mu.Unlock()
 			select {
@@ -368,7 +391,7 @@ func startSampler(pid int) *sampler {
 func (s *sampler) stop() memSamples {
 	close(s.done)
 	s.wg.Wait()
-	return memSamples{rss: s.rss}
+	return s.m
 }
 
 // sampleFor samples c's agent for d, then reads its Go heap in use.
@@ -389,11 +412,6 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	if s.err != nil {
 		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
 	}
-	status, err := procStatus(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m.anon, m.file = status["RssAnon"], status["RssFile"]
 	metrics, err := runtimeMetrics(c.Site)
 	if err != nil {
 		b.Fatalf("the Go runtime metrics of agent %s: %v", c.Name, err)
@@ -401,6 +419,22 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	m.heap, m.nextGC, m.stacks, m.goroutines = metrics["go_memstats_heap_inuse_bytes"], metrics["go_memstats_next_gc_bytes"], metrics["go_memstats_stack_inuse_bytes"], metrics["go_goroutines"]
 	m.heapKept = metrics["go_memstats_heap_idle_bytes"] - metrics["go_memstats_heap_released_bytes"]
 	return m
+}
+
+// saveHeapProfile writes c's agent's heap profile to dir/name.pb.gz; no
+// dir, nothing.
+func saveHeapProfile(b *testing.B, c *federation.Cluster, dir, name string) {
+	b.Helper()
+	if dir == "" {
+		return
+	}
+	body, err := getIn(c.Site, "http://127.0.0.1:9470/debug/pprof/heap")
+	if err != nil {
+		b.Fatalf("the heap profile of agent %s: %v", c.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), []byte(body), 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // runtimeMetrics are the agent's unlabelled metrics in s by name.
