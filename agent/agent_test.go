@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/flotilla-io/flotilla/internal/eventually"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flotilla-io/flotilla/internal/eventually"
 
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -20,6 +21,17 @@ import (
 func waitUntil(t *testing.T, what string, cond func() error) {
 	t.Helper()
 	eventually.Within(t, time.Minute, what, cond)
+}
+
+// getMetricsPort GETs path on a's metrics port: status and body.
+func getMetricsPort(a *Agent, path string) (int, string, error) {
+	resp, err := http.Get("http://" + a.MetricsAddr() + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
 }
 
 // A component that dies stops the agent: Run returns its error, naming it

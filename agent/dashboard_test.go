@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -78,15 +77,7 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	page := func() (int, string, error) {
-		resp, err := http.Get("http://" + a.MetricsAddr() + "/")
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body), err
-	}
+	page := func() (int, string, error) { return getMetricsPort(a, "/") }
 	waitUntil(t, "the page while starting", func() error {
 		code, body, err := page()
 		if err != nil {
@@ -108,12 +99,11 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 		}
 		return nil
 	})
-	resp, err := http.Get("http://" + a.MetricsAddr() + "/nothing-here")
+	code, _, err := getMetricsPort(a, "/nothing-here")
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /nothing-here: %s, want 404", resp.Status)
+	if code != http.StatusNotFound {
+		t.Errorf("GET /nothing-here: %d, want 404", code)
 	}
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -44,15 +43,7 @@ func TestProfilingOnMetricsPort(t *testing.T) {
 					t.Errorf("Run: %v", err)
 				}
 			})
-			get := func(path string) (int, string, error) {
-				resp, err := http.Get("http://" + a.MetricsAddr() + path)
-				if err != nil {
-					return 0, "", err
-				}
-				defer resp.Body.Close()
-				body, err := io.ReadAll(resp.Body)
-				return resp.StatusCode, string(body), err
-			}
+			get := func(path string) (int, string, error) { return getMetricsPort(a, path) }
 			// The witness that the port serves before judging the profile.
 			waitUntil(t, "the metrics", func() error {
 				code, body, err := get("/metrics")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -452,21 +450,8 @@ func runKeyStatus(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		rows = append(rows, row)
 	}
-	switch format {
-	case outputJSON:
-		b, err := json.MarshalIndent(rows, "", "    ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(stdout, string(b))
-		return err
-	case outputYAML:
-		b, err := yaml.Marshal(rows)
-		if err != nil {
-			return err
-		}
-		_, err = stdout.Write(b)
-		return err
+	if format == outputJSON || format == outputYAML {
+		return writeJSONOrYAML(stdout, rows, format)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLUSTER\tHOLDS\tSECRET ASKS\tERROR")

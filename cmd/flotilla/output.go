@@ -149,7 +149,13 @@ func writePeerList(w io.Writer, peers []v1alpha1.Peer, o output) error {
 		Kind       string          `json:"kind"`
 		Items      []v1alpha1.Peer `json:"items"`
 	}{"v1", "List", items}
-	out, err := json.MarshalIndent(list, "", "    ")
+	return writeJSONOrYAML(w, list, o)
+}
+
+// writeJSONOrYAML prints v as kubectl does: indented JSON, or YAML for -o
+// yaml.
+func writeJSONOrYAML(w io.Writer, v any, o output) error {
+	out, err := json.MarshalIndent(v, "", "    ")
 	if err != nil {
 		return err
 	}
@@ -174,19 +180,7 @@ func writeObject(w io.Writer, obj client.Object, kind, resource string, o output
 	}
 	obj.GetObjectKind().SetGroupVersionKind(v1alpha1.GroupVersion.WithKind(kind))
 	obj.SetManagedFields(nil)
-	out, err := json.MarshalIndent(obj, "", "    ")
-	if err != nil {
-		return err
-	}
-	if o == outputYAML {
-		if out, err = yaml.JSONToYAML(out); err != nil {
-			return err
-		}
-	} else {
-		out = append(out, '\n')
-	}
-	_, err = w.Write(out)
-	return err
+	return writeJSONOrYAML(w, obj, o)
 }
 
 // writeOffloads prints NamespaceOffloads as a table; wide adds the

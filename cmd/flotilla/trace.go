@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/observe/trace"
 	"github.com/flotilla-io/flotilla/observe/trace/collect"
@@ -79,18 +77,10 @@ with --peer-context, its name. Exit status 1 when a step is broken.
 	}
 	trace.Name(local, remote)
 	res := trace.Run(local, remote, src, dst, time.Now())
-	switch *o {
-	case "json":
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(res)
-	case "yaml":
-		var b []byte
-		if b, err = yaml.Marshal(res); err == nil {
-			_, err = stdout.Write(b)
-		}
-	default:
+	if *o == "" {
 		err = trace.WriteText(stdout, res)
+	} else {
+		err = writeJSONOrYAML(stdout, res, output(*o))
 	}
 	if err != nil {
 		return err
