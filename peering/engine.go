@@ -233,10 +233,14 @@ type Engine struct {
 	specs map[string]Spec
 	// grants are the sealed grants to send, by peer (SetGrant); like
 	// specs they outlive the peers' runtime state.
-	grants       map[string][]byte
-	published    map[string]PeerState
-	gen          uint64 // the last generation issued
-	genCeiling   uint64 // stored: no generation issued is above it
+	grants     map[string][]byte
+	published  map[string]PeerState
+	gen        uint64 // the last generation issued
+	genCeiling uint64 // stored: no generation issued is above it
+	// issueErr is the last failure to issue a statement (a full disk
+	// under the ledger): logged once per change, not once per peer and
+	// reconcile.
+	issueErr     string
 	applied      *tunnel.Desired
 	candidate    *tunnel.Desired // what applyTunnel last started from
 	candidateKey tunnel.Key

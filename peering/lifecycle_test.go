@@ -3,16 +3,19 @@ package peering
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/syncbuf"
 )
 
 // A member that fails keeps its tunnel for the grace period, then loses
@@ -357,4 +360,58 @@ func TestRetiredPeerStaysRetiredAfterARestart(t *testing.T) {
 	if s, ok := a2.rec.latest(b.id.ClusterID()); ok {
 		t.Fatalf("the restarted engine published the retired old b again: %s", s.Phase)
 	}
+}
+
+// failingKeys refuses the writes of one key while fail is set, as a full
+// disk refuses the ledger's.
+type failingKeys struct {
+	Ledger
+	key  string
+	fail atomic.Bool
+}
+
+func (f *failingKeys) PutKey(name string, value []byte) error {
+	if name == f.key && f.fail.Load() {
+		return fmt.Errorf("put key %q: write ledger: %w", name, syscall.ENOSPC)
+	}
+	return f.Ledger.PutKey(name, value)
+}
+
+// A statement that cannot be issued (the ledger's disk full) is logged
+// once while it keeps failing, not once per peer and reconcile, and the
+// engine says when it issues them again; the peer then hears the news.
+func TestStatementsThatCannotBeIssuedAreLoggedOnce(t *testing.T) {
+	net := &network{}
+	clk := &clock{t: time.Now()}
+	var keys *failingKeys
+	var log syncbuf.Buffer
+	a := newNode(t, net, nodeOptions{clock: clk, logger: slog.New(slog.NewTextHandler(&log, nil)), ledger: func(l Ledger) Ledger {
+		keys = &failingKeys{Ledger: l, key: generationKey}
+		return keys
+	}})
+	b := newNode(t, net, nodeOptions{})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+
+	keys.fail.Store(true)
+	clk.Add(2 * time.Minute) // past the stored ceiling: the next statement needs a write
+	a.eng.SpecChanged(b.id.ClusterID(), Spec{Networking: NetworkingDeny, Generation: 2})
+	within(t, "the failure logged", func() error {
+		if !strings.Contains(log.String(), "cannot issue a new statement") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // reconciles that would log it again
+	if n := strings.Count(log.String(), "cannot issue a new statement"); n != 1 {
+		t.Errorf("the failure logged %d times, want once", n)
+	}
+	keys.fail.Store(false)
+	within(t, "statements issued again", func() error {
+		if !strings.Contains(log.String(), "statements issued again") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	inPhase(t, b, a, PhaseDenied)
 }

@@ -53,8 +53,15 @@ func (e *Engine) send(p *peer, again bool) {
 	}
 	g, err := e.nextGeneration()
 	if err != nil {
-		e.log.Error("cannot issue a new statement", "err", err)
+		if err.Error() != e.issueErr {
+			e.issueErr = err.Error()
+			e.log.Error("cannot issue a new statement; retrying while it fails (is the state directory's disk full?)", "err", err)
+		}
 		return
+	}
+	if e.issueErr != "" {
+		e.issueErr = ""
+		e.log.Info("statements issued again")
 	}
 	h.Generation = g
 	msg, err := Seal(h, e.cfg.Identity)

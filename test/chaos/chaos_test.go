@@ -204,7 +204,7 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 // (median, max), traffic lost (median, max), invariants broken.
 func table(results map[string][]outcome) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-18s %5s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "lost min/med/max", "broken")
+	fmt.Fprintf(&b, "%-22s %5s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "lost min/med/max", "broken")
 	for _, k := range faults {
 		outs := results[k.name]
 		if len(outs) == 0 {
@@ -217,7 +217,7 @@ func table(results map[string][]outcome) string {
 			lost = append(lost, o.lost)
 			broken += o.broken
 		}
-		fmt.Fprintf(&b, "%-18s %5d %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(lost), broken)
+		fmt.Fprintf(&b, "%-22s %5d %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(lost), broken)
 	}
 	return b.String()
 }
