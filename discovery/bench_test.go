@@ -24,7 +24,7 @@ import (
 // (probe 700 ms), ours as it was before our transport and the revival of
 // falsely failed members (memberlist's transport, a 64 KiB buffer per
 // packet received; a falsely failed member waits for its own refutation),
-// and ours.
+// ours without the revival alone, and ours.
 var benchProfiles = []struct {
 	name string
 	tune func(*memberlist.Config)
@@ -34,6 +34,7 @@ var benchProfiles = []struct {
 	{"memberlist-lan", stockLAN, false},
 	{"lan-700ms", lan700ms, false},
 	{"lan-before-revival", netTransport, true},
+	{"lan-no-revival", nil, true},
 	{"lan", nil, false},
 }
 

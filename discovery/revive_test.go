@@ -101,6 +101,9 @@ func TestFalselyFailedMemberIsRevived(t *testing.T) {
 		gate(mc)
 	}})
 	waitUntil(t, 30*time.Second, func() error { return allSee(a, b, c) })
+	// The follow-up exchange after each join would tell the stalled
+	// member of its death: let them all happen first.
+	waitUntil(t, 30*time.Second, func() error { return followedUp(a, b, c) })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -121,6 +124,22 @@ func TestFalselyFailedMemberIsRevived(t *testing.T) {
 		waitForEvent(t, events, Join, cid)
 	}
 	waitUntil(t, 30*time.Second, func() error { return allSee(a, b, c) })
+}
+
+// followedUp says whether every join of the nodes had its follow-up
+// exchange.
+func followedUp(nodes ...*testNode) error {
+	for _, n := range nodes {
+		n.d.cands.mu.Lock()
+		for addr, cand := range n.d.cands.table {
+			if cand.resync {
+				n.d.cands.mu.Unlock()
+				return fmt.Errorf("%s: follow-up with %s pending", n.id.ClusterID(), addr)
+			}
+		}
+		n.d.cands.mu.Unlock()
+	}
+	return nil
 }
 
 func allSee(nodes ...*testNode) error {
