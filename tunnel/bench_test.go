@@ -85,7 +85,7 @@ func BenchmarkDataPath(b *testing.B) {
 	}
 	var wgs, batched, ratios []float64
 	var wgRTTs []float64
-	for range 3 {
+	for range 5 {
 		g, rtt := bare("bare wireguard-go", 0)
 		bg, _ := bare(fmt.Sprintf("bare, batches of %d", tunnel.DeviceBatch), tunnel.DeviceBatch)
 		wgs, batched, ratios, wgRTTs = append(wgs, g), append(batched, bg), append(ratios, bg/g), append(wgRTTs, rtt)
