@@ -262,6 +262,10 @@ func (t *tracer) snat() {
 	}
 	want, wantOK := translate(t.src, t.peer.Mine, false)
 	got, ok := translateT(t.src, n.SNAT)
+	if ok {
+		// The far side gets what the kernel makes, right or wrong.
+		t.srcAsSeen = got
+	}
 	switch {
 	case !ok && !wantOK:
 		t.add(StepSNAT, where, fmt.Sprintf("%s is in no network of %s that %s sees (%s)", t.src, clusterName(t.a), t.peer.label(), views(t.peer.Mine)), Broken,
@@ -271,11 +275,7 @@ func (t *tracer) snat() {
 	case wantOK && got != want:
 		t.add(StepSNAT, where, fmt.Sprintf("the kernel's SNAT turns %s into %s but the Peer says %s sees it as %s", t.src, got, t.peer.label(), want), Broken, fixNAT)
 	default:
-		t.srcAsSeen = got
 		t.add(StepSNAT, where, fmt.Sprintf("source %s leaves as %s (%s's view of it)", t.src, got, t.peer.label()), OK, "")
-	}
-	if !t.srcAsSeen.IsValid() && ok {
-		t.srcAsSeen = got
 	}
 }
 
