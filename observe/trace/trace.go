@@ -203,8 +203,17 @@ func (t *tracer) destination(dst string) bool {
 			return fail(fmt.Sprintf("%s is an address of %s itself", addr, clusterName(t.a)),
 				"trace goes to a pod of a peer: give its address as this cluster addresses it (kubectl get peers -o wide shows the views)")
 		}
-		return fail(fmt.Sprintf("%s is in no view of any peer of %s", addr, clusterName(t.a)),
-			"kubectl get peers -o wide shows how this cluster addresses each peer's networks")
+		found := fmt.Sprintf("%s is in no view of any peer of %s", addr, clusterName(t.a))
+		var viewless []string
+		for _, p := range t.a.Peers {
+			if len(p.Theirs) == 0 {
+				viewless = append(viewless, fmt.Sprintf("%s (%s)", p.label(), orNone(p.Phase)))
+			}
+		}
+		if len(viewless) > 0 {
+			found += "; peers without views (not agreed, or released): " + strings.Join(viewless, ", ")
+		}
+		return fail(found, "kubectl get peers -o wide shows how this cluster addresses each peer's networks")
 	}
 	if t.b != nil && !t.peer.is(t.b.ID, t.b.Name) {
 		return fail(fmt.Sprintf("%s is in %s, but the peer cluster given is %s", t.view, t.peer.label(), clusterName(t.b)),
@@ -262,6 +271,10 @@ func (t *tracer) snat() {
 	}
 	want, wantOK := translate(t.src, t.peer.Mine, false)
 	got, ok := translateT(t.src, n.SNAT)
+	if ok {
+		// The far side gets what the kernel makes, right or wrong.
+		t.srcAsSeen = got
+	}
 	switch {
 	case !ok && !wantOK:
 		t.add(StepSNAT, where, fmt.Sprintf("%s is in no network of %s that %s sees (%s)", t.src, clusterName(t.a), t.peer.label(), views(t.peer.Mine)), Broken,
@@ -271,11 +284,7 @@ func (t *tracer) snat() {
 	case wantOK && got != want:
 		t.add(StepSNAT, where, fmt.Sprintf("the kernel's SNAT turns %s into %s but the Peer says %s sees it as %s", t.src, got, t.peer.label(), want), Broken, fixNAT)
 	default:
-		t.srcAsSeen = got
 		t.add(StepSNAT, where, fmt.Sprintf("source %s leaves as %s (%s's view of it)", t.src, got, t.peer.label()), OK, "")
-	}
-	if !t.srcAsSeen.IsValid() && ok {
-		t.srcAsSeen = got
 	}
 }
 

@@ -169,6 +169,8 @@ func TestBrokenSteps(t *testing.T) {
 		{name: "no such pod", src: "nobody", step: StepSource, fix: "kubectl get pods"},
 		{name: "address in no view", dst: "10.99.0.1", step: StepDestination, fix: "kubectl get peers -o wide"},
 		{name: "local address", dst: "10.0.0.9", step: StepDestination, fix: "views"},
+		{name: "views released", break_: func(a, b *Cluster) { a.Peers[0].Theirs = nil; a.Peers[0].Phase = "Unreachable" },
+			dst: "10.70.2.7", step: StepDestination, fix: "kubectl get peers -o wide"},
 		{name: "peer denied here", break_: func(a, b *Cluster) { a.Peers[0].Networking = "Deny"; a.Peers[0].Phase = "Denied" },
 			step: StepPeer, fix: "flotilla peer accept bbbb"},
 		{name: "peer denied there", break_: func(a, b *Cluster) { a.Peers[0].Phase = "Denied" },
