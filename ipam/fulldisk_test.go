@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -22,10 +21,7 @@ import (
 func TestLedgerOnAFullDisk(t *testing.T) {
 	harness.Require(t, harness.Root)
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount a tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	harness.SmallDisk(t, dir, "2m")
 	path := filepath.Join(dir, FileName)
 	l, err := Open(path, Options{})
 	if err != nil {
@@ -35,7 +31,7 @@ func TestLedgerOnAFullDisk(t *testing.T) {
 	if err := l.PutKey("before", []byte("kept")); err != nil {
 		t.Fatal(err)
 	}
-	filler := fillDisk(t, dir)
+	filler := harness.FillDisk(t, dir)
 
 	// Writes that need more of the disk fail: write until one does.
 	big := bytes.Repeat([]byte{1}, 64<<10)
@@ -68,28 +64,4 @@ func TestLedgerOnAFullDisk(t *testing.T) {
 			t.Errorf("after a reopen, key %s: %q, %v; want %q", k, v, err, want)
 		}
 	}
-}
-
-// fillDisk fills the file system of dir to the last byte with one file
-// and returns its path.
-func fillDisk(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for _, n := range []int{64 << 10, 4096, 512, 1} {
-		for {
-			if _, err := f.Write(chunk[:n]); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatalf("fill %s: %v", dir, err)
-				}
-				break
-			}
-		}
-	}
-	return path
 }

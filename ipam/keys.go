@@ -100,10 +100,7 @@ func (l *Ledger) PutPeerStates(states map[string][]byte) error {
 	if len(states) == 0 {
 		return nil
 	}
-	if err := l.update(func(t *txn) error { return t.putPeerStates(states) }); err != nil {
-		return fmt.Errorf("put state of %d peers: %w", len(states), err)
-	}
-	return nil
+	return l.Batch(func(b Batch) error { return b.PutPeerStates(states) })
 }
 
 func (t *txn) putPeerStates(states map[string][]byte) error {

@@ -66,17 +66,12 @@ func (l *Ledger) ViewsOf(reqs []ViewRequest) ([]View, error) {
 // SyncPeer makes remotes the complete set of peer's ranges: views of
 // ranges no longer listed go to quarantine, new ones are allocated, all
 // in one transaction. Use it when a peer's ranges change.
-func (l *Ledger) SyncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
-	var out []View
-	err := l.update(func(t *txn) error {
-		var err error
-		out, err = t.syncPeer(peer, remotes)
+func (l *Ledger) SyncPeer(peer string, remotes []netip.Prefix) (out []View, err error) {
+	err = l.Batch(func(b Batch) error {
+		out, err = b.SyncPeer(peer, remotes)
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("sync peer %s: %w", peer, err)
-	}
-	return out, nil
+	return out, err
 }
 
 func (t *txn) syncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
@@ -146,10 +141,7 @@ func (l *Ledger) Release(peer string, remote netip.Prefix) error {
 // ReleasePeer forgets a peer on unpeering: all its views go to quarantine
 // and its views of us are dropped. Its PeerState is left to its owner.
 func (l *Ledger) ReleasePeer(peer string) error {
-	if err := l.update(func(t *txn) error { return t.releasePeer(peer) }); err != nil {
-		return fmt.Errorf("release peer %s: %w", peer, err)
-	}
-	return nil
+	return l.Batch(func(b Batch) error { return b.ReleasePeer(peer) })
 }
 
 func (t *txn) releasePeer(peer string) error {
@@ -563,19 +555,12 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 func (l *Ledger) RecordTheirView(peer string, mine, theirs netip.Prefix) error {
 	// Peering repeats settled claims on every reconcile: an identical one
 	// costs a read, not a committed transaction.
-	err := checkClaim(peer, mine, theirs)
 	same := false
 	l.read(func(st *state) { same = st.hasTheirView(peer, mine, theirs) })
-	if err == nil && same {
+	if same && checkClaim(peer, mine, theirs) == nil {
 		return nil
 	}
-	if err == nil {
-		err = l.update(func(t *txn) error { return t.recordTheirView(peer, mine, theirs) })
-	}
-	if err != nil {
-		return fmt.Errorf("peer %s sees our %s as %s: %w", peer, mine, theirs, err)
-	}
-	return nil
+	return l.Batch(func(b Batch) error { return b.RecordTheirView(peer, mine, theirs) })
 }
 
 func (st *state) hasTheirView(peer string, mine, theirs netip.Prefix) bool {
@@ -624,10 +609,7 @@ func (l *Ledger) KeepTheirViews(peer string, mine []netip.Prefix) error {
 	if !stale {
 		return nil
 	}
-	if err := l.update(func(t *txn) error { return t.keepTheirViews(peer, mine) }); err != nil {
-		return fmt.Errorf("drop peer %s's views of ranges no longer announced: %w", peer, err)
-	}
-	return nil
+	return l.Batch(func(b Batch) error { return b.KeepTheirViews(peer, mine) })
 }
 
 func (st *state) staleTheirViews(peer string, mine []netip.Prefix) bool {

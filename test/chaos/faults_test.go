@@ -1,14 +1,11 @@
 package chaos_test
 
 import (
-	"errors"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -80,7 +77,7 @@ var faults = []fault{
 		// healed, negotiate again; then it is restarted on the full disk,
 		// as a pod would be. It must say why a write fails, keep its
 		// tunnels, start and serve on, and recover once space returns.
-		filler := fill(t, v.StateDir)
+		filler := harness.FillDisk(t, v.StateDir)
 		f.partition(t, v, grace+5*time.Second)
 		v.Agent.Kill()
 		<-v.Agent.Done()
@@ -174,50 +171,8 @@ const stateDiskSize = "16m"
 func mountStateDisks(t *testing.T, cs []*federation.Cluster) {
 	t.Helper()
 	for _, c := range cs {
-		if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+stateDiskSize+",mode=0700", "tmpfs", c.StateDir).CombinedOutput(); err != nil {
-			t.Fatalf("mount a tmpfs on %s: %v: %s", c.StateDir, err, out)
-		}
-		t.Cleanup(func() {
-			// Lazy: a process the harness failed to stop must not keep
-			// the mount, and so the run's directory, forever.
-			if out, err := exec.Command("umount", "-l", c.StateDir).CombinedOutput(); err != nil {
-				t.Errorf("unmount %s: %v: %s", c.StateDir, err, out)
-			}
-		})
+		harness.SmallDisk(t, c.StateDir, stateDiskSize)
 	}
-}
-
-// fill fills the disk of dir with one file until no space is left, and
-// returns the file's path; removing it frees the space.
-func fill(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if errors.Is(err, syscall.ENOSPC) {
-				break
-			}
-			t.Fatalf("fill %s: %v", dir, err)
-		}
-	}
-	// The last bytes too: smaller writes until not one more fits.
-	for _, n := range []int{4096, 512, 1} {
-		for {
-			if _, err := f.Write(chunk[:n]); err != nil {
-				break
-			}
-		}
-	}
-	return path
 }
 
 // wipe empties dir, a mount point that stays.
