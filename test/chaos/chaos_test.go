@@ -47,18 +47,23 @@ var podCIDRs = []string{"10.0.0.0/16", "10.0.0.0/16", "10.0.0.0/14", "10.2.0.0/1
 // TestChaos: FLOTILLA_CHAOS_CLUSTERS clusters (default 3, `make chaos`
 // runs 5) of equal and nested PodCIDRs, pings between every pair of pods,
 // and faults drawn from FLOTILLA_CHAOS_SEED (default 1),
-// FLOTILLA_CHAOS_FAULTS of them (default 3). The run prints the seed and
-// a table per fault kind.
+// FLOTILLA_CHAOS_FAULTS of them (default 3; 0 is no limit), for at most
+// FLOTILLA_CHAOS_DURATION (a Go duration; unset is no limit: `make chaos`
+// runs one hour). The run prints the seed and a table per fault kind.
 func TestChaos(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	harness.Require(t, harness.NeedsNetwork...)
 	seed := envInt(t, "FLOTILLA_CHAOS_SEED", 1)
 	n := envInt(t, "FLOTILLA_CHAOS_FAULTS", 3)
 	clusters := envInt(t, "FLOTILLA_CHAOS_CLUSTERS", 3)
+	duration := envDuration(t, "FLOTILLA_CHAOS_DURATION")
+	if n == 0 && duration == 0 {
+		t.Fatalf("FLOTILLA_CHAOS_FAULTS=0 needs FLOTILLA_CHAOS_DURATION: the run would never end")
+	}
 	if clusters < 2 || clusters > len(podCIDRs) {
 		t.Fatalf("FLOTILLA_CHAOS_CLUSTERS=%d: want 2 to %d", clusters, len(podCIDRs))
 	}
-	t.Logf("chaos: seed %d, %d faults, %d clusters; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_CLUSTERS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, clusters, seed, n, clusters)
+	t.Logf("chaos: seed %d, %d faults (0: no limit), for %s (0: no limit), %d clusters; reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_DURATION=%s FLOTILLA_CHAOS_CLUSTERS=%d go test -count=1 -run TestChaos ./test/chaos", seed, n, duration, clusters, seed, n, duration, clusters)
 	kinds := faultKinds(t)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 
@@ -74,7 +79,8 @@ func TestChaos(t *testing.T) {
 	federation.AllPairsTalk(t, f.cs)
 
 	results := map[string][]outcome{}
-	for i := range n {
+	start := time.Now()
+	for i := 0; (n == 0 || i < n) && (duration == 0 || time.Since(start) < duration); i++ {
 		// Every draw comes from the seed, in the same order, so a run is
 		// reproduced up to the timing of the machine.
 		k := kinds[rng.IntN(len(kinds))]
@@ -96,11 +102,11 @@ func TestChaos(t *testing.T) {
 		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}
-	t.Logf("chaos seed %d:\n%s", seed, table(results))
+	t.Logf("chaos seed %d, %s of faults:\n%s", seed, time.Since(start).Round(time.Second), table(results))
 	for _, outs := range results {
 		for _, o := range outs {
 			if o.broken > 0 {
-				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_CLUSTERS=%d", seed, n, clusters)
+				t.Fatalf("invariants broken (see above); reproduce with FLOTILLA_CHAOS_SEED=%d FLOTILLA_CHAOS_FAULTS=%d FLOTILLA_CHAOS_DURATION=%s FLOTILLA_CHAOS_CLUSTERS=%d", seed, n, duration, clusters)
 			}
 		}
 	}
@@ -242,4 +248,17 @@ func envInt(t *testing.T, name string, def int) int {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return n
+}
+
+// envDuration reads a Go duration from name; unset is 0.
+func envDuration(t *testing.T, name string) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return d
 }
