@@ -290,6 +290,8 @@ type peer struct {
 	viewsFor []netip.Prefix // the networks myViews were made for
 	theirOK  bool           // their views of all my networks are recorded
 	viewsErr error
+	// releaseErr is the last failure to release the views, logged once.
+	releaseErr string
 	// viewsRetry: allocating views failed; tried again then, or sooner
 	// when the networks or views change.
 	viewsRetry time.Time

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/syncbuf"
+	"github.com/flotilla-io/flotilla/ipam"
 )
 
 // A member that fails keeps its tunnel for the grace period, then loses
@@ -414,4 +415,72 @@ func TestStatementsThatCannotBeIssuedAreLoggedOnce(t *testing.T) {
 		return nil
 	})
 	inPhase(t, b, a, PhaseDenied)
+}
+
+// refusedRelease refuses to release views while fail is set, as a full
+// disk refuses the ledger's writes, and counts the attempts.
+type refusedRelease struct {
+	Ledger
+	fail     atomic.Bool
+	attempts atomic.Int64
+}
+
+func (r *refusedRelease) Batch(fn func(ipam.Batch) error) error {
+	return r.Ledger.Batch(func(b ipam.Batch) error { return fn(releaseBatch{b, r}) })
+}
+
+type releaseBatch struct {
+	ipam.Batch
+	r *refusedRelease
+}
+
+func (b releaseBatch) ReleasePeer(peer string) error {
+	if b.r.fail.Load() {
+		b.r.attempts.Add(1)
+		return fmt.Errorf("release peer %s: write ledger: %w", peer, syscall.ENOSPC)
+	}
+	return b.Batch.ReleasePeer(peer)
+}
+
+// Views that cannot be released (the ledger's disk full) are tried again
+// every reconcile, but the failure is logged once while it lasts; once
+// the disk takes writes again they go to quarantine.
+func TestViewsThatCannotBeReleasedAreLoggedOnce(t *testing.T) {
+	net := &network{}
+	var ledger *refusedRelease
+	var log syncbuf.Buffer
+	a := newNode(t, net, nodeOptions{logger: slog.New(slog.NewTextHandler(&log, nil)), ledger: func(l Ledger) Ledger {
+		ledger = &refusedRelease{Ledger: l}
+		return ledger
+	}})
+	b := newNode(t, net, nodeOptions{})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+
+	ledger.fail.Store(true)
+	a.eng.SpecChanged(b.id.ClusterID(), Spec{Networking: NetworkingDeny, Generation: 2})
+	// The witness that the engine went past the points where it would log
+	// again: five attempts refused.
+	within(t, "five refused releases", func() error {
+		if n := ledger.attempts.Load(); n < 5 {
+			return fmt.Errorf("%d attempts", n)
+		}
+		return nil
+	})
+	if n := strings.Count(log.String(), "cannot release peer views"); n != 1 {
+		t.Errorf("the failure logged %d times over %d attempts, want once:\n%s", n, ledger.attempts.Load(), log.String())
+	}
+	if len(ledger.Views(b.id.ClusterID())) == 0 {
+		t.Fatal("the views went although their release was refused")
+	}
+	ledger.fail.Store(false)
+	within(t, "views released", func() error {
+		if v := ledger.Views(b.id.ClusterID()); len(v) > 0 {
+			return fmt.Errorf("still held: %v", v)
+		}
+		if !strings.Contains(log.String(), "views released to quarantine") {
+			return errors.New("not logged")
+		}
+		return nil
+	})
 }

@@ -28,9 +28,15 @@ func (e *Engine) reconcileViews(b ipam.Batch, p *peer, now time.Time) {
 	if !e.wanted(p, now) {
 		if len(p.myViews) > 0 || len(b.TheirViews(p.id)) > 0 || len(b.Views(p.id)) > 0 {
 			if err := b.ReleasePeer(p.id); err != nil {
-				e.log.Error("cannot release peer views", "peer", p.id, "err", err)
+				// Tried again every reconcile while it fails (a full
+				// disk): logged when the error changes.
+				if err.Error() != p.releaseErr {
+					e.log.Error("cannot release peer views", "peer", p.id, "err", err)
+				}
+				p.releaseErr = err.Error()
 				return
 			}
+			p.releaseErr = ""
 			e.log.Info("views released to quarantine", "peer", p.id, "decision", e.decision(p), "theirDecision", decisionOf(p.hello))
 		}
 		p.myViews, p.viewsFor, p.theirOK, p.viewsErr, p.viewsRetry = nil, nil, false, nil, time.Time{}
