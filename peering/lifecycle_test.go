@@ -367,12 +367,14 @@ func TestRetiredPeerStaysRetiredAfterARestart(t *testing.T) {
 // disk refuses the ledger's.
 type failingKeys struct {
 	Ledger
-	key  string
-	fail atomic.Bool
+	key      string
+	fail     atomic.Bool
+	attempts atomic.Int64 // writes refused
 }
 
 func (f *failingKeys) PutKey(name string, value []byte) error {
 	if name == f.key && f.fail.Load() {
+		f.attempts.Add(1)
 		return fmt.Errorf("put key %q: write ledger: %w", name, syscall.ENOSPC)
 	}
 	return f.Ledger.PutKey(name, value)
@@ -403,9 +405,16 @@ func TestStatementsThatCannotBeIssuedAreLoggedOnce(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(time.Second) // reconciles that would log it again
+	// The witness that the engine went past the points where it would log
+	// again: more writes refused after the first.
+	within(t, "three more refused writes", func() error {
+		if n := keys.attempts.Load(); n < 4 {
+			return fmt.Errorf("%d attempts", n)
+		}
+		return nil
+	})
 	if n := strings.Count(log.String(), "cannot issue a new statement"); n != 1 {
-		t.Errorf("the failure logged %d times, want once", n)
+		t.Errorf("the failure logged %d times over %d attempts, want once", n, keys.attempts.Load())
 	}
 	keys.fail.Store(false)
 	within(t, "statements issued again", func() error {
