@@ -94,7 +94,7 @@ func (r *PodReflector) startProvider(id string, c providerCredential) (*podProvi
 	pp.localPods = toolscache.NewSharedIndexInformerWithOptions(lw, &corev1.Pod{}, toolscache.SharedIndexInformerOptions{
 		Indexers: toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc},
 	})
-	if err := pp.localPods.SetTransform(stripManagedFields); err != nil {
+	if err := pp.localPods.SetTransform(localPodTransform); err != nil {
 		cancel()
 		return nil, err
 	}
@@ -404,9 +404,17 @@ func podOf(obj any) (*corev1.Pod, bool) {
 	return p, ok
 }
 
-func stripManagedFields(obj any) (any, error) {
-	if o, ok := obj.(metav1.Object); ok {
-		o.SetManagedFields(nil)
+// localPodTransform keeps of a local pod what the reconcile reads from
+// the cache: its metadata and status, a third of the pod less (at 1000
+// pods, 3.5 MB of specs; docs/offload.md, "The agent's memory"). The spec
+// is read from the API server when the remote pod is made, once a pod
+// (create); a status write sends the pod without it, and the API server
+// keeps the spec and owner references it holds (the pods/status
+// endpoint resets both), so neither is lost.
+func localPodTransform(obj any) (any, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		p.ManagedFields, p.OwnerReferences = nil, nil
+		p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName}
 	}
 	return obj, nil
 }

@@ -181,9 +181,21 @@ func sameOrigin(remote, local *corev1.Pod) bool {
 	return ok && o.uid == local.UID
 }
 
-// create makes local's pod on the provider.
+// create makes local's pod on the provider. The cache holds local
+// without its spec (localPodTransform): the whole pod is read here, from
+// etcd (a watch cache behind ours would not have it yet).
 func (r *PodReflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
-	_, err := pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(local, ns), metav1.CreateOptions{FieldManager: podFieldManager})
+	whole, err := r.kube.CoreV1().Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil // deleted: its event follows
+	case err != nil:
+		r.m.errors.WithLabelValues(key.provider, errLocal).Inc()
+		return fmt.Errorf("read pod %s/%s here to make it on %s: %w", local.Namespace, local.Name, pp.id, err)
+	case whole.UID != local.UID || whole.DeletionTimestamp != nil:
+		return nil // replaced or being deleted since the cache had it: its event follows
+	}
+	_, err = pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(whole, ns), metav1.CreateOptions{FieldManager: podFieldManager})
 	switch {
 	case err == nil:
 		r.acted(lagPod, key)

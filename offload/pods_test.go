@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -444,9 +446,20 @@ func TestPodReflector(t *testing.T) {
 	web := e.offloadReady(t, "web")
 
 	t.Run("RunningWithTranslatedIP", func(t *testing.T) {
-		made := e.createPods(t, e.podOnVirtualNode("web", "a"), e.podOnVirtualNode("web", "b"), e.podOnVirtualNode("web", "c"))
+		annotated := e.podOnVirtualNode("web", "a")
+		annotated.Annotations = map[string]string{"example.com/note": "kept"}
+		made := e.createPods(t, annotated, e.podOnVirtualNode("web", "b"), e.podOnVirtualNode("web", "c"))
 		for _, p := range made {
 			local, remote := e.waitReflected(t, "web", web, p.Name)
+			// The reflector caches pods without their spec and writes
+			// their status from that: the pod here keeps all it had.
+			if !apiequality.Semantic.DeepEqual(local.Spec, p.Spec) || !maps.Equal(local.Labels, p.Labels) || !maps.Equal(local.Annotations, p.Annotations) {
+				t.Errorf("the local pod changed with its status written:\nspec %+v\nwas  %+v\nlabels %v, annotations %v; were %v, %v",
+					local.Spec, p.Spec, local.Labels, local.Annotations, p.Labels, p.Annotations)
+			}
+			if v, ok := p.Annotations["example.com/note"]; ok && remote.Annotations["example.com/note"] != v {
+				t.Errorf("the provider's pod annotations %v, want the local ones", remote.Annotations)
+			}
 			if remote.Spec.NodeName == "" || remote.Spec.NodeName == e.node {
 				t.Errorf("the provider's pod runs on node %q, want one of the provider's", remote.Spec.NodeName)
 			}
