@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -65,6 +66,9 @@ type podEnv struct {
 	reflectors []*PodReflector // every one started, the running one last
 	registry   *prometheus.Registry
 	stop       func() // stops the running PodReflector
+	// peers is the cache of Peers the reflectors share, as in the agent
+	// (PeerCache): it outlives each of them.
+	peers cache.Cache
 }
 
 // podEnvOptions are what a test or benchmark varies.
@@ -158,9 +162,17 @@ func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	// As the agent's (agent.KubeConfig): no client-side rate limit.
 	local := rest.CopyConfig(e.local.Config)
 	local.QPS, local.Burst = -1, -1
+	if e.peers == nil {
+		peers, err := cache.New(local, cache.Options{Scheme: mirrorScheme(), Mapper: mirrorMapper()})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		runUntilCleanup(tb, "the cache of Peers", peers.Start)
+		e.peers = peers
+	}
 	r, err := NewPodReflector(PodReflectorConfig{
 		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,
-		Logger: slog.New(handler), Metrics: e.registry, Workers: workers,
+		Logger: slog.New(handler), Metrics: e.registry, Workers: workers, Peers: e.peers,
 	})
 	if err != nil {
 		tb.Fatal(err)
