@@ -83,8 +83,13 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// One cache of Peers for every component that reads them, the Peer
+	// writer's (started and synced before they run): each with a cache
+	// of its own kept a copy of every Peer (docs/offload.md, "The
+	// agent's memory").
+	peers := objects.Shared()
 	mirrors, err := offload.NewMirrorConsumer(offload.MirrorConsumerConfig{
-		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(),
+		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -99,7 +104,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	nodes, err := offload.NewVirtualNodes(offload.VirtualNodesConfig{
 		Config: a.restCfg, Client: a.kube, Credentials: consumer,
-		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort),
+		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -125,7 +130,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	a.ready.add("kubelet API", kubelet.Ready)
 	pods, err := offload.NewPodReflector(offload.PodReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
-		Address: a.cfg.NodeAddress, Logger: a.log, Metrics: a.registry,
+		Address: a.cfg.NodeAddress, Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -133,7 +138,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	// Reflection (docs/services.md).
 	reflection, err := offload.NewReflector(offload.ReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
-		Logger: a.log, Metrics: a.registry,
+		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -142,7 +147,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	// the ledger's views of this cluster's peers translate them.
 	hostedEndpoints, err := offload.NewHostedEndpoints(offload.HostedEndpointsConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Views: ledgerViews{st.ledger},
-		Logger: a.log, Metrics: a.registry,
+		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err

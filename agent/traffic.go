@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -209,9 +210,9 @@ func (a *Agent) newSegregation(tun *tunnel.Tunnel, dp peering.Dataplane) (*segre
 
 // startTrafficFeed feeds the policy from informers, as a component; the
 // agent is not ready until it has decided once.
-func (a *Agent) startTrafficFeed(comps *components, seg *segregatingDataplane) error {
+func (a *Agent) startTrafficFeed(comps *components, seg *segregatingDataplane, peers offload.PeerCache) error {
 	feed, err := newTrafficFeed(trafficFeedConfig{
-		Config: a.restCfg, Dataplane: seg, Default: a.cfg.Traffic,
+		Config: a.restCfg, Dataplane: seg, Default: a.cfg.Traffic, Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/policy"
 )
 
@@ -51,8 +52,11 @@ type trafficFeedConfig struct {
 	// Default is --traffic.
 	Default  policy.Mode
 	Debounce time.Duration
-	Logger   *slog.Logger
-	Metrics  prometheus.Registerer
+	// Peers, when set, is the agent's shared cache of Peers
+	// (offload.PeerCache); a cache of its own when nil.
+	Peers   offload.PeerCache
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
 }
 
 // trafficFeed follows, with informers, what Segregated peers may reach
@@ -156,7 +160,7 @@ func newTrafficFeed(cfg trafficFeedConfig) (*trafficFeed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("traffic policy: metrics: %w", err)
 	}
-	return &trafficFeed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: c, write: w, m: m,
+	return &trafficFeed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: offload.WithPeers(c, cfg.Peers), write: w, m: m,
 		wake: make(chan struct{}, 1), problems: map[string]string{}}, nil
 }
 

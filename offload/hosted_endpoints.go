@@ -47,6 +47,10 @@ type HostedEndpointsConfig struct {
 	// Workers is how many slices are translated at once
 	// (DefaultHostedEndpointsWorkers when zero).
 	Workers int
+	// Peers, when set, is where Peers are read and watched, shared with
+	// the agent's other components (PeerCache); a cache of its own when
+	// nil.
+	Peers   PeerCache
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 }
@@ -147,7 +151,7 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 		return nil, fmt.Errorf("endpoints on third clusters: client: %w", err)
 	}
 	h := &HostedEndpoints{
-		cfg: cfg, log: cfg.Logger.With("component", "hosted-endpoints"), cache: c, client: w,
+		cfg: cfg, log: cfg.Logger.With("component", "hosted-endpoints"), cache: WithPeers(c, cfg.Peers), client: w,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "hosted-endpoints"}),

@@ -40,6 +40,10 @@ type MirrorConsumerConfig struct {
 	// Self is this cluster's ID: remote names and tenant namespaces
 	// derive from it.
 	Self string
+	// Peers, when set, is where Peers are read and watched, shared with
+	// the agent's other components (PeerCache); a cache of its own when
+	// nil.
+	Peers PeerCache
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -90,10 +94,11 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 	}
 	scheme := mirrorScheme()
 	mapper := mirrorMapper()
-	local, err := cache.New(cfg.Config, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
+	own, err := cache.New(cfg.Config, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: cache: %w", err)
 	}
+	local := WithPeers(own, cfg.Peers)
 	write, err := client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: client: %w", err)

@@ -54,6 +54,10 @@ type PodReflectorConfig struct {
 	// Workers is how many pods are reconciled at once (DefaultPodWorkers
 	// when zero), whatever the number of providers.
 	Workers int
+	// Peers, when set, is where Peers are read and watched, shared with
+	// the agent's other components (PeerCache); a cache of its own when
+	// nil.
+	Peers PeerCache
 }
 
 // PodReflector runs the pods bound to virtual nodes on their providers:
@@ -119,10 +123,11 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
 	}
-	local, err := cache.New(cfg.Config, cache.Options{Scheme: mirrorScheme(), Mapper: mirrorMapper(), DefaultTransform: cache.TransformStripManagedFields()})
+	own, err := cache.New(cfg.Config, cache.Options{Scheme: mirrorScheme(), Mapper: mirrorMapper(), DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: cache: %w", err)
 	}
+	local := WithPeers(own, cfg.Peers)
 	r := &PodReflector{
 		cfg: cfg, log: cfg.Logger.With("component", "pod-offload"),
 		kube: kube, watch: watch, local: local,

@@ -2,6 +2,7 @@ package offload
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -181,9 +183,21 @@ func sameOrigin(remote, local *corev1.Pod) bool {
 	return ok && o.uid == local.UID
 }
 
-// create makes local's pod on the provider.
+// create makes local's pod on the provider. The cache holds local
+// without its spec (localPodTransform): the whole pod is read here, from
+// etcd (a watch cache behind ours would not have it yet).
 func (r *PodReflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
-	_, err := pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(local, ns), metav1.CreateOptions{FieldManager: podFieldManager})
+	whole, err := r.kube.CoreV1().Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil // deleted: its event follows
+	case err != nil:
+		r.m.errors.WithLabelValues(key.provider, errLocal).Inc()
+		return fmt.Errorf("read pod %s/%s here to make it on %s: %w", local.Namespace, local.Name, pp.id, err)
+	case whole.UID != local.UID || whole.DeletionTimestamp != nil:
+		return nil // replaced or being deleted since the cache had it: its event follows
+	}
+	_, err = pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(whole, ns), metav1.CreateOptions{FieldManager: podFieldManager})
 	switch {
 	case err == nil:
 		r.acted(lagPod, key)
@@ -303,10 +317,20 @@ func (r *PodReflector) reflect(ctx context.Context, pp *podProvider, key podKey,
 	return r.writeStatus(ctx, key, local, st)
 }
 
+// writeStatus replaces local's status with st, the status alone: the
+// cache holds local without its labels and annotations
+// (localPodTransform), which an update of the whole pod would clear. The
+// resource version read is the precondition, as an update's would be.
 func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev1.Pod, st corev1.PodStatus) error {
-	updated := local.DeepCopy()
-	updated.Status = st
-	_, err := r.kube.CoreV1().Pods(local.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{FieldManager: podFieldManager})
+	patch, err := json.Marshal([]jsonPatchOp{
+		{Op: "replace", Path: "/metadata/resourceVersion", Value: local.ResourceVersion},
+		{Op: "replace", Path: "/status", Value: st},
+	})
+	if err != nil {
+		return fmt.Errorf("write the status of pod %s/%s here: %w", local.Namespace, local.Name, err)
+	}
+	_, err = r.kube.CoreV1().Pods(local.Namespace).Patch(ctx, local.Name, types.JSONPatchType, patch,
+		metav1.PatchOptions{FieldManager: podFieldManager}, "status")
 	switch {
 	case err == nil:
 		r.acted(lagPodStatus, key)
@@ -319,6 +343,13 @@ func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev
 	}
 	r.m.errors.WithLabelValues(key.provider, errLocal).Inc()
 	return fmt.Errorf("write the status of pod %s/%s here: %w", local.Namespace, local.Name, err)
+}
+
+// jsonPatchOp is one operation of a JSON patch (RFC 6902).
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
 }
 
 // refuse fails local, bound to the virtual node of a provider its

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -63,6 +66,9 @@ type podEnv struct {
 	reflectors []*PodReflector // every one started, the running one last
 	registry   *prometheus.Registry
 	stop       func() // stops the running PodReflector
+	// peers is the cache of Peers the reflectors share, as in the agent
+	// (PeerCache): it outlives each of them.
+	peers cache.Cache
 }
 
 // podEnvOptions are what a test or benchmark varies.
@@ -156,9 +162,17 @@ func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	// As the agent's (agent.KubeConfig): no client-side rate limit.
 	local := rest.CopyConfig(e.local.Config)
 	local.QPS, local.Burst = -1, -1
+	if e.peers == nil {
+		peers, err := cache.New(local, cache.Options{Scheme: mirrorScheme(), Mapper: mirrorMapper()})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		runUntilCleanup(tb, "the cache of Peers", peers.Start)
+		e.peers = peers
+	}
 	r, err := NewPodReflector(PodReflectorConfig{
 		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,
-		Logger: slog.New(handler), Metrics: e.registry, Workers: workers,
+		Logger: slog.New(handler), Metrics: e.registry, Workers: workers, Peers: e.peers,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -444,9 +458,20 @@ func TestPodReflector(t *testing.T) {
 	web := e.offloadReady(t, "web")
 
 	t.Run("RunningWithTranslatedIP", func(t *testing.T) {
-		made := e.createPods(t, e.podOnVirtualNode("web", "a"), e.podOnVirtualNode("web", "b"), e.podOnVirtualNode("web", "c"))
+		annotated := e.podOnVirtualNode("web", "a")
+		annotated.Annotations = map[string]string{"example.com/note": "kept"}
+		made := e.createPods(t, annotated, e.podOnVirtualNode("web", "b"), e.podOnVirtualNode("web", "c"))
 		for _, p := range made {
 			local, remote := e.waitReflected(t, "web", web, p.Name)
+			// The reflector caches pods without their spec and writes
+			// their status from that: the pod here keeps all it had.
+			if !apiequality.Semantic.DeepEqual(local.Spec, p.Spec) || !maps.Equal(local.Labels, p.Labels) || !maps.Equal(local.Annotations, p.Annotations) {
+				t.Errorf("the local pod changed with its status written:\nspec %+v\nwas  %+v\nlabels %v, annotations %v; were %v, %v",
+					local.Spec, p.Spec, local.Labels, local.Annotations, p.Labels, p.Annotations)
+			}
+			if v, ok := p.Annotations["example.com/note"]; ok && remote.Annotations["example.com/note"] != v {
+				t.Errorf("the provider's pod annotations %v, want the local ones", remote.Annotations)
+			}
 			if remote.Spec.NodeName == "" || remote.Spec.NodeName == e.node {
 				t.Errorf("the provider's pod runs on node %q, want one of the provider's", remote.Spec.NodeName)
 			}

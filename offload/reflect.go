@@ -49,6 +49,10 @@ type ReflectorConfig struct {
 	// Workers is how many objects are reconciled at once
 	// (DefaultReflectWorkers when zero).
 	Workers int
+	// Peers, when set, is where Peers are read and watched, shared with
+	// the agent's other components (PeerCache); a cache of its own when
+	// nil.
+	Peers PeerCache
 }
 
 // Reflector copies what offloaded pods need into the namespaces mirrored
@@ -153,14 +157,14 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	}
 	r := &Reflector{
 		cfg: cfg, log: cfg.Logger.With("component", "reflection"),
-		local: local, write: write,
+		local: WithPeers(local, cfg.Peers), write: write,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[reflectKey](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[reflectKey]{Name: "reflection"}),
 		foreign: map[nsOnProvider]map[string]bool{},
 		since:   map[reflectKey]time.Time{}, lastErr: map[reflectKey]string{},
 	}
-	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "objects", r.newProvider,
+	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, r.local, r.log, "objects", r.newProvider,
 		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("reflection: metrics: %w", err)

@@ -59,6 +59,10 @@ type VirtualNodesConfig struct {
 	// KubeletPort is where the agent serves the kubelet API
 	// (status.daemonEndpoints.kubeletEndpoint.Port).
 	KubeletPort int32
+	// Peers, when set, is where Peers are read and watched, shared with
+	// the agent's other components (PeerCache); a cache of its own when
+	// nil.
+	Peers PeerCache
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -135,7 +139,7 @@ func NewVirtualNodes(cfg VirtualNodesConfig) (*VirtualNodes, error) {
 		}
 	}
 	return &VirtualNodes{
-		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: ca,
+		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: WithPeers(ca, cfg.Peers),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "virtual-nodes"}),

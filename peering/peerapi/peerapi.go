@@ -87,6 +87,11 @@ func (o *Objects) Retire(id, why string) { o.status.retire(id, why) }
 // Reader reads Peers from the informer's cache.
 func (o *Objects) Reader() client.Reader { return o.cache }
 
+// Shared is the informer's cache, for the agent's components that read
+// and watch Peers too, rather than each keeping a copy of every Peer; Run
+// starts it, its users never do.
+func (o *Objects) Shared() cache.Cache { return o.cache }
+
 // AddHandler has h told of Peer changes too; added after the informer
 // started, h first hears of every Peer there is.
 func (o *Objects) AddHandler(ctx context.Context, h toolscache.ResourceEventHandler) error {
