@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,12 @@ type statusWriter struct {
 	// withViews holds the peers whose written status holds their views,
 	// so the step is logged when they first appear.
 	withViews map[string]bool
+	// labelled holds, per peer, the labels this writer's last apply of the
+	// object set, until a write fails: the informer's copy lags a create
+	// or a relabel by a watch event (hundreds of ms on a loaded API
+	// server), and without this every write in that time would create or
+	// label the object again, a request in front of the status it writes.
+	labelled map[string]map[string]string
 }
 
 type queued struct {
@@ -94,6 +101,7 @@ func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *st
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
 		writes: rate.NewLimiter(rate.Limit(writeRate), writeBurst), unnamedWait: unnamedWait,
 		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
+		labelled: map[string]map[string]string{},
 	}
 }
 
@@ -129,6 +137,7 @@ func (w *statusWriter) withdraw(id string) {
 	w.mu.Lock()
 	delete(w.pending, id)
 	delete(w.withViews, id)
+	delete(w.labelled, id)
 	w.mu.Unlock()
 }
 
@@ -179,6 +188,7 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
+		delete(w.labelled, id) // what the object holds is not known
 		if ctx.Err() != nil {
 			return false
 		}
@@ -200,6 +210,7 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	switch views := len(q.state.TheirNetworks) > 0; {
 	case q.retired != "":
 		delete(w.withViews, id)
+		delete(w.labelled, id)
 	case views && !w.withViews[id]:
 		w.withViews[id] = true
 		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
@@ -212,7 +223,8 @@ func (w *statusWriter) next(ctx context.Context) bool {
 // write creates the Peer of s when missing (or brings its labels up to
 // date) and applies its status. The informer's copy says whether the
 // object exists, which labels it has and which of them this writer set,
-// and holds the conditions' transition times.
+// and holds the conditions' transition times; until it shows this
+// writer's last apply, that apply stands in for it (labelled).
 func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	id := s.ClusterID
 	var cur v1alpha1.Peer
@@ -223,13 +235,14 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 		return fmt.Errorf("read Peer %s: %w", id, err)
 	}
 	labels := peerLabels(s.Name, s.Labels)
-	if !exists || !hasLabels(cur.Labels, labels) || setButUnwanted(&cur, labels) {
-		obj := peerObject(id)
-		obj.SetLabels(labels)
-		// Server-side apply: a label this owner set before and omits now
-		// (the peer stopped announcing it) goes; the admin's labels stay.
-		if err := w.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			return fmt.Errorf("create or label Peer %s: %w", id, err)
+	w.mu.Lock()
+	applied, ok := w.labelled[id]
+	w.mu.Unlock()
+	// The writer's own apply of these very labels, not yet in the cache.
+	fresh := ok && maps.Equal(applied, labels) && (!exists || !hasLabels(cur.Labels, labels))
+	if !fresh && (!exists || !hasLabels(cur.Labels, labels) || setButUnwanted(&cur, labels)) {
+		if err := w.label(ctx, id, labels); err != nil {
+			return err
 		}
 	}
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr(statusOf(s, cur.Status.Conditions, w.now())))
@@ -240,9 +253,36 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	obj.Object["status"] = status
 	// Server-side apply: fields this owner no longer sets (a handshake
 	// time, a view) are removed, and nothing needs the object's version.
-	if err := w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+	err = w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership)
+	if fresh && apierrors.IsNotFound(err) {
+		// Deleted since the writer created it, before the cache saw
+		// either: create it again now rather than after a backoff.
+		if err := w.label(ctx, id, labels); err != nil {
+			return err
+		}
+		obj = peerObject(id)
+		obj.Object["status"] = status
+		err = w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership)
+	}
+	if err != nil {
 		return fmt.Errorf("apply status of Peer %s: %w", id, err)
 	}
+	return nil
+}
+
+// label creates id's Peer or brings the labels this writer sets on it to
+// labels, and remembers them.
+func (w *statusWriter) label(ctx context.Context, id string, labels map[string]string) error {
+	obj := peerObject(id)
+	obj.SetLabels(labels)
+	// Server-side apply: a label this owner set before and omits now
+	// (the peer stopped announcing it) goes; the admin's labels stay.
+	if err := w.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("create or label Peer %s: %w", id, err)
+	}
+	w.mu.Lock()
+	w.labelled[id] = maps.Clone(labels)
+	w.mu.Unlock()
 	return nil
 }
 
