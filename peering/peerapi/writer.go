@@ -65,7 +65,8 @@ type statusWriter struct {
 
 type queued struct {
 	state peering.PeerState
-	seq   uint64 // tells a newer state from the one being written
+	seq   uint64    // tells a newer state from the one being written
+	at    time.Time // when it was queued, for the debug log of its write
 	// retired, when set, asks for the Peer's deletion instead, and says
 	// why (peering.Publisher.Retire).
 	retired string
@@ -115,7 +116,7 @@ const unnamedWait = 100 * time.Millisecond
 func (w *statusWriter) publish(s peering.PeerState) {
 	w.mu.Lock()
 	w.seq++
-	w.pending[s.ClusterID] = queued{state: s, seq: w.seq}
+	w.pending[s.ClusterID] = queued{state: s, seq: w.seq, at: w.now()}
 	w.mu.Unlock()
 	if s.Name == "" {
 		w.queue.AddAfter(s.ClusterID, w.unnamedWait)
@@ -128,7 +129,7 @@ func (w *statusWriter) publish(s peering.PeerState) {
 func (w *statusWriter) retire(id, why string) {
 	w.mu.Lock()
 	w.seq++
-	w.pending[id] = queued{seq: w.seq, retired: why}
+	w.pending[id] = queued{seq: w.seq, retired: why, at: w.now()}
 	w.mu.Unlock()
 	w.queue.Add(id)
 }
@@ -180,11 +181,15 @@ func (w *statusWriter) next(ctx context.Context) bool {
 		return false
 	}
 	var err error
+	began := w.now()
+	requests := 1
 	if q.retired != "" {
 		err = w.remove(ctx, id, q.retired)
 	} else {
-		err = w.write(ctx, q.state)
+		requests, err = w.write(ctx, q.state)
 	}
+	w.log.Debug("Peer status write", "peer", id, "views", len(q.state.TheirNetworks) > 0, "requests", requests,
+		"queued", began.Sub(q.at), "took", w.now().Sub(began), "err", err)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
@@ -225,14 +230,14 @@ func (w *statusWriter) next(ctx context.Context) bool {
 // object exists, which labels it has and which of them this writer set,
 // and holds the conditions' transition times; until it shows this
 // writer's last apply, that apply stands in for it (labelled).
-func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
+func (w *statusWriter) write(ctx context.Context, s peering.PeerState) (requests int, err error) {
 	id := s.ClusterID
 	var cur v1alpha1.Peer
 	exists := true
 	if err := w.cache.Get(ctx, client.ObjectKey{Name: id}, &cur); apierrors.IsNotFound(err) {
 		exists = false
 	} else if err != nil {
-		return fmt.Errorf("read Peer %s: %w", id, err)
+		return 0, fmt.Errorf("read Peer %s: %w", id, err)
 	}
 	labels := peerLabels(s.Name, s.Labels)
 	w.mu.Lock()
@@ -241,33 +246,36 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) error {
 	// The writer's own apply of these very labels, not yet in the cache.
 	fresh := ok && maps.Equal(applied, labels) && (!exists || !hasLabels(cur.Labels, labels))
 	if !fresh && (!exists || !hasLabels(cur.Labels, labels) || setButUnwanted(&cur, labels)) {
+		requests++
 		if err := w.label(ctx, id, labels); err != nil {
-			return err
+			return requests, err
 		}
 	}
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr(statusOf(s, cur.Status.Conditions, w.now())))
 	if err != nil {
-		return fmt.Errorf("status of Peer %s: %w", id, err)
+		return requests, fmt.Errorf("status of Peer %s: %w", id, err)
 	}
 	obj := peerObject(id)
 	obj.Object["status"] = status
 	// Server-side apply: fields this owner no longer sets (a handshake
 	// time, a view) are removed, and nothing needs the object's version.
+	requests++
 	err = w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership)
 	if fresh && apierrors.IsNotFound(err) {
 		// Deleted since the writer created it, before the cache saw
 		// either: create it again now rather than after a backoff.
+		requests += 2
 		if err := w.label(ctx, id, labels); err != nil {
-			return err
+			return requests, err
 		}
 		obj = peerObject(id)
 		obj.Object["status"] = status
 		err = w.client.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership)
 	}
 	if err != nil {
-		return fmt.Errorf("apply status of Peer %s: %w", id, err)
+		return requests, fmt.Errorf("apply status of Peer %s: %w", id, err)
 	}
-	return nil
+	return requests, nil
 }
 
 // label creates id's Peer or brings the labels this writer sets on it to
