@@ -9,7 +9,7 @@ import (
 )
 
 // startComponents brings the components up in their order: ledger and identity,
-// networks, CRDs, tunnel, peering, Peer objects, discovery. Each registers
+// tunnel, networks, CRDs, peering, Peer objects, discovery. Each registers
 // with comps what must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// Steps on the API server alone run meanwhile from the start.
@@ -21,6 +21,13 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	// The tunnel needs only its key: its device is made (tens of ms, more
+	// for the userspace one) while the networks are read.
+	tun, err := a.startTunnel(comps, st.ledger)
+	if err != nil {
+		return err
+	}
+	a.traced.Store(tun)
 	gateway := a.cfg.AdvertiseAddr
 	if !gateway.IsValid() {
 		if gateway, err = defaultAddress(); err != nil {
@@ -41,11 +48,6 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	tun, err := a.startTunnel(comps, st.ledger)
-	if err != nil {
-		return err
-	}
-	a.traced.Store(tun)
 	if _, err := crds.wait(); err != nil {
 		return err
 	}
