@@ -10,7 +10,7 @@ import (
 )
 
 // startComponents brings the components up in their order: ledger and identity,
-// tunnel, networks, CRDs, peering, Peer objects, discovery. Each registers
+// tunnel, networks, discovery (made), CRDs, peering, Peer objects, gossip. Each registers
 // with comps what must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	lap := a.startLaps()
@@ -54,11 +54,6 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("local networks")
-	if _, err := crds.wait(); err != nil {
-		return err
-	}
-	lap("CRDs")
-	a.fabric.start(a.nodes.fabric, tun.MTU())
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
 	var engine atomic.Pointer[peering.Engine]
 	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
@@ -74,6 +69,14 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	// The Peers' informer and the offloading need the CRDs; the steps
+	// above (discovery's keys, a synced ledger write) do not, and ran
+	// while the check was under way.
+	if _, err := crds.wait(); err != nil {
+		return err
+	}
+	lap("CRDs")
+	a.fabric.start(a.nodes.fabric, tun.MTU())
 	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err
