@@ -4,14 +4,16 @@ import (
 	"context"
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/flotilla-io/flotilla/peering"
 )
 
 // startComponents brings the components up in their order: ledger and identity,
-// networks, CRDs, tunnel, peering, Peer objects, discovery. Each registers
+// tunnel, networks, discovery (made), CRDs, peering, Peer objects, gossip. Each registers
 // with comps what must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
+	lap := a.startLaps()
 	// Steps on the API server alone run meanwhile from the start.
 	nets := startBackground(ctx, a.clusterNetworks)
 	defer nets.stop()
@@ -21,6 +23,15 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	lap("state opened")
+	// The tunnel needs only its key: its device is made (tens of ms, more
+	// for the userspace one) while the networks are read.
+	tun, err := a.startTunnel(comps, st.ledger)
+	if err != nil {
+		return err
+	}
+	a.traced.Store(tun)
+	lap("tunnel")
 	gateway := a.cfg.AdvertiseAddr
 	if !gateway.IsValid() {
 		if gateway, err = defaultAddress(); err != nil {
@@ -37,25 +48,19 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	lap("networks read")
 	locals, ann, err := a.startNetworks(ctx, comps, st.ledger, gateway, detected)
 	if err != nil {
 		return err
 	}
-	tun, err := a.startTunnel(comps, st.ledger)
-	if err != nil {
-		return err
-	}
-	a.traced.Store(tun)
-	if _, err := crds.wait(); err != nil {
-		return err
-	}
-	a.fabric.start(a.nodes.fabric, tun.MTU())
+	lap("local networks")
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
 	var engine atomic.Pointer[peering.Engine]
 	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
 	if err != nil {
 		return err
 	}
+	lap("discovery made")
 	announced, _ := ann.current()
 	// Segregated traffic (docs/policy.md): every data path the engine
 	// applies goes through the policy, which holds the sets the kernel
@@ -64,15 +69,25 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
+	// The Peers' informer and the offloading need the CRDs; the steps
+	// above (discovery's keys, a synced ledger write) do not, and ran
+	// while the check was under way.
+	if _, err := crds.wait(); err != nil {
+		return err
+	}
+	lap("CRDs")
+	a.fabric.start(a.nodes.fabric, tun.MTU())
 	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err
 	}
+	lap("peering engine ready")
 	engine.Store(eng)
 	a.followLocalNetworks(comps, locals, ann, eng)
 	if err := a.watchPeers(ctx, comps, off.objects, eng); err != nil {
 		return err
 	}
+	lap("Peer informer synced")
 	a.feedDashboard(st.id.ClusterID(), off.objects, off.mirrors.Offloads())
 	if err := off.start(ctx, comps); err != nil {
 		return err
@@ -83,12 +98,26 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := a.startClustersetDNS(ctx, comps); err != nil {
 		return err
 	}
+	lap("offloading, traffic policy, DNS")
 	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
 		return err
 	}
+	lap("gossip")
 	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
 		return err
 	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return nil
+}
+
+// startLaps returns lap, which logs at debug how long the start took
+// since the step before (docs/peering.md, "Timeline"): the agent's own
+// account of where its start goes.
+func (a *Agent) startLaps() (lap func(step string)) {
+	last := time.Now()
+	return func(step string) {
+		now := time.Now()
+		a.log.Debug("start step", "step", step, "took", now.Sub(last))
+		last = now
+	}
 }

@@ -229,3 +229,84 @@ func TestRetiredPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
 		}
 	}
 }
+
+// The states that follow a Peer's creation are one request each while the
+// informer has not shown the object yet (a watch event behind on a loaded
+// API server): the writer's own creation stands in for it, instead of a
+// second creation in front of each status. A Peer deleted meanwhile is
+// created again with the next state at once.
+func TestStatesAfterCreationAreOneRequestEach(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	installCRDs(t, cp.Config)
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var writes []string
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet {
+				mu.Lock()
+				writes = append(writes, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	wc, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newStatusWriter(wc, laggingCache{}, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { defer close(done); w.run(context.Background()) }()
+	t.Cleanup(func() { w.queue.ShutDown(); <-done })
+
+	s := sampleState()
+	for i, ph := range []peering.Phase{peering.PhaseNegotiating, peering.PhaseDegraded, peering.PhaseConnected} {
+		s.Phase = ph
+		w.publish(s)
+		waitPeer(t, c, s.ClusterID, fmt.Sprintf("state %d written", i), func(p v1alpha1.Peer) error {
+			if p.Status.Phase != v1alpha1.Phase(ph) {
+				return fmt.Errorf("phase %q", p.Status.Phase)
+			}
+			return nil
+		})
+	}
+	mu.Lock()
+	got := slices.Clone(writes)
+	mu.Unlock()
+	status := "/apis/" + v1alpha1.GroupVersion.String() + "/peers/" + s.ClusterID + "/status"
+	want := []string{http.MethodPatch + " /apis/" + v1alpha1.GroupVersion.String() + "/peers/" + s.ClusterID,
+		http.MethodPatch + " " + status, http.MethodPatch + " " + status, http.MethodPatch + " " + status}
+	if !slices.Equal(got, want) {
+		t.Fatalf("writes %v, want one creation and three statuses %v", got, want)
+	}
+
+	old := waitPeer(t, c, s.ClusterID, "the Peer", func(v1alpha1.Peer) error { return nil })
+	if err := c.Delete(context.Background(), &old); err != nil {
+		t.Fatal(err)
+	}
+	s.Phase = peering.PhaseNegotiating
+	w.publish(s)
+	waitPeer(t, c, s.ClusterID, "the Peer created again with the next state", func(p v1alpha1.Peer) error {
+		if p.UID == old.UID {
+			return errors.New("still the deleted object")
+		}
+		if p.Status.Phase != v1alpha1.Phase(s.Phase) || p.Labels[v1alpha1.LabelClusterName] != s.Name {
+			return fmt.Errorf("phase %q, labels %v", p.Status.Phase, p.Labels)
+		}
+		return nil
+	})
+}
+
+// laggingCache is an informer that has not seen any Peer yet.
+type laggingCache struct{ client.Reader }
+
+func (laggingCache) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	return apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource("peers").GroupResource(), key.Name)
+}
