@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -15,13 +16,14 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // benchProfiles are the timings compared by the membership benchmarks:
 // memberlist's stock LAN profile (what ProfileLAN was before it was first
 // tuned), ProfileLAN as it was before the 100-member detection work
-// (probe 700 ms), ours as it was before our transport and the revival of
+// (probe 700 ms) and before its third round (600 ms, multiplier 3), ours as it was before our transport and the revival of
 // falsely failed members (memberlist's transport, a 64 KiB buffer per
 // packet received; a falsely failed member waits for its own refutation),
 // ours without the revival alone, and ours.
@@ -33,6 +35,7 @@ var benchProfiles = []struct {
 }{
 	{"memberlist-lan", stockLAN, false},
 	{"lan-700ms", lan700ms, false},
+	{"lan-600ms", lan600ms, false},
 	{"lan-before-revival", netTransport, true},
 	{"lan-no-revival", nil, true},
 	{"lan", nil, false},
@@ -60,6 +63,15 @@ func lan700ms(c *memberlist.Config) {
 	c.ProbeTimeout = 500 * time.Millisecond
 }
 
+// lan600ms puts back ProfileLAN's timings before issue 18's third round:
+// probes every 600 ms, 500 ms timeout, suspicion multiplier 3 (one
+// confirmation).
+func lan600ms(c *memberlist.Config) {
+	c.ProbeInterval = 600 * time.Millisecond
+	c.ProbeTimeout = 500 * time.Millisecond
+	c.SuspicionMult = 3
+}
+
 // stockLAN puts back memberlist's DefaultLANConfig timings.
 func stockLAN(c *memberlist.Config) {
 	d := memberlist.DefaultLANConfig()
@@ -74,24 +86,27 @@ func stockLAN(c *memberlist.Config) {
 // "GossipInterval=100ms,GossipNodes=4", after the profile: a way to try
 // timings without editing code.
 func benchTune(b *testing.B, c *memberlist.Config) {
-	spec := os.Getenv("DISCOVERY_BENCH_TUNE")
+	if err := applyTune(os.Getenv("DISCOVERY_BENCH_TUNE"), c); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// applyTune applies a DISCOVERY_BENCH_TUNE spec to c.
+func applyTune(spec string, c *memberlist.Config) error {
 	for kv := range strings.SplitSeq(spec, ",") {
 		if kv == "" {
 			continue
 		}
 		k, v, _ := strings.Cut(kv, "=")
+		var err error
 		dur := func() time.Duration {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				b.Fatalf("DISCOVERY_BENCH_TUNE %s: %v", kv, err)
-			}
+			d, e := time.ParseDuration(v)
+			err = cmp.Or(err, e)
 			return d
 		}
 		num := func() int {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				b.Fatalf("DISCOVERY_BENCH_TUNE %s: %v", kv, err)
-			}
+			n, e := strconv.Atoi(v)
+			err = cmp.Or(err, e)
 			return n
 		}
 		switch k {
@@ -120,9 +135,13 @@ func benchTune(b *testing.B, c *memberlist.Config) {
 		case "EnableCompression":
 			c.EnableCompression = v == "true"
 		default:
-			b.Fatalf("DISCOVERY_BENCH_TUNE: unknown setting %q", k)
+			return fmt.Errorf("DISCOVERY_BENCH_TUNE: unknown setting %q", k)
+		}
+		if err != nil {
+			return fmt.Errorf("DISCOVERY_BENCH_TUNE %s: %w", kv, err)
 		}
 	}
+	return nil
 }
 
 // benchNoRevival starts the members of the next benchmark without the
@@ -132,30 +151,13 @@ var benchNoRevival bool
 // startBenchNode starts a member on loopback with the given timings.
 func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string) *Discovery {
 	b.Helper()
-	d, err := New(Config{
-		Identity: mustIdentity(b),
-		Protocol: testProtocol,
-		Keys:     [][]byte{testKey},
-		BindAddr: netip.MustParseAddrPort("127.0.0.1:0"),
-		Endpoint: "192.0.2.1:51820",
-		Seeds:    seeds,
-		RetryMin: 100 * time.Millisecond,
-		RetryMax: time.Second,
-		Profile:  ProfileLAN,
-		Tune: func(c *memberlist.Config) {
-			if tune != nil {
-				tune(c)
-			}
-			benchTune(b, c)
-		},
-	})
+	d, err := newBenchNode(func(c *memberlist.Config) {
+		if tune != nil {
+			tune(c)
+		}
+		benchTune(b, c)
+	}, seeds)
 	if err != nil {
-		b.Fatal(err)
-	}
-	if benchNoRevival {
-		d.revive = nil
-	}
-	if err := d.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	// A benchmark that fails midway must not leave its members gossiping
@@ -169,6 +171,41 @@ func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string)
 		}
 	})
 	return d
+}
+
+// newBenchNode starts a member on loopback with the given timings, also
+// in a member group process (detect_procs_test.go), which has no
+// testing.B.
+func newBenchNode(tune func(*memberlist.Config), seeds []string) (*Discovery, error) {
+	d, err := New(Config{
+		Identity: must(identity.Generate()),
+		Protocol: testProtocol,
+		Keys:     [][]byte{testKey},
+		BindAddr: netip.MustParseAddrPort("127.0.0.1:0"),
+		Endpoint: "192.0.2.1:51820",
+		Seeds:    seeds,
+		RetryMin: 100 * time.Millisecond,
+		RetryMax: time.Second,
+		Profile:  ProfileLAN,
+		Tune:     tune,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if benchNoRevival {
+		d.revive = nil
+	}
+	if err := d.Start(context.Background()); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // startCluster starts n members, every one seeded with the first, and

@@ -1,12 +1,15 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,13 +20,20 @@ import (
 
 // BenchmarkDetection is the failure detector's two sides in one run: n
 // converged members, every one alive, are watched for observe (30 s, or
-// DISCOVERY_BENCH_OBSERVE) with and without two busy loops competing for
-// the CPUs, and every member any other declares failed is a false death
+// DISCOVERY_BENCH_OBSERVE) with and without busy loops competing for the
+// CPUs (DISCOVERY_BENCH_BUSY, default "0,2": the levels to run), and
+// every member any other declares failed is a false death
 // (false-deaths/run, distinct members; false-failed-events/run counts every
 // observer's event). Then one member is killed and the time until every
 // other has declared it failed is measured (s/detect, with min- and max-).
 // The UDP packets the members send during the observation, per member and
 // second, are the price (packets/s/member, bytes/s/member).
+//
+// The members run in this process (procs=1) or spread over that many
+// processes of this test binary (DISCOVERY_BENCH_PROCS, default "1", e.g.
+// "1,10"): in one process a garbage collection or a descheduled thread
+// stalls all 100 members at once, which a federation, one member per
+// agent, never sees.
 func BenchmarkDetection(b *testing.B) {
 	observe := 30 * time.Second
 	if v := os.Getenv("DISCOVERY_BENCH_OBSERVE"); v != "" {
@@ -33,64 +43,133 @@ func BenchmarkDetection(b *testing.B) {
 		}
 		observe = d
 	}
+	busy := benchLevels(b, "DISCOVERY_BENCH_BUSY", "0,2")
+	procs := benchLevels(b, "DISCOVERY_BENCH_PROCS", "1")
 	const n = 100
 	for _, p := range benchProfiles {
-		for _, hogs := range []int{0, 2} {
-			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
-				benchNoRevival = p.noRevival
-				var detect, rejoin samples
-				var falseDeaths, falseEvents int
-				var packets, bytes, cpu, alloc, gcs float64
-				for range b.N {
-					var sent sentCounter
-					nodes := startCluster(b, sent.tune(b, p.tune), n)
-					waitAllSee(b, nodes, n-1)
-					time.Sleep(time.Second) // let the join broadcasts drain
-					victim := nodes[n-1]
-					deaths := watchDeaths(nodes, victim.selfID)
-
-					stop := busyLoops(b, hogs)
-					var m0, m1 runtime.MemStats
-					runtime.ReadMemStats(&m0)
-					p0, b0, c0, t0 := sent.packets.Load(), sent.bytes.Load(), cpuTime(), time.Now()
-					time.Sleep(observe)
-					elapsed := time.Since(t0).Seconds()
-					cpu += (cpuTime() - c0).Seconds() / elapsed
-					runtime.ReadMemStats(&m1)
-					alloc += float64(m1.TotalAlloc-m0.TotalAlloc) / elapsed / 1e6
-					gcs += float64(m1.NumGC-m0.NumGC) / elapsed
-					packets += float64(sent.packets.Load()-p0) / elapsed / n
-					bytes += float64(sent.bytes.Load()-b0) / elapsed / n
-
-					deaths.kill(victim)
-					start := time.Now()
-					waitAllDeclareFailed(b, nodes[:n-1], victim.selfID, start)
-					detect = append(detect, time.Since(start))
-					stop()
-
-					members, events, back := deaths.falseDeaths()
-					falseDeaths += members
-					falseEvents += events
-					rejoin = append(rejoin, back...)
-					for _, d := range nodes[:n-1] {
-						d.kill()
+		for _, np := range procs {
+			for _, hogs := range busy {
+				b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
+					benchNoRevival = p.noRevival
+					var detect, rejoin samples
+					falseDeaths, falseEvents := 0, 0
+					var packets, bytes, cpu, alloc, gcs float64
+					for range b.N {
+						var r detectRun
+						if np == 1 {
+							r = detectInProcess(b, p.tune, n, hogs, observe)
+						} else {
+							r = detectInGroups(b, p.name, n, np, hogs, observe)
+						}
+						detect = append(detect, r.detect)
+						falseDeaths += len(r.falseDead)
+						falseEvents += r.falseEvents
+						rejoin = append(rejoin, r.rejoin...)
+						packets += r.packets
+						bytes += r.bytes
+						cpu += r.cpu
+						alloc += r.alloc
+						gcs += r.gcs
 					}
-				}
-				detect.report(b, "s/detect")
-				b.ReportMetric(float64(falseDeaths)/float64(b.N), "false-deaths/run")
-				b.ReportMetric(float64(falseEvents)/float64(b.N), "false-failed-events/run")
-				b.ReportMetric(packets/float64(b.N), "packets/s/member")
-				b.ReportMetric(bytes/float64(b.N), "bytes/s/member")
-				// The price in the process (100 members, while observed).
-				b.ReportMetric(cpu/float64(b.N), "cpu-s/s")
-				b.ReportMetric(alloc/float64(b.N), "alloc-MB/s")
-				b.ReportMetric(gcs/float64(b.N), "gc/s")
-				// How long a falsely dead member stayed dead for an
-				// observer before it was seen alive again (refuted).
-				rejoin.report(b, "s/false-death-rejoin")
-			})
+					detect.report(b, "s/detect")
+					b.ReportMetric(float64(falseDeaths)/float64(b.N), "false-deaths/run")
+					b.ReportMetric(float64(falseEvents)/float64(b.N), "false-failed-events/run")
+					b.ReportMetric(packets/float64(b.N), "packets/s/member")
+					b.ReportMetric(bytes/float64(b.N), "bytes/s/member")
+					// The price in the processes (100 members, while
+					// observed; gc/s summed over the processes).
+					b.ReportMetric(cpu/float64(b.N), "cpu-s/s")
+					b.ReportMetric(alloc/float64(b.N), "alloc-MB/s")
+					b.ReportMetric(gcs/float64(b.N), "gc/s")
+					// How long a falsely dead member stayed dead for an
+					// observer before it was seen alive again (refuted).
+					rejoin.report(b, "s/false-death-rejoin")
+				})
+			}
 		}
 	}
+}
+
+// benchLevels parses the comma-separated numbers of env (def if unset).
+func benchLevels(b *testing.B, env, def string) []int {
+	var out []int
+	for v := range strings.SplitSeq(cmp.Or(os.Getenv(env), def), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 {
+			b.Fatalf("%s: %q is not a count", env, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// detectRun is what one round of BenchmarkDetection measured.
+type detectRun struct {
+	detect      time.Duration
+	falseDead   map[string]bool // members declared failed while alive
+	falseEvents int
+	rejoin      samples
+	// While observed, per second: packets and bytes sent per member; CPU
+	// seconds, MB allocated and garbage collections of all members.
+	packets, bytes, cpu, alloc, gcs float64
+}
+
+// detectInProcess is one round of BenchmarkDetection with n members in
+// this process.
+func detectInProcess(b *testing.B, tune func(*memberlist.Config), n, hogs int, observe time.Duration) detectRun {
+	var sent sentCounter
+	nodes := startCluster(b, sent.tune(tune), n)
+	waitAllSee(b, nodes, n-1)
+	time.Sleep(time.Second) // let the join broadcasts drain
+	victim := nodes[n-1]
+	deaths := watchDeaths(nodes, victim.selfID)
+
+	stop := busyLoops(b, hogs)
+	var r detectRun
+	mark := markCost(&sent)
+	time.Sleep(observe)
+	r.packets, r.bytes, r.cpu, r.alloc, r.gcs = mark.since(&sent, n)
+
+	deaths.kill(victim)
+	start := time.Now()
+	waitAllDeclareFailed(b, nodes[:n-1], victim.selfID, start)
+	r.detect = time.Since(start)
+	stop()
+
+	r.falseDead, r.falseEvents, r.rejoin = deaths.falseDeaths()
+	for _, d := range nodes[:n-1] {
+		d.kill()
+	}
+	return r
+}
+
+// costMark is the process's counters at the start of an observation.
+type costMark struct {
+	packets, bytes int64
+	cpu            time.Duration
+	mem            runtime.MemStats
+	at             time.Time
+}
+
+func markCost(sent *sentCounter) costMark {
+	m := costMark{packets: sent.packets.Load(), bytes: sent.bytes.Load(), cpu: cpuTime(), at: time.Now()}
+	runtime.ReadMemStats(&m.mem)
+	return m
+}
+
+// since returns, per second since the mark, the packets and bytes sent
+// per member (of n), and the CPU seconds, MB allocated and garbage
+// collections of the process.
+func (m costMark) since(sent *sentCounter, n int) (packets, bytes, cpu, alloc, gcs float64) {
+	elapsed := time.Since(m.at).Seconds()
+	var now runtime.MemStats
+	runtime.ReadMemStats(&now)
+	packets = float64(sent.packets.Load()-m.packets) / elapsed / float64(n)
+	bytes = float64(sent.bytes.Load()-m.bytes) / elapsed / float64(n)
+	cpu = (cpuTime() - m.cpu).Seconds() / elapsed
+	alloc = float64(now.TotalAlloc-m.mem.TotalAlloc) / elapsed / 1e6
+	gcs = float64(now.NumGC-m.mem.NumGC) / elapsed
+	return
 }
 
 // waitAllDeclareFailed waits until none of nodes sees victim alive, or
@@ -172,12 +251,12 @@ func (w *deathWatch) kill(victim *Discovery) {
 // falseDeaths stops watching and returns the members declared failed while
 // alive, the number of such events over all observers, and how long each
 // such death lasted for its observer until the member was seen again.
-func (w *deathWatch) falseDeaths() (members, events int, rejoin samples) {
+func (w *deathWatch) falseDeaths() (members map[string]bool, events int, rejoin samples) {
 	w.cancel()
 	w.wg.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.dead), w.events, w.rejoin
+	return w.dead, w.events, w.rejoin
 }
 
 // sentCounter counts the UDP packets and bytes members send, through a
@@ -188,7 +267,7 @@ type sentCounter struct {
 
 // tune returns the profile's tuning followed by the counting transport,
 // around the profile's transport or, if it sets none, ours.
-func (s *sentCounter) tune(b *testing.B, profile func(*memberlist.Config)) func(*memberlist.Config) {
+func (s *sentCounter) tune(profile func(*memberlist.Config)) func(*memberlist.Config) {
 	return func(c *memberlist.Config) {
 		if profile != nil {
 			profile(c)
@@ -197,7 +276,8 @@ func (s *sentCounter) tune(b *testing.B, profile func(*memberlist.Config)) func(
 		if !ok {
 			t, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), slog.New(slog.DiscardHandler))
 			if err != nil {
-				b.Fatal(err)
+				// Tune cannot return an error; the benchmark fails either way.
+				panic(fmt.Sprintf("gossip transport on %s:%d: %v", c.BindAddr, c.BindPort, err))
 			}
 			inner = t
 			if c.BindPort == 0 {

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(memberProcess())
 	}
+	if os.Getenv(groupEnv) != "" {
+		os.Exit(groupProcess())
+	}
 	os.Exit(m.Run())
 }
 
