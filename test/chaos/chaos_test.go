@@ -2,7 +2,7 @@
 // seed and checks, after each one heals, what users rely on: every pair
 // Connected again, pods talking by their views, views disjoint, no view
 // reused inside its quarantine, no kernel or API object of ours without an
-// owner. `make chaos` runs the long form; `make test` runs a short one
+// owner, no offloaded pod duplicated or lost. `make chaos` runs the long form; `make test` runs a short one
 // with a fixed seed (docs/reliability.md).
 package chaos_test
 
@@ -74,9 +74,15 @@ func TestChaos(t *testing.T) {
 		PodCIDRs: podCIDRs[:clusters],
 	})}
 	f.inv = newInvariants()
+	f.pairs = offloadPairs(f.cs)
 	mountStateDisks(t, f.cs)
+	prepareOffload(t, f.pairs)
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
+	startWorkloads(t, f.pairs)
+	if broken := checkOffload(t, f.cs, f.pairs, 2*time.Minute); broken > 0 {
+		t.Fatalf("the offloaded workloads never settled before any fault")
+	}
 
 	results := map[string][]outcome{}
 	start := time.Now()
@@ -98,7 +104,7 @@ func TestChaos(t *testing.T) {
 		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
-		o.broken = during + f.inv.check(t, f.cs)
+		o.broken = during + f.inv.check(t, f.cs) + checkOffload(t, f.cs, f.pairs, offloadSettle)
 		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}

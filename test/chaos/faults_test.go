@@ -146,6 +146,8 @@ var faults = []fault{
 		o.StartAgent(t)
 		return 0
 	}},
+	{"kill-mid-grant", killMidGrant},
+	{"kill-mid-offload", killMidOffload},
 }
 
 // viewsFrom is, by cluster name, how v addresses every other cluster's
@@ -195,6 +197,12 @@ type fed struct {
 	inv *invariants
 	// skews counts clock-skew faults, whose sign alternates.
 	skews int
+	// pairs offload a workload, consumer to provider.
+	pairs []*pair
+	// grants and scales count kill-mid-grant and kill-mid-offload
+	// faults: which side is killed, and which way the workload is
+	// scaled, alternate.
+	grants, scales int
 }
 
 // partition cuts v's site from the LAN for d.
