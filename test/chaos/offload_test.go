@@ -54,9 +54,10 @@ func offloadPairs(cs []*federation.Cluster) []*pair {
 
 // prepareOffload readies the control planes before the agents start: the
 // providers grant every peer (--offload-grants=auto, so a consumer back
-// under a new identity is granted again), run a stand-in kubelet and have
-// the consumer's ClusterRole; the consumers run a scheduler and let their
-// API server call the agent's placement webhook in its site.
+// under a new identity is granted again), run a scheduler and a stand-in
+// kubelet and have the consumer's ClusterRole; the consumers run a
+// scheduler and let their API server call the agent's placement webhook
+// in its site.
 func prepareOffload(t *testing.T, ps []*pair) {
 	t.Helper()
 	for _, p := range ps {
@@ -66,6 +67,7 @@ func prepareOffload(t *testing.T, ps []*pair) {
 		}
 		// Addresses of the provider's pod network, clear of its site's pod.
 		base := federation.Translate(netip.MustParseAddr("0.0.200.0"), netip.MustParsePrefix("0.0.0.0/0"), p.prov.Site.PodCIDR)
+		p.prov.CP.StartScheduler()
 		p.prov.CP.StartKubelet("chaos-node", harness.KubeletOptions{PodCIDR: netip.PrefixFrom(base, 24)})
 		p.cons.CP.ReachInto(p.cons.Site.Netns, netip.PrefixFrom(p.cons.Site.Addr, 32))
 		p.cons.CP.StartScheduler()
