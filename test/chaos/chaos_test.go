@@ -34,6 +34,7 @@ const pingInterval = 100 * time.Millisecond
 type outcome struct {
 	converge time.Duration // from the heal until every pair is Connected
 	lost     time.Duration // pings lost over all directions, as time
+	settled  time.Duration // from Connected until the offloaded pods are as they should
 	broken   int           // invariants broken after convergence
 }
 
@@ -104,8 +105,11 @@ func TestChaos(t *testing.T) {
 		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
-		o.broken = during + f.inv.check(t, f.cs) + checkOffload(t, f.cs, f.pairs, offloadSettle)
-		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
+		connected := time.Now()
+		o.broken = during + checkOffload(t, f.cs, f.pairs, offloadSettle)
+		o.settled = time.Since(connected)
+		o.broken += f.inv.check(t, f.cs)
+		t.Logf("fault %d: %s of %s: Connected %s after the heal, offloaded pods settled %s later, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.settled.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}
 	t.Logf("chaos seed %d, %s of faults:\n%s", seed, time.Since(start).Round(time.Second), table(results))
@@ -212,24 +216,26 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 	return lost
 }
 
-// table is the report: per fault kind, how often, time to Connected
-// (median, max), traffic lost (median, max), invariants broken.
+// table is the report: per fault kind, how often, time to Connected, time
+// from then until the offloaded pods settled, traffic lost (min, median,
+// max of each), invariants broken.
 func table(results map[string][]outcome) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-22s %5s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "lost min/med/max", "broken")
+	fmt.Fprintf(&b, "%-22s %5s %28s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "pods settled min/med/max", "lost min/med/max", "broken")
 	for _, k := range faults {
 		outs := results[k.name]
 		if len(outs) == 0 {
 			continue
 		}
-		var conv, lost []time.Duration
+		var conv, settled, lost []time.Duration
 		broken := 0
 		for _, o := range outs {
 			conv = append(conv, o.converge)
+			settled = append(settled, o.settled)
 			lost = append(lost, o.lost)
 			broken += o.broken
 		}
-		fmt.Fprintf(&b, "%-22s %5d %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(lost), broken)
+		fmt.Fprintf(&b, "%-22s %5d %28s %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(settled), minMedMax(lost), broken)
 	}
 	return b.String()
 }
