@@ -80,10 +80,12 @@ func TestChaos(t *testing.T) {
 	prepareOffload(t, f.pairs)
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
+	offloading := time.Now()
 	startWorkloads(t, f.pairs)
 	if broken := checkOffload(t, f.cs, f.pairs, 2*time.Minute); broken > 0 {
 		t.Fatalf("the offloaded workloads never settled before any fault")
 	}
+	t.Logf("%d pairs offloading %d pods each, Running on their providers %s after Connected", len(f.pairs), workReplicas, time.Since(offloading).Round(10*time.Millisecond))
 
 	results := map[string][]outcome{}
 	start := time.Now()
