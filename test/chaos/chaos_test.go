@@ -77,7 +77,7 @@ func TestChaos(t *testing.T) {
 	f.inv = newInvariants()
 	f.pairs = offloadPairs(f.cs)
 	mountStateDisks(t, f.cs)
-	prepareOffload(t, f.pairs)
+	prepareOffload(t, f.cs, f.pairs)
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
 	offloading := time.Now()

@@ -52,19 +52,23 @@ func offloadPairs(cs []*federation.Cluster) []*pair {
 	return ps
 }
 
-// prepareOffload readies the control planes before the agents start: the
-// providers grant every peer (--offload-grants=auto, so a consumer back
-// under a new identity is granted again), run a scheduler and a stand-in
-// kubelet and have the consumer's ClusterRole; the consumers run a
-// scheduler and let their API server call the agent's placement webhook
-// in its site.
-func prepareOffload(t *testing.T, ps []*pair) {
+// prepareOffload readies the control planes before the agents start:
+// every cluster grants every peer (--offload-grants=auto: a consumer back
+// under a new identity is granted again, and kill-mid-grant leaves no
+// admin's decision in a Peer's spec, which would keep the Peer of a
+// cluster's old identity for ever) and has the consumer's ClusterRole;
+// the providers run a scheduler and a stand-in kubelet; the consumers
+// run a scheduler and let their API server call the agent's placement
+// webhook in its site.
+func prepareOffload(t *testing.T, cs []*federation.Cluster, ps []*pair) {
 	t.Helper()
-	for _, p := range ps {
-		p.prov.Args = append(p.prov.Args, "--offload-grants=auto")
-		if out, err := federation.Kubectl(p.prov.CP, "apply", "--server-side", "-f", "../../deploy/namespace.yaml", "-f", "../../deploy/rbac.yaml"); err != nil {
-			t.Fatalf("%s: %v\n%s", p.prov.Name, err, out)
+	for _, c := range cs {
+		c.Args = append(c.Args, "--offload-grants=auto")
+		if out, err := federation.Kubectl(c.CP, "apply", "--server-side", "-f", "../../deploy/namespace.yaml", "-f", "../../deploy/rbac.yaml"); err != nil {
+			t.Fatalf("%s: %v\n%s", c.Name, err, out)
 		}
+	}
+	for _, p := range ps {
 		// Addresses of the provider's pod network, clear of its site's pod.
 		base := federation.Translate(netip.MustParseAddr("0.0.200.0"), netip.MustParsePrefix("0.0.0.0/0"), p.prov.Site.PodCIDR)
 		p.prov.CP.StartScheduler()
@@ -377,7 +381,8 @@ func until(t *testing.T, within time.Duration, what string, cond func() bool) {
 const offloadSettle = 3 * time.Minute
 
 // killMidGrant: v, as a provider, grants offloading to the next cluster
-// (not its workload's consumer) afresh, and the agent of the provider or
+// (not its workload's consumer) afresh: revoked (Deny), then the spec
+// cleared so that the policy (auto) grants it again; and the agent of the provider or
 // of the consumer, in turn, is SIGKILLed as soon as the grant shows on
 // its side: the tenant namespace made on the provider, the credential's
 // condition changed on the consumer. Restarted at once on its state, the
@@ -388,8 +393,8 @@ func killMidGrant(t *testing.T, f *fed, v *federation.Cluster) int {
 		t.Logf("kill-mid-grant: %s has no peer to grant but its workload's consumer: nothing done", v.Name)
 		return 0
 	}
-	// A grant held from before (auto, or an earlier fault) is revoked
-	// first, and gone on both sides, so that the one made next is new.
+	// The grant held (auto) is revoked first, and gone on both sides, so
+	// that the one made next is new.
 	setOffloading(t, v, o, v1alpha1.OffloadingDeny)
 	until(t, 2*time.Minute, fmt.Sprintf("%s's grant to %s revoked", v.Name, o.Name), func() bool {
 		r, err := credentialReason(o, v)
@@ -403,7 +408,7 @@ func killMidGrant(t *testing.T, f *fed, v *federation.Cluster) int {
 		killed = o
 		seen = func() bool { r, err := credentialReason(o, v); return err == nil && r != before }
 	}
-	setOffloading(t, v, o, v1alpha1.OffloadingGrant)
+	setOffloading(t, v, o, v1alpha1.OffloadingDefault)
 	until(t, 2*time.Minute, fmt.Sprintf("%s's new grant to %s seen on %s", v.Name, o.Name, killed.Name), seen)
 	killed.Agent.Kill()
 	<-killed.Agent.Done()
