@@ -77,7 +77,9 @@ func TestChaos(t *testing.T) {
 	f.inv = newInvariants()
 	f.pairs = offloadPairs(f.cs)
 	mountStateDisks(t, f.cs)
+	prepared := time.Now()
 	prepareOffload(t, f.cs, f.pairs)
+	t.Logf("offloading prepared (roles, schedulers, stand-in kubelets) in %s", time.Since(prepared).Round(10*time.Millisecond))
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
 	offloading := time.Now()
@@ -85,7 +87,7 @@ func TestChaos(t *testing.T) {
 	if broken := checkOffload(t, f.cs, f.pairs, 2*time.Minute); broken > 0 {
 		t.Fatalf("the offloaded workloads never settled before any fault")
 	}
-	t.Logf("%d pairs offloading %d pods each, Running on their providers %s after Connected", len(f.pairs), workReplicas, time.Since(offloading).Round(10*time.Millisecond))
+	t.Logf("%d pairs offloading %d pods each, Running on their providers %s after every pair talked", len(f.pairs), workReplicas, time.Since(offloading).Round(10*time.Millisecond))
 
 	results := map[string][]outcome{}
 	start := time.Now()
