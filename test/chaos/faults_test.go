@@ -199,10 +199,8 @@ type fed struct {
 	skews int
 	// pairs offload a workload, consumer to provider.
 	pairs []*pair
-	// grants and scales count kill-mid-grant and kill-mid-offload
-	// faults: which side is killed, and which way the workload is
-	// scaled, alternate.
-	grants, scales int
+	// grants counts kill-mid-grant faults: the side killed alternates.
+	grants int
 }
 
 // partition cuts v's site from the LAN for d.
