@@ -2,7 +2,7 @@
 // seed and checks, after each one heals, what users rely on: every pair
 // Connected again, pods talking by their views, views disjoint, no view
 // reused inside its quarantine, no kernel or API object of ours without an
-// owner. `make chaos` runs the long form; `make test` runs a short one
+// owner, no offloaded pod duplicated or lost. `make chaos` runs the long form; `make test` runs a short one
 // with a fixed seed (docs/reliability.md).
 package chaos_test
 
@@ -34,6 +34,7 @@ const pingInterval = 100 * time.Millisecond
 type outcome struct {
 	converge time.Duration // from the heal until every pair is Connected
 	lost     time.Duration // pings lost over all directions, as time
+	settled  time.Duration // from Connected until the offloaded pods are as they should
 	broken   int           // invariants broken after convergence
 }
 
@@ -74,9 +75,19 @@ func TestChaos(t *testing.T) {
 		PodCIDRs: podCIDRs[:clusters],
 	})}
 	f.inv = newInvariants()
+	f.pairs = offloadPairs(f.cs)
 	mountStateDisks(t, f.cs)
+	prepared := time.Now()
+	prepareOffload(t, f.cs, f.pairs)
+	t.Logf("offloading prepared (roles, schedulers, stand-in kubelets) in %s", time.Since(prepared).Round(10*time.Millisecond))
 	federation.Connect(t, f.cs)
 	federation.AllPairsTalk(t, f.cs)
+	offloading := time.Now()
+	startWorkloads(t, f.pairs)
+	if broken := checkOffload(t, f.cs, f.pairs, 2*time.Minute); broken > 0 {
+		t.Fatalf("the offloaded workloads never settled before any fault")
+	}
+	t.Logf("%d pairs offloading %d pods each, Running on their providers %s after every pair talked", len(f.pairs), workReplicas, time.Since(offloading).Round(10*time.Millisecond))
 
 	results := map[string][]outcome{}
 	start := time.Now()
@@ -98,8 +109,11 @@ func TestChaos(t *testing.T) {
 		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
 		o.lost = traffic.stop(t)
-		o.broken = during + f.inv.check(t, f.cs)
-		t.Logf("fault %d: %s of %s: Connected %s after the heal, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.lost, o.broken)
+		connected := time.Now()
+		o.broken = during + checkOffload(t, f.cs, f.pairs, offloadSettle)
+		o.settled = time.Since(connected)
+		o.broken += f.inv.check(t, f.cs)
+		t.Logf("fault %d: %s of %s: Connected %s after the heal, offloaded pods settled %s later, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.settled.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)
 	}
 	t.Logf("chaos seed %d, %s of faults:\n%s", seed, time.Since(start).Round(time.Second), table(results))
@@ -206,24 +220,26 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 	return lost
 }
 
-// table is the report: per fault kind, how often, time to Connected
-// (median, max), traffic lost (median, max), invariants broken.
+// table is the report: per fault kind, how often, time to Connected, time
+// from then until the offloaded pods settled, traffic lost (min, median,
+// max of each), invariants broken.
 func table(results map[string][]outcome) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-22s %5s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "lost min/med/max", "broken")
+	fmt.Fprintf(&b, "%-22s %5s %28s %28s %28s %7s\n", "fault", "count", "converge min/med/max", "pods settled min/med/max", "lost min/med/max", "broken")
 	for _, k := range faults {
 		outs := results[k.name]
 		if len(outs) == 0 {
 			continue
 		}
-		var conv, lost []time.Duration
+		var conv, settled, lost []time.Duration
 		broken := 0
 		for _, o := range outs {
 			conv = append(conv, o.converge)
+			settled = append(settled, o.settled)
 			lost = append(lost, o.lost)
 			broken += o.broken
 		}
-		fmt.Fprintf(&b, "%-22s %5d %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(lost), broken)
+		fmt.Fprintf(&b, "%-22s %5d %28s %28s %28s %7d\n", k.name, len(outs), minMedMax(conv), minMedMax(settled), minMedMax(lost), broken)
 	}
 	return b.String()
 }

@@ -146,6 +146,8 @@ var faults = []fault{
 		o.StartAgent(t)
 		return 0
 	}},
+	{"kill-mid-grant", killMidGrant},
+	{"kill-mid-offload", killMidOffload},
 }
 
 // viewsFrom is, by cluster name, how v addresses every other cluster's
@@ -195,6 +197,10 @@ type fed struct {
 	inv *invariants
 	// skews counts clock-skew faults, whose sign alternates.
 	skews int
+	// pairs offload a workload, consumer to provider.
+	pairs []*pair
+	// grants counts kill-mid-grant faults: the side killed alternates.
+	grants int
 }
 
 // partition cuts v's site from the LAN for d.
