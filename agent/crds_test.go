@@ -2,13 +2,10 @@ package agent
 
 import (
 	"context"
-	"net/http"
-	"sync"
 	"testing"
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	mcscrd "sigs.k8s.io/mcs-api/config/crd"
 
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -20,26 +17,8 @@ func TestCRDsAppliedOnlyWhenNotInPlace(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("crds", harness.ControlPlaneOptions{})
-	var mu sync.Mutex
-	var writes []string
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			if r.Method != http.MethodGet {
-				mu.Lock()
-				writes = append(writes, r.Method+" "+r.URL.Path)
-				mu.Unlock()
-			}
-			return rt.RoundTrip(r)
-		})
-	})
-	written := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		w := writes
-		writes = nil
-		return w
-	}
+	cfg, writes := harness.RecordRequests(cp.Config, harness.Writes)
+	written := writes.Take
 	ctx := context.Background()
 
 	if err := installCRDs(ctx, cfg); err != nil {
@@ -98,7 +77,3 @@ func TestCRDsAppliedOnlyWhenNotInPlace(t *testing.T) {
 		t.Fatalf("the other implementation's CRD: %v, release %q", err, got.Labels[mcscrd.ReleaseVersionLabel])
 	}
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

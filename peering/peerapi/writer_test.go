@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -122,26 +121,12 @@ func recordedObjects(t *testing.T) (objects *Objects, c client.Client, requests 
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var seen []string
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			mu.Lock()
-			seen = append(seen, r.Method+" "+r.URL.Path)
-			mu.Unlock()
-			return rt.RoundTrip(r)
-		})
-	})
+	cfg, recorded := harness.RecordRequests(cp.Config, nil)
 	objects, err = New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return objects, c, func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(seen)
-	}
+	return objects, c, recorded.All
 }
 
 // runObjects runs objects until the test ends, and waits for its informer.
@@ -158,10 +143,6 @@ func runObjects(t *testing.T, objects *Objects) {
 	})
 	<-objects.Synced()
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 type noSpecs struct{}
 
@@ -244,19 +225,7 @@ func TestStatesAfterCreationAreOneRequestEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var writes []string
-	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			if r.Method != http.MethodGet {
-				mu.Lock()
-				writes = append(writes, r.Method+" "+r.URL.Path)
-				mu.Unlock()
-			}
-			return rt.RoundTrip(r)
-		})
-	})
+	cfg, writes := harness.RecordRequests(cp.Config, harness.Writes)
 	wc, err := client.New(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -277,9 +246,7 @@ func TestStatesAfterCreationAreOneRequestEach(t *testing.T) {
 			return nil
 		})
 	}
-	mu.Lock()
-	got := slices.Clone(writes)
-	mu.Unlock()
+	got := writes.All()
 	status := "/apis/" + v1alpha1.GroupVersion.String() + "/peers/" + s.ClusterID + "/status"
 	want := []string{http.MethodPatch + " /apis/" + v1alpha1.GroupVersion.String() + "/peers/" + s.ClusterID,
 		http.MethodPatch + " " + status, http.MethodPatch + " " + status, http.MethodPatch + " " + status}
