@@ -33,17 +33,10 @@ import (
 // status.observedGeneration names the spec the engine acted on, not the
 // object's generation at the time of the write. A deleted Peer comes back.
 func TestPeerObjects(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
-	installCRDs(t, cp.Config)
-	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, c := apiServer(t)
 
 	log := slog.New(slog.DiscardHandler)
-	objects, err := New(cp.Config, log)
+	objects, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,6 +236,20 @@ type lossyTransport struct{}
 func (lossyTransport) Send(context.Context, string, []byte) error { return nil }
 
 // installCRDs applies the embedded CRDs, as the agent does at start.
+// apiServer starts an API server with the CRDs for the test, and returns
+// its configuration and a client of its own.
+func apiServer(t *testing.T) (*rest.Config, client.Client) {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp1", harness.ControlPlaneOptions{})
+	installCRDs(t, cp.Config)
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp.Config, c
+}
+
 func installCRDs(t *testing.T, cfg *rest.Config) {
 	t.Helper()
 	scheme := runtime.NewScheme()

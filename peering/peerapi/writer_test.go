@@ -113,16 +113,9 @@ func TestPeersNeedNoDiscovery(t *testing.T) {
 // requests made through it, as "METHOD path"; c is a client of its own.
 func recordedObjects(t *testing.T) (objects *Objects, c client.Client, requests func() []string) {
 	t.Helper()
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
-	installCRDs(t, cp.Config)
-	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, recorded := harness.RecordRequests(cp.Config, nil)
-	objects, err = New(cfg, slog.New(slog.DiscardHandler))
+	server, c := apiServer(t)
+	cfg, recorded := harness.RecordRequests(server, nil)
+	objects, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,15 +210,8 @@ func TestRetiredPeerIsDeletedUnlessTheAdminDecided(t *testing.T) {
 // second creation in front of each status. A Peer deleted meanwhile is
 // created again with the next state at once.
 func TestStatesAfterCreationAreOneRequestEach(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
-	installCRDs(t, cp.Config)
-	c, err := client.New(cp.Config, client.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, writes := harness.RecordRequests(cp.Config, harness.Writes)
+	server, c := apiServer(t)
+	cfg, writes := harness.RecordRequests(server, harness.Writes)
 	wc, err := client.New(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
 		t.Fatal(err)
