@@ -73,18 +73,28 @@ func (t *tracer) exemption(id string, c *Cluster, n *Node, view netip.Addr) {
 	}
 }
 
+// readGateway returns c's gateway, the step's place and the tunnel's
+// link; nil when the gateway's kernel was not read, which it adds to the
+// trace as an unknown step.
+func (t *tracer) readGateway(id string, c *Cluster) (gw *Node, where, link string) {
+	where = clusterName(c) + ", gateway"
+	gw = c.gateway()
+	if gw == nil || gw.Kernel == nil {
+		t.add(id, where, "not read: "+c.unread("agent"), Unknown, "")
+		return nil, where, ""
+	}
+	if c.Tunnel != nil {
+		link = c.Tunnel.Interface
+	}
+	return gw, where, link
+}
+
 // gatewayToTunnel checks the gateway's way into the tunnel: the tunnel's
 // route of the view in main, through its link with our protocol.
 func (t *tracer) gatewayToTunnel(id string, c *Cluster, src, dst netip.Addr) {
-	where := clusterName(c) + ", gateway"
-	gw := c.gateway()
-	if gw == nil || gw.Kernel == nil {
-		t.add(id, where, "not read: "+c.unread("agent"), Unknown, "")
+	gw, where, link := t.readGateway(id, c)
+	if gw == nil {
 		return
-	}
-	link := ""
-	if c.Tunnel != nil {
-		link = c.Tunnel.Interface
 	}
 	isOurs := func(r *Route) bool {
 		return r != nil && r.Protocol == OurProtocol && r.Table == MainTable && (link == "" || r.Dev == link) && r.Type == ""
@@ -117,15 +127,9 @@ func (t *tracer) gatewayToTunnel(id string, c *Cluster, src, dst netip.Addr) {
 // dst: the fabric's rule "iif <link> lookup 102" and its route of the
 // node's block; for the gateway's own pods, any route but the tunnel.
 func (t *tracer) gatewayToNode(id string, c *Cluster, src, dst netip.Addr, n *Node) {
-	where := clusterName(c) + ", gateway"
-	gw := c.gateway()
-	if gw == nil || gw.Kernel == nil {
-		t.add(id, where, "not read: "+c.unread("agent"), Unknown, "")
+	gw, where, link := t.readGateway(id, c)
+	if gw == nil {
 		return
-	}
-	link := ""
-	if c.Tunnel != nil {
-		link = c.Tunnel.Interface
 	}
 	d, ok := gw.Kernel.lookup(src, dst, link)
 	if n == nil {
