@@ -43,8 +43,13 @@ type Kubelet struct {
 	opts     KubeletOptions
 	podCIDR  netip.Prefix
 
-	mu    sync.Mutex
-	next  netip.Addr
+	mu   sync.Mutex
+	next netip.Addr
+	// free holds the addresses of deleted pods, oldest first: they are
+	// given again once the range has none never given, so that a long
+	// run's churn (a fault campaign) cannot exhaust a /24, and an address
+	// comes back as late as possible.
+	free  []netip.Addr
 	ips   map[types.UID]netip.Addr
 	netns map[types.UID]*Pod
 	count int
@@ -79,6 +84,20 @@ func (cp *ControlPlane) startKubelet(name string, opts KubeletOptions) (*Kubelet
 	factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { queue <- o.(*corev1.Pod) },
 		UpdateFunc: func(_, o any) { queue <- o.(*corev1.Pod) },
+		// A pod removed at once (grace period 0, the pod garbage
+		// collector) is released like one whose deletion we confirm.
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if pod, ok := o.(*corev1.Pod); ok {
+				pod = pod.DeepCopy()
+				if pod.DeletionTimestamp == nil {
+					pod.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+				}
+				queue <- pod
+			}
+		},
 	})
 	factory.Start(ctx.Done())
 	go func() {
@@ -263,10 +282,14 @@ func (k *Kubelet) assign(pod *corev1.Pod) (netip.Addr, error) {
 		return addr, nil
 	}
 	ip := k.next
-	if !k.podCIDR.Contains(ip) {
+	switch {
+	case k.podCIDR.Contains(ip):
+		k.next = ip.Next()
+	case len(k.free) > 0:
+		ip, k.free = k.free[0], k.free[1:]
+	default:
 		return netip.Addr{}, fmt.Errorf("pod range %s of node %s is exhausted", k.podCIDR, k.NodeName)
 	}
-	k.next = ip.Next()
 	if k.opts.Site != nil {
 		k.count++
 		p, err := k.opts.Site.addPod(fmt.Sprintf("k%d", k.count), ip)
@@ -283,6 +306,9 @@ func (k *Kubelet) assign(pod *corev1.Pod) (netip.Addr, error) {
 func (k *Kubelet) release(uid types.UID) {
 	k.mu.Lock()
 	p := k.netns[uid]
+	if ip, ok := k.ips[uid]; ok && k.podCIDR.Contains(ip) {
+		k.free = append(k.free, ip)
+	}
 	delete(k.netns, uid)
 	delete(k.ips, uid)
 	k.mu.Unlock()

@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -72,5 +73,68 @@ func TestKubeletRunsPodsBehindSite(t *testing.T) {
 	}
 	if err := site.Ping(ip); err == nil {
 		t.Fatalf("deleted pod %s still answers", ip)
+	}
+}
+
+// Once its range has no address never given, the pretend kubelet gives
+// those of deleted pods again, oldest first, whether the deletion went
+// through it or the pod was removed at once: a long run's churn cannot
+// exhaust a node.
+func TestKubeletReusesAddressesOfDeletedPods(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
+	// .0 is skipped: .1, .2 and .3 are the node's three addresses.
+	k := cp.StartKubelet("node1", harness.KubeletOptions{PodCIDR: netip.MustParsePrefix("10.9.0.0/30")})
+	ctx := context.Background()
+	pods := cp.Client.CoreV1().Pods("default")
+	run := func(name string) netip.Addr {
+		t.Helper()
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec:       corev1.PodSpec{NodeName: k.NodeName, Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+		}
+		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var last *corev1.Pod
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			p, err := pods.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			last = p
+			return p.Status.Phase == corev1.PodRunning, nil
+		})
+		if err != nil {
+			t.Fatalf("pod %s not Running (last status %+v): %v", name, last.Status, err)
+		}
+		return netip.MustParseAddr(last.Status.PodIP)
+	}
+	gone := func(name string, grace int64) {
+		t.Helper()
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := pods.Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Fatalf("pod %s not gone: %v", name, err)
+		}
+	}
+	for i, want := range []string{"10.9.0.1", "10.9.0.2", "10.9.0.3"} {
+		if got := run(fmt.Sprintf("p%d", i)); got.String() != want {
+			t.Fatalf("pod p%d got %s, want %s (fresh addresses in order)", i, got, want)
+		}
+	}
+	gone("p1", 30) // through the kubelet's confirmation
+	gone("p0", 0)  // removed at once
+	if got := run("p3"); got.String() != "10.9.0.2" {
+		t.Fatalf("p3 got %s, want 10.9.0.2 (the first freed)", got)
+	}
+	if got := run("p4"); got.String() != "10.9.0.1" {
+		t.Fatalf("p4 got %s, want 10.9.0.1 (freed second)", got)
 	}
 }
