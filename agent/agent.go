@@ -52,6 +52,10 @@ type Config struct {
 	// the process's inside to whoever reaches the port, and a CPU
 	// profile costs while it runs.
 	Profiling bool
+	// ReleaseStartPages unmaps the binary's read-only pages once the
+	// components have started, so that only what the agent runs from
+	// then on is mapped again (startpages.go). On by default.
+	ReleaseStartPages bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -143,6 +147,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		StateDir:           "/var/lib/flotilla",
+		ReleaseStartPages:  true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),

@@ -35,6 +35,10 @@ const (
 	// agent only, space-separated: "GOMEMLIMIT=48MiB GOGC=50" shows what
 	// the Go runtime's knobs change.
 	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
+	// benchRSSAgentArgsEnvVar adds flags to the measured agent,
+	// space-separated: "--release-start-pages=false" measures the agent
+	// keeping its binary's start pages mapped.
+	benchRSSAgentArgsEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ARGS"
 	// benchRSSProfilesEnvVar names a directory: the agent runs with
 	// --profiling and the heap profile at the end of each window is
 	// written there (idle-1.pb.gz, idle-all.pb.gz, pods-N.pb.gz) for
@@ -125,6 +129,8 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		}
 		cons.Args = append(cons.Args, "--profiling")
 	}
+	agentArgs := strings.Fields(os.Getenv(benchRSSAgentArgsEnvVar))
+	cons.Args = append(cons.Args, agentArgs...)
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
@@ -154,7 +160,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	waitCredentials(b, cons, cs[1:], 2*time.Minute)
 	agent := agentPid(b, cons)
 
-	m := &memReport{pods: pods, peers: peers, env: agentEnv}
+	m := &memReport{pods: pods, peers: peers, env: append(slices.Clone(agentEnv), agentArgs...)}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
 	saveHeapProfile(b, cons, profiles, "idle-1")
 
