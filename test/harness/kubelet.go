@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -157,10 +158,7 @@ func (k *Kubelet) register(ctx context.Context) error {
 			return err
 		}
 		current.Status = node.Status
-		current.Status.Conditions = []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "pretend kubelet of the flotilla test harness", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
-		}}
+		current.Status.Conditions = []corev1.NodeCondition{readyCondition()}
 		_, err = k.cp.Client.CoreV1().Nodes().UpdateStatus(ctx, current, metav1.UpdateOptions{})
 		return err
 	})
@@ -207,12 +205,56 @@ func (k *Kubelet) heartbeat(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			k.cp.env.t.Logf("harness: kubelet %s: renew lease: %v", k.NodeName, err)
 		}
+		if err == nil {
+			err = k.keepReady(ctx)
+			if err != nil && ctx.Err() == nil {
+				k.cp.env.t.Logf("harness: kubelet %s: node status: %v", k.NodeName, err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(10 * time.Second):
 		}
 	}
+}
+
+// readyCondition is the node condition the pretend kubelet posts: it is
+// always ready.
+func readyCondition() corev1.NodeCondition {
+	return corev1.NodeCondition{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "pretend kubelet of the flotilla test harness", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}
+}
+
+// keepReady posts the node Ready again when the node lifecycle
+// controller marked it otherwise (its lease went stale while the control
+// plane was down), as a kubelet does at its next status update: without
+// it a node stays NotReady after an outage longer than the grace period,
+// and its pods are evicted.
+func (k *Kubelet) keepReady(ctx context.Context) error {
+	nodes := k.cp.Client.CoreV1().Nodes()
+	n, err := nodes.Get(ctx, k.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady })
+	if i >= 0 && n.Status.Conditions[i].Status == corev1.ConditionTrue {
+		return nil
+	}
+	was := "no Ready condition"
+	if i >= 0 {
+		was = fmt.Sprintf("Ready %s (%s)", n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason)
+		n.Status.Conditions[i] = readyCondition()
+	} else {
+		n.Status.Conditions = append(n.Status.Conditions, readyCondition())
+	}
+	if _, err := nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	k.cp.env.t.Logf("harness: kubelet %s: node Ready again (was %s)", k.NodeName, was)
+	return nil
 }
 
 // sync brings one pod to Running, or finishes its deletion.

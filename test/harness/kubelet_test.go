@@ -138,3 +138,43 @@ func TestKubeletReusesAddressesOfDeletedPods(t *testing.T) {
 		t.Fatalf("p4 got %s, want 10.9.0.1 (freed second)", got)
 	}
 }
+
+// A node the node lifecycle controller marked not ready (its lease was
+// stale while the control plane was down) is posted Ready again by the
+// pretend kubelet, as a kubelet does at its next status update.
+func TestKubeletPostsItsNodeReadyAgain(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
+	k := cp.StartKubelet("node1", harness.KubeletOptions{PodCIDR: netip.MustParsePrefix("10.9.0.0/24")})
+	ctx := context.Background()
+	nodes := cp.Client.CoreV1().Nodes()
+	n, err := nodes.Get(ctx, k.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+		}
+	}
+	if _, err := nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var ready corev1.ConditionStatus
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := nodes.Get(ctx, k.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				ready = c.Status
+			}
+		}
+		return ready == corev1.ConditionTrue, nil
+	})
+	if err != nil {
+		t.Fatalf("node Ready %q, want True again: %v", ready, err)
+	}
+}
