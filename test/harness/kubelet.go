@@ -43,8 +43,12 @@ type Kubelet struct {
 	opts     KubeletOptions
 	podCIDR  netip.Prefix
 
-	mu    sync.Mutex
-	next  netip.Addr
+	mu   sync.Mutex
+	next netip.Addr // the first address never handed out
+	// free are the addresses of deleted pods, oldest first: handed out
+	// again once the range has been walked, as host-local IPAM does, so
+	// that churn alone never exhausts a node's range.
+	free  []netip.Addr
 	ips   map[types.UID]netip.Addr
 	netns map[types.UID]*Pod
 	count int
@@ -79,6 +83,21 @@ func (cp *ControlPlane) startKubelet(name string, opts KubeletOptions) (*Kubelet
 	factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { queue <- o.(*corev1.Pod) },
 		UpdateFunc: func(_, o any) { queue <- o.(*corev1.Pod) },
+		// A pod deleted at once (grace 0, or by the pod garbage
+		// collector) is never seen terminating: its address is released
+		// through the queue, after whatever sync of it is still there.
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if pod, ok := o.(*corev1.Pod); ok {
+				gone := pod.DeepCopy()
+				if gone.DeletionTimestamp == nil {
+					gone.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+				}
+				queue <- gone
+			}
+		},
 	})
 	factory.Start(ctx.Done())
 	go func() {
@@ -263,10 +282,14 @@ func (k *Kubelet) assign(pod *corev1.Pod) (netip.Addr, error) {
 		return addr, nil
 	}
 	ip := k.next
-	if !k.podCIDR.Contains(ip) {
+	switch {
+	case k.podCIDR.Contains(ip):
+		k.next = ip.Next()
+	case len(k.free) > 0:
+		ip, k.free = k.free[0], k.free[1:]
+	default:
 		return netip.Addr{}, fmt.Errorf("pod range %s of node %s is exhausted", k.podCIDR, k.NodeName)
 	}
-	k.next = ip.Next()
 	if k.opts.Site != nil {
 		k.count++
 		p, err := k.opts.Site.addPod(fmt.Sprintf("k%d", k.count), ip)
@@ -279,11 +302,16 @@ func (k *Kubelet) assign(pod *corev1.Pod) (netip.Addr, error) {
 	return ip, nil
 }
 
-// release forgets a deleted pod and removes its network namespace.
+// release forgets a deleted pod, removes its network namespace and
+// frees its address.
 func (k *Kubelet) release(uid types.UID) {
 	k.mu.Lock()
 	p := k.netns[uid]
 	delete(k.netns, uid)
+	// A host network pod's address is the node's, not the range's.
+	if ip, ok := k.ips[uid]; ok && k.podCIDR.Contains(ip) {
+		k.free = append(k.free, ip)
+	}
 	delete(k.ips, uid)
 	k.mu.Unlock()
 	if p != nil {
