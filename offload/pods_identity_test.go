@@ -77,6 +77,13 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Stop()
+		// on-old's pod there as the previous version made it, without
+		// the label: judged by its local pod, on the old node, it is
+		// left to the old identity's reflector.
+		unlabel := fmt.Appendf(nil, `{"metadata":{"labels":{%q:null}}}`, LabelProvider)
+		if _, err := e.p.cp.Client.CoreV1().Pods(remoteNS).Patch(t.Context(), "on-old", types.MergePatchType, unlabel, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		// The witness that both reflectors acted since: each canary,
 		// deleted out of band, is made again by its identity's reflector.
 		for _, name := range []string{"canary-old", "canary-new"} {
@@ -103,7 +110,7 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 			}
 		}
 		for name, p := range after {
-			want := map[string]string{"on-old": oldID, "canary-old": oldID, "on-new": newID, "canary-new": newID}[name]
+			want := map[string]string{"on-old": "", "canary-old": oldID, "on-new": newID, "canary-new": newID}[name]
 			if p.Labels[LabelProvider] != want {
 				t.Errorf("remote pod %s is labelled %s=%q, want %q (the identity of the node its consumer pod is bound to)", name, LabelProvider, p.Labels[LabelProvider], want)
 			}
