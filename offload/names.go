@@ -61,6 +61,12 @@ const (
 	// mirrored namespace it is in says whose it is (LabelTenant): the
 	// provider's admission refuses our labels from a consumer.
 	AnnotationOrigin = "flotilla.io/origin"
+	// LabelProvider is on every pod a consumer creates on a provider: the
+	// cluster ID of the provider (its virtual node) the pod was made for.
+	// Two Peers can reach the same namespace (a provider back under a new
+	// identity at the same API server): each reflector keeps to its own
+	// pods (docs/offload.md, "A provider back under a new identity").
+	LabelProvider = "flotilla.io/provider"
 )
 
 // VirtualNodeName is the name of the virtual node that stands for provider.

@@ -192,6 +192,7 @@ func (pp *podProvider) stop() {
 	for _, rn := range rns {
 		rn.stop()
 	}
+	pp.r.queueSiblings(pp)
 }
 
 // localPod is the local pod ns/name bound to the provider's virtual node,
@@ -426,7 +427,7 @@ func localPodTransform(obj any) (any, error) {
 }
 
 // remoteTransform keeps of a remote pod what the reconcile reads: its
-// identity, deletion, origin and status. The spec is the consumer's (it
+// identity, deletion, origin, the provider it was made for and status. The spec is the consumer's (it
 // made it), and so are its labels and annotations: a thousand pods are
 // not held twice.
 func remoteTransform(obj any) (any, error) {
@@ -434,14 +435,17 @@ func remoteTransform(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	var annotations map[string]string
+	var annotations, labels map[string]string
 	if o, ok := p.Annotations[AnnotationOrigin]; ok {
 		annotations = map[string]string{AnnotationOrigin: o}
+	}
+	if id, ok := p.Labels[LabelProvider]; ok {
+		labels = map[string]string{LabelProvider: id}
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			DeletionTimestamp: p.DeletionTimestamp, Annotations: annotations,
+			DeletionTimestamp: p.DeletionTimestamp, Annotations: annotations, Labels: labels,
 		},
 		Status: p.Status,
 	}, nil

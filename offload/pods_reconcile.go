@@ -80,8 +80,9 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 	switch {
 	case local == nil:
 		if remote != nil && remote.DeletionTimestamp == nil {
-			// Deleted here while we did not look.
-			return r.deleteRemote(ctx, pp, key, remote, nil)
+			// Deleted here while we did not look, or bound to another
+			// virtual node whose Peer reaches the same namespace.
+			return r.orphan(ctx, pp, key, remote)
 		}
 		return nil
 	case local.DeletionTimestamp != nil:
@@ -197,7 +198,7 @@ func (r *PodReflector) create(ctx context.Context, pp *podProvider, key podKey, 
 	case whole.UID != local.UID || whole.DeletionTimestamp != nil:
 		return nil // replaced or being deleted since the cache had it: its event follows
 	}
-	_, err = pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(whole, ns), metav1.CreateOptions{FieldManager: podFieldManager})
+	_, err = pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(whole, ns, pp.id), metav1.CreateOptions{FieldManager: podFieldManager})
 	switch {
 	case err == nil:
 		r.acted(lagPod, key)

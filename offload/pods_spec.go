@@ -49,19 +49,20 @@ func originOfRemote(remote *corev1.Pod) (origin, bool) {
 	return origin{namespace: parts[0], name: parts[1], uid: types.UID(parts[2])}, true
 }
 
-// remotePod is the pod created on the provider, in namespace, for local:
-// the same name, labels and annotations (with the origin), and a spec
-// cleaned of what cannot hold there. It carries no LabelTenant: that
-// label marks what the provider made, and its admission refuses it from a
-// consumer (deploy/admission.yaml); the namespace, mirrored for this
-// cluster alone, says whose the pod is.
-func remotePod(local *corev1.Pod, namespace string) *corev1.Pod {
+// remotePod is the pod created on provider, in namespace, for local:
+// the same name, labels and annotations (with the origin and
+// LabelProvider), and a spec cleaned of what cannot hold there. It
+// carries no LabelTenant: that label marks what the provider made, and
+// its admission refuses it from a consumer (deploy/admission.yaml); the
+// namespace, mirrored for this cluster alone, says whose the pod is.
+func remotePod(local *corev1.Pod, namespace, provider string) *corev1.Pod {
 	labels := make(map[string]string, len(local.Labels))
 	for k, v := range local.Labels {
 		labels[k] = v
 	}
 	// The provider's markers, refused from a consumer.
 	delete(labels, LabelTenant)
+	labels[LabelProvider] = provider
 	if labels[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
 		delete(labels, v1alpha1.LabelManagedBy)
 	}

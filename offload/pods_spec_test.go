@@ -53,15 +53,16 @@ func localPodAsAdmitted() *corev1.Pod {
 func TestRemotePodIsCleaned(t *testing.T) {
 	local := localPodAsAdmitted()
 	kept := local.DeepCopy()
-	got := remotePod(local, "shop-abcdef")
+	got := remotePod(local, "shop-abcdef", "p-1")
 	if !apiequality.Semantic.DeepEqual(local, kept) {
 		t.Fatal("remotePod changed the local pod")
 	}
 	want := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: "shop-abcdef", Name: "web-1",
-			// The provider's markers are refused from a consumer.
-			Labels:      map[string]string{"app": "web"},
+			// The provider's markers are refused from a consumer; the
+			// provider it was made for is said.
+			Labels:      map[string]string{"app": "web", LabelProvider: "p-1"},
 			Annotations: map[string]string{"team": "a", AnnotationOrigin: "shop/web-1/u-1"},
 		},
 		Spec: corev1.PodSpec{
@@ -83,7 +84,7 @@ func TestRemotePodWithoutAffinityOrTolerations(t *testing.T) {
 	local := localPodAsAdmitted()
 	local.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{}}
 	local.Spec.Tolerations = local.Spec.Tolerations[:1]
-	got := remotePod(local, "ns")
+	got := remotePod(local, "ns", "p-1")
 	if got.Spec.Affinity != nil || got.Spec.Tolerations != nil {
 		t.Errorf("affinity %+v, tolerations %+v: want none left", got.Spec.Affinity, got.Spec.Tolerations)
 	}

@@ -272,10 +272,13 @@ func keepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider stri
 type offsetViews struct {
 	provider   string
 	real, view netip.Prefix
+	// alias is another identity of the same provider (one back under a
+	// new identity), with the same view.
+	alias string
 }
 
 func (v offsetViews) Translate(provider string, a netip.Addr) (netip.Addr, bool) {
-	if provider != v.provider || !a.Is4() || !v.real.Contains(a) {
+	if (provider != v.provider && (v.alias == "" || provider != v.alias)) || !a.Is4() || !v.real.Contains(a) {
 		return netip.Addr{}, false
 	}
 	host := ^uint32(0) >> v.real.Bits()

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -310,10 +311,61 @@ func (v *VirtualNodes) remove(ctx context.Context, id string, node *corev1.Node,
 		v.m.writes.WithLabelValues("delete").Inc()
 		v.log.Info("virtual node removed", "node", node.Name, "because", why)
 	}
+	if err := v.deletePods(ctx, id, node != nil); err != nil {
+		return err
+	}
 	if err := v.deleteLease(ctx, id, node != nil); err != nil {
 		return err
 	}
 	v.setReady(id, false, false)
+	return nil
+}
+
+// deletePods deletes the pods bound to provider id's virtual node once it
+// is gone, only when there may be some (known: a virtual node was just
+// removed, or its Lease is still ours to delete). The agent is their
+// kubelet: as the pod garbage collector does with the pods of a deleted
+// Node, but now rather than a minute or more later, so their controllers
+// make them again at once, on a node that is there. Only a removed node
+// (grant revoked or refused, Peer gone) comes here: one merely NotReady or
+// unreachable keeps its pods (docs/offload.md, "Failures").
+func (v *VirtualNodes) deletePods(ctx context.Context, id string, known bool) error {
+	v.mu.Lock()
+	known = known || v.leases[id] != nil
+	v.mu.Unlock()
+	if !known {
+		return nil
+	}
+	name := VirtualNodeName(id)
+	switch _, err := v.cfg.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); {
+	case err == nil:
+		return nil // a Node of that name is there again (not ours): its pods are its own
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("read node %s before deleting its pods: %w", name, err)
+	}
+	pods := v.cfg.Client.CoreV1().Pods(metav1.NamespaceAll)
+	list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", name).String()})
+	if err != nil {
+		return fmt.Errorf("list the pods of removed virtual node %s: %w", name, err)
+	}
+	deleted := 0
+	for i := range list.Items {
+		p := &list.Items[i]
+		// Grace 0: no kubelet is left to confirm the containers stopped.
+		// The UID: a pod of that name made since is not this one.
+		err := v.cfg.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &p.UID}})
+		switch {
+		case err == nil:
+			deleted++
+			v.m.writes.WithLabelValues("delete-pod").Inc()
+		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
+			return fmt.Errorf("delete pod %s/%s of removed virtual node %s: %w", p.Namespace, p.Name, name, err)
+		}
+	}
+	if deleted > 0 {
+		v.log.Info("pods of a removed virtual node deleted, for their controllers to make them again", "node", name, "pods", deleted)
+	}
 	return nil
 }
 

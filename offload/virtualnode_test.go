@@ -367,6 +367,14 @@ func hasTaint(n *corev1.Node, key string) bool {
 func (e *vnEnv) testReady(t *testing.T) {
 	id := e.addPeer(t, "flaky", nil, grant.Limits{})
 	e.waitNode(t, id, "Ready", readyIs(corev1.ConditionTrue, ReasonVirtualNodeReady, ""))
+	// A node not Ready keeps its pods (they run on the provider).
+	pod := e.createBoundPod(t, VirtualNodeName(id), "on-flaky")
+	defer func() {
+		p, err := e.cp.Client.CoreV1().Pods(pod.Namespace).Get(t.Context(), pod.Name, metav1.GetOptions{})
+		if err != nil || p.UID != pod.UID || p.DeletionTimestamp != nil {
+			t.Errorf("the pod bound to a node that was not Ready for a while was deleted: %v", err)
+		}
+	}()
 
 	e.setStatus(t, id, func(st *v1alpha1.PeerStatus) { st.Phase = v1alpha1.PhaseDegraded })
 	e.waitNode(t, id, "not Ready while Degraded", readyIs(corev1.ConditionFalse, ReasonPeerNotConnected, "Degraded"))
@@ -453,8 +461,33 @@ func (e *vnEnv) testReady(t *testing.T) {
 	e.waitNode(t, id, "Ready after a new grant", readyIs(corev1.ConditionTrue, ReasonVirtualNodeReady, ""))
 }
 
-// Revoked, or the Peer gone: the node and its Lease are deleted,
-// and its series with them.
+// createBoundPod creates pod name in the default namespace, bound to
+// node; the namespace's default account may not be there yet, which
+// admission waits for.
+func (e *vnEnv) createBoundPod(t *testing.T, node, name string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{
+			NodeName:    node,
+			Tolerations: []corev1.Toleration{{Key: TaintVirtualNode, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+			Containers:  []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
+		},
+	}
+	var made *corev1.Pod
+	eventually.Within(t, 30*time.Second, "create pod "+name, func() error {
+		var err error
+		made, err = e.cp.Client.CoreV1().Pods("default").Create(t.Context(), pod, metav1.CreateOptions{})
+		if err != nil && !strings.Contains(err.Error(), "serviceaccount") {
+			t.Fatalf("create pod %s: %v", name, err)
+		}
+		return err
+	})
+	return made
+}
+
+// Revoked, or the Peer gone: the node and its Lease are deleted, its
+// series with them, and the pods bound to it.
 func (e *vnEnv) testRemoved(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -476,7 +509,24 @@ func (e *vnEnv) testRemoved(t *testing.T) {
 			id := e.addPeer(t, "short-"+strings.ReplaceAll(tc.name, " ", "-"), nil, grant.Limits{})
 			e.waitNode(t, id, "Ready", readyIs(corev1.ConditionTrue, ReasonVirtualNodeReady, ""))
 			eventually.Within(t, 30*time.Second, "lease created", func() error { _, err := e.lease(t, id); return err })
+			pod := e.createBoundPod(t, VirtualNodeName(id), "on-"+strings.ReplaceAll(tc.name, " ", "-"))
+			deletedBefore, _ := e.metric(t, "flotilla_virtual_node_writes_total", map[string]string{"write": "delete-pod"})
 			tc.end(t, id)
+			// Deleted by the agent (counted), not left for the pod garbage
+			// collector: its controller would make it again at once.
+			eventually.Within(t, 30*time.Second, "the pod bound to the node deleted by the agent", func() error {
+				p, err := e.cp.Client.CoreV1().Pods(pod.Namespace).Get(t.Context(), pod.Name, metav1.GetOptions{})
+				if err == nil {
+					return fmt.Errorf("pod %s still there (deleting: %v)", p.Name, p.DeletionTimestamp != nil)
+				}
+				if !apierrors.IsNotFound(err) {
+					return err
+				}
+				if n, _ := e.metric(t, "flotilla_virtual_node_writes_total", map[string]string{"write": "delete-pod"}); n != deletedBefore+1 {
+					return fmt.Errorf("pods deleted by the agent %v, want %v", n, deletedBefore+1)
+				}
+				return nil
+			})
 			eventually.Within(t, 30*time.Second, "node and lease deleted", func() error {
 				if _, err := e.cp.Client.CoreV1().Nodes().Get(t.Context(), VirtualNodeName(id), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 					return fmt.Errorf("node: %v", err)
