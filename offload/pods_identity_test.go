@@ -130,6 +130,28 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 		}
 	})
 
+	t.Run("SameNameOnTheOtherNode", func(t *testing.T) {
+		// A pod of a name the old node had, made again on the new node
+		// (a StatefulSet's pod, say): made there once by the new
+		// identity, and left alone by the old one.
+		e.createPods(t, onNode("on-old", newNode))
+		_, made := e.waitReflected(t, "wipe", remoteNS, "on-old")
+		canary := e.remotePods(t, remoteNS)["canary-old"]
+		e.deleteRemote(t, canary)
+		eventually.Within(t, 90*time.Second, "canary-old made again", func() error {
+			if p := e.remotePods(t, remoteNS)["canary-old"]; p == nil || p.UID == canary.UID {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		switch p := e.remotePods(t, remoteNS)["on-old"]; {
+		case p == nil:
+			t.Fatal("on-old deleted there")
+		case p.UID != made.UID || p.Labels[LabelProvider] != newID:
+			t.Fatalf("on-old there is %s, labelled %q: want %s, made for the new identity %s, untouched", p.UID, p.Labels[LabelProvider], made.UID, newID)
+		}
+	})
+
 	t.Run("OldIdentityWithoutCredential", func(t *testing.T) {
 		// The old identity's Peer loses its credential (revoked): its
 		// reflector stops, the new one leaves the pod of the old node

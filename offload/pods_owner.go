@@ -71,6 +71,16 @@ func (r *PodReflector) servedElsewhere(pp *podProvider, key podKey, o origin) bo
 	return false
 }
 
+// servedElsewhereFor reports whether remote, made for another identity
+// than pp's, stands for a live local pod on that identity's virtual node.
+func (r *PodReflector) servedElsewhereFor(pp *podProvider, key podKey, remote *corev1.Pod) bool {
+	if remote.Labels[LabelProvider] == pp.id {
+		return false
+	}
+	o, ok := originOfRemote(remote)
+	return ok && r.servedElsewhere(pp, key, o)
+}
+
 // queueSiblings queues the pods of the providers served through the same
 // API server and tenant as pp, which stopped: the remote pods they left
 // to it are theirs to look at again.

@@ -427,9 +427,9 @@ func localPodTransform(obj any) (any, error) {
 }
 
 // remoteTransform keeps of a remote pod what the reconcile reads: its
-// identity, deletion, origin, the provider it was made for and status. The spec is the consumer's (it
-// made it), and so are its labels and annotations: a thousand pods are
-// not held twice.
+// identity, deletion, origin, the provider it was made for (LabelProvider)
+// and status. The spec is the consumer's (it made it), and so are its
+// other labels and annotations: a thousand pods are not held twice.
 func remoteTransform(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {

@@ -112,7 +112,9 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 		return r.create(ctx, pp, key, local, m.remote)
 	case !sameOrigin(remote, local):
 		// Left by an older pod of that name: it goes, then ours is made.
-		if remote.DeletionTimestamp == nil {
+		// One standing for a live pod on another identity's node is
+		// newer than ours, which our cache still holds: its event follows.
+		if remote.DeletionTimestamp == nil && !r.servedElsewhereFor(pp, key, remote) {
 			return r.deleteRemote(ctx, pp, key, remote, nil)
 		}
 		return nil
@@ -224,6 +226,9 @@ func (r *PodReflector) nameTaken(ctx context.Context, pp *podProvider, key podKe
 	if o, ok := originOfRemote(there); ok && o.namespace == key.namespace && o.name == key.name {
 		if o.uid == local.UID {
 			return nil
+		}
+		if r.servedElsewhereFor(pp, key, there) {
+			return retryLater(fmt.Sprintf("pod %s/%s on %s stands for a newer pod of that name, on another identity's node: ours is gone, or made once that one is", ns, local.Name, pp.id))
 		}
 		if err := r.deleteRemote(ctx, pp, key, there, nil); err != nil {
 			return err
