@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
@@ -173,25 +174,34 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 }
 
 // podForReferences keeps of a pod what says where it runs and what it
-// references: a cluster's pods are held once more, so only that.
+// references: a cluster's pods are held once more, so only that. Each
+// ConfigMap or Secret the pod references (podRefs) is kept as one volume
+// that names it, in a new pod: the decoded one, with its containers,
+// volumes and labels, would stay whole behind anything kept of it.
 func podForReferences(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	slim := func(cs []corev1.Container) []corev1.Container {
-		out := make([]corev1.Container, len(cs))
-		for i, c := range cs {
-			out[i] = corev1.Container{Name: c.Name, Env: c.Env, EnvFrom: c.EnvFrom}
+	var volumes []corev1.Volume
+	if refs := podRefs(p); len(refs) > 0 {
+		volumes = make([]corev1.Volume, len(refs))
+		for i, ref := range refs {
+			switch ref.kind {
+			case kindConfigMap:
+				volumes[i].ConfigMap = &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: ref.name}}
+			case kindSecret:
+				volumes[i].Secret = &corev1.SecretVolumeSource{SecretName: ref.name}
+			}
 		}
-		return out
 	}
-	p.ManagedFields, p.Annotations, p.Status = nil, nil, corev1.PodStatus{}
-	p.Spec = corev1.PodSpec{
-		NodeName: p.Spec.NodeName, Volumes: p.Spec.Volumes, ImagePullSecrets: p.Spec.ImagePullSecrets,
-		InitContainers: slim(p.Spec.InitContainers), Containers: slim(p.Spec.Containers),
-	}
-	return p, nil
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, Volumes: volumes},
+	}, nil
 }
 
 func indexPodRefs(obj client.Object) []string {

@@ -71,6 +71,30 @@ func TestPodRefsNameWhatThePodNeeds(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("podRefs = %v, want %v (each once)", got, want)
 	}
+	// What the reflection's cache keeps of the pod names the same, and
+	// nothing more of its spec.
+	pod.Name, pod.Namespace, pod.Spec.NodeName = "p", "app", "flotilla-x"
+	pod.Labels = map[string]string{"app": "web"}
+	pod.Status.Phase = corev1.PodRunning
+	obj, err := podForReferences(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slim := obj.(*corev1.Pod)
+	got = got[:0]
+	for _, r := range podRefs(slim) {
+		got = append(got, r.kind+"/"+r.name)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("podRefs of the cached pod = %v, want %v", got, want)
+	}
+	if slim.Name != "p" || slim.Namespace != "app" || slim.Spec.NodeName != "flotilla-x" {
+		t.Fatalf("cached pod %s/%s on %q: lost where it runs", slim.Namespace, slim.Name, slim.Spec.NodeName)
+	}
+	if slim.Labels != nil || slim.Spec.Containers != nil || slim.Spec.InitContainers != nil || slim.Spec.ImagePullSecrets != nil || slim.Status.Phase != "" {
+		t.Fatalf("cached pod keeps more than its references: %+v", slim)
+	}
 }
 
 func TestReflectedServiceHasNoAddressOfOurs(t *testing.T) {

@@ -38,7 +38,8 @@ const (
 	// benchRSSProfilesEnvVar names a directory: the agent runs with
 	// --profiling and the heap profile at the end of each window is
 	// written there (idle-1.pb.gz, idle-all.pb.gz, pods-N.pb.gz) for
-	// go tool pprof.
+	// go tool pprof, with the goroutines grouped by stack beside it
+	// (idle-1-goroutines.txt, ...).
 	benchRSSProfilesEnvVar = "FLOTILLA_BENCH_RSS_PROFILES"
 )
 
@@ -433,6 +434,14 @@ func saveHeapProfile(b *testing.B, c *federation.Cluster, dir, name string) {
 		b.Fatalf("the heap profile of agent %s: %v", c.Name, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), []byte(body), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	// The goroutines grouped by stack, as text: who started how many.
+	body, err = getIn(c.Site, "http://127.0.0.1:9470/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		b.Fatalf("the goroutines of agent %s: %v", c.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+"-goroutines.txt"), []byte(body), 0o644); err != nil {
 		b.Fatal(err)
 	}
 }
