@@ -184,7 +184,10 @@ func podForReferences(obj any) (any, error) {
 		return obj, nil
 	}
 	var volumes []corev1.Volume
-	if refs := podRefs(p); len(refs) > 0 {
+	// A pod bound to one of this cluster's own nodes stays there: what
+	// it references is never reflected for it.
+	local := p.Spec.NodeName != "" && providerOfNode(p.Spec.NodeName) == ""
+	if refs := podRefs(p); len(refs) > 0 && !local {
 		volumes = make([]corev1.Volume, len(refs))
 		for i, ref := range refs {
 			switch ref.kind {

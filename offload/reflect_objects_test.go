@@ -92,6 +92,16 @@ func TestPodRefsNameWhatThePodNeeds(t *testing.T) {
 	if slim.Name != "p" || slim.Namespace != "app" || slim.Spec.NodeName != "flotilla-x" {
 		t.Fatalf("cached pod %s/%s on %q: lost where it runs", slim.Namespace, slim.Name, slim.Spec.NodeName)
 	}
+	// Bound to a node of this cluster, it stays there: nothing of it is
+	// reflected, so nothing of what it references is kept.
+	pod.Spec.NodeName = "node-1"
+	obj, err = podForReferences(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := podRefs(obj.(*corev1.Pod)); len(refs) != 0 {
+		t.Fatalf("a pod on a node of this cluster keeps references %v", refs)
+	}
 	if slim.Labels != nil || slim.Spec.Containers != nil || slim.Spec.InitContainers != nil || slim.Spec.ImagePullSecrets != nil || slim.Status.Phase != "" {
 		t.Fatalf("cached pod keeps more than its references: %+v", slim)
 	}
