@@ -117,12 +117,7 @@ type nsName struct{ namespace, name string }
 // hostNetwork pod's IP is its node's, which must never be opened to a
 // peer; a pod that has ended no longer holds its IP.
 func offloadedPods(namespaces []corev1.Namespace, pods []corev1.Pod) (map[string][]netip.Addr, []inputProblem) {
-	tenantOf := map[string]string{}
-	for _, ns := range namespaces {
-		if c := ns.Labels[offload.LabelTenant]; c != "" && ns.Labels[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
-			tenantOf[ns.Name] = c
-		}
-	}
+	tenantOf := tenantNamespaces(namespaces)
 	out := map[string][]netip.Addr{}
 	var problems []inputProblem
 	for i := range pods {
@@ -141,6 +136,18 @@ func offloadedPods(namespaces []corev1.Namespace, pods []corev1.Pod) (map[string
 		}
 	}
 	return out, problems
+}
+
+// tenantNamespaces maps the namespaces we made for consumers to the
+// consumer each is for (its tenant label, with our managed-by label).
+func tenantNamespaces(namespaces []corev1.Namespace) map[string]string {
+	tenantOf := map[string]string{}
+	for _, ns := range namespaces {
+		if c := ns.Labels[offload.LabelTenant]; c != "" && ns.Labels[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
+			tenantOf[ns.Name] = c
+		}
+	}
+	return tenantOf
 }
 
 // sliceService is an EndpointSlice as policy sees a Service: its

@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/policy"
 )
@@ -21,16 +20,12 @@ import (
 // addresses of pods in the slice's own namespace count: a consumer opens
 // its own pods, never another tenant's or this cluster's.
 func reachableServices(objs trafficObjects, reflected map[string][]policy.Service, serviceOf func(*discoveryv1.EndpointSlice) policy.Service) {
-	tenant := map[string]bool{}
-	for _, ns := range objs.Namespaces {
-		if ns.Labels[offload.LabelTenant] != "" && ns.Labels[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
-			tenant[ns.Name] = true
-		}
-	}
+	tenantOf := tenantNamespaces(objs.Namespaces)
+	tenant := func(ns string) bool { return tenantOf[ns] != "" }
 	podsIn := map[string]map[netip.Addr]bool{}
 	for i := range objs.Pods {
 		p := &objs.Pods[i]
-		if !tenant[p.Namespace] || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if !tenant(p.Namespace) || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
 		for _, ip := range p.Status.PodIPs {
@@ -45,7 +40,7 @@ func reachableServices(objs trafficObjects, reflected map[string][]policy.Servic
 	for i := range objs.Slices {
 		es := &objs.Slices[i]
 		from := es.Annotations[offload.AnnotationReachableFrom]
-		if from == "" || !tenant[es.Namespace] || es.Labels[offload.LabelReflected] != "true" {
+		if from == "" || !tenant(es.Namespace) || es.Labels[offload.LabelReflected] != "true" {
 			continue
 		}
 		svc := serviceOf(es)

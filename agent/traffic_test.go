@@ -275,7 +275,9 @@ func TestTrafficInputOf(t *testing.T) {
 // that can do.
 func TestChangedForTraffic(t *testing.T) {
 	pod := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.1.5"}}}}
-	podWith := func(f func(*corev1.Pod)) *corev1.Pod { p := pod.DeepCopy(); f(p); return p }
+	// The feed's informer hands over what podForTraffic kept of a pod.
+	kept := func(p *corev1.Pod) any { o, _ := podForTraffic(p); return o }
+	podWith := func(f func(*corev1.Pod)) any { p := pod.DeepCopy(); f(p); return kept(p) }
 	peer := &v1alpha1.Peer{Spec: v1alpha1.PeerSpec{Traffic: v1alpha1.TrafficSegregated}}
 	peerWith := func(f func(*v1alpha1.Peer)) *v1alpha1.Peer { p := peer.DeepCopy(); f(p); return p }
 	offload := &v1alpha1.NamespaceOffload{Status: v1alpha1.NamespaceOffloadStatus{Clusters: []v1alpha1.ClusterOffload{{ClusterID: "p", RemoteNamespace: "shop-p"}}}}
@@ -290,9 +292,10 @@ func TestChangedForTraffic(t *testing.T) {
 		old, new any
 		want     bool
 	}{
-		{"pod status, same addresses", pod, podWith(func(p *corev1.Pod) { p.ResourceVersion = "2" }), false},
-		{"pod address", pod, podWith(func(p *corev1.Pod) { p.Status.PodIPs[0].IP = "10.0.1.6" }), true},
-		{"pod ended", pod, podWith(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), true},
+		{"pod status, same addresses", kept(pod), podWith(func(p *corev1.Pod) { p.ResourceVersion = "2" }), false},
+		{"pod address", kept(pod), podWith(func(p *corev1.Pod) { p.Status.PodIPs[0].IP = "10.0.1.6" }), true},
+		{"pod ended", kept(pod), podWith(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), true},
+		{"pod on the host's network", kept(pod), podWith(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), true},
 		{"Peer status", peer, peerWith(func(p *v1alpha1.Peer) { p.Status.Phase = v1alpha1.PhaseConnected }), false},
 		{"Peer mode", peer, peerWith(func(p *v1alpha1.Peer) { p.Spec.Traffic = v1alpha1.TrafficFull }), true},
 		{"Peer traffic status", peer, peerWith(func(p *v1alpha1.Peer) { p.Status.Traffic = v1alpha1.TrafficFull }), true},

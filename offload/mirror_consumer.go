@@ -314,8 +314,8 @@ func (mc *MirrorConsumer) providerChanged(namespaces []string, all bool) {
 // credential this cluster holds; one restarted when its grant is
 // renewed, stopped when the credential goes.
 func (mc *MirrorConsumer) syncWatches(ctx context.Context) error {
-	var peers v1alpha1.PeerList
-	if err := mc.local.List(ctx, &peers); err != nil {
+	var peers v1alpha1.PeerList // names only: uncopied (namespaceWatches.sync)
+	if err := mc.local.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Peers: %w", err)
 	}
 	want := map[string]providerCredential{}

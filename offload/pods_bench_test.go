@@ -413,3 +413,13 @@ func (e *podEnv) removeDeployment(b *testing.B, app, remoteNS string) {
 		return nil
 	})
 }
+
+// podOf is the pod an informer handed over, a deleted one's last state
+// included.
+func podOf(obj any) (*corev1.Pod, bool) {
+	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	return p, ok
+}

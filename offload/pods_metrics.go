@@ -47,11 +47,11 @@ func (c offloadedPods) Collect(ch chan<- prometheus.Metric) {
 		}
 		counts := map[corev1.PodPhase]int{corev1.PodPending: 0, corev1.PodRunning: 0, corev1.PodSucceeded: 0, corev1.PodFailed: 0}
 		for _, obj := range pp.localPods.GetStore().List() {
-			p, ok := obj.(*corev1.Pod)
+			p, ok := obj.(*keptPod)
 			if !ok {
 				continue
 			}
-			phase := p.Status.Phase
+			phase := p.status.Phase
 			if phase == "" {
 				phase = corev1.PodPending
 			}

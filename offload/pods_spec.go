@@ -41,8 +41,8 @@ type origin struct {
 
 // originOfRemote reads a remote pod's AnnotationOrigin; false when it has
 // none or it is malformed (not a pod of ours, whatever its labels say).
-func originOfRemote(remote *corev1.Pod) (origin, bool) {
-	parts := strings.Split(remote.Annotations[AnnotationOrigin], "/")
+func originOfRemote(remote metav1.Object) (origin, bool) {
+	parts := strings.Split(remote.GetAnnotations()[AnnotationOrigin], "/")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
 		return origin{}, false
 	}

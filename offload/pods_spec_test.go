@@ -200,3 +200,43 @@ func FuzzOriginOfRemote(f *testing.F) {
 		}
 	})
 }
+
+// What the caches keep of a pod gives the reconcile back every field it
+// reads, and nothing of the spec but where it runs.
+func TestKeptPodGivesWhatTheReconcileReads(t *testing.T) {
+	now := metav1.Now()
+	grace := int64(30)
+	full := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web-1", UID: "u1", ResourceVersion: "7",
+			DeletionTimestamp: &now, DeletionGracePeriodSeconds: &grace,
+			Labels: map[string]string{"app": "web"}, Annotations: map[string]string{AnnotationOrigin: "app/web-1/u0", "note": "x"}},
+		Spec: corev1.PodSpec{NodeName: VirtualNodePrefix + "p", Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.5"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	for _, tc := range []struct {
+		what      string
+		transform func(any) (any, error)
+		want      *corev1.Pod
+	}{
+		{"local", localPodTransform, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web-1", UID: "u1", ResourceVersion: "7", DeletionTimestamp: &now, DeletionGracePeriodSeconds: &grace},
+			Spec:       corev1.PodSpec{NodeName: full.Spec.NodeName}, Status: full.Status}},
+		{"remote", remoteTransform, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web-1", UID: "u1", ResourceVersion: "7", DeletionTimestamp: &now,
+				Annotations: map[string]string{AnnotationOrigin: "app/web-1/u0"}},
+			Status: full.Status}},
+	} {
+		obj, err := tc.transform(full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept, ok := keptOf(obj)
+		if !ok {
+			t.Fatalf("%s: the cache keeps a %T", tc.what, obj)
+		}
+		if got := kept.pod(); !apiequality.Semantic.DeepEqual(got, tc.want) {
+			t.Errorf("%s: the reconcile reads\n%+v\nwant\n%+v", tc.what, got, tc.want)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
@@ -66,8 +67,9 @@ type ReflectorConfig struct {
 type Reflector struct {
 	cfg   ReflectorConfig
 	log   *slog.Logger
-	local cache.Cache   // everything read here
-	write client.Client // the Reflected condition
+	local cache.Cache        // everything read here
+	pods  toolscache.Indexer // the pods of local, by podRefsIndex
+	write client.Client      // the Reflected condition
 	queue workqueue.TypedRateLimitingInterface[reflectKey]
 	m     *reflectMetrics
 
@@ -121,10 +123,27 @@ func reflectMapper() meta.RESTMapper {
 }
 
 // podRefsIndex indexes the pods bound to virtual nodes by what they
-// reference there: "<provider>/<kind>/<name>".
+// reference there (indexPodRefs).
 const podRefsIndex = "flotilla.reflect.refs"
 
 func podRefKey(provider, kind, name string) string { return provider + "/" + kind + "/" + name }
+
+// podRefsIndexer adds podRefsIndex to the informer of pods in c and
+// returns the informer's store, which the reflection reads by it.
+func podRefsIndexer(c cache.Cache) (toolscache.Indexer, error) {
+	inf, err := c.GetInformer(context.Background(), &corev1.Pod{})
+	if err != nil {
+		return nil, err
+	}
+	if err := inf.AddIndexers(toolscache.Indexers{podRefsIndex: indexPodRefs}); err != nil {
+		return nil, err
+	}
+	withStore, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
+	if !ok {
+		return nil, fmt.Errorf("the informer of pods (%T) has no store to read", inf)
+	}
+	return withStore.GetIndexer(), nil
+}
 
 // NewReflector checks cfg and prepares a Reflector; Run starts it.
 func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
@@ -148,7 +167,8 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reflection: cache: %w", err)
 	}
-	if err := local.IndexField(context.Background(), &corev1.Pod{}, podRefsIndex, indexPodRefs); err != nil {
+	pods, err := podRefsIndexer(local)
+	if err != nil {
 		return nil, fmt.Errorf("reflection: index pods: %w", err)
 	}
 	write, err := client.New(cfg.Config, client.Options{Scheme: reflectScheme(), Mapper: reflectMapper()})
@@ -157,7 +177,7 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	}
 	r := &Reflector{
 		cfg: cfg, log: cfg.Logger.With("component", "reflection"),
-		local: WithPeers(local, cfg.Peers), write: write,
+		local: WithPeers(local, cfg.Peers), write: write, pods: pods,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[reflectKey](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[reflectKey]{Name: "reflection"}),
@@ -172,42 +192,63 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	return r, nil
 }
 
-// podForReferences keeps of a pod what says where it runs and what it
-// references: a cluster's pods are held once more, so only that.
+// referencingPod is what the reflection's cache keeps of a pod: where it
+// runs and what it references (podRefs), in a type of its own a quarter
+// the size of a Pod (320 bytes against 1152), since a cluster's pods are
+// held once more here. Nothing lists it through the cache's reader: the
+// reflection reads the informer's index (podsReferencing).
+type referencingPod struct {
+	metav1.TypeMeta
+	metav1.ObjectMeta
+	node string
+	refs []objectRef
+}
+
+func (p *referencingPod) DeepCopyObject() runtime.Object {
+	c := *p
+	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.refs = slices.Clone(p.refs)
+	return &c
+}
+
+// podForReferences keeps of a pod a referencingPod: the decoded pod,
+// with its containers, volumes and labels, would stay whole behind
+// anything kept of it.
 func podForReferences(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	slim := func(cs []corev1.Container) []corev1.Container {
-		out := make([]corev1.Container, len(cs))
-		for i, c := range cs {
-			out[i] = corev1.Container{Name: c.Name, Env: c.Env, EnvFrom: c.EnvFrom}
-		}
-		return out
+	kept := &referencingPod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+		},
+		node: p.Spec.NodeName,
 	}
-	p.ManagedFields, p.Annotations, p.Status = nil, nil, corev1.PodStatus{}
-	p.Spec = corev1.PodSpec{
-		NodeName: p.Spec.NodeName, Volumes: p.Spec.Volumes, ImagePullSecrets: p.Spec.ImagePullSecrets,
-		InitContainers: slim(p.Spec.InitContainers), Containers: slim(p.Spec.Containers),
+	// A pod bound to one of this cluster's own nodes stays there: what
+	// it references is never reflected for it.
+	if p.Spec.NodeName == "" || providerOfNode(p.Spec.NodeName) != "" {
+		kept.refs = podRefs(p)
 	}
-	return p, nil
+	return kept, nil
 }
 
-func indexPodRefs(obj client.Object) []string {
-	p, ok := obj.(*corev1.Pod)
+// indexPodRefs indexes a pod bound to a virtual node by what it
+// references there: "<provider>/<kind>/<namespace>/<name>".
+func indexPodRefs(obj any) ([]string, error) {
+	p, ok := obj.(*referencingPod)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	provider := providerOfNode(p.Spec.NodeName)
-	if provider == "" || p.DeletionTimestamp != nil && terminal(p) {
-		return nil
+	provider := providerOfNode(p.node)
+	if provider == "" {
+		return nil, nil
 	}
-	var out []string
-	for _, ref := range podRefs(p) {
-		out = append(out, podRefKey(provider, ref.kind, ref.name))
+	out := make([]string, 0, len(p.refs))
+	for _, ref := range p.refs {
+		out = append(out, podRefKey(provider, ref.kind, p.Namespace+"/"+ref.name))
 	}
-	return out
+	return out, nil
 }
 
 // Run reflects until ctx ends; it returns once every goroutine it
@@ -234,9 +275,9 @@ func (r *Reflector) Run(ctx context.Context) error {
 			// once, when it is bound. Its status, written all the time,
 			// changes nothing here.
 			UpdateFunc: func(old, obj any) {
-				o, ok1 := old.(*corev1.Pod)
-				n, ok2 := obj.(*corev1.Pod)
-				if ok1 && ok2 && o.Spec.NodeName != n.Spec.NodeName {
+				o, ok1 := old.(*referencingPod)
+				n, ok2 := obj.(*referencingPod)
+				if ok1 && ok2 && o.node != n.node {
 					r.podChanged(old)
 					r.podChanged(obj)
 				}
@@ -270,15 +311,15 @@ func (r *Reflector) podChanged(obj any) {
 	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	p, ok := obj.(*corev1.Pod)
+	p, ok := obj.(*referencingPod)
 	if !ok {
 		return
 	}
-	provider := providerOfNode(p.Spec.NodeName)
+	provider := providerOfNode(p.node)
 	if provider == "" {
 		return
 	}
-	for _, ref := range podRefs(p) {
+	for _, ref := range p.refs {
 		r.changed(reflectKey{provider: provider, kind: ref.kind, namespace: p.Namespace, name: ref.name})
 	}
 }

@@ -71,6 +71,40 @@ func TestPodRefsNameWhatThePodNeeds(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("podRefs = %v, want %v (each once)", got, want)
 	}
+	// What the reflection's cache keeps of the pod names the same, and
+	// its index finds the pod by each on its provider.
+	pod.Name, pod.Namespace, pod.Spec.NodeName = "p", "app", VirtualNodePrefix+"x"
+	pod.Labels = map[string]string{"app": "web"}
+	obj, err := podForReferences(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := obj.(*referencingPod)
+	if kept.Name != "p" || kept.Namespace != "app" || kept.node != pod.Spec.NodeName {
+		t.Fatalf("cached pod %s/%s on %q: lost where it runs", kept.Namespace, kept.Name, kept.node)
+	}
+	got = got[:0]
+	for _, r := range kept.refs {
+		got = append(got, r.kind+"/"+r.name)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("references of the cached pod = %v, want %v", got, want)
+	}
+	keys, _ := indexPodRefs(kept)
+	if !slices.Contains(keys, podRefKey("x", kindSecret, "app/s-pull")) || len(keys) != len(want) {
+		t.Fatalf("index keys %v: want one per reference on provider x", keys)
+	}
+	// Bound to a node of this cluster, it stays there: nothing of it is
+	// reflected, so nothing of what it references is kept.
+	pod.Spec.NodeName = "node-1"
+	obj, err = podForReferences(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := obj.(*referencingPod).refs; len(refs) != 0 {
+		t.Fatalf("a pod on a node of this cluster keeps references %v", refs)
+	}
 }
 
 func TestReflectedServiceHasNoAddressOfOurs(t *testing.T) {

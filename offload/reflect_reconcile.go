@@ -168,12 +168,11 @@ func (r *Reflector) wanted(ctx context.Context, key reflectKey, local client.Obj
 	if local.GetAnnotations()[AnnotationReflect] == "true" {
 		return true, nil
 	}
-	var pods corev1.PodList
-	if err := r.local.List(ctx, &pods, client.InNamespace(key.namespace),
-		client.MatchingFields{podRefsIndex: podRefKey(key.provider, key.kind, key.name)}); err != nil {
+	pods, err := r.pods.ByIndex(podRefsIndex, podRefKey(key.provider, key.kind, key.namespace+"/"+key.name))
+	if err != nil {
 		return false, fmt.Errorf("list the pods referencing %s %s/%s: %w", key.kind, key.namespace, key.name, err)
 	}
-	return len(pods.Items) > 0, nil
+	return len(pods) > 0, nil
 }
 
 // merged is current with what want says (labels, annotations, content),

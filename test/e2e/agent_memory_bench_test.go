@@ -42,7 +42,8 @@ const (
 	// benchRSSProfilesEnvVar names a directory: the agent runs with
 	// --profiling and the heap profile at the end of each window is
 	// written there (idle-1.pb.gz, idle-all.pb.gz, pods-N.pb.gz) for
-	// go tool pprof.
+	// go tool pprof, with the goroutines grouped by stack beside it
+	// (idle-1-goroutines.txt, ...).
 	benchRSSProfilesEnvVar = "FLOTILLA_BENCH_RSS_PROFILES"
 )
 
@@ -434,13 +435,34 @@ func saveHeapProfile(b *testing.B, c *federation.Cluster, dir, name string) {
 	if dir == "" {
 		return
 	}
-	body, err := getIn(c.Site, "http://127.0.0.1:9470/debug/pprof/heap")
+	body, err := getRetried(c.Site, "http://127.0.0.1:9470/debug/pprof/heap")
 	if err != nil {
 		b.Fatalf("the heap profile of agent %s: %v", c.Name, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), []byte(body), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	// The goroutines grouped by stack, as text: who started how many.
+	body, err = getRetried(c.Site, "http://127.0.0.1:9470/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		b.Fatalf("the goroutines of agent %s: %v", c.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+"-goroutines.txt"), []byte(body), 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// getRetried is getIn tried up to three times: a profile of an agent on
+// a loaded machine can take longer than getIn's 2 s once.
+func getRetried(s *harness.Site, url string) (string, error) {
+	var err error
+	for range 3 {
+		var body string
+		if body, err = getIn(s, url); err == nil {
+			return body, nil
+		}
+	}
+	return "", err
 }
 
 // runtimeMetrics are the agent's unlabelled metrics in s by name.
