@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/exec"
 	"strconv"
@@ -56,6 +58,7 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	askAll(b, groups, fmt.Sprintf("converge %d", n), "converged")
 	time.Sleep(time.Second) // let the join broadcasts drain
 	askAll(b, groups, "watch "+victim, "watching")
+	udp0, udpErr := readUDPCounters()
 
 	stop := busyLoops(b, hogs)
 	time.Sleep(observe)
@@ -82,6 +85,10 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	}
 	r.detect = lastDead.Sub(killed)
 	stop()
+	if udp1, err := readUDPCounters(); err == nil && udpErr == nil {
+		r.udpRcvbufErrors = udp1.RcvbufErrors - udp0.RcvbufErrors
+		r.udpInErrors = udp1.InErrors - udp0.InErrors
+	}
 
 	r.falseDead = map[string]bool{}
 	for _, reply := range askAll(b, groups, "report", "report") {
@@ -96,10 +103,48 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 			r.rejoin = append(r.rejoin, time.Duration(d))
 		}
 	}
+	var diags []groupDiag
+	for _, reply := range askAll(b, groups, "diag", "diag") {
+		var d groupDiag
+		if err := json.Unmarshal([]byte(reply), &d); err != nil {
+			b.Fatalf("member group diag: %v", err)
+		}
+		diags = append(diags, d)
+	}
 	for _, g := range groups {
 		g.stop()
 	}
+	r.diagnose(b, diags)
 	return r
+}
+
+// diagnose adds what the member groups saw to r and logs, for every false
+// death, the evidence of its cause.
+func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
+	for _, d := range diags {
+		r.stallObserve = max(r.stallObserve, time.Duration(d.ObserveMax))
+		r.stallDetect = max(r.stallDetect, time.Duration(d.DetectMax))
+		r.stallP99 = max(r.stallP99, time.Duration(d.ObserveP99), time.Duration(d.DetectP99))
+		r.rcvBuf = d.RcvBuf
+		for _, ev := range d.Events {
+			switch ev.Kind {
+			case "suspect":
+				r.suspicions++
+			case "refute", "refute-dead":
+				r.refutes++
+			case "queue-full":
+				r.queueFull++
+			}
+		}
+	}
+	for _, c := range explainFalseDeaths(diags, r.falseDead) {
+		b.Log(c)
+		if c.memberStall >= 2*time.Second || c.observerStall >= 2*time.Second {
+			r.stalledDeaths++
+		}
+	}
+	b.Logf("run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs",
+		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
 }
 
 func startGroup(b *testing.B, profile string, members int, seed string) *memberGroup {
@@ -214,6 +259,8 @@ func maxTime(a, b time.Time) time.Time {
 //	await <victim> "dead <unix ns>" once none of its members sees victim
 //	report         "report <false-failed events> -[,id...] -[,ns...]":
 //	               false deaths and how long each lasted
+//	diag           "diag <JSON groupDiag>": stalls and memberlist's
+//	               suspicions and refutations since watch
 //
 // A failure is "error <text>".
 func groupProcess() int {
@@ -231,7 +278,9 @@ func groupProcess() int {
 	}
 	spec := os.Getenv("DISCOVERY_BENCH_TUNE")
 	var sent sentCounter
-	tuned := sent.tune(func(c *memberlist.Config) {
+	var diag groupDiag
+	mlog := &eventLog{}
+	counted := sent.tune(func(c *memberlist.Config) {
 		if tune != nil {
 			tune(c)
 		}
@@ -239,6 +288,15 @@ func groupProcess() int {
 			panic(err)
 		}
 	})
+	tuned := func(c *memberlist.Config) {
+		counted(c)
+		c.Logger = log.New(logTap{member: c.Name, sink: mlog}, "", 0)
+		if t, ok := c.Transport.(*countingTransport).NodeAwareTransport.(*transport); ok {
+			diag.RcvBuf = socketRcvBuf(t)
+		}
+	}
+	stalls := startStallMeter()
+	defer stalls.close()
 	var seeds []string
 	if s := os.Getenv("FLOTILLA_SEEDS"); s != "" {
 		seeds = []string{s}
@@ -263,6 +321,7 @@ func groupProcess() int {
 	}()
 	for _, d := range nodes {
 		fmt.Println("member", d.selfID)
+		diag.Members = append(diag.Members, d.selfID)
 	}
 	fmt.Println("ready")
 
@@ -289,10 +348,14 @@ func groupProcess() int {
 		case "watch":
 			deaths = watchDeaths(nodes, arg)
 			mark = markCost(&sent)
+			stalls.mark()
+			mlog.take()
 			fmt.Println("watching")
 		case "stats":
 			elapsed := time.Since(mark.at).Seconds()
 			packets, bytes, cpu, alloc, gcs := mark.since(&sent, 1)
+			o, p := stalls.mark()
+			diag.ObserveMax, diag.ObserveP99 = int64(o), int64(p)
 			fmt.Println("stats", int64(packets*elapsed), int64(bytes*elapsed), cpu*elapsed, alloc*elapsed*1e6, gcs*elapsed, elapsed)
 		case "doom":
 			deaths.killed.Store(true)
@@ -329,6 +392,19 @@ func groupProcess() int {
 				durs = append(durs, strconv.FormatInt(int64(r), 10))
 			}
 			fmt.Println("report", events, strings.Join(ids, ","), strings.Join(durs, ","))
+		case "diag":
+			o, p := stalls.mark()
+			diag.DetectMax, diag.DetectP99 = int64(o), int64(p)
+			stalls.mu.Lock()
+			diag.Stalls = stalls.stalls
+			stalls.mu.Unlock()
+			diag.Events = mlog.take()
+			j, err := json.Marshal(diag)
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			fmt.Println("diag", string(j))
 		default:
 			fmt.Println("error unknown command", cmd)
 			return 1

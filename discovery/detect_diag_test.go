@@ -1,0 +1,322 @@
+package discovery
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// What BenchmarkDetection in member groups records to explain a false
+// death: a false death needs a suspected member to fail to refute for the
+// whole suspicion timeout (4 s at 100 members), so each group reports how
+// long its process stalled, what its members' memberlist logged about
+// suspicions and refutations, and the parent reads the kernel's UDP
+// receive errors around the run.
+
+// stallMeter measures how late a 50 ms ticker fires in this process: the
+// lateness of a goroutine that only sleeps is how long the process could
+// not run (descheduled, a garbage collection stopping the world, or the Go
+// scheduler behind on runnable goroutines).
+type stallMeter struct {
+	mu     sync.Mutex
+	window []time.Duration // lateness of every tick since the last mark
+	stalls []stallSpan     // ticks late by more than stallNoted, all run
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// stallSpan is one late tick: when it fired and how late.
+type stallSpan struct {
+	End  int64 `json:"end"` // unix ns
+	Late int64 `json:"late"`
+}
+
+const (
+	stallTick  = 50 * time.Millisecond
+	stallNoted = 200 * time.Millisecond
+)
+
+func startStallMeter() *stallMeter {
+	s := &stallMeter{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(stallTick)
+		defer t.Stop()
+		prev := time.Now()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case now := <-t.C:
+				// The ticker drops ticks a stalled process missed, so the
+				// gap since the last one is the stall.
+				late := max(time.Since(prev)-stallTick, 0)
+				prev = time.Now()
+				s.mu.Lock()
+				s.window = append(s.window, late)
+				if late > stallNoted {
+					s.stalls = append(s.stalls, stallSpan{End: now.UnixNano(), Late: int64(late)})
+				}
+				s.mu.Unlock()
+			}
+		}
+	}()
+	return s
+}
+
+func (s *stallMeter) close() {
+	close(s.stop)
+	<-s.done
+}
+
+// mark returns the largest and the 99th percentile lateness since the
+// last mark and starts a new window.
+func (s *stallMeter) mark() (maxLate, p99 time.Duration) {
+	s.mu.Lock()
+	w := s.window
+	s.window = nil
+	s.mu.Unlock()
+	if len(w) == 0 {
+		return 0, 0
+	}
+	slices.Sort(w)
+	return w[len(w)-1], w[len(w)*99/100]
+}
+
+// memberEvent is one line of a member's memberlist log that matters to a
+// false death.
+type memberEvent struct {
+	At     int64  `json:"at"`     // unix ns
+	Kind   string `json:"kind"`   // see logTap
+	Member string `json:"member"` // whose log
+	About  string `json:"about"`  // the member it is about, if any
+	N      int    `json:"n"`      // peer confirmations of a suspicion timeout
+}
+
+// logTap is a member's memberlist logger in a member group: it keeps the
+// lines about suspicions and refutations, with the time they were logged.
+type logTap struct {
+	member string
+	sink   *eventLog
+}
+
+type eventLog struct {
+	mu     sync.Mutex
+	events []memberEvent
+}
+
+func (l *eventLog) take() []memberEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.events
+	l.events = nil
+	return e
+}
+
+// The memberlist lines kept, by the kind they are recorded as:
+//
+//	suspect   "Suspect X has failed, no acks received": this member's
+//	          probe of X failed, it suspects X
+//	timeout   "Marking X as failed, suspect timeout reached (N peer
+//	          confirmations)": its suspicion timer for X fired
+//	refute    "Refuting a suspect message": it was suspected and refuted
+//	refute-dead "Refuting a dead message": it was declared dead and refuted
+//	queue-full "handler queue full": a gossip message dropped unread
+func (t logTap) Write(p []byte) (int, error) {
+	line := string(p)
+	now := time.Now().UnixNano()
+	ev := memberEvent{At: now, Member: t.member}
+	switch {
+	case strings.Contains(line, "memberlist: Suspect "):
+		ev.Kind = "suspect"
+		ev.About = wordAfter(line, "memberlist: Suspect ")
+	case strings.Contains(line, "suspect timeout reached"):
+		ev.Kind = "timeout"
+		ev.About = wordAfter(line, "memberlist: Marking ")
+		if _, rest, ok := strings.Cut(line, "reached ("); ok {
+			ev.N, _ = strconv.Atoi(strings.Fields(rest)[0])
+		}
+	case strings.Contains(line, "Refuting a suspect message"):
+		ev.Kind = "refute"
+	case strings.Contains(line, "Refuting a dead message"):
+		ev.Kind = "refute-dead"
+	case strings.Contains(line, "handler queue full"):
+		ev.Kind = "queue-full"
+	default:
+		return len(p), nil
+	}
+	t.sink.mu.Lock()
+	t.sink.events = append(t.sink.events, ev)
+	t.sink.mu.Unlock()
+	return len(p), nil
+}
+
+func wordAfter(line, prefix string) string {
+	_, rest, _ := strings.Cut(line, prefix)
+	if f := strings.Fields(rest); len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+// groupDiag is what a member group reports with "diag".
+type groupDiag struct {
+	Stalls []stallSpan `json:"stalls"`
+	// Lateness of the 50 ms ticker while observed and while detecting.
+	ObserveMax int64         `json:"observe_max"`
+	ObserveP99 int64         `json:"observe_p99"`
+	DetectMax  int64         `json:"detect_max"`
+	DetectP99  int64         `json:"detect_p99"`
+	Events     []memberEvent `json:"events"`
+	Members    []string      `json:"members"`
+	RcvBuf     int           `json:"rcvbuf"` // SO_RCVBUF of a gossip socket, as the kernel set it
+}
+
+// udpCounters are the kernel's UDP counters of this network namespace.
+type udpCounters struct {
+	InDatagrams, InErrors, RcvbufErrors int64
+}
+
+func readUDPCounters() (udpCounters, error) {
+	f, err := os.Open("/proc/net/snmp")
+	if err != nil {
+		return udpCounters{}, err
+	}
+	defer f.Close()
+	var names []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) == 0 || fields[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = fields
+			continue
+		}
+		var c udpCounters
+		for i, v := range fields {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch names[i] {
+			case "InDatagrams":
+				c.InDatagrams = n
+			case "InErrors":
+				c.InErrors = n
+			case "RcvbufErrors":
+				c.RcvbufErrors = n
+			}
+		}
+		return c, nil
+	}
+	return udpCounters{}, fmt.Errorf("no Udp line in /proc/net/snmp")
+}
+
+// socketRcvBuf is the receive buffer the kernel gave the transport's UDP
+// socket (Linux reports twice what was asked, for its bookkeeping).
+func socketRcvBuf(t *transport) int {
+	raw, err := t.udp.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	size := -1
+	_ = raw.Control(func(fd uintptr) {
+		size, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+	})
+	return size
+}
+
+// falseDeathCause is the evidence around one false death: the member M
+// first marked failed at At by Observer's suspicion timer.
+type falseDeathCause struct {
+	member, observer string
+	at               time.Time
+	confirmations    int
+	suspectedAt      time.Time // the first suspicion of M before At
+	suspectedBy      string
+	refutedAt        []time.Duration // M's refutations, relative to the suspicion
+	memberStall      time.Duration   // M's process: longest stall from the suspicion to At
+	observerStall    time.Duration   // the observer's process, same span
+}
+
+// explainFalseDeaths matches every member marked failed by a suspicion
+// timeout (while alive) with its suspicion, its refutations and the
+// stalls of its process and of the observer's.
+func explainFalseDeaths(diags []groupDiag, falseDead map[string]bool) []falseDeathCause {
+	groupOf := map[string]int{}
+	var events []memberEvent
+	for i, d := range diags {
+		for _, m := range d.Members {
+			groupOf[m] = i
+		}
+		events = append(events, d.Events...)
+	}
+	slices.SortFunc(events, func(a, b memberEvent) int { return int(a.At - b.At) })
+	longest := func(g int, from, to time.Time) time.Duration {
+		var l time.Duration
+		for _, s := range diags[g].Stalls {
+			// A stall spans [End-Late, End]; count it if it overlaps.
+			if s.End >= from.UnixNano() && s.End-s.Late <= to.UnixNano() {
+				l = max(l, time.Duration(s.Late))
+			}
+		}
+		return l
+	}
+	var out []falseDeathCause
+	seen := map[string]bool{}
+	for _, ev := range events {
+		if ev.Kind != "timeout" || !falseDead[ev.About] || seen[ev.About] {
+			continue
+		}
+		seen[ev.About] = true
+		c := falseDeathCause{member: ev.About, observer: ev.Member, at: time.Unix(0, ev.At), confirmations: ev.N}
+		// The suspicion that led to it: the first of M within the 30 s
+		// before (a suspicion lasts at most 24 s).
+		for _, s := range events {
+			if s.At > ev.At {
+				break
+			}
+			if s.At < ev.At-int64(30*time.Second) {
+				continue
+			}
+			if s.Kind == "suspect" && s.About == ev.About && c.suspectedAt.IsZero() {
+				c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
+			}
+		}
+		if c.suspectedAt.IsZero() {
+			c.suspectedAt = c.at.Add(-4 * time.Second)
+		}
+		for _, r := range events {
+			if (r.Kind == "refute" || r.Kind == "refute-dead") && r.Member == ev.About &&
+				r.At >= c.suspectedAt.UnixNano()-int64(time.Second) && r.At <= ev.At+int64(10*time.Second) {
+				c.refutedAt = append(c.refutedAt, time.Duration(r.At-c.suspectedAt.UnixNano()))
+			}
+		}
+		if g, ok := groupOf[ev.About]; ok {
+			c.memberStall = longest(g, c.suspectedAt.Add(-time.Second), c.at)
+		}
+		if g, ok := groupOf[ev.Member]; ok {
+			c.observerStall = longest(g, c.suspectedAt, c.at)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (c falseDeathCause) String() string {
+	refuted := "never"
+	if len(c.refutedAt) > 0 {
+		var s []string
+		for _, r := range c.refutedAt {
+			s = append(s, fmt.Sprintf("%+.2fs", r.Seconds()))
+		}
+		refuted = strings.Join(s, " ")
+	}
+	return fmt.Sprintf("false death %.8s: suspected by %.8s at %s, marked failed by %.8s %.2fs later (%d confirmations); refuted at %s after the suspicion; longest stall of its process %.2fs, of the observer's %.2fs",
+		c.member, c.suspectedBy, c.suspectedAt.Format("15:04:05.000"), c.observer, c.at.Sub(c.suspectedAt).Seconds(), c.confirmations, refuted, c.memberStall.Seconds(), c.observerStall.Seconds())
+}
