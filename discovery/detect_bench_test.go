@@ -148,6 +148,7 @@ type detectRun struct {
 	suspicions, refutes, queueFull      int
 	udpRcvbufErrors, udpInErrors        int64
 	rcvBuf, stalledDeaths               int
+	watchedAt, killedAt                 time.Time
 }
 
 // detectInProcess is one round of BenchmarkDetection with n members in

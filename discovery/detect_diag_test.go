@@ -235,6 +235,7 @@ func socketRcvBuf(t *transport) int {
 // first marked failed at At by Observer's suspicion timer.
 type falseDeathCause struct {
 	member, observer string
+	suspicions       int // of M, by distinct probers, before At
 	at               time.Time
 	confirmations    int
 	suspectedAt      time.Time // the first suspicion of M before At
@@ -284,12 +285,15 @@ func explainFalseDeaths(diags []groupDiag, falseDead map[string]bool) []falseDea
 			if s.At < ev.At-int64(30*time.Second) {
 				continue
 			}
-			if s.Kind == "suspect" && s.About == ev.About && c.suspectedAt.IsZero() {
-				c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
+			if s.Kind == "suspect" && s.About == ev.About {
+				c.suspicions++
+				if c.suspectedAt.IsZero() {
+					c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
+				}
 			}
 		}
 		if c.suspectedAt.IsZero() {
-			c.suspectedAt = c.at.Add(-4 * time.Second)
+			c.suspectedAt = c.at // no suspicion seen: refutations and stalls from the death on
 		}
 		for _, r := range events {
 			if (r.Kind == "refute" || r.Kind == "refute-dead") && r.Member == ev.About &&
@@ -308,7 +312,7 @@ func explainFalseDeaths(diags []groupDiag, falseDead map[string]bool) []falseDea
 	return out
 }
 
-func (c falseDeathCause) String() string {
+func (c falseDeathCause) relativeTo(t0 time.Time) string {
 	refuted := "never"
 	if len(c.refutedAt) > 0 {
 		var s []string
@@ -317,6 +321,6 @@ func (c falseDeathCause) String() string {
 		}
 		refuted = strings.Join(s, " ")
 	}
-	return fmt.Sprintf("false death %.8s: suspected by %.8s at %s, marked failed by %.8s %.2fs later (%d confirmations); refuted at %s after the suspicion; longest stall of its process %.2fs, of the observer's %.2fs",
-		c.member, c.suspectedBy, c.suspectedAt.Format("15:04:05.000"), c.observer, c.at.Sub(c.suspectedAt).Seconds(), c.confirmations, refuted, c.memberStall.Seconds(), c.observerStall.Seconds())
+	return fmt.Sprintf("false death %.8s: first suspected by %.8s at %+.2fs (%d suspicions), marked failed by %.8s at %+.2fs (%d confirmations); refuted at %s after the first suspicion; longest stall of its process %.2fs, of the observer's %.2fs",
+		c.member, c.suspectedBy, c.suspectedAt.Sub(t0).Seconds(), c.suspicions, c.observer, c.at.Sub(t0).Seconds(), c.confirmations, refuted, c.memberStall.Seconds(), c.observerStall.Seconds())
 }

@@ -58,11 +58,12 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	askAll(b, groups, fmt.Sprintf("converge %d", n), "converged")
 	time.Sleep(time.Second) // let the join broadcasts drain
 	askAll(b, groups, "watch "+victim, "watching")
+	watchedAt := time.Now()
 	udp0, udpErr := readUDPCounters()
 
 	stop := busyLoops(b, hogs)
 	time.Sleep(observe)
-	var r detectRun
+	r := detectRun{watchedAt: watchedAt}
 	for _, reply := range askAll(b, groups, "stats", "stats") {
 		var packets, bytes int64
 		var cpu, alloc, gcs, elapsed float64
@@ -79,6 +80,7 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	// Every group counts the victim's death as true from now on.
 	askAll(b, groups, "doom", "doomed")
 	killed := parseNanos(b, last.ask(b, "kill "+victim, "killed"))
+	r.killedAt = killed
 	var lastDead time.Time
 	for _, reply := range askAll(b, groups, "await "+victim, "dead") {
 		lastDead = maxTime(lastDead, parseNanos(b, reply))
@@ -118,8 +120,9 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	return r
 }
 
-// diagnose adds what the member groups saw to r and logs, for every false
-// death, the evidence of its cause.
+// diagnose adds what the member groups saw to r and writes, for every
+// false death, the evidence of its cause to stderr (a benchmark's log is
+// cut after ten lines).
 func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 	for _, d := range diags {
 		r.stallObserve = max(r.stallObserve, time.Duration(d.ObserveMax))
@@ -138,13 +141,24 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 		}
 	}
 	for _, c := range explainFalseDeaths(diags, r.falseDead) {
-		b.Log(c)
+		fmt.Fprintf(os.Stderr, "detect-diag: %s\n", c.relativeTo(r.watchedAt))
 		if c.memberStall >= 2*time.Second || c.observerStall >= 2*time.Second {
 			r.stalledDeaths++
 		}
 	}
-	b.Logf("run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs",
+	for i, d := range diags {
+		var s []string
+		for _, st := range d.Stalls {
+			if st.Late >= int64(500*time.Millisecond) {
+				s = append(s, fmt.Sprintf("%+.2fs:%.2fs", time.Unix(0, st.End).Sub(r.watchedAt).Seconds(), time.Duration(st.Late).Seconds()))
+			}
+		}
+		fmt.Fprintf(os.Stderr, "detect-diag: group %d stalls >= 0.5 s (end relative to watch: length): %s\n", i, strings.Join(s, " "))
+	}
+	fmt.Fprintf(os.Stderr, "detect-diag: victim killed at %+.2fs\n", r.killedAt.Sub(r.watchedAt).Seconds())
+	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
 		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
+	b.Logf("%d false deaths, %d with a process stalled >= 2 s; %d suspicions, %d refutations; UDP receive errors %d", len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.udpRcvbufErrors+r.udpInErrors)
 }
 
 func startGroup(b *testing.B, profile string, members int, seed string) *memberGroup {
@@ -349,7 +363,6 @@ func groupProcess() int {
 			deaths = watchDeaths(nodes, arg)
 			mark = markCost(&sent)
 			stalls.mark()
-			mlog.take()
 			fmt.Println("watching")
 		case "stats":
 			elapsed := time.Since(mark.at).Seconds()
