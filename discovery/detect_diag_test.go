@@ -2,6 +2,8 @@ package discovery
 
 import (
 	"bufio"
+	"crypto/aes"
+	"crypto/cipher"
 	"fmt"
 	"os"
 	"slices"
@@ -10,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // What BenchmarkDetection in member groups records to explain a false
@@ -243,6 +247,12 @@ type falseDeathCause struct {
 	refutedAt        []time.Duration // M's refutations, relative to the suspicion
 	memberStall      time.Duration   // M's process: longest stall from the suspicion to At
 	observerStall    time.Duration   // the observer's process, same span
+
+	// With DISCOVERY_BENCH_TRACE: when M's transport first read a
+	// suspicion of M, and when the observer's transport read M's alive
+	// message with the incarnation of M's first refutation after the
+	// suspicion (zero: not seen).
+	gotSuspect, observerGotRefute time.Time
 }
 
 // explainFalseDeaths matches every member marked failed by a suspicion
@@ -301,6 +311,21 @@ func explainFalseDeaths(diags []groupDiag, falseDead map[string]bool) []falseDea
 				c.refutedAt = append(c.refutedAt, time.Duration(r.At-c.suspectedAt.UnixNano()))
 			}
 		}
+		var refuteAt int64
+		for _, r := range events {
+			if r.Kind == "refute" && r.Member == ev.About && r.At >= c.suspectedAt.UnixNano()-int64(time.Second) {
+				refuteAt = r.At
+				break
+			}
+		}
+		for _, r := range events {
+			if r.Kind == "got-suspect" && r.Member == ev.About && r.At >= c.suspectedAt.UnixNano()-int64(time.Second) && c.gotSuspect.IsZero() {
+				c.gotSuspect = time.Unix(0, r.At)
+			}
+			if refuteAt != 0 && r.Kind == "got-alive" && r.Member == ev.Member && r.About == ev.About && r.At >= refuteAt && c.observerGotRefute.IsZero() {
+				c.observerGotRefute = time.Unix(0, r.At)
+			}
+		}
 		if g, ok := groupOf[ev.About]; ok {
 			c.memberStall = longest(g, c.suspectedAt.Add(-time.Second), c.at)
 		}
@@ -321,6 +346,186 @@ func (c falseDeathCause) relativeTo(t0 time.Time) string {
 		}
 		refuted = strings.Join(s, " ")
 	}
-	return fmt.Sprintf("false death %.8s: first suspected by %.8s at %+.2fs (%d suspicions), marked failed by %.8s at %+.2fs (%d confirmations); refuted at %s after the first suspicion; longest stall of its process %.2fs, of the observer's %.2fs",
-		c.member, c.suspectedBy, c.suspectedAt.Sub(t0).Seconds(), c.suspicions, c.observer, c.at.Sub(t0).Seconds(), c.confirmations, refuted, c.memberStall.Seconds(), c.observerStall.Seconds())
+	rel := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return fmt.Sprintf("%+.2fs", t.Sub(c.suspectedAt).Seconds())
+	}
+	return fmt.Sprintf("false death %.8s: first suspected by %.8s at %+.2fs (%d suspicions), marked failed by %.8s at %+.2fs (%d confirmations); after the first suspicion: it read a suspicion at %s, refuted at %s, the observer read the refutation at %s, marked it failed at %s; longest stall of its process %.2fs, of the observer's %.2fs",
+		c.member, c.suspectedBy, c.suspectedAt.Sub(t0).Seconds(), c.suspicions, c.observer, c.at.Sub(t0).Seconds(), c.confirmations, rel(c.gotSuspect), refuted, rel(c.observerGotRefute), rel(c.at), c.memberStall.Seconds(), c.observerStall.Seconds())
+}
+
+// tracingTransport reads what a member receives (DISCOVERY_BENCH_TRACE
+// set): it decrypts every packet with the benchmark's key and records the
+// first suspicion of the member itself at each incarnation ("got-suspect")
+// and every alive message about another member with an incarnation newer
+// than any it has received ("got-alive"), at the time the transport read
+// the packet. Against memberlist's own log lines this tells whether a
+// refutation was late on the wire or late in the process.
+type tracingTransport struct {
+	memberlist.NodeAwareTransport
+	self    string
+	sink    *eventLog
+	aead    cipher.AEAD
+	packets chan *memberlist.Packet
+	done    chan struct{}
+	once    sync.Once
+
+	incs        map[string]uint32 // newest incarnation received per member
+	suspectedAt uint32            // incarnation of the last suspicion of self recorded, plus one
+}
+
+func newTracingTransport(inner memberlist.NodeAwareTransport, self string, key []byte, sink *eventLog) *tracingTransport {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		panic(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	t := &tracingTransport{NodeAwareTransport: inner, self: self, sink: sink, aead: aead,
+		packets: make(chan *memberlist.Packet), done: make(chan struct{}), incs: map[string]uint32{}}
+	go func() {
+		for {
+			select {
+			case p := <-inner.PacketCh():
+				t.inspect(p)
+				select {
+				case t.packets <- p:
+				case <-t.done:
+					return
+				}
+			case <-t.done:
+				return
+			}
+		}
+	}()
+	return t
+}
+
+func (t *tracingTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+
+func (t *tracingTransport) Shutdown() error {
+	t.once.Do(func() { close(t.done) })
+	return t.NodeAwareTransport.Shutdown()
+}
+
+// Message types of memberlist's wire format (net.go) read here.
+const (
+	mlSuspect  = 3
+	mlAlive    = 4
+	mlCompound = 7
+	mlHasCRC   = 11
+)
+
+func (t *tracingTransport) inspect(p *memberlist.Packet) {
+	// Encryption version 1: version byte, 12-byte nonce, sealed message.
+	if len(p.Buf) < 1+12+16 || p.Buf[0] != 1 {
+		return
+	}
+	plain, err := t.aead.Open(nil, p.Buf[1:13], p.Buf[13:], nil)
+	if err != nil {
+		return
+	}
+	if len(plain) >= 5 && plain[0] == mlHasCRC {
+		plain = plain[5:]
+	}
+	at := p.Timestamp.UnixNano()
+	if len(plain) > 1 && plain[0] == mlCompound {
+		parts := plain[1:]
+		n := int(parts[0])
+		parts = parts[1:]
+		if len(parts) < 2*n {
+			return
+		}
+		lens := parts[:2*n]
+		parts = parts[2*n:]
+		for i := range n {
+			l := int(lens[2*i])<<8 | int(lens[2*i+1])
+			if l > len(parts) {
+				return
+			}
+			t.message(parts[:l], at)
+			parts = parts[l:]
+		}
+		return
+	}
+	t.message(plain, at)
+}
+
+func (t *tracingTransport) message(m []byte, at int64) {
+	if len(m) < 2 || (m[0] != mlSuspect && m[0] != mlAlive) {
+		return
+	}
+	inc, node, ok := incarnationAndNode(m[1:])
+	if !ok {
+		return
+	}
+	switch {
+	case m[0] == mlSuspect && node == t.self && inc+1 > t.suspectedAt:
+		t.suspectedAt = inc + 1
+		t.record(memberEvent{At: at, Kind: "got-suspect", Member: t.self, N: int(inc)})
+	case m[0] == mlAlive && node != t.self:
+		if old, seen := t.incs[node]; seen && inc <= old {
+			return
+		}
+		t.incs[node] = inc
+		t.record(memberEvent{At: at, Kind: "got-alive", Member: t.self, About: node, N: int(inc)})
+	}
+}
+
+func (t *tracingTransport) record(ev memberEvent) {
+	t.sink.mu.Lock()
+	t.sink.events = append(t.sink.events, ev)
+	t.sink.mu.Unlock()
+}
+
+// incarnationAndNode reads the first two fields of memberlist's suspect,
+// alive and dead messages, msgpack maps that begin with Incarnation and
+// Node.
+func incarnationAndNode(b []byte) (inc uint32, node string, ok bool) {
+	if len(b) < 1 || b[0]&0xf0 != 0x80 {
+		return 0, "", false
+	}
+	b = b[1:]
+	key := func(want string) bool {
+		if len(b) < 1+len(want) || int(b[0]) != 0xa0|len(want) || string(b[1:1+len(want)]) != want {
+			return false
+		}
+		b = b[1+len(want):]
+		return true
+	}
+	if !key("Incarnation") || len(b) < 1 {
+		return 0, "", false
+	}
+	switch c := b[0]; {
+	case c < 0x80:
+		inc, b = uint32(c), b[1:]
+	case c == 0xcc && len(b) >= 2:
+		inc, b = uint32(b[1]), b[2:]
+	case c == 0xcd && len(b) >= 3:
+		inc, b = uint32(b[1])<<8|uint32(b[2]), b[3:]
+	case c == 0xce && len(b) >= 5:
+		inc, b = uint32(b[1])<<24|uint32(b[2])<<16|uint32(b[3])<<8|uint32(b[4]), b[5:]
+	default:
+		return 0, "", false
+	}
+	if !key("Node") || len(b) < 1 {
+		return 0, "", false
+	}
+	var l int
+	switch c := b[0]; {
+	case c&0xe0 == 0xa0:
+		l, b = int(c&0x1f), b[1:]
+	case c == 0xd9 && len(b) >= 2:
+		l, b = int(b[1]), b[2:]
+	default:
+		return 0, "", false
+	}
+	if len(b) < l {
+		return 0, "", false
+	}
+	return inc, string(b[:l]), true
 }

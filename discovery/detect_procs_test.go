@@ -140,8 +140,17 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 			}
 		}
 	}
+	var inHand, late, unrefuted int
 	for _, c := range explainFalseDeaths(diags, r.falseDead) {
 		fmt.Fprintf(os.Stderr, "detect-diag: %s\n", c.relativeTo(r.watchedAt))
+		switch {
+		case len(c.refutedAt) == 0:
+			unrefuted++
+		case !c.observerGotRefute.IsZero() && !c.observerGotRefute.After(c.at):
+			inHand++
+		case !c.observerGotRefute.IsZero():
+			late++
+		}
 		if c.memberStall >= 2*time.Second || c.observerStall >= 2*time.Second {
 			r.stalledDeaths++
 		}
@@ -156,6 +165,7 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 		fmt.Fprintf(os.Stderr, "detect-diag: group %d stalls >= 0.5 s (end relative to watch: length): %s\n", i, strings.Join(s, " "))
 	}
 	fmt.Fprintf(os.Stderr, "detect-diag: victim killed at %+.2fs\n", r.killedAt.Sub(r.watchedAt).Seconds())
+	fmt.Fprintf(os.Stderr, "detect-diag: false deaths whose observer had read the refutation before its timer fired: %d; read it after: %d; never refuted: %d\n", inHand, late, unrefuted)
 	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
 		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
 	b.Logf("%d false deaths, %d with a process stalled >= 2 s; %d suspicions, %d refutations; UDP receive errors %d", len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.udpRcvbufErrors+r.udpInErrors)
@@ -307,6 +317,9 @@ func groupProcess() int {
 		c.Logger = log.New(logTap{member: c.Name, sink: mlog}, "", 0)
 		if t, ok := c.Transport.(*countingTransport).NodeAwareTransport.(*transport); ok {
 			diag.RcvBuf = socketRcvBuf(t)
+		}
+		if os.Getenv("DISCOVERY_BENCH_TRACE") != "" {
+			c.Transport = newTracingTransport(c.Transport.(memberlist.NodeAwareTransport), c.Name, testKey, mlog)
 		}
 	}
 	stalls := startStallMeter()
