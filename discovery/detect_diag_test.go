@@ -374,6 +374,7 @@ type tracingTransport struct {
 
 	incs        map[string]uint32 // newest incarnation received per member
 	suspectedAt uint32            // incarnation of the last suspicion of self recorded, plus one
+	debug       bool
 }
 
 func newTracingTransport(inner memberlist.NodeAwareTransport, self string, key []byte, sink *eventLog) *tracingTransport {
@@ -417,7 +418,7 @@ const (
 	mlSuspect  = 3
 	mlAlive    = 4
 	mlCompound = 7
-	mlHasCRC   = 11
+	mlHasCRC   = 12
 )
 
 func (t *tracingTransport) inspect(p *memberlist.Packet) {
@@ -482,50 +483,103 @@ func (t *tracingTransport) record(ev memberEvent) {
 	t.sink.mu.Unlock()
 }
 
-// incarnationAndNode reads the first two fields of memberlist's suspect,
-// alive and dead messages, msgpack maps that begin with Incarnation and
-// Node.
+// incarnationAndNode reads the fields Incarnation and Node of memberlist's
+// suspect and alive messages: msgpack maps with the field names as keys
+// (sorted), holding strings, byte strings, unsigned integers and arrays of
+// them.
 func incarnationAndNode(b []byte) (inc uint32, node string, ok bool) {
 	if len(b) < 1 || b[0]&0xf0 != 0x80 {
 		return 0, "", false
 	}
+	fields := int(b[0] & 0x0f)
 	b = b[1:]
-	key := func(want string) bool {
-		if len(b) < 1+len(want) || int(b[0]) != 0xa0|len(want) || string(b[1:1+len(want)]) != want {
-			return false
+	var haveInc, haveNode bool
+	for range fields {
+		key, rest, ok := msgpackString(b)
+		if !ok {
+			return 0, "", false
 		}
-		b = b[1+len(want):]
-		return true
+		b = rest
+		switch key {
+		case "Incarnation":
+			var v uint64
+			v, b, ok = msgpackUint(b)
+			inc, haveInc = uint32(v), ok
+		case "Node":
+			node, b, ok = msgpackString(b)
+			haveNode = ok
+		default:
+			b, ok = msgpackSkip(b)
+		}
+		if !ok {
+			return 0, "", false
+		}
 	}
-	if !key("Incarnation") || len(b) < 1 {
-		return 0, "", false
-	}
-	switch c := b[0]; {
-	case c < 0x80:
-		inc, b = uint32(c), b[1:]
-	case c == 0xcc && len(b) >= 2:
-		inc, b = uint32(b[1]), b[2:]
-	case c == 0xcd && len(b) >= 3:
-		inc, b = uint32(b[1])<<8|uint32(b[2]), b[3:]
-	case c == 0xce && len(b) >= 5:
-		inc, b = uint32(b[1])<<24|uint32(b[2])<<16|uint32(b[3])<<8|uint32(b[4]), b[5:]
-	default:
-		return 0, "", false
-	}
-	if !key("Node") || len(b) < 1 {
-		return 0, "", false
+	return inc, node, haveInc && haveNode
+}
+
+func msgpackString(b []byte) (string, []byte, bool) {
+	if len(b) < 1 {
+		return "", nil, false
 	}
 	var l int
 	switch c := b[0]; {
 	case c&0xe0 == 0xa0:
 		l, b = int(c&0x1f), b[1:]
-	case c == 0xd9 && len(b) >= 2:
+	case (c == 0xd9 || c == 0xc4) && len(b) >= 2:
 		l, b = int(b[1]), b[2:]
+	case (c == 0xda || c == 0xc5) && len(b) >= 3:
+		l, b = int(b[1])<<8|int(b[2]), b[3:]
 	default:
-		return 0, "", false
+		return "", nil, false
 	}
 	if len(b) < l {
-		return 0, "", false
+		return "", nil, false
 	}
-	return inc, string(b[:l]), true
+	return string(b[:l]), b[l:], true
+}
+
+func msgpackUint(b []byte) (uint64, []byte, bool) {
+	if len(b) < 1 {
+		return 0, nil, false
+	}
+	size := map[byte]int{0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}[b[0]]
+	if b[0] < 0x80 {
+		return uint64(b[0]), b[1:], true
+	}
+	if size == 0 || len(b) < 1+size {
+		return 0, nil, false
+	}
+	var v uint64
+	for _, c := range b[1 : 1+size] {
+		v = v<<8 | uint64(c)
+	}
+	return v, b[1+size:], true
+}
+
+// msgpackSkip skips one value of the kinds memberlist's messages hold.
+func msgpackSkip(b []byte) ([]byte, bool) {
+	if len(b) < 1 {
+		return nil, false
+	}
+	switch c := b[0]; {
+	case c == 0xc0 || c == 0xc2 || c == 0xc3:
+		return b[1:], true
+	case c < 0x80 || (c >= 0xcc && c <= 0xcf):
+		_, rest, ok := msgpackUint(b)
+		return rest, ok
+	case c&0xf0 == 0x90:
+		n := int(c & 0x0f)
+		b = b[1:]
+		for range n {
+			var ok bool
+			if b, ok = msgpackSkip(b); !ok {
+				return nil, false
+			}
+		}
+		return b, true
+	default:
+		_, rest, ok := msgpackString(b)
+		return rest, ok
+	}
 }

@@ -140,7 +140,17 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 			}
 		}
 	}
-	var inHand, late, unrefuted int
+	var inHand, late, unrefuted, gotSuspect, gotAlive int
+	for _, d := range diags {
+		for _, ev := range d.Events {
+			switch ev.Kind {
+			case "got-suspect":
+				gotSuspect++
+			case "got-alive":
+				gotAlive++
+			}
+		}
+	}
 	for _, c := range explainFalseDeaths(diags, r.falseDead) {
 		fmt.Fprintf(os.Stderr, "detect-diag: %s\n", c.relativeTo(r.watchedAt))
 		switch {
@@ -165,7 +175,7 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 		fmt.Fprintf(os.Stderr, "detect-diag: group %d stalls >= 0.5 s (end relative to watch: length): %s\n", i, strings.Join(s, " "))
 	}
 	fmt.Fprintf(os.Stderr, "detect-diag: victim killed at %+.2fs\n", r.killedAt.Sub(r.watchedAt).Seconds())
-	fmt.Fprintf(os.Stderr, "detect-diag: false deaths whose observer had read the refutation before its timer fired: %d; read it after: %d; never refuted: %d\n", inHand, late, unrefuted)
+	fmt.Fprintf(os.Stderr, "detect-diag: false deaths whose observer had read the refutation before its timer fired: %d; read it after: %d; never refuted: %d (traced: %d suspicions of self read, %d new incarnations read)\n", inHand, late, unrefuted, gotSuspect, gotAlive)
 	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
 		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
 	b.Logf("%d false deaths, %d with a process stalled >= 2 s; %d suspicions, %d refutations; UDP receive errors %d", len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.udpRcvbufErrors+r.udpInErrors)
