@@ -50,7 +50,7 @@ func BenchmarkDetection(b *testing.B) {
 		for _, np := range procs {
 			for _, hogs := range busy {
 				b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
-					benchNoRevival = p.noRevival
+					benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 					var detect, rejoin samples
 					falseDeaths, falseEvents := 0, 0
 					var packets, bytes, cpu, alloc, gcs float64

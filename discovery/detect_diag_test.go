@@ -378,15 +378,7 @@ type tracingTransport struct {
 }
 
 func newTracingTransport(inner memberlist.NodeAwareTransport, self string, key []byte, sink *eventLog) *tracingTransport {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		panic(err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		panic(err)
-	}
-	t := &tracingTransport{NodeAwareTransport: inner, self: self, sink: sink, aead: aead,
+	t := &tracingTransport{NodeAwareTransport: inner, self: self, sink: sink, aead: newGossipAEAD(key),
 		packets: make(chan *memberlist.Packet), done: make(chan struct{}), incs: map[string]uint32{}}
 	go func() {
 		for {
@@ -415,45 +407,69 @@ func (t *tracingTransport) Shutdown() error {
 
 // Message types of memberlist's wire format (net.go) read here.
 const (
+	mlAck      = 2
 	mlSuspect  = 3
 	mlAlive    = 4
+	mlDead     = 5
 	mlCompound = 7
+	mlUser     = 8
 	mlHasCRC   = 12
 )
 
 func (t *tracingTransport) inspect(p *memberlist.Packet) {
-	// Encryption version 1: version byte, 12-byte nonce, sealed message.
-	if len(p.Buf) < 1+12+16 || p.Buf[0] != 1 {
-		return
+	at := p.Timestamp.UnixNano()
+	for _, m := range gossipMessages(t.aead, p.Buf) {
+		t.message(m, at)
 	}
-	plain, err := t.aead.Open(nil, p.Buf[1:13], p.Buf[13:], nil)
+}
+
+// gossipMessages decrypts a memberlist packet sealed with aead and returns
+// the messages in it, each starting with its type byte.
+func gossipMessages(aead cipher.AEAD, buf []byte) [][]byte {
+	// Encryption version 1: version byte, 12-byte nonce, sealed message.
+	if len(buf) < 1+12+16 || buf[0] != 1 {
+		return nil
+	}
+	plain, err := aead.Open(nil, buf[1:13], buf[13:], nil)
 	if err != nil {
-		return
+		return nil
 	}
 	if len(plain) >= 5 && plain[0] == mlHasCRC {
 		plain = plain[5:]
 	}
-	at := p.Timestamp.UnixNano()
-	if len(plain) > 1 && plain[0] == mlCompound {
-		parts := plain[1:]
-		n := int(parts[0])
-		parts = parts[1:]
-		if len(parts) < 2*n {
-			return
-		}
-		lens := parts[:2*n]
-		parts = parts[2*n:]
-		for i := range n {
-			l := int(lens[2*i])<<8 | int(lens[2*i+1])
-			if l > len(parts) {
-				return
-			}
-			t.message(parts[:l], at)
-			parts = parts[l:]
-		}
-		return
+	if len(plain) < 2 || plain[0] != mlCompound {
+		return [][]byte{plain}
 	}
-	t.message(plain, at)
+	parts := plain[1:]
+	n := int(parts[0])
+	parts = parts[1:]
+	if len(parts) < 2*n {
+		return nil
+	}
+	lens := parts[:2*n]
+	parts = parts[2*n:]
+	var out [][]byte
+	for i := range n {
+		l := int(lens[2*i])<<8 | int(lens[2*i+1])
+		if l > len(parts) {
+			break
+		}
+		out = append(out, parts[:l])
+		parts = parts[l:]
+	}
+	return out
+}
+
+func newGossipAEAD(key []byte) cipher.AEAD {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		panic(err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return aead
 }
 
 func (t *tracingTransport) message(m []byte, at int64) {

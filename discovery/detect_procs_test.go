@@ -303,7 +303,7 @@ func groupProcess() int {
 	found := false
 	for _, p := range benchProfiles {
 		if p.name == os.Getenv("FLOTILLA_BENCH_PROFILE") {
-			tune, benchNoRevival, found = p.tune, p.noRevival, true
+			tune, benchNoRevival, benchNoNotice, found = p.tune, p.noRevival, p.noNotice, true
 		}
 	}
 	if !found {
@@ -324,7 +324,9 @@ func groupProcess() int {
 	})
 	tuned := func(c *memberlist.Config) {
 		counted(c)
-		c.Logger = log.New(logTap{member: c.Name, sink: mlog}, "", 0)
+		// The tap reads memberlist's lines and passes them on: the
+		// notice to suspected members is triggered by one of them.
+		c.Logger = log.New(io.MultiWriter(logTap{member: c.Name, sink: mlog}, c.Logger.Writer()), "", 0)
 		if t, ok := c.Transport.(*countingTransport).NodeAwareTransport.(*transport); ok {
 			diag.RcvBuf = socketRcvBuf(t)
 		}

@@ -173,6 +173,10 @@ type Discovery struct {
 	metrics *metrics
 	cands   *candidates
 	revive  *revivals // nil: off (benchmarks compare without)
+	// notices to members this one suspects, and this member's own
+	// refutation when told (notice.go); nil: off (benchmarks compare).
+	notices chan string
+	refute  chan struct{}
 	selfID  string
 
 	// pubMu orders the issue of records: serial stored, record signed.
@@ -268,6 +272,8 @@ func New(cfg Config) (*Discovery, error) {
 		log:       cfg.Logger.With("component", "discovery"),
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
 		revive:    newRevivals(),
+		notices:   make(chan string, noticeQueue),
+		refute:    make(chan struct{}, 1),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
 		known:     make(map[string]*knownRecord),
@@ -323,7 +329,11 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	mc.Delegate = (*delegate)(d)
 	mc.Events = (*delegate)(d)
 	mc.Alive = (*delegate)(d)
-	mc.Logger = memberlistLogger(d.log)
+	var suspected func(string)
+	if d.notices != nil {
+		suspected = d.suspected
+	}
+	mc.Logger = memberlistLogger(d.log, suspected)
 	if d.cfg.Tune != nil {
 		d.cfg.Tune(mc)
 	}
@@ -408,6 +418,10 @@ func (d *Discovery) Start(ctx context.Context) error {
 	d.goRun(func() { d.joinLoop(runCtx) })
 	if d.revive != nil {
 		d.goRun(func() { d.reviveLoop(runCtx) })
+	}
+	if d.notices != nil {
+		d.goRun(func() { d.noticeLoop(runCtx) })
+		d.goRun(func() { d.refuteLoop(runCtx) })
 	}
 	return nil
 }
