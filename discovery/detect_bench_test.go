@@ -146,6 +146,7 @@ type detectRun struct {
 	// 2 s or more.
 	stallObserve, stallDetect, stallP99 time.Duration
 	suspicions, refutes, queueFull      int
+	memberlistRefutes                   int
 	udpRcvbufErrors, udpInErrors        int64
 	rcvBuf, stalledDeaths               int
 	watchedAt, killedAt                 time.Time

@@ -180,6 +180,8 @@ type groupDiag struct {
 	Events     []memberEvent `json:"events"`
 	Members    []string      `json:"members"`
 	RcvBuf     int           `json:"rcvbuf"` // SO_RCVBUF of a gossip socket, as the kernel set it
+	// Refutations its members made when told by a prober (notice.go).
+	NoticeRefutes int `json:"notice_refutes"`
 }
 
 // udpCounters are the kernel's UDP counters of this network namespace.

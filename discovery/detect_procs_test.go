@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // BenchmarkDetection with procs > 1 spreads its members over that many
@@ -129,12 +130,14 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 		r.stallDetect = max(r.stallDetect, time.Duration(d.DetectMax))
 		r.stallP99 = max(r.stallP99, time.Duration(d.ObserveP99), time.Duration(d.DetectP99))
 		r.rcvBuf = d.RcvBuf
+		r.refutes += d.NoticeRefutes
 		for _, ev := range d.Events {
 			switch ev.Kind {
 			case "suspect":
 				r.suspicions++
 			case "refute", "refute-dead":
 				r.refutes++
+				r.memberlistRefutes++
 			case "queue-full":
 				r.queueFull++
 			}
@@ -176,8 +179,8 @@ func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
 	}
 	fmt.Fprintf(os.Stderr, "detect-diag: victim killed at %+.2fs\n", r.killedAt.Sub(r.watchedAt).Seconds())
 	fmt.Fprintf(os.Stderr, "detect-diag: false deaths whose observer had read the refutation before its timer fired: %d; read it after: %d; never refuted: %d (traced: %d suspicions of self read, %d new incarnations read)\n", inHand, late, unrefuted, gotSuspect, gotAlive)
-	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations, %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
-		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
+	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations (%d by memberlist on gossip, the others on a notice), %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
+		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.memberlistRefutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
 	b.Logf("%d false deaths, %d with a process stalled >= 2 s; %d suspicions, %d refutations; UDP receive errors %d", len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.udpRcvbufErrors+r.udpInErrors)
 }
 
@@ -437,6 +440,10 @@ func groupProcess() int {
 			diag.Stalls = stalls.stalls
 			stalls.mu.Unlock()
 			diag.Events = mlog.take()
+			diag.NoticeRefutes = 0
+			for _, d := range nodes {
+				diag.NoticeRefutes += int(testutil.ToFloat64(d.metrics.refutations))
+			}
 			j, err := json.Marshal(diag)
 			if err != nil {
 				fmt.Println("error", err)

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -177,7 +178,9 @@ type Discovery struct {
 	// refutation when told (notice.go); nil: off (benchmarks compare).
 	notices chan string
 	refute  chan struct{}
-	selfID  string
+	// lastRefute is when this member last refuted (unix ns).
+	lastRefute atomic.Int64
+	selfID     string
 
 	// pubMu orders the issue of records: serial stored, record signed.
 	pubMu  sync.Mutex
@@ -330,10 +333,11 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	mc.Events = (*delegate)(d)
 	mc.Alive = (*delegate)(d)
 	var suspected func(string)
+	var refuted func()
 	if d.notices != nil {
-		suspected = d.suspected
+		suspected, refuted = d.suspected, d.refuted
 	}
-	mc.Logger = memberlistLogger(d.log, suspected)
+	mc.Logger = memberlistLogger(d.log, suspected, refuted)
 	if d.cfg.Tune != nil {
 		d.cfg.Tune(mc)
 	}
@@ -421,7 +425,10 @@ func (d *Discovery) Start(ctx context.Context) error {
 	}
 	if d.notices != nil {
 		d.goRun(func() { d.noticeLoop(runCtx) })
-		d.goRun(func() { d.refuteLoop(runCtx) })
+		// The shortest suspicion timeout memberlist uses (the
+		// multiplier × log10(members) intervals, log10 at least 1).
+		quiet := time.Duration(mc.SuspicionMult) * mc.ProbeInterval
+		d.goRun(func() { d.refuteLoop(runCtx, quiet) })
 	}
 	return nil
 }

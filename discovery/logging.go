@@ -14,6 +14,9 @@ type levelWriter struct {
 	// suspected, if set, is told the member named when memberlist logs
 	// that this member's probe of it failed (notice.go).
 	suspected func(name string)
+	// refuted, if set, is called when memberlist logs that it refuted
+	// an accusation of this member.
+	refuted func()
 }
 
 func (w levelWriter) Write(p []byte) (int, error) {
@@ -40,6 +43,9 @@ func (w levelWriter) Write(p []byte) (int, error) {
 			w.suspected(name)
 		}
 	}
+	if w.refuted != nil && refutedLine(line) {
+		w.refuted()
+	}
 	// Refused alive messages are counted and logged by drop, rate-limited.
 	// Packets of other mDNS implementations the responder cannot parse
 	// (python-zeroconf's NSEC records) arrive every few seconds on a busy
@@ -52,8 +58,8 @@ func (w levelWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func memberlistLogger(l *slog.Logger, suspected func(name string)) *log.Logger {
-	return log.New(levelWriter{l: l.With("lib", "memberlist"), suspected: suspected}, "", 0)
+func memberlistLogger(l *slog.Logger, suspected func(name string), refuted func()) *log.Logger {
+	return log.New(levelWriter{l: l.With("lib", "memberlist"), suspected: suspected, refuted: refuted}, "", 0)
 }
 
 func mdnsLogger(l *slog.Logger) *log.Logger {
