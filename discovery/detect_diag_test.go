@@ -288,20 +288,23 @@ func explainFalseDeaths(diags []groupDiag, falseDead map[string]bool) []falseDea
 		}
 		seen[ev.About] = true
 		c := falseDeathCause{member: ev.About, observer: ev.Member, at: time.Unix(0, ev.At), confirmations: ev.N}
-		// The suspicion that led to it: the first of M within the 30 s
-		// before (a suspicion lasts at most 24 s).
+		// The suspicion that led to it: with both confirmations the
+		// observer's timer ran the shortest timeout (4 s at 100 members
+		// with ProfileLAN), so the last suspicion of M by then; with
+		// fewer, up to 24 s, so the first within the 30 s before.
 		for _, s := range events {
 			if s.At > ev.At {
 				break
 			}
-			if s.At < ev.At-int64(30*time.Second) {
+			if s.At < ev.At-int64(30*time.Second) || s.Kind != "suspect" || s.About != ev.About {
 				continue
 			}
-			if s.Kind == "suspect" && s.About == ev.About {
-				c.suspicions++
-				if c.suspectedAt.IsZero() {
-					c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
-				}
+			c.suspicions++
+			switch {
+			case ev.N >= 2 && s.At <= ev.At-int64(3900*time.Millisecond):
+				c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
+			case ev.N < 2 && c.suspectedAt.IsZero():
+				c.suspectedAt, c.suspectedBy = time.Unix(0, s.At), s.Member
 			}
 		}
 		if c.suspectedAt.IsZero() {
