@@ -194,15 +194,14 @@ func newBenchNode(tune func(*memberlist.Config), seeds []string) (*Discovery, er
 		RetryMax: time.Second,
 		Profile:  ProfileLAN,
 		Tune:     tune,
+		// The benchmarks compare with and without (benchNoNotice).
+		NoSuspicionNotice: benchNoNotice,
 	})
 	if err != nil {
 		return nil, err
 	}
 	if benchNoRevival {
 		d.revive = nil
-	}
-	if benchNoNotice {
-		d.notices, d.refute = nil, nil
 	}
 	if err := d.Start(context.Background()); err != nil {
 		return nil, err
