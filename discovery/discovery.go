@@ -127,9 +127,8 @@ type Config struct {
 	// Profile selects memberlist timings; default LAN.
 	Profile Profile
 	// NoSuspicionNotice turns off the notice a member sends to a member
-	// it suspects (notice.go): it cut false deaths under load by two
-	// thirds but slowed 100 members starting at once in one process
-	// (docs/discovery.md, fourth round).
+	// it suspects (notice.go), which cut false deaths under load by more
+	// than half (docs/discovery.md, issue 18's fourth round).
 	NoSuspicionNotice bool
 	// Tune, if set, adjusts the memberlist configuration last (tests).
 	Tune func(*memberlist.Config)

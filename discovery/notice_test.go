@@ -19,6 +19,8 @@ import (
 // times out, and the prober never reports it failed. Without the notice
 // (dropped too) it is reported failed: the notice is what saved it.
 func TestSuspectedMemberIsToldAtOnce(t *testing.T) {
+	defer func(d time.Duration) { noticeAfterStart = d }(noticeAfterStart)
+	noticeAfterStart = 0
 	for _, tc := range []struct {
 		name       string
 		dropNotice bool
