@@ -32,13 +32,16 @@ var benchProfiles = []struct {
 	tune func(*memberlist.Config)
 	// noRevival turns off the revival of falsely failed members.
 	noRevival bool
+	// noNotice turns off the notice to a suspected member (notice.go).
+	noNotice bool
 }{
-	{"memberlist-lan", stockLAN, false},
-	{"lan-700ms", lan700ms, false},
-	{"lan-600ms", lan600ms, false},
-	{"lan-before-revival", netTransport, true},
-	{"lan-no-revival", nil, true},
-	{"lan", nil, false},
+	{"memberlist-lan", stockLAN, false, false},
+	{"lan-700ms", lan700ms, false, false},
+	{"lan-600ms", lan600ms, false, false},
+	{"lan-before-revival", netTransport, true, true},
+	{"lan-no-revival", nil, true, false},
+	{"lan-no-notice", nil, false, true},
+	{"lan", nil, false, false},
 }
 
 // netTransport gives the member memberlist's own transport on its bind
@@ -148,6 +151,9 @@ func applyTune(spec string, c *memberlist.Config) error {
 // revival of falsely failed members (benchmarks run one at a time).
 var benchNoRevival bool
 
+// benchNoNotice starts them without the notice to suspected members.
+var benchNoNotice bool
+
 // startBenchNode starts a member on loopback with the given timings.
 func startBenchNode(b *testing.B, tune func(*memberlist.Config), seeds []string) *Discovery {
 	b.Helper()
@@ -188,6 +194,8 @@ func newBenchNode(tune func(*memberlist.Config), seeds []string) (*Discovery, er
 		RetryMax: time.Second,
 		Profile:  ProfileLAN,
 		Tune:     tune,
+		// The benchmarks compare with and without (benchNoNotice).
+		NoSuspicionNotice: benchNoNotice,
 	})
 	if err != nil {
 		return nil, err
@@ -296,7 +304,7 @@ func BenchmarkConvergence(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, n := range []int{10, 50, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
-				benchNoRevival = p.noRevival
+				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 				var converge, spread, cpu samples
 				for range b.N {
 					cpu0 := cpuTime()
@@ -331,7 +339,7 @@ func BenchmarkFailureDetection(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, n := range []int{10, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
-				benchNoRevival = p.noRevival
+				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 				var detect samples
 				for range b.N {
 					nodes := startCluster(b, p.tune, n)
@@ -397,7 +405,7 @@ func BenchmarkFalseFailures(b *testing.B) {
 	for _, p := range benchProfiles {
 		for _, hogs := range []int{0, 2} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
-				benchNoRevival = p.noRevival
+				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 				var failed int
 				for range b.N {
 					nodes := startCluster(b, p.tune, n)

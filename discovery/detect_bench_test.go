@@ -50,10 +50,12 @@ func BenchmarkDetection(b *testing.B) {
 		for _, np := range procs {
 			for _, hogs := range busy {
 				b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
-					benchNoRevival = p.noRevival
+					benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 					var detect, rejoin samples
 					falseDeaths, falseEvents := 0, 0
 					var packets, bytes, cpu, alloc, gcs float64
+					var stallObserve, stallDetect samples
+					var suspicions, refutes, queueFull, udpErrors, stalledDeaths float64
 					for range b.N {
 						var r detectRun
 						if np == 1 {
@@ -70,6 +72,13 @@ func BenchmarkDetection(b *testing.B) {
 						cpu += r.cpu
 						alloc += r.alloc
 						gcs += r.gcs
+						stallObserve = append(stallObserve, r.stallObserve)
+						stallDetect = append(stallDetect, r.stallDetect)
+						suspicions += float64(r.suspicions)
+						refutes += float64(r.refutes)
+						queueFull += float64(r.queueFull)
+						udpErrors += float64(r.udpRcvbufErrors + r.udpInErrors)
+						stalledDeaths += float64(r.stalledDeaths)
 					}
 					detect.report(b, "s/detect")
 					b.ReportMetric(float64(falseDeaths)/float64(b.N), "false-deaths/run")
@@ -84,6 +93,21 @@ func BenchmarkDetection(b *testing.B) {
 					// How long a falsely dead member stayed dead for an
 					// observer before it was seen alive again (refuted).
 					rejoin.report(b, "s/false-death-rejoin")
+					if np > 1 {
+						// Why: the longest stall of a member process
+						// (median over runs, min, max), memberlist's
+						// suspicions and refutations, gossip it dropped,
+						// the kernel's UDP receive errors, and false
+						// deaths with a process stalled for 2 s or more.
+						stallObserve.report(b, "s/stall-observe")
+						stallDetect.report(b, "s/stall-detect")
+						nb := float64(b.N)
+						b.ReportMetric(suspicions/nb, "suspicions/run")
+						b.ReportMetric(refutes/nb, "refutes/run")
+						b.ReportMetric(queueFull/nb, "gossip-dropped/run")
+						b.ReportMetric(udpErrors/nb, "udp-rcv-errors/run")
+						b.ReportMetric(stalledDeaths/nb, "stalled-false-deaths/run")
+					}
 				})
 			}
 		}
@@ -112,6 +136,20 @@ type detectRun struct {
 	// While observed, per second: packets and bytes sent per member; CPU
 	// seconds, MB allocated and garbage collections of all members.
 	packets, bytes, cpu, alloc, gcs float64
+
+	// Evidence of the causes of false deaths (members in groups only):
+	// the longest stall of any member process while observed and while
+	// detecting, the largest 99th percentile, memberlist's suspicions,
+	// refutations and dropped gossip messages, the kernel's UDP receive
+	// errors during the run and the gossip sockets' receive buffer, and
+	// the false deaths whose member's or observer's process stalled for
+	// 2 s or more.
+	stallObserve, stallDetect, stallP99 time.Duration
+	suspicions, refutes, queueFull      int
+	memberlistRefutes                   int
+	udpRcvbufErrors, udpInErrors        int64
+	rcvBuf, stalledDeaths               int
+	watchedAt, killedAt                 time.Time
 }
 
 // detectInProcess is one round of BenchmarkDetection with n members in

@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // BenchmarkDetection with procs > 1 spreads its members over that many
@@ -56,10 +59,12 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	askAll(b, groups, fmt.Sprintf("converge %d", n), "converged")
 	time.Sleep(time.Second) // let the join broadcasts drain
 	askAll(b, groups, "watch "+victim, "watching")
+	watchedAt := time.Now()
+	udp0, udpErr := readUDPCounters()
 
 	stop := busyLoops(b, hogs)
 	time.Sleep(observe)
-	var r detectRun
+	r := detectRun{watchedAt: watchedAt}
 	for _, reply := range askAll(b, groups, "stats", "stats") {
 		var packets, bytes int64
 		var cpu, alloc, gcs, elapsed float64
@@ -76,12 +81,17 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	// Every group counts the victim's death as true from now on.
 	askAll(b, groups, "doom", "doomed")
 	killed := parseNanos(b, last.ask(b, "kill "+victim, "killed"))
+	r.killedAt = killed
 	var lastDead time.Time
 	for _, reply := range askAll(b, groups, "await "+victim, "dead") {
 		lastDead = maxTime(lastDead, parseNanos(b, reply))
 	}
 	r.detect = lastDead.Sub(killed)
 	stop()
+	if udp1, err := readUDPCounters(); err == nil && udpErr == nil {
+		r.udpRcvbufErrors = udp1.RcvbufErrors - udp0.RcvbufErrors
+		r.udpInErrors = udp1.InErrors - udp0.InErrors
+	}
 
 	r.falseDead = map[string]bool{}
 	for _, reply := range askAll(b, groups, "report", "report") {
@@ -96,10 +106,82 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 			r.rejoin = append(r.rejoin, time.Duration(d))
 		}
 	}
+	var diags []groupDiag
+	for _, reply := range askAll(b, groups, "diag", "diag") {
+		var d groupDiag
+		if err := json.Unmarshal([]byte(reply), &d); err != nil {
+			b.Fatalf("member group diag: %v", err)
+		}
+		diags = append(diags, d)
+	}
 	for _, g := range groups {
 		g.stop()
 	}
+	r.diagnose(b, diags)
 	return r
+}
+
+// diagnose adds what the member groups saw to r and writes, for every
+// false death, the evidence of its cause to stderr (a benchmark's log is
+// cut after ten lines).
+func (r *detectRun) diagnose(b *testing.B, diags []groupDiag) {
+	for _, d := range diags {
+		r.stallObserve = max(r.stallObserve, time.Duration(d.ObserveMax))
+		r.stallDetect = max(r.stallDetect, time.Duration(d.DetectMax))
+		r.stallP99 = max(r.stallP99, time.Duration(d.ObserveP99), time.Duration(d.DetectP99))
+		r.rcvBuf = d.RcvBuf
+		r.refutes += d.NoticeRefutes
+		for _, ev := range d.Events {
+			switch ev.Kind {
+			case "suspect":
+				r.suspicions++
+			case "refute", "refute-dead":
+				r.refutes++
+				r.memberlistRefutes++
+			case "queue-full":
+				r.queueFull++
+			}
+		}
+	}
+	var inHand, late, unrefuted, gotSuspect, gotAlive int
+	for _, d := range diags {
+		for _, ev := range d.Events {
+			switch ev.Kind {
+			case "got-suspect":
+				gotSuspect++
+			case "got-alive":
+				gotAlive++
+			}
+		}
+	}
+	for _, c := range explainFalseDeaths(diags, r.falseDead) {
+		fmt.Fprintf(os.Stderr, "detect-diag: %s\n", c.relativeTo(r.watchedAt))
+		switch {
+		case len(c.refutedAt) == 0:
+			unrefuted++
+		case !c.observerGotRefute.IsZero() && !c.observerGotRefute.After(c.at):
+			inHand++
+		case !c.observerGotRefute.IsZero():
+			late++
+		}
+		if c.memberStall >= 2*time.Second || c.observerStall >= 2*time.Second {
+			r.stalledDeaths++
+		}
+	}
+	for i, d := range diags {
+		var s []string
+		for _, st := range d.Stalls {
+			if st.Late >= int64(500*time.Millisecond) {
+				s = append(s, fmt.Sprintf("%+.2fs:%.2fs", time.Unix(0, st.End).Sub(r.watchedAt).Seconds(), time.Duration(st.Late).Seconds()))
+			}
+		}
+		fmt.Fprintf(os.Stderr, "detect-diag: group %d stalls >= 0.5 s (end relative to watch: length): %s\n", i, strings.Join(s, " "))
+	}
+	fmt.Fprintf(os.Stderr, "detect-diag: victim killed at %+.2fs\n", r.killedAt.Sub(r.watchedAt).Seconds())
+	fmt.Fprintf(os.Stderr, "detect-diag: false deaths whose observer had read the refutation before its timer fired: %d; read it after: %d; never refuted: %d (traced: %d suspicions of self read, %d new incarnations read)\n", inHand, late, unrefuted, gotSuspect, gotAlive)
+	fmt.Fprintf(os.Stderr, "detect-diag: run: detect %.2fs, %d false deaths (%d with a process stalled >= 2 s), %d suspicions, %d refutations (%d by memberlist on gossip, the others on a notice), %d gossip messages dropped by memberlist, UDP receive errors %d (buffer %d), longest stall %.2fs observing and %.2fs detecting, p99 %.3fs\n",
+		r.detect.Seconds(), len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.memberlistRefutes, r.queueFull, r.udpRcvbufErrors+r.udpInErrors, r.rcvBuf, r.stallObserve.Seconds(), r.stallDetect.Seconds(), r.stallP99.Seconds())
+	b.Logf("%d false deaths, %d with a process stalled >= 2 s; %d suspicions, %d refutations; UDP receive errors %d", len(r.falseDead), r.stalledDeaths, r.suspicions, r.refutes, r.udpRcvbufErrors+r.udpInErrors)
 }
 
 func startGroup(b *testing.B, profile string, members int, seed string) *memberGroup {
@@ -214,6 +296,8 @@ func maxTime(a, b time.Time) time.Time {
 //	await <victim> "dead <unix ns>" once none of its members sees victim
 //	report         "report <false-failed events> -[,id...] -[,ns...]":
 //	               false deaths and how long each lasted
+//	diag           "diag <JSON groupDiag>": stalls and memberlist's
+//	               suspicions and refutations since watch
 //
 // A failure is "error <text>".
 func groupProcess() int {
@@ -222,7 +306,7 @@ func groupProcess() int {
 	found := false
 	for _, p := range benchProfiles {
 		if p.name == os.Getenv("FLOTILLA_BENCH_PROFILE") {
-			tune, benchNoRevival, found = p.tune, p.noRevival, true
+			tune, benchNoRevival, benchNoNotice, found = p.tune, p.noRevival, p.noNotice, true
 		}
 	}
 	if !found {
@@ -231,7 +315,9 @@ func groupProcess() int {
 	}
 	spec := os.Getenv("DISCOVERY_BENCH_TUNE")
 	var sent sentCounter
-	tuned := sent.tune(func(c *memberlist.Config) {
+	var diag groupDiag
+	mlog := &eventLog{}
+	counted := sent.tune(func(c *memberlist.Config) {
 		if tune != nil {
 			tune(c)
 		}
@@ -239,6 +325,20 @@ func groupProcess() int {
 			panic(err)
 		}
 	})
+	tuned := func(c *memberlist.Config) {
+		counted(c)
+		// The tap reads memberlist's lines and passes them on: the
+		// notice to suspected members is triggered by one of them.
+		c.Logger = log.New(io.MultiWriter(logTap{member: c.Name, sink: mlog}, c.Logger.Writer()), "", 0)
+		if t, ok := c.Transport.(*countingTransport).NodeAwareTransport.(*transport); ok {
+			diag.RcvBuf = socketRcvBuf(t)
+		}
+		if os.Getenv("DISCOVERY_BENCH_TRACE") != "" {
+			c.Transport = newTracingTransport(c.Transport.(memberlist.NodeAwareTransport), c.Name, testKey, mlog)
+		}
+	}
+	stalls := startStallMeter()
+	defer stalls.close()
 	var seeds []string
 	if s := os.Getenv("FLOTILLA_SEEDS"); s != "" {
 		seeds = []string{s}
@@ -263,6 +363,7 @@ func groupProcess() int {
 	}()
 	for _, d := range nodes {
 		fmt.Println("member", d.selfID)
+		diag.Members = append(diag.Members, d.selfID)
 	}
 	fmt.Println("ready")
 
@@ -289,10 +390,13 @@ func groupProcess() int {
 		case "watch":
 			deaths = watchDeaths(nodes, arg)
 			mark = markCost(&sent)
+			stalls.mark()
 			fmt.Println("watching")
 		case "stats":
 			elapsed := time.Since(mark.at).Seconds()
 			packets, bytes, cpu, alloc, gcs := mark.since(&sent, 1)
+			o, p := stalls.mark()
+			diag.ObserveMax, diag.ObserveP99 = int64(o), int64(p)
 			fmt.Println("stats", int64(packets*elapsed), int64(bytes*elapsed), cpu*elapsed, alloc*elapsed*1e6, gcs*elapsed, elapsed)
 		case "doom":
 			deaths.killed.Store(true)
@@ -329,6 +433,23 @@ func groupProcess() int {
 				durs = append(durs, strconv.FormatInt(int64(r), 10))
 			}
 			fmt.Println("report", events, strings.Join(ids, ","), strings.Join(durs, ","))
+		case "diag":
+			o, p := stalls.mark()
+			diag.DetectMax, diag.DetectP99 = int64(o), int64(p)
+			stalls.mu.Lock()
+			diag.Stalls = stalls.stalls
+			stalls.mu.Unlock()
+			diag.Events = mlog.take()
+			diag.NoticeRefutes = 0
+			for _, d := range nodes {
+				diag.NoticeRefutes += int(testutil.ToFloat64(d.metrics.refutations))
+			}
+			j, err := json.Marshal(diag)
+			if err != nil {
+				fmt.Println("error", err)
+				return 1
+			}
+			fmt.Println("diag", string(j))
 		default:
 			fmt.Println("error unknown command", cmd)
 			return 1

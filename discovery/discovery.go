@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -125,6 +126,10 @@ type Config struct {
 
 	// Profile selects memberlist timings; default LAN.
 	Profile Profile
+	// NoSuspicionNotice turns off the notice a member sends to a member
+	// it suspects (notice.go), which cut false deaths under load by more
+	// than half (docs/discovery.md, issue 18's fourth round).
+	NoSuspicionNotice bool
 	// Tune, if set, adjusts the memberlist configuration last (tests).
 	Tune func(*memberlist.Config)
 
@@ -173,7 +178,13 @@ type Discovery struct {
 	metrics *metrics
 	cands   *candidates
 	revive  *revivals // nil: off (benchmarks compare without)
-	selfID  string
+	// notices to members this one suspects, and this member's own
+	// refutation when told (notice.go); nil: off (benchmarks compare).
+	notices chan string
+	refute  chan struct{}
+	// lastRefute is when this member last refuted (unix ns).
+	lastRefute atomic.Int64
+	selfID     string
 
 	// pubMu orders the issue of records: serial stored, record signed.
 	pubMu  sync.Mutex
@@ -276,6 +287,9 @@ func New(cfg Config) (*Discovery, error) {
 		selfAddrs: make(map[string]bool),
 		done:      make(chan struct{}),
 	}
+	if !cfg.NoSuspicionNotice {
+		d.notices, d.refute = make(chan string, noticeQueue), make(chan struct{}, 1)
+	}
 	if err := d.loadSerial(); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
@@ -323,7 +337,12 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	mc.Delegate = (*delegate)(d)
 	mc.Events = (*delegate)(d)
 	mc.Alive = (*delegate)(d)
-	mc.Logger = memberlistLogger(d.log)
+	var suspected func(string)
+	var refuted func()
+	if d.notices != nil {
+		suspected, refuted = d.suspected, d.refuted
+	}
+	mc.Logger = memberlistLogger(d.log, suspected, refuted)
 	if d.cfg.Tune != nil {
 		d.cfg.Tune(mc)
 	}
@@ -408,6 +427,13 @@ func (d *Discovery) Start(ctx context.Context) error {
 	d.goRun(func() { d.joinLoop(runCtx) })
 	if d.revive != nil {
 		d.goRun(func() { d.reviveLoop(runCtx) })
+	}
+	if d.notices != nil {
+		d.goRun(func() { d.noticeLoop(runCtx) })
+		// The shortest suspicion timeout memberlist uses (the
+		// multiplier × log10(members) intervals, log10 at least 1).
+		quiet := time.Duration(mc.SuspicionMult) * mc.ProbeInterval
+		d.goRun(func() { d.refuteLoop(runCtx, quiet) })
 	}
 	return nil
 }

@@ -9,7 +9,15 @@ import (
 
 // levelWriter turns the "[LEVEL] text" lines of memberlist and mdns into
 // slog records.
-type levelWriter struct{ l *slog.Logger }
+type levelWriter struct {
+	l *slog.Logger
+	// suspected, if set, is told the member named when memberlist logs
+	// that this member's probe of it failed (notice.go).
+	suspected func(name string)
+	// refuted, if set, is called when memberlist logs that it refuted
+	// an accusation of this member.
+	refuted func()
+}
 
 func (w levelWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
@@ -30,6 +38,14 @@ func (w levelWriter) Write(p []byte) (int, error) {
 			break
 		}
 	}
+	if w.suspected != nil {
+		if name, ok := suspectLine(line); ok {
+			w.suspected(name)
+		}
+	}
+	if w.refuted != nil && refutedLine(line) {
+		w.refuted()
+	}
 	// Refused alive messages are counted and logged by drop, rate-limited.
 	// Packets of other mDNS implementations the responder cannot parse
 	// (python-zeroconf's NSEC records) arrive every few seconds on a busy
@@ -42,10 +58,10 @@ func (w levelWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func memberlistLogger(l *slog.Logger) *log.Logger {
-	return log.New(levelWriter{l.With("lib", "memberlist")}, "", 0)
+func memberlistLogger(l *slog.Logger, suspected func(name string), refuted func()) *log.Logger {
+	return log.New(levelWriter{l: l.With("lib", "memberlist"), suspected: suspected, refuted: refuted}, "", 0)
 }
 
 func mdnsLogger(l *slog.Logger) *log.Logger {
-	return log.New(levelWriter{l.With("lib", "mdns")}, "", 0)
+	return log.New(levelWriter{l: l.With("lib", "mdns")}, "", 0)
 }

@@ -102,6 +102,14 @@ func (g *delegate) NotifyMsg(b []byte) {
 	}
 	var handler func([]byte)
 	switch b[0] {
+	case kindSuspected:
+		if d.refute != nil {
+			select {
+			case d.refute <- struct{}{}:
+			default: // one is pending
+			}
+		}
+		return
 	case kindPeering:
 		handler = d.cfg.OnMessage
 	case kindServices:

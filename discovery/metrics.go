@@ -21,9 +21,12 @@ type metrics struct {
 	sendFailures     prometheus.Counter
 	messagesReceived prometheus.Counter
 	messagesDrop     *prometheus.CounterVec // by reason
-	members          *prometheus.Desc
-	candidates       *prometheus.Desc
-	d                *Discovery
+	// Times this member re-announced itself alive because a prober
+	// told it it was suspected (notice.go).
+	refutations prometheus.Counter
+	members     *prometheus.Desc
+	candidates  *prometheus.Desc
+	d           *Discovery
 }
 
 func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
@@ -69,6 +72,10 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 			Name: "flotilla_discovery_messages_dropped_total",
 			Help: "Messages from members dropped, by reason (empty, unknown_kind, oversized, no_handler).",
 		}, []string{"reason"}),
+		refutations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_suspicion_refutations_total",
+			Help: "Times this member, told by a member whose probe of it failed, announced itself alive again.",
+		}),
 		members: prometheus.NewDesc("flotilla_discovery_members",
 			"Other clusters known, by state (alive, failed, left).", []string{"state"}, nil),
 		candidates: prometheus.NewDesc("flotilla_discovery_candidates",
@@ -78,7 +85,7 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced,
-		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m} {
+		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -185,7 +185,7 @@ func BenchmarkTransportReceive(b *testing.B) {
 		{"memberlist-net", func(b *testing.B) (memberlist.Transport, int) {
 			nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
 				BindAddrs: []string{"127.0.0.1"},
-				Logger:    memberlistLogger(slog.New(slog.DiscardHandler)),
+				Logger:    memberlistLogger(slog.New(slog.DiscardHandler), nil, nil),
 			})
 			if err != nil {
 				b.Fatal(err)
