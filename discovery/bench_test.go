@@ -38,6 +38,7 @@ var benchProfiles = []struct {
 	{"memberlist-lan", stockLAN, false, false},
 	{"lan-700ms", lan700ms, false, false},
 	{"lan-600ms", lan600ms, false, false},
+	{"lan-500ms", lan500ms, false, false},
 	{"lan-before-revival", netTransport, true, true},
 	{"lan-no-revival", nil, true, false},
 	{"lan-no-notice", nil, false, true},
@@ -73,6 +74,13 @@ func lan600ms(c *memberlist.Config) {
 	c.ProbeInterval = 600 * time.Millisecond
 	c.ProbeTimeout = 500 * time.Millisecond
 	c.SuspicionMult = 3
+}
+
+// lan500ms puts back ProfileLAN's timings of issue 18's third and fourth
+// rounds: probes every 500 ms, 450 ms timeout.
+func lan500ms(c *memberlist.Config) {
+	c.ProbeInterval = 500 * time.Millisecond
+	c.ProbeTimeout = 450 * time.Millisecond
 }
 
 // stockLAN puts back memberlist's DefaultLANConfig timings.
