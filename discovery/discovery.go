@@ -37,7 +37,7 @@ type Profile string
 const (
 	// ProfileLAN is memberlist's LAN profile with faster probes and a
 	// shorter suspicion (see lanConfig): a crashed member is declared
-	// failed by all in about 3 s among 10 and 5 s among 100 on an
+	// failed by all in about 3 s among 10 and under 5 s among 100 on an
 	// unloaded machine (docs/discovery.md has the figures under load).
 	ProfileLAN Profile = "lan"
 	// ProfileWAN is memberlist's WAN profile unchanged.
