@@ -328,7 +328,7 @@ func (r *PodReflector) reflect(ctx context.Context, pp *podProvider, key podKey,
 // (localPodTransform), which an update of the whole pod would clear. The
 // resource version read is the precondition, as an update's would be.
 func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev1.Pod, st corev1.PodStatus) error {
-	patch, err := json.Marshal([]jsonPatchOp{
+	patch, err := json.Marshal([]patchOp{
 		{Op: "replace", Path: "/metadata/resourceVersion", Value: local.ResourceVersion},
 		{Op: "replace", Path: "/status", Value: st},
 	})
@@ -349,13 +349,6 @@ func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev
 	}
 	r.m.errors.WithLabelValues(key.provider, errLocal).Inc()
 	return fmt.Errorf("write the status of pod %s/%s here: %w", local.Namespace, local.Name, err)
-}
-
-// jsonPatchOp is one operation of a JSON patch (RFC 6902).
-type jsonPatchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value"`
 }
 
 // refuse fails local, bound to the virtual node of a provider its
