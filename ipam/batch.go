@@ -15,6 +15,7 @@ import (
 type Batch interface {
 	SyncPeer(peer string, remotes []netip.Prefix) ([]View, error)
 	ReleasePeer(peer string) error
+	HandOver(from, to string) error
 	RecordTheirView(peer string, mine, theirs netip.Prefix) error
 	KeepTheirViews(peer string, mine []netip.Prefix) error
 	PutPeerStates(states map[string][]byte) error
@@ -99,6 +100,13 @@ func (b *batch) SyncPeer(peer string, remotes []netip.Prefix) ([]View, error) {
 func (b *batch) ReleasePeer(peer string) error {
 	if err := b.do(func(t *txn) error { return t.releasePeer(peer) }); err != nil {
 		return fmt.Errorf("release peer %s: %w", peer, err)
+	}
+	return nil
+}
+
+func (b *batch) HandOver(from, to string) error {
+	if err := b.do(func(t *txn) error { return t.handOver(from, to) }); err != nil {
+		return fmt.Errorf("hand peer %s's views over to %s: %w", from, to, err)
 	}
 	return nil
 }

@@ -162,6 +162,41 @@ func (t *txn) releasePeer(peer string) error {
 	return nil
 }
 
+// HandOver releases from's views and gives the blocks to, together with
+// those from already had in quarantine: to's views of the same ranges
+// then take the same blocks (viewOf, inherit), and so a cluster that came
+// back under a new identity is seen here at the addresses it had. The
+// blocks keep their quarantine's end; nobody else may have them before.
+// The caller decides that to is from's successor (peering: the same
+// cluster name at the same endpoint, the old identity no longer alive).
+func (l *Ledger) HandOver(from, to string) error {
+	return l.Batch(func(b Batch) error { return b.HandOver(from, to) })
+}
+
+func (t *txn) handOver(from, to string) error {
+	if err := CheckPeer(from); err != nil {
+		return err
+	}
+	if err := CheckPeer(to); err != nil {
+		return err
+	}
+	if from == to {
+		return fmt.Errorf("%w: a peer cannot succeed itself", ErrInvalidPeer)
+	}
+	if err := t.releasePeer(from); err != nil {
+		return err
+	}
+	for _, q := range t.st.quarantine {
+		if q.Peer == from {
+			q.Peer = to
+			if err := t.putQuarantine(q); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // SetLocalNetworks replaces this cluster's own networks. Views that now
 // overlap one of them are kept and returned as conflicts: the caller must
 // Remap each (they are not moved silently, because routes and NAT follow

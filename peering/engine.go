@@ -306,6 +306,11 @@ type peer struct {
 	steps map[Step]bool
 	// grantDelivered is the last grant handed to Config.Grants.
 	grantDelivered []byte
+	// succeededBy is the new identity this one's views went to
+	// (succession.go); successionUntil is how long this one, new, waits
+	// for an old identity still alive.
+	succeededBy     string
+	successionUntil time.Time
 }
 
 // New checks cfg and prepares an Engine; Run starts it.
@@ -473,6 +478,7 @@ func (e *Engine) memberChanged(m Member) {
 	switch {
 	case m.Alive && !wasAlive:
 		p.goneSince = time.Time{}
+		p.succeededBy = "" // alive after all: it needs views of its own
 		e.log.Info("member alive", "peer", m.ClusterID, "gossip", m.Gossip)
 		p.steps = nil // a new membership: its steps are logged anew
 		e.stepOnce(p, StepJoined, time.Time{})

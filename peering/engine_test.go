@@ -286,6 +286,8 @@ type nodeOptions struct {
 	dataplane func(Dataplane) Dataplane
 	// name is the node's cluster name (default: from its identity).
 	name string
+	// endpoint is the node's WireGuard endpoint (default 198.18.1.1:51820).
+	endpoint netip.AddrPort
 }
 
 func newNode(t testing.TB, net *network, o nodeOptions) *node {
@@ -337,9 +339,13 @@ func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	if name == "" {
 		name = "cluster-" + n.id.ClusterID()[:6]
 	}
+	endpoint := o.endpoint
+	if !endpoint.IsValid() {
+		endpoint = netip.MustParseAddrPort("198.18.1.1:51820")
+	}
 	cfg := Config{
 		Identity: n.id, Name: name, Labels: o.labels, Policy: o.policy,
-		Networks: networks, Endpoint: netip.MustParseAddrPort("198.18.1.1:51820"),
+		Networks: networks, Endpoint: endpoint,
 		Ledger: led, Dataplane: dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),

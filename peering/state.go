@@ -201,6 +201,8 @@ func (e *Engine) state(p *peer) PeerState {
 	switch {
 	case errors.Is(p.viewsErr, ipam.ErrExhausted):
 		s.ViewsAgreed = Condition{false, "PoolExhausted", p.viewsErr.Error()}
+	case errors.Is(p.viewsErr, errSuccession):
+		s.ViewsAgreed = Condition{false, "WaitingForOldIdentity", p.viewsErr.Error()}
 	case p.viewsErr != nil:
 		s.ViewsAgreed = Condition{false, "Refused", p.viewsErr.Error()}
 	case p.theirOK && len(p.myViews) > 0:

@@ -18,6 +18,9 @@ func (e *Engine) wanted(p *peer, now time.Time) bool {
 	if p.member != nil && p.member.Alive {
 		return true
 	}
+	if p.succeededBy != "" {
+		return false // its views went to its successor
+	}
 	return !p.goneSince.IsZero() && now.Sub(p.goneSince) < e.cfg.UnreachableGrace
 }
 
@@ -44,6 +47,13 @@ func (e *Engine) reconcileViews(b ipam.Batch, p *peer, now time.Time) {
 	}
 	// Errors that repeat every reconcile are logged when they change.
 	before := errorText(p.viewsErr)
+	if !e.succeed(b, p, now) {
+		p.theirOK = false
+		if errorText(p.viewsErr) != before {
+			e.log.Info("new identity waits for its old one to be declared dead", "peer", p.id, "why", p.viewsErr)
+		}
+		return
+	}
 	// A failed allocation is tried again when the peer's networks or our
 	// views change, and otherwise after viewsRetry (pools free up as
 	// quarantine expires): not on every reconcile.
