@@ -16,6 +16,7 @@ type metrics struct {
 	refused      *prometheus.CounterVec
 	held         prometheus.Gauge
 	sendErrors   prometheus.Counter
+	successions  prometheus.Counter
 	applyErrors  prometheus.Counter
 	applySeconds prometheus.Histogram
 }
@@ -44,6 +45,9 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_peering_send_errors_total", Help: "Failed sends of peering messages (resent later).",
 		}),
+		successions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_peering_successions_total", Help: "Old identities whose views went to a new identity of the same cluster (same name and endpoint).",
+		}),
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_dataplane_apply_errors_total", Help: "Failed applies of the desired data path.",
 		}),
@@ -56,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.peers, m.phase, m.accepted, m.sent, m.refused, m.held, m.sendErrors, m.applyErrors, m.applySeconds, newTraffic(dp))
+		reg.MustRegister(m.peers, m.phase, m.accepted, m.sent, m.refused, m.held, m.sendErrors, m.successions, m.applyErrors, m.applySeconds, newTraffic(dp))
 	}
 	return m
 }

@@ -70,6 +70,7 @@ func (e *Engine) succeed(b ipam.Batch, p *peer, now time.Time) bool {
 			continue
 		}
 		q.succeededBy = p.id
+		e.metrics.successions.Inc()
 		q.myViews, q.viewsFor, q.theirOK, q.viewsErr, q.viewsRetry = nil, nil, false, nil, time.Time{}
 		e.log.Info("views handed over: cluster back under a new identity", "cluster", p.hello.Name, "peer", p.id, "old", q.id)
 	}

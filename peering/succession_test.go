@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // viewOf returns a's view of n's pods, as a's data path has it.
@@ -72,6 +74,13 @@ func TestNewIdentitySucceedsTheOldOne(t *testing.T) {
 			}
 			if !tc.succeeds && now.Overlaps(old) {
 				t.Errorf("a cluster of b's name at another endpoint got the old b's %s", now)
+			}
+			want := 0.0
+			if tc.succeeds {
+				want = 1
+			}
+			if got := testutil.ToFloat64(a.eng.metrics.successions); got != want {
+				t.Errorf("flotilla_peering_successions_total = %v, want %v", got, want)
 			}
 			for _, q := range a.ledger.Quarantine() {
 				if q.Peer == b.id.ClusterID() {
