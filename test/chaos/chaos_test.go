@@ -117,6 +117,7 @@ func TestChaos(t *testing.T) {
 		results[k.name] = append(results[k.name], o)
 	}
 	t.Logf("chaos seed %d, %s of faults:\n%s", seed, time.Since(start).Round(time.Second), table(results))
+	t.Logf("views a cluster's new identity kept from its old one: %d", f.inv.kept)
 	for _, outs := range results {
 		for _, o := range outs {
 			if o.broken > 0 {

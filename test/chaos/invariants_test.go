@@ -22,6 +22,9 @@ import (
 type invariants struct {
 	// held[c][view] is the last peer c was seen to give view, and when.
 	held map[*federation.Cluster]map[netip.Prefix]holder
+	// kept counts the views a cluster's new identity took over from its
+	// old one (peering/succession.go), each once.
+	kept int
 }
 
 type holder struct {
@@ -103,6 +106,9 @@ func (inv *invariants) sawView(t *testing.T, c *federation.Cluster, peer, name s
 	}
 	broken := 0
 	for w, h := range held {
+		if w == view && h.peer != peer && h.name == name {
+			inv.kept++
+		}
 		if w.Overlaps(view) && h.peer != peer && h.name != name && now.Sub(h.seen) < ipam.DefaultQuarantine {
 			t.Errorf("%s: view %s of %s (%s) overlaps %s, %s's %s ago: reused inside the quarantine", c.Name, view, name, peer, w, h.peer, now.Sub(h.seen).Round(time.Second))
 			broken++
