@@ -448,13 +448,20 @@ func (r *Reflector) queueNamespace(provider, ns string) {
 
 // otherProviders are the providers, other than provider, that local
 // namespace ns is reflected to now, sorted: the peers whose offloaded
-// pods reach its Services' endpoints on provider.
+// pods reach its Services' endpoints on provider. A provider served by
+// provider's own API server is the same cluster under another identity
+// (back with a new one, its old one not retired yet): not another
+// cluster, and left out, or the two identities' reflectors would each
+// write a slice naming the other, and undo each other's writes.
 func (r *Reflector) otherProviders(ns, provider string) []string {
 	var out []string
-	for id, pp := range r.providers.snapshot() {
-		if id != provider && pp.remoteNamespace(ns) != "" {
-			out = append(out, id)
+	providers := r.providers.snapshot()
+	self := providers[provider]
+	for id, pp := range providers {
+		if id == provider || pp.remoteNamespace(ns) == "" || self != nil && pp.server == self.server {
+			continue
 		}
+		out = append(out, id)
 	}
 	slices.Sort(out)
 	return out
