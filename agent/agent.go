@@ -118,6 +118,12 @@ type Config struct {
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
 	OffloadGrants offload.GrantPolicy
+	// OffloadRevokeAfter is how long a consumer may be unreachable
+	// before the grant it holds here is revoked and its tenant, with
+	// everything it runs here, removed. Far longer than UnreachableGrace:
+	// a partition that outlasts the tunnel's grace must not destroy the
+	// workloads a consumer offloaded (docs/offload.md, "Revocation").
+	OffloadRevokeAfter time.Duration
 	// Traffic is the mode for Peers whose spec.traffic is empty: Full
 	// (every pod reachable, as routed) or Segregated (docs/policy.md).
 	Traffic policy.Mode
@@ -167,6 +173,7 @@ func DefaultConfig() Config {
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
 		OffloadGrants:      offload.GrantsManual,
+		OffloadRevokeAfter: 24 * time.Hour,
 		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
 		GrantLifetime:      time.Hour,
@@ -235,6 +242,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := offload.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
 		return nil, fmt.Errorf("--offload-grants: %w", err)
+	}
+	if cfg.OffloadRevokeAfter == 0 {
+		cfg.OffloadRevokeAfter = 24 * time.Hour
+	}
+	if cfg.OffloadRevokeAfter < cfg.UnreachableGrace {
+		return nil, fmt.Errorf("--offload-revoke-after %s is shorter than --unreachable-grace %s: a consumer's workloads would go before its tunnel", cfg.OffloadRevokeAfter, cfg.UnreachableGrace)
 	}
 	traffic, err := policy.ParseMode(string(cfg.Traffic))
 	if err != nil {

@@ -73,7 +73,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	provider, err := offload.NewProvider(offload.ProviderConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
-		Policy: a.cfg.OffloadGrants, Grace: a.cfg.UnreachableGrace,
+		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter,
 		Changed: func(consumer string) {
 			if hosted != nil {
 				hosted.GrantChanged(consumer)

@@ -81,7 +81,9 @@ type ProviderConfig struct {
 	Serials   SerialStore
 	Policy    GrantPolicy
 	// Grace is how long a member may be gone before its grant is revoked
-	// (the peering's unreachable grace).
+	// (the agent's --offload-revoke-after, a day by default: far longer
+	// than the peering's unreachable grace, so that a partition does not
+	// remove what the consumer runs here).
 	Grace time.Duration
 	// Changed, when set, is told of every consumer whose grant was given,
 	// renewed, changed or revoked (namespace mirroring looks again).

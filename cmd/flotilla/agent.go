@@ -68,6 +68,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "the gateway node's name, for the fabric (default: $NODE_NAME)")
 
 	traffic := fs.String("traffic", string(cfg.Traffic), "Full: a peer's traffic reaches every pod here; Segregated: only its offloaded pods and the Services reflected or exported to it (docs/policy.md); a Peer's spec.traffic overrides it")
+	fs.DurationVar(&cfg.OffloadRevokeAfter, "offload-revoke-after", cfg.OffloadRevokeAfter, "how long a consumer may be unreachable before its grant here is revoked and its tenant, with what it runs here, removed (at least --unreachable-grace)")
 	grants := fs.String("offload-grants", string(cfg.OffloadGrants), "manual: a peer may offload here only when its Peer's spec.offloading is Grant (flotilla grant); auto: every peer not denied")
 	fs.StringVar(&cfg.APIServerURL, "api-server-url", "", "this cluster's API server as the peers granted offloading reach it, https://host:port (default: kube-public/cluster-info, then the kubernetes EndpointSlice)")
 	fs.StringVar(&cfg.APIServerCA, "api-server-ca", "", "PEM file of the CA bundle that verifies --api-server-url (default: with the URL found, or the agent's own)")

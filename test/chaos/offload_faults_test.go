@@ -148,7 +148,18 @@ func killMidOffload(t *testing.T, f *fed, v *federation.Cluster) int {
 		}
 		return n
 	}
+	// The invariants held when the last fault was checked; a change that
+	// check did not wait for (a grant revoked late, say) shows here as
+	// pods not where the workload wants them: counted broken, rather
+	// than waited for as a scale that never comes.
 	before := count()
+	for deadline := time.Now().Add(offloadSettle); before != int(p.replicas); before = count() {
+		if time.Now().After(deadline) {
+			t.Errorf("kill-mid-offload: %s has %d pods on %s before the fault, want %d (the workload's replicas) since the last check", p.cons.Name, before, p.prov.Name, p.replicas)
+			return 1
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	want := int32(workScaled)
 	if p.replicas == workScaled {
 		want = workReplicas
