@@ -29,7 +29,7 @@ type invariants struct {
 
 type holder struct {
 	peer, name string
-	seen time.Time
+	seen       time.Time
 }
 
 func newInvariants() *invariants {
