@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -131,18 +130,6 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 		}
 		cons.Args = append(cons.Args, "--profiling")
 	}
-	// The measured agent runs from a copy of the binary of its own, next
-	// to it (the same file system): a node runs one agent, whose
-	// binary's pages no other process maps. The provider's agent here
-	// runs the same build, and the kernel maps the cached neighbours of
-	// each page the agent faults (agent/startpages.go): shared, the
-	// consumer would map what the provider keeps cached too.
-	own := filepath.Join(filepath.Dir(cons.Bin), fmt.Sprintf("flotilla-measured-%d", os.Getpid()))
-	if err := copyExecutable(cons.Bin, own); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.Remove(own) })
-	cons.Bin = own
 	agentArgs := strings.Fields(os.Getenv(benchRSSAgentArgsEnvVar))
 	cons.Args = append(cons.Args, agentArgs...)
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
@@ -672,27 +659,4 @@ func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, tim
 		}
 		time.Sleep(time.Second)
 	}
-}
-
-// copyExecutable copies the binary at from to a new file to, executable.
-func copyExecutable(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copy %s to %s: %w", from, to, err)
-	}
-	// Written back, so that its pages can leave the page cache.
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
