@@ -27,24 +27,15 @@ import (
 // init sections: the pages stay in the page cache, and what the agent
 // runs from then on is mapped back, one page at a time (minor faults,
 // no I/O), so its resident memory is what it uses, not what it once
-// ran. Four things make the refaults small:
+// ran. Three things make the refaults small:
 //   - the process no longer maps file folios as 2 MiB pages
 //     (PR_SET_THP_DISABLE, inherited by nothing the agent starts);
-//   - the binary's pages that no process maps any more leave the page
-//     cache (POSIX_FADV_DONTNEED on the file): on a fault the kernel
-//     maps every cached page of the 64 KiB around the faulted one (its
-//     fault-around, which no advice turns off), so with the whole binary
-//     cached each page the agent touches again costs sixteen. With the
-//     cache dropped, a refault reads its page from disk (a major fault,
-//     once per page) and maps only the neighbours the agent touched too;
-//   - MADV_RANDOM keeps those reads to the page faulted (no readahead);
+//   - MADV_RANDOM asks the kernel not to map the neighbourhood of each
+//     faulted page;
 //   - MADV_DONTNEED is safe only on mappings that hold no private copy:
 //     a read-only mapping the loader relocated (a position-independent
 //     binary's RELRO) has anonymous pages, and dropping them would bring
 //     back the unrelocated file; such mappings are left alone.
-// Another process running the same binary file keeps its own pages
-// cached, and the agent's fault-around maps those too: one agent per
-// node, as deployed, shares with nobody.
 
 // ReleaseStartPages unmaps the pages of the binary its start ran (above)
 // and logs what that did; the agent calls it once its components have
@@ -105,25 +96,8 @@ func releaseStartPages() (startPages, error) {
 		}
 		out.released += uint64(r.end - r.start)
 	}
-	if err := dropCachedPages("/proc/self/exe"); err != nil {
-		return out, err
-	}
 	out.fileAfter, err = rssFile()
 	return out, err
-}
-
-// dropCachedPages asks the kernel to drop the page cache of the file at
-// path, but for the pages some process maps (above).
-func dropCachedPages(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("the running binary: %w", err)
-	}
-	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		return fmt.Errorf("fadvise(%s, POSIX_FADV_DONTNEED): %w", path, err)
-	}
-	return nil
 }
 
 // mapping is an address range of the process.
