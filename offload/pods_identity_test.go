@@ -26,17 +26,8 @@ import (
 // it was bound to has no credential any more.
 func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 	e := newPodEnv(t, podEnvOptions{kubelets: 1})
-	oldID := e.p.id
-	newID := newConsumer(t)
-	cfg, g, err := e.creds.Credential(oldID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Provider = newID
-	e.creds.set(newID, providerCredential{config: cfg, grant: g})
-	e.addPeer(t, newID, "p1-again", map[string]string{"region": "a"})
+	oldID, newID := e.p.id, e.secondIdentity(t)
 	newNode := keepVirtualNodeReady(t, e.local, newID)
-	e.views.alias = newID
 	e.startReflector(t, 0, true)
 
 	e.offload(t, "wipe", "offload", v1alpha1.NamespaceOffloadSpec{})
@@ -182,6 +173,24 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 		}
 		e.waitGonePod(t, remoteNS, "canary-old", "there")
 	})
+}
+
+// secondIdentity gives the provider a second identity, as one back with
+// its state wiped has: a Peer of its own, the same credential (the same
+// API server, tenant and mirrored namespace) and the same views. It
+// returns the new identity's ID.
+func (e *podEnv) secondIdentity(t *testing.T) string {
+	t.Helper()
+	newID := newConsumer(t)
+	cfg, g, err := e.creds.Credential(e.p.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Provider = newID
+	e.creds.set(newID, providerCredential{config: cfg, grant: g})
+	e.addPeer(t, newID, "p1-again", map[string]string{"region": "a"})
+	e.views.alias = newID
+	return newID
 }
 
 // watchUntilMarker creates a pod of nobody's in ns on the provider (the

@@ -20,23 +20,8 @@ import (
 // EndpointSlice (AnnotationReachableFrom), which made each undo the
 // other's write in turn.
 func TestReflectionToTwoIdentitiesOfOneProviderAgrees(t *testing.T) {
-	e := &reflectEnv{podEnv: newPodEnv(t, podEnvOptions{}), ns: "app"}
-	var err error
-	if e.lcx, err = client.New(e.local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
-		t.Fatal(err)
-	}
-	if e.pcx, err = client.New(e.p.cp.Config, client.Options{Scheme: reflectScheme()}); err != nil {
-		t.Fatal(err)
-	}
-	oldID, newID := e.p.id, newConsumer(t)
-	cfg, g, err := e.creds.Credential(oldID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Provider = newID
-	e.creds.set(newID, providerCredential{config: cfg, grant: g})
-	e.addPeer(t, newID, "p1-again", map[string]string{"region": "a"})
-	e.views.alias = newID
+	e := newReflectClients(t)
+	oldID, newID := e.p.id, e.secondIdentity(t)
 	e.offload(t, e.ns, "offload", v1alpha1.NamespaceOffloadSpec{})
 	e.waitStatus(t, e.ns, "mirrored for both identities", func(o *v1alpha1.NamespaceOffload) error {
 		a, readyA := MirroredNamespace(o, oldID)

@@ -40,6 +40,19 @@ type reflectEnv struct {
 }
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
+	e := newReflectClients(tb)
+	e.remote = e.offloadReady(tb, e.ns)
+	e.start(tb, workers)
+	// The witness that the Reflector watches the namespace there: what
+	// changes from now on is reflected as a change, not found at start.
+	e.create(tb, optIn("reflector-ready", nil))
+	waitRemote(tb, e, &corev1.ConfigMap{}, "reflector-ready", nil)
+	return e
+}
+
+// newReflectClients is a reflectEnv not offloaded yet, no Reflector
+// running: its podEnv and its clients.
+func newReflectClients(tb testing.TB) *reflectEnv {
 	e := &reflectEnv{podEnv: newPodEnv(tb, podEnvOptions{}), ns: "app"}
 	var err error
 	if e.lcx, err = client.New(e.local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
@@ -48,12 +61,6 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	if e.pcx, err = client.New(e.p.cp.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		tb.Fatal(err)
 	}
-	e.remote = e.offloadReady(tb, e.ns)
-	e.start(tb, workers)
-	// The witness that the Reflector watches the namespace there: what
-	// changes from now on is reflected as a change, not found at start.
-	e.create(tb, optIn("reflector-ready", nil))
-	waitRemote(tb, e, &corev1.ConfigMap{}, "reflector-ready", nil)
 	return e
 }
 
