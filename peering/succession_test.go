@@ -19,6 +19,21 @@ func viewOf(a, n *node) (netip.Prefix, error) {
 	return p.Views[0].As, nil
 }
 
+// pairedWith starts a (with opts) and a cluster named name, connects
+// them, and returns both and a's view of the other's pods.
+func pairedWith(t *testing.T, name string, net *network, opts nodeOptions) (a, b *node, view netip.Prefix) {
+	t.Helper()
+	a = newNode(t, net, opts)
+	b = newNode(t, net, nodeOptions{name: name})
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	view, err := viewOf(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, view
+}
+
 // A cluster back under a new identity, with its name, from its endpoint,
 // takes the views its old identity had, whether the old one was declared
 // dead before the new one spoke or after; another cluster of that name at
@@ -38,14 +53,7 @@ func TestNewIdentitySucceedsTheOldOne(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			net := &network{}
-			a := newNode(t, net, nodeOptions{})
-			b := newNode(t, net, nodeOptions{name: "b"})
-			meet(a, b)
-			within(t, "connected", func() error { return connected(a, b) })
-			old, err := viewOf(a, b)
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, b, old := pairedWith(t, "b", net, nodeOptions{})
 			b.stop()
 			if tc.deadFirst {
 				a.eng.MemberChanged(b.member(false))
@@ -97,14 +105,7 @@ func TestNewIdentitySucceedsTheOldOne(t *testing.T) {
 func TestAliveIdentityKeepsItsViews(t *testing.T) {
 	net := &network{}
 	clk := &clock{t: time.Now()}
-	a := newNode(t, net, nodeOptions{clock: clk})
-	b := newNode(t, net, nodeOptions{name: "b"})
-	meet(a, b)
-	within(t, "connected", func() error { return connected(a, b) })
-	old, err := viewOf(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, old := pairedWith(t, "b", net, nodeOptions{clock: clk})
 	b2 := newNode(t, net, nodeOptions{name: "b"})
 	meet(a, b2)
 	within(t, "the new b waiting", func() error {
