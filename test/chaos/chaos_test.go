@@ -112,6 +112,10 @@ func TestChaos(t *testing.T) {
 		connected := time.Now()
 		o.broken = during + checkOffload(t, f.cs, f.pairs, offloadSettle)
 		o.settled = time.Since(connected)
+		if f.afterHeal != nil {
+			o.broken += f.afterHeal(t)
+			f.afterHeal = nil
+		}
 		o.broken += f.inv.check(t, f.cs)
 		t.Logf("fault %d: %s of %s: Connected %s after the heal, offloaded pods settled %s later, %s of traffic lost, %d invariants broken", i+1, k.name, victim.Name, o.converge.Round(10*time.Millisecond), o.settled.Round(10*time.Millisecond), o.lost, o.broken)
 		results[k.name] = append(results[k.name], o)

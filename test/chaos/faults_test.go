@@ -41,10 +41,12 @@ var faults = []fault{
 		return 0
 	}},
 	{"partition-short", func(t *testing.T, f *fed, v *federation.Cluster) int {
+		f.afterHeal = offloadKept(t, f.pairs)
 		f.partition(t, v, grace/2)
 		return 0
 	}},
 	{"partition-long", func(t *testing.T, f *fed, v *federation.Cluster) int {
+		f.afterHeal = offloadKept(t, f.pairs)
 		f.partition(t, v, grace+5*time.Second)
 		return 0
 	}},
@@ -201,6 +203,9 @@ type fed struct {
 	pairs []*pair
 	// grants counts kill-mid-grant faults: the side killed alternates.
 	grants int
+	// afterHeal, when a fault sets it, checks more once the offloaded
+	// pods settled after it, and returns the invariants broken.
+	afterHeal func(t *testing.T) int
 }
 
 // partition cuts v's site from the LAN for d.

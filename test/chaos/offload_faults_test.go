@@ -180,3 +180,56 @@ func killMidOffload(t *testing.T, f *fed, v *federation.Cluster) int {
 	waitReady(t, p.cons, 2*time.Minute)
 	return 0
 }
+
+// offloadKept records, before a partition, each pair's tenant namespace
+// on its provider and its consumer's workload pods, and returns the check
+// that, once the pods settled after the heal, both are the same objects:
+// a partition is not a revocation (docs/offload.md, "Revocation"), so
+// nothing was removed and made again. The witness that a revocation
+// would show by then: the provider decides at the end of the grace,
+// during the partition, which outlasts it, and removes the tenant
+// namespace at once.
+func offloadKept(t *testing.T, pairs []*pair) func(t *testing.T) int {
+	type kept struct {
+		tenant types.UID
+		pods   []types.UID
+	}
+	read := func(t *testing.T, p *pair) kept {
+		ctx := context.Background()
+		var k kept
+		ns, err := p.prov.CP.Client.CoreV1().Namespaces().Get(ctx, offload.TenantNamespace(identityOf(t, p.cons)), metav1.GetOptions{})
+		if err == nil && ns.DeletionTimestamp == nil {
+			k.tenant = ns.UID
+		}
+		pods, err := p.cons.CP.Client.CoreV1().Pods(offloadNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", p.cons.Name, err)
+		}
+		for _, pod := range pods.Items {
+			if pod.DeletionTimestamp == nil {
+				k.pods = append(k.pods, pod.UID)
+			}
+		}
+		slices.Sort(k.pods)
+		return k
+	}
+	before := map[*pair]kept{}
+	for _, p := range pairs {
+		before[p] = read(t, p)
+	}
+	return func(t *testing.T) int {
+		broken := 0
+		for _, p := range pairs {
+			now := read(t, p)
+			if now.tenant != before[p].tenant {
+				t.Errorf("%s's tenant namespace on %s is %q after the partition, was %q: revoked and granted again", p.cons.Name, p.prov.Name, now.tenant, before[p].tenant)
+				broken++
+			}
+			if !slices.Equal(now.pods, before[p].pods) {
+				t.Errorf("%s's pods of %s/%s after the partition %v, before %v: pulled back and made again", p.cons.Name, offloadNS, workloadName, now.pods, before[p].pods)
+				broken++
+			}
+		}
+		return broken
+	}
+}
