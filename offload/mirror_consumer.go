@@ -98,7 +98,7 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: cache: %w", err)
 	}
-	local := WithPeers(own, cfg.Peers)
+	local := WithShared(own, cfg.Peers, SharedNamespaceOffloads)
 	write, err := client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: client: %w", err)
