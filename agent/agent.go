@@ -56,6 +56,11 @@ type Config struct {
 	// components have started, so that only what the agent runs from
 	// then on is mapped again (startpages.go). On by default.
 	ReleaseStartPages bool
+	// EvictStartPages also drops the binary's pages that no process
+	// maps from the page cache once they are released, so that each page
+	// the agent runs again is read alone rather than mapped with the
+	// 64 KiB the kernel has cached around it (startpages.go).
+	EvictStartPages bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
