@@ -136,7 +136,8 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	// node of its own: the provider's agent maps the same file, and the
 	// pages it keeps cached would be mapped into the measured one around
 	// each of its faults (docs/offload.md, "The fifth round").
-	cons.Bin = copyOfBinary(b, cons.Bin)
+	measured := copyOfBinary(b, cons.Bin)
+	cons.Bin = measured
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
@@ -164,7 +165,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	}
 	federation.Connect(b, cs)
 	waitCredentials(b, cons, cs[1:], 2*time.Minute)
-	agent := agentPid(b, cons)
+	agent := agentPid(b, cons, measured)
 
 	m := &memReport{pods: pods, peers: peers, env: append(slices.Clone(agentEnv), agentArgs...)}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
@@ -300,11 +301,11 @@ func spreadMiB(xs []uint64) string {
 
 // agentPid is the pid of c's agent process, checked to be the flotilla
 // binary (the harness starts it through ip netns exec, which execs it).
-func agentPid(b *testing.B, c *federation.Cluster) int {
+func agentPid(b *testing.B, c *federation.Cluster, want string) int {
 	b.Helper()
 	pid := c.Agent.Pid()
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if want := harness.Flotilla(b); err != nil || exe != want {
+	if err != nil || exe != want {
 		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, want)
 	}
 	return pid
