@@ -667,17 +667,19 @@ func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, tim
 	}
 }
 
-// copyOfBinary copies the executable bin into the benchmark's temporary
-// directory and returns the copy's path.
+// copyOfBinary copies the executable bin beside it (where the sites,
+// with their own /tmp, find it too) and returns the copy's path; the
+// copy goes when the benchmark ends.
 func copyOfBinary(b *testing.B, bin string) string {
 	b.Helper()
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		b.Fatal(err)
 	}
-	dst := filepath.Join(b.TempDir(), filepath.Base(bin)+"-measured")
+	dst := bin + "-measured"
 	if err := os.WriteFile(dst, data, 0o755); err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { os.Remove(dst) })
 	return dst
 }
