@@ -669,7 +669,9 @@ func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, tim
 
 // copyOfBinary copies the executable bin beside it (where the sites,
 // with their own /tmp, find it too) and returns the copy's path; the
-// copy goes when the benchmark ends.
+// copy goes when the benchmark ends. It is synced: its pages in the
+// page cache are clean, as a binary's long written, which the agent's
+// --evict-start-pages can drop.
 func copyOfBinary(b *testing.B, bin string) string {
 	b.Helper()
 	data, err := os.ReadFile(bin)
@@ -677,9 +679,19 @@ func copyOfBinary(b *testing.B, bin string) string {
 		b.Fatal(err)
 	}
 	dst := bin + "-measured"
-	if err := os.WriteFile(dst, data, 0o755); err != nil {
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.Remove(dst) })
+	if _, err := f.Write(data); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
 	return dst
 }
