@@ -59,7 +59,8 @@ type Config struct {
 	// EvictStartPages also drops the binary's pages that no process
 	// maps from the page cache once they are released, so that each page
 	// the agent runs again is read alone rather than mapped with the
-	// 64 KiB the kernel has cached around it (startpages.go).
+	// 64 KiB (or the whole large folio) the kernel has cached around it
+	// (startpages.go). On by default.
 	EvictStartPages bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
@@ -153,6 +154,7 @@ func DefaultConfig() Config {
 	return Config{
 		StateDir:           "/var/lib/flotilla",
 		ReleaseStartPages:  true,
+		EvictStartPages:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),
