@@ -27,16 +27,19 @@ import (
 // init sections: the pages stay in the page cache, and what the agent
 // runs from then on is mapped back, one page at a time (minor faults,
 // no I/O), so its resident memory is what it uses, not what it once
-// ran. Three things make the refaults small:
+// ran (and, evicted, what it uses is what the page cache holds of
+// it). Three things make the refaults small:
 //   - the process no longer maps file folios as 2 MiB pages
 //     (PR_SET_THP_DISABLE, inherited by nothing the agent starts);
 //   - MADV_RANDOM turns off read-ahead for the mappings; it does not
 //     stop the kernel's fault-around, which maps the 64 KiB around each
 //     faulted page that the page cache holds (measured on 6.18: one
-//     touch, 16 pages). With evict, the released pages also leave the
-//     page cache (unless another process maps them), so a fault reads
-//     its page alone, from the disk the first time: the resident pages
-//     are then those used, not their neighbourhoods;
+//     touch, 16 pages), nor its mapping of a whole large folio. With
+//     evict, the released pages also leave the page cache (unless a
+//     process maps them), so a fault reads its page alone, from the
+//     disk the first time: the resident pages are then those used, not
+//     their neighbourhoods. A folio the agent maps again in the instant
+//     between the release and the eviction stays cached whole;
 //   - MADV_DONTNEED is safe only on mappings that hold no private copy:
 //     a read-only mapping the loader relocated (a position-independent
 //     binary's RELRO) has anonymous pages, and dropping them would bring
