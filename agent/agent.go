@@ -56,6 +56,12 @@ type Config struct {
 	// components have started, so that only what the agent runs from
 	// then on is mapped again (startpages.go). On by default.
 	ReleaseStartPages bool
+	// EvictStartPages also drops the binary's pages that no process
+	// maps from the page cache once they are released, so that each page
+	// the agent runs again is read alone rather than mapped with the
+	// 64 KiB (or the whole large folio) the kernel has cached around it
+	// (startpages.go). On by default.
+	EvictStartPages bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -154,6 +160,7 @@ func DefaultConfig() Config {
 	return Config{
 		StateDir:           "/var/lib/flotilla",
 		ReleaseStartPages:  true,
+		EvictStartPages:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),

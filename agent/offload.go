@@ -46,6 +46,12 @@ type offloading struct {
 	// Services, EndpointSlices) into the namespaces mirrored for them.
 	reflection *offload.Reflector
 
+	// shared holds one informer per kind of this cluster that several
+	// components read (NamespaceOffloads, Namespaces, Services,
+	// EndpointSlices, ServiceExports) and reads Peers from the Peer
+	// writer's: the components' PeerCache.
+	shared *offload.SharedCache
+
 	// hostedEndpoints translates what consumers reflect of their
 	// endpoints on third clusters into this cluster's views of those
 	// clusters (docs/services.md, "Endpoints on third clusters").
@@ -95,7 +101,10 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	// writer's (started and synced before they run): each with a cache
 	// of its own kept a copy of every Peer (docs/offload.md, "The
 	// agent's memory").
-	peers := objects.Shared()
+	peers, err := offload.NewSharedCache(a.restCfg, objects.Shared())
+	if err != nil {
+		return nil, err
+	}
 	mirrors, err := offload.NewMirrorConsumer(offload.MirrorConsumerConfig{
 		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
@@ -104,7 +113,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		return nil, err
 	}
 	hosted, err = offload.NewMirrorProvider(offload.MirrorProviderConfig{
-		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(),
+		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(), Shared: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -127,7 +136,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	placement, err := offload.NewPlacementWebhook(offload.PlacementWebhookConfig{
 		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
-		Logger: a.log, Metrics: a.registry,
+		Shared: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -162,7 +171,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
 		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection,
-		hostedEndpoints: hostedEndpoints}, nil
+		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
 
 // Publish hands a peer's state to the Peer writer and the provider
@@ -184,6 +193,9 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	if err := o.objects.AddHandler(ctx, o.provider.PeerHandler()); err != nil {
 		return err
 	}
+	// The shared informers, made as the components below first ask for
+	// a kind; they wait for them to sync.
+	comps.Go("shared informers", o.shared.Start)
 	comps.Go("offload grants", o.provider.Run)
 	comps.Go("offload credentials", o.consumer.Run)
 	comps.Go("namespace offloading", o.mirrors.Run)

@@ -24,7 +24,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	if err != nil {
 		return nil, nil, err
 	}
-	if off.services, err = a.newServices(st, disc); err != nil {
+	if off.services, err = a.newServices(st, disc, off.shared); err != nil {
 		return nil, nil, err
 	}
 	eng, err := peering.New(peering.Config{

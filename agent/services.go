@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/peering"
 )
@@ -18,10 +19,10 @@ type services struct {
 	properties *mcs.ClusterProperties
 }
 
-func (a *Agent) newServices(st state, disc *discovery.Discovery) (services, error) {
+func (a *Agent) newServices(st state, disc *discovery.Discovery, shared *offload.SharedCache) (services, error) {
 	s, err := mcs.New(mcs.Config{
 		Config: a.restCfg, Identity: st.id, Send: disc.SendServices, Views: ledgerViews{st.ledger}, Serials: st.ledger,
-		Grace: a.cfg.UnreachableGrace, Logger: a.log, Metrics: a.registry,
+		Grace: a.cfg.UnreachableGrace, Shared: shared, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return services{}, err

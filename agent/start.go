@@ -92,7 +92,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := off.start(ctx, comps); err != nil {
 		return err
 	}
-	if err := a.startTrafficFeed(comps, seg, off.objects.Shared()); err != nil {
+	if err := a.startTrafficFeed(comps, seg, off.shared); err != nil {
 		return err
 	}
 	if err := a.startClustersetDNS(ctx, comps); err != nil {
@@ -107,7 +107,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	if a.cfg.ReleaseStartPages {
-		ReleaseStartPages(a.log)
+		ReleaseStartPages(a.log, a.cfg.EvictStartPages)
 	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return nil

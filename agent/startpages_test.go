@@ -47,7 +47,7 @@ Anonymous:           132 kB
 // longer count as resident, and the code keeps running: what it runs
 // next is mapped back.
 func TestReleaseStartPages(t *testing.T) {
-	p, err := releaseStartPages()
+	p, err := releaseStartPages(true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,7 +161,8 @@ func newTrafficFeed(cfg trafficFeedConfig) (*trafficFeed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("traffic policy: metrics: %w", err)
 	}
-	return &trafficFeed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: offload.WithPeers(c, cfg.Peers), write: w, m: m,
+	return &trafficFeed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: offload.WithShared(c, cfg.Peers,
+		offload.SharedNamespaceOffloads, offload.SharedNamespaces, offload.SharedServices, offload.SharedEndpointSlices, offload.SharedServiceExports), write: w, m: m,
 		wake: make(chan struct{}, 1), problems: map[string]string{}}, nil
 }
 

@@ -90,7 +90,22 @@ func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEn
 	if err := seg.Apply(ctx, tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b"}, {ClusterID: "p"}}}); err != nil {
 		t.Fatal(err)
 	}
-	e.feed, err = newTrafficFeed(trafficFeedConfig{Config: cp.Config, Dataplane: seg, Default: def, Logger: log, Metrics: e.reg})
+	// The feed reads Peers, Namespaces, Services... from the cache the
+	// agent's offloading shares, as in the agent.
+	shared, err := offload.NewSharedCache(cp.Config, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sharedCtx, stopShared := context.WithCancel(context.Background())
+	sharedDone := make(chan error, 1)
+	go func() { sharedDone <- shared.Start(sharedCtx) }()
+	t.Cleanup(func() {
+		stopShared()
+		if err := <-sharedDone; err != nil {
+			t.Errorf("the shared cache: %v", err)
+		}
+	})
+	e.feed, err = newTrafficFeed(trafficFeedConfig{Config: cp.Config, Dataplane: seg, Default: def, Peers: shared, Logger: log, Metrics: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,7 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 		return nil, fmt.Errorf("endpoints on third clusters: client: %w", err)
 	}
 	h := &HostedEndpoints{
-		cfg: cfg, log: cfg.Logger.With("component", "hosted-endpoints"), cache: WithPeers(c, cfg.Peers), client: w,
+		cfg: cfg, log: cfg.Logger.With("component", "hosted-endpoints"), cache: WithShared(c, cfg.Peers, SharedNamespaces), client: w,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "hosted-endpoints"}),
@@ -344,9 +344,13 @@ func (h *HostedEndpoints) desired(ctx context.Context, key types.NamespacedName)
 	var ns corev1.Namespace
 	switch err := h.cache.Get(ctx, client.ObjectKey{Name: key.Namespace}, &ns); {
 	case apierrors.IsNotFound(err):
-		return nil, "", nil // not mirrored for a consumer: not ours to read
+		return nil, "", nil
 	case err != nil:
 		return nil, "", fmt.Errorf("read namespace %s: %w", key.Namespace, err)
+	case !mirroredSelector("").Matches(labels.Set(ns.Labels)):
+		// Not mirrored for a consumer: not ours to read. The shared
+		// cache holds every namespace.
+		return nil, "", nil
 	}
 	consumer = ns.Labels[LabelTenant]
 	from, err := decodeThirdSlice(&src)

@@ -82,7 +82,7 @@ func newThirdEnv(t testing.TB) *thirdEnv {
 	agent := serviceAccountConfig(t, e.p.cp, "flotilla-system", "flotilla-agent")
 	agent.QPS, agent.Burst = -1, -1
 	e.hosted, err = NewHostedEndpoints(HostedEndpointsConfig{
-		Config: agent, Self: e.p.id,
+		Config: agent, Self: e.p.id, Peers: startSharedCache(t, agent, nil),
 		Views:   manyViews{{provider: e.b, real: providerSeesOfB, view: providerViewOfBLo}},
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.hostedRg,
@@ -183,6 +183,45 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 		})
 		if n := testutil.ToFloat64(e.reflectors[0].m.dropped.WithLabelValues(e.p.id, dropThirdCluster)); n != 0 {
 			t.Fatalf("third-cluster endpoints counted as dropped: %v", n)
+		}
+	})
+
+	t.Run("a slice in a namespace not mirrored for a consumer is not read", func(t *testing.T) {
+		// The consumer's slice, copied by someone into a namespace of
+		// the provider's own.
+		src := waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, thirdSliceName("api-manual", e.b), nil)
+		if err := e.pcx.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}); err != nil {
+			t.Fatal(err)
+		}
+		copied := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "plain", Name: src.Name, Labels: src.Labels, Annotations: src.Annotations},
+			AddressType: src.AddressType, Endpoints: src.Endpoints, Ports: src.Ports,
+		}
+		if err := e.pcx.Create(ctx, copied); err != nil {
+			t.Fatal(err)
+		}
+		// Witness: a change in the mirrored namespace, queued after the
+		// copy (one worker), is acted on.
+		var s discoveryv1.EndpointSlice
+		if err := e.pcx.Get(ctx, client.ObjectKey{Namespace: e.remote, Name: translated}, &s); err != nil {
+			t.Fatal(err)
+		}
+		s.Endpoints[0].Addresses = []string{"10.71.9.8"}
+		if err := e.pcx.Update(ctx, &s); err != nil {
+			t.Fatal(err)
+		}
+		waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, translated, func(s *discoveryv1.EndpointSlice) error {
+			if !slices.Equal(addressesOf(s), []string{"10.71.5.6"}) {
+				return fmt.Errorf("addresses %v", addressesOf(s))
+			}
+			return nil
+		})
+		var there discoveryv1.EndpointSliceList
+		if err := e.pcx.List(ctx, &there, client.InNamespace("plain")); err != nil {
+			t.Fatal(err)
+		}
+		if len(there.Items) != 1 {
+			t.Fatalf("%d slices in the namespace not mirrored, want only the copy", len(there.Items))
 		}
 	})
 

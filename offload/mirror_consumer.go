@@ -93,12 +93,16 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 		cfg.Logger = slog.Default()
 	}
 	scheme := mirrorScheme()
+	// Namespaces are read whole, from the shared cache in an agent.
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("namespace offloading: scheme: %w", err)
+	}
 	mapper := mirrorMapper()
 	own, err := cache.New(cfg.Config, cache.Options{Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: cache: %w", err)
 	}
-	local := WithPeers(own, cfg.Peers)
+	local := WithShared(own, cfg.Peers, SharedNamespaceOffloads, SharedNamespaces)
 	write, err := client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: client: %w", err)
@@ -163,7 +167,7 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
 	}
-	namespaces, err := mc.local.GetInformer(ctx, metadataOf(namespaceGVK))
+	namespaces, err := mc.local.GetInformer(ctx, &corev1.Namespace{})
 	if err != nil {
 		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
 	}
@@ -237,24 +241,24 @@ func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
 // NamespaceOffloads say.
 func (mc *MirrorConsumer) namespaceEvents() toolscache.ResourceEventHandler {
 	label := func(obj any) (string, bool) {
-		m, ok := obj.(*metav1.PartialObjectMetadata)
+		m, ok := obj.(metav1.Object)
 		if !ok {
 			return "", false
 		}
-		v, ok := m.Labels[LabelOffloaded]
+		v, ok := m.GetLabels()[LabelOffloaded]
 		return v, ok
 	}
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if _, ok := label(obj); ok {
-				mc.queue.Add(obj.(*metav1.PartialObjectMetadata).Name)
+				mc.queue.Add(obj.(metav1.Object).GetName())
 			}
 		},
 		UpdateFunc: func(old, obj any) {
 			v1, ok1 := label(old)
 			v2, ok2 := label(obj)
 			if v1 != v2 || ok1 != ok2 {
-				mc.queue.Add(obj.(*metav1.PartialObjectMetadata).Name)
+				mc.queue.Add(obj.(metav1.Object).GetName())
 			}
 		},
 	}

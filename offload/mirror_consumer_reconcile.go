@@ -119,23 +119,26 @@ func actingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload
 	return acting
 }
 
-// namespaceGVK is read as metadata only: its labels are all that counts.
+// namespaceGVK is written as metadata only: its labels are all that
+// counts.
 var namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")
 
 // markOffloaded sets LabelOffloaded on namespace ns, or removes it: the
 // placement webhook's namespaceSelector sends the pods of labelled
 // namespaces only. A namespace that is gone needs nothing.
 func (mc *MirrorConsumer) markOffloaded(ctx context.Context, ns string, offloaded bool) error {
-	m := metadataOf(namespaceGVK)
-	err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, m)
+	var n corev1.Namespace
+	err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, &n)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
 	case err != nil:
 		return fmt.Errorf("read namespace %s: %w", ns, err)
-	case (m.Labels[LabelOffloaded] == "true") == offloaded:
+	case (n.Labels[LabelOffloaded] == "true") == offloaded:
 		return nil
 	}
+	m := metadataOf(namespaceGVK)
+	m.Name = ns
 	value := any(nil)
 	if offloaded {
 		value = "true"

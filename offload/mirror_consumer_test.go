@@ -48,6 +48,10 @@ type mirrorEnv struct {
 	self      string
 	creds     *testCredentials
 	providers []*testProvider
+	// shared is what the MirrorConsumers read NamespaceOffloads,
+	// Namespaces and Peers from, as in the agent; it outlives each of
+	// them (nil: each reads them itself).
+	shared *SharedCache
 }
 
 type testProvider struct {
@@ -93,6 +97,7 @@ func newMirrorEnv(t *testing.T) *mirrorEnv {
 	e := &mirrorEnv{local: cps[0], self: newConsumer(t), creds: &testCredentials{m: map[string]providerCredential{}}}
 	e.lc = adminClient(t, e.local)
 	mustApplyCRDs(t, e.local.Config)
+	e.shared = startSharedCache(t, e.local.Config, nil)
 	for i, cp := range cps[1:] {
 		mustApplyCRDs(t, cp.Config)
 		p := &testProvider{id: newConsumer(t), cp: cp, admin: adminClient(t, cp)}
@@ -181,7 +186,7 @@ func (e *mirrorEnv) setLabels(t *testing.T, id string, labels map[string]string)
 func (e *mirrorEnv) start(t testing.TB) (stop func()) {
 	t.Helper()
 	mc, err := NewMirrorConsumer(MirrorConsumerConfig{
-		Config: e.local.Config, Credentials: e.creds, Self: e.self,
+		Config: e.local.Config, Credentials: e.creds, Self: e.self, Peers: e.shared,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: prometheus.NewRegistry(),
 	})
 	if err != nil {

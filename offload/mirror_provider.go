@@ -66,7 +66,10 @@ type MirrorProviderConfig struct {
 	// AgentNamespace is the agent's own namespace, never mirrored into.
 	AgentNamespace string
 	// Resync is DefaultMirrorResync when zero.
-	Resync  time.Duration
+	Resync time.Duration
+	// Shared, when set, is where Namespaces are read from (the agent's
+	// SharedCache) instead of an informer of the provider's own.
+	Shared  *SharedCache
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 }
@@ -115,6 +118,7 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mirror provider: cache: %w", err)
 	}
+	ca = WithShared(ca, cfg.Shared, SharedNamespaces)
 	c := cfg.Client
 	if c == nil {
 		if c, err = client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper}); err != nil {

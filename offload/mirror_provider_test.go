@@ -85,7 +85,7 @@ func TestMirrorProvider(t *testing.T) {
 	s := &mirrorSuite{cp: cp, admin: admin, tenants: tenants, grants: &grants{m: map[string]grant.Limits{}}, top: t}
 	s.cfg = MirrorProviderConfig{
 		Config: agent, Tenants: tenants, Grants: s.grants, AgentNamespace: "flotilla-system",
-		Resync: time.Second, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Resync: time.Second, Shared: startSharedCache(t, agent, nil), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
 	s.start()
 

@@ -24,15 +24,46 @@ type PeerCache interface {
 // is nil). own never starts an informer of Peers: every read and watch of
 // them goes to peers, which its owner starts.
 func WithPeers(own cache.Cache, peers PeerCache) cache.Cache {
-	if peers == nil {
+	return WithShared(own, peers)
+}
+
+// WithShared is WithPeers, and when peers is a *SharedCache, own with
+// the kinds named read from it too: own never starts an informer of
+// those. A component names the kinds it reads whole and unfiltered; one
+// that watches a kind through a selector or a transform of its own keeps
+// its own informer of it.
+func WithShared(own cache.Cache, peers PeerCache, kinds ...SharedKind) cache.Cache {
+	if s, ok := peers.(*SharedCache); peers == nil || ok && s == nil {
 		return own
 	}
-	return &sharedPeers{Cache: own, peers: peers}
+	c := &sharedPeers{Cache: own, peers: peers}
+	if shared, ok := peers.(*SharedCache); ok && len(kinds) > 0 {
+		c.shared = shared
+		for _, k := range kinds {
+			c.kinds |= 1 << k
+		}
+	}
+	return c
 }
 
 type sharedPeers struct {
 	cache.Cache
 	peers PeerCache
+	// shared serves the kinds of the set kinds (1 << SharedKind).
+	shared *SharedCache
+	kinds  uint
+}
+
+// reader is where obj's kind is read from: peers, shared or own.
+func (c *sharedPeers) reader(obj any) PeerCache {
+	if isPeers(obj) {
+		return c.peers
+	}
+	// Bit 0 is never set: an object of no shared kind stays own's.
+	if c.shared != nil && c.kinds&(1<<sharedKindOf(obj)) != 0 {
+		return c.shared
+	}
+	return nil
 }
 
 var peerKind = v1alpha1.GroupVersion.WithKind("Peer")
@@ -46,22 +77,22 @@ func isPeers(obj any) bool {
 }
 
 func (c *sharedPeers) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if isPeers(obj) {
-		return c.peers.Get(ctx, key, obj, opts...)
+	if r := c.reader(obj); r != nil {
+		return r.Get(ctx, key, obj, opts...)
 	}
 	return c.Cache.Get(ctx, key, obj, opts...)
 }
 
 func (c *sharedPeers) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	if isPeers(list) {
-		return c.peers.List(ctx, list, opts...)
+	if r := c.reader(list); r != nil {
+		return r.List(ctx, list, opts...)
 	}
 	return c.Cache.List(ctx, list, opts...)
 }
 
 func (c *sharedPeers) GetInformer(ctx context.Context, obj client.Object, opts ...cache.InformerGetOption) (cache.Informer, error) {
-	if isPeers(obj) {
-		return c.peers.GetInformer(ctx, obj, opts...)
+	if r := c.reader(obj); r != nil {
+		return r.GetInformer(ctx, obj, opts...)
 	}
 	return c.Cache.GetInformer(ctx, obj, opts...)
 }
@@ -70,13 +101,27 @@ func (c *sharedPeers) GetInformerForKind(ctx context.Context, gvk schema.GroupVe
 	if gvk == peerKind {
 		return c.peers.GetInformer(ctx, &v1alpha1.Peer{}, opts...)
 	}
+	if k := sharedKindFor(gvk); c.shared != nil && k != 0 && c.kinds&(1<<k) != 0 {
+		return c.shared.local.GetInformerForKind(ctx, gvk, opts...)
+	}
 	return c.Cache.GetInformerForKind(ctx, gvk, opts...)
 }
 
-// RemoveInformer leaves the shared informer of Peers running: it is not
-// this component's to stop.
+// WaitForCacheSync waits for the shared informers too: a component that
+// waits for its cache before it reads must find the kinds it reads from
+// the shared one listed (the agent starts that one beside the
+// components, in no given order).
+func (c *sharedPeers) WaitForCacheSync(ctx context.Context) bool {
+	if !c.Cache.WaitForCacheSync(ctx) {
+		return false
+	}
+	return c.shared == nil || c.shared.WaitForCacheSync(ctx)
+}
+
+// RemoveInformer leaves the shared informers running: they are not this
+// component's to stop.
 func (c *sharedPeers) RemoveInformer(ctx context.Context, obj client.Object) error {
-	if isPeers(obj) {
+	if c.reader(obj) != nil {
 		return nil
 	}
 	return c.Cache.RemoveInformer(ctx, obj)

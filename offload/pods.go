@@ -127,7 +127,7 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: cache: %w", err)
 	}
-	local := WithPeers(own, cfg.Peers)
+	local := WithShared(own, cfg.Peers, SharedNamespaceOffloads)
 	r := &PodReflector{
 		cfg: cfg, log: cfg.Logger.With("component", "pod-offload"),
 		kube: kube, watch: watch, local: local,

@@ -67,8 +67,9 @@ type podEnv struct {
 	registry   *prometheus.Registry
 	stop       func() // stops the running PodReflector
 	// peers is the cache of Peers the reflectors share, as in the agent
-	// (PeerCache): it outlives each of them.
-	peers cache.Cache
+	// (a SharedCache, which their NamespaceOffloads come from too): it
+	// outlives each of them.
+	peers PeerCache
 }
 
 // podEnvOptions are what a test or benchmark varies.
@@ -114,7 +115,7 @@ func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
 	e.grants = &grants{m: map[string]grant.Limits{e.self: {}}}
 	hosted, err := NewMirrorProvider(MirrorProviderConfig{
 		Config: agent, Tenants: tenants, Grants: e.grants, AgentNamespace: "flotilla-system",
-		Resync: time.Second, Logger: slog.New(slog.NewTextHandler(testWriter{tb}, nil)),
+		Resync: time.Second, Shared: startSharedCache(tb, agent, nil), Logger: slog.New(slog.NewTextHandler(testWriter{tb}, nil)),
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -168,7 +169,7 @@ func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
 			tb.Fatal(err)
 		}
 		runUntilCleanup(tb, "the cache of Peers", peers.Start)
-		e.peers = peers
+		e.peers = startSharedCache(tb, local, peers)
 	}
 	r, err := NewPodReflector(PodReflectorConfig{
 		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Address: virtualNodeAddress,

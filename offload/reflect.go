@@ -177,7 +177,7 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	}
 	r := &Reflector{
 		cfg: cfg, log: cfg.Logger.With("component", "reflection"),
-		local: WithPeers(local, cfg.Peers), write: write, pods: pods,
+		local: WithShared(local, cfg.Peers, SharedNamespaceOffloads, SharedServices, SharedEndpointSlices), write: write, pods: pods,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[reflectKey](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[reflectKey]{Name: "reflection"}),

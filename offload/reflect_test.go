@@ -37,6 +37,9 @@ type reflectEnv struct {
 	reflectors []*Reflector
 	registry   *prometheus.Registry
 	stop       func()
+	// shared is what the reflectors read NamespaceOffloads, Services and
+	// EndpointSlices from, as in the agent; it outlives each of them.
+	shared *SharedCache
 }
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
@@ -69,8 +72,11 @@ func (e *reflectEnv) start(tb testing.TB, workers int) {
 	e.registry = prometheus.NewRegistry()
 	local := rest.CopyConfig(e.local.Config)
 	local.QPS, local.Burst = -1, -1
+	if e.shared == nil {
+		e.shared = startSharedCache(tb, local, nil)
+	}
 	r, err := NewReflector(ReflectorConfig{
-		Config: local, Self: e.self, Credentials: e.creds, Views: e.views,
+		Config: local, Self: e.self, Credentials: e.creds, Views: e.views, Peers: e.shared,
 		Logger:  slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.registry, Workers: workers,
 	})

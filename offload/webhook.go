@@ -55,6 +55,9 @@ type PlacementWebhookConfig struct {
 	// defaults (DefaultWebhookCALifetime...) when set; tests shorten
 	// them to see a rotation.
 	CALifetime, ServingLifetime, CAPublishDelay time.Duration
+	// Shared, when set, is where NamespaceOffloads are read from (the
+	// agent's SharedCache) instead of an informer of the webhook's own.
+	Shared *SharedCache
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -163,6 +166,7 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 	if err != nil {
 		return nil, fmt.Errorf("placement webhook: cache: %w", err)
 	}
+	w.cache = WithShared(w.cache, cfg.Shared, SharedNamespaceOffloads)
 	if w.live, err = client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper}); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}

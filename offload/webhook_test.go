@@ -142,6 +142,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) 
 	t.Helper()
 	cfg := PlacementWebhookConfig{
 		Config: e.cp.Config, Address: e.addr, Port: e.port, AgentNamespace: e.agentNS,
+		Shared:  startSharedCache(t, e.cp.Config, nil),
 		Logger:  slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.registry,
 	}

@@ -96,7 +96,7 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 		Applied: func(err error) {
 			applied.Store(&err)
 			if err == nil && *releasePages {
-				released.Do(func() { agent.ReleaseStartPages(log) })
+				released.Do(func() { agent.ReleaseStartPages(log, false) })
 			}
 		},
 	})

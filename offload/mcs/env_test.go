@@ -21,6 +21,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -83,9 +84,16 @@ func newFederation(tb testing.TB, names ...string) (*federation, []*cluster) {
 
 // start runs c's Services and connects it with every other cluster.
 func (f *federation) start(tb testing.TB, c *cluster) {
+	// What the exporter reads of the cluster comes from a cache shared
+	// with the agent's other components, as in the agent.
+	shared, err := offload.NewSharedCache(c.cp.Config, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	runUntilCleanup(tb, "the shared cache of "+c.name, shared.Start)
 	svcs, err := New(Config{
 		Config: c.cp.Config, Identity: c.id, Send: f.sender(c.id.ClusterID()), Views: f.views(c.id.ClusterID()),
-		Serials: c.serials, Grace: 3 * time.Second, Resync: time.Second,
+		Serials: c.serials, Grace: 3 * time.Second, Resync: time.Second, Shared: shared,
 		Logger: slog.New(slog.NewTextHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("cluster", c.name),
 	})
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 )
 
@@ -62,8 +63,12 @@ type Config struct {
 	// MaxMessageLen bounds a message; default 64 KiB (discovery's).
 	MaxMessageLen int
 	Now           func() time.Time
-	Logger        *slog.Logger
-	Metrics       prometheus.Registerer
+	// Shared, when set, is where Namespaces, Services, EndpointSlices
+	// and ServiceExports are read from (the agent's offload.SharedCache)
+	// instead of informers of the exporter's own.
+	Shared  *offload.SharedCache
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
 }
 
 // Services runs the Multi-Cluster Services API in this cluster: it
@@ -135,6 +140,8 @@ func New(cfg Config) (*Services, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mcs: cache: %w", err)
 	}
+	ca = offload.WithShared(ca, cfg.Shared,
+		offload.SharedNamespaces, offload.SharedServices, offload.SharedEndpointSlices, offload.SharedServiceExports)
 	c, err := client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper(), Cache: &client.CacheOptions{Reader: ca}})
 	if err != nil {
 		return nil, fmt.Errorf("mcs: client: %w", err)

@@ -132,6 +132,12 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	}
 	agentArgs := strings.Fields(os.Getenv(benchRSSAgentArgsEnvVar))
 	cons.Args = append(cons.Args, agentArgs...)
+	// The measured agent runs a copy of the binary of its own, as on a
+	// node of its own: the provider's agent maps the same file, and the
+	// pages it keeps cached would be mapped into the measured one around
+	// each of its faults (docs/offload.md, "The fifth round").
+	measured := copyOfBinary(b, cons.Bin)
+	cons.Bin = measured
 	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
@@ -159,7 +165,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	}
 	federation.Connect(b, cs)
 	waitCredentials(b, cons, cs[1:], 2*time.Minute)
-	agent := agentPid(b, cons)
+	agent := agentPid(b, cons, measured)
 
 	m := &memReport{pods: pods, peers: peers, env: append(slices.Clone(agentEnv), agentArgs...)}
 	m.idleOne = sampleFor(b, cons, agent, memWindow)
@@ -295,11 +301,11 @@ func spreadMiB(xs []uint64) string {
 
 // agentPid is the pid of c's agent process, checked to be the flotilla
 // binary (the harness starts it through ip netns exec, which execs it).
-func agentPid(b *testing.B, c *federation.Cluster) int {
+func agentPid(b *testing.B, c *federation.Cluster, want string) int {
 	b.Helper()
 	pid := c.Agent.Pid()
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if want := harness.Flotilla(b); err != nil || exe != want {
+	if err != nil || exe != want {
 		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, want)
 	}
 	return pid
@@ -659,4 +665,38 @@ func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, tim
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// copyOfBinary copies the executable bin beside it (where the sites,
+// with their own /tmp, find it too) and returns the copy's path; the
+// copy goes when the benchmark ends. It is written as a container
+// runtime extracts an image's layer, 32 KiB at a time (the page cache
+// then holds it in folios of that size; one write of the whole file
+// makes folios of up to 2 MiB, each mapped whole by a fault in it),
+// and synced: its cached pages are clean, as a binary's long written,
+// which the agent's --evict-start-pages can drop.
+func copyOfBinary(b *testing.B, bin string) string {
+	b.Helper()
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst := bin + "-measured"
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.Remove(dst) })
+	for off := 0; off < len(data); off += 32 << 10 {
+		if _, err := f.Write(data[off:min(off+32<<10, len(data))]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return dst
 }

@@ -1,0 +1,68 @@
+package offload
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+)
+
+// startSharedCache is the agent's SharedCache over cfg's API server, run
+// until the test ends: the components a test starts and restarts read
+// through it as in the agent, where it outlives them.
+func startSharedCache(tb testing.TB, cfg *rest.Config, peers PeerCache) *SharedCache {
+	tb.Helper()
+	c, err := NewSharedCache(cfg, peers)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	runUntilCleanup(tb, "the shared cache", c.Start)
+	return c
+}
+
+// Each shared kind is told the same by its objects, its lists and its
+// GroupVersionKind (GetInformerForKind routes by the last), and a
+// metadata-only read of one (a PartialObjectMetadata) stays with the
+// component's own cache, which may watch it with a transform of its own.
+func TestSharedKindsAgree(t *testing.T) {
+	scheme := sharedScheme()
+	for _, tc := range []struct {
+		obj  client.Object
+		list client.ObjectList
+		want SharedKind
+	}{
+		{&v1alpha1.NamespaceOffload{}, &v1alpha1.NamespaceOffloadList{}, SharedNamespaceOffloads},
+		{&corev1.Namespace{}, &corev1.NamespaceList{}, SharedNamespaces},
+		{&corev1.Service{}, &corev1.ServiceList{}, SharedServices},
+		{&discoveryv1.EndpointSlice{}, &discoveryv1.EndpointSliceList{}, SharedEndpointSlices},
+		{&mcsv1alpha1.ServiceExport{}, &mcsv1alpha1.ServiceExportList{}, SharedServiceExports},
+	} {
+		gvk, err := apiutil.GVKForObject(tc.obj, scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := []SharedKind{sharedKindOf(tc.obj), sharedKindOf(tc.list), sharedKindFor(gvk)}; got[0] != tc.want || got[1] != tc.want || got[2] != tc.want {
+			t.Errorf("%s: object, list and kind say %v, want %v", gvk.Kind, got, tc.want)
+		}
+		if _, err := sharedMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			t.Errorf("%s: the shared cache does not know where it is served: %v", gvk.Kind, err)
+		}
+	}
+	meta := &metav1.PartialObjectMetadata{}
+	meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if k := sharedKindOf(meta); k != 0 {
+		t.Errorf("Namespaces as metadata read from the shared cache (%v)", k)
+	}
+	for _, obj := range []any{&corev1.Pod{}, &corev1.Node{}, &v1alpha1.Peer{}} {
+		if k := sharedKindOf(obj); k != 0 {
+			t.Errorf("%T read from the shared cache (%v)", obj, k)
+		}
+	}
+}
