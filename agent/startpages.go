@@ -106,7 +106,7 @@ func releaseStartPages(evict bool) (startPages, error) {
 		out.released += uint64(r.end - r.start)
 	}
 	if evict {
-		if err := evictFromPageCache(); err != nil {
+		if err := evictFromPageCache("/proc/self/exe"); err != nil {
 			return out, err
 		}
 	}
@@ -114,17 +114,18 @@ func releaseStartPages(evict bool) (startPages, error) {
 	return out, err
 }
 
-// evictFromPageCache drops the binary's cached pages that no process
-// maps (POSIX_FADV_DONTNEED drops clean, unmapped pages only): the
-// pages another process of the same binary maps stay.
-func evictFromPageCache() error {
-	f, err := os.Open("/proc/self/exe")
+// evictFromPageCache drops the cached pages of the file at path (the
+// running binary) that no process maps (POSIX_FADV_DONTNEED drops
+// clean, unmapped pages only): the pages another process of the same
+// binary maps stay.
+func evictFromPageCache(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("the running binary: %w", err)
 	}
 	defer f.Close()
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		return fmt.Errorf("fadvise(DONTNEED) on the running binary: %w", err)
+		return fmt.Errorf("fadvise(DONTNEED) on %s: %w", path, err)
 	}
 	return nil
 }

@@ -1,9 +1,16 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Only the binary's mappings that are read-only and hold no private copy
@@ -60,4 +67,69 @@ func TestReleaseStartPages(t *testing.T) {
 		t.Fatalf("after the release: %s, %v", b, err)
 	}
 	t.Logf("released %d MiB of mappings; RssFile %d MiB before, %d MiB after", p.released>>20, p.fileBefore>>20, p.fileAfter>>20)
+}
+
+// The pages of a file that no process maps leave the page cache: the
+// binary's refaults then map only what is touched again, not the 64 KiB
+// around each page (fault-around maps cached neighbours).
+func TestDropCachedPages(t *testing.T) {
+	dir := t.TempDir()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		// tmpfs pages are the file itself, never dropped: use the
+		// checkout's file system, as a binary's would be.
+		var err error
+		if dir, err = os.MkdirTemp(".", ".dropcache-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	path := filepath.Join(dir, "binary")
+	if err := os.WriteFile(path, bytes.Repeat([]byte{0xcc}, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil { // dirty pages are not dropped
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, f); err != nil {
+		t.Fatal(err)
+	}
+	cached := func() int {
+		t.Helper()
+		m, err := unix.Mmap(int(f.Fd()), 0, 1<<20, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(m)
+		vec := make([]byte, (1<<20)/os.Getpagesize())
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			t.Fatal(e)
+		}
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	before := cached()
+	if before == 0 {
+		t.Fatal("the file just read is not in the page cache: nothing to witness")
+	}
+	if err := evictFromPageCache(path); err != nil {
+		t.Fatal(err)
+	}
+	if after := cached(); after != 0 {
+		t.Fatalf("%d of the file's pages cached after the drop, %d before: want none", after, before)
+	}
+	if err := evictFromPageCache(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Fatal("dropping the pages of a missing file: no error")
+	}
 }
