@@ -72,7 +72,7 @@ func TestReleaseStartPages(t *testing.T) {
 // The pages of a file that no process maps leave the page cache: the
 // binary's refaults then map only what is touched again, not the 64 KiB
 // around each page (fault-around maps cached neighbours).
-func TestDropCachedPages(t *testing.T) {
+func TestEvictFromPageCache(t *testing.T) {
 	dir := t.TempDir()
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dir, &fs); err != nil {
