@@ -202,20 +202,7 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 		}
 		// Witness: a change in the mirrored namespace, queued after the
 		// copy (one worker), is acted on.
-		var s discoveryv1.EndpointSlice
-		if err := e.pcx.Get(ctx, client.ObjectKey{Namespace: e.remote, Name: translated}, &s); err != nil {
-			t.Fatal(err)
-		}
-		s.Endpoints[0].Addresses = []string{"10.71.9.8"}
-		if err := e.pcx.Update(ctx, &s); err != nil {
-			t.Fatal(err)
-		}
-		waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, translated, func(s *discoveryv1.EndpointSlice) error {
-			if !slices.Equal(addressesOf(s), []string{"10.71.5.6"}) {
-				return fmt.Errorf("addresses %v", addressesOf(s))
-			}
-			return nil
-		})
+		tamperAndWaitPutBack(t, e.reflectEnv, translated, "10.71.9.8", "10.71.5.6")
 		var there discoveryv1.EndpointSliceList
 		if err := e.pcx.List(ctx, &there, client.InNamespace("plain")); err != nil {
 			t.Fatal(err)
@@ -226,20 +213,7 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 	})
 
 	t.Run("a translated slice changed behind the agent's back is put back", func(t *testing.T) {
-		var s discoveryv1.EndpointSlice
-		if err := e.pcx.Get(ctx, client.ObjectKey{Namespace: e.remote, Name: translated}, &s); err != nil {
-			t.Fatal(err)
-		}
-		s.Endpoints[0].Addresses = []string{"10.71.9.9"}
-		if err := e.pcx.Update(ctx, &s); err != nil {
-			t.Fatal(err)
-		}
-		waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, translated, func(s *discoveryv1.EndpointSlice) error {
-			if !slices.Equal(addressesOf(s), []string{"10.71.5.6"}) {
-				return fmt.Errorf("addresses %v", addressesOf(s))
-			}
-			return nil
-		})
+		tamperAndWaitPutBack(t, e.reflectEnv, translated, "10.71.9.9", "10.71.5.6")
 	})
 
 	t.Run("a cluster the provider does not peer with is refused", func(t *testing.T) {
@@ -352,5 +326,26 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 			}
 			return nil
 		})
+	})
+}
+
+// tamperAndWaitPutBack sets the first endpoint of the provider's slice
+// name to addr behind the agent's back and waits until the agent put
+// want back.
+func tamperAndWaitPutBack(t *testing.T, e *reflectEnv, name, addr, want string) {
+	t.Helper()
+	var s discoveryv1.EndpointSlice
+	if err := e.pcx.Get(t.Context(), client.ObjectKey{Namespace: e.remote, Name: name}, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Endpoints[0].Addresses = []string{addr}
+	if err := e.pcx.Update(t.Context(), &s); err != nil {
+		t.Fatal(err)
+	}
+	waitRemote(t, e, &discoveryv1.EndpointSlice{}, name, func(s *discoveryv1.EndpointSlice) error {
+		if !slices.Equal(addressesOf(s), []string{want}) {
+			return fmt.Errorf("addresses %v", addressesOf(s))
+		}
+		return nil
 	})
 }
