@@ -78,13 +78,7 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 		// The witness that both reflectors acted since: each canary,
 		// deleted out of band, is made again by its identity's reflector.
 		for _, name := range []string{"canary-old", "canary-new"} {
-			e.deleteRemote(t, before[name])
-			eventually.Within(t, 90*time.Second, name+" made again", func() error {
-				if p := e.remotePods(t, remoteNS)[name]; p == nil || p.UID == before[name].UID {
-					return errors.New("not yet")
-				}
-				return nil
-			})
+			e.deleteAndWaitRemade(t, remoteNS, before[name])
 			e.waitReflected(t, "wipe", remoteNS, name)
 		}
 		after := e.remotePods(t, remoteNS)
@@ -127,14 +121,7 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 		// identity, and left alone by the old one.
 		e.createPods(t, onNode("on-old", newNode))
 		_, made := e.waitReflected(t, "wipe", remoteNS, "on-old")
-		canary := e.remotePods(t, remoteNS)["canary-old"]
-		e.deleteRemote(t, canary)
-		eventually.Within(t, 90*time.Second, "canary-old made again", func() error {
-			if p := e.remotePods(t, remoteNS)["canary-old"]; p == nil || p.UID == canary.UID {
-				return errors.New("not yet")
-			}
-			return nil
-		})
+		e.deleteAndWaitRemade(t, remoteNS, e.remotePods(t, remoteNS)["canary-old"])
 		switch p := e.remotePods(t, remoteNS)["on-old"]; {
 		case p == nil:
 			t.Fatal("on-old deleted there")
@@ -157,14 +144,7 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 			return nil
 		})
 		// The witness that the new identity's reflector looked since.
-		canary := e.remotePods(t, remoteNS)["canary-new"]
-		e.deleteRemote(t, canary)
-		eventually.Within(t, 90*time.Second, "canary-new made again", func() error {
-			if p := e.remotePods(t, remoteNS)["canary-new"]; p == nil || p.UID == canary.UID {
-				return errors.New("not yet")
-			}
-			return nil
-		})
+		e.deleteAndWaitRemade(t, remoteNS, e.remotePods(t, remoteNS)["canary-new"])
 		if e.remotePods(t, remoteNS)["canary-old"] == nil {
 			t.Fatal("the old node's pod was deleted on the provider while its consumer pod exists")
 		}
@@ -191,6 +171,20 @@ func (e *podEnv) secondIdentity(t *testing.T) string {
 	e.addPeer(t, newID, "p1-again", map[string]string{"region": "a"})
 	e.views.alias = newID
 	return newID
+}
+
+// deleteAndWaitRemade deletes the provider's pod p out of band and waits
+// until a reflector made it again: the witness that the reflectors
+// looked since.
+func (e *podEnv) deleteAndWaitRemade(t *testing.T, ns string, p *corev1.Pod) {
+	t.Helper()
+	e.deleteRemote(t, p)
+	eventually.Within(t, 90*time.Second, p.Name+" made again", func() error {
+		if now := e.remotePods(t, ns)[p.Name]; now == nil || now.UID == p.UID {
+			return errors.New("not yet")
+		}
+		return nil
+	})
 }
 
 // watchUntilMarker creates a pod of nobody's in ns on the provider (the

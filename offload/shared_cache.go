@@ -51,19 +51,26 @@ func sharedKindOf(obj any) SharedKind {
 	return 0
 }
 
+// sharedKinds are where each SharedKind is served: what sharedKindFor
+// and the cache's REST mapper read.
+var sharedKinds = []struct {
+	kind  SharedKind
+	gvk   schema.GroupVersionKind
+	scope meta.RESTScope
+}{
+	{SharedNamespaceOffloads, v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace},
+	{SharedNamespaces, corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot},
+	{SharedServices, corev1.SchemeGroupVersion.WithKind(kindService), meta.RESTScopeNamespace},
+	{SharedEndpointSlices, discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace},
+	{SharedServiceExports, mcsv1alpha1.SchemeGroupVersion.WithKind("ServiceExport"), meta.RESTScopeNamespace},
+}
+
 // sharedKindFor is the SharedKind of a kind's objects; 0 when none.
 func sharedKindFor(gvk schema.GroupVersionKind) SharedKind {
-	switch gvk {
-	case v1alpha1.GroupVersion.WithKind("NamespaceOffload"):
-		return SharedNamespaceOffloads
-	case corev1.SchemeGroupVersion.WithKind("Namespace"):
-		return SharedNamespaces
-	case corev1.SchemeGroupVersion.WithKind(kindService):
-		return SharedServices
-	case discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice):
-		return SharedEndpointSlices
-	case mcsv1alpha1.SchemeGroupVersion.WithKind("ServiceExport"):
-		return SharedServiceExports
+	for _, k := range sharedKinds {
+		if k.gvk == gvk {
+			return k.kind
+		}
 	}
 	return 0
 }
@@ -111,20 +118,14 @@ func sharedScheme() *runtime.Scheme {
 func sharedMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion,
 		discoveryv1.SchemeGroupVersion, mcsv1alpha1.SchemeGroupVersion})
-	for _, k := range []struct {
-		gvk   schema.GroupVersionKind
-		scope meta.RESTScope
-	}{
-		{v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace},
-		{peerKind, meta.RESTScopeRoot},
-		{corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot},
-		{corev1.SchemeGroupVersion.WithKind(kindService), meta.RESTScopeNamespace},
-		{discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace},
-		{mcsv1alpha1.SchemeGroupVersion.WithKind("ServiceExport"), meta.RESTScopeNamespace},
-	} {
-		m.Add(k.gvk, k.scope)
+	add := func(gvk schema.GroupVersionKind, scope meta.RESTScope) {
+		m.Add(gvk, scope)
 		// The lists too: a cache asks whether a list's kind is namespaced.
-		m.Add(k.gvk.GroupVersion().WithKind(k.gvk.Kind+"List"), k.scope)
+		m.Add(gvk.GroupVersion().WithKind(gvk.Kind+"List"), scope)
+	}
+	add(peerKind, meta.RESTScopeRoot)
+	for _, k := range sharedKinds {
+		add(k.gvk, k.scope)
 	}
 	return m
 }
