@@ -38,18 +38,7 @@ func TestKubeletRunsPodsBehindSite(t *testing.T) {
 	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var running *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := cp.Client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		running = p
-		return p.Status.Phase == corev1.PodRunning, nil
-	})
-	if err != nil {
-		t.Fatalf("pod not Running (last status %+v): %v", running.Status, err)
-	}
+	running := waitPodRunning(t, cp, "web", 60*time.Second)
 	ip := netip.MustParseAddr(running.Status.PodIP)
 	if !k.PodCIDR().Contains(ip) {
 		t.Fatalf("pod IP %s outside the node's range %s", ip, k.PodCIDR())
@@ -64,13 +53,7 @@ func TestKubeletRunsPodsBehindSite(t *testing.T) {
 	if err := cp.Client.CoreV1().Pods("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := cp.Client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-	if err != nil {
-		t.Fatalf("deleted pod still in the API: %v", err)
-	}
+	waitPodGone(t, cp, "web")
 	if err := site.Ping(ip); err == nil {
 		t.Fatalf("deleted pod %s still answers", ip)
 	}
@@ -97,32 +80,14 @@ func TestKubeletReusesAddressesOfDeletedPods(t *testing.T) {
 		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		var last *corev1.Pod
-		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			p, err := pods.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			last = p
-			return p.Status.Phase == corev1.PodRunning, nil
-		})
-		if err != nil {
-			t.Fatalf("pod %s not Running (last status %+v): %v", name, last.Status, err)
-		}
-		return netip.MustParseAddr(last.Status.PodIP)
+		return netip.MustParseAddr(waitPodRunning(t, cp, name, 30*time.Second).Status.PodIP)
 	}
 	gone := func(name string, grace int64) {
 		t.Helper()
 		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 			t.Fatal(err)
 		}
-		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			_, err := pods.Get(ctx, name, metav1.GetOptions{})
-			return apierrors.IsNotFound(err), nil
-		})
-		if err != nil {
-			t.Fatalf("pod %s not gone: %v", name, err)
-		}
+		waitPodGone(t, cp, name)
 	}
 	for i, want := range []string{"10.9.0.1", "10.9.0.2", "10.9.0.3"} {
 		if got := run(fmt.Sprintf("p%d", i)); got.String() != want {
@@ -176,5 +141,36 @@ func TestKubeletPostsItsNodeReadyAgain(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("node Ready %q, want True again: %v", ready, err)
+	}
+}
+
+// waitPodRunning waits up to within for the pod name in default to be
+// Running and returns it.
+func waitPodRunning(t *testing.T, cp *harness.ControlPlane, name string, within time.Duration) *corev1.Pod {
+	t.Helper()
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
+		p, err := cp.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = p
+		return p.Status.Phase == corev1.PodRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s not Running (last status %+v): %v", name, last.Status, err)
+	}
+	return last
+}
+
+// waitPodGone waits until the pod name in default is no longer in the API.
+func waitPodGone(t *testing.T, cp *harness.ControlPlane, name string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := cp.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s still in the API: %v", name, err)
 	}
 }
