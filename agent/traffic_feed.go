@@ -69,8 +69,11 @@ type trafficFeed struct {
 	log   *slog.Logger
 	cache cache.Cache
 	pods  toolscache.Indexer // the trafficPods of cache's informer of pods, once Run got it
-	write client.Client      // Peer status
-	m     *trafficMetrics
+	// namespaces is the store of the cache's informer of Namespaces, once
+	// Run got it: a pod's event counts only in a tenant namespace.
+	namespaces toolscache.Indexer
+	write      client.Client // Peer status
+	m          *trafficMetrics
 
 	wake   chan struct{}
 	synced atomic.Bool
@@ -84,6 +87,7 @@ type trafficFeed struct {
 type trafficMetrics struct {
 	latency  prometheus.Histogram
 	problems *prometheus.GaugeVec
+	passes   prometheus.Counter
 }
 
 func newTrafficMetrics(r prometheus.Registerer) (*trafficMetrics, error) {
@@ -98,6 +102,10 @@ func newTrafficMetrics(r prometheus.Registerer) (*trafficMetrics, error) {
 			Name: "flotilla_policy_input_errors",
 			Help: "Objects of which a part cannot be enforced (an IPv6 address, a port of zero or none, an unknown protocol) and is left out of the Segregated peers' sets, by kind; the agent's log names them.",
 		}, []string{"kind"}),
+		passes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_policy_passes_total",
+			Help: "Decisions on the Segregated peers' sets: each reads everything the informers hold, after a burst of changes that can matter to them.",
+		}),
 	}
 	for _, k := range []string{"Pod", "EndpointSlice"} {
 		m.problems.WithLabelValues(k) // shown at 0 before the first
@@ -105,7 +113,7 @@ func newTrafficMetrics(r prometheus.Registerer) (*trafficMetrics, error) {
 	if r == nil {
 		return m, nil
 	}
-	return m, errors.Join(r.Register(m.latency), r.Register(m.problems))
+	return m, errors.Join(r.Register(m.latency), r.Register(m.problems), r.Register(m.passes))
 }
 
 // trafficScheme and trafficMapper know every kind the feed reads, so the
@@ -240,6 +248,25 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 		},
 		DeleteFunc: func(any) { f.changed() },
 	}
+	// Only the tenants' pods are read (read): a consumer's own pods, the
+	// 1000 it offloads say, would start a pass at each of their changes.
+	podHandler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if f.tenantPod(obj) {
+				f.changed()
+			}
+		},
+		UpdateFunc: func(old, obj any) {
+			if f.tenantPod(obj) && changedForTraffic(old, obj) {
+				f.changed()
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if f.tenantPod(obj) {
+				f.changed()
+			}
+		},
+	}
 	for _, obj := range []client.Object{
 		&corev1.Namespace{}, &corev1.Pod{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
 		&v1alpha1.NamespaceOffload{}, &mcsv1alpha1.ServiceExport{}, &v1alpha1.Peer{},
@@ -248,18 +275,26 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("traffic policy: watch %T: %w", obj, err)
 		}
-		reg, err := inf.AddEventHandler(handler)
+		var store *toolscache.Indexer
+		h := handler
+		switch obj.(type) {
+		case *corev1.Pod:
+			store, h = &f.pods, podHandler
+		case *corev1.Namespace:
+			store = &f.namespaces
+		}
+		if store != nil {
+			withStore, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
+			if !ok {
+				return fmt.Errorf("traffic policy: the informer of %T (%T) has no store to read", obj, inf)
+			}
+			*store = withStore.GetIndexer()
+		}
+		reg, err := inf.AddEventHandler(h)
 		if err != nil {
 			return fmt.Errorf("traffic policy: watch %T: %w", obj, err)
 		}
 		regs = append(regs, reg)
-		if _, ok := obj.(*corev1.Pod); ok {
-			withStore, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
-			if !ok {
-				return fmt.Errorf("traffic policy: the informer of pods (%T) has no store to read", inf)
-			}
-			f.pods = withStore.GetIndexer()
-		}
 	}
 	cacheErr := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -360,6 +395,27 @@ func changedForTraffic(old, obj any) bool {
 	return true // Services and EndpointSlices change when what they hold does
 }
 
+// tenantPod says whether obj, a pod's event, is of a pod in a tenant
+// namespace as the informer of Namespaces holds it now. A namespace
+// labelled a tenant's later is a change of its own, and that pass reads
+// every pod; what is not a trafficPod (a deletion's last state unknown)
+// counts.
+func (f *trafficFeed) tenantPod(obj any) bool {
+	p, ok := obj.(*trafficPod)
+	if !ok {
+		return true
+	}
+	o, exists, err := f.namespaces.GetByKey(p.Namespace)
+	if err != nil || !exists {
+		return false
+	}
+	ns, ok := o.(*corev1.Namespace)
+	if !ok {
+		return true
+	}
+	return tenantOfNamespace(ns) != ""
+}
+
 // changed notes a change and wakes the loop; it never blocks.
 func (f *trafficFeed) changed() {
 	f.mu.Lock()
@@ -380,6 +436,7 @@ func (f *trafficFeed) pass(ctx context.Context) error {
 	since := f.since
 	f.since = time.Time{}
 	f.mu.Unlock()
+	f.m.passes.Inc()
 	objs, err := f.read(ctx)
 	if err != nil {
 		return err

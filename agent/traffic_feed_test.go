@@ -296,6 +296,25 @@ func TestTrafficFeed(t *testing.T) {
 	e.deletePod("flotilla-tenant-b", "web")
 	e.want("b", false, []string{"10.0.1.6"}, nil)
 
+	// This cluster's own pods start no pass: ten of them run one after
+	// another (each a creation and a status: twenty events), spaced by
+	// more than the debounce so that each would start a pass of its own,
+	// then a tenant's pod, the witness that the feed got past them. Its
+	// events and the Peer status they lead to start at most four.
+	before := testutil.ToFloat64(e.feed.m.passes)
+	for i := range 10 {
+		e.runPod("mine", fmt.Sprintf("own-%d", i), fmt.Sprintf("10.0.4.%d", i+1))
+		time.Sleep(3 * DefaultTrafficDebounce)
+	}
+	e.runPod("shop-b", "witness", "10.0.1.9")
+	e.want("b", false, []string{"10.0.1.6", "10.0.1.9"}, nil)
+	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 2})
+	if n := testutil.ToFloat64(e.feed.m.passes) - before; n > 4 {
+		t.Errorf("%v passes for ten pods of this cluster's own and one of a tenant's, want at most 4", n)
+	}
+	e.deletePod("shop-b", "witness")
+	e.want("b", false, []string{"10.0.1.6"}, nil)
+
 	// Reflected and exported services.
 	e.setTraffic("p", v1alpha1.TrafficSegregated)
 	e.create(namespaceObject("shop", nil), namespaceObject("web", nil))

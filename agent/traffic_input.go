@@ -138,13 +138,22 @@ func offloadedPods(namespaces []corev1.Namespace, pods []corev1.Pod) (map[string
 	return out, problems
 }
 
+// tenantOfNamespace is the consumer ns was made for, "" when it is not a
+// tenant namespace of ours.
+func tenantOfNamespace(ns *corev1.Namespace) string {
+	if ns.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+		return ""
+	}
+	return ns.Labels[offload.LabelTenant]
+}
+
 // tenantNamespaces maps the namespaces we made for consumers to the
 // consumer each is for (its tenant label, with our managed-by label).
 func tenantNamespaces(namespaces []corev1.Namespace) map[string]string {
 	tenantOf := map[string]string{}
-	for _, ns := range namespaces {
-		if c := ns.Labels[offload.LabelTenant]; c != "" && ns.Labels[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
-			tenantOf[ns.Name] = c
+	for i := range namespaces {
+		if c := tenantOfNamespace(&namespaces[i]); c != "" {
+			tenantOf[namespaces[i].Name] = c
 		}
 	}
 	return tenantOf

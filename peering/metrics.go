@@ -12,6 +12,7 @@ type metrics struct {
 	phase        *prometheus.GaugeVec
 	phased       map[string]string
 	accepted     prometheus.Counter
+	repeated     prometheus.Counter
 	sent         prometheus.Counter
 	refused      *prometheus.CounterVec
 	held         prometheus.Gauge
@@ -19,6 +20,7 @@ type metrics struct {
 	successions  prometheus.Counter
 	applyErrors  prometheus.Counter
 	applySeconds prometheus.Histogram
+	reconciles   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
@@ -32,6 +34,9 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		phased: map[string]string{},
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_peering_messages_accepted_total", Help: "Peering statements accepted (new generations).",
+		}),
+		repeated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_peering_messages_repeated_total", Help: "Peering statements received again (resends of a generation already accepted), which change nothing.",
 		}),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_peering_statements_issued_total", Help: "New peering statements issued by this cluster.",
@@ -51,6 +56,9 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_dataplane_apply_errors_total", Help: "Failed applies of the desired data path.",
 		}),
+		reconciles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_peering_reconciles_total", Help: "Passes of the peering engine over every peer (after a change, and once a second).",
+		}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "flotilla_dataplane_apply_seconds", Help: "Time to apply the desired data path.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
@@ -60,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.peers, m.phase, m.accepted, m.sent, m.refused, m.held, m.sendErrors, m.successions, m.applyErrors, m.applySeconds, newTraffic(dp))
+		reg.MustRegister(m.peers, m.phase, m.accepted, m.repeated, m.sent, m.refused, m.held, m.sendErrors, m.successions, m.applyErrors, m.applySeconds, m.reconciles, newTraffic(dp))
 	}
 	return m
 }

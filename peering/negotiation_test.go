@@ -274,6 +274,51 @@ func TestSettledFederationOnlyResends(t *testing.T) {
 	}
 }
 
+// A resent statement changes nothing, so it starts no pass over every
+// peer: at 100 peers one arrives every 50 ms.
+func TestResendsStartNoReconcile(t *testing.T) {
+	net := &network{}
+	var mu sync.Mutex
+	var fromA []byte
+	a, b := newNode(t, net, nodeOptions{}), newNode(t, net, nodeOptions{})
+	net.tap = func(to string, msg []byte) {
+		if to == b.id.ClusterID() {
+			mu.Lock()
+			fromA = msg
+			mu.Unlock()
+		}
+	}
+	meet(a, b)
+	within(t, "connected", func() error { return connected(a, b) })
+	mu.Lock()
+	last := fromA
+	mu.Unlock()
+	start := time.Now()
+	reconciles := testutil.ToFloat64(b.eng.metrics.reconciles)
+	repeated := testutil.ToFloat64(b.eng.metrics.repeated)
+	const resends = 40
+	for i := range resends {
+		b.eng.Receive(last)
+		// Each handled before the next: a burst would be one reconcile
+		// whatever each message caused.
+		within(t, "the resend taken as one", func() error {
+			if v := testutil.ToFloat64(b.eng.metrics.repeated); v < repeated+float64(i+1) {
+				return fmt.Errorf("%v resends taken, want %d", v-repeated, i+1)
+			}
+			return nil
+		})
+	}
+	// What reconciles anyway: the tick, once a second, and a read of the
+	// tunnel's status, at most once a second while settled.
+	limit := 2*int(time.Since(start)/time.Second) + 4
+	if n := int(testutil.ToFloat64(b.eng.metrics.reconciles) - reconciles); n > limit {
+		t.Fatalf("%d reconciles for %d resends, want at most %d (the tick's and the tunnel status reads')", n, resends, limit)
+	}
+	if err := connected(a, b); err != nil {
+		t.Fatalf("after the resends: %v", err)
+	}
+}
+
 // An agent of the next protocol version, which writes fields this one does
 // not know, peers with this one: clusters upgrade one at a time.
 func TestNextProtocolVersionPeers(t *testing.T) {

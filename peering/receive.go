@@ -8,41 +8,44 @@ import (
 	"time"
 )
 
-// receive verifies and records one message.
-func (e *Engine) receive(msg []byte) {
+// receive verifies and records one message. It says whether the message
+// was news (a new statement), which the engine then acts on; a resend, a
+// refused message or one held for its sender changes nothing yet.
+func (e *Engine) receive(msg []byte) bool {
 	s, err := Parse(msg)
 	if err != nil {
 		e.refuse("", err)
-		return
+		return false
 	}
 	h := &s.Hello
 	if h.To != e.self {
 		e.refuse(h.From, fmt.Errorf("%w: for %s", ErrMisdirected, h.To))
-		return
+		return false
 	}
 	p, known := e.peers[h.From]
 	if !known || p.member == nil {
 		// Only members verified by discovery are heard. A message can
 		// overtake the member's join event, so it waits (bounded) for it.
 		e.holdEarly(h.From, msg)
-		return
+		return false
 	}
 	if err := s.Verify(p.member.PublicKey); err != nil {
 		e.refuse(h.From, err)
-		return
+		return false
 	}
 	if p.hello != nil {
 		switch {
 		case h.Generation < p.hello.Generation:
 			e.refuse(h.From, fmt.Errorf("%w: generation %d, already have %d", ErrReplayed, h.Generation, p.hello.Generation))
-			return
+			return false
 		case h.Generation == p.hello.Generation:
 			if !s.SameAs(p.payload) {
 				e.refuse(h.From, fmt.Errorf("%w: a different message with generation %d", ErrReplayed, h.Generation))
-				return
+				return false
 			}
+			e.metrics.repeated.Inc()
 			e.deliverGrant(p) // not yet, if restored from the ledger before its member
-			return            // a resend: nothing else new
+			return false      // a resend: nothing else new
 		}
 	}
 	p.hello, p.payload = h, slices.Clone(s.Payload())
@@ -54,6 +57,7 @@ func (e *Engine) receive(msg []byte) {
 	// Answer every new statement, so a peer that lost ours recovers now
 	// rather than at the next resend.
 	e.send(p, true)
+	return true
 }
 
 // deliverGrant hands the grant in p's last accepted statement to the

@@ -46,7 +46,7 @@ func (e *Engine) pollStats(ctx context.Context) {
 		st, err := e.cfg.Dataplane.Status()
 		r := statsRead{st: st, err: err, applied: applied}
 		select {
-		case e.inputs <- func() { e.setStats(r) }:
+		case e.inputs <- func() bool { return e.setStats(r) }:
 		case <-ctx.Done():
 			return
 		}
@@ -74,14 +74,15 @@ func (e *Engine) kickStats() {
 
 // setStats takes a read of the tunnel's handshakes and endpoints in use. A
 // read taken before the last apply may miss what it configured, and is
-// dropped: the kick after that apply brings a newer one.
-func (e *Engine) setStats(r statsRead) {
+// dropped: the kick after that apply brings a newer one. It says whether
+// it took the read.
+func (e *Engine) setStats(r statsRead) bool {
 	if r.applied != e.appliedSeq.Load() {
-		return
+		return false
 	}
 	if r.err != nil {
 		e.log.Debug("tunnel status", "err", r.err)
-		return
+		return false
 	}
 	clear(e.stats)
 	for _, s := range r.st {
@@ -90,6 +91,7 @@ func (e *Engine) setStats(r statsRead) {
 			e.stepOnce(p, StepHandshake, s.LastHandshake)
 		}
 	}
+	return true
 }
 
 // settling reports whether some peer is configured but not yet connected.

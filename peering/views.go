@@ -166,10 +166,11 @@ func errorText(err error) string {
 // back: the agent remapped those that came to overlap a local network. The
 // engine reads every peer's views again and applies the data path.
 func (e *Engine) ViewsMoved() {
-	e.input(func() {
+	e.input(func() bool {
 		for _, p := range e.peers {
 			p.viewsFor = nil
 		}
+		return true
 	})
 }
 
@@ -184,12 +185,13 @@ func (e *Engine) SetNetworks(networks []netip.Prefix) error {
 		return err
 	}
 	networks = slices.Clone(networks)
-	e.input(func() {
+	e.input(func() bool {
 		if slices.Equal(networks, e.cfg.Networks) {
-			return
+			return false
 		}
 		e.log.Info("announced networks changed: renegotiating", "networks", networks, "before", e.cfg.Networks)
 		e.cfg.Networks = networks
+		return true
 	})
 	return nil
 }
