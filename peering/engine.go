@@ -263,6 +263,7 @@ type Engine struct {
 	statsKick   chan struct{}
 
 	// senders counts running sender goroutines; Run waits for them.
+	// sendersAlive counts the senders, one per alive member spoken to.
 	senders      sync.WaitGroup
 	sendersAlive atomic.Int64
 

@@ -64,14 +64,14 @@ func TestGonePeerIsForgotten(t *testing.T) {
 	meet(a, b, c)
 	within(t, "connected", func() error { return errors.Join(connected(a, b), connected(a, c)) })
 	if n := a.eng.sendersAlive.Load(); n != 2 {
-		t.Fatalf("%d senders running on a, want 2", n)
+		t.Fatalf("%d senders on a, want 2", n)
 	}
 
 	a.eng.MemberChanged(b.member(false))
 	inPhase(t, a, b, PhaseUnreachable)
 	within(t, "sender to b ended", func() error {
 		if n := a.eng.sendersAlive.Load(); n != 1 {
-			return fmt.Errorf("%d senders running", n)
+			return fmt.Errorf("%d senders on a, want 1", n)
 		}
 		return nil
 	})

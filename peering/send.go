@@ -89,69 +89,79 @@ func (e *Engine) post(p *peer, msg []byte) {
 	if p.sender == nil {
 		p.sender = e.startSender(p.id)
 	}
-	p.sender.post(msg)
+	p.sender.post(e, msg)
 }
 
 func (e *Engine) stopSender(p *peer) {
 	if p.sender != nil {
 		p.sender.cancel()
 		p.sender = nil
+		e.sendersAlive.Add(-1)
 	}
 }
 
-// sender delivers messages to one peer from its own goroutine, so a slow
-// member delays no other; it keeps only the newest message pending.
+// sender delivers messages to one peer from a goroutine of its own, so a
+// slow member delays no other; it keeps only the newest message pending.
+// The goroutine runs while there is something to send and ends when
+// there is not: at 100 peers, 100 goroutines idle between resends were
+// stacks the garbage collector walked at every cycle.
 type sender struct {
-	wake    chan struct{}
+	id     string
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu      sync.Mutex
 	pending []byte
-	cancel  context.CancelFunc
+	running bool
+	// delivered is touched by the running goroutine alone: a sender
+	// lives for one membership, whose first delivery is logged.
+	delivered bool
 }
 
-// startSender starts the goroutine of a sender to id; it ends when the
-// sender is stopped or the engine stops, and Run waits for it.
+// startSender makes the sender to id; it is stopped with stopSender or
+// when the engine stops, and Run waits for its goroutine.
 func (e *Engine) startSender(id string) *sender {
 	ctx, cancel := context.WithCancel(e.ctx)
-	s := &sender{wake: make(chan struct{}, 1), cancel: cancel}
 	e.sendersAlive.Add(1)
-	e.senders.Go(func() {
-		defer e.sendersAlive.Add(-1)
-		delivered := false // a sender lives for one membership
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.wake:
-			}
-			s.mu.Lock()
-			msg := s.pending
-			s.pending = nil
-			s.mu.Unlock()
-			if msg == nil {
-				continue
-			}
-			sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-			err := e.cfg.Transport.Send(sctx, id, msg)
-			scancel()
-			if err != nil && ctx.Err() == nil {
-				e.metrics.sendErrors.Inc()
-				e.log.Debug("send to peer failed; will resend", "peer", id, "err", err)
-			}
-			if err == nil && !delivered {
-				delivered = true
-				LogStep(e.log, StepStatementSent, id, time.Time{})
-			}
-		}
-	})
-	return s
+	return &sender{id: id, ctx: ctx, cancel: cancel}
 }
 
-func (s *sender) post(msg []byte) {
+// post makes msg the one to send, starting the goroutine when none runs.
+// It is called from the engine's goroutine only, so never after Run
+// started waiting for the senders.
+func (s *sender) post(e *Engine, msg []byte) {
 	s.mu.Lock()
 	s.pending = msg
+	start := !s.running
+	s.running = true
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if start {
+		e.senders.Go(func() { s.run(e) })
+	}
+}
+
+// run sends what is pending until nothing is, or the sender is stopped.
+func (s *sender) run(e *Engine) {
+	for {
+		s.mu.Lock()
+		msg := s.pending
+		s.pending = nil
+		if msg == nil || s.ctx.Err() != nil {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		sctx, scancel := context.WithTimeout(s.ctx, 5*time.Second)
+		err := e.cfg.Transport.Send(sctx, s.id, msg)
+		scancel()
+		if err != nil && s.ctx.Err() == nil {
+			e.metrics.sendErrors.Inc()
+			e.log.Debug("send to peer failed; will resend", "peer", s.id, "err", err)
+		}
+		if err == nil && !s.delivered {
+			s.delivered = true
+			LogStep(e.log, StepStatementSent, s.id, time.Time{})
+		}
 	}
 }
