@@ -208,14 +208,17 @@ type memSamples struct {
 	// heap freed but not yet returned to the system, the stacks, and
 	// the goroutines.
 	heap, nextGC, heapKept, stacks, goroutines uint64
+	// runtime is the runtime's own memory (spans, the collector's
+	// metadata, profiling buckets, the rest), gcMeta the collector's part.
+	runtime, gcMeta uint64
 	// cpu is the share of one core the agent used over the window.
 	cpu float64
 }
 
 // breakdown says what the resident memory is made of, in MiB.
 func (m memSamples) breakdown() string {
-	return fmt.Sprintf("anon %s, file %s; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines); CPU %.0f%% of a core",
-		spreadMiB(m.anon), spreadMiB(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, 100*m.cpu)
+	return fmt.Sprintf("anon %s, file %s; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines), the runtime's own %.1f (the collector's %.1f); CPU %.0f%% of a core",
+		spreadMiB(m.anon), spreadMiB(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, mib(m.runtime), mib(m.gcMeta), 100*m.cpu)
 }
 
 type memRound struct {
@@ -431,6 +434,9 @@ func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) me
 	}
 	m.heap, m.nextGC, m.stacks, m.goroutines = metrics["go_memstats_heap_inuse_bytes"], metrics["go_memstats_next_gc_bytes"], metrics["go_memstats_stack_inuse_bytes"], metrics["go_goroutines"]
 	m.heapKept = metrics["go_memstats_heap_idle_bytes"] - metrics["go_memstats_heap_released_bytes"]
+	m.gcMeta = metrics["go_memstats_gc_sys_bytes"]
+	m.runtime = m.gcMeta + metrics["go_memstats_mspan_inuse_bytes"] + metrics["go_memstats_mcache_inuse_bytes"] +
+		metrics["go_memstats_buck_hash_sys_bytes"] + metrics["go_memstats_other_sys_bytes"]
 	return m
 }
 
@@ -487,7 +493,8 @@ func runtimeMetrics(s *harness.Site) (map[string]uint64, error) {
 			out[name] = uint64(f)
 		}
 	}
-	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes"} {
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes",
+		"go_memstats_gc_sys_bytes", "go_memstats_mspan_inuse_bytes", "go_memstats_mcache_inuse_bytes", "go_memstats_buck_hash_sys_bytes", "go_memstats_other_sys_bytes"} {
 		if _, ok := out[name]; !ok {
 			return nil, fmt.Errorf("no metric %s", name)
 		}
