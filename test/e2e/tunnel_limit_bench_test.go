@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// benchTunnelLimitsEnvVar lists the runtime memory limits the agents run
+// under in turn, space-separated; "none" is no limit.
+const benchTunnelLimitsEnvVar = "FLOTILLA_BENCH_TUNNEL_LIMITS"
+
+// BenchmarkTunnelUnderMemoryLimit measures what a GOMEMLIMIT costs the
+// userspace data path, which holds a 64 KiB buffer of wireguard-go's for
+// every packet in flight, from pools that every collection empties: TCP
+// throughput (iperf3, 5 s) from one cluster's pod to the other's through
+// both agents' tunnels, the two agents restarted under each limit in turn
+// (FLOTILLA_BENCH_TUNNEL_LIMITS, default "none 96MiB 56MiB": none, the
+// deployment's, the one before it; the order rotates each round), with
+// the sending agent's CPU and highest VmRSS during the transfer. Run with
+// -benchtime 5x for medians of 5.
+func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
+	requireAll(b)
+	harness.Require(b, harness.IPerf3)
+	limits := strings.Fields(os.Getenv(benchTunnelLimitsEnvVar))
+	if len(limits) == 0 {
+		limits = []string{"none", "96MiB", "56MiB"}
+	}
+	env := harness.New(b)
+	cs := federation.New(b, env, federation.Options{PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16"}, Args: []string{"--log-level", "info"}})
+	from, to := cs[0], cs[1]
+	type launch struct {
+		bin  string
+		args []string
+	}
+	plain := map[*federation.Cluster]launch{}
+	for _, c := range cs {
+		plain[c] = launch{c.Bin, slices.Clone(c.Args)}
+	}
+	startUnder := func(limit string) {
+		b.Helper()
+		for _, c := range cs {
+			if c.Agent != nil {
+				if err := c.Agent.Stop(); err != nil {
+					b.Fatalf("stop agent %s: %v", c.Name, err)
+				}
+			}
+			l := plain[c]
+			c.Bin, c.Args = l.bin, slices.Clone(l.args)
+			if limit != "none" {
+				// env(1) execs the agent: the pid stays the agent's.
+				c.Args = append([]string{"GOMEMLIMIT=" + limit, l.bin}, l.args...)
+				c.Bin = "env"
+			}
+			c.StartAgent(b)
+		}
+		federation.WaitPhases(b, cs, v1alpha1.PhaseConnected, 90*time.Second)
+	}
+	to.Pod.Start("iperf3", "iperf3", "-s")
+
+	// Per limit, in rounds: throughput, the sending agent's CPU, its
+	// highest VmRSS.
+	gbps, cpu, peak := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+	for i := 0; b.Loop(); i++ {
+		for j := range limits {
+			limit := limits[(i+j)%len(limits)]
+			startUnder(limit)
+			dst := federation.ViewOf(b, from, to, to.Pod.Addr)
+			// The Peers may still say Connected from before the
+			// restart: a reply says the new agents' tunnels carry.
+			deadline := time.Now().Add(60 * time.Second)
+			for err := from.Pod.Ping(dst); err != nil; err = from.Pod.Ping(dst) {
+				if time.Now().After(deadline) {
+					b.Fatalf("under %s: %v", limit, err)
+				}
+			}
+			pid := from.Agent.Pid()
+			cpuBefore, err := cpuTime(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := startSampler(pid)
+			start := time.Now()
+			out, err := from.Pod.Exec(context.Background(), "iperf3", "-c", dst.String(), "-t", "5", "-J")
+			took := time.Since(start)
+			m := s.stop()
+			if err != nil {
+				b.Fatalf("under %s: iperf3: %v\n%s", limit, err, out)
+			}
+			cpuAfter, err := cpuTime(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var res struct {
+				End struct {
+					SumReceived struct {
+						BitsPerSecond float64 `json:"bits_per_second"`
+					} `json:"sum_received"`
+				} `json:"end"`
+			}
+			if err := json.Unmarshal(out, &res); err != nil {
+				b.Fatalf("under %s: iperf3 output: %v", limit, err)
+			}
+			g, c, p := res.End.SumReceived.BitsPerSecond/1e9, (cpuAfter-cpuBefore).Seconds()/took.Seconds(), mib(slices.Max(m.rss))
+			gbps[limit], cpu[limit], peak[limit] = append(gbps[limit], g), append(cpu[limit], c), append(peak[limit], p)
+			b.Logf("round %d, GOMEMLIMIT %s: %.2f Gbit/s, the sending agent %.0f%% of a core, VmRSS up to %.1f MiB", i+1, limit, g, 100*c, p)
+		}
+	}
+	b.StopTimer()
+	fmt.Printf("BenchmarkTunnelUnderMemoryLimit: iperf3 through both agents' userspace tunnels, 5 s a transfer; median (min to max) of %d rounds\n", len(gbps[limits[0]]))
+	base := medianOf(gbps[limits[0]])
+	for _, l := range limits {
+		g := gbps[l]
+		fmt.Printf("  GOMEMLIMIT %-6s %5.2f Gbit/s (%.2f to %.2f), %.2f of %s's; the sending agent %3.0f%% of a core, VmRSS up to %.1f MiB\n",
+			l, medianOf(g), slices.Min(g), slices.Max(g), medianOf(g)/base, limits[0], 100*medianOf(cpu[l]), slices.Max(peak[l]))
+		b.ReportMetric(medianOf(g), "Gbit/s-"+l)
+	}
+}
