@@ -2,7 +2,6 @@ package tunnel_test
 
 import (
 	"context"
-	"encoding/json"
 	"net/netip"
 	"slices"
 	"strings"
@@ -115,17 +114,11 @@ func BenchmarkSegregatedThroughput(b *testing.B) {
 		if err != nil {
 			b.Fatalf("iperf3: %v\n%s", err, out)
 		}
-		var res struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
+		gbps, err := harness.IPerf3Gbps(out)
+		if err != nil {
+			b.Fatal(err)
 		}
-		if err := json.Unmarshal(out, &res); err != nil {
-			b.Fatalf("iperf3 output: %v", err)
-		}
-		return res.End.SumReceived.BitsPerSecond / 1e9
+		return gbps
 	}
 	var full, seg []float64
 	for range 3 {

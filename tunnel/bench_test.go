@@ -2,7 +2,6 @@ package tunnel_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -41,17 +40,9 @@ func BenchmarkDataPath(b *testing.B) {
 		if err != nil {
 			b.Fatalf("%s: iperf3: %v", name, err)
 		}
-		var res struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
+		if gbps, err = harness.IPerf3Gbps(out); err != nil {
+			b.Fatalf("%s: %v", name, err)
 		}
-		if err := json.Unmarshal(out, &res); err != nil {
-			b.Fatalf("%s: iperf3 output: %v", name, err)
-		}
-		gbps = res.End.SumReceived.BitsPerSecond / 1e9
 		rttMs = medianRTT(b, a.pod, dst)
 		b.Logf("%-22s %6.2f Gbit/s  rtt median %.3f ms", name, gbps, rttMs)
 		return gbps, rttMs
