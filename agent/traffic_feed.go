@@ -250,23 +250,7 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 	}
 	// Only the tenants' pods are read (read): a consumer's own pods, the
 	// 1000 it offloads say, would start a pass at each of their changes.
-	podHandler := toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if f.tenantPod(obj) {
-				f.changed()
-			}
-		},
-		UpdateFunc: func(old, obj any) {
-			if f.tenantPod(obj) && changedForTraffic(old, obj) {
-				f.changed()
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if f.tenantPod(obj) {
-				f.changed()
-			}
-		},
-	}
+	podHandler := toolscache.FilteringResourceEventHandler{FilterFunc: f.tenantPod, Handler: handler}
 	for _, obj := range []client.Object{
 		&corev1.Namespace{}, &corev1.Pod{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
 		&v1alpha1.NamespaceOffload{}, &mcsv1alpha1.ServiceExport{}, &v1alpha1.Peer{},
@@ -276,7 +260,7 @@ func (f *trafficFeed) Run(ctx context.Context) error {
 			return fmt.Errorf("traffic policy: watch %T: %w", obj, err)
 		}
 		var store *toolscache.Indexer
-		h := handler
+		var h toolscache.ResourceEventHandler = handler
 		switch obj.(type) {
 		case *corev1.Pod:
 			store, h = &f.pods, podHandler
