@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"syscall"
 )
@@ -41,6 +42,12 @@ var errUsage = errors.New("usage error")
 var progName = "flotilla"
 
 func main() {
+	// No heap profile is read unless the agent serves it (--profiling,
+	// which sets a rate of its own). Sampling costs the profiler's
+	// table of stacks (1.4 MB, its pages touched as samples hash into
+	// it) and a walk of the stack every 512 KiB allocated, through
+	// function tables that then stay mapped.
+	runtime.MemProfileRate = 0
 	progName = programName(os.Args[0])
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -31,9 +31,10 @@ import (
 const (
 	benchRSSPodsEnvVar  = "FLOTILLA_BENCH_RSS_PODS"
 	benchRSSPeersEnvVar = "FLOTILLA_BENCH_RSS_PEERS"
-	// benchRSSAgentEnvVar adds environment variables to the measured
-	// agent only, space-separated: "GOMEMLIMIT=48MiB GOGC=50" shows what
-	// the Go runtime's knobs change.
+	// benchRSSAgentEnvVar sets the measured agent's environment instead
+	// of deploy/deployment.yaml's Go runtime settings, space-separated:
+	// "GOMEMLIMIT=48MiB GOGC=50" shows what the runtime's knobs change,
+	// "none" runs it with the runtime's defaults.
 	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
 	// benchRSSAgentArgsEnvVar adds flags to the measured agent,
 	// space-separated: "--release-start-pages=false" measures the agent
@@ -138,7 +139,15 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	// each of its faults (docs/offload.md, "The fifth round").
 	measured := copyOfBinary(b, cons.Bin)
 	cons.Bin = measured
-	agentEnv := strings.Fields(os.Getenv(benchRSSAgentEnvVar))
+	// The agent runs with the deployment's runtime settings unless told
+	// otherwise ("none": the runtime's defaults).
+	agentEnv := deployedRuntimeEnv(b)
+	if v, ok := os.LookupEnv(benchRSSAgentEnvVar); ok {
+		agentEnv = strings.Fields(v)
+		if v == "none" {
+			agentEnv = nil
+		}
+	}
 	if len(agentEnv) > 0 {
 		// env(1) execs the agent: the pid stays the agent's.
 		cons.Args = append(append(agentEnv, cons.Bin), cons.Args...)

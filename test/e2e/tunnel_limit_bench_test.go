@@ -4,27 +4,81 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// benchTunnelLimitsEnvVar lists the runtime memory limits the agents run
-// under in turn, space-separated; "none" is no limit.
+// benchTunnelLimitsEnvVar lists the Go runtime settings the agents run
+// under in turn, space-separated. Each is "none" or comma-separated
+// settings: a size alone is a GOMEMLIMIT ("96MiB"), others are written
+// out ("96MiB,GOGC=50"); "deployment" is deploy/deployment.yaml's.
 const benchTunnelLimitsEnvVar = "FLOTILLA_BENCH_TUNNEL_LIMITS"
+
+// runtimeEnv is the environment one entry of FLOTILLA_BENCH_TUNNEL_LIMITS
+// sets: none for "none", deploy/deployment.yaml's for "deployment".
+func runtimeEnv(tb testing.TB, entry string) []string {
+	switch entry {
+	case "none":
+		return nil
+	case "deployment":
+		return deployedRuntimeEnv(tb)
+	}
+	var env []string
+	for _, s := range strings.Split(entry, ",") {
+		if !strings.Contains(s, "=") {
+			s = "GOMEMLIMIT=" + s
+		}
+		env = append(env, s)
+	}
+	return env
+}
+
+// deployedRuntimeEnv is the Go runtime's settings (GOMEMLIMIT, GOGC, ...)
+// in the agent container of deploy/deployment.yaml, as NAME=VALUE.
+func deployedRuntimeEnv(tb testing.TB) []string {
+	tb.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "deployment.yaml"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := yaml.Unmarshal(raw, &d); err != nil {
+		tb.Fatalf("deploy/deployment.yaml: %v", err)
+	}
+	var env []string
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.Name != "agent" {
+			continue
+		}
+		for _, e := range c.Env {
+			if strings.HasPrefix(e.Name, "GO") && e.ValueFrom == nil {
+				env = append(env, e.Name+"="+e.Value)
+			}
+		}
+		return env
+	}
+	tb.Fatal("deploy/deployment.yaml: no container named agent")
+	return nil
+}
 
 // BenchmarkTunnelUnderMemoryLimit measures what a GOMEMLIMIT costs the
 // userspace data path, which holds a 64 KiB buffer of wireguard-go's for
 // every packet in flight, from pools that every collection empties: TCP
 // throughput (iperf3, 5 s) from one cluster's pod to the other's through
 // both agents' tunnels, the two agents restarted under each limit in turn
-// (FLOTILLA_BENCH_TUNNEL_LIMITS, default "none 96MiB 56MiB": none, the
-// deployment's, the one before it; the order rotates each round), with
+// (FLOTILLA_BENCH_TUNNEL_LIMITS, default "none 96MiB deployment": none,
+// the limit alone, deploy/deployment.yaml's settings; the order rotates
+// each round), with
 // the sending agent's CPU and highest VmRSS during the transfer. Run with
 // -benchtime 5x for medians of 5.
 func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
@@ -32,7 +86,7 @@ func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
 	harness.Require(b, harness.IPerf3)
 	limits := strings.Fields(os.Getenv(benchTunnelLimitsEnvVar))
 	if len(limits) == 0 {
-		limits = []string{"none", "96MiB", "56MiB"}
+		limits = []string{"none", "96MiB", "deployment"}
 	}
 	env := harness.New(b)
 	cs := federation.New(b, env, federation.Options{PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16"}, Args: []string{"--log-level", "info"}})
@@ -55,9 +109,9 @@ func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
 			}
 			l := plain[c]
 			c.Bin, c.Args = l.bin, slices.Clone(l.args)
-			if limit != "none" {
+			if e := runtimeEnv(b, limit); e != nil {
 				// env(1) execs the agent: the pid stays the agent's.
-				c.Args = append([]string{"GOMEMLIMIT=" + limit, l.bin}, l.args...)
+				c.Args = append(append(e, l.bin), l.args...)
 				c.Bin = "env"
 			}
 			c.StartAgent(b)
@@ -105,7 +159,7 @@ func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
 			}
 			c, p := (cpuAfter-cpuBefore).Seconds()/took.Seconds(), mib(slices.Max(m.rss))
 			gbps[limit], cpu[limit], peak[limit] = append(gbps[limit], g), append(cpu[limit], c), append(peak[limit], p)
-			b.Logf("round %d, GOMEMLIMIT %s: %.2f Gbit/s, the sending agent %.0f%% of a core, VmRSS up to %.1f MiB", i+1, limit, g, 100*c, p)
+			b.Logf("round %d, %s: %.2f Gbit/s, the sending agent %.0f%% of a core, VmRSS up to %.1f MiB", i+1, limit, g, 100*c, p)
 		}
 	}
 	b.StopTimer()
@@ -113,7 +167,7 @@ func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
 	base := medianOf(gbps[limits[0]])
 	for _, l := range limits {
 		g := gbps[l]
-		fmt.Printf("  GOMEMLIMIT %-6s %5.2f Gbit/s (%.2f to %.2f), %.2f of %s's; the sending agent %3.0f%% of a core, VmRSS up to %.1f MiB\n",
+		fmt.Printf("  %-16s %5.2f Gbit/s (%.2f to %.2f), %.2f of %s's; the sending agent %3.0f%% of a core, VmRSS up to %.1f MiB\n",
 			l, medianOf(g), slices.Min(g), slices.Max(g), medianOf(g)/base, limits[0], 100*medianOf(cpu[l]), slices.Max(peak[l]))
 		b.ReportMetric(medianOf(g), "Gbit/s-"+l)
 	}
