@@ -71,16 +71,16 @@ func deployedRuntimeEnv(tb testing.TB) []string {
 	return nil
 }
 
-// BenchmarkTunnelUnderMemoryLimit measures what a GOMEMLIMIT costs the
-// userspace data path, which holds a 64 KiB buffer of wireguard-go's for
-// every packet in flight, from pools that every collection empties: TCP
-// throughput (iperf3, 5 s) from one cluster's pod to the other's through
-// both agents' tunnels, the two agents restarted under each limit in turn
+// BenchmarkTunnelUnderMemoryLimit measures what the Go runtime's memory
+// settings (GOMEMLIMIT, GOGC) cost the userspace data path, which holds a
+// 64 KiB buffer of wireguard-go's for every packet in flight, from pools
+// that every collection empties: TCP throughput (iperf3, 5 s) from one
+// cluster's pod to the other's through both agents' tunnels, the two
+// agents restarted under each setting in turn
 // (FLOTILLA_BENCH_TUNNEL_LIMITS, default "none 96MiB deployment": none,
 // the limit alone, deploy/deployment.yaml's settings; the order rotates
-// each round), with
-// the sending agent's CPU and highest VmRSS during the transfer. Run with
-// -benchtime 5x for medians of 5.
+// each round), with the sending agent's CPU and highest VmRSS during the
+// transfer. Run with -benchtime 5x for medians of 5.
 func BenchmarkTunnelUnderMemoryLimit(b *testing.B) {
 	requireAll(b)
 	harness.Require(b, harness.IPerf3)
