@@ -137,7 +137,9 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	// node of its own: the provider's agent maps the same file, and the
 	// pages it keeps cached would be mapped into the measured one around
 	// each of its faults (docs/offload.md, "The fifth round").
-	measured := copyOfBinary(b, cons.Bin)
+	// It is the binary the image holds (static: no libc mapped), not the
+	// harness's build.
+	measured := copyOfBinary(b, harness.ImageBinary(b))
 	cons.Bin = measured
 	// The agent runs with the deployment's runtime settings unless told
 	// otherwise ("none": the runtime's defaults).

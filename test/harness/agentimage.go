@@ -72,14 +72,41 @@ func buildFlotillaImage() (v1.Image, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	// Static: the image has no libc (Flotilla's own binary may use cgo).
 	bin := filepath.Join(dir, fmt.Sprintf("flotilla-linux-amd64-%d", os.Getpid()))
 	defer os.Remove(bin)
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "github.com/flotilla-io/flotilla/cmd/flotilla")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
+	if err := buildImageBinary(bin); err != nil {
+		return nil, err
 	}
 	// Build holds the binary in memory: the file may go.
 	return ociimage.Build(ociimage.Spec{Binary: bin, Path: "/flotilla", Dirs: []string{"/tmp"}})
+}
+
+// buildImageBinary builds the flotilla binary to path as `make image`
+// does: static (the image has no libc; Flotilla's own binary may use
+// cgo), its paths trimmed, without symbol table or debug data.
+func buildImageBinary(path string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", path, "github.com/flotilla-io/flotilla/cmd/flotilla")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// ImageBinary builds the binary the agent's image holds (buildImageBinary)
+// and returns its path, in the cache and named after the test process,
+// removed at t's cleanup: what a measure of the deployed agent's memory
+// runs, since a binary with cgo maps libc besides.
+func ImageBinary(t TB) string {
+	t.Helper()
+	dir := filepath.Join(CacheDir(), "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("flotilla-image-%d", os.Getpid()))
+	t.Cleanup(func() { os.Remove(path) })
+	if err := buildImageBinary(path); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return path
 }
