@@ -148,7 +148,7 @@ const startPagesChildEnvVar = "FLOTILLA_TEST_STARTPAGES_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(startPagesChildEnvVar) != "" {
-		if err := startPagesChild(os.Stdout); err != nil {
+		if err := startPagesChild(os.Stdout, os.Getenv(startPagesChildEnvVar) == "busy"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -168,14 +168,14 @@ type childPages struct {
 	Cached, Mapped        uint64
 }
 
-// startPagesChild releases the start pages, evicted, while goroutines
-// look up the function at every page of the code (runtime.FuncForPC
-// reads the runtime's tables across their megabytes, as the collector
-// and stack traces do), then reports on w what is cached and mapped of
-// the read-only data. Not of the code: on Linux 6.17 and later a fault
+// startPagesChild releases the start pages, evicted, busy or not: while
+// goroutines look up the function at every page of the code
+// (runtime.FuncForPC reads the runtime's tables across their megabytes,
+// as the collector and stack traces do). Then it reports on w what is
+// cached and mapped of the read-only data. Not of the code: on Linux 6.17 and later a fault
 // in executable memory reads ahead whatever the madvise (commit
 // 3b61a3f08949), so the page cache holds more of it than runs.
-func startPagesChild(w io.Writer) error {
+func startPagesChild(w io.Writer, busy bool) error {
 	exe, err := os.Stat(selfExe)
 	if err != nil {
 		return err
@@ -187,21 +187,10 @@ func startPagesChild(w io.Writer) error {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for g := range 2 {
-		wg.Go(func() {
-			for {
-				for pc := code.start + uintptr(g)<<11; pc < code.end; pc += 4 << 10 {
-					if f := runtime.FuncForPC(pc); f != nil {
-						_ = f.Name()
-					}
-				}
-				select {
-				case <-stop:
-					return
-				default:
-				}
-			}
-		})
+	if busy {
+		for g := range 2 {
+			wg.Go(func() { lookUpFunctions(code.mapping, uintptr(g)<<11, stop) })
+		}
 	}
 	p, err := releaseStartPages(true)
 	close(stop)
@@ -285,7 +274,7 @@ func TestReleaseStartPagesLeavesOnlyWhatRuns(t *testing.T) {
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run := func(t *testing.T) childPages {
+	run := func(t *testing.T, busy bool) childPages {
 		t.Helper()
 		f, err := os.Open(bin)
 		if err != nil {
@@ -296,7 +285,10 @@ func TestReleaseStartPagesLeavesOnlyWhatRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), startPagesChildEnvVar+"=1")
+		cmd.Env = append(os.Environ(), startPagesChildEnvVar+"=quiet")
+		if busy {
+			cmd.Env = append(os.Environ(), startPagesChildEnvVar+"=busy")
+		}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -307,17 +299,18 @@ func TestReleaseStartPagesLeavesOnlyWhatRuns(t *testing.T) {
 		if err := json.Unmarshal(out, &p); err != nil {
 			t.Fatalf("the child's report %q: %v", out, err)
 		}
-		t.Logf("%s: RssFile %d KiB before, %d KiB after; of the read-only data %d KiB cached, %d KiB mapped", p.How, p.FileBefore>>10, p.FileAfter>>10, p.Cached>>10, p.Mapped>>10)
+		t.Logf("busy %v, %s: RssFile %d KiB before, %d KiB after; of the read-only data %d KiB cached, %d KiB mapped", busy, p.How, p.FileBefore>>10, p.FileAfter>>10, p.Cached>>10, p.Mapped>>10)
 		return p
 	}
 	t.Run("owner", func(t *testing.T) {
-		p := run(t)
+		p := run(t, false)
 		if p.How != releasePagedOut {
 			t.Fatalf("released %q, want %q", p.How, releasePagedOut)
 		}
 		if p.FileAfter > p.FileBefore/2 {
 			t.Errorf("RssFile %d KiB after the release, %d KiB before: want less than half", p.FileAfter>>10, p.FileBefore>>10)
 		}
+		p = run(t, true)
 		if p.Cached > p.Mapped+startPagesSlack {
 			t.Errorf("of the read-only data %d KiB cached, %d KiB mapped: %d KiB cached that the process does not map, want at most %d",
 				p.Cached>>10, p.Mapped>>10, (p.Cached-p.Mapped)>>10, startPagesSlack>>10)
@@ -328,7 +321,7 @@ func TestReleaseStartPagesLeavesOnlyWhatRuns(t *testing.T) {
 		if err := os.Chown(bin, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		p := run(t)
+		p := run(t, false)
 		if p.How != releaseEvicted {
 			t.Fatalf("released %q, want %q", p.How, releaseEvicted)
 		}
@@ -360,4 +353,21 @@ func diskDir(t *testing.T) string {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
 	return dir
+}
+
+// lookUpFunctions looks up the function at every 4 KiB of code from
+// offset from, over and over until stop is closed.
+func lookUpFunctions(code mapping, from uintptr, stop <-chan struct{}) {
+	for {
+		for pc := code.start + from; pc < code.end; pc += 4 << 10 {
+			if f := runtime.FuncForPC(pc); f != nil {
+				_ = f.Name()
+			}
+		}
+		select {
+		case <-stop:
+			return
+		default:
+		}
+	}
 }
