@@ -194,13 +194,19 @@ func pageOut(regions []mapping) error {
 // evictFromPageCache drops the cached pages of the file at path (the
 // running binary) that no process maps (POSIX_FADV_DONTNEED drops
 // clean, unmapped pages only): the pages another process of the same
-// binary maps stay.
+// binary maps stay. A binary written moments before (a layer just
+// extracted, a test just linked) has dirty pages, which neither this
+// nor MADV_PAGEOUT drops: it is written back first, where the file
+// system lets a reader do so (overlayfs does not sync a lower layer's
+// file, and says nothing; its pages leave once the kernel has written
+// them back, within 30 s by default, for a later release).
 func evictFromPageCache(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("the running binary: %w", err)
 	}
 	defer f.Close()
+	_ = unix.Fdatasync(int(f.Fd())) // best effort: only the eviction's reach depends on it
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		return fmt.Errorf("fadvise(DONTNEED) on %s: %w", path, err)
 	}
