@@ -172,9 +172,10 @@ type childPages struct {
 // goroutines look up the function at every page of the code
 // (runtime.FuncForPC reads the runtime's tables across their megabytes,
 // as the collector and stack traces do). Then it reports on w what is
-// cached and mapped of the read-only data. Not of the code: on Linux 6.17 and later a fault
-// in executable memory reads ahead whatever the madvise (commit
-// 3b61a3f08949), so the page cache holds more of it than runs.
+// cached and mapped of the read-only data. Not of the code: on Linux
+// 6.17 and later a fault in executable memory reads ahead whatever the
+// madvise (commit 3b61a3f08949), so the page cache holds more of it
+// than runs.
 func startPagesChild(w io.Writer, busy bool) error {
 	exe, err := os.Stat(selfExe)
 	if err != nil {
