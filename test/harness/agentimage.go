@@ -1,10 +1,8 @@
 package harness
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -85,12 +83,7 @@ func buildFlotillaImage() (v1.Image, error) {
 // does: static (the image has no libc; Flotilla's own binary may use
 // cgo), its paths trimmed, without symbol table or debug data.
 func buildImageBinary(path string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", path, "github.com/flotilla-io/flotilla/cmd/flotilla")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
-	}
-	return nil
+	return buildFlotilla(path, []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}, "-trimpath", "-ldflags", "-s -w")
 }
 
 // ImageBinary builds the binary the agent's image holds (buildImageBinary)

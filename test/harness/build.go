@@ -33,10 +33,8 @@ func Flotilla(t TB) string {
 			return
 		}
 		tmp.Close()
-		cmd := exec.Command("go", "build", "-o", tmp.Name(), "github.com/flotilla-io/flotilla/cmd/flotilla")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if b.err = buildFlotilla(tmp.Name(), nil); b.err != nil {
 			os.Remove(tmp.Name())
-			b.err = fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
 			return
 		}
 		b.path = filepath.Join(dir, fmt.Sprintf("flotilla-%d", os.Getpid()))
@@ -46,4 +44,16 @@ func Flotilla(t TB) string {
 		t.Fatalf("harness: %v", b.err)
 	}
 	return b.path
+}
+
+// buildFlotilla builds cmd/flotilla of this checkout to path with go
+// build's flags and env added to the environment.
+func buildFlotilla(path string, env []string, flags ...string) error {
+	args := append(append([]string{"build"}, flags...), "-o", path, "github.com/flotilla-io/flotilla/cmd/flotilla")
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build flotilla: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
 }
