@@ -186,7 +186,7 @@ func (s *caStore) save(ctx context.Context, data map[string][]byte) error {
 
 // caStoreFieldOwner applies the CA Secrets; the placement webhook's
 // objects had it first.
-const caStoreFieldOwner = placementFieldOwner
+const caStoreFieldOwner = "flotilla-placement"
 
 // wakeAt is when sync has something to do next: a CA to rotate or drop,
 // the serving certificate to renew, a new CA published long enough to

@@ -12,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -118,25 +116,6 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 	}
 	mc.watches = newProviderWatches(mc.log, mc.providerChanged)
 	return mc, nil
-}
-
-func mirrorScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err) // the types are ours: a mistake shows in every test
-	}
-	return s
-}
-
-// mirrorMapper knows where the kinds are served, so neither the cache nor
-// the client asks the API server first.
-func mirrorMapper() meta.RESTMapper {
-	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
-	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
-	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
-	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceRequest"), meta.RESTScopeNamespace)
-	m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
-	return m
 }
 
 // Run watches NamespaceOffloads and Peers and reconciles until ctx ends;

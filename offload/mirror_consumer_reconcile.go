@@ -36,9 +36,6 @@ const (
 	ReasonDeleting = "Deleting"
 )
 
-// ConditionReady is the condition of each cluster of a NamespaceOffload.
-const ConditionReady = "Ready"
-
 // clusterState is what one cluster's Ready condition says.
 type clusterState struct {
 	ok      bool
@@ -103,20 +100,6 @@ func compareOffloads(a, b v1alpha1.NamespaceOffload) int {
 		return c
 	}
 	return strings.Compare(a.Name, b.Name)
-}
-
-// actingOffload is the NamespaceOffload that acts in its namespace, of
-// items (all in one namespace): the oldest not being deleted; nil when
-// there is none. The placement webhook follows the same one.
-func actingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
-	var acting *v1alpha1.NamespaceOffload
-	for i := range items {
-		o := &items[i]
-		if o.DeletionTimestamp == nil && (acting == nil || compareOffloads(*o, *acting) < 0) {
-			acting = o
-		}
-	}
-	return acting
 }
 
 // namespaceGVK is written as metadata only: its labels are all that
@@ -516,15 +499,6 @@ func (mc *MirrorConsumer) writeStatus(ctx context.Context, o *v1alpha1.Namespace
 	patched.Status = st
 	if err := mc.write.Status().Patch(ctx, patched, client.MergeFrom(o)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("status of NamespaceOffload %s/%s: %w", o.Namespace, o.Name, err)
-	}
-	return nil
-}
-
-func findCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOffload {
-	for i := range cs {
-		if cs[i].ClusterID == id {
-			return &cs[i]
-		}
 	}
 	return nil
 }

@@ -12,8 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 
@@ -40,26 +38,6 @@ func reservedNamespace(name, agentNamespace string) bool {
 		}
 	}
 	return false
-}
-
-// mirroredLabels mark a namespace mirrored for consumer from its namespace
-// source.
-func mirroredLabels(consumer, source string) map[string]string {
-	l := tenantLabels(consumer)
-	l[v1alpha1.LabelMirroredFrom] = source
-	return l
-}
-
-// mirroredSelector selects the namespaces mirrored for consumer, or for
-// any consumer when it is empty.
-func mirroredSelector(consumer string) labels.Selector {
-	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
-	tenant, _ := labels.NewRequirement(LabelTenant, selection.Exists, nil)
-	if consumer != "" {
-		tenant, _ = labels.NewRequirement(LabelTenant, selection.Equals, []string{consumer})
-	}
-	from, _ := labels.NewRequirement(v1alpha1.LabelMirroredFrom, selection.Exists, nil)
-	return labels.NewSelector().Add(*managed, *tenant, *from)
 }
 
 // mirroredFor reports whether ns is a namespace mirrored for consumer from

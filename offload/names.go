@@ -3,7 +3,17 @@
 // it issues them; on a consumer, the credentials it holds.
 package offload
 
-import "github.com/flotilla-io/flotilla/api/v1alpha1"
+import (
+	corev1 "k8s.io/api/core/v1"
+	"maps"
+	"runtime"
+	"slices"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
 
 // What a provider creates for a consumer, by name. deploy/ refers to the
 // same names (the consumer's ClusterRole, the admission policies).
@@ -118,3 +128,49 @@ const (
 	// the EndpointSlice controller nor a consumer's reflection takes them.
 	HostedEndpointsManagedBy = "endpoints.flotilla.io"
 )
+
+// virtualNodeLabels are a virtual node's labels, and which of them come
+// from the Peer: the provider's cluster labels, never one of
+// Kubernetes' (kubernetes.io, k8s.io) or Flotilla's (flotilla.io)
+// domains, which are ours to say.
+func virtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []string) {
+	l := map[string]string{}
+	var copied []string
+	for k, val := range peer.Labels {
+		if reservedLabelKey(k) || len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(val)) > 0 {
+			continue
+		}
+		l[k] = val
+		copied = append(copied, k)
+	}
+	slices.Sort(copied)
+	maps.Copy(l, map[string]string{
+		LabelVirtualNode: "true", LabelClusterID: peer.Name,
+		v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
+		corev1.LabelHostname:    name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH,
+	})
+	if n := peer.Status.ClusterName; n != "" && len(validation.IsValidLabelValue(n)) == 0 {
+		l[LabelClusterName] = n
+	}
+	return l, copied
+}
+
+// mirroredLabels mark a namespace mirrored for consumer from its namespace
+// source.
+func mirroredLabels(consumer, source string) map[string]string {
+	l := tenantLabels(consumer)
+	l[v1alpha1.LabelMirroredFrom] = source
+	return l
+}
+
+// mirroredSelector selects the namespaces mirrored for consumer, or for
+// any consumer when it is empty.
+func mirroredSelector(consumer string) labels.Selector {
+	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
+	tenant, _ := labels.NewRequirement(LabelTenant, selection.Exists, nil)
+	if consumer != "" {
+		tenant, _ = labels.NewRequirement(LabelTenant, selection.Equals, []string{consumer})
+	}
+	from, _ := labels.NewRequirement(v1alpha1.LabelMirroredFrom, selection.Exists, nil)
+	return labels.NewSelector().Add(*managed, *tenant, *from)
+}

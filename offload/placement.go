@@ -34,13 +34,6 @@ type placementInput struct {
 	peerLabels map[string]map[string]string
 }
 
-// patchOp is one operation of a JSON patch (RFC 6902).
-type patchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value,omitempty"`
-}
-
 // placementRefusal is a pod placement refuses: its message says why, to the
 // user who created the pod.
 type placementRefusal struct{ message string }

@@ -21,11 +21,6 @@ import (
 // as a kubelet refuses a pod at admission.
 const ReasonNotOffloaded = "NotOffloaded"
 
-// serviceAccountVolumePrefix names the projected volume the consumer's
-// API server adds for the pod's token: a token of the consumer's cluster,
-// of no use on the provider, whose own admission would add one of its own.
-const serviceAccountVolumePrefix = "kube-api-access-"
-
 // originOf is the AnnotationOrigin value of the remote pod standing for
 // local.
 func originOf(local *corev1.Pod) string {
@@ -124,16 +119,6 @@ func remoteSpec(local *corev1.PodSpec) corev1.PodSpec {
 	// from nobody.
 	s.EphemeralContainers = nil
 	return s
-}
-
-// isServiceAccountTokenVolume reports whether v is the token volume the
-// consumer's admission added (kube-api-access-*, projected, with a
-// service account token).
-func isServiceAccountTokenVolume(v corev1.Volume) bool {
-	if !strings.HasPrefix(v.Name, serviceAccountVolumePrefix) || v.Projected == nil {
-		return false
-	}
-	return slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool { return p.ServiceAccountToken != nil })
 }
 
 // reflectedStatus is local's status as remote's says it, in this

@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -505,23 +503,6 @@ func (p *Provider) writeStatus(ctx context.Context, peer *v1alpha1.Peer, c grant
 		return nil
 	}
 	return applyGrantStatus(ctx, p.cfg.Client, providerFieldOwner, peer.Name, peer, c, p.cfg.Now())
-}
-
-// shows reports whether peer's status already says c.
-func shows(peer *v1alpha1.Peer, c grantCondition) bool {
-	old := meta.FindStatusCondition(peer.Status.Conditions, c.kind)
-	if old == nil || (old.Status == metav1.ConditionTrue) != c.ok || old.Reason != c.reason ||
-		old.Message != c.message || old.ObservedGeneration != c.generation {
-		return false
-	}
-	var have *v1alpha1.GrantStatus
-	if o := peer.Status.Offloading; o != nil {
-		have = o.Granted
-		if c.kind != v1alpha1.ConditionOffloadGranted {
-			have = o.Received
-		}
-	}
-	return reflect.DeepEqual(have, c.grant)
 }
 
 type providerMetrics struct {

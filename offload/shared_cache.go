@@ -60,8 +60,8 @@ var sharedKinds = []struct {
 }{
 	{SharedNamespaceOffloads, v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace},
 	{SharedNamespaces, corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot},
-	{SharedServices, corev1.SchemeGroupVersion.WithKind(kindService), meta.RESTScopeNamespace},
-	{SharedEndpointSlices, discoveryv1.SchemeGroupVersion.WithKind(kindEndpointSlice), meta.RESTScopeNamespace},
+	{SharedServices, corev1.SchemeGroupVersion.WithKind("Service"), meta.RESTScopeNamespace},
+	{SharedEndpointSlices, discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"), meta.RESTScopeNamespace},
 	{SharedServiceExports, mcsv1alpha1.SchemeGroupVersion.WithKind("ServiceExport"), meta.RESTScopeNamespace},
 }
 

@@ -3,6 +3,7 @@ package offload
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -120,4 +121,21 @@ func limitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 		l.Namespaces = &g.Namespaces
 	}
 	return l
+}
+
+// shows reports whether peer's status already says c.
+func shows(peer *v1alpha1.Peer, c grantCondition) bool {
+	old := meta.FindStatusCondition(peer.Status.Conditions, c.kind)
+	if old == nil || (old.Status == metav1.ConditionTrue) != c.ok || old.Reason != c.reason ||
+		old.Message != c.message || old.ObservedGeneration != c.generation {
+		return false
+	}
+	var have *v1alpha1.GrantStatus
+	if o := peer.Status.Offloading; o != nil {
+		have = o.Granted
+		if c.kind != v1alpha1.ConditionOffloadGranted {
+			have = o.Received
+		}
+	}
+	return reflect.DeepEqual(have, c.grant)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -194,32 +192,6 @@ func readyCondition(peer *v1alpha1.Peer, credErr error) corev1.NodeCondition {
 	}
 	return corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: ReasonVirtualNodeReady,
 		Message: fmt.Sprintf("the peering with %s is Connected and its credential works", name)}
-}
-
-// virtualNodeLabels are a virtual node's labels, and which of them come
-// from the Peer: the provider's cluster labels, never one of
-// Kubernetes' (kubernetes.io, k8s.io) or Flotilla's (flotilla.io)
-// domains, which are ours to say.
-func virtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []string) {
-	l := map[string]string{}
-	var copied []string
-	for k, val := range peer.Labels {
-		if reservedLabelKey(k) || len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(val)) > 0 {
-			continue
-		}
-		l[k] = val
-		copied = append(copied, k)
-	}
-	slices.Sort(copied)
-	maps.Copy(l, map[string]string{
-		LabelVirtualNode: "true", LabelClusterID: peer.Name,
-		v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue,
-		corev1.LabelHostname:    name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: runtime.GOARCH,
-	})
-	if n := peer.Status.ClusterName; n != "" && len(validation.IsValidLabelValue(n)) == 0 {
-		l[LabelClusterName] = n
-	}
-	return l, copied
 }
 
 func reservedLabelKey(k string) bool {

@@ -193,12 +193,6 @@ var (
 	webhookConfigGVK = admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingWebhookConfiguration")
 )
 
-func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(gvk)
-	return m
-}
-
 func metadataListOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadataList {
 	m := &metav1.PartialObjectMetadataList{}
 	m.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))

@@ -1,0 +1,29 @@
+package offload
+
+import "github.com/flotilla-io/flotilla/api/v1alpha1"
+
+// ConditionReady is the condition of each cluster of a NamespaceOffload.
+const ConditionReady = "Ready"
+
+// actingOffload is the NamespaceOffload that acts in its namespace, of
+// items (all in one namespace): the oldest not being deleted; nil when
+// there is none. The placement webhook follows the same one.
+func actingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
+	var acting *v1alpha1.NamespaceOffload
+	for i := range items {
+		o := &items[i]
+		if o.DeletionTimestamp == nil && (acting == nil || compareOffloads(*o, *acting) < 0) {
+			acting = o
+		}
+	}
+	return acting
+}
+
+func findCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOffload {
+	for i := range cs {
+		if cs[i].ClusterID == id {
+			return &cs[i]
+		}
+	}
+	return nil
+}
