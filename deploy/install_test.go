@@ -584,7 +584,8 @@ func agentAccess() []access {
 		allow("watch", "multicluster.x-k8s.io", "serviceimports", "", ""),
 	)
 
-	// Refusals: everything the brief names, and the likely escapes.
+	// Refusals: everything docs/install.md says the agent may not do, and
+	// the likely escapes.
 	// Reads of ConfigMaps, Secrets, Services and EndpointSlices are
 	// reflection's (deploy/reflection.yaml, docs/services.md), anywhere;
 	// writes stay refused.

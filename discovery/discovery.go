@@ -56,25 +56,22 @@ func lanConfig() *memberlist.Config {
 	// log10(members) probe intervals, 1.8 s at 10 members and 3.6 s at
 	// 100 (stock 4 s, 8 s), reached once two other members confirm the
 	// suspicion (multiplier minus 2); unconfirmed, it is 6 times that.
-	// Two confirmations rather than one (multiplier 3 collapsed at load
+	// Two confirmations rather than one (multiplier 3 collapses at load
 	// 20) and the notice to the suspect (notice.go) keep a stalled
-	// process's members alive. Under the suite's own load (the final CI
-	// run of issue 18's fourth round) 100 members in 10 processes had no
-	// false death in 11 runs and detected in 4.91 s median, against
-	// 5.44 s with 500 / 450 ms (benchmark profile lan-500ms). A timeout
-	// of 250 to 400 ms without the notice had loaded-but-alive members
-	// declared dead by the dozen at load averages of 20 to 50.
+	// process's members alive. A shorter timeout without the notice has
+	// loaded-but-alive members declared dead by the dozen at load
+	// averages of 20 to 50 (docs/benchmarks.md has today's figures).
 	c.ProbeInterval = 450 * time.Millisecond
 	c.ProbeTimeout = 400 * time.Millisecond
 	c.SuspicionMult = 4
 	// Records are keys and signatures, which LZW does not shrink (3 %),
-	// while a new LZW writer per packet was a sixth of the CPU: under
+	// while a new LZW writer per packet costs a sixth of the CPU: under
 	// load that CPU is what turns late acks into false deaths.
 	// Compressed packets from other members are still read.
 	c.EnableCompression = false
 	// Gossip stays at 200 ms to 3 members: gossiping every 100 ms
-	// converged no faster once joins are followed up (see
-	// candidates.joined) and, under load, cost CPU and false failures.
+	// converges no faster once joins are followed up (see
+	// candidates.joined) and, under load, costs CPU and false failures.
 	return c
 }
 
@@ -128,8 +125,8 @@ type Config struct {
 	// Profile selects memberlist timings; default LAN.
 	Profile Profile
 	// NoSuspicionNotice turns off the notice a member sends to a member
-	// it suspects (notice.go), which cut false deaths under load by more
-	// than half (docs/discovery.md, issue 18's fourth round).
+	// it suspects (notice.go), which cuts false deaths under load by more
+	// than half (docs/discovery.md).
 	NoSuspicionNotice bool
 	// Tune, if set, adjusts the memberlist configuration last (tests).
 	Tune func(*memberlist.Config)

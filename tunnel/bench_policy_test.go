@@ -87,7 +87,7 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 // 3 s) from a peer into a site with the peer Full and with it Segregated to
 // 10,000 pods and 10,000 service endpoints (the server's pod among them),
 // alternating, three rounds each, in one run; it reports the medians and
-// their ratio (issue 16's target: >= 0.95). It runs once whatever b.N is.
+// their ratio (target: >= 0.95). It runs once whatever b.N is.
 func BenchmarkSegregatedThroughput(b *testing.B) {
 	m := newMesh(b, "10.1.0.0/16", "10.2.0.0/16")
 	m.env.Require(harness.IPerf3)

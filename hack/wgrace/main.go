@@ -3,7 +3,7 @@
 // peer, with each first-contact strategy:
 //
 //	both   both sides add the peer with its persistent keepalive, so both
-//	       initiate a handshake at once (what Flotilla did before);
+//	       initiate a handshake at once;
 //	one    the side with the larger public key adds the peer without its
 //	       keepalive and initiates only if nothing arrived from the peer
 //	       within -wait (what tunnel/firstcontact.go does).

@@ -19,8 +19,8 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// Every node in the federation (issue 11), and the harness's clusters of
-// real nodes with workers and a CNI's masquerade (issue 10): two clusters
+// Every node in the federation, and the harness's clusters of real nodes
+// with workers and a CNI's masquerade: two clusters
 // of three real nodes (a
 // gateway and two workers), both on 10.0.0.0/16, with flannel's
 // masquerade rules (iptables-nft) installed before the agent. Pods on the

@@ -35,7 +35,7 @@ const scaleNamespaces = 100
 // scaleClusterMiB is what one cluster of the benchmark takes: a control
 // plane without nodes (etcd, kube-apiserver, kube-controller-manager) and
 // its agent process; about 300 MiB measured with 100 namespaces
-// offloaded (docs/offload.md, "Measured"), with room to spare.
+// offloaded (docs/benchmarks.md), with room to spare.
 const scaleClusterMiB = 400
 
 // scalePerPair is the time per namespace-provider pair of providers=1, to
@@ -52,8 +52,7 @@ var scalePerPair struct {
 // flow is API server to API server, so nodes and the data path add
 // nothing but load (every agent runs --peering=manual: no tunnels). The
 // work is 100 x providers requests, so the time should grow linearly:
-// the figure per namespace-provider pair stays flat (the Liqo thesis
-// measured superlinear growth).
+// the figure per namespace-provider pair stays flat.
 func BenchmarkNamespaceOffloadScale(b *testing.B) {
 	for _, n := range benchProviders(b) {
 		b.Run(fmt.Sprintf("providers=%d", n), func(b *testing.B) { benchOffloadScale(b, n) })

@@ -20,9 +20,9 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// Segregated traffic (docs/policy.md), the matrices of the fine-grained
-// security thesis' figures 5.3 to 5.5 as yes/no TCP exchanges between
-// real pods of three clusters: a offloads shop to b and c; b exports echo.
+// Segregated traffic (docs/policy.md), three matrices of yes/no TCP
+// exchanges between real pods of three clusters: a offloads shop to b and
+// c; b exports echo.
 // The tables are printed; a row that differs fails the test.
 
 // trafficFixture is what the services test has built when the matrices
@@ -206,7 +206,7 @@ func setTraffic(t *testing.T, mode v1alpha1.Traffic, cs ...*federation.NodeClust
 	}
 }
 
-// segregatedMatrices runs the thesis' matrices under Segregated, with a
+// segregatedMatrices runs the three matrices under Segregated, with a
 // row of each under Full before and after, on the live peers.
 func segregatedMatrices(t *testing.T, fx trafficFixture) {
 	a, b, c := fx.a, fx.b, fx.c
@@ -246,7 +246,7 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 
 	setTraffic(t, v1alpha1.TrafficSegregated, a, b, c)
 
-	t.Run("figure 5.3: a peer reaches its offloaded pods and what was exported to it", func(t *testing.T) {
+	t.Run("into b from a: a peer reaches its offloaded pods and what was exported to it", func(t *testing.T) {
 		runMatrix(t, "Segregated, into "+b.Name+" from "+a.Name, []exchange{
 			fromA("its pod offloaded to "+b.Name, at(ip(fx.app), httpPort), true, true, b, fx.aID),
 			fromA("its pod offloaded to "+b.Name+", another port", at(ip(fx.app), tcpPort), false, true, b, fx.aID),
@@ -255,7 +255,7 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 			fromA(b.Name+"'s own pod", at(bWebOnA, httpPort), true, false, b, fx.aID),
 		})
 	})
-	t.Run("figure 5.4: an offloaded pod reaches the home Services reflected to it and no other home pod", func(t *testing.T) {
+	t.Run("into a from b: an offloaded pod reaches the home Services reflected to it and no other home pod", func(t *testing.T) {
 		homeSvc := clusterIP(b, fx.shopOnB, "home")
 		runMatrix(t, "Segregated, into "+a.Name+" from "+b.Name, []exchange{
 			fromApp("home by its reflected Service", at(homeSvc, httpPort), true, true, a),
@@ -264,7 +264,7 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 			fromApp(a.Name+"'s pod behind no Service", at(secretOnB, httpPort), true, false, a),
 		})
 	})
-	t.Run("figure 5.5: a Service offloaded to a peer reaches its endpoint on a third cluster", func(t *testing.T) {
+	t.Run("into c from b: a Service offloaded to a peer reaches its endpoint on a third cluster", func(t *testing.T) {
 		farSvc := clusterIP(b, fx.shopOnB, "far")
 		runMatrix(t, "Segregated, into "+c.Name+" from "+b.Name, []exchange{
 			fromApp("far (a's pod on "+c.Name+") by the Service reflected to "+b.Name, at(farSvc, httpPort), true, true, c),

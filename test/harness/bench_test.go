@@ -116,8 +116,8 @@ func BenchmarkRealClusterFirstPod(b *testing.B) {
 
 // Four clusters of three real nodes each (a gateway and two workers),
 // started at once on this machine, to the moment all four have a Ready
-// pod; also each cluster's own time to its first pod. The bound for
-// the federation tests that need several clusters.
+// pod; also each cluster's own time to its first pod: what the
+// federation tests that need several clusters pay to start.
 func BenchmarkRealClustersAtOnce(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
 	harness.ImageTarball(b, harness.PauseImage)
