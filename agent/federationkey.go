@@ -19,9 +19,9 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -144,7 +144,7 @@ type keyFollower struct {
 	ledger *ipam.Ledger
 	ns     string
 	store  toolscache.Store
-	queue  workqueue.TypedRateLimitingInterface[string]
+	queue  ctrl.Queue[string]
 	// Failures of the watch and of the work are logged once per change.
 	watchLog, workLog logOnce
 }
@@ -172,12 +172,16 @@ func (o *logOnce) report(log *slog.Logger, err error) {
 // install from before key rotation) it logs that and the agent keeps the
 // keys it has.
 func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ipam.Ledger) error {
-	f := &keyFollower{
-		a: a, held: held, ledger: ledger, ns: a.agentNamespace(),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "federation-keys"}),
+	f := &keyFollower{a: a, held: held, ledger: ledger, ns: a.agentNamespace()}
+	// Its errors are logged by reconcile, the keyring's too.
+	c, err := ctrl.New(ctrl.Config[string]{
+		Name: "federation_keys", BaseDelay: 200 * time.Millisecond, Metrics: a.registry,
+		Reconcile: func(ctx context.Context, _ string) (time.Duration, error) { return 0, f.reconcile(ctx) },
+	})
+	if err != nil {
+		return fmt.Errorf("federation keys: %w", err)
 	}
+	f.queue = c.Queue()
 	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0,
 		informers.WithNamespace(f.ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -207,36 +211,13 @@ func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ip
 	a.registry.MustRegister(keyCollector{held})
 	comps.Go("federation keys", func(ctx context.Context) error {
 		factory.Start(ctx.Done())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for f.next(ctx) {
-			}
-		}()
+		defer factory.Shutdown()
 		// The status says what the agent holds even before the Secret is
 		// read (or when it cannot be).
 		f.queue.Add(FederationSecret)
-		<-ctx.Done()
-		f.queue.ShutDown()
-		<-done
-		factory.Shutdown()
-		return nil
+		return c.Run(ctx, nil)
 	})
 	return nil
-}
-
-func (f *keyFollower) next(ctx context.Context) bool {
-	key, quit := f.queue.Get()
-	if quit {
-		return false
-	}
-	defer f.queue.Done(key)
-	if err := f.reconcile(ctx); err != nil {
-		f.queue.AddRateLimited(key)
-		return true
-	}
-	f.queue.Forget(key)
-	return true
 }
 
 // reconcile applies the Secret's keyring, if there is one, and writes the

@@ -15,10 +15,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
@@ -47,7 +47,8 @@ type ConsumerConfig struct {
 type Consumer struct {
 	cfg   ConsumerConfig
 	log   *slog.Logger
-	queue workqueue.TypedRateLimitingInterface[string]
+	ctrl  *ctrl.Controller[string]
+	queue ctrl.Queue[string]
 	m     *consumerMetrics
 
 	mu       sync.Mutex
@@ -82,13 +83,20 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	c := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "credentials"),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "credentials"}),
 		m:        newConsumerMetrics(cfg.Metrics),
 		incoming: map[string]sealedGrant{}, held: map[string]grant.Grant{},
 		refused: map[string]error{}, revoked: map[string]bool{},
 	}
+	var err error
+	c.ctrl, err = ctrl.New(ctrl.Config[string]{
+		Name: "credentials", BaseDelay: 200 * time.Millisecond, Reconcile: c.reconcile, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[string]{Logger: c.log, Failed: "credential status not reconciled; retrying", Attrs: peerAttr,
+			Level: func(error) slog.Level { return slog.LevelDebug }},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("offload consumer: %w", err)
+	}
+	c.queue = c.ctrl.Queue()
 	if cfg.Metrics != nil {
 		cfg.Metrics.MustRegister(credentialExpiry{c: c, desc: prometheus.NewDesc("flotilla_grant_credential_expiry_timestamp_seconds",
 			"Unix time when the credential a provider granted this cluster expires; the provider renews it well before, so one close to now means renewals stopped arriving.",
@@ -186,35 +194,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.queue.Add(g.Provider)
 	}
 	c.mu.Unlock()
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for c.next(ctx) {
-		}
-	})
-	<-ctx.Done()
-	c.queue.ShutDown()
-	wg.Wait()
-	return nil
-}
-
-func (c *Consumer) next(ctx context.Context) bool {
-	id, quit := c.queue.Get()
-	if quit {
-		return false
-	}
-	defer c.queue.Done(id)
-	after, err := c.reconcile(ctx, id)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		c.log.Debug("credential status not reconciled; retrying", "peer", id, "err", err)
-		c.queue.AddRateLimited(id)
-	case after > 0:
-		c.queue.Forget(id)
-		c.queue.AddAfter(id, after)
-	default:
-		c.queue.Forget(id)
-	}
-	return true
+	return c.ctrl.Run(ctx, nil)
 }
 
 // accept opens what arrived from id, if anything, and keeps it.

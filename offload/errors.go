@@ -2,8 +2,9 @@ package offload
 
 import (
 	"errors"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // Reasons of flotilla_reflection_errors_total.

@@ -20,12 +20,12 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
 
 // hostedEndpointsFieldManager writes the translated slices.
@@ -72,7 +72,8 @@ type HostedEndpoints struct {
 	log    *slog.Logger
 	cache  cache.Cache
 	client client.Client
-	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	ctrl   *ctrl.Controller[types.NamespacedName]
+	queue  ctrl.Queue[types.NamespacedName]
 	m      *hostedMetrics
 
 	mu sync.Mutex
@@ -80,7 +81,6 @@ type HostedEndpoints struct {
 	// refusal or drops were counted and logged: once per change, not per
 	// resync.
 	decided map[types.NamespacedName]string
-	lastErr map[types.NamespacedName]string
 }
 
 type hostedMetrics struct {
@@ -152,14 +152,21 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 	}
 	h := &HostedEndpoints{
 		cfg: cfg, log: cfg.Logger.With("component", "hosted-endpoints"), cache: WithShared(c, cfg.Peers, SharedNamespaces), client: w,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "hosted-endpoints"}),
-		decided: map[types.NamespacedName]string{}, lastErr: map[types.NamespacedName]string{},
+		decided: map[types.NamespacedName]string{},
 	}
 	if h.m, err = newHostedMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("endpoints on third clusters: metrics: %w", err)
 	}
+	h.ctrl, err = ctrl.New(ctrl.Config[types.NamespacedName]{
+		Name: "hosted_endpoints", Workers: cfg.Workers, MaxDelay: 30 * time.Second,
+		Reconcile: ctrl.WithoutDelay(h.reconcile), Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[types.NamespacedName]{Logger: h.log, Failed: "not translated; retrying", Recovered: "translated again",
+			Attrs: func(k types.NamespacedName) []any { return []any{"slice", k.String()} }},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("endpoints on third clusters: %w", err)
+	}
+	h.queue = h.ctrl.Queue()
 	return h, nil
 }
 
@@ -173,28 +180,28 @@ func (h *HostedEndpoints) Run(ctx context.Context) error {
 		h.queue.ShutDown()
 		wg.Wait()
 	}()
-	regs, err := addWatches(ctx, h.cache, "endpoints on third clusters",
-		informerWatch{&discoveryv1.EndpointSlice{}, onEvery(h.sliceChanged)},
+	regs, err := ctrl.AddWatches(ctx, h.cache, "endpoints on third clusters",
+		ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(h.sliceChanged)),
 		// A namespace mirrored or no longer, a peer come or gone: every
 		// source in it, or everywhere, is decided again.
-		informerWatch{&corev1.Namespace{}, onEvery(func(obj any) {
+		ctrl.On(&corev1.Namespace{}, ctrl.OnEvery(func(obj any) {
 			if ns, ok := obj.(*corev1.Namespace); ok {
 				h.queueSources(ns.Name)
 			}
-		})},
-		informerWatch{&v1alpha1.Peer{}, onEvery(func(any) { h.queueSources("") })},
+		})),
+		ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { h.queueSources("") })),
 	)
 	if err != nil {
 		return err
 	}
 	// A peer not read yet would make a source look refused, and its
 	// translation be deleted.
-	cacheErr, synced, err := startCache(ctx, &wg, h.cache, "endpoints on third clusters", regs...)
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, h.cache, "endpoints on third clusters", regs...)
 	if !synced {
 		return err
 	}
 	h.queueSources("")
-	return work(ctx, &wg, h.cfg.Workers, h.next, cacheErr, "endpoints on third clusters")
+	return h.ctrl.Run(ctx, cacheErr)
 }
 
 // sliceChanged queues the source a slice is or was translated from.
@@ -222,40 +229,6 @@ func (h *HostedEndpoints) queueSources(ns string) {
 		if s.Labels[discoveryv1.LabelManagedBy] != HostedEndpointsManagedBy {
 			h.queue.Add(types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
 		}
-	}
-}
-
-func (h *HostedEndpoints) next(ctx context.Context) bool {
-	key, quit := h.queue.Get()
-	if quit {
-		return false
-	}
-	defer h.queue.Done(key)
-	err := h.reconcile(ctx, key)
-	if ctx.Err() != nil {
-		return true
-	}
-	h.noteError(key, err)
-	if err != nil {
-		h.queue.AddRateLimited(key)
-		return true
-	}
-	h.queue.Forget(key)
-	return true
-}
-
-// noteError logs a slice's error once per change, and when it clears.
-func (h *HostedEndpoints) noteError(key types.NamespacedName, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	was := h.lastErr[key]
-	switch {
-	case err == nil && was != "":
-		delete(h.lastErr, key)
-		h.log.Info("translated again", "slice", key.String())
-	case err != nil && was != err.Error():
-		h.lastErr[key] = err.Error()
-		h.log.Warn("not translated; retrying", "slice", key.String(), "err", err)
 	}
 }
 

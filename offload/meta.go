@@ -1,9 +1,10 @@
 package offload
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	"slices"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"

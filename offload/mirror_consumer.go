@@ -14,12 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
@@ -60,14 +60,14 @@ type MirrorConsumer struct {
 	log   *slog.Logger
 	local cache.Cache
 	write client.Client
-	queue workqueue.TypedRateLimitingInterface[string]
+	ctrl  *ctrl.Controller[string]
+	queue ctrl.Queue[string]
 	m     *offloadMetrics
 
 	watches *providerWatches
 
-	mu      sync.Mutex
-	phases  map[string]v1alpha1.OffloadPhase // by namespace, for the gauge
-	lastErr map[string]string                // by namespace: log an error once per change
+	mu     sync.Mutex
+	phases map[string]v1alpha1.OffloadPhase // by namespace, for the gauge
 }
 
 // syncProviders is the queue key that brings the provider watches in
@@ -108,12 +108,20 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 	mc := &MirrorConsumer{
 		cfg: cfg, log: cfg.Logger.With("component", "namespace-offload"),
 		local: local, write: write,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "namespace-offload"}),
 		m:      newOffloadMetrics(cfg.Metrics),
-		phases: map[string]v1alpha1.OffloadPhase{}, lastErr: map[string]string{},
+		phases: map[string]v1alpha1.OffloadPhase{},
 	}
+	mc.ctrl, err = ctrl.New(ctrl.Config[string]{
+		Name: "namespace_offload", Workers: mirrorWorkers, Reconcile: mc.reconcileKey, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[string]{Logger: mc.log,
+			Failed: "namespace offloading not reconciled; retrying", Recovered: "namespace offloading reconciled again",
+			Attrs: func(ns string) []any { return []any{"namespace", ns} }},
+		Failed: func(string, error) { mc.m.errors.Inc() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("namespace offloading: %w", err)
+	}
+	mc.queue = mc.ctrl.Queue()
 	mc.watches = newProviderWatches(mc.log, mc.providerChanged)
 	return mc, nil
 }
@@ -156,59 +164,30 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 	}
 	// A namespace whose offload is not read yet would look unwanted and
 	// lose its requests.
-	cacheErr, synced, err := startCache(ctx, &wg, mc.local, "namespace offloading", regOffloads, regPeers, regNamespaces)
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, mc.local, "namespace offloading", regOffloads, regPeers, regNamespaces)
 	if !synced {
 		return err
 	}
 	mc.queue.Add(syncProviders)
-	return work(ctx, &wg, mirrorWorkers, mc.next, cacheErr, "namespace offloading")
+	return mc.ctrl.Run(ctx, cacheErr)
+}
+
+// reconcileKey brings the provider watches in line, or one namespace.
+func (mc *MirrorConsumer) reconcileKey(ctx context.Context, key string) (time.Duration, error) {
+	if key == syncProviders {
+		return 0, mc.syncWatches(ctx)
+	}
+	mc.m.reconciles.Inc()
+	return 0, mc.reconcile(ctx, key)
 }
 
 // Offloads reads the NamespaceOffloads from the controller's cache, for
 // the agent's dashboard; it answers once Run has started the cache.
 func (mc *MirrorConsumer) Offloads() client.Reader { return mc.local }
 
-func (mc *MirrorConsumer) next(ctx context.Context) bool {
-	key, quit := mc.queue.Get()
-	if quit {
-		return false
-	}
-	defer mc.queue.Done(key)
-	var err error
-	if key == syncProviders {
-		err = mc.syncWatches(ctx)
-	} else {
-		mc.m.reconciles.Inc()
-		err = mc.reconcile(ctx, key)
-	}
-	mc.noteError(key, err)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		mc.m.errors.Inc()
-		mc.queue.AddRateLimited(key)
-	default:
-		mc.queue.Forget(key)
-	}
-	return true
-}
-
-// noteError logs a namespace's error once per change.
-func (mc *MirrorConsumer) noteError(key string, err error) {
-	mc.mu.Lock()
-	defer mc.mu.Unlock()
-	switch {
-	case err == nil && mc.lastErr[key] != "":
-		delete(mc.lastErr, key)
-		mc.log.Info("namespace offloading reconciled again", "namespace", key)
-	case err != nil && mc.lastErr[key] != err.Error():
-		mc.lastErr[key] = err.Error()
-		mc.log.Warn("namespace offloading not reconciled; retrying", "namespace", key, "err", err)
-	}
-}
-
 // offloadEvents queues the namespace of a NamespaceOffload that changed.
 func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
-	return onEvery(func(obj any) {
+	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			mc.queue.Add(o.GetNamespace())
 		}

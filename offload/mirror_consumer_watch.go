@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
@@ -270,7 +271,7 @@ func (w *providerWatch) request(name string) *v1alpha1.NamespaceRequest {
 
 // requestEvents queue the local namespace a request mirrors.
 func (w *providerWatch) requestEvents() toolscache.ResourceEventHandler {
-	return onEvery(func(obj any) {
+	return ctrl.OnEvery(func(obj any) {
 		if r, ok := obj.(*v1alpha1.NamespaceRequest); ok {
 			w.changed([]string{r.Labels[v1alpha1.LabelMirroredFrom], r.Spec.SourceNamespace}, false)
 		}

@@ -19,12 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
@@ -85,7 +85,8 @@ type MirrorProvider struct {
 	log    *slog.Logger
 	cache  cache.Cache
 	client client.Client
-	queue  workqueue.TypedRateLimitingInterface[string]
+	ctrl   *ctrl.Controller[string]
+	queue  ctrl.Queue[string]
 	m      *mirrorMetrics
 
 	mu      sync.Mutex
@@ -127,9 +128,6 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 	}
 	m := &MirrorProvider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "mirror"}),
 		m:       newMirrorMetrics(),
 		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{},
 	}
@@ -138,6 +136,21 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 			return nil, fmt.Errorf("mirror provider: register metrics: %w", err)
 		}
 	}
+	m.ctrl, err = ctrl.New(ctrl.Config[string]{
+		Name: "mirror", Workers: mirrorWorkers, Metrics: cfg.Metrics,
+		Reconcile: func(ctx context.Context, consumer string) (time.Duration, error) {
+			after, err := m.reconcile(ctx, consumer)
+			m.countNamespaces(ctx)
+			return after, err
+		},
+		Errors: &ctrl.ErrorLog[string]{Logger: m.log, Failed: "mirrored namespaces not reconciled; retrying",
+			Attrs: func(c string) []any { return []any{"consumer", c} }},
+		Failed: func(string, error) { m.m.errors.Inc() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mirror provider: %w", err)
+	}
+	m.queue = m.ctrl.Queue()
 	return m, nil
 }
 
@@ -159,23 +172,23 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 		m.queue.ShutDown()
 		wg.Wait()
 	}()
-	if _, err := addWatches(ctx, m.cache, "mirror provider",
-		informerWatch{&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)},
-		informerWatch{&corev1.Namespace{}, m.events(namespaceConsumer)},
+	if _, err := ctrl.AddWatches(ctx, m.cache, "mirror provider",
+		ctrl.On(&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)),
+		ctrl.On(&corev1.Namespace{}, m.events(namespaceConsumer)),
 	); err != nil {
 		return err
 	}
-	cacheErr, synced, err := startCache(ctx, &wg, m.cache, "mirror provider")
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, m.cache, "mirror provider")
 	if !synced {
 		return err
 	}
 	m.log.Info("mirroring namespaces for consumers")
-	return work(ctx, &wg, mirrorWorkers, m.next, cacheErr, "mirror provider")
+	return m.ctrl.Run(ctx, cacheErr)
 }
 
 // events enqueues the consumer an object belongs to.
 func (m *MirrorProvider) events(consumerOf func(metav1.Object) string) toolscache.ResourceEventHandler {
-	return onEvery(func(obj any) {
+	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			if c := consumerOf(o); c != "" {
 				m.queue.Add(c)
@@ -207,28 +220,6 @@ func namespaceConsumer(o metav1.Object) string {
 		return ""
 	}
 	return c
-}
-
-func (m *MirrorProvider) next(ctx context.Context) bool {
-	c, quit := m.queue.Get()
-	if quit {
-		return false
-	}
-	defer m.queue.Done(c)
-	after, err := m.reconcile(ctx, c)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		m.m.errors.Inc()
-		m.log.Warn("mirrored namespaces not reconciled; retrying", "consumer", c, "err", err)
-		m.queue.AddRateLimited(c)
-	case after > 0:
-		m.queue.Forget(c)
-		m.queue.AddAfter(c, after)
-	default:
-		m.queue.Forget(c)
-	}
-	m.countNamespaces(ctx)
-	return true
 }
 
 // answer is a request's status to be.

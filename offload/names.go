@@ -4,10 +4,11 @@
 package offload
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	"maps"
 	"runtime"
 	"slices"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"k8s.io/apimachinery/pkg/labels"

@@ -18,11 +18,11 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
 
 // DefaultPodWorkers is how many pods a PodReflector reconciles at once
@@ -74,7 +74,8 @@ type PodReflector struct {
 	kube  kubernetes.Interface // local writes: status, deletion, events
 	watch kubernetes.Interface // local informers (no timeout)
 	local cache.Cache          // NamespaceOffloads and Peers
-	queue workqueue.TypedRateLimitingInterface[podKey]
+	ctrl  *ctrl.Controller[podKey]
+	queue ctrl.Queue[podKey]
 	m     *podMetrics
 
 	events record.EventBroadcaster
@@ -85,7 +86,6 @@ type PodReflector struct {
 	changesMu sync.Mutex
 	since     map[podKey]time.Time // the first change not yet looked at
 	acting    map[podKey]time.Time // since of the reconcile under way
-	lastErr   map[podKey]string    // log an error once per change
 }
 
 // podKey names a local pod and the provider whose virtual node it is
@@ -131,11 +131,18 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 	r := &PodReflector{
 		cfg: cfg, log: cfg.Logger.With("component", "pod-offload"),
 		kube: kube, watch: watch, local: local,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[podKey](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "pod-offload"}),
-		since: map[podKey]time.Time{}, acting: map[podKey]time.Time{}, lastErr: map[podKey]string{},
+		since: map[podKey]time.Time{}, acting: map[podKey]time.Time{},
 	}
+	r.ctrl, err = ctrl.New(ctrl.Config[podKey]{
+		Name: "pod_offload", Workers: cfg.Workers, MaxDelay: 30 * time.Second, Reconcile: r.reconcilePass, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[podKey]{Logger: r.log, Failed: "pod not reflected; retrying", Recovered: "pod reflected again",
+			Attrs: func(k podKey) []any { return []any{"pod", k.namespace + "/" + k.name, "peer", k.provider} },
+			Level: podErrorLevel},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pod offloading: %w", err)
+	}
+	r.queue = r.ctrl.Queue()
 	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
 	if r.m, err = newPodMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("pod offloading: metrics: %w", err)
@@ -169,27 +176,23 @@ func (r *PodReflector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
 	}
-	regPeers, err := peers.AddEventHandler(onEvery(func(any) { r.providers.trigger() }))
+	regPeers, err := peers.AddEventHandler(ctrl.OnEvery(func(any) { r.providers.trigger() }))
 	if err != nil {
 		return fmt.Errorf("pod offloading: watch Peers: %w", err)
 	}
 	// A pod whose NamespaceOffload is not read yet would look not
 	// offloaded and be refused.
-	cacheErr, synced, err := startCache(ctx, &wg, r.local, "pod offloading", regOffloads, regPeers)
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, r.local, "pod offloading", regOffloads, regPeers)
 	if !synced {
 		return err
 	}
 	r.providers.trigger()
 	wg.Go(func() { r.providers.loop(ctx) })
-	return work(ctx, &wg, r.cfg.Workers, r.next, cacheErr, "pod offloading")
+	return r.ctrl.Run(ctx, cacheErr)
 }
 
-func (r *PodReflector) next(ctx context.Context) bool {
-	key, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(key)
+// reconcilePass reconciles key, timing the changes it acts on.
+func (r *PodReflector) reconcilePass(ctx context.Context, key podKey) (time.Duration, error) {
 	r.startPass(key)
 	err := r.reconcile(ctx, key)
 	// Not listed yet: the watch queues the pod once it is, and the time
@@ -199,16 +202,7 @@ func (r *PodReflector) next(ctx context.Context) bool {
 		err = nil
 	}
 	r.endPass(key, err != nil || listing)
-	if ctx.Err() != nil {
-		return true
-	}
-	r.noteError(key, err)
-	if err != nil {
-		r.queue.AddRateLimited(key)
-		return true
-	}
-	r.queue.Forget(key)
-	return true
+	return 0, err
 }
 
 // startPass takes the time of key's first change for the reconcile about
@@ -270,33 +264,21 @@ func (r *PodReflector) acted(kind string, key podKey) {
 	}
 }
 
-// noteError logs a pod's error once per change; a provider that does not
-// answer is logged once by its watch, not once per pod.
-func (r *PodReflector) noteError(key podKey, err error) {
-	r.changesMu.Lock()
-	defer r.changesMu.Unlock()
-	was := r.lastErr[key]
+// podErrorLevel: a provider that does not answer is logged once by its
+// watch, not once per pod; a wait and a cache behind are not news.
+func podErrorLevel(err error) slog.Level {
+	var pe *providerError
 	switch {
-	case err == nil && was != "":
-		delete(r.lastErr, key)
-		r.log.Info("pod reflected again", "pod", key.namespace+"/"+key.name, "peer", key.provider)
-	case err != nil && was != err.Error():
-		r.lastErr[key] = err.Error()
-		level := slog.LevelWarn
-		var pe *providerError
-		switch {
-		case errors.As(err, &pe) && pe.reason == errUnreachable, errors.As(err, new(retryLater)), apierrors.IsConflict(err):
-			// Said once by the provider's watch; a wait; a cache behind.
-			level = slog.LevelDebug
-		}
-		r.log.Log(context.Background(), level, "pod not reflected; retrying", "pod", key.namespace+"/"+key.name, "peer", key.provider, "err", err)
+	case errors.As(err, &pe) && pe.reason == errUnreachable, errors.As(err, new(retryLater)), apierrors.IsConflict(err):
+		return slog.LevelDebug
 	}
+	return slog.LevelWarn
 }
 
 // offloadEvents note the namespace of a NamespaceOffload that changed:
 // its pods are queued once the namespace watches follow the change.
 func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
-	return onEvery(func(obj any) {
+	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
 			r.providers.offloadChanged(o.Namespace)
 		}

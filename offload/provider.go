@@ -19,6 +19,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/peering"
 )
@@ -104,7 +105,8 @@ type ProviderConfig struct {
 type Provider struct {
 	cfg   ProviderConfig
 	log   *slog.Logger
-	queue workqueue.TypedRateLimitingInterface[string]
+	ctrl  *ctrl.Controller[string]
+	queue ctrl.Queue[string]
 	m     *providerMetrics
 
 	mu      sync.Mutex
@@ -159,15 +161,26 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Provider{
+	p := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "grants"),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "grants"}),
 		m:       newProviderMetrics(cfg.Metrics),
 		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{},
-	}, nil
+	}
+	var err error
+	p.ctrl, err = ctrl.New(ctrl.Config[string]{
+		Name: "grants", Workers: providerWorkers, Reconcile: p.reconcile, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[string]{Logger: p.log, Failed: "grant not reconciled; retrying", Attrs: peerAttr},
+		Failed: func(string, error) { p.m.errors.Inc() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("offload provider: %w", err)
+	}
+	p.queue = p.ctrl.Queue()
+	return p, nil
 }
+
+// peerAttr names a peer in the log.
+func peerAttr(id string) []any { return []any{"peer", id} }
 
 // PeerChanged takes the engine's state of a peer (the member's key and
 // whether it is alive). It never blocks.
@@ -254,38 +267,7 @@ func (p *Provider) Run(ctx context.Context) error {
 		p.queue.Add(c)
 	}
 	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for range providerWorkers {
-		wg.Go(func() {
-			for p.next(ctx) {
-			}
-		})
-	}
-	<-ctx.Done()
-	p.queue.ShutDown()
-	wg.Wait()
-	return nil
-}
-
-func (p *Provider) next(ctx context.Context) bool {
-	id, quit := p.queue.Get()
-	if quit {
-		return false
-	}
-	defer p.queue.Done(id)
-	after, err := p.reconcile(ctx, id)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		p.m.errors.Inc()
-		p.log.Warn("grant not reconciled; retrying", "peer", id, "err", err)
-		p.queue.AddRateLimited(id)
-	case after > 0:
-		p.queue.Forget(id)
-		p.queue.AddAfter(id, after)
-	default:
-		p.queue.Forget(id)
-	}
-	return true
+	return p.ctrl.Run(ctx, nil)
 }
 
 // verdict is what a peer should have, and why.

@@ -18,12 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
 
 // DefaultReflectWorkers is how many objects a Reflector reconciles at
@@ -70,7 +70,8 @@ type Reflector struct {
 	local cache.Cache        // everything read here
 	pods  toolscache.Indexer // the pods of local, by podRefsIndex
 	write client.Client      // the Reflected condition
-	queue workqueue.TypedRateLimitingInterface[reflectKey]
+	ctrl  *ctrl.Controller[reflectKey]
+	queue ctrl.Queue[reflectKey]
 	m     *reflectMetrics
 
 	// providers watch what was reflected in the namespaces mirrored on
@@ -82,7 +83,6 @@ type Reflector struct {
 	// namespace: "Kind/name" -> true.
 	foreign map[nsOnProvider]map[string]bool
 	since   map[reflectKey]time.Time // first change not yet acted on
-	lastErr map[reflectKey]string
 }
 
 // reflectKey names a local object and the provider it is reflected to
@@ -178,12 +178,26 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	r := &Reflector{
 		cfg: cfg, log: cfg.Logger.With("component", "reflection"),
 		local: WithShared(local, cfg.Peers, SharedNamespaceOffloads, SharedServices, SharedEndpointSlices), write: write, pods: pods,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[reflectKey](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[reflectKey]{Name: "reflection"}),
 		foreign: map[nsOnProvider]map[string]bool{},
-		since:   map[reflectKey]time.Time{}, lastErr: map[reflectKey]string{},
+		since:   map[reflectKey]time.Time{},
 	}
+	r.ctrl, err = ctrl.New(ctrl.Config[reflectKey]{
+		Name: "reflection", Workers: cfg.Workers, MaxDelay: 30 * time.Second, Reconcile: r.reconcileTimed, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[reflectKey]{Logger: r.log, Failed: "not reflected; retrying", Recovered: "reflected again",
+			Attrs: func(k reflectKey) []any {
+				return []any{"object", k.kind + " " + k.namespace + "/" + k.name, "peer", k.provider}
+			},
+			Level: func(err error) slog.Level {
+				if errors.As(err, new(retryLater)) {
+					return slog.LevelDebug
+				}
+				return slog.LevelWarn
+			}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reflection: %w", err)
+	}
+	r.queue = r.ctrl.Queue()
 	r.providers = newNamespaceWatches(cfg.Self, cfg.Credentials, r.local, r.log, "objects", r.newProvider,
 		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
@@ -262,14 +276,14 @@ func (r *Reflector) Run(ctx context.Context) error {
 		wg.Wait()
 		r.providers.stopAll()
 	}()
-	regs, err := addWatches(ctx, r.local, "reflection",
-		informerWatch{&v1alpha1.NamespaceOffload{}, onEvery(func(obj any) {
+	regs, err := ctrl.AddWatches(ctx, r.local, "reflection",
+		ctrl.On(&v1alpha1.NamespaceOffload{}, ctrl.OnEvery(func(obj any) {
 			if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
 				r.providers.offloadChanged(o.Namespace)
 			}
-		})},
-		informerWatch{&v1alpha1.Peer{}, onEvery(func(any) { r.providers.trigger() })},
-		informerWatch{&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
+		})),
+		ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { r.providers.trigger() })),
+		ctrl.On(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) { r.podChanged(obj) },
 			// What a pod references cannot change; where it runs changes
 			// once, when it is bound. Its status, written all the time,
@@ -283,27 +297,27 @@ func (r *Reflector) Run(ctx context.Context) error {
 				}
 			},
 			DeleteFunc: func(obj any) { r.podChanged(obj) },
-		}},
-		informerWatch{&corev1.ConfigMap{}, onEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })},
-		informerWatch{&corev1.Secret{}, onEvery(func(obj any) { r.localChanged(kindSecret, obj) })},
-		informerWatch{&corev1.Service{}, onEvery(func(obj any) {
+		}),
+		ctrl.On(&corev1.ConfigMap{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })),
+		ctrl.On(&corev1.Secret{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindSecret, obj) })),
+		ctrl.On(&corev1.Service{}, ctrl.OnEvery(func(obj any) {
 			r.localChanged(kindService, obj)
 			r.serviceSlicesChanged(obj)
-		})},
-		informerWatch{&discoveryv1.EndpointSlice{}, onEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })},
+		})),
+		ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })),
 	)
 	if err != nil {
 		return err
 	}
 	// A reference not read yet would make its object look unreferenced,
 	// and its reflection be deleted.
-	cacheErr, synced, err := startCache(ctx, &wg, r.local, "reflection", regs...)
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, r.local, "reflection", regs...)
 	if !synced {
 		return err
 	}
 	r.providers.trigger()
 	wg.Go(func() { r.providers.loop(ctx) })
-	return work(ctx, &wg, r.cfg.Workers, r.next, cacheErr, "reflection")
+	return r.ctrl.Run(ctx, cacheErr)
 }
 
 // podChanged queues what a pod bound to a virtual node references.
@@ -363,19 +377,16 @@ func (r *Reflector) changed(key reflectKey) {
 	r.queue.Add(key)
 }
 
-func (r *Reflector) next(ctx context.Context) bool {
-	key, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(key)
+// reconcileTimed reconciles key and records the lag from the first
+// change it acts on to its write.
+func (r *Reflector) reconcileTimed(ctx context.Context, key reflectKey) (time.Duration, error) {
 	r.stateMu.Lock()
 	t, timed := r.since[key]
 	delete(r.since, key)
 	r.stateMu.Unlock()
 	wrote, err := r.reconcileWithThird(ctx, key)
 	if ctx.Err() != nil {
-		return true
+		return 0, err
 	}
 	// Not listed there yet: the watch queues the object once it is, and
 	// the time it took counts in the lag.
@@ -393,32 +404,7 @@ func (r *Reflector) next(ctx context.Context) bool {
 		}
 		r.stateMu.Unlock()
 	}
-	r.noteError(key, err)
-	if err != nil {
-		r.queue.AddRateLimited(key)
-		return true
-	}
-	r.queue.Forget(key)
-	return true
-}
-
-// noteError logs an object's error once per change.
-func (r *Reflector) noteError(key reflectKey, err error) {
-	r.stateMu.Lock()
-	defer r.stateMu.Unlock()
-	was := r.lastErr[key]
-	switch {
-	case err == nil && was != "":
-		delete(r.lastErr, key)
-		r.log.Info("reflected again", "object", key.kind+" "+key.namespace+"/"+key.name, "peer", key.provider)
-	case err != nil && was != err.Error():
-		r.lastErr[key] = err.Error()
-		level := slog.LevelWarn
-		if errors.As(err, new(retryLater)) {
-			level = slog.LevelDebug
-		}
-		r.log.Log(context.Background(), level, "not reflected; retrying", "object", key.kind+" "+key.namespace+"/"+key.name, "peer", key.provider, "err", err)
-	}
+	return 0, err
 }
 
 // queueNamespace queues every local object of ns that may be reflected

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -173,7 +174,7 @@ func (pp *reflectProvider) newCache(ns, local string) (rc *remoteCache, start fu
 			cancel()
 			return nil, nil, err
 		}
-		reg, err := inf.AddEventHandler(onEvery(func(obj any) {
+		reg, err := inf.AddEventHandler(ctrl.OnEvery(func(obj any) {
 			if o, ok := obj.(client.Object); ok {
 				if ns, name, ok := reflectedOrigin(o); ok {
 					// Not timed: mostly the echo of our own write.

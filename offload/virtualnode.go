@@ -24,12 +24,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
 
 // How a virtual node keeps its heartbeat (docs/offload.md, "Virtual
@@ -82,7 +82,8 @@ type VirtualNodes struct {
 	cfg   VirtualNodesConfig
 	log   *slog.Logger
 	cache cache.Cache // Peers, and our Nodes only
-	queue workqueue.TypedRateLimitingInterface[string]
+	ctrl  *ctrl.Controller[string]
+	queue ctrl.Queue[string]
 	m     *virtualNodeMetrics
 	// kubeletVersion is what the nodes report, set before the first
 	// reconcile.
@@ -91,9 +92,8 @@ type VirtualNodes struct {
 	mu sync.Mutex
 	// leases are the Leases last written, by provider: renewing one
 	// needs no read.
-	leases  map[string]*coordinationv1.Lease
-	ready   map[string]bool
-	lastErr map[string]string // by provider: log an error once per change
+	leases map[string]*coordinationv1.Lease
+	ready  map[string]bool
 }
 
 // virtualNodeWorkers reconcile different providers at once.
@@ -139,14 +139,33 @@ func NewVirtualNodes(cfg VirtualNodesConfig) (*VirtualNodes, error) {
 			return nil, fmt.Errorf("virtual nodes: register metrics: %w", err)
 		}
 	}
-	return &VirtualNodes{
+	v := &VirtualNodes{
 		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: WithPeers(ca, cfg.Peers),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "virtual-nodes"}),
 		m:      m,
-		leases: map[string]*coordinationv1.Lease{}, ready: map[string]bool{}, lastErr: map[string]string{},
-	}, nil
+		leases: map[string]*coordinationv1.Lease{}, ready: map[string]bool{},
+	}
+	v.ctrl, err = ctrl.New(ctrl.Config[string]{
+		Name: "virtual_nodes", Workers: virtualNodeWorkers, Reconcile: v.reconcile, Metrics: cfg.Metrics,
+		Errors: &ctrl.ErrorLog[string]{
+			Logger: v.log, Failed: "virtual node not reconciled; retrying", Recovered: "virtual node reconciled again",
+			Attrs: func(id string) []any { return []any{"peer", id, "node", VirtualNodeName(id)} },
+			// Someone wrote the Node between our read and our write (the
+			// controller manager often does, just after we create one):
+			// the retry reads it again.
+			Level: func(err error) slog.Level {
+				if apierrors.IsConflict(err) {
+					return slog.LevelDebug
+				}
+				return slog.LevelWarn
+			},
+		},
+		Failed: func(id string, err error) { v.m.errors.WithLabelValues(id, errorReason(err)).Inc() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("virtual nodes: %w", err)
+	}
+	v.queue = v.ctrl.Queue()
+	return v, nil
 }
 
 // virtualNodeMapper knows where Peers and Nodes are served, without
@@ -190,15 +209,15 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 		v.queue.ShutDown()
 		wg.Wait()
 	}()
-	regs, err := addWatches(ctx, v.cache, "virtual nodes",
-		informerWatch{&v1alpha1.Peer{}, v.events(func(obj any) string { return obj.(*v1alpha1.Peer).Name })},
-		informerWatch{&corev1.Node{}, v.events(func(obj any) string { return obj.(*corev1.Node).Labels[LabelClusterID] })},
+	regs, err := ctrl.AddWatches(ctx, v.cache, "virtual nodes",
+		ctrl.On(&v1alpha1.Peer{}, v.events(func(obj any) string { return obj.(*v1alpha1.Peer).Name })),
+		ctrl.On(&corev1.Node{}, v.events(func(obj any) string { return obj.(*corev1.Node).Labels[LabelClusterID] })),
 	)
 	if err != nil {
 		return err
 	}
 	// A Node whose Peer is not read yet would look unwanted and be deleted.
-	cacheErr, synced, err := startCache(ctx, &wg, v.cache, "virtual nodes", regs...)
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, v.cache, "virtual nodes", regs...)
 	if !synced {
 		return err
 	}
@@ -210,13 +229,13 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 	v.kubeletVersion = virtualNodeKubeletVersion(server.GitVersion)
 	v.log.Info("keeping a virtual node for each provider that granted offloading",
 		"address", v.cfg.Address, "kubeletPort", v.cfg.KubeletPort, "version", v.kubeletVersion)
-	return work(ctx, &wg, virtualNodeWorkers, v.next, cacheErr, "virtual nodes")
+	return v.ctrl.Run(ctx, cacheErr)
 }
 
 // events queue the provider an object is about. Every change counts: a
 // reconcile that finds its Node as wanted writes nothing.
 func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHandler {
-	return onEvery(func(obj any) {
+	return ctrl.OnEvery(func(obj any) {
 		switch obj.(type) {
 		case *v1alpha1.Peer, *corev1.Node:
 		default:
@@ -226,27 +245,6 @@ func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHand
 			v.queue.Add(id)
 		}
 	})
-}
-
-func (v *VirtualNodes) next(ctx context.Context) bool {
-	id, quit := v.queue.Get()
-	if quit {
-		return false
-	}
-	defer v.queue.Done(id)
-	after, err := v.reconcile(ctx, id)
-	v.noteError(id, err)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		v.m.errors.WithLabelValues(id, errorReason(err)).Inc()
-		v.queue.AddRateLimited(id)
-	case after > 0:
-		v.queue.Forget(id)
-		v.queue.AddAfter(id, after)
-	default:
-		v.queue.Forget(id)
-	}
-	return true
 }
 
 // reconcile brings provider id's virtual node, and its Lease, in line with
@@ -367,25 +365,6 @@ func (v *VirtualNodes) deletePods(ctx context.Context, id string, known bool) er
 		v.log.Info("pods of a removed virtual node deleted, for their controllers to make them again", "node", name, "pods", deleted)
 	}
 	return nil
-}
-
-// noteError logs a provider's error once per change.
-func (v *VirtualNodes) noteError(id string, err error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	switch {
-	case apierrors.IsConflict(err):
-		// Someone wrote the Node between our read and our write (the
-		// controller manager often does, just after we create one): the
-		// retry reads it again.
-		v.log.Debug("virtual node changed while written; retrying", "peer", id, "err", err)
-	case err == nil && v.lastErr[id] != "":
-		delete(v.lastErr, id)
-		v.log.Info("virtual node reconciled again", "peer", id, "node", VirtualNodeName(id))
-	case err != nil && v.lastErr[id] != err.Error():
-		v.lastErr[id] = err.Error()
-		v.log.Warn("virtual node not reconciled; retrying", "peer", id, "node", VirtualNodeName(id), "err", err)
-	}
 }
 
 // errForeignNode is a Node or Lease under a virtual node's name that this

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
 
 // PlacementWebhookConfig is what a PlacementWebhook needs.
@@ -252,7 +253,7 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
 	}
-	cacheErr, synced, err := startCache(ctx, &wg, w.cache, "placement webhook")
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, w.cache, "placement webhook")
 	if !synced {
 		return err
 	}

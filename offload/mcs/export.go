@@ -9,12 +9,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 )
@@ -28,7 +28,7 @@ func (s *Services) watch(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("mcs: watch %T: %w", obj, err)
 		}
-		if _, err := inf.AddEventHandler(onEvery(func(o any) {
+		if _, err := inf.AddEventHandler(ctrl.OnEvery(func(o any) {
 			if mine(o) {
 				s.enqueueImportOf(o)
 				return
@@ -42,30 +42,19 @@ func (s *Services) watch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("mcs: watch ServiceImports: %w", err)
 	}
-	if _, err := imports.AddEventHandler(onEvery(s.enqueueImportOf)); err != nil {
+	if _, err := imports.AddEventHandler(ctrl.OnEvery(s.enqueueImportOf)); err != nil {
 		return err
 	}
 	namespaces, err := s.cache.GetInformer(ctx, &corev1.Namespace{})
 	if err != nil {
 		return fmt.Errorf("mcs: watch Namespaces: %w", err)
 	}
-	_, err = namespaces.AddEventHandler(onEvery(func(o any) {
+	_, err = namespaces.AddEventHandler(ctrl.OnEvery(func(o any) {
 		if ns, ok := o.(*corev1.Namespace); ok {
 			s.enqueueNamespace(ns)
 		}
 	}))
 	return err
-}
-
-// onEvery calls f with the object of every add, update and delete.
-func onEvery(f func(obj any)) toolscache.ResourceEventHandler {
-	g := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		f(obj)
-	}
-	return toolscache.ResourceEventHandlerFuncs{AddFunc: g, UpdateFunc: func(_, obj any) { g(obj) }, DeleteFunc: g}
 }
 
 // mine says whether the importer wrote o.

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 )
 
@@ -136,13 +137,13 @@ func (s *Server) handlers(ctx context.Context, queue workqueue.TypedRateLimiting
 	if err != nil {
 		return nil, nil, fmt.Errorf("watch EndpointSlices: %w", err)
 	}
-	r1, err := imports.AddEventHandler(onEvery(func(obj client.Object) {
+	r1, err := imports.AddEventHandler(ctrl.OnEvery(func(obj client.Object) {
 		queue.Add(obj.GetNamespace() + "/" + obj.GetName())
 	}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("watch ServiceImports: %w", err)
 	}
-	r2, err := slices.AddEventHandler(onEvery(func(obj client.Object) {
+	r2, err := slices.AddEventHandler(ctrl.OnEvery(func(obj client.Object) {
 		if name := obj.GetLabels()[mcs.LabelServiceName]; name != "" {
 			queue.Add(obj.GetNamespace() + "/" + name)
 		}
@@ -227,20 +228,4 @@ func (s *Server) rebuild(ctx context.Context, c client.Reader, key string) error
 func splitKey(key string) (types.NamespacedName, bool) {
 	ns, name, ok := strings.Cut(key, "/")
 	return types.NamespacedName{Namespace: ns, Name: name}, ok && ns != "" && name != ""
-}
-
-// onEvery calls f with the object of every add, update (the new one) and
-// delete, a deletion's last known state unwrapped.
-func onEvery(f func(client.Object)) toolscache.ResourceEventHandler {
-	g := func(obj any) {
-		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		if o, ok := obj.(client.Object); ok {
-			f(o)
-		}
-	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc: g, UpdateFunc: func(_, obj any) { g(obj) }, DeleteFunc: g,
-	}
 }
