@@ -1,6 +1,10 @@
 package offload
 
-import "github.com/flotilla-io/flotilla/api/v1alpha1"
+import (
+	"strings"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+)
 
 // ConditionReady is the condition of each cluster of a NamespaceOffload.
 const ConditionReady = "Ready"
@@ -26,4 +30,13 @@ func findCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOfflo
 		}
 	}
 	return nil
+}
+
+// compareOffloads orders a namespace's NamespaceOffloads oldest first,
+// then by name.
+func compareOffloads(a, b v1alpha1.NamespaceOffload) int {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }

@@ -90,7 +90,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	var err error
 	c.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "credentials", BaseDelay: 200 * time.Millisecond, Reconcile: c.reconcile, Metrics: cfg.Metrics,
-		Errors: &ctrl.ErrorLog[string]{Logger: c.log, Failed: "credential status not reconciled; retrying", Attrs: peerAttr,
+		Errors: &ctrl.ErrorLog[string]{Logger: c.log, Failed: "credential status not reconciled; retrying", Attrs: ctrl.Named[string]("peer"),
 			Level: func(error) slog.Level { return slog.LevelDebug }},
 	})
 	if err != nil {

@@ -42,9 +42,6 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// jwtHeader starts every service account token ({"alg":...).
-const jwtHeader = "eyJhbGciOi"
-
 // TestGrants runs a Provider on one real control plane and a Consumer on
 // another, the Peer CRD on both. Each subtest brings a provider and
 // consumers of its own (fresh cluster IDs, so its Peers and tenants are
@@ -986,8 +983,6 @@ func newIdentity(t *testing.T) identity.Identity {
 }
 
 func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
-
-func ptr[T any](v T) *T { return &v }
 
 func peerScheme(t *testing.T) *runtime.Scheme {
 	t.Helper()

@@ -212,32 +212,6 @@ func TestKubeletAPIRevokedAfterTTL(t *testing.T) {
 	t.Logf("authorizations: %v from the cache, %v asked", hits, misses)
 }
 
-// expiryGauge is flotilla_certificate_expiry_seconds of component and
-// cert in reg.
-func expiryGauge(t *testing.T, reg *prometheus.Registry, component, cert string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "flotilla_certificate_expiry_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["component"] == component && labels["cert"] == cert {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no flotilla_certificate_expiry_seconds{component=%q,cert=%q}", component, cert)
-	return 0
-}
-
 // With a CA of 15 s and serving certificates of 3 s, the kubelet API
 // rotates its CA while clients connect: each trusts the bundle in the
 // Secret as it reads it (an operator's copy), and every connection

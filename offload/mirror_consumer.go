@@ -20,15 +20,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
-	"github.com/flotilla-io/flotilla/offload/grant"
 )
-
-// Credentials hands out what providers granted this cluster
-// (*Consumer): the REST config of the provider's API server with the
-// credential, and the grant (its Namespace is the tenant namespace there).
-type Credentials interface {
-	Credential(provider string) (*rest.Config, grant.Grant, error)
-}
 
 // MirrorConsumerConfig is what a MirrorConsumer needs.
 type MirrorConsumerConfig struct {
@@ -115,7 +107,7 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 		Name: "namespace_offload", Workers: mirrorWorkers, Reconcile: mc.reconcileKey, Metrics: cfg.Metrics,
 		Errors: &ctrl.ErrorLog[string]{Logger: mc.log,
 			Failed: "namespace offloading not reconciled; retrying", Recovered: "namespace offloading reconciled again",
-			Attrs: func(ns string) []any { return []any{"namespace", ns} }},
+			Attrs: ctrl.Named[string]("namespace")},
 		Failed: func(string, error) { mc.m.errors.Inc() },
 	})
 	if err != nil {

@@ -93,15 +93,6 @@ func (mc *MirrorConsumer) reconcile(ctx context.Context, ns string) error {
 	return errors.Join(errs...)
 }
 
-// compareOffloads orders a namespace's NamespaceOffloads oldest first,
-// then by name.
-func compareOffloads(a, b v1alpha1.NamespaceOffload) int {
-	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-		return c
-	}
-	return strings.Compare(a.Name, b.Name)
-}
-
 // namespaceGVK is written as metadata only: its labels are all that
 // counts.
 var namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")

@@ -19,14 +19,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
-	"github.com/flotilla-io/flotilla/offload/grant"
 )
-
-// providerCredential is what this cluster holds for one provider.
-type providerCredential struct {
-	config *rest.Config
-	grant  grant.Grant
-}
 
 // providerWatches keeps one informer per provider on this cluster's
 // NamespaceRequests in its tenant namespace there, with the credential it

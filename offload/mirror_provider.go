@@ -144,7 +144,7 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 			return after, err
 		},
 		Errors: &ctrl.ErrorLog[string]{Logger: m.log, Failed: "mirrored namespaces not reconciled; retrying",
-			Attrs: func(c string) []any { return []any{"consumer", c} }},
+			Attrs: ctrl.Named[string]("consumer")},
 		Failed: func(string, error) { m.m.errors.Inc() },
 	})
 	if err != nil {

@@ -5,17 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,25 +26,6 @@ import (
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
-
-// grants is what the grants Provider would say, set by the test.
-type grants struct {
-	mu sync.Mutex
-	m  map[string]grant.Limits
-}
-
-func (g *grants) Granted(consumer string) (grant.Limits, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	l, ok := g.m[consumer]
-	return l, ok
-}
-
-func (g *grants) set(consumer string, l grant.Limits) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.m[consumer] = l
-}
 
 // mirrorSuite is one control plane with deploy/'s RBAC and admission, and
 // the mirroring controller running as the agent, with the agent's token.
@@ -109,20 +86,6 @@ func TestMirrorProvider(t *testing.T) {
 	})
 }
 
-// installProvider applies what a provider's agent is installed with:
-// its namespace and account, deploy/'s RBAC (the consumer's ClusterRole
-// among it) and admission policies.
-func installProvider(t testing.TB, cp *harness.ControlPlane) {
-	t.Helper()
-	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
-		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
-			"apply", "--server-side", "-f", filepath.Join("..", "deploy", f))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("kubectl apply deploy/%s: %v\n%s", f, err, out)
-		}
-	}
-}
-
 // start runs a new controller until stop or the test's end.
 func (s *mirrorSuite) start() {
 	t := s.top
@@ -146,19 +109,6 @@ func providerTestScheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	return scheme
-}
-
-// serviceAccountConfig is a client config with a token of account, as a
-// pod of it gets one.
-func serviceAccountConfig(t testing.TB, cp *harness.ControlPlane, ns, account string) *rest.Config {
-	t.Helper()
-	expiry := int64(3600)
-	tr, err := cp.Client.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), account,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("token for %s/%s: %v", ns, account, err)
-	}
-	return &rest.Config{Host: cp.Config.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: cp.Config.CAData}}
 }
 
 // consumerOf is a granted consumer with its tenant, and a client with the

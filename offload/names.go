@@ -7,6 +7,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -174,4 +175,21 @@ func mirroredSelector(consumer string) labels.Selector {
 	}
 	from, _ := labels.NewRequirement(v1alpha1.LabelMirroredFrom, selection.Exists, nil)
 	return labels.NewSelector().Add(*managed, *tenant, *from)
+}
+
+func tenantLabels(consumer string) map[string]string {
+	return map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, LabelTenant: consumer}
+}
+
+func reservedLabelKey(k string) bool {
+	domain, _, ok := strings.Cut(k, "/")
+	if !ok {
+		return false
+	}
+	for _, d := range []string{"kubernetes.io", "k8s.io", "flotilla.io"} {
+		if domain == d || strings.HasSuffix(domain, "."+d) {
+			return true
+		}
+	}
+	return false
 }

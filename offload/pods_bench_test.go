@@ -64,7 +64,7 @@ func benchmarkPodOffload(b *testing.B, pods int) {
 	// 250 pods a node at most; each stand-in kubelet writes its pods'
 	// status one after the other, as a real one is one of many nodes.
 	kubelets := min(pods/100+2, 16)
-	e := newPodEnv(b, podEnvOptions{kubelets: kubelets, consumer: harness.ControlPlaneOptions{Scheduler: true}, clientQPS: 1000})
+	e := newPodsEnv(b, podEnvOptions{kubelets: kubelets, consumer: harness.ControlPlaneOptions{Scheduler: true}, clientQPS: 1000})
 	workers, _ := strconv.Atoi(os.Getenv("FLOTILLA_BENCH_POD_WORKERS"))
 	e.startReflector(b, workers, false)
 	remoteNS := e.offloadReady(b, "bench")
@@ -118,15 +118,6 @@ func spread(ds []time.Duration) string {
 	return fmt.Sprintf("%v median, %v max", median(ds).Round(time.Millisecond), slices.Max(ds).Round(time.Millisecond))
 }
 
-// median is the middle of ds (sorted in place).
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[len(ds)/2]
-}
-
 // benchDeployment is what the placement webhook makes of a Deployment in
 // a Remote namespace: its pods tolerate virtual nodes and go to
 // provider's.
@@ -165,7 +156,7 @@ type podTimeline struct {
 	bound, created, runningThere, runningHere time.Time
 }
 
-func watchBenchPods(b *testing.B, e *podEnv, remoteNS string) *benchWatch {
+func watchBenchPods(b *testing.B, e *podsEnv, remoteNS string) *benchWatch {
 	w := &benchWatch{pods: map[string]*podTimeline{}, changed: make(chan struct{}, 1)}
 	see := func(here bool) func(obj any) {
 		return func(obj any) {
@@ -290,7 +281,7 @@ func (w *benchWatch) wait(b *testing.B, app string, n int) benchResult {
 // process (the harness's kubelets and clients) holds the same in both.
 // A new reflector then takes over, reconciling from both API servers: it
 // must replace none of the provider's pods.
-func (e *podEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
+func (e *podsEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 	heap := func() (uint64, uint64) {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -340,7 +331,7 @@ func (e *podEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 
 // lagHistogram is the running reflector's flotilla_reflection_lag_seconds
 // of kind (empty when it has none).
-func (e *podEnv) lagHistogram(b *testing.B, kind string) *dto.Histogram {
+func (e *podsEnv) lagHistogram(b *testing.B, kind string) *dto.Histogram {
 	m := metricOf(b, e.registry, "flotilla_reflection_lag_seconds", map[string]string{"kind": kind, "peer": e.p.id})
 	if m == nil {
 		return &dto.Histogram{}
@@ -350,7 +341,7 @@ func (e *podEnv) lagHistogram(b *testing.B, kind string) *dto.Histogram {
 
 // lagSince sums up the lags of kind observed since the histogram before:
 // their count, mean and the bucket their median falls in.
-func (e *podEnv) lagSince(b *testing.B, kind string, before *dto.Histogram) string {
+func (e *podsEnv) lagSince(b *testing.B, kind string, before *dto.Histogram) string {
 	now := e.lagHistogram(b, kind)
 	n := now.GetSampleCount() - before.GetSampleCount()
 	if n == 0 {
@@ -392,7 +383,7 @@ func rssBytes(b *testing.B) uint64 {
 
 // removeDeployment deletes app's Deployment and waits until its pods are
 // gone from both clusters.
-func (e *podEnv) removeDeployment(b *testing.B, app, remoteNS string) {
+func (e *podsEnv) removeDeployment(b *testing.B, app, remoteNS string) {
 	background := metav1.DeletePropagationBackground
 	if err := e.local.Client.AppsV1().Deployments("bench").Delete(b.Context(), app, metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
 		b.Fatal(err)

@@ -25,7 +25,7 @@ import (
 // consumer pod's deletion removes its remote pod, even once the identity
 // it was bound to has no credential any more.
 func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
-	e := newPodEnv(t, podEnvOptions{kubelets: 1})
+	e := newPodsEnv(t, podEnvOptions{kubelets: 1})
 	oldID, newID := e.p.id, e.secondIdentity(t)
 	newNode := keepVirtualNodeReady(t, e.local, newID)
 	e.startReflector(t, 0, true)
@@ -155,28 +155,10 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 	})
 }
 
-// secondIdentity gives the provider a second identity, as one back with
-// its state wiped has: a Peer of its own, the same credential (the same
-// API server, tenant and mirrored namespace) and the same views. It
-// returns the new identity's ID.
-func (e *podEnv) secondIdentity(t *testing.T) string {
-	t.Helper()
-	newID := newConsumer(t)
-	cfg, g, err := e.creds.Credential(e.p.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Provider = newID
-	e.creds.set(newID, providerCredential{config: cfg, grant: g})
-	e.addPeer(t, newID, "p1-again", map[string]string{"region": "a"})
-	e.views.alias = newID
-	return newID
-}
-
 // deleteAndWaitRemade deletes the provider's pod p out of band and waits
 // until a reflector made it again: the witness that the reflectors
 // looked since.
-func (e *podEnv) deleteAndWaitRemade(t *testing.T, ns string, p *corev1.Pod) {
+func (e *podsEnv) deleteAndWaitRemade(t *testing.T, ns string, p *corev1.Pod) {
 	t.Helper()
 	e.deleteRemote(t, p)
 	eventually.Within(t, 90*time.Second, p.Name+" made again", func() error {
@@ -190,7 +172,7 @@ func (e *podEnv) deleteAndWaitRemade(t *testing.T, ns string, p *corev1.Pod) {
 // watchUntilMarker creates a pod of nobody's in ns on the provider (the
 // reflectors never touch it) and returns the pods w saw added before it:
 // the watch is in order, so every pod made before the marker is there.
-func watchUntilMarker(t *testing.T, e *podEnv, w watch.Interface, ns string) []*corev1.Pod {
+func watchUntilMarker(t *testing.T, e *podsEnv, w watch.Interface, ns string) []*corev1.Pod {
 	t.Helper()
 	marker := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "marker"},

@@ -1,68 +1,36 @@
 package offload
 
 import (
-	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net"
-	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/grant"
-	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// The provider's pod network, the consumer's view of it, and the
-// address the consumer's virtual node registers (TEST-NET-1).
-var (
-	providerPodCIDR    = netip.MustParsePrefix("10.0.0.0/16")
-	viewOfProviderPods = netip.MustParsePrefix("10.70.0.0/16")
-	virtualNodeAddress = netip.MustParseAddr("192.0.2.10")
-)
-
-// podEnv is a consumer and a provider, each a real control plane, with a
-// real grant between them: deploy/'s RBAC and admission on the provider,
-// the consumer's tenant and token made by the provider's Tenants with the
-// agent's own token, and namespace mirroring running on both sides. The
-// provider's nodes are the harness's stand-in kubelets; the consumer's
-// virtual node is a Node the test keeps Ready. The consumer reaches the
-// provider through a link the test can cut.
-type podEnv struct {
-	*mirrorEnv
-	p      *testProvider
-	grants *grants
-	link   *cutLink
-	views  offsetViews
-	node   string // the virtual node
-
+// podsEnv is a podEnv and the PodReflectors a test runs in it.
+type podsEnv struct {
+	*podEnv
 	reflectors []*PodReflector // every one started, the running one last
 	registry   *prometheus.Registry
 	stop       func() // stops the running PodReflector
@@ -72,88 +40,13 @@ type podEnv struct {
 	peers PeerCache
 }
 
-// podEnvOptions are what a test or benchmark varies.
-type podEnvOptions struct {
-	// kubelets are the provider's nodes (each holds 250 pods), at most
-	// 16.
-	kubelets int
-	// consumer's control plane; its scheduler, say.
-	consumer harness.ControlPlaneOptions
-	// clientQPS of both controller managers and schedulers (0: theirs).
-	clientQPS int
-}
-
-func newPodEnv(tb testing.TB, o podEnvOptions) *podEnv {
-	harness.Require(tb, harness.NeedsControlPlane...)
-	// The NamespaceOffload caches log through controller-runtime, which
-	// otherwise complains that nobody set its logger.
-	ctrllog.SetLogger(logr.Discard())
-	env := harness.New(tb)
-	consOpts := o.consumer
-	consOpts.ClientQPS = o.clientQPS
-	// The provider's nodes get their pod ranges from us, not from its
-	// controller manager: /20s, so that a node hands out more addresses
-	// than its 250 pods (the stand-in kubelet never reuses one).
-	cps := env.ControlPlanesEach(consOpts, harness.ControlPlaneOptions{Scheduler: true, ClientQPS: o.clientQPS})
-	cons, prov := cps[0], cps[1]
-	mustApplyCRDsTo(tb, cps...)
-	installProvider(tb, prov)
-
-	e := &podEnv{mirrorEnv: &mirrorEnv{local: cons, lc: adminClient(tb, cons), self: newConsumer(tb),
-		creds: &testCredentials{m: map[string]providerCredential{}}}}
-	e.p = &testProvider{id: newConsumer(tb), cp: prov, admin: adminClient(tb, prov)}
-	e.providers = []*testProvider{e.p}
-	e.views = offsetViews{provider: e.p.id, real: providerPodCIDR, view: viewOfProviderPods}
-	e.link = newCutLink(tb, prov.Addr.String())
-
-	agent := serviceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
-	tenants, err := NewTenants(TenantsConfig{Config: agent, Audience: acceptedAudience})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	e.creds.grantedBy(tb, tenants, e.self, e.p, "https://"+e.link.addr)
-	e.grants = &grants{m: map[string]grant.Limits{e.self: {}}}
-	hosted, err := NewMirrorProvider(MirrorProviderConfig{
-		Config: agent, Tenants: tenants, Grants: e.grants, AgentNamespace: "flotilla-system",
-		Resync: time.Second, Shared: startSharedCache(tb, agent, nil), Logger: slog.New(slog.NewTextHandler(testWriter{tb}, nil)),
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	runUntilCleanup(tb, "MirrorProvider", hosted.Run)
-	e.addPeer(tb, e.p.id, "p1", map[string]string{"region": "a"})
-	e.start(tb) // the MirrorConsumer
-
-	for i := range o.kubelets {
-		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
-		prov.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
-	}
-	e.node = keepVirtualNodeReady(tb, cons, e.p.id)
-	return e
-}
-
-// runUntilCleanup runs a controller until the test ends, or the returned
-// stop.
-func runUntilCleanup(tb testing.TB, what string, run func(context.Context) error) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				tb.Errorf("%s: %v", what, err)
-			}
-		})
-	}
-	tb.Cleanup(stop)
-	return stop
+func newPodsEnv(tb testing.TB, o podEnvOptions) *podsEnv {
+	return &podsEnv{podEnv: newPodEnv(tb, o)}
 }
 
 // startReflector runs a new PodReflector until stopReflector or the
 // test's end.
-func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
+func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	tb.Helper()
 	handler := slog.Handler(slog.DiscardHandler)
 	if logs {
@@ -182,124 +75,14 @@ func (e *podEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	e.stop = runUntilCleanup(tb, "PodReflector", r.Run)
 }
 
-func (e *podEnv) stopReflector() { e.stop() }
+func (e *podsEnv) stopReflector() { e.stop() }
 
 // reflector is the running PodReflector (or the last one).
-func (e *podEnv) reflector() *PodReflector { return e.reflectors[len(e.reflectors)-1] }
-
-// offloadReady offloads namespace ns to the provider and waits until it
-// is Ready there; it returns the namespace's name on the provider.
-func (e *podEnv) offloadReady(tb testing.TB, ns string) string {
-	tb.Helper()
-	e.offload(tb, ns, "offload", v1alpha1.NamespaceOffloadSpec{})
-	e.waitStatus(tb, ns, "Ready", phaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
-	remote, err := RemoteNamespace(v1alpha1.MappingDefaultName, ns, "", e.self)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return remote
-}
-
-// keepVirtualNodeReady registers the virtual node of provider on cp, as
-// the node controller would (labels, taint, address, capacity), and
-// keeps it Ready (its lease renewed) until the test ends.
-func keepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider string) string {
-	tb.Helper()
-	name := VirtualNodeName(provider)
-	ctx := tb.Context()
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			LabelVirtualNode: "true", LabelClusterID: provider, "kubernetes.io/hostname": name,
-			"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "virtual-kubelet",
-		}},
-		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: TaintVirtualNode, Value: "true", Effect: corev1.TaintEffectNoExecute}}},
-	}
-	if _, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		tb.Fatal(err)
-	}
-	capacity := corev1.ResourceList{
-		corev1.ResourceCPU: resource.MustParse("1000"), corev1.ResourceMemory: resource.MustParse("4Ti"), corev1.ResourcePods: resource.MustParse("10000"),
-	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		now := metav1.Now()
-		n.Status = corev1.NodeStatus{
-			Capacity: capacity, Allocatable: capacity,
-			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: virtualNodeAddress.String()}},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Test",
-				Message: "kept Ready by the test", LastHeartbeatTime: now, LastTransitionTime: now}},
-		}
-		_, err = cp.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	renewCtx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		leases := cp.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-		seconds := int32(40)
-		for {
-			now := metav1.NewMicroTime(time.Now())
-			l, err := leases.Get(renewCtx, name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				_, err = leases.Create(renewCtx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
-					Spec: coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &seconds, RenewTime: &now}}, metav1.CreateOptions{})
-			case err == nil:
-				l.Spec.RenewTime = &now
-				_, err = leases.Update(renewCtx, l, metav1.UpdateOptions{})
-			}
-			if err != nil && renewCtx.Err() == nil {
-				tb.Logf("renew the lease of virtual node %s: %v", name, err)
-			}
-			select {
-			case <-renewCtx.Done():
-				return
-			case <-time.After(10 * time.Second):
-			}
-		}
-	})
-	tb.Cleanup(func() { cancel(); wg.Wait() })
-	return name
-}
-
-// offsetViews is the consumer's view of one provider's pod network: the
-// same offset in another prefix.
-type offsetViews struct {
-	provider   string
-	real, view netip.Prefix
-	// alias is another identity of the same provider (one back under a
-	// new identity), with the same view.
-	alias string
-}
-
-func (v offsetViews) Translate(provider string, a netip.Addr) (netip.Addr, bool) {
-	if (provider != v.provider && (v.alias == "" || provider != v.alias)) || !a.Is4() || !v.real.Contains(a) {
-		return netip.Addr{}, false
-	}
-	host := ^uint32(0) >> v.real.Bits()
-	ab, vb := a.As4(), v.view.Addr().As4()
-	var out [4]byte
-	binary.BigEndian.PutUint32(out[:], binary.BigEndian.Uint32(vb[:])&^host|binary.BigEndian.Uint32(ab[:])&host)
-	return netip.AddrFrom4(out), true
-}
-
-func (v offsetViews) translate(tb testing.TB, ip string) string {
-	a, ok := v.Translate(v.provider, netip.MustParseAddr(ip))
-	if !ok {
-		tb.Fatalf("the provider's pod IP %s is outside %s", ip, v.real)
-	}
-	return a.String()
-}
+func (e *podsEnv) reflector() *PodReflector { return e.reflectors[len(e.reflectors)-1] }
 
 // podOnVirtualNode is a pod bound to the virtual node with what the
 // placement webhook adds (the toleration), as the scheduler binds it.
-func (e *podEnv) podOnVirtualNode(ns, name string) *corev1.Pod {
+func (e *podsEnv) podOnVirtualNode(ns, name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": name}},
 		Spec: corev1.PodSpec{
@@ -312,7 +95,7 @@ func (e *podEnv) podOnVirtualNode(ns, name string) *corev1.Pod {
 
 // createPods creates pods on the consumer; a namespace just made may not
 // have its default account yet, which admission waits for.
-func (e *podEnv) createPods(tb testing.TB, pods ...*corev1.Pod) []*corev1.Pod {
+func (e *podsEnv) createPods(tb testing.TB, pods ...*corev1.Pod) []*corev1.Pod {
 	tb.Helper()
 	var out []*corev1.Pod
 	for _, p := range pods {
@@ -331,7 +114,7 @@ func (e *podEnv) createPods(tb testing.TB, pods ...*corev1.Pod) []*corev1.Pod {
 	return out
 }
 
-func (e *podEnv) localPod(tb testing.TB, ns, name string) (*corev1.Pod, bool) {
+func (e *podsEnv) localPod(tb testing.TB, ns, name string) (*corev1.Pod, bool) {
 	tb.Helper()
 	p, err := e.local.Client.CoreV1().Pods(ns).Get(tb.Context(), name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -345,7 +128,7 @@ func (e *podEnv) localPod(tb testing.TB, ns, name string) (*corev1.Pod, bool) {
 
 // remotePods are the pods in namespace ns on the provider, by name, as
 // its admin sees them (not through the link).
-func (e *podEnv) remotePods(tb testing.TB, ns string) map[string]*corev1.Pod {
+func (e *podsEnv) remotePods(tb testing.TB, ns string) map[string]*corev1.Pod {
 	tb.Helper()
 	list, err := e.p.cp.Client.CoreV1().Pods(ns).List(tb.Context(), metav1.ListOptions{})
 	if err != nil {
@@ -361,7 +144,7 @@ func (e *podEnv) remotePods(tb testing.TB, ns string) map[string]*corev1.Pod {
 // waitReflected waits until local pod ns/name runs on the provider and
 // shows it: Running, with the provider pod's IP in this cluster's view
 // and the virtual node's address as host IP. It returns both pods.
-func (e *podEnv) waitReflected(tb testing.TB, ns, remoteNS, name string) (local, remote *corev1.Pod) {
+func (e *podsEnv) waitReflected(tb testing.TB, ns, remoteNS, name string) (local, remote *corev1.Pod) {
 	tb.Helper()
 	eventually.Within(tb, 90*time.Second, "pod "+ns+"/"+name+" reflected", func() error {
 		var ok bool
@@ -395,7 +178,7 @@ func describePod(p *corev1.Pod) string {
 
 // waitGonePod waits until ns/name is gone from the consumer or, with
 // remoteNS set, from the provider.
-func (e *podEnv) waitGonePod(tb testing.TB, ns, name, where string) {
+func (e *podsEnv) waitGonePod(tb testing.TB, ns, name, where string) {
 	tb.Helper()
 	eventually.Within(tb, 90*time.Second, "pod "+ns+"/"+name+" gone "+where, func() error {
 		var p *corev1.Pod
@@ -413,7 +196,7 @@ func (e *podEnv) waitGonePod(tb testing.TB, ns, name, where string) {
 
 // waitEvent waits for an event on the local pod with reason and a message
 // containing text, and returns its message.
-func (e *podEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string) string {
+func (e *podsEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string) string {
 	tb.Helper()
 	var msg string
 	eventually.Within(tb, 90*time.Second, "event "+reason+" on "+pod.Name, func() error {
@@ -436,7 +219,7 @@ func (e *podEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string) 
 }
 
 // deleteRemote deletes a pod on the provider as its admin, out of band.
-func (e *podEnv) deleteRemote(tb testing.TB, p *corev1.Pod) {
+func (e *podsEnv) deleteRemote(tb testing.TB, p *corev1.Pod) {
 	tb.Helper()
 	err := e.p.cp.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	if err != nil {
@@ -456,7 +239,7 @@ func uidsOf(pods map[string]*corev1.Pod) map[string]types.UID {
 // real provider; the subtests run in order, each in namespaces of its
 // own, against one PodReflector (restarted where a subtest says so).
 func TestPodReflector(t *testing.T) {
-	e := newPodEnv(t, podEnvOptions{kubelets: 2})
+	e := newPodsEnv(t, podEnvOptions{kubelets: 2})
 	top := t // the reflector outlives each subtest
 	e.startReflector(top, 0, true)
 	web := e.offloadReady(t, "web")
@@ -835,106 +618,4 @@ func matchesAll(has, want map[string]string) bool {
 		}
 	}
 	return true
-}
-
-// cutLink is the consumer's way to the provider's API server: a TCP relay
-// the test cuts (every connection closed, new ones refused, as a network
-// gone) and restores on the same address.
-type cutLink struct {
-	addr, target string
-
-	mu    sync.Mutex
-	l     net.Listener
-	down  bool
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newCutLink(tb testing.TB, target string) *cutLink {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c := &cutLink{addr: l.Addr().String(), target: target, conns: map[net.Conn]bool{}}
-	c.serve(l)
-	tb.Cleanup(func() {
-		c.cut()
-		c.wg.Wait()
-	})
-	return c
-}
-
-func (c *cutLink) serve(l net.Listener) {
-	c.mu.Lock()
-	c.l, c.down = l, false
-	c.mu.Unlock()
-	c.wg.Go(func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.wg.Go(func() { c.relay(in) })
-		}
-	})
-}
-
-func (c *cutLink) relay(in net.Conn) {
-	out, err := net.Dial("tcp", c.target)
-	if err != nil {
-		in.Close()
-		return
-	}
-	c.mu.Lock()
-	if c.down {
-		c.mu.Unlock()
-		in.Close()
-		out.Close()
-		return
-	}
-	c.conns[in], c.conns[out] = true, true
-	c.mu.Unlock()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		done <- struct{}{}
-	}
-	go pipe(out, in)
-	go pipe(in, out)
-	<-done
-	in.Close()
-	out.Close()
-	<-done
-	c.mu.Lock()
-	delete(c.conns, in)
-	delete(c.conns, out)
-	c.mu.Unlock()
-}
-
-// cut closes every connection and refuses new ones.
-func (c *cutLink) cut() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.down = true
-	c.l.Close()
-	for conn := range c.conns {
-		conn.Close()
-	}
-}
-
-// restore listens on the same address again.
-func (c *cutLink) restore(tb testing.TB) {
-	var l net.Listener
-	var err error
-	for range 50 {
-		if l, err = net.Listen("tcp", c.addr); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		tb.Fatalf("restore the link on %s: %v", c.addr, err)
-	}
-	c.serve(l)
 }

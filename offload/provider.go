@@ -169,7 +169,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	var err error
 	p.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "grants", Workers: providerWorkers, Reconcile: p.reconcile, Metrics: cfg.Metrics,
-		Errors: &ctrl.ErrorLog[string]{Logger: p.log, Failed: "grant not reconciled; retrying", Attrs: peerAttr},
+		Errors: &ctrl.ErrorLog[string]{Logger: p.log, Failed: "grant not reconciled; retrying", Attrs: ctrl.Named[string]("peer")},
 		Failed: func(string, error) { p.m.errors.Inc() },
 	})
 	if err != nil {
@@ -178,9 +178,6 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	p.queue = p.ctrl.Queue()
 	return p, nil
 }
-
-// peerAttr names a peer in the log.
-func peerAttr(id string) []any { return []any{"peer", id} }
 
 // PeerChanged takes the engine's state of a peer (the member's key and
 // whether it is alive). It never blocks.

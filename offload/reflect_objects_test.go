@@ -1,7 +1,6 @@
 package offload
 
 import (
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -11,26 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
-
-// The consumer's own pod network, and how the provider sees it.
-var (
-	consumerPodCIDR        = netip.MustParsePrefix("10.244.0.0/16")
-	providerViewOfConsumer = netip.MustParsePrefix("10.80.0.0/16")
-)
-
-func (v offsetViews) ToRemote(provider string, a netip.Addr) (netip.Addr, bool) {
-	if provider != v.provider || !v.view.Contains(a) {
-		return netip.Addr{}, false
-	}
-	return offsetViews{provider: provider, real: v.view, view: v.real}.Translate(provider, a)
-}
-
-func (v offsetViews) AsSeenBy(provider string, a netip.Addr) (netip.Addr, bool) {
-	if provider != v.provider {
-		return netip.Addr{}, false
-	}
-	return offsetViews{provider: provider, real: consumerPodCIDR, view: providerViewOfConsumer}.Translate(provider, a)
-}
 
 func TestPodRefsNameWhatThePodNeeds(t *testing.T) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{

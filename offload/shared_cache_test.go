@@ -6,26 +6,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
-
-// startSharedCache is the agent's SharedCache over cfg's API server, run
-// until the test ends: the components a test starts and restarts read
-// through it as in the agent, where it outlives them.
-func startSharedCache(tb testing.TB, cfg *rest.Config, peers PeerCache) *SharedCache {
-	tb.Helper()
-	c, err := NewSharedCache(cfg, peers)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	runUntilCleanup(tb, "the shared cache", c.Start)
-	return c
-}
 
 // Each shared kind is told the same by its objects, its lists and its
 // GroupVersionKind (GetInformerForKind routes by the last), and a

@@ -213,10 +213,6 @@ func checkOurs(ns *corev1.Namespace, consumer string) error {
 	return nil
 }
 
-func tenantLabels(consumer string) map[string]string {
-	return map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, LabelTenant: consumer}
-}
-
 // applyObjects applies what the tenant namespace holds: the account the
 // tokens are for, the Secret they are bound to, and what every namespace
 // of the consumer's holds; all at once, as none needs another to exist.

@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/offload/grant"
@@ -34,18 +33,8 @@ import (
 // The harness's kube-apiserver accepts DefaultAudience (--api-audiences),
 // as a provider's must.
 const (
-	acceptedAudience = DefaultAudience
-	refusedAudience  = "flotilla.io/not-accepted-here"
+	refusedAudience = "flotilla.io/not-accepted-here"
 )
-
-func newConsumer(t testing.TB) string {
-	t.Helper()
-	id, err := identity.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id.ClusterID()
-}
 
 // Bad input is refused with an error that names it, before any request.
 func TestEnsureRefusesBadInput(t *testing.T) {

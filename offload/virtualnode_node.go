@@ -194,19 +194,6 @@ func readyCondition(peer *v1alpha1.Peer, credErr error) corev1.NodeCondition {
 		Message: fmt.Sprintf("the peering with %s is Connected and its credential works", name)}
 }
 
-func reservedLabelKey(k string) bool {
-	domain, _, ok := strings.Cut(k, "/")
-	if !ok {
-		return false
-	}
-	for _, d := range []string{"kubernetes.io", "k8s.io", "flotilla.io"} {
-		if domain == d || strings.HasSuffix(domain, "."+d) {
-			return true
-		}
-	}
-	return false
-}
-
 // capacityOf is a grant's limits as a node's capacity; a limit not set,
 // or one that does not parse (a newer provider's), is the default.
 func capacityOf(l grant.Limits) corev1.ResourceList {

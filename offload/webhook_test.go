@@ -3,9 +3,7 @@ package offload
 import (
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
@@ -602,24 +600,6 @@ func TestPlacementWebhookRotatesItsCA(t *testing.T) {
 	}
 	if !secretBoth {
 		t.Errorf("the CA Secret never held both CAs")
-	}
-}
-
-// bundleIDs are the subject key IDs of the CAs in a caBundle.
-func bundleIDs(t *testing.T, bundle []byte) []string {
-	t.Helper()
-	var ids []string
-	for {
-		var b *pem.Block
-		b, bundle = pem.Decode(bundle)
-		if b == nil {
-			return ids
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, hex.EncodeToString(c.SubjectKeyId))
 	}
 }
 

@@ -71,3 +71,8 @@ func (l *ErrorLog[K]) changed(key K, err error) bool {
 	l.last[key] = err.Error()
 	return true
 }
+
+// Named is an ErrorLog's Attrs that logs the key itself under attr.
+func Named[K comparable](attr string) func(K) []any {
+	return func(key K) []any { return []any{attr, key} }
+}
