@@ -32,6 +32,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -123,7 +124,7 @@ type Config struct {
 
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
-	OffloadGrants offload.GrantPolicy
+	OffloadGrants tenancy.GrantPolicy
 	// OffloadRevokeAfter is how long a consumer may be unreachable
 	// before the grant it holds here is revoked and its tenant, with
 	// everything it runs here, removed. Far longer than UnreachableGrace:
@@ -179,7 +180,7 @@ func DefaultConfig() Config {
 		WireGuard:          tunnel.ModeAuto,
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
-		OffloadGrants:      offload.GrantsManual,
+		OffloadGrants:      tenancy.GrantsManual,
 		OffloadRevokeAfter: 24 * time.Hour,
 		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
@@ -245,9 +246,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("--wireguard: %w", err)
 	}
 	if cfg.OffloadGrants == "" {
-		cfg.OffloadGrants = offload.GrantsManual
+		cfg.OffloadGrants = tenancy.GrantsManual
 	}
-	if _, err := offload.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
+	if _, err := tenancy.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
 		return nil, fmt.Errorf("--offload-grants: %w", err)
 	}
 	if cfg.OffloadRevokeAfter == 0 {

@@ -3,10 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
-	"github.com/flotilla-io/flotilla/ipam"
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/flotilla-io/flotilla/ipam"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -16,6 +16,14 @@ import (
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
+	"github.com/flotilla-io/flotilla/offload/kubeletapi"
+	"github.com/flotilla-io/flotilla/offload/mirror"
+	"github.com/flotilla-io/flotilla/offload/placement"
+	"github.com/flotilla-io/flotilla/offload/podsync"
+	"github.com/flotilla-io/flotilla/offload/reflection"
+	"github.com/flotilla-io/flotilla/offload/remote"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
+	"github.com/flotilla-io/flotilla/offload/vnode"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
@@ -26,25 +34,25 @@ import (
 // objects: peer states go to both the Peer writer and the provider.
 type offloading struct {
 	objects  *peerapi.Objects
-	provider *offload.Provider
-	consumer *offload.Consumer
+	provider *tenancy.Provider
+	consumer *remote.Consumer
 	// mirrors extends this cluster's namespaces to its providers; hosted
 	// answers the namespace requests of the consumers it grants.
-	mirrors *offload.MirrorConsumer
-	hosted  *offload.MirrorProvider
+	mirrors *mirror.MirrorConsumer
+	hosted  *mirror.MirrorProvider
 	// nodes are the virtual nodes that stand for the providers; kubelet
 	// serves their kubelet API; placement applies a NamespaceOffload's
 	// pod strategy at admission.
-	nodes     *offload.VirtualNodes
-	kubelet   *offload.KubeletAPI
-	placement *offload.PlacementWebhook
+	nodes     *vnode.VirtualNodes
+	kubelet   *kubeletapi.KubeletAPI
+	placement *placement.PlacementWebhook
 	// pods runs the pods bound to virtual nodes on their providers.
-	pods *offload.PodReflector
+	pods *podsync.PodReflector
 	// services is the Multi-Cluster Services API (agent/services.go).
 	services
 	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
 	// Services, EndpointSlices) into the namespaces mirrored for them.
-	reflection *offload.Reflector
+	reflection *reflection.Reflector
 
 	// shared holds one informer per kind of this cluster that several
 	// components read (NamespaceOffloads, Namespaces, Services,
@@ -55,7 +63,7 @@ type offloading struct {
 	// hostedEndpoints translates what consumers reflect of their
 	// endpoints on third clusters into this cluster's views of those
 	// clusters (docs/services.md, "Endpoints on third clusters").
-	hostedEndpoints *offload.HostedEndpoints
+	hostedEndpoints *reflection.HostedEndpoints
 }
 
 func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Pointer[peering.Engine]) (*offloading, error) {
@@ -68,15 +76,15 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}
-	tenants, err := offload.NewTenants(offload.TenantsConfig{
+	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{
 		Config: a.restCfg, Client: a.kube, Audience: a.cfg.GrantAudience, Lifetime: a.cfg.GrantLifetime,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	var hosted *offload.MirrorProvider // told of grants changing, once made
-	provider, err := offload.NewProvider(offload.ProviderConfig{
+	var hosted *mirror.MirrorProvider // told of grants changing, once made
+	provider, err := tenancy.NewProvider(tenancy.ProviderConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
 		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter,
@@ -90,7 +98,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	consumer, err := offload.NewConsumer(offload.ConsumerConfig{
+	consumer, err := remote.NewConsumer(remote.ConsumerConfig{
 		Store: grant.NewStore(st.id, st.ledger), Peers: objects.Reader(), Client: c,
 		Logger: a.log, Metrics: a.registry,
 	})
@@ -105,21 +113,21 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	mirrors, err := offload.NewMirrorConsumer(offload.MirrorConsumerConfig{
+	mirrors, err := mirror.NewMirrorConsumer(mirror.MirrorConsumerConfig{
 		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	hosted, err = offload.NewMirrorProvider(offload.MirrorProviderConfig{
+	hosted, err = mirror.NewMirrorProvider(mirror.MirrorProviderConfig{
 		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(), Shared: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := offload.NewVirtualNodes(offload.VirtualNodesConfig{
+	nodes, err := vnode.NewVirtualNodes(vnode.VirtualNodesConfig{
 		Config: a.restCfg, Client: a.kube, Credentials: consumer,
 		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
@@ -127,14 +135,14 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	kubelet, err := offload.NewKubeletAPI(offload.KubeletAPIConfig{
+	kubelet, err := kubeletapi.NewKubeletAPI(kubeletapi.KubeletAPIConfig{
 		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
 		AgentNamespace: a.agentNamespace(), Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	placement, err := offload.NewPlacementWebhook(offload.PlacementWebhookConfig{
+	placement, err := placement.NewPlacementWebhook(placement.PlacementWebhookConfig{
 		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
 		Shared: peers, Logger: a.log, Metrics: a.registry,
 	})
@@ -145,7 +153,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	// does not serve with a valid certificate.
 	a.ready.add("placement webhook", placement.Ready)
 	a.ready.add("kubelet API", kubelet.Ready)
-	pods, err := offload.NewPodReflector(offload.PodReflectorConfig{
+	pods, err := podsync.NewPodReflector(podsync.PodReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
@@ -153,7 +161,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		return nil, err
 	}
 	// Reflection (docs/services.md).
-	reflection, err := offload.NewReflector(offload.ReflectorConfig{
+	reflector, err := reflection.NewReflector(reflection.ReflectorConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
 		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
@@ -162,7 +170,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	// Endpoints on third clusters, the provider's side (docs/services.md):
 	// the ledger's views of this cluster's peers translate them.
-	hostedEndpoints, err := offload.NewHostedEndpoints(offload.HostedEndpointsConfig{
+	hostedEndpoints, err := reflection.NewHostedEndpoints(reflection.HostedEndpointsConfig{
 		Config: a.restCfg, Self: st.id.ClusterID(), Views: ledgerViews{st.ledger},
 		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
@@ -170,7 +178,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		return nil, err
 	}
 	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
-		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflection,
+		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflector,
 		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
 
@@ -250,18 +258,18 @@ func (g engineGrants) SetGrant(id string, sealed []byte) error {
 
 // apiServer finds the address this cluster announces with its grants,
 // once: from the flags, or from the cluster (offload.FindAPIServer).
-func (a *Agent) apiServer() func(context.Context) (offload.APIServer, error) {
+func (a *Agent) apiServer() func(context.Context) (tenancy.APIServer, error) {
 	var mu sync.Mutex
-	var found *offload.APIServer
-	return func(ctx context.Context) (offload.APIServer, error) {
+	var found *tenancy.APIServer
+	return func(ctx context.Context) (tenancy.APIServer, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if found != nil {
 			return *found, nil
 		}
-		s, err := offload.FindAPIServer(ctx, a.kube, a.restCfg, a.cfg.APIServerURL, a.cfg.APIServerCA)
+		s, err := tenancy.FindAPIServer(ctx, a.kube, a.restCfg, a.cfg.APIServerURL, a.cfg.APIServerCA)
 		if err != nil {
-			return offload.APIServer{}, err
+			return tenancy.APIServer{}, err
 		}
 		a.log.Info("API server announced to the peers granted offloading", "url", s.URL, "source", s.Source)
 		found = &s

@@ -12,6 +12,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
+	"github.com/flotilla-io/flotilla/offload/reflection"
 	"github.com/flotilla-io/flotilla/policy"
 )
 
@@ -77,14 +78,14 @@ func trafficInputOf(objs trafficObjects, def policy.Mode) (trafficInput, []input
 	for _, s := range services {
 		byNamespace[s.Namespace] = append(byNamespace[s.Namespace], s)
 	}
-	for provider, namespaces := range offload.ReflectedNamespaces(objs.Offloads) {
+	for provider, namespaces := range reflection.ReflectedNamespaces(objs.Offloads) {
 		for _, ns := range namespaces {
 			for _, svc := range byNamespace[ns] {
-				if !offload.ReflectsService(svc) {
+				if !reflection.ReflectsService(svc) {
 					continue
 				}
 				for _, es := range slicesOf[nsName{svc.Namespace, svc.Name}] {
-					if offload.ReflectsSlice(es) {
+					if reflection.ReflectsSlice(es) {
 						in.Reflected[provider] = append(in.Reflected[provider], serviceOf(es))
 					}
 				}

@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/internal/eventually"
-	"github.com/flotilla-io/flotilla/offload"
 	offloadgrant "github.com/flotilla-io/flotilla/offload/grant"
+	"github.com/flotilla-io/flotilla/offload/kubeletapi"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -43,7 +43,7 @@ func testKubeletCAAsAgent(t *testing.T, cp *harness.ControlPlane, agent kubernet
 	var logs lockedBuffer
 	run := func() {
 		t.Helper()
-		api, err := offload.NewKubeletAPI(offload.KubeletAPIConfig{
+		api, err := kubeletapi.NewKubeletAPI(kubeletapi.KubeletAPIConfig{
 			Client: agent, Credentials: noCredentials{}, Address: netip.MustParseAddr("127.0.0.1"), Port: port, AgentNamespace: namespace,
 			Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		})
@@ -62,12 +62,12 @@ func testKubeletCAAsAgent(t *testing.T, cp *harness.ControlPlane, agent kubernet
 		eventually.Within(t, 60*time.Second, "the kubelet API serving", api.Ready)
 	}
 	run()
-	first, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, offload.KubeletCASecret, metav1.GetOptions{})
+	first, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.KubeletCASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the CA Secret: %v", err)
 	}
 	run()
-	again, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, offload.KubeletCASecret, metav1.GetOptions{})
+	again, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.KubeletCASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

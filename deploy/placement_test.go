@@ -23,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/placement"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -79,7 +80,7 @@ func testPlacementWebhookAsAgent(t *testing.T, cp *harness.ControlPlane, agent k
 	port := uint16(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
 	var logs lockedBuffer
-	w, err := offload.NewPlacementWebhook(offload.PlacementWebhookConfig{
+	w, err := placement.NewPlacementWebhook(placement.PlacementWebhookConfig{
 		Config: agentConfig(t, cp), Address: netip.MustParseAddr("127.0.0.1"), Port: port, AgentNamespace: namespace,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
@@ -121,14 +122,14 @@ func testPlacementWebhookAsAgent(t *testing.T, cp *harness.ControlPlane, agent k
 		}
 		return nil
 	})
-	if _, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, offload.PlacementCASecret, metav1.GetOptions{}); err != nil {
+	if _, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, placement.PlacementCASecret, metav1.GetOptions{}); err != nil {
 		t.Errorf("the CA Secret: %v", err)
 	}
 	stop()
 	if strings.Contains(strings.ToLower(logs.String()), "forbidden") {
 		t.Errorf("the webhook was refused something:\n%s", logs.String())
 	}
-	if err := offload.DeletePlacementWebhook(ctx, agent); err != nil {
+	if err := placement.DeletePlacementWebhook(ctx, agent); err != nil {
 		t.Errorf("the agent deletes its webhook configuration: %v", err)
 	}
 }
@@ -215,7 +216,7 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 		}},
 		{"create a validating webhook configuration", "", func(ctx context.Context) error {
 			_, err := agent.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx,
-				&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: offload.PlacementWebhookConfiguration}}, metav1.CreateOptions{})
+				&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: placement.PlacementWebhookConfiguration}}, metav1.CreateOptions{})
 			return err
 		}},
 		{"create another Secret in its namespace", "only in tenant namespaces", func(ctx context.Context) error {
@@ -223,7 +224,7 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 			return err
 		}},
 		{"make a Secret of the CA's name elsewhere", "only in tenant namespaces", func(ctx context.Context) error {
-			_, err := agent.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: offload.PlacementCASecret}}, metav1.CreateOptions{})
+			_, err := agent.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: placement.PlacementCASecret}}, metav1.CreateOptions{})
 			return err
 		}},
 	} {

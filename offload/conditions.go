@@ -12,18 +12,18 @@ const ConditionReady = "Ready"
 // actingOffload is the NamespaceOffload that acts in its namespace, of
 // items (all in one namespace): the oldest not being deleted; nil when
 // there is none. The placement webhook follows the same one.
-func actingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
+func ActingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
 	var acting *v1alpha1.NamespaceOffload
 	for i := range items {
 		o := &items[i]
-		if o.DeletionTimestamp == nil && (acting == nil || compareOffloads(*o, *acting) < 0) {
+		if o.DeletionTimestamp == nil && (acting == nil || CompareOffloads(*o, *acting) < 0) {
 			acting = o
 		}
 	}
 	return acting
 }
 
-func findCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOffload {
+func FindCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOffload {
 	for i := range cs {
 		if cs[i].ClusterID == id {
 			return &cs[i]
@@ -34,7 +34,7 @@ func findCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOfflo
 
 // compareOffloads orders a namespace's NamespaceOffloads oldest first,
 // then by name.
-func compareOffloads(a, b v1alpha1.NamespaceOffload) int {
+func CompareOffloads(a, b v1alpha1.NamespaceOffload) int {
 	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 		return c
 	}

@@ -9,55 +9,55 @@ import (
 
 // Reasons of flotilla_reflection_errors_total.
 const (
-	errQuota          = "quota"     // the provider's quota refused the pod
-	errForbidden      = "forbidden" // its admission or RBAC did
+	ErrQuota          = "quota"     // the provider's quota refused the pod
+	ErrForbidden      = "forbidden" // its admission or RBAC did
 	errInvalid        = "invalid"   // it found the pod invalid
 	errUnauthorized   = "unauthorized"
-	errUnreachable    = "unreachable" // no answer, or not one about the pod
-	errNameTaken      = "name_taken"  // a pod of that name there is not ours
-	errUntranslatable = "untranslatable"
-	errNotOffloaded   = "not_offloaded"
-	errLocal          = "local" // this cluster's API server refused a write
+	ErrUnreachable    = "unreachable" // no answer, or not one about the pod
+	ErrNameTaken      = "name_taken"  // a pod of that name there is not ours
+	ErrUntranslatable = "untranslatable"
+	ErrNotOffloaded   = "not_offloaded"
+	ErrLocal          = "local" // this cluster's API server refused a write
 )
 
 // errNotListed: a watch the reconcile needs has not listed yet; it
 // queues the pods concerned once it has.
-var errNotListed = errors.New("not listed yet")
+var ErrNotListed = errors.New("not listed yet")
 
 // retryLater is a wait no watch event ends: the reconcile runs again
 // after its backoff.
-type retryLater string
+type RetryLater string
 
-func (e retryLater) Error() string { return string(e) }
+func (e RetryLater) Error() string { return string(e) }
 
 // providerError is a provider's failure to do what was asked, with the
 // reason counted.
-type providerError struct {
-	reason string
-	err    error
+type ProviderError struct {
+	Reason string
+	Err    error
 }
 
-func (e *providerError) Error() string { return e.err.Error() }
+func (e *ProviderError) Error() string { return e.Err.Error() }
 
-func (e *providerError) Unwrap() error { return e.err }
+func (e *ProviderError) Unwrap() error { return e.Err }
 
 // classify names what went wrong with a request to a provider.
-func classify(err error) string {
+func Classify(err error) string {
 	switch {
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
-		return errQuota
+		return ErrQuota
 	case apierrors.IsForbidden(err):
-		return errForbidden
+		return ErrForbidden
 	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
 		return errInvalid
 	case apierrors.IsUnauthorized(err):
 		return errUnauthorized
 	}
-	return errUnreachable
+	return ErrUnreachable
 }
 
 // refused reports whether reason is the provider saying no, which the
 // pod's owner should read, rather than not answering.
-func refused(reason string) bool {
-	return reason == errQuota || reason == errForbidden || reason == errInvalid
+func Refused(reason string) bool {
+	return reason == ErrQuota || reason == ErrForbidden || reason == errInvalid
 }

@@ -10,14 +10,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
+func MetadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
 	m := &metav1.PartialObjectMetadata{}
 	m.SetGroupVersionKind(gvk)
 	return m
 }
 
 // patchOp is one operation of a JSON patch (RFC 6902).
-type patchOp struct {
+type PatchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
 	Value any    `json:"value,omitempty"`
@@ -26,13 +26,13 @@ type patchOp struct {
 // serviceAccountVolumePrefix names the projected volume the consumer's
 // API server adds for the pod's token: a token of the consumer's cluster,
 // of no use on the provider, whose own admission would add one of its own.
-const serviceAccountVolumePrefix = "kube-api-access-"
+const ServiceAccountVolumePrefix = "kube-api-access-"
 
 // isServiceAccountTokenVolume reports whether v is the token volume the
 // consumer's admission added (kube-api-access-*, projected, with a
 // service account token).
-func isServiceAccountTokenVolume(v corev1.Volume) bool {
-	if !strings.HasPrefix(v.Name, serviceAccountVolumePrefix) || v.Projected == nil {
+func IsServiceAccountTokenVolume(v corev1.Volume) bool {
+	if !strings.HasPrefix(v.Name, ServiceAccountVolumePrefix) || v.Projected == nil {
 		return false
 	}
 	return slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool { return p.ServiceAccountToken != nil })

@@ -135,11 +135,11 @@ const (
 // from the Peer: the provider's cluster labels, never one of
 // Kubernetes' (kubernetes.io, k8s.io) or Flotilla's (flotilla.io)
 // domains, which are ours to say.
-func virtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []string) {
+func VirtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []string) {
 	l := map[string]string{}
 	var copied []string
 	for k, val := range peer.Labels {
-		if reservedLabelKey(k) || len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(val)) > 0 {
+		if ReservedLabelKey(k) || len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(val)) > 0 {
 			continue
 		}
 		l[k] = val
@@ -159,15 +159,15 @@ func virtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []s
 
 // mirroredLabels mark a namespace mirrored for consumer from its namespace
 // source.
-func mirroredLabels(consumer, source string) map[string]string {
-	l := tenantLabels(consumer)
+func MirroredLabels(consumer, source string) map[string]string {
+	l := TenantLabels(consumer)
 	l[v1alpha1.LabelMirroredFrom] = source
 	return l
 }
 
 // mirroredSelector selects the namespaces mirrored for consumer, or for
 // any consumer when it is empty.
-func mirroredSelector(consumer string) labels.Selector {
+func MirroredSelector(consumer string) labels.Selector {
 	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
 	tenant, _ := labels.NewRequirement(LabelTenant, selection.Exists, nil)
 	if consumer != "" {
@@ -177,11 +177,11 @@ func mirroredSelector(consumer string) labels.Selector {
 	return labels.NewSelector().Add(*managed, *tenant, *from)
 }
 
-func tenantLabels(consumer string) map[string]string {
+func TenantLabels(consumer string) map[string]string {
 	return map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, LabelTenant: consumer}
 }
 
-func reservedLabelKey(k string) bool {
+func ReservedLabelKey(k string) bool {
 	domain, _, ok := strings.Cut(k, "/")
 	if !ok {
 		return false

@@ -32,7 +32,7 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 	if err := identity.ValidateClusterID(consumer); err != nil {
 		return "", fmt.Errorf("remote name of namespace %q: consumer: %w", local, err)
 	}
-	if err := validNamespaceName(local); err != nil {
+	if err := ValidNamespaceName(local); err != nil {
 		return "", fmt.Errorf("remote name of namespace %q: %w", local, err)
 	}
 	var name string
@@ -56,7 +56,7 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 		return "", fmt.Errorf("remote name of namespace %q: mapping %q: want %s, %s or %s",
 			local, mapping, v1alpha1.MappingDefaultName, v1alpha1.MappingSameName, v1alpha1.MappingSelected)
 	}
-	if err := validNamespaceName(name); err != nil {
+	if err := ValidNamespaceName(name); err != nil {
 		return "", fmt.Errorf("remote name of namespace %q (mapping %s): %w", local, mapping, err)
 	}
 	return name, nil
@@ -64,7 +64,7 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 
 // validNamespaceName checks that name is a DNS-1123 label (lowercase
 // letters, digits and '-', at most 63 characters), as namespace names are.
-func validNamespaceName(name string) error {
+func ValidNamespaceName(name string) error {
 	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
 		return fmt.Errorf("%q is not a valid namespace name: %s", name, strings.Join(errs, "; "))
 	}
@@ -75,7 +75,7 @@ func validNamespaceName(name string) error {
 // whether it is there and ready for this cluster's objects (its Ready
 // condition is true).
 func MirroredNamespace(o *v1alpha1.NamespaceOffload, provider string) (string, bool) {
-	c := findCluster(o.Status.Clusters, provider)
+	c := FindCluster(o.Status.Clusters, provider)
 	if c == nil || c.RemoteNamespace == "" {
 		return "", false
 	}

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-func mirrorScheme() *runtime.Scheme {
+func MirrorScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		panic(err) // the types are ours: a mistake shows in every test
@@ -18,7 +18,7 @@ func mirrorScheme() *runtime.Scheme {
 
 // mirrorMapper knows where the kinds are served, so neither the cache nor
 // the client asks the API server first.
-func mirrorMapper() meta.RESTMapper {
+func MirrorMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
 	m.Add(v1alpha1.GroupVersion.WithKind("Peer"), meta.RESTScopeRoot)
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)

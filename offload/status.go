@@ -22,44 +22,44 @@ import (
 // of status.offloading. The peering writer owns the rest, so no side
 // removes what another wrote.
 const (
-	providerFieldOwner = "flotilla-offload-provider"
-	consumerFieldOwner = "flotilla-offload-consumer"
+	ProviderFieldOwner = "flotilla-offload-provider"
+	ConsumerFieldOwner = "flotilla-offload-consumer"
 )
 
 // grantCondition is one side's condition on a Peer and its half of
 // status.offloading (nil: none).
-type grantCondition struct {
-	kind    string // v1alpha1.ConditionOffloadGranted or ConditionOffloadCredential
-	ok      bool
-	reason  string
-	message string
+type GrantCondition struct {
+	Kind    string // v1alpha1.ConditionOffloadGranted or ConditionOffloadCredential
+	Ok      bool
+	Reason  string
+	Message string
 	// generation is the Peer spec the condition acted on (provider side).
-	generation int64
-	grant      *v1alpha1.GrantStatus
+	Generation int64
+	Grant      *v1alpha1.GrantStatus
 }
 
 // applyGrantStatus writes c into the status of Peer id, keeping the
 // transition time when the condition's status did not change (cur is the
 // informer's copy, nil when unknown).
-func applyGrantStatus(ctx context.Context, w client.Client, owner, id string, cur *v1alpha1.Peer, c grantCondition, now time.Time) error {
+func ApplyGrantStatus(ctx context.Context, w client.Client, owner, id string, cur *v1alpha1.Peer, c GrantCondition, now time.Time) error {
 	cond := metav1.Condition{
-		Type: c.kind, Status: metav1.ConditionFalse, Reason: c.reason, Message: c.message,
-		ObservedGeneration: c.generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second)),
+		Type: c.Kind, Status: metav1.ConditionFalse, Reason: c.Reason, Message: c.Message,
+		ObservedGeneration: c.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second)),
 	}
-	if c.ok {
+	if c.Ok {
 		cond.Status = metav1.ConditionTrue
 	}
 	if cur != nil {
-		if old := meta.FindStatusCondition(cur.Status.Conditions, c.kind); old != nil && old.Status == cond.Status {
+		if old := meta.FindStatusCondition(cur.Status.Conditions, c.Kind); old != nil && old.Status == cond.Status {
 			cond.LastTransitionTime = old.LastTransitionTime
 		}
 	}
 	var off v1alpha1.OffloadingStatus
-	switch c.kind {
+	switch c.Kind {
 	case v1alpha1.ConditionOffloadGranted:
-		off.Granted = c.grant
+		off.Granted = c.Grant
 	default:
-		off.Received = c.grant
+		off.Received = c.Grant
 	}
 	st := v1alpha1.PeerStatus{Conditions: []metav1.Condition{cond}}
 	if off.Granted != nil || off.Received != nil {
@@ -74,13 +74,13 @@ func applyGrantStatus(ctx context.Context, w client.Client, owner, id string, cu
 	obj.SetName(id)
 	obj.Object["status"] = status
 	if err := w.Status().Patch(ctx, obj, client.Apply, client.FieldOwner(owner), client.ForceOwnership); err != nil {
-		return fmt.Errorf("apply %s of Peer %s: %w", c.kind, id, err)
+		return fmt.Errorf("apply %s of Peer %s: %w", c.Kind, id, err)
 	}
 	return nil
 }
 
 // limitsOf turns a Peer's limits into the grant's.
-func limitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
+func LimitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
 	var g grant.Limits
 	if l == nil {
 		return g
@@ -103,7 +103,7 @@ func limitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
 // limitsStatus is how a grant's limits show in a Peer's status; nil when
 // there are none. Quantities that do not parse (a newer provider's) are
 // left out.
-func limitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
+func LimitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 	if g == (grant.Limits{}) {
 		return nil
 	}
@@ -124,18 +124,18 @@ func limitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 }
 
 // shows reports whether peer's status already says c.
-func shows(peer *v1alpha1.Peer, c grantCondition) bool {
-	old := meta.FindStatusCondition(peer.Status.Conditions, c.kind)
-	if old == nil || (old.Status == metav1.ConditionTrue) != c.ok || old.Reason != c.reason ||
-		old.Message != c.message || old.ObservedGeneration != c.generation {
+func Shows(peer *v1alpha1.Peer, c GrantCondition) bool {
+	old := meta.FindStatusCondition(peer.Status.Conditions, c.Kind)
+	if old == nil || (old.Status == metav1.ConditionTrue) != c.Ok || old.Reason != c.Reason ||
+		old.Message != c.Message || old.ObservedGeneration != c.Generation {
 		return false
 	}
 	var have *v1alpha1.GrantStatus
 	if o := peer.Status.Offloading; o != nil {
 		have = o.Granted
-		if c.kind != v1alpha1.ConditionOffloadGranted {
+		if c.Kind != v1alpha1.ConditionOffloadGranted {
 			have = o.Received
 		}
 	}
-	return reflect.DeepEqual(have, c.grant)
+	return reflect.DeepEqual(have, c.Grant)
 }

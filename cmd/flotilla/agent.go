@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
-	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
 	trafficpolicy "github.com/flotilla-io/flotilla/policy"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -116,7 +116,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "flotilla agent: --wireguard: %v\n", err)
 		return errUsage
 	}
-	if cfg.OffloadGrants, err = offload.ParseGrantPolicy(*grants); err != nil {
+	if cfg.OffloadGrants, err = tenancy.ParseGrantPolicy(*grants); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --offload-grants: %v\n", err)
 		return errUsage
 	}

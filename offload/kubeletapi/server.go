@@ -1,0 +1,444 @@
+package kubeletapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/internal/certs"
+	"github.com/flotilla-io/flotilla/offload/remote"
+)
+
+// DefaultKubeletAPIPort is where the virtual nodes serve the kubelet API
+// when KubeletAPIConfig.Port is 0: the gateway node's own kubelet holds
+// 10250 on the same address.
+const DefaultKubeletAPIPort = 10260
+
+// KubeletAPIConfig is what a KubeletAPI needs.
+type KubeletAPIConfig struct {
+	// Client reaches the local API server: pods, NamespaceOffloads and
+	// virtual nodes (read), the client CA ConfigMap (watched),
+	// SubjectAccessReviews (created).
+	Client kubernetes.Interface
+	// Credentials hands out what each provider granted; the requests go
+	// there with it.
+	Credentials remote.Credentials
+	// Address is where the local API server reaches the agent: the
+	// InternalIP every virtual node registers. The serving certificate
+	// names it.
+	Address netip.Addr
+	// Port is where to listen on Address, and what the virtual nodes
+	// register as their kubelet port; 0 is DefaultKubeletAPIPort.
+	Port uint16
+	// AgentNamespace holds the CA Secret (KubeletCASecret).
+	AgentNamespace string
+	// CALifetime, ServingLifetime and CAPublishDelay replace the
+	// defaults (DefaultKubeletCALifetime...; the publish delay: until
+	// the old CA can no longer cover a serving certificate) when set;
+	// tests shorten them to see a rotation.
+	CALifetime, ServingLifetime, CAPublishDelay time.Duration
+	// AuthorizedTTL and UnauthorizedTTL are how long the answer of a
+	// SubjectAccessReview is used again (DefaultKubeletAuthorizedTTL and
+	// DefaultKubeletUnauthorizedTTL when 0).
+	AuthorizedTTL, UnauthorizedTTL time.Duration
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// KubeletAPI is the kubelet API of the virtual nodes, so that `kubectl
+// logs`, `exec`, `attach` and `port-forward` work on offloaded pods: the
+// local API server calls it as it would a node's kubelet, and it forwards
+// each call to the pod's subresource on the provider's API server, with
+// the credential the provider granted. It authenticates and authorizes
+// like a kubelet: a client certificate of the cluster's client CA, and
+// nodes/proxy on the pod's node by SubjectAccessReview.
+type KubeletAPI struct {
+	cfg      KubeletAPIConfig
+	log      *slog.Logger
+	m        *kubeletAPIMetrics
+	certs    *certs.CaStore
+	clientCA *clientCA
+	authz    *authCache
+	serving  atomic.Bool // listening, for Ready
+
+	nodes corelisters.NodeLister // the virtual nodes, once Run has them
+	// namesChanged wakes Run when the set of virtual nodes changed: the
+	// serving certificate names them.
+	namesChanged chan struct{}
+
+	// streams are the requests being served, upgraded ones included,
+	// which http.Server does not wait for.
+	mu      sync.Mutex
+	closing bool
+	streams sync.WaitGroup
+}
+
+// NewKubeletAPI checks cfg and prepares a KubeletAPI; Run serves, with
+// certificates of its own CAs, kept in a Secret.
+func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
+	if cfg.Client == nil || cfg.Credentials == nil {
+		return nil, errors.New("kubelet API: the local client and the credentials are required")
+	}
+	cfg.Address = cfg.Address.Unmap()
+	if !cfg.Address.IsValid() || cfg.Address.IsUnspecified() {
+		return nil, fmt.Errorf("kubelet API: address %v: want the address the API server reaches the agent at (the virtual nodes' InternalIP), which the serving certificate names", cfg.Address)
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultKubeletAPIPort
+	}
+	if cfg.AgentNamespace == "" {
+		return nil, errors.New("kubelet API: the agent's namespace is required (it holds the CA Secret)")
+	}
+	if cfg.AuthorizedTTL <= 0 {
+		cfg.AuthorizedTTL = DefaultKubeletAuthorizedTTL
+	}
+	if cfg.UnauthorizedTTL <= 0 {
+		cfg.UnauthorizedTTL = DefaultKubeletUnauthorizedTTL
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := KubeletLifetimes(cfg)
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("kubelet API: %w", err)
+	}
+	log := cfg.Logger.With("component", "kubelet-api")
+	k := &KubeletAPI{
+		cfg: cfg, log: log, m: newKubeletAPIMetrics(cfg.Metrics),
+		certs: certs.NewCAStore(certs.CaStoreConfig{
+			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: KubeletCASecret,
+			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
+		}),
+		clientCA:     &clientCA{log: log},
+		namesChanged: make(chan struct{}, 1),
+	}
+	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
+		return authorizeProxy(ctx, cfg.Client, u, method, node)
+	}, cfg.AuthorizedTTL, cfg.UnauthorizedTTL, kubeletAuthCacheSize,
+		k.m.authCache.WithLabelValues("hit"), k.m.authCache.WithLabelValues("miss"))
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(k.certs); err != nil {
+			return nil, fmt.Errorf("kubelet API: metrics: %w", err)
+		}
+	}
+	return k, nil
+}
+
+// CA is the bundle of the CAs of the serving certificates (PEM), once
+// Run has them: what an API server that verifies its kubelets
+// (--kubelet-certificate-authority) must trust for the virtual nodes. It
+// is the ca.crt of Secret KubeletCASecret as well.
+func (k *KubeletAPI) CA() []byte { return k.certs.Bundle() }
+
+// Ready says whether the kubelet API serves with a valid certificate,
+// for the agent's /readyz.
+func (k *KubeletAPI) Ready() error {
+	if !k.serving.Load() {
+		return errors.New("kubelet API: not serving yet")
+	}
+	return k.certs.Ready(time.Now())
+}
+
+// Addr is where the kubelet API listens.
+func (k *KubeletAPI) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
+
+// Run watches the client CA and the virtual nodes, serves until ctx ends,
+// renewing the serving certificate on the way, and returns once every
+// request it served has ended.
+func (k *KubeletAPI) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	caInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
+		informers.WithNamespace(clientCANamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
+		}))
+	nodeInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{offload.LabelVirtualNode: "true"}).String()
+		}),
+		informers.WithTransform(nodeNameAndLabels))
+	defer func() {
+		cancel()
+		caInformers.Shutdown()
+		nodeInformers.Shutdown()
+	}()
+	configMaps := caInformers.Core().V1().ConfigMaps().Informer()
+	// A deleted ConfigMap leaves the CA held: the API server puts it back.
+	takeCA := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			k.clientCA.set(cm)
+		}
+	}
+	if _, err := configMaps.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: takeCA, UpdateFunc: func(_, obj any) { takeCA(obj) },
+	}); err != nil {
+		return fmt.Errorf("kubelet API: watch the client CA: %w", err)
+	}
+	nodes := nodeInformers.Core().V1().Nodes()
+	changed := func(any) {
+		select {
+		case k.namesChanged <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := nodes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
+	}); err != nil {
+		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
+	}
+	k.mu.Lock()
+	k.nodes = nodes.Lister()
+	k.mu.Unlock()
+	caInformers.Start(ctx.Done())
+	nodeInformers.Start(ctx.Done())
+	if !k.waitSynced(ctx, configMaps.HasSynced, nodes.Informer().HasSynced) {
+		return nil
+	}
+
+	if !k.loadCertificates(ctx) {
+		return nil
+	}
+	l, err := net.Listen("tcp", k.Addr().String())
+	if err != nil {
+		return fmt.Errorf("kubelet API: listen on %s: %w", k.Addr(), err)
+	}
+	srv := &http.Server{
+		Handler: k.handler(),
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: k.certs.Certificate,
+			// Verified against the client CA held at the time of the
+			// request (it changes), so that a stranger gets a 401 rather
+			// than a failed handshake, as from a kubelet.
+			ClientAuth: tls.RequestClientCert,
+			// HTTP/1.1 only: exec, attach and port-forward switch
+			// protocols, which HTTP/2 cannot.
+			NextProtos: []string{"http/1.1"},
+		},
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          slog.NewLogLogger(k.log.Handler(), slog.LevelDebug),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(l, "", "") }()
+	k.serving.Store(true)
+	defer func() {
+		k.serving.Store(false)
+		k.mu.Lock()
+		k.closing = true
+		k.mu.Unlock()
+		srv.Close()
+		// Upgraded streams end with their request's context.
+		cancel()
+		k.streams.Wait()
+		<-served
+	}()
+	k.log.Info("kubelet API serving the virtual nodes", "address", k.Addr().String())
+	return k.renewCertificates(ctx, served)
+}
+
+// loadCertificates reads the CAs from their Secret and issues the first
+// serving certificate, retrying until it can; false when ctx ended first.
+func (k *KubeletAPI) loadCertificates(ctx context.Context) bool {
+	retry := time.Second
+	for {
+		err := k.certs.Load(ctx)
+		if err == nil {
+			// A CA in the Secret is published: operators copy it from there.
+			k.certs.NoteTrusted(k.certs.Bundle())
+			k.certs.SetHosts(kubeletHosts(k))
+			_, err = k.certs.Sync(ctx, time.Now())
+		}
+		if err == nil {
+			k.certs.NotePublished(time.Now())
+			return true
+		}
+		k.log.Warn("kubelet API: no serving certificate yet; retrying", "err", err, "retry", retry)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(retry):
+			retry = min(2*retry, time.Minute)
+		}
+	}
+}
+
+// renewCertificates rotates the CAs and renews the serving certificate
+// when due and when the virtual nodes change, until ctx ends or the
+// server stops.
+func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error) error {
+	retry, failing := time.Second, false
+	for {
+		next := k.certs.WakeAt()
+		if failing {
+			next = time.Now().Add(retry)
+		}
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case err := <-served:
+			timer.Stop()
+			return fmt.Errorf("kubelet API on %s: %w", k.Addr(), err)
+		case <-timer.C:
+		case <-k.namesChanged:
+			timer.Stop()
+			if !k.certs.SetHosts(kubeletHosts(k)) && !failing {
+				continue
+			}
+		}
+		rotated, err := k.certs.Sync(ctx, time.Now())
+		if rotated {
+			k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+KubeletCASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.Summary())
+		}
+		if err == nil {
+			// The Secret is where the bundle is published.
+			k.certs.NotePublished(time.Now())
+		}
+		switch {
+		case err != nil && !failing:
+			k.log.Warn("kubelet API: serving certificate not renewed; retrying", "err", err)
+			failing = true
+		case err != nil:
+			retry = min(2*retry, time.Minute)
+		case failing:
+			k.log.Info("kubelet API: serving certificate renewed again")
+			failing, retry = false, time.Second
+		}
+	}
+}
+
+// waitSynced waits for the informers, saying once if they take long: the
+// agent may lack the rights to read the client CA.
+func (k *KubeletAPI) waitSynced(ctx context.Context, synced ...toolscache.InformerSynced) bool {
+	start := time.Now()
+	warned := false
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		for _, s := range synced {
+			if !s() {
+				if !warned && time.Since(start) > 30*time.Second {
+					warned = true
+					k.log.Warn("kubelet API: still waiting to read the client CA and the virtual nodes; the agent needs get, list and watch on ConfigMap kube-system/extension-apiserver-authentication (Role extension-apiserver-authentication-reader) and on nodes")
+				}
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return err == nil
+}
+
+// nodeNameAndLabels keeps of a Node what the kubelet API reads.
+func nodeNameAndLabels(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels, ResourceVersion: n.ResourceVersion}}, nil
+}
+
+// virtualNodeNames are the names of the virtual nodes of this cluster.
+func (k *KubeletAPI) virtualNodeNames() []string {
+	list, err := k.nodeLister().List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(list))
+	for _, n := range list {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
+func (k *KubeletAPI) nodeLister() corelisters.NodeLister {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.nodes
+}
+
+// providerOf is the provider a virtual node stands for; false when node
+// is not one of this cluster's virtual nodes.
+func (k *KubeletAPI) providerOf(node string) (string, bool) {
+	provider, ok := strings.CutPrefix(node, offload.VirtualNodePrefix)
+	if !ok || identity.ValidateClusterID(provider) != nil {
+		return "", false
+	}
+	n, err := k.nodeLister().Get(node)
+	if err != nil || n.Labels[offload.LabelVirtualNode] != "true" {
+		return "", false
+	}
+	return provider, true
+}
+
+// begin counts a request being served; false once Run is stopping.
+func (k *KubeletAPI) begin() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closing {
+		return false
+	}
+	k.streams.Add(1)
+	return true
+}
+
+// Results of requests, the label of flotilla_kubelet_api_requests_total.
+const (
+	kubeletResultOK              = "ok"
+	kubeletResultUnauthenticated = "unauthenticated"
+	kubeletResultForbidden       = "forbidden"
+	kubeletResultNotFound        = "not_found"
+	kubeletResultNoCredential    = "no_credential"
+	kubeletResultRefused         = "provider_refused"
+	kubeletResultUnreachable     = "provider_unreachable"
+	kubeletResultError           = "error"
+)
+
+type kubeletAPIMetrics struct {
+	requests *prometheus.CounterVec
+	// authCache counts the authorizations answered from the cache (hit)
+	// and by a SubjectAccessReview (miss).
+	authCache *prometheus.CounterVec
+}
+
+func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
+	m := &kubeletAPIMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_kubelet_api_requests_total",
+			Help: "Requests to the virtual nodes' kubelet API, by route (containerLogs, exec, attach, portForward, other) and result.",
+		}, []string{"route", "result"}),
+		authCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_kubelet_api_authorization_cache_total",
+			Help: "Authorizations of the kubelet API's callers answered from the cache (result=hit) or by a SubjectAccessReview to the local API server (result=miss).",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.authCache)
+	}
+	return m
+}

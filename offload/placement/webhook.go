@@ -1,0 +1,412 @@
+package placement
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/internal/certs"
+)
+
+// PlacementWebhookConfig is what a PlacementWebhook needs.
+type PlacementWebhookConfig struct {
+	// Config reaches the local API server.
+	Config *rest.Config
+	// Address is where the API server reaches the agent (the gateway
+	// node's address: the agent runs in the host network); the webhook
+	// listens there, on Port (DefaultWebhookPort when 0), and its
+	// serving certificate names it.
+	Address netip.Addr
+	Port    uint16
+	// URL, when set, is what the API server calls instead of
+	// https://Address:Port/placement (a name or address in front of the
+	// agent); the certificate names its host too.
+	URL string
+	// AgentNamespace holds the CA Secret; it is never sent to the
+	// webhook.
+	AgentNamespace string
+	// CALifetime, ServingLifetime and CAPublishDelay replace the
+	// defaults (DefaultWebhookCALifetime...) when set; tests shorten
+	// them to see a rotation.
+	CALifetime, ServingLifetime, CAPublishDelay time.Duration
+	// Shared, when set, is where NamespaceOffloads are read from (the
+	// agent's SharedCache) instead of an informer of the webhook's own.
+	Shared *offload.SharedCache
+
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// PlacementWebhook is the mutating admission webhook that places the
+// pods of offloaded namespaces (placement.go): it serves HTTPS with a
+// certificate of its own CA and keeps the MutatingWebhookConfiguration,
+// the CA Secret and the certificates current.
+type PlacementWebhook struct {
+	cfg      PlacementWebhookConfig
+	log      *slog.Logger
+	url      string
+	hosts    []string // what the serving certificate names
+	kube     kubernetes.Interface
+	meta     metadata.Interface
+	cache    cache.Cache
+	live     client.Reader // uncached: a NamespaceOffload the cache has not seen yet
+	requests *prometheus.CounterVec
+	certs    *certs.CaStore
+	changed  chan struct{} // the configuration changed on the API server
+	serving  atomic.Bool   // listening, for Ready
+
+	// Owned by Run's goroutine.
+	applied []byte // the caBundle last applied
+	owner   types.UID
+	lastErr string
+}
+
+// Results of an admission, the values of flotilla_webhook_requests_total's
+// label.
+const (
+	resultMutated  = "mutated"
+	resultAdmitted = "admitted" // unchanged
+	resultRefused  = "refused"
+	resultError    = "error"
+)
+
+// NewPlacementWebhook checks cfg and prepares a PlacementWebhook; Run
+// serves it.
+func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) {
+	if cfg.Config == nil {
+		return nil, errors.New("placement webhook: the local REST config is required")
+	}
+	if !cfg.Address.IsValid() || cfg.Address.IsUnspecified() {
+		return nil, fmt.Errorf("placement webhook: the agent's address %q is not one the API server can call (set it to the gateway node's address)", cfg.Address)
+	}
+	if cfg.AgentNamespace == "" {
+		return nil, errors.New("placement webhook: the agent's namespace is required (it holds the CA Secret)")
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultWebhookPort
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := certs.CertLifetimes{Ca: certs.DefaultWebhookCALifetime, Serving: certs.DefaultWebhookServingLifetime, Publish: certs.DefaultWebhookCAPublishDelay}
+	if cfg.CALifetime > 0 {
+		l.Ca = cfg.CALifetime
+	}
+	if cfg.ServingLifetime > 0 {
+		l.Serving = cfg.ServingLifetime
+	}
+	if cfg.CAPublishDelay > 0 {
+		l.Publish = cfg.CAPublishDelay
+	}
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("placement webhook: %w", err)
+	}
+	w := &PlacementWebhook{
+		cfg: cfg, log: cfg.Logger.With("component", "placement-webhook"),
+		url:     "https://" + netip.AddrPortFrom(cfg.Address, cfg.Port).String() + placementPath,
+		hosts:   []string{cfg.Address.String()},
+		changed: make(chan struct{}, 1),
+	}
+	if cfg.URL != "" {
+		u, err := url.Parse(cfg.URL)
+		if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return nil, fmt.Errorf("placement webhook: URL %q: want https://host[:port]/path, without user, query or fragment", cfg.URL)
+		}
+		w.url = cfg.URL
+		if u.Hostname() != cfg.Address.String() {
+			w.hosts = append(w.hosts, u.Hostname())
+		}
+	}
+	var err error
+	if w.kube, err = kubernetes.NewForConfig(cfg.Config); err != nil {
+		return nil, fmt.Errorf("placement webhook: client: %w", err)
+	}
+	w.certs = certs.NewCAStore(certs.CaStoreConfig{
+		Kube: w.kube, Namespace: cfg.AgentNamespace, Secret: PlacementCASecret,
+		Name: "flotilla placement webhook", Component: "placement_webhook", Lifetimes: l, Log: w.log,
+	})
+	if w.meta, err = metadata.NewForConfig(cfg.Config); err != nil {
+		return nil, fmt.Errorf("placement webhook: client: %w", err)
+	}
+	scheme, mapper := offload.MirrorScheme(), webhookMapper()
+	w.cache, err = cache.New(cfg.Config, cache.Options{
+		Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			offload.MetadataOf(nodeGVK):          {Transform: nameAndLabelsOnly},
+			offload.MetadataOf(peerGVK):          {Transform: nameAndLabelsOnly},
+			offload.MetadataOf(webhookConfigGVK): {Field: fields.OneTermEqualSelector("metadata.name", PlacementWebhookConfiguration)},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("placement webhook: cache: %w", err)
+	}
+	w.cache = offload.WithShared(w.cache, cfg.Shared, offload.SharedNamespaceOffloads)
+	if w.live, err = client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper}); err != nil {
+		return nil, fmt.Errorf("placement webhook: client: %w", err)
+	}
+	w.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_webhook_requests_total",
+		Help: "Pod admissions the placement webhook answered, by result: mutated, admitted (unchanged), refused, error.",
+	}, []string{"result"})
+	for _, r := range []string{resultMutated, resultAdmitted, resultRefused, resultError} {
+		w.requests.WithLabelValues(r)
+	}
+	if cfg.Metrics != nil {
+		for _, c := range []prometheus.Collector{w.requests, w.certs} {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("placement webhook: metrics: %w", err)
+			}
+		}
+	}
+	return w, nil
+}
+
+var (
+	nodeGVK          = corev1.SchemeGroupVersion.WithKind("Node")
+	peerGVK          = v1alpha1.GroupVersion.WithKind("Peer")
+	webhookConfigGVK = admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingWebhookConfiguration")
+)
+
+func metadataListOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadataList {
+	m := &metav1.PartialObjectMetadataList{}
+	m.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	return m
+}
+
+// webhookMapper is mirrorMapper with the other kinds the webhook reads.
+func webhookMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, admissionregistrationv1.SchemeGroupVersion})
+	m.Add(peerGVK, meta.RESTScopeRoot)
+	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
+	m.Add(nodeGVK, meta.RESTScopeRoot)
+	m.Add(webhookConfigGVK, meta.RESTScopeRoot)
+	return m
+}
+
+// nameAndLabelsOnly keeps what placement reads of a Node or a Peer: a
+// cluster's Nodes carry large annotations it has no use for.
+func nameAndLabelsOnly(obj any) (any, error) {
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return obj, nil
+	}
+	return &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: m.Name, Labels: m.Labels, UID: m.UID, ResourceVersion: m.ResourceVersion, DeletionTimestamp: m.DeletionTimestamp,
+	}}, nil
+}
+
+// Run serves the webhook and keeps its objects current until ctx ends;
+// it returns once every goroutine it started has. The configuration
+// stays when it returns: an agent restarting (an upgrade) must not let
+// pods through unplaced meanwhile; DeletePlacementWebhook removes it.
+func (w *PlacementWebhook) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	for _, obj := range []client.Object{&v1alpha1.NamespaceOffload{}, offload.MetadataOf(nodeGVK), offload.MetadataOf(peerGVK)} {
+		if _, err := w.cache.GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("placement webhook: watch %T: %w", obj, err)
+		}
+	}
+	configs, err := w.cache.GetInformer(ctx, offload.MetadataOf(webhookConfigGVK))
+	if err != nil {
+		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+	}
+	poke := func(any) {
+		select {
+		case w.changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := configs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke,
+	}); err != nil {
+		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+	}
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, w.cache, "placement webhook")
+	if !synced {
+		return err
+	}
+
+	// Certificates first, then the server, then the configuration: the
+	// API server calls the webhook as soon as it reads a configuration.
+	retry := time.Second
+	for {
+		err := w.load(ctx)
+		if err == nil {
+			_, err = w.certs.Sync(ctx, time.Now())
+		}
+		w.noteError(err)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry):
+			retry = min(2*retry, time.Minute)
+		}
+	}
+	addr := netip.AddrPortFrom(w.cfg.Address, w.cfg.Port).String()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("placement webhook: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(placementPath, w)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Handshakes that fail (a scanner, an API server with an old
+		// bundle) are not the agent's errors.
+		ErrorLog: slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: w.certs.Certificate,
+		},
+	}
+	serveErr := make(chan error, 1)
+	wg.Go(func() { serveErr <- srv.ServeTLS(l, "", "") })
+	w.serving.Store(true)
+	defer func() {
+		w.serving.Store(false)
+		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		srv.Shutdown(shutdown)
+	}()
+	w.log.Info("placement webhook serving", "url", w.url, "listen", addr)
+
+	retry = time.Second
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-cacheErr:
+			if err != nil && ctx.Err() == nil {
+				return fmt.Errorf("placement webhook: watch: %w", err)
+			}
+			return nil
+		case err := <-serveErr:
+			return fmt.Errorf("placement webhook: serve on %s: %w", addr, err)
+		case <-timer.C:
+		case <-w.changed:
+		}
+		err := w.sync(ctx, time.Now())
+		w.noteError(err)
+		next := w.certs.WakeAt()
+		if err != nil {
+			next = time.Now().Add(retry)
+			retry = min(2*retry, time.Minute)
+		} else {
+			retry = time.Second
+		}
+		timer.Reset(time.Until(next))
+	}
+}
+
+// load reads the CAs from their Secret (a restarted agent keeps serving
+// what the API server trusts) and notes which of them the configuration
+// already carries.
+func (w *PlacementWebhook) load(ctx context.Context) error {
+	if err := w.certs.Load(ctx); err != nil {
+		return err
+	}
+	w.certs.SetHosts(w.hosts)
+	cfg, err := w.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, PlacementWebhookConfiguration, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("placement webhook: read MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+	}
+	for _, wh := range cfg.Webhooks {
+		w.certs.NoteTrusted(wh.ClientConfig.CABundle)
+	}
+	return nil
+}
+
+// sync brings the CAs, the serving certificate and the configuration in
+// line with now.
+func (w *PlacementWebhook) sync(ctx context.Context, now time.Time) error {
+	if _, err := w.certs.Sync(ctx, now); err != nil {
+		return err
+	}
+	return w.syncConfig(ctx, now)
+}
+
+// syncConfig applies the configuration when its caBundle or owner
+// changed, or when the API server's copy did (someone edited or deleted
+// it): server-side apply puts back what is ours.
+func (w *PlacementWebhook) syncConfig(ctx context.Context, now time.Time) error {
+	owner, err := offloadCRDUID(ctx, w.meta)
+	if err != nil {
+		return fmt.Errorf("placement webhook: %w", err)
+	}
+	bundle := w.certs.Bundle()
+	if err := applyPlacementConfiguration(ctx, w.kube, placementConfiguration(w.url, bundle, w.cfg.AgentNamespace, owner)); err != nil {
+		return fmt.Errorf("placement webhook: %w", err)
+	}
+	if !bytes.Equal(bundle, w.applied) || owner != w.owner {
+		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", w.certs.Summary(), "crdOwner", owner != "")
+	}
+	w.applied, w.owner = bundle, owner
+	// A new CA may sign once in the caBundle long enough: wakeAt says
+	// when.
+	w.certs.NotePublished(now)
+	return nil
+}
+
+// Ready says whether the webhook serves with a valid certificate, for
+// the agent's /readyz.
+func (w *PlacementWebhook) Ready() error {
+	if !w.serving.Load() {
+		return errors.New("placement webhook: not serving yet")
+	}
+	return w.certs.Ready(time.Now())
+}
+
+// noteError logs an error of sync once per change.
+func (w *PlacementWebhook) noteError(err error) {
+	switch {
+	case err == nil && w.lastErr != "":
+		w.lastErr = ""
+		w.log.Info("placement webhook objects current again")
+	case err != nil && err.Error() != w.lastErr:
+		w.lastErr = err.Error()
+		w.log.Warn("placement webhook objects not current; retrying", "err", err)
+	}
+}

@@ -1,0 +1,77 @@
+package remote
+
+import (
+	"net/http"
+	"time"
+
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
+	"github.com/flotilla-io/flotilla/offload/grant"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Credentials hands out what providers granted this cluster
+// (*Consumer): the REST config of the provider's API server with the
+// credential, and the grant (its Namespace is the tenant namespace there).
+type Credentials interface {
+	Credential(provider string) (*rest.Config, grant.Grant, error)
+}
+
+// providerCredential is what this cluster holds for one provider.
+type ProviderCredential struct {
+	Config *rest.Config
+	Grant  grant.Grant
+}
+
+// providerClients are the clients of a provider: no client-side rate
+// limit (its priority and fairness limits its tenants; a thousand pods
+// are a thousand creates), and the token of the credential held at each
+// request, so a renewed token needs no new watch.
+func ProviderClients(id string, creds Credentials, base *rest.Config) (write, watchClient kubernetes.Interface, err error) {
+	cfg := ProviderConfig(id, creds, base)
+	if write, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, nil, err
+	}
+	wcfg := rest.CopyConfig(cfg)
+	wcfg.Timeout = 0 // or the watches are cut
+	if watchClient, err = kubernetes.NewForConfig(wcfg); err != nil {
+		return nil, nil, err
+	}
+	return write, watchClient, nil
+}
+
+// providerConfig is base for writes to provider, as providerClients
+// describes; a watch needs its Timeout cleared.
+func ProviderConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
+	cfg := rest.CopyConfig(base)
+	cfg.QPS, cfg.Burst = -1, -1
+	cfg.BearerToken, cfg.BearerTokenFile = "", ""
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return &currentToken{provider: id, creds: creds, next: rt}
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	return cfg
+}
+
+// currentToken authenticates each request with the token of the
+// credential held for provider at that moment.
+type currentToken struct {
+	provider string
+	creds    Credentials
+	next     http.RoundTripper
+}
+
+func (t *currentToken) RoundTrip(req *http.Request) (*http.Response, error) {
+	cfg, _, err := t.creds.Credential(t.provider)
+	if err != nil {
+		return nil, err
+	}
+	req = utilnet.CloneRequest(req)
+	req.Header.Set("Authorization", "Bearer "+cfg.BearerToken)
+	return t.next.RoundTrip(req)
+}
+
+func (t *currentToken) WrappedRoundTripper() http.RoundTripper { return t.next }
