@@ -17,11 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/policy/policyapi"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -193,14 +196,21 @@ func BenchmarkSegregatedPodToKernel(b *testing.B) {
 	}
 	// This cluster's objects as the agent finds them: a tenant namespace
 	// of b's with pods, and an exported Service of 10,000 endpoints.
-	c, err := client.New(a.CP.Config, client.Options{Scheme: trafficScheme(), Mapper: trafficMapper()})
+	c, err := client.New(a.CP.Config, client.Options{Scheme: policyapi.Scheme()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &trafficEnv{t: b, c: c}
-	e.create(tenantNamespace("flotilla-tenant-bench", peer.Name), namespaceObject("web", nil))
-	e.service("web", "front", 443, 8443, "10.244.200.1")
+	e := kubeWriter{tb: b, c: c}
+	e.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-tenant-bench",
+		Labels: map[string]string{offload.LabelTenant: peer.Name, v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web"}})
 	tcp, port := corev1.ProtocolTCP, int32(8443)
+	e.create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443, TargetPort: intstr.FromInt32(port), Protocol: tcp}}}})
+	e.create(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front-1",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "front", discoveryv1.LabelManagedBy: "test"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Port: &port, Protocol: &tcp}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.200.1"}}}})
 	for i := range 100 {
 		es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: fmt.Sprintf("front-big-%d", i),
 			Labels: map[string]string{discoveryv1.LabelServiceName: "front", discoveryv1.LabelManagedBy: "test"}},
@@ -245,7 +255,7 @@ func BenchmarkSegregatedPodToKernel(b *testing.B) {
 		ip := netip.AddrFrom4([4]byte{10, 244, 1, byte(i%250 + 1)})
 		b.StopTimer()
 		p := e.newPod("flotilla-tenant-bench", fmt.Sprintf("pod-%d", i))
-		time.Sleep(2 * DefaultTrafficDebounce)
+		time.Sleep(2 * policyapi.DefaultDebounce)
 		b.StartTimer()
 		start := time.Now()
 		e.startPod(p, ip.String())
@@ -262,4 +272,37 @@ func BenchmarkSegregatedPodToKernel(b *testing.B) {
 	b.ReportMetric(ms(lat[len(lat)/2]), "median-ms")
 	b.ReportMetric(ms(lat[0]), "min-ms")
 	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
+}
+
+// kubeWriter writes a cluster's objects as its users, controllers and
+// kubelets do.
+type kubeWriter struct {
+	tb testing.TB
+	c  client.Client
+}
+
+func (w kubeWriter) create(objs ...client.Object) {
+	w.tb.Helper()
+	for _, o := range objs {
+		if err := w.c.Create(w.tb.Context(), o); err != nil {
+			w.tb.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+func (w kubeWriter) newPod(ns, name string) *corev1.Pod {
+	w.tb.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	w.create(p)
+	return p
+}
+
+// startPod gives p the address a kubelet would.
+func (w kubeWriter) startPod(p *corev1.Pod, ip string) {
+	w.tb.Helper()
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+	if err := w.c.Status().Update(w.tb.Context(), p); err != nil {
+		w.tb.Fatalf("pod %s/%s status: %v", p.Namespace, p.Name, err)
+	}
 }

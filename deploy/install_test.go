@@ -108,7 +108,7 @@ func testPeerColumns(t *testing.T, cp *harness.ControlPlane) {
 		LastHandshake: &metav1.Time{Time: time.Now().Add(-20 * time.Minute)},
 		Offloading: &flotillav1.OffloadingStatus{Received: &flotillav1.GrantStatus{
 			Namespace: "flotilla-tenant-c-alpha", Expires: &metav1.Time{Time: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}}},
-		// The mode in effect, as the agent writes it (agent/traffic_status.go).
+		// The mode in effect, as the agent writes it (policy/policyapi/status.go).
 		Traffic: flotillav1.TrafficSegregated,
 		Allowed: &flotillav1.TrafficAllowed{Pods: 3, Services: 12},
 		Conditions: []metav1.Condition{

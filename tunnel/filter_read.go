@@ -205,8 +205,9 @@ func readSets(c *nftables.Conn, t *nftables.Table, peer string) (policy.Sets, er
 // PolicySets reads the Segregated peers' sets as the kernel holds them
 // now, sorted by peer: those an earlier run of the agent made survive its
 // restart, and the agent holds them until it has decided anew
-// (agent/traffic.go), so that a restart opens nothing it had closed. A
-// table or peer chain that is not of our making reads as none.
+// (policyapi.SegregatingDataplane), so that a restart opens nothing it
+// had closed. A table or peer chain that is not of our making reads as
+// none.
 func (t *Tunnel) PolicySets() ([]policy.Sets, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -1,4 +1,4 @@
-package agent
+package policyapi
 
 import (
 	"context"
@@ -21,7 +21,7 @@ const trafficFieldOwner = "flotilla-traffic"
 
 // trafficStatus is what a Peer's status says of its traffic: the mode in
 // effect and, when Segregated, the size of its sets as applied.
-func (f *trafficFeed) trafficStatus(p *v1alpha1.Peer, in trafficInput) v1alpha1.PeerStatus {
+func (f *Feed) trafficStatus(p *v1alpha1.Peer, in trafficInput) v1alpha1.PeerStatus {
 	st := v1alpha1.PeerStatus{Traffic: v1alpha1.TrafficFull}
 	if in.mode(p.Name) != policy.Segregated {
 		return st
@@ -38,7 +38,7 @@ func (f *trafficFeed) trafficStatus(p *v1alpha1.Peer, in trafficInput) v1alpha1.
 
 // writeStatus brings every Peer's traffic status in line, writing only
 // those that differ from what the informer holds.
-func (f *trafficFeed) writeStatus(ctx context.Context, peers []v1alpha1.Peer, in trafficInput) error {
+func (f *Feed) writeStatus(ctx context.Context, peers []v1alpha1.Peer, in trafficInput) error {
 	var errs []error
 	for i := range peers {
 		p := &peers[i]

@@ -1,4 +1,4 @@
-package agent
+package policyapi
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ import (
 // kernel's part comes after (tunnel's BenchmarkPolicyUpdate). Prints the
 // median, min and max in milliseconds.
 //
-//	go test ./agent -run '^$' -bench TrafficFeedLatency -benchtime 21x
+//	go test ./policy/policyapi -run '^$' -bench TrafficFeedLatency -benchtime 21x
 func BenchmarkTrafficFeedLatency(b *testing.B) {
 	const slicesN, perSlice = 100, 100
 	e := newTrafficEnv(b, nil, policy.Segregated)
@@ -63,7 +63,7 @@ func BenchmarkTrafficFeedLatency(b *testing.B) {
 		// Created, then decided on (no address yet) and quiet again: what
 		// is timed is the address given, as a kubelet gives it.
 		p := e.newPod("flotilla-tenant-b", fmt.Sprintf("pod-%d", i))
-		time.Sleep(2 * DefaultTrafficDebounce)
+		time.Sleep(2 * DefaultDebounce)
 		b.StartTimer()
 		start := time.Now()
 		e.startPod(p, ip.String())
@@ -93,7 +93,7 @@ func BenchmarkTrafficFeedLatency(b *testing.B) {
 // two Segregated peers: every decision reads everything, so this is the
 // price of each burst. Prints the median, min and max in milliseconds.
 //
-//	go test ./agent -run '^$' -bench TrafficDecision -benchtime 21x
+//	go test ./policy/policyapi -run '^$' -bench TrafficDecision -benchtime 21x
 func BenchmarkTrafficDecision(b *testing.B) {
 	objs := trafficObjects{
 		Namespaces: []corev1.Namespace{*tenantNamespace("flotilla-tenant-b", "b")},
@@ -115,7 +115,7 @@ func BenchmarkTrafficDecision(b *testing.B) {
 		objs.Slices = append(objs.Slices, es)
 	}
 	dp := &lastDataplane{}
-	seg := newSegregatingDataplane(dp, nil, nil)
+	seg := NewSegregatingDataplane(dp, nil, nil)
 	if err := seg.Apply(b.Context(), tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b"}, {ClusterID: "p"}}}); err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package policyapi
 
 import (
 	"context"
@@ -109,7 +109,7 @@ func TestSegregatingDataplane(t *testing.T) {
 	rec := &recordingDataplane{}
 	pod := netip.MustParseAddr("10.0.1.5")
 	heldSets := policy.Sets{Peer: "b", Pods: []netip.Addr{netip.MustParseAddr("10.0.1.9")}}
-	s := newSegregatingDataplane(rec, []policy.Sets{heldSets, {Peer: "gone"}}, slog.New(slog.DiscardHandler))
+	s := NewSegregatingDataplane(rec, []policy.Sets{heldSets, {Peer: "gone"}}, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	d := tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b"}, {ClusterID: "c"}}}
 	if err := s.Apply(ctx, d); err != nil {

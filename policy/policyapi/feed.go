@@ -1,4 +1,4 @@
-package agent
+package policyapi
 
 import (
 	"context"
@@ -30,12 +30,12 @@ import (
 	"github.com/flotilla-io/flotilla/policy"
 )
 
-// DefaultTrafficDebounce is the least time between two decisions: a
+// DefaultDebounce is the least time between two decisions: a
 // change after a quiet spell is decided on at once, and the rest of a
 // burst (a Deployment scaled, a namespace offloaded) gathered into one
 // decision and one kernel transaction every so often. Each decision reads
 // everything the informers hold, so this bounds what a burst costs.
-const DefaultTrafficDebounce = 20 * time.Millisecond
+const DefaultDebounce = 20 * time.Millisecond
 
 // unsafeNoCopy: the feed lists everything once a pass and changes nothing
 // it read, so the cache hands out its own objects.
@@ -45,12 +45,16 @@ var unsafeNoCopy = true
 // status that could not be written, is tried again.
 const trafficRetry = time.Second
 
-// trafficFeedConfig is what a trafficFeed needs.
-type trafficFeedConfig struct {
-	Config    *rest.Config
-	Dataplane *segregatingDataplane
+// FeedConfig is what a Feed needs.
+type FeedConfig struct {
+	// Config reaches the local API server: the objects the feed follows
+	// and the Peers' status it writes.
+	Config *rest.Config
+	// Dataplane is handed every decision.
+	Dataplane *SegregatingDataplane
 	// Default is --traffic.
-	Default  policy.Mode
+	Default policy.Mode
+	// Debounce is DefaultDebounce when zero.
 	Debounce time.Duration
 	// Peers, when set, is the agent's shared cache of Peers
 	// (offload.PeerCache); a cache of its own when nil.
@@ -59,13 +63,13 @@ type trafficFeedConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// trafficFeed follows, with informers, what Segregated peers may reach
+// Feed follows, with informers, what Segregated peers may reach
 // (pods in tenant namespaces, Services reflected and exported with their
 // EndpointSlices, NamespaceOffloads, ServiceExports, Peers), decides anew
 // after every burst of changes and hands the decision to the data plane;
 // it writes each Peer's mode in effect into its status.
-type trafficFeed struct {
-	cfg   trafficFeedConfig
+type Feed struct {
+	cfg   FeedConfig
 	log   *slog.Logger
 	cache cache.Cache
 	pods  toolscache.Indexer // the trafficPods of cache's informer of pods, once Run got it
@@ -116,10 +120,10 @@ func newTrafficMetrics(r prometheus.Registerer) (*trafficMetrics, error) {
 	return m, errors.Join(r.Register(m.latency), r.Register(m.problems), r.Register(m.passes))
 }
 
-// trafficScheme and trafficMapper know every kind the feed reads, so the
-// cache asks the API server nothing before watching: the MCS CRDs may be
-// established after the agent starts.
-func trafficScheme() *runtime.Scheme {
+// Scheme and trafficMapper know every kind the feed reads and writes, so
+// the cache asks the API server nothing before watching: the MCS CRDs may
+// be established after the agent starts.
+func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := errors.Join(v1alpha1.AddToScheme(s), corev1.AddToScheme(s), discoveryv1.AddToScheme(s), mcsv1alpha1.AddToScheme(s)); err != nil {
 		panic(err) // the types are compiled in: a mistake shows in every test
@@ -142,15 +146,16 @@ func trafficMapper() meta.RESTMapper {
 	return m
 }
 
-func newTrafficFeed(cfg trafficFeedConfig) (*trafficFeed, error) {
+// NewFeed makes a Feed and registers its metrics; Run starts it.
+func NewFeed(cfg FeedConfig) (*Feed, error) {
 	if cfg.Debounce <= 0 {
-		cfg.Debounce = DefaultTrafficDebounce
+		cfg.Debounce = DefaultDebounce
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	c, err := cache.New(cfg.Config, cache.Options{
-		Scheme: trafficScheme(), Mapper: trafficMapper(),
+		Scheme: Scheme(), Mapper: trafficMapper(),
 		DefaultTransform:             cache.TransformStripManagedFields(),
 		DefaultUnsafeDisableDeepCopy: &unsafeNoCopy,
 		ByObject: map[client.Object]cache.ByObject{
@@ -161,7 +166,7 @@ func newTrafficFeed(cfg trafficFeedConfig) (*trafficFeed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("traffic policy: cache: %w", err)
 	}
-	w, err := client.New(cfg.Config, client.Options{Scheme: trafficScheme(), Mapper: trafficMapper()})
+	w, err := client.New(cfg.Config, client.Options{Scheme: Scheme(), Mapper: trafficMapper()})
 	if err != nil {
 		return nil, fmt.Errorf("traffic policy: client: %w", err)
 	}
@@ -169,7 +174,7 @@ func newTrafficFeed(cfg trafficFeedConfig) (*trafficFeed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("traffic policy: metrics: %w", err)
 	}
-	return &trafficFeed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: offload.WithShared(c, cfg.Peers,
+	return &Feed{cfg: cfg, log: cfg.Logger.With("component", "traffic policy"), cache: offload.WithShared(c, cfg.Peers,
 		offload.SharedNamespaceOffloads, offload.SharedNamespaces, offload.SharedServices, offload.SharedEndpointSlices, offload.SharedServiceExports), write: w, m: m,
 		wake: make(chan struct{}, 1), problems: map[string]string{}}, nil
 }
@@ -227,7 +232,7 @@ func namespaceForTraffic(obj any) (any, error) {
 // Synced reports whether the informers have listed everything and the
 // data plane has the first decision: until then it holds what the kernel
 // had.
-func (f *trafficFeed) Synced() error {
+func (f *Feed) Synced() error {
 	if !f.synced.Load() {
 		return errors.New("traffic policy: informers not synced yet; the sets the kernel held at start are kept")
 	}
@@ -235,7 +240,7 @@ func (f *trafficFeed) Synced() error {
 }
 
 // Run feeds the data plane until ctx ends.
-func (f *trafficFeed) Run(ctx context.Context) error {
+func (f *Feed) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var regs []toolscache.ResourceEventHandlerRegistration
@@ -384,7 +389,7 @@ func changedForTraffic(old, obj any) bool {
 // labelled a tenant's later is a change of its own, and that pass reads
 // every pod; what is not a trafficPod (a deletion's last state unknown)
 // counts.
-func (f *trafficFeed) tenantPod(obj any) bool {
+func (f *Feed) tenantPod(obj any) bool {
 	p, ok := obj.(*trafficPod)
 	if !ok {
 		return true
@@ -401,7 +406,7 @@ func (f *trafficFeed) tenantPod(obj any) bool {
 }
 
 // changed notes a change and wakes the loop; it never blocks.
-func (f *trafficFeed) changed() {
+func (f *Feed) changed() {
 	f.mu.Lock()
 	if f.since.IsZero() {
 		f.since = time.Now()
@@ -415,7 +420,7 @@ func (f *trafficFeed) changed() {
 
 // pass decides on everything the informers hold and applies it; then
 // each Peer's status says its mode in effect.
-func (f *trafficFeed) pass(ctx context.Context) error {
+func (f *Feed) pass(ctx context.Context) error {
 	f.mu.Lock()
 	since := f.since
 	f.since = time.Time{}
@@ -440,7 +445,7 @@ func (f *trafficFeed) pass(ctx context.Context) error {
 }
 
 // keepSince puts back the start of a change not yet acted on.
-func (f *trafficFeed) keepSince(t time.Time) {
+func (f *Feed) keepSince(t time.Time) {
 	f.mu.Lock()
 	if !t.IsZero() && (f.since.IsZero() || t.Before(f.since)) {
 		f.since = t
@@ -449,7 +454,7 @@ func (f *trafficFeed) keepSince(t time.Time) {
 }
 
 // read lists what the informers hold.
-func (f *trafficFeed) read(ctx context.Context) (trafficObjects, error) {
+func (f *Feed) read(ctx context.Context) (trafficObjects, error) {
 	var (
 		namespaces corev1.NamespaceList
 		services   corev1.ServiceList
@@ -486,7 +491,7 @@ const maxProblemsLogged = 10
 
 // noteProblems logs what cannot be enforced, once per change of an
 // object's error, and counts it.
-func (f *trafficFeed) noteProblems(problems []inputProblem) {
+func (f *Feed) noteProblems(problems []inputProblem) {
 	now := map[string]string{}
 	for _, p := range problems {
 		if prev, ok := now[p.Object]; ok {

@@ -1,4 +1,4 @@
-package agent
+package policyapi
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/internal/syncbuf"
 	"github.com/flotilla-io/flotilla/offload"
@@ -66,7 +67,7 @@ type trafficEnv struct {
 	t    testing.TB
 	c    client.Client
 	dp   *lastDataplane
-	feed *trafficFeed
+	feed *Feed
 	reg  *prometheus.Registry
 	logs *syncbuf.Buffer
 }
@@ -76,16 +77,17 @@ func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEn
 	env := harness.New(t)
 	cp := env.ControlPlane("traffic", harness.ControlPlaneOptions{})
 	ctx := t.Context()
-	if err := installCRDs(ctx, cp.Config); err != nil {
+	// The embedded CRDs, as the agent installs them at start.
+	if err := harness.ApplyCRDs(ctx, cp.Config, deploy.CRDs, "crds/*.yaml"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(cp.Config, client.Options{Scheme: trafficScheme(), Mapper: trafficMapper()})
+	c, err := client.New(cp.Config, client.Options{Scheme: Scheme(), Mapper: trafficMapper()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &trafficEnv{t: t, c: c, dp: &lastDataplane{}, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(e.logs, nil))
-	seg := newSegregatingDataplane(e.dp, held, log)
+	seg := NewSegregatingDataplane(e.dp, held, log)
 	// The engine applies its data path before the feed has synced.
 	if err := seg.Apply(ctx, tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b"}, {ClusterID: "p"}}}); err != nil {
 		t.Fatal(err)
@@ -105,7 +107,7 @@ func newTrafficEnv(t testing.TB, held []policy.Sets, def policy.Mode) *trafficEn
 			t.Errorf("the shared cache: %v", err)
 		}
 	})
-	e.feed, err = newTrafficFeed(trafficFeedConfig{Config: cp.Config, Dataplane: seg, Default: def, Peers: shared, Logger: log, Metrics: e.reg})
+	e.feed, err = NewFeed(FeedConfig{Config: cp.Config, Dataplane: seg, Default: def, Peers: shared, Logger: log, Metrics: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +306,7 @@ func TestTrafficFeed(t *testing.T) {
 	before := testutil.ToFloat64(e.feed.m.passes)
 	for i := range 10 {
 		e.runPod("mine", fmt.Sprintf("own-%d", i), fmt.Sprintf("10.0.4.%d", i+1))
-		time.Sleep(3 * DefaultTrafficDebounce)
+		time.Sleep(3 * DefaultDebounce)
 	}
 	e.runPod("shop-b", "witness", "10.0.1.9")
 	e.want("b", false, []string{"10.0.1.6", "10.0.1.9"}, nil)
