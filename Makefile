@@ -72,7 +72,7 @@ generate:
 
 # Benchmarks print their figures; see docs/ for what each one measures.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 5x ./test/harness ./ipam/... ./discovery/... ./tunnel/... ./agent ./offload ./offload/mcs ./offload/mcsdns ./test/e2e
+	$(GO) test -run '^$$' -bench . -benchtime 5x ./test/harness ./ipam/... ./discovery/... ./tunnel/... ./agent ./policy/... ./offload/... ./test/e2e
 
 # Runs every fuzz target for FUZZTIME each.
 fuzz:

@@ -82,3 +82,75 @@ func kubernetesImports(t *testing.T, pkg string) [][]string {
 	}
 	return chains
 }
+
+// Offloading is a root and feature packages above it: a feature imports
+// the root, the consumer's remote session and the shared foundations,
+// never another feature (mirror alone asks tenancy for the namespaces it
+// makes). Each package below may import, of this module, only what its
+// row lists.
+func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
+	base := []string{"api/", "identity", "internal/ctrl", "offload/grant"}
+	allowed := map[string][]string{
+		"offload":                {"api/", "identity", "offload/grant"},
+		"offload/grant":          {"identity", "ipam"},
+		"offload/internal/certs": {"api/"},
+		"offload/remote":         append([]string{"offload"}, base...),
+		"offload/tenancy":        append([]string{"offload", "peering"}, base...),
+		"offload/mirror":         append([]string{"offload", "offload/remote", "offload/tenancy"}, base...),
+		"offload/vnode":          append([]string{"offload", "offload/remote"}, base...),
+		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs"}, base...),
+		"offload/placement":      append([]string{"offload", "offload/internal/certs"}, base...),
+		"offload/podsync":        append([]string{"offload", "offload/remote"}, base...),
+		"offload/reflection":     append([]string{"offload", "offload/remote"}, base...),
+		"offload/mcs":            append([]string{"offload", "peering"}, base...),
+		"offload/mcsdns":         append([]string{"offload/mcs"}, base...),
+	}
+	const module = "github.com/flotilla-io/flotilla/"
+	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "./offload/...").Output()
+	if err != nil {
+		t.Fatalf("go list ./offload/...: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	seen := map[string]bool{}
+	for {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list: %v", err)
+		}
+		pkg := strings.TrimPrefix(p.ImportPath, module)
+		if strings.HasPrefix(pkg, "offload/internal/offload") {
+			continue // test fixtures: they assemble features on purpose
+		}
+		seen[pkg] = true
+		rules, ok := allowed[pkg]
+		if !ok {
+			t.Errorf("%s: a package with no row here; say what it may import", pkg)
+			continue
+		}
+		for _, imp := range p.Imports {
+			dep, ours := strings.CutPrefix(imp, module)
+			if !ours {
+				continue
+			}
+			ok := false
+			for _, r := range rules {
+				if dep == r || (strings.HasSuffix(r, "/") && strings.HasPrefix(dep, r)) {
+					ok = true
+				}
+			}
+			if !ok {
+				t.Errorf("%s imports %s, which its row does not allow", pkg, dep)
+			}
+		}
+	}
+	for pkg := range allowed {
+		if !seen[pkg] {
+			t.Errorf("%s: a row for a package that does not exist", pkg)
+		}
+	}
+}

@@ -1,6 +1,3 @@
-// Package offload holds the Kubernetes side of offloading: on a provider,
-// the tenants it creates for the consumers it grants and the credentials
-// it issues them; on a consumer, the credentials it holds.
 package offload
 
 import (
