@@ -34,20 +34,20 @@ import (
 // objects: peer states go to both the Peer writer and the provider.
 type offloading struct {
 	objects  *peerapi.Objects
-	provider *tenancy.Provider
+	provider *tenancy.Grants
 	consumer *remote.Consumer
 	// mirrors extends this cluster's namespaces to its providers; hosted
 	// answers the namespace requests of the consumers it grants.
-	mirrors *mirror.MirrorConsumer
-	hosted  *mirror.MirrorProvider
+	mirrors *mirror.Consumer
+	hosted  *mirror.Provider
 	// nodes are the virtual nodes that stand for the providers; kubelet
 	// serves their kubelet API; placement applies a NamespaceOffload's
 	// pod strategy at admission.
-	nodes     *vnode.VirtualNodes
-	kubelet   *kubeletapi.KubeletAPI
-	placement *placement.PlacementWebhook
+	nodes     *vnode.Nodes
+	kubelet   *kubeletapi.Server
+	placement *placement.Webhook
 	// pods runs the pods bound to virtual nodes on their providers.
-	pods *podsync.PodReflector
+	pods *podsync.Reflector
 	// services is the Multi-Cluster Services API (agent/services.go).
 	services
 	// reflection copies what offloaded pods need (ConfigMaps, Secrets,
@@ -83,8 +83,8 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	var hosted *mirror.MirrorProvider // told of grants changing, once made
-	provider, err := tenancy.NewProvider(tenancy.ProviderConfig{
+	var hosted *mirror.Provider // told of grants changing, once made
+	provider, err := tenancy.NewGrants(tenancy.GrantsConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
 		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter,
@@ -113,21 +113,21 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	mirrors, err := mirror.NewMirrorConsumer(mirror.MirrorConsumerConfig{
+	mirrors, err := mirror.NewConsumer(mirror.ConsumerConfig{
 		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	hosted, err = mirror.NewMirrorProvider(mirror.MirrorProviderConfig{
+	hosted, err = mirror.NewProvider(mirror.ProviderConfig{
 		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(), Shared: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := vnode.NewVirtualNodes(vnode.VirtualNodesConfig{
+	nodes, err := vnode.NewNodes(vnode.Config{
 		Config: a.restCfg, Client: a.kube, Credentials: consumer,
 		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
@@ -135,14 +135,14 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	kubelet, err := kubeletapi.NewKubeletAPI(kubeletapi.KubeletAPIConfig{
+	kubelet, err := kubeletapi.NewServer(kubeletapi.Config{
 		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
 		AgentNamespace: a.agentNamespace(), Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	placement, err := placement.NewPlacementWebhook(placement.PlacementWebhookConfig{
+	placement, err := placement.NewWebhook(placement.WebhookConfig{
 		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
 		Shared: peers, Logger: a.log, Metrics: a.registry,
 	})
@@ -153,7 +153,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	// does not serve with a valid certificate.
 	a.ready.add("placement webhook", placement.Ready)
 	a.ready.add("kubelet API", kubelet.Ready)
-	pods, err := podsync.NewPodReflector(podsync.PodReflectorConfig{
+	pods, err := podsync.NewReflector(podsync.Config{
 		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Peers: peers, Logger: a.log, Metrics: a.registry,
 	})

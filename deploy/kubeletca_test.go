@@ -43,7 +43,7 @@ func testKubeletCAAsAgent(t *testing.T, cp *harness.ControlPlane, agent kubernet
 	var logs lockedBuffer
 	run := func() {
 		t.Helper()
-		api, err := kubeletapi.NewKubeletAPI(kubeletapi.KubeletAPIConfig{
+		api, err := kubeletapi.NewServer(kubeletapi.Config{
 			Client: agent, Credentials: noCredentials{}, Address: netip.MustParseAddr("127.0.0.1"), Port: port, AgentNamespace: namespace,
 			Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 		})

@@ -80,7 +80,7 @@ func testPlacementWebhookAsAgent(t *testing.T, cp *harness.ControlPlane, agent k
 	port := uint16(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
 	var logs lockedBuffer
-	w, err := placement.NewPlacementWebhook(placement.PlacementWebhookConfig{
+	w, err := placement.NewWebhook(placement.WebhookConfig{
 		Config: agentConfig(t, cp), Address: netip.MustParseAddr("127.0.0.1"), Port: port, AgentNamespace: namespace,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})

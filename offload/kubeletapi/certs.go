@@ -27,15 +27,15 @@ const (
 // once, at start, and an operator copies the bundle there, so a new CA
 // signs as late as it can: when the old one can no longer cover a whole
 // serving certificate. The operator has the months in between.
-func KubeletLifetimes(cfg KubeletAPIConfig) certs.CertLifetimes {
-	l := certs.CertLifetimes{Ca: DefaultKubeletCALifetime, Serving: DefaultKubeletServingLifetime}
+func KubeletLifetimes(cfg Config) certs.CertLifetimes {
+	l := certs.CertLifetimes{CA: DefaultKubeletCALifetime, Serving: DefaultKubeletServingLifetime}
 	if cfg.CALifetime > 0 {
-		l.Ca = cfg.CALifetime
+		l.CA = cfg.CALifetime
 	}
 	if cfg.ServingLifetime > 0 {
 		l.Serving = cfg.ServingLifetime
 	}
-	l.Publish = l.Ca/3 - l.Serving
+	l.Publish = l.CA/3 - l.Serving
 	if cfg.CAPublishDelay > 0 {
 		l.Publish = cfg.CAPublishDelay
 	}
@@ -46,6 +46,6 @@ func KubeletLifetimes(cfg KubeletAPIConfig) certs.CertLifetimes {
 // virtual nodes register as their InternalIP, which is the address the
 // API server dials and verifies (a certificate for any other address
 // fails there: liqotech/liqo #1334), and the virtual nodes' names.
-func kubeletHosts(k *KubeletAPI) []string {
+func kubeletHosts(k *Server) []string {
 	return append([]string{k.cfg.Address.String()}, k.virtualNodeNames()...)
 }

@@ -44,11 +44,11 @@ func TestKubeletAPIServingCertificate(t *testing.T) {
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
 	addr := freeLoopback(t)
 	createNamespace(t, cp, testAgentNamespace)
-	api, err := NewKubeletAPI(KubeletAPIConfig{
-		Client: cp.Client, Credentials: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}},
+	api, err := NewServer(Config{
+		Client: cp.Client, Credentials: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}},
 		Address: addr.Addr(), Port: addr.Port(), AgentNamespace: testAgentNamespace,
 		CALifetime: time.Hour, ServingLifetime: 3 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, nil)),
+		Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func slicesEqual(a, b []string) bool { return strings.Join(a, ",") == strings.Jo
 
 // kubeletRequest makes one request of the kubelet API, verifying its
 // certificate, with cert as the client's (nil: none).
-func kubeletRequest(t *testing.T, api *KubeletAPI, cert *tls.Certificate, method, path string, header http.Header) (int, string) {
+func kubeletRequest(t *testing.T, api *Server, cert *tls.Certificate, method, path string, header http.Header) (int, string) {
 	t.Helper()
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(api.CA())
@@ -152,7 +152,7 @@ func kubeletRequest(t *testing.T, api *KubeletAPI, cert *tls.Certificate, method
 }
 
 // servedLeaf is the certificate the kubelet API serves, once it serves.
-func servedLeaf(api *KubeletAPI) (*x509.Certificate, error) {
+func servedLeaf(api *Server) (*x509.Certificate, error) {
 	conn, err := tls.Dial("tcp", api.Addr().String(), &tls.Config{InsecureSkipVerify: true})
 	if err != nil {
 		return nil, err
@@ -264,7 +264,7 @@ func createNamespace(t *testing.T, cp *harness.ControlPlane, name string) {
 func seedKubeletCA(t *testing.T, cp *harness.ControlPlane, ca *certs.CertAuthority) {
 	t.Helper()
 	createNamespace(t, cp, testAgentNamespace)
-	data, err := certs.CaSet{ca}.Encode()
+	data, err := certs.CASet{ca}.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ type userKey struct{}
 
 // handler authenticates every request, then routes it; anything but the
 // four routes is not found.
-func (k *KubeletAPI) handler() http.Handler {
+func (k *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /containerLogs/{namespace}/{pod}/{container}", k.forwarder(routeLogs))
 	// SPDY upgrades are POSTs, WebSocket ones GETs.
@@ -157,7 +157,7 @@ type kubeletRefusal struct {
 	message string
 }
 
-func (k *KubeletAPI) forwarder(rt kubeletRoute) http.Handler {
+func (k *Server) forwarder(rt kubeletRoute) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !k.begin() {
 			http.Error(w, "the kubelet API is stopping", http.StatusServiceUnavailable)
@@ -195,7 +195,7 @@ func (k *KubeletAPI) forwarder(rt kubeletRoute) http.Handler {
 // resolve finds where req goes, or why it goes nowhere: the local pod,
 // the caller's right to its node's kubelet API, the virtual node and its
 // provider, the mirrored namespace, the credential and the remote pod.
-func (k *KubeletAPI) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req podRequest) (*url.URL, *rest.Config, *kubeletRefusal) {
+func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req podRequest) (*url.URL, *rest.Config, *kubeletRefusal) {
 	ctx := r.Context()
 	pod, err := k.cfg.Client.CoreV1().Pods(req.namespace).Get(ctx, req.pod, metav1.GetOptions{})
 	switch {
@@ -257,7 +257,7 @@ func (k *KubeletAPI) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, re
 
 // remoteNamespace is the namespace ns has on provider, from its
 // NamespaceOffload, while it is Ready there.
-func (k *KubeletAPI) remoteNamespace(ctx context.Context, ns, provider string) (string, error) {
+func (k *Server) remoteNamespace(ctx context.Context, ns, provider string) (string, error) {
 	// One read of one kind per request: a raw read, not a second client.
 	raw, err := k.cfg.Client.CoreV1().RESTClient().Get().
 		AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "namespaces", ns, "namespaceoffloads").
@@ -307,7 +307,7 @@ func checkRemotePod(ctx context.Context, cfg *rest.Config, provider, remoteNS st
 // proxy forwards r to target with the credential cfg, switching
 // protocols when the provider does (101), and streaming as it goes; it
 // sets *result as it learns how the request went.
-func (k *KubeletAPI) proxy(w http.ResponseWriter, r *http.Request, cfg *rest.Config, target *url.URL, result *string) {
+func (k *Server) proxy(w http.ResponseWriter, r *http.Request, cfg *rest.Config, target *url.URL, result *string) {
 	base, rt, err := providerTransport(cfg)
 	if err != nil {
 		*result = kubeletResultError

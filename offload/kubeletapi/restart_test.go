@@ -84,18 +84,18 @@ func newKubeletCAWorld(t *testing.T) *kubeletCAWorld {
 
 // start runs a kubelet API, as a (re)started agent does, until stop or
 // the test's end.
-func (w *kubeletCAWorld) start(t *testing.T, tweak func(*KubeletAPIConfig)) (*KubeletAPI, *prometheus.Registry, func() error) {
+func (w *kubeletCAWorld) start(t *testing.T, tweak func(*Config)) (*Server, *prometheus.Registry, func() error) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := KubeletAPIConfig{
-		Client: w.cp.Client, Credentials: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}},
+	cfg := Config{
+		Client: w.cp.Client, Credentials: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}},
 		Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
-		Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, nil)), Metrics: reg,
+		Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, nil)), Metrics: reg,
 	}
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	api, err := NewKubeletAPI(cfg)
+	api, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func (w *kubeletCAWorld) start(t *testing.T, tweak func(*KubeletAPIConfig)) (*Ku
 // served against the CA it was started with. nil when the request came
 // through to api, which answered it (404: the pod's namespace is not
 // offloaded; the API server passes on the code, not the message).
-func (w *kubeletCAWorld) logsThroughAPIServer(t *testing.T, api *KubeletAPI) error {
+func (w *kubeletCAWorld) logsThroughAPIServer(t *testing.T, api *Server) error {
 	served := api.m.requests.WithLabelValues("containerLogs", kubeletResultNotFound)
 	before := testutil.ToFloat64(served)
 	body, err := w.cp.Client.CoreV1().Pods(appsNS).GetLogs(caWorldPod, &corev1.PodLogOptions{Container: "server"}).DoRaw(t.Context())
@@ -141,7 +141,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 	}
 
 	// The agent restarted, with a serving certificate of 3 s.
-	api, reg, _ := w.start(t, func(c *KubeletAPIConfig) { c.ServingLifetime = 3 * time.Second })
+	api, reg, _ := w.start(t, func(c *Config) { c.ServingLifetime = 3 * time.Second })
 	if err := w.logsThroughAPIServer(t, api); err != nil {
 		t.Fatalf("after a restart: %v", err)
 	}
@@ -149,7 +149,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := hex.EncodeToString(first.AuthorityKeyId), w.ca.Id(); got != want {
+	if got, want := hex.EncodeToString(first.AuthorityKeyId), w.ca.ID(); got != want {
 		t.Errorf("after a restart the serving certificate is signed by %s, want the CA kept, %s", got, want)
 	}
 	eventually.Within(t, 30*time.Second, "the serving certificate renewed, and the API server reaching the kubelet API with it", func() error {
@@ -175,7 +175,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(after.Data[certs.CaCertKey]) != string(before.Data[certs.CaCertKey]) || after.ResourceVersion != before.ResourceVersion {
+	if string(after.Data[certs.CACertKey]) != string(before.Data[certs.CACertKey]) || after.ResourceVersion != before.ResourceVersion {
 		t.Errorf("the CA Secret changed across restarts and renewals (resourceVersion %s, was %s)", after.ResourceVersion, before.ResourceVersion)
 	}
 	if err := api.Ready(); err != nil {
@@ -188,7 +188,7 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 // then refused.
 func TestKubeletAPIRevokedAfterTTL(t *testing.T) {
 	w := newKubeletCAWorld(t)
-	api, _, _ := w.start(t, func(c *KubeletAPIConfig) { c.AuthorizedTTL = 2 * time.Second })
+	api, _, _ := w.start(t, func(c *Config) { c.AuthorizedTTL = 2 * time.Second })
 	ctx := t.Context()
 	dave := clusterClientCert(t, w.cp, "dave")
 	binding := offloadtest.GrantNodesProxy(t, w.cp, "kubelet-logs", "dave", "get")
@@ -227,11 +227,11 @@ func TestKubeletAPIRotatesItsCA(t *testing.T) {
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
 	createNamespace(t, cp, testAgentNamespace)
 	addr := freeLoopback(t)
-	api, err := NewKubeletAPI(KubeletAPIConfig{
-		Client: cp.Client, Credentials: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}},
+	api, err := NewServer(Config{
+		Client: cp.Client, Credentials: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}},
 		Address: addr.Addr(), Port: addr.Port(), AgentNamespace: testAgentNamespace,
 		CALifetime: 15 * time.Second, ServingLifetime: 3 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, nil)),
+		Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestKubeletAPIRotatesItsCA(t *testing.T) {
 		if s.Labels["app.kubernetes.io/managed-by"] != "flotilla" {
 			t.Fatalf("the CA Secret is not labelled as ours: %v", s.Labels)
 		}
-		return s.Data[certs.CaCertKey]
+		return s.Data[certs.CACertKey]
 	}
 	seen := offloadtest.NewRotationSeen(t, offloadtest.BundleIDs(t, secretBundle()))
 	for conns := 1; ; conns++ {

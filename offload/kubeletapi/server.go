@@ -37,7 +37,7 @@ import (
 const DefaultKubeletAPIPort = 10260
 
 // KubeletAPIConfig is what a KubeletAPI needs.
-type KubeletAPIConfig struct {
+type Config struct {
 	// Client reaches the local API server: pods, NamespaceOffloads and
 	// virtual nodes (read), the client CA ConfigMap (watched),
 	// SubjectAccessReviews (created).
@@ -75,11 +75,11 @@ type KubeletAPIConfig struct {
 // the credential the provider granted. It authenticates and authorizes
 // like a kubelet: a client certificate of the cluster's client CA, and
 // nodes/proxy on the pod's node by SubjectAccessReview.
-type KubeletAPI struct {
-	cfg      KubeletAPIConfig
+type Server struct {
+	cfg      Config
 	log      *slog.Logger
 	m        *kubeletAPIMetrics
-	certs    *certs.CaStore
+	certs    *certs.CAStore
 	clientCA *clientCA
 	authz    *authCache
 	serving  atomic.Bool // listening, for Ready
@@ -98,7 +98,7 @@ type KubeletAPI struct {
 
 // NewKubeletAPI checks cfg and prepares a KubeletAPI; Run serves, with
 // certificates of its own CAs, kept in a Secret.
-func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
+func NewServer(cfg Config) (*Server, error) {
 	if cfg.Client == nil || cfg.Credentials == nil {
 		return nil, errors.New("kubelet API: the local client and the credentials are required")
 	}
@@ -126,9 +126,9 @@ func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 		return nil, fmt.Errorf("kubelet API: %w", err)
 	}
 	log := cfg.Logger.With("component", "kubelet-api")
-	k := &KubeletAPI{
+	k := &Server{
 		cfg: cfg, log: log, m: newKubeletAPIMetrics(cfg.Metrics),
-		certs: certs.NewCAStore(certs.CaStoreConfig{
+		certs: certs.NewCAStore(certs.CAStoreConfig{
 			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: KubeletCASecret,
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
@@ -151,11 +151,11 @@ func NewKubeletAPI(cfg KubeletAPIConfig) (*KubeletAPI, error) {
 // Run has them: what an API server that verifies its kubelets
 // (--kubelet-certificate-authority) must trust for the virtual nodes. It
 // is the ca.crt of Secret KubeletCASecret as well.
-func (k *KubeletAPI) CA() []byte { return k.certs.Bundle() }
+func (k *Server) CA() []byte { return k.certs.Bundle() }
 
 // Ready says whether the kubelet API serves with a valid certificate,
 // for the agent's /readyz.
-func (k *KubeletAPI) Ready() error {
+func (k *Server) Ready() error {
 	if !k.serving.Load() {
 		return errors.New("kubelet API: not serving yet")
 	}
@@ -163,12 +163,12 @@ func (k *KubeletAPI) Ready() error {
 }
 
 // Addr is where the kubelet API listens.
-func (k *KubeletAPI) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
+func (k *Server) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
 
 // Run watches the client CA and the virtual nodes, serves until ctx ends,
 // renewing the serving certificate on the way, and returns once every
 // request it served has ended.
-func (k *KubeletAPI) Run(ctx context.Context) error {
+func (k *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	caInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
@@ -264,7 +264,7 @@ func (k *KubeletAPI) Run(ctx context.Context) error {
 
 // loadCertificates reads the CAs from their Secret and issues the first
 // serving certificate, retrying until it can; false when ctx ended first.
-func (k *KubeletAPI) loadCertificates(ctx context.Context) bool {
+func (k *Server) loadCertificates(ctx context.Context) bool {
 	retry := time.Second
 	for {
 		err := k.certs.Load(ctx)
@@ -291,7 +291,7 @@ func (k *KubeletAPI) loadCertificates(ctx context.Context) bool {
 // renewCertificates rotates the CAs and renews the serving certificate
 // when due and when the virtual nodes change, until ctx ends or the
 // server stops.
-func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error) error {
+func (k *Server) renewCertificates(ctx context.Context, served <-chan error) error {
 	retry, failing := time.Second, false
 	for {
 		next := k.certs.WakeAt()
@@ -336,7 +336,7 @@ func (k *KubeletAPI) renewCertificates(ctx context.Context, served <-chan error)
 
 // waitSynced waits for the informers, saying once if they take long: the
 // agent may lack the rights to read the client CA.
-func (k *KubeletAPI) waitSynced(ctx context.Context, synced ...toolscache.InformerSynced) bool {
+func (k *Server) waitSynced(ctx context.Context, synced ...toolscache.InformerSynced) bool {
 	start := time.Now()
 	warned := false
 	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -364,7 +364,7 @@ func nodeNameAndLabels(obj any) (any, error) {
 }
 
 // virtualNodeNames are the names of the virtual nodes of this cluster.
-func (k *KubeletAPI) virtualNodeNames() []string {
+func (k *Server) virtualNodeNames() []string {
 	list, err := k.nodeLister().List(labels.Everything())
 	if err != nil {
 		return nil
@@ -376,7 +376,7 @@ func (k *KubeletAPI) virtualNodeNames() []string {
 	return names
 }
 
-func (k *KubeletAPI) nodeLister() corelisters.NodeLister {
+func (k *Server) nodeLister() corelisters.NodeLister {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.nodes
@@ -384,7 +384,7 @@ func (k *KubeletAPI) nodeLister() corelisters.NodeLister {
 
 // providerOf is the provider a virtual node stands for; false when node
 // is not one of this cluster's virtual nodes.
-func (k *KubeletAPI) providerOf(node string) (string, bool) {
+func (k *Server) providerOf(node string) (string, bool) {
 	provider, ok := strings.CutPrefix(node, offload.VirtualNodePrefix)
 	if !ok || identity.ValidateClusterID(provider) != nil {
 		return "", false
@@ -397,7 +397,7 @@ func (k *KubeletAPI) providerOf(node string) (string, bool) {
 }
 
 // begin counts a request being served; false once Run is stopping.
-func (k *KubeletAPI) begin() bool {
+func (k *Server) begin() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closing {

@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -57,7 +56,7 @@ type kubeletWorld struct {
 
 	ca   *certs.CertAuthority
 	addr netip.AddrPort // the kubelet API's, the virtual node's
-	api  *KubeletAPI
+	api  *Server
 	stop func() error // stops api, returns what its Run did
 	logs *syncbuf.Buffer
 	reg  *prometheus.Registry
@@ -117,7 +116,7 @@ func (w *kubeletWorld) grant(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
-		if _, err := federation.Kubectl(w.prov, "apply", "--server-side", "-f", filepath.Join("..", "deploy", f)); err != nil {
+		if _, err := federation.Kubectl(w.prov, "apply", "--server-side", "-f", offloadtest.DeployFile(f)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -187,10 +186,10 @@ func (w *kubeletWorld) virtualNode(t *testing.T) {
 
 // newAPI is the kubelet API of the virtual node, as the agent makes it
 // at each start; its metrics go to a registry of its own, w.reg.
-func (w *kubeletWorld) newAPI(t *testing.T) *KubeletAPI {
+func (w *kubeletWorld) newAPI(t *testing.T) *Server {
 	t.Helper()
 	w.reg = prometheus.NewRegistry()
-	api, err := NewKubeletAPI(KubeletAPIConfig{
+	api, err := NewServer(Config{
 		Client: w.cons.Client, Credentials: w.credentials(), Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
 		Logger: slog.New(slog.NewJSONHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: w.reg,
 	})
@@ -201,7 +200,7 @@ func (w *kubeletWorld) newAPI(t *testing.T) *KubeletAPI {
 }
 
 func (w *kubeletWorld) credentials() remote.Credentials {
-	return &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{w.provider: {
+	return &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{w.provider: {
 		Config: w.credential(),
 		Grant:  grant.Grant{Provider: w.provider, Serial: 1, Server: w.prov.Config.Host, Namespace: w.tenant, ExpiresAt: time.Now().Add(time.Hour)},
 	}}}
@@ -235,7 +234,7 @@ func (w *kubeletWorld) start(t *testing.T) {
 
 // runKubeletAPI runs api until the test ends, or stop, and returns once
 // it serves; stop returns what Run returned.
-func runKubeletAPI(t *testing.T, api *KubeletAPI) (stop func() error) {
+func runKubeletAPI(t *testing.T, api *Server) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

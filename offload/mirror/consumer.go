@@ -25,7 +25,7 @@ import (
 )
 
 // MirrorConsumerConfig is what a MirrorConsumer needs.
-type MirrorConsumerConfig struct {
+type ConsumerConfig struct {
 	// Config reaches the local API server (NamespaceOffloads, Peers).
 	Config      *rest.Config
 	Credentials remote.Credentials
@@ -49,8 +49,8 @@ type MirrorConsumerConfig struct {
 // agent does, or refuses. Level-triggered: one reconcile per local
 // namespace, from the local objects, the Peers and each provider's
 // requests as its watch holds them.
-type MirrorConsumer struct {
-	cfg   MirrorConsumerConfig
+type Consumer struct {
+	cfg   ConsumerConfig
 	log   *slog.Logger
 	local cache.Cache
 	write client.Client
@@ -74,7 +74,7 @@ const mirrorWorkers = 2
 
 // NewMirrorConsumer checks cfg and prepares a MirrorConsumer; Run starts
 // it.
-func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Config == nil || cfg.Credentials == nil {
 		return nil, errors.New("namespace offloading: the local REST config and the credentials are required")
 	}
@@ -99,7 +99,7 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("namespace offloading: client: %w", err)
 	}
-	mc := &MirrorConsumer{
+	mc := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "namespace-offload"),
 		local: local, write: write,
 		m:      newOffloadMetrics(cfg.Metrics),
@@ -123,7 +123,7 @@ func NewMirrorConsumer(cfg MirrorConsumerConfig) (*MirrorConsumer, error) {
 // Run watches NamespaceOffloads and Peers and reconciles until ctx ends;
 // it returns once every goroutine it started (the provider watches too)
 // has.
-func (mc *MirrorConsumer) Run(ctx context.Context) error {
+func (mc *Consumer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -167,7 +167,7 @@ func (mc *MirrorConsumer) Run(ctx context.Context) error {
 }
 
 // reconcileKey brings the provider watches in line, or one namespace.
-func (mc *MirrorConsumer) reconcileKey(ctx context.Context, key string) (time.Duration, error) {
+func (mc *Consumer) reconcileKey(ctx context.Context, key string) (time.Duration, error) {
 	if key == syncProviders {
 		return 0, mc.syncWatches(ctx)
 	}
@@ -177,10 +177,10 @@ func (mc *MirrorConsumer) reconcileKey(ctx context.Context, key string) (time.Du
 
 // Offloads reads the NamespaceOffloads from the controller's cache, for
 // the agent's dashboard; it answers once Run has started the cache.
-func (mc *MirrorConsumer) Offloads() client.Reader { return mc.local }
+func (mc *Consumer) Offloads() client.Reader { return mc.local }
 
 // offloadEvents queues the namespace of a NamespaceOffload that changed.
-func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
+func (mc *Consumer) offloadEvents() toolscache.ResourceEventHandler {
 	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			mc.queue.Add(o.GetNamespace())
@@ -191,7 +191,7 @@ func (mc *MirrorConsumer) offloadEvents() toolscache.ResourceEventHandler {
 // namespaceEvents queues a namespace whose LabelOffloaded is set or
 // changes: the label is ours, put back or taken off as its
 // NamespaceOffloads say.
-func (mc *MirrorConsumer) namespaceEvents() toolscache.ResourceEventHandler {
+func (mc *Consumer) namespaceEvents() toolscache.ResourceEventHandler {
 	label := func(obj any) (string, bool) {
 		m, ok := obj.(metav1.Object)
 		if !ok {
@@ -220,7 +220,7 @@ func (mc *MirrorConsumer) namespaceEvents() toolscache.ResourceEventHandler {
 // when a Peer comes or goes, or its labels or credential change: what a
 // selector picks and what can be reached follow from them. Other status
 // changes (the peering's) are not ours.
-func (mc *MirrorConsumer) peerEvents() toolscache.ResourceEventHandler {
+func (mc *Consumer) peerEvents() toolscache.ResourceEventHandler {
 	all := func() {
 		mc.queue.Add(syncProviders)
 		mc.queueOffloaded()
@@ -242,7 +242,7 @@ func (mc *MirrorConsumer) peerEvents() toolscache.ResourceEventHandler {
 }
 
 // queueOffloaded queues every namespace with a NamespaceOffload.
-func (mc *MirrorConsumer) queueOffloaded() {
+func (mc *Consumer) queueOffloaded() {
 	var list v1alpha1.NamespaceOffloadList
 	if err := mc.local.List(context.Background(), &list); err != nil {
 		return // the cache is not started: its own events follow
@@ -255,7 +255,7 @@ func (mc *MirrorConsumer) queueOffloaded() {
 // providerChanged is told when a provider's watch syncs, changes
 // reachability or sees a request change; it queues the namespaces
 // concerned.
-func (mc *MirrorConsumer) providerChanged(namespaces []string, all bool) {
+func (mc *Consumer) providerChanged(namespaces []string, all bool) {
 	if all {
 		mc.queueOffloaded()
 	}
@@ -269,7 +269,7 @@ func (mc *MirrorConsumer) providerChanged(namespaces []string, all bool) {
 // syncWatches keeps a watch on the requests of every provider whose
 // credential this cluster holds; one restarted when its grant is
 // renewed, stopped when the credential goes.
-func (mc *MirrorConsumer) syncWatches(ctx context.Context) error {
+func (mc *Consumer) syncWatches(ctx context.Context) error {
 	var peers v1alpha1.PeerList // names only: uncopied (namespaceWatches.sync)
 	if err := mc.local.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Peers: %w", err)
@@ -307,7 +307,7 @@ func newOffloadMetrics(reg prometheus.Registerer) *offloadMetrics {
 
 // setPhase counts namespace ns under phase p ("" when it is no longer
 // offloaded).
-func (mc *MirrorConsumer) setPhase(ns string, p v1alpha1.OffloadPhase) {
+func (mc *Consumer) setPhase(ns string, p v1alpha1.OffloadPhase) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
 	old, had := mc.phases[ns]

@@ -46,7 +46,7 @@ type clusterState struct {
 
 // reconcile brings namespace ns's requests on every provider and its
 // NamespaceOffload's status in line.
-func (mc *MirrorConsumer) reconcile(ctx context.Context, ns string) error {
+func (mc *Consumer) reconcile(ctx context.Context, ns string) error {
 	if err := mc.syncWatches(ctx); err != nil {
 		mc.log.Debug("a provider watch did not start", "err", err)
 	}
@@ -101,7 +101,7 @@ var namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")
 // markOffloaded sets LabelOffloaded on namespace ns, or removes it: the
 // placement webhook's namespaceSelector sends the pods of labelled
 // namespaces only. A namespace that is gone needs nothing.
-func (mc *MirrorConsumer) markOffloaded(ctx context.Context, ns string, offloaded bool) error {
+func (mc *Consumer) markOffloaded(ctx context.Context, ns string, offloaded bool) error {
 	var n corev1.Namespace
 	err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, &n)
 	switch {
@@ -131,7 +131,7 @@ func (mc *MirrorConsumer) markOffloaded(ctx context.Context, ns string, offloade
 
 // offload writes o's requests where its selector points, deletes the
 // others, and sums up the answers in its status.
-func (mc *MirrorConsumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) error {
+func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) error {
 	if !controllerutil.ContainsFinalizer(o, v1alpha1.FinalizerOffload) {
 		patched := o.DeepCopy()
 		controllerutil.AddFinalizer(patched, v1alpha1.FinalizerOffload)
@@ -172,7 +172,7 @@ func (mc *MirrorConsumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffl
 
 // ensureRequest makes the request for remote on provider say what it
 // should, and tells where that provider stands.
-func (mc *MirrorConsumer) ensureRequest(ctx context.Context, provider, name, ns, remote string) (clusterState, error) {
+func (mc *Consumer) ensureRequest(ctx context.Context, provider, name, ns, remote string) (clusterState, error) {
 	_, g, err := mc.cfg.Credentials.Credential(provider)
 	if err != nil {
 		return clusterState{reason: ReasonNotGranted, message: err.Error()}, nil
@@ -260,7 +260,7 @@ func answerOf(r *v1alpha1.NamespaceRequest, name string) clusterState {
 // deleteUnwanted deletes the requests mirroring ns that are not wanted
 // (a provider no longer selected, a name no longer chosen) on every
 // provider watched and answering.
-func (mc *MirrorConsumer) deleteUnwanted(ctx context.Context, ns string, wanted map[string]string) error {
+func (mc *Consumer) deleteUnwanted(ctx context.Context, ns string, wanted map[string]string) error {
 	var errs []error
 	for id, w := range mc.watches.all() {
 		if synced, err := w.state(); !synced || err != nil {
@@ -290,7 +290,7 @@ func (w *providerWatch) delete(ctx context.Context, r *v1alpha1.NamespaceRequest
 // provider, what is still there (nothing: every provider's watch answers
 // and holds none). Providers whose credential is gone are not asked:
 // revoking removed everything there.
-func (mc *MirrorConsumer) removeRequests(ctx context.Context, ns string) (map[string]clusterState, error) {
+func (mc *Consumer) removeRequests(ctx context.Context, ns string) (map[string]clusterState, error) {
 	left := map[string]clusterState{}
 	var errs []error
 	for id, w := range mc.watches.all() {
@@ -315,7 +315,7 @@ func (mc *MirrorConsumer) removeRequests(ctx context.Context, ns string) (map[st
 
 // terminate removes ns's requests everywhere, then the finalizers of the
 // NamespaceOffloads being deleted.
-func (mc *MirrorConsumer) terminate(ctx context.Context, ns string, deleting []*v1alpha1.NamespaceOffload) error {
+func (mc *Consumer) terminate(ctx context.Context, ns string, deleting []*v1alpha1.NamespaceOffload) error {
 	left, err := mc.removeRequests(ctx, ns)
 	if err != nil {
 		return err
@@ -348,7 +348,7 @@ func (mc *MirrorConsumer) terminate(ctx context.Context, ns string, deleting []*
 	return mc.writeStatus(ctx, o, st)
 }
 
-func (mc *MirrorConsumer) removeFinalizer(ctx context.Context, o *v1alpha1.NamespaceOffload) error {
+func (mc *Consumer) removeFinalizer(ctx context.Context, o *v1alpha1.NamespaceOffload) error {
 	if !controllerutil.ContainsFinalizer(o, v1alpha1.FinalizerOffload) {
 		return nil
 	}
@@ -364,7 +364,7 @@ func (mc *MirrorConsumer) removeFinalizer(ctx context.Context, o *v1alpha1.Names
 
 // markDuplicate says in o's status that acting, the oldest in the
 // namespace, is the one followed.
-func (mc *MirrorConsumer) markDuplicate(ctx context.Context, o, acting *v1alpha1.NamespaceOffload) error {
+func (mc *Consumer) markDuplicate(ctx context.Context, o, acting *v1alpha1.NamespaceOffload) error {
 	peers, err := mc.selectedPeers(ctx, o.Spec.ClusterSelector)
 	if err != nil {
 		return err
@@ -386,7 +386,7 @@ func (mc *MirrorConsumer) markDuplicate(ctx context.Context, o, acting *v1alpha1
 // selectedPeers are the Peers sel picks; with no selector, every Peer
 // that granted this cluster offloading (its OffloadCredential condition
 // exists).
-func (mc *MirrorConsumer) selectedPeers(ctx context.Context, sel *metav1.LabelSelector) ([]v1alpha1.Peer, error) {
+func (mc *Consumer) selectedPeers(ctx context.Context, sel *metav1.LabelSelector) ([]v1alpha1.Peer, error) {
 	var list v1alpha1.PeerList
 	if err := mc.local.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("list Peers: %w", err)
@@ -464,7 +464,7 @@ func (cs clusterState) condition(generation int64) metav1.Condition {
 
 // writeStatus writes st into o's status when it says something new,
 // keeping each condition's transition time while its status holds.
-func (mc *MirrorConsumer) writeStatus(ctx context.Context, o *v1alpha1.NamespaceOffload, st v1alpha1.NamespaceOffloadStatus) error {
+func (mc *Consumer) writeStatus(ctx context.Context, o *v1alpha1.NamespaceOffload, st v1alpha1.NamespaceOffloadStatus) error {
 	for i := range st.Clusters {
 		old := offload.FindCluster(o.Status.Clusters, st.Clusters[i].ClusterID)
 		if old == nil {

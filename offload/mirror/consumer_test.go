@@ -77,7 +77,7 @@ func TestMirrorConsumer(t *testing.T) {
 		// controller has no resync or polling interval.
 		p1.AnswerAsProvider(t, remote, v1alpha1.RequestCreated, "Created", "")
 		o = e.WaitStatus(t, "shop", "Ready", offloadenv.PhaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
-		if o.Status.Clusters[0].RemoteNamespace != remote || o.Status.Clusters[0].ClusterID != p1.Id {
+		if o.Status.Clusters[0].RemoteNamespace != remote || o.Status.Clusters[0].ClusterID != p1.ID {
 			t.Errorf("cluster status %+v", o.Status.Clusters[0])
 		}
 		// The placement webhook's namespaceSelector.
@@ -89,7 +89,7 @@ func TestMirrorConsumer(t *testing.T) {
 		// offloaded; put on a namespace that is not, it goes.
 		e.RemoveOffloadedLabel(t, "shop")
 		e.WaitOffloadedLabel(t, "shop", true)
-		if err := e.Lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain", Labels: map[string]string{offload.LabelOffloaded: "true"}}}); err != nil {
+		if err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain", Labels: map[string]string{offload.LabelOffloaded: "true"}}}); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitOffloadedLabel(t, "plain", false)
@@ -113,11 +113,11 @@ func TestMirrorConsumer(t *testing.T) {
 	})
 
 	t.Run("ProviderNoLongerSelected", func(t *testing.T) {
-		e.SetLabels(t, p2.Id, map[string]string{"region": "a"})
+		e.SetLabels(t, p2.ID, map[string]string{"region": "a"})
 		remote, _ := offload.RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.Self)
 		p2.WaitRequest(t, "shop", remote)
 		e.WaitStatus(t, "shop", "p2 selected", offloadenv.PhaseIs(v1alpha1.OffloadInProgress, map[string]string{"p1": "Created", "p2": mirror.ReasonPending}))
-		e.SetLabels(t, p2.Id, map[string]string{"region": "b"})
+		e.SetLabels(t, p2.ID, map[string]string{"region": "b"})
 		eventually.Within(t, 30*time.Second, "p2's request deleted", func() error {
 			if rs := p2.Requests(t, "shop"); len(rs) != 0 {
 				return fmt.Errorf("requests %v", offloadenv.RequestNames(rs))
@@ -144,12 +144,12 @@ func TestMirrorConsumer(t *testing.T) {
 		}
 		// Deleting waits for the unreachable provider, until it no longer
 		// grants: revoking removed everything there.
-		if err := e.Lc.Delete(t.Context(), o); err != nil {
+		if err := e.LocalAdmin.Delete(t.Context(), o); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitStatus(t, "far", "Terminating", offloadenv.PhaseIs(v1alpha1.OffloadTerminating, map[string]string{"far": mirror.ReasonUnreachable}))
 		e.Creds.Drop(far)
-		if err := e.Lc.Delete(t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: far}}); err != nil {
+		if err := e.LocalAdmin.Delete(t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: far}}); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitGone(t, "far")
@@ -157,7 +157,7 @@ func TestMirrorConsumer(t *testing.T) {
 
 	t.Run("DeletionRemovesRemoteNamespacesFirst", func(t *testing.T) {
 		remote, _ := offload.RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.Self)
-		if err := e.Lc.Delete(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "offload"}}); err != nil {
+		if err := e.LocalAdmin.Delete(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "offload"}}); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitStatus(t, "shop", "Terminating", offloadenv.PhaseIs(v1alpha1.OffloadTerminating, map[string]string{"p1": mirror.ReasonDeleting}))
@@ -191,7 +191,7 @@ func TestMirrorConsumer(t *testing.T) {
 		e.WaitStatus(t, "again", "Ready", offloadenv.PhaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
 		stop()
 		// While it is down, p2 comes to match.
-		e.SetLabels(t, p2.Id, map[string]string{"region": "a"})
+		e.SetLabels(t, p2.ID, map[string]string{"region": "a"})
 		stop = e.Start(top)
 		p2.WaitRequest(t, "again", remote)
 		p2.AnswerAsProvider(t, remote, v1alpha1.RequestCreated, "Created", "")
@@ -205,7 +205,7 @@ func TestMirrorConsumer(t *testing.T) {
 		e.Offload(t, "again", "second", v1alpha1.NamespaceOffloadSpec{NamespaceMapping: v1alpha1.MappingSameName})
 		eventually.Within(t, 30*time.Second, "the second says it is ignored", func() error {
 			var o v1alpha1.NamespaceOffload
-			if err := e.Lc.Get(t.Context(), client.ObjectKey{Namespace: "again", Name: "second"}, &o); err != nil {
+			if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Namespace: "again", Name: "second"}, &o); err != nil {
 				return err
 			}
 			if err := offloadenv.PhaseIs(v1alpha1.OffloadAllFailed, map[string]string{"p1": mirror.ReasonDuplicate, "p2": mirror.ReasonDuplicate})(&o); err != nil {

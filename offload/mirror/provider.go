@@ -52,7 +52,7 @@ const (
 const DefaultMirrorResync = 10 * time.Second
 
 // MirrorProviderConfig is what a MirrorProvider needs.
-type MirrorProviderConfig struct {
+type ProviderConfig struct {
 	// Config reaches this cluster's API server with the agent's
 	// credentials: NamespaceRequests (every namespace) and our namespaces
 	// are watched with it.
@@ -82,8 +82,8 @@ type MirrorProviderConfig struct {
 // their rights and the grant's quota, and deletes those no request wants.
 // Level-triggered: one reconcile per consumer, from its requests, its
 // namespaces and its grant; a restart converges without duplicates.
-type MirrorProvider struct {
-	cfg    MirrorProviderConfig
+type Provider struct {
+	cfg    ProviderConfig
 	log    *slog.Logger
 	cache  cache.Cache
 	client client.Client
@@ -98,7 +98,7 @@ type MirrorProvider struct {
 
 // NewMirrorProvider checks cfg and prepares a MirrorProvider; Run starts
 // it.
-func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
+func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	if cfg.Config == nil || cfg.Tenants == nil || cfg.Grants == nil {
 		return nil, errors.New("mirror provider: API server config, tenants and grants are required")
 	}
@@ -128,7 +128,7 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 			return nil, fmt.Errorf("mirror provider: client: %w", err)
 		}
 	}
-	m := &MirrorProvider{
+	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
 		m:       newMirrorMetrics(),
 		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{},
@@ -158,7 +158,7 @@ func NewMirrorProvider(cfg MirrorProviderConfig) (*MirrorProvider, error) {
 
 // GrantChanged has consumer looked at again now (a grant given, changed
 // or revoked). It never blocks.
-func (m *MirrorProvider) GrantChanged(consumer string) {
+func (m *Provider) GrantChanged(consumer string) {
 	if identity.ValidateClusterID(consumer) == nil {
 		m.queue.Add(consumer)
 	}
@@ -166,7 +166,7 @@ func (m *MirrorProvider) GrantChanged(consumer string) {
 
 // Run watches and reconciles until ctx ends; it returns once everything
 // it started has stopped.
-func (m *MirrorProvider) Run(ctx context.Context) error {
+func (m *Provider) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -189,7 +189,7 @@ func (m *MirrorProvider) Run(ctx context.Context) error {
 }
 
 // events enqueues the consumer an object belongs to.
-func (m *MirrorProvider) events(consumerOf func(metav1.Object) string) toolscache.ResourceEventHandler {
+func (m *Provider) events(consumerOf func(metav1.Object) string) toolscache.ResourceEventHandler {
 	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(metav1.Object); ok {
 			if c := consumerOf(o); c != "" {
@@ -201,7 +201,7 @@ func (m *MirrorProvider) events(consumerOf func(metav1.Object) string) toolscach
 
 // requestConsumer is the consumer whose tenant namespace holds a request;
 // requests elsewhere are ignored, with a log line once per namespace.
-func (m *MirrorProvider) requestConsumer(o metav1.Object) string {
+func (m *Provider) requestConsumer(o metav1.Object) string {
 	ns := o.GetNamespace()
 	if c, ok := strings.CutPrefix(ns, offload.TenantPrefix); ok && identity.ValidateClusterID(c) == nil {
 		return c
@@ -232,7 +232,7 @@ type answer struct {
 
 // reconcile answers every request of consumer's, deletes the namespaces
 // of requests being deleted, and those no request wants.
-func (m *MirrorProvider) reconcile(ctx context.Context, consumer string) (time.Duration, error) {
+func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duration, error) {
 	var tenant corev1.Namespace
 	tenantOurs := false
 	if err := m.cache.Get(ctx, client.ObjectKey{Name: offload.TenantNamespace(consumer)}, &tenant); err == nil {
@@ -341,7 +341,7 @@ func (m *MirrorProvider) reconcile(ctx context.Context, consumer string) (time.D
 
 // held reports whether a request being deleted still holds ns: release
 // deletes it and then lets the request go.
-func (m *MirrorProvider) held(requests []v1alpha1.NamespaceRequest, ns *corev1.Namespace) bool {
+func (m *Provider) held(requests []v1alpha1.NamespaceRequest, ns *corev1.Namespace) bool {
 	for _, r := range requests {
 		if r.Name == ns.Name && r.DeletionTimestamp != nil && slices.Contains(r.Finalizers, v1alpha1.FinalizerRequest) {
 			return true
@@ -358,7 +358,7 @@ const mirrorActing = 8
 // on it (act), with the namespace of its name that is the consumer's (nil:
 // none yet). count is the consumer's namespaces so far. mirrored is the
 // namespace of that name mirrored for the consumer, if any.
-func (m *MirrorProvider) decide(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, mirrored *corev1.Namespace, limits grant.Limits, granted bool, count *int64) (a answer, ns *corev1.Namespace, act bool, err error) {
+func (m *Provider) decide(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, mirrored *corev1.Namespace, limits grant.Limits, granted bool, count *int64) (a answer, ns *corev1.Namespace, act bool, err error) {
 	src := r.Spec.SourceNamespace
 	switch {
 	case !granted:
@@ -399,7 +399,7 @@ func (m *MirrorProvider) decide(ctx context.Context, consumer string, r *v1alpha
 // act creates the namespace of a request decide let through (ns: the
 // consumer's namespace of that name, nil when there is none yet), or
 // brings its objects to the grant's limits.
-func (m *MirrorProvider) act(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, ns *corev1.Namespace, limits grant.Limits) (answer, error) {
+func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, ns *corev1.Namespace, limits grant.Limits) (answer, error) {
 	src := r.Spec.SourceNamespace
 	if err := m.addFinalizer(ctx, r); err != nil {
 		return answer{v1alpha1.RequestPending, ReasonPending, "retrying"}, err
@@ -441,7 +441,7 @@ func createdMessage(ns, consumer string) string {
 
 // release deletes a deleted request's namespace and, once it is gone,
 // lets the request go.
-func (m *MirrorProvider) release(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest) error {
+func (m *Provider) release(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest) error {
 	if !slices.Contains(r.Finalizers, v1alpha1.FinalizerRequest) {
 		return nil
 	}
@@ -464,7 +464,7 @@ func (m *MirrorProvider) release(ctx context.Context, consumer string, r *v1alph
 	return nil
 }
 
-func (m *MirrorProvider) addFinalizer(ctx context.Context, r *v1alpha1.NamespaceRequest) error {
+func (m *Provider) addFinalizer(ctx context.Context, r *v1alpha1.NamespaceRequest) error {
 	if slices.Contains(r.Finalizers, v1alpha1.FinalizerRequest) {
 		return nil
 	}
@@ -477,7 +477,7 @@ func (m *MirrorProvider) addFinalizer(ctx context.Context, r *v1alpha1.Namespace
 }
 
 // writeStatus patches a's status onto r when it says something else.
-func (m *MirrorProvider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest, a answer) error {
+func (m *Provider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest, a answer) error {
 	want := v1alpha1.NamespaceRequestStatus{Phase: a.phase, Reason: a.reason, Message: a.message, ObservedGeneration: r.Generation}
 	if r.Status == want {
 		return nil
@@ -499,7 +499,7 @@ func (m *MirrorProvider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceR
 
 // countNamespaces sets the gauge from the cache, and forgets what was
 // applied to namespaces gone.
-func (m *MirrorProvider) countNamespaces(ctx context.Context) {
+func (m *Provider) countNamespaces(ctx context.Context) {
 	var list corev1.NamespaceList
 	if err := m.cache.List(ctx, &list, client.MatchingLabelsSelector{Selector: offload.MirroredSelector("")}); err != nil {
 		return

@@ -37,10 +37,10 @@ type mirrorSuite struct {
 	admin   client.Client
 	tenants *tenancy.Tenants
 	grants  *offloadtest.Grants
-	cfg     MirrorProviderConfig
-	top     *testing.T      // the controller's lifetime
-	first   *MirrorProvider // the first controller and the last
-	last    *MirrorProvider
+	cfg     ProviderConfig
+	top     *testing.T // the controller's lifetime
+	first   *Provider  // the first controller and the last
+	last    *Provider
 	stop    func() // stops the running controller
 }
 
@@ -62,10 +62,10 @@ func TestMirrorProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &mirrorSuite{cp: cp, admin: admin, tenants: tenants, grants: &offloadtest.Grants{M: map[string]grant.Limits{}}, top: t}
-	s.cfg = MirrorProviderConfig{
+	s := &mirrorSuite{cp: cp, admin: admin, tenants: tenants, grants: &offloadtest.Grants{Limits: map[string]grant.Limits{}}, top: t}
+	s.cfg = ProviderConfig{
 		Config: agent, Tenants: tenants, Grants: s.grants, AgentNamespace: "flotilla-system",
-		Resync: time.Second, Shared: offloadtest.StartSharedCache(t, agent, nil), Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, nil)),
+		Resync: time.Second, Shared: offloadtest.StartSharedCache(t, agent, nil), Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, nil)),
 	}
 	s.start()
 
@@ -94,7 +94,7 @@ func (s *mirrorSuite) start() {
 	t := s.top
 	cfg := s.cfg
 	cfg.Metrics = prometheus.NewRegistry()
-	m, err := NewMirrorProvider(cfg)
+	m, err := NewProvider(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func (s *mirrorSuite) testRefused(t *testing.T) {
 func (s *mirrorSuite) testNotGranted(t *testing.T) {
 	c := s.newConsumer(t, grant.Limits{})
 	s.grants.Mu.Lock()
-	delete(s.grants.M, c.id)
+	delete(s.grants.Limits, c.id)
 	s.grants.Mu.Unlock()
 	name := remoteName(t, "shop", c.id)
 	c.request(t, name, "shop")

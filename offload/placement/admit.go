@@ -22,7 +22,7 @@ import (
 const maxReviewBytes = 8 << 20
 
 // ServeHTTP answers the API server's AdmissionReviews (v1).
-func (w *PlacementWebhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(rw, "POST an AdmissionReview (admission.k8s.io/v1)", http.StatusMethodNotAllowed)
 		return
@@ -70,7 +70,7 @@ func podName(req *admissionv1.AdmissionRequest) string {
 }
 
 // admit places the pod of req and says what became of it.
-func (w *PlacementWebhook) admit(ctx context.Context, req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, string) {
+func (w *Webhook) admit(ctx context.Context, req *admissionv1.AdmissionRequest) (*admissionv1.AdmissionResponse, string) {
 	allowed := &admissionv1.AdmissionResponse{Allowed: true}
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.Operation != admissionv1.Create || req.SubResource != "" {
 		return allowed, resultAdmitted // the configuration sends nothing else
@@ -110,7 +110,7 @@ func denied(code int32, reason metav1.StatusReason, message string) *admissionv1
 
 // input gathers what placement needs from the watches: the acting
 // NamespaceOffload of ns, the Nodes and the Peers' labels.
-func (w *PlacementWebhook) input(ctx context.Context, ns string, pod *corev1.Pod) (placementInput, error) {
+func (w *Webhook) input(ctx context.Context, ns string, pod *corev1.Pod) (placementInput, error) {
 	in := placementInput{pod: pod, namespace: ns}
 	var offloads v1alpha1.NamespaceOffloadList
 	if err := w.cache.List(ctx, &offloads, client.InNamespace(ns)); err != nil {

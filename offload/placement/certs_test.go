@@ -25,7 +25,7 @@ import (
 func TestCARotationSchedule(t *testing.T) {
 	year := certs.DefaultWebhookCALifetime
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cas, changed, err := certs.CaSet(nil).Rotated("test", start, year)
+	cas, changed, err := certs.CASet(nil).Rotated("test", start, year)
 	if err != nil || !changed || len(cas) != 1 {
 		t.Fatalf("first CA: %d CAs, changed %v, %v", len(cas), changed, err)
 	}
@@ -78,8 +78,8 @@ func TestServingCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cas := certs.CaSet{old, fresh}
-	published := map[string]time.Time{old.Id(): {}, fresh.Id(): now}
+	cas := certs.CASet{old, fresh}
+	published := map[string]time.Time{old.ID(): {}, fresh.ID(): now}
 	if s := cas.Signer(published, now.Add(30*time.Second), time.Minute); s != old {
 		t.Errorf("a CA published 30 s ago signs; want the old one until a minute has passed")
 	}
@@ -95,7 +95,7 @@ func TestServingCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf := s.Tls.Leaf
+	leaf := s.TLS.Leaf
 	if !leaf.NotAfter.Equal(old.Cert.NotAfter) {
 		t.Errorf("serving certificate until %s, past its CA's %s", leaf.NotAfter, old.Cert.NotAfter)
 	}
@@ -125,26 +125,26 @@ func TestCASecretEncoding(t *testing.T) {
 	now := time.Now()
 	a, _ := certs.NewCA("test", now, time.Hour)
 	b, _ := certs.NewCA("test", now, 2*time.Hour)
-	data, err := certs.CaSet{a, b}.Encode()
+	data, err := certs.CASet{a, b}.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
 	back, err := certs.DecodeCAs(data)
-	if err != nil || len(back) != 2 || back[0].Id() != a.Id() || back[1].Id() != b.Id() || !back[1].Key.Equal(b.Key) {
+	if err != nil || len(back) != 2 || back[0].ID() != a.ID() || back[1].ID() != b.ID() || !back[1].Key.Equal(b.Key) {
 		t.Fatalf("decoded %d CAs, %v", len(back), err)
 	}
-	swapped, _ := certs.CaSet{b, a}.Encode()
+	swapped, _ := certs.CASet{b, a}.Encode()
 	leaf, _ := certs.IssueServing(a, "test", []string{"192.0.2.7"}, now, time.Minute)
 	for name, tc := range map[string]struct {
 		data map[string][]byte
 		want string
 	}{
 		"empty":                 {map[string][]byte{}, "0 certificates and 0 keys"},
-		"a key missing":         {map[string][]byte{certs.CaCertKey: data[certs.CaCertKey], certs.CaKeyKey: swapped[certs.CaKeyKey][:bytes.Index(swapped[certs.CaKeyKey][1:], []byte("-----BEGIN"))+1]}, "2 certificates and 1 keys"},
-		"keys of other CAs":     {map[string][]byte{certs.CaCertKey: data[certs.CaCertKey], certs.CaKeyKey: swapped[certs.CaKeyKey]}, "key 1 is not the key of certificate 1"},
-		"not PEM":               {map[string][]byte{certs.CaCertKey: []byte("hello"), certs.CaKeyKey: data[certs.CaKeyKey]}, "not PEM"},
-		"a key as a cert":       {map[string][]byte{certs.CaCertKey: data[certs.CaKeyKey], certs.CaKeyKey: data[certs.CaKeyKey]}, "PRIVATE KEY, want CERTIFICATE"},
-		"a serving certificate": {map[string][]byte{certs.CaCertKey: pemCert(leaf.Tls.Leaf), certs.CaKeyKey: data[certs.CaKeyKey][:bytes.Index(data[certs.CaKeyKey][1:], []byte("-----BEGIN"))+1]}, "not a CA"},
+		"a key missing":         {map[string][]byte{certs.CACertKey: data[certs.CACertKey], certs.CAKeyKey: swapped[certs.CAKeyKey][:bytes.Index(swapped[certs.CAKeyKey][1:], []byte("-----BEGIN"))+1]}, "2 certificates and 1 keys"},
+		"keys of other CAs":     {map[string][]byte{certs.CACertKey: data[certs.CACertKey], certs.CAKeyKey: swapped[certs.CAKeyKey]}, "key 1 is not the key of certificate 1"},
+		"not PEM":               {map[string][]byte{certs.CACertKey: []byte("hello"), certs.CAKeyKey: data[certs.CAKeyKey]}, "not PEM"},
+		"a key as a cert":       {map[string][]byte{certs.CACertKey: data[certs.CAKeyKey], certs.CAKeyKey: data[certs.CAKeyKey]}, "PRIVATE KEY, want CERTIFICATE"},
+		"a serving certificate": {map[string][]byte{certs.CACertKey: pemCert(leaf.TLS.Leaf), certs.CAKeyKey: data[certs.CAKeyKey][:bytes.Index(data[certs.CAKeyKey][1:], []byte("-----BEGIN"))+1]}, "not a CA"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := certs.DecodeCAs(tc.data)
@@ -156,21 +156,21 @@ func TestCASecretEncoding(t *testing.T) {
 }
 
 func pemCert(c *x509.Certificate) []byte {
-	return certs.CaSet{{Cert: c}}.Bundle()
+	return certs.CASet{{Cert: c}}.Bundle()
 }
 
 // Lifetimes that would let a CA go before what it signed are refused.
 func TestCertLifetimesValidate(t *testing.T) {
 	for _, l := range []certs.CertLifetimes{
-		{Ca: time.Hour, Serving: 30 * time.Minute, Publish: time.Minute},
-		{Ca: time.Hour, Serving: 10 * time.Minute, Publish: 20 * time.Minute},
-		{Ca: 0, Serving: time.Minute, Publish: time.Second},
+		{CA: time.Hour, Serving: 30 * time.Minute, Publish: time.Minute},
+		{CA: time.Hour, Serving: 10 * time.Minute, Publish: 20 * time.Minute},
+		{CA: 0, Serving: time.Minute, Publish: time.Second},
 	} {
 		if err := l.Validate(); err == nil {
 			t.Errorf("lifetimes %+v accepted", l)
 		}
 	}
-	if err := (certs.CertLifetimes{Ca: certs.DefaultWebhookCALifetime, Serving: certs.DefaultWebhookServingLifetime, Publish: certs.DefaultWebhookCAPublishDelay}).Validate(); err != nil {
+	if err := (certs.CertLifetimes{CA: certs.DefaultWebhookCALifetime, Serving: certs.DefaultWebhookServingLifetime, Publish: certs.DefaultWebhookCAPublishDelay}).Validate(); err != nil {
 		t.Errorf("defaults: %v", err)
 	}
 }
@@ -179,7 +179,7 @@ func TestCertLifetimesValidate(t *testing.T) {
 // anything is read from the cluster.
 func TestPlacementWebhookRefusesBadReviews(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	w, err := NewPlacementWebhook(PlacementWebhookConfig{
+	w, err := NewWebhook(WebhookConfig{
 		Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg,
 	})
@@ -207,7 +207,7 @@ func TestPlacementWebhookRefusesBadReviews(t *testing.T) {
 // are refused before anything starts.
 func TestPlacementWebhookConfigRefused(t *testing.T) {
 	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
-	for name, c := range map[string]PlacementWebhookConfig{
+	for name, c := range map[string]WebhookConfig{
 		"no address":          {Config: cfg, AgentNamespace: "x"},
 		"unspecified address": {Config: cfg, Address: mustAddr("0.0.0.0"), AgentNamespace: "x"},
 		"no namespace":        {Config: cfg, Address: mustAddr("192.0.2.7")},
@@ -215,18 +215,18 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 		"URL with a query":    {Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "https://agent.example/placement?x=1"},
 		"short serving CA":    {Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", CALifetime: time.Hour},
 	} {
-		if _, err := NewPlacementWebhook(c); err == nil {
+		if _, err := NewWebhook(c); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	w, err := NewPlacementWebhook(PlacementWebhookConfig{Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "https://agent.example:8443/placement"})
+	w, err := NewWebhook(WebhookConfig{Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "https://agent.example:8443/placement"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if w.url != "https://agent.example:8443/placement" || strings.Join(w.hosts, ",") != "192.0.2.7,agent.example" {
 		t.Errorf("url %s, certificate names %v", w.url, w.hosts)
 	}
-	w, _ = NewPlacementWebhook(PlacementWebhookConfig{Config: cfg, Address: mustAddr("fd00::7"), AgentNamespace: "x"})
+	w, _ = NewWebhook(WebhookConfig{Config: cfg, Address: mustAddr("fd00::7"), AgentNamespace: "x"})
 	if w.url != "https://[fd00::7]:9443/placement" {
 		t.Errorf("url %s", w.url)
 	}
@@ -238,19 +238,19 @@ func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 // whose keys match their certificates, or an error; it never panics.
 func FuzzDecodeCAs(f *testing.F) {
 	a, _ := certs.NewCA("test", time.Now(), time.Hour)
-	data, _ := certs.CaSet{a}.Encode()
-	f.Add(data[certs.CaCertKey], data[certs.CaKeyKey])
-	f.Add([]byte("hello"), data[certs.CaKeyKey])
-	f.Add(data[certs.CaKeyKey], data[certs.CaCertKey])
+	data, _ := certs.CASet{a}.Encode()
+	f.Add(data[certs.CACertKey], data[certs.CAKeyKey])
+	f.Add([]byte("hello"), data[certs.CAKeyKey])
+	f.Add(data[certs.CAKeyKey], data[certs.CACertKey])
 	f.Add([]byte{}, []byte{})
 	f.Fuzz(func(t *testing.T, pems, keys []byte) {
-		cas, err := certs.DecodeCAs(map[string][]byte{certs.CaCertKey: pems, certs.CaKeyKey: keys})
+		cas, err := certs.DecodeCAs(map[string][]byte{certs.CACertKey: pems, certs.CAKeyKey: keys})
 		if err != nil {
 			return
 		}
 		for _, ca := range cas {
 			if !ca.Cert.IsCA || !ca.Key.PublicKey.Equal(ca.Cert.PublicKey) {
-				t.Fatalf("CA %s accepted without being a CA with its key", ca.Id())
+				t.Fatalf("CA %s accepted without being a CA with its key", ca.ID())
 			}
 		}
 	})
@@ -261,23 +261,23 @@ func FuzzDecodeCAs(f *testing.F) {
 // days, so an operator has months to copy the new bundle into
 // --kubelet-certificate-authority.
 func TestKubeletCASchedule(t *testing.T) {
-	l := kubeletapi.KubeletLifetimes(kubeletapi.KubeletAPIConfig{})
+	l := kubeletapi.KubeletLifetimes(kubeletapi.Config{})
 	if err := l.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cas, _, err := certs.CaSet(nil).Rotated("test", start, l.Ca)
+	cas, _, err := certs.CASet(nil).Rotated("test", start, l.CA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := cas[0]
-	rotate := cas.RotateAt(l.Ca)
-	cas, _, err = cas.Rotated("test", rotate.Add(time.Second), l.Ca)
+	rotate := cas.RotateAt(l.CA)
+	cas, _, err = cas.Rotated("test", rotate.Add(time.Second), l.CA)
 	if err != nil || len(cas) != 2 {
 		t.Fatalf("at the rotation: %d CAs, %v", len(cas), err)
 	}
 	fresh := cas[1]
-	published := map[string]time.Time{old.Id(): old.Made(), fresh.Id(): fresh.Made()}
+	published := map[string]time.Time{old.ID(): old.Made(), fresh.ID(): fresh.Made()}
 	switchAt := fresh.Made().Add(l.Publish)
 	if s := cas.Signer(published, switchAt.Add(-time.Second), l.Publish); s != old {
 		t.Errorf("the new CA signs %s before the old one can no longer cover a serving certificate", time.Second)

@@ -38,7 +38,7 @@ import (
 )
 
 // PlacementWebhookConfig is what a PlacementWebhook needs.
-type PlacementWebhookConfig struct {
+type WebhookConfig struct {
 	// Config reaches the local API server.
 	Config *rest.Config
 	// Address is where the API server reaches the agent (the gateway
@@ -70,8 +70,8 @@ type PlacementWebhookConfig struct {
 // pods of offloaded namespaces (placement.go): it serves HTTPS with a
 // certificate of its own CA and keeps the MutatingWebhookConfiguration,
 // the CA Secret and the certificates current.
-type PlacementWebhook struct {
-	cfg      PlacementWebhookConfig
+type Webhook struct {
+	cfg      WebhookConfig
 	log      *slog.Logger
 	url      string
 	hosts    []string // what the serving certificate names
@@ -80,7 +80,7 @@ type PlacementWebhook struct {
 	cache    cache.Cache
 	live     client.Reader // uncached: a NamespaceOffload the cache has not seen yet
 	requests *prometheus.CounterVec
-	certs    *certs.CaStore
+	certs    *certs.CAStore
 	changed  chan struct{} // the configuration changed on the API server
 	serving  atomic.Bool   // listening, for Ready
 
@@ -101,7 +101,7 @@ const (
 
 // NewPlacementWebhook checks cfg and prepares a PlacementWebhook; Run
 // serves it.
-func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) {
+func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if cfg.Config == nil {
 		return nil, errors.New("placement webhook: the local REST config is required")
 	}
@@ -117,9 +117,9 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	l := certs.CertLifetimes{Ca: certs.DefaultWebhookCALifetime, Serving: certs.DefaultWebhookServingLifetime, Publish: certs.DefaultWebhookCAPublishDelay}
+	l := certs.CertLifetimes{CA: certs.DefaultWebhookCALifetime, Serving: certs.DefaultWebhookServingLifetime, Publish: certs.DefaultWebhookCAPublishDelay}
 	if cfg.CALifetime > 0 {
-		l.Ca = cfg.CALifetime
+		l.CA = cfg.CALifetime
 	}
 	if cfg.ServingLifetime > 0 {
 		l.Serving = cfg.ServingLifetime
@@ -130,7 +130,7 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("placement webhook: %w", err)
 	}
-	w := &PlacementWebhook{
+	w := &Webhook{
 		cfg: cfg, log: cfg.Logger.With("component", "placement-webhook"),
 		url:     "https://" + netip.AddrPortFrom(cfg.Address, cfg.Port).String() + placementPath,
 		hosts:   []string{cfg.Address.String()},
@@ -150,7 +150,7 @@ func NewPlacementWebhook(cfg PlacementWebhookConfig) (*PlacementWebhook, error) 
 	if w.kube, err = kubernetes.NewForConfig(cfg.Config); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
-	w.certs = certs.NewCAStore(certs.CaStoreConfig{
+	w.certs = certs.NewCAStore(certs.CAStoreConfig{
 		Kube: w.kube, Namespace: cfg.AgentNamespace, Secret: PlacementCASecret,
 		Name: "flotilla placement webhook", Component: "placement_webhook", Lifetimes: l, Log: w.log,
 	})
@@ -228,7 +228,7 @@ func nameAndLabelsOnly(obj any) (any, error) {
 // it returns once every goroutine it started has. The configuration
 // stays when it returns: an agent restarting (an upgrade) must not let
 // pods through unplaced meanwhile; DeletePlacementWebhook removes it.
-func (w *PlacementWebhook) Run(ctx context.Context) error {
+func (w *Webhook) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -341,7 +341,7 @@ func (w *PlacementWebhook) Run(ctx context.Context) error {
 // load reads the CAs from their Secret (a restarted agent keeps serving
 // what the API server trusts) and notes which of them the configuration
 // already carries.
-func (w *PlacementWebhook) load(ctx context.Context) error {
+func (w *Webhook) load(ctx context.Context) error {
 	if err := w.certs.Load(ctx); err != nil {
 		return err
 	}
@@ -361,7 +361,7 @@ func (w *PlacementWebhook) load(ctx context.Context) error {
 
 // sync brings the CAs, the serving certificate and the configuration in
 // line with now.
-func (w *PlacementWebhook) sync(ctx context.Context, now time.Time) error {
+func (w *Webhook) sync(ctx context.Context, now time.Time) error {
 	if _, err := w.certs.Sync(ctx, now); err != nil {
 		return err
 	}
@@ -371,7 +371,7 @@ func (w *PlacementWebhook) sync(ctx context.Context, now time.Time) error {
 // syncConfig applies the configuration when its caBundle or owner
 // changed, or when the API server's copy did (someone edited or deleted
 // it): server-side apply puts back what is ours.
-func (w *PlacementWebhook) syncConfig(ctx context.Context, now time.Time) error {
+func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 	owner, err := offloadCRDUID(ctx, w.meta)
 	if err != nil {
 		return fmt.Errorf("placement webhook: %w", err)
@@ -392,7 +392,7 @@ func (w *PlacementWebhook) syncConfig(ctx context.Context, now time.Time) error 
 
 // Ready says whether the webhook serves with a valid certificate, for
 // the agent's /readyz.
-func (w *PlacementWebhook) Ready() error {
+func (w *Webhook) Ready() error {
 	if !w.serving.Load() {
 		return errors.New("placement webhook: not serving yet")
 	}
@@ -400,7 +400,7 @@ func (w *PlacementWebhook) Ready() error {
 }
 
 // noteError logs an error of sync once per change.
-func (w *PlacementWebhook) noteError(err error) {
+func (w *Webhook) noteError(err error) {
 	switch {
 	case err == nil && w.lastErr != "":
 		w.lastErr = ""

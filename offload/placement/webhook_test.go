@@ -44,7 +44,7 @@ type placementEnv struct {
 	agentNS  string
 	logs     *logRecorder
 	registry *prometheus.Registry
-	webhook  *PlacementWebhook // the one started last
+	webhook  *Webhook // the one started last
 	port     uint16
 	addr     netip.Addr
 }
@@ -139,9 +139,9 @@ func (r *logRecorder) admissions(ns string) []string {
 
 // start runs a placement webhook with the lifetimes of tweak until the
 // returned stop is called (or the test ends).
-func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) (stop func()) {
+func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop func()) {
 	t.Helper()
-	cfg := PlacementWebhookConfig{
+	cfg := WebhookConfig{
 		Config: e.cp.Config, Address: e.addr, Port: e.port, AgentNamespace: e.agentNS,
 		Shared:  offloadtest.StartSharedCache(t, e.cp.Config, nil),
 		Logger:  slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -150,7 +150,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*PlacementWebhookConfig)) 
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	w, err := NewPlacementWebhook(cfg)
+	w, err := NewWebhook(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +453,7 @@ func TestPlacementWebhook(t *testing.T) {
 	t.Run("AnUnusableCASecretIsReplaced", func(t *testing.T) {
 		before := e.bundle(t)
 		stop()
-		patch := fmt.Appendf(nil, `{"data":{%q:%q}}`, certs.CaKeyKey, "bm90IGEga2V5")
+		patch := fmt.Appendf(nil, `{"data":{%q:%q}}`, certs.CAKeyKey, "bm90IGEga2V5")
 		if _, err := e.kube.CoreV1().Secrets(e.agentNS).Patch(t.Context(), PlacementCASecret, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -573,7 +573,7 @@ func wantRefusal(t *testing.T, err error, parts ...string) {
 func TestPlacementWebhookRotatesItsCA(t *testing.T) {
 	e := newPlacementEnv(t)
 	e.offloadNamespace(t, "remote", v1alpha1.PodsRemote, e.a)
-	e.start(t, func(c *PlacementWebhookConfig) {
+	e.start(t, func(c *WebhookConfig) {
 		c.CALifetime, c.ServingLifetime, c.CAPublishDelay = 30*time.Second, 9*time.Second, 3*time.Second
 	})
 	e.waitActive(t, "remote")
@@ -612,7 +612,7 @@ func (e *placementEnv) secretCAs(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return offloadtest.BundleIDs(t, s.Data[certs.CaCertKey])
+	return offloadtest.BundleIDs(t, s.Data[certs.CACertKey])
 }
 
 // servedIssuer is the authority key ID of the certificate the webhook

@@ -78,7 +78,7 @@ func benchmarkPodOffload(b *testing.B, pods int) {
 		app := fmt.Sprintf("bench-%d", round)
 		lags := map[string]*dto.Histogram{lagPod: e.lagHistogram(b, lagPod), lagPodStatus: e.lagHistogram(b, lagPodStatus)}
 		start := time.Now()
-		if _, err := e.Local.Client.AppsV1().Deployments("bench").Create(b.Context(), benchDeployment(app, e.P.Id, pods), metav1.CreateOptions{}); err != nil {
+		if _, err := e.Local.Client.AppsV1().Deployments("bench").Create(b.Context(), benchDeployment(app, e.Provider.ID, pods), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		r := watch.wait(b, app, pods)
@@ -204,7 +204,7 @@ func watchBenchPods(b *testing.B, e *podsEnv, remoteNS string) *benchWatch {
 		here   bool
 		client kubernetes.Interface
 		ns     string
-	}{{true, e.Local.Client, "bench"}, {false, e.P.Cp.Client, remoteNS}} {
+	}{{true, e.Local.Client, "bench"}, {false, e.Provider.CP.Client, remoteNS}} {
 		factory := informers.NewSharedInformerFactoryWithOptions(side.client, 0, informers.WithNamespace(side.ns))
 		inf := factory.Core().V1().Pods().Informer()
 		handlers := toolscache.ResourceEventHandlerFuncs{AddFunc: see(side.here), UpdateFunc: func(_, obj any) { see(side.here)(obj) }}
@@ -305,7 +305,7 @@ func (e *podsEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 	// Every pod reconciled from both API servers, nothing written: the
 	// queue drains to empty.
 	eventually.Within(b, 5*time.Minute, "the restarted reflector settles", func() error {
-		pp := e.reflector().provider(e.P.Id)
+		pp := e.reflector().provider(e.Provider.ID)
 		if pp == nil || !pp.localSynced.Load() {
 			return fmt.Errorf("not listed yet")
 		}
@@ -335,7 +335,7 @@ func (e *podsEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 // lagHistogram is the running reflector's flotilla_reflection_lag_seconds
 // of kind (empty when it has none).
 func (e *podsEnv) lagHistogram(b *testing.B, kind string) *dto.Histogram {
-	m := metricOf(b, e.registry, "flotilla_reflection_lag_seconds", map[string]string{"kind": kind, "peer": e.P.Id})
+	m := metricOf(b, e.registry, "flotilla_reflection_lag_seconds", map[string]string{"kind": kind, "peer": e.Provider.ID})
 	if m == nil {
 		return &dto.Histogram{}
 	}
@@ -397,7 +397,7 @@ func (e *podsEnv) removeDeployment(b *testing.B, app, remoteNS string) {
 		if err != nil {
 			return err
 		}
-		there, err := e.P.Cp.Client.CoreV1().Pods(remoteNS).List(b.Context(), metav1.ListOptions{LabelSelector: sel})
+		there, err := e.Provider.CP.Client.CoreV1().Pods(remoteNS).List(b.Context(), metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			return err
 		}

@@ -28,7 +28,7 @@ import (
 // it was bound to has no credential any more.
 func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 	e := newPodsEnv(t, offloadenv.PodEnvOptions{Kubelets: 1})
-	oldID, newID := e.P.Id, e.SecondIdentity(t)
+	oldID, newID := e.Provider.ID, e.SecondIdentity(t)
 	newNode := offloadenv.KeepVirtualNodeReady(t, e.Local, newID)
 	e.startReflector(t, 0, true)
 
@@ -61,11 +61,11 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 				t.Fatalf("no remote pod for %s just after it was reflected: deleted by the other identity's reflector?", name)
 			}
 		}
-		list, err := e.P.Cp.Client.CoreV1().Pods(remoteNS).List(t.Context(), metav1.ListOptions{})
+		list, err := e.Provider.CP.Client.CoreV1().Pods(remoteNS).List(t.Context(), metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := e.P.Cp.Client.CoreV1().Pods(remoteNS).Watch(t.Context(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+		w, err := e.Provider.CP.Client.CoreV1().Pods(remoteNS).Watch(t.Context(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +74,7 @@ func TestPodReflectorTwoIdentitiesOfOneProvider(t *testing.T) {
 		// the label: judged by its local pod, on the old node, it is
 		// left to the old identity's reflector.
 		unlabel := fmt.Appendf(nil, `{"metadata":{"labels":{%q:null}}}`, offload.LabelProvider)
-		if _, err := e.P.Cp.Client.CoreV1().Pods(remoteNS).Patch(t.Context(), "on-old", types.MergePatchType, unlabel, metav1.PatchOptions{}); err != nil {
+		if _, err := e.Provider.CP.Client.CoreV1().Pods(remoteNS).Patch(t.Context(), "on-old", types.MergePatchType, unlabel, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		// The witness that both reflectors acted since: each canary,
@@ -180,12 +180,12 @@ func watchUntilMarker(t *testing.T, e *podsEnv, w watch.Interface, ns string) []
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "marker"},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
 	}
-	made, err := e.P.Cp.Client.CoreV1().Pods(ns).Create(t.Context(), marker, metav1.CreateOptions{})
+	made, err := e.Provider.CP.Client.CoreV1().Pods(ns).Create(t.Context(), marker, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		if err := e.P.Cp.Client.CoreV1().Pods(ns).Delete(t.Context(), "marker", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		if err := e.Provider.CP.Client.CoreV1().Pods(ns).Delete(t.Context(), "marker", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 			t.Error(err)
 		}
 	}()

@@ -12,7 +12,7 @@ type podMetrics struct {
 	errors *prometheus.CounterVec
 }
 
-func newPodMetrics(reg prometheus.Registerer, r *PodReflector) (*podMetrics, error) {
+func newPodMetrics(reg prometheus.Registerer, r *Reflector) (*podMetrics, error) {
 	m := &podMetrics{
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "flotilla_reflection_lag_seconds",
@@ -36,7 +36,7 @@ func newPodMetrics(reg prometheus.Registerer, r *PodReflector) (*podMetrics, err
 var offloadedPodsDesc = prometheus.NewDesc("flotilla_offloaded_pods",
 	"Pods of this cluster bound to a provider's virtual node, by provider and the phase shown here.", []string{"peer", "phase"}, nil)
 
-type offloadedPods struct{ r *PodReflector }
+type offloadedPods struct{ r *Reflector }
 
 func (c offloadedPods) Describe(ch chan<- *prometheus.Desc) { ch <- offloadedPodsDesc }
 

@@ -23,7 +23,7 @@ import (
 // bound to pp's virtual node stands for it: it is deleted when the
 // consumer pod it stands for is gone, and left to the reflector of the
 // virtual node that pod is bound to when it is not.
-func (r *PodReflector) orphan(ctx context.Context, pp *podProvider, key podKey, remote *corev1.Pod) error {
+func (r *Reflector) orphan(ctx context.Context, pp *podProvider, key podKey, remote *corev1.Pod) error {
 	if remote.Labels[offload.LabelProvider] == pp.id {
 		// Made for our virtual node, whose pods our informer holds.
 		return r.deleteRemote(ctx, pp, key, remote, nil)
@@ -60,7 +60,7 @@ func (r *PodReflector) orphan(ctx context.Context, pp *podProvider, key podKey, 
 
 // servedElsewhere reports whether the consumer pod of origin o is bound
 // to the virtual node of another provider this reflector serves.
-func (r *PodReflector) servedElsewhere(pp *podProvider, key podKey, o origin) bool {
+func (r *Reflector) servedElsewhere(pp *podProvider, key podKey, o origin) bool {
 	for _, q := range r.providers.Snapshot() {
 		if q == pp || !q.localSynced.Load() {
 			continue
@@ -74,7 +74,7 @@ func (r *PodReflector) servedElsewhere(pp *podProvider, key podKey, o origin) bo
 
 // servedElsewhereFor reports whether remote, made for another identity
 // than pp's, stands for a live local pod on that identity's virtual node.
-func (r *PodReflector) servedElsewhereFor(pp *podProvider, key podKey, remote *corev1.Pod) bool {
+func (r *Reflector) servedElsewhereFor(pp *podProvider, key podKey, remote *corev1.Pod) bool {
 	if remote.Labels[offload.LabelProvider] == pp.id {
 		return false
 	}
@@ -85,7 +85,7 @@ func (r *PodReflector) servedElsewhereFor(pp *podProvider, key podKey, remote *c
 // queueSiblings queues the pods of the providers served through the same
 // API server and tenant as pp, which stopped: the remote pods they left
 // to it are theirs to look at again.
-func (r *PodReflector) queueSiblings(pp *podProvider) {
+func (r *Reflector) queueSiblings(pp *podProvider) {
 	for _, q := range r.providers.Snapshot() {
 		if q != pp && q.server == pp.server && q.tenant == pp.tenant {
 			q.queueAll()

@@ -29,7 +29,7 @@ import (
 // namespaces it has rights in), and the clients with its credential.
 type podProvider struct {
 	id, node string
-	r        *PodReflector
+	r        *Reflector
 	log      *slog.Logger
 	recorder record.EventRecorder
 	// What the watches were started against: a new token alone does not
@@ -62,7 +62,7 @@ type remoteNamespace struct {
 	done        sync.WaitGroup
 }
 
-func (r *PodReflector) startProvider(id string, c remote.ProviderCredential) (*podProvider, error) {
+func (r *Reflector) startProvider(id string, c remote.ProviderCredential) (*podProvider, error) {
 	client, watchClient, err := remote.ProviderClients(id, r.cfg.Credentials, c.Config)
 	if err != nil {
 		return nil, fmt.Errorf("clients for %s at %s: %w", id, c.Grant.Server, err)

@@ -45,7 +45,7 @@ type placement struct {
 
 // reconcile brings one local pod and its remote pod in line, from what
 // the informers hold.
-func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
+func (r *Reflector) reconcile(ctx context.Context, key podKey) error {
 	pp := r.provider(key.provider)
 	if pp == nil {
 		return nil // no credential from it: its pods are left as they are
@@ -116,7 +116,7 @@ func (r *PodReflector) reconcile(ctx context.Context, key podKey) error {
 // offloaded. A NamespaceOffload being deleted offloads nothing any more;
 // one whose pods stay Local names its namespace there but offloads no
 // new pod.
-func (r *PodReflector) mirrorOf(ctx context.Context, ns, provider string) (placement, error) {
+func (r *Reflector) mirrorOf(ctx context.Context, ns, provider string) (placement, error) {
 	var list v1alpha1.NamespaceOffloadList
 	if err := r.local.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return placement{}, fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
@@ -176,7 +176,7 @@ func sameOrigin(remote, local *corev1.Pod) bool {
 // create makes local's pod on the provider. The cache holds local
 // without its spec (localPodTransform): the whole pod is read here, from
 // etcd (a watch cache behind ours would not have it yet).
-func (r *PodReflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
+func (r *Reflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
 	whole, err := r.kube.CoreV1().Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -202,7 +202,7 @@ func (r *PodReflector) create(ctx context.Context, pp *podProvider, key podKey, 
 // ours, the watch is behind and its event follows; an older pod's of
 // that name, it is deleted (then ours is made); anybody else's, it is
 // left alone and the local pod says so.
-func (r *PodReflector) nameTaken(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
+func (r *Reflector) nameTaken(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
 	there, err := pp.client.CoreV1().Pods(ns).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -231,7 +231,7 @@ func (r *PodReflector) nameTaken(ctx context.Context, pp *podProvider, key podKe
 
 // deleteRemote deletes remote, the very pod read (UID precondition);
 // grace is the local pod's grace period when it is being deleted.
-func (r *PodReflector) deleteRemote(ctx context.Context, pp *podProvider, key podKey, remote *corev1.Pod, grace *int64) error {
+func (r *Reflector) deleteRemote(ctx context.Context, pp *podProvider, key podKey, remote *corev1.Pod, grace *int64) error {
 	uid := remote.UID
 	err := pp.client.CoreV1().Pods(remote.Namespace).Delete(ctx, remote.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
@@ -250,7 +250,7 @@ func (r *PodReflector) deleteRemote(ctx context.Context, pp *podProvider, key po
 // finishDeletion deletes local's remote pod with local's grace period
 // and, once it is gone, local itself (with grace 0, as a kubelet confirms
 // its containers stopped).
-func (r *PodReflector) finishDeletion(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, m placement, remote *corev1.Pod, known bool) error {
+func (r *Reflector) finishDeletion(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, m placement, remote *corev1.Pod, known bool) error {
 	if known {
 		if remote != nil {
 			if remote.DeletionTimestamp == nil {
@@ -285,7 +285,7 @@ func (r *PodReflector) finishDeletion(ctx context.Context, pp *podProvider, key 
 }
 
 // confirmDeletion removes local, the very pod read.
-func (r *PodReflector) confirmDeletion(ctx context.Context, key podKey, local *corev1.Pod) error {
+func (r *Reflector) confirmDeletion(ctx context.Context, key podKey, local *corev1.Pod) error {
 	uid := local.UID
 	err := r.kube.CoreV1().Pods(local.Namespace).Delete(ctx, local.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid}})
@@ -298,7 +298,7 @@ func (r *PodReflector) confirmDeletion(ctx context.Context, key podKey, local *c
 }
 
 // reflect writes remote's status, in this cluster's terms, on local.
-func (r *PodReflector) reflect(ctx context.Context, pp *podProvider, key podKey, local, remote *corev1.Pod) error {
+func (r *Reflector) reflect(ctx context.Context, pp *podProvider, key podKey, local, remote *corev1.Pod) error {
 	st, untranslated := reflectedStatus(local, remote, func(a netip.Addr) (netip.Addr, bool) { return r.cfg.Views.Translate(pp.id, a) }, r.cfg.Address)
 	if apiequality.Semantic.DeepEqual(local.Status, st) {
 		return nil
@@ -314,7 +314,7 @@ func (r *PodReflector) reflect(ctx context.Context, pp *podProvider, key podKey,
 // cache holds local without its labels and annotations
 // (localPodTransform), which an update of the whole pod would clear. The
 // resource version read is the precondition, as an update's would be.
-func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev1.Pod, st corev1.PodStatus) error {
+func (r *Reflector) writeStatus(ctx context.Context, key podKey, local *corev1.Pod, st corev1.PodStatus) error {
 	patch, err := json.Marshal([]offload.PatchOp{
 		{Op: "replace", Path: "/metadata/resourceVersion", Value: local.ResourceVersion},
 		{Op: "replace", Path: "/status", Value: st},
@@ -340,7 +340,7 @@ func (r *PodReflector) writeStatus(ctx context.Context, key podKey, local *corev
 
 // refuse fails local, bound to the virtual node of a provider its
 // namespace is not offloaded to, as a kubelet refuses a pod at admission.
-func (r *PodReflector) refuse(ctx context.Context, pp *podProvider, local *corev1.Pod, why string) error {
+func (r *Reflector) refuse(ctx context.Context, pp *podProvider, local *corev1.Pod, why string) error {
 	msg := fmt.Sprintf("pod bound to virtual node %s, but namespace %s is not offloaded to %s (%s): offload the namespace there, or keep the pod off the virtual node",
 		pp.node, local.Namespace, pp.id, why)
 	key := podKey{provider: pp.id, namespace: local.Namespace, name: local.Name}
@@ -354,7 +354,7 @@ func (r *PodReflector) refuse(ctx context.Context, pp *podProvider, local *corev
 
 // waiting says on a pod not started yet what its namespace waits for on
 // the provider.
-func (r *PodReflector) waiting(pp *podProvider, local *corev1.Pod, m placement) {
+func (r *Reflector) waiting(pp *podProvider, local *corev1.Pod, m placement) {
 	if local.Status.Phase != corev1.PodPending && local.Status.Phase != "" {
 		return
 	}
@@ -367,7 +367,7 @@ func (r *PodReflector) waiting(pp *podProvider, local *corev1.Pod, m placement) 
 
 // providerFailed counts a provider's failure and, when it refused the
 // pod (rather than not answering), says so on local with its message.
-func (r *PodReflector) providerFailed(pp *podProvider, local *corev1.Pod, verb string, key podKey, err error) error {
+func (r *Reflector) providerFailed(pp *podProvider, local *corev1.Pod, verb string, key podKey, err error) error {
 	reason := offload.Classify(err)
 	r.m.errors.WithLabelValues(pp.id, reason).Inc()
 	if offload.Refused(reason) {

@@ -38,7 +38,7 @@ const DefaultPodWorkers = 16
 const podFieldManager = "flotilla"
 
 // PodReflectorConfig is what a PodReflector needs.
-type PodReflectorConfig struct {
+type Config struct {
 	// Config reaches the local API server: the pods bound to virtual
 	// nodes, their status and events, NamespaceOffloads and Peers.
 	Config *rest.Config
@@ -70,8 +70,8 @@ type PodReflectorConfig struct {
 // the NamespaceOffload and the remote pod from informers on both sides,
 // never from memory of what it did, so a restart converges without
 // deleting or duplicating anything.
-type PodReflector struct {
-	cfg   PodReflectorConfig
+type Reflector struct {
+	cfg   Config
 	log   *slog.Logger
 	kube  kubernetes.Interface // local writes: status, deletion, events
 	watch kubernetes.Interface // local informers (no timeout)
@@ -99,7 +99,7 @@ type podKey struct {
 func (k podKey) String() string { return k.namespace + "/" + k.name + "@" + k.provider }
 
 // NewPodReflector checks cfg and prepares a PodReflector; Run starts it.
-func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
+func NewReflector(cfg Config) (*Reflector, error) {
 	if cfg.Config == nil || cfg.Credentials == nil || cfg.Views == nil {
 		return nil, errors.New("pod offloading: the local REST config, the credentials and the views are required")
 	}
@@ -130,7 +130,7 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 		return nil, fmt.Errorf("pod offloading: cache: %w", err)
 	}
 	local := offload.WithShared(own, cfg.Peers, offload.SharedNamespaceOffloads)
-	r := &PodReflector{
+	r := &Reflector{
 		cfg: cfg, log: cfg.Logger.With("component", "pod-offload"),
 		kube: kube, watch: watch, local: local,
 		since: map[podKey]time.Time{}, acting: map[podKey]time.Time{},
@@ -154,7 +154,7 @@ func NewPodReflector(cfg PodReflectorConfig) (*PodReflector, error) {
 
 // Run reflects pods until ctx ends; it returns once every goroutine it
 // started (the providers' informers too) has.
-func (r *PodReflector) Run(ctx context.Context) error {
+func (r *Reflector) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	r.events = record.NewBroadcaster(record.WithContext(ctx))
 	var wg sync.WaitGroup
@@ -194,7 +194,7 @@ func (r *PodReflector) Run(ctx context.Context) error {
 }
 
 // reconcilePass reconciles key, timing the changes it acts on.
-func (r *PodReflector) reconcilePass(ctx context.Context, key podKey) (time.Duration, error) {
+func (r *Reflector) reconcilePass(ctx context.Context, key podKey) (time.Duration, error) {
 	r.startPass(key)
 	err := r.reconcile(ctx, key)
 	// Not listed yet: the watch queues the pod once it is, and the time
@@ -209,7 +209,7 @@ func (r *PodReflector) reconcilePass(ctx context.Context, key podKey) (time.Dura
 
 // startPass takes the time of key's first change for the reconcile about
 // to run: a change seen while it runs starts the next one's.
-func (r *PodReflector) startPass(key podKey) {
+func (r *Reflector) startPass(key podKey) {
 	r.changesMu.Lock()
 	defer r.changesMu.Unlock()
 	if t, ok := r.since[key]; ok {
@@ -221,7 +221,7 @@ func (r *PodReflector) startPass(key podKey) {
 // endPass keeps the time of a change not acted on for the next
 // reconcile of key (keep: this one failed, or could not look yet); one
 // that found nothing to do forgets it.
-func (r *PodReflector) endPass(key podKey, keep bool) {
+func (r *Reflector) endPass(key podKey, keep bool) {
 	r.changesMu.Lock()
 	defer r.changesMu.Unlock()
 	t, ok := r.acting[key]
@@ -235,7 +235,7 @@ func (r *PodReflector) endPass(key podKey, keep bool) {
 
 // changed queues key; a change seen live (not an informer's first list)
 // starts its reflection lag.
-func (r *PodReflector) changed(key podKey, initial bool) {
+func (r *Reflector) changed(key podKey, initial bool) {
 	if !initial {
 		r.changesMu.Lock()
 		if _, ok := r.since[key]; !ok {
@@ -256,7 +256,7 @@ const (
 
 // acted records the lag from the first change the reconcile under way
 // acts on to now.
-func (r *PodReflector) acted(kind string, key podKey) {
+func (r *Reflector) acted(kind string, key podKey) {
 	r.changesMu.Lock()
 	t, ok := r.acting[key]
 	delete(r.acting, key)
@@ -279,7 +279,7 @@ func podErrorLevel(err error) slog.Level {
 
 // offloadEvents note the namespace of a NamespaceOffload that changed:
 // its pods are queued once the namespace watches follow the change.
-func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
+func (r *Reflector) offloadEvents() toolscache.ResourceEventHandler {
 	return ctrl.OnEvery(func(obj any) {
 		if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
 			r.providers.OffloadChanged(o.Namespace)
@@ -288,13 +288,13 @@ func (r *PodReflector) offloadEvents() toolscache.ResourceEventHandler {
 }
 
 // provider is the watch of provider's pods, nil when there is none.
-func (r *PodReflector) provider(id string) *podProvider {
+func (r *Reflector) provider(id string) *podProvider {
 	pp, _ := r.providers.Get(id)
 	return pp
 }
 
 // recorder records events on local pods as the virtual node of provider,
 // as a kubelet records them as its node.
-func (r *PodReflector) recorder(provider string) record.EventRecorder {
+func (r *Reflector) recorder(provider string) record.EventRecorder {
 	return r.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "flotilla", Host: offload.VirtualNodeName(provider)})
 }

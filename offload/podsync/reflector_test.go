@@ -35,7 +35,7 @@ import (
 // podsEnv is a podEnv and the PodReflectors a test runs in it.
 type podsEnv struct {
 	*offloadenv.PodEnv
-	reflectors []*PodReflector // every one started, the running one last
+	reflectors []*Reflector // every one started, the running one last
 	registry   *prometheus.Registry
 	stop       func() // stops the running PodReflector
 	// peers is the cache of Peers the reflectors share, as in the agent
@@ -54,7 +54,7 @@ func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	tb.Helper()
 	handler := slog.Handler(slog.DiscardHandler)
 	if logs {
-		handler = slog.NewTextHandler(offloadtest.TestWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})
+		handler = slog.NewTextHandler(offloadtest.LogWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	e.registry = prometheus.NewRegistry()
 	// As the agent's (agent.KubeConfig): no client-side rate limit.
@@ -68,7 +68,7 @@ func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 		offloadtest.RunUntilCleanup(tb, "the cache of Peers", peers.Start)
 		e.peers = offloadtest.StartSharedCache(tb, local, peers)
 	}
-	r, err := NewPodReflector(PodReflectorConfig{
+	r, err := NewReflector(Config{
 		Config: local, Self: e.Self, Credentials: e.Creds, Views: e.Views, Address: offloadtest.VirtualNodeAddress,
 		Logger: slog.New(handler), Metrics: e.registry, Workers: workers, Peers: e.peers,
 	})
@@ -82,7 +82,7 @@ func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 func (e *podsEnv) stopReflector() { e.stop() }
 
 // reflector is the running PodReflector (or the last one).
-func (e *podsEnv) reflector() *PodReflector { return e.reflectors[len(e.reflectors)-1] }
+func (e *podsEnv) reflector() *Reflector { return e.reflectors[len(e.reflectors)-1] }
 
 // podOnVirtualNode is a pod bound to the virtual node with what the
 // placement webhook adds (the toleration), as the scheduler binds it.
@@ -134,7 +134,7 @@ func (e *podsEnv) localPod(tb testing.TB, ns, name string) (*corev1.Pod, bool) {
 // its admin sees them (not through the link).
 func (e *podsEnv) remotePods(tb testing.TB, ns string) map[string]*corev1.Pod {
 	tb.Helper()
-	list, err := e.P.Cp.Client.CoreV1().Pods(ns).List(tb.Context(), metav1.ListOptions{})
+	list, err := e.Provider.CP.Client.CoreV1().Pods(ns).List(tb.Context(), metav1.ListOptions{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func (e *podsEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string)
 // deleteRemote deletes a pod on the provider as its admin, out of band.
 func (e *podsEnv) deleteRemote(tb testing.TB, p *corev1.Pod) {
 	tb.Helper()
-	err := e.P.Cp.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	err := e.Provider.CP.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestPodReflector(t *testing.T) {
 		// pod must wait for it.
 		remote := e.remotePods(t, web)["a"]
 		patch := []byte(`{"metadata":{"finalizers":["test.flotilla.io/hold"]}}`)
-		if _, err := e.P.Cp.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if _, err := e.Provider.CP.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := e.Local.Client.CoreV1().Pods("web").Delete(t.Context(), "a", metav1.DeleteOptions{}); err != nil {
@@ -308,7 +308,7 @@ func TestPodReflector(t *testing.T) {
 			t.Fatalf("the local pod went before the provider's: %v", ok)
 		}
 		patch = []byte(`{"metadata":{"finalizers":null}}`)
-		if _, err := e.P.Cp.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if _, err := e.Provider.CP.Client.CoreV1().Pods(web).Patch(t.Context(), "a", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.waitGonePod(t, web, "a", "there")
@@ -334,7 +334,7 @@ func TestPodReflector(t *testing.T) {
 	})
 
 	t.Run("NotOffloadedNamespaceFails", func(t *testing.T) {
-		if err := e.Lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}); err != nil {
+		if err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}}); err != nil {
 			t.Fatal(err)
 		}
 		p := e.createPods(t, e.podOnVirtualNode("plain", "stray"))[0]
@@ -349,7 +349,7 @@ func TestPodReflector(t *testing.T) {
 			return nil
 		})
 		e.waitEvent(t, p, ReasonNotOffloaded, "plain")
-		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.P.Id, offload.ErrNotOffloaded)); n == 0 {
+		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.Provider.ID, offload.ErrNotOffloaded)); n == 0 {
 			t.Errorf("flotilla_reflection_errors_total{reason=%q} = 0", offload.ErrNotOffloaded)
 		}
 	})
@@ -359,11 +359,11 @@ func TestPodReflector(t *testing.T) {
 		e.createPods(t, e.podOnVirtualNode("local", "before"))
 		_, running := e.waitReflected(t, "local", local, "before")
 		var o v1alpha1.NamespaceOffload
-		if err := e.Lc.Get(t.Context(), client.ObjectKey{Namespace: "local", Name: "offload"}, &o); err != nil {
+		if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Namespace: "local", Name: "offload"}, &o); err != nil {
 			t.Fatal(err)
 		}
 		o.Spec.PodOffloading = v1alpha1.PodsLocal
-		if err := e.Lc.Update(t.Context(), &o); err != nil {
+		if err := e.LocalAdmin.Update(t.Context(), &o); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitStatus(t, "local", "Local observed", func(o *v1alpha1.NamespaceOffload) error {
@@ -385,7 +385,7 @@ func TestPodReflector(t *testing.T) {
 		e.stopReflector()
 		e.startReflector(top, 0, true)
 		eventually.Within(t, 30*time.Second, "the restarted reflector listed the provider", func() error {
-			pp := e.reflector().provider(e.P.Id)
+			pp := e.reflector().provider(e.Provider.ID)
 			if pp == nil || !pp.localSynced.Load() {
 				return errors.New("not yet")
 			}
@@ -422,7 +422,7 @@ func TestPodReflector(t *testing.T) {
 		// Quota admission counts once the quota controller wrote the
 		// quota's status.
 		eventually.Within(t, 60*time.Second, "quota in force", func() error {
-			q, err := e.P.Cp.Client.CoreV1().ResourceQuotas(quota).Get(t.Context(), offload.GrantSecret, metav1.GetOptions{})
+			q, err := e.Provider.CP.Client.CoreV1().ResourceQuotas(quota).Get(t.Context(), offload.GrantSecret, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -435,10 +435,10 @@ func TestPodReflector(t *testing.T) {
 		e.waitReflected(t, "quota", quota, "q1")
 		q2 := e.createPods(t, e.podOnVirtualNode("quota", "q2"))[0]
 		msg := e.waitEvent(t, q2, EventProviderRefused, "exceeded quota")
-		if !strings.Contains(msg, "pods=1") || !strings.Contains(msg, e.P.Id) {
+		if !strings.Contains(msg, "pods=1") || !strings.Contains(msg, e.Provider.ID) {
 			t.Errorf("event %q does not carry the provider's message or name", msg)
 		}
-		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.P.Id, offload.ErrQuota)); n == 0 {
+		if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.Provider.ID, offload.ErrQuota)); n == 0 {
 			t.Errorf("flotilla_reflection_errors_total{reason=%q} = 0", offload.ErrQuota)
 		}
 		// Once the provider grants more, the retries get it there.
@@ -530,7 +530,7 @@ func TestPodReflector(t *testing.T) {
 		e.waitEvent(t, f, EventWaiting, mirror.ReasonUnreachable)
 		// And it goes on failing for a while: a few retries.
 		eventually.Within(t, 60*time.Second, "failed deletes", func() error {
-			if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.P.Id, offload.ErrUnreachable)); n < 6 {
+			if n := testutil.ToFloat64(e.reflector().m.errors.WithLabelValues(e.Provider.ID, offload.ErrUnreachable)); n < 6 {
 				return fmt.Errorf("%v so far", n)
 			}
 			return nil
@@ -574,8 +574,8 @@ func TestPodReflector(t *testing.T) {
 				running++
 			}
 		}
-		peer := map[string]string{"peer": e.P.Id}
-		if m := metricOf(t, e.registry, "flotilla_offloaded_pods", map[string]string{"peer": e.P.Id, "phase": "Running"}); m == nil || int(m.GetGauge().GetValue()) != running {
+		peer := map[string]string{"peer": e.Provider.ID}
+		if m := metricOf(t, e.registry, "flotilla_offloaded_pods", map[string]string{"peer": e.Provider.ID, "phase": "Running"}); m == nil || int(m.GetGauge().GetValue()) != running {
 			t.Errorf("flotilla_offloaded_pods{phase=Running} %v, want %d", m, running)
 		}
 		for _, kind := range []string{lagPod, lagPodStatus} {

@@ -35,7 +35,7 @@ func BenchmarkReflectionLag(b *testing.B) {
 	ctx := b.Context()
 	cms, secrets := e.Local.Client.CoreV1().ConfigMaps(e.ns), e.Local.Client.CoreV1().Secrets(e.ns)
 	svcs, eps := e.Local.Client.CoreV1().Services(e.ns), e.Local.Client.DiscoveryV1().EndpointSlices(e.ns)
-	remote := e.P.Cp.Client
+	remote := e.Provider.CP.Client
 
 	cm, err := cms.Create(ctx, optIn("bench", map[string]string{"v": "-1"}), metav1.CreateOptions{})
 	if err != nil {
@@ -101,7 +101,7 @@ func BenchmarkReflectionLag(b *testing.B) {
 			func(i int) (string, error) {
 				slice.Endpoints[0].Addresses[0] = benchAddress(i)
 				slice, err = eps.Update(ctx, slice, metav1.UpdateOptions{})
-				a, _ := e.Views.AsSeenBy(e.P.Id, netip.MustParseAddr(benchAddress(i)))
+				a, _ := e.Views.AsSeenBy(e.Provider.ID, netip.MustParseAddr(benchAddress(i)))
 				return a.String(), err
 			}, nil},
 	}

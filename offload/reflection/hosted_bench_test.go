@@ -47,7 +47,7 @@ func BenchmarkThirdClusterEndpointsLag(b *testing.B) {
 		b.Fatal(err)
 	}
 	opts := metav1.ListOptions{ResourceVersion: "0", FieldSelector: fields.OneTermEqualSelector("metadata.name", translatedSliceOf("bench-1", e.b)).String()}
-	w, err := e.P.Cp.Client.DiscoveryV1().EndpointSlices(e.remote).Watch(ctx, opts)
+	w, err := e.Provider.CP.Client.DiscoveryV1().EndpointSlices(e.remote).Watch(ctx, opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func newThirdEnv(t testing.TB) *thirdEnv {
 	if e.lcx, err = client.New(e.Local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		t.Fatal(err)
 	}
-	if e.pcx, err = client.New(e.P.Cp.Config, client.Options{Scheme: reflectScheme()}); err != nil {
+	if e.pcx, err = client.New(e.Provider.CP.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		t.Fatal(err)
 	}
 	e.remote = e.OffloadReady(t, e.ns)
@@ -67,7 +67,7 @@ func newThirdEnv(t testing.TB) *thirdEnv {
 		Views: manyViews{e.Views,
 			{Provider: e.b, Real: thirdPodCIDR, View: consumerViewOfB},
 			{Provider: e.c, Real: cPodCIDR, View: consumerViewOfC}},
-		Logger:  slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.registry, Workers: 1,
 	})
 	if err != nil {
@@ -77,17 +77,17 @@ func newThirdEnv(t testing.TB) *thirdEnv {
 	e.stop = offloadtest.RunUntilCleanup(t, "Reflector", r.Run)
 
 	// P knows B as a peer, and not C.
-	if err := e.P.Admin.Create(t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
+	if err := e.Provider.Admin.Create(t.Context(), &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
 		t.Fatal(err)
 	}
 	e.hostedRg = prometheus.NewRegistry()
 	// As the agent's (agent.KubeConfig): no client-side rate limit.
-	agent := offloadtest.ServiceAccountConfig(t, e.P.Cp, "flotilla-system", "flotilla-agent")
+	agent := offloadtest.ServiceAccountConfig(t, e.Provider.CP, "flotilla-system", "flotilla-agent")
 	agent.QPS, agent.Burst = -1, -1
 	e.hosted, err = NewHostedEndpoints(HostedEndpointsConfig{
-		Config: agent, Self: e.P.Id, Peers: offloadtest.StartSharedCache(t, agent, nil),
+		Config: agent, Self: e.Provider.ID, Peers: offloadtest.StartSharedCache(t, agent, nil),
 		Views:   manyViews{{Provider: e.b, Real: providerSeesOfB, View: providerViewOfBLo}},
-		Logger:  slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.hostedRg,
 		// One worker: what is queued first is decided first, the
 		// witness for what is not written.
@@ -184,7 +184,7 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 			}
 			return nil
 		})
-		if n := testutil.ToFloat64(e.reflectors[0].m.dropped.WithLabelValues(e.P.Id, dropThirdCluster)); n != 0 {
+		if n := testutil.ToFloat64(e.reflectors[0].m.dropped.WithLabelValues(e.Provider.ID, dropThirdCluster)); n != 0 {
 			t.Fatalf("third-cluster endpoints counted as dropped: %v", n)
 		}
 	})
@@ -248,7 +248,7 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 		if err := e.pcx.Create(ctx, outside); err != nil {
 			t.Fatal(err)
 		}
-		self := thirdSliceOf("self", "api", e.P.Id, "10.0.0.5")
+		self := thirdSliceOf("self", "api", e.Provider.ID, "10.0.0.5")
 		// No origin: the consumer's Reflector leaves it alone.
 		self.Namespace, self.UID, self.Annotations = e.remote, "", nil
 		if err := e.pcx.Create(ctx, self); err != nil {
@@ -316,11 +316,11 @@ func TestEndpointsOnThirdClusters(t *testing.T) {
 
 	t.Run("a peer gone takes its translations, and back brings them back", func(t *testing.T) {
 		name := translatedSliceOf("api-manual", e.b)
-		if err := e.P.Admin.Delete(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
+		if err := e.Provider.Admin.Delete(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
 			t.Fatal(err)
 		}
 		e.waitRemoteGone(t, &discoveryv1.EndpointSlice{}, name)
-		if err := e.P.Admin.Create(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
+		if err := e.Provider.Admin.Create(ctx, &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: e.b}}); err != nil {
 			t.Fatal(err)
 		}
 		waitRemote(t, e.reflectEnv, &discoveryv1.EndpointSlice{}, name, func(s *discoveryv1.EndpointSlice) error {

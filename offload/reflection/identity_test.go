@@ -22,7 +22,7 @@ import (
 // other's write in turn.
 func TestReflectionToTwoIdentitiesOfOneProviderAgrees(t *testing.T) {
 	e := newReflectClients(t)
-	oldID, newID := e.P.Id, e.SecondIdentity(t)
+	oldID, newID := e.Provider.ID, e.SecondIdentity(t)
 	e.Offload(t, e.ns, "offload", v1alpha1.NamespaceOffloadSpec{})
 	e.WaitStatus(t, e.ns, "mirrored for both identities", func(o *v1alpha1.NamespaceOffload) error {
 		a, readyA := offload.MirroredNamespace(o, oldID)
@@ -54,7 +54,7 @@ func TestReflectionToTwoIdentitiesOfOneProviderAgrees(t *testing.T) {
 	if err := e.pcx.List(t.Context(), &list, client.InNamespace(e.remote)); err != nil {
 		t.Fatal(err)
 	}
-	w, err := e.P.Cp.Client.DiscoveryV1().EndpointSlices(e.remote).Watch(t.Context(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	w, err := e.Provider.CP.Client.DiscoveryV1().EndpointSlices(e.remote).Watch(t.Context(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}

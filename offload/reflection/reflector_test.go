@@ -64,7 +64,7 @@ func newReflectClients(tb testing.TB) *reflectEnv {
 	if e.lcx, err = client.New(e.Local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		tb.Fatal(err)
 	}
-	if e.pcx, err = client.New(e.P.Cp.Config, client.Options{Scheme: reflectScheme()}); err != nil {
+	if e.pcx, err = client.New(e.Provider.CP.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		tb.Fatal(err)
 	}
 	return e
@@ -80,7 +80,7 @@ func (e *reflectEnv) start(tb testing.TB, workers int) {
 	}
 	r, err := NewReflector(ReflectorConfig{
 		Config: local, Self: e.Self, Credentials: e.Creds, Views: e.Views, Peers: e.shared,
-		Logger:  slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.registry, Workers: workers,
 	})
 	if err != nil {
@@ -279,14 +279,14 @@ func TestReflection(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.create(t, optIn("taken", map[string]string{"k": "ours"}))
-		e.WaitStatus(t, e.ns, "Reflected False, ForeignObject", reflectedCondition(e.P.Id, metav1.ConditionFalse, v1alpha1.ReasonForeignObject, "ConfigMap taken"))
+		e.WaitStatus(t, e.ns, "Reflected False, ForeignObject", reflectedCondition(e.Provider.ID, metav1.ConditionFalse, v1alpha1.ReasonForeignObject, "ConfigMap taken"))
 		got := waitRemote(t, e, &corev1.ConfigMap{}, "taken", nil)
 		if got.Data["k"] != "theirs" || got.Labels[offload.LabelReflected] != "" || got.UID != theirs.UID {
 			t.Fatalf("foreign ConfigMap touched: %v %v", got.Labels, got.Data)
 		}
 		// The mirror controller writes the status too; ours stays.
 		o := e.WaitStatus(t, e.ns, "Ready", offloadenv.PhaseIs(v1alpha1.OffloadReady, map[string]string{"p1": "Created"}))
-		if c := meta.FindStatusCondition(offload.FindCluster(o.Status.Clusters, e.P.Id).Conditions, v1alpha1.ConditionReflected); c == nil || c.Status != metav1.ConditionFalse {
+		if c := meta.FindStatusCondition(offload.FindCluster(o.Status.Clusters, e.Provider.ID).Conditions, v1alpha1.ConditionReflected); c == nil || c.Status != metav1.ConditionFalse {
 			t.Fatalf("Reflected condition lost: %s", offloadenv.DescribeOffload(o))
 		}
 		// Gone there: ours is made, and the condition clears.
@@ -294,7 +294,7 @@ func TestReflection(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitRemote(t, e, &corev1.ConfigMap{}, "taken", configMapData("k", "ours"))
-		e.WaitStatus(t, e.ns, "Reflected True", reflectedCondition(e.P.Id, metav1.ConditionTrue, v1alpha1.ReasonReflected, ""))
+		e.WaitStatus(t, e.ns, "Reflected True", reflectedCondition(e.Provider.ID, metav1.ConditionTrue, v1alpha1.ReasonReflected, ""))
 	})
 
 	t.Run("Services and EndpointSlices are reflected with translated addresses", func(t *testing.T) {
@@ -350,7 +350,7 @@ func TestReflection(t *testing.T) {
 		// Counted once the write returns, which may be after the
 		// provider's watch showed it.
 		eventually.Within(t, 10*time.Second, "dropped endpoint counted", func() error {
-			if n := testutil.ToFloat64(e.reflectors[len(e.reflectors)-1].m.dropped.WithLabelValues(e.P.Id, dropThirdCluster)); n < 1 {
+			if n := testutil.ToFloat64(e.reflectors[len(e.reflectors)-1].m.dropped.WithLabelValues(e.Provider.ID, dropThirdCluster)); n < 1 {
 				return fmt.Errorf("dropped third-cluster endpoints counted %v, want at least 1", n)
 			}
 			return nil
@@ -401,7 +401,7 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	other := e.OffloadReady(t, "other")
 	e.create(t, optIn("cfg", map[string]string{"k": "v"}))
 	waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v"))
-	if err := e.Lc.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "offload"}}); err != nil {
+	if err := e.LocalAdmin.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "offload"}}); err != nil {
 		t.Fatal(err)
 	}
 	e.WaitGone(t, e.ns)
@@ -434,7 +434,7 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	eventually.Within(t, 30*time.Second, "witness reflected into "+other, func() error {
 		return e.pcx.Get(ctx, client.ObjectKey{Namespace: other, Name: "witness"}, &corev1.ConfigMap{})
 	})
-	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.P.Id, offload.ErrForbidden)); n != 0 {
+	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.Provider.ID, offload.ErrForbidden)); n != 0 {
 		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
 	}
 }

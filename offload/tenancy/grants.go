@@ -67,7 +67,7 @@ type SerialStore interface {
 }
 
 // ProviderConfig is what a Provider needs.
-type ProviderConfig struct {
+type GrantsConfig struct {
 	Identity identity.Identity
 	// Peers reads Peer objects (the informer's cache); Client writes their
 	// status.
@@ -103,8 +103,8 @@ type ProviderConfig struct {
 // to the peering engine, renews it before it expires, and revokes it when
 // the grant ends. Level-triggered: one reconcile per peer, from the Peer
 // object, the member's state and what this side holds.
-type Provider struct {
-	cfg   ProviderConfig
+type Grants struct {
+	cfg   GrantsConfig
 	log   *slog.Logger
 	ctrl  *ctrl.Controller[string]
 	queue ctrl.Queue[string]
@@ -139,7 +139,7 @@ type issuedGrant struct {
 const serialKey = "grant-serial"
 
 // NewProvider checks cfg and prepares a Provider; Run starts it.
-func NewProvider(cfg ProviderConfig) (*Provider, error) {
+func NewGrants(cfg GrantsConfig) (*Grants, error) {
 	if cfg.Identity.Private == nil || cfg.Peers == nil || cfg.Client == nil || cfg.Tenants == nil ||
 		cfg.APIServer == nil || cfg.Sender == nil || cfg.Serials == nil {
 		return nil, errors.New("offload provider: identity, Peers, client, tenants, API server, sender and serials are required")
@@ -162,7 +162,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Provider{
+	p := &Grants{
 		cfg: cfg, log: cfg.Logger.With("component", "grants"),
 		m:       newProviderMetrics(cfg.Metrics),
 		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{},
@@ -182,7 +182,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 
 // PeerChanged takes the engine's state of a peer (the member's key and
 // whether it is alive). It never blocks.
-func (p *Provider) PeerChanged(s peering.PeerState) {
+func (p *Grants) PeerChanged(s peering.PeerState) {
 	p.mu.Lock()
 	old, known := p.members[s.ClusterID]
 	st := memberState{key: s.IdentityKey, alive: s.Member.OK, goneSince: old.goneSince}
@@ -205,7 +205,7 @@ func (p *Provider) PeerChanged(s peering.PeerState) {
 // Granted returns the limits this provider grants consumer now, and false
 // when it does not grant it (never granted, revoked, or not yet granted
 // since a restart: a credential is sent first).
-func (p *Provider) Granted(consumer string) (grant.Limits, bool) {
+func (p *Grants) Granted(consumer string) (grant.Limits, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if g := p.issued[consumer]; g != nil {
@@ -215,7 +215,7 @@ func (p *Provider) Granted(consumer string) (grant.Limits, bool) {
 }
 
 // PeerHandler enqueues the Peers whose spec changed, or that were deleted.
-func (p *Provider) PeerHandler() toolscache.ResourceEventHandler {
+func (p *Grants) PeerHandler() toolscache.ResourceEventHandler {
 	return peerEvents(p.queue)
 }
 
@@ -253,7 +253,7 @@ const providerWorkers = 2
 
 // Run reconciles until ctx ends: first every consumer that has a tenant
 // (so tenants no longer granted go after a restart), then as events come.
-func (p *Provider) Run(ctx context.Context) error {
+func (p *Grants) Run(ctx context.Context) error {
 	defer p.queue.ShutDown()
 	consumers, err := p.cfg.Tenants.List(ctx)
 	if err != nil {
@@ -275,7 +275,7 @@ type verdict struct {
 	message string
 }
 
-func (p *Provider) verdictFor(peer *v1alpha1.Peer, m memberState, known bool, now time.Time) verdict {
+func (p *Grants) verdictFor(peer *v1alpha1.Peer, m memberState, known bool, now time.Time) verdict {
 	switch {
 	case peer == nil:
 		return verdict{reason: "PeerDeleted", message: "the Peer object was deleted"}
@@ -293,7 +293,7 @@ func (p *Provider) verdictFor(peer *v1alpha1.Peer, m memberState, known bool, no
 
 // reconcile brings one consumer's tenant, credential and status in line;
 // it returns when to look again.
-func (p *Provider) reconcile(ctx context.Context, id string) (time.Duration, error) {
+func (p *Grants) reconcile(ctx context.Context, id string) (time.Duration, error) {
 	now := p.cfg.Now()
 	var peer *v1alpha1.Peer
 	var obj v1alpha1.Peer
@@ -347,7 +347,7 @@ func failureReason(err error) string {
 
 // ensureGranted keeps the consumer's tenant and, when none is current,
 // issues, seals and sends a new credential.
-func (p *Provider) ensureGranted(ctx context.Context, id string, key ed25519.PublicKey, limits grant.Limits, now time.Time) (issuedGrant, error) {
+func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.PublicKey, limits grant.Limits, now time.Time) (issuedGrant, error) {
 	api, err := p.cfg.APIServer(ctx)
 	if err != nil {
 		return issuedGrant{}, fmt.Errorf("%w: %w", errNoAPIServer, err)
@@ -402,7 +402,7 @@ func (p *Provider) ensureGranted(ctx context.Context, id string, key ed25519.Pub
 // revoke removes the consumer's tenant (its tokens stop working at once)
 // and tells the consumer, when it was granted before: by this run, or by
 // an earlier one that left the tenant.
-func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey, reason string) error {
+func (p *Grants) revoke(ctx context.Context, id string, key ed25519.PublicKey, reason string) error {
 	p.mu.Lock()
 	hadTenant, cur, owed := p.tenants[id], p.issued[id], p.owed[id]
 	p.mu.Unlock()
@@ -451,7 +451,7 @@ func (p *Provider) revoke(ctx context.Context, id string, key ed25519.PublicKey,
 	return nil
 }
 
-func (p *Provider) changed(consumer string) {
+func (p *Grants) changed(consumer string) {
 	if p.cfg.Changed != nil {
 		p.cfg.Changed(consumer)
 	}
@@ -459,7 +459,7 @@ func (p *Provider) changed(consumer string) {
 
 // nextSerial issues a serial above every one issued before, kept in the
 // ledger before it is used, and near the clock (readable in logs).
-func (p *Provider) nextSerial(now time.Time) (uint64, error) {
+func (p *Grants) nextSerial(now time.Time) (uint64, error) {
 	p.serial.Lock()
 	defer p.serial.Unlock()
 	b, err := p.cfg.Serials.LoadOrCreateKey(serialKey, func() ([]byte, error) { return make([]byte, 8), nil })
@@ -474,7 +474,7 @@ func (p *Provider) nextSerial(now time.Time) (uint64, error) {
 }
 
 // writeStatus applies c when it differs from what the Peer shows.
-func (p *Provider) writeStatus(ctx context.Context, peer *v1alpha1.Peer, c offload.GrantCondition) error {
+func (p *Grants) writeStatus(ctx context.Context, peer *v1alpha1.Peer, c offload.GrantCondition) error {
 	if peer == nil {
 		return nil
 	}

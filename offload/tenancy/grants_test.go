@@ -113,7 +113,7 @@ type provider struct {
 	bridge  *bridge
 	serials *ipam.Ledger
 	tenants *Tenants
-	p       *Provider
+	p       *Grants
 	stop    func()
 }
 
@@ -164,7 +164,7 @@ func (p *provider) start(t *testing.T) {
 	if policy == "" {
 		policy = GrantsManual
 	}
-	prov, err := NewProvider(ProviderConfig{
+	prov, err := NewGrants(GrantsConfig{
 		Identity: p.id, Peers: peers, Client: w.provClient, Tenants: tenants,
 		APIServer: func(context.Context) (APIServer, error) {
 			// The test process reaches the provider on loopback.

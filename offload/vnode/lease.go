@@ -19,7 +19,7 @@ import (
 // due, and says when it is due next. The Lease is renewed whether or not
 // the node is Ready: its Ready condition says the truth, a lapsed Lease
 // would only make the node lifecycle controller say Unknown.
-func (v *VirtualNodes) renewLease(ctx context.Context, id string, node *corev1.Node, now time.Time) (time.Duration, error) {
+func (v *Nodes) renewLease(ctx context.Context, id string, node *corev1.Node, now time.Time) (time.Duration, error) {
 	v.mu.Lock()
 	last := v.leases[id]
 	v.mu.Unlock()
@@ -41,7 +41,7 @@ func (v *VirtualNodes) renewLease(ctx context.Context, id string, node *corev1.N
 
 // writeLease creates or renews node's Lease; last is the one written
 // before (nil: read it first).
-func (v *VirtualNodes) writeLease(ctx context.Context, node *corev1.Node, last *coordinationv1.Lease, now time.Time) (*coordinationv1.Lease, error) {
+func (v *Nodes) writeLease(ctx context.Context, node *corev1.Node, last *coordinationv1.Lease, now time.Time) (*coordinationv1.Lease, error) {
 	leases := v.cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	if last == nil {
 		cur, err := leases.Get(ctx, node.Name, metav1.GetOptions{})
@@ -102,7 +102,7 @@ func ownedBy(l *coordinationv1.Lease, node *corev1.Node) bool {
 // deleteLease deletes the Lease of provider id's virtual node, if it is
 // ours; only when there may be one (known: a virtual node was just
 // removed). The garbage collector deletes one this misses with its Node.
-func (v *VirtualNodes) deleteLease(ctx context.Context, id string, known bool) error {
+func (v *Nodes) deleteLease(ctx context.Context, id string, known bool) error {
 	v.mu.Lock()
 	last := v.leases[id]
 	v.mu.Unlock()

@@ -112,7 +112,7 @@ type virtualNode struct {
 // desiredNode is the virtual node of peer at now; cur is the Node there
 // is (nil: none), whose transition times and, when the credential cannot
 // be read, capacity are kept.
-func (v *VirtualNodes) desiredNode(peer *v1alpha1.Peer, cur *corev1.Node, now time.Time) virtualNode {
+func (v *Nodes) desiredNode(peer *v1alpha1.Peer, cur *corev1.Node, now time.Time) virtualNode {
 	name := offload.VirtualNodeName(peer.Name)
 	want := virtualNode{name: name, owner: metav1.OwnerReference{
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Peer", Name: peer.Name, UID: peer.UID}}
@@ -224,7 +224,7 @@ func nodeCondition(n *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondi
 // already (created in between, or not ours) is read: ours, it is
 // returned; anyone else's, errForeignNode. Never an apply: that would
 // adopt a Node someone else made.
-func (v *VirtualNodes) createNode(ctx context.Context, want virtualNode) (*corev1.Node, error) {
+func (v *Nodes) createNode(ctx context.Context, want virtualNode) (*corev1.Node, error) {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Labels: want.labels,
 			Annotations:     map[string]string{annotationPeerLabels: strings.Join(want.peerLabels, ",")},
@@ -258,7 +258,7 @@ func (v *VirtualNodes) createNode(ctx context.Context, want virtualNode) (*corev
 // lifecycle controller writes taints and conditions too. Each patch
 // carries cur's resourceVersion, so none lands on a Node that changed
 // hands since it was read.
-func (v *VirtualNodes) patchNode(ctx context.Context, want virtualNode, cur *corev1.Node, now time.Time) (*corev1.Node, error) {
+func (v *Nodes) patchNode(ctx context.Context, want virtualNode, cur *corev1.Node, now time.Time) (*corev1.Node, error) {
 	nodes := v.cfg.Client.CoreV1().Nodes()
 	if p := metadataPatch(want, cur); p != nil {
 		data, err := json.Marshal(p)

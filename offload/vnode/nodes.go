@@ -48,7 +48,7 @@ const (
 )
 
 // VirtualNodesConfig is what VirtualNodes needs.
-type VirtualNodesConfig struct {
+type Config struct {
 	// Config reaches the local API server (Peers, Nodes).
 	Config *rest.Config
 	// Client writes Nodes and Leases; one made from Config when nil.
@@ -80,8 +80,8 @@ type VirtualNodesConfig struct {
 // and Leases it labelled as its own, and never a whole Node: the node
 // lifecycle controller writes taints and conditions on them too.
 // Level-triggered: one reconcile per provider, from its Peer and its Node.
-type VirtualNodes struct {
-	cfg   VirtualNodesConfig
+type Nodes struct {
+	cfg   Config
 	log   *slog.Logger
 	cache cache.Cache // Peers, and our Nodes only
 	ctrl  *ctrl.Controller[string]
@@ -102,7 +102,7 @@ type VirtualNodes struct {
 const virtualNodeWorkers = 2
 
 // NewVirtualNodes checks cfg and prepares VirtualNodes; Run starts them.
-func NewVirtualNodes(cfg VirtualNodesConfig) (*VirtualNodes, error) {
+func NewNodes(cfg Config) (*Nodes, error) {
 	if cfg.Config == nil || cfg.Credentials == nil {
 		return nil, errors.New("virtual nodes: the local REST config and the credentials are required")
 	}
@@ -141,7 +141,7 @@ func NewVirtualNodes(cfg VirtualNodesConfig) (*VirtualNodes, error) {
 			return nil, fmt.Errorf("virtual nodes: register metrics: %w", err)
 		}
 	}
-	v := &VirtualNodes{
+	v := &Nodes{
 		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: offload.WithPeers(ca, cfg.Peers),
 		m:      m,
 		leases: map[string]*coordinationv1.Lease{}, ready: map[string]bool{},
@@ -195,7 +195,7 @@ func isOurVirtualNode(obj interface{ GetLabels() map[string]string }) bool {
 
 // Ready reports whether provider's virtual node exists and this agent
 // last said it is Ready: offloaded pods are reachable there.
-func (v *VirtualNodes) Ready(provider string) bool {
+func (v *Nodes) Ready(provider string) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.ready[provider]
@@ -203,7 +203,7 @@ func (v *VirtualNodes) Ready(provider string) bool {
 
 // Run watches Peers and the virtual nodes and reconciles until ctx ends;
 // it returns once every goroutine it started has.
-func (v *VirtualNodes) Run(ctx context.Context) error {
+func (v *Nodes) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -236,7 +236,7 @@ func (v *VirtualNodes) Run(ctx context.Context) error {
 
 // events queue the provider an object is about. Every change counts: a
 // reconcile that finds its Node as wanted writes nothing.
-func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHandler {
+func (v *Nodes) events(key func(any) string) toolscache.ResourceEventHandler {
 	return ctrl.OnEvery(func(obj any) {
 		switch obj.(type) {
 		case *v1alpha1.Peer, *corev1.Node:
@@ -251,7 +251,7 @@ func (v *VirtualNodes) events(key func(any) string) toolscache.ResourceEventHand
 
 // reconcile brings provider id's virtual node, and its Lease, in line with
 // its Peer; it returns when to look again (the next renewal or heartbeat).
-func (v *VirtualNodes) reconcile(ctx context.Context, id string) (time.Duration, error) {
+func (v *Nodes) reconcile(ctx context.Context, id string) (time.Duration, error) {
 	var peer *v1alpha1.Peer
 	var p v1alpha1.Peer
 	switch err := v.cache.Get(ctx, client.ObjectKey{Name: id}, &p); {
@@ -300,7 +300,7 @@ func (v *VirtualNodes) reconcile(ctx context.Context, id string) (time.Duration,
 
 // remove deletes provider id's virtual node (node, ours, nil: none) and
 // its Lease.
-func (v *VirtualNodes) remove(ctx context.Context, id string, node *corev1.Node, why string) error {
+func (v *Nodes) remove(ctx context.Context, id string, node *corev1.Node, why string) error {
 	if node != nil {
 		// The UID: a Node that replaced ours since it was read is not ours
 		// to delete.
@@ -329,7 +329,7 @@ func (v *VirtualNodes) remove(ctx context.Context, id string, node *corev1.Node,
 // make them again at once, on a node that is there. Only a removed node
 // (grant revoked or refused, Peer gone) comes here: one merely NotReady or
 // unreachable keeps its pods (docs/offload.md, "Failures").
-func (v *VirtualNodes) deletePods(ctx context.Context, id string, known bool) error {
+func (v *Nodes) deletePods(ctx context.Context, id string, known bool) error {
 	v.mu.Lock()
 	known = known || v.leases[id] != nil
 	v.mu.Unlock()
@@ -387,7 +387,7 @@ func errorReason(err error) string {
 
 // setReady records what provider's virtual node says (present: whether
 // there is one).
-func (v *VirtualNodes) setReady(id string, present, ready bool) {
+func (v *Nodes) setReady(id string, present, ready bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !present {

@@ -45,7 +45,7 @@ import (
 type vnEnv struct {
 	cp    *harness.ControlPlane
 	admin client.Client
-	creds *offloadtest.TestCredentials
+	creds *offloadtest.Credentials
 	reg   *prometheus.Registry
 	addr  netip.Addr
 	port  int32
@@ -61,7 +61,7 @@ func TestVirtualNode(t *testing.T) {
 	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
 	offloadtest.MustApplyCRDs(t, cp.Config)
 	e := &vnEnv{cp: cp, admin: offloadtest.AdminClient(t, cp), reg: prometheus.NewRegistry(),
-		creds: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}},
+		creds: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}},
 		addr:  netip.MustParseAddr("192.0.2.10"), port: 10260}
 	e.start(t)
 
@@ -92,9 +92,9 @@ func TestVirtualNode(t *testing.T) {
 
 func (e *vnEnv) start(t *testing.T) {
 	t.Helper()
-	vn, err := NewVirtualNodes(VirtualNodesConfig{
+	vn, err := NewNodes(Config{
 		Config: e.cp.Config, Credentials: e.creds, Address: e.addr, KubeletPort: e.port,
-		Logger:  slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.reg,
 	})
 	if err != nil {

@@ -31,7 +31,7 @@ import (
 //
 // sync, load, setHosts and the note methods are called from the owner's
 // one goroutine; certificate, bundle, ready and the metrics from any.
-type CaStore struct {
+type CAStore struct {
 	kube      kubernetes.Interface
 	namespace string
 	secret    string
@@ -44,15 +44,15 @@ type CaStore struct {
 	cert atomic.Pointer[tls.Certificate]
 
 	mu        sync.Mutex
-	cas       CaSet
+	cas       CASet
 	published map[string]time.Time // by CA id: since when it is trusted
 	hosts     []string
-	serving   *servingCert
+	serving   *ServingCert
 	reissue   bool // the hosts changed since serving was issued
 }
 
 // caStoreConfig is what a caStore needs; component labels its metrics.
-type CaStoreConfig struct {
+type CAStoreConfig struct {
 	Kube              kubernetes.Interface
 	Namespace, Secret string
 	Name, Component   string
@@ -60,8 +60,8 @@ type CaStoreConfig struct {
 	Log               *slog.Logger
 }
 
-func NewCAStore(c CaStoreConfig) *CaStore {
-	return &CaStore{
+func NewCAStore(c CAStoreConfig) *CAStore {
+	return &CAStore{
 		kube: c.Kube, namespace: c.Namespace, secret: c.Secret, name: c.Name, lifetimes: c.Lifetimes, log: c.Log,
 		published: map[string]time.Time{},
 		expiry: prometheus.NewDesc("flotilla_certificate_expiry_seconds",
@@ -73,7 +73,7 @@ func NewCAStore(c CaStoreConfig) *CaStore {
 // load reads the CAs from their Secret, so that a restarted agent keeps
 // serving what the API server trusts. A Secret that does not read back
 // (edited by hand) is logged and replaced by a new CA at the next sync.
-func (s *CaStore) Load(ctx context.Context) error {
+func (s *CAStore) Load(ctx context.Context) error {
 	sec, err := s.kube.CoreV1().Secrets(s.namespace).Get(ctx, s.secret, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -95,31 +95,31 @@ func (s *CaStore) Load(ctx context.Context) error {
 // noteTrusted records that the CAs in bundle are trusted already (found
 // there at start): each since it was made, as it cannot have been
 // published earlier.
-func (s *CaStore) NoteTrusted(bundle []byte) {
+func (s *CAStore) NoteTrusted(bundle []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ca := range s.cas {
-		if _, ok := s.published[ca.Id()]; !ok && bytes.Contains(bundle, ca.Pem()) {
-			s.published[ca.Id()] = ca.Made()
+		if _, ok := s.published[ca.ID()]; !ok && bytes.Contains(bundle, ca.Pem()) {
+			s.published[ca.ID()] = ca.Made()
 		}
 	}
 }
 
 // notePublished records that every CA held has been published, at now
 // for those not recorded yet.
-func (s *CaStore) NotePublished(now time.Time) {
+func (s *CAStore) NotePublished(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ca := range s.cas {
-		if _, ok := s.published[ca.Id()]; !ok {
-			s.published[ca.Id()] = now
+		if _, ok := s.published[ca.ID()]; !ok {
+			s.published[ca.ID()] = now
 		}
 	}
 }
 
 // setHosts sets what the serving certificate names; true when that
 // changed, and the next sync issues a certificate for them.
-func (s *CaStore) SetHosts(hosts []string) bool {
+func (s *CAStore) SetHosts(hosts []string) bool {
 	hosts = slices.Clone(hosts)
 	slices.Sort(hosts)
 	hosts = slices.Compact(hosts)
@@ -137,11 +137,11 @@ func (s *CaStore) SetHosts(hosts []string) bool {
 // to trust is never lost), and renews the serving certificate when due
 // or when a newer CA may sign it. It says whether the CAs changed: the
 // owner publishes the new bundle.
-func (s *CaStore) Sync(ctx context.Context, now time.Time) (bool, error) {
+func (s *CAStore) Sync(ctx context.Context, now time.Time) (bool, error) {
 	s.mu.Lock()
 	cas, hosts := s.cas, s.hosts
 	s.mu.Unlock()
-	rotated, changed, err := cas.Rotated(s.name, now, s.lifetimes.Ca)
+	rotated, changed, err := cas.Rotated(s.name, now, s.lifetimes.CA)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", s.name, err)
 	}
@@ -159,7 +159,7 @@ func (s *CaStore) Sync(ctx context.Context, now time.Time) (bool, error) {
 	defer s.mu.Unlock()
 	s.cas = rotated
 	signer := s.cas.Signer(s.published, now, s.lifetimes.Publish)
-	if c := s.serving; c != nil && !s.reissue && c.issuer == signer.Id() && now.Before(c.RenewAt) {
+	if c := s.serving; c != nil && !s.reissue && c.issuer == signer.ID() && now.Before(c.RenewAt) {
 		return changed, nil
 	}
 	c, err := IssueServing(signer, s.name, hosts, now, s.lifetimes.Serving)
@@ -167,13 +167,13 @@ func (s *CaStore) Sync(ctx context.Context, now time.Time) (bool, error) {
 		return changed, fmt.Errorf("%s: %w", s.name, err)
 	}
 	s.serving, s.reissue = c, false
-	s.cert.Store(c.Tls)
-	s.log.Info("serving certificate issued", "ca", signer.Id(), "hosts", hosts, "notAfter", c.Tls.Leaf.NotAfter, "renewAt", c.RenewAt)
+	s.cert.Store(c.TLS)
+	s.log.Info("serving certificate issued", "ca", signer.ID(), "hosts", hosts, "notAfter", c.TLS.Leaf.NotAfter, "renewAt", c.RenewAt)
 	return changed, nil
 }
 
 // save writes the CAs to the Secret, labelled as ours.
-func (s *CaStore) save(ctx context.Context, data map[string][]byte) error {
+func (s *CAStore) save(ctx context.Context, data map[string][]byte) error {
 	sec := corev1ac.Secret(s.secret, s.namespace).
 		WithLabels(map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, "app.kubernetes.io/name": "flotilla"}).
 		WithType(corev1.SecretTypeOpaque).
@@ -191,18 +191,18 @@ const caStoreFieldOwner = "flotilla-placement"
 // wakeAt is when sync has something to do next: a CA to rotate or drop,
 // the serving certificate to renew, a new CA published long enough to
 // sign; now when there is no serving certificate.
-func (s *CaStore) WakeAt() time.Time {
+func (s *CAStore) WakeAt() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.serving == nil || s.reissue {
 		return time.Time{}
 	}
-	at := s.cas.RotateAt(s.lifetimes.Ca)
+	at := s.cas.RotateAt(s.lifetimes.CA)
 	if s.serving.RenewAt.Before(at) {
 		at = s.serving.RenewAt
 	}
-	if n := s.cas.Newest(); n != nil && s.serving.issuer != n.Id() {
-		if p, ok := s.published[n.Id()]; ok && p.Add(s.lifetimes.Publish).Before(at) {
+	if n := s.cas.Newest(); n != nil && s.serving.issuer != n.ID() {
+		if p, ok := s.published[n.ID()]; ok && p.Add(s.lifetimes.Publish).Before(at) {
 			at = p.Add(s.lifetimes.Publish)
 		}
 	}
@@ -210,7 +210,7 @@ func (s *CaStore) WakeAt() time.Time {
 }
 
 // certificate is the server's tls.Config.GetCertificate.
-func (s *CaStore) Certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (s *CAStore) Certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if c := s.cert.Load(); c != nil {
 		return c, nil
 	}
@@ -218,21 +218,21 @@ func (s *CaStore) Certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 }
 
 // bundle is every CA held, PEM: what clients must trust.
-func (s *CaStore) Bundle() []byte {
+func (s *CAStore) Bundle() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cas.Bundle()
 }
 
 // Summary names the CAs held and their expiry, for logs.
-func (s *CaStore) Summary() []string {
+func (s *CAStore) Summary() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return describeCAs(s.cas)
 }
 
 // ready says whether the server has a serving certificate valid now.
-func (s *CaStore) Ready(now time.Time) error {
+func (s *CAStore) Ready(now time.Time) error {
 	c := s.cert.Load()
 	switch {
 	case c == nil:
@@ -245,15 +245,15 @@ func (s *CaStore) Ready(now time.Time) error {
 
 // Describe and Collect make the store a prometheus.Collector of its
 // certificates' expiry, read when scraped.
-func (s *CaStore) Describe(ch chan<- *prometheus.Desc) { ch <- s.expiry }
+func (s *CAStore) Describe(ch chan<- *prometheus.Desc) { ch <- s.expiry }
 
-func (s *CaStore) Collect(ch chan<- prometheus.Metric) {
+func (s *CAStore) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	serving := s.serving
 	var signer *CertAuthority
 	if serving != nil {
 		for _, ca := range s.cas {
-			if ca.Id() == serving.issuer {
+			if ca.ID() == serving.issuer {
 				signer = ca
 			}
 		}
@@ -263,16 +263,16 @@ func (s *CaStore) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	now := time.Now()
-	ch <- prometheus.MustNewConstMetric(s.expiry, prometheus.GaugeValue, serving.Tls.Leaf.NotAfter.Sub(now).Seconds(), "serving")
+	ch <- prometheus.MustNewConstMetric(s.expiry, prometheus.GaugeValue, serving.TLS.Leaf.NotAfter.Sub(now).Seconds(), "serving")
 	if signer != nil {
 		ch <- prometheus.MustNewConstMetric(s.expiry, prometheus.GaugeValue, signer.Cert.NotAfter.Sub(now).Seconds(), "ca")
 	}
 }
 
-func describeCAs(cas CaSet) []string {
+func describeCAs(cas CASet) []string {
 	var out []string
 	for _, ca := range cas {
-		out = append(out, ca.Id()+" until "+ca.Cert.NotAfter.UTC().Format(time.RFC3339))
+		out = append(out, ca.ID()+" until "+ca.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return out
 }

@@ -11,7 +11,7 @@ import (
 func TestCAStoresShareTheExpiryMetric(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	for _, component := range []string{"placement_webhook", "kubelet_api"} {
-		if err := reg.Register(NewCAStore(CaStoreConfig{Name: component, Component: component})); err != nil {
+		if err := reg.Register(NewCAStore(CAStoreConfig{Name: component, Component: component})); err != nil {
 			t.Fatalf("register the %s store: %v", component, err)
 		}
 	}

@@ -45,19 +45,19 @@ const (
 
 // certLifetimes are the lifetimes in force (the defaults, or a test's).
 type CertLifetimes struct {
-	Ca, Serving, Publish time.Duration
+	CA, Serving, Publish time.Duration
 }
 
 func (l CertLifetimes) Validate() error {
 	switch {
-	case l.Ca <= 0 || l.Serving <= 0 || l.Publish <= 0:
+	case l.CA <= 0 || l.Serving <= 0 || l.Publish <= 0:
 		return errors.New("certificate lifetimes and the CA publish delay must be positive")
-	case l.Serving > l.Ca/3:
-		return fmt.Errorf("the serving certificate lifetime %s exceeds a third of the CA lifetime %s: a CA would be replaced before the certificates it signs", l.Serving, l.Ca)
-	case l.Publish >= l.Ca/3:
+	case l.Serving > l.CA/3:
+		return fmt.Errorf("the serving certificate lifetime %s exceeds a third of the CA lifetime %s: a CA would be replaced before the certificates it signs", l.Serving, l.CA)
+	case l.Publish >= l.CA/3:
 		// A new CA is made when a third of the old one's life is left; it
 		// must sign before the old one expires.
-		return fmt.Errorf("the CA publish delay %s is not shorter than a third of the CA lifetime %s: the old CA would expire before the new one signs", l.Publish, l.Ca)
+		return fmt.Errorf("the CA publish delay %s is not shorter than a third of the CA lifetime %s: the old CA would expire before the new one signs", l.Publish, l.CA)
 	}
 	return nil
 }
@@ -69,7 +69,7 @@ type CertAuthority struct {
 }
 
 // id names a CA in logs and in the set of published ones.
-func (ca *CertAuthority) Id() string { return hex.EncodeToString(ca.Cert.SubjectKeyId) }
+func (ca *CertAuthority) ID() string { return hex.EncodeToString(ca.Cert.SubjectKeyId) }
 
 // made is when the CA was made (its validity starts certBackdate
 // before): it was published no earlier.
@@ -82,10 +82,10 @@ func (ca *CertAuthority) Pem() []byte {
 
 // caSet is a server's CAs, oldest first; the newest signs once
 // published (signer).
-type CaSet []*CertAuthority
+type CASet []*CertAuthority
 
 // newest is the last CA, nil when there is none.
-func (s CaSet) Newest() *CertAuthority {
+func (s CASet) Newest() *CertAuthority {
 	if len(s) == 0 {
 		return nil
 	}
@@ -94,8 +94,8 @@ func (s CaSet) Newest() *CertAuthority {
 
 // rotated drops the CAs that expired by now and adds a new one when the
 // newest has less than a third of lifetime left (or there is none).
-func (s CaSet) Rotated(name string, now time.Time, lifetime time.Duration) (CaSet, bool, error) {
-	var out CaSet
+func (s CASet) Rotated(name string, now time.Time, lifetime time.Duration) (CASet, bool, error) {
+	var out CASet
 	for _, ca := range s {
 		if ca.Cert.NotAfter.After(now) {
 			out = append(out, ca)
@@ -115,7 +115,7 @@ func (s CaSet) Rotated(name string, now time.Time, lifetime time.Duration) (CaSe
 
 // rotateAt is when rotated next changes the set: the newest CA's
 // rotation point or the first expiry.
-func (s CaSet) RotateAt(lifetime time.Duration) time.Time {
+func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 	n := s.Newest()
 	if n == nil {
 		return time.Time{}
@@ -130,7 +130,7 @@ func (s CaSet) RotateAt(lifetime time.Duration) time.Time {
 }
 
 // bundle is the caBundle: every CA's certificate, PEM.
-func (s CaSet) Bundle() []byte {
+func (s CASet) Bundle() []byte {
 	var b bytes.Buffer
 	for _, ca := range s {
 		b.Write(ca.Pem())
@@ -140,39 +140,39 @@ func (s CaSet) Bundle() []byte {
 
 // Keys of the CA Secret's data.
 const (
-	CaCertKey = "ca.crt"
-	CaKeyKey  = "ca.key"
+	CACertKey = "ca.crt"
+	CAKeyKey  = "ca.key"
 )
 
 // encode is the CA Secret's data: the certificates and their keys, in
 // the same order.
-func (s CaSet) Encode() (map[string][]byte, error) {
+func (s CASet) Encode() (map[string][]byte, error) {
 	var keys bytes.Buffer
 	for _, ca := range s {
 		der, err := x509.MarshalPKCS8PrivateKey(ca.Key)
 		if err != nil {
-			return nil, fmt.Errorf("encode the key of CA %s: %w", ca.Id(), err)
+			return nil, fmt.Errorf("encode the key of CA %s: %w", ca.ID(), err)
 		}
 		pem.Encode(&keys, &pem.Block{Type: "PRIVATE KEY", Bytes: der})
 	}
-	return map[string][]byte{CaCertKey: s.Bundle(), CaKeyKey: keys.Bytes()}, nil
+	return map[string][]byte{CACertKey: s.Bundle(), CAKeyKey: keys.Bytes()}, nil
 }
 
 // decodeCAs reads what encode wrote; each certificate must be a CA with
 // the key after it.
-func DecodeCAs(data map[string][]byte) (CaSet, error) {
-	certs, err := pemBlocks(data[CaCertKey], "CERTIFICATE")
+func DecodeCAs(data map[string][]byte) (CASet, error) {
+	certs, err := pemBlocks(data[CACertKey], "CERTIFICATE")
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", CaCertKey, err)
+		return nil, fmt.Errorf("%s: %w", CACertKey, err)
 	}
-	keys, err := pemBlocks(data[CaKeyKey], "PRIVATE KEY")
+	keys, err := pemBlocks(data[CAKeyKey], "PRIVATE KEY")
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", CaKeyKey, err)
+		return nil, fmt.Errorf("%s: %w", CAKeyKey, err)
 	}
 	if len(certs) == 0 || len(certs) != len(keys) {
 		return nil, fmt.Errorf("%d certificates and %d keys; want as many of each, at least one", len(certs), len(keys))
 	}
-	var s CaSet
+	var s CASet
 	for i := range certs {
 		cert, err := x509.ParseCertificate(certs[i])
 		if err != nil {
@@ -243,8 +243,8 @@ func NewCA(name string, now time.Time, lifetime time.Duration) (*CertAuthority, 
 }
 
 // servingCert is the certificate a server serves and when to renew it.
-type servingCert struct {
-	Tls     *tls.Certificate
+type ServingCert struct {
+	TLS     *tls.Certificate
 	issuer  string // the id of the CA that signed it
 	RenewAt time.Time
 }
@@ -252,7 +252,7 @@ type servingCert struct {
 // issueServing signs a serving certificate of the server name for hosts
 // (IP addresses or DNS names) with ca, valid for lifetime but never past
 // ca; it is renewed at two thirds of its validity.
-func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time, lifetime time.Duration) (*servingCert, error) {
+func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time, lifetime time.Duration) (*ServingCert, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("serving key: %w", err)
@@ -284,9 +284,9 @@ func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time,
 	if err != nil {
 		return nil, err
 	}
-	return &servingCert{
-		Tls:     &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
-		issuer:  ca.Id(),
+	return &ServingCert{
+		TLS:     &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
+		issuer:  ca.ID(),
 		RenewAt: now.Add(notAfter.Sub(now) * 2 / 3),
 	}, nil
 }
@@ -295,9 +295,9 @@ func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time,
 // one that has been published for publish (published holds when each
 // CA was published to whoever must trust it), else the newest one
 // (nothing older is left).
-func (s CaSet) Signer(published map[string]time.Time, now time.Time, publish time.Duration) *CertAuthority {
+func (s CASet) Signer(published map[string]time.Time, now time.Time, publish time.Duration) *CertAuthority {
 	for i := len(s) - 1; i >= 0; i-- {
-		if at, ok := published[s[i].Id()]; ok && !now.Before(at.Add(publish)) {
+		if at, ok := published[s[i].ID()]; ok && !now.Before(at.Add(publish)) {
 			return s[i]
 		}
 	}

@@ -41,39 +41,39 @@ import (
 
 // mirrorEnv is a consumer control plane and two providers, each with the
 // CRDs and a real tenant for the consumer.
-type mirrorEnv struct {
-	Local     *harness.ControlPlane
-	Lc        client.Client // admin of the consumer
-	Self      string
-	Creds     *offloadtest.TestCredentials
-	Providers []*testProvider
+type MirrorEnv struct {
+	Local      *harness.ControlPlane
+	LocalAdmin client.Client // admin of the consumer
+	Self       string
+	Creds      *offloadtest.Credentials
+	Providers  []*Provider
 	// shared is what the MirrorConsumers read NamespaceOffloads,
 	// Namespaces and Peers from, as in the agent; it outlives each of
 	// them (nil: each reads them itself).
 	shared *offload.SharedCache
 }
 
-type testProvider struct {
-	Id     string
-	Cp     *harness.ControlPlane
+type Provider struct {
+	ID     string
+	CP     *harness.ControlPlane
 	Admin  client.Client
 	tenant string
 }
 
-func NewMirrorEnv(t *testing.T) *mirrorEnv {
+func NewMirrorEnv(t *testing.T) *MirrorEnv {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cps := env.ControlPlanes(3, harness.ControlPlaneOptions{})
-	e := &mirrorEnv{Local: cps[0], Self: offloadtest.NewConsumer(t), Creds: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}}}
-	e.Lc = offloadtest.AdminClient(t, e.Local)
+	e := &MirrorEnv{Local: cps[0], Self: offloadtest.NewConsumer(t), Creds: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}}}
+	e.LocalAdmin = offloadtest.AdminClient(t, e.Local)
 	offloadtest.MustApplyCRDs(t, e.Local.Config)
 	e.shared = offloadtest.StartSharedCache(t, e.Local.Config, nil)
 	for i, cp := range cps[1:] {
 		offloadtest.MustApplyCRDs(t, cp.Config)
-		p := &testProvider{Id: offloadtest.NewConsumer(t), Cp: cp, Admin: offloadtest.AdminClient(t, cp)}
+		p := &Provider{ID: offloadtest.NewConsumer(t), CP: cp, Admin: offloadtest.AdminClient(t, cp)}
 		e.grant(t, p)
 		e.Providers = append(e.Providers, p)
-		e.AddPeer(t, p.Id, fmt.Sprintf("p%d", i+1), map[string]string{"region": string(rune('a' + i))})
+		e.AddPeer(t, p.ID, fmt.Sprintf("p%d", i+1), map[string]string{"region": string(rune('a' + i))})
 	}
 	return e
 }
@@ -81,7 +81,7 @@ func NewMirrorEnv(t *testing.T) *mirrorEnv {
 // grant makes the consumer's tenant on p and a credential for it, as the
 // provider's grant does; the ClusterRole has the namespacerequests rule
 // the design gives the consumer.
-func (e *mirrorEnv) grant(t *testing.T, p *testProvider) {
+func (e *MirrorEnv) grant(t *testing.T, p *Provider) {
 	t.Helper()
 	ctx := t.Context()
 	role := &rbacv1.ClusterRole{
@@ -91,20 +91,20 @@ func (e *mirrorEnv) grant(t *testing.T, p *testProvider) {
 			Verbs: []string{"create", "get", "list", "watch", "update", "patch", "delete"},
 		}},
 	}
-	if _, err := p.Cp.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+	if _, err := p.CP.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: p.Cp.Config, Client: p.Cp.Client, Audience: offloadtest.AcceptedAudience})
+	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: p.CP.Config, Client: p.CP.Client, Audience: offloadtest.AcceptedAudience})
 	if err != nil {
 		t.Fatal(err)
 	}
-	grantedBy(e.Creds, t, tenants, e.Self, p, p.Cp.Config.Host)
+	grantedBy(e.Creds, t, tenants, e.Self, p, p.CP.Config.Host)
 }
 
 // grantedBy makes consumer's tenant on p with tenants and holds a token
 // of it, to be used at server (p's API server, or a way to it), as a
 // provider's grant hands one over.
-func grantedBy(c *offloadtest.TestCredentials, t testing.TB, tenants *tenancy.Tenants, consumer string, p *testProvider, server string) {
+func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenants, consumer string, p *Provider, server string) {
 	t.Helper()
 	tenant, err := tenants.Ensure(t.Context(), consumer, grant.Limits{})
 	if err != nil {
@@ -115,49 +115,49 @@ func grantedBy(c *offloadtest.TestCredentials, t testing.TB, tenants *tenancy.Te
 		t.Fatal(err)
 	}
 	p.tenant = tenant.Namespace
-	c.Set(p.Id, remote.ProviderCredential{
+	c.Set(p.ID, remote.ProviderCredential{
 		Config: &rest.Config{Host: server, BearerToken: tok.Value.Reveal(),
-			TLSClientConfig: rest.TLSClientConfig{CAData: p.Cp.Config.CAData}, Timeout: 10 * time.Second},
-		Grant: grant.Grant{Provider: p.Id, Consumer: consumer, Serial: 1, Server: server,
+			TLSClientConfig: rest.TLSClientConfig{CAData: p.CP.Config.CAData}, Timeout: 10 * time.Second},
+		Grant: grant.Grant{Provider: p.ID, Consumer: consumer, Serial: 1, Server: server,
 			Namespace: tenant.Namespace, ExpiresAt: tok.Expires},
 	})
 }
 
 // addPeer writes the consumer's Peer for a provider, granted (its
 // OffloadCredential condition set, as offload.Consumer writes it).
-func (e *mirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]string) {
+func (e *MirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]string) {
 	t.Helper()
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: labels}}
-	if err := e.Lc.Create(t.Context(), peer); err != nil {
+	if err := e.LocalAdmin.Create(t.Context(), peer); err != nil {
 		t.Fatal(err)
 	}
 	peer.Status.ClusterName = name
 	meta.SetStatusCondition(&peer.Status.Conditions, metav1.Condition{
 		Type: v1alpha1.ConditionOffloadCredential, Status: metav1.ConditionTrue, Reason: "Ready", Message: "test"})
-	if err := e.Lc.Status().Update(t.Context(), peer); err != nil {
+	if err := e.LocalAdmin.Status().Update(t.Context(), peer); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (e *mirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string) {
+func (e *MirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string) {
 	t.Helper()
 	var peer v1alpha1.Peer
-	if err := e.Lc.Get(t.Context(), client.ObjectKey{Name: id}, &peer); err != nil {
+	if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Name: id}, &peer); err != nil {
 		t.Fatal(err)
 	}
 	peer.Labels = labels
-	if err := e.Lc.Update(t.Context(), &peer); err != nil {
+	if err := e.LocalAdmin.Update(t.Context(), &peer); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // start runs a MirrorConsumer until the returned stop is called (or the
 // test ends).
-func (e *mirrorEnv) Start(t testing.TB) (stop func()) {
+func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	t.Helper()
-	mc, err := mirror.NewMirrorConsumer(mirror.MirrorConsumerConfig{
+	mc, err := mirror.NewConsumer(mirror.ConsumerConfig{
 		Config: e.Local.Config, Credentials: e.Creds, Self: e.Self, Peers: e.shared,
-		Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: prometheus.NewRegistry(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -166,23 +166,23 @@ func (e *mirrorEnv) Start(t testing.TB) (stop func()) {
 }
 
 // offload creates namespace ns and a NamespaceOffload in it.
-func (e *mirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
+func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
 	t.Helper()
-	err := e.Lc.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if err := e.Lc.Create(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}); err != nil {
+	if err := e.LocalAdmin.Create(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // waitStatus waits until the NamespaceOffload ns/offload satisfies check.
-func (e *mirrorEnv) WaitStatus(t testing.TB, ns, what string, check func(o *v1alpha1.NamespaceOffload) error) *v1alpha1.NamespaceOffload {
+func (e *MirrorEnv) WaitStatus(t testing.TB, ns, what string, check func(o *v1alpha1.NamespaceOffload) error) *v1alpha1.NamespaceOffload {
 	t.Helper()
 	var o v1alpha1.NamespaceOffload
 	eventually.Within(t, 30*time.Second, what, func() error {
-		if err := e.Lc.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "offload"}, &o); err != nil {
+		if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "offload"}, &o); err != nil {
 			return err
 		}
 		if err := check(&o); err != nil {
@@ -224,7 +224,7 @@ func PhaseIs(phase v1alpha1.OffloadPhase, reasons map[string]string) func(*v1alp
 }
 
 // requests lists the requests mirroring ns on p.
-func (p *testProvider) Requests(t *testing.T, ns string) []v1alpha1.NamespaceRequest {
+func (p *Provider) Requests(t *testing.T, ns string) []v1alpha1.NamespaceRequest {
 	t.Helper()
 	var list v1alpha1.NamespaceRequestList
 	if err := p.Admin.List(t.Context(), &list, client.InNamespace(p.tenant), client.MatchingLabels{v1alpha1.LabelMirroredFrom: ns}); err != nil {
@@ -234,10 +234,10 @@ func (p *testProvider) Requests(t *testing.T, ns string) []v1alpha1.NamespaceReq
 }
 
 // waitRequest waits until p holds exactly one request for ns, named name.
-func (p *testProvider) WaitRequest(t *testing.T, ns, name string) v1alpha1.NamespaceRequest {
+func (p *Provider) WaitRequest(t *testing.T, ns, name string) v1alpha1.NamespaceRequest {
 	t.Helper()
 	var got v1alpha1.NamespaceRequest
-	eventually.Within(t, 30*time.Second, "request for "+ns+" on "+p.Id, func() error {
+	eventually.Within(t, 30*time.Second, "request for "+ns+" on "+p.ID, func() error {
 		rs := p.Requests(t, ns)
 		if len(rs) != 1 || rs[0].Name != name || rs[0].Spec.SourceNamespace != ns {
 			return fmt.Errorf("requests %v", RequestNames(rs))
@@ -260,7 +260,7 @@ func RequestNames(rs []v1alpha1.NamespaceRequest) []string {
 // request (offload/mirror_provider*.go; the lead's e2e test runs the real
 // one): Created makes the namespace and holds the request with its
 // finalizer; Refused only answers.
-func (p *testProvider) AnswerAsProvider(t *testing.T, name string, phase v1alpha1.RequestPhase, reason, message string) {
+func (p *Provider) AnswerAsProvider(t *testing.T, name string, phase v1alpha1.RequestPhase, reason, message string) {
 	t.Helper()
 	ctx := t.Context()
 	var r v1alpha1.NamespaceRequest
@@ -288,7 +288,7 @@ func (p *testProvider) AnswerAsProvider(t *testing.T, name string, phase v1alpha
 
 // releaseAsProvider is the provider's agent acting on a deleted request:
 // the namespace goes, then the finalizer.
-func (p *testProvider) ReleaseAsProvider(t *testing.T, name string) {
+func (p *Provider) ReleaseAsProvider(t *testing.T, name string) {
 	t.Helper()
 	ctx := t.Context()
 	if err := p.Admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsNotFound(err) {
@@ -299,7 +299,7 @@ func (p *testProvider) ReleaseAsProvider(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	if r.DeletionTimestamp == nil {
-		t.Fatalf("request %s on %s is not being deleted", name, p.Id)
+		t.Fatalf("request %s on %s is not being deleted", name, p.ID)
 	}
 	controllerutil.RemoveFinalizer(&r, v1alpha1.FinalizerRequest)
 	if err := p.Admin.Update(ctx, &r); err != nil {
@@ -307,10 +307,10 @@ func (p *testProvider) ReleaseAsProvider(t *testing.T, name string) {
 	}
 }
 
-func (e *mirrorEnv) NamespaceLabels(t *testing.T, ns string) map[string]string {
+func (e *MirrorEnv) NamespaceLabels(t *testing.T, ns string) map[string]string {
 	t.Helper()
 	var n corev1.Namespace
-	if err := e.Lc.Get(t.Context(), client.ObjectKey{Name: ns}, &n); err != nil {
+	if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Name: ns}, &n); err != nil {
 		t.Fatal(err)
 	}
 	return n.Labels
@@ -318,7 +318,7 @@ func (e *mirrorEnv) NamespaceLabels(t *testing.T, ns string) map[string]string {
 
 // waitOffloadedLabel waits until namespace ns carries LabelOffloaded=true,
 // or carries no LabelOffloaded.
-func (e *mirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) {
+func (e *MirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) {
 	t.Helper()
 	eventually.Within(t, 30*time.Second, fmt.Sprintf("namespace %s offloaded=%v", ns, offloaded), func() error {
 		v, ok := e.NamespaceLabels(t, ns)[offload.LabelOffloaded]
@@ -331,20 +331,20 @@ func (e *mirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) 
 
 // removeOffloadedLabel takes LabelOffloaded off namespace ns, as a user
 // could.
-func (e *mirrorEnv) RemoveOffloadedLabel(t *testing.T, ns string) {
+func (e *MirrorEnv) RemoveOffloadedLabel(t *testing.T, ns string) {
 	t.Helper()
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, offload.LabelOffloaded)
-	if err := e.Lc.Patch(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+	if err := e.LocalAdmin.Patch(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // waitGone waits until ns/offload no longer exists.
-func (e *mirrorEnv) WaitGone(t *testing.T, ns string) {
+func (e *MirrorEnv) WaitGone(t *testing.T, ns string) {
 	t.Helper()
 	eventually.Within(t, 30*time.Second, "NamespaceOffload in "+ns+" gone", func() error {
 		var o v1alpha1.NamespaceOffload
-		err := e.Lc.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "offload"}, &o)
+		err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "offload"}, &o)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -363,12 +363,12 @@ func (e *mirrorEnv) WaitGone(t *testing.T, ns string) {
 // virtual node is a Node the test keeps Ready. The consumer reaches the
 // provider through a link the test can cut.
 type PodEnv struct {
-	*mirrorEnv
-	P      *testProvider
-	Grants *offloadtest.Grants
-	Link   *cutLink
-	Views  offloadtest.OffsetViews
-	Node   string // the virtual node
+	*MirrorEnv
+	Provider *Provider
+	Grants   *offloadtest.Grants
+	Link     *Link
+	Views    offloadtest.OffsetViews
+	Node     string // the virtual node
 }
 
 // podEnvOptions are what a test or benchmark varies.
@@ -398,11 +398,11 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	offloadtest.MustApplyCRDsTo(tb, cps...)
 	offloadtest.InstallProvider(tb, prov)
 
-	e := &PodEnv{mirrorEnv: &mirrorEnv{Local: cons, Lc: offloadtest.AdminClient(tb, cons), Self: offloadtest.NewConsumer(tb),
-		Creds: &offloadtest.TestCredentials{M: map[string]remote.ProviderCredential{}}}}
-	e.P = &testProvider{Id: offloadtest.NewConsumer(tb), Cp: prov, Admin: offloadtest.AdminClient(tb, prov)}
-	e.Providers = []*testProvider{e.P}
-	e.Views = offloadtest.OffsetViews{Provider: e.P.Id, Real: offloadtest.ProviderPodCIDR, View: offloadtest.ViewOfProviderPods}
+	e := &PodEnv{MirrorEnv: &MirrorEnv{Local: cons, LocalAdmin: offloadtest.AdminClient(tb, cons), Self: offloadtest.NewConsumer(tb),
+		Creds: &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{}}}}
+	e.Provider = &Provider{ID: offloadtest.NewConsumer(tb), CP: prov, Admin: offloadtest.AdminClient(tb, prov)}
+	e.Providers = []*Provider{e.Provider}
+	e.Views = offloadtest.OffsetViews{Provider: e.Provider.ID, Real: offloadtest.ProviderPodCIDR, View: offloadtest.ViewOfProviderPods}
 	e.Link = newCutLink(tb, prov.Addr.String())
 
 	agent := offloadtest.ServiceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
@@ -410,24 +410,24 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	grantedBy(e.Creds, tb, tenants, e.Self, e.P, "https://"+e.Link.addr)
-	e.Grants = &offloadtest.Grants{M: map[string]grant.Limits{e.Self: {}}}
-	hosted, err := mirror.NewMirrorProvider(mirror.MirrorProviderConfig{
+	grantedBy(e.Creds, tb, tenants, e.Self, e.Provider, "https://"+e.Link.addr)
+	e.Grants = &offloadtest.Grants{Limits: map[string]grant.Limits{e.Self: {}}}
+	hosted, err := mirror.NewProvider(mirror.ProviderConfig{
 		Config: agent, Tenants: tenants, Grants: e.Grants, AgentNamespace: "flotilla-system",
-		Resync: time.Second, Shared: offloadtest.StartSharedCache(tb, agent, nil), Logger: slog.New(slog.NewTextHandler(offloadtest.TestWriter{T: tb}, nil)),
+		Resync: time.Second, Shared: offloadtest.StartSharedCache(tb, agent, nil), Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: tb}, nil)),
 	})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	offloadtest.RunUntilCleanup(tb, "MirrorProvider", hosted.Run)
-	e.AddPeer(tb, e.P.Id, "p1", map[string]string{"region": "a"})
+	e.AddPeer(tb, e.Provider.ID, "p1", map[string]string{"region": "a"})
 	e.Start(tb) // the MirrorConsumer
 
 	for i := range o.Kubelets {
 		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
 		prov.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
 	}
-	e.Node = KeepVirtualNodeReady(tb, cons, e.P.Id)
+	e.Node = KeepVirtualNodeReady(tb, cons, e.Provider.ID)
 	return e
 }
 
@@ -515,7 +515,7 @@ func KeepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider stri
 // cutLink is the consumer's way to the provider's API server: a TCP relay
 // the test cuts (every connection closed, new ones refused, as a network
 // gone) and restores on the same address.
-type cutLink struct {
+type Link struct {
 	addr, target string
 
 	mu    sync.Mutex
@@ -525,13 +525,13 @@ type cutLink struct {
 	wg    sync.WaitGroup
 }
 
-func newCutLink(tb testing.TB, target string) *cutLink {
+func newCutLink(tb testing.TB, target string) *Link {
 	tb.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := &cutLink{addr: l.Addr().String(), target: target, conns: map[net.Conn]bool{}}
+	c := &Link{addr: l.Addr().String(), target: target, conns: map[net.Conn]bool{}}
 	c.serve(l)
 	tb.Cleanup(func() {
 		c.Cut()
@@ -540,7 +540,7 @@ func newCutLink(tb testing.TB, target string) *cutLink {
 	return c
 }
 
-func (c *cutLink) serve(l net.Listener) {
+func (c *Link) serve(l net.Listener) {
 	c.mu.Lock()
 	c.l, c.down = l, false
 	c.mu.Unlock()
@@ -555,7 +555,7 @@ func (c *cutLink) serve(l net.Listener) {
 	})
 }
 
-func (c *cutLink) relay(in net.Conn) {
+func (c *Link) relay(in net.Conn) {
 	out, err := net.Dial("tcp", c.target)
 	if err != nil {
 		in.Close()
@@ -588,7 +588,7 @@ func (c *cutLink) relay(in net.Conn) {
 }
 
 // cut closes every connection and refuses new ones.
-func (c *cutLink) Cut() {
+func (c *Link) Cut() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.down = true
@@ -599,7 +599,7 @@ func (c *cutLink) Cut() {
 }
 
 // restore listens on the same address again.
-func (c *cutLink) Restore(tb testing.TB) {
+func (c *Link) Restore(tb testing.TB) {
 	var l net.Listener
 	var err error
 	for range 50 {
@@ -621,7 +621,7 @@ func (c *cutLink) Restore(tb testing.TB) {
 func (e *PodEnv) SecondIdentity(t *testing.T) string {
 	t.Helper()
 	newID := offloadtest.NewConsumer(t)
-	cfg, g, err := e.Creds.Credential(e.P.Id)
+	cfg, g, err := e.Creds.Credential(e.Provider.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

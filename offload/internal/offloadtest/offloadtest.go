@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -29,7 +30,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -117,44 +118,44 @@ func ExpiryGauge(t *testing.T, reg *prometheus.Registry, component, cert string)
 
 // testCredentials hand out what each provider granted: a real token of
 // its tenant (offload.Consumer does the same from sealed grants).
-type TestCredentials struct {
-	mu sync.Mutex
-	M  map[string]remote.ProviderCredential
+type Credentials struct {
+	mu   sync.Mutex
+	Held map[string]remote.ProviderCredential
 }
 
-func (c *TestCredentials) Credential(provider string) (*rest.Config, grant.Grant, error) {
+func (c *Credentials) Credential(provider string) (*rest.Config, grant.Grant, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	pc, ok := c.M[provider]
+	pc, ok := c.Held[provider]
 	if !ok {
 		return nil, grant.Grant{}, fmt.Errorf("no credential from %s: it has not granted offloading to this cluster", provider)
 	}
 	return rest.CopyConfig(pc.Config), pc.Grant, nil
 }
 
-func (c *TestCredentials) Set(provider string, pc remote.ProviderCredential) {
+func (c *Credentials) Set(provider string, pc remote.ProviderCredential) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.M[provider] = pc
+	c.Held[provider] = pc
 }
 
-func (c *TestCredentials) Drop(provider string) {
+func (c *Credentials) Drop(provider string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.M, provider)
+	delete(c.Held, provider)
 }
 
-type TestWriter struct{ T testing.TB }
+type LogWriter struct{ T testing.TB }
 
-func (w TestWriter) Write(p []byte) (int, error) {
+func (w LogWriter) Write(p []byte) (int, error) {
 	w.T.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
 
 func AdminClient(t testing.TB, cp *harness.ControlPlane) client.Client {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{v1alpha1.AddToScheme, corev1.AddToScheme, apiextensionsv1.AddToScheme} {
+	scheme := kruntime.NewScheme()
+	for _, add := range []func(*kruntime.Scheme) error{v1alpha1.AddToScheme, corev1.AddToScheme, apiextensionsv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -168,21 +169,21 @@ func AdminClient(t testing.TB, cp *harness.ControlPlane) client.Client {
 
 // grants is what the grants Provider would say, set by the test.
 type Grants struct {
-	Mu sync.Mutex
-	M  map[string]grant.Limits
+	Mu     sync.Mutex
+	Limits map[string]grant.Limits
 }
 
 func (g *Grants) Granted(consumer string) (grant.Limits, bool) {
 	g.Mu.Lock()
 	defer g.Mu.Unlock()
-	l, ok := g.M[consumer]
+	l, ok := g.Limits[consumer]
 	return l, ok
 }
 
 func (g *Grants) Set(consumer string, l grant.Limits) {
 	g.Mu.Lock()
 	defer g.Mu.Unlock()
-	g.M[consumer] = l
+	g.Limits[consumer] = l
 }
 
 // serviceAccountConfig is a client config with a token of account, as a
@@ -402,9 +403,16 @@ func InstallProvider(t testing.TB, cp *harness.ControlPlane) {
 	t.Helper()
 	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
 		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
-			"apply", "--server-side", "-f", filepath.Join("..", "deploy", f))
+			"apply", "--server-side", "-f", DeployFile(f))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("kubectl apply deploy/%s: %v\n%s", f, err, out)
 		}
 	}
+}
+
+// DeployFile is the path of deploy/name in this checkout, wherever the
+// test runs from.
+func DeployFile(name string) string {
+	_, self, _, _ := runtime.Caller(0) // offload/internal/offloadtest/
+	return filepath.Join(filepath.Dir(self), "..", "..", "..", "deploy", name)
 }
