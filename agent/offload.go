@@ -34,12 +34,14 @@ import (
 // objects: peer states go to both the Peer writer and the provider.
 type offloading struct {
 	objects  *peerapi.Objects
-	provider *tenancy.Grants
-	consumer *remote.Consumer
-	// mirrors extends this cluster's namespaces to its providers; hosted
-	// answers the namespace requests of the consumers it grants.
-	mirrors *mirror.Consumer
-	hosted  *mirror.Provider
+	// grants are what this cluster grants its consumers; credentials
+	// what its providers granted it.
+	grants      *tenancy.Grants
+	credentials *remote.Consumer
+	// offloads extends this cluster's namespaces to its providers;
+	// requests answers the namespace requests of the consumers it grants.
+	offloads *mirror.Consumer
+	requests *mirror.Provider
 	// nodes are the virtual nodes that stand for the providers; kubelet
 	// serves their kubelet API; placement applies a NamespaceOffload's
 	// pod strategy at admission.
@@ -83,14 +85,14 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	var hosted *mirror.Provider // told of grants changing, once made
-	provider, err := tenancy.NewGrants(tenancy.GrantsConfig{
+	var requests *mirror.Provider // told of grants changing, once made
+	grants, err := tenancy.NewGrants(tenancy.GrantsConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
 		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter,
 		Changed: func(consumer string) {
-			if hosted != nil {
-				hosted.GrantChanged(consumer)
+			if requests != nil {
+				requests.GrantChanged(consumer)
 			}
 		},
 		Logger: a.log, Metrics: a.registry,
@@ -98,7 +100,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	consumer, err := remote.NewConsumer(remote.ConsumerConfig{
+	credentials, err := remote.NewConsumer(remote.ConsumerConfig{
 		Store: grant.NewStore(st.id, st.ledger), Peers: objects.Reader(), Client: c,
 		Logger: a.log, Metrics: a.registry,
 	})
@@ -113,22 +115,22 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	mirrors, err := mirror.NewConsumer(mirror.ConsumerConfig{
-		Config: a.restCfg, Credentials: consumer, Self: st.id.ClusterID(), Peers: peers,
+	offloads, err := mirror.NewConsumer(mirror.ConsumerConfig{
+		Config: a.restCfg, Credentials: credentials, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
-	hosted, err = mirror.NewProvider(mirror.ProviderConfig{
-		Config: a.restCfg, Tenants: tenants, Grants: provider, AgentNamespace: a.agentNamespace(), Shared: peers,
+	requests, err = mirror.NewProvider(mirror.ProviderConfig{
+		Config: a.restCfg, Tenants: tenants, Grants: grants, AgentNamespace: a.agentNamespace(), Shared: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
 	}
 	nodes, err := vnode.NewNodes(vnode.Config{
-		Config: a.restCfg, Client: a.kube, Credentials: consumer,
+		Config: a.restCfg, Client: a.kube, Credentials: credentials,
 		Address: a.cfg.NodeAddress, KubeletPort: int32(a.cfg.KubeletPort), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
@@ -136,7 +138,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		return nil, err
 	}
 	kubelet, err := kubeletapi.NewServer(kubeletapi.Config{
-		Client: a.kube, Credentials: consumer, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
+		Client: a.kube, Credentials: credentials, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.KubeletPort),
 		AgentNamespace: a.agentNamespace(), Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -154,7 +156,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	a.ready.add("placement webhook", placement.Ready)
 	a.ready.add("kubelet API", kubelet.Ready)
 	pods, err := podsync.NewReflector(podsync.Config{
-		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -162,7 +164,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	// Reflection (docs/services.md).
 	reflector, err := reflection.NewReflector(reflection.ReflectorConfig{
-		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: consumer, Views: ledgerViews{st.ledger},
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Views: ledgerViews{st.ledger},
 		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -177,7 +179,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, provider: provider, consumer: consumer, mirrors: mirrors, hosted: hosted,
+	return &offloading{objects: objects, grants: grants, credentials: credentials, offloads: offloads, requests: requests,
 		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflector,
 		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
@@ -186,7 +188,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 // (peering.Publisher).
 func (o *offloading) Publish(s peering.PeerState) {
 	o.objects.Publish(s)
-	o.provider.PeerChanged(s)
+	o.grants.PeerChanged(s)
 	o.services.peerChanged(s)
 }
 
@@ -198,16 +200,16 @@ func (o *offloading) Retire(id, why string) { o.objects.Retire(id, why) }
 
 // start runs both sides once the Peer informer has synced.
 func (o *offloading) start(ctx context.Context, comps *components) error {
-	if err := o.objects.AddHandler(ctx, o.provider.PeerHandler()); err != nil {
+	if err := o.objects.AddHandler(ctx, o.grants.PeerHandler()); err != nil {
 		return err
 	}
 	// The shared informers, made as the components below first ask for
 	// a kind; they wait for them to sync.
 	comps.Go("shared informers", o.shared.Start)
-	comps.Go("offload grants", o.provider.Run)
-	comps.Go("offload credentials", o.consumer.Run)
-	comps.Go("namespace offloading", o.mirrors.Run)
-	comps.Go("hosted namespaces", o.hosted.Run)
+	comps.Go("offload grants", o.grants.Run)
+	comps.Go("offload credentials", o.credentials.Run)
+	comps.Go("namespace offloading", o.offloads.Run)
+	comps.Go("namespace requests", o.requests.Run)
 	comps.Go("virtual nodes", o.nodes.Run)
 	comps.Go("virtual nodes' kubelet API", o.kubelet.Run)
 	comps.Go("placement webhook", o.placement.Run)

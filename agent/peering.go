@@ -30,7 +30,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: off, Grants: off.consumer,
+		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: off, Grants: off.credentials,
 		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
 		Logger: a.log, Metrics: a.registry,
 	})

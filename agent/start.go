@@ -88,7 +88,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("Peer informer synced")
-	a.feedDashboard(st.id.ClusterID(), off.objects, off.mirrors.Offloads())
+	a.feedDashboard(st.id.ClusterID(), off.objects, off.offloads.Offloads())
 	if err := off.start(ctx, comps); err != nil {
 		return err
 	}
