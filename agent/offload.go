@@ -33,7 +33,7 @@ import (
 // credentials peers granted it. It sits between the engine and the Peer
 // objects: peer states go to both the Peer writer and the provider.
 type offloading struct {
-	objects  *peerapi.Objects
+	objects *peerapi.Objects
 	// grants are what this cluster grants its consumers; credentials
 	// what its providers granted it.
 	grants      *tenancy.Grants
