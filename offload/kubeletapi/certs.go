@@ -22,7 +22,7 @@ const (
 	DefaultKubeletServingLifetime = 7 * 24 * time.Hour
 )
 
-// kubeletLifetimes are the kubelet API's lifetimes, the defaults where
+// KubeletLifetimes are the kubelet API's lifetimes, the defaults where
 // the config sets none. An API server reads --kubelet-certificate-authority
 // once, at start, and an operator copies the bundle there, so a new CA
 // signs as late as it can: when the old one can no longer cover a whole

@@ -68,7 +68,7 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// KubeletAPI is the kubelet API of the virtual nodes, so that `kubectl
+// Server is the kubelet API of the virtual nodes, so that `kubectl
 // logs`, `exec`, `attach` and `port-forward` work on offloaded pods: the
 // local API server calls it as it would a node's kubelet, and it forwards
 // each call to the pod's subresource on the provider's API server, with

@@ -22,6 +22,7 @@ import (
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -90,7 +91,7 @@ func (f *federation) start(tb testing.TB, c *cluster) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runUntilCleanup(tb, "the shared cache of "+c.name, shared.Start)
+	offloadtest.RunUntilCleanup(tb, "the shared cache of "+c.name, shared.Start)
 	svcs, err := New(Config{
 		Config: c.cp.Config, Identity: c.id, Send: f.sender(c.id.ClusterID()), Views: f.views(c.id.ClusterID()),
 		Serials: c.serials, Grace: 3 * time.Second, Resync: time.Second, Shared: shared,
@@ -102,7 +103,7 @@ func (f *federation) start(tb testing.TB, c *cluster) {
 	f.mu.Lock()
 	c.svcs = svcs
 	f.mu.Unlock()
-	c.stop = runUntilCleanup(tb, "Services of "+c.name, svcs.Run)
+	c.stop = offloadtest.RunUntilCleanup(tb, "Services of "+c.name, svcs.Run)
 	for id, o := range f.clusters {
 		if id == c.id.ClusterID() {
 			continue
@@ -179,25 +180,6 @@ type testWriter struct{ tb testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.tb.Log(string(p))
 	return len(p), nil
-}
-
-// runUntilCleanup runs a controller until the test ends or the returned
-// stop; an error from it fails the test.
-func runUntilCleanup(tb testing.TB, what string, run func(context.Context) error) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				tb.Errorf("%s: %v", what, err)
-			}
-		})
-	}
-	tb.Cleanup(stop)
-	return stop
 }
 
 // applyCRDs creates the embedded CRDs, as the agent does at start, and

@@ -41,7 +41,7 @@ type ConsumerConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// MirrorConsumer extends local namespaces to providers: for each
+// Consumer extends local namespaces to providers: for each
 // NamespaceOffload it writes a NamespaceRequest in this cluster's tenant
 // namespace on every provider its selector picks, deletes those no longer
 // wanted, and sums up the providers' answers in the NamespaceOffload's

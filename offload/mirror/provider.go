@@ -76,7 +76,7 @@ type ProviderConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// MirrorProvider is the provider's side of namespace mirroring: it
+// Provider is the provider's side of namespace mirroring: it
 // answers the NamespaceRequests consumers write in their tenant
 // namespaces by creating namespaces for them, labelled as theirs, with
 // their rights and the grant's quota, and deletes those no request wants.

@@ -66,7 +66,7 @@ type WebhookConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// PlacementWebhook is the mutating admission webhook that places the
+// Webhook is the mutating admission webhook that places the
 // pods of offloaded namespaces (placement.go): it serves HTTPS with a
 // certificate of its own CA and keeps the MutatingWebhookConfiguration,
 // the CA Secret and the certificates current.

@@ -62,7 +62,7 @@ type Config struct {
 	Peers offload.PeerCache
 }
 
-// PodReflector runs the pods bound to virtual nodes on their providers:
+// Reflector runs the pods bound to virtual nodes on their providers:
 // each is created, with the consumer's credential, in the namespace
 // mirrored for its namespace there, and the provider's pod's status comes
 // back, its IP translated into this cluster's view. It is level-triggered

@@ -71,7 +71,7 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// VirtualNodes keeps one Node in this cluster for each provider that
+// Nodes keeps one Node in this cluster for each provider that
 // granted it offloading: named VirtualNodeName(provider), labelled and
 // tainted as a virtual node, its capacity the grant's limits, Ready only
 // while the peering is Connected and the credential works, with a Lease
