@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -61,14 +63,38 @@ func deployedRuntimeEnv(tb testing.TB) []string {
 			continue
 		}
 		for _, e := range c.Env {
-			if strings.HasPrefix(e.Name, "GO") && e.ValueFrom == nil {
-				env = append(env, e.Name+"="+e.Value)
+			if !strings.HasPrefix(e.Name, "GO") {
+				continue
 			}
+			v := e.Value
+			if e.ValueFrom != nil {
+				v = resourceValue(tb, c, e.ValueFrom.ResourceFieldRef)
+			}
+			env = append(env, e.Name+"="+v)
 		}
 		return env
 	}
 	tb.Fatal("deploy/deployment.yaml: no container named agent")
 	return nil
+}
+
+// resourceValue is what the downward API gives container c for ref: its
+// memory limit in bytes, divided by ref's divisor and rounded up as the
+// kubelet does, is the one the deployment uses.
+func resourceValue(tb testing.TB, c corev1.Container, ref *corev1.ResourceFieldSelector) string {
+	tb.Helper()
+	if ref == nil || ref.Resource != "limits.memory" {
+		tb.Fatalf("deploy/deployment.yaml: container %s: an environment variable from %+v, want a value or resourceFieldRef limits.memory", c.Name, ref)
+	}
+	limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+	if !ok {
+		tb.Fatalf("deploy/deployment.yaml: container %s has no memory limit for its resourceFieldRef limits.memory", c.Name)
+	}
+	divisor := int64(1)
+	if !ref.Divisor.IsZero() {
+		divisor = ref.Divisor.Value()
+	}
+	return strconv.FormatInt((limit.Value()+divisor-1)/divisor, 10)
 }
 
 // BenchmarkTunnelUnderMemoryLimit measures what the Go runtime's memory
