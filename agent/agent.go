@@ -53,16 +53,6 @@ type Config struct {
 	// the process's inside to whoever reaches the port, and a CPU
 	// profile costs while it runs.
 	Profiling bool
-	// ReleaseStartPages unmaps the binary's read-only pages once the
-	// components have started, so that only what the agent runs from
-	// then on is mapped again (startpages.go). On by default.
-	ReleaseStartPages bool
-	// EvictStartPages also drops the binary's pages that no process
-	// maps from the page cache once they are released, so that each page
-	// the agent runs again is read alone rather than mapped with the
-	// 64 KiB (or the whole large folio) the kernel has cached around it
-	// (startpages.go). On by default.
-	EvictStartPages bool
 	// ShutdownTimeout bounds the stop of all components.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -160,8 +150,6 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		StateDir:           "/var/lib/flotilla",
-		ReleaseStartPages:  true,
-		EvictStartPages:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),

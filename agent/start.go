@@ -106,9 +106,6 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
 		return err
 	}
-	if a.cfg.ReleaseStartPages {
-		ReleaseStartPages(a.log, a.cfg.EvictStartPages)
-	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return nil
 }

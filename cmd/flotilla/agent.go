@@ -28,8 +28,6 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
 	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
-	fs.BoolVar(&cfg.ReleaseStartPages, "release-start-pages", cfg.ReleaseStartPages, "once started, unmap the binary's read-only pages so that only those the agent runs again count in its resident memory (they stay in the page cache); false keeps them mapped")
-	fs.BoolVar(&cfg.EvictStartPages, "evict-start-pages", cfg.EvictStartPages, "with --release-start-pages, also drop the released pages from the page cache, so that what the agent runs again is read one page at a time (a disk read the first time) instead of mapped with the 64 KiB or more the page cache holds around it; false keeps them cached")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +31,6 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	node := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, holding the fabric plan (default: $POD_NAMESPACE)")
 	metricsAddr := fs.String("metrics-addr", fmt.Sprintf(":%d", fabricapi.MetricsPort), "address serving /healthz, /readyz and /metrics (empty: off)")
-	releasePages := fs.Bool("release-start-pages", true, "once the node applied its first plan, unmap the binary's read-only pages so that only those it runs again count in its resident memory (they stay in the page cache)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
@@ -59,7 +57,6 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	reg := agent.NewRegistry()
 	// Ready once this node holds the newest plan it could read.
 	var applied atomic.Pointer[error]
-	var released sync.Once
 	notYet := errors.New("no plan applied yet")
 	applied.Store(&notYet)
 	if *metricsAddr != "" {
@@ -91,13 +88,8 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	return fabricapi.RunNode(ctx, fabricapi.NodeConfig{
 		Client: client, Namespace: *namespace, NodeName: *node,
-		Fabric: fabric.Config{Logger: log, Metrics: reg},
-		Log:    log.With("node", *node),
-		Applied: func(err error) {
-			applied.Store(&err)
-			if err == nil && *releasePages {
-				released.Do(func() { agent.ReleaseStartPages(log, false) })
-			}
-		},
+		Fabric:  fabric.Config{Logger: log, Metrics: reg},
+		Log:     log.With("node", *node),
+		Applied: func(err error) { applied.Store(&err) },
 	})
 }

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -112,19 +112,19 @@ func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (gr
 	case !absent(err):
 		note("offloaded namespaces", err)
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
+	core, err := corev1client.NewForConfig(cfg)
 	if err != nil {
 		return graph.Report{}, fmt.Errorf("%s: client: %w", where, err)
 	}
 	// Virtual nodes stand for providers; they are not this cluster's.
-	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVirtualNode + "!=true"})
+	nodes, err := core.Nodes().List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVirtualNode + "!=true"})
 	if err != nil {
 		note("node count", err)
 	} else {
 		r.Self.Nodes = len(nodes.Items)
 	}
 	if len(r.Peers) > 0 {
-		traffic, err := agentTraffic(ctx, kube)
+		traffic, err := agentTraffic(ctx, core)
 		if err != nil {
 			note("traffic", err)
 		}
@@ -156,8 +156,8 @@ func absent(err error) bool {
 
 // agentTraffic reads the tunnel counters from the agent's /metrics,
 // through the API server's proxy to its pod.
-func agentTraffic(ctx context.Context, kube kubernetes.Interface) (map[string]graph.Counters, error) {
-	pods, err := kube.CoreV1().Pods(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+func agentTraffic(ctx context.Context, core corev1client.CoreV1Interface) (map[string]graph.Counters, error) {
+	pods, err := core.Pods(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil {
 		return nil, fmt.Errorf("find the agent: %w", err)
 	}
@@ -173,7 +173,7 @@ func agentTraffic(ctx context.Context, kube kubernetes.Interface) (map[string]gr
 				}
 			}
 		}
-		page, err := kube.CoreV1().Pods(agentNamespace).ProxyGet("http", p.Name, port, "metrics", nil).Stream(ctx)
+		page, err := core.Pods(agentNamespace).ProxyGet("http", p.Name, port, "metrics", nil).Stream(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("read the metrics of agent pod %s/%s: %w", agentNamespace, p.Name, err)
 		}

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 
@@ -34,7 +34,7 @@ type keyCluster struct {
 	// name is the kubeconfig as given, until the agent's status names the
 	// cluster.
 	name string
-	kube kubernetes.Interface
+	core corev1client.CoreV1Interface
 	ns   string
 }
 
@@ -55,11 +55,11 @@ func openKeyCluster(kubeconfig, kubeContext, ns string) (*keyCluster, error) {
 	// to 1.2 s on two clusters; the API server's priority and fairness
 	// protects it, as for the agent.
 	cfg.QPS, cfg.Burst = -1, -1
-	kube, err := kubernetes.NewForConfig(cfg)
+	core, err := corev1client.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return &keyCluster{name: name, kube: kube, ns: ns}, nil
+	return &keyCluster{name: name, core: core, ns: ns}, nil
 }
 
 // keyStatus is what an agent says of its keyring.
@@ -71,7 +71,7 @@ type keyStatus struct {
 
 // status reads what the agent holds.
 func (c *keyCluster) status(ctx context.Context) (keyStatus, error) {
-	cm, err := c.kube.CoreV1().ConfigMaps(c.ns).Get(ctx, agent.FederationKeysStatus, metav1.GetOptions{})
+	cm, err := c.core.ConfigMaps(c.ns).Get(ctx, agent.FederationKeysStatus, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return keyStatus{}, fmt.Errorf("%s: no ConfigMap %s/%s: is the agent running, and of a version that rotates keys? (`kubectl -n %s logs deploy/flotilla-agent`)",
 			c.name, c.ns, agent.FederationKeysStatus, c.ns)
@@ -91,7 +91,7 @@ func parseKeyStatus(cm *corev1.ConfigMap) keyStatus {
 }
 
 func (c *keyCluster) secret(ctx context.Context) (*corev1.Secret, error) {
-	s, err := c.kube.CoreV1().Secrets(c.ns).Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+	s, err := c.core.Secrets(c.ns).Get(ctx, agent.FederationSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
@@ -162,7 +162,7 @@ func (c *keyCluster) write(ctx context.Context, ring [][]byte, rotation string) 
 	if err != nil {
 		return err
 	}
-	secrets := c.kube.CoreV1().Secrets(c.ns)
+	secrets := c.core.Secrets(c.ns)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		s, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -229,7 +229,7 @@ func (c *keyCluster) wait(ctx context.Context, w io.Writer, want []string, timeo
 		}
 		return sameKeys(last.keys, want)
 	}
-	cms := c.kube.CoreV1().ConfigMaps(c.ns)
+	cms := c.core.ConfigMaps(c.ns)
 	field := fields.OneTermEqualSelector("metadata.name", agent.FederationKeysStatus).String()
 	for wctx.Err() == nil {
 		rv := ""

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -25,20 +26,13 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// The sizes of BenchmarkAgentMemory: FLOTILLA_BENCH_RSS_PODS (default
-// 1000) and FLOTILLA_BENCH_RSS_PEERS (default 100, the provider
-// included; at least 1).
+// The sizes of BenchmarkAgentMemory: FLOTILLA_BENCH_RSS_PODS and
+// FLOTILLA_BENCH_RSS_PEERS (the provider included; at least 1).
 const (
 	benchRSSPodsEnvVar  = "FLOTILLA_BENCH_RSS_PODS"
 	benchRSSPeersEnvVar = "FLOTILLA_BENCH_RSS_PEERS"
-	// benchRSSAgentEnvVar sets the measured agent's environment instead
-	// of deploy/deployment.yaml's Go runtime settings, space-separated:
-	// "GOMEMLIMIT=48MiB GOGC=50" shows what the runtime's knobs change,
-	// "none" runs it with the runtime's defaults.
-	benchRSSAgentEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ENV"
 	// benchRSSAgentArgsEnvVar adds flags to the measured agent,
-	// space-separated: "--release-start-pages=false" measures the agent
-	// keeping its binary's start pages mapped.
+	// space-separated.
 	benchRSSAgentArgsEnvVar = "FLOTILLA_BENCH_RSS_AGENT_ARGS"
 	// benchRSSProfilesEnvVar names a directory: the agent runs with
 	// --profiling and the heap profile at the end of each window is
@@ -48,34 +42,55 @@ const (
 	benchRSSProfilesEnvVar = "FLOTILLA_BENCH_RSS_PROFILES"
 )
 
+// The targets, at memTargetPods offloaded pods and memTargetPeers peers:
+// the container's working set and the agent's anonymous memory (the Go
+// heap, stacks and the runtime's own), in MiB.
+const (
+	memTargetPods, memTargetPeers = 1000, 100
+	memTargetWorkingSetMiB        = 64
+	memTargetAnonMiB              = 40
+)
+
 // memWindow is how long each steady state is sampled (every
-// memSampleEvery): long enough for a few garbage collections and the
-// runtime's return of freed pages.
+// memSampleEvery; the agent's metrics every memScrapeEvery): long
+// enough for a few garbage collections and the runtime's return of
+// freed pages.
 const (
 	memWindow      = 20 * time.Second
 	memSampleEvery = 250 * time.Millisecond
+	memScrapeEvery = 5 * time.Second
 )
 
-// The consumer agent's resident memory with 1000 offloaded pods and 100
-// peers (target <= 64 MiB; Liqo users report memory out of hand at 7k
-// pods, liqotech/liqo #2436). The measured agent is the real binary, a
-// process on its site with its own control plane (with a scheduler);
-// the provider is a second such cluster, granting offloading, whose
-// nodes are the harness's stand-in kubelets. The other 99 peers are the
-// test binary run as "swarm" on a third site (swarm_test.go): real
-// gossip members with the federation key and real peering engines, each
-// with a WireGuard device that answers handshakes, so the consumer holds
-// 100 Connected Peers, 100 WireGuard peers with their NAT, and 100 views
-// in its ledger. It samples the agent's VmRSS (/proc/PID/status), with
-// its anonymous and file-backed parts (RssAnon, RssFile), idle with the
-// provider only, idle with every peer, then per round from
-// creating a Deployment of 1000 pods in a Remote namespace until all are
-// Running here with translated addresses (the ramp), and steady with all
-// of them; after each window it reads the Go runtime's metrics and the
-// agent's CPU over it. The round ends with the Deployment deleted and its pods
-// gone. docs/offload.md has the figures.
+// The consumer agent's memory with offloaded pods and peers, as the
+// kubelet and `kubectl top` see it: the working set of the agent's
+// container (its cgroup's usage less the inactive page cache). The
+// agent runs as deploy/ installs it, a pod of its image (built from this
+// checkout) on a real node (kubelet, containerd), with its deployment's
+// limits and Go runtime settings. Beside the working set: the agent's Go
+// heap in use (its /metrics) and its process's anonymous memory
+// (RssAnon, the heap included), and the cgroup's anonymous memory, page
+// cache and mapped page cache.
+//
+// The provider is a second cluster of real nodes, granting offloading,
+// whose offloaded pods run on the harness's stand-in kubelets (its real
+// node is cordoned). The other peers are the test binary run as "swarm"
+// on a site of the nodes' LAN (swarm_test.go): real gossip members with
+// the federation key and real peering engines, each with a WireGuard
+// device that answers handshakes, so the consumer holds that many
+// Connected Peers, WireGuard peers with their NAT, and views in its
+// ledger. Windows: idle with the provider only, idle with every peer,
+// then per round from creating a Deployment of the pods in a Remote
+// namespace until all are Running here with translated addresses (the
+// ramp), and steady with all of them. The round ends with the Deployment
+// deleted and its pods gone.
+//
+// The default size (200 pods, 20 peers) fits `make bench`; the targets
+// are for 1000 pods and 100 peers:
+//
+//	FLOTILLA_BENCH_RSS_PODS=1000 FLOTILLA_BENCH_RSS_PEERS=100 \
+//	    go test ./test/e2e -run '^$' -bench BenchmarkAgentMemory -benchtime 3x -timeout 60m
 func BenchmarkAgentMemory(b *testing.B) {
-	pods, peers := envCount(b, benchRSSPodsEnvVar, 1000), envCount(b, benchRSSPeersEnvVar, 100)
+	pods, peers := envCount(b, benchRSSPodsEnvVar, 200), envCount(b, benchRSSPeersEnvVar, 20)
 	b.Run(fmt.Sprintf("pods=%d,peers=%d", pods, peers), func(b *testing.B) { benchAgentMemory(b, pods, peers) })
 }
 
@@ -96,243 +111,422 @@ func envCount(b *testing.B, name string, def int) int {
 // resident a member with 99.
 const swarmMemberMiB = 40
 
+// nodeClusterMiB is what a cluster of one real node takes with its
+// control plane and the agent (REAL-KUBELET.md: about 650 MiB), with
+// room for the provider's stand-in kubelets.
+const nodeClusterMiB = 900
+
+// standInPodsPerNode is how many of the provider's pods a stand-in
+// kubelet is given room for (each has a /24 and 250 pods' capacity).
+const standInPodsPerNode = 200
+
 func benchAgentMemory(b *testing.B, pods, peers int) {
-	requireAll(b)
+	harness.Require(b, harness.NeedsNodes...)
 	harness.Require(b, harness.Requirement{
 		Name: "memory for two clusters and the swarm",
 		Check: func() error {
-			if need, have := 2*scaleClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
+			if need, have := 2*nodeClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
 				return fmt.Errorf("two clusters and %d swarm members need about %d MiB, %d MiB available", peers-1, need, have)
 			}
 			return nil
 		},
 		Fix: "a machine with more memory, or fewer peers (FLOTILLA_BENCH_RSS_PEERS)",
 	})
+	if pods > 15*standInPodsPerNode {
+		b.Fatalf("%s=%d: at most %d pods", benchRSSPodsEnvVar, pods, 15*standInPodsPerNode)
+	}
 	loadBefore := loadAvg()
-	env := harness.New(b)
-	lan := env.NewLAN("lan")
-	// Both clusters on the same pod network: the consumer remaps the
-	// provider's, as it does each swarm member's.
-	cs := federation.New(b, env, federation.Options{
-		PodCIDRs: []string{"10.0.0.0/16", "10.0.0.0/16"}, LAN: lan,
-		Args: []string{"--log-level", "info"},
-		ArgsFor: func(i int, _ []*federation.Cluster) []string {
-			if i == 1 {
-				return []string{"--offload-grants=auto"}
-			}
-			return nil
-		},
-	})
-	cons, prov := cs[0], cs[1]
+	consArgs := strings.Fields(os.Getenv(benchRSSAgentArgsEnvVar))
 	profiles := os.Getenv(benchRSSProfilesEnvVar)
 	if profiles != "" {
 		if err := os.MkdirAll(profiles, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		cons.Args = append(cons.Args, "--profiling")
+		consArgs = append(consArgs, "--profiling")
 	}
-	agentArgs := strings.Fields(os.Getenv(benchRSSAgentArgsEnvVar))
-	cons.Args = append(cons.Args, agentArgs...)
-	// The measured agent runs a copy of the binary of its own, as on a
-	// node of its own: the provider's agent maps the same file, and the
-	// pages it keeps cached would be mapped into the measured one around
-	// each of its faults (docs/offload.md, "The fifth round").
-	// It is the binary the image holds (static: no libc mapped), not the
-	// harness's build.
-	measured := copyOfBinary(b, harness.ImageBinary(b))
-	cons.Bin = measured
-	// The agent runs with the deployment's runtime settings unless told
-	// otherwise ("none": the runtime's defaults).
-	agentEnv := deployedRuntimeEnv(b)
-	if v, ok := os.LookupEnv(benchRSSAgentEnvVar); ok {
-		agentEnv = strings.Fields(v)
-		if v == "none" {
-			agentEnv = nil
-		}
+	env := harness.New(b)
+	// Both clusters on the same pod network: the consumer remaps the
+	// provider's, as it does each swarm member's. The controller
+	// managers' and schedulers' defaults (20 and 50 requests a second)
+	// would make the ramp theirs.
+	cs := federation.OnNodes(b, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), ClientQPS: 1000,
+		ArgsFor: func(i int) []string {
+			if i == 1 {
+				return []string{"--offload-grants=auto"}
+			}
+			return consArgs
+		},
+	})
+	cons, prov := cs[0], cs[1]
+	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	federation.WaitOffloadCredential(b, cons, prov.Name, 60*time.Second)
+	// The offloaded pods go to stand-in kubelets, not the real node.
+	if out, err := federation.Kubectl(prov.CP, "cordon", prov.Gateway.NodeName); err != nil {
+		b.Fatalf("%v: %s", err, out)
 	}
-	if len(agentEnv) > 0 {
-		// env(1) execs the agent: the pid stays the agent's.
-		cons.Args = append(append(agentEnv, cons.Bin), cons.Args...)
-		cons.Bin = "env"
+	for i := range pods/standInPodsPerNode + 1 {
+		prov.CP.StartKubelet(fmt.Sprintf("standin%d", i+1), harness.KubeletOptions{})
 	}
-	installConsumerRole(b, cs[1:])
-	// The consumer's API server calls the agent's placement webhook at
-	// the agent's address in its site.
-	cons.CP.ReachInto(cons.Site.Netns, netip.PrefixFrom(cons.Site.Addr, 32))
-	for _, c := range cs {
-		// Their defaults (50 a second) would make the ramp the
-		// scheduler's; the controller managers keep theirs.
-		c.CP.Options.ClientQPS = 1000
-		c.CP.StartScheduler()
-	}
-	// 250 pods a stand-in node at most, and room to spare; a /20 each
-	// of 10.0.0.0/16.
-	if pods > 15*200 {
-		b.Fatalf("%s=%d: at most %d pods (16 stand-in nodes)", benchRSSPodsEnvVar, pods, 15*200)
-	}
-	for i := range pods/200 + 1 {
-		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
-		prov.CP.StartKubelet(fmt.Sprintf("node%d", i+1), harness.KubeletOptions{PodCIDR: cidr})
-	}
-	federation.Connect(b, cs)
-	waitCredentials(b, cons, cs[1:], 2*time.Minute)
-	agent := agentPid(b, cons, measured)
+	agent := agentContainerOf(b, cons)
 
-	m := &memReport{pods: pods, peers: peers, env: append(slices.Clone(agentEnv), agentArgs...)}
-	m.idleOne = sampleFor(b, cons, agent, memWindow)
+	m := &memReport{pods: pods, peers: peers, args: consArgs, cgroup: agent.cgroup}
+	m.idleOne = agent.sampleFor(b, memWindow)
 	saveHeapProfile(b, cons, profiles, "idle-1")
 
 	if peers > 1 {
-		startSwarm(b, env, lan, cons, peers-1)
+		startSwarm(b, env, cons, peers-1)
 		waitPeersConnected(b, cons, peers, 5*time.Minute)
 	}
-	m.idleAll = sampleFor(b, cons, agent, memWindow)
+	m.idleAll = agent.sampleFor(b, memWindow)
 	saveHeapProfile(b, cons, profiles, "idle-all")
 
-	view := offloadRemote(b, cons, prov, "bench")
+	view := offloadRemote(b, cons.Cluster, prov.Cluster, "bench")
 	for round := 0; b.Loop(); round++ {
 		app := fmt.Sprintf("mem-%d", round)
-		s := startSampler(agent)
+		s := agent.startSampler()
 		start := time.Now()
-		createPlainDeployment(b, cons, "bench", app, pods)
+		createPlainDeployment(b, cons.Cluster, "bench", app, pods)
 		waitReflected(b, cons, "bench", app, pods, view, 10*time.Minute)
 		ramp := s.stop()
-		steady := sampleFor(b, cons, agent, memWindow)
+		steady := agent.sampleFor(b, memWindow)
 		saveHeapProfile(b, cons, profiles, fmt.Sprintf("pods-%d", round+1))
-		m.rounds = append(m.rounds, memRound{took: time.Since(start), rampMax: slices.Max(ramp.rss), steady: steady})
+		m.rounds = append(m.rounds, memRound{took: time.Since(start), rampMax: slices.Max(ramp.workingSet), steady: steady})
 		b.StopTimer()
 		deleteAndWaitGone(b, cons, "bench", app, 10*time.Minute)
 		b.StartTimer()
 	}
 	b.StopTimer()
+	agent.checkSame(b)
 	m.report(b, loadBefore)
 }
 
-// memSamples are VmRSS readings split, at each sample, into what the
-// resident memory is made of: anonymous (the Go heap, stacks, the
-// runtime) against file-backed (the binary's pages that ran); and, read
-// once at the end, the Go runtime's own account.
+// agentContainer is the measured agent: its container's process, as the
+// node's containerd started it, and its memory cgroup.
+type agentContainer struct {
+	c       *federation.NodeCluster
+	pod     corev1.Pod
+	pid     int
+	cgroup  harness.MemoryCgroup
+	started time.Time
+}
+
+// agentContainerOf finds c's agent container on its gateway node.
+func agentContainerOf(b *testing.B, c *federation.NodeCluster) *agentContainer {
+	b.Helper()
+	pod, err := c.AgentPod(context.Background())
+	if err != nil || len(pod.Status.ContainerStatuses) != 1 {
+		b.Fatalf("agent pod of %s: %v (%d containers)", c.Name, err, len(pod.Status.ContainerStatuses))
+	}
+	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := c.Gateway.Ctr(context.Background(), "tasks", "ls")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := &agentContainer{c: c, pod: pod}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
+			a.pid, _ = strconv.Atoi(f[1])
+		}
+	}
+	if a.pid == 0 {
+		b.Fatalf("no task of the agent's container %s on %s's gateway:\n%s", id, c.Name, out)
+	}
+	if a.cgroup, err = c.Gateway.MemoryCgroupOf(a.pid); err != nil {
+		b.Fatalf("agent of %s: %v", c.Name, err)
+	}
+	return a
+}
+
+// checkSame fails if the agent's container restarted (why, if it did:
+// an OOM kill shows here) or its process is another.
+func (a *agentContainer) checkSame(b *testing.B) {
+	b.Helper()
+	p, err := a.c.CP.Client.CoreV1().Pods(a.pod.Namespace).Get(context.Background(), a.pod.Name, metav1.GetOptions{})
+	if err != nil {
+		b.Fatalf("agent pod of %s: %v", a.c.Name, err)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			b.Fatalf("agent container of %s restarted %d times, last: %+v", a.c.Name, s.RestartCount, s.LastTerminationState.Terminated)
+		}
+	}
+}
+
+// memSamples are the readings of one window: per sample, the cgroup's
+// memory and the process's anonymous memory; per scrape of the agent's
+// metrics, the Go heap in use; and, from the last scrape, what the
+// runtime's memory is made of.
 type memSamples struct {
-	rss, anon, file []uint64
-	// From the agent's metrics at the end: the heap in use, the heap the
-	// next collection starts at (twice the live heap: GOGC 100), the
-	// heap freed but not yet returned to the system, the stacks, and
-	// the goroutines.
-	heap, nextGC, heapKept, stacks, goroutines uint64
-	// runtime is the runtime's own memory (spans, the collector's
-	// metadata, profiling buckets, the rest), gcMeta the collector's part.
-	runtime, gcMeta uint64
+	workingSet, usage, cgAnon, cgFile, mappedFile, anon []uint64
+	// rssFile is the binary's pages the process maps (RssFile), which
+	// the cgroup is charged for only if they came into the page cache
+	// by its own faults: the image's files were written by containerd.
+	rssFile []uint64
+	heap    []uint64
+	// From the agent's metrics at the end: the heap the next collection
+	// starts at, the heap freed but not yet returned to the system, the
+	// stacks and the goroutines; runtime is the runtime's own memory
+	// (spans, the collector's metadata, the rest).
+	nextGC, heapKept, stacks, goroutines, runtime uint64
 	// cpu is the share of one core the agent used over the window.
 	cpu float64
 }
 
-// breakdown says what the resident memory is made of, in MiB.
+// breakdown says what the working set is made of, in MiB.
 func (m memSamples) breakdown() string {
-	return fmt.Sprintf("anon %s, file %s; Go heap in use %.1f, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines), the runtime's own %.1f (the collector's %.1f); CPU %.0f%% of a core",
-		spreadMiB(m.anon), spreadMiB(m.file), mib(m.heap), mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, mib(m.runtime), mib(m.gcMeta), 100*m.cpu)
+	return fmt.Sprintf("cgroup: usage %s, anon %s, page cache %s (mapped %s); RssAnon %s, RssFile %s; Go heap %s, next GC at %.1f, freed not returned %.1f, stacks %.1f (%d goroutines), the runtime's own %.1f; CPU %.0f%% of a core",
+		spreadMiB(m.usage), spreadMiB(m.cgAnon), spreadMiB(m.cgFile), spreadMiB(m.mappedFile), spreadMiB(m.anon), spreadMiB(m.rssFile), spreadMiB(m.heap),
+		mib(m.nextGC), mib(m.heapKept), mib(m.stacks), m.goroutines, mib(m.runtime), 100*m.cpu)
+}
+
+// sampler reads the agent's memory every memSampleEvery and its metrics
+// every memScrapeEvery until stopped.
+type sampler struct {
+	a    *agentContainer
+	mu   sync.Mutex
+	m    memSamples
+	last map[string]uint64 // the last metrics scraped
+	err  error
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func (a *agentContainer) startSampler() *sampler {
+	s := &sampler{a: a, done: make(chan struct{})}
+	s.wg.Go(func() {
+		t := time.NewTicker(memSampleEvery)
+		defer t.Stop()
+		lastScrape := time.Time{}
+		for {
+			s.sample()
+			if time.Since(lastScrape) >= memScrapeEvery {
+				lastScrape = time.Now()
+				s.scrape()
+			}
+			select {
+			case <-s.done:
+				s.scrape()
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return s
+}
+
+func (s *sampler) sample() {
+	cg, err := s.a.cgroup.Read()
+	var st map[string]uint64
+	if err == nil {
+		st, err = procStatus(s.a.pid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if s.err == nil {
+			s.err = err
+		}
+		return
+	}
+	m := &s.m
+	m.workingSet, m.usage = append(m.workingSet, cg.WorkingSet()), append(m.usage, cg.Usage)
+	m.cgAnon, m.cgFile, m.mappedFile = append(m.cgAnon, cg.Anon), append(m.cgFile, cg.File), append(m.mappedFile, cg.MappedFile)
+	m.anon, m.rssFile = append(m.anon, st["RssAnon"]), append(m.rssFile, st["RssFile"])
+}
+
+// scrape reads the agent's metrics; one that fails (a busy agent's
+// answer may take longer than agentGet waits) is left out.
+func (s *sampler) scrape() {
+	metrics, err := runtimeMetrics(s.a.c)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m.heap = append(s.m.heap, metrics["go_memstats_heap_inuse_bytes"])
+	s.last = metrics
+}
+
+func (s *sampler) stop() memSamples {
+	close(s.done)
+	s.wg.Wait()
+	return s.m
+}
+
+// sampleFor samples the agent for d, with its CPU over d.
+func (a *agentContainer) sampleFor(b *testing.B, d time.Duration) memSamples {
+	b.Helper()
+	a.checkSame(b)
+	cpuBefore, err := cpuTime(a.pid)
+	if err != nil {
+		b.Fatalf("agent of %s: %v", a.c.Name, err)
+	}
+	s := a.startSampler()
+	time.Sleep(d)
+	m := s.stop()
+	cpuAfter, err := cpuTime(a.pid)
+	if err != nil {
+		b.Fatalf("agent of %s: %v", a.c.Name, err)
+	}
+	m.cpu = (cpuAfter - cpuBefore).Seconds() / d.Seconds()
+	if s.err != nil {
+		b.Fatalf("read the memory of agent %s: %v", a.c.Name, s.err)
+	}
+	if s.last == nil {
+		b.Fatalf("the Go runtime metrics of agent %s: not one scrape answered in %v", a.c.Name, d)
+	}
+	l := s.last
+	m.nextGC, m.stacks, m.goroutines = l["go_memstats_next_gc_bytes"], l["go_memstats_stack_inuse_bytes"], l["go_goroutines"]
+	m.heapKept = l["go_memstats_heap_idle_bytes"] - l["go_memstats_heap_released_bytes"]
+	m.runtime = l["go_memstats_gc_sys_bytes"] + l["go_memstats_mspan_inuse_bytes"] + l["go_memstats_mcache_inuse_bytes"] +
+		l["go_memstats_buck_hash_sys_bytes"] + l["go_memstats_other_sys_bytes"]
+	return m
 }
 
 type memRound struct {
 	took    time.Duration
-	rampMax uint64 // the highest sample from the Deployment's creation to all pods Running here
+	rampMax uint64 // the highest working set from the Deployment's creation to all pods Running here
 	steady  memSamples
 }
 
-// peak is the highest sample of the round, with the pods coming or
-// there.
-func (r memRound) peak() uint64 { return max(r.rampMax, slices.Max(r.steady.rss)) }
-
 type memReport struct {
 	pods, peers      int
-	env              []string // the agent's added environment
+	args             []string // the agent's added flags
+	cgroup           harness.MemoryCgroup
 	idleOne, idleAll memSamples
 	rounds           []memRound
 }
 
+// memFigure is one quantity of the report: its median in a window.
+type memFigure struct {
+	name string
+	of   func(memSamples) []uint64
+}
+
+var memFigures = []memFigure{
+	{"working set", func(m memSamples) []uint64 { return m.workingSet }},
+	{"Go heap in use", func(m memSamples) []uint64 { return m.heap }},
+	{"anonymous (RssAnon)", func(m memSamples) []uint64 { return m.anon }},
+	{"binary mapped (RssFile)", func(m memSamples) []uint64 { return m.rssFile }},
+}
+
 func (m *memReport) report(b *testing.B, loadBefore string) {
-	var peaks, steadies, anons, files, heaps []uint64
-	for _, r := range m.rounds {
-		peaks = append(peaks, r.peak())
-		steadies = append(steadies, medianBytes(r.steady.rss))
-		anons = append(anons, medianBytes(r.steady.anon))
-		files = append(files, medianBytes(r.steady.file))
-		heaps = append(heaps, r.steady.heap)
-	}
-	one, all, withPods := medianBytes(m.idleOne.rss), medianBytes(m.idleAll.rss), medianBytes(steadies)
-	b.ReportMetric(mib(one), "MiB-idle-1-peer")
-	b.ReportMetric(mib(all), "MiB-idle-all-peers")
-	b.ReportMetric(mib(withPods), "MiB-with-pods-median")
-	b.ReportMetric(mib(medianBytes(m.idleAll.anon)), "MiB-anon-idle-all-peers")
-	b.ReportMetric(mib(medianBytes(anons)), "MiB-anon-with-pods-median")
-	b.ReportMetric(mib(medianBytes(files)), "MiB-file-with-pods-median")
-	b.ReportMetric(mib(slices.Max(peaks)), "MiB-peak-max")
-	if m.peers > 1 {
-		b.ReportMetric(kib(int64(all)-int64(one))/float64(m.peers-1), "KiB-per-peer")
-	}
-	b.ReportMetric(kib(int64(withPods)-int64(all))/float64(m.pods), "KiB-per-pod")
-	b.ReportMetric(0, "ns/op")
 	var w strings.Builder
-	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent's VmRSS in MiB, median (min to max) of samples every %v over %v%s\n", m.pods, m.peers, memSampleEvery, memWindow, envNote(m.env))
-	fmt.Fprintf(&w, "  idle, the provider its only peer   %s\n    %s\n", spreadMiB(m.idleOne.rss), m.idleOne.breakdown())
-	fmt.Fprintf(&w, "  idle, %3d peers Connected          %s\n    %s\n", m.peers, spreadMiB(m.idleAll.rss), m.idleAll.breakdown())
+	version := "v1"
+	if m.cgroup.V2 {
+		version = "v2"
+	}
+	fmt.Fprintf(&w, "BenchmarkAgentMemory pods=%d peers=%d: the consumer agent, a pod of its image on a real node (cgroup %s, %s)%s; MiB, median (min to max) of samples every %v over %v\n",
+		m.pods, m.peers, version, m.cgroup.Dir, argsNote(m.args), memSampleEvery, memWindow)
+	fmt.Fprintf(&w, "  %-34s %-22s %-22s %s\n", "", memFigures[0].name, memFigures[1].name, memFigures[2].name)
+	line := func(state string, s memSamples) {
+		fmt.Fprintf(&w, "  %-34s %-22s %-22s %s\n", state, spreadMiB(s.workingSet), spreadMiB(s.heap), spreadMiB(s.anon))
+	}
+	line("idle, the provider its only peer", m.idleOne)
+	fmt.Fprintf(&w, "    %s\n", m.idleOne.breakdown())
+	line(fmt.Sprintf("idle, %d peers Connected", m.peers), m.idleAll)
+	fmt.Fprintf(&w, "    %s\n", m.idleAll.breakdown())
 	for i, r := range m.rounds {
-		fmt.Fprintf(&w, "  round %d: %d pods Running here in %.1f s; the highest during the ramp %.1f; then %s\n    %s\n",
-			i+1, m.pods, r.took.Seconds(), mib(r.rampMax), spreadMiB(r.steady.rss), r.steady.breakdown())
+		line(fmt.Sprintf("round %d, %d pods", i+1, m.pods), r.steady)
+		fmt.Fprintf(&w, "    all Running here in %.1f s, the highest working set during the ramp %.1f; %s\n", r.took.Seconds(), mib(r.rampMax), r.steady.breakdown())
 	}
-	fmt.Fprintf(&w, "  with %d pods, median of rounds %.1f (%.1f to %.1f): anon %.1f (%.1f to %.1f), file %.1f (%.1f to %.1f); Go heap in use %.1f; the highest sample %.1f; target 64\n",
-		m.pods, mib(withPods), mib(slices.Min(steadies)), mib(slices.Max(steadies)),
-		mib(medianBytes(anons)), mib(slices.Min(anons)), mib(slices.Max(anons)),
-		mib(medianBytes(files)), mib(slices.Min(files)), mib(slices.Max(files)),
-		mib(medianBytes(heaps)), mib(slices.Max(peaks)))
-	if m.peers > 1 {
-		fmt.Fprintf(&w, "  per peer %.0f KiB (idle, %d peers less 1); ", kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
+	fmt.Fprintf(&w, "  with %d pods and %d peers, the rounds' medians, median (min to max) of %d rounds:\n", m.pods, m.peers, len(m.rounds))
+	withPods := map[string]uint64{}
+	for _, f := range memFigures {
+		var medians []uint64
+		for _, r := range m.rounds {
+			medians = append(medians, medianBytes(f.of(r.steady)))
+		}
+		withPods[f.name] = medianBytes(medians)
+		fmt.Fprintf(&w, "    %-22s %s\n", f.name, spreadMiB(medians))
+	}
+	var peaks []uint64
+	for _, r := range m.rounds {
+		peaks = append(peaks, max(r.rampMax, slices.Max(r.steady.workingSet)))
+	}
+	fmt.Fprintf(&w, "    the highest working set of any sample: %.1f\n", mib(slices.Max(peaks)))
+	// The kubelet charges the container only for the page cache its
+	// own faults brought in; were the binary's pages evicted and read
+	// again by the agent, its working set would hold those it maps.
+	var charged []uint64
+	for _, r := range m.rounds {
+		s := r.steady
+		charged = append(charged, medianBytes(s.workingSet)+medianBytes(s.rssFile)-min(medianBytes(s.rssFile), medianBytes(s.mappedFile)))
+	}
+	fmt.Fprintf(&w, "    the working set were the binary's mapped pages charged to the container: %s\n", spreadMiB(charged))
+	w.WriteString("  slopes, KiB:\n")
+	for _, f := range memFigures {
+		one, all := medianBytes(f.of(m.idleOne)), medianBytes(f.of(m.idleAll))
+		if m.peers > 1 {
+			fmt.Fprintf(&w, "    %-22s per peer %6.1f (idle with %d peers less idle with 1)", f.name, kib(int64(all)-int64(one))/float64(m.peers-1), m.peers)
+		} else {
+			fmt.Fprintf(&w, "    %-22s", f.name)
+		}
+		var perPod []float64
+		for _, r := range m.rounds {
+			perPod = append(perPod, kib(int64(medianBytes(f.of(r.steady)))-int64(all))/float64(m.pods))
+		}
+		fmt.Fprintf(&w, "; per pod %.2f (%.2f to %.2f) (with the pods less idle, over the rounds)\n", medianOf(perPod), slices.Min(perPod), slices.Max(perPod))
+		b.ReportMetric(medianOf(perPod), "KiB-per-pod-"+metricName(f.name))
+		if m.peers > 1 {
+			b.ReportMetric(kib(int64(all)-int64(one))/float64(m.peers-1), "KiB-per-peer-"+metricName(f.name))
+		}
+		b.ReportMetric(mib(withPods[f.name]), "MiB-with-pods-"+metricName(f.name))
+	}
+	ws, anon := mib(withPods["working set"]), mib(withPods["anonymous (RssAnon)"])
+	if m.pods == memTargetPods && m.peers == memTargetPeers {
+		fmt.Fprintf(&w, "  targets: working set %.1f, target <= %d: %s; anonymous (the heap included) %.1f, target <= %d: %s\n",
+			ws, memTargetWorkingSetMiB, metOrNot(ws <= memTargetWorkingSetMiB), anon, memTargetAnonMiB, metOrNot(anon <= memTargetAnonMiB))
 	} else {
-		w.WriteString("  ")
+		fmt.Fprintf(&w, "  targets (working set <= %d MiB, anonymous <= %d MiB) are for %d pods and %d peers: set %s and %s\n",
+			memTargetWorkingSetMiB, memTargetAnonMiB, memTargetPods, memTargetPeers, benchRSSPodsEnvVar, benchRSSPeersEnvVar)
 	}
-	fmt.Fprintf(&w, "per pod %.1f KiB (with pods less idle)\n  load %s -> %s\n", kib(int64(withPods)-int64(all))/float64(m.pods), loadBefore, loadAvg())
+	fmt.Fprintf(&w, "  load %s -> %s\n", loadBefore, loadAvg())
+	b.ReportMetric(mib(medianBytes(m.idleOne.workingSet)), "MiB-idle-1-peer-working-set")
+	b.ReportMetric(mib(medianBytes(m.idleAll.workingSet)), "MiB-idle-all-peers-working-set")
+	b.ReportMetric(mib(slices.Max(peaks)), "MiB-peak-working-set")
+	b.ReportMetric(0, "ns/op")
 	fmt.Fprint(os.Stdout, w.String())
 }
 
-func envNote(env []string) string {
-	if len(env) == 0 {
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// metricName is name as a benchmark unit: "working set" -> "working-set".
+func metricName(name string) string {
+	name, _, _ = strings.Cut(name, " (")
+	return strings.ReplaceAll(strings.ToLower(name), " ", "-")
+}
+
+func argsNote(args []string) string {
+	if len(args) == 0 {
 		return ""
 	}
-	return "; the agent with " + strings.Join(env, " ")
+	return ", the agent with " + strings.Join(args, " ")
 }
 
 func mib(n uint64) float64 { return float64(n) / (1 << 20) }
 func kib(n int64) float64  { return float64(n) / (1 << 10) }
 
 func medianBytes(xs []uint64) uint64 {
+	if len(xs) == 0 {
+		return 0
+	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
 }
 
 func spreadMiB(xs []uint64) string {
+	if len(xs) == 0 {
+		return "-"
+	}
 	return fmt.Sprintf("%.1f (%.1f to %.1f)", mib(medianBytes(xs)), mib(slices.Min(xs)), mib(slices.Max(xs)))
-}
-
-// agentPid is the pid of c's agent process, checked to be the flotilla
-// binary (the harness starts it through ip netns exec, which execs it).
-func agentPid(b *testing.B, c *federation.Cluster, want string) int {
-	b.Helper()
-	pid := c.Agent.Pid()
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if err != nil || exe != want {
-		b.Fatalf("process %d of agent %s is %q (%v), not %s", pid, c.Name, exe, err, want)
-	}
-	return pid
-}
-
-// rssOf reads the resident set size of process pid and its anonymous
-// and file-backed parts.
-func rssOf(pid int) (rss, anon, file uint64, err error) {
-	st, err := procStatus(pid)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	return st["VmRSS"], st["RssAnon"], st["RssFile"], nil
 }
 
 // cpuTime is the CPU time process pid used so far (user and system,
@@ -379,120 +573,54 @@ func procStatus(pid int) (map[string]uint64, error) {
 	return out, nil
 }
 
-// sampler reads VmRSS, RssAnon and RssFile every memSampleEvery until
-// stopped.
-type sampler struct {
-	pid  int
-	mu   sync.Mutex
-	m    memSamples
-	err  error
-	done chan struct{}
-	wg   sync.WaitGroup
-}
-
-func startSampler(pid int) *sampler {
-	s := &sampler{pid: pid, done: make(chan struct{})}
-	s.wg.Go(func() {
-		t := time.NewTicker(memSampleEvery)
-		defer t.Stop()
-		for {
-			rss, anon, file, err := rssOf(pid)
-			s.mu.Lock()
-			if err != nil && s.err == nil {
-				s.err = err
-			}
-			if err == nil {
-				s.m.rss, s.m.anon, s.m.file = append(s.m.rss, rss), append(s.m.anon, anon), append(s.m.file, file)
-			}
-			s.mu.Unlock()
-			select {
-			case <-s.done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	return s
-}
-
-func (s *sampler) stop() memSamples {
-	close(s.done)
-	s.wg.Wait()
-	return s.m
-}
-
-// sampleFor samples c's agent for d, then reads its Go heap in use.
-func sampleFor(b *testing.B, c *federation.Cluster, pid int, d time.Duration) memSamples {
-	b.Helper()
-	cpuBefore, err := cpuTime(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := startSampler(pid)
-	time.Sleep(d)
-	m := s.stop()
-	cpuAfter, err := cpuTime(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m.cpu = (cpuAfter - cpuBefore).Seconds() / d.Seconds()
-	if s.err != nil {
-		b.Fatalf("read the memory of agent %s: %v\n%s", c.Name, s.err, c.Agent.Tail(20))
-	}
-	metrics, err := runtimeMetrics(c.Site)
-	if err != nil {
-		b.Fatalf("the Go runtime metrics of agent %s: %v", c.Name, err)
-	}
-	m.heap, m.nextGC, m.stacks, m.goroutines = metrics["go_memstats_heap_inuse_bytes"], metrics["go_memstats_next_gc_bytes"], metrics["go_memstats_stack_inuse_bytes"], metrics["go_goroutines"]
-	m.heapKept = metrics["go_memstats_heap_idle_bytes"] - metrics["go_memstats_heap_released_bytes"]
-	m.gcMeta = metrics["go_memstats_gc_sys_bytes"]
-	m.runtime = m.gcMeta + metrics["go_memstats_mspan_inuse_bytes"] + metrics["go_memstats_mcache_inuse_bytes"] +
-		metrics["go_memstats_buck_hash_sys_bytes"] + metrics["go_memstats_other_sys_bytes"]
-	return m
-}
-
 // saveHeapProfile writes c's agent's heap profile to dir/name.pb.gz; no
 // dir, nothing.
-func saveHeapProfile(b *testing.B, c *federation.Cluster, dir, name string) {
+func saveHeapProfile(b *testing.B, c *federation.NodeCluster, dir, name string) {
 	b.Helper()
 	if dir == "" {
 		return
 	}
-	body, err := getRetried(c.Site, "http://127.0.0.1:9470/debug/pprof/heap")
-	if err != nil {
-		b.Fatalf("the heap profile of agent %s: %v", c.Name, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".pb.gz"), []byte(body), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	// The goroutines grouped by stack, as text: who started how many.
-	body, err = getRetried(c.Site, "http://127.0.0.1:9470/debug/pprof/goroutine?debug=1")
-	if err != nil {
-		b.Fatalf("the goroutines of agent %s: %v", c.Name, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+"-goroutines.txt"), []byte(body), 0o644); err != nil {
-		b.Fatal(err)
+	for file, path := range map[string]string{
+		name + ".pb.gz": "/debug/pprof/heap",
+		// The goroutines grouped by stack, as text: who started how many.
+		name + "-goroutines.txt": "/debug/pprof/goroutine?debug=1",
+	} {
+		body, err := agentGetRetried(c, path)
+		if err != nil {
+			b.Fatalf("%s of agent %s: %v", path, c.Name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(body), 0o644); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
-// getRetried is getIn tried up to three times: a profile of an agent on
-// a loaded machine can take longer than getIn's 2 s once.
-func getRetried(s *harness.Site, url string) (string, error) {
+// agentGetRetried is agentGet tried up to three times: an agent on a
+// loaded machine can take longer than agentGet waits once.
+func agentGetRetried(c *federation.NodeCluster, path string) (string, error) {
 	var err error
 	for range 3 {
 		var body string
-		if body, err = getIn(s, url); err == nil {
+		var status int
+		body, status, err = agentGet(c, path)
+		if err == nil && status == http.StatusOK {
 			return body, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("GET %s: status %d: %s", path, status, body)
 		}
 	}
 	return "", err
 }
 
-// runtimeMetrics are the agent's unlabelled metrics in s by name.
-func runtimeMetrics(s *harness.Site) (map[string]uint64, error) {
-	body, err := getIn(s, "http://127.0.0.1:9470/metrics")
+// runtimeMetrics are c's agent's unlabelled metrics by name.
+func runtimeMetrics(c *federation.NodeCluster) (map[string]uint64, error) {
+	body, status, err := agentGet(c, "/metrics")
 	if err != nil {
 		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: status %d", status)
 	}
 	out := map[string]uint64{}
 	for line := range strings.SplitSeq(body, "\n") {
@@ -520,15 +648,15 @@ const (
 	swarmWireGuardPort = 52000
 )
 
-// startSwarm runs n swarm members on a new site of lan, joined to c's
-// gossip with its federation key.
-func startSwarm(b *testing.B, env *harness.Env, lan *harness.LAN, c *federation.Cluster, n int) {
+// startSwarm runs n swarm members on a new site of c's LAN, joined to
+// c's agent's gossip (on its gateway node) with the federation key.
+func startSwarm(b *testing.B, env *harness.Env, c *federation.NodeCluster, n int) {
 	b.Helper()
-	site := env.NewSite("swarm", harness.SiteOptions{LAN: lan})
+	site := env.NewSite("swarm", harness.SiteOptions{LAN: c.LAN()})
 	cfg, err := json.Marshal(swarmConfig{
-		Token:     c.Args[indexOf(c.Args, "--federation-key")+1],
+		Token:     c.FederationToken(),
 		Advertise: site.Addr, GossipPort: swarmGossipPort, WireGuardPort: swarmWireGuardPort,
-		Hub: netip.AddrPortFrom(c.Site.Addr, 7946), Peers: n,
+		Hub: netip.AddrPortFrom(c.Gateway.Addr, 7946), Peers: n,
 		Network: netip.MustParsePrefix("10.0.0.0/20"), Dir: filepath.Join(env.Dir, "swarm"),
 	})
 	if err != nil {
@@ -539,7 +667,7 @@ func startSwarm(b *testing.B, env *harness.Env, lan *harness.LAN, c *federation.
 }
 
 // waitPeersConnected waits until c has n Peers, all Connected.
-func waitPeersConnected(b *testing.B, c *federation.Cluster, n int, timeout time.Duration) {
+func waitPeersConnected(b *testing.B, c *federation.NodeCluster, n int, timeout time.Duration) {
 	b.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -554,9 +682,6 @@ func waitPeersConnected(b *testing.B, c *federation.Cluster, n int, timeout time
 		}
 		if err == nil && connected >= n {
 			return
-		}
-		if exited, xerr := c.Agent.Exited(); exited {
-			b.Fatalf("agent of %s exited: %v\n%s", c.Name, xerr, c.Agent.Tail(30))
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%s has %d of %d Peers Connected after %s (err %v); by phase: %v", c.Name, connected, n, timeout, err, phases)
@@ -636,7 +761,7 @@ func createPlainDeployment(b *testing.B, c *federation.Cluster, ns, name string,
 
 // waitReflected waits until n pods app=name in ns of c are Running with
 // an address in view (the provider's pods as c sees them).
-func waitReflected(b *testing.B, c *federation.Cluster, ns, name string, n int, view netip.Prefix, timeout time.Duration) {
+func waitReflected(b *testing.B, c *federation.NodeCluster, ns, name string, n int, view netip.Prefix, timeout time.Duration) {
 	b.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -653,11 +778,9 @@ func waitReflected(b *testing.B, c *federation.Cluster, ns, name string, n int, 
 		if err == nil && running >= n {
 			return
 		}
-		if exited, xerr := c.Agent.Exited(); exited {
-			b.Fatalf("agent of %s exited: %v\n%s", c.Name, xerr, c.Agent.Tail(30))
-		}
 		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d pods app=%s Running in %s on %s with an address in %s after %s (err %v)", running, n, name, ns, c.Name, view, timeout, err)
+			_, aerr := c.AgentPod(context.Background())
+			b.Fatalf("%d of %d pods app=%s Running in %s on %s with an address in %s after %s (err %v); the agent: %v", running, n, name, ns, c.Name, view, timeout, err, aerr)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -665,7 +788,7 @@ func waitReflected(b *testing.B, c *federation.Cluster, ns, name string, n int, 
 
 // deleteAndWaitGone deletes Deployment name and waits until its pods are
 // gone from c (each waits for its pod on the provider to go first).
-func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, timeout time.Duration) {
+func deleteAndWaitGone(b *testing.B, c *federation.NodeCluster, ns, name string, timeout time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	background := metav1.DeletePropagationBackground
@@ -683,38 +806,4 @@ func deleteAndWaitGone(b *testing.B, c *federation.Cluster, ns, name string, tim
 		}
 		time.Sleep(time.Second)
 	}
-}
-
-// copyOfBinary copies the executable bin beside it (where the sites,
-// with their own /tmp, find it too) and returns the copy's path; the
-// copy goes when the benchmark ends. It is written as a container
-// runtime extracts an image's layer, 32 KiB at a time (the page cache
-// then holds it in folios of that size; one write of the whole file
-// makes folios of up to 2 MiB, each mapped whole by a fault in it),
-// and synced: its cached pages are clean, as a binary's long written,
-// which the agent's --evict-start-pages can drop.
-func copyOfBinary(b *testing.B, bin string) string {
-	b.Helper()
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		b.Fatal(err)
-	}
-	dst := bin + "-measured"
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.Remove(dst) })
-	for off := 0; off < len(data); off += 32 << 10 {
-		if _, err := f.Write(data[off:min(off+32<<10, len(data))]); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		b.Fatal(err)
-	}
-	return dst
 }

@@ -71,6 +71,14 @@ func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node 
 	return nodes
 }
 
+// LAN is the network every node of every cluster of OnNodes is on, where
+// more sites may join them.
+func (c *NodeCluster) LAN() *harness.LAN { return c.lan }
+
+// FederationToken is the join token c's agent was installed with, the
+// same for every cluster of OnNodes.
+func (c *NodeCluster) FederationToken() string { return c.settings.token }
+
 // NodeOptions configure OnNodes.
 type NodeOptions struct {
 	// Clusters is how many; each gets its own control plane.
@@ -93,6 +101,9 @@ type NodeOptions struct {
 	Masquerade harness.Masquerade
 	// ArgsFor, when set, gives cluster i's agent more arguments.
 	ArgsFor func(i int) []string
+	// ClientQPS, when set, is the client-side limit of every cluster's
+	// controller manager and scheduler (ControlPlaneOptions.ClientQPS).
+	ClientQPS int
 	// Later lists clusters (by index) whose agent OnNodes does not
 	// install: the test installs it with InstallAgent, as a cluster that
 	// joins the federation after the others.
@@ -127,7 +138,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			workers[i] = opts.WorkersOf[i]
 		}
 		// The API server on the nodes' LAN too, as other clusters reach it.
-		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan}
+		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS}
 	}
 	cps := env.ControlPlanesEach(cpOpts...)
 	publishClusterInfo(t, cps)
