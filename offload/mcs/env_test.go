@@ -14,12 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
-	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
@@ -55,7 +53,6 @@ func newFederation(tb testing.TB, names ...string) (*federation, []*cluster) {
 	cps := env.ControlPlanes(len(names), harness.ControlPlaneOptions{})
 	f := &federation{clusters: map[string]*cluster{}}
 	var out []*cluster
-	var wg sync.WaitGroup
 	for i, n := range names {
 		c := &cluster{name: n, id: mustIdentity(tb), cp: cps[i], serials: &memSerials{m: map[string][]byte{}}}
 		admin, err := client.New(cps[i].Config, client.Options{Scheme: Scheme()})
@@ -64,16 +61,8 @@ func newFederation(tb testing.TB, names ...string) (*federation, []*cluster) {
 		}
 		c.admin = admin
 		out = append(out, c)
-		wg.Go(func() {
-			if err := applyCRDs(context.Background(), c.cp.Config); err != nil {
-				tb.Error(err)
-			}
-		})
 	}
-	wg.Wait()
-	if tb.Failed() {
-		tb.FailNow()
-	}
+	offloadtest.MustApplyCRDsTo(tb, cps...)
 	for _, c := range out {
 		f.clusters[c.id.ClusterID()] = c
 	}
@@ -180,29 +169,6 @@ type testWriter struct{ tb testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.tb.Log(string(p))
 	return len(p), nil
-}
-
-// applyCRDs creates the embedded CRDs, as the agent does at start, and
-// waits until each is established.
-func applyCRDs(ctx context.Context, cfg *rest.Config) error {
-	return harness.ApplyCRDs(ctx, cfg, deploy.CRDs, "crds/*.yaml")
-}
-
-// eventually retries check until it passes, failing the test with its
-// last error after a minute.
-func eventually(tb testing.TB, what string, check func() error) {
-	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // exportService creates namespace ns (if missing), a Service without

@@ -19,6 +19,7 @@ import (
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 )
@@ -117,7 +118,7 @@ func TestExportImport(t *testing.T) {
 	t.Run("export reaches the importer, translated", func(t *testing.T) {
 		// 192.168.7.7 is covered by no view of b: left out in a.
 		b.exportService(t, "web", "front", 80, "10.1.0.5", "10.1.0.6", "192.168.7.7")
-		eventually(t, "a imports b's front", func() error {
+		eventually.Within(t, time.Minute, "a imports b's front", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -131,14 +132,14 @@ func TestExportImport(t *testing.T) {
 			return nil
 		})
 		// The exporter imports its own, its addresses as they are.
-		eventually(t, "b imports its own front", func() error {
+		eventually.Within(t, time.Minute, "b imports its own front", func() error {
 			im, err := b.imported("web", "front")
 			if err != nil {
 				return err
 			}
 			return im.usable(map[string][]string{B: {"10.1.0.5", "10.1.0.6", "192.168.7.7"}})
 		})
-		eventually(t, "b's export is Valid, without conflict", func() error {
+		eventually.Within(t, time.Minute, "b's export is Valid, without conflict", func() error {
 			var se mcsv1alpha1.ServiceExport
 			if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
 				return err
@@ -153,7 +154,7 @@ func TestExportImport(t *testing.T) {
 
 	t.Run("endpoints follow", func(t *testing.T) {
 		b.setEndpoints(t, "web", "front", "10.1.0.6", "10.1.0.9")
-		eventually(t, "a follows b's endpoints", func() error {
+		eventually.Within(t, time.Minute, "a follows b's endpoints", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -175,7 +176,7 @@ func TestExportImport(t *testing.T) {
 		}
 		a.svcs.Receive(forged[0])
 		a.svcs.Receive(old[0])
-		eventually(t, "both refused", func() error {
+		eventually.Within(t, time.Minute, "both refused", func() error {
 			if n := testutil.ToFloat64(a.svcs.metrics.rejected.WithLabelValues("bad_signature")); n != 1 {
 				return fmt.Errorf("%v refused for a bad signature", n)
 			}
@@ -186,7 +187,7 @@ func TestExportImport(t *testing.T) {
 		})
 		// Witness: b's next change still arrives, and the import holds.
 		b.setEndpoints(t, "web", "front", "10.1.0.6", "10.1.0.9", "10.1.0.10")
-		eventually(t, "a follows b's endpoints after the forgery", func() error {
+		eventually.Within(t, time.Minute, "a follows b's endpoints after the forgery", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -201,7 +202,7 @@ func TestExportImport(t *testing.T) {
 		if err := b.admin.Create(ctx, se); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "NoService", func() error {
+		eventually.Within(t, time.Minute, "NoService", func() error {
 			if err := b.admin.Get(ctx, client.ObjectKeyFromObject(se), se); err != nil {
 				return err
 			}
@@ -226,7 +227,7 @@ func TestExportImport(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		c.exportService(t, "web", "front", 81, "10.1.0.7")
-		eventually(t, "a shows the conflict", func() error {
+		eventually.Within(t, time.Minute, "a shows the conflict", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -248,7 +249,7 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
-		eventually(t, "c's export shows it lost, b's that it did not", func() error {
+		eventually.Within(t, time.Minute, "c's export shows it lost, b's that it did not", func() error {
 			var se mcsv1alpha1.ServiceExport
 			if err := c.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
 				return err
@@ -274,7 +275,7 @@ func TestExportImport(t *testing.T) {
 		a.stop()
 		f.start(top, a)
 		// A resync has come and gone: a has heard from b and c again.
-		eventually(t, "a hears from b and c again", func() error {
+		eventually.Within(t, time.Minute, "a hears from b and c again", func() error {
 			a.svcs.mu.Lock()
 			defer a.svcs.mu.Unlock()
 			if _, ok := a.svcs.snapshots[B]; !ok {
@@ -285,7 +286,7 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
-		eventually(t, "the same import, once", func() error {
+		eventually.Within(t, time.Minute, "the same import, once", func() error {
 			after, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -318,7 +319,7 @@ func TestExportImport(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.exportService(t, "web", "api", 80, "10.1.0.8")
-		eventually(t, "c imports b's api", func() error {
+		eventually.Within(t, time.Minute, "c imports b's api", func() error {
 			im, err := c.imported("web", "api")
 			if err != nil {
 				return err
@@ -345,7 +346,7 @@ func TestExportImport(t *testing.T) {
 		}
 		b.setEndpoints(t, "web", "db", "10.1.0.11")
 		b.createExport(t, "web", "db")
-		eventually(t, "a imports b's headless db", func() error {
+		eventually.Within(t, time.Minute, "a imports b's headless db", func() error {
 			im, err := a.imported("web", "db")
 			if err != nil {
 				return err
@@ -368,7 +369,7 @@ func TestExportImport(t *testing.T) {
 		if err := a.admin.Create(ctx, ns); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "a imports b's web/front into web-b", func() error {
+		eventually.Within(t, time.Minute, "a imports b's web/front into web-b", func() error {
 			im, err := a.imported("web-b", "front")
 			if err != nil {
 				return err
@@ -385,7 +386,7 @@ func TestExportImport(t *testing.T) {
 
 	t.Run("a peer gone longer than the grace is withdrawn", func(t *testing.T) {
 		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseUnreachable})
-		eventually(t, "c's endpoints leave a", func() error {
+		eventually.Within(t, time.Minute, "c's endpoints leave a", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -399,7 +400,7 @@ func TestExportImport(t *testing.T) {
 			return nil
 		})
 		a.svcs.PeerChanged(peering.PeerState{ClusterID: C, IdentityKey: c.id.Public(), Phase: peering.PhaseConnected})
-		eventually(t, "c's endpoints are back once it is Connected again", func() error {
+		eventually.Within(t, time.Minute, "c's endpoints are back once it is Connected again", func() error {
 			im, err := a.imported("web", "front")
 			if err != nil {
 				return err
@@ -450,7 +451,7 @@ func TestExportImport(t *testing.T) {
 			}
 		}
 		for _, x := range cs {
-			eventually(t, "front gone from "+x.name, func() error {
+			eventually.Within(t, time.Minute, "front gone from "+x.name, func() error {
 				if err := x.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &mcsv1alpha1.ServiceImport{}); !apierrors.IsNotFound(err) {
 					return fmt.Errorf("ServiceImport: %v", err)
 				}
@@ -467,7 +468,7 @@ func TestExportImport(t *testing.T) {
 				return nil
 			})
 		}
-		eventually(t, "front gone from web-b in a", func() error {
+		eventually.Within(t, time.Minute, "front gone from web-b in a", func() error {
 			if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web-b", Name: "front"}, &mcsv1alpha1.ServiceImport{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("ServiceImport: %v", err)
 			}
