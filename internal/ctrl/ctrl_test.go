@@ -192,3 +192,25 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		t.Error("a controller without a reconcile was made")
 	}
 }
+
+// Register registers every collector, says which failed, and takes a
+// nil registry as none.
+func TestRegister(t *testing.T) {
+	if err := Register(nil, prometheus.NewCounter(prometheus.CounterOpts{Name: "a_total", Help: "a"})); err != nil {
+		t.Errorf("Register(nil) = %v, want nil", err)
+	}
+	reg := prometheus.NewRegistry()
+	a := prometheus.NewCounter(prometheus.CounterOpts{Name: "a_total", Help: "a"})
+	b := prometheus.NewCounter(prometheus.CounterOpts{Name: "b_total", Help: "b"})
+	if err := Register(reg, a); err != nil {
+		t.Fatal(err)
+	}
+	// a again fails; b is registered all the same.
+	if err := Register(reg, a, b); err == nil {
+		t.Error("registering a twice passed")
+	}
+	b.Inc()
+	if n := testutil.CollectAndCount(reg, "b_total"); n != 1 {
+		t.Errorf("b_total has %d series after a failed beside it, want 1", n)
+	}
+}

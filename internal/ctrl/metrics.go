@@ -125,3 +125,16 @@ func (q queueMetrics) NewLongestRunningProcessorSecondsMetric(name string) workq
 func (q queueMetrics) NewRetriesMetric(name string) workqueue.CounterMetric {
 	return q.retries.WithLabelValues(name)
 }
+
+// Register registers every collector on reg (nil registers none) and
+// returns what failed: a component's metrics constructor ends with it.
+func Register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	errs := make([]error, 0, len(cs))
+	for _, c := range cs {
+		errs = append(errs, reg.Register(c))
+	}
+	return errors.Join(errs...)
+}

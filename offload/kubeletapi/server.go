@@ -26,6 +26,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 	"github.com/flotilla-io/flotilla/offload/remote"
@@ -127,7 +128,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	log := cfg.Logger.With("component", "kubelet-api")
 	k := &Server{
-		cfg: cfg, log: log, m: newKubeletAPIMetrics(cfg.Metrics),
+		cfg: cfg, log: log,
 		certs: certs.NewCAStore(certs.CAStoreConfig{
 			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: KubeletCASecret,
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
@@ -135,14 +136,16 @@ func NewServer(cfg Config) (*Server, error) {
 		clientCA:     &clientCA{log: log},
 		namesChanged: make(chan struct{}, 1),
 	}
+	var err error
+	if k.m, err = newKubeletAPIMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("kubelet API: metrics: %w", err)
+	}
 	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
 		return authorizeProxy(ctx, cfg.Client, u, method, node)
 	}, cfg.AuthorizedTTL, cfg.UnauthorizedTTL, kubeletAuthCacheSize,
 		k.m.authCache.WithLabelValues("hit"), k.m.authCache.WithLabelValues("miss"))
-	if cfg.Metrics != nil {
-		if err := cfg.Metrics.Register(k.certs); err != nil {
-			return nil, fmt.Errorf("kubelet API: metrics: %w", err)
-		}
+	if err := ctrl.Register(cfg.Metrics, k.certs); err != nil {
+		return nil, fmt.Errorf("kubelet API: metrics: %w", err)
 	}
 	return k, nil
 }
@@ -426,7 +429,7 @@ type kubeletAPIMetrics struct {
 	authCache *prometheus.CounterVec
 }
 
-func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
+func newKubeletAPIMetrics(reg prometheus.Registerer) (*kubeletAPIMetrics, error) {
 	m := &kubeletAPIMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_kubelet_api_requests_total",
@@ -437,8 +440,5 @@ func newKubeletAPIMetrics(reg prometheus.Registerer) *kubeletAPIMetrics {
 			Help: "Authorizations of the kubelet API's callers answered from the cache (result=hit) or by a SubjectAccessReview to the local API server (result=miss).",
 		}, []string{"result"}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.requests, m.authCache)
-	}
-	return m
+	return m, ctrl.Register(reg, m.requests, m.authCache)
 }

@@ -25,6 +25,7 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/peering"
 )
@@ -424,8 +425,5 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		untranslatable: prometheus.NewCounter(prometheus.CounterOpts{Name: "flotilla_mcs_endpoints_untranslatable_total",
 			Help: "Imported endpoint addresses left out because no view of their cluster covers them."}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	return m, errors.Join(reg.Register(m.sent), reg.Register(m.received), reg.Register(m.rejected), reg.Register(m.untranslatable))
+	return m, ctrl.Register(reg, m.sent, m.received, m.rejected, m.untranslatable)
 }

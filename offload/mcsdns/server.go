@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
@@ -71,10 +72,8 @@ func New(cfg Config) (*Server, error) {
 		synced: make(chan struct{}),
 	}
 	s.queries = newQueriesMetric()
-	if cfg.Metrics != nil {
-		if err := cfg.Metrics.Register(s.queries); err != nil {
-			return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
-		}
+	if err := ctrl.Register(cfg.Metrics, s.queries); err != nil {
+		return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
 	}
 	var err error
 	if s.tcp, s.udp, err = listen(cfg.Address); err != nil {

@@ -102,8 +102,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	mc := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "namespace-offload"),
 		local: local, write: write,
-		m:      newOffloadMetrics(cfg.Metrics),
 		phases: map[string]v1alpha1.OffloadPhase{},
+	}
+	if mc.m, err = newOffloadMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("namespace offloading: metrics: %w", err)
 	}
 	mc.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "namespace_offload", Workers: mirrorWorkers, Reconcile: mc.reconcileKey, Metrics: cfg.Metrics,
@@ -290,7 +292,7 @@ type offloadMetrics struct {
 	phases             *prometheus.GaugeVec
 }
 
-func newOffloadMetrics(reg prometheus.Registerer) *offloadMetrics {
+func newOffloadMetrics(reg prometheus.Registerer) (*offloadMetrics, error) {
 	m := &offloadMetrics{
 		reconciles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_offload_consumer_reconciles_total", Help: "Reconciles of an offloaded namespace (consumer side)."}),
@@ -299,10 +301,7 @@ func newOffloadMetrics(reg prometheus.Registerer) *offloadMetrics {
 		phases: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flotilla_offload_consumer_namespaces", Help: "Namespaces offloaded from this cluster, by phase."}, []string{"phase"}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.reconciles, m.errors, m.phases)
-	}
-	return m
+	return m, ctrl.Register(reg, m.reconciles, m.errors, m.phases)
 }
 
 // setPhase counts namespace ns under phase p ("" when it is no longer

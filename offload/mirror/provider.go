@@ -130,13 +130,10 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	}
 	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
-		m:       newMirrorMetrics(),
 		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{},
 	}
-	if cfg.Metrics != nil {
-		if err := m.m.register(cfg.Metrics); err != nil {
-			return nil, fmt.Errorf("mirror provider: register metrics: %w", err)
-		}
+	if m.m, err = newMirrorMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("mirror provider: metrics: %w", err)
 	}
 	m.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "mirror", Workers: mirrorWorkers, Metrics: cfg.Metrics,
@@ -525,8 +522,8 @@ type mirrorMetrics struct {
 	errors     prometheus.Counter
 }
 
-func newMirrorMetrics() *mirrorMetrics {
-	return &mirrorMetrics{
+func newMirrorMetrics(reg prometheus.Registerer) (*mirrorMetrics, error) {
+	m := &mirrorMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_mirror_requests_total",
 			Help: "NamespaceRequests answered, by result (the status reason written: Created, AlreadyExists, Reserved, InvalidName, OverLimit, NotGranted, Pending).",
@@ -540,8 +537,5 @@ func newMirrorMetrics() *mirrorMetrics {
 			Help: "Reconciles of a consumer's mirrored namespaces that failed and were retried.",
 		}),
 	}
-}
-
-func (m *mirrorMetrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.requests), r.Register(m.namespaces), r.Register(m.errors))
+	return m, ctrl.Register(reg, m.requests, m.namespaces, m.errors)
 }

@@ -1,8 +1,7 @@
 package podsync
 
 import (
-	"errors"
-
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -25,10 +24,7 @@ func newPodMetrics(reg prometheus.Registerer, r *Reflector) (*podMetrics, error)
 			Help: "Pod reflections that failed, by provider and reason (quota, forbidden, invalid, unauthorized, unreachable, name_taken, untranslatable, not_offloaded, local).",
 		}, []string{"peer", "reason"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	return m, errors.Join(reg.Register(m.lag), reg.Register(m.errors), reg.Register(offloadedPods{r}))
+	return m, ctrl.Register(reg, m.lag, m.errors, offloadedPods{r})
 }
 
 // offloadedPodsDesc is flotilla_offloaded_pods, counted at each scrape

@@ -100,10 +100,7 @@ func newHostedMetrics(reg prometheus.Registerer) (*hostedMetrics, error) {
 			Help: "Endpoints on third clusters a consumer reflected here and left out, counted once per change of its slice, by consumer and reason (untranslatable: outside this cluster's views of that cluster; unknown_cluster: not a peer of this cluster; invalid: not a slice a consumer's reflection writes).",
 		}, []string{"consumer", "reason"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	return m, errors.Join(reg.Register(m.translated), reg.Register(m.dropped))
+	return m, ctrl.Register(reg, m.translated, m.dropped)
 }
 
 // hostedMapper knows every kind a HostedEndpoints reads or writes.

@@ -1,8 +1,7 @@
 package reflection
 
 import (
-	"errors"
-
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,10 +28,7 @@ func newReflectMetrics(reg prometheus.Registerer, r *Reflector) (*reflectMetrics
 			Help: "Endpoints left out of reflected EndpointSlices, counted at each write of a slice, by provider and reason (third_cluster: on a cluster other than this one and the provider; untranslatable: no view covers the address).",
 		}, []string{"peer", "reason"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	return m, errors.Join(reg.Register(m.lag), reg.Register(m.errors), reg.Register(m.dropped), reg.Register(reflectedObjects{r}))
+	return m, ctrl.Register(reg, m.lag, m.errors, m.dropped, reflectedObjects{r})
 }
 
 var reflectedObjectsDesc = prometheus.NewDesc("flotilla_reflected_objects",

@@ -84,11 +84,13 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	c := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "credentials"),
-		M:        newConsumerMetrics(cfg.Metrics),
 		incoming: map[string]sealedGrant{}, held: map[string]grant.Grant{},
 		refused: map[string]error{}, revoked: map[string]bool{},
 	}
 	var err error
+	if c.M, err = newConsumerMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("offload consumer: metrics: %w", err)
+	}
 	c.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "credentials", BaseDelay: 200 * time.Millisecond, Reconcile: c.reconcile, Metrics: cfg.Metrics,
 		Errors: &ctrl.ErrorLog[string]{Logger: c.log, Failed: "credential status not reconciled; retrying", Attrs: ctrl.Named[string]("peer"),
@@ -98,10 +100,11 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("offload consumer: %w", err)
 	}
 	c.queue = c.ctrl.Queue()
-	if cfg.Metrics != nil {
-		cfg.Metrics.MustRegister(credentialExpiry{c: c, desc: prometheus.NewDesc("flotilla_grant_credential_expiry_timestamp_seconds",
-			"Unix time when the credential a provider granted this cluster expires; the provider renews it well before, so one close to now means renewals stopped arriving.",
-			[]string{"peer"}, nil)})
+	expiry := credentialExpiry{c: c, desc: prometheus.NewDesc("flotilla_grant_credential_expiry_timestamp_seconds",
+		"Unix time when the credential a provider granted this cluster expires; the provider renews it well before, so one close to now means renewals stopped arriving.",
+		[]string{"peer"}, nil)}
+	if err := ctrl.Register(cfg.Metrics, expiry); err != nil {
+		return nil, fmt.Errorf("offload consumer: metrics: %w", err)
 	}
 	return c, nil
 }
@@ -309,7 +312,7 @@ type consumerMetrics struct {
 	Refused                *prometheus.CounterVec
 }
 
-func newConsumerMetrics(reg prometheus.Registerer) *consumerMetrics {
+func newConsumerMetrics(reg prometheus.Registerer) (*consumerMetrics, error) {
 	m := &consumerMetrics{
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_grant_credentials_received_total", Help: "New credentials accepted from providers."}),
@@ -318,8 +321,5 @@ func newConsumerMetrics(reg prometheus.Registerer) *consumerMetrics {
 		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_grant_refused_total", Help: "Sealed grants refused, by reason."}, []string{"reason"}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.accepted, m.verifyErrors, m.Refused)
-	}
-	return m
+	return m, ctrl.Register(reg, m.accepted, m.verifyErrors, m.Refused)
 }

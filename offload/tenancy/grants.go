@@ -164,10 +164,12 @@ func NewGrants(cfg GrantsConfig) (*Grants, error) {
 	}
 	p := &Grants{
 		cfg: cfg, log: cfg.Logger.With("component", "grants"),
-		m:       newProviderMetrics(cfg.Metrics),
 		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{},
 	}
 	var err error
+	if p.m, err = newProviderMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("offload provider: metrics: %w", err)
+	}
 	p.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "grants", Workers: providerWorkers, Reconcile: p.reconcile, Metrics: cfg.Metrics,
 		Errors: &ctrl.ErrorLog[string]{Logger: p.log, Failed: "grant not reconciled; retrying", Attrs: ctrl.Named[string]("peer")},
@@ -489,7 +491,7 @@ type providerMetrics struct {
 	issued, revoked, errors prometheus.Counter
 }
 
-func newProviderMetrics(reg prometheus.Registerer) *providerMetrics {
+func newProviderMetrics(reg prometheus.Registerer) (*providerMetrics, error) {
 	m := &providerMetrics{
 		issued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_grant_credentials_sent_total", Help: "Credentials sealed and handed to the peering engine for a consumer."}),
@@ -498,8 +500,5 @@ func newProviderMetrics(reg prometheus.Registerer) *providerMetrics {
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_grant_reconcile_errors_total", Help: "Grant reconciles that failed and were retried."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.issued, m.revoked, m.errors)
-	}
-	return m
+	return m, ctrl.Register(reg, m.issued, m.revoked, m.errors)
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
@@ -131,12 +132,10 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	}
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
-		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, metrics: newTenantMetrics(), known: map[string]bool{},
+		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
 	}
-	if cfg.Metrics != nil {
-		if err := t.metrics.register(cfg.Metrics); err != nil {
-			return nil, fmt.Errorf("tenants: register metrics: %w", err)
-		}
+	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("tenants: metrics: %w", err)
 	}
 	return t, nil
 }
@@ -502,8 +501,8 @@ type tenantMetrics struct {
 	issued, fail prometheus.Counter
 }
 
-func newTenantMetrics() *tenantMetrics {
-	return &tenantMetrics{
+func newTenantMetrics(reg prometheus.Registerer) (*tenantMetrics, error) {
+	m := &tenantMetrics{
 		tenants: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flotilla_grant_tenants",
 			Help: "Tenant namespaces this provider holds for consumers it grants (as last ensured, removed or listed).",
@@ -517,8 +516,5 @@ func newTenantMetrics() *tenantMetrics {
 			Help: "Token issues that failed, including tokens the API server would not accept.",
 		}),
 	}
-}
-
-func (m *tenantMetrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.tenants), r.Register(m.issued), r.Register(m.fail))
+	return m, ctrl.Register(reg, m.tenants, m.issued, m.fail)
 }

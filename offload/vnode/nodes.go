@@ -135,11 +135,9 @@ func NewNodes(cfg Config) (*Nodes, error) {
 	if err != nil {
 		return nil, fmt.Errorf("virtual nodes: cache: %w", err)
 	}
-	m := newVirtualNodeMetrics()
-	if cfg.Metrics != nil {
-		if err := m.register(cfg.Metrics); err != nil {
-			return nil, fmt.Errorf("virtual nodes: register metrics: %w", err)
-		}
+	m, err := newVirtualNodeMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("virtual nodes: metrics: %w", err)
 	}
 	v := &Nodes{
 		cfg: cfg, log: cfg.Logger.With("component", "virtual-nodes"), cache: offload.WithPeers(ca, cfg.Peers),
@@ -409,8 +407,8 @@ type virtualNodeMetrics struct {
 	writes *prometheus.CounterVec
 }
 
-func newVirtualNodeMetrics() *virtualNodeMetrics {
-	return &virtualNodeMetrics{
+func newVirtualNodeMetrics(reg prometheus.Registerer) (*virtualNodeMetrics, error) {
+	m := &virtualNodeMetrics{
 		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flotilla_virtual_node_ready", Help: "1 while the virtual node of a provider is Ready, 0 while it is not; absent when there is none."}, []string{"peer"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -418,8 +416,5 @@ func newVirtualNodeMetrics() *virtualNodeMetrics {
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_virtual_node_writes_total", Help: "Writes to virtual nodes and their Leases, by what was written."}, []string{"write"}),
 	}
-}
-
-func (m *virtualNodeMetrics) register(reg prometheus.Registerer) error {
-	return errors.Join(reg.Register(m.ready), reg.Register(m.errors), reg.Register(m.writes))
+	return m, ctrl.Register(reg, m.ready, m.errors, m.writes)
 }
