@@ -30,7 +30,7 @@ const (
 // status.offloading (nil: none).
 type GrantCondition struct {
 	Kind    string // v1alpha1.ConditionOffloadGranted or ConditionOffloadCredential
-	Ok      bool
+	OK      bool
 	Reason  string
 	Message string
 	// Generation is the Peer spec the condition acted on (provider side).
@@ -46,7 +46,7 @@ func ApplyGrantStatus(ctx context.Context, w client.Client, owner, id string, cu
 		Type: c.Kind, Status: metav1.ConditionFalse, Reason: c.Reason, Message: c.Message,
 		ObservedGeneration: c.Generation, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second)),
 	}
-	if c.Ok {
+	if c.OK {
 		cond.Status = metav1.ConditionTrue
 	}
 	if cur != nil {
@@ -126,7 +126,7 @@ func LimitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 // Shows reports whether peer's status already says c.
 func Shows(peer *v1alpha1.Peer, c GrantCondition) bool {
 	old := meta.FindStatusCondition(peer.Status.Conditions, c.Kind)
-	if old == nil || (old.Status == metav1.ConditionTrue) != c.Ok || old.Reason != c.Reason ||
+	if old == nil || (old.Status == metav1.ConditionTrue) != c.OK || old.Reason != c.Reason ||
 		old.Message != c.Message || old.ObservedGeneration != c.Generation {
 		return false
 	}

@@ -49,7 +49,7 @@ func newKubeletCAWorld(t *testing.T) *kubeletCAWorld {
 		t.Fatal(err)
 	}
 	w := &kubeletCAWorld{ca: ca, addr: freeLoopback(t)}
-	w.cp = env.ControlPlane("cons", harness.ControlPlaneOptions{KubeletCA: ca.Pem()})
+	w.cp = env.ControlPlane("cons", harness.ControlPlaneOptions{KubeletCA: ca.PEM()})
 	offloadtest.MustApplyCRDs(t, w.cp.Config)
 	seedKubeletCA(t, w.cp, ca)
 	ctx := t.Context()

@@ -84,7 +84,7 @@ func TestKubeletAPI(t *testing.T) {
 	}
 	cps := env.ControlPlanesEach(
 		harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.244.0.0/16")},
-		harness.ControlPlaneOptions{KubeletCA: ca.Pem()},
+		harness.ControlPlaneOptions{KubeletCA: ca.PEM()},
 	)
 	w := &kubeletWorld{prov: cps[0], cons: cps[1], provider: offloadtest.NewConsumer(t), ca: ca, logs: &syncbuf.Buffer{}, reg: prometheus.NewRegistry()}
 	w.node = w.prov.StartNode("n1", harness.NodeOptions{})
@@ -625,7 +625,7 @@ func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
 		t.Fatalf("before her CA is trusted: %d %q, want 401", status, body)
 	}
 	var before string
-	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.Pem()) })
+	w.editClientCA(t, func(bundle string) string { before = bundle; return bundle + string(other.PEM()) })
 	eventually.Within(t, 30*time.Second, "carol's CA trusted", func() error {
 		if status, body := kubeletRequest(t, w.api, &carol, "GET", path, nil); status != http.StatusNotFound {
 			return fmt.Errorf("%d %q, want 404", status, body)

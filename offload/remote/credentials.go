@@ -50,7 +50,7 @@ type Consumer struct {
 	log   *slog.Logger
 	ctrl  *ctrl.Controller[string]
 	queue ctrl.Queue[string]
-	M     *consumerMetrics
+	m     *consumerMetrics
 
 	mu       sync.Mutex
 	incoming map[string]sealedGrant
@@ -88,7 +88,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		refused: map[string]error{}, revoked: map[string]bool{},
 	}
 	var err error
-	if c.M, err = newConsumerMetrics(cfg.Metrics); err != nil {
+	if c.m, err = newConsumerMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("offload consumer: metrics: %w", err)
 	}
 	c.ctrl, err = ctrl.New(ctrl.Config[string]{
@@ -215,7 +215,7 @@ func (c *Consumer) accept(id string) {
 	defer c.mu.Unlock()
 	switch {
 	case err != nil:
-		c.M.Refused.WithLabelValues(refusal(err)).Inc()
+		c.m.refused.WithLabelValues(refusal(err)).Inc()
 		c.refused[id] = err
 		c.log.Warn("grant refused", "peer", id, "err", err)
 	case g.Revoked:
@@ -227,7 +227,7 @@ func (c *Consumer) accept(id string) {
 		c.held[id] = g
 		delete(c.refused, id)
 		delete(c.revoked, id)
-		c.M.accepted.Inc()
+		c.m.accepted.Inc()
 		c.log.Info("credential received", "peer", id, "namespace", g.Namespace, "server", g.Server,
 			"serial", g.Serial, "expires", g.ExpiresAt.UTC().Format(time.RFC3339))
 	}
@@ -255,10 +255,10 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 			Expires: &metav1.Time{Time: g.ExpiresAt.Truncate(time.Second)}}}
 		if err := c.cfg.Verify(ctx, g); err != nil {
 			st.Reason, st.Message = "Unverified", "the credential does not work yet: "+err.Error()
-			c.M.verifyErrors.Inc()
+			c.m.verifyErrors.Inc()
 			after = 5 * time.Second
 		} else {
-			st.Ok, st.Reason = true, "Ready"
+			st.OK, st.Reason = true, "Ready"
 			st.Message = fmt.Sprintf("a working credential for namespace %s on %s, expiring at %s",
 				g.Namespace, g.Server, g.ExpiresAt.UTC().Format(time.RFC3339))
 			after = g.ExpiresAt.Sub(now) // to say Expired if nothing new comes
@@ -309,7 +309,7 @@ func refusal(err error) string {
 
 type consumerMetrics struct {
 	accepted, verifyErrors prometheus.Counter
-	Refused                *prometheus.CounterVec
+	refused                *prometheus.CounterVec
 }
 
 func newConsumerMetrics(reg prometheus.Registerer) (*consumerMetrics, error) {
@@ -318,8 +318,8 @@ func newConsumerMetrics(reg prometheus.Registerer) (*consumerMetrics, error) {
 			Name: "flotilla_grant_credentials_received_total", Help: "New credentials accepted from providers."}),
 		verifyErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_grant_credential_checks_failed_total", Help: "Checks of a held credential against its provider that failed."}),
-		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_grant_refused_total", Help: "Sealed grants refused, by reason."}, []string{"reason"}),
 	}
-	return m, ctrl.Register(reg, m.accepted, m.verifyErrors, m.Refused)
+	return m, ctrl.Register(reg, m.accepted, m.verifyErrors, m.refused)
 }

@@ -325,7 +325,7 @@ func (p *Grants) reconcile(ctx context.Context, id string) (time.Duration, error
 		return 0, err
 	}
 	st := offload.GrantCondition{
-		Ok: true, Reason: "Granted",
+		OK: true, Reason: "Granted",
 		Message: fmt.Sprintf("tenant namespace %s on %s; the peer's credential expires at %s and is renewed before",
 			g.namespace, g.server, g.expires.UTC().Format(time.RFC3339)),
 		Grant: &v1alpha1.GrantStatus{Namespace: g.namespace, Server: g.server, Limits: offload.LimitsStatus(g.limits), Expires: &metav1.Time{Time: g.expires.Truncate(time.Second)}},

@@ -99,7 +99,7 @@ func (s *CAStore) NoteTrusted(bundle []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ca := range s.cas {
-		if _, ok := s.published[ca.ID()]; !ok && bytes.Contains(bundle, ca.Pem()) {
+		if _, ok := s.published[ca.ID()]; !ok && bytes.Contains(bundle, ca.PEM()) {
 			s.published[ca.ID()] = ca.Made()
 		}
 	}

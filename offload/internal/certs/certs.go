@@ -75,8 +75,8 @@ func (ca *CertAuthority) ID() string { return hex.EncodeToString(ca.Cert.Subject
 // before): it was published no earlier.
 func (ca *CertAuthority) Made() time.Time { return ca.Cert.NotBefore.Add(CertBackdate) }
 
-// Pem is the CA's certificate, PEM.
-func (ca *CertAuthority) Pem() []byte {
+// PEM is the CA's certificate, PEM.
+func (ca *CertAuthority) PEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
 
@@ -133,7 +133,7 @@ func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 func (s CASet) Bundle() []byte {
 	var b bytes.Buffer
 	for _, ca := range s {
-		b.Write(ca.Pem())
+		b.Write(ca.PEM())
 	}
 	return b.Bytes()
 }
