@@ -9,7 +9,7 @@ import (
 // ConditionReady is the condition of each cluster of a NamespaceOffload.
 const ConditionReady = "Ready"
 
-// actingOffload is the NamespaceOffload that acts in its namespace, of
+// ActingOffload is the NamespaceOffload that acts in its namespace, of
 // items (all in one namespace): the oldest not being deleted; nil when
 // there is none. The placement webhook follows the same one.
 func ActingOffload(items []v1alpha1.NamespaceOffload) *v1alpha1.NamespaceOffload {
@@ -32,7 +32,7 @@ func FindCluster(cs []v1alpha1.ClusterOffload, id string) *v1alpha1.ClusterOfflo
 	return nil
 }
 
-// compareOffloads orders a namespace's NamespaceOffloads oldest first,
+// CompareOffloads orders a namespace's NamespaceOffloads oldest first,
 // then by name.
 func CompareOffloads(a, b v1alpha1.NamespaceOffload) int {
 	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {

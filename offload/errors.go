@@ -20,17 +20,17 @@ const (
 	ErrLocal          = "local" // this cluster's API server refused a write
 )
 
-// errNotListed: a watch the reconcile needs has not listed yet; it
+// ErrNotListed: a watch the reconcile needs has not listed yet; it
 // queues the pods concerned once it has.
 var ErrNotListed = errors.New("not listed yet")
 
-// retryLater is a wait no watch event ends: the reconcile runs again
+// RetryLater is a wait no watch event ends: the reconcile runs again
 // after its backoff.
 type RetryLater string
 
 func (e RetryLater) Error() string { return string(e) }
 
-// providerError is a provider's failure to do what was asked, with the
+// ProviderError is a provider's failure to do what was asked, with the
 // reason counted.
 type ProviderError struct {
 	Reason string
@@ -41,7 +41,7 @@ func (e *ProviderError) Error() string { return e.Err.Error() }
 
 func (e *ProviderError) Unwrap() error { return e.Err }
 
-// classify names what went wrong with a request to a provider.
+// Classify names what went wrong with a request to a provider.
 func Classify(err error) string {
 	switch {
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
@@ -56,7 +56,7 @@ func Classify(err error) string {
 	return ErrUnreachable
 }
 
-// refused reports whether reason is the provider saying no, which the
+// Refused reports whether reason is the provider saying no, which the
 // pod's owner should read, rather than not answering.
 func Refused(reason string) bool {
 	return reason == ErrQuota || reason == ErrForbidden || reason == errInvalid

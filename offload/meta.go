@@ -16,19 +16,19 @@ func MetadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
 	return m
 }
 
-// patchOp is one operation of a JSON patch (RFC 6902).
+// PatchOp is one operation of a JSON patch (RFC 6902).
 type PatchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
 	Value any    `json:"value,omitempty"`
 }
 
-// serviceAccountVolumePrefix names the projected volume the consumer's
+// ServiceAccountVolumePrefix names the projected volume the consumer's
 // API server adds for the pod's token: a token of the consumer's cluster,
 // of no use on the provider, whose own admission would add one of its own.
 const ServiceAccountVolumePrefix = "kube-api-access-"
 
-// isServiceAccountTokenVolume reports whether v is the token volume the
+// IsServiceAccountTokenVolume reports whether v is the token volume the
 // consumer's admission added (kube-api-access-*, projected, with a
 // service account token).
 func IsServiceAccountTokenVolume(v corev1.Volume) bool {

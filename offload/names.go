@@ -128,7 +128,7 @@ const (
 	HostedEndpointsManagedBy = "endpoints.flotilla.io"
 )
 
-// virtualNodeLabels are a virtual node's labels, and which of them come
+// VirtualNodeLabels are a virtual node's labels, and which of them come
 // from the Peer: the provider's cluster labels, never one of
 // Kubernetes' (kubernetes.io, k8s.io) or Flotilla's (flotilla.io)
 // domains, which are ours to say.
@@ -154,7 +154,7 @@ func VirtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []s
 	return l, copied
 }
 
-// mirroredLabels mark a namespace mirrored for consumer from its namespace
+// MirroredLabels mark a namespace mirrored for consumer from its namespace
 // source.
 func MirroredLabels(consumer, source string) map[string]string {
 	l := TenantLabels(consumer)
@@ -162,7 +162,7 @@ func MirroredLabels(consumer, source string) map[string]string {
 	return l
 }
 
-// mirroredSelector selects the namespaces mirrored for consumer, or for
+// MirroredSelector selects the namespaces mirrored for consumer, or for
 // any consumer when it is empty.
 func MirroredSelector(consumer string) labels.Selector {
 	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})

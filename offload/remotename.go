@@ -62,7 +62,7 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 	return name, nil
 }
 
-// validNamespaceName checks that name is a DNS-1123 label (lowercase
+// ValidNamespaceName checks that name is a DNS-1123 label (lowercase
 // letters, digits and '-', at most 63 characters), as namespace names are.
 func ValidNamespaceName(name string) error {
 	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {

@@ -16,7 +16,7 @@ func MirrorScheme() *runtime.Scheme {
 	return s
 }
 
-// mirrorMapper knows where the kinds are served, so neither the cache nor
+// MirrorMapper knows where the kinds are served, so neither the cache nor
 // the client asks the API server first.
 func MirrorMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})

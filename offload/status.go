@@ -26,19 +26,19 @@ const (
 	ConsumerFieldOwner = "flotilla-offload-consumer"
 )
 
-// grantCondition is one side's condition on a Peer and its half of
+// GrantCondition is one side's condition on a Peer and its half of
 // status.offloading (nil: none).
 type GrantCondition struct {
 	Kind    string // v1alpha1.ConditionOffloadGranted or ConditionOffloadCredential
 	Ok      bool
 	Reason  string
 	Message string
-	// generation is the Peer spec the condition acted on (provider side).
+	// Generation is the Peer spec the condition acted on (provider side).
 	Generation int64
 	Grant      *v1alpha1.GrantStatus
 }
 
-// applyGrantStatus writes c into the status of Peer id, keeping the
+// ApplyGrantStatus writes c into the status of Peer id, keeping the
 // transition time when the condition's status did not change (cur is the
 // informer's copy, nil when unknown).
 func ApplyGrantStatus(ctx context.Context, w client.Client, owner, id string, cur *v1alpha1.Peer, c GrantCondition, now time.Time) error {
@@ -79,7 +79,7 @@ func ApplyGrantStatus(ctx context.Context, w client.Client, owner, id string, cu
 	return nil
 }
 
-// limitsOf turns a Peer's limits into the grant's.
+// LimitsOf turns a Peer's limits into the grant's.
 func LimitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
 	var g grant.Limits
 	if l == nil {
@@ -100,7 +100,7 @@ func LimitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
 	return g
 }
 
-// limitsStatus is how a grant's limits show in a Peer's status; nil when
+// LimitsStatus is how a grant's limits show in a Peer's status; nil when
 // there are none. Quantities that do not parse (a newer provider's) are
 // left out.
 func LimitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
@@ -123,7 +123,7 @@ func LimitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 	return l
 }
 
-// shows reports whether peer's status already says c.
+// Shows reports whether peer's status already says c.
 func Shows(peer *v1alpha1.Peer, c GrantCondition) bool {
 	old := meta.FindStatusCondition(peer.Status.Conditions, c.Kind)
 	if old == nil || (old.Status == metav1.ConditionTrue) != c.Ok || old.Reason != c.Reason ||

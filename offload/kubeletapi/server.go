@@ -32,11 +32,11 @@ import (
 )
 
 // DefaultKubeletAPIPort is where the virtual nodes serve the kubelet API
-// when KubeletAPIConfig.Port is 0: the gateway node's own kubelet holds
+// when Config.Port is 0: the gateway node's own kubelet holds
 // 10250 on the same address.
 const DefaultKubeletAPIPort = 10260
 
-// KubeletAPIConfig is what a KubeletAPI needs.
+// Config is what a Server needs.
 type Config struct {
 	// Client reaches the local API server: pods, NamespaceOffloads and
 	// virtual nodes (read), the client CA ConfigMap (watched),
@@ -68,7 +68,7 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// KubeletAPI is the kubelet API of the virtual nodes, so that `kubectl
+// Server is the kubelet API of the virtual nodes, so that `kubectl
 // logs`, `exec`, `attach` and `port-forward` work on offloaded pods: the
 // local API server calls it as it would a node's kubelet, and it forwards
 // each call to the pod's subresource on the provider's API server, with
@@ -96,7 +96,7 @@ type Server struct {
 	streams sync.WaitGroup
 }
 
-// NewKubeletAPI checks cfg and prepares a KubeletAPI; Run serves, with
+// NewServer checks cfg and prepares a Server; Run serves, with
 // certificates of its own CAs, kept in a Secret.
 func NewServer(cfg Config) (*Server, error) {
 	if cfg.Client == nil || cfg.Credentials == nil {

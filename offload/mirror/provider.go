@@ -51,7 +51,7 @@ const (
 // after a restart, come to the provider without one.
 const DefaultMirrorResync = 10 * time.Second
 
-// MirrorProviderConfig is what a MirrorProvider needs.
+// ProviderConfig is what a Provider needs.
 type ProviderConfig struct {
 	// Config reaches this cluster's API server with the agent's
 	// credentials: NamespaceRequests (every namespace) and our namespaces
@@ -76,7 +76,7 @@ type ProviderConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// MirrorProvider is the provider's side of namespace mirroring: it
+// Provider is the provider's side of namespace mirroring: it
 // answers the NamespaceRequests consumers write in their tenant
 // namespaces by creating namespaces for them, labelled as theirs, with
 // their rights and the grant's quota, and deletes those no request wants.
@@ -96,7 +96,7 @@ type Provider struct {
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
 }
 
-// NewMirrorProvider checks cfg and prepares a MirrorProvider; Run starts
+// NewProvider checks cfg and prepares a Provider; Run starts
 // it.
 func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	if cfg.Config == nil || cfg.Tenants == nil || cfg.Grants == nil {

@@ -37,7 +37,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
-// PlacementWebhookConfig is what a PlacementWebhook needs.
+// WebhookConfig is what a Webhook needs.
 type WebhookConfig struct {
 	// Config reaches the local API server.
 	Config *rest.Config
@@ -66,7 +66,7 @@ type WebhookConfig struct {
 	Metrics prometheus.Registerer
 }
 
-// PlacementWebhook is the mutating admission webhook that places the
+// Webhook is the mutating admission webhook that places the
 // pods of offloaded namespaces (placement.go): it serves HTTPS with a
 // certificate of its own CA and keeps the MutatingWebhookConfiguration,
 // the CA Secret and the certificates current.
@@ -99,7 +99,7 @@ const (
 	resultError    = "error"
 )
 
-// NewPlacementWebhook checks cfg and prepares a PlacementWebhook; Run
+// NewWebhook checks cfg and prepares a Webhook; Run
 // serves it.
 func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if cfg.Config == nil {
@@ -202,7 +202,8 @@ func metadataListOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadataLi
 	return m
 }
 
-// webhookMapper is mirrorMapper with the other kinds the webhook reads.
+// webhookMapper is offload.MirrorMapper with the other kinds the webhook
+// reads.
 func webhookMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, admissionregistrationv1.SchemeGroupVersion})
 	m.Add(peerGVK, meta.RESTScopeRoot)

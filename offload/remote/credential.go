@@ -18,13 +18,13 @@ type Credentials interface {
 	Credential(provider string) (*rest.Config, grant.Grant, error)
 }
 
-// providerCredential is what this cluster holds for one provider.
+// ProviderCredential is what this cluster holds for one provider.
 type ProviderCredential struct {
 	Config *rest.Config
 	Grant  grant.Grant
 }
 
-// providerClients are the clients of a provider: no client-side rate
+// ProviderClients are the clients of a provider: no client-side rate
 // limit (its priority and fairness limits its tenants; a thousand pods
 // are a thousand creates), and the token of the credential held at each
 // request, so a renewed token needs no new watch.
@@ -41,7 +41,7 @@ func ProviderClients(id string, creds Credentials, base *rest.Config) (write, wa
 	return write, watchClient, nil
 }
 
-// providerConfig is base for writes to provider, as providerClients
+// ProviderConfig is base for writes to provider, as ProviderClients
 // describes; a watch needs its Timeout cleared.
 func ProviderConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
 	cfg := rest.CopyConfig(base)

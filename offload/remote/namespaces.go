@@ -37,9 +37,9 @@ type Watcher interface {
 	Stop()
 }
 
-// namespaceWatches keeps a Watcher for every Peer whose credential
+// NamespaceWatches keeps a Watcher for every Peer whose credential
 // this cluster holds, each watching the namespaces mirrored there: the
-// part the PodReflector and the Reflector share.
+// part podsync.Reflector and reflection.Reflector share.
 type NamespaceWatches[P Watcher] struct {
 	self        string
 	credentials Credentials
@@ -70,7 +70,7 @@ func NewNamespaceWatches[P Watcher](self string, creds Credentials, local client
 	}
 }
 
-// trigger asks the loop for a pass; it never blocks.
+// Trigger asks the loop for a pass; it never blocks.
 func (w *NamespaceWatches[P]) Trigger() {
 	select {
 	case w.resync <- struct{}{}:
@@ -78,7 +78,7 @@ func (w *NamespaceWatches[P]) Trigger() {
 	}
 }
 
-// offloadChanged notes that the NamespaceOffload of ns changed.
+// OffloadChanged notes that the NamespaceOffload of ns changed.
 func (w *NamespaceWatches[P]) OffloadChanged(ns string) {
 	w.mu.Lock()
 	w.dirty[ns] = true
@@ -86,7 +86,7 @@ func (w *NamespaceWatches[P]) OffloadChanged(ns string) {
 	w.Trigger()
 }
 
-// loop brings the providers in line whenever asked, every
+// Loop brings the providers in line whenever asked, every
 // providerResync, and again a little later when that failed.
 func (w *NamespaceWatches[P]) Loop(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
@@ -186,7 +186,7 @@ func (w *NamespaceWatches[P]) sync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// get returns the watch of provider id.
+// Get returns the watch of provider id.
 func (w *NamespaceWatches[P]) Get(id string) (P, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -194,7 +194,7 @@ func (w *NamespaceWatches[P]) Get(id string) (P, bool) {
 	return p, ok
 }
 
-// snapshot returns the watches by provider, as they are now.
+// Snapshot returns the watches by provider, as they are now.
 func (w *NamespaceWatches[P]) Snapshot() map[string]P {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -205,7 +205,7 @@ func (w *NamespaceWatches[P]) Snapshot() map[string]P {
 	return out
 }
 
-// stopAll stops every watch.
+// StopAll stops every watch.
 func (w *NamespaceWatches[P]) StopAll() {
 	w.mu.Lock()
 	all := w.providers

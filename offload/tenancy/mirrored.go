@@ -28,7 +28,7 @@ var (
 	reservedNames    = []string{"default", "kube-system", "kube-public", "kube-node-lease"}
 )
 
-// reservedNamespace reports whether name may never be mirrored here.
+// ReservedNamespace reports whether name may never be mirrored here.
 func ReservedNamespace(name, agentNamespace string) bool {
 	if name == agentNamespace || slices.Contains(reservedNames, name) {
 		return true
@@ -41,7 +41,7 @@ func ReservedNamespace(name, agentNamespace string) bool {
 	return false
 }
 
-// mirroredFor reports whether ns is a namespace mirrored for consumer from
+// MirroredFor reports whether ns is a namespace mirrored for consumer from
 // source: only such a namespace is ever written or deleted for a request.
 func MirroredFor(ns *corev1.Namespace, consumer, source string) bool {
 	l := ns.Labels
@@ -49,11 +49,11 @@ func MirroredFor(ns *corev1.Namespace, consumer, source string) bool {
 		l[v1alpha1.LabelMirroredFrom] == source && ns.Name != offload.TenantNamespace(consumer)
 }
 
-// errNotOurs is a namespace of the requested name that is not mirrored
+// ErrNotOurs is a namespace of the requested name that is not mirrored
 // for that consumer from that source.
 var ErrNotOurs = errors.New("namespace exists and is not mirrored for this consumer from this namespace")
 
-// ensureMirrored makes the namespace name mirrored for consumer from
+// EnsureMirrored makes the namespace name mirrored for consumer from
 // source, with the consumer's RoleBinding and the grant's quota, or checks
 // that the one of that name is. Like the tenant's, it never applies to a
 // namespace that exists: that would adopt one created in between. known is
@@ -111,7 +111,7 @@ func (t *Tenants) createMirrored(ctx context.Context, consumer, name, source str
 	return nil, false, fmt.Errorf("create namespace %s: created and deleted by someone else while we tried; retry", name)
 }
 
-// deleteMirrored deletes ns, the very object read (UID precondition): a
+// DeleteMirrored deletes ns, the very object read (UID precondition): a
 // namespace of that name made since is not touched.
 func (t *Tenants) DeleteMirrored(ctx context.Context, ns *corev1.Namespace) error {
 	if ns.DeletionTimestamp != nil {

@@ -200,7 +200,7 @@ func (t *Tenants) ensureNamespace(ctx context.Context, consumer string) (created
 	return false, fmt.Errorf("create namespace %s: created and deleted by someone else while we tried; retry", name)
 }
 
-// checkOurs refuses a namespace that is not consumer's tenant, or is
+// CheckOurs refuses a namespace that is not consumer's tenant, or is
 // going away.
 func CheckOurs(ns *corev1.Namespace, consumer string) error {
 	if ns.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || ns.Labels[offload.LabelTenant] != consumer {

@@ -47,7 +47,7 @@ const (
 	VirtualNodeFieldManager = "flotilla-virtual-node"
 )
 
-// VirtualNodesConfig is what VirtualNodes needs.
+// Config is what Nodes needs.
 type Config struct {
 	// Config reaches the local API server (Peers, Nodes).
 	Config *rest.Config
@@ -71,7 +71,7 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// VirtualNodes keeps one Node in this cluster for each provider that
+// Nodes keeps one Node in this cluster for each provider that
 // granted it offloading: named VirtualNodeName(provider), labelled and
 // tainted as a virtual node, its capacity the grant's limits, Ready only
 // while the peering is Connected and the credential works, with a Lease
@@ -101,7 +101,7 @@ type Nodes struct {
 // virtualNodeWorkers reconcile different providers at once.
 const virtualNodeWorkers = 2
 
-// NewVirtualNodes checks cfg and prepares VirtualNodes; Run starts them.
+// NewNodes checks cfg and prepares Nodes; Run starts them.
 func NewNodes(cfg Config) (*Nodes, error) {
 	if cfg.Config == nil || cfg.Credentials == nil {
 		return nil, errors.New("virtual nodes: the local REST config and the credentials are required")

@@ -21,7 +21,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
 
-// caStore keeps the CAs of one of the agent's servers in a Secret of the
+// CAStore keeps the CAs of one of the agent's servers in a Secret of the
 // agent's namespace, rotates them, and issues the server's serving
 // certificate from them. The placement webhook and the kubelet API each
 // have one: what differs between them is how a CA reaches whoever must
@@ -29,7 +29,7 @@ import (
 // is copied by an operator), which their owners say by noting when a CA
 // was published.
 //
-// sync, load, setHosts and the note methods are called from the owner's
+// sync, load, SetHosts and the note methods are called from the owner's
 // one goroutine; certificate, bundle, ready and the metrics from any.
 type CAStore struct {
 	kube      kubernetes.Interface
@@ -51,7 +51,7 @@ type CAStore struct {
 	reissue   bool // the hosts changed since serving was issued
 }
 
-// caStoreConfig is what a caStore needs; component labels its metrics.
+// CAStoreConfig is what a CAStore needs; component labels its metrics.
 type CAStoreConfig struct {
 	Kube              kubernetes.Interface
 	Namespace, Secret string
@@ -70,7 +70,7 @@ func NewCAStore(c CAStoreConfig) *CAStore {
 	}
 }
 
-// load reads the CAs from their Secret, so that a restarted agent keeps
+// Load reads the CAs from their Secret, so that a restarted agent keeps
 // serving what the API server trusts. A Secret that does not read back
 // (edited by hand) is logged and replaced by a new CA at the next sync.
 func (s *CAStore) Load(ctx context.Context) error {
@@ -92,7 +92,7 @@ func (s *CAStore) Load(ctx context.Context) error {
 	return nil
 }
 
-// noteTrusted records that the CAs in bundle are trusted already (found
+// NoteTrusted records that the CAs in bundle are trusted already (found
 // there at start): each since it was made, as it cannot have been
 // published earlier.
 func (s *CAStore) NoteTrusted(bundle []byte) {
@@ -105,7 +105,7 @@ func (s *CAStore) NoteTrusted(bundle []byte) {
 	}
 }
 
-// notePublished records that every CA held has been published, at now
+// NotePublished records that every CA held has been published, at now
 // for those not recorded yet.
 func (s *CAStore) NotePublished(now time.Time) {
 	s.mu.Lock()
@@ -117,7 +117,7 @@ func (s *CAStore) NotePublished(now time.Time) {
 	}
 }
 
-// setHosts sets what the serving certificate names; true when that
+// SetHosts sets what the serving certificate names; true when that
 // changed, and the next sync issues a certificate for them.
 func (s *CAStore) SetHosts(hosts []string) bool {
 	hosts = slices.Clone(hosts)
@@ -133,7 +133,7 @@ func (s *CAStore) SetHosts(hosts []string) bool {
 	return true
 }
 
-// sync rotates the CAs, saving them first (a CA the API server may come
+// Sync rotates the CAs, saving them first (a CA the API server may come
 // to trust is never lost), and renews the serving certificate when due
 // or when a newer CA may sign it. It says whether the CAs changed: the
 // owner publishes the new bundle.
@@ -188,7 +188,7 @@ func (s *CAStore) save(ctx context.Context, data map[string][]byte) error {
 // objects had it first.
 const caStoreFieldOwner = "flotilla-placement"
 
-// wakeAt is when sync has something to do next: a CA to rotate or drop,
+// WakeAt is when sync has something to do next: a CA to rotate or drop,
 // the serving certificate to renew, a new CA published long enough to
 // sign; now when there is no serving certificate.
 func (s *CAStore) WakeAt() time.Time {
@@ -209,7 +209,7 @@ func (s *CAStore) WakeAt() time.Time {
 	return at
 }
 
-// certificate is the server's tls.Config.GetCertificate.
+// Certificate is the server's tls.Config.GetCertificate.
 func (s *CAStore) Certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if c := s.cert.Load(); c != nil {
 		return c, nil
@@ -217,7 +217,7 @@ func (s *CAStore) Certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return nil, fmt.Errorf("%s: no serving certificate yet", s.name)
 }
 
-// bundle is every CA held, PEM: what clients must trust.
+// Bundle is every CA held, PEM: what clients must trust.
 func (s *CAStore) Bundle() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -231,7 +231,7 @@ func (s *CAStore) Summary() []string {
 	return describeCAs(s.cas)
 }
 
-// ready says whether the server has a serving certificate valid now.
+// Ready says whether the server has a serving certificate valid now.
 func (s *CAStore) Ready(now time.Time) error {
 	c := s.cert.Load()
 	switch {

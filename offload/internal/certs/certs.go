@@ -21,7 +21,7 @@ import (
 // placement webhook and the virtual nodes' kubelet API (docs/offload.md,
 // "Certificates"). For each the agent is its own CA: the API server
 // trusts that server's CAs and nothing else, and the CAs live in a Secret
-// of the agent's namespace (caStore) so that a restarted agent serves
+// of the agent's namespace (CAStore) so that a restarted agent serves
 // what the API server already trusts. This file is the certificates
 // themselves; castore.go keeps and rotates them.
 const (
@@ -38,12 +38,12 @@ const (
 	// caBundle before it signs: API servers read webhook configurations
 	// from a watch, which lags by far less than this.
 	DefaultWebhookCAPublishDelay = time.Minute
-	// certBackdate starts every certificate's validity this much before
+	// CertBackdate starts every certificate's validity this much before
 	// it was made, for API servers whose clocks are a little behind.
 	CertBackdate = 5 * time.Minute
 )
 
-// certLifetimes are the lifetimes in force (the defaults, or a test's).
+// CertLifetimes are the lifetimes in force (the defaults, or a test's).
 type CertLifetimes struct {
 	CA, Serving, Publish time.Duration
 }
@@ -62,29 +62,29 @@ func (l CertLifetimes) Validate() error {
 	return nil
 }
 
-// certAuthority is one CA of a server of the agent.
+// CertAuthority is one CA of a server of the agent.
 type CertAuthority struct {
 	Cert *x509.Certificate
 	Key  *ecdsa.PrivateKey
 }
 
-// id names a CA in logs and in the set of published ones.
+// ID names a CA in logs and in the set of published ones.
 func (ca *CertAuthority) ID() string { return hex.EncodeToString(ca.Cert.SubjectKeyId) }
 
-// made is when the CA was made (its validity starts certBackdate
+// Made is when the CA was made (its validity starts CertBackdate
 // before): it was published no earlier.
 func (ca *CertAuthority) Made() time.Time { return ca.Cert.NotBefore.Add(CertBackdate) }
 
-// pem is the CA's certificate, PEM.
+// Pem is the CA's certificate, PEM.
 func (ca *CertAuthority) Pem() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
 
-// caSet is a server's CAs, oldest first; the newest signs once
+// CASet is a server's CAs, oldest first; the newest signs once
 // published (signer).
 type CASet []*CertAuthority
 
-// newest is the last CA, nil when there is none.
+// Newest is the last CA, nil when there is none.
 func (s CASet) Newest() *CertAuthority {
 	if len(s) == 0 {
 		return nil
@@ -92,7 +92,7 @@ func (s CASet) Newest() *CertAuthority {
 	return s[len(s)-1]
 }
 
-// rotated drops the CAs that expired by now and adds a new one when the
+// Rotated drops the CAs that expired by now and adds a new one when the
 // newest has less than a third of lifetime left (or there is none).
 func (s CASet) Rotated(name string, now time.Time, lifetime time.Duration) (CASet, bool, error) {
 	var out CASet
@@ -113,7 +113,7 @@ func (s CASet) Rotated(name string, now time.Time, lifetime time.Duration) (CASe
 	return out, changed, nil
 }
 
-// rotateAt is when rotated next changes the set: the newest CA's
+// RotateAt is when rotated next changes the set: the newest CA's
 // rotation point or the first expiry.
 func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 	n := s.Newest()
@@ -129,7 +129,7 @@ func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 	return at
 }
 
-// bundle is the caBundle: every CA's certificate, PEM.
+// Bundle is the caBundle: every CA's certificate, PEM.
 func (s CASet) Bundle() []byte {
 	var b bytes.Buffer
 	for _, ca := range s {
@@ -144,7 +144,7 @@ const (
 	CAKeyKey  = "ca.key"
 )
 
-// encode is the CA Secret's data: the certificates and their keys, in
+// Encode is the CA Secret's data: the certificates and their keys, in
 // the same order.
 func (s CASet) Encode() (map[string][]byte, error) {
 	var keys bytes.Buffer
@@ -158,7 +158,7 @@ func (s CASet) Encode() (map[string][]byte, error) {
 	return map[string][]byte{CACertKey: s.Bundle(), CAKeyKey: keys.Bytes()}, nil
 }
 
-// decodeCAs reads what encode wrote; each certificate must be a CA with
+// DecodeCAs reads what encode wrote; each certificate must be a CA with
 // the key after it.
 func DecodeCAs(data map[string][]byte) (CASet, error) {
 	certs, err := pemBlocks(data[CACertKey], "CERTIFICATE")
@@ -213,7 +213,7 @@ func pemBlocks(data []byte, typ string) ([][]byte, error) {
 	return out, nil
 }
 
-// newCA makes a CA named after its server (name) and when it was made:
+// NewCA makes a CA named after its server (name) and when it was made:
 // two CAs of one server, side by side in a bundle, read apart.
 func NewCA(name string, now time.Time, lifetime time.Duration) (*CertAuthority, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -242,14 +242,14 @@ func NewCA(name string, now time.Time, lifetime time.Duration) (*CertAuthority, 
 	return &CertAuthority{Cert: cert, Key: key}, nil
 }
 
-// servingCert is the certificate a server serves and when to renew it.
+// ServingCert is the certificate a server serves and when to renew it.
 type ServingCert struct {
 	TLS     *tls.Certificate
 	issuer  string // the id of the CA that signed it
 	RenewAt time.Time
 }
 
-// issueServing signs a serving certificate of the server name for hosts
+// IssueServing signs a serving certificate of the server name for hosts
 // (IP addresses or DNS names) with ca, valid for lifetime but never past
 // ca; it is renewed at two thirds of its validity.
 func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time, lifetime time.Duration) (*ServingCert, error) {
@@ -291,7 +291,7 @@ func IssueServing(ca *CertAuthority, name string, hosts []string, now time.Time,
 	}, nil
 }
 
-// signer is the CA that signs the next serving certificate: the newest
+// Signer is the CA that signs the next serving certificate: the newest
 // one that has been published for publish (published holds when each
 // CA was published to whoever must trust it), else the newest one
 // (nothing older is left).

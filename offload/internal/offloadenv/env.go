@@ -39,7 +39,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// mirrorEnv is a consumer control plane and two providers, each with the
+// MirrorEnv is a consumer control plane and two providers, each with the
 // CRDs and a real tenant for the consumer.
 type MirrorEnv struct {
 	Local      *harness.ControlPlane
@@ -47,7 +47,7 @@ type MirrorEnv struct {
 	Self       string
 	Creds      *offloadtest.Credentials
 	Providers  []*Provider
-	// shared is what the MirrorConsumers read NamespaceOffloads,
+	// shared is what each mirror.Consumer reads NamespaceOffloads,
 	// Namespaces and Peers from, as in the agent; it outlives each of
 	// them (nil: each reads them itself).
 	shared *offload.SharedCache
@@ -123,8 +123,8 @@ func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenant
 	})
 }
 
-// addPeer writes the consumer's Peer for a provider, granted (its
-// OffloadCredential condition set, as offload.Consumer writes it).
+// AddPeer writes the consumer's Peer for a provider, granted (its
+// OffloadCredential condition set, as remote.Consumer writes it).
 func (e *MirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]string) {
 	t.Helper()
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: labels}}
@@ -151,7 +151,7 @@ func (e *MirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string)
 	}
 }
 
-// start runs a MirrorConsumer until the returned stop is called (or the
+// Start runs a mirror.Consumer until the returned stop is called (or the
 // test ends).
 func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	t.Helper()
@@ -165,7 +165,7 @@ func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	return offloadtest.RunController(t, "MirrorConsumer.Run", mc.Run)
 }
 
-// offload creates namespace ns and a NamespaceOffload in it.
+// Offload creates namespace ns and a NamespaceOffload in it.
 func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
 	t.Helper()
 	err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
@@ -177,7 +177,7 @@ func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.Namespa
 	}
 }
 
-// waitStatus waits until the NamespaceOffload ns/offload satisfies check.
+// WaitStatus waits until the NamespaceOffload ns/offload satisfies check.
 func (e *MirrorEnv) WaitStatus(t testing.TB, ns, what string, check func(o *v1alpha1.NamespaceOffload) error) *v1alpha1.NamespaceOffload {
 	t.Helper()
 	var o v1alpha1.NamespaceOffload
@@ -203,7 +203,7 @@ func DescribeOffload(o *v1alpha1.NamespaceOffload) string {
 	return s
 }
 
-// phaseIs checks the phase and, per cluster name, the Ready reason; no
+// PhaseIs checks the phase and, per cluster name, the Ready reason; no
 // other cluster may be listed.
 func PhaseIs(phase v1alpha1.OffloadPhase, reasons map[string]string) func(*v1alpha1.NamespaceOffload) error {
 	return func(o *v1alpha1.NamespaceOffload) error {
@@ -223,7 +223,7 @@ func PhaseIs(phase v1alpha1.OffloadPhase, reasons map[string]string) func(*v1alp
 	}
 }
 
-// requests lists the requests mirroring ns on p.
+// Requests lists the requests mirroring ns on p.
 func (p *Provider) Requests(t *testing.T, ns string) []v1alpha1.NamespaceRequest {
 	t.Helper()
 	var list v1alpha1.NamespaceRequestList
@@ -233,7 +233,7 @@ func (p *Provider) Requests(t *testing.T, ns string) []v1alpha1.NamespaceRequest
 	return list.Items
 }
 
-// waitRequest waits until p holds exactly one request for ns, named name.
+// WaitRequest waits until p holds exactly one request for ns, named name.
 func (p *Provider) WaitRequest(t *testing.T, ns, name string) v1alpha1.NamespaceRequest {
 	t.Helper()
 	var got v1alpha1.NamespaceRequest
@@ -256,7 +256,7 @@ func RequestNames(rs []v1alpha1.NamespaceRequest) []string {
 	return out
 }
 
-// answerAsProvider does, by hand, what the provider's agent does with a
+// AnswerAsProvider does, by hand, what the provider's agent does with a
 // request (offload/mirror_provider*.go; the lead's e2e test runs the real
 // one): Created makes the namespace and holds the request with its
 // finalizer; Refused only answers.
@@ -286,7 +286,7 @@ func (p *Provider) AnswerAsProvider(t *testing.T, name string, phase v1alpha1.Re
 	}
 }
 
-// releaseAsProvider is the provider's agent acting on a deleted request:
+// ReleaseAsProvider is the provider's agent acting on a deleted request:
 // the namespace goes, then the finalizer.
 func (p *Provider) ReleaseAsProvider(t *testing.T, name string) {
 	t.Helper()
@@ -316,7 +316,7 @@ func (e *MirrorEnv) NamespaceLabels(t *testing.T, ns string) map[string]string {
 	return n.Labels
 }
 
-// waitOffloadedLabel waits until namespace ns carries LabelOffloaded=true,
+// WaitOffloadedLabel waits until namespace ns carries LabelOffloaded=true,
 // or carries no LabelOffloaded.
 func (e *MirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) {
 	t.Helper()
@@ -329,7 +329,7 @@ func (e *MirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) 
 	})
 }
 
-// removeOffloadedLabel takes LabelOffloaded off namespace ns, as a user
+// RemoveOffloadedLabel takes LabelOffloaded off namespace ns, as a user
 // could.
 func (e *MirrorEnv) RemoveOffloadedLabel(t *testing.T, ns string) {
 	t.Helper()
@@ -339,7 +339,7 @@ func (e *MirrorEnv) RemoveOffloadedLabel(t *testing.T, ns string) {
 	}
 }
 
-// waitGone waits until ns/offload no longer exists.
+// WaitGone waits until ns/offload no longer exists.
 func (e *MirrorEnv) WaitGone(t *testing.T, ns string) {
 	t.Helper()
 	eventually.Within(t, 30*time.Second, "NamespaceOffload in "+ns+" gone", func() error {
@@ -355,7 +355,7 @@ func (e *MirrorEnv) WaitGone(t *testing.T, ns string) {
 	})
 }
 
-// podEnv is a consumer and a provider, each a real control plane, with a
+// PodEnv is a consumer and a provider, each a real control plane, with a
 // real grant between them: deploy/'s RBAC and admission on the provider,
 // the consumer's tenant and token made by the provider's Tenants with the
 // agent's own token, and namespace mirroring running on both sides. The
@@ -371,14 +371,14 @@ type PodEnv struct {
 	Node     string // the virtual node
 }
 
-// podEnvOptions are what a test or benchmark varies.
+// PodEnvOptions are what a test or benchmark varies.
 type PodEnvOptions struct {
-	// kubelets are the provider's nodes (each holds 250 pods), at most
+	// Kubelets are the provider's nodes (each holds 250 pods), at most
 	// 16.
 	Kubelets int
-	// consumer's control plane; its scheduler, say.
+	// Consumer sets up the consumer's control plane; its scheduler, say.
 	Consumer harness.ControlPlaneOptions
-	// clientQPS of both controller managers and schedulers (0: theirs).
+	// ClientQPS of both controller managers and schedulers (0: theirs).
 	ClientQPS int
 }
 
@@ -421,7 +421,7 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	}
 	offloadtest.RunUntilCleanup(tb, "MirrorProvider", hosted.Run)
 	e.AddPeer(tb, e.Provider.ID, "p1", map[string]string{"region": "a"})
-	e.Start(tb) // the MirrorConsumer
+	e.Start(tb) // the mirror.Consumer
 
 	for i := range o.Kubelets {
 		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)
@@ -431,7 +431,7 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	return e
 }
 
-// offloadReady offloads namespace ns to the provider and waits until it
+// OffloadReady offloads namespace ns to the provider and waits until it
 // is Ready there; it returns the namespace's name on the provider.
 func (e *PodEnv) OffloadReady(tb testing.TB, ns string) string {
 	tb.Helper()
@@ -444,7 +444,7 @@ func (e *PodEnv) OffloadReady(tb testing.TB, ns string) string {
 	return remote
 }
 
-// keepVirtualNodeReady registers the virtual node of provider on cp, as
+// KeepVirtualNodeReady registers the virtual node of provider on cp, as
 // the node controller would (labels, taint, address, capacity), and
 // keeps it Ready (its lease renewed) until the test ends.
 func KeepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider string) string {
@@ -512,7 +512,7 @@ func KeepVirtualNodeReady(tb testing.TB, cp *harness.ControlPlane, provider stri
 	return name
 }
 
-// cutLink is the consumer's way to the provider's API server: a TCP relay
+// Link is the consumer's way to the provider's API server: a TCP relay
 // the test cuts (every connection closed, new ones refused, as a network
 // gone) and restores on the same address.
 type Link struct {
@@ -587,7 +587,7 @@ func (c *Link) relay(in net.Conn) {
 	c.mu.Unlock()
 }
 
-// cut closes every connection and refuses new ones.
+// Cut closes every connection and refuses new ones.
 func (c *Link) Cut() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -598,7 +598,7 @@ func (c *Link) Cut() {
 	}
 }
 
-// restore listens on the same address again.
+// Restore listens on the same address again.
 func (c *Link) Restore(tb testing.TB) {
 	var l net.Listener
 	var err error
@@ -614,7 +614,7 @@ func (c *Link) Restore(tb testing.TB) {
 	c.serve(l)
 }
 
-// secondIdentity gives the provider a second identity, as one back with
+// SecondIdentity gives the provider a second identity, as one back with
 // its state wiped has: a Peer of its own, the same credential (the same
 // API server, tenant and mirrored namespace) and the same views. It
 // returns the new identity's ID.

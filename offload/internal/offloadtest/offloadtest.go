@@ -48,7 +48,7 @@ func MustApplyCRDs(t testing.TB, cfg *rest.Config) {
 	}
 }
 
-// mustApplyCRDsTo applies the CRDs to every control plane at once.
+// MustApplyCRDsTo applies the CRDs to every control plane at once.
 func MustApplyCRDsTo(tb testing.TB, cps ...*harness.ControlPlane) {
 	tb.Helper()
 	var wg sync.WaitGroup
@@ -65,7 +65,7 @@ func MustApplyCRDsTo(tb testing.TB, cps ...*harness.ControlPlane) {
 	}
 }
 
-// runController runs a controller's Run until the stop it returns is
+// RunController runs a controller's Run until the stop it returns is
 // called, once, or the test ends; an error from Run fails the test,
 // named what.
 func RunController(t testing.TB, what string, run func(context.Context) error) (stop func()) {
@@ -85,12 +85,12 @@ func RunController(t testing.TB, what string, run func(context.Context) error) (
 	return stop
 }
 
-// jwtHeader starts every service account token ({"alg":...).
+// JwtHeader starts every service account token ({"alg":...).
 const JwtHeader = "eyJhbGciOi"
 
 func Ptr[T any](v T) *T { return &v }
 
-// expiryGauge is flotilla_certificate_expiry_seconds of component and
+// ExpiryGauge is flotilla_certificate_expiry_seconds of component and
 // cert in reg.
 func ExpiryGauge(t *testing.T, reg *prometheus.Registry, component, cert string) float64 {
 	t.Helper()
@@ -116,8 +116,8 @@ func ExpiryGauge(t *testing.T, reg *prometheus.Registry, component, cert string)
 	return 0
 }
 
-// testCredentials hand out what each provider granted: a real token of
-// its tenant (offload.Consumer does the same from sealed grants).
+// Credentials hand out what each provider granted: a real token of
+// its tenant (remote.Consumer does the same from sealed grants).
 type Credentials struct {
 	mu   sync.Mutex
 	Held map[string]remote.ProviderCredential
@@ -167,7 +167,7 @@ func AdminClient(t testing.TB, cp *harness.ControlPlane) client.Client {
 	return c
 }
 
-// grants is what the grants Provider would say, set by the test.
+// Grants is what tenancy.Grants would say, set by the test.
 type Grants struct {
 	Mu     sync.Mutex
 	Limits map[string]grant.Limits
@@ -186,7 +186,7 @@ func (g *Grants) Set(consumer string, l grant.Limits) {
 	g.Limits[consumer] = l
 }
 
-// serviceAccountConfig is a client config with a token of account, as a
+// ServiceAccountConfig is a client config with a token of account, as a
 // pod of it gets one.
 func ServiceAccountConfig(t testing.TB, cp *harness.ControlPlane, ns, account string) *rest.Config {
 	t.Helper()
@@ -199,7 +199,7 @@ func ServiceAccountConfig(t testing.TB, cp *harness.ControlPlane, ns, account st
 	return &rest.Config{Host: cp.Config.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: cp.Config.CAData}}
 }
 
-// median is the middle of ds (sorted in place).
+// Median is the middle of ds (sorted in place).
 func Median(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -216,7 +216,7 @@ var (
 	VirtualNodeAddress = netip.MustParseAddr("192.0.2.10")
 )
 
-// runUntilCleanup runs a controller until the test ends, or the returned
+// RunUntilCleanup runs a controller until the test ends, or the returned
 // stop.
 func RunUntilCleanup(tb testing.TB, what string, run func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -235,12 +235,12 @@ func RunUntilCleanup(tb testing.TB, what string, run func(context.Context) error
 	return stop
 }
 
-// offsetViews is the consumer's view of one provider's pod network: the
+// OffsetViews is the consumer's view of one provider's pod network: the
 // same offset in another prefix.
 type OffsetViews struct {
 	Provider   string
 	Real, View netip.Prefix
-	// alias is another identity of the same provider (one back under a
+	// Alias is another identity of the same provider (one back under a
 	// new identity), with the same view.
 	Alias string
 }
@@ -298,7 +298,7 @@ func NewRotationSeen(t *testing.T, first []string) *rotationSeen {
 	return &rotationSeen{first: first, deadline: time.Now().Add(120 * time.Second)}
 }
 
-// observe notes what is published and who signed what is served; true
+// Observe notes what is published and who signed what is served; true
 // once the first CA is gone, having been published beside its successor
 // and both having signed.
 func (r *rotationSeen) Observe(t *testing.T, published []string, issuer string) bool {
@@ -325,7 +325,7 @@ func (r *rotationSeen) String() string {
 	return fmt.Sprintf("serving certificate issuers %v; first CA %v", r.issuers, r.first)
 }
 
-// grantNodesProxy lets user use verbs on nodes/proxy of every node of
+// GrantNodesProxy lets user use verbs on nodes/proxy of every node of
 // cp (the kubelet API), through a ClusterRole and a binding of name.
 func GrantNodesProxy(t *testing.T, cp *harness.ControlPlane, name, user string, verbs ...string) *rbacv1.ClusterRoleBinding {
 	t.Helper()
@@ -348,7 +348,7 @@ func GrantNodesProxy(t *testing.T, cp *harness.ControlPlane, name, user string, 
 	return binding
 }
 
-// startSharedCache is the agent's SharedCache over cfg's API server, run
+// StartSharedCache is the agent's SharedCache over cfg's API server, run
 // until the test ends: the components a test starts and restarts read
 // through it as in the agent, where it outlives them.
 func StartSharedCache(tb testing.TB, cfg *rest.Config, peers offload.PeerCache) *offload.SharedCache {
@@ -372,7 +372,7 @@ func NewConsumer(t testing.TB) string {
 	return id.ClusterID()
 }
 
-// bundleIDs are the subject key IDs of the CAs in a caBundle.
+// BundleIDs are the subject key IDs of the CAs in a caBundle.
 func BundleIDs(t *testing.T, bundle []byte) []string {
 	t.Helper()
 	var ids []string
@@ -396,7 +396,7 @@ var (
 	providerViewOfConsumer = netip.MustParsePrefix("10.80.0.0/16")
 )
 
-// installProvider applies what a provider's agent is installed with:
+// InstallProvider applies what a provider's agent is installed with:
 // its namespace and account, deploy/'s RBAC (the consumer's ClusterRole
 // among it) and admission policies.
 func InstallProvider(t testing.TB, cp *harness.ControlPlane) {
