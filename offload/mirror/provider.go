@@ -30,7 +30,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 )
 
-// Granter says what this provider grants a consumer now (*Provider).
+// Granter says what this provider grants a consumer now (*tenancy.Grants).
 type Granter interface {
 	Granted(consumer string) (grant.Limits, bool)
 }

@@ -385,7 +385,7 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", w.certs.Summary(), "crdOwner", owner != "")
 	}
 	w.applied, w.owner = bundle, owner
-	// A new CA may sign once in the caBundle long enough: wakeAt says
+	// A new CA may sign once in the caBundle long enough: WakeAt says
 	// when.
 	w.certs.NotePublished(now)
 	return nil

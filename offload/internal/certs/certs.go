@@ -81,7 +81,7 @@ func (ca *CertAuthority) Pem() []byte {
 }
 
 // CASet is a server's CAs, oldest first; the newest signs once
-// published (signer).
+// published (Signer).
 type CASet []*CertAuthority
 
 // Newest is the last CA, nil when there is none.
@@ -113,7 +113,7 @@ func (s CASet) Rotated(name string, now time.Time, lifetime time.Duration) (CASe
 	return out, changed, nil
 }
 
-// RotateAt is when rotated next changes the set: the newest CA's
+// RotateAt is when Rotated next changes the set: the newest CA's
 // rotation point or the first expiry.
 func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 	n := s.Newest()
@@ -158,7 +158,7 @@ func (s CASet) Encode() (map[string][]byte, error) {
 	return map[string][]byte{CACertKey: s.Bundle(), CAKeyKey: keys.Bytes()}, nil
 }
 
-// DecodeCAs reads what encode wrote; each certificate must be a CA with
+// DecodeCAs reads what Encode wrote; each certificate must be a CA with
 // the key after it.
 func DecodeCAs(data map[string][]byte) (CASet, error) {
 	certs, err := pemBlocks(data[CACertKey], "CERTIFICATE")
