@@ -126,7 +126,7 @@ type Config struct {
 	Traffic policy.Mode
 	// APIServerURL and APIServerCA (a PEM file) are what this cluster
 	// announces to the peers it grants; empty: found in the cluster
-	// (offload.FindAPIServer).
+	// (tenancy.FindAPIServer).
 	APIServerURL, APIServerCA string
 	// GrantAudience is the audience of the tokens granted; the API server
 	// must accept it. GrantLifetime is their lifetime (renewed at 2/3).

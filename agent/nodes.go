@@ -115,7 +115,7 @@ func internalIPv4(n *corev1.Node) netip.Addr {
 }
 
 // virtual reports whether n is a virtual node, which stands for a provider
-// (offload.VirtualNodes): neither its address nor the pod block the
+// (vnode.Nodes): neither its address nor the pod block the
 // controller manager may give it are this cluster's.
 func virtual(n *corev1.Node) bool { return n.Labels[v1alpha1.LabelVirtualNode] == "true" }
 

@@ -31,7 +31,7 @@ import (
 // offloading is the agent's part in grants, both ways: as a provider, the
 // tenants and credentials of the peers it grants; as a consumer, the
 // credentials peers granted it. It sits between the engine and the Peer
-// objects: peer states go to both the Peer writer and the provider.
+// objects: peer states go to both the Peer writer and grants.
 type offloading struct {
 	objects *peerapi.Objects
 	// grants are what this cluster grants its consumers; credentials
@@ -184,8 +184,8 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
 
-// Publish hands a peer's state to the Peer writer and the provider
-// (peering.Publisher).
+// Publish hands a peer's state to the Peer writer, grants and the
+// Multi-Cluster Services (peering.Publisher).
 func (o *offloading) Publish(s peering.PeerState) {
 	o.objects.Publish(s)
 	o.grants.PeerChanged(s)
@@ -259,7 +259,7 @@ func (g engineGrants) SetGrant(id string, sealed []byte) error {
 }
 
 // apiServer finds the address this cluster announces with its grants,
-// once: from the flags, or from the cluster (offload.FindAPIServer).
+// once: from the flags, or from the cluster (tenancy.FindAPIServer).
 func (a *Agent) apiServer() func(context.Context) (tenancy.APIServer, error) {
 	var mu sync.Mutex
 	var found *tenancy.APIServer

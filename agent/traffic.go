@@ -1,6 +1,6 @@
 package agent
 
-// Segregated traffic (issue 16, docs/policy.md), the agent's wiring: the
+// Segregated traffic (docs/policy.md), the agent's wiring: the
 // feed and the segregating data plane live in policy/policyapi.
 
 import (

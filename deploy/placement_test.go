@@ -142,7 +142,7 @@ func (l testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// The MirrorConsumer's patch of a user's namespace: setting and removing
+// The mirror.Consumer's patch of a user's namespace: setting and removing
 // flotilla.io/offloaded=true passes; anything more is refused.
 func testOffloadedLabel(t *testing.T, cp *harness.ControlPlane, agent kubernetes.Interface) {
 	ctx := t.Context()

@@ -51,7 +51,7 @@ func (g *grant) testServiceObjects(t *testing.T) {
 	}
 
 	// A consumer's endpoints on a third cluster, translated
-	// (offload.HostedEndpoints): a slice of its own, managed by
+	// (reflection.HostedEndpoints): a slice of its own, managed by
 	// endpoints.flotilla.io.
 	translated := slice.DeepCopy()
 	translated.Name, translated.Labels = "api-x-translated", map[string]string{

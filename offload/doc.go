@@ -8,9 +8,10 @@
 // informers of this cluster several features share (shared_cache.go,
 // peers_cache.go).
 //
-// The features are packages of their own, each importing this root and
-// never one another (except mirror, which asks tenancy for the
-// namespaces it makes):
+// The features are packages of their own over this root and, on the
+// consumer's side, remote's session; they never import one another
+// (except mirror, which asks tenancy for the namespaces it makes, and
+// mcsdns, which answers from mcs's names):
 //
 //   - tenancy: on a provider, the tenant of each consumer it grants, the
 //     credentials it issues and renews, and the namespaces mirrored for it;

@@ -136,7 +136,7 @@ func newDashboardEnv(t *testing.T) *dashboardEnv {
 	case err := <-done:
 		t.Fatalf("Peer informer: %v", err)
 	}
-	// Namespace offloading's cache, as the agent's MirrorConsumer keeps.
+	// Namespace offloading's cache, as the agent's mirror.Consumer keeps.
 	offloads, err := cache.New(cp.Config, cache.Options{Scheme: peerapi.Scheme()})
 	if err != nil {
 		t.Fatal(err)

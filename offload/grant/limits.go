@@ -2,8 +2,8 @@
 // offload: a short-lived credential for the provider's API server with
 // the limits it comes with, signed by the provider and sealed to the
 // consumer (Seal, Open), and the consumer's Store of the grants it holds.
-// It knows nothing of Kubernetes: the offload package issues and uses what
-// it carries.
+// It knows nothing of Kubernetes: offload/tenancy issues what it carries
+// and offload/remote uses it.
 package grant
 
 import (

@@ -6,10 +6,10 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
-// The kubelet API's certificates come from a caStore, as the placement
-// webhook's do, with their own CAs in their own Secret: an API server
-// that verifies kubelets (--kubelet-certificate-authority) trusts these,
-// and nothing else needs to.
+// The kubelet API's certificates come from a certs.CAStore, as the
+// placement webhook's do, with their own CAs in their own Secret: an API
+// server that verifies kubelets (--kubelet-certificate-authority) trusts
+// these, and nothing else needs to.
 const (
 	// KubeletCASecret holds the kubelet API's CAs, in the agent's
 	// namespace; its ca.crt is what such an API server must trust.
@@ -45,7 +45,7 @@ func KubeletLifetimes(cfg Config) certs.CertLifetimes {
 // kubeletHosts is what the serving certificate names: the address the
 // virtual nodes register as their InternalIP, which is the address the
 // API server dials and verifies (a certificate for any other address
-// fails there: liqotech/liqo #1334), and the virtual nodes' names.
+// fails there), and the virtual nodes' names.
 func kubeletHosts(k *Server) []string {
 	return append([]string{k.cfg.Address.String()}, k.virtualNodeNames()...)
 }

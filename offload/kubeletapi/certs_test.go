@@ -35,9 +35,9 @@ import (
 )
 
 // TestKubeletAPIServingCertificate: the serving certificate names the
-// address the virtual nodes register, and no other (liqotech/liqo #1334),
-// and every virtual node; it is renewed before it expires and when a
-// virtual node comes, each time by the same authority.
+// address the virtual nodes register, and no other (the API server
+// refuses any other), and every virtual node; it is renewed before it
+// expires and when a virtual node comes, each time by the same authority.
 func TestKubeletAPIServingCertificate(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)

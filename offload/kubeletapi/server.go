@@ -33,11 +33,11 @@ import (
 )
 
 // DefaultKubeletAPIPort is where the virtual nodes serve the kubelet API
-// when KubeletAPIConfig.Port is 0: the gateway node's own kubelet holds
+// when Config.Port is 0: the gateway node's own kubelet holds
 // 10250 on the same address.
 const DefaultKubeletAPIPort = 10260
 
-// KubeletAPIConfig is what a KubeletAPI needs.
+// Config is what a Server needs.
 type Config struct {
 	// Client reaches the local API server: pods, NamespaceOffloads and
 	// virtual nodes (read), the client CA ConfigMap (watched),
@@ -97,7 +97,7 @@ type Server struct {
 	streams sync.WaitGroup
 }
 
-// NewKubeletAPI checks cfg and prepares a KubeletAPI; Run serves, with
+// NewServer checks cfg and prepares a Server; Run serves, with
 // certificates of its own CAs, kept in a Secret.
 func NewServer(cfg Config) (*Server, error) {
 	if cfg.Client == nil || cfg.Credentials == nil {

@@ -44,7 +44,7 @@ import (
 
 // kubeletWorld is a provider with a real node running a test server pod
 // for a granted consumer, and the consumer with the virtual node of that
-// provider, a pod bound to it, and the KubeletAPI serving the node.
+// provider, a pod bound to it, and the Server serving the node.
 type kubeletWorld struct {
 	prov, cons *harness.ControlPlane
 	node       *harness.Node // the provider's
@@ -71,10 +71,10 @@ const (
 
 // TestKubeletAPI runs kubectl logs, exec, port-forward and attach on an
 // offloaded pod through the consumer's API server, which calls the
-// KubeletAPI as a kubelet; it forwards to the provider's API server and on to the real
-// kubelet of the node the pod runs on. The consumer's API server verifies
-// the KubeletAPI's serving certificate against its CA and the address the
-// virtual node registers.
+// Server as a kubelet; it forwards to the provider's API server and on to
+// the real kubelet of the node the pod runs on. The consumer's API server
+// verifies the Server's serving certificate against its CA and the
+// address the virtual node registers.
 func TestKubeletAPI(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
@@ -144,7 +144,7 @@ func (w *kubeletWorld) credential() *rest.Config {
 }
 
 // virtualNode makes on the consumer what the other parts of offloading
-// would: the virtual node (its address and port the KubeletAPI's, both
+// would: the virtual node (its address and port the Server's, both
 // picked here), the namespace offloaded Ready to the provider's tenant.
 func (w *kubeletWorld) virtualNode(t *testing.T) {
 	t.Helper()
@@ -225,7 +225,7 @@ func (w *kubeletWorld) offload(t *testing.T, ns string) {
 	}
 }
 
-// start runs the KubeletAPI until the test ends and waits until it
+// start runs the Server until the test ends and waits until it
 // answers.
 func (w *kubeletWorld) start(t *testing.T) {
 	t.Helper()

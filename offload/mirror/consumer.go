@@ -24,7 +24,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
 
-// MirrorConsumerConfig is what a MirrorConsumer needs.
+// ConsumerConfig is what a Consumer needs.
 type ConsumerConfig struct {
 	// Config reaches the local API server (NamespaceOffloads, Peers).
 	Config      *rest.Config
@@ -72,7 +72,7 @@ const syncProviders = ""
 // the provider's side) at once; a queue never hands one key to two.
 const mirrorWorkers = 2
 
-// NewMirrorConsumer checks cfg and prepares a MirrorConsumer; Run starts
+// NewConsumer checks cfg and prepares a Consumer; Run starts
 // it.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Config == nil || cfg.Credentials == nil {
@@ -272,7 +272,7 @@ func (mc *Consumer) providerChanged(namespaces []string, all bool) {
 // credential this cluster holds; one restarted when its grant is
 // renewed, stopped when the credential goes.
 func (mc *Consumer) syncWatches(ctx context.Context) error {
-	var peers v1alpha1.PeerList // names only: uncopied (namespaceWatches.sync)
+	var peers v1alpha1.PeerList // names only: uncopied, as NamespaceWatches reads them
 	if err := mc.local.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Peers: %w", err)
 	}

@@ -26,7 +26,7 @@ import (
 )
 
 // Reasons of a cluster's Ready condition besides the provider's own
-// (mirror_provider.go): ReasonNotGranted also when no credential is held,
+// (provider.go): ReasonNotGranted also when no credential is held,
 // ReasonAlreadyExists also when the name is requested there for another
 // local namespace, ReasonInvalidName also when the name cannot be made.
 const (

@@ -30,7 +30,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 )
 
-// Granter says what this provider grants a consumer now (*Provider).
+// Granter says what this provider grants a consumer now (*tenancy.Grants).
 type Granter interface {
 	Granted(consumer string) (grant.Limits, bool)
 }
@@ -51,7 +51,7 @@ const (
 // after a restart, come to the provider without one.
 const DefaultMirrorResync = 10 * time.Second
 
-// MirrorProviderConfig is what a MirrorProvider needs.
+// ProviderConfig is what a Provider needs.
 type ProviderConfig struct {
 	// Config reaches this cluster's API server with the agent's
 	// credentials: NamespaceRequests (every namespace) and our namespaces
@@ -96,7 +96,7 @@ type Provider struct {
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
 }
 
-// NewMirrorProvider checks cfg and prepares a MirrorProvider; Run starts
+// NewProvider checks cfg and prepares a Provider; Run starts
 // it.
 func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	if cfg.Config == nil || cfg.Tenants == nil || cfg.Grants == nil {

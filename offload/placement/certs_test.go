@@ -234,7 +234,7 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-// Whatever a CA Secret holds (edited by hand), decodeCAs returns CAs
+// Whatever a CA Secret holds (edited by hand), certs.DecodeCAs returns CAs
 // whose keys match their certificates, or an error; it never panics.
 func FuzzDecodeCAs(f *testing.F) {
 	a, _ := certs.NewCA("test", time.Now(), time.Hour)

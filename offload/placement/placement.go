@@ -286,7 +286,8 @@ func candidateNodes(in placementInput, s strategy) []*corev1.Node {
 }
 
 // expectedVirtualNode is the virtual node of cluster c as it will be
-// registered, labelled as VirtualNodes labels it (virtualNodeLabels).
+// registered, labelled as vnode.Nodes labels it
+// (offload.VirtualNodeLabels).
 func expectedVirtualNode(c v1alpha1.ClusterOffload, peerLabels map[string]string) *corev1.Node {
 	name := offload.VirtualNodeName(c.ClusterID)
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: c.ClusterID, Labels: peerLabels}, Status: v1alpha1.PeerStatus{ClusterName: c.ClusterName}}

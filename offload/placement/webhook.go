@@ -37,7 +37,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
-// PlacementWebhookConfig is what a PlacementWebhook needs.
+// WebhookConfig is what a Webhook needs.
 type WebhookConfig struct {
 	// Config reaches the local API server.
 	Config *rest.Config
@@ -99,7 +99,7 @@ const (
 	resultError    = "error"
 )
 
-// NewPlacementWebhook checks cfg and prepares a PlacementWebhook; Run
+// NewWebhook checks cfg and prepares a Webhook; Run
 // serves it.
 func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if cfg.Config == nil {
@@ -202,7 +202,8 @@ func metadataListOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadataLi
 	return m
 }
 
-// webhookMapper is mirrorMapper with the other kinds the webhook reads.
+// webhookMapper is offload.MirrorMapper with the other kinds the webhook
+// reads.
 func webhookMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, admissionregistrationv1.SchemeGroupVersion})
 	m.Add(peerGVK, meta.RESTScopeRoot)
@@ -384,7 +385,7 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", w.certs.Summary(), "crdOwner", owner != "")
 	}
 	w.applied, w.owner = bundle, owner
-	// A new CA may sign once in the caBundle long enough: wakeAt says
+	// A new CA may sign once in the caBundle long enough: WakeAt says
 	// when.
 	w.certs.NotePublished(now)
 	return nil

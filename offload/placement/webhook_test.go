@@ -170,9 +170,9 @@ func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop fun
 }
 
 // offloadNamespace makes namespace ns offloaded with mode to the
-// clusters ids, as the MirrorConsumer leaves it: a NamespaceOffload
+// clusters ids, as the mirror.Consumer leaves it: a NamespaceOffload
 // whose status lists them, and the namespace labelled (the
-// MirrorConsumer's own test shows it labels it).
+// mirror.Consumer's own test shows it labels it).
 func (e *placementEnv) offloadNamespace(t *testing.T, ns string, mode v1alpha1.PodOffloading, ids ...string) {
 	t.Helper()
 	ctx := t.Context()

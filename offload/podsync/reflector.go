@@ -27,7 +27,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
 
-// DefaultPodWorkers is how many pods a PodReflector reconciles at once
+// DefaultPodWorkers is how many pods a Reflector reconciles at once
 // when its config says nothing. A pod costs about two API round trips (a
 // create there, a status write here) that wait on the API servers, not
 // on us; more workers than this lose the queue's folding of a pod's
@@ -37,7 +37,7 @@ const DefaultPodWorkers = 16
 // podFieldManager writes remote pods and local pods' status.
 const podFieldManager = "flotilla"
 
-// PodReflectorConfig is what a PodReflector needs.
+// Config is what a Reflector needs.
 type Config struct {
 	// Config reaches the local API server: the pods bound to virtual
 	// nodes, their status and events, NamespaceOffloads and Peers.
@@ -98,7 +98,7 @@ type podKey struct {
 
 func (k podKey) String() string { return k.namespace + "/" + k.name + "@" + k.provider }
 
-// NewPodReflector checks cfg and prepares a PodReflector; Run starts it.
+// NewReflector checks cfg and prepares a Reflector; Run starts it.
 func NewReflector(cfg Config) (*Reflector, error) {
 	if cfg.Config == nil || cfg.Credentials == nil || cfg.Views == nil {
 		return nil, errors.New("pod offloading: the local REST config, the credentials and the views are required")

@@ -32,12 +32,12 @@ import (
 	"github.com/flotilla-io/flotilla/offload/mirror"
 )
 
-// podsEnv is a podEnv and the PodReflectors a test runs in it.
+// podsEnv is an offloadenv.PodEnv and the Reflectors a test runs in it.
 type podsEnv struct {
 	*offloadenv.PodEnv
 	reflectors []*Reflector // every one started, the running one last
 	registry   *prometheus.Registry
-	stop       func() // stops the running PodReflector
+	stop       func() // stops the running Reflector
 	// peers is the cache of Peers the reflectors share, as in the agent
 	// (a SharedCache, which their NamespaceOffloads come from too): it
 	// outlives each of them.
@@ -48,7 +48,7 @@ func newPodsEnv(tb testing.TB, o offloadenv.PodEnvOptions) *podsEnv {
 	return &podsEnv{PodEnv: offloadenv.NewPodEnv(tb, o)}
 }
 
-// startReflector runs a new PodReflector until stopReflector or the
+// startReflector runs a new Reflector until stopReflector or the
 // test's end.
 func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 	tb.Helper()
@@ -81,7 +81,7 @@ func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 
 func (e *podsEnv) stopReflector() { e.stop() }
 
-// reflector is the running PodReflector (or the last one).
+// reflector is the running Reflector (or the last one).
 func (e *podsEnv) reflector() *Reflector { return e.reflectors[len(e.reflectors)-1] }
 
 // podOnVirtualNode is a pod bound to the virtual node with what the
@@ -241,7 +241,7 @@ func uidsOf(pods map[string]*corev1.Pod) map[string]types.UID {
 
 // TestPodReflector runs the pod reflection between a real consumer and a
 // real provider; the subtests run in order, each in namespaces of its
-// own, against one PodReflector (restarted where a subtest says so).
+// own, against one Reflector (restarted where a subtest says so).
 func TestPodReflector(t *testing.T) {
 	e := newPodsEnv(t, offloadenv.PodEnvOptions{Kubelets: 2})
 	top := t // the reflector outlives each subtest

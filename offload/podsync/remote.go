@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-// podProvider is what a PodReflector keeps for one provider: an informer
+// podProvider is what a Reflector keeps for one provider: an informer
 // of the local pods bound to its virtual node, one of the pods in each
 // namespace mirrored there for this cluster (it may list pods only in
 // namespaces it has rights in), and the clients with its credential.

@@ -99,8 +99,8 @@ func remoteSpec(local *corev1.PodSpec) corev1.PodSpec {
 	// overhead is its RuntimeClass admission's to set.
 	s.Priority, s.PriorityClassName, s.PreemptionPolicy = nil, "", nil
 	s.Overhead = nil
-	// The consumer's account and token mean nothing there (issue 15
-	// decides tokens; the namespace's default account is the safe side).
+	// The consumer's account and token mean nothing there: the mirrored
+	// namespace's default account, with no token, is the safe side.
 	s.ServiceAccountName, s.DeprecatedServiceAccount = "default", ""
 	s.AutomountServiceAccountToken = new(bool)
 	dropped := map[string]bool{}

@@ -14,8 +14,9 @@ import (
 )
 
 // Three clusters' pod networks and views, for the pure tests and the
-// integration test: consumer A offloads to providers P (offsetViews of
-// podEnv) and B; A and P see B's pods in views of their own.
+// integration test: consumer A offloads to providers P
+// (offloadtest.OffsetViews of offloadenv.PodEnv) and B; A and P see B's
+// pods in views of their own.
 var (
 	thirdPodCIDR    = netip.MustParsePrefix("10.1.0.0/16")
 	consumerViewOfB = netip.MustParsePrefix("10.72.0.0/16")

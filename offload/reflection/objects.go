@@ -233,7 +233,7 @@ func reflectedService(local *corev1.Service, namespace string) *corev1.Service {
 const (
 	// dropThirdCluster: the endpoint runs on a third cluster, at an
 	// address outside this cluster's views of it (those inside go in a
-	// slice of their own, reflect_third.go).
+	// slice of their own, third.go).
 	dropThirdCluster = "third_cluster"
 	// dropUntranslatable: neither a pod of ours the provider has a view
 	// of, nor one of its own.
@@ -284,7 +284,7 @@ func reflectedSlice(local *discoveryv1.EndpointSlice, namespace string, t endpoi
 		}
 		if !ok || len(addrs) == 0 {
 			if _, _, third := t.thirdAddresses(e); third {
-				continue // in a slice of its own (reflect_third.go)
+				continue // in a slice of its own (third.go)
 			}
 			reason := dropUntranslatable
 			if e.NodeName != nil && providerOfNode(*e.NodeName) != "" && providerOfNode(*e.NodeName) != t.provider {

@@ -63,7 +63,7 @@ type ReflectorConfig struct {
 // the ConfigMaps and Secrets the pods bound to a provider's virtual node
 // reference (or that opt in with AnnotationReflect), and the Services of
 // offloaded namespaces with their EndpointSlices, addresses translated.
-// Like the PodReflector it is level-triggered between two API servers:
+// Like the podsync.Reflector it is level-triggered between two API servers:
 // a reconcile reads the local object and its reflection from informers
 // on both sides, so a restart converges without duplicating anything.
 type Reflector struct {
@@ -212,7 +212,7 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 // runs and what it references (podRefs), in a type of its own a quarter
 // the size of a Pod (320 bytes against 1152), since a cluster's pods are
 // held once more here. Nothing lists it through the cache's reader: the
-// reflection reads the informer's index (podsReferencing).
+// reflection reads the informer's index (podRefsIndex).
 type referencingPod struct {
 	metav1.TypeMeta
 	metav1.ObjectMeta

@@ -28,9 +28,10 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
 )
 
-// reflectEnv is a podEnv (consumer and provider, real control planes,
-// a real grant, namespace mirroring running) with namespace ns offloaded
-// and Ready there as remote, and a Reflector running.
+// reflectEnv is an offloadenv.PodEnv (consumer and provider, real
+// control planes, a real grant, namespace mirroring running) with
+// namespace ns offloaded and Ready there as remote, and a Reflector
+// running.
 type reflectEnv struct {
 	*offloadenv.PodEnv
 	ns, remote string
@@ -57,7 +58,7 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 }
 
 // newReflectClients is a reflectEnv not offloaded yet, no Reflector
-// running: its podEnv and its clients.
+// running: its offloadenv.PodEnv and its clients.
 func newReflectClients(tb testing.TB) *reflectEnv {
 	e := &reflectEnv{PodEnv: offloadenv.NewPodEnv(tb, offloadenv.PodEnvOptions{}), ns: "app"}
 	var err error

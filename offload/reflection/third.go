@@ -22,7 +22,7 @@ import (
 // (ToRemote), one slice per local slice and third cluster, named by
 // LabelEndpointsOf and without kubernetes.io/service-name: P's
 // kube-proxy ignores it until P's agent has translated it
-// (hosted_endpoints.go).
+// (hosted.go).
 
 // thirdAddresses are e's addresses in the own terms of the third cluster
 // it runs on, for provider t.provider; ok is false when e is not on a

@@ -41,7 +41,7 @@ func ProviderClients(id string, creds Credentials, base *rest.Config) (write, wa
 	return write, watchClient, nil
 }
 
-// ProviderConfig is base for writes to provider, as providerClients
+// ProviderConfig is base for writes to provider, as ProviderClients
 // describes; a watch needs its Timeout cleared.
 func ProviderConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
 	cfg := rest.CopyConfig(base)

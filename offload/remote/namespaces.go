@@ -39,7 +39,7 @@ type Watcher interface {
 
 // NamespaceWatches keeps a Watcher for every Peer whose credential
 // this cluster holds, each watching the namespaces mirrored there: the
-// part the PodReflector and the Reflector share.
+// part podsync.Reflector and reflection.Reflector share.
 type NamespaceWatches[P Watcher] struct {
 	self        string
 	credentials Credentials

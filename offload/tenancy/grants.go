@@ -66,7 +66,7 @@ type SerialStore interface {
 	PutKey(name string, value []byte) error
 }
 
-// ProviderConfig is what a Provider needs.
+// GrantsConfig is what Grants needs.
 type GrantsConfig struct {
 	Identity identity.Identity
 	// Peers reads Peer objects (the informer's cache); Client writes their
@@ -97,7 +97,7 @@ type GrantsConfig struct {
 	Now     func() time.Time
 }
 
-// Provider grants peers offloading to this cluster: for each peer granted
+// Grants grants peers offloading to this cluster: for each peer granted
 // (by its Peer's spec or the policy) it keeps a tenant, issues a token,
 // seals it to the peer with this cluster's API server address and hands it
 // to the peering engine, renews it before it expires, and revokes it when
@@ -138,7 +138,7 @@ type issuedGrant struct {
 
 const serialKey = "grant-serial"
 
-// NewProvider checks cfg and prepares a Provider; Run starts it.
+// NewGrants checks cfg and prepares Grants; Run starts it.
 func NewGrants(cfg GrantsConfig) (*Grants, error) {
 	if cfg.Identity.Private == nil || cfg.Peers == nil || cfg.Client == nil || cfg.Tenants == nil ||
 		cfg.APIServer == nil || cfg.Sender == nil || cfg.Serials == nil {

@@ -45,10 +45,10 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// TestGrants runs a Provider on one real control plane and a Consumer on
+// TestGrants runs Grants on one real control plane and a remote.Consumer on
 // another, the Peer CRD on both. Each subtest brings a provider and
 // consumers of its own (fresh cluster IDs, so its Peers and tenants are
-// its own); they run one after another, because a Provider reconciles
+// its own); they run one after another, because Grants reconciles
 // every tenant of its cluster.
 func TestGrants(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
@@ -104,7 +104,7 @@ type providerOptions struct {
 	lifetime time.Duration
 }
 
-// provider is a Provider running against the provider's cluster, and what
+// provider is Grants running against the provider's cluster, and what
 // the test needs to restart it.
 type provider struct {
 	w       *world
@@ -117,7 +117,7 @@ type provider struct {
 	stop    func()
 }
 
-// newProvider makes a provider identity of its own and starts a Provider
+// newProvider makes a provider identity of its own and starts Grants
 // for it; the tenants of the consumers it knows go when t ends.
 func (w *world) newProvider(t *testing.T, opts providerOptions) *provider {
 	t.Helper()
@@ -140,7 +140,7 @@ func (w *world) newProvider(t *testing.T, opts providerOptions) *provider {
 	return p
 }
 
-// start runs a new Provider over the same identity, ledger and bridge.
+// start runs a new Grants over the same identity, ledger and bridge.
 func (p *provider) start(t *testing.T) {
 	t.Helper()
 	w := p.w
@@ -209,16 +209,16 @@ func (p *provider) member(c identity.Identity, alive bool) {
 	p.p.PeerChanged(peering.PeerState{ClusterID: c.ClusterID(), IdentityKey: c.Public(), Member: peering.Condition{OK: alive}})
 }
 
-// consumer is a Consumer running against the consumer's cluster.
+// consumer is a remote.Consumer running against the consumer's cluster.
 type consumer struct {
 	id  identity.Identity
 	c   *remote.Consumer
 	reg *prometheus.Registry
 }
 
-// newConsumer starts a Consumer of a new identity, the bridge of each
-// provider given delivering to it, and a Peer for each provider on the
-// consumer's cluster.
+// newConsumer starts a remote.Consumer of a new identity, the bridge of
+// each provider given delivering to it, and a Peer for each provider on
+// the consumer's cluster.
 func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
 	t.Helper()
 	c := w.newConsumerWithoutPeer(t, providers...)
@@ -228,8 +228,8 @@ func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
 	return c
 }
 
-// newConsumerWithoutPeer is newConsumer without the Peers: the Consumer
-// holds what it receives and waits to write its status.
+// newConsumerWithoutPeer is newConsumer without the Peers: the
+// remote.Consumer holds what it receives and waits to write its status.
 func (w *world) newConsumerWithoutPeer(t *testing.T, providers ...*provider) *consumer {
 	t.Helper()
 	id := newIdentity(t)

@@ -47,7 +47,7 @@ const (
 	VirtualNodeFieldManager = "flotilla-virtual-node"
 )
 
-// VirtualNodesConfig is what VirtualNodes needs.
+// Config is what Nodes needs.
 type Config struct {
 	// Config reaches the local API server (Peers, Nodes).
 	Config *rest.Config
@@ -101,7 +101,7 @@ type Nodes struct {
 // virtualNodeWorkers reconcile different providers at once.
 const virtualNodeWorkers = 2
 
-// NewVirtualNodes checks cfg and prepares VirtualNodes; Run starts them.
+// NewNodes checks cfg and prepares Nodes; Run starts them.
 func NewNodes(cfg Config) (*Nodes, error) {
 	if cfg.Config == nil || cfg.Credentials == nil {
 		return nil, errors.New("virtual nodes: the local REST config and the credentials are required")

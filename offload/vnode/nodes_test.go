@@ -39,9 +39,9 @@ import (
 )
 
 // vnEnv is a real control plane, whose controller manager runs the node
-// lifecycle controller on every Node, and VirtualNodes running against
+// lifecycle controller on every Node, and Nodes running against
 // it. Peers and their status are written by the test, as the peering and
-// offload.Consumer would.
+// remote.Consumer would.
 type vnEnv struct {
 	cp    *harness.ControlPlane
 	admin client.Client
@@ -51,7 +51,7 @@ type vnEnv struct {
 	port  int32
 }
 
-// TestVirtualNode runs VirtualNodes against a real control plane; the
+// TestVirtualNode runs Nodes against a real control plane; the
 // subtests run in order, each with providers of its own. The node
 // lifecycle controller needs its grace period (50 s) to act on a Node, so
 // the Node it is tested on is made first and checked last.
@@ -104,7 +104,7 @@ func (e *vnEnv) start(t *testing.T) {
 }
 
 // addPeer writes a provider's Peer, Connected, with a working credential
-// granted with limits, as the peering and offload.Consumer write it; it
+// granted with limits, as the peering and remote.Consumer write it; it
 // returns the provider's cluster ID.
 func (e *vnEnv) addPeer(t *testing.T, name string, labels map[string]string, limits grant.Limits) string {
 	t.Helper()

@@ -73,7 +73,7 @@ func trafficInputOf(objs trafficObjects, def policy.Mode) (trafficInput, []input
 		return s
 	}
 
-	// Consumer side: what offload's Reflector reflects to each provider.
+	// Consumer side: what reflection.Reflector reflects to each provider.
 	byNamespace := map[string][]*corev1.Service{}
 	for _, s := range services {
 		byNamespace[s.Namespace] = append(byNamespace[s.Namespace], s)

@@ -29,7 +29,7 @@ import (
 // is copied by an operator), which their owners say by noting when a CA
 // was published.
 //
-// sync, load, setHosts and the note methods are called from the owner's
+// Sync, Load, SetHosts and the note methods are called from the owner's
 // one goroutine; certificate, bundle, ready and the metrics from any.
 type CAStore struct {
 	kube      kubernetes.Interface
@@ -51,7 +51,7 @@ type CAStore struct {
 	reissue   bool // the hosts changed since serving was issued
 }
 
-// caStoreConfig is what a caStore needs; component labels its metrics.
+// CAStoreConfig is what a CAStore needs; component labels its metrics.
 type CAStoreConfig struct {
 	Kube              kubernetes.Interface
 	Namespace, Secret string
@@ -72,7 +72,7 @@ func NewCAStore(c CAStoreConfig) *CAStore {
 
 // Load reads the CAs from their Secret, so that a restarted agent keeps
 // serving what the API server trusts. A Secret that does not read back
-// (edited by hand) is logged and replaced by a new CA at the next sync.
+// (edited by hand) is logged and replaced by a new CA at the next Sync.
 func (s *CAStore) Load(ctx context.Context) error {
 	sec, err := s.kube.CoreV1().Secrets(s.namespace).Get(ctx, s.secret, metav1.GetOptions{})
 	switch {
@@ -118,7 +118,7 @@ func (s *CAStore) NotePublished(now time.Time) {
 }
 
 // SetHosts sets what the serving certificate names; true when that
-// changed, and the next sync issues a certificate for them.
+// changed, and the next Sync issues a certificate for them.
 func (s *CAStore) SetHosts(hosts []string) bool {
 	hosts = slices.Clone(hosts)
 	slices.Sort(hosts)
@@ -188,7 +188,7 @@ func (s *CAStore) save(ctx context.Context, data map[string][]byte) error {
 // objects had it first.
 const caStoreFieldOwner = "flotilla-placement"
 
-// WakeAt is when sync has something to do next: a CA to rotate or drop,
+// WakeAt is when Sync has something to do next: a CA to rotate or drop,
 // the serving certificate to renew, a new CA published long enough to
 // sign; now when there is no serving certificate.
 func (s *CAStore) WakeAt() time.Time {

@@ -21,7 +21,7 @@ import (
 // placement webhook and the virtual nodes' kubelet API (docs/offload.md,
 // "Certificates"). For each the agent is its own CA: the API server
 // trusts that server's CAs and nothing else, and the CAs live in a Secret
-// of the agent's namespace (caStore) so that a restarted agent serves
+// of the agent's namespace (CAStore) so that a restarted agent serves
 // what the API server already trusts. This file is the certificates
 // themselves; castore.go keeps and rotates them.
 const (
@@ -68,10 +68,10 @@ type CertAuthority struct {
 	Key  *ecdsa.PrivateKey
 }
 
-// id names a CA in logs and in the set of published ones.
+// ID names a CA in logs and in the set of published ones.
 func (ca *CertAuthority) ID() string { return hex.EncodeToString(ca.Cert.SubjectKeyId) }
 
-// Made is when the CA was made (its validity starts certBackdate
+// Made is when the CA was made (its validity starts CertBackdate
 // before): it was published no earlier.
 func (ca *CertAuthority) Made() time.Time { return ca.Cert.NotBefore.Add(CertBackdate) }
 
@@ -80,8 +80,8 @@ func (ca *CertAuthority) PEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
 
-// caSet is a server's CAs, oldest first; the newest signs once
-// published (signer).
+// CASet is a server's CAs, oldest first; the newest signs once
+// published (Signer).
 type CASet []*CertAuthority
 
 // Newest is the last CA, nil when there is none.
@@ -113,7 +113,7 @@ func (s CASet) Rotated(name string, now time.Time, lifetime time.Duration) (CASe
 	return out, changed, nil
 }
 
-// RotateAt is when rotated next changes the set: the newest CA's
+// RotateAt is when Rotated next changes the set: the newest CA's
 // rotation point or the first expiry.
 func (s CASet) RotateAt(lifetime time.Duration) time.Time {
 	n := s.Newest()
@@ -158,7 +158,7 @@ func (s CASet) Encode() (map[string][]byte, error) {
 	return map[string][]byte{CACertKey: s.Bundle(), CAKeyKey: keys.Bytes()}, nil
 }
 
-// DecodeCAs reads what encode wrote; each certificate must be a CA with
+// DecodeCAs reads what Encode wrote; each certificate must be a CA with
 // the key after it.
 func DecodeCAs(data map[string][]byte) (CASet, error) {
 	certs, err := pemBlocks(data[CACertKey], "CERTIFICATE")
@@ -242,7 +242,7 @@ func NewCA(name string, now time.Time, lifetime time.Duration) (*CertAuthority, 
 	return &CertAuthority{Cert: cert, Key: key}, nil
 }
 
-// servingCert is the certificate a server serves and when to renew it.
+// ServingCert is the certificate a server serves and when to renew it.
 type ServingCert struct {
 	TLS     *tls.Certificate
 	issuer  string // the id of the CA that signed it

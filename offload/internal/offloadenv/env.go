@@ -47,7 +47,7 @@ type MirrorEnv struct {
 	Self       string
 	Creds      *offloadtest.Credentials
 	Providers  []*Provider
-	// shared is what the MirrorConsumers read NamespaceOffloads,
+	// shared is what each mirror.Consumer reads NamespaceOffloads,
 	// Namespaces and Peers from, as in the agent; it outlives each of
 	// them (nil: each reads them itself).
 	shared *offload.SharedCache
@@ -124,7 +124,7 @@ func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenant
 }
 
 // AddPeer writes the consumer's Peer for a provider, granted (its
-// OffloadCredential condition set, as offload.Consumer writes it).
+// OffloadCredential condition set, as remote.Consumer writes it).
 func (e *MirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]string) {
 	t.Helper()
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: labels}}
@@ -151,7 +151,7 @@ func (e *MirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string)
 	}
 }
 
-// Start runs a MirrorConsumer until the returned stop is called (or the
+// Start runs a mirror.Consumer until the returned stop is called (or the
 // test ends).
 func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	t.Helper()
@@ -376,7 +376,7 @@ type PodEnvOptions struct {
 	// Kubelets are the provider's nodes (each holds 250 pods), at most
 	// 16.
 	Kubelets int
-	// Consumer's control plane; its scheduler, say.
+	// Consumer sets up the consumer's control plane; its scheduler, say.
 	Consumer harness.ControlPlaneOptions
 	// ClientQPS of both controller managers and schedulers (0: theirs).
 	ClientQPS int
@@ -421,7 +421,7 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	}
 	offloadtest.RunUntilCleanup(tb, "MirrorProvider", hosted.Run)
 	e.AddPeer(tb, e.Provider.ID, "p1", map[string]string{"region": "a"})
-	e.Start(tb) // the MirrorConsumer
+	e.Start(tb) // the mirror.Consumer
 
 	for i := range o.Kubelets {
 		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(16 * i), 0}), 20)

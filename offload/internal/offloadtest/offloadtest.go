@@ -97,7 +97,7 @@ func ExpiryGauge(t *testing.T, reg *prometheus.Registry, component, cert string)
 }
 
 // Credentials hand out what each provider granted: a real token of
-// its tenant (offload.Consumer does the same from sealed grants).
+// its tenant (remote.Consumer does the same from sealed grants).
 type Credentials struct {
 	mu   sync.Mutex
 	Held map[string]remote.ProviderCredential
@@ -147,7 +147,7 @@ func AdminClient(t testing.TB, cp *harness.ControlPlane) client.Client {
 	return c
 }
 
-// Grants is what the grants Provider would say, set by the test.
+// Grants is what tenancy.Grants would say, set by the test.
 type Grants struct {
 	Mu     sync.Mutex
 	Limits map[string]grant.Limits
