@@ -16,9 +16,13 @@ IMAGE_TAG ?= flotilla:$(VERSION)
 all: build
 
 # bin/kubectl-flotilla is the same binary as a kubectl plugin: on PATH,
-# `kubectl flotilla ...` runs it (docs/operations.md).
+# `kubectl flotilla ...` runs it (docs/operations.md). Built as the image
+# builds it, without the symbol table and DWARF (a third of its size);
+# DEBUG=1 keeps them for a debugger.
+BUILDFLAGS := $(if $(DEBUG),,-trimpath)
+STRIP      := $(if $(DEBUG),,-s -w)
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
+	$(GO) build $(BUILDFLAGS) -ldflags "$(STRIP) $(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
 	ln -sf flotilla bin/kubectl-flotilla
 
 # The agent's image without a container engine: the static binary on an
