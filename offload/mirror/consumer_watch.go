@@ -59,9 +59,9 @@ type providerWatch struct {
 	changed  func([]string, bool)
 	log      *slog.Logger
 
-	mu     sync.Mutex
-	synced bool
-	err    error // the last list or watch failed with err
+	mu        sync.Mutex
+	synced    bool
+	answering remote.Answering // whether its API server answers the watch
 }
 
 // sync brings the watches in line with the credentials held: new ones
@@ -216,11 +216,7 @@ func (w *providerWatch) report(err error) {
 	if err != nil && w.ctx.Err() != nil {
 		return // stopped by us
 	}
-	w.mu.Lock()
-	was := w.err
-	w.err = err
-	w.mu.Unlock()
-	if (was == nil) == (err == nil) {
+	if !w.answering.Report(err) {
 		return
 	}
 	if err != nil {
@@ -236,7 +232,7 @@ func (w *providerWatch) report(err error) {
 func (w *providerWatch) state() (synced bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.synced, w.err
+	return w.synced, w.answering.Err()
 }
 
 // requestsOf are the requests mirroring local namespace source.

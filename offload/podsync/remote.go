@@ -47,9 +47,10 @@ type podProvider struct {
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 
+	answering remote.Answering // whether its API server answers the watches
+
 	mu         sync.Mutex
 	namespaces map[string]*remoteNamespace // by name on the provider
-	err        error                       // the provider's last list or watch failure
 }
 
 // remoteNamespace is the watch of this cluster's pods in one namespace
@@ -286,11 +287,7 @@ func (pp *podProvider) report(err error) {
 	if err != nil && pp.ctx.Err() != nil {
 		return // stopped by us
 	}
-	pp.mu.Lock()
-	was := pp.err
-	pp.err = err
-	pp.mu.Unlock()
-	if (was == nil) == (err == nil) {
+	if !pp.answering.Report(err) {
 		return
 	}
 	if err != nil {
