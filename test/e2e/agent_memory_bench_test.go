@@ -112,7 +112,7 @@ func envCount(b *testing.B, name string, def int) int {
 const swarmMemberMiB = 40
 
 // nodeClusterMiB is what a cluster of one real node takes with its
-// control plane and the agent (REAL-KUBELET.md: about 650 MiB), with
+// control plane and the agent (about 650 MiB, measured), with
 // room for the provider's stand-in kubelets.
 const nodeClusterMiB = 900
 

@@ -59,7 +59,7 @@ func (p nodePaths) mkdirs() error {
 }
 
 // containerdConfig is containerd's configuration for one node: its own
-// root, state, sockets and runc root; the settings REAL-KUBELET.md found
+// root, state, sockets and runc root; the settings found
 // necessary on these machines.
 func containerdConfig(p nodePaths) string {
 	return fmt.Sprintf(`version = 2

@@ -122,7 +122,7 @@ var (
 		Fix: "make kube-binaries",
 	}
 	// CgroupV1Memory: real nodes' kubelets run with the cgroupfs driver on
-	// cgroup v1 (shared/REAL-KUBELET.md); their cgroups need its memory
+	// cgroup v1 (docs/testing.md); their cgroups need its memory
 	// hierarchy.
 	CgroupV1Memory = Requirement{
 		Name: "a cgroup v1 memory hierarchy",
