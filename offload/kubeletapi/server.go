@@ -81,7 +81,9 @@ type Server struct {
 	certs    *certs.CAStore
 	clientCA *clientCA
 	authz    *authCache
-	server   *certs.Server
+	// providers reach the providers' API servers, one client each.
+	providers *providerClients
+	server    *certs.Server
 	// renewFailing says the last renewal failed, so that its error is
 	// logged once (owned by the server's goroutine).
 	renewFailing bool
@@ -135,6 +137,7 @@ func NewServer(cfg Config) (*Server, error) {
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
 		clientCA:     &clientCA{log: log},
+		providers:    newProviderClients(cfg.Credentials),
 		namesChanged: make(chan struct{}, 1),
 	}
 	k.server = &certs.Server{
@@ -207,8 +210,20 @@ func (k *Server) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	// A virtual node gone is its provider gone: its client goes too.
+	gone := func(obj any) {
+		changed(obj)
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if n, ok := obj.(*corev1.Node); ok {
+			if provider, ok := strings.CutPrefix(n.Name, offload.VirtualNodePrefix); ok {
+				k.providers.drop(provider)
+			}
+		}
+	}
 	if _, err := nodes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
+		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: gone,
 	}); err != nil {
 		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
 	}
