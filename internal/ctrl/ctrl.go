@@ -33,6 +33,10 @@ type Config[K comparable] struct {
 	// failed, doubling from one to the other (defaults 100 ms and 1
 	// minute).
 	BaseDelay, MaxDelay time.Duration
+	// RateLimiter, when set, decides when a failed key is queued again
+	// instead of BaseDelay and MaxDelay: a queue that also bounds its
+	// retries overall (a bucket limiter beside the backoff per key).
+	RateLimiter workqueue.TypedRateLimiter[K]
 	// Reconcile acts on key. An error queues it again after its
 	// backoff; otherwise a positive after queues it again then.
 	Reconcile func(ctx context.Context, key K) (after time.Duration, err error)
@@ -76,11 +80,14 @@ func New[K comparable](cfg Config[K]) (*Controller[K], error) {
 	if m != nil {
 		qc.MetricsProvider = m.queues
 	}
+	limiter := cfg.RateLimiter
+	if limiter == nil {
+		limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[K](cfg.BaseDelay, cfg.MaxDelay)
+	}
 	return &Controller[K]{
-		cfg: cfg,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[K](cfg.BaseDelay, cfg.MaxDelay), qc),
-		m: m,
+		cfg:   cfg,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, qc),
+		m:     m,
 	}, nil
 }
 

@@ -187,6 +187,55 @@ func TestControllerStopsWithItsCache(t *testing.T) {
 	}
 }
 
+// fixedDelay is a rate limiter that holds every failed key for delay and
+// counts the keys it was asked about.
+type fixedDelay struct {
+	delay time.Duration
+	mu    sync.Mutex
+	asked int
+}
+
+func (f *fixedDelay) When(string) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked++
+	return f.delay
+}
+func (f *fixedDelay) Forget(string)          {}
+func (f *fixedDelay) NumRequeues(string) int { return 0 }
+
+// A controller given a rate limiter retries a failed key when the
+// limiter says, not after BaseDelay.
+func TestControllerRetriesWhenItsRateLimiterSays(t *testing.T) {
+	limiter := &fixedDelay{delay: 150 * time.Millisecond}
+	p := &passes{n: map[string]int{}, fails: map[string]int{"a": 2}}
+	c, err := New(Config[string]{
+		Name: "limited", BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
+		RateLimiter: limiter, Reconcile: p.reconcile,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c, nil)
+	start := time.Now()
+	c.Add("a")
+	eventually.Within(t, 5*time.Second, "a retried until it succeeds", func() error {
+		if n := p.count("a"); n != 3 {
+			return errors.New(strings.Repeat("pass ", n))
+		}
+		return nil
+	})
+	if took := time.Since(start); took < 2*limiter.delay {
+		t.Errorf("two retries took %v, want at least the limiter's two delays (%v)", took, 2*limiter.delay)
+	}
+	_ = stop()
+	limiter.mu.Lock()
+	defer limiter.mu.Unlock()
+	if limiter.asked != 2 {
+		t.Errorf("the limiter was asked %d times, want once per failure (2)", limiter.asked)
+	}
+}
+
 func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 	if _, err := New(Config[string]{Name: "nothing"}); err == nil {
 		t.Error("a controller without a reconcile was made")

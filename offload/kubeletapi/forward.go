@@ -182,20 +182,20 @@ func (k *Server) forwarder(rt kubeletRoute) http.Handler {
 				panic(p)
 			}
 		}()
-		target, cfg, ref := k.resolve(r, u, rt, req)
+		target, pc, ref := k.resolve(r, u, rt, req)
 		if ref != nil {
 			result = ref.result
 			http.Error(w, ref.message, ref.status)
 			return
 		}
-		k.proxy(w, r, cfg, target, &result)
+		k.proxy(w, r, pc, target, &result)
 	})
 }
 
 // resolve finds where req goes, or why it goes nowhere: the local pod,
 // the caller's right to its node's kubelet API, the virtual node and its
 // provider, the mirrored namespace, the credential and the remote pod.
-func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req podRequest) (*url.URL, *rest.Config, *kubeletRefusal) {
+func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req podRequest) (*url.URL, *providerClient, *kubeletRefusal) {
 	ctx := r.Context()
 	pod, err := k.cfg.Client.CoreV1().Pods(req.namespace).Get(ctx, req.pod, metav1.GetOptions{})
 	switch {
@@ -231,11 +231,16 @@ func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req po
 	if err != nil {
 		return nil, nil, &kubeletRefusal{http.StatusNotFound, kubeletResultNotFound, fmt.Sprintf("pod %s: %v", req, err)}
 	}
-	cfg, _, err := k.cfg.Credentials.Credential(provider)
+	cfg, g, err := k.cfg.Credentials.Credential(provider)
 	if err != nil {
+		k.providers.drop(provider)
 		return nil, nil, &kubeletRefusal{http.StatusServiceUnavailable, kubeletResultNoCredential, fmt.Sprintf("pod %s: %v", req, err)}
 	}
-	if ref := checkRemotePod(ctx, cfg, provider, remoteNS, pod); ref != nil {
+	pc, err := k.providers.of(provider, cfg, g)
+	if err != nil {
+		return nil, nil, &kubeletRefusal{http.StatusInternalServerError, kubeletResultError, err.Error()}
+	}
+	if ref := checkRemotePod(ctx, pc.pods, provider, remoteNS, pod); ref != nil {
 		return nil, nil, ref
 	}
 	target, err := url.Parse(cfg.Host)
@@ -252,7 +257,7 @@ func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req po
 	}
 	target = target.JoinPath("api", "v1", "namespaces", remoteNS, "pods", req.pod, rt.subresource)
 	target.RawQuery = rt.params(r.URL.Query(), req.container).Encode()
-	return target, cfg, nil
+	return target, pc, nil
 }
 
 // remoteNamespace is the namespace ns has on provider, from its
@@ -283,11 +288,7 @@ func (k *Server) remoteNamespace(ctx context.Context, ns, provider string) (stri
 // checkRemotePod makes sure the provider's pod of the same name stands
 // for pod (its origin annotation), not for an earlier pod of that name
 // still being replaced there.
-func checkRemotePod(ctx context.Context, cfg *rest.Config, provider, remoteNS string, pod *corev1.Pod) *kubeletRefusal {
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return &kubeletRefusal{http.StatusInternalServerError, kubeletResultError, fmt.Sprintf("client for %s: %v", provider, err)}
-	}
+func checkRemotePod(ctx context.Context, cs kubernetes.Interface, provider, remoteNS string, pod *corev1.Pod) *kubeletRefusal {
 	remote, err := cs.CoreV1().Pods(remoteNS).Get(ctx, pod.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -304,17 +305,10 @@ func checkRemotePod(ctx context.Context, cfg *rest.Config, provider, remoteNS st
 	return nil
 }
 
-// proxy forwards r to target with the credential cfg, switching
+// proxy forwards r to target with the provider's client pc, switching
 // protocols when the provider does (101), and streaming as it goes; it
 // sets *result as it learns how the request went.
-func (k *Server) proxy(w http.ResponseWriter, r *http.Request, cfg *rest.Config, target *url.URL, result *string) {
-	base, rt, err := providerTransport(cfg)
-	if err != nil {
-		*result = kubeletResultError
-		http.Error(w, fmt.Sprintf("transport to %s: %v", target.Host, err), http.StatusInternalServerError)
-		return
-	}
-	defer base.CloseIdleConnections()
+func (k *Server) proxy(w http.ResponseWriter, r *http.Request, pc *providerClient, target *url.URL, result *string) {
 	*result = kubeletResultOK
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -326,7 +320,7 @@ func (k *Server) proxy(w http.ResponseWriter, r *http.Request, cfg *rest.Config,
 				}
 			}
 		},
-		Transport:     rt,
+		Transport:     pc.rt,
 		FlushInterval: -1, // logs --follow: every line as it comes
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode >= 400 {

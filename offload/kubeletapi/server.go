@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -83,7 +82,12 @@ type Server struct {
 	certs    *certs.CAStore
 	clientCA *clientCA
 	authz    *authCache
-	serving  atomic.Bool // listening, for Ready
+	// providers reach the providers' API servers, one client each.
+	providers *providerClients
+	server    *certs.Server
+	// renewFailing says the last renewal failed, so that its error is
+	// logged once (owned by the server's goroutine).
+	renewFailing bool
 
 	nodes corelisters.NodeLister // the virtual nodes, once Run has them
 	// namesChanged wakes Run when the set of virtual nodes changed: the
@@ -134,11 +138,17 @@ func NewServer(cfg Config) (*Server, error) {
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
 		clientCA:     &clientCA{log: log},
+		providers:    newProviderClients(cfg.Credentials),
 		namesChanged: make(chan struct{}, 1),
 	}
 	var err error
 	if k.m, err = newKubeletAPIMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("kubelet API: metrics: %w", err)
+	}
+	k.server = &certs.Server{
+		Name: "kubelet API", Addr: k.Addr().String(), Store: k.certs,
+		Start: k.loadCertificates, Renew: k.renewCertificates, Changed: k.namesChanged,
+		Listening: func() { log.Info("kubelet API serving the virtual nodes", "address", k.Addr().String()) },
 	}
 	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
 		return authorizeProxy(ctx, cfg.Client, u, method, node)
@@ -158,12 +168,7 @@ func (k *Server) CA() []byte { return k.certs.Bundle() }
 
 // Ready says whether the kubelet API serves with a valid certificate,
 // for the agent's /readyz.
-func (k *Server) Ready() error {
-	if !k.serving.Load() {
-		return errors.New("kubelet API: not serving yet")
-	}
-	return k.certs.Ready(time.Now())
-}
+func (k *Server) Ready() error { return k.server.Ready() }
 
 // Addr is where the kubelet API listens.
 func (k *Server) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address, k.cfg.Port) }
@@ -208,8 +213,20 @@ func (k *Server) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	// A virtual node gone is its provider gone: its client goes too.
+	gone := func(obj any) {
+		changed(obj)
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if n, ok := obj.(*corev1.Node); ok {
+			if provider, ok := strings.CutPrefix(n.Name, offload.VirtualNodePrefix); ok {
+				k.providers.drop(provider)
+			}
+		}
+	}
 	if _, err := nodes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
+		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: gone,
 	}); err != nil {
 		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
 	}
@@ -222,18 +239,10 @@ func (k *Server) Run(ctx context.Context) error {
 		return nil
 	}
 
-	if !k.loadCertificates(ctx) {
-		return nil
-	}
-	l, err := net.Listen("tcp", k.Addr().String())
-	if err != nil {
-		return fmt.Errorf("kubelet API: listen on %s: %w", k.Addr(), err)
-	}
 	srv := &http.Server{
 		Handler: k.handler(),
 		TLSConfig: &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: k.certs.Certificate,
+			MinVersion: tls.VersionTLS12,
 			// Verified against the client CA held at the time of the
 			// request (it changes), so that a stranger gets a 401 rather
 			// than a failed handshake, as from a kubelet.
@@ -247,94 +256,59 @@ func (k *Server) Run(ctx context.Context) error {
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ErrorLog:          slog.NewLogLogger(k.log.Handler(), slog.LevelDebug),
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.ServeTLS(l, "", "") }()
-	k.serving.Store(true)
-	defer func() {
-		k.serving.Store(false)
+	// Once the server is closed: upgraded streams end with their
+	// request's context.
+	k.server.Closed = func() {
 		k.mu.Lock()
 		k.closing = true
 		k.mu.Unlock()
-		srv.Close()
-		// Upgraded streams end with their request's context.
 		cancel()
 		k.streams.Wait()
-		<-served
-	}()
-	k.log.Info("kubelet API serving the virtual nodes", "address", k.Addr().String())
-	return k.renewCertificates(ctx, served)
+	}
+	return k.server.Serve(ctx, srv)
 }
 
 // loadCertificates reads the CAs from their Secret and issues the first
-// serving certificate, retrying until it can; false when ctx ended first.
-func (k *Server) loadCertificates(ctx context.Context) bool {
-	retry := time.Second
-	for {
-		err := k.certs.Load(ctx)
-		if err == nil {
-			// A CA in the Secret is published: operators copy it from there.
-			k.certs.NoteTrusted(k.certs.Bundle())
-			k.certs.SetHosts(kubeletHosts(k))
-			_, err = k.certs.Sync(ctx, time.Now())
-		}
-		if err == nil {
-			k.certs.NotePublished(time.Now())
-			return true
-		}
-		k.log.Warn("kubelet API: no serving certificate yet; retrying", "err", err, "retry", retry)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(retry):
-			retry = min(2*retry, time.Minute)
-		}
+// serving certificate (certs.Server's Start).
+func (k *Server) loadCertificates(ctx context.Context) error {
+	err := k.certs.Load(ctx)
+	if err == nil {
+		// A CA in the Secret is published: operators copy it from there.
+		k.certs.NoteTrusted(k.certs.Bundle())
+		k.certs.SetHosts(kubeletHosts(k))
+		_, err = k.certs.Sync(ctx, time.Now())
 	}
+	if err != nil {
+		k.log.Warn("kubelet API: no serving certificate yet; retrying", "err", err)
+		return err
+	}
+	k.certs.NotePublished(time.Now())
+	return nil
 }
 
 // renewCertificates rotates the CAs and renews the serving certificate
-// when due and when the virtual nodes change, until ctx ends or the
-// server stops.
-func (k *Server) renewCertificates(ctx context.Context, served <-chan error) error {
-	retry, failing := time.Second, false
-	for {
-		next := k.certs.WakeAt()
-		if failing {
-			next = time.Now().Add(retry)
-		}
-		timer := time.NewTimer(time.Until(next))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case err := <-served:
-			timer.Stop()
-			return fmt.Errorf("kubelet API on %s: %w", k.Addr(), err)
-		case <-timer.C:
-		case <-k.namesChanged:
-			timer.Stop()
-			if !k.certs.SetHosts(kubeletHosts(k)) && !failing {
-				continue
-			}
-		}
-		rotated, err := k.certs.Sync(ctx, time.Now())
-		if rotated {
-			k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+KubeletCASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.Summary())
-		}
-		if err == nil {
-			// The Secret is where the bundle is published.
-			k.certs.NotePublished(time.Now())
-		}
-		switch {
-		case err != nil && !failing:
-			k.log.Warn("kubelet API: serving certificate not renewed; retrying", "err", err)
-			failing = true
-		case err != nil:
-			retry = min(2*retry, time.Minute)
-		case failing:
-			k.log.Info("kubelet API: serving certificate renewed again")
-			failing, retry = false, time.Second
-		}
+// for the virtual nodes of now (certs.Server's Renew), logging a failure
+// once.
+func (k *Server) renewCertificates(ctx context.Context, now time.Time) error {
+	k.certs.SetHosts(kubeletHosts(k))
+	rotated, err := k.certs.Sync(ctx, now)
+	if rotated {
+		k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+KubeletCASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.Summary())
 	}
+	switch {
+	case err != nil && !k.renewFailing:
+		k.log.Warn("kubelet API: serving certificate not renewed; retrying", "err", err)
+		k.renewFailing = true
+	case err == nil && k.renewFailing:
+		k.log.Info("kubelet API: serving certificate renewed again")
+		k.renewFailing = false
+	}
+	if err != nil {
+		return err
+	}
+	// The Secret is where the bundle is published.
+	k.certs.NotePublished(now)
+	return nil
 }
 
 // waitSynced waits for the informers, saying once if they take long: the

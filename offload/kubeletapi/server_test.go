@@ -51,6 +51,9 @@ type kubeletWorld struct {
 	provider   string        // the provider's cluster ID
 	tenant     string        // the consumer's namespace there
 	token      string        // the consumer's credential there
+	tenants    *tenancy.Tenants
+	consumer   string                   // the consumer's cluster ID at the provider
+	creds      *offloadtest.Credentials // what the kubelet API holds of the provider
 	remote     kubernetes.Interface
 	local      client.Client // admin of the consumer
 
@@ -104,6 +107,7 @@ func TestKubeletAPI(t *testing.T) {
 	t.Run("Metrics", w.testMetrics)
 	t.Run("StopEndsStreams", w.testStopEndsStreams)
 	t.Run("Restart", w.testRestart)
+	t.Run("CredentialRotated", w.testCredentialRotated)
 	if t.Failed() {
 		t.Logf("kubelet API log:\n%s", w.logs.String())
 	}
@@ -134,6 +138,7 @@ func (w *kubeletWorld) grant(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.tenant, w.token = tenant.Namespace, tok.Value.Reveal()
+	w.tenants, w.consumer = tenants, consumer
 	w.remote = kubernetes.NewForConfigOrDie(w.credential())
 }
 
@@ -190,7 +195,7 @@ func (w *kubeletWorld) newAPI(t *testing.T) *Server {
 	t.Helper()
 	w.reg = prometheus.NewRegistry()
 	api, err := NewServer(Config{
-		Client: w.cons.Client, Credentials: w.credentials(), Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
+		Client: w.cons.Client, Credentials: w.credentials(1), Address: w.addr.Addr(), Port: w.addr.Port(), AgentNamespace: testAgentNamespace,
 		Logger: slog.New(slog.NewJSONHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: w.reg,
 	})
 	if err != nil {
@@ -199,11 +204,18 @@ func (w *kubeletWorld) newAPI(t *testing.T) *Server {
 	return api
 }
 
-func (w *kubeletWorld) credentials() remote.Credentials {
-	return &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{w.provider: {
+// credentials hold the provider's grant of serial with w.token, as
+// w.creds.
+func (w *kubeletWorld) credentials(serial uint64) remote.Credentials {
+	w.creds = &offloadtest.Credentials{Held: map[string]remote.ProviderCredential{w.provider: w.providerCredential(serial)}}
+	return w.creds
+}
+
+func (w *kubeletWorld) providerCredential(serial uint64) remote.ProviderCredential {
+	return remote.ProviderCredential{
 		Config: w.credential(),
-		Grant:  grant.Grant{Provider: w.provider, Serial: 1, Server: w.prov.Config.Host, Namespace: w.tenant, ExpiresAt: time.Now().Add(time.Hour)},
-	}}}
+		Grant:  grant.Grant{Provider: w.provider, Serial: serial, Server: w.prov.Config.Host, Namespace: w.tenant, ExpiresAt: time.Now().Add(time.Hour)},
+	}
 }
 
 // offload makes namespace ns and its NamespaceOffload, Ready on the
@@ -729,6 +741,56 @@ func (w *kubeletWorld) testRestart(t *testing.T) {
 	w.start(t)
 	w.testLogs(t)
 	w.testExec(t)
+}
+
+// 12. The provider's credential changes under the kubelet API: each
+// request goes with the credential held at that moment, a token replaced
+// within a grant as much as a new grant, and none held is refused here.
+func (w *kubeletWorld) testCredentialRotated(t *testing.T) {
+	w.api = w.newAPI(t) // the one before stopped with its subtest
+	w.start(t)
+	w.testLogs(t) // the provider's client made, for the grant of serial 1
+	results := func(result string) float64 {
+		return testutil.ToFloat64(w.api.m.requests.WithLabelValues("containerLogs", result))
+	}
+	for _, step := range []struct {
+		name   string
+		change func(t *testing.T)
+		result string // "" for served
+	}{
+		{"a token the provider does not know, in the same grant", func(*testing.T) {
+			good := w.token
+			w.token = "not-a-token-of-the-provider"
+			w.creds.Set(w.provider, w.providerCredential(1))
+			w.token = good
+		}, kubeletResultUnreachable},
+		{"a new grant with a new token", func(t *testing.T) {
+			tok, err := w.tenants.Issue(t.Context(), w.consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.token = tok.Value.Reveal()
+			w.creds.Set(w.provider, w.providerCredential(2))
+		}, ""},
+		{"no credential held", func(*testing.T) { w.creds.Drop(w.provider) }, kubeletResultNoCredential},
+		{"a grant again", func(*testing.T) { w.creds.Set(w.provider, w.providerCredential(3)) }, ""},
+	} {
+		step.change(t)
+		if step.result == "" {
+			w.testLogs(t)
+			continue
+		}
+		before := results(step.result)
+		if out, err := w.kubectl("logs", kubeletAPIPod); err == nil {
+			t.Errorf("%s: kubectl logs served %q, want it refused", step.name, out)
+		}
+		eventually.Within(t, 10*time.Second, step.name+": the request counted as "+step.result, func() error {
+			if results(step.result) == before {
+				return fmt.Errorf("no request counted as %s", step.result)
+			}
+			return nil
+		})
+	}
 }
 
 // requests is how many requests of route have ended, whatever their

@@ -291,26 +291,9 @@ func deref(p *string) string {
 	return *p
 }
 
-// nextExport writes one ServiceExport's conditions: Valid (its Service
+// exportStatus writes one ServiceExport's conditions: Valid (its Service
 // exists and is not ExternalName) and Conflict (as the snapshots of the
 // clusters exporting the same Service say).
-func (s *Services) nextExport(ctx context.Context) bool {
-	k, shutdown := s.exports.Get()
-	if shutdown {
-		return false
-	}
-	defer s.exports.Done(k)
-	if err := s.exportStatus(ctx, k); err != nil {
-		if ctx.Err() == nil && !apierrors.IsConflict(err) {
-			s.log.Warn("ServiceExport status not written; retrying", "export", k, "err", err)
-		}
-		s.exports.AddRateLimited(k)
-		return true
-	}
-	s.exports.Forget(k)
-	return true
-}
-
 func (s *Services) exportStatus(ctx context.Context, k key) error {
 	var se mcsv1alpha1.ServiceExport
 	if err := s.cache.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.Name}, &se); err != nil {

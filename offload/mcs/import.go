@@ -134,29 +134,6 @@ func (s *Services) enqueueExistingImports(ctx context.Context) error {
 	return nil
 }
 
-func (s *Services) nextImport(ctx context.Context) bool {
-	k, shutdown := s.imports.Get()
-	if shutdown {
-		return false
-	}
-	defer s.imports.Done(k)
-	after, err := s.reconcileImport(ctx, k)
-	switch {
-	case err != nil:
-		// A conflict is a cache behind its own write: no news.
-		if ctx.Err() == nil && !apierrors.IsConflict(err) {
-			s.log.Warn("import not reconciled; retrying", "import", k, "err", err)
-		}
-		s.imports.AddRateLimited(k)
-	case after > 0:
-		s.imports.Forget(k)
-		s.imports.AddAfter(k, after)
-	default:
-		s.imports.Forget(k)
-	}
-	return true
-}
-
 // reconcileImport makes the ServiceImport k, its derived Service and its
 // EndpointSlices what the exports held say; with none, removes them. It
 // returns a time to look again when it waits for a source to be heard.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -86,8 +87,10 @@ type Services struct {
 	wake    chan struct{} // a local change to export
 	connect chan string   // a peer just became Connected
 
-	imports workqueue.TypedRateLimitingInterface[key]
-	exports workqueue.TypedRateLimitingInterface[key]
+	// importer reconciles the ServiceImports queued on imports;
+	// exportStatuses writes the status of those queued on exports.
+	importer, exportStatuses *ctrl.Controller[key]
+	imports, exports         ctrl.Queue[key]
 
 	mu        sync.Mutex
 	members   map[string]member
@@ -154,15 +157,46 @@ func New(cfg Config) (*Services, error) {
 	s := &Services{
 		cfg: cfg, self: cfg.Identity.ClusterID(), log: cfg.Logger.With("component", "mcs"), cache: ca, c: c,
 		inbound: make(chan []byte, 256), wake: make(chan struct{}, 1), connect: make(chan string, 64),
-		imports:   workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](), workqueue.TypedRateLimitingQueueConfig[key]{Name: "mcs-imports"}),
-		exports:   workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[key](), workqueue.TypedRateLimitingQueueConfig[key]{Name: "mcs-exports"}),
 		members:   map[string]member{},
 		inbox:     NewInbox(),
 		snapshots: map[string]Snapshot{},
 		foreign:   map[key]bool{},
 		metrics:   m,
 	}
+	s.importer, err = ctrl.New(ctrl.Config[key]{
+		Name: "mcs_imports", Workers: 2, Metrics: cfg.Metrics, Reconcile: s.reconcileImport,
+		// client-go's default, as before the loops moved to ctrl.
+		RateLimiter: workqueue.DefaultTypedControllerRateLimiter[key](),
+		Errors: &ctrl.ErrorLog[key]{
+			Logger: s.log, Failed: "import not reconciled; retrying",
+			Attrs: ctrl.Named[key]("import"), Level: conflictQuiet,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mcs: %w", err)
+	}
+	s.exportStatuses, err = ctrl.New(ctrl.Config[key]{
+		Name: "mcs_exports", Metrics: cfg.Metrics, Reconcile: ctrl.WithoutDelay(s.exportStatus),
+		RateLimiter: workqueue.DefaultTypedControllerRateLimiter[key](),
+		Errors: &ctrl.ErrorLog[key]{
+			Logger: s.log, Failed: "ServiceExport status not written; retrying",
+			Attrs: ctrl.Named[key]("export"), Level: conflictQuiet,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mcs: %w", err)
+	}
+	s.imports, s.exports = s.importer.Queue(), s.exportStatuses.Queue()
 	return s, nil
+}
+
+// conflictQuiet is the level of a reconcile's error: a conflict is a
+// cache behind its own write, no news.
+func conflictQuiet(err error) slog.Level {
+	if apierrors.IsConflict(err) {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }
 
 // Scheme holds the kinds Services reads and writes.
@@ -251,8 +285,6 @@ func (s *Services) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
-		s.imports.ShutDown()
-		s.exports.ShutDown()
 		wg.Wait()
 	}()
 	s.mu.Lock()
@@ -276,16 +308,9 @@ func (s *Services) Run(ctx context.Context) error {
 	if err := s.enqueueExistingImports(ctx); err != nil {
 		return err
 	}
-	for range 2 {
-		wg.Go(func() {
-			for s.nextImport(ctx) {
-			}
-		})
-	}
-	wg.Go(func() {
-		for s.nextExport(ctx) {
-		}
-	})
+	// Both stop with ctx, which ends when the cache does.
+	wg.Go(func() { _ = s.importer.Run(ctx, nil) })
+	wg.Go(func() { _ = s.exportStatuses.Run(ctx, nil) })
 	wg.Go(func() { s.receiveLoop(ctx) })
 	wg.Go(func() { s.exportLoop(ctx) })
 	select {

@@ -19,6 +19,8 @@ import (
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // DefaultPort is where the agent answers the zone (--clusterset-dns-port):
@@ -50,6 +52,10 @@ type Server struct {
 	tcp     net.Listener
 	synced  chan struct{}
 	queries *prometheus.CounterVec
+	// loop rebuilds the records of one Service at a time from imported,
+	// the cache watch starts before the loop's workers.
+	loop     *ctrl.Controller[string]
+	imported client.Reader
 }
 
 // New binds the server's sockets, so that a taken port fails at once; Run
@@ -76,6 +82,18 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
 	}
 	var err error
+	s.loop, err = ctrl.New(ctrl.Config[string]{
+		Name: "clusterset_dns", Workers: 2, Metrics: cfg.Metrics,
+		// client-go's default, as before the loop moved to ctrl.
+		RateLimiter: workqueue.DefaultTypedControllerRateLimiter[string](),
+		Reconcile: ctrl.WithoutDelay(func(ctx context.Context, key string) error {
+			return s.rebuild(ctx, s.imported, key)
+		}),
+		Errors: &ctrl.ErrorLog[string]{Logger: s.log, Failed: "rebuild records", Attrs: ctrl.Named[string]("service")},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clusterset DNS: %w", err)
+	}
 	if s.tcp, s.udp, err = listen(cfg.Address); err != nil {
 		return nil, fmt.Errorf("clusterset DNS: %w (choose another with --clusterset-dns-port, or 0 to disable)", err)
 	}

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
@@ -32,32 +31,20 @@ const crdRetry = 5 * time.Second
 // EndpointSlices the agent imported, each change rebuilding the records
 // of the one Service it is about.
 func (s *Server) watch(ctx context.Context) error {
-	// Stopped in reverse: the cache and the workers' queue, then the wait
-	// for both.
+	// Stopped in reverse: the loop's workers (Run), then the cache and
+	// the wait for it.
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterset-dns"})
-	defer queue.ShutDown()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	c, regs, err := s.handlers(ctx, queue)
+	c, regs, err := s.handlers(ctx, s.loop.Queue())
 	if err != nil || regs == nil {
 		return err // nil: ctx ended first
 	}
-	errc := make(chan error, 1)
-	wg.Go(func() { errc <- c.Start(ctx) })
-	synced := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-		for _, r := range regs {
-			if !r.HasSynced() {
-				return false, nil
-			}
-		}
-		return true, nil
-	}) == nil
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, c, "imports", regs...)
 	if !synced {
-		return s.cacheEnded(ctx, errc)
+		return err
 	}
 	// The zone opens once every ServiceImport read has its records: a
 	// name answered NXDOMAIN only because it was not built yet would sit
@@ -65,13 +52,8 @@ func (s *Server) watch(ctx context.Context) error {
 	if err := s.firstPass(ctx, c); err != nil {
 		return err
 	}
-	for range 2 {
-		wg.Go(func() {
-			for s.next(ctx, c, queue) {
-			}
-		})
-	}
-	return s.cacheEnded(ctx, errc)
+	s.imported = c
+	return s.loop.Run(ctx, cacheErr)
 }
 
 // newCache is the cache of the ServiceImports and EndpointSlices the
@@ -109,7 +91,7 @@ func (s *Server) newCache() (cache.Cache, error) {
 // handlers makes the cache and registers the queue with both its
 // informers, once the cluster has the ServiceImport CRD; nil registrations
 // when ctx ended first.
-func (s *Server) handlers(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) (cache.Cache, []toolscache.ResourceEventHandlerRegistration, error) {
+func (s *Server) handlers(ctx context.Context, queue ctrl.Queue[string]) (cache.Cache, []toolscache.ResourceEventHandlerRegistration, error) {
 	var c cache.Cache
 	var imports cache.Informer
 	logged := false
@@ -170,34 +152,6 @@ func (s *Server) firstPass(ctx context.Context, c client.Reader) error {
 	close(s.synced)
 	s.log.Info("clusterset zone ready", "services", len(imports.Items))
 	return nil
-}
-
-func (s *Server) cacheEnded(ctx context.Context, errc <-chan error) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-errc:
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("watch: %w", err)
-		}
-		return nil
-	}
-}
-
-// next rebuilds the records of one queued Service.
-func (s *Server) next(ctx context.Context, c client.Reader, queue workqueue.TypedRateLimitingInterface[string]) bool {
-	key, quit := queue.Get()
-	if quit {
-		return false
-	}
-	defer queue.Done(key)
-	if err := s.rebuild(ctx, c, key); err != nil {
-		s.log.Warn("rebuild records", "service", key, "err", err)
-		queue.AddRateLimited(key)
-		return true
-	}
-	queue.Forget(key)
-	return true
 }
 
 func (s *Server) rebuild(ctx context.Context, c client.Reader, key string) error {

@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,9 +80,9 @@ type Webhook struct {
 	requests *prometheus.CounterVec
 	certs    *certs.CAStore
 	changed  chan struct{} // the configuration changed on the API server
-	serving  atomic.Bool   // listening, for Ready
+	server   *certs.Server
 
-	// Owned by Run's goroutine.
+	// Owned by the server's goroutine (its Start and Renew).
 	applied []byte // the caBundle last applied
 	owner   types.UID
 	lastErr string
@@ -154,6 +152,11 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		Kube: w.kube, Namespace: cfg.AgentNamespace, Secret: PlacementCASecret,
 		Name: "flotilla placement webhook", Component: "placement_webhook", Lifetimes: l, Log: w.log,
 	})
+	w.server = &certs.Server{
+		Name: "placement webhook", Addr: netip.AddrPortFrom(cfg.Address, cfg.Port).String(), Store: w.certs,
+		Start: w.start, Renew: w.renew, Changed: w.changed, Grace: 5 * time.Second,
+		Listening: func() { w.log.Info("placement webhook serving", "url", w.url, "listen", w.server.Addr) },
+	}
 	if w.meta, err = metadata.NewForConfig(cfg.Config); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
@@ -180,12 +183,8 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	for _, r := range []string{resultMutated, resultAdmitted, resultRefused, resultError} {
 		w.requests.WithLabelValues(r)
 	}
-	if cfg.Metrics != nil {
-		for _, c := range []prometheus.Collector{w.requests, w.certs} {
-			if err := cfg.Metrics.Register(c); err != nil {
-				return nil, fmt.Errorf("placement webhook: metrics: %w", err)
-			}
-		}
+	if err := ctrl.Register(cfg.Metrics, w.requests, w.certs); err != nil {
+		return nil, fmt.Errorf("placement webhook: metrics: %w", err)
 	}
 	return w, nil
 }
@@ -261,30 +260,9 @@ func (w *Webhook) Run(ctx context.Context) error {
 		return err
 	}
 
-	// Certificates first, then the server, then the configuration: the
-	// API server calls the webhook as soon as it reads a configuration.
-	retry := time.Second
-	for {
-		err := w.load(ctx)
-		if err == nil {
-			_, err = w.certs.Sync(ctx, time.Now())
-		}
-		w.noteError(err)
-		if err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(retry):
-			retry = min(2*retry, time.Minute)
-		}
-	}
-	addr := netip.AddrPortFrom(w.cfg.Address, w.cfg.Port).String()
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("placement webhook: listen on %s: %w", addr, err)
-	}
+	// Certificates first, then the server, then the configuration
+	// (Renew): the API server calls the webhook as soon as it reads a
+	// configuration.
 	mux := http.NewServeMux()
 	mux.Handle(placementPath, w)
 	srv := &http.Server{
@@ -292,51 +270,41 @@ func (w *Webhook) Run(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		// Handshakes that fail (a scanner, an API server with an old
 		// bundle) are not the agent's errors.
-		ErrorLog: slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
-		TLSConfig: &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: w.certs.Certificate,
-		},
+		ErrorLog:  slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12},
 	}
-	serveErr := make(chan error, 1)
-	wg.Go(func() { serveErr <- srv.ServeTLS(l, "", "") })
-	w.serving.Store(true)
-	defer func() {
-		w.serving.Store(false)
-		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
-		defer done()
-		srv.Shutdown(shutdown)
-	}()
-	w.log.Info("placement webhook serving", "url", w.url, "listen", addr)
+	served := make(chan error, 1)
+	wg.Go(func() { served <- w.server.Serve(ctx, srv) })
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-cacheErr:
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("placement webhook: watch: %w", err)
+		}
+		return nil
+	case err := <-served:
+		return err
+	}
+}
 
-	retry = time.Second
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-cacheErr:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("placement webhook: watch: %w", err)
-			}
-			return nil
-		case err := <-serveErr:
-			return fmt.Errorf("placement webhook: serve on %s: %w", addr, err)
-		case <-timer.C:
-		case <-w.changed:
-		}
-		err := w.sync(ctx, time.Now())
-		w.noteError(err)
-		next := w.certs.WakeAt()
-		if err != nil {
-			next = time.Now().Add(retry)
-			retry = min(2*retry, time.Minute)
-		} else {
-			retry = time.Second
-		}
-		timer.Reset(time.Until(next))
+// start loads the CAs and issues the first serving certificate
+// (certs.Server's Start).
+func (w *Webhook) start(ctx context.Context) error {
+	err := w.load(ctx)
+	if err == nil {
+		_, err = w.certs.Sync(ctx, time.Now())
 	}
+	w.noteError(err)
+	return err
+}
+
+// renew keeps the certificates and the configuration current
+// (certs.Server's Renew).
+func (w *Webhook) renew(ctx context.Context, now time.Time) error {
+	err := w.sync(ctx, now)
+	w.noteError(err)
+	return err
 }
 
 // load reads the CAs from their Secret (a restarted agent keeps serving
@@ -393,12 +361,7 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 
 // Ready says whether the webhook serves with a valid certificate, for
 // the agent's /readyz.
-func (w *Webhook) Ready() error {
-	if !w.serving.Load() {
-		return errors.New("placement webhook: not serving yet")
-	}
-	return w.certs.Ready(time.Now())
-}
+func (w *Webhook) Ready() error { return w.server.Ready() }
 
 // noteError logs an error of sync once per change.
 func (w *Webhook) noteError(err error) {

@@ -62,7 +62,11 @@ func New(cfg *rest.Config, log *slog.Logger) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache for Peers: %w", err)
 	}
-	return &Objects{cache: ca, log: log, status: newStatusWriter(c, ca, log), synced: make(chan struct{})}, nil
+	status, err := newStatusWriter(c, ca, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Objects{cache: ca, log: log, status: status, synced: make(chan struct{})}, nil
 }
 
 // peerMapper knows where Peers are served. The client and the informer
@@ -124,7 +128,6 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
-		o.status.queue.ShutDown()
 		wg.Wait()
 	}()
 	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{})
@@ -153,9 +156,7 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 		return fmt.Errorf("watch Peers: the informer did not sync: %w (is the peers.flotilla.io CRD installed?)", ctx.Err())
 	}
 	close(o.synced)
-	for range statusWorkers {
-		wg.Go(func() { o.status.run(ctx) })
-	}
+	wg.Go(func() { _ = o.status.run(ctx) })
 	select {
 	case <-ctx.Done():
 		return nil

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/peering"
 )
 
@@ -39,7 +40,8 @@ type statusWriter struct {
 	cache  client.Reader
 	log    *slog.Logger
 	now    func() time.Time
-	queue  workqueue.TypedRateLimitingInterface[string]
+	loop   *ctrl.Controller[string]
+	queue  ctrl.Queue[string]
 	// writes bounds the write rate to the API server, whatever the
 	// federation does.
 	writes *rate.Limiter
@@ -92,18 +94,26 @@ func writeClientConfig(cfg *rest.Config) *rest.Config {
 	return c
 }
 
-func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) *statusWriter {
-	limiter := workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
-		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 50)},
-	)
-	return &statusWriter{
+func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) (*statusWriter, error) {
+	w := &statusWriter{
 		client: c, cache: cache, log: log, now: time.Now,
-		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "peer_status"}),
 		writes: rate.NewLimiter(rate.Limit(writeRate), writeBurst), unnamedWait: unnamedWait,
 		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
 		labelled: map[string]map[string]string{},
 	}
+	var err error
+	w.loop, err = ctrl.New(ctrl.Config[string]{
+		Name: "peer_status", Workers: statusWorkers, Reconcile: ctrl.WithoutDelay(w.reconcile),
+		RateLimiter: workqueue.NewTypedMaxOfRateLimiter(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, time.Minute),
+			&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 50)},
+		),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("Peer status writer: %w", err)
+	}
+	w.queue = w.loop.Queue()
+	return w, nil
 }
 
 // unnamedWait is how long the state of a peer that has not spoken yet
@@ -159,30 +169,25 @@ func (w *statusWriter) entries() int {
 	return n
 }
 
-// run writes queued states until the queue shuts down.
-func (w *statusWriter) run(ctx context.Context) {
-	for w.next(ctx) {
-	}
+// run writes queued states until ctx ends.
+func (w *statusWriter) run(ctx context.Context) error {
+	return w.loop.Run(ctx, nil)
 }
 
-func (w *statusWriter) next(ctx context.Context) bool {
-	id, shutdown := w.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer w.queue.Done(id)
+// reconcile writes id's newest queued state, or deletes its Peer once
+// retired; an error queues it again after its backoff.
+func (w *statusWriter) reconcile(ctx context.Context, id string) error {
 	w.mu.Lock()
 	q, ok := w.pending[id]
 	w.mu.Unlock()
 	if !ok { // withdrawn
-		w.queue.Forget(id)
 		w.mu.Lock()
 		delete(w.failing, id)
 		w.mu.Unlock()
-		return true
+		return nil
 	}
 	if err := w.writes.Wait(ctx); err != nil {
-		return false
+		return fmt.Errorf("wait to write Peer %s: %w", id, err)
 	}
 	var err error
 	began := w.now()
@@ -199,16 +204,14 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	if err != nil {
 		delete(w.labelled, id) // what the object holds is not known
 		if ctx.Err() != nil {
-			return false
+			return err
 		}
 		if w.failing[id] != err.Error() {
 			w.failing[id] = err.Error()
 			w.log.Error("cannot write Peer status; retrying with backoff (check that the API server is reachable and the agent may patch peers/status)", "peer", id, "err", err)
 		}
-		w.queue.AddRateLimited(id)
-		return true
+		return err
 	}
-	w.queue.Forget(id)
 	if _, ok := w.failing[id]; ok {
 		delete(w.failing, id)
 		w.log.Info("Peer status written again", "peer", id)
@@ -226,7 +229,7 @@ func (w *statusWriter) next(ctx context.Context) bool {
 	case !views:
 		delete(w.withViews, id)
 	}
-	return true
+	return nil
 }
 
 // write creates the Peer of s when missing (or brings its labels up to

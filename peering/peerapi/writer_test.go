@@ -216,10 +216,19 @@ func TestStatesAfterCreationAreOneRequestEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newStatusWriter(wc, laggingCache{}, slog.New(slog.DiscardHandler))
-	done := make(chan struct{})
-	go func() { defer close(done); w.run(context.Background()) }()
-	t.Cleanup(func() { w.queue.ShutDown(); <-done })
+	w, err := newStatusWriter(wc, laggingCache{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the writer stopped with %v", err)
+		}
+	})
 
 	s := sampleState()
 	for i, ph := range []peering.Phase{peering.PhaseNegotiating, peering.PhaseDegraded, peering.PhaseConnected} {
