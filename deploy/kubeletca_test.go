@@ -62,12 +62,12 @@ func testKubeletCAAsAgent(t *testing.T, cp *harness.ControlPlane, agent kubernet
 		eventually.Within(t, 60*time.Second, "the kubelet API serving", api.Ready)
 	}
 	run()
-	first, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.KubeletCASecret, metav1.GetOptions{})
+	first, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.CASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the CA Secret: %v", err)
 	}
 	run()
-	again, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.KubeletCASecret, metav1.GetOptions{})
+	again, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, kubeletapi.CASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

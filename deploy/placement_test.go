@@ -122,14 +122,14 @@ func testPlacementWebhookAsAgent(t *testing.T, cp *harness.ControlPlane, agent k
 		}
 		return nil
 	})
-	if _, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, placement.PlacementCASecret, metav1.GetOptions{}); err != nil {
+	if _, err := cp.Client.CoreV1().Secrets(namespace).Get(ctx, placement.CASecret, metav1.GetOptions{}); err != nil {
 		t.Errorf("the CA Secret: %v", err)
 	}
 	stop()
 	if strings.Contains(strings.ToLower(logs.String()), "forbidden") {
 		t.Errorf("the webhook was refused something:\n%s", logs.String())
 	}
-	if err := placement.DeletePlacementWebhook(ctx, agent); err != nil {
+	if err := placement.DeleteConfiguration(ctx, agent); err != nil {
 		t.Errorf("the agent deletes its webhook configuration: %v", err)
 	}
 }
@@ -216,7 +216,7 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 		}},
 		{"create a validating webhook configuration", "", func(ctx context.Context) error {
 			_, err := agent.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx,
-				&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: placement.PlacementWebhookConfiguration}}, metav1.CreateOptions{})
+				&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: placement.ConfigurationName}}, metav1.CreateOptions{})
 			return err
 		}},
 		{"create another Secret in its namespace", "only in tenant namespaces", func(ctx context.Context) error {
@@ -224,7 +224,7 @@ func testPlacementRefusals(t *testing.T, agent kubernetes.Interface) {
 			return err
 		}},
 		{"make a Secret of the CA's name elsewhere", "only in tenant namespaces", func(ctx context.Context) error {
-			_, err := agent.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: placement.PlacementCASecret}}, metav1.CreateOptions{})
+			_, err := agent.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: placement.CASecret}}, metav1.CreateOptions{})
 			return err
 		}},
 	} {

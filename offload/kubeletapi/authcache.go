@@ -17,8 +17,8 @@ import (
 // working soon; a refusal is kept shorter still, so that one just granted
 // works soon.
 const (
-	DefaultKubeletAuthorizedTTL   = 10 * time.Second
-	DefaultKubeletUnauthorizedTTL = 5 * time.Second
+	DefaultAuthorizedTTL   = 10 * time.Second
+	DefaultUnauthorizedTTL = 5 * time.Second
 	// kubeletAuthCacheSize bounds the entries: a caller, a verb and a
 	// node each. Few callers use a kubelet API (the API server's kubelet
 	// client, mostly), so this is room to spare, and a bound against one

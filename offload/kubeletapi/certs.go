@@ -11,24 +11,24 @@ import (
 // server that verifies kubelets (--kubelet-certificate-authority) trusts
 // these, and nothing else needs to.
 const (
-	// KubeletCASecret holds the kubelet API's CAs, in the agent's
+	// CASecret holds the kubelet API's CAs, in the agent's
 	// namespace; its ca.crt is what such an API server must trust.
-	KubeletCASecret = "flotilla-kubelet-ca"
-	// DefaultKubeletCALifetime is a CA's; a successor is made when a
+	CASecret = "flotilla-kubelet-ca"
+	// DefaultCALifetime is a CA's; a successor is made when a
 	// third of it is left, as for the webhook.
-	DefaultKubeletCALifetime = 365 * 24 * time.Hour
-	// DefaultKubeletServingLifetime is the serving certificate's; it is
+	DefaultCALifetime = 365 * 24 * time.Hour
+	// DefaultServingLifetime is the serving certificate's; it is
 	// renewed at two thirds of it, and when the virtual nodes change.
-	DefaultKubeletServingLifetime = 7 * 24 * time.Hour
+	DefaultServingLifetime = 7 * 24 * time.Hour
 )
 
-// KubeletLifetimes are the kubelet API's lifetimes, the defaults where
+// Lifetimes are the kubelet API's lifetimes, the defaults where
 // the config sets none. An API server reads --kubelet-certificate-authority
 // once, at start, and an operator copies the bundle there, so a new CA
 // signs as late as it can: when the old one can no longer cover a whole
 // serving certificate. The operator has the months in between.
-func KubeletLifetimes(cfg Config) certs.CertLifetimes {
-	l := certs.CertLifetimes{CA: DefaultKubeletCALifetime, Serving: DefaultKubeletServingLifetime}
+func Lifetimes(cfg Config) certs.CertLifetimes {
+	l := certs.CertLifetimes{CA: DefaultCALifetime, Serving: DefaultServingLifetime}
 	if cfg.CALifetime > 0 {
 		l.CA = cfg.CALifetime
 	}

@@ -268,7 +268,7 @@ func seedKubeletCA(t *testing.T, cp *harness.ControlPlane, ca *certs.CertAuthori
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: KubeletCASecret, Namespace: testAgentNamespace}, Data: data}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: CASecret, Namespace: testAgentNamespace}, Data: data}
 	if _, err := cp.Client.CoreV1().Secrets(testAgentNamespace).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ const caWorldPod = "web"
 func newKubeletCAWorld(t *testing.T) *kubeletCAWorld {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
-	ca, err := certs.NewCA("test kubelet", time.Now(), DefaultKubeletCALifetime)
+	ca, err := certs.NewCA("test kubelet", time.Now(), DefaultCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func (w *kubeletCAWorld) logsThroughAPIServer(t *testing.T, api *Server) error {
 // same CA, before it expires); the Secret is left as it was.
 func TestKubeletAPIKeepsItsCA(t *testing.T) {
 	w := newKubeletCAWorld(t)
-	before, err := w.cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), KubeletCASecret, metav1.GetOptions{})
+	before, err := w.cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), CASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,13 +165,13 @@ func TestKubeletAPIKeepsItsCA(t *testing.T) {
 		}
 		return w.logsThroughAPIServer(t, api)
 	})
-	if v, year := offloadtest.ExpiryGauge(t, reg, "kubelet_api", "ca"), DefaultKubeletCALifetime.Seconds(); v < year-3600 || v > year {
+	if v, year := offloadtest.ExpiryGauge(t, reg, "kubelet_api", "ca"), DefaultCALifetime.Seconds(); v < year-3600 || v > year {
 		t.Errorf("flotilla_certificate_expiry_seconds{cert=ca}: %v, want the CA's remaining life, a year", v)
 	}
 	if v := offloadtest.ExpiryGauge(t, reg, "kubelet_api", "serving"); v > 3 {
 		t.Errorf("flotilla_certificate_expiry_seconds{cert=serving}: %v, want the 3 s certificate's remaining life", v)
 	}
-	after, err := w.cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), KubeletCASecret, metav1.GetOptions{})
+	after, err := w.cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), CASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestKubeletAPIRotatesItsCA(t *testing.T) {
 	}
 	runKubeletAPI(t, api)
 	secretBundle := func() []byte {
-		s, err := cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), KubeletCASecret, metav1.GetOptions{})
+		s, err := cp.Client.CoreV1().Secrets(testAgentNamespace).Get(t.Context(), CASecret, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

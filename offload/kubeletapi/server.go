@@ -31,10 +31,10 @@ import (
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
 
-// DefaultKubeletAPIPort is where the virtual nodes serve the kubelet API
+// DefaultPort is where the virtual nodes serve the kubelet API
 // when Config.Port is 0: the gateway node's own kubelet holds
 // 10250 on the same address.
-const DefaultKubeletAPIPort = 10260
+const DefaultPort = 10260
 
 // Config is what a Server needs.
 type Config struct {
@@ -50,18 +50,18 @@ type Config struct {
 	// names it.
 	Address netip.Addr
 	// Port is where to listen on Address, and what the virtual nodes
-	// register as their kubelet port; 0 is DefaultKubeletAPIPort.
+	// register as their kubelet port; 0 is DefaultPort.
 	Port uint16
-	// AgentNamespace holds the CA Secret (KubeletCASecret).
+	// AgentNamespace holds the CA Secret (CASecret).
 	AgentNamespace string
 	// CALifetime, ServingLifetime and CAPublishDelay replace the
-	// defaults (DefaultKubeletCALifetime...; the publish delay: until
+	// defaults (DefaultCALifetime...; the publish delay: until
 	// the old CA can no longer cover a serving certificate) when set;
 	// tests shorten them to see a rotation.
 	CALifetime, ServingLifetime, CAPublishDelay time.Duration
 	// AuthorizedTTL and UnauthorizedTTL are how long the answer of a
-	// SubjectAccessReview is used again (DefaultKubeletAuthorizedTTL and
-	// DefaultKubeletUnauthorizedTTL when 0).
+	// SubjectAccessReview is used again (DefaultAuthorizedTTL and
+	// DefaultUnauthorizedTTL when 0).
 	AuthorizedTTL, UnauthorizedTTL time.Duration
 
 	Logger  *slog.Logger
@@ -112,21 +112,21 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("kubelet API: address %v: want the address the API server reaches the agent at (the virtual nodes' InternalIP), which the serving certificate names", cfg.Address)
 	}
 	if cfg.Port == 0 {
-		cfg.Port = DefaultKubeletAPIPort
+		cfg.Port = DefaultPort
 	}
 	if cfg.AgentNamespace == "" {
 		return nil, errors.New("kubelet API: the agent's namespace is required (it holds the CA Secret)")
 	}
 	if cfg.AuthorizedTTL <= 0 {
-		cfg.AuthorizedTTL = DefaultKubeletAuthorizedTTL
+		cfg.AuthorizedTTL = DefaultAuthorizedTTL
 	}
 	if cfg.UnauthorizedTTL <= 0 {
-		cfg.UnauthorizedTTL = DefaultKubeletUnauthorizedTTL
+		cfg.UnauthorizedTTL = DefaultUnauthorizedTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	l := KubeletLifetimes(cfg)
+	l := Lifetimes(cfg)
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("kubelet API: %w", err)
 	}
@@ -134,7 +134,7 @@ func NewServer(cfg Config) (*Server, error) {
 	k := &Server{
 		cfg: cfg, log: log,
 		certs: certs.NewCAStore(certs.CAStoreConfig{
-			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: KubeletCASecret,
+			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: CASecret,
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
 		clientCA:     &clientCA{log: log},
@@ -163,7 +163,7 @@ func NewServer(cfg Config) (*Server, error) {
 // CA is the bundle of the CAs of the serving certificates (PEM), once
 // Run has them: what an API server that verifies its kubelets
 // (--kubelet-certificate-authority) must trust for the virtual nodes. It
-// is the ca.crt of Secret KubeletCASecret as well.
+// is the ca.crt of Secret CASecret as well.
 func (k *Server) CA() []byte { return k.certs.Bundle() }
 
 // Ready says whether the kubelet API serves with a valid certificate,
@@ -293,7 +293,7 @@ func (k *Server) renewCertificates(ctx context.Context, now time.Time) error {
 	k.certs.SetHosts(kubeletHosts(k))
 	rotated, err := k.certs.Sync(ctx, now)
 	if rotated {
-		k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+KubeletCASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.Summary())
+		k.log.Info("kubelet API: new CA bundle in Secret "+k.cfg.AgentNamespace+"/"+CASecret+"; an API server that verifies kubelets must trust it before it signs", "cas", k.certs.Summary())
 	}
 	switch {
 	case err != nil && !k.renewFailing:

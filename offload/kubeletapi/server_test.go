@@ -81,7 +81,7 @@ const (
 func TestKubeletAPI(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
-	ca, err := certs.NewCA("test", time.Now(), DefaultKubeletCALifetime)
+	ca, err := certs.NewCA("test", time.Now(), DefaultCALifetime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -678,7 +678,7 @@ func (w *kubeletWorld) testNoCredentialInLogs(t *testing.T) {
 		t.Fatalf("no exec request in the log: nothing was checked\n%s", logs)
 	}
 	for what, secret := range map[string]string{
-		"the provider's credential": w.token, "a token": offloadtest.JwtHeader,
+		"the provider's credential": w.token, "a token": offloadtest.JWTHeader,
 		"the caller's Authorization header": "caller-token-not-for-the-provider",
 	} {
 		if strings.Contains(logs, secret) {

@@ -261,7 +261,7 @@ func FuzzDecodeCAs(f *testing.F) {
 // days, so an operator has months to copy the new bundle into
 // --kubelet-certificate-authority.
 func TestKubeletCASchedule(t *testing.T) {
-	l := kubeletapi.KubeletLifetimes(kubeletapi.Config{})
+	l := kubeletapi.Lifetimes(kubeletapi.Config{})
 	if err := l.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}

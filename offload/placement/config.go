@@ -22,16 +22,16 @@ import (
 // The placement webhook's objects, by name; deploy/rbac.yaml grants the
 // agent these names only.
 const (
-	// PlacementWebhookConfiguration is the MutatingWebhookConfiguration.
-	PlacementWebhookConfiguration = "flotilla-placement"
-	// PlacementWebhookName is its one webhook's name: API servers quote
+	// ConfigurationName is the MutatingWebhookConfiguration.
+	ConfigurationName = "flotilla-placement"
+	// WebhookName is its one webhook's name: API servers quote
 	// it in a refusal ("admission webhook ... denied the request").
-	PlacementWebhookName = "placement.flotilla.io"
-	// PlacementCASecret holds the webhook's CAs, in the agent's
+	WebhookName = "placement.flotilla.io"
+	// CASecret holds the webhook's CAs, in the agent's
 	// namespace.
-	PlacementCASecret = "flotilla-placement-ca"
-	// DefaultWebhookPort is where the agent serves the webhook.
-	DefaultWebhookPort = 9443
+	CASecret = "flotilla-placement-ca"
+	// DefaultPort is where the agent serves the webhook.
+	DefaultPort = 9443
 	// placementPath is the webhook's path on that port.
 	placementPath = "/placement"
 	// placementFieldOwner applies both objects (server-side apply).
@@ -58,10 +58,10 @@ var systemNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic, 
 // trusted by bundle; owner, when set, is the CRD's UID.
 func placementConfiguration(url string, bundle []byte, agentNamespace string, owner types.UID) *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration {
 	excluded := append(append([]string{}, systemNamespaces...), agentNamespace)
-	cfg := admissionregistrationv1ac.MutatingWebhookConfiguration(PlacementWebhookConfiguration).
+	cfg := admissionregistrationv1ac.MutatingWebhookConfiguration(ConfigurationName).
 		WithLabels(map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, "app.kubernetes.io/name": "flotilla"}).
 		WithWebhooks(admissionregistrationv1ac.MutatingWebhook().
-			WithName(PlacementWebhookName).
+			WithName(WebhookName).
 			WithClientConfig(admissionregistrationv1ac.WebhookClientConfig().WithURL(url).WithCABundle(bundle...)).
 			WithRules(admissionregistrationv1ac.RuleWithOperations().
 				WithOperations(admissionregistrationv1.Create).
@@ -97,7 +97,7 @@ func applyPlacementConfiguration(ctx context.Context, kube kubernetes.Interface,
 	_, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Apply(ctx, cfg,
 		metav1.ApplyOptions{FieldManager: placementFieldOwner, Force: true})
 	if err != nil {
-		return fmt.Errorf("apply MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+		return fmt.Errorf("apply MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	return nil
 }
@@ -116,15 +116,15 @@ func offloadCRDUID(ctx context.Context, meta metadata.Interface) (types.UID, err
 	return m.UID, nil
 }
 
-// DeletePlacementWebhook removes the placement webhook's configuration,
+// DeleteConfiguration removes the placement webhook's configuration,
 // for an uninstall: with the agent gone, its failurePolicy Fail would
 // refuse every pod created in an offloaded namespace. Deleting the
 // NamespaceOffload CRD removes it as well (its owner). Nothing to delete
 // is no error.
-func DeletePlacementWebhook(ctx context.Context, kube kubernetes.Interface) error {
-	err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, PlacementWebhookConfiguration, metav1.DeleteOptions{})
+func DeleteConfiguration(ctx context.Context, kube kubernetes.Interface) error {
+	err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, ConfigurationName, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+		return fmt.Errorf("delete MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	return nil
 }

@@ -41,7 +41,7 @@ type WebhookConfig struct {
 	Config *rest.Config
 	// Address is where the API server reaches the agent (the gateway
 	// node's address: the agent runs in the host network); the webhook
-	// listens there, on Port (DefaultWebhookPort when 0), and its
+	// listens there, on Port (DefaultPort when 0), and its
 	// serving certificate names it.
 	Address netip.Addr
 	Port    uint16
@@ -110,7 +110,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		return nil, errors.New("placement webhook: the agent's namespace is required (it holds the CA Secret)")
 	}
 	if cfg.Port == 0 {
-		cfg.Port = DefaultWebhookPort
+		cfg.Port = DefaultPort
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -149,7 +149,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
 	w.certs = certs.NewCAStore(certs.CAStoreConfig{
-		Kube: w.kube, Namespace: cfg.AgentNamespace, Secret: PlacementCASecret,
+		Kube: w.kube, Namespace: cfg.AgentNamespace, Secret: CASecret,
 		Name: "flotilla placement webhook", Component: "placement_webhook", Lifetimes: l, Log: w.log,
 	})
 	w.server = &certs.Server{
@@ -166,7 +166,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		ByObject: map[client.Object]cache.ByObject{
 			offload.MetadataOf(nodeGVK):          {Transform: nameAndLabelsOnly},
 			offload.MetadataOf(peerGVK):          {Transform: nameAndLabelsOnly},
-			offload.MetadataOf(webhookConfigGVK): {Field: fields.OneTermEqualSelector("metadata.name", PlacementWebhookConfiguration)},
+			offload.MetadataOf(webhookConfigGVK): {Field: fields.OneTermEqualSelector("metadata.name", ConfigurationName)},
 		},
 	})
 	if err != nil {
@@ -227,7 +227,7 @@ func nameAndLabelsOnly(obj any) (any, error) {
 // Run serves the webhook and keeps its objects current until ctx ends;
 // it returns once every goroutine it started has. The configuration
 // stays when it returns: an agent restarting (an upgrade) must not let
-// pods through unplaced meanwhile; DeletePlacementWebhook removes it.
+// pods through unplaced meanwhile; DeleteConfiguration removes it.
 func (w *Webhook) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -242,7 +242,7 @@ func (w *Webhook) Run(ctx context.Context) error {
 	}
 	configs, err := w.cache.GetInformer(ctx, offload.MetadataOf(webhookConfigGVK))
 	if err != nil {
-		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	poke := func(any) {
 		select {
@@ -253,7 +253,7 @@ func (w *Webhook) Run(ctx context.Context) error {
 	if _, err := configs.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke,
 	}); err != nil {
-		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, w.cache, "placement webhook")
 	if !synced {
@@ -315,12 +315,12 @@ func (w *Webhook) load(ctx context.Context) error {
 		return err
 	}
 	w.certs.SetHosts(w.hosts)
-	cfg, err := w.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, PlacementWebhookConfiguration, metav1.GetOptions{})
+	cfg, err := w.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, ConfigurationName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
 	case err != nil:
-		return fmt.Errorf("placement webhook: read MutatingWebhookConfiguration %s: %w", PlacementWebhookConfiguration, err)
+		return fmt.Errorf("placement webhook: read MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	for _, wh := range cfg.Webhooks {
 		w.certs.NoteTrusted(wh.ClientConfig.CABundle)
@@ -350,7 +350,7 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
 	if !bytes.Equal(bundle, w.applied) || owner != w.owner {
-		w.log.Info("placement webhook configuration applied", "name", PlacementWebhookConfiguration, "url", w.url, "cas", w.certs.Summary(), "crdOwner", owner != "")
+		w.log.Info("placement webhook configuration applied", "name", ConfigurationName, "url", w.url, "cas", w.certs.Summary(), "crdOwner", owner != "")
 	}
 	w.applied, w.owner = bundle, owner
 	// A new CA may sign once in the caBundle long enough: WakeAt says

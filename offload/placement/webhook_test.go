@@ -454,7 +454,7 @@ func TestPlacementWebhook(t *testing.T) {
 		before := e.bundle(t)
 		stop()
 		patch := fmt.Appendf(nil, `{"data":{%q:%q}}`, certs.CAKeyKey, "bm90IGEga2V5")
-		if _, err := e.kube.CoreV1().Secrets(e.agentNS).Patch(t.Context(), PlacementCASecret, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Secrets(e.agentNS).Patch(t.Context(), CASecret, "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		stop = e.start(top, nil)
@@ -473,13 +473,13 @@ func TestPlacementWebhook(t *testing.T) {
 	})
 
 	t.Run("EditsArePutBack", func(t *testing.T) {
-		patch := []byte(`{"webhooks":[{"name":"` + PlacementWebhookName + `","failurePolicy":"Ignore"}]}`)
-		if _, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(t.Context(), PlacementWebhookConfiguration,
+		patch := []byte(`{"webhooks":[{"name":"` + WebhookName + `","failurePolicy":"Ignore"}]}`)
+		if _, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(t.Context(), ConfigurationName,
 			"application/strategic-merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		eventually.Within(t, 30*time.Second, "failurePolicy Fail again", func() error {
-			c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), PlacementWebhookConfiguration, metav1.GetOptions{})
+			c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), ConfigurationName, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -493,10 +493,10 @@ func TestPlacementWebhook(t *testing.T) {
 	t.Run("UninstallRemovesTheConfiguration", func(t *testing.T) {
 		stop()
 		// The agent's cleanup path...
-		if err := DeletePlacementWebhook(t.Context(), e.kube); err != nil {
+		if err := DeleteConfiguration(t.Context(), e.kube); err != nil {
 			t.Fatal(err)
 		}
-		if err := DeletePlacementWebhook(t.Context(), e.kube); err != nil {
+		if err := DeleteConfiguration(t.Context(), e.kube); err != nil {
 			t.Errorf("deleting it again: %v", err)
 		}
 		e.waitAdmittedUnplaced(t, "remote")
@@ -504,7 +504,7 @@ func TestPlacementWebhook(t *testing.T) {
 		// owns the configuration.
 		stop = e.start(top, nil)
 		e.waitActive(t, "remote")
-		c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), PlacementWebhookConfiguration, metav1.GetOptions{})
+		c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), ConfigurationName, metav1.GetOptions{})
 		if err != nil || len(c.OwnerReferences) != 1 || c.OwnerReferences[0].Name != offloadCRD {
 			t.Fatalf("configuration %v owned by %+v, want the CRD %s", err, c.OwnerReferences, offloadCRD)
 		}
@@ -514,7 +514,7 @@ func TestPlacementWebhook(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually.Within(t, 60*time.Second, "configuration collected with the CRD", func() error {
-			_, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), PlacementWebhookConfiguration, metav1.GetOptions{})
+			_, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), ConfigurationName, metav1.GetOptions{})
 			if !apierrors.IsNotFound(err) {
 				return fmt.Errorf("still there: %v", err)
 			}
@@ -543,7 +543,7 @@ func (e *placementEnv) waitAdmittedUnplaced(t *testing.T, ns string) {
 
 func (e *placementEnv) bundle(t *testing.T) []byte {
 	t.Helper()
-	c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), PlacementWebhookConfiguration, metav1.GetOptions{})
+	c, err := e.kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(t.Context(), ConfigurationName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -608,7 +608,7 @@ func TestPlacementWebhookRotatesItsCA(t *testing.T) {
 
 func (e *placementEnv) secretCAs(t *testing.T) []string {
 	t.Helper()
-	s, err := e.kube.CoreV1().Secrets(e.agentNS).Get(t.Context(), PlacementCASecret, metav1.GetOptions{})
+	s, err := e.kube.CoreV1().Secrets(e.agentNS).Get(t.Context(), CASecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

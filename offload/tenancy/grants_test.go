@@ -803,7 +803,7 @@ func (w *world) testNoToken(t *testing.T) {
 		metrics.Write(b)
 	}
 	for where, text := range map[string]string{"logs": logs, "Peers": peers, "metrics": metrics.String()} {
-		if i := strings.Index(text, offloadtest.JwtHeader); i >= 0 {
+		if i := strings.Index(text, offloadtest.JWTHeader); i >= 0 {
 			t.Errorf("a token in the %s: ...%s...", where, text[max(0, i-80):i])
 		}
 		w.tokens.check(t, where, text)

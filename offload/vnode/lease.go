@@ -47,7 +47,7 @@ func (v *Nodes) writeLease(ctx context.Context, node *corev1.Node, last *coordin
 		cur, err := leases.Get(ctx, node.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			created, err := leases.Create(ctx, virtualNodeLease(nil, node, now), metav1.CreateOptions{FieldManager: VirtualNodeFieldManager})
+			created, err := leases.Create(ctx, virtualNodeLease(nil, node, now), metav1.CreateOptions{FieldManager: FieldManager})
 			if err != nil {
 				return nil, fmt.Errorf("create the Lease of virtual node %s: %w", node.Name, err)
 			}
@@ -62,7 +62,7 @@ func (v *Nodes) writeLease(ctx context.Context, node *corev1.Node, last *coordin
 	}
 	// A whole-object update: the Lease is ours alone, and its
 	// resourceVersion fails the write if anyone changed it.
-	renewed, err := leases.Update(ctx, virtualNodeLease(last, node, now), metav1.UpdateOptions{FieldManager: VirtualNodeFieldManager})
+	renewed, err := leases.Update(ctx, virtualNodeLease(last, node, now), metav1.UpdateOptions{FieldManager: FieldManager})
 	if err != nil {
 		return nil, fmt.Errorf("renew the Lease of virtual node %s: %w", node.Name, err)
 	}

@@ -233,7 +233,7 @@ func (v *Nodes) createNode(ctx context.Context, want virtualNode) (*corev1.Node,
 		Status: want.status,
 	}
 	nodes := v.cfg.Client.CoreV1().Nodes()
-	created, err := nodes.Create(ctx, n, metav1.CreateOptions{FieldManager: VirtualNodeFieldManager})
+	created, err := nodes.Create(ctx, n, metav1.CreateOptions{FieldManager: FieldManager})
 	if err == nil {
 		v.m.writes.WithLabelValues("create").Inc()
 		v.log.Info("virtual node created", "node", want.name, "ready", want.ready, "capacity", resourcesString(want.status.Capacity))
@@ -265,7 +265,7 @@ func (v *Nodes) patchNode(ctx context.Context, want virtualNode, cur *corev1.Nod
 		if err != nil {
 			return nil, err
 		}
-		if cur, err = nodes.Patch(ctx, want.name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: VirtualNodeFieldManager}); err != nil {
+		if cur, err = nodes.Patch(ctx, want.name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 			return nil, fmt.Errorf("label virtual node %s: %w", want.name, err)
 		}
 		v.m.writes.WithLabelValues("labels").Inc()
@@ -281,7 +281,7 @@ func (v *Nodes) patchNode(ctx context.Context, want virtualNode, cur *corev1.Nod
 		return nil, err
 	}
 	wasReady := nodeCondition(cur, corev1.NodeReady)
-	cur, err = nodes.Patch(ctx, want.name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: VirtualNodeFieldManager}, "status")
+	cur, err = nodes.Patch(ctx, want.name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status")
 	if err != nil {
 		return nil, fmt.Errorf("write the status of virtual node %s: %w", want.name, err)
 	}

@@ -42,9 +42,9 @@ const (
 	virtualNodeLeaseRenew    = 10 * time.Second
 	virtualNodeLeaseDuration = 40 * time.Second
 	virtualNodeHeartbeat     = 40 * time.Second
-	// VirtualNodeFieldManager is the field manager of every write to a
+	// FieldManager is the field manager of every write to a
 	// virtual node and its Lease.
-	VirtualNodeFieldManager = "flotilla-virtual-node"
+	FieldManager = "flotilla-virtual-node"
 )
 
 // Config is what Nodes needs.

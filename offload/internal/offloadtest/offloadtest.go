@@ -65,8 +65,8 @@ func MustApplyCRDsTo(tb testing.TB, cps ...*harness.ControlPlane) {
 	}
 }
 
-// JwtHeader starts every service account token ({"alg":...).
-const JwtHeader = "eyJhbGciOi"
+// JWTHeader starts every service account token ({"alg":...).
+const JWTHeader = "eyJhbGciOi"
 
 func Ptr[T any](v T) *T { return &v }
 
