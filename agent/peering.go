@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync/atomic"
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
@@ -14,30 +13,24 @@ import (
 
 // startPeering runs the negotiation engine and returns once it has
 // restored its state and applied the data path it found in the ledger.
-func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloading, error) {
+// Its states go to the Peer writer, and to offloading once made, through
+// relay.
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloadRelay, error) {
 	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
 	if err != nil {
 		return nil, nil, err
 	}
-	var engine atomic.Pointer[peering.Engine]
-	off, err := a.newOffloading(st, objects, &engine)
-	if err != nil {
-		return nil, nil, err
-	}
-	if off.services, err = a.newServices(st, disc, off.shared); err != nil {
-		return nil, nil, err
-	}
+	relay := newOffloadRelay(objects, objects)
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: off, Grants: off.credentials,
+		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: relay, Grants: relay,
 		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	engine.Store(eng)
 	stopped := make(chan struct{})
 	comps.Go("peering engine", func(ctx context.Context) error {
 		defer close(stopped)
@@ -56,7 +49,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	case <-ctx.Done():
 		return nil, nil, fmt.Errorf("peering engine not ready: %w", context.Cause(ctx))
 	}
-	return eng, off, nil
+	return eng, relay, nil
 }
 
 // watchPeers reports the Peer objects' specs to the engine and writes the
