@@ -23,6 +23,8 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer nets.stop()
 	crds := startBackground(ctx, a.ensureCRDs)
 	defer crds.stop()
+	secretKeys := startBackground(ctx, a.secretKeyring)
+	defer secretKeys.stop()
 	st, err := a.openState(comps)
 	if err != nil {
 		return err
@@ -59,8 +61,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	}
 	lap("local networks")
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
+	fromSecret, _ := secretKeys.wait() // never fails
 	var engine atomic.Pointer[peering.Engine]
-	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
+	disc, err := a.newDiscovery(st, fromSecret, gateway, endpoint, &engine)
 	if err != nil {
 		return err
 	}
