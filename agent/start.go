@@ -88,13 +88,17 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	lap("peering engine ready")
 	engine.Store(eng)
+	a.watchPeers(comps, relay.objects, eng)
+	if err := startStep(ctx, eng.Ready(), "peering engine not ready"); err != nil {
+		return err
+	}
+	lap("peering engine ready")
 	a.followLocalNetworks(comps, locals, ann, eng)
 	// Before the join: the engine must know every admin's spec (a Deny, a
 	// Manual policy's Accept) before discovery reports the first member,
 	// or it would peer with a cluster an admin refused.
-	if err := a.watchPeers(ctx, comps, relay.objects, eng); err != nil {
+	if err := startStep(ctx, relay.objects.Synced(), "Peer informer not synced"); err != nil {
 		return err
 	}
 	lap("Peer informer synced")
