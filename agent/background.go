@@ -6,10 +6,11 @@ import (
 )
 
 // background is a step of the start that waits on the API server alone
-// (reading the cluster's networks, checking the CRDs), run from the
-// beginning so that the local steps (ledger, tunnel) go on meanwhile. It
-// belongs to the start: wait takes its result where the start needs it,
-// and stop, deferred, ends it when the start fails first.
+// (reading the cluster's networks and the federation keyring, checking
+// the CRDs), run from the beginning so that the local steps (ledger,
+// tunnel) go on meanwhile. It belongs to the start: wait takes its result
+// where the start needs it, and stop, deferred, ends it when the start
+// fails first.
 type background[T any] struct {
 	cancel context.CancelFunc
 	done   chan struct{}

@@ -110,30 +110,31 @@ func Fingerprints(keys [][]byte) []string {
 	return out
 }
 
-// secretKeyring reads the keyring of the FederationSecret at start; ok is
-// false when there is none (no Secret, no keyring in it, no permission to
-// read it: the flags and the ledger then say). A damaged keyring is
-// logged and ignored here; the follower reports it in the status.
-func (a *Agent) secretKeyring() ([][]byte, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// secretKeyring reads the keyring of the FederationSecret at start; nil
+// when there is none (no Secret, no keyring in it, no permission to read
+// it: the flags and the ledger then say). A damaged keyring is logged and
+// ignored here; the follower reports it in the status. It never fails:
+// the error is for startBackground.
+func (a *Agent) secretKeyring(ctx context.Context) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	s, err := a.kube.CoreV1().Secrets(a.agentNamespace()).Get(ctx, FederationSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, false
+		return nil, nil
 	}
 	if err != nil {
 		a.log.Warn("cannot read the federation keyring at start; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
-		return nil, false
+		return nil, nil
 	}
 	if len(s.Data[SecretKeyring]) == 0 {
-		return nil, false
+		return nil, nil
 	}
 	keys, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
 	if err != nil {
 		a.log.Warn("the federation keyring in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
-		return nil, false
+		return nil, nil
 	}
-	return keys, true
+	return keys, nil
 }
 
 // keyFollower applies the FederationSecret's keyring to discovery,

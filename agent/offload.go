@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -30,8 +31,8 @@ import (
 
 // offloading is the agent's part in grants, both ways: as a provider, the
 // tenants and credentials of the peers it grants; as a consumer, the
-// credentials peers granted it. It sits between the engine and the Peer
-// objects: peer states go to both the Peer writer and grants.
+// credentials peers granted it. It is made after the gossip join; the
+// engine's states and grants reach it through an offloadRelay.
 type offloading struct {
 	objects *peerapi.Objects
 	// grants are what this cluster grants its consumers; credentials
@@ -184,19 +185,18 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
 
-// Publish hands a peer's state to the Peer writer, grants and the
-// Multi-Cluster Services (peering.Publisher).
-func (o *offloading) Publish(s peering.PeerState) {
-	o.objects.Publish(s)
+// peerChanged hands a peer's state to grants and the Multi-Cluster Services
+// (offloadRelay).
+func (o *offloading) peerChanged(s peering.PeerState) {
 	o.grants.PeerChanged(s)
 	o.services.peerChanged(s)
 }
 
-// Withdraw is the Peer writer's (peering.Publisher).
-func (o *offloading) Withdraw(id string) { o.objects.Withdraw(id) }
-
-// Retire is the Peer writer's (peering.Publisher).
-func (o *offloading) Retire(id, why string) { o.objects.Retire(id, why) }
+// GrantReceived hands a provider's grant to the consumer's credentials
+// (offloadRelay).
+func (o *offloading) GrantReceived(from string, key ed25519.PublicKey, sealed []byte) {
+	o.credentials.GrantReceived(from, key, sealed)
+}
 
 // start runs both sides once the Peer informer has synced.
 func (o *offloading) start(ctx context.Context, comps *components) error {

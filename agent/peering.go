@@ -5,39 +5,32 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync/atomic"
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
 
-// startPeering runs the negotiation engine and returns once it has
-// restored its state and applied the data path it found in the ledger.
-func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloading, error) {
+// startPeering runs the negotiation engine, which restores its state and
+// applies the data path it found in the ledger before it takes any input
+// (eng.Ready). Its states go to the Peer writer, and to offloading once
+// made, through relay.
+func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloadRelay, error) {
 	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
 	if err != nil {
 		return nil, nil, err
 	}
-	var engine atomic.Pointer[peering.Engine]
-	off, err := a.newOffloading(st, objects, &engine)
-	if err != nil {
-		return nil, nil, err
-	}
-	if off.services, err = a.newServices(st, disc, off.shared); err != nil {
-		return nil, nil, err
-	}
+	relay := newOffloadRelay(objects, objects)
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
 		Networks: announced, Endpoint: endpoint,
-		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: off, Grants: off.credentials,
+		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: relay, Grants: relay,
 		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	engine.Store(eng)
 	stopped := make(chan struct{})
 	comps.Go("peering engine", func(ctx context.Context) error {
 		defer close(stopped)
@@ -51,26 +44,25 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 			return nil
 		}
 	})
-	select {
-	case <-eng.Ready():
-	case <-ctx.Done():
-		return nil, nil, fmt.Errorf("peering engine not ready: %w", context.Cause(ctx))
-	}
-	return eng, off, nil
+	return eng, relay, nil
 }
 
 // watchPeers reports the Peer objects' specs to the engine and writes the
-// states it publishes, as a component, and returns once the informer has
-// synced: the engine then knows every admin's decision before discovery
-// reports the first member.
-func (a *Agent) watchPeers(ctx context.Context, comps *components, objects *peerapi.Objects, eng *peering.Engine) error {
+// states it publishes, as a component. The informer lists while the
+// engine restores: the specs wait in the engine's input until it runs, and
+// objects.Synced says they are all there.
+func (a *Agent) watchPeers(comps *components, objects *peerapi.Objects, eng *peering.Engine) {
 	comps.Go("Peer objects", func(ctx context.Context) error {
 		return objects.Run(ctx, eng)
 	})
+}
+
+// startStep waits for a step of the start, or for the start to fail.
+func startStep(ctx context.Context, done <-chan struct{}, what string) error {
 	select {
-	case <-objects.Synced():
+	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("Peer informer not synced: %w", context.Cause(ctx))
+		return fmt.Errorf("%s: %w", what, context.Cause(ctx))
 	}
 }

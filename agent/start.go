@@ -6,12 +6,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/policy/policyapi"
 )
 
-// startComponents brings the components up in their order: ledger and identity,
-// tunnel, networks, discovery (made), CRDs, peering, Peer objects, gossip. Each registers
-// with comps what must be stopped, so Run stops them in reverse.
+// startComponents brings the components up in their order, the network
+// path first: ledger and identity, tunnel, networks, discovery (made),
+// CRDs, peering, Peer objects, gossip; then offloading, the traffic
+// policy, DNS and the federation keys. Each registers with comps what
+// must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	lap := a.startLaps()
 	// Steps on the API server alone run meanwhile from the start.
@@ -19,6 +23,8 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer nets.stop()
 	crds := startBackground(ctx, a.ensureCRDs)
 	defer crds.stop()
+	secretKeys := startBackground(ctx, a.secretKeyring)
+	defer secretKeys.stop()
 	st, err := a.openState(comps)
 	if err != nil {
 		return err
@@ -55,8 +61,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	}
 	lap("local networks")
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
+	fromSecret, _ := secretKeys.wait() // never fails
 	var engine atomic.Pointer[peering.Engine]
-	disc, err := a.newDiscovery(st, gateway, endpoint, &engine)
+	disc, err := a.newDiscovery(st, fromSecret, gateway, endpoint, &engine)
 	if err != nil {
 		return err
 	}
@@ -69,25 +76,66 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	// The Peers' informer and the offloading need the CRDs; the steps
-	// above (discovery's keys, a synced ledger write) do not, and ran
-	// while the check was under way.
+	// The Peer informer needs the CRDs; the steps above (discovery's
+	// keys, a synced ledger write) do not, and ran while the check was
+	// under way.
 	if _, err := crds.wait(); err != nil {
 		return err
 	}
 	lap("CRDs")
 	a.fabric.start(a.nodes.fabric, tun.MTU())
-	eng, off, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
+	eng, relay, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err
 	}
-	lap("peering engine ready")
 	engine.Store(eng)
+	a.watchPeers(comps, relay.objects, eng)
+	if err := startStep(ctx, eng.Ready(), "peering engine not ready"); err != nil {
+		return err
+	}
+	lap("peering engine ready")
 	a.followLocalNetworks(comps, locals, ann, eng)
-	if err := a.watchPeers(ctx, comps, off.objects, eng); err != nil {
+	// Before the join: the engine must know every admin's spec (a Deny, a
+	// Manual policy's Accept) before discovery reports the first member,
+	// or it would peer with a cluster an admin refused.
+	if err := startStep(ctx, relay.objects.Synced(), "Peer informer not synced"); err != nil {
 		return err
 	}
 	lap("Peer informer synced")
+	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
+		return err
+	}
+	lap("gossip")
+	// The rest is not on the network path, and runs after the join; the
+	// agent is not ready until startComponents returns (Run's "started"
+	// check), nor until each part's own check passes.
+	if err := a.startOffloading(ctx, comps, st, relay, disc, &engine, seg); err != nil {
+		return err
+	}
+	lap("offloading, traffic policy, DNS")
+	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
+		return err
+	}
+	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
+	return nil
+}
+
+// startOffloading makes and starts what the network path does not need:
+// offloading and the services, hooked to the engine through relay; the
+// traffic policy's feed; the clusterset DNS; the dashboard's feed.
+//
+// The traffic feed may come after the join: until it has decided once,
+// seg holds every Segregated peer's sets the kernel kept from the last
+// run and the agent is not ready (docs/policy.md, "Restart").
+func (a *Agent) startOffloading(ctx context.Context, comps *components, st state, relay *offloadRelay, disc *discovery.Discovery, engine *atomic.Pointer[peering.Engine], seg *policyapi.SegregatingDataplane) error {
+	off, err := a.newOffloading(st, relay.objects, engine)
+	if err != nil {
+		return err
+	}
+	if off.services, err = a.newServices(st, disc, off.shared); err != nil {
+		return err
+	}
+	relay.attach(off)
 	a.feedDashboard(st.id.ClusterID(), off.objects, off.offloads.Offloads())
 	if err := off.start(ctx, comps); err != nil {
 		return err
@@ -95,19 +143,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err := a.startTrafficFeed(comps, seg, off.shared); err != nil {
 		return err
 	}
-	if err := a.startClustersetDNS(ctx, comps); err != nil {
-		return err
-	}
-	lap("offloading, traffic policy, DNS")
-	if err := a.startDiscovery(ctx, comps, disc, eng); err != nil {
-		return err
-	}
-	lap("gossip")
-	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
-		return err
-	}
-	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
-	return nil
+	return a.startClustersetDNS(ctx, comps)
 }
 
 // startLaps returns lap, which logs at debug how long the start took

@@ -58,16 +58,16 @@ type federationKeyring struct {
 	seeds []string
 }
 
-// federationKeys returns the keyring from the Secret flotilla-federation,
-// the flags or the ledger, generating one at first start, and stores it
-// so `flotilla token` can print it.
-func (a *Agent) federationKeys(ledger *ipam.Ledger) (federationKeyring, error) {
+// federationKeys returns the keyring from the Secret flotilla-federation
+// (fromSecret, read by secretKeyring), the flags or the ledger, generating
+// one at first start, and stores it so `flotilla token` can print it.
+func (a *Agent) federationKeys(ledger *ipam.Ledger, fromSecret [][]byte) (federationKeyring, error) {
 	tok, given, err := a.givenKey()
 	if err != nil {
 		return federationKeyring{}, err
 	}
 	keys := [][]byte{tok.Key}
-	if fromSecret, ok := a.secretKeyring(); ok {
+	if fromSecret != nil {
 		// The Secret's keyring is what a rotation last asked for: it wins
 		// over a token on the command line or in a file, which still names
 		// the key the cluster joined with.

@@ -30,9 +30,12 @@ const RefreshSeconds = 5
 //go:embed page.html
 var pageFS embed.FS
 
-var page = template.Must(template.New("page.html").Funcs(template.FuncMap{
-	"join": strings.Join,
-}).ParseFS(pageFS, "page.html"))
+// page is parsed at the first request, not at the agent's start.
+var page = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("page.html").Funcs(template.FuncMap{
+		"join": strings.Join,
+	}).ParseFS(pageFS, "page.html"))
+})
 
 // Handler serves the page at /, and the same graph at /graph.svg and
 // /graph.json for scripts and bookmarks.
@@ -81,7 +84,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		// Nothing leaves the page: no external assets, no other origin.
 		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; img-src 'self'")
-		if terr := page.Execute(&body, view(report, g, err, now)); terr != nil {
+		if terr := page().Execute(&body, view(report, g, err, now)); terr != nil {
 			h.log.Error("dashboard: render", "err", terr)
 			http.Error(w, "render the dashboard: "+terr.Error(), http.StatusInternalServerError)
 			return
