@@ -16,9 +16,10 @@ var flotillaBuild struct {
 }
 
 // Flotilla builds the flotilla binary from this checkout once per test
-// binary and returns its path. It lives in the cache, outside the git tree,
-// and is replaced atomically, so parallel test packages do not trip over
-// each other.
+// binary, as `make build` does (paths trimmed, no symbol table or DWARF:
+// what users run, and what start-up is measured with), and returns its
+// path. It lives in the cache, outside the git tree, and is replaced
+// atomically, so parallel test packages do not trip over each other.
 func Flotilla(t TB) string {
 	t.Helper()
 	b := &flotillaBuild
@@ -33,7 +34,7 @@ func Flotilla(t TB) string {
 			return
 		}
 		tmp.Close()
-		if b.err = buildFlotilla(tmp.Name(), nil); b.err != nil {
+		if b.err = buildFlotilla(tmp.Name(), nil, "-trimpath", "-ldflags", "-s -w"); b.err != nil {
 			os.Remove(tmp.Name())
 			return
 		}
