@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -114,16 +115,23 @@ func TestKubeletPostsItsNodeReadyAgain(t *testing.T) {
 	k := cp.StartKubelet("node1", harness.KubeletOptions{PodCIDR: netip.MustParsePrefix("10.9.0.0/24")})
 	ctx := context.Background()
 	nodes := cp.Client.CoreV1().Nodes()
-	n, err := nodes.Get(ctx, k.NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+	// The node controller's write, read again when the kubelet or the
+	// controller manager wrote the node in between (as the controller
+	// does).
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := nodes.Get(ctx, k.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-	}
-	if _, err := nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		for i, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+			}
+		}
+		_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	var ready corev1.ConditionStatus
