@@ -262,13 +262,13 @@ func runKubeletAPI(t *testing.T, api *Server) (stop func() error) {
 	}
 	t.Cleanup(func() {
 		if err := stop(); err != nil {
-			t.Errorf("KubeletAPI.Run: %v", err)
+			t.Errorf("kubeletapi.Server.Run: %v", err)
 		}
 	})
 	eventually.Within(t, 30*time.Second, "the kubelet API serving on "+api.Addr().String(), func() error {
 		select {
 		case err := <-done:
-			t.Fatalf("KubeletAPI.Run returned early: %v", err)
+			t.Fatalf("kubeletapi.Server.Run returned early: %v", err)
 		default:
 		}
 		_, err := servedLeaf(api)
@@ -712,7 +712,7 @@ func (w *kubeletWorld) testStopEndsStreams(t *testing.T) {
 	// A request is counted when it ends: once Run has returned, both are.
 	logs, forwards := w.requests("containerLogs"), w.requests("portForward")
 	if err := w.stop(); err != nil {
-		t.Fatalf("KubeletAPI.Run: %v", err)
+		t.Fatalf("kubeletapi.Server.Run: %v", err)
 	}
 	if now := w.requests("containerLogs"); now != logs+1 {
 		t.Errorf("Run returned with %v of the follow's request ended, want 1", now-logs)

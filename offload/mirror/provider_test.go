@@ -102,7 +102,7 @@ func (s *mirrorSuite) start() {
 		s.first = m
 	}
 	s.last = m
-	s.stop = offloadtest.RunUntilCleanup(t, "MirrorProvider.Run", m.Run)
+	s.stop = offloadtest.RunUntilCleanup(t, "mirror.Provider.Run", m.Run)
 }
 
 func providerTestScheme(t *testing.T) *runtime.Scheme {

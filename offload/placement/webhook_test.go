@@ -155,7 +155,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop fun
 		t.Fatal(err)
 	}
 	e.webhook = w
-	run := offloadtest.RunUntilCleanup(t, "PlacementWebhook.Run", w.Run)
+	run := offloadtest.RunUntilCleanup(t, "placement.Webhook.Run", w.Run)
 	// Stopped, its metric goes: a webhook started again registers it.
 	var once sync.Once
 	stop = func() {

@@ -76,7 +76,7 @@ func (e *podsEnv) startReflector(tb testing.TB, workers int, logs bool) {
 		tb.Fatal(err)
 	}
 	e.reflectors = append(e.reflectors, r)
-	e.stop = offloadtest.RunUntilCleanup(tb, "PodReflector", r.Run)
+	e.stop = offloadtest.RunUntilCleanup(tb, "podsync.Reflector", r.Run)
 }
 
 func (e *podsEnv) stopReflector() { e.stop() }

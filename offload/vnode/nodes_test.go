@@ -100,7 +100,7 @@ func (e *vnEnv) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	offloadtest.RunUntilCleanup(t, "VirtualNodes.Run", vn.Run)
+	offloadtest.RunUntilCleanup(t, "vnode.Nodes.Run", vn.Run)
 }
 
 // addPeer writes a provider's Peer, Connected, with a working credential

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flotilla-io/flotilla/offload"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -51,9 +52,8 @@ type ControlPlaneOptions struct {
 const serviceAccountIssuer = "https://kubernetes.default.svc"
 
 // OffloadAudience is the audience of grant tokens, which every control
-// plane's API server accepts besides its own. It repeats
-// offload.DefaultAudience: offload's tests import the harness.
-const OffloadAudience = "flotilla.io/offload"
+// plane's API server accepts besides its own.
+const OffloadAudience = offload.DefaultAudience
 
 // ControlPlane is a running Kubernetes control plane: its own etcd, a real
 // kube-apiserver and kube-controller-manager, and optionally kube-scheduler,
@@ -229,8 +229,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		"--client-ca-file", p.caCert,
 		"--service-account-issuer", serviceAccountIssuer,
 		// The issuer first: pods' own tokens carry it. Then the audience
-		// of the tokens a provider grants its consumers
-		// (offload.DefaultAudience; harness_test checks they agree).
+		// of the tokens a provider grants its consumers.
 		"--api-audiences", serviceAccountIssuer + "," + OffloadAudience,
 		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
 		"--service-cluster-ip-range", opts.ServiceCIDR.String(),

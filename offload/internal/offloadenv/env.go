@@ -162,7 +162,7 @@ func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return offloadtest.RunUntilCleanup(t, "MirrorConsumer.Run", mc.Run)
+	return offloadtest.RunUntilCleanup(t, "mirror.Consumer.Run", mc.Run)
 }
 
 // Offload creates namespace ns and a NamespaceOffload in it.

@@ -1,0 +1,75 @@
+package placement
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/client-go/rest"
+)
+
+// What is not an AdmissionReview is answered 400 and counted, before
+// anything is read from the cluster.
+func TestPlacementWebhookRefusesBadReviews(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	w, err := NewWebhook(WebhookConfig{
+		Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"", "{", `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`} {
+		rec := httptest.NewRecorder()
+		w.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, placementPath, strings.NewReader(body)))
+		if rec.Code != http.StatusBadRequest {
+			t.Errorf("body %q: %d, want 400", body, rec.Code)
+		}
+	}
+	rec := httptest.NewRecorder()
+	w.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, placementPath, nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("GET: %d", rec.Code)
+	}
+	if got := testutil.ToFloat64(w.requests.WithLabelValues(resultError)); got != 3 {
+		t.Errorf("errors counted %v, want 3", got)
+	}
+}
+
+// Addresses the API server cannot call, and URLs it would not accept,
+// are refused before anything starts.
+func TestPlacementWebhookConfigRefused(t *testing.T) {
+	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
+	for name, c := range map[string]WebhookConfig{
+		"no address":          {Config: cfg, AgentNamespace: "x"},
+		"unspecified address": {Config: cfg, Address: mustAddr("0.0.0.0"), AgentNamespace: "x"},
+		"no namespace":        {Config: cfg, Address: mustAddr("192.0.2.7")},
+		"http URL":            {Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "http://192.0.2.7:9443/placement"},
+		"URL with a query":    {Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "https://agent.example/placement?x=1"},
+		"short serving CA":    {Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", CALifetime: time.Hour},
+	} {
+		if _, err := NewWebhook(c); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	w, err := NewWebhook(WebhookConfig{Config: cfg, Address: mustAddr("192.0.2.7"), AgentNamespace: "x", URL: "https://agent.example:8443/placement"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.url != "https://agent.example:8443/placement" || strings.Join(w.hosts, ",") != "192.0.2.7,agent.example" {
+		t.Errorf("url %s, certificate names %v", w.url, w.hosts)
+	}
+	w, _ = NewWebhook(WebhookConfig{Config: cfg, Address: mustAddr("fd00::7"), AgentNamespace: "x"})
+	if w.url != "https://[fd00::7]:9443/placement" {
+		t.Errorf("url %s", w.url)
+	}
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
