@@ -66,6 +66,9 @@ func TestAPIServerAudiences(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})
+	if harness.OffloadAudience != offload.DefaultAudience {
+		t.Fatalf("the harness's API servers accept %q, grants use %q", harness.OffloadAudience, offload.DefaultAudience)
+	}
 	for _, tc := range []struct {
 		audience string
 		ok       bool

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flotilla-io/flotilla/offload"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -52,8 +51,11 @@ type ControlPlaneOptions struct {
 const serviceAccountIssuer = "https://kubernetes.default.svc"
 
 // OffloadAudience is the audience of grant tokens, which every control
-// plane's API server accepts besides its own.
-const OffloadAudience = offload.DefaultAudience
+// plane's API server accepts besides its own. It repeats
+// offload.DefaultAudience: importing offload here would make an import
+// cycle of the tests of the packages below it (ipam's, say), which
+// import the harness.
+const OffloadAudience = "flotilla.io/offload"
 
 // ControlPlane is a running Kubernetes control plane: its own etcd, a real
 // kube-apiserver and kube-controller-manager, and optionally kube-scheduler,
@@ -229,7 +231,8 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		"--client-ca-file", p.caCert,
 		"--service-account-issuer", serviceAccountIssuer,
 		// The issuer first: pods' own tokens carry it. Then the audience
-		// of the tokens a provider grants its consumers.
+		// of the tokens a provider grants its consumers
+		// (offload.DefaultAudience; harness_test checks they agree).
 		"--api-audiences", serviceAccountIssuer + "," + OffloadAudience,
 		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
 		"--service-cluster-ip-range", opts.ServiceCIDR.String(),
