@@ -63,6 +63,11 @@ type statusWriter struct {
 	// server), and without this every write in that time would create or
 	// label the object again, a request in front of the status it writes.
 	labelled map[string]map[string]string
+	// conditions holds, per peer, the conditions of this writer's last
+	// apply of its status: the writer alone sets them, so they, not a
+	// cache that may not show that apply yet, say when each last
+	// changed (a transition time read from a stale copy would move).
+	conditions map[string][]metav1.Condition
 }
 
 type queued struct {
@@ -99,7 +104,7 @@ func newStatusWriter(c client.Client, cache client.Reader, log *slog.Logger) (*s
 		client: c, cache: cache, log: log, now: time.Now,
 		writes: rate.NewLimiter(rate.Limit(writeRate), writeBurst), unnamedWait: unnamedWait,
 		pending: map[string]queued{}, failing: map[string]string{}, withViews: map[string]bool{},
-		labelled: map[string]map[string]string{},
+		labelled: map[string]map[string]string{}, conditions: map[string][]metav1.Condition{},
 	}
 	var err error
 	w.loop, err = ctrl.New(ctrl.Config[string]{
@@ -153,6 +158,7 @@ func (w *statusWriter) withdraw(id string) {
 	delete(w.pending, id)
 	delete(w.withViews, id)
 	delete(w.labelled, id)
+	delete(w.conditions, id)
 	w.mu.Unlock()
 }
 
@@ -203,6 +209,7 @@ func (w *statusWriter) reconcile(ctx context.Context, id string) error {
 	defer w.mu.Unlock()
 	if err != nil {
 		delete(w.labelled, id) // what the object holds is not known
+		delete(w.conditions, id)
 		if ctx.Err() != nil {
 			return err
 		}
@@ -223,6 +230,7 @@ func (w *statusWriter) reconcile(ctx context.Context, id string) error {
 	case q.retired != "":
 		delete(w.withViews, id)
 		delete(w.labelled, id)
+		delete(w.conditions, id)
 	case views && !w.withViews[id]:
 		w.withViews[id] = true
 		peering.LogStep(w.log, peering.StepStatus, id, time.Time{})
@@ -258,7 +266,14 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) (requests
 			return requests, err
 		}
 	}
-	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr(statusOf(s, cur.Status.Conditions, w.now())))
+	prev := cur.Status.Conditions
+	w.mu.Lock()
+	if last, ok := w.conditions[id]; ok {
+		prev = last
+	}
+	w.mu.Unlock()
+	st := statusOf(s, prev, w.now())
+	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
 	if err != nil {
 		return requests, fmt.Errorf("status of Peer %s: %w", id, err)
 	}
@@ -282,6 +297,9 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) (requests
 	if err != nil {
 		return requests, fmt.Errorf("apply status of Peer %s: %w", id, err)
 	}
+	w.mu.Lock()
+	w.conditions[id] = st.Conditions
+	w.mu.Unlock()
 	return requests, nil
 }
 
@@ -402,5 +420,3 @@ func keepOwnApply(in any) (any, error) {
 	obj.SetManagedFields(kept)
 	return in, nil
 }
-
-func ptr[T any](v T) *T { return &v }
