@@ -52,9 +52,9 @@ type Config[K comparable] struct {
 
 // Controller is a work queue and the workers that drain it.
 type Controller[K comparable] struct {
-	cfg   Config[K]
-	queue Queue[K]
-	m     *loopMetrics
+	cfg    Config[K]
+	queue  Queue[K]
+	passes *passMetrics
 }
 
 // New makes a controller whose queue takes keys at once; Run starts
@@ -85,9 +85,9 @@ func New[K comparable](cfg Config[K]) (*Controller[K], error) {
 		limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[K](cfg.BaseDelay, cfg.MaxDelay)
 	}
 	return &Controller[K]{
-		cfg:   cfg,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(limiter, qc),
-		m:     m,
+		cfg:    cfg,
+		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, qc),
+		passes: m.of(cfg.Name),
 	}, nil
 }
 
@@ -139,7 +139,7 @@ func (c *Controller[K]) next(ctx context.Context) bool {
 		// Stopping: what failed is the context, not the key.
 		return true
 	}
-	c.m.observe(c.cfg.Name, time.Since(start), err)
+	c.passes.observe(time.Since(start), err)
 	c.cfg.Errors.Note(key, err)
 	switch {
 	case err != nil:

@@ -16,16 +16,34 @@ type loopMetrics struct {
 	duration   *prometheus.HistogramVec
 }
 
-func (m *loopMetrics) observe(name string, took time.Duration, err error) {
+// passMetrics are one controller's series of loopMetrics, looked up
+// once: a reconcile only counts and observes.
+type passMetrics struct {
+	succeeded, failed prometheus.Counter
+	duration          prometheus.Observer
+}
+
+func (m *loopMetrics) of(name string) *passMetrics {
 	if m == nil {
+		return nil
+	}
+	return &passMetrics{
+		succeeded: m.reconciles.WithLabelValues(name, "success"),
+		failed:    m.reconciles.WithLabelValues(name, "error"),
+		duration:  m.duration.WithLabelValues(name),
+	}
+}
+
+func (p *passMetrics) observe(took time.Duration, err error) {
+	if p == nil {
 		return
 	}
-	result := "success"
 	if err != nil {
-		result = "error"
+		p.failed.Inc()
+	} else {
+		p.succeeded.Inc()
 	}
-	m.reconciles.WithLabelValues(name, result).Inc()
-	m.duration.WithLabelValues(name).Observe(took.Seconds())
+	p.duration.Observe(took.Seconds())
 }
 
 // metricsOf registers the shared metrics on reg, or finds them there:
