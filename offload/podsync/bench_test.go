@@ -335,7 +335,7 @@ func (e *podsEnv) reportReflectorHeap(b *testing.B, pods int, remoteNS string) {
 // lagHistogram is the running reflector's flotilla_reflection_lag_seconds
 // of kind (empty when it has none).
 func (e *podsEnv) lagHistogram(b *testing.B, kind string) *dto.Histogram {
-	m := metricOf(b, e.registry, "flotilla_reflection_lag_seconds", map[string]string{"kind": kind, "peer": e.Provider.ID})
+	m := offloadtest.MetricOf(b, e.registry, "flotilla_reflection_lag_seconds", map[string]string{"kind": kind, "peer": e.Provider.ID})
 	if m == nil {
 		return &dto.Histogram{}
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -575,12 +574,12 @@ func TestPodReflector(t *testing.T) {
 			}
 		}
 		peer := map[string]string{"peer": e.Provider.ID}
-		if m := metricOf(t, e.registry, "flotilla_offloaded_pods", map[string]string{"peer": e.Provider.ID, "phase": "Running"}); m == nil || int(m.GetGauge().GetValue()) != running {
+		if m := offloadtest.MetricOf(t, e.registry, "flotilla_offloaded_pods", map[string]string{"peer": e.Provider.ID, "phase": "Running"}); m == nil || int(m.GetGauge().GetValue()) != running {
 			t.Errorf("flotilla_offloaded_pods{phase=Running} %v, want %d", m, running)
 		}
 		for _, kind := range []string{lagPod, lagPodStatus} {
 			peer["kind"] = kind
-			if m := metricOf(t, e.registry, "flotilla_reflection_lag_seconds", peer); m == nil || m.GetHistogram().GetSampleCount() == 0 {
+			if m := offloadtest.MetricOf(t, e.registry, "flotilla_reflection_lag_seconds", peer); m == nil || m.GetHistogram().GetSampleCount() == 0 {
 				t.Errorf("no flotilla_reflection_lag_seconds{kind=%q}", kind)
 			} else {
 				t.Logf("reflection lag %s: %d samples, %.1f ms on average", kind, m.GetHistogram().GetSampleCount(),
@@ -588,38 +587,4 @@ func TestPodReflector(t *testing.T) {
 			}
 		}
 	})
-}
-
-// metricOf is the series of metric name with labels (a subset of its
-// own) in reg, nil when there is none.
-func metricOf(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			has := map[string]string{}
-			for _, l := range m.GetLabel() {
-				has[l.GetName()] = l.GetValue()
-			}
-			if matchesAll(has, labels) {
-				return m
-			}
-		}
-	}
-	return nil
-}
-
-func matchesAll(has, want map[string]string) bool {
-	for k, v := range want {
-		if has[k] != v {
-			return false
-		}
-	}
-	return true
 }

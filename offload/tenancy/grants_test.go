@@ -470,31 +470,8 @@ func (w *world) testGrant(t *testing.T) {
 // the credential from provider; 0 if nothing.
 func credentialExpiryMetric(t *testing.T, reg *prometheus.Registry, provider string) float64 {
 	t.Helper()
-	return metricValue(t, reg, "flotilla_grant_credential_expiry_timestamp_seconds", provider)
-}
-
-// metricValue is the value of the series of name whose one label is
-// label in reg, 0 when there is none.
-func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label {
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	m := offloadtest.MetricOf(t, reg, "flotilla_grant_credential_expiry_timestamp_seconds", map[string]string{"peer": provider})
+	return m.GetGauge().GetValue()
 }
 
 // 3. A renewed grant arrives with a higher serial and works at once; the
@@ -669,10 +646,10 @@ func (w *world) testRefusals(t *testing.T) {
 		{"from another provider than the sender", byOther, "forged", "grant not from that provider"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := metricValue(t, c.reg, "flotilla_grant_refused_total", tc.label)
+			before := offloadtest.MetricOf(t, c.reg, "flotilla_grant_refused_total", map[string]string{"reason": tc.label}).GetCounter().GetValue()
 			c.c.GrantReceived(pid, p.id.Public(), tc.sealed)
 			eventually.Within(t, 10*time.Second, "the refusal counted", func() error {
-				if got := metricValue(t, c.reg, "flotilla_grant_refused_total", tc.label); got != before+1 {
+				if got := offloadtest.MetricOf(t, c.reg, "flotilla_grant_refused_total", map[string]string{"reason": tc.label}).GetCounter().GetValue(); got != before+1 {
 					return fmt.Errorf("flotilla_grant_refused_total{reason=%q} = %v, was %v", tc.label, got, before)
 				}
 				return nil

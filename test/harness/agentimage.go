@@ -83,7 +83,7 @@ func buildFlotillaImage() (v1.Image, error) {
 // does: static (the image has no libc; Flotilla's own binary may use
 // cgo), its paths trimmed, without symbol table or debug data.
 func buildImageBinary(path string) error {
-	return buildFlotilla(path, []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}, "-trimpath", "-ldflags", "-s -w")
+	return buildFlotilla(path, []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}, releaseFlags...)
 }
 
 // ImageBinary builds the binary the agent's image holds (buildImageBinary)

@@ -34,7 +34,7 @@ func Flotilla(t TB) string {
 			return
 		}
 		tmp.Close()
-		if b.err = buildFlotilla(tmp.Name(), nil, "-trimpath", "-ldflags", "-s -w"); b.err != nil {
+		if b.err = buildFlotilla(tmp.Name(), nil, releaseFlags...); b.err != nil {
 			os.Remove(tmp.Name())
 			return
 		}
@@ -46,6 +46,10 @@ func Flotilla(t TB) string {
 	}
 	return b.path
 }
+
+// releaseFlags build the binary as users get it (`make build`, `make
+// image`): paths trimmed, no symbol table or DWARF.
+var releaseFlags = []string{"-trimpath", "-ldflags", "-s -w"}
 
 // buildFlotilla builds cmd/flotilla of this checkout to path with go
 // build's flags and env added to the environment.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	dto "github.com/prometheus/client_model/go"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -396,4 +397,38 @@ func InstallProvider(t testing.TB, cp *harness.ControlPlane) {
 func DeployFile(name string) string {
 	_, self, _, _ := runtime.Caller(0) // offload/internal/offloadtest/
 	return filepath.Join(filepath.Dir(self), "..", "..", "..", "deploy", name)
+}
+
+// MetricOf is the series of metric name in reg that has every label of
+// labels, nil when there is none.
+func MetricOf(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			has := map[string]string{}
+			for _, l := range m.GetLabel() {
+				has[l.GetName()] = l.GetValue()
+			}
+			if matchesAll(has, labels) {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func matchesAll(has, want map[string]string) bool {
+	for k, v := range want {
+		if has[k] != v {
+			return false
+		}
+	}
+	return true
 }
