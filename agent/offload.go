@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
@@ -37,6 +38,7 @@ type offloading struct {
 	objects *peerapi.Objects
 	// grants are what this cluster grants its consumers; credentials
 	// what its providers granted it.
+	fences      *tenancy.Fences
 	grants      *tenancy.Grants
 	credentials *remote.Consumer
 	// offloads extends this cluster's namespaces to its providers;
@@ -86,11 +88,30 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// The provider grants nothing until the admission policies that
+	// confine it and its consumers are proven in force (docs/security.md).
+	policies, err := deploy.AdmissionPolicies()
+	if err != nil {
+		return nil, err
+	}
+	var grants *tenancy.Grants // told of the fences changing, once made
+	fences, err := tenancy.NewFences(tenancy.FencesConfig{
+		Client: a.kube, Policies: policies,
+		Changed: func(error) {
+			if grants != nil {
+				grants.FencesChanged()
+			}
+		},
+		Logger: a.log, Metrics: a.registry,
+	})
+	if err != nil {
+		return nil, err
+	}
 	var requests *mirror.Provider // told of grants changing, once made
-	grants, err := tenancy.NewGrants(tenancy.GrantsConfig{
+	grants, err = tenancy.NewGrants(tenancy.GrantsConfig{
 		Identity: st.id, Peers: objects.Reader(), Client: c, Tenants: tenants,
 		APIServer: a.apiServer(), Sender: engineGrants{eng}, Serials: st.ledger,
-		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter,
+		Policy: a.cfg.OffloadGrants, Grace: a.cfg.OffloadRevokeAfter, Fences: fences,
 		Changed: func(consumer string) {
 			if requests != nil {
 				requests.GrantChanged(consumer)
@@ -180,7 +201,8 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
-	return &offloading{objects: objects, grants: grants, credentials: credentials, offloads: offloads, requests: requests,
+	a.ready.add("fences", grants.Ready)
+	return &offloading{objects: objects, fences: fences, grants: grants, credentials: credentials, offloads: offloads, requests: requests,
 		nodes: nodes, kubelet: kubelet, placement: placement, pods: pods, reflection: reflector,
 		hostedEndpoints: hostedEndpoints, shared: peers}, nil
 }
@@ -206,6 +228,7 @@ func (o *offloading) start(ctx context.Context, comps *components) error {
 	// The shared informers, made as the components below first ask for
 	// a kind; they wait for them to sync.
 	comps.Go("shared informers", o.shared.Start)
+	comps.Go("admission policies", o.fences.Run)
 	comps.Go("offload grants", o.grants.Run)
 	comps.Go("offload credentials", o.credentials.Run)
 	comps.Go("namespace offloading", o.offloads.Run)

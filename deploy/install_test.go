@@ -537,6 +537,12 @@ func agentAccess() []access {
 		deny("delete", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "other"),
 		deny("create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", "flotilla-placement"),
 		deny("patch", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", "flotilla-agent-namespaces"),
+		// It reads the policies and their bindings to prove them in force,
+		// and may change none.
+		allow("list", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", ""),
+		allow("list", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
+		deny("delete", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", "flotilla-agent-namespaces"),
+		deny("create", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
 		allow("get", "", "secrets", namespace, "flotilla-federation"),
 		allow("get", "", "secrets", "default", "flotilla-placement-ca"),
 		allow("list", "", "secrets", namespace, "flotilla-placement-ca"),

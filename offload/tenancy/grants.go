@@ -52,6 +52,16 @@ type GrantSender interface {
 	SetGrant(id string, sealed []byte) error
 }
 
+// FenceCheck is nil when the admission policies that confine the agent
+// and its consumers are proven in force (*Fences).
+type FenceCheck interface {
+	Enforced() error
+	// Checked is closed once the first check has a verdict: Grants waits
+	// for it, so that a Peer does not show a refusal only for want of a
+	// first check.
+	Checked() <-chan struct{}
+}
+
 // Tenancy is what the provider needs of the tenants it keeps (*Tenants).
 type Tenancy interface {
 	Ensure(ctx context.Context, consumer string, limits grant.Limits) (Tenant, error)
@@ -80,6 +90,9 @@ type GrantsConfig struct {
 	Sender    GrantSender
 	Serials   SerialStore
 	Policy    GrantPolicy
+	// Fences says whether the admission policies are in force (*Fences):
+	// nothing is issued while they are not.
+	Fences FenceCheck
 	// Grace is how long a member may be gone before its grant is revoked
 	// (the agent's --offload-revoke-after, a day by default: far longer
 	// than the peering's unreachable grace, so that a partition does not
@@ -116,7 +129,10 @@ type Grants struct {
 	tenants map[string]bool // consumers with a tenant of ours
 	// owed: consumers revoked before their key was known (after a
 	// restart), told once it is.
-	owed   map[string]bool
+	owed map[string]bool
+	// held: consumers granted whose credentials are held back while the
+	// fences are not proven.
+	held   map[string]bool
 	serial sync.Mutex // serialises nextSerial
 }
 
@@ -141,8 +157,8 @@ const serialKey = "grant-serial"
 // NewGrants checks cfg and prepares Grants; Run starts it.
 func NewGrants(cfg GrantsConfig) (*Grants, error) {
 	if cfg.Identity.Private == nil || cfg.Peers == nil || cfg.Client == nil || cfg.Tenants == nil ||
-		cfg.APIServer == nil || cfg.Sender == nil || cfg.Serials == nil {
-		return nil, errors.New("offload provider: identity, Peers, client, tenants, API server, sender and serials are required")
+		cfg.APIServer == nil || cfg.Sender == nil || cfg.Serials == nil || cfg.Fences == nil {
+		return nil, errors.New("offload provider: identity, Peers, client, tenants, API server, sender, serials and fences are required")
 	}
 	if _, err := ParseGrantPolicy(string(cfg.Policy)); err != nil {
 		return nil, err
@@ -164,7 +180,7 @@ func NewGrants(cfg GrantsConfig) (*Grants, error) {
 	}
 	p := &Grants{
 		cfg: cfg, log: cfg.Logger.With("component", "grants"),
-		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{},
+		members: map[string]memberState{}, issued: map[string]*issuedGrant{}, tenants: map[string]bool{}, owed: map[string]bool{}, held: map[string]bool{},
 	}
 	var err error
 	if p.m, err = newProviderMetrics(cfg.Metrics); err != nil {
@@ -257,6 +273,11 @@ const providerWorkers = 2
 // (so tenants no longer granted go after a restart), then as events come.
 func (p *Grants) Run(ctx context.Context) error {
 	defer p.queue.ShutDown()
+	select {
+	case <-p.cfg.Fences.Checked():
+	case <-ctx.Done():
+		return nil
+	}
 	consumers, err := p.cfg.Tenants.List(ctx)
 	if err != nil {
 		return fmt.Errorf("offload provider: list tenants: %w", err)
@@ -268,6 +289,57 @@ func (p *Grants) Run(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	return p.ctrl.Run(ctx, nil)
+}
+
+// ReasonFencesNotEnforced is the grant condition's reason while a peer
+// granted gets nothing because the fences are not proven.
+const ReasonFencesNotEnforced = "FencesNotEnforced"
+
+// hold forgets the credential issued to consumer, so that none is renewed
+// and mirroring gives it nothing new; the tenant stays, and the last
+// token expires on its own.
+func (p *Grants) hold(id string) {
+	p.mu.Lock()
+	p.held[id] = true
+	_, had := p.issued[id]
+	delete(p.issued, id)
+	p.mu.Unlock()
+	if had {
+		p.log.Warn("credential held back: the admission policies are not in force", "peer", id)
+		p.changed(id)
+	}
+}
+
+// FencesChanged looks at every peer again (Fences.Changed).
+func (p *Grants) FencesChanged() {
+	p.mu.Lock()
+	ids := map[string]bool{}
+	for _, m := range []map[string]bool{p.tenants, p.held} {
+		for id := range m {
+			ids[id] = true
+		}
+	}
+	for id := range p.members {
+		ids[id] = true
+	}
+	p.mu.Unlock()
+	for id := range ids {
+		p.queue.Add(id)
+	}
+}
+
+// Ready fails while peers granted are held back for want of the fences
+// (the agent's /readyz): a provider asked to grant that cannot is not
+// ready; one that grants nothing does not care.
+func (p *Grants) Ready() error {
+	p.mu.Lock()
+	n := len(p.held)
+	p.mu.Unlock()
+	err := p.cfg.Fences.Enforced()
+	if n == 0 || err == nil {
+		return nil
+	}
+	return fmt.Errorf("%d granted peers get nothing: %w", n, err)
 }
 
 // verdict is what a peer should have, and why.
@@ -309,11 +381,22 @@ func (p *Grants) reconcile(ctx context.Context, id string) (time.Duration, error
 	p.mu.Unlock()
 	v := p.verdictFor(peer, m, known, now)
 	if !v.grant {
+		p.mu.Lock()
+		delete(p.held, id)
+		p.mu.Unlock()
 		if err := p.revoke(ctx, id, m.key, v.reason); err != nil {
 			return 0, err
 		}
 		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: v.reason, Message: v.message})
 	}
+	if err := p.cfg.Fences.Enforced(); err != nil {
+		p.hold(id)
+		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: ReasonFencesNotEnforced,
+			Message: "this cluster grants nothing while its admission policies are not in force: " + err.Error()})
+	}
+	p.mu.Lock()
+	delete(p.held, id)
+	p.mu.Unlock()
 	if v.reason == "WaitingForPeer" {
 		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: v.reason, Message: v.message})
 	}

@@ -33,6 +33,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/internal/syncbuf"
@@ -60,6 +61,10 @@ func TestGrants(t *testing.T) {
 	w := &world{provCP: cps[0], consCP: cps[1], logs: &syncbuf.Buffer{}, tokens: &tokenLog{}}
 	w.provClient, w.consClient = peerClient(t, cps[0].Config), peerClient(t, cps[1].Config)
 	offloadtest.MustApplyCRDsTo(t, cps...)
+	// The provider proves its fences as the agent does, with the agent's
+	// own token against deploy/'s policies.
+	offloadtest.InstallProvider(t, w.provCP)
+	w.startFences(t)
 
 	t.Run("Policy", w.testPolicy)
 	t.Run("Grant", w.testGrant)
@@ -67,6 +72,7 @@ func TestGrants(t *testing.T) {
 	t.Run("Revocation", w.testRevocation)
 	t.Run("Refusals", w.testRefusals)
 	t.Run("ProviderRestart", w.testProviderRestart)
+	t.Run("FencesMissing", w.testFencesMissing)
 	t.Run("NoTokenInLogsOrStatus", w.testNoToken)
 }
 
@@ -79,9 +85,12 @@ type world struct {
 	logs   *syncbuf.Buffer // every provider's, tenants' and consumer's log
 	tokens *tokenLog       // every token the bridges carried
 
+	fences *Fences
+
 	mu         sync.Mutex
 	peers      []string // the Peers, as JSON, just before each was deleted
 	registries []*prometheus.Registry
+	running    map[*Grants]bool // told when the fences change
 }
 
 func (w *world) logger() *slog.Logger {
@@ -171,7 +180,7 @@ func (p *provider) start(t *testing.T) {
 			return APIServer{URL: w.provCP.Config.Host, CAData: w.provCP.CA(), Source: SourceFlag}, nil
 		},
 		Sender: p.bridge, Serials: p.serials, Policy: policy, Grace: p.opts.grace, RenewAt: p.opts.renewAt,
-		Logger: w.logger(), Metrics: w.registry(),
+		Fences: w.fences, Logger: w.logger(), Metrics: w.registry(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -200,8 +209,50 @@ func (p *provider) start(t *testing.T) {
 	})
 	var once sync.Once
 	p.tenants, p.p = tenants, prov
-	p.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	w.mu.Lock()
+	w.running[prov] = true
+	w.mu.Unlock()
+	p.stop = func() {
+		once.Do(func() {
+			w.mu.Lock()
+			delete(w.running, prov)
+			w.mu.Unlock()
+			cancel()
+			wg.Wait()
+		})
+	}
 	t.Cleanup(p.stop)
+}
+
+// startFences proves the provider's fences with the agent's own token
+// and tells every Grants running when the verdict changes. The checks run
+// when a subtest asks (Check), not on a timer.
+func (w *world) startFences(t *testing.T) {
+	policies, err := deploy.AdmissionPolicies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := kubernetes.NewForConfigOrDie(offloadtest.ServiceAccountConfig(t, w.provCP, "flotilla-system", "flotilla-agent"))
+	w.running = map[*Grants]bool{}
+	w.fences, err = NewFences(FencesConfig{
+		Client: agent, Policies: policies,
+		Changed: func(error) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			for g := range w.running {
+				g.FencesChanged()
+			}
+		},
+		Logger: w.logger(), Metrics: w.registry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The policies take effect in the API server a moment after they are
+	// created.
+	eventually.Within(t, 30*time.Second, "the fences proven with the agent's token", func() error {
+		return w.fences.Check(t.Context())
+	})
 }
 
 // member tells the provider what the membership says of c.
@@ -519,6 +570,75 @@ func (w *world) testRotation(t *testing.T) {
 // 4. Every way a grant ends removes the tenant, makes its tokens 401 and
 // tells the consumer; a member back from beyond the grace period is
 // granted again.
+// With a policy's binding deleted the provider finds its fences no
+// longer in force: it holds back the credential of the peer it granted,
+// says why on the Peer and in Ready, and grants again once the binding
+// is back.
+func (w *world) testFencesMissing(t *testing.T) {
+	ctx := t.Context()
+	p := w.newProvider(t, providerOptions{})
+	c := w.newConsumer(t, p)
+	cid := c.id.ClusterID()
+	w.createPeer(t, w.provClient, cid, v1alpha1.PeerSpec{Offloading: v1alpha1.OffloadingGrant})
+	p.member(c.id, true)
+	// The positive witness: granted while the fences stand.
+	w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, true, "Granted")
+	sent := p.bridge.last(t, c.id).Serial
+	if err := p.p.Ready(); err != nil {
+		t.Fatalf("not ready while granting with the fences in force: %v", err)
+	}
+
+	const policy = "flotilla-agent-namespaces"
+	bindings := w.provCP.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+	binding, err := bindings.Get(ctx, policy, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binding.ResourceVersion, binding.UID, binding.ManagedFields = "", "", nil
+	restore := func() error {
+		_, err := bindings.Create(context.Background(), binding, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	}
+	t.Cleanup(func() {
+		if err := restore(); err != nil {
+			t.Errorf("put back the binding %s: %v", policy, err)
+		}
+	})
+	if err := bindings.Delete(ctx, policy, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.fences.Check(ctx); err == nil || !strings.Contains(err.Error(), policy) {
+		t.Fatalf("fences checked without the binding %s: %v, want an error naming it", policy, err)
+	}
+	peer := w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, false, ReasonFencesNotEnforced)
+	if cond := meta.FindStatusCondition(peer.Status.Conditions, v1alpha1.ConditionOffloadGranted); !strings.Contains(cond.Message, policy) {
+		t.Errorf("the Peer's condition does not say which policy is missing: %s", cond.Message)
+	}
+	if err := p.p.Ready(); err == nil || !strings.Contains(err.Error(), policy) {
+		t.Errorf("Ready while a granted peer is held back: %v, want an error naming %s", err, policy)
+	}
+	if _, ok := p.p.Granted(cid); ok {
+		t.Error("Granted still says yes while the credential is held back")
+	}
+	if got := p.bridge.last(t, c.id).Serial; got != sent {
+		t.Errorf("a credential (serial %d) was sent while the fences were down; the last before was %d", got, sent)
+	}
+
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	eventually.Within(t, 30*time.Second, "the fences proven again", func() error {
+		return w.fences.Check(ctx)
+	})
+	w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, true, "Granted")
+	if err := p.p.Ready(); err != nil {
+		t.Errorf("not ready once granting again: %v", err)
+	}
+}
+
 func (w *world) testRevocation(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -51,7 +51,9 @@ func offloadPairs(cs []*federation.Cluster) []*pair {
 // every cluster grants every peer (--offload-grants=auto: a consumer back
 // under a new identity is granted again, and kill-mid-grant leaves no
 // admin's decision in a Peer's spec, which would keep the Peer of a
-// cluster's old identity for ever) and has the consumer's ClusterRole;
+// cluster's old identity for ever) and its agent runs as deploy/'s
+// account, with its RBAC and admission policies (a provider grants
+// nothing before it proves the policies confine it);
 // the providers run a scheduler and a stand-in kubelet; the consumers
 // run a scheduler and let their API server call the agent's placement
 // webhook in its site.
@@ -59,9 +61,7 @@ func prepareOffload(t *testing.T, cs []*federation.Cluster, ps []*pair) {
 	t.Helper()
 	for _, c := range cs {
 		c.Args = append(c.Args, "--offload-grants=auto")
-		if out, err := federation.Kubectl(c.CP, "apply", "--server-side", "-f", "../../deploy/namespace.yaml", "-f", "../../deploy/rbac.yaml"); err != nil {
-			t.Fatalf("%s: %v\n%s", c.Name, err, out)
-		}
+		c.RunAsAgentAccount(t)
 	}
 	for _, p := range ps {
 		// Addresses of the provider's pod network, clear of its site's pod.
