@@ -541,6 +541,7 @@ func agentAccess() []access {
 		// and may change none.
 		allow("list", "admissionregistration.k8s.io", "validatingadmissionpolicies", "", ""),
 		allow("list", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
+		allow("watch", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
 		deny("delete", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", "flotilla-agent-namespaces"),
 		deny("create", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
 		allow("get", "", "secrets", namespace, "flotilla-federation"),

@@ -15,7 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/ctrl"
 )
@@ -96,9 +99,43 @@ func (f *Fences) Enforced() error {
 // Checked is closed once the first check has a verdict.
 func (f *Fences) Checked() <-chan struct{} { return f.checked }
 
-// Run checks at once, then every Interval (sooner while a check fails),
-// until ctx ends.
+// Run checks at once, then every Interval (sooner while a check fails)
+// and whenever a policy or binding changes, until ctx ends.
 func (f *Fences) Run(ctx context.Context) error {
+	changed := make(chan struct{}, 1)
+	var watches sync.WaitGroup
+	defer watches.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rc := f.cfg.Client.AdmissionregistrationV1().RESTClient()
+	for _, resource := range []struct {
+		name string
+		obj  runtime.Object
+	}{
+		{"validatingadmissionpolicies", &admissionregistrationv1.ValidatingAdmissionPolicy{}},
+		{"validatingadmissionpolicybindings", &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}},
+	} {
+		inf := toolscache.NewSharedIndexInformer(toolscache.NewListWatchFromClient(rc, resource.name, "", fields.Everything()), resource.obj, 0, toolscache.Indexers{})
+		// Only that something changed matters (the check lists afresh):
+		// the cache keeps names.
+		if err := inf.SetTransform(namesOnly); err != nil {
+			return err
+		}
+		poke := func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+			AddFunc:    func(_ any, initial bool) { poke() },
+			UpdateFunc: func(_, _ any) { poke() },
+			DeleteFunc: func(any) { poke() },
+		}); err != nil {
+			return err
+		}
+		watches.Go(func() { inf.RunWithContext(ctx) })
+	}
 	retry := 500 * time.Millisecond
 	for {
 		err := f.Check(ctx)
@@ -114,9 +151,17 @@ func (f *Fences) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-changed:
 		case <-time.After(wait):
 		}
 	}
+}
+
+func namesOnly(obj any) (any, error) {
+	if o, ok := obj.(metav1.Object); ok {
+		return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: o.GetName(), ResourceVersion: o.GetResourceVersion()}}, nil
+	}
+	return obj, nil
 }
 
 // Check checks once and keeps the verdict.

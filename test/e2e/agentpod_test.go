@@ -143,8 +143,8 @@ func documentedAccess() map[string][]string {
 		"subjectaccessreviews.authorization.k8s.io [] [create]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		// Fences: the admission policies, read to prove them in force.
-		"validatingadmissionpolicies.admissionregistration.k8s.io [] [list]",
-		"validatingadmissionpolicybindings.admissionregistration.k8s.io [] [list]",
+		"validatingadmissionpolicies.admissionregistration.k8s.io [] [list watch]",
+		"validatingadmissionpolicybindings.admissionregistration.k8s.io [] [list watch]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
 		"customresourcedefinitions.apiextensions.k8s.io [namespaceoffloads.flotilla.io] [create get patch update]",
 		"customresourcedefinitions.apiextensions.k8s.io [namespacerequests.flotilla.io] [create get patch update]",

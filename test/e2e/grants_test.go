@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,7 +19,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -72,6 +75,60 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		if ps := peerNamed(t, prov, cons.Name).Status.Offloading; ps == nil || ps.Granted == nil || ps.Granted.Namespace != tenant {
 			t.Errorf("%s's status.offloading for %s: %+v, want granted in %s", prov.Name, cons.Name, ps, tenant)
 		}
+	})
+
+	t.Run("without its admission policies the provider holds the credential back and says why", func(t *testing.T) {
+		ctx := context.Background()
+		const policy = "flotilla-agent-tenant-objects"
+		bindings := prov.CP.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+		binding, err := bindings.Get(ctx, policy, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		binding.ResourceVersion, binding.UID, binding.ManagedFields = "", "", nil
+		restore := func() error {
+			if _, err := bindings.Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			return nil
+		}
+		t.Cleanup(func() {
+			if err := restore(); err != nil {
+				t.Errorf("put back the binding %s on %s: %v", policy, prov.Name, err)
+			}
+		})
+		// The witness that it was granting: the previous subtest's grant.
+		waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, "Granted", 30*time.Second)
+		if err := bindings.Delete(ctx, policy, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		c := waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, tenancy.ReasonFencesNotEnforced, 30*time.Second)
+		if !strings.Contains(c.Message, policy) {
+			t.Errorf("%s's Peer %s does not name the missing policy: %s", prov.Name, cons.Name, c.Message)
+		}
+		eventually.Within(t, 30*time.Second, "the agent's /readyz naming the fences", func() error {
+			body, status, err := agentGet(prov, "/readyz?verbose")
+			if err != nil {
+				return err
+			}
+			if status != http.StatusServiceUnavailable || !strings.Contains(body, "[-]fences failed") || !strings.Contains(body, policy) {
+				return fmt.Errorf("%d %s", status, body)
+			}
+			return nil
+		})
+
+		if err := restore(); err != nil {
+			t.Fatal(err)
+		}
+		waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, "Granted", 60*time.Second)
+		waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 30*time.Second)
+		eventually.Within(t, 30*time.Second, "the agent ready again", func() error {
+			body, status, err := agentGet(prov, "/readyz")
+			if err == nil && status != http.StatusOK {
+				err = fmt.Errorf("%d %s", status, body)
+			}
+			return err
+		})
 	})
 
 	t.Run("flotilla revoke: the grant's tokens get 401 and the consumer says Revoked", func(t *testing.T) {
