@@ -8,10 +8,13 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -271,4 +274,102 @@ type laggingCache struct{ client.Reader }
 
 func (laggingCache) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
 	return apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource("peers").GroupResource(), key.Name)
+}
+
+// A condition's transition time is when the writer changed it, even while
+// its cache shows an older copy of the Peer (a watch behind on a loaded
+// API server): read from that copy, the Member condition would look
+// changed again at each write, and its time would move.
+func TestTransitionTimesSurviveAStaleCache(t *testing.T) {
+	_, c := apiServer(t)
+	stale := &staleCache{}
+	w, err := newStatusWriter(c, stale, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	w.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return clock
+	}
+	tick := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(time.Minute)
+		return clock
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the writer stopped with %v", err)
+		}
+	})
+	member := func(p v1alpha1.Peer) *metav1.Condition {
+		return meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionMember)
+	}
+
+	s := sampleState()
+	s.Phase, s.Member = peering.PhaseUnreachable, peering.Condition{Reason: "Suspect", Message: "not answering"}
+	w.publish(s)
+	first := waitPeer(t, c, s.ClusterID, "Member False written", func(p v1alpha1.Peer) error {
+		if m := member(p); m == nil || m.Status != metav1.ConditionFalse {
+			return fmt.Errorf("Member %+v", m)
+		}
+		return nil
+	})
+	// From now on the cache shows only that first copy.
+	stale.set(first)
+
+	back := tick()
+	s.Phase, s.Member = peering.PhaseConnected, peering.Condition{OK: true, Reason: "Alive", Message: "alive member of the federation"}
+	w.publish(s)
+	waitPeer(t, c, s.ClusterID, "Member True written", func(p v1alpha1.Peer) error {
+		if m := member(p); m == nil || m.Status != metav1.ConditionTrue || !m.LastTransitionTime.Time.Equal(back) {
+			return fmt.Errorf("Member %+v, want True since %s", m, back)
+		}
+		return nil
+	})
+	for i := range 3 {
+		tick()
+		s.StatementGeneration++ // another write, Member unchanged
+		w.publish(s)
+		want := int64(s.StatementGeneration & (1<<63 - 1))
+		p := waitPeer(t, c, s.ClusterID, fmt.Sprintf("write %d", i), func(p v1alpha1.Peer) error {
+			if p.Status.StatementGeneration != want {
+				return fmt.Errorf("statement generation %d, want %d", p.Status.StatementGeneration, want)
+			}
+			return nil
+		})
+		if m := member(p); m == nil || !m.LastTransitionTime.Time.Equal(back) {
+			t.Fatalf("write %d: Member %+v, want True since %s: its time moved", i, m, back)
+		}
+	}
+}
+
+// staleCache is an informer stuck on one copy of one Peer.
+type staleCache struct {
+	client.Reader
+	mu   sync.Mutex
+	peer *v1alpha1.Peer
+}
+
+func (c *staleCache) set(p v1alpha1.Peer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.peer = p.DeepCopy()
+}
+
+func (c *staleCache) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.peer == nil || c.peer.Name != key.Name {
+		return apierrors.NewNotFound(v1alpha1.GroupVersion.WithResource("peers").GroupResource(), key.Name)
+	}
+	c.peer.DeepCopyInto(obj.(*v1alpha1.Peer))
+	return nil
 }
