@@ -224,6 +224,10 @@ func (s *Services) exportOf(ctx context.Context, se *mcsv1alpha1.ServiceExport, 
 	for _, p := range svc.Spec.Ports {
 		e.Ports = append(e.Ports, Port{Name: p.Name, Protocol: string(p.Protocol), AppProtocol: deref(p.AppProtocol), Port: p.Port})
 	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		e.InternalTrafficPolicy = string(*p)
+	}
+	e.TrafficDistribution = deref(svc.Spec.TrafficDistribution)
 	var slicesList discoveryv1.EndpointSliceList
 	if err := s.cache.List(ctx, &slicesList, client.InNamespace(se.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: se.Name}); err != nil {
 		return Export{}, fmt.Errorf("list EndpointSlices of %s/%s: %w", se.Namespace, se.Name, err)

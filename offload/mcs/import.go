@@ -240,6 +240,14 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 		}
 		spec.Ports = append(spec.Ports, sp)
 	}
+	if r.InternalTrafficPolicy != "" {
+		p := corev1.ServiceInternalTrafficPolicy(r.InternalTrafficPolicy)
+		spec.InternalTrafficPolicy = &p
+	}
+	if r.TrafficDistribution != "" {
+		d := r.TrafficDistribution
+		spec.TrafficDistribution = &d
+	}
 	if !exists {
 		*si = mcsv1alpha1.ServiceImport{
 			ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name, Labels: map[string]string{LabelManagedBy: ManagedBy}},
@@ -250,12 +258,13 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 		}
 	}
 	if r.Type == TypeClusterSetIP {
-		ip, err := s.ensureDerived(ctx, si, r)
+		derived, err := s.ensureDerived(ctx, si, r)
 		if err != nil {
 			return err
 		}
-		if ip != "" {
-			spec.IPs = []string{ip}
+		// One ClusterSetIP per IP family, in the derived Service's order.
+		if derived.Spec.ClusterIP != "" && len(derived.Spec.ClusterIPs) == len(derived.Spec.IPFamilies) {
+			spec.IPs, spec.IPFamilies = slices.Clone(derived.Spec.ClusterIPs), slices.Clone(derived.Spec.IPFamilies)
 		}
 	} else if err := s.removeDerived(ctx, k.Namespace, k.Name); err != nil {
 		return err
@@ -273,8 +282,8 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 }
 
 // ensureDerived creates or updates the derived Service of si and returns
-// its ClusterIP.
-func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImport, r Resolution) (string, error) {
+// it.
+func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImport, r Resolution) (*corev1.Service, error) {
 	name := DerivedServiceName(si.Name)
 	var ports []corev1.ServicePort
 	for _, p := range r.Ports {
@@ -290,6 +299,16 @@ func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImp
 		t := r.AffinityTimeout
 		affinityCfg = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &t}}
 	}
+	// Unset in the exports, the API server's defaults stand.
+	var itp *corev1.ServiceInternalTrafficPolicy
+	if r.InternalTrafficPolicy != "" {
+		p := corev1.ServiceInternalTrafficPolicy(r.InternalTrafficPolicy)
+		itp = &p
+	}
+	var td *string
+	if r.TrafficDistribution != "" {
+		td = &r.TrafficDistribution
+	}
 	var svc corev1.Service
 	err := s.cache.Get(ctx, client.ObjectKey{Namespace: si.Namespace, Name: name}, &svc)
 	switch {
@@ -297,27 +316,33 @@ func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImp
 		svc = corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: si.Namespace, Name: name,
 				Labels: map[string]string{LabelManagedBy: ManagedBy, LabelServiceName: si.Name}},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Ports: ports, SessionAffinity: affinity, SessionAffinityConfig: affinityCfg},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Ports: ports, SessionAffinity: affinity, SessionAffinityConfig: affinityCfg,
+				InternalTrafficPolicy: itp, TrafficDistribution: td},
 		}
 		if err := controllerutil.SetControllerReference(si, &svc, s.c.Scheme()); err != nil {
-			return "", err
+			return nil, err
 		}
 		if err := s.c.Create(ctx, &svc); err != nil {
-			return "", fmt.Errorf("create the derived Service %s/%s: %w", si.Namespace, name, err)
+			return nil, fmt.Errorf("create the derived Service %s/%s: %w", si.Namespace, name, err)
 		}
-		return svc.Spec.ClusterIP, nil
+		return &svc, nil
 	case err != nil:
-		return "", err
+		return nil, err
 	case svc.Labels[LabelManagedBy] != ManagedBy:
-		return "", fmt.Errorf("a Service %s/%s not written by Flotilla is in the way of the import's derived Service; rename or delete it", si.Namespace, name)
+		return nil, fmt.Errorf("a Service %s/%s not written by Flotilla is in the way of the import's derived Service; rename or delete it", si.Namespace, name)
 	}
-	if !reflect.DeepEqual(svc.Spec.Ports, ports) || svc.Spec.SessionAffinity != affinity {
+	if !reflect.DeepEqual(svc.Spec.Ports, ports) || svc.Spec.SessionAffinity != affinity ||
+		(itp != nil && !reflect.DeepEqual(svc.Spec.InternalTrafficPolicy, itp)) || !reflect.DeepEqual(svc.Spec.TrafficDistribution, td) {
 		svc.Spec.Ports, svc.Spec.SessionAffinity, svc.Spec.SessionAffinityConfig = ports, affinity, affinityCfg
+		svc.Spec.TrafficDistribution = td
+		if itp != nil {
+			svc.Spec.InternalTrafficPolicy = itp
+		}
 		if err := s.c.Update(ctx, &svc); err != nil {
-			return "", fmt.Errorf("update the derived Service %s/%s: %w", si.Namespace, name, err)
+			return nil, fmt.Errorf("update the derived Service %s/%s: %w", si.Namespace, name, err)
 		}
 	}
-	return svc.Spec.ClusterIP, nil
+	return &svc, nil
 }
 
 // syncSlices makes si's EndpointSlices one per exported slice of each

@@ -3,7 +3,9 @@ package mcs
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +131,20 @@ func TestExportImport(t *testing.T) {
 			if p := im.si.Spec.Ports; len(p) != 1 || p[0].Port != 80 || p[0].Protocol != corev1.ProtocolTCP {
 				return fmt.Errorf("ports %v", p)
 			}
+			// One ClusterSetIP per IP family, as the derived Service has.
+			spec := im.si.Spec
+			if len(spec.IPs) == 0 || len(spec.IPs) != len(spec.IPFamilies) {
+				return fmt.Errorf("IPs %v, IP families %v: want one IP per family", spec.IPs, spec.IPFamilies)
+			}
+			for i, ip := range spec.IPs {
+				if a, err := netip.ParseAddr(ip); err != nil || (a.Is4() != (spec.IPFamilies[i] == corev1.IPv4Protocol)) {
+					return fmt.Errorf("IP %q is not of family %s", ip, spec.IPFamilies[i])
+				}
+			}
+			// b's API server defaulted its Service's policy; it travels.
+			if p := spec.InternalTrafficPolicy; p == nil || *p != corev1.ServiceInternalTrafficPolicyCluster {
+				return fmt.Errorf("internal traffic policy %v, want the exported Service's Cluster", p)
+			}
 			return nil
 		})
 		// The exporter imports its own, its addresses as they are.
@@ -249,19 +265,20 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
-		eventually.Within(t, time.Minute, "c's export shows it lost, b's that it did not", func() error {
-			var se mcsv1alpha1.ServiceExport
-			if err := c.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
-				return err
-			}
-			if cond := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict); cond.Status != metav1.ConditionTrue || cond.Reason != "PortConflict" {
-				return fmt.Errorf("c's Conflict %+v", cond)
-			}
-			if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
-				return err
-			}
-			if cond := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict); cond.Status != metav1.ConditionFalse {
-				return fmt.Errorf("b's Conflict %+v", cond)
+		// Both exports are in the conflict (the KEP): c's lost, b's holds.
+		eventually.Within(t, time.Minute, "both exports show the conflict", func() error {
+			for _, x := range []struct {
+				c    *cluster
+				says string
+			}{{c, "differs"}, {b, "the oldest export, which holds"}} {
+				var se mcsv1alpha1.ServiceExport
+				if err := x.c.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
+					return err
+				}
+				cond := condition(se.Status.Conditions, mcsv1alpha1.ServiceExportConflict)
+				if cond.Status != metav1.ConditionTrue || cond.Reason != "PortConflict" || !strings.Contains(cond.Message, x.says) {
+					return fmt.Errorf("%s's Conflict %+v, want True PortConflict saying %q", x.c.name, cond, x.says)
+				}
 			}
 			return nil
 		})

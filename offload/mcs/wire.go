@@ -45,6 +45,11 @@ type Export struct {
 	SessionAffinity string    `json:"sessionAffinity,omitempty"`
 	// AffinityTimeout is ClientIP affinity's timeout in seconds; 0: none.
 	AffinityTimeout int32 `json:"affinityTimeout,omitempty"`
+	// InternalTrafficPolicy and TrafficDistribution are the Service's,
+	// as Kubernetes spells them (empty: not set). Receivers that predate
+	// them ignore them.
+	InternalTrafficPolicy string `json:"internalTrafficPolicy,omitempty"`
+	TrafficDistribution   string `json:"trafficDistribution,omitempty"`
 	// Slices are the Service's EndpointSlices, addresses in the
 	// exporter's own terms.
 	Slices []Slice `json:"slices,omitempty"`
@@ -307,6 +312,18 @@ func (e Export) validate() error {
 	}
 	if e.AffinityTimeout < 0 || e.AffinityTimeout > 86400 {
 		return fmt.Errorf("affinity timeout %d s", e.AffinityTimeout)
+	}
+	switch e.InternalTrafficPolicy {
+	case "", "Cluster", "Local":
+	default:
+		return fmt.Errorf("internal traffic policy %q", e.InternalTrafficPolicy)
+	}
+	// Kubernetes knows a few values and may add more: any short name
+	// passes, and the importer's API server says whether it knows it.
+	if e.TrafficDistribution != "" {
+		if errs := validation.IsQualifiedName(e.TrafficDistribution); len(errs) > 0 {
+			return fmt.Errorf("traffic distribution %q: %s", e.TrafficDistribution, errs[0])
+		}
 	}
 	if err := validPorts(e.Ports, true); err != nil {
 		return err

@@ -41,6 +41,7 @@ func FuzzDecodeExportsSigned(f *testing.F) {
 	keys := keysOf(b)
 	f.Add([]byte(`{"cluster":"` + b.ClusterID() + `","serial":1,"page":0,"pages":1,"exports":[]}`))
 	f.Add([]byte(`{"cluster":"` + b.ClusterID() + `","serial":3,"page":0,"pages":2,"exports":[{"namespace":"web","name":"a","type":"Headless","created":"2026-01-01T00:00:00Z","slices":[{"endpoints":[{"addresses":["10.0.0.1"]}]}]}]}`))
+	f.Add([]byte(`{"cluster":"` + b.ClusterID() + `","serial":4,"page":0,"pages":1,"exports":[{"namespace":"web","name":"a","type":"ClusterSetIP","created":"2026-01-01T00:00:00Z","internalTrafficPolicy":"Local","trafficDistribution":"PreferClose"}]}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		msg := append([]byte{wireFormat}, payload...)
 		msg = append(msg, b.Sign(signed(msg))...)

@@ -168,6 +168,12 @@ func TestSnapshotRefusals(t *testing.T) {
 	bad := sampleExport("web", "front", 1)
 	bad.Type = "LoadBalancer"
 	invalid, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{bad}}, 64<<10)
+	badPolicy := sampleExport("web", "front", 1)
+	badPolicy.InternalTrafficPolicy = "Everywhere"
+	invalidPolicy, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{badPolicy}}, 64<<10)
+	badDistribution := sampleExport("web", "front", 1)
+	badDistribution.TrafficDistribution = "Prefer Close;drop"
+	invalidDistribution, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{badDistribution}}, 64<<10)
 	for _, tt := range []struct {
 		name string
 		msg  []byte
@@ -179,6 +185,8 @@ func TestSnapshotRefusals(t *testing.T) {
 		{"signed by another than it claims", claimsC[0], identity.ErrBadSignature},
 		{"not a member", stranger[0], ErrUnknown},
 		{"invalid export", invalid[0], ErrMalformed},
+		{"invalid internal traffic policy", invalidPolicy[0], ErrMalformed},
+		{"invalid traffic distribution", invalidDistribution[0], ErrMalformed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := DecodePage(tt.msg, keys); !errors.Is(err, tt.want) {
