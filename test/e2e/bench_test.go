@@ -274,7 +274,8 @@ func (r *round) noteView(from *federation.Cluster, cs []*federation.Cluster, p *
 }
 
 // firstConnection waits for from's view of to's pod, then until from's pod
-// completes a TCP connection to to's pod by that view.
+// completes a TCP connection to to's pod by that view (timed at the
+// connect, counted once to's pod says it answered).
 func (r *round) firstConnection(from, to *federation.Cluster, timeout time.Duration) error {
 	k := pair{from.Name, to.Name}
 	deadline := time.After(timeout)
@@ -292,9 +293,19 @@ func (r *round) firstConnection(from, to *federation.Cluster, timeout time.Durat
 		conn, err := from.Pod.DialContext(ctx, "tcp", dst.String())
 		cancel()
 		if err == nil {
+			at := time.Now()
+			// Counted only once the pod that answered is to's: a wrong
+			// view could reach another pod, or loop back to from's own.
+			_, server, herr := harness.Hello(conn, from.Pod.Name)
 			conn.Close()
+			if herr != nil {
+				return fmt.Errorf("%s reached %s at %s, but: %w", from.Name, to.Name, dst, herr)
+			}
+			if server != to.Pod.Name {
+				return fmt.Errorf("%s's connection to %s's pod at %s was answered by %s, not %s", from.Name, to.Name, dst, server, to.Pod.Name)
+			}
 			r.mu.Lock()
-			r.packet[k] = time.Now()
+			r.packet[k] = at
 			r.mu.Unlock()
 			return nil
 		}

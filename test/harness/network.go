@@ -395,7 +395,8 @@ func (n *Netns) Ping(addr netip.Addr) error {
 
 // ServeTCP starts a server on port inside the namespace, on all addresses,
 // until the test ends. To each connection it answers one line with the
-// address it sees the client as, after reading one line from it.
+// address it sees the client as and its own namespace's name, after
+// reading one line from it: a caller knows who answered.
 func (n *Netns) ServeTCP(port uint16) {
 	n.env.t.Helper()
 	l, err := n.Listen("tcp", fmt.Sprintf(":%d", port))
@@ -416,7 +417,7 @@ func (n *Netns) ServeTCP(port uint16) {
 					return
 				}
 				from, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-				fmt.Fprintf(c, "%s\n", from.Addr().Unmap())
+				fmt.Fprintf(c, "%s %s\n", from.Addr().Unmap(), n.Name)
 			}()
 		}
 	}()
@@ -432,19 +433,28 @@ func (n *Netns) TCPExchange(to netip.AddrPort) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("connect %s from %s: %w", to, n.Name, err)
 	}
 	defer c.Close()
+	seen, _, err := Hello(c, n.Name)
+	return seen, err
+}
+
+// Hello has the ServeTCP server at the other end of c answer: the address
+// it saw this end as, and its namespace's name.
+func Hello(c net.Conn, from string) (seen netip.Addr, server string, err error) {
+	to := c.RemoteAddr()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(c, "hello from %s\n", n.Name); err != nil {
-		return netip.Addr{}, fmt.Errorf("send to %s: %w", to, err)
+	if _, err := fmt.Fprintf(c, "hello from %s\n", from); err != nil {
+		return netip.Addr{}, "", fmt.Errorf("send to %s: %w", to, err)
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("read from %s: %w", to, err)
+		return netip.Addr{}, "", fmt.Errorf("read from %s: %w", to, err)
 	}
-	seen, err := netip.ParseAddr(strings.TrimSpace(line))
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("answer of %s: %w", to, err)
+	addr, server, _ := strings.Cut(strings.TrimSpace(line), " ")
+	seen, err = netip.ParseAddr(addr)
+	if err != nil || server == "" {
+		return netip.Addr{}, "", fmt.Errorf("answer of %s: %q is not an address and a name", to, line)
 	}
-	return seen, nil
+	return seen, server, nil
 }
 
 // Delete removes the pod's namespace (and so its veth) before the test
