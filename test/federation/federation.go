@@ -313,8 +313,25 @@ func (r *Result) exchange() {
 	if r.Err = r.From.Pod.Ping(r.Dst); r.Err != nil {
 		return
 	}
-	r.Seen, r.Err = r.From.Pod.TCPExchange(netip.AddrPortFrom(r.Dst, PodPort))
-	if r.Err == nil && r.Seen != r.Want {
+	// The expected addresses come from the agents' Peers; the receiver's
+	// own name does not: a wrong view that reached another pod (or looped
+	// back to the sender's, at the same address in an overlapping range)
+	// fails here whatever the Peers say.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := r.From.Pod.DialContext(ctx, "tcp", netip.AddrPortFrom(r.Dst, PodPort).String())
+	if err != nil {
+		r.Err = fmt.Errorf("connect %s: %w", r.Dst, err)
+		return
+	}
+	defer c.Close()
+	var server string
+	r.Seen, server, r.Err = harness.Hello(c, r.From.Pod.Name)
+	switch {
+	case r.Err != nil:
+	case server != r.To.Pod.Name:
+		r.Err = fmt.Errorf("%s was answered by %s, not %s's pod %s", r.Dst, server, r.To.Name, r.To.Pod.Name)
+	case r.Seen != r.Want:
 		r.Err = fmt.Errorf("receiver saw the sender as %s, want %s (its view of the sender)", r.Seen, r.Want)
 	}
 }

@@ -486,14 +486,25 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 		Dst:  ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP)),
 		Want: ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
 	}
-	url := fmt.Sprintf("http://%s:%d/peer", r.Dst, harness.TestServerHTTPPort)
+	// "/" answers the server's host name and the caller's address: the
+	// name, not the Peers, says the right pod answered.
+	url := fmt.Sprintf("http://%s:%d/", r.Dst, harness.TestServerHTTPPort)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var out string
 		out, r.Err = Kubectl(from.CP, "exec", fromPod.Name, "--", "/testserver", "-get", url)
 		if r.Err == nil {
-			r.Seen, r.Err = netip.ParseAddr(strings.TrimSpace(out))
-			if r.Err == nil && r.Seen != r.Want {
+			var host, peer string
+			if _, err := fmt.Sscanf(out, "host %s\npeer %s\n", &host, &peer); err != nil {
+				r.Err = fmt.Errorf("GET %s from %s's pod %s: %q: %w", url, from.Name, fromPod.Name, out, err)
+				return r
+			}
+			r.Seen, r.Err = netip.ParseAddr(peer)
+			switch {
+			case r.Err != nil:
+			case host != toPod.Name:
+				r.Err = fmt.Errorf("%s was answered by %s, not %s's pod %s", r.Dst, host, to.Name, toPod.Name)
+			case r.Seen != r.Want:
 				r.Err = fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to.Name, toPod.Name, r.Seen, r.Want)
 			}
 			return r

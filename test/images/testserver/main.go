@@ -2,7 +2,8 @@
 // on two ports:
 //
 //   - TCP (-tcp, default :9000): reads one line, answers one line with the
-//     address it sees the client as, the protocol of harness.Netns.ServeTCP;
+//     address it sees the client as and its host (pod) name, the protocol
+//     of harness.Netns.ServeTCP;
 //   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
 //     /peer the client's address as seen here, /bytes?n=N N bytes (for
 //     bulk transfers), / both.
@@ -40,7 +41,7 @@ func main() {
 	discard := flag.Bool("discard", false, "with -get: print \"<bytes> <seconds>\" of the body instead of the body")
 	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
 	cat := flag.String("cat", "", "print this file and exit")
-	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as) and exit")
+	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as and its name) and exit")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialEcho(*dial))
@@ -66,7 +67,7 @@ func main() {
 			log.Fatalf("listen on %s: %v", *tcpAddr, err)
 		}
 		log.Printf("%s: TCP on %s", host, l.Addr())
-		go func() { errc <- serveTCP(l) }()
+		go func() { errc <- serveTCP(l, host) }()
 	}
 	if *httpAddr != "" {
 		l, err := net.Listen("tcp", *httpAddr)
@@ -141,7 +142,7 @@ func dialEcho(addr string) int {
 	return 0
 }
 
-func serveTCP(l net.Listener) error {
+func serveTCP(l net.Listener, host string) error {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -155,7 +156,7 @@ func serveTCP(l net.Listener) error {
 			}
 			peer := peerOf(c.RemoteAddr().String())
 			log.Printf("tcp from %s", peer)
-			fmt.Fprintf(c, "%s\n", peer)
+			fmt.Fprintf(c, "%s %s\n", peer, host)
 		}()
 	}
 }
