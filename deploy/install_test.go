@@ -76,7 +76,11 @@ func TestInstall(t *testing.T) {
 	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
 	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
 	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
-	t.Run("agent and fabric with their own tokens", func(t *testing.T) { testFabricRequests(t, cp) })
+	t.Run("agent and fabric with their own tokens", func(t *testing.T) {
+		// The fabric's DaemonSet passes its policy, once enforced.
+		waitAgentFencesEnforced(t, cp, kubernetes.NewForConfigOrDie(agentConfig(t, cp)))
+		testFabricRequests(t, cp)
+	})
 	t.Run("kubectl delete -k removes everything", func(t *testing.T) { testUninstall(t, cp) })
 }
 

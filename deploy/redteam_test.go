@@ -26,6 +26,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/placement"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // providerID is the cluster ID of a provider this cluster offloads to:
@@ -40,7 +41,7 @@ const providerID = "cp7m2xq4vhd3kz6wbn5ytr2jsfa"
 // token, the legitimate write beside each one, which must pass.
 func (g *grant) testAgentRedTeam(t *testing.T) {
 	rt := newRedTeam(t, g)
-	waitAgentFencesEnforced(t, g.agent, rt)
+	waitAgentFencesEnforced(t, g.cp, g.agent)
 	rt.legitimateWrites(t)
 
 	agent := g.agent
@@ -428,29 +429,43 @@ func (rt *redTeam) checkUntouched(t *testing.T) {
 // waitAgentFencesEnforced waits until each policy of
 // admission-agent.yaml refuses, to the agent's own token, a dry run it
 // exists for: the API server loads policies in the background, and a
-// refusal tested before would prove nothing.
-func waitAgentFencesEnforced(t *testing.T, agent kubernetes.Interface, rt *redTeam) {
+// refusal, or a write let through, tested before would prove nothing.
+// deploy/ must be applied to cp.
+func waitAgentFencesEnforced(t *testing.T, cp *harness.ControlPlane, agent kubernetes.Interface) {
 	t.Helper()
 	ctx := t.Context()
 	dry := []string{metav1.DryRunAll}
+	witness := pod("fence-witness")
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, witness, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Client.CoreV1().Pods("default").Delete(ctx, witness.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	owner, err := cp.Client.AppsV1().Deployments(namespace).Get(ctx, "flotilla-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, w := range []struct {
 		policy string
 		do     func() error
 	}{
 		{"flotilla-agent-placement-webhook", func() error {
-			cfg := rt.webhookConfiguration()
+			cfg := placement.Configuration("https://127.0.0.1:1/placement", cp.Config.CAData, namespace, "")
 			cfg.Webhooks[0].NamespaceSelector = nil
 			_, err := agent.AdmissionregistrationV1().MutatingWebhookConfigurations().Apply(ctx, cfg,
 				metav1.ApplyOptions{FieldManager: "witness", Force: true, DryRun: dry})
 			return err
 		}},
 		{"flotilla-agent-fabric", func() error {
-			ds := rt.fabric(t, func(p *corev1ac.PodSpecApplyConfiguration) { p.WithHostPID(true) })
-			_, err := agent.AppsV1().DaemonSets(namespace).Apply(ctx, ds, metav1.ApplyOptions{FieldManager: "witness", Force: true, DryRun: dry})
+			ds, err := fabricapi.DaemonSet(owner)
+			if err != nil {
+				return err
+			}
+			ds.Spec.Template.Spec.WithHostPID(true)
+			_, err = agent.AppsV1().DaemonSets(namespace).Apply(ctx, ds, metav1.ApplyOptions{FieldManager: "witness", Force: true, DryRun: dry})
 			return err
 		}},
 		{"flotilla-agent-pods", func() error {
-			return agent.CoreV1().Pods("kube-system").Delete(ctx, rt.realPod, metav1.DeleteOptions{DryRun: dry})
+			return agent.CoreV1().Pods("default").Delete(ctx, witness.Name, metav1.DeleteOptions{DryRun: dry})
 		}},
 		{"flotilla-agent-endpointslices", func() error {
 			_, err := agent.DiscoveryV1().EndpointSlices("kube-system").Create(ctx,
