@@ -200,7 +200,7 @@ func (r refusal) checkLogged(t *testing.T, as string) {
 		t.Fatalf("%s may %s: got %v, want Forbidden", as, r.what, err)
 	}
 	s := status.Status()
-	t.Logf("refused: %d %s: %s", s.Code, s.Reason, s.Message)
+	t.Logf("%s: %d %s: %s", r.what, s.Code, s.Reason, s.Message)
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("%s may %s: got %d %s, want 403 Forbidden", as, r.what, s.Code, s.Reason)
 	}
