@@ -72,6 +72,7 @@ func TestGrants(t *testing.T) {
 	t.Run("consumer may not touch our labels", g.testConsumerLabels)
 	t.Run("agent writes only virtual nodes", g.testVirtualNodes)
 	t.Run("agent writes only its own Services and EndpointSlices", g.testServiceObjects)
+	t.Run("red team: the agent's token does not make a cluster admin", g.testAgentRedTeam)
 	t.Run("deleting the grant's Secret revokes the token", g.testRevoke)
 }
 

@@ -71,12 +71,16 @@ func TestInstall(t *testing.T) {
 
 	t.Run("kubectl get peers tells the story", func(t *testing.T) { testPeerColumns(t, cp) })
 	t.Run("agent waits for the gateway label", func(t *testing.T) { testGatewayLabel(t, cp) })
-	t.Run("agent pod has only NET_ADMIN and NET_RAW", func(t *testing.T) { testPodSecurity(t, cp) })
+	t.Run("agent pod has only NET_ADMIN", func(t *testing.T) { testPodSecurity(t, cp) })
 	t.Run("rollout never runs two agents", func(t *testing.T) { testRecreate(t, cp) })
 	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
 	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
 	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
-	t.Run("agent and fabric with their own tokens", func(t *testing.T) { testFabricRequests(t, cp) })
+	t.Run("agent and fabric with their own tokens", func(t *testing.T) {
+		// The fabric's DaemonSet passes its policy, once enforced.
+		waitAgentFencesEnforced(t, cp, kubernetes.NewForConfigOrDie(agentConfig(t, cp)))
+		testFabricRequests(t, cp)
+	})
 	t.Run("kubectl delete -k removes everything", func(t *testing.T) { testUninstall(t, cp) })
 }
 
@@ -286,8 +290,8 @@ func testPodSecurity(t *testing.T, cp *harness.ControlPlane) {
 	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
 		t.Error("agent container allows privilege escalation")
 	}
-	if got := fmt.Sprint(sc.Capabilities.Add); got != "[NET_ADMIN NET_RAW]" {
-		t.Errorf("added capabilities %s, want [NET_ADMIN NET_RAW]", got)
+	if got := fmt.Sprint(sc.Capabilities.Add); got != "[NET_ADMIN]" {
+		t.Errorf("added capabilities %s, want [NET_ADMIN]", got)
 	}
 	if got := fmt.Sprint(sc.Capabilities.Drop); got != "[ALL]" {
 		t.Errorf("dropped capabilities %s, want [ALL]", got)

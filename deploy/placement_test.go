@@ -41,6 +41,7 @@ func TestPlacement(t *testing.T) {
 	checkPoliciesCompile(t, cp)
 	waitPoliciesEnforced(t, cp)
 	agent := kubernetes.NewForConfigOrDie(agentConfig(t, cp))
+	waitAgentFencesEnforced(t, cp, agent)
 
 	t.Run("the webhook runs with the agent's rights", func(t *testing.T) { testPlacementWebhookAsAgent(t, cp, agent) })
 	t.Run("the agent labels offloaded namespaces and nothing more", func(t *testing.T) { testOffloadedLabel(t, cp, agent) })

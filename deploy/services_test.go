@@ -52,11 +52,17 @@ func (g *grant) testServiceObjects(t *testing.T) {
 
 	// A consumer's endpoints on a third cluster, translated
 	// (reflection.HostedEndpoints): a slice of its own, managed by
-	// endpoints.flotilla.io.
+	// endpoints.flotilla.io, in a namespace mirrored for the consumer.
+	mirrored := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "api-q3x7bd", Labels: mirroredLabels("api")}}
+	if _, err := g.cp.Client.CoreV1().Namespaces().Create(ctx, mirrored, create); err != nil {
+		t.Fatal(err)
+	}
+	defer g.cp.Client.CoreV1().Namespaces().Delete(ctx, mirrored.Name, del)
+	mirroredSlices := g.agent.DiscoveryV1().EndpointSlices(mirrored.Name)
 	translated := slice.DeepCopy()
 	translated.Name, translated.Labels = "api-x-translated", map[string]string{
 		discoveryv1.LabelManagedBy: offload.HostedEndpointsManagedBy, discoveryv1.LabelServiceName: "api"}
-	if _, err := slices.Create(ctx, translated, create); err != nil {
+	if _, err := mirroredSlices.Create(ctx, translated, create); err != nil {
 		t.Fatalf("the agent creates a translated EndpointSlice: %v", err)
 	}
 	usersSlice := slice.DeepCopy()
@@ -90,7 +96,7 @@ func (g *grant) testServiceObjects(t *testing.T) {
 			}
 		})
 	}
-	if err := slices.Delete(ctx, translated.Name, del); err != nil {
+	if err := mirroredSlices.Delete(ctx, translated.Name, del); err != nil {
 		t.Errorf("the agent deletes its translated EndpointSlice: %v", err)
 	}
 	if err := slices.Delete(ctx, slice.Name, del); err != nil {

@@ -53,10 +53,12 @@ const offloadCRD = "namespaceoffloads.flotilla.io"
 // that bring the cluster, or the agent itself, back.
 var systemNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic, corev1.NamespaceNodeLease}
 
-// placementConfiguration is the MutatingWebhookConfiguration as the agent
-// applies it: pods created in namespaces labelled offloaded go to url,
-// trusted by bundle; owner, when set, is the CRD's UID.
-func placementConfiguration(url string, bundle []byte, agentNamespace string, owner types.UID) *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration {
+// Configuration is the MutatingWebhookConfiguration as the agent applies
+// it: pods created in namespaces labelled offloaded go to url, trusted by
+// bundle; owner, when set, is the CRD's UID. The policy
+// flotilla-agent-placement-webhook (deploy/admission-agent.yaml) refuses
+// the agent any other rule or namespace selector.
+func Configuration(url string, bundle []byte, agentNamespace string, owner types.UID) *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration {
 	excluded := append(append([]string{}, systemNamespaces...), agentNamespace)
 	cfg := admissionregistrationv1ac.MutatingWebhookConfiguration(ConfigurationName).
 		WithLabels(map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, "app.kubernetes.io/name": "flotilla"}).
@@ -91,9 +93,9 @@ func placementConfiguration(url string, bundle []byte, agentNamespace string, ow
 	return cfg
 }
 
-// applyPlacementConfiguration writes the configuration (server-side
-// apply: a change nobody asked for is put back).
-func applyPlacementConfiguration(ctx context.Context, kube kubernetes.Interface, cfg *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration) error {
+// ApplyConfiguration writes the configuration (server-side apply: a
+// change nobody asked for is put back).
+func ApplyConfiguration(ctx context.Context, kube kubernetes.Interface, cfg *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration) error {
 	_, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Apply(ctx, cfg,
 		metav1.ApplyOptions{FieldManager: placementFieldOwner, Force: true})
 	if err != nil {

@@ -346,7 +346,7 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
 	bundle := w.certs.Bundle()
-	if err := applyPlacementConfiguration(ctx, w.kube, placementConfiguration(w.url, bundle, w.cfg.AgentNamespace, owner)); err != nil {
+	if err := ApplyConfiguration(ctx, w.kube, Configuration(w.url, bundle, w.cfg.AgentNamespace, owner)); err != nil {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
 	if !bytes.Equal(bundle, w.applied) || owner != w.owner {

@@ -76,10 +76,10 @@ func TestAgentPodFromManifests(t *testing.T) {
 				}
 			}
 		})
-		t.Run("the agent runs with NET_ADMIN and NET_RAW only", func(t *testing.T) {
+		t.Run("the agent runs with NET_ADMIN only", func(t *testing.T) {
 			for _, c := range cs {
-				if got := agentCapabilities(t, c); got != "0000000000003000" {
-					t.Errorf("agent process of %s has effective capabilities %s, want 0000000000003000 (NET_ADMIN, NET_RAW)", c.Name, got)
+				if got := agentCapabilities(t, c); got != "0000000000001000" {
+					t.Errorf("agent process of %s has effective capabilities %s, want 0000000000001000 (NET_ADMIN)", c.Name, got)
 				}
 			}
 		})
