@@ -26,15 +26,20 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // reflectEnv is an offloadenv.PodEnv (consumer and provider, real
 // control planes, a real grant, namespace mirroring running) with
 // namespace ns offloaded and Ready there as remote, and a Reflector
-// running.
+// running with the agent's own token (deploy/'s RBAC on the consumer).
 type reflectEnv struct {
 	*offloadenv.PodEnv
 	ns, remote string
+	// agent reaches the consumer with a token of the agent's account;
+	// requests records what the Reflector asked of it.
+	agent    *rest.Config
+	requests *harness.Requests
 	// lcx and pcx reach the consumer and the provider as administrators,
 	// with every kind reflected in their scheme.
 	lcx, pcx   client.Client
@@ -48,7 +53,7 @@ type reflectEnv struct {
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	e := newReflectClients(tb)
-	e.remote = e.OffloadReady(tb, e.ns)
+	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
 	// The witness that the Reflector watches the namespace there: what
 	// changes from now on is reflected as a change, not found at start.
@@ -61,6 +66,9 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 // running: its offloadenv.PodEnv and its clients.
 func newReflectClients(tb testing.TB) *reflectEnv {
 	e := &reflectEnv{PodEnv: offloadenv.NewPodEnv(tb, offloadenv.PodEnvOptions{}), ns: "app"}
+	offloadtest.InstallConsumer(tb, e.Local)
+	e.agent = offloadtest.ServiceAccountConfig(tb, e.Local, "flotilla-system", "flotilla-agent")
+	e.agent.QPS, e.agent.Burst = -1, -1
 	var err error
 	if e.lcx, err = client.New(e.Local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		tb.Fatal(err)
@@ -74,8 +82,8 @@ func newReflectClients(tb testing.TB) *reflectEnv {
 func (e *reflectEnv) start(tb testing.TB, workers int) {
 	tb.Helper()
 	e.registry = prometheus.NewRegistry()
-	local := rest.CopyConfig(e.Local.Config)
-	local.QPS, local.Burst = -1, -1
+	var local *rest.Config
+	local, e.requests = harness.RecordRequests(e.agent, nil)
 	if e.shared == nil {
 		e.shared = offloadtest.StartSharedCache(tb, local, nil)
 	}
@@ -89,6 +97,33 @@ func (e *reflectEnv) start(tb testing.TB, workers int) {
 	}
 	e.reflectors = append(e.reflectors, r)
 	e.stop = offloadtest.RunUntilCleanup(tb, "Reflector", r.Run)
+}
+
+// offloadReady offloads namespace ns, as `flotilla offload namespace`
+// does: the RoleBinding that lets the agent read its ConfigMaps and
+// Secrets, then the NamespaceOffload, Ready on the provider. It returns
+// the namespace's name there.
+func (e *reflectEnv) offloadReady(tb testing.TB, ns string) string {
+	tb.Helper()
+	e.bindReflection(tb, ns)
+	return e.OffloadReady(tb, ns)
+}
+
+// bindReflection makes the RoleBinding flotilla-reflection in ns, with
+// the consumer's admin rights; it creates ns if need be.
+func (e *reflectEnv) bindReflection(tb testing.TB, ns string) {
+	tb.Helper()
+	err := e.LocalAdmin.Create(tb.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		tb.Fatal(err)
+	}
+	b, err := offload.ReflectionRoleBinding(ns, offload.AgentServiceAccount)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := e.Local.Client.RbacV1().RoleBindings(ns).Create(tb.Context(), b, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // boundPod creates a pod bound to the virtual node, with volumes (and
@@ -399,7 +434,7 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	// One worker: the witness below is decided after the change before.
 	e := newReflectEnv(t, 1)
 	ctx := t.Context()
-	other := e.OffloadReady(t, "other")
+	other := e.offloadReady(t, "other")
 	e.create(t, optIn("cfg", map[string]string{"k": "v"}))
 	waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v"))
 	if err := e.LocalAdmin.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "offload"}}); err != nil {
