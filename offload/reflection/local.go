@@ -110,16 +110,21 @@ func (o *offloadedObjects) reconcile(ctx context.Context, ns string) (time.Durat
 		}
 		return 0, nil
 	}
-	if st != nil && st.cache != nil && !st.cache.refused.Load() {
-		return 0, nil
-	}
-	if st != nil && st.cache != nil {
-		// Refused after it started: what it holds is stale, and dropped.
-		st.cache.stop()
-	}
 	refused, err := o.refused(ctx, ns)
 	if err != nil {
 		return 0, err
+	}
+	running := st != nil && st.cache != nil
+	if running && refused == "" && !st.cache.refused.Load() {
+		return o.r.cfg.RecheckRights, nil
+	}
+	if running {
+		// Refused since it started (the RoleBinding removed): what it
+		// holds goes, and what was reflected stays as it is.
+		st.cache.stop()
+	}
+	if refused == "" && running {
+		refused = "list or watch configmaps or secrets"
 	}
 	if refused != "" {
 		o.set(ns, &namespaceObjects{forbidden: refused})
@@ -130,7 +135,7 @@ func (o *offloadedObjects) reconcile(ctx context.Context, ns string) (time.Durat
 		return 0, err
 	}
 	o.set(ns, &namespaceObjects{cache: lc})
-	return 0, nil
+	return o.r.cfg.RecheckRights, nil
 }
 
 // offloaded reports whether ns has a NamespaceOffload not being deleted:

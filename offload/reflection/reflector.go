@@ -56,7 +56,15 @@ type ReflectorConfig struct {
 	// the agent's other components (PeerCache); a cache of its own when
 	// nil.
 	Peers offload.PeerCache
+	// RecheckRights is how often the agent asks again whether it may
+	// still read the ConfigMaps and Secrets of a namespace it watches
+	// (DefaultRecheckRights when zero): an open watch goes on after its
+	// RoleBinding is removed.
+	RecheckRights time.Duration
 }
+
+// DefaultRecheckRights is ReflectorConfig.RecheckRights' default.
+const DefaultRecheckRights = time.Minute
 
 // Reflector copies what offloaded pods need into the namespaces mirrored
 // for this cluster on its providers (docs/services.md, "Reflection"):
@@ -162,6 +170,9 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.RecheckRights <= 0 {
+		cfg.RecheckRights = DefaultRecheckRights
 	}
 	local, err := cache.New(cfg.Config, cache.Options{
 		Scheme: reflectScheme(), Mapper: reflectMapper(),

@@ -40,6 +40,8 @@ type reflectEnv struct {
 	// requests records what the Reflector asked of it.
 	agent    *rest.Config
 	requests *harness.Requests
+	// recheck is the Reflectors' RecheckRights (0: the default).
+	recheck time.Duration
 	// lcx and pcx reach the consumer and the provider as administrators,
 	// with every kind reflected in their scheme.
 	lcx, pcx   client.Client
@@ -90,7 +92,7 @@ func (e *reflectEnv) start(tb testing.TB, workers int) {
 	r, err := NewReflector(ReflectorConfig{
 		Config: local, Self: e.Self, Credentials: e.Creds, Views: e.Views, Peers: e.shared,
 		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Metrics: e.registry, Workers: workers,
+		Metrics: e.registry, Workers: workers, RecheckRights: e.recheck,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -473,6 +475,19 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.Provider.ID, offload.ErrForbidden)); n != 0 {
 		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
 	}
+	// Its ConfigMaps and Secrets are no longer watched nor held.
+	eventually.Within(t, 10*time.Second, "no cache of "+e.ns+"'s ConfigMaps and Secrets", func() error {
+		o := e.reflectors[0].objects
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if st, ok := o.spaces[e.ns]; ok {
+			return fmt.Errorf("still kept: %+v", st)
+		}
+		if _, ok := o.spaces["other"]; !ok {
+			return fmt.Errorf("namespace other, still offloaded, not kept")
+		}
+		return nil
+	})
 }
 
 // metricSum is the sum over the series of metric name with label kind:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,6 +27,7 @@ import (
 func TestReflectionNeedsItsRoleBinding(t *testing.T) {
 	e := newReflectClients(t)
 	e.remote = e.OffloadReady(t, e.ns) // no RoleBinding
+	e.recheck = time.Second
 	e.start(t, 1)
 	ctx := t.Context()
 	agent := kubernetes.NewForConfigOrDie(e.agent)
@@ -123,6 +125,41 @@ func TestReflectionNeedsItsRoleBinding(t *testing.T) {
 		}
 		if _, err := agent.CoreV1().Secrets("elsewhere").Get(ctx, "sec", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 			t.Errorf("the agent's token may read Secret elsewhere/sec: %v, want Forbidden", err)
+		}
+	})
+
+	t.Run("the binding removed: the agent stops reading, what was reflected stays", func(t *testing.T) {
+		if err := e.Local.Client.RbacV1().RoleBindings(e.ns).Delete(ctx, offload.ReflectionBinding, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.WaitStatus(t, e.ns, "Reflected False, Forbidden again", reflectedCondition(e.Provider.ID, metav1.ConditionFalse, v1alpha1.ReasonForbidden,
+			"RoleBinding flotilla-reflection in app must bind ClusterRole flotilla-agent-reflection"))
+		sec, err := e.Local.Client.CoreV1().Secrets(e.ns).Get(ctx, "sec", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sec.Data["password"] = []byte("changed")
+		if _, err := e.Local.Client.CoreV1().Secrets(e.ns).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The witness: a change after it, to the Service, reflected.
+		svc, err := e.Local.Client.CoreV1().Services(e.ns).Get(ctx, "api", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Labels = map[string]string{"witness": "1"}
+		if _, err := e.Local.Client.CoreV1().Services(e.ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitRemote(t, e, &corev1.Service{}, "api", func(s *corev1.Service) error {
+			if s.Labels["witness"] != "1" {
+				return fmt.Errorf("labels %v", s.Labels)
+			}
+			return nil
+		})
+		got := waitRemote(t, e, &corev1.Secret{}, "sec", nil)
+		if string(got.Data["password"]) != "s3cret" {
+			t.Errorf("Secret sec on the provider: %q, want it as reflected before the binding went", got.Data["password"])
 		}
 	})
 
