@@ -133,7 +133,7 @@ func TestReflectionNeedsItsRoleBinding(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.WaitStatus(t, e.ns, "Reflected False, Forbidden again", reflectedCondition(e.Provider.ID, metav1.ConditionFalse, v1alpha1.ReasonForbidden,
-			"RoleBinding flotilla-reflection in app must bind ClusterRole flotilla-agent-reflection"))
+			"RoleBinding flotilla-reflection in app must bind ClusterRole flotilla-agent-reflection to ServiceAccount flotilla-system/flotilla-agent"))
 		sec, err := e.Local.Client.CoreV1().Secrets(e.ns).Get(ctx, "sec", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
