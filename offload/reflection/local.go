@@ -87,7 +87,10 @@ func newOffloadedObjects(r *Reflector, cfg *rest.Config) (*offloadedObjects, err
 // run reconciles namespaces until ctx ends, then stops every cache.
 func (o *offloadedObjects) run(ctx context.Context) error {
 	defer o.stopAll()
-	o.user = o.whoAmI(ctx)
+	user := o.whoAmI(ctx)
+	o.mu.Lock()
+	o.user = user
+	o.mu.Unlock()
 	return o.ctrl.Run(ctx, nil)
 }
 
@@ -120,11 +123,13 @@ func (o *offloadedObjects) reconcile(ctx context.Context, ns string) (time.Durat
 	}
 	if running {
 		// Refused since it started (the RoleBinding removed): what it
-		// holds goes, and what was reflected stays as it is.
+		// holds goes, unread, and what was reflected stays as it is.
+		if refused == "" {
+			refused = "list or watch configmaps or secrets (its watch was refused)"
+		}
+		o.set(ns, &namespaceObjects{forbidden: refused})
 		st.cache.stop()
-	}
-	if refused == "" && running {
-		refused = "list or watch configmaps or secrets"
+		return retryForbidden, nil
 	}
 	if refused != "" {
 		o.set(ns, &namespaceObjects{forbidden: refused})
@@ -324,11 +329,14 @@ func (o *offloadedObjects) whoAmI(ctx context.Context) string {
 // forbiddenMessage is the Reflected condition's message when the agent
 // may not read ns: what is missing and how to make it.
 func (o *offloadedObjects) forbiddenMessage(ns, remoteNS, provider, refused string) string {
+	o.mu.Lock()
+	user := o.user
+	o.mu.Unlock()
 	subject, flag := "this agent's account", "--serviceaccount "+offload.AgentServiceAccount
-	if sa, ok := strings.CutPrefix(o.user, "system:serviceaccount:"); ok {
+	if sa, ok := strings.CutPrefix(user, "system:serviceaccount:"); ok {
 		subject, flag = "ServiceAccount "+strings.Replace(sa, ":", "/", 1), "--serviceaccount "+sa
-	} else if o.user != "" {
-		subject, flag = "user "+o.user, "--user "+o.user
+	} else if user != "" {
+		subject, flag = "user "+user, "--user "+user
 	}
 	return fmt.Sprintf("ConfigMaps and Secrets of %s are not reflected to namespace %s on %s: this agent may not %s there (Forbidden). "+
 		"RoleBinding %s in %s must bind ClusterRole %s to %s: `flotilla offload namespace %s` makes it, or "+
