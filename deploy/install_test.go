@@ -549,9 +549,9 @@ func agentAccess() []access {
 		deny("delete", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", "flotilla-agent-namespaces"),
 		deny("create", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", "", ""),
 		allow("get", "", "secrets", namespace, "flotilla-federation"),
-		allow("get", "", "secrets", "default", "flotilla-placement-ca"),
-		allow("list", "", "secrets", namespace, "flotilla-placement-ca"),
-		allow("get", "", "secrets", "default", "flotilla-kubelet-ca"),
+		deny("get", "", "secrets", "default", "flotilla-placement-ca"),
+		deny("list", "", "secrets", namespace, "flotilla-placement-ca"),
+		deny("get", "", "secrets", "default", "flotilla-kubelet-ca"),
 	)
 	consumerToken := allow("create", "", "serviceaccounts", tenant, "flotilla-consumer")
 	consumerToken.subresource = "token"
@@ -566,14 +566,15 @@ func agentAccess() []access {
 		deny("update", "", "namespaces", "", "default"),
 		deny("deletecollection", "", "namespaces", "", ""),
 		deny("update", "", "secrets", tenant, "flotilla-grant"),
-		allow("get", "", "secrets", tenant, "flotilla-grant"),
-		allow("watch", "", "secrets", tenant, ""),
+		// Write only: it never reads the grant's Secret back.
+		deny("get", "", "secrets", tenant, "flotilla-grant"),
+		deny("watch", "", "secrets", tenant, ""),
 		deny("list", "", "serviceaccounts", tenant, ""),
 		deny("create", "", "pods", tenant, ""),
 		// The API server address it announces.
 		allow("get", "", "configmaps", "kube-public", "cluster-info"),
-		allow("get", "", "configmaps", "kube-public", "other"),
-		allow("list", "", "configmaps", "kube-public", ""),
+		deny("get", "", "configmaps", "kube-public", "other"),
+		deny("list", "", "configmaps", "kube-public", ""),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "kubernetes"),
 		allow("get", "discovery.k8s.io", "endpointslices", "default", "other"),
 		allow("get", "", "services", "default", "kubernetes"),
@@ -597,22 +598,27 @@ func agentAccess() []access {
 
 	// Refusals: everything docs/install.md says the agent may not do, and
 	// the likely escapes.
-	// Reads of ConfigMaps, Secrets, Services and EndpointSlices are
-	// reflection's (deploy/reflection.yaml, docs/services.md), anywhere;
-	// writes stay refused.
-	for _, ns := range []string{"", "default", namespace, "kube-system"} {
-		cases = append(cases, allow("get", "", "secrets", ns, ""), allow("list", "", "secrets", ns, ""))
+	// Reflection reads ConfigMaps and Secrets only in offloaded
+	// namespaces, through a RoleBinding made there when the namespace is
+	// offloaded (deploy/reflection.yaml, docs/services.md); deploy/ binds
+	// it nowhere.
+	for _, ns := range []string{"", "default", namespace, "kube-system", "shop"} {
+		for _, v := range []string{"get", "list", "watch"} {
+			cases = append(cases, deny(v, "", "secrets", ns, ""), deny(v, "", "configmaps", ns, ""))
+		}
 	}
+	cases = append(cases,
+		deny("bind", "rbac.authorization.k8s.io", "clusterroles", "shop", "flotilla-agent-reflection"),
+		deny("escalate", "rbac.authorization.k8s.io", "clusterroles", "", "flotilla-agent-reflection"))
 	saToken := deny("create", "", "serviceaccounts", namespace, serviceAccount)
 	saToken.subresource = "token"
 	cases = append(cases,
 		deny("create", "", "pods", namespace, ""),
 		deny("create", "", "pods", "default", ""),
-		allow("get", "", "configmaps", "kube-system", ""),
+		deny("get", "", "configmaps", "kube-system", "kube-proxy"),
 		allow("get", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		allow("watch", "", "configmaps", "kube-system", "extension-apiserver-authentication"),
 		deny("update", "", "configmaps", "kube-system", "kubeadm-config"),
-		allow("list", "", "configmaps", "kube-system", ""),
 		saToken,
 		deny("deletecollection", "flotilla.io", "peers", "", ""),
 		// CRDs: only peers.flotilla.io, never deleted, a create only by name.
@@ -649,7 +655,7 @@ func agentAccess() []access {
 		deny("list", "apps", "deployments", namespace, ""),
 		deny("create", "", "configmaps", namespace, ""),
 		deny("patch", "", "configmaps", namespace, "other"),
-		allow("get", "", "configmaps", namespace, "other"),
+		deny("get", "", "configmaps", namespace, "other"),
 	)
 	return cases
 }
@@ -754,10 +760,22 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 		what string
 		do   func() error
 	}{
-		// It reads Secrets and ConfigMaps anywhere (reflection), and
-		// writes them nowhere but its own.
+		// It reads Secrets and ConfigMaps only in offloaded namespaces
+		// (reflection), and writes them nowhere but its own.
 		{"create a secret in kube-system", func() error {
 			_, err := kube.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "escape"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"read a Secret in kube-system", func() error {
+			_, err := kube.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-abcdef", metav1.GetOptions{})
+			return err
+		}},
+		{"list Secrets cluster-wide", func() error {
+			_, err := kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"list ConfigMaps in default", func() error {
+			_, err := kube.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{})
 			return err
 		}},
 		{"delete configmaps in kube-system", func() error {

@@ -1,12 +1,15 @@
 package offload
 
 import (
+	"fmt"
 	"maps"
 	"runtime"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -107,6 +110,38 @@ const (
 	// ports, and nothing else (docs/policy.md).
 	AnnotationReachableFrom = "flotilla.io/reachable-from"
 )
+
+// Reflection's rights (docs/services.md, "Reflection's rights"): the
+// agent reads the ConfigMaps and Secrets of a namespace only where a
+// RoleBinding binds it ReflectionClusterRole, made with the rights of
+// whoever offloads the namespace; none of any other namespace.
+const (
+	// ReflectionClusterRole is what the binding grants (deploy/reflection.yaml):
+	// get, list and watch ConfigMaps and Secrets.
+	ReflectionClusterRole = "flotilla-agent-reflection"
+	// ReflectionBinding is the RoleBinding's name in each offloaded
+	// namespace.
+	ReflectionBinding = "flotilla-reflection"
+	// AgentServiceAccount is the agent's account as deploy/ installs it,
+	// namespace:name (kubectl's --serviceaccount).
+	AgentServiceAccount = "flotilla-system:flotilla-agent"
+)
+
+// ReflectionRoleBinding is the RoleBinding that lets account (the
+// agent's ServiceAccount, namespace:name) read the ConfigMaps and
+// Secrets of ns, labelled as ours.
+func ReflectionRoleBinding(ns, account string) (*rbacv1.RoleBinding, error) {
+	saNS, saName, ok := strings.Cut(account, ":")
+	if !ok || len(validation.IsDNS1123Label(saNS)) > 0 || len(validation.IsDNS1123Subdomain(saName)) > 0 {
+		return nil, fmt.Errorf("the agent's account %q: want namespace:name of a ServiceAccount", account)
+	}
+	return &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ReflectionBinding,
+			Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ReflectionClusterRole},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: saNS, Name: saName}},
+	}, nil
+}
 
 // Endpoints on third clusters (docs/services.md, "Endpoints on third
 // clusters"): a consumer's endpoints on a pod it offloaded to another

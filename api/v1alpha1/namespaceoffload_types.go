@@ -95,6 +95,10 @@ const (
 	// ReasonForeignObject: an object of a reflected one's name is there
 	// and not ours; it is left alone, and the message names it.
 	ReasonForeignObject = "ForeignObject"
+	// ReasonForbidden: this cluster's agent may not read the namespace's
+	// ConfigMaps and Secrets (no RoleBinding flotilla-reflection there);
+	// the message says what to bind. What was reflected before stays.
+	ReasonForbidden = "Forbidden"
 )
 
 // NamespaceOffloadStatus is what the agent did.

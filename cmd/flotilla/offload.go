@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,6 +75,9 @@ func (nc namespaceCommand) client() (client.WithWatch, error) { return clusterCl
 // offloadFlags are the flags of offload, read into a spec.
 type offloadFlags struct {
 	selector, mapping, remoteName, pods *string
+	// account is the agent's ServiceAccount the reflection RoleBinding
+	// names.
+	account *string
 }
 
 func addOffloadFlags(fs *flag.FlagSet) offloadFlags {
@@ -81,6 +86,8 @@ func addOffloadFlags(fs *flag.FlagSet) offloadFlags {
 		mapping:    fs.String("mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)"),
 		remoteName: fs.String("remote-name", "", "the namespace's name on every peer, with --mapping Selected"),
 		pods:       fs.String("pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local"),
+		account: fs.String("agent-account", offload.AgentServiceAccount,
+			"the agent's ServiceAccount (namespace:name), which RoleBinding "+offload.ReflectionBinding+" lets read the namespace's ConfigMaps and Secrets"),
 	}
 }
 
@@ -153,6 +160,11 @@ func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	bound, err := bindReflection(ctx, c, ns, *flags.account)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "namespace %s: RoleBinding %s %s (the agent may read its ConfigMaps and Secrets)\n", ns, offload.ReflectionBinding, bound)
 	gen, verb, err := writeOffload(ctx, c, ns, spec)
 	if err != nil {
 		return err
@@ -174,6 +186,67 @@ func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return writeOffloads(stdout, []v1alpha1.NamespaceOffload{x}, outputWide)
 	}
 	return writeObject(stdout, &x, "NamespaceOffload", "namespaceoffload", out)
+}
+
+// bindReflection makes, with the caller's rights, the RoleBinding that
+// lets the agent's account read the ConfigMaps and Secrets of ns
+// (docs/services.md, "Reflection's rights"); it says whether it was
+// created or kept. One of that name that is not ours and binds
+// something else is an error: never touched.
+func bindReflection(ctx context.Context, c client.Client, ns, account string) (string, error) {
+	want, err := offload.ReflectionRoleBinding(ns, account)
+	if err != nil {
+		return "", fmt.Errorf("--agent-account: %w", err)
+	}
+	err = c.Create(ctx, want)
+	switch {
+	case err == nil:
+		return "created", nil
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("namespace %s: %w (create the namespace first)", ns, err)
+	case apierrors.IsForbidden(err):
+		return "", fmt.Errorf("create RoleBinding %s/%s: %w (it grants the agent %s: run this as someone who may read ConfigMaps and Secrets in %s, or may bind ClusterRole %s); nothing was offloaded",
+			ns, offload.ReflectionBinding, err, offload.ReflectionClusterRole, ns, offload.ReflectionClusterRole)
+	case !apierrors.IsAlreadyExists(err):
+		return "", fmt.Errorf("create RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
+	}
+	var have rbacv1.RoleBinding
+	if err := c.Get(ctx, client.ObjectKeyFromObject(want), &have); err != nil {
+		return "", fmt.Errorf("read RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
+	}
+	if have.RoleRef == want.RoleRef && slices.Contains(have.Subjects, want.Subjects[0]) {
+		return "kept", nil
+	}
+	if have.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || have.RoleRef != want.RoleRef {
+		return "", fmt.Errorf("RoleBinding %s/%s is there and does not bind ClusterRole %s to %s: it is not this command's, and left alone; remove or rename it, then offload again",
+			ns, offload.ReflectionBinding, offload.ReflectionClusterRole, account)
+	}
+	// Ours, for another account (--agent-account changed).
+	have.Subjects = want.Subjects
+	if err := c.Update(ctx, &have); err != nil {
+		return "", fmt.Errorf("update RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
+	}
+	return "updated", nil
+}
+
+// unbindReflection removes the RoleBinding bindReflection made in ns;
+// one not labelled as ours (made by hand) stays.
+func unbindReflection(ctx context.Context, c client.Client, ns string) (bool, error) {
+	var have rbacv1.RoleBinding
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: offload.ReflectionBinding}, &have); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
+	}
+	if have.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+		return false, nil
+	}
+	err := c.Delete(ctx, &have, client.Preconditions{UID: &have.UID})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return false, fmt.Errorf("delete RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
+	}
+	return err == nil, nil
 }
 
 // writeOffload creates the NamespaceOffload in ns, or sets its spec, and
@@ -340,14 +413,25 @@ func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	err = c.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: offloadName}})
+	notOffloaded := apierrors.IsNotFound(err)
 	switch {
-	case apierrors.IsNotFound(err):
-		fmt.Fprintf(stdout, "namespace %s is not offloaded\n", ns)
-		return nil
 	case meta.IsNoMatchError(err):
 		return fmt.Errorf("this cluster does not know NamespaceOffloads: %w (is the agent installed?)", err)
-	case err != nil:
+	case err != nil && !notOffloaded:
 		return fmt.Errorf("delete NamespaceOffload %s/%s: %w", ns, offloadName, err)
+	}
+	// The agent reads nothing more of a namespace whose offloading is
+	// being deleted: its rights there go at once.
+	unbound, err := unbindReflection(ctx, c, ns)
+	if err != nil {
+		return err
+	}
+	if unbound {
+		fmt.Fprintf(stdout, "namespace %s: RoleBinding %s deleted (the agent may no longer read its ConfigMaps and Secrets)\n", ns, offload.ReflectionBinding)
+	}
+	if notOffloaded {
+		fmt.Fprintf(stdout, "namespace %s is not offloaded\n", ns)
+		return nil
 	}
 	fmt.Fprintf(stdout, "namespace %s: NamespaceOffload %s deleted; its namespaces on the peers go first\n", ns, offloadName)
 	if *nc.wait == 0 {

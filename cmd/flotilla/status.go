@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -75,7 +76,12 @@ func clusterClientIn(kubeconfig, kubeContext string) (client.WithWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	return client.NewWithWatch(cfg, client.Options{Scheme: peerapi.Scheme()})
+	// RoleBindings too: offload binds reflection's role in the namespace.
+	scheme := peerapi.Scheme()
+	if err := rbacv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 }
 
 // traffic is the mode in effect for traffic from the peer and, when

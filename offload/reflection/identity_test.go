@@ -23,6 +23,7 @@ import (
 func TestReflectionToTwoIdentitiesOfOneProviderAgrees(t *testing.T) {
 	e := newReflectClients(t)
 	oldID, newID := e.Provider.ID, e.SecondIdentity(t)
+	e.bindReflection(t, e.ns)
 	e.Offload(t, e.ns, "offload", v1alpha1.NamespaceOffloadSpec{})
 	e.WaitStatus(t, e.ns, "mirrored for both identities", func(o *v1alpha1.NamespaceOffload) error {
 		a, readyA := offload.MirroredNamespace(o, oldID)

@@ -110,7 +110,13 @@ func (r *Reflector) reconcile(ctx context.Context, key reflectKey) (wrote bool, 
 // when nothing should. dropped counts the endpoints left out of a slice.
 func (r *Reflector) desired(ctx context.Context, key reflectKey, remoteNS string) (client.Object, map[string]int, error) {
 	local := newObject(key.kind)
-	switch err := r.local.Get(ctx, client.ObjectKey{Namespace: key.namespace, Name: key.name}, local); {
+	read := r.local.Get
+	if key.kind == kindConfigMap || key.kind == kindSecret {
+		read = r.objects.Get
+	}
+	switch err := read(ctx, client.ObjectKey{Namespace: key.namespace, Name: key.name}, local); {
+	case errors.Is(err, offload.ErrNotListed):
+		return nil, nil, err
 	case apierrors.IsNotFound(err):
 		return nil, nil, nil
 	case err != nil:
@@ -312,7 +318,11 @@ func (r *Reflector) reconcileStatus(ctx context.Context, pp *reflectProvider, ns
 	r.stateMu.Unlock()
 	cond := metav1.Condition{Type: v1alpha1.ConditionReflected, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonReflected,
 		Message: fmt.Sprintf("what the namespace's offloaded pods need is reflected to namespace %s on %s", remoteNS, pp.id)}
-	if len(foreign) > 0 {
+	switch refused := r.objects.forbidden(ns); {
+	case refused != "":
+		cond.Status, cond.Reason = metav1.ConditionFalse, v1alpha1.ReasonForbidden
+		cond.Message = r.objects.forbiddenMessage(ns, remoteNS, pp.id, refused)
+	case len(foreign) > 0:
 		cond.Status, cond.Reason = metav1.ConditionFalse, v1alpha1.ReasonForeignObject
 		cond.Message = fmt.Sprintf("not reflected to namespace %s on %s: %s: objects of these names there are not this cluster's (no %s=true label and %s annotation) and are left alone; rename them here or remove them there",
 			remoteNS, pp.id, strings.Join(foreign, ", "), offload.LabelReflected, offload.AnnotationOrigin)

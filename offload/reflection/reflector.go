@@ -56,7 +56,15 @@ type ReflectorConfig struct {
 	// the agent's other components (PeerCache); a cache of its own when
 	// nil.
 	Peers offload.PeerCache
+	// RecheckRights is how often the agent asks again whether it may
+	// still read the ConfigMaps and Secrets of a namespace it watches
+	// (DefaultRecheckRights when zero): an open watch goes on after its
+	// RoleBinding is removed.
+	RecheckRights time.Duration
 }
+
+// DefaultRecheckRights is ReflectorConfig.RecheckRights' default.
+const DefaultRecheckRights = time.Minute
 
 // Reflector copies what offloaded pods need into the namespaces mirrored
 // for this cluster on its providers (docs/services.md, "Reflection"):
@@ -69,12 +77,14 @@ type ReflectorConfig struct {
 type Reflector struct {
 	cfg   ReflectorConfig
 	log   *slog.Logger
-	local cache.Cache        // everything read here
-	pods  toolscache.Indexer // the pods of local, by podRefsIndex
-	write client.Client      // the Reflected condition
-	ctrl  *ctrl.Controller[reflectKey]
-	queue ctrl.Queue[reflectKey]
-	m     *reflectMetrics
+	local cache.Cache // everything read here but ConfigMaps and Secrets
+	// objects are the ConfigMaps and Secrets of offloaded namespaces.
+	objects *offloadedObjects
+	pods    toolscache.Indexer // the pods of local, by podRefsIndex
+	write   client.Client      // the Reflected condition
+	ctrl    *ctrl.Controller[reflectKey]
+	queue   ctrl.Queue[reflectKey]
+	m       *reflectMetrics
 
 	// providers watch what was reflected in the namespaces mirrored on
 	// each provider.
@@ -161,10 +171,17 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RecheckRights <= 0 {
+		cfg.RecheckRights = DefaultRecheckRights
+	}
 	local, err := cache.New(cfg.Config, cache.Options{
 		Scheme: reflectScheme(), Mapper: reflectMapper(),
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: podForReferences}},
+		// A read of a kind not watched would start a cluster-wide watch
+		// of it: ConfigMaps and Secrets are read from objects, by
+		// namespace, and nothing else may be started behind its back.
+		ReaderFailOnMissingInformer: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reflection: cache: %w", err)
@@ -200,6 +217,9 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 		return nil, fmt.Errorf("reflection: %w", err)
 	}
 	r.queue = r.ctrl.Queue()
+	if r.objects, err = newOffloadedObjects(r, cfg.Config); err != nil {
+		return nil, fmt.Errorf("reflection: %w", err)
+	}
 	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Credentials, r.local, r.log, "objects", r.newProvider,
 		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
@@ -281,6 +301,7 @@ func (r *Reflector) Run(ctx context.Context) error {
 	regs, err := ctrl.AddWatches(ctx, r.local, "reflection",
 		ctrl.On(&v1alpha1.NamespaceOffload{}, ctrl.OnEvery(func(obj any) {
 			if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
+				r.objects.offloadChanged(o.Namespace)
 				r.providers.OffloadChanged(o.Namespace)
 			}
 		})),
@@ -300,8 +321,6 @@ func (r *Reflector) Run(ctx context.Context) error {
 			},
 			DeleteFunc: func(obj any) { r.podChanged(obj) },
 		}),
-		ctrl.On(&corev1.ConfigMap{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindConfigMap, obj) })),
-		ctrl.On(&corev1.Secret{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindSecret, obj) })),
 		ctrl.On(&corev1.Service{}, ctrl.OnEvery(func(obj any) {
 			r.localChanged(kindService, obj)
 			r.serviceSlicesChanged(obj)
@@ -319,6 +338,7 @@ func (r *Reflector) Run(ctx context.Context) error {
 	}
 	r.providers.Trigger()
 	wg.Go(func() { r.providers.Loop(ctx) })
+	wg.Go(func() { _ = r.objects.run(ctx) })
 	return r.ctrl.Run(ctx, cacheErr)
 }
 
@@ -421,7 +441,13 @@ func (r *Reflector) queueNamespace(provider, ns string) {
 		{kindService, &corev1.ServiceList{}}, {kindEndpointSlice, &discoveryv1.EndpointSliceList{}},
 	}
 	for _, l := range lists {
-		if err := r.local.List(ctx, l.list, client.InNamespace(ns)); err != nil {
+		var err error
+		if l.kind == kindConfigMap || l.kind == kindSecret {
+			err = r.objects.List(ctx, l.list, ns)
+		} else {
+			err = r.local.List(ctx, l.list, client.InNamespace(ns))
+		}
+		if err != nil {
 			continue
 		}
 		_ = meta.EachListItem(l.list, func(obj runtime.Object) error {
@@ -432,6 +458,14 @@ func (r *Reflector) queueNamespace(provider, ns string) {
 		})
 	}
 	r.queue.Add(reflectKey{provider: provider, kind: kindStatus, namespace: ns})
+}
+
+// queueStatus queues the Reflected condition of namespace ns on every
+// provider.
+func (r *Reflector) queueStatus(ns string) {
+	for id := range r.providers.Snapshot() {
+		r.queue.Add(reflectKey{provider: id, kind: kindStatus, namespace: ns})
+	}
 }
 
 // otherProviders are the providers, other than provider, that local

@@ -26,15 +26,22 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // reflectEnv is an offloadenv.PodEnv (consumer and provider, real
 // control planes, a real grant, namespace mirroring running) with
 // namespace ns offloaded and Ready there as remote, and a Reflector
-// running.
+// running with the agent's own token (deploy/'s RBAC on the consumer).
 type reflectEnv struct {
 	*offloadenv.PodEnv
 	ns, remote string
+	// agent reaches the consumer with a token of the agent's account;
+	// requests records what the Reflector asked of it.
+	agent    *rest.Config
+	requests *harness.Requests
+	// recheck is the Reflectors' RecheckRights (0: the default).
+	recheck time.Duration
 	// lcx and pcx reach the consumer and the provider as administrators,
 	// with every kind reflected in their scheme.
 	lcx, pcx   client.Client
@@ -48,7 +55,7 @@ type reflectEnv struct {
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 	e := newReflectClients(tb)
-	e.remote = e.OffloadReady(tb, e.ns)
+	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
 	// The witness that the Reflector watches the namespace there: what
 	// changes from now on is reflected as a change, not found at start.
@@ -61,6 +68,9 @@ func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
 // running: its offloadenv.PodEnv and its clients.
 func newReflectClients(tb testing.TB) *reflectEnv {
 	e := &reflectEnv{PodEnv: offloadenv.NewPodEnv(tb, offloadenv.PodEnvOptions{}), ns: "app"}
+	offloadtest.InstallConsumer(tb, e.Local)
+	e.agent = offloadtest.ServiceAccountConfig(tb, e.Local, "flotilla-system", "flotilla-agent")
+	e.agent.QPS, e.agent.Burst = -1, -1
 	var err error
 	if e.lcx, err = client.New(e.Local.Config, client.Options{Scheme: reflectScheme()}); err != nil {
 		tb.Fatal(err)
@@ -74,21 +84,48 @@ func newReflectClients(tb testing.TB) *reflectEnv {
 func (e *reflectEnv) start(tb testing.TB, workers int) {
 	tb.Helper()
 	e.registry = prometheus.NewRegistry()
-	local := rest.CopyConfig(e.Local.Config)
-	local.QPS, local.Burst = -1, -1
+	var local *rest.Config
+	local, e.requests = harness.RecordRequests(e.agent, nil)
 	if e.shared == nil {
 		e.shared = offloadtest.StartSharedCache(tb, local, nil)
 	}
 	r, err := NewReflector(ReflectorConfig{
 		Config: local, Self: e.Self, Credentials: e.Creds, Views: e.Views, Peers: e.shared,
 		Logger:  slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: tb}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Metrics: e.registry, Workers: workers,
+		Metrics: e.registry, Workers: workers, RecheckRights: e.recheck,
 	})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	e.reflectors = append(e.reflectors, r)
 	e.stop = offloadtest.RunUntilCleanup(tb, "Reflector", r.Run)
+}
+
+// offloadReady offloads namespace ns, as `flotilla offload namespace`
+// does: the RoleBinding that lets the agent read its ConfigMaps and
+// Secrets, then the NamespaceOffload, Ready on the provider. It returns
+// the namespace's name there.
+func (e *reflectEnv) offloadReady(tb testing.TB, ns string) string {
+	tb.Helper()
+	e.bindReflection(tb, ns)
+	return e.OffloadReady(tb, ns)
+}
+
+// bindReflection makes the RoleBinding flotilla-reflection in ns, with
+// the consumer's admin rights; it creates ns if need be.
+func (e *reflectEnv) bindReflection(tb testing.TB, ns string) {
+	tb.Helper()
+	err := e.LocalAdmin.Create(tb.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		tb.Fatal(err)
+	}
+	b, err := offload.ReflectionRoleBinding(ns, offload.AgentServiceAccount)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := e.Local.Client.RbacV1().RoleBindings(ns).Create(tb.Context(), b, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // boundPod creates a pod bound to the virtual node, with volumes (and
@@ -399,7 +436,7 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	// One worker: the witness below is decided after the change before.
 	e := newReflectEnv(t, 1)
 	ctx := t.Context()
-	other := e.OffloadReady(t, "other")
+	other := e.offloadReady(t, "other")
 	e.create(t, optIn("cfg", map[string]string{"k": "v"}))
 	waitRemote(t, e, &corev1.ConfigMap{}, "cfg", configMapData("k", "v"))
 	if err := e.LocalAdmin.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "offload"}}); err != nil {
@@ -438,6 +475,19 @@ func TestReflectionEndsWithTheOffload(t *testing.T) {
 	if n := testutil.ToFloat64(e.reflectors[0].m.errors.WithLabelValues(kindConfigMap, e.Provider.ID, offload.ErrForbidden)); n != 0 {
 		t.Fatalf("%v forbidden writes counted: the Reflector wrote into a namespace no longer offloaded", n)
 	}
+	// Its ConfigMaps and Secrets are no longer watched nor held.
+	eventually.Within(t, 10*time.Second, "no cache of "+e.ns+"'s ConfigMaps and Secrets", func() error {
+		o := e.reflectors[0].objects
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if st, ok := o.spaces[e.ns]; ok {
+			return fmt.Errorf("still kept: %+v", st)
+		}
+		if _, ok := o.spaces["other"]; !ok {
+			return fmt.Errorf("namespace other, still offloaded, not kept")
+		}
+		return nil
+	})
 }
 
 // metricSum is the sum over the series of metric name with label kind:

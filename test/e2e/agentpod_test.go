@@ -157,10 +157,11 @@ func documentedAccess() map[string][]string {
 		"clusterroles.rbac.authorization.k8s.io [flotilla-consumer] [bind]",
 		"resourcequotas [] [create delete get patch]",
 		"limitranges [] [create delete get patch]",
-		// Reflection reads Secrets and ConfigMaps (docs/services.md);
-		// the writes stay confined to tenants.
-		"secrets [] [create delete get list patch watch]",
-		"configmaps [] [get list watch]",
+		// The grant's Secret, written only, in tenants (admission);
+		// reflection reads Secrets and ConfigMaps only in offloaded
+		// namespaces, through a RoleBinding made there
+		// (docs/services.md).
+		"secrets [] [create delete patch]",
 		// Services: reflection and the MCS API read them all and write
 		// only their own (the policy flotilla-agent-service-objects).
 		"services [] [create delete get list patch update watch]",

@@ -383,12 +383,25 @@ var (
 // among it) and admission policies.
 func InstallProvider(t testing.TB, cp *harness.ControlPlane) {
 	t.Helper()
-	for _, f := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml"} {
-		cmd := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), "--kubeconfig", cp.Kubeconfig,
-			"apply", "--server-side", "-f", DeployFile(f))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("kubectl apply deploy/%s: %v\n%s", f, err, out)
-		}
+	installDeploy(t, cp, "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml")
+}
+
+// InstallConsumer applies the rights a consumer's agent is installed
+// with: its namespace and account, deploy/'s RBAC and the ClusterRole
+// reflection is bound in each offloaded namespace.
+func InstallConsumer(t testing.TB, cp *harness.ControlPlane) {
+	t.Helper()
+	installDeploy(t, cp, "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "reflection.yaml")
+}
+
+func installDeploy(t testing.TB, cp *harness.ControlPlane, files ...string) {
+	t.Helper()
+	args := []string{"--kubeconfig", cp.Kubeconfig, "apply", "--server-side"}
+	for _, f := range files {
+		args = append(args, "-f", DeployFile(f))
+	}
+	if out, err := exec.Command(filepath.Join(harness.KubeBinDir(), "kubectl"), args...).CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply deploy/ %v: %v\n%s", files, err, out)
 	}
 }
 
