@@ -69,7 +69,26 @@ func (g *grant) testAgentRedTeam(t *testing.T) {
 	webhookRule := "may match pods on CREATE only"
 	webhookNamespaces := "may match only namespaces labelled flotilla.io/offloaded=true"
 	kubeDNS := "serves kube-dns"
+	// A Secret that is there to read: RBAC refuses before the lookup, so
+	// the refusal says nothing of whether it exists.
+	target := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "red-team-target"}, StringData: map[string]string{"key": "value"}}
+	if _, err := g.cp.Client.CoreV1().Secrets("kube-system").Create(t.Context(), target, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = g.cp.Client.CoreV1().Secrets("kube-system").Delete(context.Background(), target.Name, metav1.DeleteOptions{})
+	})
 	for _, r := range []refusal{
+		// Secrets: read only in offloaded namespaces, through a binding
+		// there (reflection), never here nor cluster-wide.
+		{"read a kube-system Secret", "cannot get resource \"secrets\"", func(ctx context.Context) error {
+			_, err := agent.CoreV1().Secrets("kube-system").Get(ctx, target.Name, metav1.GetOptions{})
+			return err
+		}},
+		{"list Secrets in every namespace", "cannot list resource \"secrets\"", func(ctx context.Context) error {
+			_, err := agent.CoreV1().Secrets(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+			return err
+		}},
 		// The webhook: on every pod of every namespace, kube-system's too.
 		{"patch the webhook to match pods in every namespace", webhookNamespaces,
 			jsonPatch(`[{"op":"replace","path":"/webhooks/0/namespaceSelector","value":{}}]`)},
