@@ -22,10 +22,11 @@ type StreamLimits struct {
 	// default 32.
 	Concurrent int
 	// PerSource is the most streams open at once from one IP address;
-	// default 8. Members behind one NAT share it.
+	// default 16, half of Concurrent. Members behind one NAT share it.
 	PerSource int
 	// SourceRate and SourceBurst bound the streams one IP address may
-	// open, per second and at once; defaults 20/s and 100.
+	// open, per second and at once; defaults 50/s and 200 (a hundred
+	// members behind one address joining at once).
 	SourceRate  float64
 	SourceBurst int
 	// ReadCap is the most bytes read from one stream; default 1 MiB,
@@ -40,9 +41,9 @@ type StreamLimits struct {
 // most 32 MiB of stream bytes in the agent, whoever sends them.
 const (
 	defaultStreamsConcurrent = 32
-	defaultStreamsPerSource  = 8
-	defaultSourceRate        = 20
-	defaultSourceBurst       = 100
+	defaultStreamsPerSource  = 16
+	defaultSourceRate        = 50
+	defaultSourceBurst       = 200
 	defaultStreamReadCap     = 1 << 20
 	defaultStreamLifetime    = 10 * time.Second
 )

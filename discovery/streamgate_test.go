@@ -176,9 +176,10 @@ func TestGossipFloodFromAStrangerIsBounded(t *testing.T) {
 		streams = 1000
 		sent    = 2 << 20
 		// floodHeapLimit is half the agent's memory limit (128 MiB in
-		// deploy/deployment.yaml): the gate's bound is 8 streams of this
-		// source at 1 MiB each, and the heap may hold twice what is live
-		// before the collector runs.
+		// deploy/deployment.yaml): the gate's bound is 16 streams of
+		// this source at 1 MiB each, buffered in memberlist's growing
+		// buffers, and the heap may hold what is dead until the
+		// collector runs.
 		floodHeapLimit = 64 << 20
 	)
 	inA := newInbox()
