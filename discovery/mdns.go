@@ -245,17 +245,20 @@ type serviceEntry struct {
 // browseState assembles instances from answers that may arrive over
 // several packets, bounded so a chatty LAN cannot grow it: at most
 // maxBrowseNames instances and host names in all, and at most
-// maxInstancesPerSource instances named by the answers of one source
-// address, so that one host (or one spoofed address) cannot take the
-// others' places.
+// maxInstancesPerSource instances and as many host names named first by
+// the answers of one source address, so that one host (or one spoofed
+// address) cannot take the others' places.
 type browseState struct {
 	service   string
 	instances map[string]*serviceEntry
 	hosts     map[string][]net.IP
 	done      map[string]bool
 	asked     map[string]bool
-	bySource  map[netip.Addr]int // instances each source named first
+	bySource  map[netip.Addr]*sourceNames
 }
+
+// sourceNames counts the names a source named first in a browse.
+type sourceNames struct{ instances, hosts int }
 
 const (
 	maxBrowseNames = 128
@@ -267,7 +270,16 @@ const (
 func newBrowseState(service string) *browseState {
 	return &browseState{service: service, instances: map[string]*serviceEntry{},
 		hosts: map[string][]net.IP{}, done: map[string]bool{}, asked: map[string]bool{},
-		bySource: map[netip.Addr]int{}}
+		bySource: map[netip.Addr]*sourceNames{}}
+}
+
+func (b *browseState) source(src netip.Addr) *sourceNames {
+	n := b.bySource[src]
+	if n == nil {
+		n = &sourceNames{}
+		b.bySource[src] = n
+	}
+	return n
 }
 
 // instance returns the instance name, created on behalf of src if new;
@@ -280,14 +292,14 @@ func (b *browseState) instance(src netip.Addr, name string) (e *serviceEntry, re
 	e, ok := b.instances[name]
 	if !ok {
 		switch {
-		case b.bySource[src] >= maxInstancesPerSource:
+		case b.source(src).instances >= maxInstancesPerSource:
 			return nil, reasonSourceCap
 		case len(b.instances) >= maxBrowseNames:
 			return nil, reasonTooMany
 		}
 		e = &serviceEntry{name: name}
 		b.instances[name] = e
-		b.bySource[src]++
+		b.source(src).instances++
 	}
 	return e, ""
 }
@@ -295,11 +307,14 @@ func (b *browseState) instance(src netip.Addr, name string) (e *serviceEntry, re
 // add reads one answer from src and returns the reasons of the records
 // that named an instance past a cap, once each.
 func (b *browseState) add(src netip.Addr, rrs []dns.RR) (refused []string) {
-	named := func(name string) *serviceEntry {
-		e, r := b.instance(src, name)
+	note := func(r string) {
 		if r != "" && !slices.Contains(refused, r) {
 			refused = append(refused, r)
 		}
+	}
+	named := func(name string) *serviceEntry {
+		e, r := b.instance(src, name)
+		note(r)
 		return e
 	}
 	for _, rr := range rrs {
@@ -317,27 +332,36 @@ func (b *browseState) add(src netip.Addr, rrs []dns.RR) (refused []string) {
 				e.txt = append([]string(nil), v.Txt...)
 			}
 		case *dns.A:
-			b.addHost(v.Hdr.Name, v.A)
+			note(b.addHost(src, v.Hdr.Name, v.A))
 		case *dns.AAAA:
-			b.addHost(v.Hdr.Name, v.AAAA)
+			note(b.addHost(src, v.Hdr.Name, v.AAAA))
 		}
 	}
 	return refused
 }
 
-func (b *browseState) addHost(name string, ip net.IP) {
+// addHost records an address of host name, on behalf of src if the name
+// is new; it returns the reason it has no place, if so.
+func (b *browseState) addHost(src netip.Addr, name string, ip net.IP) string {
 	name = strings.ToLower(name)
-	if _, ok := b.hosts[name]; !ok && len(b.hosts) >= maxBrowseNames {
-		return
+	if _, ok := b.hosts[name]; !ok {
+		switch {
+		case b.source(src).hosts >= maxInstancesPerSource:
+			return reasonSourceCap
+		case len(b.hosts) >= maxBrowseNames:
+			return reasonTooMany
+		}
+		b.source(src).hosts++
 	}
 	for _, have := range b.hosts[name] {
 		if have.Equal(ip) {
-			return
+			return ""
 		}
 	}
 	if len(b.hosts[name]) < 8 {
 		b.hosts[name] = append(b.hosts[name], ip)
 	}
+	return ""
 }
 
 // ready returns instances that became complete (port, TXT, an address).

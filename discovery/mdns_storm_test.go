@@ -154,3 +154,26 @@ func validateClusterIDForStorm() error {
 	_, err := parseTXT([]string{"id=" + strings.Repeat("c", 27), "fp=0011223344556677"})
 	return err
 }
+
+// One source naming many host names first cannot keep another source's
+// instance from completing in the same browse.
+func TestMDNSHostNamesCappedPerSource(t *testing.T) {
+	b := newBrowseState(ServiceName + "." + mdnsDomain)
+	var junk []dns.RR
+	for i := range 2 * maxBrowseNames {
+		junk = append(junk, &dns.A{Hdr: dns.RR_Header{Name: fmt.Sprintf("junk-%d.local.", i), Rrtype: dns.TypeA, Class: dns.ClassINET}, A: net.IPv4(10, 9, 0, byte(i))})
+	}
+	if refused := b.add(netip.MustParseAddr("10.9.0.1"), junk); len(refused) != 1 || refused[0] != reasonSourceCap {
+		t.Errorf("junk host names refused for %v, want %s", refused, reasonSourceCap)
+	}
+	rrs, ok := unpackResponse(stormAnswer(t, "0011223344556677", 1, "real", func(int) []net.IP { return []net.IP{net.IPv4(10, 1, 1, 1)} }))
+	if !ok {
+		t.Fatal("answer not parsed")
+	}
+	if refused := b.add(netip.MustParseAddr("10.1.1.1"), rrs); len(refused) != 0 {
+		t.Errorf("a real answer refused for %v", refused)
+	}
+	if ready := b.ready(); len(ready) != 1 || !ready[0].addrs[0].Equal(net.IPv4(10, 1, 1, 1)) {
+		t.Errorf("ready: %+v, want the real instance", ready)
+	}
+}
