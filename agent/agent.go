@@ -140,6 +140,12 @@ type Config struct {
 	// being on the host network), else AdvertiseAddr.
 	NodeAddress              netip.Addr
 	KubeletPort, WebhookPort int
+	// WebhookClientCA, when set, is a PEM file: the placement webhook
+	// then answers only clients presenting a certificate it signed,
+	// named one of WebhookClientNames (any, when empty): the API server,
+	// given one by an AdmissionConfiguration (docs/offload.md).
+	WebhookClientCA    string
+	WebhookClientNames []string
 	// ClustersetDNSPort is where the agent answers the clusterset.local
 	// zone on NodeAddress, UDP and TCP (offload/mcsdns); 0: it does not.
 	ClustersetDNSPort int

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -166,8 +167,15 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	var clientCA []byte
+	if a.cfg.WebhookClientCA != "" {
+		if clientCA, err = os.ReadFile(a.cfg.WebhookClientCA); err != nil {
+			return nil, fmt.Errorf("placement webhook: read --webhook-client-ca: %w", err)
+		}
+	}
 	placement, err := placement.NewWebhook(placement.WebhookConfig{
 		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
+		ClientCA: clientCA, ClientNames: a.cfg.WebhookClientNames,
 		Shared: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {

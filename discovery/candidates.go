@@ -30,6 +30,11 @@ var sourceOrder = []Source{SourceMDNS, SourceDNS, SourceSeed, SourceGossip}
 // maxCandidates bounds the candidate table against floods of answers.
 const maxCandidates = 1024
 
+// maxMDNSCandidates bounds the candidates only mDNS gave: anyone on the
+// LAN can answer a browse, and its answers must not take the places of
+// seeds and DNS-SD's.
+const maxMDNSCandidates = 256
+
 // maxIntroductions bounds the addresses a new candidate is joined at even
 // though it is a member already: in a small federation that saves the
 // member the wait for our alive message to be gossiped to it (100 to
@@ -119,6 +124,34 @@ func (c *candidates) add(addr string, src Source, ttl time.Duration) (added bool
 		}
 	}
 	return !ok
+}
+
+// known reports whether addr is a candidate already.
+func (c *candidates) known(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.table[addr]
+	return ok
+}
+
+// fullFor reports whether a new candidate from src has no place: for
+// mDNS, maxMDNSCandidates of them are in the table already.
+func (c *candidates) fullFor(src Source) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.table) >= maxCandidates {
+		return true
+	}
+	if src != SourceMDNS {
+		return false
+	}
+	n := 0
+	for _, cand := range c.table {
+		if slices.Equal(cand.Sources, []Source{SourceMDNS}) {
+			n++
+		}
+	}
+	return n >= maxMDNSCandidates
 }
 
 // expire forgets sources whose answers were not renewed.

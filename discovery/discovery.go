@@ -130,6 +130,9 @@ type Config struct {
 	NoSuspicionNotice bool
 	// Tune, if set, adjusts the memberlist configuration last (tests).
 	Tune func(*memberlist.Config)
+	// Streams bound the gossip streams other hosts open; zero fields
+	// take their defaults.
+	Streams StreamLimits
 
 	// OnMessage receives the messages other members send with Send. It is
 	// called on memberlist's network goroutines and must not block: hand
@@ -354,7 +357,8 @@ func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovery: gossip bind address %q: %w", mc.BindAddr, err)
 	}
-	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log)
+	gate := newStreamGate(d.cfg.Streams, func(reason string) { d.metrics.streamsLimited.WithLabelValues(reason).Inc() }, d.log)
+	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log, gate)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: start gossip: %w", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,22 +202,35 @@ func (d *Discovery) browse(ctx context.Context) {
 	_ = conn.SetReadDeadline(deadline)
 	buf := make([]byte, 9000)
 	for {
-		n, _, err := conn.ReadFromUDP(buf)
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			return // deadline or cancelled
 		}
-		rrs, ok := unpackResponse(buf[:n])
-		if !ok {
-			continue
-		}
-		b.add(rrs)
-		for _, e := range b.ready() {
-			d.mdnsEntry(e)
-		}
-		for _, inst := range b.incomplete() {
+		for _, inst := range d.mdnsAnswer(b, from.Addr(), buf[:n]) {
 			ask(inst, dns.TypeSRV, dns.TypeTXT)
 		}
 	}
+}
+
+// mdnsAnswer reads one answer of a browse from src, turns the instances
+// it completes into candidates, and returns the instances to ask about.
+func (d *Discovery) mdnsAnswer(b *browseState, src netip.Addr, pkt []byte) []string {
+	src = src.Unmap()
+	if !onLAN(src) && !src.IsLoopback() {
+		d.mdnsDrop(reasonNotLAN, "answer from "+src.String())
+		return nil
+	}
+	rrs, ok := unpackResponse(pkt)
+	if !ok {
+		return nil
+	}
+	for _, reason := range b.add(src, rrs) {
+		d.mdnsDrop(reason, "an instance named by "+src.String())
+	}
+	for _, e := range b.ready() {
+		d.mdnsEntry(e)
+	}
+	return b.incomplete()
 }
 
 // serviceEntry is one browsed instance.
@@ -228,74 +243,125 @@ type serviceEntry struct {
 }
 
 // browseState assembles instances from answers that may arrive over
-// several packets, bounded so a chatty LAN cannot grow it.
+// several packets, bounded so a chatty LAN cannot grow it: at most
+// maxBrowseNames instances and host names in all, and at most
+// maxInstancesPerSource instances and as many host names named first by
+// the answers of one source address, so that one host (or one spoofed
+// address) cannot take the others' places.
 type browseState struct {
 	service   string
 	instances map[string]*serviceEntry
 	hosts     map[string][]net.IP
 	done      map[string]bool
 	asked     map[string]bool
+	bySource  map[netip.Addr]*sourceNames
 }
 
-const maxBrowseNames = 128
+// sourceNames counts the names a source named first in a browse.
+type sourceNames struct{ instances, hosts int }
+
+const (
+	maxBrowseNames = 128
+	// maxInstancesPerSource is generous for a host running a few agents
+	// (test sites, one agent per cluster of kind on a laptop).
+	maxInstancesPerSource = 4
+)
 
 func newBrowseState(service string) *browseState {
 	return &browseState{service: service, instances: map[string]*serviceEntry{},
-		hosts: map[string][]net.IP{}, done: map[string]bool{}, asked: map[string]bool{}}
+		hosts: map[string][]net.IP{}, done: map[string]bool{}, asked: map[string]bool{},
+		bySource: map[netip.Addr]*sourceNames{}}
 }
 
-func (b *browseState) instance(name string) *serviceEntry {
+func (b *browseState) source(src netip.Addr) *sourceNames {
+	n := b.bySource[src]
+	if n == nil {
+		n = &sourceNames{}
+		b.bySource[src] = n
+	}
+	return n
+}
+
+// instance returns the instance name, created on behalf of src if new;
+// nil when it is not of the service, or with the reason it has no place.
+func (b *browseState) instance(src netip.Addr, name string) (e *serviceEntry, refused string) {
 	name = strings.ToLower(name)
 	if !strings.HasSuffix(name, "."+b.service) {
-		return nil
+		return nil, ""
 	}
 	e, ok := b.instances[name]
 	if !ok {
-		if len(b.instances) >= maxBrowseNames {
-			return nil
+		switch {
+		case b.source(src).instances >= maxInstancesPerSource:
+			return nil, reasonSourceCap
+		case len(b.instances) >= maxBrowseNames:
+			return nil, reasonTooMany
 		}
 		e = &serviceEntry{name: name}
 		b.instances[name] = e
+		b.source(src).instances++
 	}
-	return e
+	return e, ""
 }
 
-func (b *browseState) add(rrs []dns.RR) {
+// add reads one answer from src and returns the reasons of the records
+// that named an instance past a cap, once each.
+func (b *browseState) add(src netip.Addr, rrs []dns.RR) (refused []string) {
+	note := func(r string) {
+		if r != "" && !slices.Contains(refused, r) {
+			refused = append(refused, r)
+		}
+	}
+	named := func(name string) *serviceEntry {
+		e, r := b.instance(src, name)
+		note(r)
+		return e
+	}
 	for _, rr := range rrs {
 		switch v := rr.(type) {
 		case *dns.PTR:
 			if strings.EqualFold(v.Hdr.Name, b.service) {
-				b.instance(v.Ptr)
+				named(v.Ptr)
 			}
 		case *dns.SRV:
-			if e := b.instance(v.Hdr.Name); e != nil {
+			if e := named(v.Hdr.Name); e != nil {
 				e.host, e.port = strings.ToLower(v.Target), int(v.Port)
 			}
 		case *dns.TXT:
-			if e := b.instance(v.Hdr.Name); e != nil {
+			if e := named(v.Hdr.Name); e != nil {
 				e.txt = append([]string(nil), v.Txt...)
 			}
 		case *dns.A:
-			b.addHost(v.Hdr.Name, v.A)
+			note(b.addHost(src, v.Hdr.Name, v.A))
 		case *dns.AAAA:
-			b.addHost(v.Hdr.Name, v.AAAA)
+			note(b.addHost(src, v.Hdr.Name, v.AAAA))
 		}
 	}
+	return refused
 }
 
-func (b *browseState) addHost(name string, ip net.IP) {
+// addHost records an address of host name, on behalf of src if the name
+// is new; it returns the reason it has no place, if so.
+func (b *browseState) addHost(src netip.Addr, name string, ip net.IP) string {
 	name = strings.ToLower(name)
-	if _, ok := b.hosts[name]; !ok && len(b.hosts) >= maxBrowseNames {
-		return
+	if _, ok := b.hosts[name]; !ok {
+		switch {
+		case b.source(src).hosts >= maxInstancesPerSource:
+			return reasonSourceCap
+		case len(b.hosts) >= maxBrowseNames:
+			return reasonTooMany
+		}
+		b.source(src).hosts++
 	}
 	for _, have := range b.hosts[name] {
 		if have.Equal(ip) {
-			return
+			return ""
 		}
 	}
 	if len(b.hosts[name]) < 8 {
 		b.hosts[name] = append(b.hosts[name], ip)
 	}
+	return ""
 }
 
 // ready returns instances that became complete (port, TXT, an address).
@@ -326,6 +392,66 @@ func (b *browseState) incomplete() []string {
 	return out
 }
 
+// Reasons of flotilla_discovery_candidates_dropped_total{source="mdns"}
+// for the LAN's bounds.
+const (
+	reasonNotLAN    = "not_lan"    // an answer from, or an address outside, the LAN's ranges
+	reasonSourceCap = "source_cap" // a source named more instances than maxInstancesPerSource
+	reasonTooMany   = "too_many"   // a browse heard of maxBrowseNames instances already
+	// reasonCandidatesFull: maxMDNSCandidates addresses from mDNS are
+	// candidates already.
+	reasonCandidatesFull = "candidates_full"
+)
+
+// maxAddrsPerInstance bounds the candidates one instance gives: a host
+// with an address on each of a few networks.
+const maxAddrsPerInstance = 4
+
+// lanPrefixes are the addresses an mDNS answer may come from and name:
+// private (RFC 1918, RFC 4193), shared (RFC 6598), benchmarking
+// (RFC 2544) and IPv4 link-local, none routed on the internet. A spoofed
+// answer cannot make the agent connect out to an address on the internet.
+var lanPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("fc00::/7"),
+}
+
+// onLAN reports whether a is in lanPrefixes. IPv6 link-local addresses
+// are not: an answer does not say on which interface they are.
+func onLAN(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range lanPrefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// mdnsDrop counts an mDNS answer, or part of one, ignored for the LAN's
+// bounds, and logs it at most once a minute per reason: a storm of
+// spoofed answers must not flood the log.
+func (d *Discovery) mdnsDrop(reason, what string) {
+	d.metrics.candidateDrop.WithLabelValues(string(SourceMDNS), reason).Inc()
+	now := time.Now()
+	key := "mdns\x00" + reason
+	d.mu.Lock()
+	last, seen := d.dropLog[key]
+	quiet := seen && now.Sub(last) < time.Minute
+	if !quiet {
+		d.dropLog[key] = now
+	}
+	d.mu.Unlock()
+	if !quiet {
+		d.log.Warn("mDNS answers ignored (logged once a minute per reason; flotilla_discovery_candidates_dropped_total counts them)", "reason", reason, "example", what)
+	}
+}
+
 // mdnsEntry turns one answer into join candidates, or counts why not.
 func (d *Discovery) mdnsEntry(e serviceEntry) {
 	drop := func(reason string, err error) {
@@ -350,16 +476,21 @@ func (d *Discovery) mdnsEntry(e serviceEntry) {
 	}
 	var addrs []string
 	for _, ip := range e.addrs {
-		if ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast() {
+		a, ok := netip.AddrFromSlice(ip)
+		if !ok || !onLAN(a) || len(addrs) == maxAddrsPerInstance {
 			continue
 		}
-		addrs = append(addrs, net.JoinHostPort(ip.String(), strconv.Itoa(e.port)))
+		addrs = append(addrs, net.JoinHostPort(a.Unmap().String(), strconv.Itoa(e.port)))
 	}
 	if len(addrs) == 0 {
-		drop("no_address", errors.New("no usable address"))
+		drop(reasonNotLAN, fmt.Errorf("no address in the LAN's ranges among %v", e.addrs))
 		return
 	}
 	for _, a := range addrs {
+		if !d.cands.known(a) && d.cands.fullFor(SourceMDNS) {
+			d.mdnsDrop(reasonCandidatesFull, a)
+			continue
+		}
 		if d.cands.add(a, SourceMDNS, 3*d.cfg.BrowseInterval) {
 			d.metrics.found.WithLabelValues(string(SourceMDNS)).Inc()
 			d.log.Debug("mDNS candidate", "addr", a, "cluster", adv.clusterID)

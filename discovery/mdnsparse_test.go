@@ -3,6 +3,7 @@ package discovery
 import (
 	"encoding/binary"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -44,7 +45,7 @@ func TestUnpackResponseSkipsWhatStrictParsingRefuses(t *testing.T) {
 		t.Fatal("response refused")
 	}
 	st := newBrowseState("_flotilla._udp.local.")
-	st.add(rrs)
+	st.add(netip.MustParseAddr("192.168.1.2"), rrs)
 	ready := st.ready()
 	if len(ready) != 1 || ready[0].port != 7946 || !ready[0].addrs[0].Equal(net.IPv4(198, 18, 1, 9)) || len(ready[0].txt) != 2 {
 		t.Fatalf("instance not assembled from the lenient parse: %+v", ready)
@@ -57,7 +58,7 @@ func FuzzUnpackResponse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rrs, _ := unpackResponse(b)
 		st := newBrowseState("_flotilla._udp.local.")
-		st.add(rrs)
+		st.add(netip.MustParseAddr("192.168.1.2"), rrs)
 		st.ready()
 	})
 }

@@ -24,9 +24,12 @@ type metrics struct {
 	// Times this member re-announced itself alive because a prober
 	// told it it was suspected (notice.go).
 	refutations prometheus.Counter
-	members     *prometheus.Desc
-	candidates  *prometheus.Desc
-	d           *Discovery
+	// Gossip streams refused at accept or cut at their read cap, by
+	// reason (streamgate.go).
+	streamsLimited *prometheus.CounterVec
+	members        *prometheus.Desc
+	candidates     *prometheus.Desc
+	d              *Discovery
 }
 
 func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
@@ -76,16 +79,23 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 			Name: "flotilla_discovery_suspicion_refutations_total",
 			Help: "Times this member, told by a member whose probe of it failed, announced itself alive again.",
 		}),
+		streamsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "flotilla_discovery_gossip_streams_limited_total",
+			Help: "Gossip streams (TCP) refused before memberlist read them, or cut at their read cap, by reason (busy, source_busy, source_rate, oversized).",
+		}, []string{"reason"}),
 		members: prometheus.NewDesc("flotilla_discovery_members",
 			"Other clusters known, by state (alive, failed, left).", []string{"state"}, nil),
 		candidates: prometheus.NewDesc("flotilla_discovery_candidates",
 			"Join candidates currently known, by source.", []string{"source"}, nil),
 	}
+	for _, r := range []string{StreamBusy, StreamSourceBusy, StreamSourceRate, StreamOversized} {
+		m.streamsLimited.WithLabelValues(r)
+	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced,
-		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m} {
+		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m.streamsLimited, m} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

@@ -38,6 +38,9 @@ type transport struct {
 	tcp  *net.TCPListener
 	port int
 	log  *slog.Logger
+	// gate bounds the streams other hosts open; nil admits every one
+	// (benchmarks of memberlist itself).
+	gate *streamGate
 
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -49,8 +52,8 @@ type transport struct {
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
 
 // newTransport listens on addr, TCP and UDP on one port. Port 0 picks a
-// port free for both.
-func newTransport(addr netip.AddrPort, log *slog.Logger) (*transport, error) {
+// port free for both. gate, when set, admits the streams.
+func newTransport(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*transport, error) {
 	var lastErr error
 	// With port 0 the kernel picks a TCP port, and that port may be taken
 	// for UDP: try a few.
@@ -59,7 +62,7 @@ func newTransport(addr netip.AddrPort, log *slog.Logger) (*transport, error) {
 		tries = 10
 	}
 	for range tries {
-		t, err := listen(addr, log)
+		t, err := listen(addr, log, gate)
 		if err == nil {
 			return t, nil
 		}
@@ -68,7 +71,7 @@ func newTransport(addr netip.AddrPort, log *slog.Logger) (*transport, error) {
 	return nil, lastErr
 }
 
-func listen(addr netip.AddrPort, log *slog.Logger) (*transport, error) {
+func listen(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*transport, error) {
 	tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
 	if err != nil {
 		return nil, fmt.Errorf("listen for gossip streams on tcp %s: %w", addr, err)
@@ -89,6 +92,7 @@ func listen(addr netip.AddrPort, log *slog.Logger) (*transport, error) {
 		tcp:     tcp,
 		port:    port,
 		log:     log,
+		gate:    gate,
 		packets: make(chan *memberlist.Packet),
 		streams: make(chan net.Conn),
 		done:    make(chan struct{}),
@@ -226,7 +230,7 @@ func exactCopy(b []byte) []byte {
 	return c
 }
 
-// acceptStreams hands every TCP connection to memberlist.
+// acceptStreams hands every TCP connection the gate admits to memberlist.
 func (t *transport) acceptStreams() {
 	defer t.wg.Done()
 	var delay time.Duration
@@ -248,10 +252,16 @@ func (t *transport) acceptStreams() {
 			continue
 		}
 		delay = 0
+		var conn net.Conn = c
+		if t.gate != nil {
+			if conn = t.gate.admit(c); conn == nil {
+				continue
+			}
+		}
 		select {
-		case t.streams <- c:
+		case t.streams <- conn:
 		case <-t.done:
-			_ = c.Close()
+			_ = conn.Close()
 			return
 		}
 	}

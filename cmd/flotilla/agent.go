@@ -77,9 +77,14 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Var(nodeAddr, "node-address", "address this cluster's API server reaches the agent at, for the virtual nodes' kubelet API and the placement webhook (default: $POD_IP, else --advertise-addr)")
 	fs.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of the kubelet API the virtual nodes serve (kubectl logs and exec on offloaded pods)")
 	fs.IntVar(&cfg.WebhookPort, "webhook-port", cfg.WebhookPort, "port of the placement webhook (pods of offloaded namespaces)")
+	fs.StringVar(&cfg.WebhookClientCA, "webhook-client-ca", "", "PEM file of the CA that signs the client certificate the API server presents to admission webhooks (AdmissionConfiguration); when set, the placement webhook answers no other client")
+	webhookNames := fs.String("webhook-client-names", "", "comma-separated common names of the client certificates --webhook-client-ca signs that the placement webhook accepts (default: any)")
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *webhookNames != "" {
+		cfg.WebhookClientNames = strings.Split(*webhookNames, ",")
 	}
 	if cfg.Profiling {
 		// A heap sample every 16 KiB allocated (default 512 KiB): fine

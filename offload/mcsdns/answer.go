@@ -82,6 +82,11 @@ func (t *table) answer(req, resp *dns.Msg) {
 	if !exists {
 		resp.Rcode = dns.RcodeNameError
 	}
+	if len(rrs) > 0 && q.Qtype == dns.TypeANY {
+		// RFC 8482: one synthesized record instead of every record of
+		// the name, so that ANY is no amplifier.
+		rrs = []dns.RR{&dns.HINFO{Hdr: header(q.Name, dns.TypeHINFO), Cpu: "RFC8482"}}
+	}
 	resp.Answer = rrs
 	if len(rrs) == 0 {
 		resp.Ns = []dns.RR{t.soa()}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -154,6 +155,13 @@ func TestAnswers(t *testing.T) {
 		{"other.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError, nil},
 		{"svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess, nil},
 		{"dns-version.clusterset.local.", dns.TypeTXT, dns.RcodeSuccess, []string{`TXT "1.0.0"`}},
+		// ANY gets one synthesized record where the name has records
+		// (RFC 8482), never all of them.
+		{"db.shop.svc.clusterset.local.", dns.TypeANY, dns.RcodeSuccess, []string{`HINFO "RFC8482" ""`}},
+		{"_db._tcp.db.shop.svc.clusterset.local.", dns.TypeANY, dns.RcodeSuccess, []string{`HINFO "RFC8482" ""`}},
+		{"clusterset.local.", dns.TypeANY, dns.RcodeSuccess, []string{`HINFO "RFC8482" ""`}},
+		{"shop.svc.clusterset.local.", dns.TypeANY, dns.RcodeSuccess, nil},
+		{"nope.shop.svc.clusterset.local.", dns.TypeANY, dns.RcodeNameError, nil},
 		{"web.shop.svc.cluster.local.", dns.TypeA, dns.RcodeRefused, nil},
 		{"example.com.", dns.TypeA, dns.RcodeRefused, nil},
 	} {
@@ -334,10 +342,11 @@ type recorder struct {
 func (r *recorder) RemoteAddr() net.Addr      { return r.remote }
 func (r *recorder) WriteMsg(m *dns.Msg) error { r.msg = m; return nil }
 
-// Over UDP an answer larger than the client's size is truncated (TC), so
-// that the client asks again over TCP; over TCP, or with room, it is whole.
+// Over UDP an answer larger than the client's size, or than 1232 bytes
+// whatever the client offers, is truncated (TC), so that the client asks
+// again over TCP; over TCP, or with room, it is whole.
 func TestUDPTruncation(t *testing.T) {
-	s := &Server{zone: newTable(1), synced: make(chan struct{}), queries: newQueriesMetric()}
+	s := &Server{zone: newTable(1), synced: make(chan struct{}), queries: newQueriesMetric(), truncated: newTruncatedMetric()}
 	close(s.synced)
 	var eps []endpoint
 	for i := range 40 {
@@ -347,18 +356,27 @@ func TestUDPTruncation(t *testing.T) {
 		importedSlice("shop", "db", "db-a", clusterA, discoveryv1.AddressTypeIPv4, eps...)}))
 	udp := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5353}
 	tcp := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5353}
+	const srv, host = "_db._tcp.db.shop.svc.clusterset.local.", "db.shop.svc.clusterset.local."
 	for _, tc := range []struct {
-		what      string
-		remote    net.Addr
-		edns      uint16
-		truncated bool
+		what    string
+		qname   string
+		remote  net.Addr
+		edns    uint16
+		limit   int // the most bytes sent, when truncated
+		records int // in the answer, when whole
 	}{
-		{"UDP, no EDNS0", udp, 0, true},
-		{"UDP, EDNS0 65000", udp, 65000, false},
-		{"TCP", tcp, 0, false},
+		{"UDP, no EDNS0", srv, udp, 0, dns.MinMsgSize, 0},
+		{"UDP, EDNS0 1000", srv, udp, 1000, 1000, 0},
+		{"UDP, EDNS0 65000", srv, udp, 65000, maxUDPAnswer, 0},
+		{"UDP, EDNS0 65000, a small answer", host, udp, 65000, 0, 40},
+		{"TCP", srv, tcp, 0, 0, 40},
 	} {
+		before := testutil.ToFloat64(s.truncated)
 		req := new(dns.Msg)
-		req.SetQuestion("_db._tcp.db.shop.svc.clusterset.local.", dns.TypeSRV)
+		req.SetQuestion(tc.qname, dns.TypeSRV)
+		if tc.qname == host {
+			req.Question[0].Qtype = dns.TypeA
+		}
 		if tc.edns != 0 {
 			req.SetEdns0(tc.edns, false)
 		}
@@ -368,14 +386,18 @@ func TestUDPTruncation(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.what, err)
 		}
-		if w.msg.Truncated != tc.truncated {
-			t.Errorf("%s: TC %v, want %v", tc.what, w.msg.Truncated, tc.truncated)
+		truncated := tc.limit != 0
+		if w.msg.Truncated != truncated {
+			t.Errorf("%s: TC %v, want %v", tc.what, w.msg.Truncated, truncated)
 		}
-		if tc.truncated && len(raw) > dns.MinMsgSize {
-			t.Errorf("%s: %d bytes, more than %d", tc.what, len(raw), dns.MinMsgSize)
+		if counted := testutil.ToFloat64(s.truncated) - before; counted != map[bool]float64{true: 1}[truncated] {
+			t.Errorf("%s: %v truncations counted", tc.what, counted)
 		}
-		if !tc.truncated && len(w.msg.Answer) != 40 {
-			t.Errorf("%s: %d SRV records, want 40", tc.what, len(w.msg.Answer))
+		if truncated && len(raw) > tc.limit {
+			t.Errorf("%s: %d bytes, more than %d", tc.what, len(raw), tc.limit)
+		}
+		if !truncated && len(w.msg.Answer) != tc.records {
+			t.Errorf("%s: %d records, want %d", tc.what, len(w.msg.Answer), tc.records)
 		}
 	}
 }

@@ -23,6 +23,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// maxUDPAnswer is the largest answer sent over UDP, whatever size the
+// client's EDNS0 offers: 1232 bytes fit every path without IP
+// fragmentation (DNS Flag Day 2020), so a spoofed query cannot make the
+// server send large fragmented answers to its victim. Larger answers are
+// truncated (TC) and the client asks again over TCP.
+const maxUDPAnswer = 1232
+
 // DefaultPort is where the agent answers the zone (--clusterset-dns-port):
 // not 53, which the node's own resolver may hold, the agent being in the
 // host network.
@@ -52,6 +59,8 @@ type Server struct {
 	tcp     net.Listener
 	synced  chan struct{}
 	queries *prometheus.CounterVec
+	// truncated counts UDP answers cut to fit (TC set).
+	truncated prometheus.Counter
 	// loop rebuilds the records of one Service at a time from imported,
 	// the cache watch starts before the loop's workers.
 	loop     *ctrl.Controller[string]
@@ -77,8 +86,8 @@ func New(cfg Config) (*Server, error) {
 		zone:   newTable(uint32(time.Now().Unix())),
 		synced: make(chan struct{}),
 	}
-	s.queries = newQueriesMetric()
-	if err := ctrl.Register(cfg.Metrics, s.queries); err != nil {
+	s.queries, s.truncated = newQueriesMetric(), newTruncatedMetric()
+	if err := ctrl.Register(cfg.Metrics, s.queries, s.truncated); err != nil {
 		return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
 	}
 	var err error
@@ -182,11 +191,10 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	s.queries.WithLabelValues(qtype, dns.RcodeToString[resp.Rcode]).Inc()
 	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
-		size := dns.MinMsgSize
-		if opt := req.IsEdns0(); opt != nil {
-			size = max(int(opt.UDPSize()), dns.MinMsgSize)
+		resp.Truncate(udpAnswerSize(req))
+		if resp.Truncated {
+			s.truncated.Inc()
 		}
-		resp.Truncate(size)
 	}
 	if err := w.WriteMsg(resp); err != nil {
 		s.log.Debug("write answer", "client", w.RemoteAddr().String(), "err", err)
@@ -214,9 +222,19 @@ func (s *Server) respond(req *dns.Msg) *dns.Msg {
 	}
 	resp.RecursionAvailable = false
 	if opt := req.IsEdns0(); opt != nil {
-		resp.SetEdns0(dns.DefaultMsgSize, false)
+		resp.SetEdns0(maxUDPAnswer, false)
 	}
 	return resp
+}
+
+// udpAnswerSize is the most bytes an answer to req may take over UDP:
+// the client's EDNS0 size (512 without EDNS0), at most maxUDPAnswer.
+func udpAnswerSize(req *dns.Msg) int {
+	size := dns.MinMsgSize
+	if opt := req.IsEdns0(); opt != nil {
+		size = max(int(opt.UDPSize()), dns.MinMsgSize)
+	}
+	return min(size, maxUDPAnswer)
 }
 
 func newQueriesMetric() *prometheus.CounterVec {
@@ -224,6 +242,13 @@ func newQueriesMetric() *prometheus.CounterVec {
 		Name: "flotilla_clusterset_dns_queries_total",
 		Help: "Queries the clusterset.local DNS server answered, by query type (A, AAAA, SRV, TXT, SOA, NS, PTR, ANY, other) and response code.",
 	}, []string{"type", "rcode"})
+}
+
+func newTruncatedMetric() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "flotilla_clusterset_dns_truncated_total",
+		Help: "UDP answers truncated (TC set) to the client's EDNS0 size, at most 1232 bytes; the client asks again over TCP.",
+	})
 }
 
 // typeLabel bounds the metric's type label to the types the zone has.

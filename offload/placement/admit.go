@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -17,9 +19,33 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 )
 
-// maxReviewBytes bounds an AdmissionReview's body: the API server's own
-// limit on a request is 3 MiB, and the review wraps the pod once.
-const maxReviewBytes = 8 << 20
+// Bounds of what the webhook reads: together at most
+// maxConcurrentReviews × maxReviewBytes (16 MiB) of bodies in memory,
+// whoever sends them.
+const (
+	// maxReviewBytes bounds an AdmissionReview's body: the API server's
+	// own limit on a request is 3 MiB, and the review wraps the pod once.
+	maxReviewBytes = 4 << 20
+	// maxConcurrentReviews bounds the reviews read and answered at
+	// once; placement answers from memory in well under a millisecond.
+	maxConcurrentReviews = 4
+	// slotWait is how long a request waits for a slot before it is
+	// refused (429): well within the API server's placementTimeout.
+	slotWait = 2 * time.Second
+	// offloadWait is how long a review waits for the cache to show the
+	// NamespaceOffload of a namespace labelled offloaded (the label and
+	// the object may reach the webhook in either order); the webhook
+	// never asks the API server per request.
+	offloadWait = time.Second
+)
+
+// Reasons of flotilla_webhook_requests_limited_total.
+const (
+	limitTooLarge         = "too_large"
+	limitBusy             = "busy"
+	limitNoClientCert     = "no_client_certificate"
+	limitClientNotAllowed = "client_not_allowed"
+)
 
 // ServeHTTP answers the API server's AdmissionReviews (v1).
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
@@ -27,7 +53,32 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "POST an AdmissionReview (admission.k8s.io/v1)", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, maxReviewBytes))
+	if code, reason, msg := w.admitClient(r); code != 0 {
+		w.refuse(rw, code, reason, msg)
+		return
+	}
+	if r.ContentLength > maxReviewBytes {
+		w.refuse(rw, http.StatusRequestEntityTooLarge, limitTooLarge, fmt.Sprintf("a body of %d bytes, at most %d", r.ContentLength, maxReviewBytes))
+		return
+	}
+	wait := time.NewTimer(slotWait)
+	select {
+	case w.slots <- struct{}{}:
+		wait.Stop()
+		defer func() { <-w.slots }()
+	case <-wait.C:
+		w.refuse(rw, http.StatusTooManyRequests, limitBusy, fmt.Sprintf("%d reviews under way; try again", maxConcurrentReviews))
+		return
+	case <-r.Context().Done():
+		wait.Stop()
+		return
+	}
+	body, err := readBody(rw, r)
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		w.refuse(rw, http.StatusRequestEntityTooLarge, limitTooLarge, fmt.Sprintf("a body of more than %d bytes", maxReviewBytes))
+		return
+	}
 	var review admissionv1.AdmissionReview
 	if err == nil {
 		err = json.Unmarshal(body, &review)
@@ -52,6 +103,61 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.Header().Set("Content-Type", "application/json")
 	rw.Write(out)
+}
+
+// readBody reads the review, at most maxReviewBytes, into a buffer of
+// the size the client announced (io.ReadAll would double it as it
+// grows).
+func readBody(rw http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(rw, r.Body, maxReviewBytes)
+	if r.ContentLength <= 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, fmt.Errorf("read %d bytes: %w", r.ContentLength, err)
+	}
+	return buf, nil
+}
+
+// admitClient checks the client's certificate when the webhook requires
+// one; a non-zero code refuses the request.
+func (w *Webhook) admitClient(r *http.Request) (code int, reason, msg string) {
+	if w.clients == nil {
+		return 0, "", ""
+	}
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		return http.StatusUnauthorized, limitNoClientCert, "a client certificate is required (the API server's, configured with an AdmissionConfiguration)"
+	}
+	cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
+	if len(w.cfg.ClientNames) > 0 && !slices.Contains(w.cfg.ClientNames, cn) {
+		return http.StatusForbidden, limitClientNotAllowed, fmt.Sprintf("client certificate %q is not one of %v", cn, w.cfg.ClientNames)
+	}
+	return 0, "", ""
+}
+
+// refuse answers a request refused before its review was read, counts
+// it and logs it at most once a minute per reason.
+func (w *Webhook) refuse(rw http.ResponseWriter, code int, reason, msg string) {
+	w.limited.WithLabelValues(reason).Inc()
+	if w.logRefusal(reason) {
+		w.log.Warn("placement webhook request refused (logged once a minute per reason; flotilla_webhook_requests_limited_total counts them)", "reason", reason, "detail", msg)
+	}
+	rw.Header().Set("Connection", "close")
+	http.Error(rw, "placement webhook: "+msg, code)
+}
+
+// logRefusal says whether a refusal for reason is to be logged: the first
+// one, then one a minute.
+func (w *Webhook) logRefusal(reason string) bool {
+	now := time.Now()
+	w.refusedMu.Lock()
+	defer w.refusedMu.Unlock()
+	if last, ok := w.refusedAt[reason]; ok && now.Sub(last) < time.Minute {
+		return false
+	}
+	w.refusedAt[reason] = now
+	return true
 }
 
 // podName names the pod of req in logs (a pod being created may only
@@ -108,26 +214,35 @@ func denied(code int32, reason metav1.StatusReason, message string) *admissionv1
 	}}
 }
 
+// actingOffload is the acting NamespaceOffload of ns in the cache. The
+// namespace is labelled offloaded (or it would not be sent here)
+// because a NamespaceOffload is in it, which the cache may not show yet:
+// it is read again for up to offloadWait, never from the API server.
+func (w *Webhook) actingOffload(ctx context.Context, ns string) (*v1alpha1.NamespaceOffload, error) {
+	deadline := time.Now().Add(offloadWait)
+	for {
+		var offloads v1alpha1.NamespaceOffloadList
+		if err := w.cache.List(ctx, &offloads, client.InNamespace(ns)); err != nil {
+			return nil, fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
+		}
+		if o := offload.ActingOffload(offloads.Items); o != nil || !time.Now().Before(deadline) {
+			return o, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // input gathers what placement needs from the watches: the acting
 // NamespaceOffload of ns, the Nodes and the Peers' labels.
 func (w *Webhook) input(ctx context.Context, ns string, pod *corev1.Pod) (placementInput, error) {
 	in := placementInput{pod: pod, namespace: ns}
-	var offloads v1alpha1.NamespaceOffloadList
-	if err := w.cache.List(ctx, &offloads, client.InNamespace(ns)); err != nil {
-		return in, fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
-	}
-	in.offload = offload.ActingOffload(offloads.Items)
-	if in.offload == nil {
-		// The namespace is labelled offloaded (or it would not be sent
-		// here) because a NamespaceOffload is in it: this cache may not
-		// have seen it yet.
-		if err := w.live.List(ctx, &offloads, client.InNamespace(ns)); err != nil {
-			return in, fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
-		}
-		in.offload = offload.ActingOffload(offloads.Items)
-	}
-	if in.offload == nil {
-		return in, nil
+	var err error
+	if in.offload, err = w.actingOffload(ctx, ns); err != nil || in.offload == nil {
+		return in, err
 	}
 	nodes := metadataListOf(nodeGVK)
 	if err := w.cache.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {

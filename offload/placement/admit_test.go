@@ -73,3 +73,80 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// What the webhook would buffer is bounded before it reads a review: a
+// body announced too large is refused unread, one that turns out too
+// large is refused at the cap, and a request finding every slot taken
+// is refused once it waited its turn.
+func TestPlacementWebhookBoundsRequests(t *testing.T) {
+	const eight = 8 << 20
+	for _, tc := range []struct {
+		name     string
+		size     int64 // announced; -1 for unknown (chunked)
+		busy     bool
+		code     int
+		reason   string
+		readMost int64
+	}{
+		{"announced too large", eight, false, http.StatusRequestEntityTooLarge, limitTooLarge, 0},
+		{"too large, length unknown", -1, false, http.StatusRequestEntityTooLarge, limitTooLarge, maxReviewBytes + 1},
+		{"every slot taken", 100, true, http.StatusTooManyRequests, limitBusy, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := NewWebhook(WebhookConfig{
+				Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.busy {
+				for range maxConcurrentReviews {
+					w.slots <- struct{}{}
+				}
+			}
+			body := &sizedBody{left: eight}
+			req := httptest.NewRequest(http.MethodPost, placementPath, body)
+			req.ContentLength = tc.size
+			rec := httptest.NewRecorder()
+			w.ServeHTTP(rec, req)
+			if rec.Code != tc.code {
+				t.Errorf("%d, want %d", rec.Code, tc.code)
+			}
+			if got := testutil.ToFloat64(w.limited.WithLabelValues(tc.reason)); got != 1 {
+				t.Errorf("%s counted %v times, want 1", tc.reason, got)
+			}
+			if body.read > tc.readMost {
+				t.Errorf("%d bytes of the body read, at most %d wanted", body.read, tc.readMost)
+			}
+		})
+	}
+}
+
+// A client certificate required, a webhook built without a usable CA is
+// refused before it starts.
+func TestPlacementWebhookClientCAChecked(t *testing.T) {
+	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
+	for name, c := range map[string]WebhookConfig{
+		"no PEM in the CA bundle": {ClientCA: []byte("not a certificate")},
+		"names without a CA":      {ClientNames: []string{"kube-apiserver"}},
+	} {
+		c.Config, c.Address, c.AgentNamespace = cfg, mustAddr("127.0.0.1"), "x"
+		if _, err := NewWebhook(c); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// sizedBody is a body of left bytes that counts what was read.
+type sizedBody struct{ left, read int64 }
+
+func (b *sizedBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), b.left)
+	b.left -= n
+	b.read += n
+	return int(n), nil
+}

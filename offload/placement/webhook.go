@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +60,13 @@ type WebhookConfig struct {
 	// Shared, when set, is where NamespaceOffloads are read from (the
 	// agent's SharedCache) instead of an informer of the webhook's own.
 	Shared *offload.SharedCache
+	// ClientCA, when set, is a PEM bundle: the webhook then answers only
+	// clients presenting a certificate one of its CAs signed (the API
+	// server, configured with an AdmissionConfiguration to present one).
+	ClientCA []byte
+	// ClientNames, when set with ClientCA, are the common names of the
+	// client certificates accepted; empty accepts any the CAs signed.
+	ClientNames []string
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -76,11 +84,18 @@ type Webhook struct {
 	kube     kubernetes.Interface
 	meta     metadata.Interface
 	cache    cache.Cache
-	live     client.Reader // uncached: a NamespaceOffload the cache has not seen yet
 	requests *prometheus.CounterVec
-	certs    *certs.CAStore
-	changed  chan struct{} // the configuration changed on the API server
-	server   *certs.Server
+	// limited counts requests refused before placement: too large, too
+	// many at once, without an accepted client certificate.
+	limited *prometheus.CounterVec
+	// slots bounds the reviews read and answered at once.
+	slots     chan struct{}
+	clients   *x509.CertPool // nil: no client certificate required
+	refusedMu sync.Mutex
+	refusedAt map[string]time.Time // by reason: the last refusal logged
+	certs     *certs.CAStore
+	changed   chan struct{} // the configuration changed on the API server
+	server    *certs.Server
 
 	// Owned by the server's goroutine (its Start and Renew).
 	applied []byte // the caBundle last applied
@@ -134,6 +149,15 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		hosts:   []string{cfg.Address.String()},
 		changed: make(chan struct{}, 1),
 	}
+	w.slots, w.refusedAt = make(chan struct{}, maxConcurrentReviews), map[string]time.Time{}
+	if len(cfg.ClientCA) > 0 {
+		w.clients = x509.NewCertPool()
+		if !w.clients.AppendCertsFromPEM(cfg.ClientCA) {
+			return nil, errors.New("placement webhook: the client CA bundle holds no PEM certificate")
+		}
+	} else if len(cfg.ClientNames) > 0 {
+		return nil, errors.New("placement webhook: client names without a client CA: set the CA that signs the API server's client certificate")
+	}
 	if cfg.URL != "" {
 		u, err := url.Parse(cfg.URL)
 		if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
@@ -173,9 +197,6 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		return nil, fmt.Errorf("placement webhook: cache: %w", err)
 	}
 	w.cache = offload.WithShared(w.cache, cfg.Shared, offload.SharedNamespaceOffloads)
-	if w.live, err = client.New(cfg.Config, client.Options{Scheme: scheme, Mapper: mapper}); err != nil {
-		return nil, fmt.Errorf("placement webhook: client: %w", err)
-	}
 	w.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "flotilla_webhook_requests_total",
 		Help: "Pod admissions the placement webhook answered, by result: mutated, admitted (unchanged), refused, error.",
@@ -183,7 +204,14 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	for _, r := range []string{resultMutated, resultAdmitted, resultRefused, resultError} {
 		w.requests.WithLabelValues(r)
 	}
-	if err := ctrl.Register(cfg.Metrics, w.requests, w.certs); err != nil {
+	w.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_webhook_requests_limited_total",
+		Help: "Requests the placement webhook refused before reading a review, by reason: too_large, busy, no_client_certificate, client_not_allowed.",
+	}, []string{"reason"})
+	for _, r := range []string{limitTooLarge, limitBusy, limitNoClientCert, limitClientNotAllowed} {
+		w.limited.WithLabelValues(r)
+	}
+	if err := ctrl.Register(cfg.Metrics, w.requests, w.limited, w.certs); err != nil {
 		return nil, fmt.Errorf("placement webhook: metrics: %w", err)
 	}
 	return w, nil
@@ -265,13 +293,23 @@ func (w *Webhook) Run(ctx context.Context) error {
 	// configuration.
 	mux := http.NewServeMux()
 	mux.Handle(placementPath, w)
+	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
+	if w.clients != nil {
+		// Verified if given; a request without one is refused by
+		// ServeHTTP, where it is counted.
+		tlsConfig.ClientAuth, tlsConfig.ClientCAs = tls.VerifyClientCertIfGiven, w.clients
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
+		// A review is read and answered in well under a second; a
+		// client that trickles its body loses its slot.
+		ReadTimeout:    30 * time.Second,
+		MaxHeaderBytes: 64 << 10,
 		// Handshakes that fail (a scanner, an API server with an old
 		// bundle) are not the agent's errors.
 		ErrorLog:  slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
-		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSConfig: tlsConfig,
 	}
 	served := make(chan error, 1)
 	wg.Go(func() { served <- w.server.Serve(ctx, srv) })

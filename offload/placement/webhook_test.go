@@ -3,18 +3,25 @@ package placement
 import (
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
+	"runtime"
+	rtmetrics "runtime/metrics"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -141,8 +148,11 @@ func (r *logRecorder) admissions(ns string) []string {
 // returned stop is called (or the test ends).
 func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop func()) {
 	t.Helper()
+	// The harness's API servers present a client certificate to
+	// webhooks: the webhook requires it, as an operator configures it.
 	cfg := WebhookConfig{
 		Config: e.cp.Config, Address: e.addr, Port: e.port, AgentNamespace: e.agentNS,
+		ClientCA: e.cp.CA(), ClientNames: []string{harness.WebhookClientName},
 		Shared:  offloadtest.StartSharedCache(t, e.cp.Config, nil),
 		Logger:  slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: e.registry,
@@ -162,6 +172,7 @@ func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop fun
 		once.Do(func() {
 			run()
 			e.registry.Unregister(w.requests)
+			e.registry.Unregister(w.limited)
 			e.registry.Unregister(w.certs)
 		})
 	}
@@ -425,6 +436,106 @@ func TestPlacementWebhook(t *testing.T) {
 		}
 	})
 
+	// Every admission above came from the API server with its client
+	// certificate (the positive witness); a stranger without one, and
+	// the cluster's admin with its own (signed by the same CA), are
+	// refused before the webhook reads their review.
+	t.Run("OnlyTheAPIServerIsAnswered", func(t *testing.T) {
+		admin, err := tls.X509KeyPair(e.cp.Config.CertData, e.cp.Config.KeyData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			who    string
+			certs  []tls.Certificate
+			code   int
+			reason string
+		}{
+			{"a stranger without a certificate", nil, http.StatusUnauthorized, limitNoClientCert},
+			{"the admin's certificate", []tls.Certificate{admin}, http.StatusForbidden, limitClientNotAllowed},
+		} {
+			before := e.limited(t, tc.reason)
+			code, _ := e.post(t, tc.certs, bytes.NewReader([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)), -1)
+			t.Logf("%s: %d", tc.who, code)
+			if code != tc.code {
+				t.Errorf("%s: %d, want %d", tc.who, code, tc.code)
+			}
+			if got := e.limited(t, tc.reason) - before; got != 1 {
+				t.Errorf("%s: %v refusals counted for %s, want 1", tc.who, got, tc.reason)
+			}
+		}
+	})
+
+	// A thousand reviews of 8 MiB each from a stranger: each refused
+	// without its body being read, the heap grows by less than
+	// floodHeapLimit, and the API server's admissions still place pods.
+	t.Run("AFloodOfLargeReviewsIsRefused", func(t *testing.T) {
+		const (
+			requests, size, workers = 1000, 8 << 20, 8
+			// floodHeapLimit is half the agent's memory limit (128 MiB
+			// in deploy/deployment.yaml).
+			floodHeapLimit = 64 << 20
+		)
+		before := e.limited(t, limitNoClientCert)
+		runtime.GC()
+		base := heapBytes()
+		var peak atomic.Uint64
+		stop := make(chan struct{})
+		var sampler sync.WaitGroup
+		sampler.Go(func() {
+			for {
+				peak.Store(max(peak.Load(), heapBytes()))
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		})
+		var flood sync.WaitGroup
+		work := make(chan struct{})
+		var wrong, whole atomic.Int64
+		for range workers {
+			flood.Go(func() {
+				for range work {
+					body := &countingReader{left: size}
+					code, err := e.post(t, nil, body, size)
+					switch {
+					case err != nil:
+						wrong.Add(1)
+					case code != http.StatusUnauthorized:
+						wrong.Add(1)
+					}
+					if body.read.Load() == size {
+						whole.Add(1)
+					}
+				}
+			})
+		}
+		for range requests {
+			work <- struct{}{}
+		}
+		close(work)
+		flood.Wait()
+		close(stop)
+		sampler.Wait()
+		if n := wrong.Load(); n != 0 {
+			t.Errorf("%d of %d requests not refused with 401", n, requests)
+		}
+		if n := whole.Load(); n != 0 {
+			t.Errorf("%d of %d requests had their whole 8 MiB read", n, requests)
+		}
+		if got := e.limited(t, limitNoClientCert) - before; got != requests {
+			t.Errorf("%v refusals counted, want %d", got, requests)
+		}
+		grew := int64(peak.Load()) - int64(base)
+		t.Logf("heap in use grew by at most %.1f MiB during the flood", float64(grew)/(1<<20))
+		if grew > floodHeapLimit {
+			t.Errorf("heap in use grew by %d MiB during the flood, limit %d MiB", grew>>20, floodHeapLimit>>20)
+		}
+		e.waitActive(t, "remote")
+	})
+
 	t.Run("ReadyWithItsCertificates", func(t *testing.T) {
 		if err := e.webhook.Ready(); err != nil {
 			t.Errorf("Ready while it admits pods: %v", err)
@@ -539,6 +650,62 @@ func (e *placementEnv) waitAdmittedUnplaced(t *testing.T, ns string) {
 		}
 		return nil
 	})
+}
+
+// post sends body (of length size, -1 for unknown) to the webhook as a
+// client holding certs, trusting the webhook's CA; it returns the status
+// code.
+func (e *placementEnv) post(t *testing.T, certs []tls.Certificate, body io.Reader, size int64) (int, error) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.bundle(t))
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs}, ForceAttemptHTTP2: true,
+	}}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.webhook.url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, nil
+}
+
+func (e *placementEnv) limited(t *testing.T, reason string) float64 {
+	t.Helper()
+	return testutil.ToFloat64(e.webhook.limited.WithLabelValues(reason))
+}
+
+// countingReader is a body of left bytes that counts what was read.
+type countingReader struct {
+	left int64
+	read atomic.Int64
+}
+
+func (r *countingReader) Read(b []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	n := min(int64(len(b)), r.left)
+	clear(b[:n])
+	r.left -= n
+	r.read.Add(n)
+	return int(n), nil
+}
+
+// heapBytes is the memory the heap's objects occupy, live or not yet
+// collected.
+func heapBytes() uint64 {
+	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 func (e *placementEnv) bundle(t *testing.T) []byte {

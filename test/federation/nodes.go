@@ -268,7 +268,8 @@ func writeKustomization(t harness.TB, env *harness.Env, c *NodeCluster, s agentS
 	}
 	name, version, _ := strings.Cut(s.image, ":")
 	files := map[string]string{
-		"token": s.token,
+		"token":                 s.token,
+		"webhook-client-ca.crt": string(c.CP.CA()),
 		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -284,6 +285,13 @@ secretGenerator:
   - token
   options:
     disableNameSuffixHash: true
+configMapGenerator:
+- name: flotilla-webhook-client-ca
+  namespace: flotilla-system
+  files:
+  - ca.crt=webhook-client-ca.crt
+  options:
+    disableNameSuffixHash: true
 patches:
 - path: agent.yaml
 `, base, name, version),
@@ -296,7 +304,10 @@ patches:
 		//   - the state directory: /var/lib/flotilla would be one
 		//     directory for every gateway node of this machine;
 		//   - the WireGuard interface: wireguard-go's control socket in
-		//     /run/wireguard is host-wide, so its name must be unique.
+		//     /run/wireguard is host-wide, so its name must be unique;
+		//   - the placement webhook answers only the API server's client
+		//     certificate (harness.WebhookClientName), as docs/offload.md
+		//     recommends.
 		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -317,6 +328,8 @@ spec:
         - --advertise-addr=%s
         - --wireguard-interface=%s
         - --federation-key-file=/etc/flotilla/token
+        - --webhook-client-ca=/etc/flotilla-webhook-client/ca.crt
+        - --webhook-client-names=%s
         - --fabric-owner=flotilla-agent%s
         env:
         - name: KUBERNETES_SERVICE_HOST
@@ -327,6 +340,9 @@ spec:
         - name: federation
           mountPath: /etc/flotilla
           readOnly: true
+        - name: webhook-client-ca
+          mountPath: /etc/flotilla-webhook-client
+          readOnly: true
       volumes:
       - name: state
         hostPath:
@@ -335,7 +351,10 @@ spec:
       - name: federation
         secret:
           secretName: flotilla-federation
-`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, extraArgs(s.args), c.CP.Addr.Port(), c.StateDir),
+      - name: webhook-client-ca
+        configMap:
+          name: flotilla-webhook-client-ca
+`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, harness.WebhookClientName, extraArgs(s.args), c.CP.Addr.Port(), c.StateDir),
 	}
 	for file, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {

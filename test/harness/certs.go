@@ -30,6 +30,10 @@ type pki struct {
 	// kubeletClientCert and kubeletClientKey are the API server's
 	// credentials towards kubelets (logs, exec, port-forward).
 	kubeletClientCert, kubeletClientKey string
+	// admissionConfig is the API server's AdmissionConfiguration: it
+	// presents the client certificate WebhookClientName to every
+	// admission webhook.
+	admissionConfig string
 
 	ca       *x509.Certificate
 	caSigner *ecdsa.PrivateKey
@@ -134,6 +138,9 @@ func newPKI(dir string, lanAddr netip.Addr) (*pki, error) {
 	if p.kubeletClientKey, err = p.write("apiserver-kubelet-client.key", kcKey); err != nil {
 		return nil, err
 	}
+	if p.admissionConfig, err = p.writeAdmissionConfig(); err != nil {
+		return nil, err
+	}
 	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -149,6 +156,51 @@ func newPKI(dir string, lanAddr netip.Addr) (*pki, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// WebhookClientName is the common name of the client certificate every
+// harness API server presents to admission webhooks, signed by its CA
+// (ControlPlane.CA).
+const WebhookClientName = "kube-apiserver-webhook-client"
+
+// writeAdmissionConfig writes the AdmissionConfiguration that has the API
+// server present a client certificate to every admission webhook, as an
+// operator configures it for webhooks that require one
+// (docs/offload.md shows the same files).
+func (p *pki) writeAdmissionConfig() (string, error) {
+	cert, key, err := p.issueClient(WebhookClientName)
+	if err != nil {
+		return "", err
+	}
+	certFile, err := p.write("webhook-client.crt", cert)
+	if err != nil {
+		return "", err
+	}
+	keyFile, err := p.write("webhook-client.key", key)
+	if err != nil {
+		return "", err
+	}
+	kubeconfig, err := p.write("webhook-client.kubeconfig", []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: %s
+    client-key: %s
+`, certFile, keyFile)))
+	if err != nil {
+		return "", err
+	}
+	var plugins string
+	for _, plugin := range []string{"ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"} {
+		plugins += fmt.Sprintf(`- name: %s
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: %s
+`, plugin, kubeconfig)
+	}
+	return p.write("admission.yaml", []byte("apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n"+plugins))
 }
 
 // issueClient issues a client certificate for user cn in groups.

@@ -247,6 +247,9 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		"--kubelet-preferred-address-types", "InternalIP,Hostname",
 		"--kubelet-client-certificate", p.kubeletClientCert, "--kubelet-client-key", p.kubeletClientKey,
 		"--egress-selector-config-file", egressConfig,
+		// Admission webhooks get a client certificate
+		// (WebhookClientName), so a webhook can require it.
+		"--admission-control-config-file", p.admissionConfig,
 		"--profiling=false",
 		"--cert-dir", filepath.Join(dir, "apiserver"),
 		"-v", "1",
