@@ -122,6 +122,9 @@ func (t *table) lookup(n name, qname string, qtype uint16) ([]dns.RR, bool) {
 	}
 	switch n.kind {
 	case nameService:
+		if qtype == dns.TypeSRV {
+			return srvRecords(qname, n.svc+"."+n.ns+"."+svcSuffix, s.bare), true
+		}
 		return addrRecords(qname, qtype, s.addrs), true
 	case nameMiddle:
 		// <clusterid>.<svc>... exists only for a headless Service's hosts:
@@ -135,16 +138,7 @@ func (t *table) lookup(n name, qname string, qtype uint16) ([]dns.RR, bool) {
 		if qtype != dns.TypeSRV && qtype != dns.TypeANY {
 			return nil, true
 		}
-		base := n.svc + "." + n.ns + "." + svcSuffix
-		rrs := make([]dns.RR, 0, len(targets))
-		for _, tg := range targets {
-			target := base
-			if tg.target != "" {
-				target = tg.target + "." + base
-			}
-			rrs = append(rrs, &dns.SRV{Hdr: header(qname, dns.TypeSRV), Priority: 0, Weight: 100, Port: tg.port, Target: target})
-		}
-		return rrs, true
+		return srvRecords(qname, n.svc+"."+n.ns+"."+svcSuffix, targets), true
 	case nameHost:
 		addrs, ok := s.hosts[n.first+"."+n.second]
 		if !ok {
@@ -153,6 +147,20 @@ func (t *table) lookup(n name, qname string, qtype uint16) ([]dns.RR, bool) {
 		return addrRecords(qname, qtype, addrs), true
 	}
 	return nil, false
+}
+
+// srvRecords are SRV records at qname for targets, relative to base (the
+// Service's name).
+func srvRecords(qname, base string, targets []srvTarget) []dns.RR {
+	rrs := make([]dns.RR, 0, len(targets))
+	for _, tg := range targets {
+		target := base
+		if tg.target != "" {
+			target = tg.target + "." + base
+		}
+		rrs = append(rrs, &dns.SRV{Hdr: header(qname, dns.TypeSRV), Priority: 0, Weight: 100, Port: tg.port, Target: target})
+	}
+	return rrs
 }
 
 // targets are the addresses of SRV records' targets, for the additional

@@ -130,6 +130,19 @@ func TestAnswers(t *testing.T) {
 		{"_dns._udp.web.shop.svc.clusterset.local.", dns.TypeSRV, dns.RcodeSuccess, []string{"SRV 0 100 53 web.shop.svc.clusterset.local."}},
 		{"_http._udp.web.shop.svc.clusterset.local.", dns.TypeSRV, dns.RcodeNameError, nil},
 		{"_tcp.web.shop.svc.clusterset.local.", dns.TypeSRV, dns.RcodeSuccess, nil},
+		// SRV at the Service's own name: one record per port, named or not.
+		{"web.shop.svc.clusterset.local.", dns.TypeSRV, dns.RcodeSuccess, []string{
+			"SRV 0 100 80 web.shop.svc.clusterset.local.",
+			"SRV 0 100 53 web.shop.svc.clusterset.local.",
+			"SRV 0 100 8080 web.shop.svc.clusterset.local.",
+		}},
+		// Headless: one per port on every host.
+		{"db.shop.svc.clusterset.local.", dns.TypeSRV, dns.RcodeSuccess, []string{
+			"SRV 0 100 5432 db-0." + clusterA + ".db.shop.svc.clusterset.local.",
+			"SRV 0 100 5432 db-1." + clusterA + ".db.shop.svc.clusterset.local.",
+			"SRV 0 100 5432 db-0." + clusterB + ".db.shop.svc.clusterset.local.",
+			"SRV 0 100 5432 10-1-0-13." + clusterA + ".db.shop.svc.clusterset.local.",
+		}},
 		// A ClusterSetIP Service has no per-cluster names (2.3.4).
 		{clusterA + ".web.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeNameError, nil},
 		{"db.shop.svc.clusterset.local.", dns.TypeA, dns.RcodeSuccess,

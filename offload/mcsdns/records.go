@@ -24,6 +24,9 @@ type service struct {
 	addrs []netip.Addr
 	// srv answers _<port>._<proto>.<svc>.<ns>.svc, by "_port._proto".
 	srv map[string][]srvTarget
+	// bare answers SRV at <svc>.<ns>.svc itself: every port, named or
+	// not (and, headless, on every host).
+	bare []srvTarget
 	// hosts answer <hostname>.<clusterid>.<svc>.<ns>.svc (headless
 	// only), by "hostname.clusterid"; clusters holds every cluster ID
 	// with a host, protos every "_proto" with an SRV name (empty
@@ -62,13 +65,14 @@ func buildService(imp *mcsv1alpha1.ServiceImport, eps []*discoveryv1.EndpointSli
 		// a ready endpoint: per the specification, NXDOMAIN.
 		return nil
 	}
+	byTarget := func(a, b srvTarget) int { return cmp.Or(cmp.Compare(a.target, b.target), cmp.Compare(a.port, b.port)) }
 	for k := range s.srv {
 		s.protos[k[strings.LastIndexByte(k, '.')+1:]] = true
-		slices.SortFunc(s.srv[k], func(a, b srvTarget) int {
-			return cmp.Or(cmp.Compare(a.target, b.target), cmp.Compare(a.port, b.port))
-		})
+		slices.SortFunc(s.srv[k], byTarget)
 		s.srv[k] = slices.Compact(s.srv[k])
 	}
+	slices.SortFunc(s.bare, byTarget)
+	s.bare = slices.Compact(s.bare)
 	return s
 }
 
@@ -82,6 +86,9 @@ func (s *service) buildClusterSetIP(imp *mcsv1alpha1.ServiceImport) {
 	for _, p := range imp.Spec.Ports {
 		if k, ok := srvKey(p.Name, p.Protocol, p.Port); ok {
 			s.srv[k] = append(s.srv[k], srvTarget{port: uint16(p.Port)})
+		}
+		if p.Port > 0 && p.Port <= 65535 {
+			s.bare = append(s.bare, srvTarget{port: uint16(p.Port)})
 		}
 	}
 }
@@ -136,6 +143,9 @@ func (s *service) addHost(host, cluster string, addrs []netip.Addr, ports []disc
 	s.hosts[host] = append(s.hosts[host], addrs...)
 	s.clusters[cluster] = true
 	for _, p := range ports {
+		if p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+			s.bare = append(s.bare, srvTarget{port: uint16(*p.Port), target: host})
+		}
 		if p.Name == nil || p.Port == nil {
 			continue
 		}
