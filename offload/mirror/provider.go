@@ -44,6 +44,7 @@ const (
 	ReasonInvalidName   = "InvalidName"
 	ReasonOverLimit     = "OverLimit"
 	ReasonNotGranted    = "NotGranted"
+	ReasonNotSuffixed   = "NotSuffixed"
 )
 
 // DefaultMirrorResync is how often a consumer with requests is looked at
@@ -383,8 +384,15 @@ func (m *Provider) decide(ctx context.Context, consumer string, r *v1alpha1.Name
 	if ns != nil && !tenancy.MirroredFor(ns, consumer, src) {
 		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil, false, nil
 	}
-	if ns == nil && limits.Namespaces > 0 && *count >= limits.Namespaces {
-		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limits.Namespaces)}, nil, false, nil
+	// A new namespace only under the consumer's suffix, unless the admin
+	// lets it choose: otherwise it could take a name this cluster's own
+	// workloads want (monitoring, argocd) before they do.
+	if ns == nil && !limits.Fence.AnyNamespaceName && !offload.Suffixed(r.Name, consumer) {
+		return answer{v1alpha1.RequestRefused, ReasonNotSuffixed, fmt.Sprintf("this cluster mirrors namespaces for %s only under names that end in -%s (namespaceMapping DefaultName); "+
+			"its admin may allow other names with spec.offloadLimits.namespaceNames: Any on the Peer of %s", consumer, offload.ClusterSuffix(consumer), consumer)}, nil, false, nil
+	}
+	if limit := tenancy.NamespaceLimit(limits); ns == nil && *count >= limit {
+		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limit)}, nil, false, nil
 	}
 	*count++
 	if ns != nil && ns.DeletionTimestamp != nil {
@@ -526,7 +534,7 @@ func newMirrorMetrics(reg prometheus.Registerer) (*mirrorMetrics, error) {
 	m := &mirrorMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_mirror_requests_total",
-			Help: "NamespaceRequests answered, by result (the status reason written: Created, AlreadyExists, Reserved, InvalidName, OverLimit, NotGranted, Pending).",
+			Help: "NamespaceRequests answered, by result (the status reason written: Created, AlreadyExists, Reserved, InvalidName, NotSuffixed, OverLimit, NotGranted, Pending).",
 		}, []string{"result"}),
 		namespaces: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flotilla_mirror_namespaces",

@@ -156,7 +156,11 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
 	}
 	ns := offload.TenantNamespace(consumer)
-	created, err := t.ensureNamespace(ctx, consumer)
+	networks, err := t.allowedEndpoints(ctx, limits.Fence.EndpointNetworks)
+	if err != nil {
+		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
+	}
+	created, err := t.ensureNamespace(ctx, consumer, networks)
 	if err != nil {
 		return Tenant{}, err
 	}
@@ -176,17 +180,22 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 // ensureNamespace creates consumer's namespace, or checks that the one of
 // that name is ours. It never applies to an existing namespace: that would
 // adopt a foreign one created between a read and the write.
-func (t *Tenants) ensureNamespace(ctx context.Context, consumer string) (created bool, err error) {
+func (t *Tenants) ensureNamespace(ctx context.Context, consumer, networks string) (created bool, err error) {
 	name := offload.TenantNamespace(consumer)
 	for range 2 {
 		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
-			return false, CheckOurs(ns, consumer)
+			if err := CheckOurs(ns, consumer); err != nil {
+				return false, err
+			}
+			_, err = t.fenceNamespace(ctx, ns, networks)
+			return false, err
 		}
 		if !apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("read namespace %s: %w", name, err)
 		}
-		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: offload.TenantLabels(consumer)}}
+		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: namespaceLabels(offload.TenantLabels(consumer)),
+			Annotations: map[string]string{AnnotationEndpointNetworks: networks}}}
 		_, err = t.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
 		if err == nil {
 			return true, nil
@@ -254,8 +263,9 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) error {
 	defaults := defaultRequests(hard)
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 4)
 	wg.Go(func() { errs[0] = t.applyRoleBinding(ctx, consumer, ns) })
+	wg.Go(func() { errs[3] = t.applyFencePolicy(ctx, consumer, ns) })
 	switch {
 	case fresh:
 		if len(defaults) > 0 {
@@ -382,7 +392,10 @@ func quotaOf(l grant.Limits) (corev1.ResourceList, error) {
 	}
 	// Namespaces bound mirroring, which counts them itself; no quota here.
 	if l.Namespaces < 0 {
-		return nil, fmt.Errorf("namespaces limit %d: must not be negative; 0 is no limit", l.Namespaces)
+		return nil, fmt.Errorf("namespaces limit %d: must not be negative; 0 is the default (%d)", l.Namespaces, DefaultNamespaces)
+	}
+	if err := objectCounts(hard, l.Fence); err != nil {
+		return nil, err
 	}
 	return hard, nil
 }
