@@ -23,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -146,6 +147,10 @@ func waitPoliciesEnforced(t *testing.T, cp *harness.ControlPlane) {
 			_, err := consumer.CoreV1().Services(witness).Create(ctx, service("witness", corev1.ServiceTypeNodePort), dry)
 			return err
 		}},
+		{"flotilla-consumer-endpointslices", func() error {
+			_, err := consumer.DiscoveryV1().EndpointSlices(witness).Create(ctx, routedSlice("witness", "10.70.0.5"), dry)
+			return err
+		}},
 		{"flotilla-consumer-labels", func() error {
 			_, err := consumer.CoreV1().ConfigMaps(witness).Create(ctx, configMap("witness", map[string]string{offload.LabelTenant: consumerID}), dry)
 			return err
@@ -224,7 +229,10 @@ func roleBinding(name, kind, role string, subjects ...rbacv1.Subject) *rbacv1.Ro
 func (g *grant) testSetup(t *testing.T) {
 	ctx := t.Context()
 	core := g.agent.CoreV1()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantLabels(consumerID)}}
+	// The endpoint networks: where the consumer's EndpointSlices may point
+	// (its view, 10.70.0.0/16, holds the one testConsumerRequests makes).
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantLabels(consumerID),
+		Annotations: map[string]string{tenancy.AnnotationEndpointNetworks: "10.70.0.0/16"}}}
 	if _, err := core.Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("agent creates the tenant namespace: %v", err)
 	}

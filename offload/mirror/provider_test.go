@@ -71,6 +71,7 @@ func TestMirrorProvider(t *testing.T) {
 
 	t.Run("RequestBecomesNamespace", s.testCreated)
 	t.Run("ReservedAndCraftedNamesRefused", s.testRefused)
+	t.Run("NamespaceSquatRefused", s.testSquat)
 	t.Run("NotGranted", s.testNotGranted)
 	t.Run("OverLimit", s.testOverLimit)
 	t.Run("ForeignNamespaceUntouched", s.testAlreadyExists)
@@ -80,7 +81,7 @@ func TestMirrorProvider(t *testing.T) {
 	t.Run("RestartConverges", s.testRestart)
 	t.Run("Metrics", func(t *testing.T) {
 		m := s.first.m
-		for _, reason := range []string{ReasonCreated, ReasonReserved, ReasonInvalidName, ReasonAlreadyExists, ReasonOverLimit, ReasonNotGranted} {
+		for _, reason := range []string{ReasonCreated, ReasonReserved, ReasonInvalidName, ReasonAlreadyExists, ReasonOverLimit, ReasonNotGranted, ReasonNotSuffixed} {
 			if got := testutil.ToFloat64(m.requests.WithLabelValues(reason)); got == 0 {
 				t.Errorf("flotilla_mirror_requests_total{result=%q} = 0", reason)
 			}
@@ -250,7 +251,7 @@ func (s *mirrorSuite) testCreated(t *testing.T) {
 		t.Errorf("LimitRange: %v", err)
 	}
 	// The default ServiceAccount comes from kube-controller-manager.
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: *harness.Restricted(&corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}})}
 	eventually.Within(t, 60*time.Second, "the consumer creates a pod in "+name, func() error {
 		_, err := c.kube.CoreV1().Pods(name).Create(ctx, pod, metav1.CreateOptions{})
 		return err
@@ -260,6 +261,43 @@ func (s *mirrorSuite) testCreated(t *testing.T) {
 	r.Status.Reason = ReasonOverLimit
 	if err := c.client.Status().Patch(ctx, r, patch); !apierrors.IsForbidden(err) {
 		t.Errorf("the consumer writes its request's status: %v, want Forbidden", err)
+	}
+}
+
+// With its own token a consumer may not take a name this cluster's own
+// workloads may want: after its suffixed request becomes a namespace (the
+// witness that requests are answered), monitoring and argocd are refused
+// and not made, as is creating the namespace itself; once the provider's
+// admin allows any name, argocd is made.
+func (s *mirrorSuite) testSquat(t *testing.T) {
+	c := s.newConsumer(t, grant.Limits{})
+	witness := remoteName(t, "shop", c.id)
+	c.request(t, witness, "shop")
+	s.waitStatus(t, c, witness, ReasonCreated)
+	if _, ok := s.namespace(t, witness); !ok {
+		t.Fatalf("namespace %s of the witness request does not exist", witness)
+	}
+	for _, name := range []string{"monitoring", "argocd"} {
+		c.request(t, name, name)
+		r := s.waitStatus(t, c, name, ReasonNotSuffixed)
+		t.Logf("request %s: %s %s: %s", name, r.Status.Phase, r.Status.Reason, r.Status.Message)
+		if r.Status.Phase != v1alpha1.RequestRefused || !strings.Contains(r.Status.Message, "-"+offload.ClusterSuffix(c.id)) {
+			t.Errorf("request %s: %+v, want Refused naming the suffix", name, r.Status)
+		}
+		if _, ok := s.namespace(t, name); ok {
+			t.Errorf("namespace %s was made for a request without the consumer's suffix", name)
+		}
+	}
+	_, err := c.kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring"}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("the consumer creates namespace monitoring itself: %v, want Forbidden", err)
+	}
+	t.Logf("the consumer creates namespace monitoring: %d %v", err.(apierrors.APIStatus).Status().Code, err)
+
+	s.grants.Set(c.id, grant.Limits{Fence: grant.Fence{AnyNamespaceName: true}})
+	s.waitStatus(t, c, "argocd", ReasonCreated)
+	if ns, ok := s.namespace(t, "argocd"); !ok || !tenancy.MirroredFor(ns, c.id, "argocd") {
+		t.Errorf("namespace argocd, allowed any name: %v, %v", ok, ns)
 	}
 }
 

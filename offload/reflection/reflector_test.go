@@ -26,6 +26,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // reflectEnv is an offloadenv.PodEnv (consumer and provider, real
@@ -101,6 +102,7 @@ func (e *reflectEnv) boundPod(tb testing.TB, name string, mutate func(*corev1.Po
 		Tolerations: []corev1.Toleration{{Key: offload.TaintVirtualNode, Operator: corev1.TolerationOpExists}},
 	}}
 	mutate(&p.Spec)
+	harness.Restricted(&p.Spec)
 	if err := e.lcx.Create(tb.Context(), p); err != nil {
 		tb.Fatal(err)
 	}

@@ -110,7 +110,8 @@ func objectCounts(hard corev1.ResourceList, f grant.Fence) error {
 // namespaceLabels are the labels of a namespace of a consumer's: base
 // (whose it is) and Pod Security restricted.
 func namespaceLabels(base map[string]string) map[string]string {
-	l := maps.Clone(base)
+	l := make(map[string]string, len(base)+2)
+	maps.Copy(l, base)
 	l[LabelPodSecurityEnforce] = PodSecurityRestricted
 	l[LabelPodSecurityEnforceVersion] = "latest"
 	return l
