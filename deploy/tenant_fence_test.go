@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -85,7 +84,7 @@ func TestTenantFence(t *testing.T) {
 		what, why string
 		change    func(*corev1.PodSpec)
 	}{
-		{"hostPath", `restricted volume type "hostPath"`, func(s *corev1.PodSpec) {
+		{"host-path", `restricted volume type "hostPath"`, func(s *corev1.PodSpec) {
 			s.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
 			s.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "root", MountPath: "/host"}}
 		}},
@@ -108,11 +107,13 @@ func TestTenantFence(t *testing.T) {
 	}
 
 	t.Run("EndpointSlice to the API server", func(t *testing.T) {
-		u, err := url.Parse(cp.Config.Host)
+		// The harness's API server listens on loopback, which no
+		// EndpointSlice may hold: its Service's address stands for it.
+		svc, err := cp.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		apiServer := netip.MustParseAddr(u.Hostname())
+		apiServer := netip.MustParseAddr(svc.Spec.ClusterIP)
 		if _, err := slices.Create(ctx, routedSlice("app-home", "10.80.3.4"), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("the consumer points a Service at its own pod at home (10.80.3.4, in the view): %v", err)
 		}
