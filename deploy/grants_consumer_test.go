@@ -303,6 +303,9 @@ func (g *grant) testConsumerRequests(t *testing.T) {
 			_, err := core.ServiceAccounts(tenant).CreateToken(ctx, offload.ConsumerServiceAccount, &authenticationv1.TokenRequest{}, create)
 			return err
 		}},
+		{"lift its network fence", "", func(ctx context.Context) error {
+			return consumer.NetworkingV1().NetworkPolicies(tenant).Delete(ctx, "flotilla-fence", metav1.DeleteOptions{})
+		}},
 		{"lift its quota", "", func(ctx context.Context) error {
 			return core.ResourceQuotas(tenant).Delete(ctx, offload.GrantSecret, metav1.DeleteOptions{})
 		}},

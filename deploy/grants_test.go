@@ -10,6 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -430,6 +431,12 @@ func (g *grant) testAgentRefusals(t *testing.T) {
 		}},
 		{"delete an account outside a tenant", notTenant, func(ctx context.Context) error {
 			return core.ServiceAccounts("default").Delete(ctx, offload.ConsumerServiceAccount, metav1.DeleteOptions{})
+		}},
+		{"cut kube-system off with a NetworkPolicy", notTenant, func(ctx context.Context) error {
+			deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: tenancy.FencePolicy},
+				Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}}}
+			_, err := g.agent.NetworkingV1().NetworkPolicies("kube-system").Create(ctx, deny, create)
+			return err
 		}},
 		{"set limits in default", notTenant, func(ctx context.Context) error {
 			_, err := core.LimitRanges("default").Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "escape"}}, create)
