@@ -119,14 +119,21 @@ func namespaceLabels(base map[string]string) map[string]string {
 
 // allowedEndpoints is the annotation's value for a consumer whose views
 // are views (as Fence.EndpointNetworks lists them): those views, where
-// its pods at home are, and this cluster's pod networks (the nodes'
-// spec.podCIDRs), where its pods offloaded here are.
+// its pods at home are, and this cluster's pod networks, where its pods
+// offloaded here are.
 func (t *Tenants) allowedEndpoints(ctx context.Context, views string) (string, error) {
 	var nets []netip.Prefix
 	for _, v := range strings.Split(views, ",") {
 		if p, err := netip.ParsePrefix(v); err == nil {
 			nets = append(nets, p)
 		}
+	}
+	if t.podNetworks != nil {
+		pods, err := t.podNetworks(ctx)
+		if err != nil {
+			return "", fmt.Errorf("this cluster's pod networks: %w", err)
+		}
+		return endpointNetworks(append(nets, pods...)), nil
 	}
 	nodes, err := t.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {

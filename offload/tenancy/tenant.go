@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -76,6 +77,10 @@ type TenantsConfig struct {
 	Logger   *slog.Logger
 	// Metrics, when set, gets the flotilla_grant_* metrics.
 	Metrics prometheus.Registerer
+	// PodNetworks, when set, are this cluster's pod networks, where a
+	// consumer's pods offloaded here are and its EndpointSlices may
+	// point; the nodes' spec.podCIDRs when nil.
+	PodNetworks func(context.Context) ([]netip.Prefix, error)
 }
 
 // Tenants is the provider's side of grants in its API server: the tenant
@@ -90,6 +95,8 @@ type Tenants struct {
 	lifetime time.Duration
 	log      *slog.Logger
 	metrics  *tenantMetrics
+
+	podNetworks func(context.Context) ([]netip.Prefix, error)
 
 	mu    sync.Mutex
 	known map[string]bool // consumers with a tenant namespace, for the gauge
@@ -133,6 +140,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
 		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
+		podNetworks: cfg.PodNetworks,
 	}
 	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("tenants: metrics: %w", err)

@@ -411,7 +411,8 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	e.Link = newCutLink(tb, prov.Addr.String())
 
 	agent := offloadtest.ServiceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
-	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience})
+	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience,
+		PodNetworks: func(context.Context) ([]netip.Prefix, error) { return []netip.Prefix{offloadtest.ProviderPodCIDR}, nil }})
 	if err != nil {
 		tb.Fatal(err)
 	}
