@@ -303,6 +303,7 @@ func (w *kubeletWorld) runWeb(t *testing.T) {
 				}},
 			},
 		}
+		harness.Restricted(&remote.Spec)
 		if name == "stale" {
 			// Never scheduled: only its name and origin matter.
 			remote.Spec.NodeSelector = map[string]string{"test.flotilla.io/nowhere": "true"}
