@@ -509,6 +509,9 @@ func agentAccess() []access {
 			allow(v, "", "limitranges", tenant, "flotilla-grant"),
 			allow(v, "networking.k8s.io", "networkpolicies", tenant, "flotilla-fence"))
 	}
+	for _, v := range []string{"list", "watch"} {
+		cases = append(cases, allow(v, "networking.k8s.io", "networkpolicies", "", ""))
+	}
 	for _, v := range []string{"create", "patch", "delete"} {
 		cases = append(cases, allow(v, "", "secrets", tenant, "flotilla-grant"))
 	}

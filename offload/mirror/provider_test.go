@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -72,6 +73,7 @@ func TestMirrorProvider(t *testing.T) {
 	t.Run("RequestBecomesNamespace", s.testCreated)
 	t.Run("ReservedAndCraftedNamesRefused", s.testRefused)
 	t.Run("NamespaceSquatRefused", s.testSquat)
+	t.Run("FencePutBack", s.testFencePutBack)
 	t.Run("NotGranted", s.testNotGranted)
 	t.Run("OverLimit", s.testOverLimit)
 	t.Run("ForeignNamespaceUntouched", s.testAlreadyExists)
@@ -298,6 +300,42 @@ func (s *mirrorSuite) testSquat(t *testing.T) {
 	s.waitStatus(t, c, "argocd", ReasonCreated)
 	if ns, ok := s.namespace(t, "argocd"); !ok || !tenancy.MirroredFor(ns, c.id, "argocd") {
 		t.Errorf("namespace argocd, allowed any name: %v, %v", ok, ns)
+	}
+}
+
+// The NetworkPolicy of the consumer's namespaces, its tenant namespace
+// and one mirrored, deleted or opened up by someone, is put back.
+func (s *mirrorSuite) testFencePutBack(t *testing.T) {
+	ctx := t.Context()
+	c := s.newConsumer(t, grant.Limits{})
+	name := remoteName(t, "fenced", c.id)
+	c.request(t, name, "fenced")
+	s.waitStatus(t, c, name, ReasonCreated)
+	for _, ns := range []string{c.tenant, name} {
+		policies := s.cp.Client.NetworkingV1().NetworkPolicies(ns)
+		fenced := func(what string) {
+			t.Helper()
+			eventually.Within(t, 30*time.Second, "the fence of "+ns+" "+what, func() error {
+				p, err := policies.Get(ctx, tenancy.FencePolicy, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if len(p.Spec.Egress) != 3 || len(p.Spec.Egress[2].To) != 2 || p.Spec.Egress[2].To[0].IPBlock == nil ||
+					!slices.Contains(p.Spec.Egress[2].To[0].IPBlock.Except, tenancy.MetadataNetwork.String()) {
+					return fmt.Errorf("egress %+v", p.Spec.Egress)
+				}
+				return nil
+			})
+		}
+		fenced("in place")
+		if err := policies.Delete(ctx, tenancy.FencePolicy, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		fenced("back after a delete")
+		if _, err := policies.Patch(ctx, tenancy.FencePolicy, types.MergePatchType, []byte(`{"spec":{"egress":[{}]}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		fenced("back after it was opened up")
 	}
 }
 

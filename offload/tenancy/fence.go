@@ -195,16 +195,24 @@ func (t *Tenants) fenceNamespace(ctx context.Context, ns *corev1.Namespace, netw
 // endpoints) and the metadata network. Ingress is not restricted: the
 // consumer's own traffic reaches its pods through the tunnel.
 func (t *Tenants) applyFencePolicy(ctx context.Context, consumer, ns string) error {
+	_, err := t.ApplyFence(ctx, consumer, ns)
+	return err
+}
+
+// ApplyFence applies the NetworkPolicy FencePolicy in ns, a namespace of
+// consumer's, and returns the resourceVersion it has since.
+func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (string, error) {
 	denied, err := t.deniedEgress(ctx)
 	if err != nil {
-		return fmt.Errorf("apply NetworkPolicy %s: %w", FencePolicy, err)
+		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
 	pol := networkingv1ac.NetworkPolicy(FencePolicy, ns).WithLabels(offload.TenantLabels(consumer)).
 		WithSpec(fencePolicySpec(consumer, denied))
-	if _, err := t.Client.NetworkingV1().NetworkPolicies(ns).Apply(ctx, pol, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}); err != nil {
-		return fmt.Errorf("apply NetworkPolicy %s: %w", FencePolicy, err)
+	got, err := t.Client.NetworkingV1().NetworkPolicies(ns).Apply(ctx, pol, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true})
+	if err != nil {
+		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
-	return nil
+	return got.ResourceVersion, nil
 }
 
 // fencePolicySpec is the fence's NetworkPolicy: egress only, to DNS, to
