@@ -154,6 +154,7 @@ func documentedAccess() map[string][]string {
 		"clusterroles.rbac.authorization.k8s.io [flotilla-consumer] [bind]",
 		"resourcequotas [] [create delete get patch]",
 		"limitranges [] [create delete get patch]",
+		"networkpolicies.networking.k8s.io [] [create delete get list patch watch]",
 		// Reflection reads Secrets and ConfigMaps (docs/services.md);
 		// the writes stay confined to tenants.
 		"secrets [] [create delete get list patch watch]",
