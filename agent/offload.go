@@ -85,6 +85,10 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{
 		Config: a.restCfg, Client: a.kube, Audience: a.cfg.GrantAudience, Lifetime: a.cfg.GrantLifetime,
 		Logger: a.log, Metrics: a.registry,
+		PodNetworks: func(ctx context.Context) ([]netip.Prefix, error) {
+			n, err := a.clusterNetworks(ctx)
+			return n.Pods, err
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -121,10 +121,15 @@ func testConsumerAccess(t *testing.T, cp *harness.ControlPlane) {
 	}
 }
 
+// pod is a pod under the runtime's seccomp profile, as the policies want
+// a consumer's, changed by changes.
 func pod(name string, changes ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers:      []corev1.Container{{Name: "app", Image: "example.invalid/app"}},
+		},
 	}
 	for _, change := range changes {
 		change(p)
@@ -165,6 +170,23 @@ func baselineCapability(p *corev1.Pod) {
 
 func asConsumer(p *corev1.Pod) { p.Spec.ServiceAccountName = offload.ConsumerServiceAccount }
 
+func noSeccomp(p *corev1.Pod) { p.Spec.SecurityContext = nil }
+
+func unconfinedContainer(p *corev1.Pod) {
+	p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}}
+}
+
+func onNode(p *corev1.Pod) { p.Spec.NodeName = "control-plane" }
+
+func nfsVolume(p *corev1.Pod) {
+	p.Spec.Volumes = []corev1.Volume{{Name: "share", VolumeSource: corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "192.0.2.1", Path: "/"}}}}
+}
+
+func localhostProfile(p *corev1.Pod) {
+	profile := "profiles/app.json"
+	p.Spec.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &profile}
+}
+
 func service(name string, typ corev1.ServiceType) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -197,6 +219,10 @@ func (g *grant) testConsumerRequests(t *testing.T) {
 		}},
 		{"create a pod with baseline capabilities", func(ctx context.Context) error {
 			_, err := core.Pods(tenant).Create(ctx, pod("bind", baselineCapability), create)
+			return err
+		}},
+		{"create a pod under a Localhost seccomp profile", func(ctx context.Context) error {
+			_, err := core.Pods(tenant).Create(ctx, pod("localhost-seccomp", localhostProfile), create)
 			return err
 		}},
 		{"create a ConfigMap", func(ctx context.Context) error {
@@ -277,6 +303,9 @@ func (g *grant) testConsumerRequests(t *testing.T) {
 			_, err := core.ServiceAccounts(tenant).CreateToken(ctx, offload.ConsumerServiceAccount, &authenticationv1.TokenRequest{}, create)
 			return err
 		}},
+		{"lift its network fence", "", func(ctx context.Context) error {
+			return consumer.NetworkingV1().NetworkPolicies(tenant).Delete(ctx, "flotilla-fence", metav1.DeleteOptions{})
+		}},
 		{"lift its quota", "", func(ctx context.Context) error {
 			return core.ResourceQuotas(tenant).Delete(ctx, offload.GrantSecret, metav1.DeleteOptions{})
 		}},
@@ -311,6 +340,8 @@ func (g *grant) testConsumerAdmission(t *testing.T) {
 	}
 	externalIP := service("external-ip", corev1.ServiceTypeClusterIP)
 	externalIP.Spec.ExternalIPs = []string{"192.0.2.10"}
+	externalName := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "external-name"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "kubernetes.default.svc.cluster.local"}}
 	for _, tc := range []struct {
 		what, why string
 		create    func(context.Context, typedcorev1.CoreV1Interface) error
@@ -324,6 +355,11 @@ func (g *grant) testConsumerAdmission(t *testing.T) {
 		{"a hostPort pod", "may not take ports of the node (hostPort in app)", createPod(pod("host-port", hostPort))},
 		{"a pod adding NET_ADMIN", "may add only the baseline capabilities", createPod(pod("net-admin", netAdmin))},
 		{"a pod running as flotilla-consumer", "may not run as the account flotilla-consumer", createPod(pod("as-consumer", asConsumer))},
+		{"a pod without a seccomp profile", "run under a seccomp profile (app has none or Unconfined)", createPod(pod("no-seccomp", noSeccomp))},
+		{"a container unconfined", "run under a seccomp profile (app has none or Unconfined)", createPod(pod("unconfined", unconfinedContainer))},
+		{"a pod on a node of its choice", "may not place its pod on a node of its choice (spec.nodeName control-plane)", createPod(pod("on-node", onNode))},
+		{"a pod with an NFS volume", "not share", createPod(pod("nfs", nfsVolume))},
+		{"an ExternalName Service", "may not create ExternalName Services", createService(externalName)},
 		{"a NodePort Service", "may not expose a Service on the nodes (type NodePort)", createService(service("node-port", corev1.ServiceTypeNodePort))},
 		{"a LoadBalancer Service", "may not expose a Service on the nodes (type LoadBalancer)", createService(service("load-balancer", corev1.ServiceTypeLoadBalancer))},
 		{"a Service with external IPs", "may not claim external IPs", createService(externalIP)},

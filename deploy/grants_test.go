@@ -10,6 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -23,6 +24,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -147,6 +149,10 @@ func waitPoliciesEnforced(t *testing.T, cp *harness.ControlPlane) {
 			_, err := consumer.CoreV1().Services(witness).Create(ctx, service("witness", corev1.ServiceTypeNodePort), dry)
 			return err
 		}},
+		{"flotilla-consumer-endpointslices", func() error {
+			_, err := consumer.DiscoveryV1().EndpointSlices(witness).Create(ctx, routedSlice("witness", "10.70.0.5"), dry)
+			return err
+		}},
 		{"flotilla-consumer-labels", func() error {
 			_, err := consumer.CoreV1().ConfigMaps(witness).Create(ctx, configMap("witness", map[string]string{offload.LabelTenant: consumerID}), dry)
 			return err
@@ -225,7 +231,10 @@ func roleBinding(name, kind, role string, subjects ...rbacv1.Subject) *rbacv1.Ro
 func (g *grant) testSetup(t *testing.T) {
 	ctx := t.Context()
 	core := g.agent.CoreV1()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantLabels(consumerID)}}
+	// The endpoint networks: where the consumer's EndpointSlices may point
+	// (its view, 10.70.0.0/16, holds the one testConsumerRequests makes).
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantLabels(consumerID),
+		Annotations: map[string]string{tenancy.AnnotationEndpointNetworks: "10.70.0.0/16"}}}
 	if _, err := core.Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("agent creates the tenant namespace: %v", err)
 	}
@@ -423,6 +432,12 @@ func (g *grant) testAgentRefusals(t *testing.T) {
 		}},
 		{"delete an account outside a tenant", notTenant, func(ctx context.Context) error {
 			return core.ServiceAccounts("default").Delete(ctx, offload.ConsumerServiceAccount, metav1.DeleteOptions{})
+		}},
+		{"cut kube-system off with a NetworkPolicy", notTenant, func(ctx context.Context) error {
+			deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: tenancy.FencePolicy},
+				Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}}}
+			_, err := g.agent.NetworkingV1().NetworkPolicies("kube-system").Create(ctx, deny, create)
+			return err
 		}},
 		{"set limits in default", notTenant, func(ctx context.Context) error {
 			_, err := core.LimitRanges("default").Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "escape"}}, create)

@@ -510,7 +510,11 @@ func agentAccess() []access {
 			allow(v, "", "serviceaccounts", tenant, "flotilla-consumer"),
 			allow(v, "rbac.authorization.k8s.io", "rolebindings", tenant, "flotilla-consumer"),
 			allow(v, "", "resourcequotas", tenant, "flotilla-grant"),
-			allow(v, "", "limitranges", tenant, "flotilla-grant"))
+			allow(v, "", "limitranges", tenant, "flotilla-grant"),
+			allow(v, "networking.k8s.io", "networkpolicies", tenant, "flotilla-fence"))
+	}
+	for _, v := range []string{"list", "watch"} {
+		cases = append(cases, allow(v, "networking.k8s.io", "networkpolicies", "", ""))
 	}
 	for _, v := range []string{"create", "patch", "delete"} {
 		cases = append(cases, allow(v, "", "secrets", tenant, "flotilla-grant"))

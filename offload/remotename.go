@@ -38,7 +38,7 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 	var name string
 	switch mapping {
 	case v1alpha1.MappingDefaultName, "":
-		suffix := consumer[1 : 1+clusterSuffixLen]
+		suffix := ClusterSuffix(consumer)
 		name = local + "-" + suffix
 		if len(name) > validation.DNS1123LabelMaxLength {
 			sum := sha256.Sum256([]byte(local))
@@ -60,6 +60,17 @@ func RemoteNamespace(mapping v1alpha1.NamespaceMapping, local, remoteName, consu
 		return "", fmt.Errorf("remote name of namespace %q (mapping %s): %w", local, mapping, err)
 	}
 	return name, nil
+}
+
+// ClusterSuffix is the part of consumer's cluster ID that ends the
+// names of its namespaces on a provider (DefaultName); consumer is a
+// valid cluster ID.
+func ClusterSuffix(consumer string) string { return consumer[1 : 1+clusterSuffixLen] }
+
+// Suffixed reports whether name ends in "-" and consumer's ClusterSuffix,
+// as DefaultName makes it.
+func Suffixed(name, consumer string) bool {
+	return len(consumer) > clusterSuffixLen && strings.HasSuffix(name, "-"+ClusterSuffix(consumer))
 }
 
 // ValidNamespaceName checks that name is a DNS-1123 label (lowercase

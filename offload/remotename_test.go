@@ -71,3 +71,35 @@ func TestRemoteNamespaceLongNamesDiffer(t *testing.T) {
 		t.Errorf("long names map to %q and %q, want two different 63-character names", a, b)
 	}
 }
+
+// A provider mirrors a namespace for a consumer, unless its admin allows
+// any name, only under the suffix DefaultName gives it.
+func TestSuffixed(t *testing.T) {
+	consumer := "c4x7k2qabcdefghijklmnopqrst"
+	def, err := RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := RemoteNamespace(v1alpha1.MappingDefaultName, strings.Repeat("a", 63), "", consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{
+		{def, true},
+		{long, true},
+		{"monitoring", false},
+		{"4x7k2q", false},            // the suffix alone, without its dash
+		{"shop-4x7k2", false},        // one character short
+		{"shop-" + consumer, false},  // the whole ID is not the suffix
+		{"shop-4x7k2q-other", false}, // not at the end
+		{"monitoring-4x7k2q", true},  // any name that ends so is its own
+		{"shop-5x7k2q", false},       // another consumer's
+	} {
+		if got := Suffixed(tc.name, consumer); got != tc.want {
+			t.Errorf("Suffixed(%q, %s) = %v, want %v", tc.name, consumer, got, tc.want)
+		}
+	}
+}

@@ -97,6 +97,19 @@ func LimitsOf(l *v1alpha1.OffloadLimits) grant.Limits {
 	if l.Namespaces != nil {
 		g.Namespaces = *l.Namespaces
 	}
+	f := &g.Fence
+	for _, n := range []struct {
+		from *int64
+		to   *int64
+	}{{l.Services, &f.Services}, {l.Secrets, &f.Secrets}, {l.ConfigMaps, &f.ConfigMaps}, {l.EndpointSlices, &f.EndpointSlices}, {l.PersistentVolumeClaims, &f.PersistentVolumeClaims}} {
+		if n.from != nil {
+			*n.to = *n.from
+		}
+	}
+	if l.EphemeralStorage != nil {
+		f.EphemeralStorage = l.EphemeralStorage.String()
+	}
+	f.AnyNamespaceName = l.NamespaceNames == v1alpha1.NamespaceNamesAny
 	return g
 }
 
@@ -119,6 +132,22 @@ func LimitsStatus(g grant.Limits) *v1alpha1.OffloadLimits {
 	}
 	if g.Namespaces > 0 {
 		l.Namespaces = &g.Namespaces
+	}
+	f := g.Fence
+	for _, n := range []struct {
+		from int64
+		to   **int64
+	}{{f.Services, &l.Services}, {f.Secrets, &l.Secrets}, {f.ConfigMaps, &l.ConfigMaps}, {f.EndpointSlices, &l.EndpointSlices}, {f.PersistentVolumeClaims, &l.PersistentVolumeClaims}} {
+		if n.from > 0 {
+			v := n.from
+			*n.to = &v
+		}
+	}
+	if q, err := resource.ParseQuantity(f.EphemeralStorage); err == nil && f.EphemeralStorage != "" {
+		l.EphemeralStorage = &q
+	}
+	if f.AnyNamespaceName {
+		l.NamespaceNames = v1alpha1.NamespaceNamesAny
 	}
 	return l
 }

@@ -77,11 +77,63 @@ type OffloadLimits struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Pods *int64 `json:"pods,omitempty"`
-	// Namespaces is how many namespaces the consumer may have mirrored.
+	// Namespaces is how many namespaces the consumer may have mirrored;
+	// left out or 0, the provider's default (50).
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Namespaces *int64 `json:"namespaces,omitempty"`
+	// NamespaceNames says how the consumer may name the namespaces
+	// mirrored for it: Suffixed (the default) only with the suffix of its
+	// cluster ID (namespaceMapping DefaultName), so that it cannot take a
+	// name this cluster's own workloads may want (monitoring, argocd);
+	// Any also under its own names (SameName, Selected). Reserved names
+	// (default, kube-*, flotilla-*, openshift-*) are refused either way.
+	// +optional
+	NamespaceNames NamespaceNames `json:"namespaceNames,omitempty"`
+
+	// Object counts in each of the consumer's namespaces here (its tenant
+	// namespace and each one mirrored for it); left out or 0, the
+	// provider's default. They are always set: a consumer cannot fill
+	// this cluster's etcd.
+
+	// Services per namespace (default 100).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Services *int64 `json:"services,omitempty"`
+	// Secrets per namespace (default 200).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Secrets *int64 `json:"secrets,omitempty"`
+	// ConfigMaps per namespace (default 200).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	ConfigMaps *int64 `json:"configMaps,omitempty"`
+	// EndpointSlices per namespace (default 500), those Kubernetes makes
+	// for the consumer's Services included.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	EndpointSlices *int64 `json:"endpointSlices,omitempty"`
+	// PersistentVolumeClaims per namespace (default 20).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	PersistentVolumeClaims *int64 `json:"persistentVolumeClaims,omitempty"`
+	// EphemeralStorage is the sum of the ephemeral-storage requests of
+	// the pods in each namespace (default 50Gi).
+	// +optional
+	EphemeralStorage *resource.Quantity `json:"ephemeralStorage,omitempty"`
 }
+
+// NamespaceNames is how a consumer may name its namespaces on a provider.
+// +kubebuilder:validation:Enum="";Suffixed;Any
+type NamespaceNames string
+
+const (
+	// NamespaceNamesSuffixed: only names that end in "-" and the suffix
+	// of the consumer's cluster ID (the default).
+	NamespaceNamesSuffixed NamespaceNames = "Suffixed"
+	// NamespaceNamesAny: any name that is not reserved.
+	NamespaceNamesAny NamespaceNames = "Any"
+)
 
 // Phase is where a peering stands.
 // +kubebuilder:validation:Enum=Discovered;Negotiating;Connected;Degraded;Unreachable;Denied

@@ -22,6 +22,28 @@ type Limits struct {
 	Pods int64 `json:"pods,omitempty"`
 	// Namespaces is how many namespaces the consumer may have mirrored.
 	Namespaces int64 `json:"namespaces,omitempty"`
+
+	// Fence is the provider's own side of the terms, never sealed: a
+	// consumer of an older version refuses a grant with fields it does not
+	// know, and it needs none of them.
+	Fence Fence `json:"-"`
+}
+
+// Fence is what a provider holds its consumer's namespaces to beyond the
+// limits it tells the consumer: object counts per namespace (zero: the
+// provider's default) and whether names without the consumer's suffix
+// are allowed.
+type Fence struct {
+	Services, Secrets, ConfigMaps, EndpointSlices, PersistentVolumeClaims int64
+	// EphemeralStorage is a Kubernetes quantity, summed over the pods'
+	// ephemeral-storage requests in each namespace.
+	EphemeralStorage string
+	// AnyNamespaceName lets the consumer name its namespaces without the
+	// suffix of its cluster ID.
+	AnyNamespaceName bool
+	// EndpointNetworks are the networks, comma-separated, the consumer's
+	// EndpointSlices may point at: the provider's views of the consumer.
+	EndpointNetworks string
 }
 
 // quantity is the syntax of a non-negative Kubernetes quantity: a decimal

@@ -303,6 +303,7 @@ func (w *kubeletWorld) runWeb(t *testing.T) {
 				}},
 			},
 		}
+		harness.Restricted(&remote.Spec)
 		if name == "stale" {
 			// Never scheduled: only its name and origin matter.
 			remote.Spec.NodeSelector = map[string]string{"test.flotilla.io/nowhere": "true"}
@@ -354,11 +355,11 @@ func (w *kubeletWorld) localPod(t *testing.T, ns, name, node string) *corev1.Pod
 	t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
+		Spec: *harness.Restricted(&corev1.PodSpec{
 			NodeName:    node,
 			Tolerations: []corev1.Toleration{{Key: offload.TaintVirtualNode, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
 			Containers:  []corev1.Container{{Name: "server", Image: harness.TestServerImage}},
-		},
+		}),
 	}
 	created, err := w.cons.Client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{})
 	if err != nil {

@@ -13,8 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -44,6 +46,7 @@ const (
 	ReasonInvalidName   = "InvalidName"
 	ReasonOverLimit     = "OverLimit"
 	ReasonNotGranted    = "NotGranted"
+	ReasonNotSuffixed   = "NotSuffixed"
 )
 
 // DefaultMirrorResync is how often a consumer with requests is looked at
@@ -94,6 +97,7 @@ type Provider struct {
 	mu      sync.Mutex
 	applied map[types.UID]grant.Limits // the limits applied to each namespace
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
+	fenced  map[string]string          // namespace: the resourceVersion of the NetworkPolicy we last wrote there
 }
 
 // NewProvider checks cfg and prepares a Provider; Run starts
@@ -109,14 +113,17 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 		cfg.Logger = slog.Default()
 	}
 	scheme := runtime.NewScheme()
-	if err := errors.Join(v1alpha1.AddToScheme(scheme), corev1.AddToScheme(scheme)); err != nil {
+	if err := errors.Join(v1alpha1.AddToScheme(scheme), corev1.AddToScheme(scheme), networkingv1.AddToScheme(scheme)); err != nil {
 		return nil, fmt.Errorf("mirror provider: scheme: %w", err)
 	}
 	mapper := offload.MirrorMapper()
 	// Every namespace, not only ours: a request's name is checked against
 	// the cache, where it cost a read of the API server before each create.
+	// The fences' NetworkPolicies only: one changed or deleted is put back.
+	ours := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
 	ca, err := cache.New(cfg.Config, cache.Options{
 		Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{&networkingv1.NetworkPolicy{}: {Label: ours}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mirror provider: cache: %w", err)
@@ -130,7 +137,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	}
 	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
-		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{},
+		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenced: map[string]string{},
 	}
 	if m.m, err = newMirrorMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("mirror provider: metrics: %w", err)
@@ -174,6 +181,7 @@ func (m *Provider) Run(ctx context.Context) error {
 	if _, err := ctrl.AddWatches(ctx, m.cache, "mirror provider",
 		ctrl.On(&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)),
 		ctrl.On(&corev1.Namespace{}, m.events(namespaceConsumer)),
+		ctrl.On(&networkingv1.NetworkPolicy{}, m.events(namespaceConsumer)),
 	); err != nil {
 		return err
 	}
@@ -319,6 +327,15 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 			wanted[r.Name] = true
 		}
 	}
+	if granted && tenantOurs {
+		fenced := []string{tenant.Name}
+		for i, r := range live {
+			if answers[i].phase == v1alpha1.RequestCreated {
+				fenced = append(fenced, r.Name)
+			}
+		}
+		errs = append(errs, m.keepFences(ctx, consumer, fenced))
+	}
 	for name, ns := range mirrored {
 		if wanted[name] || ns.DeletionTimestamp != nil || m.held(requests.Items, ns) {
 			continue
@@ -334,6 +351,41 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 		return m.cfg.Resync, nil
 	}
 	return 0, nil
+}
+
+// keepFences puts back the NetworkPolicy of each of namespaces (the
+// consumer's) that is missing or not as this controller last wrote it:
+// deleted or changed by someone. The first pass after a start writes each
+// once, a no-op where it is as it should be.
+func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces []string) error {
+	var errs []error
+	for _, ns := range namespaces {
+		var pol networkingv1.NetworkPolicy
+		err := m.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenancy.FencePolicy}, &pol)
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("read NetworkPolicy %s/%s: %w", ns, tenancy.FencePolicy, err))
+			continue
+		}
+		m.mu.Lock()
+		wrote := m.fenced[ns]
+		m.mu.Unlock()
+		if err == nil && wrote != "" && pol.ResourceVersion == wrote {
+			continue
+		}
+		if wrote != "" {
+			m.log.Info("fence of a consumer's namespace put back", "consumer", consumer, "namespace", ns, "policy", tenancy.FencePolicy,
+				"deleted", apierrors.IsNotFound(err))
+		}
+		rv, err := m.cfg.Tenants.ApplyFence(ctx, consumer, ns)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.mu.Lock()
+		m.fenced[ns] = rv
+		m.mu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // held reports whether a request being deleted still holds ns: release
@@ -383,8 +435,15 @@ func (m *Provider) decide(ctx context.Context, consumer string, r *v1alpha1.Name
 	if ns != nil && !tenancy.MirroredFor(ns, consumer, src) {
 		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil, false, nil
 	}
-	if ns == nil && limits.Namespaces > 0 && *count >= limits.Namespaces {
-		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limits.Namespaces)}, nil, false, nil
+	// A new namespace only under the consumer's suffix, unless the admin
+	// lets it choose: otherwise it could take a name this cluster's own
+	// workloads want (monitoring, argocd) before they do.
+	if ns == nil && !limits.Fence.AnyNamespaceName && !offload.Suffixed(r.Name, consumer) {
+		return answer{v1alpha1.RequestRefused, ReasonNotSuffixed, fmt.Sprintf("this cluster mirrors namespaces for %s only under names that end in -%s (namespaceMapping DefaultName); "+
+			"its admin may allow other names with spec.offloadLimits.namespaceNames: Any on the Peer of %s", consumer, offload.ClusterSuffix(consumer), consumer)}, nil, false, nil
+	}
+	if limit := tenancy.NamespaceLimit(limits); ns == nil && *count >= limit {
+		return answer{v1alpha1.RequestRefused, ReasonOverLimit, fmt.Sprintf("%s has %d namespaces mirrored here, as many as its grant allows (%d); delete one or ask for a higher limit", consumer, *count, limit)}, nil, false, nil
 	}
 	*count++
 	if ns != nil && ns.DeletionTimestamp != nil {
@@ -511,8 +570,13 @@ func (m *Provider) countNamespaces(ctx context.Context) {
 	m.m.namespaces.Set(float64(n))
 	// Forget namespaces gone; one created since the cache saw it is only
 	// applied again.
+	names := map[string]bool{}
+	for _, ns := range list.Items {
+		names[ns.Name] = true
+	}
 	m.mu.Lock()
 	maps.DeleteFunc(m.applied, func(uid types.UID, _ grant.Limits) bool { return !present[uid] })
+	maps.DeleteFunc(m.fenced, func(ns, _ string) bool { return !names[ns] && !strings.HasPrefix(ns, offload.TenantPrefix) })
 	m.mu.Unlock()
 }
 
@@ -526,7 +590,7 @@ func newMirrorMetrics(reg prometheus.Registerer) (*mirrorMetrics, error) {
 	m := &mirrorMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_mirror_requests_total",
-			Help: "NamespaceRequests answered, by result (the status reason written: Created, AlreadyExists, Reserved, InvalidName, OverLimit, NotGranted, Pending).",
+			Help: "NamespaceRequests answered, by result (the status reason written: Created, AlreadyExists, Reserved, InvalidName, NotSuffixed, OverLimit, NotGranted, Pending).",
 		}, []string{"result"}),
 		namespaces: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flotilla_mirror_namespaces",

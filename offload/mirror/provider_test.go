@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -71,6 +72,8 @@ func TestMirrorProvider(t *testing.T) {
 
 	t.Run("RequestBecomesNamespace", s.testCreated)
 	t.Run("ReservedAndCraftedNamesRefused", s.testRefused)
+	t.Run("NamespaceSquatRefused", s.testSquat)
+	t.Run("FencePutBack", s.testFencePutBack)
 	t.Run("NotGranted", s.testNotGranted)
 	t.Run("OverLimit", s.testOverLimit)
 	t.Run("ForeignNamespaceUntouched", s.testAlreadyExists)
@@ -80,7 +83,7 @@ func TestMirrorProvider(t *testing.T) {
 	t.Run("RestartConverges", s.testRestart)
 	t.Run("Metrics", func(t *testing.T) {
 		m := s.first.m
-		for _, reason := range []string{ReasonCreated, ReasonReserved, ReasonInvalidName, ReasonAlreadyExists, ReasonOverLimit, ReasonNotGranted} {
+		for _, reason := range []string{ReasonCreated, ReasonReserved, ReasonInvalidName, ReasonAlreadyExists, ReasonOverLimit, ReasonNotGranted, ReasonNotSuffixed} {
 			if got := testutil.ToFloat64(m.requests.WithLabelValues(reason)); got == 0 {
 				t.Errorf("flotilla_mirror_requests_total{result=%q} = 0", reason)
 			}
@@ -250,7 +253,7 @@ func (s *mirrorSuite) testCreated(t *testing.T) {
 		t.Errorf("LimitRange: %v", err)
 	}
 	// The default ServiceAccount comes from kube-controller-manager.
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: *harness.Restricted(&corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}})}
 	eventually.Within(t, 60*time.Second, "the consumer creates a pod in "+name, func() error {
 		_, err := c.kube.CoreV1().Pods(name).Create(ctx, pod, metav1.CreateOptions{})
 		return err
@@ -260,6 +263,79 @@ func (s *mirrorSuite) testCreated(t *testing.T) {
 	r.Status.Reason = ReasonOverLimit
 	if err := c.client.Status().Patch(ctx, r, patch); !apierrors.IsForbidden(err) {
 		t.Errorf("the consumer writes its request's status: %v, want Forbidden", err)
+	}
+}
+
+// With its own token a consumer may not take a name this cluster's own
+// workloads may want: after its suffixed request becomes a namespace (the
+// witness that requests are answered), monitoring and argocd are refused
+// and not made, as is creating the namespace itself; once the provider's
+// admin allows any name, argocd is made.
+func (s *mirrorSuite) testSquat(t *testing.T) {
+	c := s.newConsumer(t, grant.Limits{})
+	witness := remoteName(t, "shop", c.id)
+	c.request(t, witness, "shop")
+	s.waitStatus(t, c, witness, ReasonCreated)
+	if _, ok := s.namespace(t, witness); !ok {
+		t.Fatalf("namespace %s of the witness request does not exist", witness)
+	}
+	for _, name := range []string{"monitoring", "argocd"} {
+		c.request(t, name, name)
+		r := s.waitStatus(t, c, name, ReasonNotSuffixed)
+		t.Logf("request %s: %s %s: %s", name, r.Status.Phase, r.Status.Reason, r.Status.Message)
+		if r.Status.Phase != v1alpha1.RequestRefused || !strings.Contains(r.Status.Message, "-"+offload.ClusterSuffix(c.id)) {
+			t.Errorf("request %s: %+v, want Refused naming the suffix", name, r.Status)
+		}
+		if _, ok := s.namespace(t, name); ok {
+			t.Errorf("namespace %s was made for a request without the consumer's suffix", name)
+		}
+	}
+	_, err := c.kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring"}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("the consumer creates namespace monitoring itself: %v, want Forbidden", err)
+	}
+	t.Logf("the consumer creates namespace monitoring: %d %v", err.(apierrors.APIStatus).Status().Code, err)
+
+	s.grants.Set(c.id, grant.Limits{Fence: grant.Fence{AnyNamespaceName: true}})
+	s.waitStatus(t, c, "argocd", ReasonCreated)
+	if ns, ok := s.namespace(t, "argocd"); !ok || !tenancy.MirroredFor(ns, c.id, "argocd") {
+		t.Errorf("namespace argocd, allowed any name: %v, %v", ok, ns)
+	}
+}
+
+// The NetworkPolicy of the consumer's namespaces, its tenant namespace
+// and one mirrored, deleted or opened up by someone, is put back.
+func (s *mirrorSuite) testFencePutBack(t *testing.T) {
+	ctx := t.Context()
+	c := s.newConsumer(t, grant.Limits{})
+	name := remoteName(t, "fenced", c.id)
+	c.request(t, name, "fenced")
+	s.waitStatus(t, c, name, ReasonCreated)
+	for _, ns := range []string{c.tenant, name} {
+		policies := s.cp.Client.NetworkingV1().NetworkPolicies(ns)
+		fenced := func(what string) {
+			t.Helper()
+			eventually.Within(t, 30*time.Second, "the fence of "+ns+" "+what, func() error {
+				p, err := policies.Get(ctx, tenancy.FencePolicy, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if len(p.Spec.Egress) != 3 || len(p.Spec.Egress[2].To) != 2 || p.Spec.Egress[2].To[0].IPBlock == nil ||
+					!slices.Contains(p.Spec.Egress[2].To[0].IPBlock.Except, tenancy.MetadataNetwork.String()) {
+					return fmt.Errorf("egress %+v", p.Spec.Egress)
+				}
+				return nil
+			})
+		}
+		fenced("in place")
+		if err := policies.Delete(ctx, tenancy.FencePolicy, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		fenced("back after a delete")
+		if _, err := policies.Patch(ctx, tenancy.FencePolicy, types.MergePatchType, []byte(`{"spec":{"egress":[{}]}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		fenced("back after it was opened up")
 	}
 }
 

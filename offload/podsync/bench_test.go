@@ -134,11 +134,11 @@ func benchDeployment(app, provider string, replicas int) *appsv1.Deployment {
 			Selector: &metav1.LabelSelector{MatchLabels: sel},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: sel},
-				Spec: corev1.PodSpec{
+				Spec: *harness.Restricted(&corev1.PodSpec{
 					NodeSelector: map[string]string{offload.LabelClusterID: provider},
 					Tolerations:  []corev1.Toleration{{Key: offload.TaintVirtualNode, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
 					Containers:   []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
-				},
+				}),
 			},
 		},
 	}

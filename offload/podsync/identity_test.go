@@ -17,6 +17,7 @@ import (
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // A provider back under a new identity (its state wiped) at the same API
@@ -178,7 +179,7 @@ func watchUntilMarker(t *testing.T, e *podsEnv, w watch.Interface, ns string) []
 	t.Helper()
 	marker := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "marker"},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+		Spec:       *harness.Restricted(&corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}}),
 	}
 	made, err := e.Provider.CP.Client.CoreV1().Pods(ns).Create(t.Context(), marker, metav1.CreateOptions{})
 	if err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
 	"github.com/flotilla-io/flotilla/offload/mirror"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // podsEnv is an offloadenv.PodEnv and the Reflectors a test runs in it.
@@ -88,11 +89,11 @@ func (e *podsEnv) reflector() *Reflector { return e.reflectors[len(e.reflectors)
 func (e *podsEnv) podOnVirtualNode(ns, name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": name}},
-		Spec: corev1.PodSpec{
+		Spec: *harness.Restricted(&corev1.PodSpec{
 			NodeName:    e.Node,
 			Tolerations: []corev1.Toleration{{Key: offload.TaintVirtualNode, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
 			Containers:  []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
-		},
+		}),
 	}
 }
 

@@ -138,6 +138,7 @@ func (e *reflectEnv) boundPod(tb testing.TB, name string, mutate func(*corev1.Po
 		Tolerations: []corev1.Toleration{{Key: offload.TaintVirtualNode, Operator: corev1.TolerationOpExists}},
 	}}
 	mutate(&p.Spec)
+	harness.Restricted(&p.Spec)
 	if err := e.lcx.Create(tb.Context(), p); err != nil {
 		tb.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -140,6 +141,9 @@ type memberState struct {
 	key       ed25519.PublicKey
 	alive     bool
 	goneSince time.Time
+	// networks are this cluster's views of the member's networks, as
+	// AnnotationEndpointNetworks lists them.
+	networks string
 }
 
 // issuedGrant is what was last sent to a consumer, without its token.
@@ -203,9 +207,12 @@ func NewGrants(cfg GrantsConfig) (*Grants, error) {
 func (p *Grants) PeerChanged(s peering.PeerState) {
 	p.mu.Lock()
 	old, known := p.members[s.ClusterID]
-	st := memberState{key: s.IdentityKey, alive: s.Member.OK, goneSince: old.goneSince}
+	st := memberState{key: s.IdentityKey, alive: s.Member.OK, goneSince: old.goneSince, networks: viewsOf(s)}
 	if len(st.key) == 0 {
 		st.key = old.key
+	}
+	if len(s.TheirNetworks) == 0 {
+		st.networks = old.networks // not agreed yet, or gone: keep what was agreed
 	}
 	switch {
 	case st.alive:
@@ -215,9 +222,21 @@ func (p *Grants) PeerChanged(s peering.PeerState) {
 	}
 	p.members[s.ClusterID] = st
 	p.mu.Unlock()
-	if !known || old.alive != st.alive || !old.key.Equal(st.key) {
+	if !known || old.alive != st.alive || !old.key.Equal(st.key) || old.networks != st.networks {
 		p.queue.Add(s.ClusterID)
 	}
+}
+
+// viewsOf lists this cluster's views of the peer's networks: where its
+// endpoints are, as this cluster reaches them.
+func viewsOf(s peering.PeerState) string {
+	nets := make([]netip.Prefix, 0, len(s.TheirNetworks))
+	for _, v := range s.TheirNetworks {
+		if v.As.IsValid() {
+			nets = append(nets, v.As)
+		}
+	}
+	return endpointNetworks(nets)
 }
 
 // Granted returns the limits this provider grants consumer now, and false
@@ -400,7 +419,9 @@ func (p *Grants) reconcile(ctx context.Context, id string) (time.Duration, error
 	if v.reason == "WaitingForPeer" {
 		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: v.reason, Message: v.message})
 	}
-	g, err := p.ensureGranted(ctx, id, m.key, offload.LimitsOf(peer.Spec.OffloadLimits), now)
+	limits := offload.LimitsOf(peer.Spec.OffloadLimits)
+	limits.Fence.EndpointNetworks = m.networks
+	g, err := p.ensureGranted(ctx, id, m.key, limits, now)
 	if err != nil {
 		if werr := p.writeStatus(ctx, peer, offload.GrantCondition{Reason: failureReason(err), Message: err.Error()}); werr != nil {
 			p.log.Warn("cannot write a Peer's grant status", "peer", id, "err", werr)
@@ -445,8 +466,19 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 	p.tenants[id] = true
 	cur := p.issued[id]
 	p.mu.Unlock()
-	if cur != nil && now.Before(cur.renewAt) && cur.limits == limits && cur.server == api.URL && cur.namespace == t.Namespace {
-		return *cur, nil
+	if cur != nil && now.Before(cur.renewAt) && sealedLimits(cur.limits) == sealedLimits(limits) && cur.server == api.URL && cur.namespace == t.Namespace {
+		if cur.limits == limits {
+			return *cur, nil
+		}
+		// Only the provider's side changed: nothing to send, but the
+		// mirrored namespaces get it.
+		p.mu.Lock()
+		ig := *cur
+		ig.limits = limits
+		p.issued[id] = &ig
+		p.mu.Unlock()
+		p.changed(id)
+		return ig, nil
 	}
 	tok, err := p.cfg.Tenants.Issue(ctx, id)
 	if err != nil {
@@ -459,7 +491,7 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 	g := grant.Grant{
 		Version: grant.Version, Provider: p.cfg.Identity.ClusterID(), Consumer: id, Serial: serial,
 		IssuedAt: now, ExpiresAt: tok.Expires, Server: api.URL, CAData: api.CAData,
-		Token: tok.Value, Namespace: t.Namespace, Limits: limits,
+		Token: tok.Value, Namespace: t.Namespace, Limits: sealedLimits(limits),
 	}
 	sealed, err := grant.Seal(p.cfg.Identity, key, g)
 	if err != nil {
@@ -482,6 +514,13 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 	p.log.Info("credential granted", "peer", id, "namespace", t.Namespace, "server", api.URL,
 		"serial", serial, "expires", tok.Expires.UTC().Format(time.RFC3339))
 	return ig, nil
+}
+
+// sealedLimits are the limits the consumer is told: without the
+// provider's fence.
+func sealedLimits(l grant.Limits) grant.Limits {
+	l.Fence = grant.Fence{}
+	return l
 }
 
 // revoke removes the consumer's tenant (its tokens stop working at once)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -507,13 +508,35 @@ func (w *world) testGrant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !sameResources(q.Spec.Hard, rl(step.quota...)) {
-			t.Errorf("limits %+v: quota %v, want %v", step.limits, q.Spec.Hard, rl(step.quota...))
+		if !sameResources(q.Spec.Hard, counted(step.quota...)) {
+			t.Errorf("limits %+v: quota %v, want %v", step.limits, q.Spec.Hard, counted(step.quota...))
 		}
 		w.credentialWorks(t, c, p)
 		if got, want := credentialExpiryMetric(t, c.reg, p.id.ClusterID()), float64(g.ExpiresAt.UnixMilli())/1000; got != want {
 			t.Errorf("flotilla_grant_credential_expiry_timestamp_seconds %v, want the grant's expiry %v", got, want)
 		}
+	}
+
+	// The admin raises an object count: the quota follows, and the
+	// consumer is sent nothing (the fence is the provider's own).
+	before := p.bridge.last(t, c.id).Serial
+	w.updatePeer(t, w.provClient, cid, func(peer *v1alpha1.Peer) {
+		peer.Spec.OffloadLimits = &v1alpha1.OffloadLimits{CPU: quantity("500m"), Pods: offloadtest.Ptr(int64(20)), Services: offloadtest.Ptr(int64(7))}
+	})
+	want := counted("requests.cpu", "500m", "pods", "20")
+	want[corev1.ResourceServices] = resource.MustParse("7")
+	eventually.Within(t, 30*time.Second, "the quota with the raised count", func() error {
+		q, err := w.provCP.Client.CoreV1().ResourceQuotas(ns).Get(ctx, offload.GrantSecret, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !sameResources(q.Spec.Hard, want) {
+			return fmt.Errorf("quota %v, want %v", q.Spec.Hard, want)
+		}
+		return nil
+	})
+	if g := p.bridge.last(t, c.id); g.Serial != before || g.Limits.Fence != (grant.Fence{}) {
+		t.Errorf("after an object count changed, the consumer was sent serial %d (was %d) with fence %+v: want nothing new", g.Serial, before, g.Limits.Fence)
 	}
 }
 

@@ -64,10 +64,19 @@ func (t *Tenants) EnsureMirrored(ctx context.Context, consumer, name, source str
 	if err != nil {
 		return nil, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 	}
+	networks, err := t.allowedEndpoints(ctx, limits.Fence.EndpointNetworks)
+	if err != nil {
+		return nil, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
+	}
 	ns = known
 	if ns == nil {
-		if ns, created, err = t.createMirrored(ctx, consumer, name, source); err != nil {
+		if ns, created, err = t.createMirrored(ctx, consumer, name, source, networks); err != nil {
 			return nil, false, err
+		}
+	}
+	if !created {
+		if ns, err = t.fenceNamespace(ctx, ns, networks); err != nil {
+			return nil, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 		}
 	}
 	if err := t.applyGrantObjects(ctx, consumer, name, hard, created); err != nil {
@@ -82,9 +91,10 @@ func (t *Tenants) EnsureMirrored(ctx context.Context, consumer, name, source str
 // createMirrored creates the namespace, or, when one of that name exists
 // (created in between), reads it and checks it is the consumer's. Create
 // comes first: the caller has just found none.
-func (t *Tenants) createMirrored(ctx context.Context, consumer, name, source string) (*corev1.Namespace, bool, error) {
+func (t *Tenants) createMirrored(ctx context.Context, consumer, name, source, networks string) (*corev1.Namespace, bool, error) {
 	for range 2 {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: offload.MirroredLabels(consumer, source)}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: namespaceLabels(offload.MirroredLabels(consumer, source)),
+			Annotations: map[string]string{AnnotationEndpointNetworks: networks}}}
 		ns, err := t.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
 		if err == nil {
 			return ns, true, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -76,6 +77,10 @@ type TenantsConfig struct {
 	Logger   *slog.Logger
 	// Metrics, when set, gets the flotilla_grant_* metrics.
 	Metrics prometheus.Registerer
+	// PodNetworks, when set, are this cluster's pod networks, where a
+	// consumer's pods offloaded here are and its EndpointSlices may
+	// point; the nodes' spec.podCIDRs when nil.
+	PodNetworks func(context.Context) ([]netip.Prefix, error)
 }
 
 // Tenants is the provider's side of grants in its API server: the tenant
@@ -90,6 +95,8 @@ type Tenants struct {
 	lifetime time.Duration
 	log      *slog.Logger
 	metrics  *tenantMetrics
+
+	podNetworks func(context.Context) ([]netip.Prefix, error)
 
 	mu    sync.Mutex
 	known map[string]bool // consumers with a tenant namespace, for the gauge
@@ -133,6 +140,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
 		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
+		podNetworks: cfg.PodNetworks,
 	}
 	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("tenants: metrics: %w", err)
@@ -156,7 +164,11 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
 	}
 	ns := offload.TenantNamespace(consumer)
-	created, err := t.ensureNamespace(ctx, consumer)
+	networks, err := t.allowedEndpoints(ctx, limits.Fence.EndpointNetworks)
+	if err != nil {
+		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
+	}
+	created, err := t.ensureNamespace(ctx, consumer, networks)
 	if err != nil {
 		return Tenant{}, err
 	}
@@ -176,17 +188,22 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 // ensureNamespace creates consumer's namespace, or checks that the one of
 // that name is ours. It never applies to an existing namespace: that would
 // adopt a foreign one created between a read and the write.
-func (t *Tenants) ensureNamespace(ctx context.Context, consumer string) (created bool, err error) {
+func (t *Tenants) ensureNamespace(ctx context.Context, consumer, networks string) (created bool, err error) {
 	name := offload.TenantNamespace(consumer)
 	for range 2 {
 		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
-			return false, CheckOurs(ns, consumer)
+			if err := CheckOurs(ns, consumer); err != nil {
+				return false, err
+			}
+			_, err = t.fenceNamespace(ctx, ns, networks)
+			return false, err
 		}
 		if !apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("read namespace %s: %w", name, err)
 		}
-		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: offload.TenantLabels(consumer)}}
+		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: namespaceLabels(offload.TenantLabels(consumer)),
+			Annotations: map[string]string{AnnotationEndpointNetworks: networks}}}
 		_, err = t.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
 		if err == nil {
 			return true, nil
@@ -254,8 +271,9 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) error {
 	defaults := defaultRequests(hard)
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 4)
 	wg.Go(func() { errs[0] = t.applyRoleBinding(ctx, consumer, ns) })
+	wg.Go(func() { errs[3] = t.applyFencePolicy(ctx, consumer, ns) })
 	switch {
 	case fresh:
 		if len(defaults) > 0 {
@@ -382,7 +400,10 @@ func quotaOf(l grant.Limits) (corev1.ResourceList, error) {
 	}
 	// Namespaces bound mirroring, which counts them itself; no quota here.
 	if l.Namespaces < 0 {
-		return nil, fmt.Errorf("namespaces limit %d: must not be negative; 0 is no limit", l.Namespaces)
+		return nil, fmt.Errorf("namespaces limit %d: must not be negative; 0 is the default (%d)", l.Namespaces, DefaultNamespaces)
+	}
+	if err := objectCounts(hard, l.Fence); err != nil {
+		return nil, err
 	}
 	return hard, nil
 }

@@ -98,6 +98,8 @@ func TestTenants(t *testing.T) {
 	t.Run("EnsureTwiceChangesNothing", s.testEnsureTwice)
 	t.Run("LimitsChangeAndGo", s.testLimits)
 	t.Run("PodWithoutRequestsFitsTheQuota", s.testDefaultRequests)
+	t.Run("FenceOfATenant", s.testFence)
+	t.Run("RestrictedWithoutThePolicies", s.testRestrictedWithoutPolicies)
 	t.Run("ImmutableFieldsPutBack", s.testImmutablePutBack)
 	t.Run("ForeignNamespaceRefused", s.testForeign)
 	t.Run("TerminatingNamespace", s.testTerminating)
@@ -172,6 +174,8 @@ func (s *suite) versions(t *testing.T, consumer string) map[string]string {
 	record("ResourceQuota", q, err)
 	lr, err := core.LimitRanges(ns).Get(ctx, offload.GrantSecret, metav1.GetOptions{})
 	record("LimitRange", lr, err)
+	np, err := s.cp.Client.NetworkingV1().NetworkPolicies(ns).Get(ctx, FencePolicy, metav1.GetOptions{})
+	record("NetworkPolicy", np, err)
 	return out
 }
 
@@ -222,8 +226,8 @@ func (s *suite) testEnsureTwice(t *testing.T) {
 		return nil
 	})
 	before := s.versions(t, consumer)
-	if len(before) != 6 {
-		t.Fatalf("tenant objects %v, want all six", before)
+	if len(before) != 7 {
+		t.Fatalf("tenant objects %v, want all seven", before)
 	}
 	s.ensure(t, consumer, limits)
 	if after := s.versions(t, consumer); fmt.Sprint(after) != fmt.Sprint(before) {
@@ -231,38 +235,40 @@ func (s *suite) testEnsureTwice(t *testing.T) {
 	}
 }
 
-// The quota and the defaults follow the limits: only the kinds set, one
-// patch per change, none at all when nothing is limited.
+// The quota and the defaults follow the limits: the kinds set, and the
+// object counts always (the defaults, or what the Peer raised them to);
+// one patch per change.
 func (s *suite) testLimits(t *testing.T) {
 	consumer := offloadtest.NewConsumer(t)
+	raised := grant.Fence{Services: 500, Secrets: 1000, ConfigMaps: 1000, EndpointSlices: 2000, PersistentVolumeClaims: 100, EphemeralStorage: "1Ti"}
 	for _, step := range []struct {
 		limits    grant.Limits
-		quota     corev1.ResourceList // nil: no quota
+		quota     corev1.ResourceList
 		defaults  corev1.ResourceList // nil: no LimitRange
 		quotaSame bool                // the quota is not written
 	}{
-		{grant.Limits{}, nil, nil, false},
+		{grant.Limits{}, counted(), nil, false},
 		{grant.Limits{CPU: "2", Pods: 10},
-			rl("requests.cpu", "2", "pods", "10"), rl("cpu", "100m"), false},
+			counted("requests.cpu", "2", "pods", "10"), rl("cpu", "100m"), false},
 		{grant.Limits{CPU: "2", Pods: 10, Namespaces: 5}, // namespaces bound mirroring, not the quota
-			rl("requests.cpu", "2", "pods", "10"), rl("cpu", "100m"), true},
+			counted("requests.cpu", "2", "pods", "10"), rl("cpu", "100m"), true},
 		{grant.Limits{Memory: "1Gi"},
-			rl("requests.memory", "1Gi"), rl("memory", "128Mi"), false},
+			counted("requests.memory", "1Gi"), rl("memory", "128Mi"), false},
 		{grant.Limits{CPU: "50m", Memory: "64Mi"}, // defaults no larger than the limits
-			rl("requests.cpu", "50m", "requests.memory", "64Mi"), rl("cpu", "50m", "memory", "64Mi"), false},
-		{grant.Limits{Pods: 3}, rl("pods", "3"), nil, false},
-		{grant.Limits{}, nil, nil, false},
+			counted("requests.cpu", "50m", "requests.memory", "64Mi"), rl("cpu", "50m", "memory", "64Mi"), false},
+		{grant.Limits{Pods: 3}, counted("pods", "3"), nil, false},
+		{grant.Limits{Pods: 3, Fence: raised}, rl("pods", "3", "services", "500", "secrets", "1000", "configmaps", "1000",
+			"count/endpointslices.discovery.k8s.io", "2000", "persistentvolumeclaims", "100", "requests.ephemeral-storage", "1Ti"), nil, false},
+		{grant.Limits{}, counted(), nil, false},
 	} {
 		before := s.versions(t, consumer)
 		s.ensure(t, consumer, step.limits)
 		after := s.versions(t, consumer)
 		q, err := s.cp.Client.CoreV1().ResourceQuotas(offload.TenantNamespace(consumer)).Get(t.Context(), offload.GrantSecret, metav1.GetOptions{})
 		switch {
-		case step.quota == nil && !apierrors.IsNotFound(err):
-			t.Errorf("limits %+v: quota %v (err %v), want none", step.limits, q.Spec.Hard, err)
-		case step.quota != nil && err != nil:
+		case err != nil:
 			t.Errorf("limits %+v: quota: %v", step.limits, err)
-		case step.quota != nil && !sameResources(q.Spec.Hard, step.quota):
+		case !sameResources(q.Spec.Hard, step.quota):
 			t.Errorf("limits %+v: quota %v, want %v", step.limits, q.Spec.Hard, step.quota)
 		}
 		lr, err := s.cp.Client.CoreV1().LimitRanges(offload.TenantNamespace(consumer)).Get(t.Context(), offload.GrantSecret, metav1.GetOptions{})
@@ -278,7 +284,7 @@ func (s *suite) testLimits(t *testing.T) {
 		if step.quotaSame && after["ResourceQuota"] != before["ResourceQuota"] {
 			t.Errorf("limits %+v: the quota was written though it did not change", step.limits)
 		}
-		for _, kind := range []string{"Namespace", "ServiceAccount", "Secret", "RoleBinding"} {
+		for _, kind := range []string{"Namespace", "ServiceAccount", "Secret", "RoleBinding", "NetworkPolicy"} {
 			if after[kind] != before[kind] && before[kind] != "" {
 				t.Errorf("limits %+v: %s written (resourceVersion %s -> %s)", step.limits, kind, before[kind], after[kind])
 			}
@@ -294,7 +300,7 @@ func (s *suite) testDefaultRequests(t *testing.T) {
 	ns := offload.TenantNamespace(consumer)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "no-requests"},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+		Spec:       *harness.Restricted(&corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}}),
 	}
 	// The quota admits pods only once its controller has computed usage.
 	var got *corev1.Pod
@@ -606,6 +612,13 @@ func (l *tokenLog) check(t *testing.T, where, text string) {
 			}
 		}
 	}
+}
+
+// counted is the quota of the kinds in pairs and the default object
+// counts.
+func counted(pairs ...string) corev1.ResourceList {
+	return rl(append(pairs, "services", "100", "secrets", "200", "configmaps", "200",
+		"count/endpointslices.discovery.k8s.io", "500", "persistentvolumeclaims", "20", "requests.ephemeral-storage", "50Gi")...)
 }
 
 // rl is a ResourceList from name, quantity pairs.

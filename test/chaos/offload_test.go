@@ -108,10 +108,10 @@ func startWorkloads(t *testing.T, ps []*pair) {
 					ObjectMeta: metav1.ObjectMeta{Labels: labels},
 					// No container runs: the provider's kubelet is a
 					// stand-in. Placement comes from the agent's webhook.
-					Spec: corev1.PodSpec{
+					Spec: *harness.Restricted(&corev1.PodSpec{
 						TerminationGracePeriodSeconds: new(int64),
 						Containers:                    []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
-					},
+					}),
 				},
 			},
 		}

@@ -750,7 +750,7 @@ func createPlainDeployment(b *testing.B, c *federation.Cluster, ns, name string,
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+				Spec:       *harness.Restricted(&corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}}),
 			},
 		},
 	}

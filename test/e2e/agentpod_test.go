@@ -157,6 +157,7 @@ func documentedAccess() map[string][]string {
 		"clusterroles.rbac.authorization.k8s.io [flotilla-consumer] [bind]",
 		"resourcequotas [] [create delete get patch]",
 		"limitranges [] [create delete get patch]",
+		"networkpolicies.networking.k8s.io [] [create delete get list patch watch]",
 		// The grant's Secret, written only, in tenants (admission);
 		// reflection reads Secrets and ConfigMaps only in offloaded
 		// namespaces, through a RoleBinding made there

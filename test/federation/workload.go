@@ -16,9 +16,10 @@ import (
 )
 
 // TestPodSpec runs the test server (harness.TestServerImage), Ready once
-// it listens, with requests when given.
+// it listens, with requests when given; it meets Pod Security restricted,
+// as a consumer's pods must to run on a provider.
 func TestPodSpec(requests corev1.ResourceList) corev1.PodSpec {
-	return corev1.PodSpec{
+	return *harness.Restricted(&corev1.PodSpec{
 		TerminationGracePeriodSeconds: new(int64),
 		Containers: []corev1.Container{{
 			Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
@@ -28,7 +29,7 @@ func TestPodSpec(requests corev1.ResourceList) corev1.PodSpec {
 				PeriodSeconds: 1,
 			},
 		}},
-	}
+	})
 }
 
 // CreateDeployment creates a Deployment of the test server in ns of c,

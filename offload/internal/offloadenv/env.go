@@ -106,7 +106,7 @@ func (e *MirrorEnv) grant(t *testing.T, p *Provider) {
 // provider's grant hands one over.
 func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenants, consumer string, p *Provider, server string) {
 	t.Helper()
-	tenant, err := tenants.Ensure(t.Context(), consumer, grant.Limits{})
+	tenant, err := tenants.Ensure(t.Context(), consumer, ConsumerLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +122,11 @@ func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenant
 			Namespace: tenant.Namespace, ExpiresAt: tok.Expires},
 	})
 }
+
+// ConsumerLimits are the grant's terms in these environments: no limits,
+// and the consumer's EndpointSlices may point into the provider's view of
+// it (as the grants controller sets from the peering's views).
+var ConsumerLimits = grant.Limits{Fence: grant.Fence{EndpointNetworks: offloadtest.ProviderViewOfConsumer.String()}}
 
 // AddPeer writes the consumer's Peer for a provider, granted (its
 // OffloadCredential condition set, as remote.Consumer writes it).
@@ -406,12 +411,13 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	e.Link = newCutLink(tb, prov.Addr.String())
 
 	agent := offloadtest.ServiceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
-	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience})
+	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience,
+		PodNetworks: func(context.Context) ([]netip.Prefix, error) { return []netip.Prefix{offloadtest.ProviderPodCIDR}, nil }})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	grantedBy(e.Creds, tb, tenants, e.Self, e.Provider, "https://"+e.Link.addr)
-	e.Grants = &offloadtest.Grants{Limits: map[string]grant.Limits{e.Self: {}}}
+	e.Grants = &offloadtest.Grants{Limits: map[string]grant.Limits{e.Self: ConsumerLimits}}
 	hosted, err := mirror.NewProvider(mirror.ProviderConfig{
 		Config: agent, Tenants: tenants, Grants: e.Grants, AgentNamespace: "flotilla-system",
 		Resync: time.Second, Shared: offloadtest.StartSharedCache(tb, agent, nil), Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: tb}, nil)),

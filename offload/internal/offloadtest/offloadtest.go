@@ -259,7 +259,7 @@ func (v OffsetViews) AsSeenBy(provider string, a netip.Addr) (netip.Addr, bool) 
 	if provider != v.Provider {
 		return netip.Addr{}, false
 	}
-	return OffsetViews{Provider: provider, Real: consumerPodCIDR, View: providerViewOfConsumer}.Translate(provider, a)
+	return OffsetViews{Provider: provider, Real: consumerPodCIDR, View: ProviderViewOfConsumer}.Translate(provider, a)
 }
 
 // rotationSeen follows a CA rotation from outside, observation after
@@ -372,10 +372,11 @@ func BundleIDs(t *testing.T, bundle []byte) []string {
 	}
 }
 
-// The consumer's own pod network, and how the provider sees it.
+// The consumer's own pod network, and how the provider sees it (the
+// networks its EndpointSlices may point at there).
 var (
 	consumerPodCIDR        = netip.MustParsePrefix("10.244.0.0/16")
-	providerViewOfConsumer = netip.MustParsePrefix("10.80.0.0/16")
+	ProviderViewOfConsumer = netip.MustParsePrefix("10.80.0.0/16")
 )
 
 // InstallProvider applies what a provider's agent is installed with:
