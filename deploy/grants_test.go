@@ -200,6 +200,14 @@ func tenantLabels(consumer string) map[string]string {
 	return map[string]string{offload.LabelTenant: consumer, "app.kubernetes.io/managed-by": "flotilla"}
 }
 
+// tenantNamespaceLabels are a consumer's namespace's labels as the agent
+// writes them: the tenant's, and Pod Security restricted.
+func tenantNamespaceLabels(consumer string) map[string]string {
+	l := tenantLabels(consumer)
+	l[tenancy.LabelPodSecurityEnforce] = tenancy.PodSecurityRestricted
+	return l
+}
+
 func grantSecret() *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: offload.GrantSecret, Labels: tenantLabels(consumerID)},
@@ -233,10 +241,17 @@ func (g *grant) testSetup(t *testing.T) {
 	core := g.agent.CoreV1()
 	// The endpoint networks: where the consumer's EndpointSlices may point
 	// (its view, 10.70.0.0/16, holds the one testConsumerRequests makes).
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantLabels(consumerID),
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant, Labels: tenantNamespaceLabels(consumerID),
 		Annotations: map[string]string{tenancy.AnnotationEndpointNetworks: "10.70.0.0/16"}}}
 	if _, err := core.Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("agent creates the tenant namespace: %v", err)
+	}
+	// The admin lowers Pod Security here, so that the subtests below try
+	// the policies on their own (TestTenantFence tries Pod Security; the
+	// mirroring subtest that the agent may not lower it).
+	lower := `{"metadata":{"labels":{"pod-security.kubernetes.io/enforce":"privileged"}}}`
+	if _, err := g.cp.Client.CoreV1().Namespaces().Patch(ctx, tenant, types.MergePatchType, []byte(lower), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: offload.ConsumerServiceAccount, Labels: tenantLabels(consumerID)}}
 	if _, err := core.ServiceAccounts(tenant).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
@@ -356,7 +371,7 @@ func (g *grant) testAgentRefusals(t *testing.T) {
 			return err
 		}},
 		{"create a labelled namespace under another name", "is named " + tenant, func(ctx context.Context) error {
-			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: tenantLabels(consumerID)}}
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: tenantNamespaceLabels(consumerID)}}
 			_, err := core.Namespaces().Create(ctx, ns, create)
 			return err
 		}},
@@ -521,6 +536,14 @@ func (g *grant) testMirroring(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the agent creates a mirrored namespace: %v", err)
 	}
+	// A consumer's namespace stays at Pod Security restricted.
+	for what, patch := range map[string]string{
+		"lower a mirrored namespace's Pod Security":  `{"metadata":{"labels":{"pod-security.kubernetes.io/enforce":"privileged"}}}`,
+		"take Pod Security off a mirrored namespace": `{"metadata":{"labels":{"pod-security.kubernetes.io/enforce":null}}}`,
+	} {
+		_, err := agent.Patch(ctx, mirrored.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		refusal{what, "keeps a consumer's namespaces at Pod Security restricted", func(context.Context) error { return err }}.check(t, "the agent")
+	}
 	if err := agent.Delete(ctx, mirrored.Name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("the agent deletes the mirrored namespace it made: %v", err)
 	}
@@ -531,7 +554,7 @@ func (g *grant) testMirroring(t *testing.T) {
 }
 
 func mirroredLabels(source string) map[string]string {
-	l := tenantLabels(consumerID)
+	l := tenantNamespaceLabels(consumerID)
 	l[v1alpha1.LabelMirroredFrom] = source
 	return l
 }
