@@ -66,6 +66,8 @@ const (
 )
 
 // OffloadLimits bound what a consumer may run on its provider.
+// +kubebuilder:validation:XValidation:rule="!has(self.cpu) || !quantity(string(self.cpu)).isLessThan(quantity('0'))",message="cpu must not be negative"
+// +kubebuilder:validation:XValidation:rule="!has(self.memory) || !quantity(string(self.memory)).isLessThan(quantity('0'))",message="memory must not be negative"
 type OffloadLimits struct {
 	// CPU is the sum of the CPU requests of the consumer's pods.
 	// +optional
