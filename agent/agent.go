@@ -32,6 +32,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
+	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/policy"
@@ -115,6 +116,10 @@ type Config struct {
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
 	OffloadGrants tenancy.GrantPolicy
+	// OffloadTo is the policy for the grants of providers whose Peer's
+	// spec.offloadTo is empty: manual (held, never used without Accept)
+	// or auto.
+	OffloadTo remote.UsePolicy
 	// OffloadRevokeAfter is how long a consumer may be unreachable
 	// before the grant it holds here is revoked and its tenant, with
 	// everything it runs here, removed. Far longer than UnreachableGrace:
@@ -169,6 +174,7 @@ func DefaultConfig() Config {
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
 		OffloadGrants:      tenancy.GrantsManual,
+		OffloadTo:          remote.UseManual,
 		OffloadRevokeAfter: 24 * time.Hour,
 		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
@@ -238,6 +244,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := tenancy.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
 		return nil, fmt.Errorf("--offload-grants: %w", err)
+	}
+	if cfg.OffloadTo == "" {
+		cfg.OffloadTo = remote.UseManual
+	}
+	if _, err := remote.ParseUsePolicy(string(cfg.OffloadTo)); err != nil {
+		return nil, fmt.Errorf("--offload-to: %w", err)
 	}
 	if cfg.OffloadRevokeAfter == 0 {
 		cfg.OffloadRevokeAfter = 24 * time.Hour

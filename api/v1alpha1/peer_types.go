@@ -30,6 +30,13 @@ type PeerSpec struct {
 	// for this cluster's API server; Deny revokes it.
 	// +optional
 	Offloading Offloading `json:"offloading,omitempty"`
+	// OffloadTo: whether this cluster offloads to the peer (the peer is
+	// then its provider) once the peer granted it. Empty follows the
+	// agent's --offload-to policy (manual by default: never without
+	// Accept); Accept uses the peer's grant; Deny leaves it unused, and
+	// what was offloaded there is withdrawn.
+	// +optional
+	OffloadTo OffloadTo `json:"offloadTo,omitempty"`
 	// OffloadLimits bound what the peer may run here when granted; a limit
 	// left out is no limit of that kind.
 	// +optional
@@ -52,6 +59,18 @@ const (
 	TrafficDefault    Traffic = ""
 	TrafficFull       Traffic = "Full"
 	TrafficSegregated Traffic = "Segregated"
+)
+
+// OffloadTo is the admin's decision on offloading to a peer that granted
+// this cluster.
+// +kubebuilder:validation:Enum="";Accept;Deny
+type OffloadTo string
+
+const (
+	// OffloadToDefault follows the agent's --offload-to policy.
+	OffloadToDefault OffloadTo = ""
+	OffloadToAccept  OffloadTo = "Accept"
+	OffloadToDeny    OffloadTo = "Deny"
 )
 
 // Offloading is the admin's decision on letting a peer offload here.
@@ -124,6 +143,13 @@ type PeerStatus struct {
 	// ClusterName is the peer's human name (its --cluster-name).
 	// +optional
 	ClusterName string `json:"clusterName,omitempty"`
+	// AnnouncedLabels are the labels the peer announces about itself
+	// (its --cluster-label). They select nothing: a NamespaceOffload's
+	// clusterSelector reads the Peer's own labels, which only this
+	// cluster's admin sets (kubectl label peer), copying an announced one
+	// when they trust it.
+	// +optional
+	AnnouncedLabels map[string]string `json:"announcedLabels,omitempty"`
 	// Sources are the discovery sources that found the peer (mdns, dns,
 	// seed, gossip).
 	// +optional
