@@ -86,6 +86,8 @@ func DaemonSet(owner *appsv1.Deployment) (*appsv1ac.DaemonSetApplyConfiguration,
 		WithImagePullPolicy(agent.ImagePullPolicy).
 		WithArgs("fabric", "--log-format=json", fmt.Sprintf("--metrics-addr=:%d", MetricsPort)).
 		WithEnv(env...).
+		// Named for Prometheus (deploy/monitoring/podmonitor.yaml).
+		WithPorts(corev1ac.ContainerPort().WithName("metrics").WithContainerPort(MetricsPort).WithProtocol(corev1.ProtocolTCP)).
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromInt32(MetricsPort))).
 			WithPeriodSeconds(10).WithTimeoutSeconds(2).WithFailureThreshold(3)).
