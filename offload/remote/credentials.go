@@ -284,9 +284,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for _, p := range problems {
 		c.log.Warn("a kept grant is not usable; the provider's next grant replaces it", "peer", p.Provider, "err", p.Err)
 	}
+	// Whether each kept grant is accepted, from its Peer as it is now:
+	// what offloads asks for a credential at once, before the first
+	// reconcile of its provider.
+	accepted := map[string]bool{}
+	for _, g := range held {
+		var peer v1alpha1.Peer
+		if err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: g.Provider}, &peer); err == nil {
+			accepted[g.Provider], _ = c.cfg.Policy.accepts(&peer)
+		}
+	}
 	c.mu.Lock()
 	for _, g := range held {
 		c.held[g.Provider] = g
+		if accepted[g.Provider] {
+			c.accepted[g.Provider] = true
+		}
 		c.queue.Add(g.Provider)
 	}
 	c.mu.Unlock()
