@@ -221,7 +221,8 @@ func acceptOffloading(t *testing.T, consumer *federation.NodeCluster, provider s
 		}
 		return nil
 	})
-	mustKubectl(t, consumer.CP, "patch", "peer", p.Name, "--type=merge", "-p", `{"spec":{"offloadTo":"Accept"}}`)
+	// The labels first: the virtual node made once the grant is
+	// accepted carries them from the start.
 	if len(keys) > 0 {
 		args := []string{"label", "--overwrite", "peer", p.Name}
 		for _, k := range keys {
@@ -229,6 +230,7 @@ func acceptOffloading(t *testing.T, consumer *federation.NodeCluster, provider s
 		}
 		mustKubectl(t, consumer.CP, args...)
 	}
+	mustKubectl(t, consumer.CP, "patch", "peer", p.Name, "--type=merge", "-p", `{"spec":{"offloadTo":"Accept"}}`)
 }
 
 // everyPeer selects every Peer: the label is the local agent's on each,
