@@ -37,11 +37,16 @@ const (
 	// that a permission just granted works soon.
 	DefaultTTL        = time.Minute
 	DefaultRefusedTTL = 10 * time.Second
-	// DefaultRate and DefaultBurst bound the guarded requests a second,
-	// whoever sends them: a scrape every few seconds and an operator's
-	// page pass; a flood is answered 429 before it costs a review.
+	// DefaultRate and DefaultBurst bound the guarded requests a second
+	// of one source address: a scrape every few seconds and an
+	// operator's page pass; a flood is answered 429 before it costs a
+	// review, and does not hold back another source. All sources
+	// together get ten times as much.
 	DefaultRate  = 20
 	DefaultBurst = 40
+	// sources bounds the source addresses whose limiters are kept; past
+	// it they start afresh.
+	sources = 1024
 	// cacheSize bounds the answers kept: few callers read metrics, and
 	// one that cycles tokens must not grow the cache.
 	cacheSize = 256
@@ -59,7 +64,8 @@ type Config struct {
 	TrustLoopback bool
 	// TTL and RefusedTTL: DefaultTTL and DefaultRefusedTTL when zero.
 	TTL, RefusedTTL time.Duration
-	// Rate and Burst: DefaultRate and DefaultBurst when zero.
+	// Rate and Burst, per source address: DefaultRate and DefaultBurst
+	// when zero.
 	Rate  rate.Limit
 	Burst int
 	Log   *slog.Logger
@@ -68,8 +74,10 @@ type Config struct {
 
 // Guard wraps handlers with authentication and authorization.
 type Guard struct {
-	cfg     Config
-	limiter *rate.Limiter
+	cfg Config
+	// all bounds every source together; perSource each one.
+	all       *rate.Limiter
+	perSource map[netip.Addr]*rate.Limiter
 
 	mu      sync.Mutex
 	answers map[answerKey]answer
@@ -114,7 +122,8 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Guard{cfg: cfg, limiter: rate.NewLimiter(cfg.Rate, cfg.Burst), answers: map[answerKey]answer{}}, nil
+	return &Guard{cfg: cfg, all: rate.NewLimiter(10*cfg.Rate, 10*cfg.Burst), perSource: map[netip.Addr]*rate.Limiter{},
+		answers: map[answerKey]answer{}}, nil
 }
 
 // Wrap lets a request through to h when it comes from the loopback
@@ -128,7 +137,7 @@ func (g *Guard) Wrap(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		if !g.limiter.Allow() {
+		if !g.allow(r.RemoteAddr) {
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "too many requests", http.StatusTooManyRequests)
 			return
@@ -149,6 +158,26 @@ func (g *Guard) Wrap(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// allow takes a request of remote from its source's bucket and from all
+// sources'.
+func (g *Guard) allow(remote string) bool {
+	var src netip.Addr
+	if ap, err := netip.ParseAddrPort(remote); err == nil {
+		src = ap.Addr().Unmap()
+	}
+	g.mu.Lock()
+	l, ok := g.perSource[src]
+	if !ok {
+		if len(g.perSource) >= sources {
+			clear(g.perSource)
+		}
+		l = rate.NewLimiter(g.cfg.Rate, g.cfg.Burst)
+		g.perSource[src] = l
+	}
+	g.mu.Unlock()
+	return l.Allow() && g.all.Allow()
 }
 
 // decide answers from the cache while fresh, else asks the API server.

@@ -2,6 +2,7 @@ package apiauth_test
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -42,21 +43,7 @@ func TestGuard(t *testing.T) {
 	}
 	get := func(s *httptest.Server, path, token string) int {
 		t.Helper()
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, s.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		t.Logf("GET %s with %s: %d %q", path, who(token, reader, stranger), resp.StatusCode, body)
-		return resp.StatusCode
+		return getFrom(t, http.DefaultClient, s, path, token, who(token, reader, stranger))
 	}
 
 	guarded := serve(apiauth.Config{})
@@ -88,6 +75,12 @@ func TestGuard(t *testing.T) {
 		get(limited, "/metrics", reader)
 		if got := get(limited, "/metrics", reader); got != http.StatusTooManyRequests {
 			t.Errorf("the third request: %d, want 429", got)
+		}
+		// Another source has a bucket of its own.
+		other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
+			LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+		if got := getFrom(t, other, limited, "/metrics", reader, "the reader's token from 127.0.0.2"); got != http.StatusOK {
+			t.Errorf("another source meanwhile: %d, want 200", got)
 		}
 	})
 
@@ -124,6 +117,25 @@ func TestAddresses(t *testing.T) {
 	if _, err := apiauth.Addresses("9470", pod); err == nil {
 		t.Error("an address without a port accepted")
 	}
+}
+
+func getFrom(t *testing.T, client *http.Client, s *httptest.Server, path, token, as string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, s.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	t.Logf("GET %s with %s: %d %q", path, as, resp.StatusCode, body)
+	return resp.StatusCode
 }
 
 func who(token, reader, stranger string) string {
