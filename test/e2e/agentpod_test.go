@@ -141,6 +141,8 @@ func documentedAccess() map[string][]string {
 		"events [] [create patch]",
 		"events.events.k8s.io [] [create patch]",
 		"subjectaccessreviews.authorization.k8s.io [] [create]",
+		// The metrics port's readers: who a token is.
+		"tokenreviews.authentication.k8s.io [] [create]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		"customresourcedefinitions.apiextensions.k8s.io [peers.flotilla.io] [create get patch update]",
 		"customresourcedefinitions.apiextensions.k8s.io [namespaceoffloads.flotilla.io] [create get patch update]",
