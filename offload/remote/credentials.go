@@ -348,13 +348,11 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 		return 0, fmt.Errorf("read Peer %s: %w", id, err)
 	}
 	found := err == nil
-	var accepted bool
-	var declined string
+	var seen *v1alpha1.Peer
 	if found {
-		accepted, declined = c.cfg.Policy.accepts(&peer)
-	} else {
-		accepted, declined = c.cfg.Policy.accepts(nil)
+		seen = &peer
 	}
+	accepted, declined := c.cfg.Policy.accepts(seen)
 	c.mu.Lock()
 	g, held := c.held[id]
 	refused, revoked := c.refused[id], c.revoked[id]
