@@ -26,12 +26,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/observe/dashboard"
 	"github.com/flotilla-io/flotilla/observe/trace/live"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
+	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/policy"
@@ -46,7 +48,11 @@ type Config struct {
 	Kubeconfig string
 	// StateDir holds the ledger (identity, keys, views). Created 0700.
 	StateDir string
-	// MetricsAddr serves /healthz, /readyz and /metrics; empty disables.
+	// MetricsAddr serves /healthz and /readyz to anyone, and /metrics,
+	// /trace, the dashboard and the profiles to the loopback and to
+	// callers whose bearer token may get their path (apiauth); empty
+	// disables. Without a host (":9470"), it listens on the loopback
+	// and NodeAddress only.
 	MetricsAddr string
 	// Profiling also serves the Go runtime's profiles (net/http/pprof)
 	// under /debug/pprof/ on MetricsAddr. Off by default: a profile shows
@@ -115,6 +121,10 @@ type Config struct {
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
 	OffloadGrants tenancy.GrantPolicy
+	// OffloadTo is the policy for the grants of providers whose Peer's
+	// spec.offloadTo is empty: manual (held, never used without Accept)
+	// or auto.
+	OffloadTo remote.UsePolicy
 	// OffloadRevokeAfter is how long a consumer may be unreachable
 	// before the grant it holds here is revoked and its tenant, with
 	// everything it runs here, removed. Far longer than UnreachableGrace:
@@ -175,6 +185,7 @@ func DefaultConfig() Config {
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
 		OffloadGrants:      tenancy.GrantsManual,
+		OffloadTo:          remote.UseManual,
 		OffloadRevokeAfter: 24 * time.Hour,
 		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
@@ -192,9 +203,11 @@ type Agent struct {
 	kube    kubernetes.Interface
 	restCfg *rest.Config
 
-	// listener is bound in New so that a bad address fails at once and
+	// listeners are bound in New so that a bad address fails at once and
 	// callers (tests) can learn the port when asked for ":0".
-	listener net.Listener
+	listeners []net.Listener
+	// guard authenticates and authorizes the metrics port's readers.
+	guard *apiauth.Guard
 	// fabric is the cluster's fabric plan and nodes its Nodes, once started.
 	fabric *fabricPlan
 	nodes  clusterNodes
@@ -244,6 +257,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := tenancy.ParseGrantPolicy(string(cfg.OffloadGrants)); err != nil {
 		return nil, fmt.Errorf("--offload-grants: %w", err)
+	}
+	if cfg.OffloadTo == "" {
+		cfg.OffloadTo = remote.UseManual
+	}
+	if _, err := remote.ParseUsePolicy(string(cfg.OffloadTo)); err != nil {
+		return nil, fmt.Errorf("--offload-to: %w", err)
 	}
 	if cfg.OffloadRevokeAfter == 0 {
 		cfg.OffloadRevokeAfter = 24 * time.Hour
@@ -307,11 +326,34 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
-		if a.listener, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			return nil, fmt.Errorf("metrics address %s: %w", cfg.MetricsAddr, err)
+		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: true, Log: cfg.Logger.With("component", "metrics server")}); err != nil {
+			return nil, err
+		}
+		if a.listeners, err = listen(cfg.MetricsAddr, cfg.NodeAddress); err != nil {
+			return nil, err
 		}
 	}
 	return a, nil
+}
+
+// listen binds the metrics port's addresses (apiauth.Addresses).
+func listen(addr string, node netip.Addr) ([]net.Listener, error) {
+	addrs, err := apiauth.Addresses(addr, node)
+	if err != nil {
+		return nil, fmt.Errorf("metrics address: %w", err)
+	}
+	var ls []net.Listener
+	for _, addr := range addrs {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			return nil, fmt.Errorf("metrics address %s: %w", addr, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }
 
 // KubeConfig is the client configuration from a kubeconfig file, or the
@@ -350,13 +392,24 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
-// MetricsAddr returns the address the health and metrics server listens
-// on, with the real port when ":0" was asked for.
+// MetricsAddrs are all the addresses the health and metrics server
+// listens on.
+func (a *Agent) MetricsAddrs() []string {
+	out := make([]string, 0, len(a.listeners))
+	for _, l := range a.listeners {
+		out = append(out, l.Addr().String())
+	}
+	return out
+}
+
+// MetricsAddr returns the first address the health and metrics server
+// listens on (the loopback, unless a host was given), with the real port
+// when ":0" was asked for.
 func (a *Agent) MetricsAddr() string {
-	if a.listener == nil {
+	if len(a.listeners) == 0 {
 		return ""
 	}
-	return a.listener.Addr().String()
+	return a.listeners[0].Addr().String()
 }
 
 // Run runs the agent until ctx is cancelled or a component fails, then
@@ -419,25 +472,33 @@ func (a *Agent) Run(ctx context.Context) error {
 // serve runs the health and metrics server as the first component, so it
 // answers while the others start and stops last.
 func (a *Agent) serve(comps *components) {
-	if a.listener == nil {
+	if len(a.listeners) == 0 {
 		return
 	}
 	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
 	comps.Go("health and metrics server", func(ctx context.Context) error {
-		served := make(chan error, 1)
-		go func() { served <- srv.Serve(a.listener) }()
+		served := make(chan error, len(a.listeners))
+		for _, l := range a.listeners {
+			go func() { served <- srv.Serve(l) }()
+		}
 		select {
 		case err := <-served:
+			srv.Close()
+			for range len(a.listeners) - 1 {
+				<-served
+			}
 			return err
 		case <-ctx.Done():
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 		defer cancel()
 		err := srv.Shutdown(sctx)
-		<-served
+		for range a.listeners {
+			<-served
+		}
 		return err
 	})
-	a.log.Info("serving health and metrics", "addr", a.MetricsAddr())
+	a.log.Info("serving health and metrics", "addrs", a.MetricsAddrs())
 }
 
 func (a *Agent) handler() http.Handler {
@@ -447,18 +508,22 @@ func (a *Agent) handler() http.Handler {
 		fmt.Fprint(w, "ok")
 	})
 	mux.HandleFunc("/readyz", a.ready.serveReadyz)
-	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
-	mux.Handle(live.Path, a.traceHandler())
+	// The rest only to the loopback and to readers the API server says
+	// may get the path (the ClusterRole flotilla-metrics-reader).
+	guarded := http.NewServeMux()
+	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	guarded.Handle(live.Path, a.traceHandler())
 	if a.cfg.Profiling {
 		// pprof.Index serves the named profiles (heap, goroutine, ...)
 		// below it; the others are handlers of their own.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		guarded.HandleFunc("/debug/pprof/", pprof.Index)
+		guarded.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		guarded.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		guarded.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		guarded.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	// Everything else: the dashboard (its page, graph.svg, graph.json).
-	mux.Handle("/", a.dashboardHandler())
+	guarded.Handle("/", a.dashboardHandler())
+	mux.Handle("/", a.guard.Wrap(guarded))
 	return mux
 }

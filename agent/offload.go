@@ -129,7 +129,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	credentials, err := remote.NewConsumer(remote.ConsumerConfig{
 		Store: grant.NewStore(st.id, st.ledger), Peers: objects.Reader(), Client: c,
-		Logger: a.log, Metrics: a.registry,
+		Policy: a.cfg.OffloadTo, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return nil, err
@@ -235,6 +235,9 @@ func (o *offloading) GrantReceived(from string, key ed25519.PublicKey, sealed []
 // start runs both sides once the Peer informer has synced.
 func (o *offloading) start(ctx context.Context, comps *components) error {
 	if err := o.objects.AddHandler(ctx, o.grants.PeerHandler()); err != nil {
+		return err
+	}
+	if err := o.objects.AddHandler(ctx, o.credentials.PeerHandler()); err != nil {
 		return err
 	}
 	// The shared informers, made as the components below first ask for

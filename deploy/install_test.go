@@ -467,6 +467,10 @@ func agentAccess() []access {
 		a.subresource = "status"
 		cases = append(cases, a)
 	}
+	// The metrics port's readers are reviewed (TokenReview and
+	// SubjectAccessReview); the agent is not one of them.
+	cases = append(cases, allow("create", "authentication.k8s.io", "tokenreviews", "", ""),
+		access{verb: "get", path: "/metrics", allowed: false})
 	cases = append(cases, allow("create", "authorization.k8s.io", "subjectaccessreviews", "", ""),
 		deny("update", "", "pods", "shop", "web"), deny("deletecollection", "", "pods", "shop", ""))
 	for _, ns := range []string{"default", namespace} {
@@ -671,6 +675,9 @@ func fabricAccess() []access {
 		allow("list", "", "configmaps", namespace, "flotilla-fabric"),
 		allow("watch", "", "configmaps", namespace, "flotilla-fabric"),
 		allow("get", "apps", "daemonsets", namespace, "flotilla-fabric"),
+		// Its metrics port's readers are reviewed.
+		allow("create", "authentication.k8s.io", "tokenreviews", "", ""),
+		allow("create", "authorization.k8s.io", "subjectaccessreviews", "", ""),
 		deny("list", "", "configmaps", namespace, ""),
 		deny("get", "", "configmaps", namespace, "other"),
 		deny("patch", "", "configmaps", namespace, "flotilla-fabric"),

@@ -164,7 +164,7 @@ const (
 )
 
 // VirtualNodeLabels are a virtual node's labels, and which of them come
-// from the Peer: the provider's cluster labels, never one of
+// from the Peer: the labels this cluster's admin gave it, never one of
 // Kubernetes' (kubernetes.io, k8s.io) or Flotilla's (flotilla.io)
 // domains, which are ours to say.
 func VirtualNodeLabels(peer *v1alpha1.Peer, name string) (map[string]string, []string) {

@@ -34,6 +34,11 @@ type NamespaceOffloadSpec struct {
 	// ClusterSelector picks the Peers (by their labels: the provider's
 	// cluster labels and the local admin's) the namespace extends to;
 	// empty: every peer that granted this cluster offloading.
+	// At most 32 matchLabels and 16 matchExpressions of at most 64
+	// values each: a selector is a short rule, not a list of clusters.
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 32",message="clusterSelector: at most 32 matchLabels"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 16",message="clusterSelector: at most 16 matchExpressions"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, !has(e.values) || size(e.values) <= 64)",message="clusterSelector: at most 64 values per matchExpression"
 	// +optional
 	ClusterSelector *metav1.LabelSelector `json:"clusterSelector,omitempty"`
 	// NamespaceMapping names the namespace on each provider (default
@@ -41,8 +46,10 @@ type NamespaceOffloadSpec struct {
 	// +kubebuilder:default=DefaultName
 	// +optional
 	NamespaceMapping NamespaceMapping `json:"namespaceMapping,omitempty"`
-	// RemoteName is the name on every provider with Selected.
+	// RemoteName is the name on every provider with Selected: a DNS
+	// label (lower case letters, digits and '-', at most 63).
 	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="remoteName must be a DNS label: lower case letters, digits and '-', starting and ending with a letter or digit"
 	// +optional
 	RemoteName string `json:"remoteName,omitempty"`
 	// PodOffloading says where the namespace's pods may run (default

@@ -30,6 +30,13 @@ type PeerSpec struct {
 	// for this cluster's API server; Deny revokes it.
 	// +optional
 	Offloading Offloading `json:"offloading,omitempty"`
+	// OffloadTo: whether this cluster offloads to the peer (the peer is
+	// then its provider) once the peer granted it. Empty follows the
+	// agent's --offload-to policy (manual by default: never without
+	// Accept); Accept uses the peer's grant; Deny leaves it unused, and
+	// what was offloaded there is withdrawn.
+	// +optional
+	OffloadTo OffloadTo `json:"offloadTo,omitempty"`
 	// OffloadLimits bound what the peer may run here when granted; a limit
 	// left out is no limit of that kind.
 	// +optional
@@ -54,6 +61,18 @@ const (
 	TrafficSegregated Traffic = "Segregated"
 )
 
+// OffloadTo is the admin's decision on offloading to a peer that granted
+// this cluster.
+// +kubebuilder:validation:Enum="";Accept;Deny
+type OffloadTo string
+
+const (
+	// OffloadToDefault follows the agent's --offload-to policy.
+	OffloadToDefault OffloadTo = ""
+	OffloadToAccept  OffloadTo = "Accept"
+	OffloadToDeny    OffloadTo = "Deny"
+)
+
 // Offloading is the admin's decision on letting a peer offload here.
 // +kubebuilder:validation:Enum="";Grant;Deny
 type Offloading string
@@ -66,6 +85,8 @@ const (
 )
 
 // OffloadLimits bound what a consumer may run on its provider.
+// +kubebuilder:validation:XValidation:rule="!has(self.cpu) || !quantity(string(self.cpu)).isLessThan(quantity('0'))",message="cpu must not be negative"
+// +kubebuilder:validation:XValidation:rule="!has(self.memory) || !quantity(string(self.memory)).isLessThan(quantity('0'))",message="memory must not be negative"
 type OffloadLimits struct {
 	// CPU is the sum of the CPU requests of the consumer's pods.
 	// +optional
@@ -174,6 +195,13 @@ type PeerStatus struct {
 	// ClusterName is the peer's human name (its --cluster-name).
 	// +optional
 	ClusterName string `json:"clusterName,omitempty"`
+	// AnnouncedLabels are the labels the peer announces about itself
+	// (its --cluster-label). They select nothing: a NamespaceOffload's
+	// clusterSelector reads the Peer's own labels, which only this
+	// cluster's admin sets (kubectl label peer), copying an announced one
+	// when they trust it.
+	// +optional
+	AnnouncedLabels map[string]string `json:"announcedLabels,omitempty"`
 	// Sources are the discovery sources that found the peer (mdns, dns,
 	// seed, gossip).
 	// +optional

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
 	trafficpolicy "github.com/flotilla-io/flotilla/policy"
@@ -69,6 +70,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	traffic := fs.String("traffic", string(cfg.Traffic), "Full: a peer's traffic reaches every pod here; Segregated: only its offloaded pods and the Services reflected or exported to it (docs/policy.md); a Peer's spec.traffic overrides it")
 	fs.DurationVar(&cfg.OffloadRevokeAfter, "offload-revoke-after", cfg.OffloadRevokeAfter, "how long a consumer may be unreachable before its grant here is revoked and its tenant, with what it runs here, removed (at least --unreachable-grace)")
 	grants := fs.String("offload-grants", string(cfg.OffloadGrants), "manual: a peer may offload here only when its Peer's spec.offloading is Grant (flotilla grant); auto: every peer not denied")
+	offloadTo := fs.String("offload-to", string(cfg.OffloadTo), "manual: this cluster offloads to a peer that granted it only when the peer's Peer says spec.offloadTo: Accept; auto: to every peer that granted it, unless its Peer says Deny")
 	fs.StringVar(&cfg.APIServerURL, "api-server-url", "", "this cluster's API server as the peers granted offloading reach it, https://host:port (default: kube-public/cluster-info, then the kubernetes EndpointSlice)")
 	fs.StringVar(&cfg.APIServerCA, "api-server-ca", "", "PEM file of the CA bundle that verifies --api-server-url (default: with the URL found, or the agent's own)")
 	fs.StringVar(&cfg.GrantAudience, "grant-audience", cfg.GrantAudience, "audience of the tokens granted to peers; the API server must accept it (kube-apiserver --api-audiences)")
@@ -121,6 +123,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if cfg.OffloadGrants, err = tenancy.ParseGrantPolicy(*grants); err != nil {
 		fmt.Fprintf(stderr, "flotilla agent: --offload-grants: %v\n", err)
+		return errUsage
+	}
+	if cfg.OffloadTo, err = remote.ParseUsePolicy(*offloadTo); err != nil {
+		fmt.Fprintf(stderr, "flotilla agent: --offload-to: %v\n", err)
 		return errUsage
 	}
 	if cfg.Traffic, err = trafficpolicy.ParseMode(*traffic); err != nil {

@@ -65,3 +65,13 @@ func TestAgentRefusesBadTraffic(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want 2 and the modes named", code, out)
 	}
 }
+
+// An unknown --offload-to policy is refused before anything starts,
+// naming the two there are.
+func TestAgentRefusesBadOffloadTo(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"agent", "--state-dir", t.TempDir(), "--offload-to", "always"}, &stdout, &stderr)
+	if out := stderr.String(); code != 2 || !strings.Contains(out, "--offload-to") || !strings.Contains(out, "want manual or auto") {
+		t.Errorf("exit %d, stderr %q; want 2 and the policies named", code, out)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/fabric"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/observe/trace"
 	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
@@ -30,7 +32,7 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
 	node := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, holding the fabric plan (default: $POD_NAMESPACE)")
-	metricsAddr := fs.String("metrics-addr", fmt.Sprintf(":%d", fabricapi.MetricsPort), "address serving /healthz, /readyz and /metrics (empty: off)")
+	metricsAddr := fs.String("metrics-addr", fmt.Sprintf(":%d", fabricapi.MetricsPort), "address serving /healthz and /readyz, and /metrics and /trace to the loopback and to bearer tokens that may get them (empty: off; no host: the loopback and $POD_IP)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
@@ -60,12 +62,24 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	notYet := errors.New("no plan applied yet")
 	applied.Store(&notYet)
 	if *metricsAddr != "" {
-		l, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			return fmt.Errorf("metrics address %s: %w", *metricsAddr, err)
+		var podIP netip.Addr
+		if v := os.Getenv("POD_IP"); v != "" {
+			if podIP, err = netip.ParseAddr(v); err != nil {
+				return fmt.Errorf("$POD_IP %q: %w", v, err)
+			}
 		}
+		addrs, err := apiauth.Addresses(*metricsAddr, podIP)
+		if err != nil {
+			return err
+		}
+		guard, err := apiauth.New(apiauth.Config{Client: client, TrustLoopback: true, Log: log.With("component", "metrics server")})
+		if err != nil {
+			return err
+		}
+		guarded := http.NewServeMux()
+		guarded.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/", guard.Wrap(guarded))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 			if err := *applied.Load(); err != nil {
@@ -75,7 +89,7 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 			io.WriteString(w, "ok\n")
 		})
 		// The node's routing state, for flotilla trace.
-		mux.Handle(live.Path, live.Handler(func(context.Context) (trace.NodeReport, error) {
+		guarded.Handle(live.Path, live.Handler(func(context.Context) (trace.NodeReport, error) {
 			k, err := live.ReadKernel(live.Config{})
 			if err != nil {
 				return trace.NodeReport{Node: *node, Errors: []string{err.Error()}}, nil
@@ -83,7 +97,14 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return trace.NodeReport{Node: *node, Kernel: k}, nil
 		}, log))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(l)
+		for _, addr := range addrs {
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				srv.Close()
+				return fmt.Errorf("metrics address %s: %w", addr, err)
+			}
+			go srv.Serve(l)
+		}
 		defer srv.Close()
 	}
 	return fabricapi.RunNode(ctx, fabricapi.NodeConfig{

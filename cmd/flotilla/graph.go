@@ -1,10 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +18,7 @@ import (
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/observe/graph"
 )
 
@@ -124,7 +125,7 @@ func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (gr
 		r.Self.Nodes = len(nodes.Items)
 	}
 	if len(r.Peers) > 0 {
-		traffic, err := agentTraffic(ctx, core)
+		traffic, err := agentTraffic(ctx, cfg, core)
 		if err != nil {
 			note("traffic", err)
 		}
@@ -155,8 +156,9 @@ func absent(err error) bool {
 }
 
 // agentTraffic reads the tunnel counters from the agent's /metrics,
-// through the API server's proxy to its pod.
-func agentTraffic(ctx context.Context, core corev1client.CoreV1Interface) (map[string]graph.Counters, error) {
+// through a port-forward to its pod (authorized by the API server with
+// the caller's rights; the agent serves its loopback without a token).
+func agentTraffic(ctx context.Context, cfg *rest.Config, core corev1client.CoreV1Interface) (map[string]graph.Counters, error) {
 	pods, err := core.Pods(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil {
 		return nil, fmt.Errorf("find the agent: %w", err)
@@ -165,20 +167,19 @@ func agentTraffic(ctx context.Context, core corev1client.CoreV1Interface) (map[s
 		if p.Status.Phase != "Running" {
 			continue
 		}
-		port := "9470"
+		port := 9470
 		for _, c := range p.Spec.Containers {
 			for _, cp := range c.Ports {
 				if cp.Name == metricsPort {
-					port = strconv.Itoa(int(cp.ContainerPort))
+					port = int(cp.ContainerPort)
 				}
 			}
 		}
-		page, err := core.Pods(agentNamespace).ProxyGet("http", p.Name, port, "metrics", nil).Stream(ctx)
+		page, err := podhttp.Get(ctx, cfg, agentNamespace, p.Name, port, "/metrics")
 		if err != nil {
 			return nil, fmt.Errorf("read the metrics of agent pod %s/%s: %w", agentNamespace, p.Name, err)
 		}
-		defer page.Close()
-		return graph.ParseTraffic(page)
+		return graph.ParseTraffic(bytes.NewReader(page))
 	}
 	return nil, fmt.Errorf("no running agent pod in %s (%s)", agentNamespace, agentSelector)
 }

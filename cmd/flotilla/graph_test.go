@@ -4,10 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -203,86 +199,6 @@ func TestGraphRefusesUnknownFormat(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"graph", "--format", "png"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "want dot, svg or json") {
 		t.Errorf("exit %d, stderr %q: want 2 and the formats there are", code, errb.String())
-	}
-}
-
-// hostAddress is an address of this machine the API server may proxy to
-// (its pod proxy refuses loopback and link-local addresses).
-func hostAddress(t *testing.T) string {
-	t.Helper()
-	var addr string
-	harness.Require(t, harness.Requirement{
-		Name: "a global unicast IPv4 address on this machine (the API server's pod proxy refuses loopback)",
-		Check: func() error {
-			addrs, err := net.InterfaceAddrs()
-			if err != nil {
-				return err
-			}
-			for _, a := range addrs {
-				if p, ok := a.(*net.IPNet); ok && p.IP.To4() != nil && p.IP.IsGlobalUnicast() {
-					addr = p.IP.String()
-					return nil
-				}
-			}
-			return fmt.Errorf("none among %v", addrs)
-		},
-		Fix: "give an interface an IPv4 address (ip addr add ... dev ...)",
-	})
-	return addr
-}
-
-// The traffic counters come from the agent's /metrics, through the API
-// server's proxy to the agent's pod: here a pod object whose address is
-// a server of this test, serving the page an agent would.
-func TestGraphReadsTrafficFromTheAgent(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("alpha", harness.ControlPlaneOptions{})
-	alpha, _ := twoMembers()
-	seed(t, cp, alpha)
-
-	ln, err := net.Listen("tcp", net.JoinHostPort(hostAddress(t), "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/metrics" {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprintf(w, "# TYPE flotilla_peer_receive_bytes_total counter\nflotilla_peer_receive_bytes_total{peer=%q} 2048\n"+
-			"# TYPE flotilla_peer_transmit_bytes_total counter\nflotilla_peer_transmit_bytes_total{peer=%q} 5242880\n", betaID, betaID)
-	})}
-	go srv.Serve(ln) //nolint:errcheck // ends with Close
-	t.Cleanup(func() { srv.Close() })
-	host, port, _ := net.SplitHostPort(ln.Addr().String())
-	portNum, _ := strconv.Atoi(port)
-
-	ctx := t.Context()
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "flotilla-agent-x", Namespace: agentNamespace,
-			Labels: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "flotilla",
-			Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: int32(portNum)}}}}},
-	}
-	pod, err = cp.Client.CoreV1().Pods(agentNamespace).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: host, PodIPs: []corev1.PodIP{{IP: host}}}
-	if _, err := cp.Client.CoreV1().Pods(agentNamespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	g, stderr := graphOf(t, "--kubeconfig", cp.Kubeconfig)
-	if strings.Contains(stderr, "traffic not shown") {
-		t.Fatalf("traffic not read: %s", stderr)
-	}
-	if len(g.Links) != 1 || g.Links[0].AB == nil || g.Links[0].AB.Counters() != "rx 2.0 KiB, tx 5.0 MiB" {
-		t.Errorf("links %+v: want alpha's side with rx 2.0 KiB, tx 5.0 MiB", g.Links)
 	}
 }
 

@@ -82,7 +82,7 @@ type offloadFlags struct {
 
 func addOffloadFlags(fs *flag.FlagSet) offloadFlags {
 	return offloadFlags{
-		selector:   fs.String("selector", "", "labels of the peers to offload to (region=a,tier=edge; set-based too: 'region in (a,b)'); empty: every peer that granted this cluster offloading"),
+		selector:   fs.String("selector", "", "labels of the peers to offload to, as this cluster's admin set them on the Peers (region=a,tier=edge; set-based too: 'region in (a,b)'); required: an empty selector selects no peer (every Peer: flotilla.io/managed-by=flotilla)"),
 		mapping:    fs.String("mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)"),
 		remoteName: fs.String("remote-name", "", "the namespace's name on every peer, with --mapping Selected"),
 		pods:       fs.String("pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local"),
@@ -124,11 +124,13 @@ func (f offloadFlags) spec() (v1alpha1.NamespaceOffloadSpec, error) {
 	return spec, nil
 }
 
-// parseSelector reads --selector; empty is no selector (every granting
-// peer).
+// parseSelector reads --selector, which an offload needs: an empty
+// selector selects no peer.
 func parseSelector(s string) (*metav1.LabelSelector, error) {
 	if strings.TrimSpace(s) == "" {
-		return nil, nil
+		return nil, errors.New("--selector is required: an empty selector selects no peer. Select by labels you put on the Peers " +
+			"(kubectl label peer ID region=eu), or every Peer with --selector flotilla.io/managed-by=flotilla; " +
+			"a label a peer announces about itself (status.announcedLabels) selects it only once you copy it onto its Peer")
 	}
 	sel, err := metav1.ParseToLabelSelector(s)
 	if err != nil {

@@ -24,8 +24,8 @@ func TestParseSelector(t *testing.T) {
 		want    string // MatchLabels and MatchExpressions, printed
 		wantErr string
 	}{
-		{in: "", want: "<nil>"},
-		{in: "  ", want: "<nil>"},
+		{in: "", wantErr: "--selector is required"},
+		{in: "  ", wantErr: "--selector is required"},
 		{in: "region=a", want: "map[region:a] []"},
 		{in: "region=a,tier=edge", want: "map[region:a tier:edge] []"},
 		{in: "region==a", want: "map[region:a] []"},
@@ -85,20 +85,21 @@ func TestOffloadFlags(t *testing.T) {
 		want    string // ns mapping remote pods selector
 		wantErr string // in the error, or what stderr says for a usage error
 	}{
-		{name: "defaults", args: []string{"namespace", "shop"}, want: "shop DefaultName - LocalAndRemote <nil>"},
+		{name: "defaults", args: []string{"namespace", "shop", "--selector", "region=a"}, want: "shop DefaultName - LocalAndRemote map[region:a] []"},
+		{name: "no selector", args: []string{"namespace", "shop"}, wantErr: "--selector is required"},
 		{name: "all", args: []string{"namespace", "shop", "--selector", "region=a", "--mapping", "Selected", "--remote-name", "store", "--pods", "Remote", "--wait", "5s"},
 			want: "shop Selected store Remote map[region:a] []"},
-		{name: "same name", args: []string{"namespace", "shop", "--mapping=SameName", "--pods=Local"}, want: "shop SameName - Local <nil>"},
+		{name: "same name", args: []string{"namespace", "shop", "--selector", "region=a", "--mapping=SameName", "--pods=Local"}, want: "shop SameName - Local map[region:a] []"},
 		{name: "no kind", args: []string{"shop"}, wantErr: "offload namespace NS"},
 		{name: "nothing", args: nil, wantErr: "offload namespace NS"},
 		{name: "flag first", args: []string{"namespace", "--selector", "a=b"}, wantErr: "offload namespace NS"},
 		{name: "bad namespace", args: []string{"namespace", "Shop_1"}, wantErr: `namespace "Shop_1"`},
 		{name: "stray argument", args: []string{"namespace", "shop", "extra"}, wantErr: `unexpected argument "extra"`},
-		{name: "unknown mapping", args: []string{"namespace", "shop", "--mapping", "Hashed"}, wantErr: `--mapping "Hashed"`},
-		{name: "selected without name", args: []string{"namespace", "shop", "--mapping", "Selected"}, wantErr: "needs --remote-name"},
-		{name: "name without selected", args: []string{"namespace", "shop", "--remote-name", "store"}, wantErr: "needs --mapping Selected"},
-		{name: "remote name not a label", args: []string{"namespace", "shop", "--mapping", "Selected", "--remote-name", "Store!"}, wantErr: `--remote-name "Store!"`},
-		{name: "unknown pods", args: []string{"namespace", "shop", "--pods", "Everywhere"}, wantErr: `--pods "Everywhere"`},
+		{name: "unknown mapping", args: []string{"namespace", "shop", "--selector", "a=b", "--mapping", "Hashed"}, wantErr: `--mapping "Hashed"`},
+		{name: "selected without name", args: []string{"namespace", "shop", "--selector", "a=b", "--mapping", "Selected"}, wantErr: "needs --remote-name"},
+		{name: "name without selected", args: []string{"namespace", "shop", "--selector", "a=b", "--remote-name", "store"}, wantErr: "needs --mapping Selected"},
+		{name: "remote name not a label", args: []string{"namespace", "shop", "--selector", "a=b", "--mapping", "Selected", "--remote-name", "Store!"}, wantErr: `--remote-name "Store!"`},
+		{name: "unknown pods", args: []string{"namespace", "shop", "--selector", "a=b", "--pods", "Everywhere"}, wantErr: `--pods "Everywhere"`},
 		{name: "bad selector", args: []string{"namespace", "shop", "--selector", "a b"}, wantErr: `--selector "a b"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,13 +180,13 @@ func TestOffloadOutput(t *testing.T) {
 		x.Spec.ClusterSelector == nil || x.ManagedFields != nil || !strings.Contains(errOut, "NamespaceOffload offload created") {
 		t.Errorf("offload -o json: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
-	if code, out, _ := flotilla("offload", "namespace", "default", kc, "--wait=0", "-o", "name"); code != 0 || out != "namespaceoffload.flotilla.io/offload\n" {
+	if code, out, _ := flotilla("offload", "namespace", "default", kc, "--wait=0", "--selector", "region=a", "-o", "name"); code != 0 || out != "namespaceoffload.flotilla.io/offload\n" {
 		t.Errorf("offload -o name: exit %d\n%s", code, out)
 	}
-	code, out, _ = flotilla("offload", "namespace", "default", kc, "--wait=0", "--pods", "Remote", "-o", "wide")
+	code, out, _ = flotilla("offload", "namespace", "default", kc, "--wait=0", "--selector", "region in (a,b)", "--pods", "Remote", "-o", "wide")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 ||
 		strings.Join(strings.Fields(lines[0]), " ") != "NAMESPACE PHASE MAPPING PODS CLUSTERS REMOTE NAMESPACES SELECTOR" ||
-		!strings.Contains(lines[1], "Remote") || !strings.Contains(lines[1], "(every granting peer)") {
+		!strings.Contains(lines[1], "Remote") || !strings.Contains(lines[1], "region in (a,b)") {
 		t.Errorf("offload -o wide: exit %d\n%s", code, out)
 	}
 }

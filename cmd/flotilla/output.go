@@ -200,8 +200,8 @@ func writeOffloads(w io.Writer, os []v1alpha1.NamespaceOffload, o output) error 
 		}
 		row := []string{x.Namespace, orDash(string(x.Status.Phase)), orDash(string(x.Spec.NamespaceMapping)), orDash(string(x.Spec.PodOffloading)), orDash(strings.Join(clusters, ","))}
 		if o == outputWide {
-			sel := "(every granting peer)"
-			if x.Spec.ClusterSelector != nil {
+			sel := "(none: selects no peer)"
+			if s := x.Spec.ClusterSelector; s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
 				sel = metav1.FormatLabelSelector(x.Spec.ClusterSelector)
 			}
 			row = append(row, orDash(strings.Join(remote, ",")), sel)

@@ -21,7 +21,9 @@ import (
 const agentContainer = "agent"
 
 // MetricsPort is where a fabric pod serves /healthz and /metrics on its
-// node (host network; the agent's is 9470).
+// node (host network; the agent's is 9470): health to anyone on the
+// loopback and the node's address, the rest to the loopback and to bearer
+// tokens the API server says may get the path.
 const MetricsPort = 9471
 
 // ApplyDaemonSet applies the fabric's DaemonSet, owned by the agent's
@@ -61,6 +63,10 @@ func DaemonSet(owner *appsv1.Deployment) (*appsv1ac.DaemonSetApplyConfiguration,
 			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("spec.nodeName"))),
 		corev1ac.EnvVar().WithName("POD_NAMESPACE").WithValueFrom(corev1ac.EnvVarSource().
 			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.namespace"))),
+		// The node's address (host network): where the probes reach
+		// /healthz and /readyz, besides the loopback.
+		corev1ac.EnvVar().WithName("POD_IP").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("status.podIP"))),
 	}
 	// Where the agent is told the API server's address (no kube-proxy
 	// yet on a new cluster), the fabric is told the same.
@@ -80,6 +86,8 @@ func DaemonSet(owner *appsv1.Deployment) (*appsv1ac.DaemonSetApplyConfiguration,
 		WithImagePullPolicy(agent.ImagePullPolicy).
 		WithArgs("fabric", "--log-format=json", fmt.Sprintf("--metrics-addr=:%d", MetricsPort)).
 		WithEnv(env...).
+		// Named for Prometheus (deploy/monitoring/podmonitor.yaml).
+		WithPorts(corev1ac.ContainerPort().WithName("metrics").WithContainerPort(MetricsPort).WithProtocol(corev1.ProtocolTCP)).
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromInt32(MetricsPort))).
 			WithPeriodSeconds(10).WithTimeoutSeconds(2).WithFailureThreshold(3)).

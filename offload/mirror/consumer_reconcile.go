@@ -383,36 +383,46 @@ func (mc *Consumer) markDuplicate(ctx context.Context, o, acting *v1alpha1.Names
 	return mc.writeStatus(ctx, o, st)
 }
 
-// selectedPeers are the Peers sel picks; with no selector, every Peer
-// that granted this cluster offloading (its OffloadCredential condition
-// exists).
+// selectedPeers are the Peers sel picks by the labels this cluster's
+// admin gave them. An empty selector picks none: offloading goes only
+// where someone chose. The peer's name label is left out of the match: the
+// agent writes it from what the peer says of itself (as it writes the
+// labels the peer announces into the status, not the labels).
 func (mc *Consumer) selectedPeers(ctx context.Context, sel *metav1.LabelSelector) ([]v1alpha1.Peer, error) {
+	if sel == nil || (len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0) {
+		return nil, nil
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return nil, fmt.Errorf("spec.clusterSelector: %w", err)
+	}
 	var list v1alpha1.PeerList
 	if err := mc.local.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("list Peers: %w", err)
-	}
-	everyGranted := sel == nil || (len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0)
-	s := labels.Everything()
-	if !everyGranted {
-		var err error
-		if s, err = metav1.LabelSelectorAsSelector(sel); err != nil {
-			return nil, fmt.Errorf("spec.clusterSelector: %w", err)
-		}
 	}
 	var out []v1alpha1.Peer
 	for _, p := range list.Items {
 		if identity.ValidateClusterID(p.Name) != nil || p.Name == mc.cfg.Self {
 			continue
 		}
-		if everyGranted && meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionOffloadCredential) == nil {
-			continue
-		}
-		if s.Matches(labels.Set(p.Labels)) {
+		if s.Matches(selectable(p.Labels)) {
 			out = append(out, p)
 		}
 	}
 	slices.SortFunc(out, func(a, b v1alpha1.Peer) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// selectable are the labels of a Peer a selector may match: all but the
+// one the agent copies from the peer's own claim (its name).
+func selectable(l map[string]string) labels.Set {
+	out := make(labels.Set, len(l))
+	for k, v := range l {
+		if k != v1alpha1.LabelClusterName {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // clusterLabel names a peer in messages: its cluster name, else its ID.

@@ -84,6 +84,37 @@ func TestMirrorConsumer(t *testing.T) {
 		e.WaitOffloadedLabel(t, "shop", true)
 	})
 
+	// Selection is the local admin's: an empty selector picks nobody, and
+	// the name a peer gives itself (the agent's flotilla.io/cluster-name
+	// label) picks nobody either. The positive witness: the same pass
+	// selects p1 by the admin's label in another namespace (shop, above,
+	// Ready), and these are processed (their status written).
+	for _, tc := range []struct {
+		ns  string
+		sel *metav1.LabelSelector
+	}{
+		{"empty", &metav1.LabelSelector{}},
+		{"unset", nil},
+		{"selfnamed", &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelClusterName: "p1"}}},
+	} {
+		t.Run("NothingSelectedBy/"+tc.ns, func(t *testing.T) {
+			if err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tc.ns}}); err != nil {
+				t.Fatal(err)
+			}
+			o := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: "offload"},
+				Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: tc.sel}}
+			if err := e.LocalAdmin.Create(t.Context(), o); err != nil {
+				t.Fatal(err)
+			}
+			e.WaitStatus(t, tc.ns, "NoClusterSelected", offloadenv.PhaseIs(v1alpha1.OffloadNoClusterSelected, map[string]string{}))
+			for _, p := range e.Providers {
+				if rs := p.Requests(t, tc.ns); len(rs) != 0 {
+					t.Errorf("%s has requests %v", p.ID, offloadenv.RequestNames(rs))
+				}
+			}
+		})
+	}
+
 	t.Run("OffloadedLabelIsOurs", func(t *testing.T) {
 		// Taken off by hand, it comes back while the namespace is
 		// offloaded; put on a namespace that is not, it goes.
@@ -96,8 +127,8 @@ func TestMirrorConsumer(t *testing.T) {
 	})
 
 	t.Run("RefusalsShowTheirReason", func(t *testing.T) {
-		// No selector: every provider that granted this cluster.
-		e.Offload(t, "refused", "offload", v1alpha1.NamespaceOffloadSpec{NamespaceMapping: v1alpha1.MappingSameName})
+		e.Offload(t, "refused", "offload", v1alpha1.NamespaceOffloadSpec{
+			ClusterSelector: offloadenv.EveryProvider(), NamespaceMapping: v1alpha1.MappingSameName})
 		p1.WaitRequest(t, "refused", "refused")
 		p2.WaitRequest(t, "refused", "refused")
 		p1.AnswerAsProvider(t, "refused", v1alpha1.RequestCreated, "Created", "")
@@ -202,7 +233,8 @@ func TestMirrorConsumer(t *testing.T) {
 		}
 	})
 	t.Run("SecondOffloadInANamespaceIsIgnored", func(t *testing.T) {
-		e.Offload(t, "again", "second", v1alpha1.NamespaceOffloadSpec{NamespaceMapping: v1alpha1.MappingSameName})
+		e.Offload(t, "again", "second", v1alpha1.NamespaceOffloadSpec{
+			ClusterSelector: offloadenv.EveryProvider(), NamespaceMapping: v1alpha1.MappingSameName})
 		eventually.Within(t, 30*time.Second, "the second says it is ignored", func() error {
 			var o v1alpha1.NamespaceOffload
 			if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Namespace: "again", Name: "second"}, &o); err != nil {

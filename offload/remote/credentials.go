@@ -15,16 +15,70 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
 
+// UsePolicy is what a consumer does with the grant of a provider whose
+// Peer leaves spec.offloadTo empty.
+type UsePolicy string
+
+const (
+	// UseManual: a grant is held but not used until the admin sets
+	// spec.offloadTo: Accept on the provider's Peer (the default: a
+	// cluster offloads nowhere its admin did not choose).
+	UseManual UsePolicy = "manual"
+	// UseAuto: every grant is used unless its Peer says Deny.
+	UseAuto UsePolicy = "auto"
+)
+
+// The reasons of the OffloadCredential condition of a provider whose
+// grant is held but not used.
+const (
+	// ReasonAwaitingOptIn: the Peer's spec.offloadTo is empty under the
+	// manual policy.
+	ReasonAwaitingOptIn = "AwaitingOptIn"
+	// ReasonDeclined: the Peer's spec.offloadTo is Deny.
+	ReasonDeclined = "Declined"
+)
+
+// ParseUsePolicy reads --offload-to.
+func ParseUsePolicy(s string) (UsePolicy, error) {
+	switch p := UsePolicy(s); p {
+	case UseManual, UseAuto:
+		return p, nil
+	}
+	return "", fmt.Errorf("offload-to policy %q: want manual or auto", s)
+}
+
+// accepts says whether peer's admin (or, where its spec is silent or
+// there is no Peer yet, the policy) lets this cluster offload to it, and
+// if not, why.
+func (p UsePolicy) accepts(peer *v1alpha1.Peer) (bool, string) {
+	switch {
+	case peer == nil && p == UseAuto:
+		return true, ""
+	case peer == nil:
+		return false, ReasonAwaitingOptIn
+	case peer.Spec.OffloadTo == v1alpha1.OffloadToDeny:
+		return false, ReasonDeclined
+	case peer.Spec.OffloadTo == v1alpha1.OffloadToAccept, p == UseAuto:
+		return true, ""
+	}
+	return false, ReasonAwaitingOptIn
+}
+
 // ConsumerConfig is what a Consumer needs.
 type ConsumerConfig struct {
+	// Policy is what happens to the grant of a provider whose Peer's
+	// spec.offloadTo is empty (default UseManual: held, not used).
+	Policy UsePolicy
 	// Store keeps the grants received, sealed, across restarts.
 	Store *grant.Store
 	// Peers reads Peer objects (the informer's cache); Client writes their
@@ -61,6 +115,9 @@ type Consumer struct {
 	// revoked: the provider revoked what it granted; shown until it grants
 	// again.
 	revoked map[string]bool
+	// accepted: the providers whose grant this cluster's admin accepted,
+	// as their Peers last said; only theirs are handed out (Credential).
+	accepted map[string]bool
 }
 
 type sealedGrant struct {
@@ -76,6 +133,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Verify == nil {
 		cfg.Verify = verifyCredential
 	}
+	if cfg.Policy == "" {
+		cfg.Policy = UseManual
+	}
+	if _, err := ParseUsePolicy(string(cfg.Policy)); err != nil {
+		return nil, fmt.Errorf("offload consumer: %w", err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -85,7 +148,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	c := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "credentials"),
 		incoming: map[string]sealedGrant{}, held: map[string]grant.Grant{},
-		refused: map[string]error{}, revoked: map[string]bool{},
+		refused: map[string]error{}, revoked: map[string]bool{}, accepted: map[string]bool{},
 	}
 	var err error
 	if c.m, err = newConsumerMetrics(cfg.Metrics); err != nil {
@@ -135,15 +198,44 @@ func (c *Consumer) GrantReceived(from string, key ed25519.PublicKey, sealed []by
 	c.queue.Add(from)
 }
 
+// PeerHandler enqueues the Peers whose spec changed (the admin's
+// spec.offloadTo), or that were deleted.
+func (c *Consumer) PeerHandler() toolscache.ResourceEventHandler {
+	add := func(obj any) {
+		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if o, ok := obj.(metav1.Object); ok && identity.ValidateClusterID(o.GetName()) == nil {
+			c.queue.Add(o.GetName())
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: add,
+		UpdateFunc: func(old, obj any) {
+			o, ok1 := old.(metav1.Object)
+			n, ok2 := obj.(metav1.Object)
+			if !ok1 || !ok2 || o.GetGeneration() != n.GetGeneration() {
+				add(obj)
+			}
+		},
+		DeleteFunc: add,
+	}
+}
+
 // Credential is the REST config of provider's API server with the
-// credential it granted, and the grant; an error when none is held or it
-// expired.
+// credential it granted, and the grant; an error when none is held, it
+// expired, or this cluster's admin has not accepted offloading there.
 func (c *Consumer) Credential(provider string) (*rest.Config, grant.Grant, error) {
 	c.mu.Lock()
 	g, ok := c.held[provider]
+	accepted := c.accepted[provider]
 	c.mu.Unlock()
 	if !ok {
 		return nil, grant.Grant{}, fmt.Errorf("no credential from %s: it has not granted offloading to this cluster", provider)
+	}
+	if !accepted {
+		return nil, grant.Grant{}, fmt.Errorf("the credential from %s is not used: this cluster's admin has not accepted offloading there "+
+			"(spec.offloadTo: Accept on its Peer, or the agent's --offload-to=auto)", provider)
 	}
 	if !c.cfg.Now().Before(g.ExpiresAt) {
 		return nil, grant.Grant{}, fmt.Errorf("the credential from %s expired at %s", provider, g.ExpiresAt.UTC().Format(time.RFC3339))
@@ -192,9 +284,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for _, p := range problems {
 		c.log.Warn("a kept grant is not usable; the provider's next grant replaces it", "peer", p.Provider, "err", p.Err)
 	}
+	// Whether each kept grant is accepted, from its Peer as it is now:
+	// what offloads asks for a credential at once, before the first
+	// reconcile of its provider.
+	accepted := map[string]bool{}
+	for _, g := range held {
+		var peer v1alpha1.Peer
+		if err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: g.Provider}, &peer); err == nil {
+			accepted[g.Provider], _ = c.cfg.Policy.accepts(&peer)
+		}
+	}
 	c.mu.Lock()
 	for _, g := range held {
 		c.held[g.Provider] = g
+		if accepted[g.Provider] {
+			c.accepted[g.Provider] = true
+		}
 		c.queue.Add(g.Provider)
 	}
 	c.mu.Unlock()
@@ -237,14 +342,41 @@ func (c *Consumer) accept(id string) {
 // the provider's Peer status; it returns when to look again.
 func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, error) {
 	c.accept(id)
+	var peer v1alpha1.Peer
+	err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: id}, &peer)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return 0, fmt.Errorf("read Peer %s: %w", id, err)
+	}
+	found := err == nil
+	var seen *v1alpha1.Peer
+	if found {
+		seen = &peer
+	}
+	accepted, declined := c.cfg.Policy.accepts(seen)
 	c.mu.Lock()
 	g, held := c.held[id]
 	refused, revoked := c.refused[id], c.revoked[id]
+	if accepted {
+		c.accepted[id] = true
+	} else {
+		delete(c.accepted, id)
+	}
 	c.mu.Unlock()
 	now := c.cfg.Now()
 	var st offload.GrantCondition
 	var after time.Duration
 	switch {
+	case held && !found:
+		return time.Second, nil // the peering writes its Peer soon
+	case held && declined == ReasonDeclined:
+		st = offload.GrantCondition{Reason: declined, Message: fmt.Sprintf(
+			"the peer granted offloading (namespace %s on %s); this cluster's admin declined it (spec.offloadTo: Deny): nothing is offloaded there",
+			g.Namespace, g.Server)}
+	case held && !accepted:
+		st = offload.GrantCondition{Reason: declined, Message: fmt.Sprintf(
+			"the peer granted offloading (namespace %s on %s); it is used once this cluster's admin accepts it: "+
+				"kubectl patch peer %s --type=merge -p '{\"spec\":{\"offloadTo\":\"Accept\"}}' (or run the agent with --offload-to=auto)",
+			g.Namespace, g.Server, id)}
 	case held && !now.Before(g.ExpiresAt):
 		st = offload.GrantCondition{Reason: "Expired", Message: fmt.Sprintf(
 			"the credential expired at %s without a new one: the provider renews it before then, so it is unreachable or stopped granting",
@@ -276,11 +408,8 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 		// unexplained.
 		st.Message += "; the peer's latest grant was refused: " + refused.Error()
 	}
-	var peer v1alpha1.Peer
-	if err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: id}, &peer); apierrors.IsNotFound(err) {
+	if !found {
 		return time.Second, nil // the peering writes it soon
-	} else if err != nil {
-		return 0, fmt.Errorf("read Peer %s: %w", id, err)
 	}
 	st.Kind = v1alpha1.ConditionOffloadCredential
 	if !offload.Shows(&peer, st) {

@@ -74,6 +74,7 @@ func TestGrants(t *testing.T) {
 	t.Run("Refusals", w.testRefusals)
 	t.Run("ProviderRestart", w.testProviderRestart)
 	t.Run("FencesMissing", w.testFencesMissing)
+	t.Run("ConsumerOptIn", w.testConsumerOptIn)
 	t.Run("NoTokenInLogsOrStatus", w.testNoToken)
 }
 
@@ -270,12 +271,12 @@ type consumer struct {
 
 // newConsumer starts a remote.Consumer of a new identity, the bridge of
 // each provider given delivering to it, and a Peer for each provider on
-// the consumer's cluster.
+// the consumer's cluster, whose admin accepts offloading there.
 func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
 	t.Helper()
 	c := w.newConsumerWithoutPeer(t, providers...)
 	for _, p := range providers {
-		w.createPeer(t, w.consClient, p.id.ClusterID(), v1alpha1.PeerSpec{})
+		w.createPeer(t, w.consClient, p.id.ClusterID(), v1alpha1.PeerSpec{OffloadTo: v1alpha1.OffloadToAccept})
 	}
 	return c
 }
@@ -283,6 +284,13 @@ func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
 // newConsumerWithoutPeer is newConsumer without the Peers: the
 // remote.Consumer holds what it receives and waits to write its status.
 func (w *world) newConsumerWithoutPeer(t *testing.T, providers ...*provider) *consumer {
+	t.Helper()
+	return w.startConsumer(t, remote.UseManual, providers...)
+}
+
+// startConsumer is newConsumerWithoutPeer under policy; like the agent's,
+// the consumer hears of every change of a Peer's spec.
+func (w *world) startConsumer(t *testing.T, policy remote.UsePolicy, providers ...*provider) *consumer {
 	t.Helper()
 	id := newIdentity(t)
 	ledger, err := ipam.Open(filepath.Join(t.TempDir(), "consumer.db"), ipam.Options{})
@@ -293,13 +301,29 @@ func (w *world) newConsumerWithoutPeer(t *testing.T, providers ...*provider) *co
 	reg := w.registry()
 	c, err := remote.NewConsumer(remote.ConsumerConfig{
 		Store: grant.NewStore(id, ledger), Peers: w.consClient, Client: w.consClient,
-		Logger: w.logger(), Metrics: reg,
+		Policy: policy, Logger: w.logger(), Metrics: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	peers, err := cache.New(w.consCP.Config, cache.Options{Scheme: peerScheme(t), Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
+	inf, err := peers.GetInformer(ctx, &v1alpha1.Peer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inf.AddEventHandler(c.PeerHandler()); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := peers.Start(ctx); err != nil {
+			t.Errorf("Peer cache: %v", err)
+		}
+	})
 	wg.Go(func() {
 		if err := c.Run(ctx); err != nil {
 			t.Errorf("consumer: %v", err)
@@ -843,8 +867,9 @@ func (w *world) testProviderRestart(t *testing.T) {
 	ctx := t.Context()
 	p := w.newProvider(t, providerOptions{})
 	// Three consumers on one cluster would share its Peer for p: they
-	// go without, and their Credential tells.
-	deleted, denied, kept := w.newConsumerWithoutPeer(t, p), w.newConsumerWithoutPeer(t, p), w.newConsumerWithoutPeer(t, p)
+	// go without, and their Credential tells (under --offload-to=auto,
+	// which no Peer overrides).
+	deleted, denied, kept := w.startConsumer(t, remote.UseAuto, p), w.startConsumer(t, remote.UseAuto, p), w.startConsumer(t, remote.UseAuto, p)
 	for _, c := range []*consumer{deleted, denied, kept} {
 		w.createPeer(t, w.provClient, c.id.ClusterID(), v1alpha1.PeerSpec{Offloading: v1alpha1.OffloadingGrant})
 		p.member(c.id, true)

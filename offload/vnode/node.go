@@ -21,6 +21,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
+	"github.com/flotilla-io/flotilla/offload/remote"
 )
 
 // What a virtual node says of itself.
@@ -78,7 +79,8 @@ func virtualNodeKubeletVersion(serverVersion string) string {
 
 // virtualNodeWanted says whether provider's Peer calls for a virtual
 // node, and why not. A grant received keeps it, working or not (its
-// Ready condition says which); one revoked or refused does not. An
+// Ready condition says which); one revoked or refused does not, nor one
+// this cluster's admin has not accepted (spec.offloadTo). An
 // expired one does: a provider unreachable for longer than a token's
 // lifetime must not have its pods deleted here (the pod garbage collector
 // deletes the pods of a deleted Node), and its next grant makes the node
@@ -93,6 +95,8 @@ func virtualNodeWanted(peer *v1alpha1.Peer) (bool, string) {
 		return false, "it has granted this cluster nothing"
 	case c.Status != metav1.ConditionTrue && slices.Contains([]string{"Revoked", "Refused"}, c.Reason):
 		return false, "its grant is " + strings.ToLower(c.Reason)
+	case c.Status != metav1.ConditionTrue && slices.Contains([]string{remote.ReasonAwaitingOptIn, remote.ReasonDeclined}, c.Reason):
+		return false, "this cluster's admin has not accepted offloading there (" + c.Reason + ")"
 	}
 	return true, ""
 }

@@ -13,21 +13,30 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
 
-// A peer's cluster labels become its Peer's labels. A label the local
-// admin adds stays; one the peer stops announcing goes, a changed value
-// follows; and a write whose labels did not change is only the status.
+// A peer's cluster labels are shown in its Peer's status, never as the
+// Peer's labels (which select providers: the local admin's alone). A
+// label the local admin adds stays; an announced one that goes or
+// changes follows in the status; and a write whose labels did not change
+// is only the status.
 func TestPeerLabelsFollowTheStatement(t *testing.T) {
 	objects, c, requests := recordedObjects(t)
 	runObjects(t, objects)
 	s := sampleState()
 	s.Labels = map[string]string{"region": "a", "topology.example.com/zone": "a1"}
 	objects.Publish(s)
-	ours := func(announced map[string]string) map[string]string {
-		l := maps.Clone(announced)
-		l[v1alpha1.LabelManagedBy], l[v1alpha1.LabelClusterName] = v1alpha1.ManagedByValue, s.Name
-		return l
+	ours := func(map[string]string) map[string]string {
+		return map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelClusterName: s.Name}
 	}
-	peer := waitPeer(t, c, s.ClusterID, "the peer's labels on its Peer", labelsAre(ours(s.Labels)))
+	announced := func(want map[string]string) func(v1alpha1.Peer) error {
+		return func(p v1alpha1.Peer) error {
+			if !maps.Equal(p.Status.AnnouncedLabels, want) {
+				return fmt.Errorf("announced labels %v, want %v", p.Status.AnnouncedLabels, want)
+			}
+			return nil
+		}
+	}
+	waitPeer(t, c, s.ClusterID, "the peer's labels in its Peer's status", announced(s.Labels))
+	peer := waitPeer(t, c, s.ClusterID, "none of them as the Peer's labels", labelsAre(ours(s.Labels)))
 
 	// The admin adds a label of their own, as kubectl label does.
 	patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"labels":{"team":"infra"}}}`))
@@ -49,6 +58,9 @@ func TestPeerLabelsFollowTheStatement(t *testing.T) {
 		waitPeer(t, c, s.ClusterID, step.what+", the admin's label kept, the status written", func(p v1alpha1.Peer) error {
 			if p.Status.StatementGeneration != int64(s.StatementGeneration) {
 				return fmt.Errorf("status of statement %d", p.Status.StatementGeneration)
+			}
+			if err := announced(s.Labels)(p); err != nil {
+				return err
 			}
 			return labelsAre(want)(p)
 		})

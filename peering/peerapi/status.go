@@ -20,6 +20,7 @@ func statusOf(s peering.PeerState, prev []metav1.Condition, now time.Time) v1alp
 	st := v1alpha1.PeerStatus{
 		Phase:               v1alpha1.Phase(s.Phase),
 		ClusterName:         s.Name,
+		AnnouncedLabels:     maps.Clone(s.Labels),
 		Sources:             s.Sources,
 		Gossip:              s.Gossip,
 		StatementGeneration: int64(s.StatementGeneration & (1<<63 - 1)),
@@ -77,14 +78,11 @@ func views(vs []peering.View) []v1alpha1.NetworkView {
 var notLabel = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 // peerLabels are the labels the agent puts on the Peer of a cluster named
-// name that announces the labels announced: those, its name and the
-// managed-by label. Ours win over an announced label of the same key.
-func peerLabels(name string, announced map[string]string) map[string]string {
-	l := maps.Clone(announced)
-	if l == nil {
-		l = map[string]string{}
-	}
-	l[v1alpha1.LabelManagedBy] = v1alpha1.ManagedByValue
+// name: its name and the managed-by label. What the peer announces about
+// itself goes to the status (AnnouncedLabels), never to the labels, which
+// select providers: only the local admin sets those.
+func peerLabels(name string) map[string]string {
+	l := map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}
 	v := strings.Trim(notLabel.ReplaceAllString(name, "-"), "-._")
 	if len(v) > 63 {
 		v = strings.Trim(v[:63], "-._")

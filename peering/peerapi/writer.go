@@ -254,7 +254,7 @@ func (w *statusWriter) write(ctx context.Context, s peering.PeerState) (requests
 	} else if err != nil {
 		return 0, fmt.Errorf("read Peer %s: %w", id, err)
 	}
-	labels := peerLabels(s.Name, s.Labels)
+	labels := peerLabels(s.Name)
 	w.mu.Lock()
 	applied, ok := w.labelled[id]
 	w.mu.Unlock()

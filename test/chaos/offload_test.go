@@ -48,7 +48,8 @@ func offloadPairs(cs []*federation.Cluster) []*pair {
 }
 
 // prepareOffload readies the control planes before the agents start:
-// every cluster grants every peer (--offload-grants=auto: a consumer back
+// every cluster uses every grant it receives (--offload-to=auto) and
+// grants every peer (--offload-grants=auto: a consumer back
 // under a new identity is granted again, and kill-mid-grant leaves no
 // admin's decision in a Peer's spec, which would keep the Peer of a
 // cluster's old identity for ever) and its agent runs as deploy/'s
@@ -60,7 +61,7 @@ func offloadPairs(cs []*federation.Cluster) []*pair {
 func prepareOffload(t *testing.T, cs []*federation.Cluster, ps []*pair) {
 	t.Helper()
 	for _, c := range cs {
-		c.Args = append(c.Args, "--offload-grants=auto")
+		c.Args = append(c.Args, "--offload-to=auto", "--offload-grants=auto")
 		c.RunAsAgentAccount(t)
 	}
 	for _, p := range ps {
@@ -73,12 +74,49 @@ func prepareOffload(t *testing.T, cs []*federation.Cluster, ps []*pair) {
 	}
 }
 
+// labelPair is the label the consumer's admin puts on the Peer of its
+// provider, which its NamespaceOffload selects; the value is the
+// provider's name.
+const labelPair = "chaos.flotilla.io/provider"
+
+// adoptProviders stands in for each consumer's admin until t ends: the
+// Peer of its provider, whatever identity it comes back under, gets
+// labelPair (selection never reads a name the peer gives itself).
+func adoptProviders(t *testing.T, ps []*pair) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			for _, p := range ps {
+				peers, err := p.cons.Peers(ctx)
+				if err != nil {
+					continue
+				}
+				peer, ok := peers[p.prov.Name]
+				if !ok || peer.Labels[labelPair] == p.prov.Name {
+					continue
+				}
+				patch := client.RawPatch("application/merge-patch+json", fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, labelPair, p.prov.Name))
+				_ = p.cons.Client.Patch(ctx, &peer, patch) // again next round if it failed
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+}
+
 // startWorkloads offloads offloadNS of each consumer to its provider (by
-// its name: the provider may come back under a new identity) and creates
-// the workload there, once the namespace is Ready there.
+// the admin's label of its Peer: the provider may come back under a new
+// identity) and creates the workload there, once the namespace is Ready
+// there.
 func startWorkloads(t *testing.T, ps []*pair) {
 	t.Helper()
 	ctx := context.Background()
+	adoptProviders(t, ps)
 	for _, p := range ps {
 		waitCredential(t, p.cons, p.prov, 2*time.Minute)
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: offloadNS}}
@@ -89,7 +127,7 @@ func startWorkloads(t *testing.T, ps []*pair) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: offloadNS, Name: "offload"},
 			Spec: v1alpha1.NamespaceOffloadSpec{
 				PodOffloading:   v1alpha1.PodsRemote,
-				ClusterSelector: &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelClusterName: p.prov.Name}},
+				ClusterSelector: &metav1.LabelSelector{MatchLabels: map[string]string{labelPair: p.prov.Name}},
 			},
 		}
 		if err := p.cons.Client.Create(ctx, nso); err != nil {

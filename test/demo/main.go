@@ -152,11 +152,26 @@ func showOffload(p *harness.Program, out io.Writer, a, b *federation.NodeCluster
 	}
 	fmt.Fprintf(out, "\nOffloading: %s lends itself to %s, which runs a Deployment there.\n", b.Name, a.Name)
 	cli(b, "grant", a.Name)
+	// a's admin accepts offloading to b and labels its Peer, which the
+	// namespace's selector picks.
+	peers, err := a.Peers(context.Background())
+	if err != nil || peers[b.Name].Name == "" {
+		p.Fatalf("%s's Peer for %s: %v", a.Name, b.Name, err)
+	}
+	admin := func(args ...string) {
+		got, err := federation.Kubectl(a.CP, args...)
+		if err != nil {
+			p.Fatalf("kubectl %s on %s: %v\n%s", strings.Join(args, " "), a.Name, err, got)
+		}
+		fmt.Fprintf(out, "$ kubectl %s   # on %s\n%s", strings.Join(args, " "), a.Name, got)
+	}
+	admin("patch", "peer", peers[b.Name].Name, "--type=merge", "-p", `{"spec":{"offloadTo":"Accept"}}`)
+	admin("label", "peer", peers[b.Name].Name, "role=provider")
 	federation.WaitOffloadCredential(p, a, b.Name, 60*time.Second)
 	if _, err := federation.Kubectl(a.CP, "create", "namespace", demoNamespace); err != nil {
 		p.Fatalf("create namespace %s on %s: %v", demoNamespace, a.Name, err)
 	}
-	cli(a, "offload", "namespace", demoNamespace, "--pods", "Remote")
+	cli(a, "offload", "namespace", demoNamespace, "--selector", "role=provider", "--pods", "Remote")
 	federation.CreateDeployment(p, a, demoNamespace, "web", 3, nil)
 	pods := federation.WaitDeployment(p, a, demoNamespace, "web", 3, 90*time.Second)
 	fmt.Fprintf(out, "Deployment %s/web of %s Running in %.1fs:\n", demoNamespace, a.Name, time.Since(start).Seconds())

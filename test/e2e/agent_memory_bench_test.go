@@ -155,7 +155,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 			if i == 1 {
 				return []string{"--offload-grants=auto"}
 			}
-			return consArgs
+			return append([]string{"--offload-to=auto"}, consArgs...)
 		},
 	})
 	cons, prov := cs[0], cs[1]
@@ -700,7 +700,7 @@ func offloadRemote(b *testing.B, cons, prov *federation.Cluster, ns string) neti
 		b.Fatal(err)
 	}
 	nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
-		Spec: v1alpha1.NamespaceOffloadSpec{PodOffloading: v1alpha1.PodsRemote}}
+		Spec: v1alpha1.NamespaceOffloadSpec{PodOffloading: v1alpha1.PodsRemote, ClusterSelector: everyPeerSelector()}}
 	if err := cons.Client.Create(ctx, nso); err != nil {
 		b.Fatal(err)
 	}

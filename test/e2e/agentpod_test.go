@@ -141,6 +141,8 @@ func documentedAccess() map[string][]string {
 		"events [] [create patch]",
 		"events.events.k8s.io [] [create patch]",
 		"subjectaccessreviews.authorization.k8s.io [] [create]",
+		// The metrics port's readers: who a token is.
+		"tokenreviews.authentication.k8s.io [] [create]",
 		"servicecidrs.networking.k8s.io [] [list]",
 		// Fences: the admission policies, read to prove them in force.
 		"validatingadmissionpolicies.admissionregistration.k8s.io [] [list watch]",

@@ -27,7 +27,13 @@ import (
 func BenchmarkGrantToCredential(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
 	env := harness.New(b)
-	cs := federation.OnNodes(b, env, federation.NodeOptions{Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16")})
+	cs := federation.OnNodes(b, env, federation.NodeOptions{Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		ArgsFor: func(i int) []string {
+			if i == 1 {
+				return []string{"--offload-to=auto"} // the consumer uses the grant at once
+			}
+			return nil
+		}})
 	prov, cons := cs[0], cs[1]
 	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	var took []time.Duration

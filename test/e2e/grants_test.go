@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
+	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -53,6 +55,19 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		if err != nil || !strings.Contains(out, "Granted: tenant namespace "+tenant) {
 			t.Fatalf("flotilla grant %s on %s: %v\n%s", cons.Name, prov.Name, err, out)
 		}
+		// The consumer holds the grant but does not use it until its
+		// admin accepts: the witness that the grant arrived.
+		waiting := waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, remote.ReasonAwaitingOptIn, 30*time.Second)
+		if waiting.Status != metav1.ConditionFalse || !strings.Contains(waiting.Message, "offloadTo") {
+			t.Errorf("%s's credential from %s before the opt-in: %s %s %s", cons.Name, prov.Name, waiting.Status, waiting.Reason, waiting.Message)
+		}
+		if got := peerNamed(t, cons, prov.Name).Status.Offloading; got != nil && got.Received != nil {
+			t.Errorf("%s shows a credential received from %s before its admin accepted: %+v", cons.Name, prov.Name, got.Received)
+		}
+		if n := virtualNodes(t, cons); n != 0 {
+			t.Errorf("%s has %d virtual nodes before its admin accepted offloading", cons.Name, n)
+		}
+		acceptOffloading(t, cons, prov.Name)
 		c := waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 30*time.Second)
 		if c.Status != metav1.ConditionTrue {
 			t.Errorf("%s's credential from %s: %s %s", cons.Name, prov.Name, c.Reason, c.Message)
@@ -236,6 +251,61 @@ func peerNamed(t *testing.T, c *federation.NodeCluster, name string) v1alpha1.Pe
 		t.Fatalf("%s has no Peer for %s", c.Name, name)
 	}
 	return p
+}
+
+// acceptOffloading is consumer's admin accepting offloading to provider
+// (its Peer's spec.offloadTo) and taking each label key given from what
+// the provider announces as the admin's own label of the Peer: a
+// NamespaceOffload's selector matches only those.
+func acceptOffloading(t *testing.T, consumer *federation.NodeCluster, provider string, keys ...string) {
+	t.Helper()
+	var p v1alpha1.Peer
+	eventually.Within(t, 90*time.Second, consumer.Name+"'s Peer for "+provider+" announcing "+strings.Join(keys, ","), func() error {
+		peers, err := consumer.Peers(context.Background())
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if p, ok = peers[provider]; !ok {
+			return errors.New("no Peer yet")
+		}
+		for _, k := range keys {
+			if _, ok := p.Status.AnnouncedLabels[k]; !ok {
+				return fmt.Errorf("announced labels %v", p.Status.AnnouncedLabels)
+			}
+		}
+		return nil
+	})
+	// The labels first: the virtual node made once the grant is
+	// accepted carries them from the start.
+	if len(keys) > 0 {
+		args := []string{"label", "--overwrite", "peer", p.Name}
+		for _, k := range keys {
+			args = append(args, k+"="+p.Status.AnnouncedLabels[k])
+		}
+		mustKubectl(t, consumer.CP, args...)
+	}
+	mustKubectl(t, consumer.CP, "patch", "peer", p.Name, "--type=merge", "-p", `{"spec":{"offloadTo":"Accept"}}`)
+}
+
+// everyPeer selects every Peer: the label is the local agent's on each,
+// not a peer's claim. The benchmarks' consumers run --offload-to=auto, so
+// it selects every provider that granted them.
+const everyPeer = v1alpha1.LabelManagedBy + "=" + v1alpha1.ManagedByValue
+
+// everyPeerSelector is everyPeer as a clusterSelector.
+func everyPeerSelector() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}}
+}
+
+// virtualNodes counts c's virtual nodes.
+func virtualNodes(t *testing.T, c *federation.NodeCluster) int {
+	t.Helper()
+	nodes, err := c.CP.Client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelVirtualNode + "=true"})
+	if err != nil {
+		t.Fatalf("Nodes of %s: %v", c.Name, err)
+	}
+	return len(nodes.Items)
 }
 
 func condition(t *testing.T, c *federation.NodeCluster, peer, kind string) *metav1.Condition {

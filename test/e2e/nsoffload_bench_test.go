@@ -33,7 +33,8 @@ func BenchmarkNamespaceOffload(b *testing.B) {
 			b.Fatal(err)
 		}
 		start := time.Now()
-		nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"}}
+		nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
+			Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: everyPeerSelector()}}
 		if err := cons.Client.Create(context.Background(), nso); err != nil {
 			b.Fatal(err)
 		}
@@ -46,8 +47,9 @@ func BenchmarkNamespaceOffload(b *testing.B) {
 }
 
 // grantedPair starts two clusters of real nodes on the same PodCIDR, the
-// second granting every peer (--offload-grants=auto), and returns them
-// once connected and the consumer holds a working credential.
+// second granting every peer (--offload-grants=auto), the first using
+// every grant (--offload-to=auto), and returns them once connected and
+// the consumer holds a working credential.
 func grantedPair(b *testing.B) (cons, prov *federation.NodeCluster) {
 	b.Helper()
 	env := harness.New(b)
@@ -57,7 +59,7 @@ func grantedPair(b *testing.B) (cons, prov *federation.NodeCluster) {
 			if i == 1 {
 				return []string{"--offload-grants=auto"}
 			}
-			return nil
+			return []string{"--offload-to=auto"}
 		},
 	})
 	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)

@@ -46,7 +46,7 @@ var scalePerPair struct {
 }
 
 // 100 namespaces offloaded at once to 1, 5, 10 and 20 providers: from
-// creating the 100 NamespaceOffloads (an empty selector: every provider)
+// creating the 100 NamespaceOffloads (a selector of every Peer)
 // to all of them Ready, and each one's own time to Ready. Each cluster is
 // a control plane without nodes and its agent as a process on a site: the
 // flow is API server to API server, so nodes and the data path add
@@ -89,7 +89,7 @@ func benchOffloadScale(b *testing.B, providers int) {
 		Args:     []string{"--peering", "manual", "--log-level", "info"},
 		ArgsFor: func(i int, _ []*federation.Cluster) []string {
 			if i == 0 {
-				return nil // the consumer grants nothing
+				return []string{"--offload-to=auto"} // the consumer grants nothing, uses every grant
 			}
 			return []string{"--offload-grants=auto"}
 		},
@@ -186,7 +186,8 @@ func offloadAtOnce(b *testing.B, kube kubernetes.Interface, cl client.WithWatch,
 		go func() {
 			defer wg.Done()
 			created[i] = time.Now()
-			nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"}}
+			nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
+				Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: everyPeerSelector()}}
 			if err := cl.Create(ctx, nso); err != nil {
 				errs <- fmt.Errorf("create the NamespaceOffload in %s: %w", ns, err)
 			}

@@ -24,16 +24,16 @@ import (
 
 // Namespace offloading across three clusters of real nodes, the agents as
 // pods under their own accounts: a consumer (a) and two providers that
-// grant every peer (--offload-grants=auto), b labelled region=a by its own
-// --cluster-label, and c, whose agent joins the federation only once the
-// namespace is offloaded. A namespace offloaded with a selector reaches
-// the matching provider; c joining with region=a gets it too, and loses
-// it when its agent comes back without the label; a label the consumer's
-// admin puts on c's Peer brings c in, and taking it off takes c out; a
-// name that exists on a provider, or a reserved one, is refused with its
-// reason and nothing of the provider's is touched; restarting an agent
-// mid-way converges; deleting the NamespaceOffload removes the remote
-// namespaces, then itself.
+// grant every peer (--offload-grants=auto), b announcing region=a by its
+// own --cluster-label, which a's admin takes as its label of b's Peer,
+// and c, whose agent joins the federation only once the namespace is
+// offloaded. A namespace offloaded with a selector reaches the matching
+// provider; c joining and announcing region=a is not selected by what it
+// says of itself, only once a's admin labels its Peer, and leaves when
+// the admin takes the label off; a name that exists on a provider, or a
+// reserved one, is refused with its reason and nothing of the provider's
+// is touched; restarting an agent mid-way converges; deleting the
+// NamespaceOffload removes the remote namespaces, then itself.
 func TestNamespaceOffload(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
@@ -49,6 +49,7 @@ func TestNamespaceOffload(t *testing.T) {
 	})
 	a, b, c := cs[0], cs[1], cs[2]
 	federation.WaitPhases(t, federation.Clusters(cs[:2]), v1alpha1.PhaseConnected, 90*time.Second)
+	acceptOffloading(t, a, b.Name, "region")
 	waitCondition(t, a, b.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
 	aID := peerID(t, b, a.Name)
 
@@ -73,23 +74,34 @@ func TestNamespaceOffload(t *testing.T) {
 		}
 	})
 
-	t.Run("a cluster joining with region=a gets it; without the label it loses it", func(t *testing.T) {
+	t.Run("a cluster announcing region=a is not selected by it; the admin's label brings it in", func(t *testing.T) {
 		c.InstallAgent(t, []string{"--offload-grants=auto", "--cluster-label=region=a"})
 		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+		acceptOffloading(t, a, c.Name) // offloading accepted, the label not taken
+		waitCondition(t, a, c.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
+		if p := peerNamed(t, a, c.Name); p.Status.AnnouncedLabels["region"] != "a" || p.Labels["region"] != "" {
+			t.Fatalf("a's Peer for %s: announced %v, labels %v; want region=a announced only", c.Name, p.Status.AnnouncedLabels, p.Labels)
+		}
+		// The witness that a selected with c's Peer known: a new
+		// generation of the same selection, acted on.
+		setSelector(t, a, "shop", "region in (a)")
+		nso := waitOffloadPhase(t, a, "shop", v1alpha1.OffloadReady, 30*time.Second)
+		if len(nso.Status.Clusters) != 1 || nso.Status.Clusters[0].ClusterName != b.Name {
+			t.Errorf("status.clusters %+v: the label %s announced selected it", nso.Status.Clusters, c.Name)
+		}
+		if _, err := c.CP.Client.CoreV1().Namespaces().Get(context.Background(), remote, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("namespace %s on %s: %v, want none", remote, c.Name, err)
+		}
+
+		mustKubectl(t, a.CP, "label", "peer", peerID(t, a, c.Name), "region=a")
 		waitOffloadClusters(t, a, "shop", []string{b.Name, c.Name}, 90*time.Second)
 		ns := waitNamespace(t, c, remote, 30*time.Second)
 		if ns.Labels[offload.LabelTenant] != aID || ns.Labels[v1alpha1.LabelMirroredFrom] != "shop" {
 			t.Errorf("namespace %s on %s has labels %v", remote, c.Name, ns.Labels)
 		}
-		// c's agent again, its statement without the label: a selects b
-		// alone once its Peer for c has lost it, and c deletes the
-		// namespace when a withdraws the request.
-		c.InstallAgent(t, []string{"--offload-grants=auto"})
+		mustKubectl(t, a.CP, "label", "peer", peerID(t, a, c.Name), "region-")
 		waitOffloadClusters(t, a, "shop", []string{b.Name}, 90*time.Second)
 		waitNamespaceGone(t, c, remote, 60*time.Second)
-		if l := peerNamed(t, a, c.Name).Labels; l["region"] != "" {
-			t.Errorf("a's Peer for %s still labelled region=%s", c.Name, l["region"])
-		}
 		waitNamespace(t, b, remote, 5*time.Second)
 	})
 

@@ -51,6 +51,7 @@ func TestServicesAcrossClusters(t *testing.T) {
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	aID, bID, cID := peerID(t, b, a.Name), peerID(t, a, b.Name), peerID(t, a, c.Name)
 	for _, p := range []*federation.NodeCluster{b, c} {
+		acceptOffloading(t, a, p.Name, "region")
 		waitCondition(t, a, p.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
 	}
 	waitVirtualNode(t, a, bID, 60*time.Second)

@@ -44,7 +44,7 @@ func BenchmarkOffloadedPodStartup(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	if out, err := flotillaCLI(b, cons, "offload", "namespace", "bench", "--pods", "Remote"); err != nil {
+	if out, err := flotillaCLI(b, cons, "offload", "namespace", "bench", "--selector", everyPeer, "--pods", "Remote"); err != nil {
 		b.Fatalf("flotilla offload namespace bench: %v\n%s", err, out)
 	}
 	startup := func(c *federation.NodeCluster, name string) time.Duration {

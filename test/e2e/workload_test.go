@@ -56,6 +56,7 @@ func TestWorkloadOffload(t *testing.T) {
 		s.OffloadLimits = &v1alpha1.OffloadLimits{Memory: &memory}
 	})
 	for _, p := range []*federation.NodeCluster{b, c} {
+		acceptOffloading(t, a, p.Name, "region")
 		waitCondition(t, a, p.Name, v1alpha1.ConditionOffloadCredential, "Ready", 60*time.Second)
 	}
 

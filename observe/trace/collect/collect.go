@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -26,6 +25,7 @@ import (
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/observe/trace"
 	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
@@ -47,7 +47,7 @@ type Source struct {
 	Name   string
 	Config *rest.Config
 	// Report, when set, fetches the /trace report of a node's fabric pod
-	// (node "" : the agent's) instead of the pod proxy: tests reach an
+	// (node "" : the agent's) instead of a port-forward: tests reach an
 	// agent that runs as a process.
 	Report func(ctx context.Context, node string) (trace.NodeReport, error)
 }
@@ -94,7 +94,7 @@ func Collect(ctx context.Context, s Source, ends Ends) (*trace.Cluster, error) {
 	} else {
 		out.Unread["id"] = err.Error()
 	}
-	r := reader{kube: kube, report: s.Report}
+	r := reader{kube: kube, cfg: s.Config, report: s.Report}
 	plan, planErr := readPlan(ctx, kube)
 	if planErr != nil {
 		out.Unread["plan"] = planErr.Error()
@@ -229,6 +229,7 @@ func findPods(ctx context.Context, kube kubernetes.Interface, ends Ends) ([]trac
 // reader fetches /trace reports.
 type reader struct {
 	kube   kubernetes.Interface
+	cfg    *rest.Config
 	report func(ctx context.Context, node string) (trace.NodeReport, error)
 }
 
@@ -318,9 +319,12 @@ func (r reader) nodes(ctx context.Context, c *trace.Cluster, gateway string) {
 }
 
 func (r reader) proxy(ctx context.Context, p corev1.Pod, port int) (trace.NodeReport, error) {
-	b, err := r.kube.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, strconv.Itoa(port), live.Path, nil).DoRaw(ctx)
+	// Through a port-forward, which the API server authorizes with the
+	// caller's rights: the pod serves /trace to its loopback without a
+	// token.
+	b, err := podhttp.Get(ctx, r.cfg, p.Namespace, p.Name, port, live.Path)
 	if err != nil {
-		return trace.NodeReport{}, fmt.Errorf("read %s of pod %s/%s: %w", live.Path, p.Namespace, p.Name, err)
+		return trace.NodeReport{}, err
 	}
 	rep, err := trace.ParseNodeReport(b)
 	if err != nil {

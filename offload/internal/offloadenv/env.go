@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
@@ -127,12 +128,25 @@ func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenant
 // and the consumer's EndpointSlices may point into the provider's view of
 // it (as the grants controller sets from the peering's views).
 var ConsumerLimits = grant.Limits{Fence: grant.Fence{EndpointNetworks: offloadtest.ProviderViewOfConsumer.String()}}
+// LabelProvider is the label the consumer's admin puts on the Peer of
+// every provider here (AddPeer), so that EveryProvider selects them all:
+// an empty clusterSelector selects none.
+const LabelProvider = "test.flotilla.io/provider"
+
+// EveryProvider is the clusterSelector of every provider AddPeer wrote.
+func EveryProvider() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchLabels: map[string]string{LabelProvider: "true"}}
+}
 
 // AddPeer writes the consumer's Peer for a provider, granted (its
-// OffloadCredential condition set, as remote.Consumer writes it).
+// OffloadCredential condition set, as remote.Consumer writes it), with
+// labels and LabelProvider as its admin's and the name label the agent
+// writes.
 func (e *MirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]string) {
 	t.Helper()
-	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: labels}}
+	l := withProvider(labels)
+	l[v1alpha1.LabelClusterName] = name
+	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: l}}
 	if err := e.LocalAdmin.Create(t.Context(), peer); err != nil {
 		t.Fatal(err)
 	}
@@ -144,13 +158,28 @@ func (e *MirrorEnv) AddPeer(t testing.TB, id, name string, labels map[string]str
 	}
 }
 
+func withProvider(labels map[string]string) map[string]string {
+	l := maps.Clone(labels)
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[LabelProvider] = "true"
+	return l
+}
+
+// SetLabels sets the labels of id's Peer, LabelProvider and the name
+// label kept.
 func (e *MirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string) {
 	t.Helper()
 	var peer v1alpha1.Peer
 	if err := e.LocalAdmin.Get(t.Context(), client.ObjectKey{Name: id}, &peer); err != nil {
 		t.Fatal(err)
 	}
-	peer.Labels = labels
+	name := peer.Labels[v1alpha1.LabelClusterName]
+	peer.Labels = withProvider(labels)
+	if name != "" {
+		peer.Labels[v1alpha1.LabelClusterName] = name
+	}
 	if err := e.LocalAdmin.Update(t.Context(), &peer); err != nil {
 		t.Fatal(err)
 	}
@@ -170,9 +199,13 @@ func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	return offloadtest.RunUntilCleanup(t, "mirror.Consumer.Run", mc.Run)
 }
 
-// Offload creates namespace ns and a NamespaceOffload in it.
+// Offload creates namespace ns and a NamespaceOffload in it; a spec
+// without a clusterSelector gets EveryProvider.
 func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
 	t.Helper()
+	if spec.ClusterSelector == nil {
+		spec.ClusterSelector = EveryProvider()
+	}
 	err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
