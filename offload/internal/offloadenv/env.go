@@ -128,6 +128,7 @@ func grantedBy(c *offloadtest.Credentials, t testing.TB, tenants *tenancy.Tenant
 // and the consumer's EndpointSlices may point into the provider's view of
 // it (as the grants controller sets from the peering's views).
 var ConsumerLimits = grant.Limits{Fence: grant.Fence{EndpointNetworks: offloadtest.ProviderViewOfConsumer.String()}}
+
 // LabelProvider is the label the consumer's admin puts on the Peer of
 // every provider here (AddPeer), so that EveryProvider selects them all:
 // an empty clusterSelector selects none.
