@@ -30,6 +30,10 @@ import (
 // name that is not ours is never touched, and a caller who may not
 // grant what the binding grants is refused, with its own token, before
 // anything is offloaded.
+
+// everyPeer selects every Peer: an offload must name its providers.
+const everyPeer = "--selector=flotilla.io/managed-by=flotilla"
+
 func TestOffloadBindsReflection(t *testing.T) {
 	e := newPeerEnv(t)
 	ctx := t.Context()
@@ -58,7 +62,7 @@ func TestOffloadBindsReflection(t *testing.T) {
 	}
 
 	t.Run("offload makes it, labelled as ours", func(t *testing.T) {
-		code, out, errOut := flotilla("offload", "namespace", "shop", kc, "--wait=0")
+		code, out, errOut := flotilla("offload", "namespace", "shop", kc, "--wait=0", everyPeer)
 		if code != 0 || !strings.Contains(out, "RoleBinding flotilla-reflection created") {
 			t.Fatalf("offload: exit %d\n%s%s", code, out, errOut)
 		}
@@ -71,7 +75,7 @@ func TestOffloadBindsReflection(t *testing.T) {
 			b.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
 			t.Errorf("RoleBinding shop/flotilla-reflection: roleRef %+v, subjects %+v, labels %v", b.RoleRef, b.Subjects, b.Labels)
 		}
-		if code, out, errOut := flotilla("offload", "namespace", "shop", kc, "--wait=0"); code != 0 || !strings.Contains(out, "RoleBinding flotilla-reflection kept") {
+		if code, out, errOut := flotilla("offload", "namespace", "shop", kc, "--wait=0", everyPeer); code != 0 || !strings.Contains(out, "RoleBinding flotilla-reflection kept") {
 			t.Errorf("offload again: exit %d\n%s%s", code, out, errOut)
 		}
 	})
@@ -95,7 +99,7 @@ func TestOffloadBindsReflection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, out, errOut := flotilla("offload", "namespace", "mine", kc, "--wait=0")
+		code, out, errOut := flotilla("offload", "namespace", "mine", kc, "--wait=0", everyPeer)
 		if code == 0 || !strings.Contains(errOut, "not this command's, and left alone") {
 			t.Errorf("offload over a foreign binding: exit %d, want a refusal\n%s%s", code, out, errOut)
 		}
@@ -141,7 +145,7 @@ func TestOffloadBindsReflection(t *testing.T) {
 				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "offloader"},
 				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "ro", Name: "editor"}}})
 		})
-		code, out, errOut := flotilla("offload", "namespace", "ro", "--kubeconfig="+editor, "--wait=0")
+		code, out, errOut := flotilla("offload", "namespace", "ro", "--kubeconfig="+editor, "--wait=0", everyPeer)
 		if code == 0 || !strings.Contains(errOut, "create RoleBinding ro/flotilla-reflection") || !strings.Contains(errOut, "forbidden") ||
 			!strings.Contains(errOut, "nothing was offloaded") {
 			t.Errorf("offload by the editor: exit %d, want a refusal that says why\n%s%s", code, out, errOut)
