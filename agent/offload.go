@@ -95,13 +95,13 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	// The provider grants nothing until the admission policies that
 	// confine it and its consumers are proven in force (docs/security.md).
-	policies, err := deploy.AdmissionPolicies()
+	bindings, err := deploy.AdmissionBindings()
 	if err != nil {
 		return nil, err
 	}
 	var grants *tenancy.Grants // told of the fences changing, once made
 	fences, err := tenancy.NewFences(tenancy.FencesConfig{
-		Client: a.kube, Policies: policies,
+		Client: a.kube, Bindings: bindings,
 		Changed: func(error) {
 			if grants != nil {
 				grants.FencesChanged()

@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -26,15 +27,14 @@ var CRDs embed.FS
 //go:embed admission*.yaml
 var admission embed.FS
 
-// AdmissionPolicies are the names of the ValidatingAdmissionPolicies
-// deploy/ installs, each bound by a ValidatingAdmissionPolicyBinding of
-// the same name.
-func AdmissionPolicies() ([]string, error) {
+// AdmissionBindings are the ValidatingAdmissionPolicyBindings deploy/
+// installs, each binding the policy of the same name.
+func AdmissionBindings() ([]admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
 	files, err := fs.Glob(admission, "admission*.yaml")
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	var bindings []admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	for _, f := range files {
 		raw, err := fs.ReadFile(admission, f)
 		if err != nil {
@@ -42,24 +42,19 @@ func AdmissionPolicies() ([]string, error) {
 		}
 		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
 		for {
-			var doc struct {
-				Kind     string `json:"kind"`
-				Metadata struct {
-					Name string `json:"name"`
-				} `json:"metadata"`
-			}
-			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
+			if err := dec.Decode(&b); errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
 				return nil, fmt.Errorf("deploy/%s: %w", f, err)
 			}
-			if doc.Kind == "ValidatingAdmissionPolicy" {
-				names = append(names, doc.Metadata.Name)
+			if b.Kind == "ValidatingAdmissionPolicyBinding" {
+				bindings = append(bindings, b)
 			}
 		}
 	}
-	if len(names) == 0 {
-		return nil, errors.New("deploy/ holds no ValidatingAdmissionPolicy")
+	if len(bindings) == 0 {
+		return nil, errors.New("deploy/ holds no ValidatingAdmissionPolicyBinding")
 	}
-	return names, nil
+	return bindings, nil
 }

@@ -115,9 +115,11 @@ func newStreamGate(l StreamLimits, limited func(string), log *slog.Logger) *stre
 func (g *streamGate) admit(c *net.TCPConn) net.Conn {
 	from := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	if reason := g.take(from); reason != "" {
+		// Counted before the reset, so that a refused host that sees it
+		// finds it counted.
+		g.refused(reason, from)
 		_ = c.SetLinger(0) // a reset: no TIME_WAIT kept for a refused host
 		_ = c.Close()
-		g.refused(reason, from)
 		return nil
 	}
 	_ = c.SetDeadline(time.Now().Add(g.limits.Lifetime))

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -48,10 +49,10 @@ type FencesConfig struct {
 	// Client carries the agent's own credential: the policies match its
 	// account, so an administrator's credential proves nothing.
 	Client kubernetes.Interface
-	// Policies are the names of the ValidatingAdmissionPolicies deploy/
-	// installs, each bound by a ValidatingAdmissionPolicyBinding of the
-	// same name.
-	Policies []string
+	// Bindings are the ValidatingAdmissionPolicyBindings deploy/
+	// installs (deploy.AdmissionBindings): each must be there as shipped,
+	// its policy with it.
+	Bindings []admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	// Interval between checks once proven (default 5 minutes); a failed
 	// check is repeated sooner, from half a second up to Retry (default 10
 	// seconds): policies just applied take a moment to be enforced.
@@ -68,8 +69,8 @@ var errNotChecked = errors.New("the admission policies have not been checked yet
 
 // NewFences checks cfg; Run starts the checks.
 func NewFences(cfg FencesConfig) (*Fences, error) {
-	if cfg.Client == nil || len(cfg.Policies) == 0 {
-		return nil, errors.New("fences: a client and the policies' names are required")
+	if cfg.Client == nil || len(cfg.Bindings) == 0 {
+		return nil, errors.New("fences: a client and the policies' bindings are required")
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = 5 * time.Minute
@@ -207,8 +208,8 @@ func (f *Fences) check(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// installed checks that every policy is there, failing closed, with a
-// binding of the same name that denies.
+// installed checks that every binding deploy/ ships is there as shipped,
+// denying, and its policy with it, failing closed.
 func (f *Fences) installed(ctx context.Context) error {
 	ar := f.cfg.Client.AdmissionregistrationV1()
 	policies, err := ar.ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
@@ -223,27 +224,32 @@ func (f *Fences) installed(ctx context.Context) error {
 		return fmt.Errorf("list ValidatingAdmissionPolicyBindings: %w", err)
 	}
 	var errs []error
-	for _, name := range f.cfg.Policies {
-		i := slices.IndexFunc(policies.Items, func(p admissionregistrationv1.ValidatingAdmissionPolicy) bool { return p.Name == name })
+	for _, want := range f.cfg.Bindings {
+		name, policy := want.Name, want.Spec.PolicyName
+		i := slices.IndexFunc(policies.Items, func(p admissionregistrationv1.ValidatingAdmissionPolicy) bool { return p.Name == policy })
 		if i < 0 {
-			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicy %s is missing (kubectl apply --server-side -k deploy/)", name))
+			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicy %s is missing (kubectl apply --server-side -k deploy/)", policy))
 			continue
 		}
 		if fp := policies.Items[i].Spec.FailurePolicy; fp != nil && *fp != admissionregistrationv1.Fail {
-			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicy %s has failurePolicy %s, want Fail", name, *fp))
+			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicy %s has failurePolicy %s, want Fail", policy, *fp))
 		}
 		j := slices.IndexFunc(bindings.Items, func(b admissionregistrationv1.ValidatingAdmissionPolicyBinding) bool { return b.Name == name })
-		switch {
-		case j < 0:
+		if j < 0 {
 			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s is missing (kubectl apply --server-side -k deploy/)", name))
-		case bindings.Items[j].Spec.PolicyName != name:
-			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s binds policy %q, want %s", name, bindings.Items[j].Spec.PolicyName, name))
-		case !slices.Contains(bindings.Items[j].Spec.ValidationActions, admissionregistrationv1.Deny):
-			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s does not deny (validationActions %v)", name, bindings.Items[j].Spec.ValidationActions))
-		case bindings.Items[j].Spec.ParamRef != nil || bindings.Items[j].Spec.MatchResources != nil:
-			// deploy/ binds every policy whole: a narrowed binding
-			// fences less than the policy says.
-			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s is narrowed (paramRef or matchResources set); deploy/ binds it whole", name))
+			continue
+		}
+		got := bindings.Items[j].Spec
+		switch {
+		case got.PolicyName != policy:
+			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s binds policy %q, want %s", name, got.PolicyName, policy))
+		case !slices.Contains(got.ValidationActions, admissionregistrationv1.Deny):
+			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s does not deny (validationActions %v)", name, got.ValidationActions))
+		case !apiequality.Semantic.DeepEqual(got.ParamRef, want.Spec.ParamRef),
+			want.Spec.MatchResources == nil && got.MatchResources != nil:
+			// A binding narrowed, or pointed at other parameters, fences
+			// less than the policy says.
+			errs = append(errs, fmt.Errorf("ValidatingAdmissionPolicyBinding %s is not as deploy/ ships it (paramRef or matchResources changed)", name))
 		}
 	}
 	return errors.Join(errs...)

@@ -230,14 +230,14 @@ func (p *provider) start(t *testing.T) {
 // and tells every Grants running when the verdict changes. The checks run
 // when a subtest asks (Check), not on a timer.
 func (w *world) startFences(t *testing.T) {
-	policies, err := deploy.AdmissionPolicies()
+	bindings, err := deploy.AdmissionBindings()
 	if err != nil {
 		t.Fatal(err)
 	}
 	agent := kubernetes.NewForConfigOrDie(offloadtest.ServiceAccountConfig(t, w.provCP, "flotilla-system", "flotilla-agent"))
 	w.running = map[*Grants]bool{}
 	w.fences, err = NewFences(FencesConfig{
-		Client: agent, Policies: policies,
+		Client: agent, Bindings: bindings,
 		Changed: func(error) {
 			w.mu.Lock()
 			defer w.mu.Unlock()

@@ -15,8 +15,8 @@ import (
 )
 
 // agentAccountFiles are what deploy/ installs for the agent's account,
-// the Deployment aside.
-var agentAccountFiles = []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "reflection.yaml", "admission.yaml"}
+// the Deployment aside; and every admission*.yaml.
+var agentAccountFiles = []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "reflection.yaml"}
 
 // RunAsAgentAccount makes the cluster's agent process run as a pod of
 // deploy/ would: deploy/'s account, RBAC and admission policies are
@@ -31,6 +31,13 @@ func (c *Cluster) RunAsAgentAccount(t harness.TB) {
 	args := []string{"apply", "--server-side"}
 	for _, f := range agentAccountFiles {
 		args = append(args, "-f", filepath.Join(deploy, f))
+	}
+	policies, err := filepath.Glob(filepath.Join(deploy, "admission*.yaml"))
+	if err != nil || len(policies) == 0 {
+		t.Fatalf("deploy/admission*.yaml: %v (%d files)", err, len(policies))
+	}
+	for _, f := range policies {
+		args = append(args, "-f", f)
 	}
 	mustKubectl(t, c.CP, args...)
 	// Longer than any test: the agent does not renew a kubeconfig's token.

@@ -381,10 +381,26 @@ var (
 
 // InstallProvider applies what a provider's agent is installed with:
 // its namespace and account, deploy/'s RBAC (the consumer's ClusterRole
-// among it) and admission policies.
+// among it) and every file of admission policies.
 func InstallProvider(t testing.TB, cp *harness.ControlPlane) {
 	t.Helper()
-	installDeploy(t, cp, "namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "admission.yaml")
+	installDeploy(t, cp, append([]string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml"}, AdmissionFiles(t)...)...)
+}
+
+// AdmissionFiles are deploy/'s files of admission policies
+// (admission*.yaml): a provider proves every one in force before it
+// grants.
+func AdmissionFiles(t testing.TB) []string {
+	t.Helper()
+	paths, err := filepath.Glob(DeployFile("admission*.yaml"))
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("deploy/admission*.yaml: %v (%d files)", err, len(paths))
+	}
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = filepath.Base(p)
+	}
+	return names
 }
 
 // InstallConsumer applies the rights a consumer's agent is installed
