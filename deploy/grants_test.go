@@ -175,7 +175,11 @@ func waitPoliciesEnforced(t *testing.T, cp *harness.ControlPlane) {
 			return err
 		}},
 		{"flotilla-agent-virtual-nodes", func() error {
-			_, err := agent.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "witness"}}, dry)
+			_, err := agent.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "witness"}, Spec: virtualNodeSpec()}, dry)
+			return err
+		}},
+		{"flotilla-agent-virtual-node-taint", func() error {
+			_, err := agent.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: offload.VirtualNodeName("cwitness"), Labels: virtualNodeLabels()}}, dry)
 			return err
 		}},
 		{"flotilla-agent-service-objects", func() error {

@@ -20,6 +20,11 @@ func virtualNodeLabels() map[string]string {
 	return map[string]string{offload.LabelVirtualNode: "true", "app.kubernetes.io/managed-by": "flotilla"}
 }
 
+// virtualNodeSpec carries a virtual node's taint.
+func virtualNodeSpec() corev1.NodeSpec {
+	return corev1.NodeSpec{Taints: []corev1.Taint{{Key: offload.TaintVirtualNode, Value: "true", Effect: corev1.TaintEffectNoExecute}}}
+}
+
 func nodeLease(name string, labels map[string]string) *coordinationv1.Lease {
 	holder, seconds, now := name, int32(40), metav1.NewMicroTime(time.Now())
 	return &coordinationv1.Lease{
@@ -56,7 +61,7 @@ func (g *grant) testVirtualNodes(t *testing.T) {
 	name := offload.VirtualNodeName(consumerID)
 	virtual := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: virtualNodeLabels()},
-		Spec:       corev1.NodeSpec{Taints: []corev1.Taint{{Key: offload.TaintVirtualNode, Value: "true", Effect: corev1.TaintEffectNoExecute}}},
+		Spec:       virtualNodeSpec(),
 	}
 	if _, err := nodes.Create(ctx, virtual, create); err != nil {
 		t.Fatalf("the agent creates a virtual node: %v", err)
@@ -100,14 +105,20 @@ func (g *grant) testVirtualNodes(t *testing.T) {
 			return nodes.Delete(ctx, lookalike.Name, metav1.DeleteOptions{})
 		}},
 		{"create a node with our labels under another name", wouldNot("worker-2"), func(ctx context.Context) error {
-			_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Labels: virtualNodeLabels()}}, create)
+			_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-2", Labels: virtualNodeLabels()}, Spec: virtualNodeSpec()}, create)
 			return err
 		}},
 		{"create a node named flotilla-* without our labels", wouldNot("flotilla-cthird"), func(ctx context.Context) error {
-			_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-cthird"}}, create)
+			_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-cthird"}, Spec: virtualNodeSpec()}, create)
 			return err
 		}},
 		{"take the virtual-node label off its virtual node", wouldNot(name), patch(name, fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, offload.LabelVirtualNode))},
+		// Untainted, a virtual node would draw the cluster's pods.
+		{"create a virtual node without its taint", "keeps its virtual nodes tainted", func(ctx context.Context) error {
+			_, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: offload.VirtualNodeName("cthird"), Labels: virtualNodeLabels()}}, create)
+			return err
+		}},
+		{"take the taint off its virtual node", "keeps its virtual nodes tainted", patch(name, `{"spec":{"taints":[]}}`)},
 		{"renew a real node's Lease", notOne("worker-1"), func(ctx context.Context) error {
 			l := workerLease.DeepCopy()
 			l.Spec.RenewTime = &renew
