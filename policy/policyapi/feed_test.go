@@ -297,6 +297,10 @@ func TestTrafficFeed(t *testing.T) {
 	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 2})
 	e.deletePod("flotilla-tenant-b", "web")
 	e.want("b", false, []string{"10.0.1.6"}, nil)
+	// The Peer status that change leads to, and the pass its event may
+	// start, come before the count below begins.
+	e.wantStatus("b", v1alpha1.TrafficSegregated, &v1alpha1.TrafficAllowed{Pods: 1})
+	time.Sleep(3 * DefaultDebounce)
 
 	// This cluster's own pods start no pass: ten of them run one after
 	// another (each a creation and a status: twenty events), spaced by
