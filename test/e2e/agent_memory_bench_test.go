@@ -181,7 +181,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	m.idleAll = agent.sampleFor(b, memWindow)
 	saveHeapProfile(b, cons, profiles, "idle-all")
 
-	view := offloadRemote(b, cons.Cluster, prov.Cluster, "bench")
+	view := offloadRemote(b, cons, prov, "bench")
 	for round := 0; b.Loop(); round++ {
 		app := fmt.Sprintf("mem-%d", round)
 		s := agent.startSampler()
@@ -693,15 +693,10 @@ func waitPeersConnected(b *testing.B, c *federation.NodeCluster, n int, timeout 
 // offloadRemote offloads namespace ns of cons to prov with its pods
 // Remote, waits until it is Ready and the virtual node of prov is Ready,
 // and returns cons's view of prov's pod network.
-func offloadRemote(b *testing.B, cons, prov *federation.Cluster, ns string) netip.Prefix {
+func offloadRemote(b *testing.B, cons, prov *federation.NodeCluster, ns string) netip.Prefix {
 	b.Helper()
 	ctx := context.Background()
 	if _, err := cons.CP.Client.CoreV1().Namespaces().Create(ctx, namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
-		Spec: v1alpha1.NamespaceOffloadSpec{PodOffloading: v1alpha1.PodsRemote, ClusterSelector: everyPeerSelector()}}
-	if err := cons.Client.Create(ctx, nso); err != nil {
 		b.Fatal(err)
 	}
 	peers, err := cons.Peers(ctx)
@@ -711,6 +706,13 @@ func offloadRemote(b *testing.B, cons, prov *federation.Cluster, ns string) neti
 	p := peers[prov.Name]
 	if len(p.Status.TheirNetworks) == 0 {
 		b.Fatalf("%s has no view of %s's networks: %+v", cons.Name, prov.Name, p.Status)
+	}
+	// As an admin does it: the provider alone (the swarm's members grant
+	// nothing), by a label of the admin's on its Peer, and the RoleBinding
+	// that lets reflection read ns.
+	mustKubectl(b, cons.CP, "label", "peer", p.Name, "bench=provider")
+	if out, err := flotillaCLI(b, cons, "offload", "namespace", ns, "--selector", "bench=provider", "--pods", "Remote", "--wait", "0"); err != nil {
+		b.Fatalf("flotilla offload namespace %s: %v\n%s", ns, err, out)
 	}
 	view := netip.MustParsePrefix(p.Status.TheirNetworks[0].As)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -722,7 +724,7 @@ func offloadRemote(b *testing.B, cons, prov *federation.Cluster, ns string) neti
 			return view
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("namespace %s offloaded to %s not Ready with its virtual node after 2 minutes: %v %q, node %v", ns, prov.Name, err, got.Status.Phase, nerr)
+			b.Fatalf("namespace %s offloaded to %s not Ready with its virtual node after 2 minutes: %v %q (%+v), node %v", ns, prov.Name, err, got.Status.Phase, got.Status, nerr)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

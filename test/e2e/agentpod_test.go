@@ -258,7 +258,7 @@ func canIList(t *testing.T, cp *harness.ControlPlane, ns, user string) []string 
 	return rows
 }
 
-func mustKubectl(t *testing.T, cp *harness.ControlPlane, args ...string) string {
+func mustKubectl(t testing.TB, cp *harness.ControlPlane, args ...string) string {
 	t.Helper()
 	out, err := federation.Kubectl(cp, args...)
 	if err != nil {
