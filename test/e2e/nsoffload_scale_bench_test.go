@@ -94,13 +94,27 @@ func benchOffloadScale(b *testing.B, providers int) {
 			return []string{"--offload-grants=auto"}
 		},
 	})
-	installConsumerRole(b, cs[1:])
+	// Each agent runs as deploy/'s account, with its RBAC (the
+	// providers' ClusterRole flotilla-consumer, which the RoleBindings of
+	// each tenant and mirrored namespace name) and admission policies (a
+	// provider grants nothing before it proves they confine it).
+	for _, c := range cs {
+		c.RunAsAgentAccount(b)
+	}
 	started := time.Now()
 	for _, c := range cs {
 		c.StartAgent(b)
 	}
 	cons := cs[0]
 	waitCredentials(b, cons, cs[1:], 5*time.Minute)
+	// Each provider's admin lets the consumer mirror every namespace of a
+	// round (the default is 50).
+	limit := int64(scaleNamespaces)
+	for _, p := range cs[1:] {
+		changePeerSpec(b, p, cons.Name, func(s *v1alpha1.PeerSpec) {
+			s.OffloadLimits = &v1alpha1.OffloadLimits{Namespaces: &limit}
+		})
+	}
 	fmt.Fprintf(os.Stdout, "providers=%d: %d clusters up and every credential Ready on the consumer in %.1f s\n", providers, len(cs), time.Since(started).Seconds())
 
 	cfg := rest.CopyConfig(cons.CP.Config)
@@ -312,27 +326,6 @@ func unoffloadAll(b *testing.B, kube kubernetes.Interface, cl client.Client, nam
 	}
 	for _, ns := range names {
 		if err := kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// installConsumerRole applies deploy/'s RBAC on each provider: the
-// RoleBinding the provider's agent makes in each mirrored namespace and
-// in the tenant namespace refers to its ClusterRole flotilla-consumer,
-// which only `kubectl apply -k deploy/` installs; without it the
-// consumer may not even list its own requests.
-func installConsumerRole(b *testing.B, providers []*federation.Cluster) {
-	b.Helper()
-	errs := make(chan error, len(providers))
-	for _, p := range providers {
-		go func() {
-			_, err := federation.Kubectl(p.CP, "apply", "--server-side", "-f", "../../deploy/namespace.yaml", "-f", "../../deploy/rbac.yaml")
-			errs <- err
-		}()
-	}
-	for range providers {
-		if err := <-errs; err != nil {
 			b.Fatal(err)
 		}
 	}
