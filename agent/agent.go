@@ -82,6 +82,9 @@ type Config struct {
 	Peering peering.Policy
 	// Announce says what of the pod ranges is announced to peers.
 	Announce Announce
+	// PodBlockBits is the prefix length of the block each pod's address
+	// stands for when the blocks announced are learned from the pods.
+	PodBlockBits int
 	// UnreachableGrace: how long a failed member keeps tunnel and view.
 	UnreachableGrace time.Duration
 	// InstallCRDs applies the embedded CRDs at start.
@@ -173,6 +176,7 @@ func DefaultConfig() Config {
 		ClusterSetName:     "flotilla",
 		Peering:            peering.PolicyAuto,
 		Announce:           AnnounceAuto,
+		PodBlockBits:       DefaultPodBlockBits,
 		UnreachableGrace:   5 * time.Minute,
 		InstallCRDs:        true,
 		KubeletPort:        10260,
@@ -211,6 +215,9 @@ type Agent struct {
 	// fabric is the cluster's fabric plan and nodes its Nodes, once started.
 	fabric *fabricPlan
 	nodes  clusterNodes
+	// learned are the pod blocks a CNI with its own IPAM allocated, when
+	// watched (cniblocks.go).
+	learned learnedBlocks
 	// start starts the components (startComponents; tests give their own).
 	start func(ctx context.Context, comps *components) error
 	// services receives the peers' exports from the gossip, once made.
@@ -245,6 +252,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if _, err := ParseAnnounce(string(cfg.Announce)); err != nil {
 		return nil, fmt.Errorf("--announce: %w", err)
+	}
+	if cfg.PodBlockBits == 0 {
+		cfg.PodBlockBits = DefaultPodBlockBits
+	}
+	if cfg.PodBlockBits < 12 || cfg.PodBlockBits > 32 {
+		return nil, fmt.Errorf("--pod-block-bits %d: want a prefix length from 12 to 32, such as 24 (a pod at 10.1.2.3 stands for 10.1.2.0/24)", cfg.PodBlockBits)
 	}
 	if err := peering.CheckLabels(cfg.ClusterLabels); err != nil {
 		return nil, fmt.Errorf("--cluster-label: %w", err)

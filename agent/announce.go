@@ -25,7 +25,8 @@ const (
 	AnnounceAuto Announce = "auto"
 	// AnnounceRange announces the configured pod ranges whole.
 	AnnounceRange Announce = "range"
-	// AnnounceBlocks announces the Nodes' blocks (spec.podCIDRs) in use.
+	// AnnounceBlocks announces the pod blocks in use: the Nodes'
+	// (spec.podCIDRs) and those a CNI with its own IPAM allocated.
 	AnnounceBlocks Announce = "blocks"
 )
 
@@ -44,6 +45,9 @@ type announcement struct {
 	// Notes say where the announcement is not what the mode asked for,
 	// and why; empty when it is.
 	Notes []string
+	// Source says where the blocks announced came from (sourceNodes,
+	// sourceCalico, ...); empty when the ranges are announced whole.
+	Source string
 }
 
 // largestPool is the largest IPv4 remap pool: a range larger than it can
@@ -59,10 +63,9 @@ func largestPool(pools []netip.Prefix) int {
 }
 
 // announce decides what to announce of the IPv4 pod ranges, given the
-// Nodes' pod blocks. Blocks replace a range only when there are some
-// inside it: a CNI with its own IPAM (Calico, Cilium's cluster-pool)
-// leaves spec.podCIDRs unused, and its range is then announced whole.
-// More networks than a Hello carries are announced as the ranges.
+// pod blocks in use. Blocks replace a range only when there are some
+// inside it; the range is announced whole otherwise. More networks than
+// a Hello carries are announced as the ranges.
 func announce(mode Announce, ranges, blocks []netip.Prefix, pools []netip.Prefix) announcement {
 	var out announcement
 	largest := largestPool(pools)
@@ -79,13 +82,13 @@ func announce(mode Announce, ranges, blocks []netip.Prefix, pools []netip.Prefix
 		}
 		if len(inside) == 0 {
 			out.Networks = append(out.Networks, r)
-			out.Notes = append(out.Notes, fmt.Sprintf("no Node has a pod block (spec.podCIDRs) in %s, as with a CNI that allocates addresses itself: %s announced whole", r, r))
+			out.Notes = append(out.Notes, fmt.Sprintf("no pod block is known in %s (no Node's spec.podCIDRs, no Calico BlockAffinity or CiliumNode, no pod's address in it): %s announced whole", r, r))
 			continue
 		}
 		out.Networks = append(out.Networks, aggregate(inside)...)
 	}
 	if len(out.Networks) > peering.MaxNetworks {
-		out.Notes = append(out.Notes, fmt.Sprintf("the Nodes' pod blocks aggregate to %d networks, more than the %d a peering statement carries: %v announced whole", len(out.Networks), peering.MaxNetworks, ranges))
+		out.Notes = append(out.Notes, fmt.Sprintf("the pod blocks aggregate to %d networks, more than the %d a peering statement carries: %v announced whole", len(out.Networks), peering.MaxNetworks, ranges))
 		out.Networks = slices.Clone(ranges)
 	}
 	return out
@@ -153,15 +156,16 @@ func addr4(v uint32) netip.Addr {
 // together) into one renegotiation.
 const announceDebounce = 200 * time.Millisecond
 
-// announcer keeps what this cluster announces in line with its Nodes' pod
-// blocks, and has peering renegotiate when that changes.
+// announcer keeps what this cluster announces in line with its pod blocks
+// in use, and has peering renegotiate when that changes.
 type announcer struct {
 	log    *slog.Logger
 	mode   Announce
 	ranges []netip.Prefix // the IPv4 pod ranges
 	pools  []netip.Prefix
-	// blocks returns the Nodes' pod blocks; set once the Nodes are watched.
-	blocks  func() []netip.Prefix
+	// blocks returns the pod blocks in use and, for the log, where they
+	// came from; set once they are watched.
+	blocks  func() ([]netip.Prefix, string)
 	changed chan struct{}
 
 	last announcement // owned by the first caller of current, then run
@@ -183,18 +187,23 @@ func (n *announcer) notify() {
 // the mode asked for, once per change. It reports whether it changed.
 func (n *announcer) current() (announcement, bool) {
 	var blocks []netip.Prefix
+	var source string
 	if n.blocks != nil {
-		blocks = n.blocks()
+		blocks, source = n.blocks()
 	}
 	a := announce(n.mode, n.ranges, blocks, n.pools)
+	a.Source = source
+	if slices.Equal(a.Networks, n.ranges) {
+		a.Source = ""
+	}
 	changed := !slices.Equal(a.Networks, n.last.Networks)
 	if !slices.Equal(a.Notes, n.last.Notes) {
 		for _, note := range a.Notes {
 			n.log.Warn("announcing pod ranges whole", "mode", n.mode, "why", note)
 		}
 	}
-	if changed {
-		n.log.Info("networks announced to peers", "mode", n.mode, "networks", a.Networks, "podRanges", n.ranges)
+	if changed || a.Source != n.last.Source {
+		n.log.Info("networks announced to peers", "mode", n.mode, "networks", a.Networks, "podRanges", n.ranges, "blocksFrom", a.Source)
 	}
 	n.last = a
 	return a, changed

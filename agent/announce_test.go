@@ -176,7 +176,11 @@ func TestAnnouncerDebouncesABurst(t *testing.T) {
 	var mu sync.Mutex
 	blocks := fields("10.0.0.0/24")
 	n := newAnnouncer(slog.New(slog.DiscardHandler), AnnounceAuto, fields("10.0.0.0/8"))
-	n.blocks = func() []netip.Prefix { mu.Lock(); defer mu.Unlock(); return slices.Clone(blocks) }
+	n.blocks = func() ([]netip.Prefix, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(blocks), sourceNodes
+	}
 	if first, _ := n.current(); !slices.Equal(first.Networks, fields("10.0.0.0/24")) {
 		t.Fatalf("announced %v at start", first.Networks)
 	}

@@ -136,3 +136,10 @@ func (a *Agent) newFabricPlan(comps *components, gateway netip.Addr) (*fabricPla
 	comps.Go("fabric publisher", f.publisher.Run)
 	return f, nil
 }
+
+// fabricNodes lists the Nodes as the fabric plan names them, each with
+// the blocks a CNI with its own IPAM allocated to it.
+func (a *Agent) fabricNodes() []fabricapi.Node {
+	_, learned := a.learned.current()
+	return withLearnedBlocks(a.nodes.fabric(), learned)
+}

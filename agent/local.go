@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -200,7 +201,15 @@ func (a *Agent) startNetworks(ctx context.Context, comps *components, ledger *ip
 	if err != nil {
 		return nil, nil, err
 	}
-	locals.nodes, ann.blocks, a.nodes = nodes.addresses, nodes.podBlocks, nodes
+	locals.nodes, a.nodes = nodes.addresses, nodes
+	if learnsBlocks(a.cfg.Announce, ranges, ann.pools) {
+		a.learned, err = a.watchLearnedBlocks(ctx, comps, a.cfg.PodBlockBits, nodes.virtualNode, func() { ann.notify(); a.fabric.changed() })
+		if err != nil {
+			return nil, nil, err
+		}
+		a.log.Info("learning the pod blocks a CNI allocates", "from", a.learned.watching())
+	}
+	ann.blocks = func() ([]netip.Prefix, string) { return podBlocksInUse(nodes.podBlocks(), a.learned) }
 	if _, err := locals.update(); err != nil {
 		return nil, nil, err
 	}
@@ -235,4 +244,27 @@ func (a *Agent) announced(pods []netip.Prefix) ([]netip.Prefix, error) {
 		return nil, fmt.Errorf("no IPv4 pod range among %v: the tunnel routes IPv4 only; pass --pod-cidr with this cluster's IPv4 pod range", pods)
 	}
 	return out, nil
+}
+
+// learnsBlocks reports whether some pod range is announced by its blocks
+// (--announce), so the blocks a CNI allocates itself are worth watching.
+func learnsBlocks(mode Announce, ranges, pools []netip.Prefix) bool {
+	largest := largestPool(pools)
+	return slices.ContainsFunc(ranges, func(r netip.Prefix) bool {
+		return mode == AnnounceBlocks || mode == AnnounceAuto && r.Bits() < largest
+	})
+}
+
+// podBlocksInUse are the Nodes' pod blocks and those of the first source
+// of learned blocks that has some, and where they came from.
+func podBlocksInUse(nodes []netip.Prefix, learned learnedBlocks) ([]netip.Prefix, string) {
+	var sources []string
+	if len(nodes) > 0 {
+		sources = append(sources, sourceNodes)
+	}
+	name, blocks := learned.current()
+	if len(blocks) > 0 {
+		sources = append(sources, name)
+	}
+	return append(nodes, blocksOnly(blocks)...), strings.Join(sources, ", ")
 }

@@ -94,6 +94,13 @@ func (c clusterNodes) fabric() []fabricapi.Node {
 	return out
 }
 
+// virtualNode reports whether the Node named name is a virtual node.
+func (c clusterNodes) virtualNode(name string) bool {
+	obj, ok, _ := c.store.GetByKey(name)
+	n, isNode := obj.(*corev1.Node)
+	return ok && isNode && virtual(n)
+}
+
 // podBlocks are the IPv4 pod blocks (spec.podCIDRs) of every Node.
 func (c clusterNodes) podBlocks() []netip.Prefix {
 	var out []netip.Prefix

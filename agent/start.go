@@ -83,7 +83,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("CRDs")
-	a.fabric.start(a.nodes.fabric, tun.MTU())
+	a.fabric.start(a.fabricNodes, tun.MTU())
 	eng, relay, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err

@@ -434,6 +434,12 @@ func agentAccess() []access {
 	for _, v := range []string{"get", "list", "watch"} {
 		cases = append(cases, allow(v, "", "nodes", "", ""))
 	}
+	for _, r := range []struct{ group, resource string }{{"crd.projectcalico.org", "blockaffinities"}, {"cilium.io", "ciliumnodes"}} {
+		cases = append(cases, allow("list", r.group, r.resource, "", ""), allow("watch", r.group, r.resource, "", ""))
+		for _, v := range []string{"get", "create", "update", "patch", "delete", "deletecollection"} {
+			cases = append(cases, deny(v, r.group, r.resource, "", ""))
+		}
+	}
 	// Virtual nodes: RBAC allows writing any Node and node Lease; the
 	// policy flotilla-agent-virtual-nodes confines them to virtual nodes
 	// (deploy/virtualnodes_test.go).
@@ -484,6 +490,10 @@ func agentAccess() []access {
 		allow("update", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
 		// It reads the cluster's networks: ServiceCIDRs, kubeadm-config.
 		allow("list", "networking.k8s.io", "servicecidrs", "", ""),
+		// The pod blocks a CNI with its own IPAM records, read only;
+		// nothing else of the CNIs'.
+		deny("list", "crd.projectcalico.org", "ipamblocks", "", ""),
+		deny("list", "cilium.io", "ciliumendpoints", "", ""),
 		allow("get", "", "configmaps", "kube-system", "kubeadm-config"),
 		// The agent probes its API server's readiness.
 		access{verb: "get", path: "/readyz", allowed: true},
@@ -807,6 +817,16 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 			return err
 		}},
 		{"delete its CRD", func() error { return dyn.Resource(crdGVR).Delete(ctx, crdName, metav1.DeleteOptions{}) }},
+		// It reads a CNI's block affinities, never writes one.
+		{"create a Calico BlockAffinity", func() error {
+			_, err := dyn.Resource(blockAffinityGVR).Create(ctx, blockAffinity(), metav1.CreateOptions{})
+			return err
+		}},
+	}
+	// The list is allowed: the API server, which does not serve the kind
+	// here, answers NotFound rather than Forbidden.
+	if _, err := dyn.Resource(blockAffinityGVR).List(ctx, metav1.ListOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("agent lists Calico's BlockAffinities (not installed): got %v, want NotFound", err)
 	}
 	// RBAC lets the agent delete Nodes; the policy that keeps it to
 	// virtual nodes is loaded in the background.
@@ -825,6 +845,16 @@ func testAgentRequests(t *testing.T, cp *harness.ControlPlane) {
 	if _, err := cp.Client.CoreV1().Nodes().Get(ctx, "worker", metav1.GetOptions{}); err != nil {
 		t.Errorf("node worker after the refused delete: %v", err)
 	}
+}
+
+var blockAffinityGVR = schema.GroupVersionResource{Group: "crd.projectcalico.org", Version: "v1", Resource: "blockaffinities"}
+
+func blockAffinity() *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crd.projectcalico.org/v1", "kind": "BlockAffinity",
+		"metadata": map[string]any{"name": "w1-10-0-9-0-26"},
+		"spec":     map[string]any{"cidr": "10.0.9.0/26", "node": "w1", "state": "confirmed"},
+	}}
 }
 
 // agentConfig returns a client config holding a token of the agent's

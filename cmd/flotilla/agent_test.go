@@ -75,3 +75,15 @@ func TestAgentRefusesBadOffloadTo(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want 2 and the policies named", code, out)
 	}
 }
+
+// A block size no pod range could use is refused before anything starts,
+// with an example of what is meant.
+func TestAgentRefusesBadPodBlockBits(t *testing.T) {
+	for _, arg := range []string{"8", "33"} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"agent", "--state-dir", t.TempDir(), "--pod-block-bits", arg}, &stdout, &stderr)
+		if out := stderr.String(); code == 0 || !strings.Contains(out, "--pod-block-bits "+arg) || !strings.Contains(out, "10.1.2.0/24") {
+			t.Errorf("--pod-block-bits %s: exit %d, stderr %q; want a failure with an example", arg, code, out)
+		}
+	}
+}

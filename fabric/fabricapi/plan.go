@@ -48,6 +48,12 @@ type Node struct {
 	Name     string         `json:"name"`
 	Addr     netip.Addr     `json:"addr"`
 	PodCIDRs []netip.Prefix `json:"podCIDRs"`
+	// Blocks are the pod blocks a CNI with its own IPAM allocated to the
+	// node (Calico's block affinities, a CiliumNode, its pods' addresses),
+	// given when PodCIDRs is empty. The gateway routes them to the node
+	// as it does PodCIDRs, but no host source is taken from them: such a
+	// CNI may give their first address to a pod.
+	Blocks []netip.Prefix `json:"blocks,omitempty"`
 }
 
 // ParsePlan decodes and validates a plan.
@@ -93,7 +99,7 @@ func (p Plan) Validate() error {
 			return fmt.Errorf("fabric plan: node name %q empty or listed twice", n.Name)
 		}
 		names[n.Name] = true
-		for _, c := range n.PodCIDRs {
+		for _, c := range slices.Concat(n.PodCIDRs, n.Blocks) {
 			if err := fabric.CheckRange("fabric plan: pod block of node "+n.Name, c); err != nil {
 				return err
 			}
@@ -130,8 +136,8 @@ func (p Plan) For(node string) fabric.Desired {
 	if node == p.GatewayNode {
 		d := fabric.Desired{Role: fabric.Gateway, Addr: p.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
 		for _, n := range p.Nodes {
-			if n.Name != node && n.Addr.IsValid() && len(n.PodCIDRs) > 0 {
-				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: n.PodCIDRs})
+			if blocks := slices.Concat(n.PodCIDRs, n.Blocks); n.Name != node && n.Addr.IsValid() && len(blocks) > 0 {
+				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: blocks})
 			}
 		}
 		return d

@@ -3,6 +3,7 @@ package fabricapi
 import (
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +56,33 @@ func TestPlanForNode(t *testing.T) {
 	want = fabric.Desired{Role: fabric.Worker, Addr: netip.MustParseAddr("198.18.0.3"), Gateway: p.Gateway, Views: p.Views, MTU: 1420, HostSource: netip.MustParseAddr("10.0.1.1")}
 	if !reflect.DeepEqual(w, want) {
 		t.Errorf("worker's part:\n got %+v\nwant %+v", w, want)
+	}
+}
+
+// A CNI's own blocks are routed to their node by the gateway, and no
+// host source is taken from them: their first address may be a pod's.
+func TestPlanForNodeWithCNIBlocks(t *testing.T) {
+	p := testPlan()
+	blocks := []netip.Prefix{netip.MustParsePrefix("10.0.2.0/26"), netip.MustParsePrefix("10.0.2.64/26")}
+	p.Nodes = append(p.Nodes, Node{Name: "calico", Addr: netip.MustParseAddr("198.18.0.4"), Blocks: blocks})
+	b, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = ParsePlan(b); err != nil {
+		t.Fatalf("ParsePlan(%s): %v", b, err)
+	}
+	gw := p.For("gw")
+	if i := slices.IndexFunc(gw.Nodes, func(n fabric.Node) bool { return n.Addr == netip.MustParseAddr("198.18.0.4") }); i < 0 || !slices.Equal(gw.Nodes[i].PodCIDRs, blocks) {
+		t.Errorf("gateway's nodes %+v: want 198.18.0.4 with %v", gw.Nodes, blocks)
+	}
+	if w := p.For("calico"); w.HostSource.IsValid() || w.Addr != netip.MustParseAddr("198.18.0.4") {
+		t.Errorf("the node's part %+v: want its address and no host source", w)
+	}
+	// A plan without such blocks says nothing of them: fabric pods of
+	// an earlier version read it.
+	if b, _ := testPlan().Marshal(); strings.Contains(string(b), "blocks") {
+		t.Errorf("plan without CNI blocks: %s", b)
 	}
 }
 

@@ -54,6 +54,9 @@ type NodeCluster struct {
 	lan        *harness.LAN
 	image      string // the agent's image tarball, imported into every node
 	masquerade harness.Masquerade
+	// nodeCIDR gives node k its CNI range where the control plane
+	// allocates none (NodeOptions.NodeCIDRsOf); nil otherwise.
+	nodeCIDR func(k int) netip.Prefix
 }
 
 // AddWorkers starts more worker nodes of c at once, like the others (on
@@ -61,7 +64,15 @@ type NodeCluster struct {
 // them once Ready.
 func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
 	t.Helper()
-	nodes := c.CP.StartNodes(harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}, names...)
+	var specs []harness.NodeSpec
+	for j, name := range names {
+		opts := harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}
+		if c.nodeCIDR != nil {
+			opts.PodCIDR = c.nodeCIDR(len(c.Workers) + 1 + j)
+		}
+		specs = append(specs, harness.NodeSpec{CP: c.CP, Name: name, Options: opts})
+	}
+	nodes := c.env.StartNodes(specs...)
 	for _, n := range nodes {
 		if err := n.InstallMasquerade(c.masquerade); err != nil {
 			t.Fatalf("cluster %s: %v", c.Name, err)
@@ -99,6 +110,11 @@ type NodeOptions struct {
 	// Masquerade is a CNI's masquerade rules, installed on every node of
 	// every cluster before the agent is; zero: none.
 	Masquerade harness.Masquerade
+	// NodeCIDRsOf, when set and valid for cluster i's gateway (node 0),
+	// gives that cluster's nodes their CNI range directly (node k:
+	// workers from 1): its controller manager allocates none, and its
+	// Nodes have no spec.podCIDRs, as with a CNI that has its own IPAM.
+	NodeCIDRsOf func(cluster, node int) netip.Prefix
 	// ArgsFor, when set, gives cluster i's agent more arguments.
 	ArgsFor func(i int) []string
 	// ClientQPS, when set, is the client-side limit of every cluster's
@@ -138,7 +154,14 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			workers[i] = opts.WorkersOf[i]
 		}
 		// The API server on the nodes' LAN too, as other clusters reach it.
-		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS}
+		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS,
+			NoNodeCIDRs: opts.NodeCIDRsOf != nil && opts.NodeCIDRsOf(i, 0).IsValid()}
+	}
+	nodeCIDR := func(i, k int) netip.Prefix {
+		if !cpOpts[i].NoNodeCIDRs {
+			return netip.Prefix{}
+		}
+		return opts.NodeCIDRsOf(i, k)
 	}
 	cps := env.ControlPlanesEach(cpOpts...)
 	publishClusterInfo(t, cps)
@@ -148,10 +171,11 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]]
 	for i, cp := range cps {
 		first[i] = len(specs)
-		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}}
+		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}, PodCIDR: nodeCIDR(i, 0)}
 		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
 		node.Role = "worker"
 		for w := range workers[i] {
+			node.PodCIDR = nodeCIDR(i, w+1)
 			specs = append(specs, harness.NodeSpec{CP: cp, Name: fmt.Sprintf("w%d", w+1), Options: node})
 		}
 	}
@@ -171,6 +195,9 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			Workers: nodes[first[i]+1 : first[i+1]],
 			env:     env, lan: lan, image: image, masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
+		}
+		if cpOpts[i].NoNodeCIDRs {
+			nc.nodeCIDR = func(k int) netip.Prefix { return nodeCIDR(i, k) }
 		}
 		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
 		for _, n := range nodes[first[i]:first[i+1]] {

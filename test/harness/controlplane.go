@@ -27,6 +27,11 @@ type ControlPlaneOptions struct {
 	// PodCIDR is the cluster's pod network. When set, the controller
 	// manager allocates each Node a /24 of it (spec.podCIDR).
 	PodCIDR netip.Prefix
+	// NoNodeCIDRs, with PodCIDR, has the controller manager allocate no
+	// Node a pod range: spec.podCIDRs stays empty, as with a CNI that
+	// has its own IPAM (Calico's, Cilium's cluster-pool), and each real
+	// node's CNI range is given directly (NodeOptions.PodCIDR).
+	NoNodeCIDRs bool
 	// ServiceCIDR defaults to 10.96.0.0/16.
 	ServiceCIDR netip.Prefix
 	// Scheduler also starts kube-scheduler.
@@ -285,7 +290,7 @@ func (e *Env) startControlPlane(name string, opts ControlPlaneOptions, front *ap
 		"-v", "1",
 	}
 	kcmArgs = append(kcmArgs, clientQPSArgs(opts.ClientQPS)...)
-	if opts.PodCIDR.IsValid() {
+	if opts.PodCIDR.IsValid() && !opts.NoNodeCIDRs {
 		kcmArgs = append(kcmArgs, "--allocate-node-cidrs=true", "--cluster-cidr", opts.PodCIDR.String(),
 			"--node-cidr-mask-size", strconv.Itoa(nodeMaskSize(opts.PodCIDR)))
 	}

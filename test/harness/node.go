@@ -34,6 +34,10 @@ type NodeOptions struct {
 	// Images are more image tarballs to import into the node's containerd,
 	// besides PauseImage and TestServerImage (e.g. bin/flotilla-image.tar).
 	Images []string
+	// PodCIDR is the node's CNI range, given directly where the control
+	// plane allocates none (ControlPlaneOptions.NoNodeCIDRs): inside the
+	// cluster's PodCIDR; the Node's spec.podCIDRs stays empty.
+	PodCIDR netip.Prefix
 }
 
 // RoleLabel is the node label NodeOptions.Role sets.
@@ -49,7 +53,8 @@ type Node struct {
 	// Addr is the node's address on the node network (its InternalIP).
 	Addr netip.Addr
 	// PodCIDR is the node's slice of the cluster's pod network, as the
-	// controller manager allocated it (spec.podCIDRs).
+	// controller manager allocated it (spec.podCIDRs), or as given
+	// (NodeOptions.PodCIDR).
 	PodCIDR netip.Prefix
 	// Containerd, Kubelet and KubeProxy are the node's processes; their
 	// logs are in the run directory (Logs).
@@ -127,6 +132,10 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	if !cp.Options.PodCIDR.IsValid() || cp.Options.PodCIDR.Addr().Is6() {
 		return nil, errors.New("real nodes need an IPv4 ControlPlaneOptions.PodCIDR, from which each node gets its slice")
 	}
+	given := opts.PodCIDR
+	if cp.Options.NoNodeCIDRs != given.IsValid() || given.IsValid() && (given != given.Masked() || given.Bits() < cp.Options.PodCIDR.Bits() || !cp.Options.PodCIDR.Contains(given.Addr())) {
+		return nil, fmt.Errorf("node pod range %v: want one inside %s exactly when the control plane allocates none (NoNodeCIDRs %v)", given, cp.Options.PodCIDR, cp.Options.NoNodeCIDRs)
+	}
 	if err := e.claimSysctls(); err != nil {
 		return nil, err
 	}
@@ -158,7 +167,7 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	n := &Node{
-		Netns: ns, NodeName: name, cp: cp, lan: lan,
+		Netns: ns, NodeName: name, cp: cp, lan: lan, PodCIDR: given,
 		paths:  newNodePaths(filepath.Join(cp.dir, "nodes", name)),
 		cgroup: e.name(cp.Name + "-" + name),
 	}
@@ -413,6 +422,9 @@ func (n *Node) startKubelet(role string) error {
 		return err
 	}
 	n.Kubelet.quiet = true
+	if n.PodCIDR.IsValid() {
+		return nil // given, not allocated
+	}
 	// The node's slice of the pod network comes from the controller
 	// manager once the kubelet has registered the Node.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
