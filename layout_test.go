@@ -98,7 +98,7 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		"offload/tenancy":        append([]string{"offload", "peering"}, base...),
 		"offload/mirror":         append([]string{"offload", "offload/remote", "offload/tenancy"}, base...),
 		"offload/vnode":          append([]string{"offload", "offload/remote"}, base...),
-		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs"}, base...),
+		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs", "internal/apiauth"}, base...),
 		"offload/placement":      append([]string{"offload", "offload/internal/certs"}, base...),
 		"offload/podsync":        append([]string{"offload", "offload/remote"}, base...),
 		"offload/reflection":     append([]string{"offload", "offload/remote"}, base...),
