@@ -25,7 +25,7 @@ import (
 func startGated(t *testing.T, l StreamLimits) (*transport, *limitCounts) {
 	t.Helper()
 	counts := &limitCounts{by: map[string]int{}}
-	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), newStreamGate(l, counts.add, slog.New(slog.DiscardHandler)))
+	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), gates{streams: newStreamGate(l, counts.add, slog.New(slog.DiscardHandler))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flotilla-io/flotilla/internal/sourcerate"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -45,8 +46,7 @@ const (
 	// together get ten times as much.
 	DefaultRate  = 20
 	DefaultBurst = 40
-	// sources bounds the source addresses whose limiters are kept; past
-	// it they start afresh.
+	// sources bounds the source addresses whose limiters are kept.
 	sources = 1024
 	// cacheSize bounds the answers kept: few callers read metrics, and
 	// one that cycles tokens must not grow the cache.
@@ -78,7 +78,7 @@ type Guard struct {
 	cfg Config
 	// all bounds every source together; perSource each one.
 	all       *rate.Limiter
-	perSource map[netip.Addr]*rate.Limiter
+	perSource *sourcerate.Limiter
 	answers   *Cache[answerKey, answer]
 
 	mu sync.Mutex
@@ -122,7 +122,7 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Guard{cfg: cfg, all: rate.NewLimiter(10*cfg.Rate, 10*cfg.Burst), perSource: map[netip.Addr]*rate.Limiter{},
+	return &Guard{cfg: cfg, all: rate.NewLimiter(10*cfg.Rate, 10*cfg.Burst), perSource: sourcerate.New(float64(cfg.Rate), cfg.Burst, sources),
 		answers: NewCache[answerKey, answer](CacheConfig{TTL: cfg.TTL, RefusedTTL: cfg.RefusedTTL, Size: cacheSize, Now: cfg.Now})}, nil
 }
 
@@ -167,17 +167,7 @@ func (g *Guard) allow(remote string) bool {
 	if ap, err := netip.ParseAddrPort(remote); err == nil {
 		src = ap.Addr().Unmap()
 	}
-	g.mu.Lock()
-	l, ok := g.perSource[src]
-	if !ok {
-		if len(g.perSource) >= sources {
-			clear(g.perSource)
-		}
-		l = rate.NewLimiter(g.cfg.Rate, g.cfg.Burst)
-		g.perSource[src] = l
-	}
-	g.mu.Unlock()
-	return l.Allow() && g.all.Allow()
+	return g.perSource.Allow(src) && g.all.Allow()
 }
 
 // decide answers from the cache while fresh, else asks the API server.
