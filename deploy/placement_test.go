@@ -33,14 +33,7 @@ import (
 // beside them are not. The label on offloaded namespaces is the
 // administrator's (TestGrants' red team).
 func TestPlacement(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	if out, err := kubectl(cp, "apply", "--server-side", "-k", "."); err != nil {
-		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
-	}
-	checkPoliciesCompile(t, cp)
-	waitPoliciesEnforced(t, cp)
+	cp := installDeploy(t)
 	agent := kubernetes.NewForConfigOrDie(agentConfig(t, cp))
 	waitAgentFencesEnforced(t, cp, agent)
 
