@@ -98,12 +98,12 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		"offload/tenancy":        append([]string{"offload", "peering"}, base...),
 		"offload/mirror":         append([]string{"offload", "offload/remote", "offload/tenancy"}, base...),
 		"offload/vnode":          append([]string{"offload", "offload/remote"}, base...),
-		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs"}, base...),
+		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs", "internal/apiauth"}, base...),
 		"offload/placement":      append([]string{"offload", "offload/internal/certs"}, base...),
 		"offload/podsync":        append([]string{"offload", "offload/remote"}, base...),
 		"offload/reflection":     append([]string{"offload", "offload/remote"}, base...),
 		"offload/mcs":            append([]string{"offload", "peering"}, base...),
-		"offload/mcsdns":         append([]string{"offload/mcs"}, base...),
+		"offload/mcsdns":         append([]string{"offload/mcs", "internal/sourcerate"}, base...),
 	}
 	const module = "github.com/flotilla-io/flotilla/"
 	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "./offload/...").Output()

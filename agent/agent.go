@@ -106,6 +106,9 @@ type Config struct {
 	Joins     []string
 	// GossipProfile is lan or wan.
 	GossipProfile string
+	// GossipPackets bound the gossip packets (UDP) one source address
+	// sends, before they are decrypted (discovery.PacketLimits).
+	GossipPackets discovery.PacketLimits
 
 	WireGuard          tunnel.Mode
 	WireGuardInterface string
@@ -162,6 +165,10 @@ type Config struct {
 	// ClustersetDNSPort is where the agent answers the clusterset.local
 	// zone on NodeAddress, UDP and TCP (offload/mcsdns); 0: it does not.
 	ClustersetDNSPort int
+	// ClustersetDNSClientRate and ClustersetDNSClientBurst bound the
+	// queries of one client address (mcsdns.Config).
+	ClustersetDNSClientRate  float64
+	ClustersetDNSClientBurst int
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.

@@ -17,9 +17,10 @@ func (a *Agent) startClustersetDNS(ctx context.Context, comps *components) error
 		return nil
 	}
 	srv, err := mcsdns.New(mcsdns.Config{
-		Config:  a.restCfg,
-		Address: netip.AddrPortFrom(a.cfg.NodeAddress, uint16(a.cfg.ClustersetDNSPort)),
-		Logger:  a.log, Metrics: a.registry,
+		Config:     a.restCfg,
+		Address:    netip.AddrPortFrom(a.cfg.NodeAddress, uint16(a.cfg.ClustersetDNSPort)),
+		ClientRate: a.cfg.ClustersetDNSClientRate, ClientBurst: a.cfg.ClustersetDNSClientBurst,
+		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
 		return fmt.Errorf("--clusterset-dns-port: %w", err)

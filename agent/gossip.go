@@ -25,6 +25,7 @@ func (a *Agent) newDiscovery(st state, fromSecret [][]byte, gateway netip.Addr, 
 		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: advertise, Endpoint: endpoint.String(),
 		MDNS: a.cfg.MDNS, DNSDomains: a.cfg.DNSDomains, DNSServer: a.cfg.DNSServer,
 		Seeds: append(append([]string{}, a.cfg.Joins...), keys.seeds...), Profile: discovery.Profile(a.cfg.GossipProfile),
+		Packets: a.cfg.GossipPackets,
 		OnMessage: func(msg []byte) {
 			if e := engine.Load(); e != nil {
 				e.Receive(msg)

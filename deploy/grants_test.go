@@ -51,15 +51,7 @@ type grant struct {
 // do, by RBAC or by the admission policies; deleting the grant's Secret
 // revokes the token. One control plane serves every subtest, in order.
 func TestGrants(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-
-	if out, err := kubectl(cp, "apply", "--server-side", "-k", "."); err != nil {
-		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
-	}
-	checkPoliciesCompile(t, cp)
-	waitPoliciesEnforced(t, cp)
+	cp := installDeploy(t)
 
 	g := &grant{cp: cp, agent: kubernetes.NewForConfigOrDie(agentConfig(t, cp))}
 	t.Run("agent makes a tenant and issues a token", g.testSetup)
@@ -76,6 +68,21 @@ func TestGrants(t *testing.T) {
 	t.Run("agent writes only its own Services and EndpointSlices", g.testServiceObjects)
 	t.Run("red team: the agent's token does not make a cluster admin", g.testAgentRedTeam)
 	t.Run("deleting the grant's Secret revokes the token", g.testRevoke)
+}
+
+// installDeploy applies deploy/ to a new control plane as an operator
+// does (`kubectl apply --server-side -k`) and waits until every policy
+// type-checks and refuses a request it exists for.
+func installDeploy(t *testing.T) *harness.ControlPlane {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
+	if out, err := kubectl(cp, "apply", "--server-side", "-k", "."); err != nil {
+		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
+	}
+	checkPoliciesCompile(t, cp)
+	waitPoliciesEnforced(t, cp)
+	return cp
 }
 
 // checkPoliciesCompile fails when an expression of a policy in

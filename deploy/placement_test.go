@@ -29,22 +29,15 @@ import (
 
 // TestPlacement applies deploy/ to a real control plane and runs what
 // placement does (docs/offload.md) with the agent's own token: the
-// webhook, its CA Secret and configuration, and the label on offloaded
-// namespaces are allowed; the nearest things beside them are not.
+// webhook, its CA Secret and configuration are allowed; the nearest things
+// beside them are not. The label on offloaded namespaces is the
+// administrator's (TestGrants' red team).
 func TestPlacement(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	if out, err := kubectl(cp, "apply", "--server-side", "-k", "."); err != nil {
-		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
-	}
-	checkPoliciesCompile(t, cp)
-	waitPoliciesEnforced(t, cp)
+	cp := installDeploy(t)
 	agent := kubernetes.NewForConfigOrDie(agentConfig(t, cp))
 	waitAgentFencesEnforced(t, cp, agent)
 
 	t.Run("the webhook runs with the agent's rights", func(t *testing.T) { testPlacementWebhookAsAgent(t, cp, agent) })
-	t.Run("the agent labels offloaded namespaces and nothing more", func(t *testing.T) { testOffloadedLabel(t, cp, agent) })
 	t.Run("the agent is refused other webhooks and Secrets", func(t *testing.T) { testPlacementRefusals(t, agent) })
 	t.Run("the kubelet API keeps its CA with the agent's rights", func(t *testing.T) { testKubeletCAAsAgent(t, cp, agent) })
 }
@@ -141,58 +134,6 @@ type testLog struct{ t *testing.T }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
-}
-
-// The mirror.Consumer's patch of a user's namespace: setting and removing
-// flotilla.io/offloaded=true passes; anything more is refused.
-func testOffloadedLabel(t *testing.T, cp *harness.ControlPlane, agent kubernetes.Interface) {
-	ctx := t.Context()
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: "orders", Labels: map[string]string{"team": "a"}, Annotations: map[string]string{"owner": "team-a"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	label := func(value string, more string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			patch := fmt.Sprintf(`{"metadata":{%s"labels":{%q:%s}}}`, more, offload.LabelOffloaded, value)
-			_, err := agent.CoreV1().Namespaces().Patch(ctx, "orders", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-			return err
-		}
-	}
-	for _, step := range []struct {
-		what string
-		do   func(context.Context) error
-	}{
-		{"set flotilla.io/offloaded=true", label(`"true"`, "")},
-		{"set it again", label(`"true"`, "")},
-		{"remove it", label("null", "")},
-	} {
-		if err := step.do(ctx); err != nil {
-			t.Errorf("the agent may %s on a user's namespace: %v", step.what, err)
-		}
-	}
-	notOnly := "only set or remove flotilla.io/offloaded=true"
-	for _, r := range []refusal{
-		{"set flotilla.io/offloaded to another value", notOnly, label(`"false"`, "")},
-		{"change another label with it", notOnly, func(ctx context.Context) error {
-			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true","team":"b"}}}`, offload.LabelOffloaded)
-			_, err := agent.CoreV1().Namespaces().Patch(ctx, "orders", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-			return err
-		}},
-		{"change an annotation with it", notOnly, label(`"true"`, `"annotations":{"owner":"flotilla"},`)},
-		{"add a finalizer with it", notOnly, label(`"true"`, `"finalizers":["flotilla.io/hold"],`)},
-		{"delete the namespace", "is not one", func(ctx context.Context) error {
-			return agent.CoreV1().Namespaces().Delete(ctx, "orders", metav1.DeleteOptions{})
-		}},
-	} {
-		t.Run(r.what, func(t *testing.T) { r.check(t, "the agent") })
-	}
-	got, err := cp.Client.CoreV1().Namespaces().Get(ctx, "orders", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Labels["team"] != "a" || got.Annotations["owner"] != "team-a" || len(got.Finalizers) != 0 || got.DeletionTimestamp != nil {
-		t.Errorf("namespace orders after the refusals: labels %v, annotations %v, finalizers %v", got.Labels, got.Annotations, got.Finalizers)
-	}
 }
 
 // Beside what placement needs: another webhook configuration, another

@@ -186,6 +186,17 @@ func (g *grant) testAgentRedTeam(t *testing.T) {
 			return err
 		}},
 
+		// The label that sends a namespace's pods to its webhook: an
+		// administrator's. In a user's namespace two policies refuse it,
+		// either may answer; in its tenants' only the label's.
+		{"label a namespace into its webhook", "ValidatingAdmissionPolicy 'flotilla-agent-", offloadedLabel(agent, rt.unlabelled, `"true"`)},
+		{"take the administrator's label off a namespace", "ValidatingAdmissionPolicy 'flotilla-agent-", offloadedLabel(agent, rt.labelled, "null")},
+		{"label its tenant namespace into its webhook", notOffloadedLabel, offloadedLabel(agent, tenant, `"true"`)},
+		{"create a tenant namespace labelled into its webhook", notOffloadedLabel, func(ctx context.Context) error {
+			_, err := agent.CoreV1().Namespaces().Create(ctx, offloadedTenant("cred7team"), metav1.CreateOptions{})
+			return err
+		}},
+
 		// RBAC and namespaces.
 		{"bind the consumer role in kube-system", "ValidatingAdmissionPolicy 'flotilla-agent-", func(ctx context.Context) error {
 			_, err := agent.RbacV1().RoleBindings("kube-system").Create(ctx,
@@ -237,14 +248,23 @@ type redTeam struct {
 	realPod, pendingPod, lookalikePod, virtualPod string
 	podNamespaces                                 map[string]string
 	dnsSlice                                      string
-	before                                        map[string]string // a fingerprint of each target
+	// labelled and unlabelled are users' namespaces: the administrator
+	// labels the first flotilla.io/offloaded=true, the second stays bare.
+	labelled, unlabelled string
+	before               map[string]string // a fingerprint of each target
 }
 
 func newRedTeam(t *testing.T, g *grant) *redTeam {
 	t.Helper()
 	ctx := t.Context()
 	admin := g.cp.Client
-	rt := &redTeam{g: g, owner: "flotilla-agent", podNamespaces: map[string]string{}}
+	rt := &redTeam{g: g, owner: "flotilla-agent", podNamespaces: map[string]string{}, labelled: "storefront", unlabelled: "payroll"}
+	for _, ns := range []string{rt.labelled, rt.unlabelled} {
+		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	}
 
 	// A provider's virtual node, as the agent makes it, and a real node.
 	for _, n := range []*corev1.Node{
@@ -376,6 +396,18 @@ func (rt *redTeam) legitimateWrites(t *testing.T) {
 		t.Errorf("the agent deletes its derived Service: %v", err)
 	}
 
+	// Offloading a namespace: the administrator sets the label, and the
+	// agent changes its tenant's other labels with the label left alone.
+	if err := offloadedLabel(admin, rt.labelled, `"true"`)(ctx); err != nil {
+		t.Errorf("the administrator labels namespace %s %s=true: %v", rt.labelled, offload.LabelOffloaded, err)
+	}
+	for _, value := range []string{`"yes"`, "null"} {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{"flotilla.io/red-team-witness":%s}}}`, value)
+		if _, err := agent.CoreV1().Namespaces().Patch(ctx, tenant, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Errorf("the agent labels its tenant namespace: %v", err)
+		}
+	}
+
 	rt.before = rt.fingerprints(t)
 	if err := pods.Delete(ctx, rt.virtualPod, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Errorf("the agent deletes a pod on its virtual node: %v", err)
@@ -424,14 +456,36 @@ func (rt *redTeam) fingerprints(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	fp["rolebindings of kube-system"] = fmt.Sprint(len(bindings.Items))
-	for _, ns := range []string{"default", "kube-system"} {
+	for _, ns := range []string{"default", "kube-system", rt.labelled, rt.unlabelled, tenant} {
 		n, err := admin.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		fp["namespace "+ns] = fmt.Sprint(n.Status.Phase)
+		label, ok := n.Labels[offload.LabelOffloaded]
+		fp["namespace "+ns] = fmt.Sprintf("%s, %s=%q (%v)", n.Status.Phase, offload.LabelOffloaded, label, ok)
 	}
 	return fp
+}
+
+// notOffloadedLabel is flotilla-agent-offloaded-label's refusal.
+const notOffloadedLabel = "may not set, change or remove flotilla.io/offloaded"
+
+// offloadedLabel sets flotilla.io/offloaded on namespace ns to value (a
+// JSON string, or null to remove it) with c's credential.
+func offloadedLabel(c kubernetes.Interface, ns, value string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, offload.LabelOffloaded, value)
+		_, err := c.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+}
+
+// offloadedTenant is consumer's tenant namespace as the agent makes it,
+// labelled flotilla.io/offloaded=true besides.
+func offloadedTenant(consumer string) *corev1.Namespace {
+	l := tenantNamespaceLabels(consumer)
+	l[offload.LabelOffloaded] = "true"
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: offload.TenantNamespace(consumer), Labels: l}}
 }
 
 // checkUntouched fails for each target the refused attempts changed.
@@ -495,6 +549,10 @@ func waitAgentFencesEnforced(t *testing.T, cp *harness.ControlPlane, agent kuber
 			svc := derivedService("kube-system")
 			svc.Name = "witness"
 			_, err := agent.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{DryRun: dry})
+			return err
+		}},
+		{"flotilla-agent-offloaded-label", func() error {
+			_, err := agent.CoreV1().Namespaces().Create(ctx, offloadedTenant("cwitness"), metav1.CreateOptions{DryRun: dry})
 			return err
 		}},
 	} {

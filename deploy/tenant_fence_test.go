@@ -33,14 +33,7 @@ const fencedID = "cf3nce7bd2kfx6lmjwuq4ntr5ya"
 // than its quota. Each is refused after a witness request of the same
 // kind went through, and its status code is logged.
 func TestTenantFence(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	env := harness.New(t)
-	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
-	if out, err := kubectl(cp, "apply", "--server-side", "-k", "."); err != nil {
-		t.Fatalf("kubectl apply -k deploy/: %v\n%s", err, out)
-	}
-	checkPoliciesCompile(t, cp)
-	waitPoliciesEnforced(t, cp)
+	cp := installDeploy(t)
 	ctx := t.Context()
 
 	controlPlane := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "control-plane", Labels: map[string]string{"node-role.kubernetes.io/control-plane": ""}}}

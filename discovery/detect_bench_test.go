@@ -312,7 +312,7 @@ func (s *sentCounter) tune(profile func(*memberlist.Config)) func(*memberlist.Co
 		}
 		inner, ok := c.Transport.(memberlist.NodeAwareTransport)
 		if !ok {
-			t, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), slog.New(slog.DiscardHandler), nil)
+			t, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), slog.New(slog.DiscardHandler), gates{})
 			if err != nil {
 				// Tune cannot return an error; the benchmark fails either way.
 				panic(fmt.Sprintf("gossip transport on %s:%d: %v", c.BindAddr, c.BindPort, err))

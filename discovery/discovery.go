@@ -133,6 +133,9 @@ type Config struct {
 	// Streams bound the gossip streams other hosts open; zero fields
 	// take their defaults.
 	Streams StreamLimits
+	// Packets bound the gossip packets one source sends; zero fields
+	// take their defaults.
+	Packets PacketLimits
 
 	// OnMessage receives the messages other members send with Send. It is
 	// called on memberlist's network goroutines and must not block: hand
@@ -357,8 +360,11 @@ func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovery: gossip bind address %q: %w", mc.BindAddr, err)
 	}
-	gate := newStreamGate(d.cfg.Streams, func(reason string) { d.metrics.streamsLimited.WithLabelValues(reason).Inc() }, d.log)
-	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log, gate)
+	g := gates{
+		streams: newStreamGate(d.cfg.Streams, func(reason string) { d.metrics.streamsLimited.WithLabelValues(reason).Inc() }, d.log),
+		packets: newPacketGate(d.cfg.Packets, d.metrics.packetsLimited.Inc, d.log),
+	}
+	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log, g)
 	if err != nil {
 		return nil, fmt.Errorf("discovery: start gossip: %w", err)
 	}

@@ -27,6 +27,9 @@ type metrics struct {
 	// Gossip streams refused at accept or cut at their read cap, by
 	// reason (streamgate.go).
 	streamsLimited *prometheus.CounterVec
+	// Gossip packets dropped because their source sent more than its
+	// rate (packetgate.go).
+	packetsLimited prometheus.Counter
 	members        *prometheus.Desc
 	candidates     *prometheus.Desc
 	d              *Discovery
@@ -83,6 +86,10 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 			Name: "flotilla_discovery_gossip_streams_limited_total",
 			Help: "Gossip streams (TCP) refused before memberlist read them, or cut at their read cap, by reason (busy, source_busy, source_rate, oversized).",
 		}, []string{"reason"}),
+		packetsLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_gossip_packets_limited_total",
+			Help: "Gossip packets (UDP) dropped before memberlist read them because their source address sent more than its rate.",
+		}),
 		members: prometheus.NewDesc("flotilla_discovery_members",
 			"Other clusters known, by state (alive, failed, left).", []string{"state"}, nil),
 		candidates: prometheus.NewDesc("flotilla_discovery_candidates",
@@ -95,7 +102,7 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced,
-		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m.streamsLimited, m} {
+		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m.streamsLimited, m.packetsLimited, m} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

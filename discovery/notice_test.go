@@ -100,7 +100,7 @@ type lossyTransport struct {
 }
 
 func (l *lossyTransport) wrap(t *testing.T, c *memberlist.Config) {
-	tr, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), testLogger(t), nil)
+	tr, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), testLogger(t), gates{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func gated(t testing.TB) (func(*memberlist.Config), *gatedTransport) {
 		done:    make(chan struct{}),
 	}
 	tune := func(c *memberlist.Config) {
-		tr, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), testLogger(t), nil)
+		tr, err := newTransport(netip.AddrPortFrom(netip.MustParseAddr(c.BindAddr), uint16(c.BindPort)), testLogger(t), gates{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,7 @@
 package discovery
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,10 +11,10 @@ import (
 	rtmetrics "runtime/metrics"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/hashicorp/memberlist"
 )
 
@@ -25,7 +23,7 @@ import (
 func startGated(t *testing.T, l StreamLimits) (*transport, *limitCounts) {
 	t.Helper()
 	counts := &limitCounts{by: map[string]int{}}
-	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), newStreamGate(l, counts.add, slog.New(slog.DiscardHandler)))
+	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), gates{streams: newStreamGate(l, counts.add, slog.New(slog.DiscardHandler))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,51 +189,18 @@ func TestGossipFloodFromAStrangerIsBounded(t *testing.T) {
 
 	runtime.GC()
 	base := heapBytes()
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		for {
-			peak.Store(max(peak.Load(), heapBytes()))
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	})
+	peak := harness.SamplePeak(5*time.Millisecond, func() (uint64, error) { return heapBytes(), nil })
 
 	target := a.addr()
-	header := make([]byte, 5)
-	header[0] = 10 // memberlist's encryptMsg: what follows is sealed state
-	binary.BigEndian.PutUint32(header[1:], 16<<20)
-	junk := bytes.Repeat([]byte{0xa5}, 64<<10)
-	var flood sync.WaitGroup
-	work := make(chan struct{})
-	for range 50 {
-		flood.Go(func() {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}, Timeout: 5 * time.Second}
-			for range work {
-				c, err := d.Dial("tcp", target)
-				if err != nil {
-					continue
-				}
-				if _, err := c.Write(header); err == nil {
-					for n := 0; n < sent; n += len(junk) {
-						if _, err := c.Write(junk); err != nil {
-							break
-						}
-					}
-				}
-				_ = c.Close()
-			}
-		})
-	}
-	for range streams {
-		work <- struct{}{}
-	}
-	close(work)
-	flood.Wait()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}, Timeout: 5 * time.Second}
+	harness.Flood(streams, 50, func() {
+		c, err := d.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		harness.WriteSealedStateClaim(c, 16<<20, sent)
+		_ = c.Close()
+	})
 
 	limited := func() float64 {
 		return metricValue(t, a.reg, "flotilla_discovery_gossip_streams_limited_total")
@@ -246,15 +211,14 @@ func TestGossipFloodFromAStrangerIsBounded(t *testing.T) {
 		}
 		return nil
 	})
-	close(stop)
-	sampler.Wait()
+	peakHeap := peak.Stop()
 	for _, r := range []string{StreamBusy, StreamSourceBusy, StreamSourceRate, StreamOversized} {
 		t.Logf("%s: %v", r, metricValue(t, a.reg, "flotilla_discovery_gossip_streams_limited_total", "reason="+r))
 	}
 	if got := limited(); got != streams {
 		t.Errorf("%v streams refused or cut, want every one of the %d", got, streams)
 	}
-	grew := int64(peak.Load()) - int64(base)
+	grew := int64(peakHeap) - int64(base)
 	t.Logf("heap in use grew by at most %.1f MiB during the flood", float64(grew)/(1<<20))
 	if grew > floodHeapLimit {
 		t.Errorf("heap in use grew by %d MiB during the flood, limit %d MiB", grew>>20, floodHeapLimit>>20)

@@ -38,9 +38,9 @@ type transport struct {
 	tcp  *net.TCPListener
 	port int
 	log  *slog.Logger
-	// gate bounds the streams other hosts open; nil admits every one
+	// gates bound what other hosts send; a nil one admits everything
 	// (benchmarks of memberlist itself).
-	gate *streamGate
+	gates gates
 
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -51,9 +51,16 @@ type transport struct {
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
 
+// gates admit what other hosts send before memberlist reads it: the
+// streams (TCP) and the packets (UDP).
+type gates struct {
+	streams *streamGate
+	packets *packetGate
+}
+
 // newTransport listens on addr, TCP and UDP on one port. Port 0 picks a
-// port free for both. gate, when set, admits the streams.
-func newTransport(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*transport, error) {
+// port free for both. g's gates, where set, admit streams and packets.
+func newTransport(addr netip.AddrPort, log *slog.Logger, g gates) (*transport, error) {
 	var lastErr error
 	// With port 0 the kernel picks a TCP port, and that port may be taken
 	// for UDP: try a few.
@@ -62,7 +69,7 @@ func newTransport(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*tra
 		tries = 10
 	}
 	for range tries {
-		t, err := listen(addr, log, gate)
+		t, err := listen(addr, log, g)
 		if err == nil {
 			return t, nil
 		}
@@ -71,7 +78,7 @@ func newTransport(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*tra
 	return nil, lastErr
 }
 
-func listen(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*transport, error) {
+func listen(addr netip.AddrPort, log *slog.Logger, g gates) (*transport, error) {
 	tcp, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(addr))
 	if err != nil {
 		return nil, fmt.Errorf("listen for gossip streams on tcp %s: %w", addr, err)
@@ -92,7 +99,7 @@ func listen(addr netip.AddrPort, log *slog.Logger, gate *streamGate) (*transport
 		tcp:     tcp,
 		port:    port,
 		log:     log,
-		gate:    gate,
+		gates:   g,
 		packets: make(chan *memberlist.Packet),
 		streams: make(chan net.Conn),
 		done:    make(chan struct{}),
@@ -209,6 +216,9 @@ func (t *transport) readPackets() {
 		if n == 0 {
 			continue // memberlist needs at least the message type
 		}
+		if t.gates.packets != nil && !t.gates.packets.allow(from.Addr().Unmap()) {
+			continue
+		}
 		p := &memberlist.Packet{
 			Buf:       exactCopy(buf[:n]),
 			From:      net.UDPAddrFromAddrPort(from),
@@ -253,8 +263,8 @@ func (t *transport) acceptStreams() {
 		}
 		delay = 0
 		var conn net.Conn = c
-		if t.gate != nil {
-			if conn = t.gate.admit(c); conn == nil {
+		if t.gates.streams != nil {
+			if conn = t.gates.streams.admit(c); conn == nil {
 				continue
 			}
 		}

@@ -15,7 +15,7 @@ import (
 
 func startTransport(t testing.TB) *transport {
 	t.Helper()
-	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), nil)
+	tr, err := newTransport(netip.MustParseAddrPort("127.0.0.1:0"), slog.New(slog.DiscardHandler), gates{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestTransportShutdownDoesNotWaitForAReader(t *testing.T) {
 	if err := tr.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	again, err := newTransport(addr, slog.New(slog.DiscardHandler), nil)
+	again, err := newTransport(addr, slog.New(slog.DiscardHandler), gates{})
 	if err != nil {
 		t.Fatalf("port not freed by shutdown: %v", err)
 	}

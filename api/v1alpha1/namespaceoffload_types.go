@@ -120,7 +120,27 @@ type NamespaceOffloadStatus struct {
 	// ObservedGeneration is the spec this status acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions of the namespace as a whole: Placement (whether new pods
+	// of the namespace reach the placement webhook).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// The condition of a NamespaceOffload as a whole.
+const (
+	// ConditionPlacement says whether the namespace carries
+	// flotilla.io/offloaded=true, the label that sends its new pods to the
+	// placement webhook. Only an administrator sets it (`flotilla offload
+	// namespace` does); the agent may not, so it reports it missing.
+	ConditionPlacement = "Placement"
+	// ReasonLabelled: the label is there; new pods are placed.
+	ReasonLabelled = "Labelled"
+	// ReasonNotLabelled: the label is missing; new pods stay in this
+	// cluster, and the message says how to set it.
+	ReasonNotLabelled = "NotLabelled"
+)
 
 // NamespaceOffload extends the namespace it is in to the providers its
 // selector picks: the namespace is mirrored there, through each

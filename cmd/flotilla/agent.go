@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
@@ -83,6 +85,10 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.WebhookClientCA, "webhook-client-ca", "", "PEM file of the CA that signs the client certificate the API server presents to admission webhooks (AdmissionConfiguration); when set, the placement webhook answers no other client")
 	webhookNames := fs.String("webhook-client-names", "", "comma-separated common names of the client certificates --webhook-client-ca signs that the placement webhook accepts (default: any)")
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
+	fs.Float64Var(&cfg.ClustersetDNSClientRate, "clusterset-dns-client-rate", mcsdns.DefaultClientRate, "queries a second one client address may ask the clusterset DNS; past it UDP queries are dropped and TCP ones answered REFUSED")
+	fs.IntVar(&cfg.ClustersetDNSClientBurst, "clusterset-dns-client-burst", mcsdns.DefaultClientBurst, "queries one client address may ask the clusterset DNS at once, above --clusterset-dns-client-rate")
+	fs.Float64Var(&cfg.GossipPackets.SourceRate, "gossip-packet-rate", discovery.DefaultPacketRate, "gossip packets (UDP) a second one source address may send before its packets are dropped unread")
+	fs.IntVar(&cfg.GossipPackets.SourceBurst, "gossip-packet-burst", discovery.DefaultPacketBurst, "gossip packets one source address may send at once, above --gossip-packet-rate")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

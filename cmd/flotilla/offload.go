@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,11 +12,13 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -172,6 +175,14 @@ func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintf(progress, "namespace %s: NamespaceOffload %s %s (generation %d)\n", ns, offloadName, verb, gen)
+	// After the NamespaceOffload: the webhook places pods by what it says.
+	labelled, err := labelOffloaded(ctx, c, ns, true)
+	if err != nil {
+		return err
+	}
+	if labelled {
+		fmt.Fprintf(progress, "namespace %s: labelled %s=true (its new pods go through the placement webhook)\n", ns, offload.LabelOffloaded)
+	}
 	if *nc.wait != 0 {
 		if err := waitOffloaded(ctx, c, progress, ns, gen, *nc.wait); err != nil {
 			return err
@@ -249,6 +260,43 @@ func unbindReflection(ctx context.Context, c client.Client, ns string) (bool, er
 		return false, fmt.Errorf("delete RoleBinding %s/%s: %w", ns, offload.ReflectionBinding, err)
 	}
 	return err == nil, nil
+}
+
+// labelOffloaded sets LabelOffloaded=true on namespace ns, or removes
+// it, with the caller's rights, and says whether it changed anything.
+// The placement webhook sees only the pods of namespaces so labelled, and
+// the agent may not set the label itself (an admission policy refuses
+// it): it is the administrator's choice, made here.
+func labelOffloaded(ctx context.Context, c client.Client, ns string, on bool) (bool, error) {
+	n := offload.MetadataOf(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	switch err := c.Get(ctx, client.ObjectKey{Name: ns}, n); {
+	case apierrors.IsNotFound(err) && !on:
+		return false, nil
+	case apierrors.IsNotFound(err):
+		return false, fmt.Errorf("namespace %s: %w (create the namespace first)", ns, err)
+	case err != nil:
+		return false, fmt.Errorf("read namespace %s: %w", ns, err)
+	}
+	if v, has := n.Labels[offload.LabelOffloaded]; (on && v == "true") || (!on && !has) {
+		return false, nil
+	}
+	value, verb, fix := any("true"), "label", offload.LabelOffloaded+"=true"
+	if !on {
+		value, verb, fix = nil, "unlabel", offload.LabelOffloaded+"-"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{offload.LabelOffloaded: value}}})
+	if err != nil {
+		return false, err
+	}
+	err = c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch))
+	switch {
+	case apierrors.IsForbidden(err):
+		return false, fmt.Errorf("%s namespace %s %s: %w (only someone who may patch namespaces sets the label that sends its pods to the placement webhook; "+
+			"ask an administrator to run `kubectl label namespace %s %s`)", verb, ns, offload.LabelOffloaded, err, ns, fix)
+	case err != nil:
+		return false, fmt.Errorf("%s namespace %s %s: %w", verb, ns, offload.LabelOffloaded, err)
+	}
+	return true, nil
 }
 
 // writeOffload creates the NamespaceOffload in ns, or sets its spec, and
@@ -413,6 +461,16 @@ func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	c, err := nc.client()
 	if err != nil {
 		return err
+	}
+	// First: new pods stay here from now on, so no webhook places them on
+	// a provider whose namespace is going.
+	switch unlabelled, err := labelOffloaded(ctx, c, ns, false); {
+	case apierrors.IsForbidden(errors.Unwrap(err)):
+		fmt.Fprintf(stderr, "warning: %v\n", err)
+	case err != nil:
+		return err
+	case unlabelled:
+		fmt.Fprintf(stdout, "namespace %s: label %s removed (its new pods stay in this cluster)\n", ns, offload.LabelOffloaded)
 	}
 	err = c.Delete(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: offloadName}})
 	notOffloaded := apierrors.IsNotFound(err)

@@ -51,6 +51,14 @@ func TestOffloadBindsReflection(t *testing.T) {
 	}
 	rbac := e.cp.Client.RbacV1()
 	kc := "--kubeconfig=" + e.cp.Kubeconfig
+	namespaceLabel := func(t *testing.T, ns string) string {
+		t.Helper()
+		n, err := e.cp.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Labels[offload.LabelOffloaded]
+	}
 	offloaded := func(t *testing.T, ns string) bool {
 		t.Helper()
 		var o v1alpha1.NamespaceOffload
@@ -78,6 +86,11 @@ func TestOffloadBindsReflection(t *testing.T) {
 		if code, out, errOut := flotilla("offload", "namespace", "shop", kc, "--wait=0", everyPeer); code != 0 || !strings.Contains(out, "RoleBinding flotilla-reflection kept") {
 			t.Errorf("offload again: exit %d\n%s%s", code, out, errOut)
 		}
+		// The label that sends the namespace's pods to the placement
+		// webhook, set with the caller's rights: the agent may not.
+		if v := namespaceLabel(t, "shop"); v != "true" {
+			t.Errorf("namespace shop after offload: %s=%q, want true", offload.LabelOffloaded, v)
+		}
 	})
 
 	t.Run("unoffload removes it", func(t *testing.T) {
@@ -87,6 +100,9 @@ func TestOffloadBindsReflection(t *testing.T) {
 		}
 		if _, err := rbac.RoleBindings("shop").Get(ctx, offload.ReflectionBinding, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("RoleBinding shop/flotilla-reflection after unoffload: %v, want not found", err)
+		}
+		if !strings.Contains(out, "label "+offload.LabelOffloaded+" removed") || namespaceLabel(t, "shop") != "" {
+			t.Errorf("namespace shop after unoffload: %s=%q, want it removed\n%s", offload.LabelOffloaded, namespaceLabel(t, "shop"), out)
 		}
 	})
 
@@ -151,8 +167,8 @@ func TestOffloadBindsReflection(t *testing.T) {
 			t.Errorf("offload by the editor: exit %d, want a refusal that says why\n%s%s", code, out, errOut)
 		}
 		t.Logf("refused: %s", strings.TrimSpace(errOut))
-		if offloaded(t, "ro") {
-			t.Errorf("namespace ro offloaded although its binding was refused")
+		if offloaded(t, "ro") || namespaceLabel(t, "ro") != "" {
+			t.Errorf("namespace ro offloaded or labelled although its binding was refused")
 		}
 		if _, err := rbac.RoleBindings("ro").Get(ctx, offload.ReflectionBinding, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("RoleBinding ro/flotilla-reflection: %v, want not found", err)

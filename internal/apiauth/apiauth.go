@@ -3,7 +3,8 @@
 // authenticated by a TokenReview and the request authorized by a
 // SubjectAccessReview of its path (a non-resource URL, the verb from the
 // method) against the local API server. Answers are cached for a short
-// while and guarded requests are rate-limited. A Guard may let requests
+// while (Cache, which the kubelet API's authorization shares) and guarded
+// requests are rate-limited. A Guard may let requests
 // from the loopback address through: only the node's own host-network
 // processes and the kubelet's port-forward (which the API server
 // authorized as pods/portforward on the pod) arrive there.
@@ -23,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flotilla-io/flotilla/internal/sourcerate"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -44,8 +46,7 @@ const (
 	// together get ten times as much.
 	DefaultRate  = 20
 	DefaultBurst = 40
-	// sources bounds the source addresses whose limiters are kept; past
-	// it they start afresh.
+	// sources bounds the source addresses whose limiters are kept.
 	sources = 1024
 	// cacheSize bounds the answers kept: few callers read metrics, and
 	// one that cycles tokens must not grow the cache.
@@ -77,10 +78,10 @@ type Guard struct {
 	cfg Config
 	// all bounds every source together; perSource each one.
 	all       *rate.Limiter
-	perSource map[netip.Addr]*rate.Limiter
+	perSource *sourcerate.Limiter
+	answers   *Cache[answerKey, answer]
 
-	mu      sync.Mutex
-	answers map[answerKey]answer
+	mu sync.Mutex
 	// lastErr is the last review failure logged, so that one repeated is
 	// logged once.
 	lastErr string
@@ -96,7 +97,6 @@ type answerKey struct {
 type answer struct {
 	status  int    // 0: allowed
 	message string // why not
-	expires time.Time
 }
 
 // New returns a Guard.
@@ -122,8 +122,8 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Guard{cfg: cfg, all: rate.NewLimiter(10*cfg.Rate, 10*cfg.Burst), perSource: map[netip.Addr]*rate.Limiter{},
-		answers: map[answerKey]answer{}}, nil
+	return &Guard{cfg: cfg, all: rate.NewLimiter(10*cfg.Rate, 10*cfg.Burst), perSource: sourcerate.New(float64(cfg.Rate), cfg.Burst, sources),
+		answers: NewCache[answerKey, answer](CacheConfig{TTL: cfg.TTL, RefusedTTL: cfg.RefusedTTL, Size: cacheSize, Now: cfg.Now})}, nil
 }
 
 // Wrap lets a request through to h when it comes from the loopback
@@ -167,45 +167,21 @@ func (g *Guard) allow(remote string) bool {
 	if ap, err := netip.ParseAddrPort(remote); err == nil {
 		src = ap.Addr().Unmap()
 	}
-	g.mu.Lock()
-	l, ok := g.perSource[src]
-	if !ok {
-		if len(g.perSource) >= sources {
-			clear(g.perSource)
-		}
-		l = rate.NewLimiter(g.cfg.Rate, g.cfg.Burst)
-		g.perSource[src] = l
-	}
-	g.mu.Unlock()
-	return l.Allow() && g.all.Allow()
+	return g.perSource.Allow(src) && g.all.Allow()
 }
 
 // decide answers from the cache while fresh, else asks the API server.
 func (g *Guard) decide(ctx context.Context, token, verb, path string) (int, string) {
 	key := answerKey{token: sha256.Sum256([]byte(token)), verb: verb, path: path}
-	now := g.cfg.Now()
-	g.mu.Lock()
-	a, ok := g.answers[key]
-	g.mu.Unlock()
-	if ok && now.Before(a.expires) {
-		return a.status, a.message
-	}
-	status, msg, err := g.review(ctx, token, verb, path)
+	a, err := g.answers.Get(ctx, key, func(ctx context.Context) (answer, bool, error) {
+		status, msg, err := g.review(ctx, token, verb, path)
+		return answer{status: status, message: msg}, status == 0, err
+	})
 	if err != nil {
 		g.logOnce(err)
 		return http.StatusServiceUnavailable, "the API server could not review the request; try again"
 	}
-	ttl := g.cfg.TTL
-	if status != 0 {
-		ttl = g.cfg.RefusedTTL
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if _, ok := g.answers[key]; !ok && len(g.answers) >= cacheSize {
-		g.evict(now)
-	}
-	g.answers[key] = answer{status: status, message: msg, expires: now.Add(ttl)}
-	return status, msg
+	return a.status, a.message
 }
 
 // review asks who token is (TokenReview), then whether they may (a
@@ -241,25 +217,6 @@ func (g *Guard) review(ctx context.Context, token, verb, path string) (int, stri
 			"(flotilla-metrics-reader has /metrics, flotilla-viewer every path)", u.Username, verb, path, path, verb), nil
 	}
 	return 0, "", nil
-}
-
-// evict makes room for one answer: the expired go, else the one that
-// expires first.
-func (g *Guard) evict(now time.Time) {
-	var first answerKey
-	var at time.Time
-	for k, a := range g.answers {
-		if !now.Before(a.expires) {
-			delete(g.answers, k)
-			continue
-		}
-		if at.IsZero() || a.expires.Before(at) {
-			first, at = k, a.expires
-		}
-	}
-	if len(g.answers) >= cacheSize {
-		delete(g.answers, first)
-	}
 }
 
 func (g *Guard) logOnce(err error) {

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -103,6 +106,50 @@ func (c *clientCA) authenticate(r *http.Request) (kubeletUser, error) {
 		return kubeletUser{}, errors.New("client certificate without a common name (the user)")
 	}
 	return kubeletUser{name: leaf.Subject.CommonName, groups: leaf.Subject.Organization}, nil
+}
+
+// The kubelet API's SubjectAccessReviews are cached (apiauth.Cache), as
+// a kubelet caches its webhook authorizer's answers. The TTLs are short,
+// so that a permission revoked stops working soon; a refusal is kept
+// shorter still, so that one just granted works soon.
+const (
+	DefaultAuthorizedTTL   = 10 * time.Second
+	DefaultUnauthorizedTTL = 5 * time.Second
+	// authCacheSize bounds the answers: a caller, a verb and a node
+	// each. Few callers use a kubelet API (the API server's kubelet
+	// client, mostly), so this is room to spare, and a bound against one
+	// that cycles names.
+	authCacheSize = 1024
+)
+
+// proxyQuestion is what a review asks: the same question, the same
+// answer.
+type proxyQuestion struct {
+	user, groups, verb, node string
+}
+
+// questionOf is u's question about node with the verb of method; the
+// order of u's groups does not change it.
+func questionOf(u kubeletUser, method, node string) proxyQuestion {
+	groups := slices.Clone(u.groups)
+	slices.Sort(groups)
+	// NUL cannot be in a user's or a group's name from a certificate.
+	return proxyQuestion{user: u.name, groups: strings.Join(groups, "\x00"), verb: verbOf(method), node: node}
+}
+
+// proxyAnswer is what the API server said.
+type proxyAnswer struct {
+	allowed bool
+	reason  string
+}
+
+// authorize is authorizeProxy, answered from the cache while fresh.
+func (k *Server) authorize(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
+	a, err := k.authz.Get(ctx, questionOf(u, method, node), func(ctx context.Context) (proxyAnswer, bool, error) {
+		allowed, reason, err := authorizeProxy(ctx, k.cfg.Client, u, method, node)
+		return proxyAnswer{allowed, reason}, allowed, err
+	})
+	return a.allowed, a.reason, err
 }
 
 // authorizeProxy asks the local API server, as a kubelet does, whether u

@@ -210,7 +210,7 @@ func (k *Server) resolve(r *http.Request, u kubeletUser, rt kubeletRoute, req po
 	if pod != nil {
 		node = pod.Spec.NodeName
 	}
-	allowed, reason, err := k.authz.authorize(ctx, u, r.Method, node)
+	allowed, reason, err := k.authorize(ctx, u, r.Method, node)
 	if err != nil {
 		return nil, nil, &kubeletRefusal{http.StatusInternalServerError, kubeletResultError, fmt.Sprintf("authorize %s: %v", u.name, err)}
 	}

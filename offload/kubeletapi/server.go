@@ -25,6 +25,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
@@ -81,7 +82,7 @@ type Server struct {
 	m        *kubeletAPIMetrics
 	certs    *certs.CAStore
 	clientCA *clientCA
-	authz    *authCache
+	authz    *apiauth.Cache[proxyQuestion, proxyAnswer]
 	// providers reach the providers' API servers, one client each.
 	providers *providerClients
 	server    *certs.Server
@@ -150,10 +151,10 @@ func NewServer(cfg Config) (*Server, error) {
 		Start: k.loadCertificates, Renew: k.renewCertificates, Changed: k.namesChanged,
 		Listening: func() { log.Info("kubelet API serving the virtual nodes", "address", k.Addr().String()) },
 	}
-	k.authz = newAuthCache(func(ctx context.Context, u kubeletUser, method, node string) (bool, string, error) {
-		return authorizeProxy(ctx, cfg.Client, u, method, node)
-	}, cfg.AuthorizedTTL, cfg.UnauthorizedTTL, kubeletAuthCacheSize,
-		k.m.authCache.WithLabelValues("hit"), k.m.authCache.WithLabelValues("miss"))
+	k.authz = apiauth.NewCache[proxyQuestion, proxyAnswer](apiauth.CacheConfig{
+		TTL: cfg.AuthorizedTTL, RefusedTTL: cfg.UnauthorizedTTL, Size: authCacheSize,
+		Hits: k.m.authCache.WithLabelValues("hit"), Misses: k.m.authCache.WithLabelValues("miss"),
+	})
 	if err := ctrl.Register(cfg.Metrics, k.certs); err != nil {
 		return nil, fmt.Errorf("kubelet API: metrics: %w", err)
 	}

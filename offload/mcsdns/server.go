@@ -13,9 +13,11 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/sourcerate"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
@@ -30,6 +32,19 @@ import (
 // truncated (TC) and the client asks again over TCP.
 const maxUDPAnswer = 1232
 
+// Defaults of the per-client limit (Config.ClientRate, ClientBurst): a
+// CoreDNS replica forwards every lookup of the zone its cache does not
+// hold from one address, so the limit is well above what a cluster's
+// resolvers ask, and well below what the server answers (tens of
+// thousands a second): one client cannot take it all, nor aim its
+// answers at a victim whose address it spoofs.
+const (
+	DefaultClientRate  = 2000
+	DefaultClientBurst = 4000
+	// clients bounds the addresses whose buckets are kept.
+	clients = 4096
+)
+
 // DefaultPort is where the agent answers the zone (--clusterset-dns-port):
 // not 53, which the node's own resolver may hold, the agent being in the
 // host network.
@@ -43,6 +58,12 @@ type Config struct {
 	// node's address, where CoreDNS forwards the zone). Port 0 picks a
 	// free one (tests); Addr says which.
 	Address netip.AddrPort
+	// ClientRate and ClientBurst bound the queries of one client address,
+	// a second and at once (DefaultClientRate and DefaultClientBurst
+	// when 0). Past them a UDP query is dropped (no answer to reflect at
+	// a spoofed address) and a TCP one answered REFUSED.
+	ClientRate  float64
+	ClientBurst int
 
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
@@ -61,6 +82,12 @@ type Server struct {
 	queries *prometheus.CounterVec
 	// truncated counts UDP answers cut to fit (TC set).
 	truncated prometheus.Counter
+	// perClient limits each client address; limited counts the queries
+	// past it, by transport.
+	perClient *sourcerate.Limiter
+	limited   *prometheus.CounterVec
+	// limitLogged is when a limited client was last logged.
+	limitLogged atomic.Int64
 	// loop rebuilds the records of one Service at a time from imported,
 	// the cache watch starts before the loop's workers.
 	loop     *ctrl.Controller[string]
@@ -86,8 +113,16 @@ func New(cfg Config) (*Server, error) {
 		zone:   newTable(uint32(time.Now().Unix())),
 		synced: make(chan struct{}),
 	}
-	s.queries, s.truncated = newQueriesMetric(), newTruncatedMetric()
-	if err := ctrl.Register(cfg.Metrics, s.queries, s.truncated); err != nil {
+	if cfg.ClientRate <= 0 {
+		cfg.ClientRate = DefaultClientRate
+	}
+	if cfg.ClientBurst <= 0 {
+		cfg.ClientBurst = DefaultClientBurst
+	}
+	s.cfg = cfg
+	s.perClient = sourcerate.New(cfg.ClientRate, cfg.ClientBurst, clients)
+	s.queries, s.truncated, s.limited = newQueriesMetric(), newTruncatedMetric(), newLimitedMetric()
+	if err := ctrl.Register(cfg.Metrics, s.queries, s.truncated, s.limited); err != nil {
 		return nil, fmt.Errorf("clusterset DNS: metrics: %w", err)
 	}
 	var err error
@@ -184,6 +219,14 @@ func (s *Server) Run(ctx context.Context) error {
 
 // ServeDNS answers one query (dns.Handler).
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	if ok, udp := s.allow(w); !ok {
+		if !udp {
+			refused := new(dns.Msg)
+			refused.SetRcode(req, dns.RcodeRefused)
+			_ = w.WriteMsg(refused)
+		}
+		return
+	}
 	resp := s.respond(req)
 	qtype := "none"
 	if len(req.Question) == 1 {
@@ -199,6 +242,30 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if err := w.WriteMsg(resp); err != nil {
 		s.log.Debug("write answer", "client", w.RemoteAddr().String(), "err", err)
 	}
+}
+
+// allow takes the query from its client's bucket. Past it, a UDP query
+// is dropped and a TCP one (whose client is who it says) answered
+// REFUSED; either is counted, and logged once a minute.
+func (s *Server) allow(w dns.ResponseWriter) (ok, udp bool) {
+	_, udp = w.RemoteAddr().(*net.UDPAddr)
+	ap, err := netip.ParseAddrPort(w.RemoteAddr().String())
+	// No limiter: a Server made without New (tests of answers).
+	if err != nil || s.perClient == nil || s.perClient.Allow(ap.Addr()) {
+		return true, udp
+	}
+	transport := "tcp"
+	if udp {
+		transport = "udp"
+	}
+	s.limited.WithLabelValues(transport).Inc()
+	now := time.Now().UnixNano()
+	if last := s.limitLogged.Load(); now-last >= int64(time.Minute) && s.limitLogged.CompareAndSwap(last, now) {
+		s.log.Warn("clusterset DNS: a client asks more than its rate; its queries are dropped (UDP) or refused (TCP) "+
+			"(logged once a minute; flotilla_clusterset_dns_limited_total counts them all)",
+			"client", ap.Addr(), "rate", s.cfg.ClientRate, "burst", s.cfg.ClientBurst)
+	}
+	return false, udp
 }
 
 // respond builds the answer to req.
@@ -242,6 +309,13 @@ func newQueriesMetric() *prometheus.CounterVec {
 		Name: "flotilla_clusterset_dns_queries_total",
 		Help: "Queries the clusterset.local DNS server answered, by query type (A, AAAA, SRV, TXT, SOA, NS, PTR, ANY, other) and response code.",
 	}, []string{"type", "rcode"})
+}
+
+func newLimitedMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_clusterset_dns_limited_total",
+		Help: "Queries past their client address's rate: dropped over UDP, answered REFUSED over TCP, by transport (udp, tcp).",
+	}, []string{"transport"})
 }
 
 func newTruncatedMetric() prometheus.Counter {

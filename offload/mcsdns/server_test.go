@@ -42,7 +42,9 @@ type dnsEnv struct {
 
 // newDNSEnv starts a control plane without the MCS CRDs, and a Server on
 // loopback.
-func newDNSEnv(tb testing.TB) *dnsEnv {
+// newDNSEnv runs a server on a real control plane; opts change its
+// Config.
+func newDNSEnv(tb testing.TB, opts ...func(*Config)) *dnsEnv {
 	harness.Require(tb, harness.NeedsControlPlane...)
 	cp := harness.New(tb).ControlPlane("cp1", harness.ControlPlaneOptions{})
 	scheme := runtimeScheme(tb)
@@ -54,10 +56,14 @@ func newDNSEnv(tb testing.TB) *dnsEnv {
 	// Runs after the server's cleanup: its last words still reach the log.
 	log := testLog{tb: tb, done: new(atomic.Bool)}
 	tb.Cleanup(func() { log.done.Store(true) })
-	e.srv, err = New(Config{
+	cfg := Config{
 		Config: cp.Config, Address: netip.MustParseAddrPort("127.0.0.1:0"),
 		Logger: slog.New(slog.NewTextHandler(log, nil)), Metrics: e.registry,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e.srv, err = New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -191,8 +191,8 @@ func (mc *Consumer) offloadEvents() toolscache.ResourceEventHandler {
 }
 
 // namespaceEvents queues a namespace whose LabelOffloaded is set or
-// changes: the label is ours, put back or taken off as its
-// NamespaceOffloads say.
+// changes: its NamespaceOffload's Placement condition follows the label,
+// which only an administrator sets.
 func (mc *Consumer) namespaceEvents() toolscache.ResourceEventHandler {
 	label := func(obj any) (string, bool) {
 		m, ok := obj.(metav1.Object)

@@ -2,7 +2,6 @@ package mirror
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -58,7 +56,7 @@ func (mc *Consumer) reconcile(ctx context.Context, ns string) error {
 		// Requests left by a NamespaceOffload removed without us.
 		mc.setPhase(ns, "")
 		_, err := mc.removeRequests(ctx, ns)
-		return errors.Join(err, mc.markOffloaded(ctx, ns, false))
+		return err
 	}
 	items := list.Items
 	slices.SortFunc(items, offload.CompareOffloads)
@@ -73,11 +71,6 @@ func (mc *Consumer) reconcile(ctx context.Context, ns string) error {
 	}
 	var errs []error
 	if acting == nil {
-		// New pods stay here from now on: no webhook places them on a
-		// provider whose namespace is going.
-		if err := mc.markOffloaded(ctx, ns, false); err != nil {
-			return err
-		}
 		return mc.terminate(ctx, ns, deleting)
 	}
 	for _, o := range deleting {
@@ -89,44 +82,30 @@ func (mc *Consumer) reconcile(ctx context.Context, ns string) error {
 		}
 	}
 	errs = append(errs, mc.offload(ctx, acting))
-	// After the status: the webhook places pods on the clusters it lists.
-	errs = append(errs, mc.markOffloaded(ctx, ns, true))
 	return errors.Join(errs...)
 }
 
-// namespaceGVK is written as metadata only: its labels are all that
-// counts.
-var namespaceGVK = corev1.SchemeGroupVersion.WithKind("Namespace")
-
-// markOffloaded sets LabelOffloaded on namespace ns, or removes it: the
-// placement webhook's namespaceSelector sends the pods of labelled
-// namespaces only. A namespace that is gone needs nothing.
-func (mc *Consumer) markOffloaded(ctx context.Context, ns string, offloaded bool) error {
+// placement is the Placement condition of namespace ns: whether it
+// carries LabelOffloaded=true, the placement webhook's namespaceSelector.
+// Only an administrator sets that label (an admission policy refuses the
+// agent): an agent that could would have its webhook see the pods of any
+// namespace it chose. So the agent only says when it is missing.
+func (mc *Consumer) placement(ctx context.Context, ns string, generation int64) (metav1.Condition, error) {
 	var n corev1.Namespace
-	err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, &n)
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err != nil:
-		return fmt.Errorf("read namespace %s: %w", ns, err)
-	case (n.Labels[offload.LabelOffloaded] == "true") == offloaded:
-		return nil
+	if err := mc.local.Get(ctx, client.ObjectKey{Name: ns}, &n); err != nil && !apierrors.IsNotFound(err) {
+		return metav1.Condition{}, fmt.Errorf("read namespace %s: %w", ns, err)
 	}
-	m := offload.MetadataOf(namespaceGVK)
-	m.Name = ns
-	value := any(nil)
-	if offloaded {
-		value = "true"
+	c := metav1.Condition{Type: v1alpha1.ConditionPlacement, ObservedGeneration: generation,
+		LastTransitionTime: metav1.NewTime(time.Now().Truncate(time.Second))}
+	if n.Labels[offload.LabelOffloaded] == "true" {
+		c.Status, c.Reason = metav1.ConditionTrue, v1alpha1.ReasonLabelled
+		c.Message = fmt.Sprintf("namespace %s is labelled %s=true: the placement webhook places its new pods", ns, offload.LabelOffloaded)
+		return c, nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{offload.LabelOffloaded: value}}})
-	if err != nil {
-		return err
-	}
-	if err := mc.write.Patch(ctx, m, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("label namespace %s %s=%v: %w", ns, offload.LabelOffloaded, offloaded, err)
-	}
-	mc.log.Info("namespace label set", "namespace", ns, "label", offload.LabelOffloaded, "offloaded", offloaded)
-	return nil
+	c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.ReasonNotLabelled
+	c.Message = fmt.Sprintf("namespace %s lacks the label %s=true, which only an administrator sets (the agent may not): its new pods stay in this cluster. "+
+		"`flotilla offload namespace %s` sets it, or `kubectl label namespace %s %s=true`", ns, offload.LabelOffloaded, ns, ns, offload.LabelOffloaded)
+	return c, nil
 }
 
 // offload writes o's requests where its selector points, deletes the
@@ -165,6 +144,11 @@ func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) e
 	}
 	errs = append(errs, mc.deleteUnwanted(ctx, ns, wanted))
 	st.Phase = phaseOf(st.Clusters)
+	if placed, err := mc.placement(ctx, ns, o.Generation); err == nil {
+		st.Conditions = []metav1.Condition{placed}
+	} else {
+		errs = append(errs, err)
+	}
 	errs = append(errs, mc.writeStatus(ctx, o, st))
 	mc.setPhase(ns, st.Phase)
 	return errors.Join(errs...)
@@ -492,6 +476,12 @@ func (mc *Consumer) writeStatus(ctx context.Context, o *v1alpha1.NamespaceOffloa
 			if meta.FindStatusCondition(st.Clusters[i].Conditions, oc.Type) == nil {
 				st.Clusters[i].Conditions = append(st.Clusters[i].Conditions, oc)
 			}
+		}
+	}
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if oc := meta.FindStatusCondition(o.Status.Conditions, c.Type); oc != nil && oc.Status == c.Status {
+			c.LastTransitionTime = oc.LastTransitionTime
 		}
 	}
 	if reflect.DeepEqual(o.Status, st) {

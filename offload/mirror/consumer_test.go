@@ -80,8 +80,9 @@ func TestMirrorConsumer(t *testing.T) {
 		if o.Status.Clusters[0].RemoteNamespace != remote || o.Status.Clusters[0].ClusterID != p1.ID {
 			t.Errorf("cluster status %+v", o.Status.Clusters[0])
 		}
-		// The placement webhook's namespaceSelector.
-		e.WaitOffloadedLabel(t, "shop", true)
+		// The placement webhook's namespaceSelector, set as the
+		// administrator does.
+		e.WaitStatus(t, "shop", "Placement Labelled", offloadenv.PlacementIs(metav1.ConditionTrue, v1alpha1.ReasonLabelled))
 	})
 
 	// Selection is the local admin's: an empty selector picks nobody, and
@@ -115,15 +116,35 @@ func TestMirrorConsumer(t *testing.T) {
 		})
 	}
 
-	t.Run("OffloadedLabelIsOurs", func(t *testing.T) {
-		// Taken off by hand, it comes back while the namespace is
-		// offloaded; put on a namespace that is not, it goes.
-		e.RemoveOffloadedLabel(t, "shop")
-		e.WaitOffloadedLabel(t, "shop", true)
-		if err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain", Labels: map[string]string{offload.LabelOffloaded: "true"}}}); err != nil {
+	// The label that sends a namespace's pods to the placement webhook
+	// is the administrator's: the agent says when it is missing, and
+	// never puts it on or takes it off.
+	t.Run("PlacementNeedsTheAdministratorsLabel", func(t *testing.T) {
+		if err := e.LocalAdmin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}); err != nil {
 			t.Fatal(err)
 		}
-		e.WaitOffloadedLabel(t, "plain", false)
+		o := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "bare", Name: "offload"},
+			Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: offloadenv.EveryProvider()}}
+		if err := e.LocalAdmin.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+		got := e.WaitStatus(t, "bare", "Placement NotLabelled", offloadenv.PlacementIs(metav1.ConditionFalse, v1alpha1.ReasonNotLabelled))
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionPlacement)
+		if !strings.Contains(c.Message, "flotilla offload namespace bare") || !strings.Contains(c.Message, "kubectl label namespace bare "+offload.LabelOffloaded+"=true") {
+			t.Errorf("Placement's message %q does not say how to set the label", c.Message)
+		}
+		if _, ok := e.NamespaceLabels(t, "bare")[offload.LabelOffloaded]; ok {
+			t.Errorf("namespace bare labelled %s by the agent", offload.LabelOffloaded)
+		}
+		e.LabelOffloaded(t, "bare", true)
+		e.WaitStatus(t, "bare", "Placement Labelled", offloadenv.PlacementIs(metav1.ConditionTrue, v1alpha1.ReasonLabelled))
+		// Taken off by the administrator, it stays off: the condition
+		// that follows it is the witness that the agent has looked.
+		e.LabelOffloaded(t, "bare", false)
+		e.WaitStatus(t, "bare", "Placement NotLabelled again", offloadenv.PlacementIs(metav1.ConditionFalse, v1alpha1.ReasonNotLabelled))
+		if v, ok := e.NamespaceLabels(t, "bare")[offload.LabelOffloaded]; ok {
+			t.Errorf("namespace bare labelled %s=%q again by the agent", offload.LabelOffloaded, v)
+		}
 	})
 
 	t.Run("RefusalsShowTheirReason", func(t *testing.T) {
@@ -188,15 +209,13 @@ func TestMirrorConsumer(t *testing.T) {
 
 	t.Run("DeletionRemovesRemoteNamespacesFirst", func(t *testing.T) {
 		remote, _ := offload.RemoteNamespace(v1alpha1.MappingDefaultName, "shop", "", e.Self)
+		// As `flotilla unoffload` does: the label first, so that no pod
+		// created from then on is sent to a provider.
+		e.LabelOffloaded(t, "shop", false)
 		if err := e.LocalAdmin.Delete(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "offload"}}); err != nil {
 			t.Fatal(err)
 		}
 		e.WaitStatus(t, "shop", "Terminating", offloadenv.PhaseIs(v1alpha1.OffloadTerminating, map[string]string{"p1": mirror.ReasonDeleting}))
-		// The label went before the status said Terminating: no pod
-		// created from then on is sent to a provider.
-		if v, ok := e.NamespaceLabels(t, "shop")[offload.LabelOffloaded]; ok {
-			t.Errorf("namespace shop still labelled %s=%s while its offload terminates", offload.LabelOffloaded, v)
-		}
 		// The request is deleted and held by the provider's finalizer; the
 		// NamespaceOffload waits for it.
 		eventually.Within(t, 30*time.Second, "request deleted", func() error {

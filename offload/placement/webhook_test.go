@@ -479,46 +479,19 @@ func TestPlacementWebhook(t *testing.T) {
 		before := e.limited(t, limitNoClientCert)
 		runtime.GC()
 		base := heapBytes()
-		var peak atomic.Uint64
-		stop := make(chan struct{})
-		var sampler sync.WaitGroup
-		sampler.Go(func() {
-			for {
-				peak.Store(max(peak.Load(), heapBytes()))
-				select {
-				case <-stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
+		peak := harness.SamplePeak(5*time.Millisecond, func() (uint64, error) { return heapBytes(), nil })
+		var wrong, whole atomic.Int64
+		harness.Flood(requests, workers, func() {
+			body := &countingReader{left: size}
+			code, err := e.post(t, nil, body, size)
+			if err != nil || code != http.StatusUnauthorized {
+				wrong.Add(1)
+			}
+			if body.read.Load() == size {
+				whole.Add(1)
 			}
 		})
-		var flood sync.WaitGroup
-		work := make(chan struct{})
-		var wrong, whole atomic.Int64
-		for range workers {
-			flood.Go(func() {
-				for range work {
-					body := &countingReader{left: size}
-					code, err := e.post(t, nil, body, size)
-					switch {
-					case err != nil:
-						wrong.Add(1)
-					case code != http.StatusUnauthorized:
-						wrong.Add(1)
-					}
-					if body.read.Load() == size {
-						whole.Add(1)
-					}
-				}
-			})
-		}
-		for range requests {
-			work <- struct{}{}
-		}
-		close(work)
-		flood.Wait()
-		close(stop)
-		sampler.Wait()
+		peakHeap := peak.Stop()
 		if n := wrong.Load(); n != 0 {
 			t.Errorf("%d of %d requests not refused with 401", n, requests)
 		}
@@ -528,7 +501,7 @@ func TestPlacementWebhook(t *testing.T) {
 		if got := e.limited(t, limitNoClientCert) - before; got != requests {
 			t.Errorf("%v refusals counted, want %d", got, requests)
 		}
-		grew := int64(peak.Load()) - int64(base)
+		grew := int64(peakHeap) - int64(base)
 		t.Logf("heap in use grew by at most %.1f MiB during the flood", float64(grew)/(1<<20))
 		if grew > floodHeapLimit {
 			t.Errorf("heap in use grew by %d MiB during the flood, limit %d MiB", grew>>20, floodHeapLimit>>20)

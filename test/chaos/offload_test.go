@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -119,7 +120,9 @@ func startWorkloads(t *testing.T, ps []*pair) {
 	adoptProviders(t, ps)
 	for _, p := range ps {
 		waitCredential(t, p.cons, p.prov, 2*time.Minute)
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: offloadNS}}
+		// Labelled into the placement webhook as the administrator's
+		// `flotilla offload namespace` labels it: the agent may not.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: offloadNS, Labels: map[string]string{offload.LabelOffloaded: "true"}}}
 		if _, err := p.cons.CP.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("%s: create namespace %s: %v", p.cons.Name, offloadNS, err)
 		}

@@ -696,7 +696,7 @@ func waitPeersConnected(b *testing.B, c *federation.NodeCluster, n int, timeout 
 func offloadRemote(b *testing.B, cons, prov *federation.NodeCluster, ns string) netip.Prefix {
 	b.Helper()
 	ctx := context.Background()
-	if _, err := cons.CP.Client.CoreV1().Namespaces().Create(ctx, namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
+	if _, err := cons.CP.Client.CoreV1().Namespaces().Create(ctx, offloadedNamespace(ns), metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	peers, err := cons.Peers(ctx)

@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -53,60 +51,28 @@ func TestGossipFloodFromTheLANIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		for {
-			if v, err := agentMetric(a.Site, "go_memstats_heap_inuse_bytes"); err == nil {
-				peak.Store(max(peak.Load(), uint64(v)))
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+	peak := harness.SamplePeak(100*time.Millisecond, func() (uint64, error) {
+		v, err := agentMetric(a.Site, "go_memstats_heap_inuse_bytes")
+		return uint64(v), err
 	})
 
 	target := netip.AddrPortFrom(a.Site.Addr, 7946).String()
-	header := make([]byte, 5)
-	header[0] = 10 // memberlist's encryptMsg: what follows is sealed state
-	binary.BigEndian.PutUint32(header[1:], 16<<20)
-	junk := bytes.Repeat([]byte{0xa5}, 64<<10)
-	var flood sync.WaitGroup
-	work := make(chan struct{})
 	var dialed atomic.Int64
-	for range workers {
-		flood.Go(func() {
-			for range work {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				c, err := stranger.DialContext(ctx, "tcp", target)
-				cancel()
-				if errors.Is(err, syscall.ECONNRESET) {
-					dialed.Add(1) // accepted, and reset by the gate before the dial returned
-				}
-				if err != nil {
-					continue
-				}
-				dialed.Add(1)
-				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-				if _, err := c.Write(header); err == nil {
-					for n := 0; n < sent; n += len(junk) {
-						if _, err := c.Write(junk); err != nil {
-							break
-						}
-					}
-				}
-				_ = c.Close()
-			}
-		})
-	}
-	for range streams {
-		work <- struct{}{}
-	}
-	close(work)
-	flood.Wait()
+	harness.Flood(streams, workers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := stranger.DialContext(ctx, "tcp", target)
+		cancel()
+		if errors.Is(err, syscall.ECONNRESET) {
+			dialed.Add(1) // accepted, and reset by the gate before the dial returned
+		}
+		if err != nil {
+			return
+		}
+		dialed.Add(1)
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		harness.WriteSealedStateClaim(c, 16<<20, sent)
+		_ = c.Close()
+	})
 	t.Logf("%d of %d streams reached the agent", dialed.Load(), streams)
 
 	waitFor(t, a.Agent, 60*time.Second, func() error {
@@ -119,8 +85,7 @@ func TestGossipFloodFromTheLANIsBounded(t *testing.T) {
 		}
 		return nil
 	})
-	close(stop)
-	sampler.Wait()
+	peakHeap := peak.Stop()
 	for _, r := range []string{"busy", "source_busy", "source_rate", "oversized"} {
 		v, _ := agentMetric(a.Site, "flotilla_discovery_gossip_streams_limited_total", "reason="+r)
 		t.Logf("refused or cut, %s: %v", r, v)
@@ -131,9 +96,9 @@ func TestGossipFloodFromTheLANIsBounded(t *testing.T) {
 	if now, _ := limited(); now-before != streams {
 		t.Errorf("%v streams refused or cut, want every one of the %d", now-before, streams)
 	}
-	t.Logf("a's heap in use peaked at %.1f MiB during the flood (limit %d MiB)", float64(peak.Load())/(1<<20), floodHeapLimit>>20)
-	if peak.Load() == 0 || peak.Load() > floodHeapLimit {
-		t.Errorf("a's heap in use peaked at %d MiB during the flood, limit %d MiB", peak.Load()>>20, floodHeapLimit>>20)
+	t.Logf("a's heap in use peaked at %.1f MiB during the flood (limit %d MiB)", float64(peakHeap)/(1<<20), floodHeapLimit>>20)
+	if peakHeap == 0 || peakHeap > floodHeapLimit {
+		t.Errorf("a's heap in use peaked at %d MiB during the flood, limit %d MiB", peakHeap>>20, floodHeapLimit>>20)
 	}
 
 	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 30*time.Second)

@@ -195,6 +195,13 @@ func namespaceNamed(name string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }
 
+// offloadedNamespace is namespace name labelled into the placement
+// webhook, as the administrator's `flotilla offload namespace` labels it,
+// for a fixture that writes its NamespaceOffload directly.
+func offloadedNamespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{offload.LabelOffloaded: "true"}}}
+}
+
 func createNamespace(t *testing.T, c *federation.NodeCluster, name string) {
 	t.Helper()
 	_, err := c.CP.Client.CoreV1().Namespaces().Create(context.Background(), namespaceNamed(name), metav1.CreateOptions{})

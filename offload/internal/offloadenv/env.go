@@ -200,8 +200,10 @@ func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	return offloadtest.RunUntilCleanup(t, "mirror.Consumer.Run", mc.Run)
 }
 
-// Offload creates namespace ns and a NamespaceOffload in it; a spec
-// without a clusterSelector gets EveryProvider.
+// Offload creates namespace ns and a NamespaceOffload in it, and labels
+// the namespace LabelOffloaded=true, as the administrator's `flotilla
+// offload namespace` does; a spec without a clusterSelector gets
+// EveryProvider.
 func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.NamespaceOffloadSpec) {
 	t.Helper()
 	if spec.ClusterSelector == nil {
@@ -214,6 +216,7 @@ func (e *MirrorEnv) Offload(t testing.TB, ns, name string, spec v1alpha1.Namespa
 	if err := e.LocalAdmin.Create(t.Context(), &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}); err != nil {
 		t.Fatal(err)
 	}
+	e.LabelOffloaded(t, ns, true)
 }
 
 // WaitStatus waits until the NamespaceOffload ns/offload satisfies check.
@@ -355,26 +358,29 @@ func (e *MirrorEnv) NamespaceLabels(t *testing.T, ns string) map[string]string {
 	return n.Labels
 }
 
-// WaitOffloadedLabel waits until namespace ns carries LabelOffloaded=true,
-// or carries no LabelOffloaded.
-func (e *MirrorEnv) WaitOffloadedLabel(t *testing.T, ns string, offloaded bool) {
+// LabelOffloaded sets LabelOffloaded=true on namespace ns, or removes
+// it, as the administrator (`flotilla offload namespace` does): the agent
+// may not.
+func (e *MirrorEnv) LabelOffloaded(t testing.TB, ns string, on bool) {
 	t.Helper()
-	eventually.Within(t, 30*time.Second, fmt.Sprintf("namespace %s offloaded=%v", ns, offloaded), func() error {
-		v, ok := e.NamespaceLabels(t, ns)[offload.LabelOffloaded]
-		if (offloaded && v != "true") || (!offloaded && ok) {
-			return fmt.Errorf("label %s=%q (present %v)", offload.LabelOffloaded, v, ok)
-		}
-		return nil
-	})
-}
-
-// RemoveOffloadedLabel takes LabelOffloaded off namespace ns, as a user
-// could.
-func (e *MirrorEnv) RemoveOffloadedLabel(t *testing.T, ns string) {
-	t.Helper()
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, offload.LabelOffloaded)
+	value := "null"
+	if on {
+		value = `"true"`
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, offload.LabelOffloaded, value)
 	if err := e.LocalAdmin.Patch(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// PlacementIs checks the NamespaceOffload's Placement condition.
+func PlacementIs(status metav1.ConditionStatus, reason string) func(*v1alpha1.NamespaceOffload) error {
+	return func(o *v1alpha1.NamespaceOffload) error {
+		c := meta.FindStatusCondition(o.Status.Conditions, v1alpha1.ConditionPlacement)
+		if c == nil || c.Status != status || c.Reason != reason || c.ObservedGeneration != o.Generation {
+			return fmt.Errorf("Placement %+v, want %s %s", c, status, reason)
+		}
+		return nil
 	}
 }
 
