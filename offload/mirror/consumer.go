@@ -29,6 +29,10 @@ type ConsumerConfig struct {
 	// Config reaches the local API server (NamespaceOffloads, Peers).
 	Config      *rest.Config
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Self is this cluster's ID: remote names and tenant namespaces
 	// derive from it.
 	Self string
@@ -83,6 +87,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
 	}
 	scheme := offload.MirrorScheme()
 	// Namespaces are read whole, from the shared cache in an agent.
@@ -269,22 +276,25 @@ func (mc *Consumer) providerChanged(namespaces []string, all bool) {
 }
 
 // syncWatches keeps a watch on the requests of every provider whose
-// credential this cluster holds; one restarted when its grant is
-// renewed, stopped when the credential goes.
+// credential this cluster holds, over the session with it; one
+// restarted when its session changes, stopped when the credential goes.
 func (mc *Consumer) syncWatches(ctx context.Context) error {
 	var peers v1alpha1.PeerList // names only: uncopied, as NamespaceWatches reads them
 	if err := mc.local.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Peers: %w", err)
 	}
-	want := map[string]remote.ProviderCredential{}
+	want := map[string]*remote.Session{}
+	var errs []error
 	for _, p := range peers.Items {
-		cfg, g, err := mc.cfg.Credentials.Credential(p.Name)
-		if err != nil {
-			continue
+		s, err := mc.cfg.Sessions.Of(p.Name)
+		switch {
+		case err == nil:
+			want[p.Name] = s
+		case !errors.Is(err, remote.ErrNoCredential):
+			errs = append(errs, err)
 		}
-		want[p.Name] = remote.ProviderCredential{Config: cfg, Grant: g}
 	}
-	return mc.watches.sync(want)
+	return errors.Join(append(errs, mc.watches.sync(want))...)
 }
 
 type offloadMetrics struct {

@@ -87,7 +87,7 @@ func (r *Reflector) servedElsewhereFor(pp *podProvider, key podKey, remote *core
 // to it are theirs to look at again.
 func (r *Reflector) queueSiblings(pp *podProvider) {
 	for _, q := range r.providers.Snapshot() {
-		if q != pp && q.server == pp.server && q.tenant == pp.tenant {
+		if q != pp && q.session.Server() == pp.session.Server() && q.session.TenantNamespace() == pp.session.TenantNamespace() {
 			q.queueAll()
 		}
 	}

@@ -46,6 +46,10 @@ type Config struct {
 	// LabelTenant.
 	Self        string
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Views translates the providers' pod IPs into this cluster's view.
 	Views offload.Views
 	// Address is the virtual nodes' InternalIP (the agent's address):
@@ -115,6 +119,9 @@ func NewReflector(cfg Config) (*Reflector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
+	}
 	kube, err := kubernetes.NewForConfig(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
@@ -145,7 +152,7 @@ func NewReflector(cfg Config) (*Reflector, error) {
 		return nil, fmt.Errorf("pod offloading: %w", err)
 	}
 	r.queue = r.ctrl.Queue()
-	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
+	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Sessions, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
 	if r.m, err = newPodMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("pod offloading: metrics: %w", err)
 	}

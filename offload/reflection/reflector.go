@@ -45,6 +45,10 @@ type ReflectorConfig struct {
 	Config      *rest.Config
 	Self        string
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Views translates endpoint addresses into each provider's terms.
 	Views   offload.Views
 	Logger  *slog.Logger
@@ -174,6 +178,9 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if cfg.RecheckRights <= 0 {
 		cfg.RecheckRights = DefaultRecheckRights
 	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
+	}
 	local, err := cache.New(cfg.Config, cache.Options{
 		Scheme: reflectScheme(), Mapper: reflectMapper(),
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -220,7 +227,7 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if r.objects, err = newOffloadedObjects(r, cfg.Config); err != nil {
 		return nil, fmt.Errorf("reflection: %w", err)
 	}
-	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Credentials, r.local, r.log, "objects", r.newProvider,
+	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Sessions, r.local, r.log, "objects", r.newProvider,
 		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("reflection: metrics: %w", err)
@@ -480,7 +487,7 @@ func (r *Reflector) otherProviders(ns, provider string) []string {
 	providers := r.providers.Snapshot()
 	self := providers[provider]
 	for id, pp := range providers {
-		if id == provider || pp.remoteNamespace(ns) == "" || self != nil && pp.server == self.server {
+		if id == provider || pp.remoteNamespace(ns) == "" || self != nil && pp.session.Server() == self.session.Server() {
 			continue
 		}
 		out = append(out, id)
