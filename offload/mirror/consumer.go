@@ -133,46 +133,21 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // it returns once every goroutine it started (the provider watches too)
 // has.
 func (mc *Consumer) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		mc.queue.ShutDown()
-		wg.Wait()
-		mc.watches.stopAll()
-	}()
-	offloads, err := mc.local.GetInformer(ctx, &v1alpha1.NamespaceOffload{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
-	}
-	peers, err := mc.local.GetInformer(ctx, &v1alpha1.Peer{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
-	}
-	regOffloads, err := offloads.AddEventHandler(mc.offloadEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
-	}
-	regPeers, err := peers.AddEventHandler(mc.peerEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
-	}
-	namespaces, err := mc.local.GetInformer(ctx, &corev1.Namespace{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
-	}
-	regNamespaces, err := namespaces.AddEventHandler(mc.namespaceEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
-	}
 	// A namespace whose offload is not read yet would look unwanted and
 	// lose its requests.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, mc.local, "namespace offloading", regOffloads, regPeers, regNamespaces)
-	if !synced {
-		return err
-	}
-	mc.queue.Add(syncProviders)
-	return mc.ctrl.Run(ctx, cacheErr)
+	return mc.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "namespace offloading", Cache: mc.local,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceOffload{}, mc.offloadEvents()),
+			ctrl.On(&v1alpha1.Peer{}, mc.peerEvents()),
+			ctrl.On(&corev1.Namespace{}, mc.namespaceEvents()),
+		},
+		Synced: func(context.Context, *sync.WaitGroup) error {
+			mc.queue.Add(syncProviders)
+			return nil
+		},
+		Stopped: mc.watches.stopAll,
+	})
 }
 
 // reconcileKey brings the provider watches in line, or one namespace.

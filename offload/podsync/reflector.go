@@ -162,42 +162,26 @@ func NewReflector(cfg Config) (*Reflector, error) {
 // Run reflects pods until ctx ends; it returns once every goroutine it
 // started (the providers' informers too) has.
 func (r *Reflector) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
 	r.events = record.NewBroadcaster(record.WithContext(ctx))
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		r.queue.ShutDown()
-		wg.Wait()
-		r.providers.StopAll()
-		r.events.Shutdown()
-	}()
 	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
-	offloads, err := r.local.GetInformer(ctx, &v1alpha1.NamespaceOffload{})
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
-	}
-	peers, err := r.local.GetInformer(ctx, &v1alpha1.Peer{})
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch Peers: %w", err)
-	}
-	regOffloads, err := offloads.AddEventHandler(r.offloadEvents())
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
-	}
-	regPeers, err := peers.AddEventHandler(ctrl.OnEvery(func(any) { r.providers.Trigger() }))
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch Peers: %w", err)
-	}
 	// A pod whose NamespaceOffload is not read yet would look not
 	// offloaded and be refused.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, r.local, "pod offloading", regOffloads, regPeers)
-	if !synced {
-		return err
-	}
-	r.providers.Trigger()
-	wg.Go(func() { r.providers.Loop(ctx) })
-	return r.ctrl.Run(ctx, cacheErr)
+	return r.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "pod offloading", Cache: r.local,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceOffload{}, r.offloadEvents()),
+			ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { r.providers.Trigger() })),
+		},
+		Synced: func(ctx context.Context, wg *sync.WaitGroup) error {
+			r.providers.Trigger()
+			wg.Go(func() { r.providers.Loop(ctx) })
+			return nil
+		},
+		Stopped: func() {
+			r.providers.StopAll()
+			r.events.Shutdown()
+		},
+	})
 }
 
 // reconcilePass reconciles key, timing the changes it acts on.
