@@ -39,7 +39,7 @@ func (r *Reflector) orphan(ctx context.Context, pp *podProvider, key podKey, rem
 		// first, we are queued again (queueSiblings).
 		return nil
 	}
-	there, err := r.kube.CoreV1().Pods(key.namespace).Get(ctx, key.name, metav1.GetOptions{})
+	there, err := r.kube.Pods(key.namespace).Get(ctx, key.name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:

@@ -177,7 +177,7 @@ func sameOrigin(remote, local *corev1.Pod) bool {
 // without its spec (localPodTransform): the whole pod is read here, from
 // etcd (a watch cache behind ours would not have it yet).
 func (r *Reflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
-	whole, err := r.kube.CoreV1().Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
+	whole, err := r.kube.Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil // deleted: its event follows
@@ -287,7 +287,7 @@ func (r *Reflector) finishDeletion(ctx context.Context, pp *podProvider, key pod
 // confirmDeletion removes local, the very pod read.
 func (r *Reflector) confirmDeletion(ctx context.Context, key podKey, local *corev1.Pod) error {
 	uid := local.UID
-	err := r.kube.CoreV1().Pods(local.Namespace).Delete(ctx, local.Name, metav1.DeleteOptions{
+	err := r.kube.Pods(local.Namespace).Delete(ctx, local.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		r.m.errors.WithLabelValues(key.provider, offload.ErrLocal).Inc()
@@ -322,7 +322,7 @@ func (r *Reflector) writeStatus(ctx context.Context, key podKey, local *corev1.P
 	if err != nil {
 		return fmt.Errorf("write the status of pod %s/%s here: %w", local.Namespace, local.Name, err)
 	}
-	_, err = r.kube.CoreV1().Pods(local.Namespace).Patch(ctx, local.Name, types.JSONPatchType, patch,
+	_, err = r.kube.Pods(local.Namespace).Patch(ctx, local.Name, types.JSONPatchType, patch,
 		metav1.PatchOptions{FieldManager: podFieldManager}, "status")
 	switch {
 	case err == nil:

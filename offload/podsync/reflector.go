@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -77,9 +76,9 @@ type Config struct {
 type Reflector struct {
 	cfg   Config
 	log   *slog.Logger
-	kube  kubernetes.Interface // local writes: status, deletion, events
-	watch kubernetes.Interface // local informers (no timeout)
-	local cache.Cache          // NamespaceOffloads and Peers
+	kube  typedcorev1.CoreV1Interface // local writes: status, deletion, events
+	watch typedcorev1.CoreV1Interface // local informers (no timeout)
+	local cache.Cache                 // NamespaceOffloads and Peers
 	ctrl  *ctrl.Controller[podKey]
 	queue ctrl.Queue[podKey]
 	m     *podMetrics
@@ -122,13 +121,13 @@ func NewReflector(cfg Config) (*Reflector, error) {
 	if cfg.Sessions == nil {
 		cfg.Sessions = remote.NewSessions(cfg.Credentials)
 	}
-	kube, err := kubernetes.NewForConfig(cfg.Config)
+	kube, err := typedcorev1.NewForConfig(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
 	}
 	wcfg := rest.CopyConfig(cfg.Config)
 	wcfg.Timeout = 0 // or the watches are cut
-	watch, err := kubernetes.NewForConfig(wcfg)
+	watch, err := typedcorev1.NewForConfig(wcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
 	}
@@ -163,7 +162,7 @@ func NewReflector(cfg Config) (*Reflector, error) {
 // started (the providers' informers too) has.
 func (r *Reflector) Run(ctx context.Context) error {
 	r.events = record.NewBroadcaster(record.WithContext(ctx))
-	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
+	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.Events("")})
 	// A pod whose NamespaceOffload is not read yet would look not
 	// offloaded and be refused.
 	return r.ctrl.RunWithCache(ctx, ctrl.Start{

@@ -71,7 +71,7 @@ func (r *Reflector) startProvider(id string, s *remote.Session) (*podProvider, e
 		namespaces: map[string]*remoteNamespace{},
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", pp.node).String()
-	pods := r.watch.CoreV1().Pods(metav1.NamespaceAll)
+	pods := r.watch.Pods(metav1.NamespaceAll)
 	lw := &toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
