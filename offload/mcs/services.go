@@ -295,17 +295,9 @@ func (s *Services) Run(ctx context.Context) error {
 	if err := s.watch(ctx); err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	wg.Go(func() { errc <- s.cache.Start(ctx) })
-	if !s.cache.WaitForCacheSync(ctx) {
-		select {
-		case err := <-errc:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("mcs: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	errc, synced, err := ctrl.StartCache(ctx, &wg, s.cache, "mcs")
+	if !synced {
+		return err
 	}
 	if err := s.enqueueExistingImports(ctx); err != nil {
 		return err
