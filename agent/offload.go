@@ -142,8 +142,11 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, err
 	}
+	// One session with each provider, shared by the namespaces', the
+	// pods' and the objects' reflection: one transport, one client.
+	sessions := remote.NewSessions(credentials)
 	offloads, err := mirror.NewConsumer(mirror.ConsumerConfig{
-		Config: a.restCfg, Credentials: credentials, Self: st.id.ClusterID(), Peers: peers,
+		Config: a.restCfg, Credentials: credentials, Sessions: sessions, Self: st.id.ClusterID(), Peers: peers,
 		Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -190,7 +193,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	a.ready.add("placement webhook", placement.Ready)
 	a.ready.add("kubelet API", kubelet.Ready)
 	pods, err := podsync.NewReflector(podsync.Config{
-		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Views: ledgerViews{st.ledger},
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Sessions: sessions, Views: ledgerViews{st.ledger},
 		Address: a.cfg.NodeAddress, Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {
@@ -198,7 +201,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	}
 	// Reflection (docs/services.md).
 	reflector, err := reflection.NewReflector(reflection.ReflectorConfig{
-		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Views: ledgerViews{st.ledger},
+		Config: a.restCfg, Self: st.id.ClusterID(), Credentials: credentials, Sessions: sessions, Views: ledgerViews{st.ledger},
 		Peers: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {

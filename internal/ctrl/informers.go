@@ -91,3 +91,55 @@ func OnEvery[T any](f func(obj T)) toolscache.ResourceEventHandler {
 	}
 	return toolscache.ResourceEventHandlerFuncs{AddFunc: g, UpdateFunc: func(_, obj any) { g(obj) }, DeleteFunc: g}
 }
+
+// Start is what a controller's workers need before their first
+// reconcile: the cache they read from, the handlers of its kinds'
+// events, and what runs beside them.
+type Start struct {
+	// What names the controller in errors.
+	What  string
+	Cache cache.Cache
+	// Watches are handlers of kinds of Cache; every one has seen all
+	// of its kind's objects before Synced runs.
+	Watches []Watch
+	// Synced runs once the watches synced, before the workers start:
+	// what to queue first, what to start beside them (on wg, which Run
+	// waits for). An error ends Run with it.
+	Synced func(ctx context.Context, wg *sync.WaitGroup) error
+	// Stopped runs once the workers, the cache and everything on wg have
+	// ended: what outlives them (watches of other API servers) stops.
+	Stopped func()
+}
+
+// RunWithCache is a controller's start-up and shutdown: it adds
+// s.Watches to s.Cache, starts the cache and waits until the watches
+// have seen all of its objects (no reconcile decides on part of the
+// picture, where an object not read yet looks unwanted), runs s.Synced,
+// then the workers until ctx ends or the cache stops with an error. It
+// returns once everything it started has ended, and s.Stopped has run.
+func (c *Controller[K]) RunWithCache(ctx context.Context, s Start) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		c.queue.ShutDown()
+		wg.Wait()
+		if s.Stopped != nil {
+			s.Stopped()
+		}
+	}()
+	regs, err := AddWatches(ctx, s.Cache, s.What, s.Watches...)
+	if err != nil {
+		return err
+	}
+	cacheErr, synced, err := StartCache(ctx, &wg, s.Cache, s.What, regs...)
+	if !synced {
+		return err
+	}
+	if s.Synced != nil {
+		if err := s.Synced(ctx, &wg); err != nil {
+			return err
+		}
+	}
+	return c.Run(ctx, cacheErr)
+}

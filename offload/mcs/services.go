@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -199,11 +198,14 @@ func conflictQuiet(err error) slog.Level {
 	return slog.LevelWarn
 }
 
-// Scheme holds the kinds Services reads and writes.
+// Scheme holds the kinds Services reads and writes, and only their
+// groups (core, discovery, mcs): every group of client-go's would be
+// registered in each scheme made, for nothing.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(s)
-	_ = mcsv1alpha1.AddToScheme(s)
+	if err := errors.Join(corev1.AddToScheme(s), discoveryv1.AddToScheme(s), mcsv1alpha1.AddToScheme(s)); err != nil {
+		panic(err) // static registrations: a conflict is a bug
+	}
 	return s
 }
 
@@ -293,17 +295,9 @@ func (s *Services) Run(ctx context.Context) error {
 	if err := s.watch(ctx); err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	wg.Go(func() { errc <- s.cache.Start(ctx) })
-	if !s.cache.WaitForCacheSync(ctx) {
-		select {
-		case err := <-errc:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("mcs: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	errc, synced, err := ctrl.StartCache(ctx, &wg, s.cache, "mcs")
+	if !synced {
+		return err
 	}
 	if err := s.enqueueExistingImports(ctx); err != nil {
 		return err

@@ -29,6 +29,10 @@ type ConsumerConfig struct {
 	// Config reaches the local API server (NamespaceOffloads, Peers).
 	Config      *rest.Config
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Self is this cluster's ID: remote names and tenant namespaces
 	// derive from it.
 	Self string
@@ -84,6 +88,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
+	}
 	scheme := offload.MirrorScheme()
 	// Namespaces are read whole, from the shared cache in an agent.
 	if err := corev1.AddToScheme(scheme); err != nil {
@@ -126,46 +133,21 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // it returns once every goroutine it started (the provider watches too)
 // has.
 func (mc *Consumer) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		mc.queue.ShutDown()
-		wg.Wait()
-		mc.watches.stopAll()
-	}()
-	offloads, err := mc.local.GetInformer(ctx, &v1alpha1.NamespaceOffload{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
-	}
-	peers, err := mc.local.GetInformer(ctx, &v1alpha1.Peer{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
-	}
-	regOffloads, err := offloads.AddEventHandler(mc.offloadEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch NamespaceOffloads: %w", err)
-	}
-	regPeers, err := peers.AddEventHandler(mc.peerEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch Peers: %w", err)
-	}
-	namespaces, err := mc.local.GetInformer(ctx, &corev1.Namespace{})
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
-	}
-	regNamespaces, err := namespaces.AddEventHandler(mc.namespaceEvents())
-	if err != nil {
-		return fmt.Errorf("namespace offloading: watch namespaces: %w", err)
-	}
 	// A namespace whose offload is not read yet would look unwanted and
 	// lose its requests.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, mc.local, "namespace offloading", regOffloads, regPeers, regNamespaces)
-	if !synced {
-		return err
-	}
-	mc.queue.Add(syncProviders)
-	return mc.ctrl.Run(ctx, cacheErr)
+	return mc.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "namespace offloading", Cache: mc.local,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceOffload{}, mc.offloadEvents()),
+			ctrl.On(&v1alpha1.Peer{}, mc.peerEvents()),
+			ctrl.On(&corev1.Namespace{}, mc.namespaceEvents()),
+		},
+		Synced: func(context.Context, *sync.WaitGroup) error {
+			mc.queue.Add(syncProviders)
+			return nil
+		},
+		Stopped: mc.watches.stopAll,
+	})
 }
 
 // reconcileKey brings the provider watches in line, or one namespace.
@@ -269,22 +251,25 @@ func (mc *Consumer) providerChanged(namespaces []string, all bool) {
 }
 
 // syncWatches keeps a watch on the requests of every provider whose
-// credential this cluster holds; one restarted when its grant is
-// renewed, stopped when the credential goes.
+// credential this cluster holds, over the session with it; one
+// restarted when its session changes, stopped when the credential goes.
 func (mc *Consumer) syncWatches(ctx context.Context) error {
 	var peers v1alpha1.PeerList // names only: uncopied, as NamespaceWatches reads them
 	if err := mc.local.List(ctx, &peers, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Peers: %w", err)
 	}
-	want := map[string]remote.ProviderCredential{}
+	want := map[string]*remote.Session{}
+	var errs []error
 	for _, p := range peers.Items {
-		cfg, g, err := mc.cfg.Credentials.Credential(p.Name)
-		if err != nil {
-			continue
+		s, err := mc.cfg.Sessions.Of(p.Name)
+		switch {
+		case err == nil:
+			want[p.Name] = s
+		case !errors.Is(err, remote.ErrNoCredential):
+			errs = append(errs, err)
 		}
-		want[p.Name] = remote.ProviderCredential{Config: cfg, Grant: g}
 	}
-	return mc.watches.sync(want)
+	return errors.Join(append(errs, mc.watches.sync(want))...)
 }
 
 type offloadMetrics struct {

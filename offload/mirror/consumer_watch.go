@@ -3,7 +3,6 @@ package mirror
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -13,19 +12,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
-	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
 
 // providerWatches keeps one informer per provider on this cluster's
-// NamespaceRequests in its tenant namespace there, with the credential it
-// granted: the providers' answers arrive as events, not by polling.
+// NamespaceRequests in its tenant namespace there, over the session with
+// it: the providers' answers arrive as events, not by polling.
 type providerWatches struct {
 	log *slog.Logger
 	// changed is told which local namespaces to look at again (all: every
@@ -46,7 +43,7 @@ const indexSource = "source"
 // providerWatch is the watch on one provider.
 type providerWatch struct {
 	provider  string
-	serial    uint64
+	session   *remote.Session
 	namespace string // the tenant namespace
 	server    string
 	// client writes requests (with a timeout; the informer's has none,
@@ -64,16 +61,17 @@ type providerWatch struct {
 	answering remote.Answering // whether its API server answers the watch
 }
 
-// sync brings the watches in line with the credentials held: new ones
-// start, one whose grant changed (a renewed token) restarts, one whose
-// credential is gone stops.
-func (ws *providerWatches) sync(want map[string]remote.ProviderCredential) error {
+// sync brings the watches in line with the sessions: new ones start,
+// one whose session changed (its credential reaches another endpoint)
+// restarts, one whose credential is gone stops. A renewed token keeps
+// the session and the watch: each request carries the token held then.
+func (ws *providerWatches) sync(want map[string]*remote.Session) error {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	var errs []error
 	for id, w := range ws.byProvider {
-		c, ok := want[id]
-		if ok && c.Grant.Serial == w.serial && c.Grant.Namespace == w.namespace && c.Grant.Server == w.server {
+		s, ok := want[id]
+		if ok && s == w.session {
 			continue
 		}
 		w.stop()
@@ -81,18 +79,17 @@ func (ws *providerWatches) sync(want map[string]remote.ProviderCredential) error
 		ws.log.Info("stopped watching a provider's namespace requests", "peer", id, "credential", ok)
 		ws.changed(nil, true)
 	}
-	for id, c := range want {
+	for id, s := range want {
 		if ws.byProvider[id] != nil {
 			continue
 		}
-		w, err := startProviderWatch(id, c, ws.log, ws.changed)
+		w, err := startProviderWatch(s, ws.log, ws.changed)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		ws.byProvider[id] = w
-		ws.log.Info("watching a provider's namespace requests", "peer", id, "namespace", c.Grant.Namespace,
-			"server", c.Grant.Server, "serial", c.Grant.Serial)
+		ws.log.Info("watching a provider's namespace requests", "peer", id, "namespace", s.TenantNamespace(), "server", s.Server())
 	}
 	return errors.Join(errs...)
 }
@@ -124,25 +121,15 @@ func (ws *providerWatches) stopAll() {
 	}
 }
 
-func startProviderWatch(id string, c remote.ProviderCredential, log *slog.Logger, changed func([]string, bool)) (*providerWatch, error) {
-	scheme, mapper := offload.MirrorScheme(), offload.MirrorMapper()
-	writes, err := client.New(c.Config, client.Options{Scheme: scheme, Mapper: mapper})
-	if err != nil {
-		return nil, fmt.Errorf("client for %s at %s: %w", id, c.Grant.Server, err)
-	}
-	wcfg := rest.CopyConfig(c.Config)
-	wcfg.Timeout = 0
-	reads, err := client.NewWithWatch(wcfg, client.Options{Scheme: scheme, Mapper: mapper})
-	if err != nil {
-		return nil, fmt.Errorf("client for %s at %s: %w", id, c.Grant.Server, err)
-	}
+func startProviderWatch(s *remote.Session, log *slog.Logger, changed func([]string, bool)) (*providerWatch, error) {
+	reads := s.WatchClient()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &providerWatch{
-		provider: id, serial: c.Grant.Serial, namespace: c.Grant.Namespace, server: c.Grant.Server,
-		client: writes, ctx: ctx, cancel: cancel, changed: changed,
-		log: log.With("peer", id, "server", c.Grant.Server),
+		provider: s.Provider(), session: s, namespace: s.TenantNamespace(), server: s.Server(),
+		client: s.Client(), ctx: ctx, cancel: cancel, changed: changed,
+		log: log.With("peer", s.Provider(), "server", s.Server()),
 	}
-	ns := c.Grant.Namespace
+	ns := s.TenantNamespace()
 	lw := &toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -171,26 +171,18 @@ func (m *Provider) GrantChanged(consumer string) {
 // Run watches and reconciles until ctx ends; it returns once everything
 // it started has stopped.
 func (m *Provider) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		m.queue.ShutDown()
-		wg.Wait()
-	}()
-	if _, err := ctrl.AddWatches(ctx, m.cache, "mirror provider",
-		ctrl.On(&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)),
-		ctrl.On(&corev1.Namespace{}, m.events(namespaceConsumer)),
-		ctrl.On(&networkingv1.NetworkPolicy{}, m.events(namespaceConsumer)),
-	); err != nil {
-		return err
-	}
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, m.cache, "mirror provider")
-	if !synced {
-		return err
-	}
-	m.log.Info("mirroring namespaces for consumers")
-	return m.ctrl.Run(ctx, cacheErr)
+	return m.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "mirror provider", Cache: m.cache,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)),
+			ctrl.On(&corev1.Namespace{}, m.events(namespaceConsumer)),
+			ctrl.On(&networkingv1.NetworkPolicy{}, m.events(namespaceConsumer)),
+		},
+		Synced: func(context.Context, *sync.WaitGroup) error {
+			m.log.Info("mirroring namespaces for consumers")
+			return nil
+		},
+	})
 }
 
 // events enqueues the consumer an object belongs to.

@@ -39,7 +39,7 @@ func (r *Reflector) orphan(ctx context.Context, pp *podProvider, key podKey, rem
 		// first, we are queued again (queueSiblings).
 		return nil
 	}
-	there, err := r.kube.CoreV1().Pods(key.namespace).Get(ctx, key.name, metav1.GetOptions{})
+	there, err := r.kube.Pods(key.namespace).Get(ctx, key.name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -87,7 +87,7 @@ func (r *Reflector) servedElsewhereFor(pp *podProvider, key podKey, remote *core
 // to it are theirs to look at again.
 func (r *Reflector) queueSiblings(pp *podProvider) {
 	for _, q := range r.providers.Snapshot() {
-		if q != pp && q.server == pp.server && q.tenant == pp.tenant {
+		if q != pp && q.session.Server() == pp.session.Server() && q.session.TenantNamespace() == pp.session.TenantNamespace() {
 			q.queueAll()
 		}
 	}

@@ -177,7 +177,7 @@ func sameOrigin(remote, local *corev1.Pod) bool {
 // without its spec (localPodTransform): the whole pod is read here, from
 // etcd (a watch cache behind ours would not have it yet).
 func (r *Reflector) create(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
-	whole, err := r.kube.CoreV1().Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
+	whole, err := r.kube.Pods(local.Namespace).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil // deleted: its event follows
@@ -187,7 +187,7 @@ func (r *Reflector) create(ctx context.Context, pp *podProvider, key podKey, loc
 	case whole.UID != local.UID || whole.DeletionTimestamp != nil:
 		return nil // replaced or being deleted since the cache had it: its event follows
 	}
-	_, err = pp.client.CoreV1().Pods(ns).Create(ctx, remotePod(whole, ns, pp.id), metav1.CreateOptions{FieldManager: podFieldManager})
+	_, err = pp.client.Pods(ns).Create(ctx, remotePod(whole, ns, pp.id), metav1.CreateOptions{FieldManager: podFieldManager})
 	switch {
 	case err == nil:
 		r.acted(lagPod, key)
@@ -203,7 +203,7 @@ func (r *Reflector) create(ctx context.Context, pp *podProvider, key podKey, loc
 // that name, it is deleted (then ours is made); anybody else's, it is
 // left alone and the local pod says so.
 func (r *Reflector) nameTaken(ctx context.Context, pp *podProvider, key podKey, local *corev1.Pod, ns string) error {
-	there, err := pp.client.CoreV1().Pods(ns).Get(ctx, local.Name, metav1.GetOptions{})
+	there, err := pp.client.Pods(ns).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return offload.RetryLater(fmt.Sprintf("create pod %s/%s on %s: it existed, then not: retrying", ns, local.Name, pp.id))
@@ -233,7 +233,7 @@ func (r *Reflector) nameTaken(ctx context.Context, pp *podProvider, key podKey, 
 // grace is the local pod's grace period when it is being deleted.
 func (r *Reflector) deleteRemote(ctx context.Context, pp *podProvider, key podKey, remote *corev1.Pod, grace *int64) error {
 	uid := remote.UID
-	err := pp.client.CoreV1().Pods(remote.Namespace).Delete(ctx, remote.Name, metav1.DeleteOptions{
+	err := pp.client.Pods(remote.Namespace).Delete(ctx, remote.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 	switch {
 	case err == nil:
@@ -264,7 +264,7 @@ func (r *Reflector) finishDeletion(ctx context.Context, pp *podProvider, key pod
 		return r.confirmDeletion(ctx, key, local) // nothing was ever made there
 	}
 	// Not watched (the namespace is not ready there): ask the provider.
-	there, err := pp.client.CoreV1().Pods(m.remote).Get(ctx, local.Name, metav1.GetOptions{})
+	there, err := pp.client.Pods(m.remote).Get(ctx, local.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
 		// Forbidden: no rights there any more, so no pod of ours.
@@ -287,7 +287,7 @@ func (r *Reflector) finishDeletion(ctx context.Context, pp *podProvider, key pod
 // confirmDeletion removes local, the very pod read.
 func (r *Reflector) confirmDeletion(ctx context.Context, key podKey, local *corev1.Pod) error {
 	uid := local.UID
-	err := r.kube.CoreV1().Pods(local.Namespace).Delete(ctx, local.Name, metav1.DeleteOptions{
+	err := r.kube.Pods(local.Namespace).Delete(ctx, local.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		r.m.errors.WithLabelValues(key.provider, offload.ErrLocal).Inc()
@@ -322,7 +322,7 @@ func (r *Reflector) writeStatus(ctx context.Context, key podKey, local *corev1.P
 	if err != nil {
 		return fmt.Errorf("write the status of pod %s/%s here: %w", local.Namespace, local.Name, err)
 	}
-	_, err = r.kube.CoreV1().Pods(local.Namespace).Patch(ctx, local.Name, types.JSONPatchType, patch,
+	_, err = r.kube.Pods(local.Namespace).Patch(ctx, local.Name, types.JSONPatchType, patch,
 		metav1.PatchOptions{FieldManager: podFieldManager}, "status")
 	switch {
 	case err == nil:

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -46,6 +45,10 @@ type Config struct {
 	// LabelTenant.
 	Self        string
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Views translates the providers' pod IPs into this cluster's view.
 	Views offload.Views
 	// Address is the virtual nodes' InternalIP (the agent's address):
@@ -73,9 +76,9 @@ type Config struct {
 type Reflector struct {
 	cfg   Config
 	log   *slog.Logger
-	kube  kubernetes.Interface // local writes: status, deletion, events
-	watch kubernetes.Interface // local informers (no timeout)
-	local cache.Cache          // NamespaceOffloads and Peers
+	kube  typedcorev1.CoreV1Interface // local writes: status, deletion, events
+	watch typedcorev1.CoreV1Interface // local informers (no timeout)
+	local cache.Cache                 // NamespaceOffloads and Peers
 	ctrl  *ctrl.Controller[podKey]
 	queue ctrl.Queue[podKey]
 	m     *podMetrics
@@ -115,13 +118,16 @@ func NewReflector(cfg Config) (*Reflector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	kube, err := kubernetes.NewForConfig(cfg.Config)
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
+	}
+	kube, err := typedcorev1.NewForConfig(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
 	}
 	wcfg := rest.CopyConfig(cfg.Config)
 	wcfg.Timeout = 0 // or the watches are cut
-	watch, err := kubernetes.NewForConfig(wcfg)
+	watch, err := typedcorev1.NewForConfig(wcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pod offloading: client: %w", err)
 	}
@@ -145,7 +151,7 @@ func NewReflector(cfg Config) (*Reflector, error) {
 		return nil, fmt.Errorf("pod offloading: %w", err)
 	}
 	r.queue = r.ctrl.Queue()
-	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Credentials, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
+	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Sessions, local, r.log, "pods", r.startProvider, (*podProvider).queueNamespace)
 	if r.m, err = newPodMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("pod offloading: metrics: %w", err)
 	}
@@ -155,42 +161,26 @@ func NewReflector(cfg Config) (*Reflector, error) {
 // Run reflects pods until ctx ends; it returns once every goroutine it
 // started (the providers' informers too) has.
 func (r *Reflector) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
 	r.events = record.NewBroadcaster(record.WithContext(ctx))
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		r.queue.ShutDown()
-		wg.Wait()
-		r.providers.StopAll()
-		r.events.Shutdown()
-	}()
-	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
-	offloads, err := r.local.GetInformer(ctx, &v1alpha1.NamespaceOffload{})
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
-	}
-	peers, err := r.local.GetInformer(ctx, &v1alpha1.Peer{})
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch Peers: %w", err)
-	}
-	regOffloads, err := offloads.AddEventHandler(r.offloadEvents())
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch NamespaceOffloads: %w", err)
-	}
-	regPeers, err := peers.AddEventHandler(ctrl.OnEvery(func(any) { r.providers.Trigger() }))
-	if err != nil {
-		return fmt.Errorf("pod offloading: watch Peers: %w", err)
-	}
+	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.Events("")})
 	// A pod whose NamespaceOffload is not read yet would look not
 	// offloaded and be refused.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, r.local, "pod offloading", regOffloads, regPeers)
-	if !synced {
-		return err
-	}
-	r.providers.Trigger()
-	wg.Go(func() { r.providers.Loop(ctx) })
-	return r.ctrl.Run(ctx, cacheErr)
+	return r.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "pod offloading", Cache: r.local,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceOffload{}, r.offloadEvents()),
+			ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { r.providers.Trigger() })),
+		},
+		Synced: func(ctx context.Context, wg *sync.WaitGroup) error {
+			r.providers.Trigger()
+			wg.Go(func() { r.providers.Loop(ctx) })
+			return nil
+		},
+		Stopped: func() {
+			r.providers.StopAll()
+			r.events.Shutdown()
+		},
+	})
 }
 
 // reconcilePass reconciles key, timing the changes it acts on.

@@ -1,10 +1,8 @@
 package podsync
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -18,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 )
@@ -26,19 +24,18 @@ import (
 // podProvider is what a Reflector keeps for one provider: an informer
 // of the local pods bound to its virtual node, one of the pods in each
 // namespace mirrored there for this cluster (it may list pods only in
-// namespaces it has rights in), and the clients with its credential.
+// namespaces it has rights in), over the session with it.
 type podProvider struct {
 	id, node string
 	r        *Reflector
 	log      *slog.Logger
 	recorder record.EventRecorder
-	// What the watches were started against: a new token alone does not
-	// restart them (currentToken), a new server, CA or tenant does.
-	server, tenant string
-	ca             []byte
+	// The session the watches were started over: a new token keeps it,
+	// a new server, CA or tenant does not.
+	session *remote.Session
 
-	client kubernetes.Interface // writes, with the credential's timeout
-	watch  kubernetes.Interface // informers, without
+	client typedcorev1.CoreV1Interface // writes, with the credential's timeout
+	watch  typedcorev1.CoreV1Interface // informers, without
 
 	localPods   toolscache.SharedIndexInformer
 	localSynced atomic.Bool
@@ -63,23 +60,18 @@ type remoteNamespace struct {
 	done        sync.WaitGroup
 }
 
-func (r *Reflector) startProvider(id string, c remote.ProviderCredential) (*podProvider, error) {
-	client, watchClient, err := remote.ProviderClients(id, r.cfg.Credentials, c.Config)
-	if err != nil {
-		return nil, fmt.Errorf("clients for %s at %s: %w", id, c.Grant.Server, err)
-	}
+func (r *Reflector) startProvider(id string, s *remote.Session) (*podProvider, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pp := &podProvider{
 		id: id, node: offload.VirtualNodeName(id), r: r,
-		log:      r.log.With("peer", id, "server", c.Grant.Server),
+		log:      r.log.With("peer", id, "server", s.Server()),
 		recorder: r.recorder(id),
-		server:   c.Grant.Server, tenant: c.Grant.Namespace, ca: c.Config.CAData,
-		client: client, watch: watchClient,
+		session:  s, client: s.CoreV1(), watch: s.WatchCoreV1(),
 		ctx: ctx, cancel: cancel,
 		namespaces: map[string]*remoteNamespace{},
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", pp.node).String()
-	pods := r.watch.CoreV1().Pods(metav1.NamespaceAll)
+	pods := r.watch.Pods(metav1.NamespaceAll)
 	lw := &toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
@@ -122,11 +114,8 @@ func (r *Reflector) startProvider(id string, c remote.ProviderCredential) (*podP
 	return pp, nil
 }
 
-// SameEndpoint reports whether c reaches the provider the watches were
-// started against.
-func (pp *podProvider) SameEndpoint(c remote.ProviderCredential) bool {
-	return c.Grant.Server == pp.server && c.Grant.Namespace == pp.tenant && bytes.Equal(c.Config.CAData, pp.ca)
-}
+// Session is the session the watches were started over.
+func (pp *podProvider) Session() *remote.Session { return pp.session }
 
 func (pp *podProvider) Stop() {
 	pp.cancel()
@@ -211,7 +200,7 @@ func (pp *podProvider) startNamespace(name, local string) *remoteNamespace {
 	rn := &remoteNamespace{name: name, local: local, cancel: cancel}
 	// Every pod there: the namespace is mirrored for this cluster alone,
 	// and the origin annotation names the local pod.
-	pods := pp.watch.CoreV1().Pods(name)
+	pods := pp.watch.Pods(name)
 	lw := &toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			list, err := pods.List(ctx, opts)

@@ -171,35 +171,26 @@ func NewHostedEndpoints(cfg HostedEndpointsConfig) (*HostedEndpoints, error) {
 // Run translates until ctx ends; it returns once every goroutine it
 // started has.
 func (h *HostedEndpoints) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		h.queue.ShutDown()
-		wg.Wait()
-	}()
-	regs, err := ctrl.AddWatches(ctx, h.cache, "endpoints on third clusters",
-		ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(h.sliceChanged)),
-		// A namespace mirrored or no longer, a peer come or gone: every
-		// source in it, or everywhere, is decided again.
-		ctrl.On(&corev1.Namespace{}, ctrl.OnEvery(func(obj any) {
-			if ns, ok := obj.(*corev1.Namespace); ok {
-				h.queueSources(ns.Name)
-			}
-		})),
-		ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { h.queueSources("") })),
-	)
-	if err != nil {
-		return err
-	}
 	// A peer not read yet would make a source look refused, and its
 	// translation be deleted.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, h.cache, "endpoints on third clusters", regs...)
-	if !synced {
-		return err
-	}
-	h.queueSources("")
-	return h.ctrl.Run(ctx, cacheErr)
+	return h.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "endpoints on third clusters", Cache: h.cache,
+		Watches: []ctrl.Watch{
+			ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(h.sliceChanged)),
+			// A namespace mirrored or no longer, a peer come or gone: every
+			// source in it, or everywhere, is decided again.
+			ctrl.On(&corev1.Namespace{}, ctrl.OnEvery(func(obj any) {
+				if ns, ok := obj.(*corev1.Namespace); ok {
+					h.queueSources(ns.Name)
+				}
+			})),
+			ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { h.queueSources("") })),
+		},
+		Synced: func(context.Context, *sync.WaitGroup) error {
+			h.queueSources("")
+			return nil
+		},
+	})
 }
 
 // sliceChanged queues the source a slice is or was translated from.

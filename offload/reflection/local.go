@@ -13,7 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,10 +37,11 @@ const retryForbidden = 10 * time.Second
 // starts once its namespace has a NamespaceOffload and the agent may read
 // there, and stops when the offloading goes or a read is refused.
 type offloadedObjects struct {
-	r      *Reflector
-	config *rest.Config
-	kube   kubernetes.Interface
-	ctrl   *ctrl.Controller[string] // keys: local namespaces
+	r        *Reflector
+	config   *rest.Config
+	reviews  authorizationv1client.SelfSubjectAccessReviewInterface
+	identity authenticationv1client.SelfSubjectReviewInterface
+	ctrl     *ctrl.Controller[string] // keys: local namespaces
 
 	mu     sync.Mutex
 	spaces map[string]*namespaceObjects
@@ -68,11 +70,16 @@ type localCache struct {
 }
 
 func newOffloadedObjects(r *Reflector, cfg *rest.Config) (*offloadedObjects, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	authz, err := authorizationv1client.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	o := &offloadedObjects{r: r, config: cfg, kube: kube, spaces: map[string]*namespaceObjects{}}
+	authn, err := authenticationv1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	o := &offloadedObjects{r: r, config: cfg, reviews: authz.SelfSubjectAccessReviews(), identity: authn.SelfSubjectReviews(),
+		spaces: map[string]*namespaceObjects{}}
 	o.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "reflection_namespaces", MaxDelay: 30 * time.Second, Reconcile: o.reconcile, Metrics: r.cfg.Metrics,
 		Errors: &ctrl.ErrorLog[string]{Logger: r.log, Failed: "ConfigMaps and Secrets not watched; retrying",
@@ -164,7 +171,7 @@ func (o *offloadedObjects) refused(ctx context.Context, ns string) (string, erro
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: resource},
 			}}
-			res, err := o.kube.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			res, err := o.reviews.Create(ctx, review, metav1.CreateOptions{})
 			if err != nil {
 				return "", fmt.Errorf("may this agent %s %s in %s: %w", verb, resource, ns, err)
 			}
@@ -318,7 +325,7 @@ func (o *offloadedObjects) forbidden(ns string) string {
 // whoAmI is the user this agent is to its API server; "" when it cannot
 // tell (the message then names no account).
 func (o *offloadedObjects) whoAmI(ctx context.Context) string {
-	res, err := o.kube.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	res, err := o.identity.Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		o.r.log.Debug("who this agent is to its API server: not known", "err", err)
 		return ""

@@ -45,6 +45,10 @@ type ReflectorConfig struct {
 	Config      *rest.Config
 	Self        string
 	Credentials remote.Credentials
+	// Sessions, when set, are the sessions with the providers shared
+	// with the agent's other components; sessions of its own over
+	// Credentials when nil.
+	Sessions *remote.Sessions
 	// Views translates endpoint addresses into each provider's terms.
 	Views   offload.Views
 	Logger  *slog.Logger
@@ -174,6 +178,9 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if cfg.RecheckRights <= 0 {
 		cfg.RecheckRights = DefaultRecheckRights
 	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = remote.NewSessions(cfg.Credentials)
+	}
 	local, err := cache.New(cfg.Config, cache.Options{
 		Scheme: reflectScheme(), Mapper: reflectMapper(),
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -220,7 +227,7 @@ func NewReflector(cfg ReflectorConfig) (*Reflector, error) {
 	if r.objects, err = newOffloadedObjects(r, cfg.Config); err != nil {
 		return nil, fmt.Errorf("reflection: %w", err)
 	}
-	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Credentials, r.local, r.log, "objects", r.newProvider,
+	r.providers = remote.NewNamespaceWatches(cfg.Self, cfg.Sessions, r.local, r.log, "objects", r.newProvider,
 		func(pp *reflectProvider, ns string) { r.queueNamespace(pp.id, ns) })
 	if r.m, err = newReflectMetrics(cfg.Metrics, r); err != nil {
 		return nil, fmt.Errorf("reflection: metrics: %w", err)
@@ -290,56 +297,47 @@ func indexPodRefs(obj any) ([]string, error) {
 // Run reflects until ctx ends; it returns once every goroutine it
 // started (the providers' informers too) has.
 func (r *Reflector) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		r.queue.ShutDown()
-		wg.Wait()
-		r.providers.StopAll()
-	}()
-	regs, err := ctrl.AddWatches(ctx, r.local, "reflection",
-		ctrl.On(&v1alpha1.NamespaceOffload{}, ctrl.OnEvery(func(obj any) {
-			if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
-				r.objects.offloadChanged(o.Namespace)
-				r.providers.OffloadChanged(o.Namespace)
-			}
-		})),
-		ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { r.providers.Trigger() })),
-		ctrl.On(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
-			AddFunc: func(obj any) { r.podChanged(obj) },
-			// What a pod references cannot change; where it runs changes
-			// once, when it is bound. Its status, written all the time,
-			// changes nothing here.
-			UpdateFunc: func(old, obj any) {
-				o, ok1 := old.(*referencingPod)
-				n, ok2 := obj.(*referencingPod)
-				if ok1 && ok2 && o.node != n.node {
-					r.podChanged(old)
-					r.podChanged(obj)
-				}
-			},
-			DeleteFunc: func(obj any) { r.podChanged(obj) },
-		}),
-		ctrl.On(&corev1.Service{}, ctrl.OnEvery(func(obj any) {
-			r.localChanged(kindService, obj)
-			r.serviceSlicesChanged(obj)
-		})),
-		ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })),
-	)
-	if err != nil {
-		return err
-	}
 	// A reference not read yet would make its object look unreferenced,
 	// and its reflection be deleted.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, r.local, "reflection", regs...)
-	if !synced {
-		return err
-	}
-	r.providers.Trigger()
-	wg.Go(func() { r.providers.Loop(ctx) })
-	wg.Go(func() { _ = r.objects.run(ctx) })
-	return r.ctrl.Run(ctx, cacheErr)
+	return r.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "reflection", Cache: r.local,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.NamespaceOffload{}, ctrl.OnEvery(func(obj any) {
+				if o, ok := obj.(*v1alpha1.NamespaceOffload); ok {
+					r.objects.offloadChanged(o.Namespace)
+					r.providers.OffloadChanged(o.Namespace)
+				}
+			})),
+			ctrl.On(&v1alpha1.Peer{}, ctrl.OnEvery(func(any) { r.providers.Trigger() })),
+			ctrl.On(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
+				AddFunc: func(obj any) { r.podChanged(obj) },
+				// What a pod references cannot change; where it runs changes
+				// once, when it is bound. Its status, written all the time,
+				// changes nothing here.
+				UpdateFunc: func(old, obj any) {
+					o, ok1 := old.(*referencingPod)
+					n, ok2 := obj.(*referencingPod)
+					if ok1 && ok2 && o.node != n.node {
+						r.podChanged(old)
+						r.podChanged(obj)
+					}
+				},
+				DeleteFunc: func(obj any) { r.podChanged(obj) },
+			}),
+			ctrl.On(&corev1.Service{}, ctrl.OnEvery(func(obj any) {
+				r.localChanged(kindService, obj)
+				r.serviceSlicesChanged(obj)
+			})),
+			ctrl.On(&discoveryv1.EndpointSlice{}, ctrl.OnEvery(func(obj any) { r.localChanged(kindEndpointSlice, obj) })),
+		},
+		Synced: func(ctx context.Context, wg *sync.WaitGroup) error {
+			r.providers.Trigger()
+			wg.Go(func() { r.providers.Loop(ctx) })
+			wg.Go(func() { _ = r.objects.run(ctx) })
+			return nil
+		},
+		Stopped: r.providers.StopAll,
+	})
 }
 
 // podChanged queues what a pod bound to a virtual node references.
@@ -480,7 +478,7 @@ func (r *Reflector) otherProviders(ns, provider string) []string {
 	providers := r.providers.Snapshot()
 	self := providers[provider]
 	for id, pp := range providers {
-		if id == provider || pp.remoteNamespace(ns) == "" || self != nil && pp.server == self.server {
+		if id == provider || pp.remoteNamespace(ns) == "" || self != nil && pp.session.Server() == self.session.Server() {
 			continue
 		}
 		out = append(out, id)

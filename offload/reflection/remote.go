@@ -1,7 +1,6 @@
 package reflection
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,14 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// reflectProvider is what a Reflector keeps for one provider: a client
-// with its credential, and per namespace mirrored there a cache of what
+// reflectProvider is what a Reflector keeps for one provider: the
+// session with it, and per namespace mirrored there a cache of what
 // this cluster reflected in it (LabelReflected only: a consumer may list
 // only in namespaces it has rights in, and foreign objects are looked up
 // when they stand in the way). A cache per namespace, so that a
@@ -33,11 +31,9 @@ type reflectProvider struct {
 	id     string
 	r      *Reflector
 	client client.Client
-	watch  *rest.Config // the client's config, without a timeout
-	// What the client was made against: a new token alone does not make
-	// a new one (currentToken), a new server, CA or tenant does.
-	server, tenant string
-	ca             []byte
+	// The session the caches were started over: a new token keeps it, a
+	// new server, CA or tenant does not.
+	session *remote.Session
 
 	mu     sync.Mutex
 	caches map[string]*remoteCache // by remote namespace
@@ -53,24 +49,12 @@ type remoteCache struct {
 	done   sync.WaitGroup
 }
 
-func (r *Reflector) newProvider(id string, c remote.ProviderCredential) (*reflectProvider, error) {
-	cfg := remote.ProviderConfig(id, r.cfg.Credentials, c.Config)
-	cl, err := client.New(cfg, client.Options{Scheme: reflectScheme(), Mapper: reflectMapper()})
-	if err != nil {
-		return nil, fmt.Errorf("client for %s at %s: %w", id, c.Grant.Server, err)
-	}
-	watch := rest.CopyConfig(cfg)
-	watch.Timeout = 0 // or the watches are cut
-	return &reflectProvider{
-		id: id, r: r, client: cl, watch: watch,
-		server: c.Grant.Server, tenant: c.Grant.Namespace, ca: c.Config.CAData,
-		caches: map[string]*remoteCache{},
-	}, nil
+func (r *Reflector) newProvider(id string, s *remote.Session) (*reflectProvider, error) {
+	return &reflectProvider{id: id, r: r, client: s.Client(), session: s, caches: map[string]*remoteCache{}}, nil
 }
 
-func (pp *reflectProvider) SameEndpoint(c remote.ProviderCredential) bool {
-	return c.Grant.Server == pp.server && c.Grant.Namespace == pp.tenant && bytes.Equal(c.Config.CAData, pp.ca)
-}
+// Session is the session the caches were started over.
+func (pp *reflectProvider) Session() *remote.Session { return pp.session }
 
 func (pp *reflectProvider) Watching() map[string]string {
 	pp.mu.Lock()
@@ -155,8 +139,7 @@ func (pp *reflectProvider) SyncNamespaces(want map[string]string) error {
 // newCache prepares the cache of remote namespace ns, mirrored for
 // local; start runs it.
 func (pp *reflectProvider) newCache(ns, local string) (rc *remoteCache, start func(), err error) {
-	c, err := cache.New(pp.watch, cache.Options{
-		Scheme: reflectScheme(), Mapper: reflectMapper(),
+	c, err := pp.session.NewCache(cache.Options{
 		DefaultNamespaces:    map[string]cache.Config{ns: {}},
 		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{offload.LabelReflected: "true"}),
 		DefaultTransform:     cache.TransformStripManagedFields(),

@@ -7,7 +7,6 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/flotilla-io/flotilla/offload/grant"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -24,25 +23,11 @@ type ProviderCredential struct {
 	Grant  grant.Grant
 }
 
-// ProviderClients are the clients of a provider: no client-side rate
+// ProviderConfig is base for writes to provider: no client-side rate
 // limit (its priority and fairness limits its tenants; a thousand pods
 // are a thousand creates), and the token of the credential held at each
-// request, so a renewed token needs no new watch.
-func ProviderClients(id string, creds Credentials, base *rest.Config) (write, watchClient kubernetes.Interface, err error) {
-	cfg := ProviderConfig(id, creds, base)
-	if write, err = kubernetes.NewForConfig(cfg); err != nil {
-		return nil, nil, err
-	}
-	wcfg := rest.CopyConfig(cfg)
-	wcfg.Timeout = 0 // or the watches are cut
-	if watchClient, err = kubernetes.NewForConfig(wcfg); err != nil {
-		return nil, nil, err
-	}
-	return write, watchClient, nil
-}
-
-// ProviderConfig is base for writes to provider, as ProviderClients
-// describes; a watch needs its Timeout cleared.
+// request, so a renewed token needs no new watch. A watch needs its
+// Timeout cleared.
 func ProviderConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
 	cfg := rest.CopyConfig(base)
 	cfg.QPS, cfg.Burst = -1, -1

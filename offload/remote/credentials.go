@@ -13,7 +13,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -258,13 +258,13 @@ func RestConfigOf(g grant.Grant) *rest.Config {
 // verifyCredential asks the provider who the credential is: it must
 // authenticate as the consumer's account in its tenant namespace.
 func verifyCredential(ctx context.Context, g grant.Grant) error {
-	cs, err := kubernetes.NewForConfig(RestConfigOf(g))
+	cs, err := authenticationv1client.NewForConfig(RestConfigOf(g))
 	if err != nil {
 		return fmt.Errorf("client for %s: %w", g.Server, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	r, err := cs.SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("the provider's API server at %s: %w", g.Server, err)
 	}

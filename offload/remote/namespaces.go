@@ -21,13 +21,12 @@ import (
 const providerResync = 10 * time.Second
 
 // Watcher is what a reflector keeps per provider: watches of the
-// namespaces mirrored for this cluster there, through the credential the
-// provider granted.
+// namespaces mirrored for this cluster there, over the session with it.
 type Watcher interface {
 	comparable
-	// SameEndpoint reports whether c reaches the provider the watches
-	// were started with.
-	SameEndpoint(ProviderCredential) bool
+	// Session is the session the watches were started over: a new
+	// session (the credential reaches another endpoint) restarts them.
+	Session() *Session
 	// SyncNamespaces watches want (remote name -> local name) and no
 	// other namespace.
 	SyncNamespaces(want map[string]string) error
@@ -38,17 +37,18 @@ type Watcher interface {
 }
 
 // NamespaceWatches keeps a Watcher for every Peer whose credential
-// this cluster holds, each watching the namespaces mirrored there: the
-// part podsync.Reflector and reflection.Reflector share.
+// this cluster holds, each watching the namespaces mirrored there over
+// the session with it: the part podsync.Reflector and
+// reflection.Reflector share.
 type NamespaceWatches[P Watcher] struct {
-	self        string
-	credentials Credentials
-	local       client.Reader // Peers and NamespaceOffloads
-	log         *slog.Logger
-	what        string // what is reflected, in logs
-	// start starts watching provider id; queue queues what local
+	self     string
+	sessions *Sessions
+	local    client.Reader // Peers and NamespaceOffloads
+	log      *slog.Logger
+	what     string // what is reflected, in logs
+	// start starts watching provider id over s; queue queues what local
 	// namespace ns holds for p, once its offloading changed.
-	start func(id string, c ProviderCredential) (P, error)
+	start func(id string, s *Session) (P, error)
 	queue func(p P, ns string)
 
 	// resync asks for the providers and their namespaces to be brought
@@ -62,10 +62,10 @@ type NamespaceWatches[P Watcher] struct {
 	dirty map[string]bool
 }
 
-func NewNamespaceWatches[P Watcher](self string, creds Credentials, local client.Reader, log *slog.Logger, what string,
-	start func(string, ProviderCredential) (P, error), queue func(P, string)) *NamespaceWatches[P] {
+func NewNamespaceWatches[P Watcher](self string, sessions *Sessions, local client.Reader, log *slog.Logger, what string,
+	start func(string, *Session) (P, error), queue func(P, string)) *NamespaceWatches[P] {
 	return &NamespaceWatches[P]{
-		self: self, credentials: creds, local: local, log: log, what: what, start: start, queue: queue,
+		self: self, sessions: sessions, local: local, log: log, what: what, start: start, queue: queue,
 		resync: make(chan struct{}, 1), providers: map[string]P{}, dirty: map[string]bool{},
 	}
 }
@@ -132,19 +132,24 @@ func (w *NamespaceWatches[P]) sync(ctx context.Context) error {
 	if err := w.local.List(ctx, &offloads); err != nil {
 		return fmt.Errorf("list NamespaceOffloads: %w", err)
 	}
-	want := map[string]ProviderCredential{}
+	want := map[string]*Session{}
+	var errs []error
 	for _, p := range peers.Items {
 		if p.Name == w.self || identity.ValidateClusterID(p.Name) != nil {
 			continue
 		}
-		if cfg, g, err := w.credentials.Credential(p.Name); err == nil {
-			want[p.Name] = ProviderCredential{Config: cfg, Grant: g}
+		s, err := w.sessions.Of(p.Name)
+		switch {
+		case err == nil:
+			want[p.Name] = s
+		case !errors.Is(err, ErrNoCredential):
+			errs = append(errs, err)
 		}
 	}
 	var stopping []P
 	w.mu.Lock()
 	for id, p := range w.providers {
-		if c, ok := want[id]; !ok || !p.SameEndpoint(c) {
+		if s, ok := want[id]; !ok || p.Session() != s {
 			stopping = append(stopping, p)
 			delete(w.providers, id)
 		}
@@ -156,12 +161,11 @@ func (w *NamespaceWatches[P]) sync(ctx context.Context) error {
 	if len(stopping) > 0 {
 		w.log.Info("stopped reflecting "+w.what+" to providers", "stopped", len(stopping))
 	}
-	var errs []error
-	for id, c := range want {
+	for id, s := range want {
 		if _, ok := w.Get(id); ok {
 			continue
 		}
-		p, err := w.start(id, c)
+		p, err := w.start(id, s)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -169,7 +173,7 @@ func (w *NamespaceWatches[P]) sync(ctx context.Context) error {
 		w.mu.Lock()
 		w.providers[id] = p
 		w.mu.Unlock()
-		w.log.Info("reflecting "+w.what+" to a provider", "peer", id, "server", c.Grant.Server)
+		w.log.Info("reflecting "+w.what+" to a provider", "peer", id, "server", s.Server())
 	}
 	w.mu.Lock()
 	dirty := w.dirty

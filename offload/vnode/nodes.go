@@ -202,34 +202,25 @@ func (v *Nodes) Ready(provider string) bool {
 // Run watches Peers and the virtual nodes and reconciles until ctx ends;
 // it returns once every goroutine it started has.
 func (v *Nodes) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		v.queue.ShutDown()
-		wg.Wait()
-	}()
-	regs, err := ctrl.AddWatches(ctx, v.cache, "virtual nodes",
-		ctrl.On(&v1alpha1.Peer{}, v.events(func(obj any) string { return obj.(*v1alpha1.Peer).Name })),
-		ctrl.On(&corev1.Node{}, v.events(func(obj any) string { return obj.(*corev1.Node).Labels[offload.LabelClusterID] })),
-	)
-	if err != nil {
-		return err
-	}
 	// A Node whose Peer is not read yet would look unwanted and be deleted.
-	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, v.cache, "virtual nodes", regs...)
-	if !synced {
-		return err
-	}
-	server, err := v.cfg.Client.Discovery().ServerVersion()
-	if err != nil {
-		v.log.Warn("the API server's version is unknown; virtual nodes report the release the agent is built with", "err", err)
-		server = &apiversion.Info{}
-	}
-	v.kubeletVersion = virtualNodeKubeletVersion(server.GitVersion)
-	v.log.Info("keeping a virtual node for each provider that granted offloading",
-		"address", v.cfg.Address, "kubeletPort", v.cfg.KubeletPort, "version", v.kubeletVersion)
-	return v.ctrl.Run(ctx, cacheErr)
+	return v.ctrl.RunWithCache(ctx, ctrl.Start{
+		What: "virtual nodes", Cache: v.cache,
+		Watches: []ctrl.Watch{
+			ctrl.On(&v1alpha1.Peer{}, v.events(func(obj any) string { return obj.(*v1alpha1.Peer).Name })),
+			ctrl.On(&corev1.Node{}, v.events(func(obj any) string { return obj.(*corev1.Node).Labels[offload.LabelClusterID] })),
+		},
+		Synced: func(context.Context, *sync.WaitGroup) error {
+			server, err := v.cfg.Client.Discovery().ServerVersion()
+			if err != nil {
+				v.log.Warn("the API server's version is unknown; virtual nodes report the release the agent is built with", "err", err)
+				server = &apiversion.Info{}
+			}
+			v.kubeletVersion = virtualNodeKubeletVersion(server.GitVersion)
+			v.log.Info("keeping a virtual node for each provider that granted offloading",
+				"address", v.cfg.Address, "kubeletPort", v.cfg.KubeletPort, "version", v.kubeletVersion)
+			return nil
+		},
+	})
 }
 
 // events queue the provider an object is about. Every change counts: a

@@ -26,6 +26,7 @@ import (
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/policy"
 )
@@ -243,7 +244,6 @@ func (f *Feed) Synced() error {
 func (f *Feed) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var regs []toolscache.ResourceEventHandlerRegistration
 	handler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { f.changed() },
 		UpdateFunc: func(old, obj any) {
@@ -256,49 +256,32 @@ func (f *Feed) Run(ctx context.Context) error {
 	// Only the tenants' pods are read (read): a consumer's own pods, the
 	// 1000 it offloads say, would start a pass at each of their changes.
 	podHandler := toolscache.FilteringResourceEventHandler{FilterFunc: f.tenantPod, Handler: handler}
-	for _, obj := range []client.Object{
-		&corev1.Namespace{}, &corev1.Pod{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
-		&v1alpha1.NamespaceOffload{}, &mcsv1alpha1.ServiceExport{}, &v1alpha1.Peer{},
-	} {
+	regs, err := ctrl.AddWatches(ctx, f.cache, "traffic policy",
+		ctrl.On(&corev1.Namespace{}, handler), ctrl.On(&corev1.Pod{}, podHandler),
+		ctrl.On(&corev1.Service{}, handler), ctrl.On(&discoveryv1.EndpointSlice{}, handler),
+		ctrl.On(&v1alpha1.NamespaceOffload{}, handler), ctrl.On(&mcsv1alpha1.ServiceExport{}, handler),
+		ctrl.On(&v1alpha1.Peer{}, handler),
+	)
+	if err != nil {
+		return err
+	}
+	for obj, store := range map[client.Object]*toolscache.Indexer{&corev1.Pod{}: &f.pods, &corev1.Namespace{}: &f.namespaces} {
 		inf, err := f.cache.GetInformer(ctx, obj)
 		if err != nil {
 			return fmt.Errorf("traffic policy: watch %T: %w", obj, err)
 		}
-		var store *toolscache.Indexer
-		var h toolscache.ResourceEventHandler = handler
-		switch obj.(type) {
-		case *corev1.Pod:
-			store, h = &f.pods, podHandler
-		case *corev1.Namespace:
-			store = &f.namespaces
+		withStore, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
+		if !ok {
+			return fmt.Errorf("traffic policy: the informer of %T (%T) has no store to read", obj, inf)
 		}
-		if store != nil {
-			withStore, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
-			if !ok {
-				return fmt.Errorf("traffic policy: the informer of %T (%T) has no store to read", obj, inf)
-			}
-			*store = withStore.GetIndexer()
-		}
-		reg, err := inf.AddEventHandler(h)
-		if err != nil {
-			return fmt.Errorf("traffic policy: watch %T: %w", obj, err)
-		}
-		regs = append(regs, reg)
+		*store = withStore.GetIndexer()
 	}
-	cacheErr := make(chan error, 1)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Go(func() { cacheErr <- f.cache.Start(ctx) })
-	if !toolscache.WaitForCacheSync(ctx.Done(), hasSynced(regs)...) {
-		select {
-		case err := <-cacheErr:
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("traffic policy: watch: %w", err)
-			}
-		default:
-		}
-		return nil
+	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, f.cache, "traffic policy", regs...)
+	if !synced {
+		return err
 	}
 	f.log.Info("informers synced; deciding the Segregated peers' sets", "default", f.cfg.Default)
 	f.mu.Lock()
@@ -341,14 +324,6 @@ func (f *Feed) Run(ctx context.Context) error {
 			failing = ""
 		}
 	}
-}
-
-func hasSynced(regs []toolscache.ResourceEventHandlerRegistration) []toolscache.InformerSynced {
-	out := make([]toolscache.InformerSynced, len(regs))
-	for i, r := range regs {
-		out[i] = r.HasSynced
-	}
-	return out
 }
 
 // changedForTraffic says whether an update can change a decision: pods'
