@@ -152,6 +152,9 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 			return nil, err
 		}
 	}
+	if err := cp.installDNS(); err != nil {
+		return nil, err
+	}
 	images := []string{}
 	for _, img := range []string{PauseImage, TestServerImage} {
 		path, err := imageTarball(img)
@@ -160,6 +163,11 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		}
 		images = append(images, path)
 	}
+	dns, err := coreDNSImageTarball()
+	if err != nil {
+		return nil, err
+	}
+	images = append(images, dns)
 	images = append(images, opts.Images...)
 
 	ns, err := e.newNetns(cp.Name + "-" + name)
@@ -246,6 +254,21 @@ func (n *Node) setUpNetwork() error {
 	}
 	if err := n.forwardFromHost(n.cp.Addr); err != nil {
 		return fmt.Errorf("relay the API server into %s: %w", n.Name, err)
+	}
+	// The service range out of eth0, as a real node's default route takes
+	// it: without a route a process of the node's own network (CoreDNS
+	// forwarding to a ClusterIP, say) fails before kube-proxy's rules
+	// rewrite the destination.
+	svc := n.cp.Options.ServiceCIDR
+	eth0, err := n.nl.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := n.nl.RouteReplace(&netlink.Route{
+		Dst:       &net.IPNet{IP: svc.Addr().AsSlice(), Mask: net.CIDRMask(svc.Bits(), svc.Addr().BitLen())},
+		LinkIndex: eth0.Attrs().Index, Scope: netlink.SCOPE_LINK,
+	}); err != nil {
+		return fmt.Errorf("route the service range %s on node %s: %w", svc, n.NodeName, err)
 	}
 	n.cp.egress.route(netip.PrefixFrom(n.Addr, 32), n.Netns)
 	return nil
@@ -391,7 +414,7 @@ func (n *Node) startKubelet(role string) error {
 	if err := cp.writeClientKubeconfig(n.paths.kubeletKubeconfig, "system:node:"+n.NodeName, "system:nodes"); err != nil {
 		return err
 	}
-	cfg, err := kubeletConfig(n.paths, cp.pki.caCert, "/"+n.cgroup, n.Addr)
+	cfg, err := kubeletConfig(n.paths, cp.pki.caCert, "/"+n.cgroup, n.Addr, cp.DNSAddr())
 	if err != nil {
 		return err
 	}
@@ -636,6 +659,7 @@ func (cp *ControlPlane) drainNodes() {
 		cp.nodesMu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
+		cp.stopDNS(ctx)
 		var wg sync.WaitGroup
 		for _, n := range nodes {
 			wg.Add(1)
