@@ -117,7 +117,7 @@ func TestChaos(t *testing.T) {
 		// tunnels, views and agents are not part of it.
 		o.broken += lossOutside(t, unanswered, touched)
 		connected := time.Now()
-		o.broken = during + checkOffload(t, f.cs, f.pairs, offloadSettle)
+		o.broken += during + checkOffload(t, f.cs, f.pairs, offloadSettle)
 		o.settled = time.Since(connected)
 		if f.afterHeal != nil {
 			o.broken += f.afterHeal(t)
