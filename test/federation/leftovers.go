@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -57,7 +58,7 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 		revokeAll(t, c)
 	}
 	for _, c := range installed {
-		if out, err := KubectlTimeout(c.CP, 3*time.Minute, "delete", "-k", c.Install, "--wait", "--timeout=150s"); err != nil {
+		if out, err := KubectlTimeout(c.CP, 3*time.Minute, "delete", "-k", c.Install, "--ignore-not-found", "--wait", "--timeout=150s"); err != nil {
 			t.Fatalf("uninstall %s: kubectl delete -k %s: %v\n%s", c.Name, c.Install, err, out)
 		}
 		out, err := c.Gateway.Exec(context.Background(), harness.Flotilla(t), "cleanup", "--wireguard-interface", c.iface)
@@ -90,7 +91,11 @@ func unoffloadAll(t harness.TB, c *NodeCluster) {
 	t.Helper()
 	ctx := context.Background()
 	var list v1alpha1.NamespaceOffloadList
-	if err := c.Client.List(ctx, &list); err != nil {
+	err := c.Client.List(ctx, &list)
+	if gone(err) {
+		return // uninstalled by the test already
+	}
+	if err != nil {
 		t.Fatalf("uninstall %s: NamespaceOffloads: %v", c.Name, err)
 	}
 	for _, o := range list.Items {
@@ -117,6 +122,9 @@ func revokeAll(t harness.TB, c *NodeCluster) {
 	t.Helper()
 	ctx := context.Background()
 	peers, err := c.Peers(ctx)
+	if gone(err) {
+		return // uninstalled by the test already
+	}
 	if err != nil {
 		t.Fatalf("uninstall %s: Peers: %v", c.Name, err)
 	}
@@ -138,6 +146,12 @@ func revokeAll(t harness.TB, c *NodeCluster) {
 		}
 		return nil
 	})
+}
+
+// gone says whether err means our kinds are not served: the CRDs were
+// deleted, by an uninstall the test made itself.
+func gone(err error) bool {
+	return err != nil && (meta.IsNoMatchError(err) || apierrors.IsNotFound(err))
 }
 
 // LeftBehind lists what of an agent is left in c: API objects labelled
