@@ -383,6 +383,13 @@ func (w *Webhook) syncConfig(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("placement webhook: %w", err)
 	}
+	if owner == "" {
+		// No CRD, so no NamespaceOffload and nothing to place. Applied
+		// now, the configuration would lose its owner and outlive
+		// `kubectl delete -k deploy/`, which deletes the CRD while the
+		// agent still runs.
+		return nil
+	}
 	bundle := w.certs.Bundle()
 	if err := ApplyConfiguration(ctx, w.kube, Configuration(w.url, bundle, w.cfg.AgentNamespace, owner)); err != nil {
 		return fmt.Errorf("placement webhook: %w", err)

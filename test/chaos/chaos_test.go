@@ -9,6 +9,7 @@ package chaos_test
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -100,7 +101,9 @@ func TestChaos(t *testing.T) {
 		t.Logf("fault %d: %s of %s after %s", i+1, k.name, victim.Name, wait)
 		traffic := startTraffic(t, f.cs, i+1)
 		time.Sleep(wait)
+		agents := agentsOf(f.cs)
 		during := k.inject(t, f, victim)
+		touched := touchedBy(f.cs, victim, agents)
 		healed := time.Now()
 		// A restarted agent's Peers still read Connected from before its
 		// death: converged means it serves again and every pair is
@@ -108,9 +111,13 @@ func TestChaos(t *testing.T) {
 		waitReady(t, victim, 2*time.Minute)
 		waitConnected(t, f.cs, 2*time.Minute)
 		o := outcome{converge: time.Since(healed)}
-		o.lost = traffic.stop(t)
+		var unanswered map[string]int
+		o.lost, unanswered = traffic.stop(t)
+		// What a fault of some clusters costs the others: nothing. Their
+		// tunnels, views and agents are not part of it.
+		o.broken += lossOutside(t, unanswered, touched)
 		connected := time.Now()
-		o.broken = during + checkOffload(t, f.cs, f.pairs, offloadSettle)
+		o.broken += during + checkOffload(t, f.cs, f.pairs, offloadSettle)
 		o.settled = time.Since(connected)
 		if f.afterHeal != nil {
 			o.broken += f.afterHeal(t)
@@ -171,7 +178,48 @@ func readyWithin(c *federation.Cluster, within time.Duration) error {
 // other.
 type traffic struct {
 	pings []*harness.Process
+	// dirs[i] is the direction of pings[i], "from>to" by cluster name.
+	dirs  []string
 	start time.Time
+}
+
+// agentsOf is every cluster's agent process, to tell after a fault whose
+// agent it restarted.
+func agentsOf(cs []*federation.Cluster) map[*federation.Cluster]*harness.Process {
+	out := map[*federation.Cluster]*harness.Process{}
+	for _, c := range cs {
+		out[c] = c.Agent
+	}
+	return out
+}
+
+// touchedBy is the names of the clusters a fault acted on: the victim and
+// every cluster whose agent it restarted (a neighbour killed
+// mid-negotiation, the side killed mid-grant or mid-offload).
+func touchedBy(cs []*federation.Cluster, victim *federation.Cluster, before map[*federation.Cluster]*harness.Process) map[string]bool {
+	out := map[string]bool{victim.Name: true}
+	for _, c := range cs {
+		if c.Agent != before[c] {
+			out[c.Name] = true
+		}
+	}
+	return out
+}
+
+// lossOutside returns how many directions between clusters the fault did
+// not touch lost a ping, logging each: none may (docs/reliability.md,
+// "What bounds each fault").
+func lossOutside(t *testing.T, unanswered map[string]int, touched map[string]bool) int {
+	t.Helper()
+	broken := 0
+	for dir, n := range unanswered {
+		from, to, _ := strings.Cut(dir, ">")
+		if n > 0 && !touched[from] && !touched[to] {
+			t.Errorf("%s lost %d pings, but the fault touched only %v", dir, n, slices.Sorted(maps.Keys(touched)))
+			broken++
+		}
+	}
+	return broken
 }
 
 func startTraffic(t *testing.T, cs []*federation.Cluster, round int) *traffic {
@@ -187,6 +235,7 @@ func startTraffic(t *testing.T, cs []*federation.Cluster, round int) *traffic {
 			name := fmt.Sprintf("ping-%d-%s-%s", round, from.Name, to.Name)
 			interval := strconv.FormatFloat(pingInterval.Seconds(), 'f', -1, 64)
 			tr.pings = append(tr.pings, from.Pod.Start(name, "ping", "-n", "-i", interval, "-W", "1", dst.String()))
+			tr.dirs = append(tr.dirs, from.Name+">"+to.Name)
 		}
 	}
 	return tr
@@ -195,17 +244,19 @@ func startTraffic(t *testing.T, cs []*federation.Cluster, round int) *traffic {
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
 // stop ends the pings and returns the time without answers, summed over
-// the directions: the pings left unanswered times the interval. Pings
+// the directions (the pings left unanswered times the interval), and the
+// pings left unanswered per direction. Pings
 // that could not even be sent (no route) count: ping counts them as
 // transmitted, with an error. Not the time the pings ran less the answers:
 // on a loaded machine ping paces slower than asked, and that counted
 // seconds lost where every ping was answered.
-func (tr *traffic) stop(t *testing.T) time.Duration {
+func (tr *traffic) stop(t *testing.T) (time.Duration, map[string]int) {
 	t.Helper()
 	ran := time.Since(tr.start)
 	var lost time.Duration
 	var each []string
-	for _, p := range tr.pings {
+	unanswered := map[string]int{}
+	for i, p := range tr.pings {
 		if err := p.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -217,12 +268,13 @@ func (tr *traffic) stop(t *testing.T) time.Duration {
 		sent, _ := strconv.Atoi(m[1])
 		got, _ := strconv.Atoi(m[2])
 		lost += time.Duration(sent-got) * pingInterval
+		unanswered[tr.dirs[i]] = sent - got
 		if sent != got {
 			each = append(each, fmt.Sprintf("%s %d of %d unanswered", strings.TrimPrefix(p.Name, "ping-"), sent-got, sent))
 		}
 	}
 	t.Logf("traffic over %s: %s", ran.Round(10*time.Millisecond), cmp.Or(strings.Join(each, ", "), "every ping answered"))
-	return lost
+	return lost, unanswered
 }
 
 // table is the report: per fault kind, how often, time to Connected, time

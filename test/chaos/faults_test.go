@@ -73,32 +73,7 @@ var faults = []fault{
 		}
 		return broken
 	}},
-	{"disk-full", func(t *testing.T, f *fed, v *federation.Cluster) int {
-		// The ledger's disk full while the victim must record something
-		// new: a long partition makes it release its views and, once
-		// healed, negotiate again; then it is restarted on the full disk,
-		// as a pod would be. It must say why a write fails, keep its
-		// tunnels, start and serve on, and recover once space returns.
-		filler := harness.FillDisk(t, v.StateDir)
-		f.partition(t, v, grace+5*time.Second)
-		v.Agent.Kill()
-		<-v.Agent.Done()
-		v.StartAgent(t)
-		broken := 0
-		if err := readyWithin(v, 2*time.Minute); err != nil {
-			t.Errorf("agent of %s restarted on a full disk: %v\n%s", v.Name, err, v.Agent.Tail(20))
-			broken++
-		}
-		if strings.Contains(v.Agent.Log(), "no space left on device") {
-			t.Logf("agent of %s had a write refused for space (see its log)", v.Name)
-		} else {
-			t.Logf("agent of %s had no write refused for space: the ledger's writes fit in the pages its file had", v.Name)
-		}
-		if err := os.Remove(filler); err != nil {
-			t.Fatal(err)
-		}
-		return broken
-	}},
+	{"disk-full", diskFull},
 	{"clock-skew", func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// The victim's clock minutes off, ahead or behind in turn, then
 		// put right: both are restarts (the skew is read at start), and

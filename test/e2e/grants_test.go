@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +21,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/test/federation"
@@ -146,13 +150,17 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		})
 	})
 
-	t.Run("flotilla revoke: the grant's tokens get 401 and the consumer says Revoked", func(t *testing.T) {
-		// A token of the grant, as the provider issues them.
-		token := grantToken(t, prov, consID)
-		cfg := &rest.Config{Host: "https://" + prov.CP.Addr.String(), BearerToken: token,
-			TLSClientConfig: rest.TLSClientConfig{CAData: prov.CP.Config.CAData}}
-		if err := whoAmI(cfg); err != nil {
-			t.Fatalf("a token of the grant before revoke: %v", err)
+	t.Run("flotilla revoke: the consumer's credential gets 401 and the consumer says Revoked", func(t *testing.T) {
+		provID := peerID(t, cons, prov.Name)
+		// The credential cons's agent holds, as it was delivered: from its
+		// ledger, opened with its own identity.
+		held := heldCredential(t, cons, provID)
+		// Reached at the address the test can dial, checked against the
+		// CA the grant carried.
+		cfg := &rest.Config{Host: "https://" + prov.CP.Addr.String(), BearerToken: held.Token.Reveal(),
+			TLSClientConfig: rest.TLSClientConfig{CAData: held.CAData}}
+		if user, err := whoIs(cfg); err != nil || user != offload.ConsumerUser(consID) {
+			t.Fatalf("%s's credential from %s before revoke: user %q (err %v), want %s", cons.Name, prov.Name, user, err, offload.ConsumerUser(consID))
 		}
 		out, err := flotillaCLI(t, prov, "revoke", cons.Name)
 		start := time.Now()
@@ -162,12 +170,15 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		deadline := time.Now().Add(10 * time.Second)
 		for err := whoAmI(cfg); !apierrors.IsUnauthorized(err); err = whoAmI(cfg) {
 			if time.Now().After(deadline) {
-				t.Fatalf("a token of the grant 10 s after revoke: %v, want 401", err)
+				t.Fatalf("%s's credential from %s 10 s after revoke: %v, want 401", cons.Name, prov.Name, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		t.Logf("401 %s after flotilla revoke returned", time.Since(start).Round(time.Millisecond))
 		waitCondition(t, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Revoked", 30*time.Second)
+		if g, ok := credentialIn(t, cons, provID); ok {
+			t.Errorf("%s's ledger still holds a credential from %s after revoke (serial %d, was %d)", cons.Name, prov.Name, g.Serial, held.Serial)
+		}
 		deadline = time.Now().Add(60 * time.Second)
 		for {
 			_, err := prov.CP.Client.CoreV1().Namespaces().Get(context.Background(), tenant, metav1.GetOptions{})
@@ -343,33 +354,62 @@ func flotillaCLI(t testing.TB, c *federation.NodeCluster, args ...string) (strin
 	return string(out), err
 }
 
-// grantToken issues a token of consumer's grant on c, as its agent does.
-func grantToken(t *testing.T, c *federation.NodeCluster, consumer string) string {
-	t.Helper()
-	ns := offload.TenantNamespace(consumer)
-	sec, err := c.CP.Client.CoreV1().Secrets(ns).Get(context.Background(), offload.GrantSecret, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the grant's Secret on %s: %v", c.Name, err)
-	}
-	life := int64(600)
-	tr, err := c.CP.Client.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), offload.ConsumerServiceAccount, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			Audiences: []string{offload.DefaultAudience}, ExpirationSeconds: &life,
-			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: sec.Name, UID: sec.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("a token of the grant on %s: %v", c.Name, err)
-	}
-	return tr.Status.Token
-}
-
 // whoAmI makes a request with cfg's credential.
 func whoAmI(cfg *rest.Config) error {
+	_, err := whoIs(cfg)
+	return err
+}
+
+// whoIs is the user the API server of cfg authenticates its credential as.
+func whoIs(cfg *rest.Config) (string, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return err
+		return "", err
 	}
-	_, err = cs.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	return err
+	r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return r.Status.UserInfo.Username, nil
+}
+
+// heldCredential is the grant of provider that c's agent holds in its
+// ledger; the test fails when there is none.
+func heldCredential(t *testing.T, c *federation.NodeCluster, provider string) grant.Grant {
+	t.Helper()
+	g, ok := credentialIn(t, c, provider)
+	if !ok {
+		t.Fatalf("%s's ledger holds no credential from %s", c.Name, provider)
+	}
+	return g
+}
+
+// credentialIn reads the grant of provider held in c's ledger (a
+// snapshot: the running agent holds the file), opened with c's identity
+// from the same ledger, as the agent opens it when it starts.
+func credentialIn(t *testing.T, c *federation.NodeCluster, provider string) (grant.Grant, bool) {
+	t.Helper()
+	l, err := ipam.OpenSnapshot(filepath.Join(c.StateDir, ipam.FileName))
+	if err != nil {
+		t.Fatalf("%s's ledger: %v", c.Name, err)
+	}
+	defer l.Close()
+	seed, err := l.Key("identity")
+	if err != nil {
+		t.Fatalf("%s's identity in its ledger: %v", c.Name, err)
+	}
+	id, err := identity.FromSeed(seed)
+	if err != nil {
+		t.Fatalf("%s's identity in its ledger: %v", c.Name, err)
+	}
+	grants, problems, err := grant.NewStore(id, l).Load(time.Now())
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("%s's grants in its ledger: %v %v", c.Name, problems, err)
+	}
+	for _, g := range grants {
+		if g.Provider == provider {
+			return g, true
+		}
+	}
+	return grant.Grant{}, false
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -144,11 +145,46 @@ func TestWorkloadOffload(t *testing.T) {
 	t.Run("placement: LocalAndRemote picks selected providers and local nodes; Local stays; contradictions are refused", func(t *testing.T) {
 		createNamespace(t, a, "mixed")
 		offloadNamespace(t, a, "mixed", "--selector", "region=a", "--pods", "LocalAndRemote")
-		federation.CreateDeployment(t, a, "mixed", "web", 4, nil)
-		pods := waitPods(t, a, "mixed", "app=web", 4, 90*time.Second, scheduled)
+		// Spread evenly over the nodes the strategy allows: a's one
+		// local node and b's virtual node, two pods each. A strategy
+		// that allowed only one of them would leave pods Pending (the
+		// taint keeps an untolerating pod off the virtual node, which
+		// the spread still counts) or put all four on it.
+		vnode := offload.VirtualNodeName(bID)
+		createSpreadDeployment(t, a, "mixed", "web", 4)
+		pods := waitPods(t, a, "mixed", "app=web", 4, 90*time.Second, runningOnAny(vnode, a.Gateway.NodeName))
+		byNode := map[string][]corev1.Pod{}
 		for _, p := range pods {
-			if p.Spec.NodeName != offload.VirtualNodeName(bID) && p.Spec.NodeName != a.Gateway.NodeName {
-				t.Errorf("LocalAndRemote pod %s on node %s, want %s's virtual node or a local node", p.Name, p.Spec.NodeName, b.Name)
+			byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], p)
+		}
+		if len(byNode[vnode]) == 0 || len(byNode[a.Gateway.NodeName]) == 0 {
+			t.Fatalf("LocalAndRemote pods: %d on %s's virtual node, %d on the local node %s; want both", len(byNode[vnode]), b.Name, len(byNode[a.Gateway.NodeName]), a.Gateway.NodeName)
+		}
+		// Where each runs, from the provider's pod list and from who
+		// answers at the pod's address on a.
+		mixed := remote("mixed")
+		theirs := remotePods(t, b, mixed, len(byNode[vnode]))
+		for _, p := range pods {
+			r, onB := theirs[p.Name]
+			offloaded := p.Spec.NodeName == vnode
+			switch {
+			case offloaded && !onB:
+				t.Errorf("pod %s is on %s's virtual node but not in %s on %s", p.Name, b.Name, mixed, b.Name)
+				continue
+			case !offloaded && onB:
+				t.Errorf("pod %s is on the local node but also runs on %s", p.Name, b.Name)
+			case offloaded:
+				if origin := r.Annotations[offload.AnnotationOrigin]; origin != p.Namespace+"/"+p.Name+"/"+string(p.UID) {
+					t.Errorf("pod %s on %s comes from %q, want a's pod %s", r.Name, b.Name, origin, p.Name)
+				}
+				if err := federation.PodReady(r); err != nil {
+					t.Errorf("pod %s on %s: %v", r.Name, b.Name, err)
+				}
+			}
+			url := fmt.Sprintf("http://%s:%d/hostname", p.Status.PodIP, harness.TestServerHTTPPort)
+			out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
+			if err != nil || strings.TrimSpace(out) != p.Name {
+				t.Errorf("GET %s from a's pod (pod %s on %s): %q (err %v), want the pod's name", url, p.Name, p.Spec.NodeName, out, err)
 			}
 		}
 
@@ -322,6 +358,40 @@ func runningOn(node string) podCheck {
 			return fmt.Errorf("pod %s on node %q, want %s", p.Name, p.Spec.NodeName, node)
 		}
 		return federation.PodReady(p)
+	}
+}
+
+// runningOnAny: the pod is on one of nodes, Running and Ready.
+func runningOnAny(nodes ...string) podCheck {
+	return func(p corev1.Pod) error {
+		if !slices.Contains(nodes, p.Spec.NodeName) {
+			return fmt.Errorf("pod %s on node %q, want one of %v", p.Name, p.Spec.NodeName, nodes)
+		}
+		return federation.PodReady(p)
+	}
+}
+
+// createSpreadDeployment creates a Deployment of n test server pods in ns
+// on c, labelled app=name, spread over the nodes they may run on with a
+// skew of at most one (a pod that cannot keep it stays Pending).
+func createSpreadDeployment(t *testing.T, c *federation.NodeCluster, ns, name string, n int32) {
+	t.Helper()
+	labels := map[string]string{"app": name}
+	spec := federation.TestPodSpec(nil)
+	spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+		MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+		LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+	}}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &n,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec},
+		},
+	}
+	if _, err := c.CP.Client.AppsV1().Deployments(ns).Create(context.Background(), d, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create Deployment %s/%s on %s: %v", ns, name, c.Name, err)
 	}
 }
 

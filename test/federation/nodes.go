@@ -212,6 +212,9 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		}
 		cs = append(cs, nc)
 	}
+	// Run before the nodes and control planes stop (cleanups run last
+	// first): no test can forget to check what the agents leave.
+	t.Cleanup(func() { checkUninstall(t, cs) })
 	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
 	for _, c := range cs {
 		c.createWeb(t, c.Gateway, WebPod)

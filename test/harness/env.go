@@ -130,6 +130,12 @@ func (e *Env) finish() {
 	}
 	os.Remove(filepath.Join(lockDir, e.RunID+".lock"))
 	e.lock.Close()
+	// Every test's teardown, so that none can forget it: the run's
+	// processes, namespaces, directories, mounts, cgroups and files must
+	// all be gone.
+	if left := Leftovers(e.RunID); len(left) > 0 {
+		e.t.Fatalf("harness: run %s left behind: %v", e.RunID, left)
+	}
 }
 
 func newRunID() (string, error) {
