@@ -266,8 +266,11 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 		if derived.Spec.ClusterIP != "" && len(derived.Spec.ClusterIPs) == len(derived.Spec.IPFamilies) {
 			spec.IPs, spec.IPFamilies = slices.Clone(derived.Spec.ClusterIPs), slices.Clone(derived.Spec.IPFamilies)
 		}
-	} else if err := s.removeDerived(ctx, k.Namespace, k.Name); err != nil {
-		return err
+	} else {
+		spec.IPFamilies = endpointFamilies(sources)
+		if err := s.removeDerived(ctx, k.Namespace, k.Name); err != nil {
+			return err
+		}
 	}
 	if !reflect.DeepEqual(si.Spec, spec) {
 		si.Spec = spec
@@ -279,6 +282,35 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 		return err
 	}
 	return s.writeImportStatus(ctx, si, sources, r)
+}
+
+// endpointFamilies are the IP families of a headless import, which has
+// no ClusterSetIP to take them from: those of the exports' endpoints,
+// IPv4 first; with no endpoint yet, IPv4, the one family the tunnels
+// carry between clusters.
+func endpointFamilies(sources []Source) []corev1.IPFamily {
+	var v4, v6 bool
+	for _, src := range sources {
+		for _, sl := range src.Export.Slices {
+			for _, e := range sl.Endpoints {
+				for _, a := range e.Addresses {
+					if a.Unmap().Is4() {
+						v4 = true
+					} else {
+						v6 = true
+					}
+				}
+			}
+		}
+	}
+	var out []corev1.IPFamily
+	if v4 || !v6 {
+		out = append(out, corev1.IPv4Protocol)
+	}
+	if v6 {
+		out = append(out, corev1.IPv6Protocol)
+	}
+	return out
 }
 
 // ensureDerived creates or updates the derived Service of si and returns

@@ -368,8 +368,9 @@ func TestExportImport(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if im.si.Spec.Type != mcsv1alpha1.Headless || len(im.si.Spec.IPs) != 0 {
-				return fmt.Errorf("type %s, ips %v", im.si.Spec.Type, im.si.Spec.IPs)
+			// No ClusterSetIP, but the family of the addresses it resolves to.
+			if im.si.Spec.Type != mcsv1alpha1.Headless || len(im.si.Spec.IPs) != 0 || !slices.Equal(im.si.Spec.IPFamilies, []corev1.IPFamily{corev1.IPv4Protocol}) {
+				return fmt.Errorf("type %s, ips %v, IP families %v", im.si.Spec.Type, im.si.Spec.IPs, im.si.Spec.IPFamilies)
 			}
 			return im.usable(map[string][]string{B: {"10.201.0.11"}})
 		})
