@@ -52,7 +52,7 @@ type NodeCluster struct {
 	env        *harness.Env
 	settings   agentSettings // the agent's, as last installed
 	lan        *harness.LAN
-	image      string // the agent's image tarball, imported into every node
+	images     []string // the agent's image tarball and NodeOptions.Images, imported into every node
 	masquerade harness.Masquerade
 }
 
@@ -61,7 +61,7 @@ type NodeCluster struct {
 // them once Ready.
 func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
 	t.Helper()
-	nodes := c.CP.StartNodes(harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}, names...)
+	nodes := c.CP.StartNodes(harness.NodeOptions{Network: c.lan, Role: "worker", Images: c.images}, names...)
 	for _, n := range nodes {
 		if err := n.InstallMasquerade(c.masquerade); err != nil {
 			t.Fatalf("cluster %s: %v", c.Name, err)
@@ -108,6 +108,9 @@ type NodeOptions struct {
 	// install: the test installs it with InstallAgent, as a cluster that
 	// joins the federation after the others.
 	Later []int
+	// Images are more image tarballs imported into every node of every
+	// cluster (AddWorkers' too), for pods that run without a registry.
+	Images []string
 }
 
 // OnNodes starts opts.Clusters clusters of real nodes: per cluster a
@@ -148,7 +151,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]]
 	for i, cp := range cps {
 		first[i] = len(specs)
-		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}}
+		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: append([]string{image}, opts.Images...)}
 		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
 		node.Role = "worker"
 		for w := range workers[i] {
@@ -169,7 +172,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway: nodes[first[i]],
 			Workers: nodes[first[i]+1 : first[i+1]],
-			env:     env, lan: lan, image: image, masquerade: opts.Masquerade,
+			env:     env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
 		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
