@@ -11,7 +11,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build image deps kube-binaries demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -38,6 +38,11 @@ deps:
 
 kube-binaries:
 	bash hack/build-kube.sh
+
+# The cluster DNS of every test cluster of real nodes, built from
+# CoreDNS's module source into the same cache.
+coredns:
+	bash hack/build-coredns.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on a Debian machine:
 # Debian packages (only the missing ones; containerd, runc and the CNI
-# plugins for real nodes among them), Go modules, and the pinned Kubernetes
-# binaries, kubelet and kube-proxy included (built from source into a cache
-# outside the tree).
+# plugins for real nodes among them), Go modules, the pinned Kubernetes
+# binaries, kubelet and kube-proxy included, and the test clusters' CoreDNS
+# (both built from source into a cache outside the tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,3 +53,4 @@ fi
 
 go mod download
 bash hack/build-kube.sh
+bash hack/build-coredns.sh

@@ -86,6 +86,10 @@ type ControlPlane struct {
 	nodeLAN *LAN    // the default node network
 	drain   sync.Once
 
+	// The cluster DNS, installed with the first node (installDNS).
+	dnsOnce sync.Once
+	dnsErr  error
+
 	schedulerMu sync.Mutex
 
 	// apiserverArgs start the API server again (RestartAPIServer).

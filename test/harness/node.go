@@ -143,6 +143,9 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 			return nil, err
 		}
 	}
+	if err := cp.installDNS(); err != nil {
+		return nil, err
+	}
 	images := []string{}
 	for _, img := range []string{PauseImage, TestServerImage} {
 		path, err := imageTarball(img)
@@ -151,6 +154,11 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		}
 		images = append(images, path)
 	}
+	dns, err := coreDNSImageTarball()
+	if err != nil {
+		return nil, err
+	}
+	images = append(images, dns)
 	images = append(images, opts.Images...)
 
 	ns, err := e.newNetns(cp.Name + "-" + name)
@@ -382,7 +390,7 @@ func (n *Node) startKubelet(role string) error {
 	if err := cp.writeClientKubeconfig(n.paths.kubeletKubeconfig, "system:node:"+n.NodeName, "system:nodes"); err != nil {
 		return err
 	}
-	cfg, err := kubeletConfig(n.paths, cp.pki.caCert, "/"+n.cgroup, n.Addr)
+	cfg, err := kubeletConfig(n.paths, cp.pki.caCert, "/"+n.cgroup, n.Addr, cp.DNSAddr())
 	if err != nil {
 		return err
 	}
@@ -624,6 +632,7 @@ func (cp *ControlPlane) drainNodes() {
 		cp.nodesMu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
+		cp.stopDNS(ctx)
 		var wg sync.WaitGroup
 		for _, n := range nodes {
 			wg.Add(1)

@@ -111,7 +111,8 @@ disabled_plugins = [
 }
 
 // kubeletConfig is the KubeletConfiguration of one node (JSON is YAML).
-func kubeletConfig(p nodePaths, caFile, cgroupRoot string, nodeIP netip.Addr) ([]byte, error) {
+// Pods resolve through the cluster DNS at clusterDNS (ControlPlane.DNSAddr).
+func kubeletConfig(p nodePaths, caFile, cgroupRoot string, nodeIP, clusterDNS netip.Addr) ([]byte, error) {
 	cfg := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
@@ -135,7 +136,8 @@ func kubeletConfig(p nodePaths, caFile, cgroupRoot string, nodeIP netip.Addr) ([
 		"failCgroupV1":  false,
 		"failSwapOn":    false,
 		"podLogsDir":    p.podLogs,
-		"clusterDomain": "cluster.local",
+		"clusterDomain": ClusterDomain,
+		"clusterDNS":    []string{clusterDNS.String()},
 		"resolvConf":    "/etc/resolv.conf",
 		// Several nodes share one disk and one memory: eviction would
 		// react to the others.

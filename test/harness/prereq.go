@@ -141,7 +141,7 @@ var (
 	// NeedsControlPlane is everything control planes need.
 	NeedsControlPlane = []Requirement{Root, Etcd, Kube}
 	// NeedsNodes is everything clusters of real nodes need.
-	NeedsNodes = []Requirement{Root, IPRoute2, Ping, Etcd, Kube, KubeNode, Containerd, Runc, CNIPlugins, NFT, Nsenter, CgroupV1Memory}
+	NeedsNodes = []Requirement{Root, IPRoute2, Ping, Etcd, Kube, KubeNode, CoreDNS, Containerd, Runc, CNIPlugins, NFT, Nsenter, CgroupV1Memory}
 )
 
 // CNIBinDir is where Debian's containernetworking-plugins installs the
