@@ -62,6 +62,7 @@ test-only:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags conformance ./test/conformance
 
 # The fault campaign's long form (docs/reliability.md): faults for
 # CHAOS_DURATION (default an hour), at most CHAOS_FAULTS of them (0: no

@@ -4,6 +4,8 @@ package conformance
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -14,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -50,6 +55,9 @@ func TestMCSConformance(t *testing.T) {
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Images: []string{images},
 	})
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	for _, c := range cs {
+		forwardClusterset(t, c)
+	}
 	contexts := []Context{{Name: "flotilla-a", Config: cs[0].CP.Config}, {Name: "flotilla-b", Config: cs[1].CP.Config}}
 	// In the run's directory, removed with it: it holds the admins' keys.
 	kubeconfig := filepath.Join(env.Dir, "conformance-kubeconfig")
@@ -120,6 +128,25 @@ func TestMCSConformance(t *testing.T) {
 	}
 	if runErr != nil && !t.Failed() {
 		t.Errorf("the suite failed with every spec passed or skipped: %v (suite.log)", runErr)
+	}
+}
+
+// forwardClusterset adds to c's CoreDNS the server block for
+// clusterset.local that docs/services.md has an operator add: the zone
+// forwarded to the agent's DNS on the gateway node. CoreDNS's reload
+// plugin reads it within seconds.
+func forwardClusterset(t *testing.T, c *federation.NodeCluster) {
+	t.Helper()
+	ctx := context.Background()
+	cms := c.CP.Client.CoreV1().ConfigMaps(harness.DNSNamespace)
+	cm, err := cms.Get(ctx, harness.DNSConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("cluster %s: %v", c.Name, err)
+	}
+	agent := netip.AddrPortFrom(c.Gateway.Addr, mcsdns.DefaultPort)
+	cm.Data["Corefile"] += fmt.Sprintf("clusterset.local:53 {\n    errors\n    cache 5\n    forward . %s\n}\n", agent)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("cluster %s: forward clusterset.local to %s: %v", c.Name, agent, err)
 	}
 }
 
