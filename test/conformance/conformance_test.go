@@ -81,7 +81,7 @@ func TestMCSConformance(t *testing.T) {
 	args := []string{
 		"-test.v", "-test.timeout", "0",
 		"-kubeconfig", kubeconfig, "-contexts", contexts[0].Name + "," + contexts[1].Name,
-		"-ginkgo.v", "-ginkgo.junit-report", "junit.xml", "-ginkgo.json-report", "report.json",
+		"-ginkgo.v", "-ginkgo.no-color", "-ginkgo.junit-report", "junit.xml", "-ginkgo.json-report", "report.json",
 		"-organization", "flotilla-io", "-project", "Flotilla", "-version", version(),
 	}
 	if f := os.Getenv("MCS_CONFORMANCE_LABELS"); f != "" {
