@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -57,6 +59,9 @@ func TestMCSConformance(t *testing.T) {
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	for _, c := range cs {
 		forwardClusterset(t, c)
+	}
+	for _, c := range cs {
+		waitClustersetDNS(t, c)
 	}
 	contexts := []Context{{Name: "flotilla-a", Config: cs[0].CP.Config}, {Name: "flotilla-b", Config: cs[1].CP.Config}}
 	// In the run's directory, removed with it: it holds the admins' keys.
@@ -148,6 +153,43 @@ func forwardClusterset(t *testing.T, c *federation.NodeCluster) {
 	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("cluster %s: forward clusterset.local to %s: %v", c.Name, agent, err)
 	}
+}
+
+// waitClustersetDNS waits until a pod of c resolves a clusterset.local
+// name through the cluster's CoreDNS: kubelet hands the changed Corefile
+// to the CoreDNS pod up to a minute or so later, and a spec that asks
+// before would fail for the test's set-up, not for Flotilla.
+func waitClustersetDNS(t *testing.T, c *federation.NodeCluster) {
+	t.Helper()
+	ctx := context.Background()
+	pods := c.CP.Client.CoreV1().Pods("default")
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "clusterset-dns-probe"},
+		Spec: corev1.PodSpec{
+			Containers:                    []corev1.Container{{Name: "probe", Image: harness.NetshootImage, Command: []string{"sleep", "3600"}}},
+			TerminationGracePeriodSeconds: new(int64),
+		},
+	}
+	if _, err := pods.Create(ctx, probe, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("cluster %s: %v", c.Name, err)
+	}
+	defer func() {
+		if err := pods.Delete(ctx, probe.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Errorf("cluster %s: delete pod %s: %v", c.Name, probe.Name, err)
+		}
+	}()
+	// dns-version.clusterset.local answers TXT "1.0.0" from the agent alone.
+	took := eventually.Within(t, 3*time.Minute, "cluster "+c.Name+"'s pod resolves dns-version.clusterset.local through CoreDNS", func() error {
+		out, err := federation.Kubectl(c.CP, "exec", probe.Name, "--", "nslookup", "-type=TXT", "dns-version.clusterset.local.")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if !strings.Contains(out, `"1.0.0"`) {
+			return fmt.Errorf("answer %q, want the TXT record \"1.0.0\"", out)
+		}
+		return nil
+	})
+	t.Logf("cluster %s resolves clusterset.local through CoreDNS %s after the probe pod's creation", c.Name, took.Round(time.Second))
 }
 
 // reportDir is FLOTILLA_CONFORMANCE_REPORT, relative to the repository's
