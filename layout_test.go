@@ -104,6 +104,7 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		"offload/reflection":     append([]string{"offload", "offload/remote"}, base...),
 		"offload/mcs":            append([]string{"offload", "peering"}, base...),
 		"offload/mcsdns":         append([]string{"offload/mcs"}, base...),
+		"offload/dnsforward":     base,
 	}
 	const module = "github.com/flotilla-io/flotilla/"
 	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "./offload/...").Output()

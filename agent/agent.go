@@ -159,6 +159,11 @@ type Config struct {
 	// ClustersetDNSPort is where the agent answers the clusterset.local
 	// zone on NodeAddress, UDP and TCP (offload/mcsdns); 0: it does not.
 	ClustersetDNSPort int
+	// CoreDNSForward, "namespace/name", is CoreDNS's ConfigMap, where the
+	// agent keeps a block forwarding clusterset.local to its DNS Service
+	// (offload/dnsforward); empty: it keeps none, and takes out the one it
+	// wrote in kube-system/coredns if there is one.
+	CoreDNSForward string
 }
 
 // DefaultConfig returns the defaults of `flotilla agent`.
@@ -295,6 +300,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.ClustersetDNSPort < 0 || cfg.ClustersetDNSPort > 65535 {
 		return nil, fmt.Errorf("--clusterset-dns-port %d: want a port, 1 to 65535, or 0 to answer no DNS", cfg.ClustersetDNSPort)
+	}
+	if _, err := coreDNSConfigMap(cfg.CoreDNSForward); err != nil {
+		return nil, err
+	}
+	if cfg.CoreDNSForward != "" && cfg.ClustersetDNSPort == 0 {
+		return nil, errors.New("--coredns-forward forwards to the agent's DNS, which --clusterset-dns-port=0 turns off")
 	}
 	if cfg.FederationKey != "" && cfg.FederationKeyFile != "" {
 		return nil, errors.New("give --federation-key or --federation-key-file, not both")

@@ -82,6 +82,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.WebhookClientCA, "webhook-client-ca", "", "PEM file of the CA that signs the client certificate the API server presents to admission webhooks (AdmissionConfiguration); when set, the placement webhook answers no other client")
 	webhookNames := fs.String("webhook-client-names", "", "comma-separated common names of the client certificates --webhook-client-ca signs that the placement webhook accepts (default: any)")
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
+	fs.StringVar(&cfg.CoreDNSForward, "coredns-forward", cfg.CoreDNSForward, "namespace/name of CoreDNS's ConfigMap (kube-system/coredns) where the agent keeps a block forwarding clusterset.local to its DNS Service, and nothing else (needs deploy/coredns-forward); empty: none, and the block of an earlier run is taken out")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -120,7 +120,8 @@ type NodeOptions struct {
 // each cluster's agent with `kubectl apply --server-side -k` of deploy/
 // plus only the cluster's settings; and runs a test server pod on each
 // gateway node. It returns once the agent pods and the test server pods
-// are Ready; WaitPhases waits for the Peers. The clusters in opts.Later
+// are Ready, and so is each cluster's DNS (the harness's CoreDNS);
+// WaitPhases waits for the Peers. The clusters in opts.Later
 // get everything but their agent.
 func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	t.Helper()
@@ -192,6 +193,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		c.createWeb(t, c.Gateway, WebPod)
 	}
 	for i, c := range cs {
+		c.CP.WaitDNS(t)
 		c.Web = c.waitWeb(t, c.Gateway, WebPod)
 		if !slices.Contains(opts.Later, i) {
 			waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)

@@ -246,6 +246,21 @@ func (n *Node) setUpNetwork() error {
 	if err := n.forwardFromHost(n.cp.Addr); err != nil {
 		return fmt.Errorf("relay the API server into %s: %w", n.Name, err)
 	}
+	// The service range out of eth0, as a real node's default route takes
+	// it: without a route a process of the node's own network (CoreDNS
+	// forwarding to a ClusterIP, say) fails before kube-proxy's rules
+	// rewrite the destination.
+	svc := n.cp.Options.ServiceCIDR
+	eth0, err := n.nl.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := n.nl.RouteReplace(&netlink.Route{
+		Dst:       &net.IPNet{IP: svc.Addr().AsSlice(), Mask: net.CIDRMask(svc.Bits(), svc.Addr().BitLen())},
+		LinkIndex: eth0.Attrs().Index, Scope: netlink.SCOPE_LINK,
+	}); err != nil {
+		return fmt.Errorf("route the service range %s on node %s: %w", svc, n.NodeName, err)
+	}
 	n.cp.egress.route(netip.PrefixFrom(n.Addr, 32), n.Netns)
 	return nil
 }

@@ -1,0 +1,218 @@
+package dnsforward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flotilla-io/flotilla/internal/ctrl"
+)
+
+// FieldManager is the agent's field manager for what it applies.
+const FieldManager = "flotilla"
+
+// CorefileKey is the ConfigMap key CoreDNS reads its Corefile from, as
+// kubeadm and CoreDNS's own manifests install it.
+const CorefileKey = "Corefile"
+
+// Config is what a Keeper needs.
+type Config struct {
+	Client kubernetes.Interface
+	// Corefile is CoreDNS's ConfigMap (kube-system/coredns as kubeadm
+	// installs it).
+	Corefile types.NamespacedName
+	// Service is the agent's DNS Service, whose ClusterIP the block
+	// forwards the zone to.
+	Service types.NamespacedName
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// Keeper keeps the agent's block in the Corefile forwarding to the
+// Service's ClusterIP, watching both; it writes the Corefile only when the
+// block differs, with server-side apply conditioned on the version it
+// read, so an edit made meanwhile is never overwritten.
+type Keeper struct {
+	cfg  Config
+	loop *ctrl.Controller[string]
+	// One informer of one object each: CoreDNS's ConfigMap and the
+	// agent's DNS Service.
+	cmFactory, svcFactory informers.SharedInformerFactory
+	cmInf, svcInf         toolscache.SharedIndexInformer
+	errs                  ctrl.ErrorLog[string]
+}
+
+// New prepares a Keeper; Run watches and writes.
+func New(cfg Config) (*Keeper, error) {
+	if cfg.Client == nil || cfg.Corefile.Name == "" || cfg.Service.Name == "" {
+		return nil, errors.New("coredns forward: a client, the Corefile's ConfigMap and the DNS Service are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	k := &Keeper{cfg: cfg, errs: ctrl.ErrorLog[string]{
+		Logger: cfg.Logger, Failed: "CoreDNS forwarding of clusterset.local not written; retrying",
+		Recovered: "CoreDNS forwarding of clusterset.local written",
+		// A write that raced an edit is retried from the edit at once.
+		Level: func(err error) slog.Level {
+			if apierrors.IsConflict(err) {
+				return slog.LevelDebug
+			}
+			return slog.LevelWarn
+		},
+	}}
+	var err error
+	k.loop, err = ctrl.New(ctrl.Config[string]{
+		Name: "coredns_forward", BaseDelay: 200 * time.Millisecond, MaxDelay: 30 * time.Second,
+		Metrics: cfg.Metrics, Errors: &k.errs,
+		Reconcile: ctrl.WithoutDelay(func(ctx context.Context, _ string) error { return k.reconcile(ctx) }),
+	})
+	if err != nil {
+		return nil, err
+	}
+	k.cmFactory, k.cmInf = oneObject(cfg.Client, cfg.Corefile, func(f informers.SharedInformerFactory) toolscache.SharedIndexInformer {
+		return f.Core().V1().ConfigMaps().Informer()
+	})
+	k.svcFactory, k.svcInf = oneObject(cfg.Client, cfg.Service, func(f informers.SharedInformerFactory) toolscache.SharedIndexInformer {
+		return f.Core().V1().Services().Informer()
+	})
+	for what, inf := range map[string]toolscache.SharedIndexInformer{"ConfigMap " + cfg.Corefile.String(): k.cmInf, "Service " + cfg.Service.String(): k.svcInf} {
+		if _, err := inf.AddEventHandler(ctrl.OnEvery(func(any) { k.loop.Add("corefile") })); err != nil {
+			return nil, err
+		}
+		// Without the rights deploy/coredns-forward grants, the watch
+		// fails: said once, not at every retry.
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *toolscache.Reflector, err error) {
+			k.errs.Note("watch "+what, fmt.Errorf("watch %s: %w", what, err))
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// oneObject is an informer of the one object name: the agent may read no
+// other ConfigMap of CoreDNS's namespace.
+func oneObject(c kubernetes.Interface, name types.NamespacedName, inf func(informers.SharedInformerFactory) toolscache.SharedIndexInformer) (informers.SharedInformerFactory, toolscache.SharedIndexInformer) {
+	f := informers.NewSharedInformerFactoryWithOptions(c, 0,
+		informers.WithNamespace(name.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name.Name).String()
+		}),
+		informers.WithTransform(func(obj any) (any, error) {
+			if m, ok := obj.(metav1.Object); ok {
+				m.SetManagedFields(nil)
+			}
+			return obj, nil
+		}))
+	return f, inf(f)
+}
+
+// Run keeps the block until ctx ends. The block stays when the agent
+// stops: CoreDNS keeps forwarding to the Service while the agent restarts.
+// Remove takes it out.
+func (k *Keeper) Run(ctx context.Context) error {
+	k.cmFactory.Start(ctx.Done())
+	k.svcFactory.Start(ctx.Done())
+	defer k.cmFactory.Shutdown()
+	defer k.svcFactory.Shutdown()
+	if !toolscache.WaitForCacheSync(ctx.Done(), k.cmInf.HasSynced, k.svcInf.HasSynced) {
+		return nil
+	}
+	k.loop.Add("corefile")
+	return k.loop.Run(ctx, nil)
+}
+
+// reconcile writes the block for the Service's ClusterIP into the
+// Corefile if it is not there as it should be.
+func (k *Keeper) reconcile(ctx context.Context) error {
+	obj, ok, err := k.svcInf.GetStore().GetByKey(k.cfg.Service.String())
+	if err != nil || !ok {
+		return fmt.Errorf("Service %s: not found (deploy/clusterset-dns.yaml installs it)", k.cfg.Service)
+	}
+	svc := obj.(*corev1.Service)
+	addr, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil {
+		return fmt.Errorf("Service %s: ClusterIP %q: want an address (not headless)", k.cfg.Service, svc.Spec.ClusterIP)
+	}
+	obj, ok, err = k.cmInf.GetStore().GetByKey(k.cfg.Corefile.String())
+	if err != nil || !ok {
+		return fmt.Errorf("ConfigMap %s: not found (is CoreDNS installed there?)", k.cfg.Corefile)
+	}
+	cm := obj.(*corev1.ConfigMap)
+	corefile, ok := cm.Data[CorefileKey]
+	if !ok {
+		return fmt.Errorf("ConfigMap %s has no key %q", k.cfg.Corefile, CorefileKey)
+	}
+	want, err := WithBlock(corefile, Block(addr))
+	if err != nil {
+		return fmt.Errorf("ConfigMap %s, %s: %w; put them back as the agent wrote them or remove both", k.cfg.Corefile, CorefileKey, err)
+	}
+	if want == corefile {
+		return nil
+	}
+	if err := apply(ctx, k.cfg.Client, cm, want); err != nil {
+		return err
+	}
+	k.cfg.Logger.Info("CoreDNS forwards clusterset.local to the agent", "configmap", k.cfg.Corefile.String(), "to", netip.AddrPortFrom(addr, 53).String())
+	return nil
+}
+
+// apply writes corefile into cm by server-side apply, only if cm is still
+// at the version read: a change made since fails with a conflict, and the
+// next pass starts from it.
+func apply(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap, corefile string) error {
+	ac := corev1ac.ConfigMap(cm.Name, cm.Namespace).
+		WithResourceVersion(cm.ResourceVersion).
+		WithData(map[string]string{CorefileKey: corefile})
+	if _, err := c.CoreV1().ConfigMaps(cm.Namespace).Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return fmt.Errorf("write ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
+
+// Remove takes the agent's block out of the Corefile in name, if it is
+// there, leaving the Corefile as it was before the agent wrote it. A
+// ConfigMap the agent may not read, or that is not there, has no block of
+// the agent's: removed is false and err nil.
+func Remove(ctx context.Context, c kubernetes.Interface, name types.NamespacedName) (removed bool, err error) {
+	for range 5 {
+		cm, err := c.CoreV1().ConfigMaps(name.Namespace).Get(ctx, name.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read ConfigMap %s: %w", name, err)
+		}
+		without, err := WithoutBlock(cm.Data[CorefileKey])
+		if err != nil {
+			return false, fmt.Errorf("ConfigMap %s, %s: %w", name, CorefileKey, err)
+		}
+		if without == cm.Data[CorefileKey] {
+			return false, nil
+		}
+		err = apply(ctx, c, cm, without)
+		if err == nil {
+			return true, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return false, err
+		}
+	}
+	return false, fmt.Errorf("ConfigMap %s changed under every try", name)
+}

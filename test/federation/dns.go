@@ -1,0 +1,40 @@
+package federation
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// ClustersetDNSService is deploy/'s Service in front of the agent's
+// clusterset.local DNS server.
+const ClustersetDNSService = "flotilla-clusterset-dns"
+
+// ForwardClusterset adds to c's CoreDNS the server block docs/services.md
+// tells an operator to add by hand: clusterset.local forwarded to the
+// agent's DNS Service. CoreDNS's reload plugin picks it up within seconds.
+func (c *NodeCluster) ForwardClusterset(t harness.TB) {
+	t.Helper()
+	ctx := context.Background()
+	svc, err := c.CP.Client.CoreV1().Services(AgentNamespace).Get(ctx, ClustersetDNSService, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("%s: the agent's DNS Service: %v", c.Name, err)
+	}
+	cms := c.CP.Client.CoreV1().ConfigMaps(harness.DNSNamespace)
+	cm, err := cms.Get(ctx, harness.DNSConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("%s: CoreDNS's ConfigMap: %v", c.Name, err)
+	}
+	block := fmt.Sprintf("clusterset.local:53 {\n    errors\n    cache 5\n    forward . %s:53\n}\n", svc.Spec.ClusterIP)
+	if strings.Contains(cm.Data["Corefile"], block) {
+		return
+	}
+	cm.Data["Corefile"] += "\n" + block
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("%s: forward clusterset.local in CoreDNS's Corefile: %v", c.Name, err)
+	}
+}
