@@ -21,7 +21,6 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
-	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -58,7 +57,7 @@ func TestMCSConformance(t *testing.T) {
 	})
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	for _, c := range cs {
-		forwardClusterset(t, c)
+		c.ForwardClusterset(t)
 	}
 	for _, c := range cs {
 		waitClustersetDNS(t, c)
@@ -133,25 +132,6 @@ func TestMCSConformance(t *testing.T) {
 	}
 	if runErr != nil && !t.Failed() {
 		t.Errorf("the suite failed with every spec passed or skipped: %v (suite.log)", runErr)
-	}
-}
-
-// forwardClusterset adds to c's CoreDNS the server block for
-// clusterset.local that docs/services.md has an operator add: the zone
-// forwarded to the agent's DNS on the gateway node. CoreDNS's reload
-// plugin reads it within seconds.
-func forwardClusterset(t *testing.T, c *federation.NodeCluster) {
-	t.Helper()
-	ctx := context.Background()
-	cms := c.CP.Client.CoreV1().ConfigMaps(harness.DNSNamespace)
-	cm, err := cms.Get(ctx, harness.DNSConfigMap, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("cluster %s: %v", c.Name, err)
-	}
-	agent := netip.AddrPortFrom(c.Gateway.Addr, mcsdns.DefaultPort)
-	cm.Data["Corefile"] += fmt.Sprintf("clusterset.local:53 {\n    errors\n    cache 5\n    forward . %s\n}\n", agent)
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("cluster %s: forward clusterset.local to %s: %v", c.Name, agent, err)
 	}
 }
 
