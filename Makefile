@@ -11,7 +11,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos
+.PHONY: all build image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -62,6 +62,7 @@ test-only:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags conformance ./test/conformance
 
 # The fault campaign's long form (docs/reliability.md): faults for
 # CHAOS_DURATION (default an hour), at most CHAOS_FAULTS of them (0: no
@@ -74,6 +75,25 @@ CHAOS_CLUSTERS ?= 5
 CHAOS_SEED ?= $(shell date +%s)
 chaos: deps
 	FLOTILLA_CHAOS_SEED=$(CHAOS_SEED) FLOTILLA_CHAOS_FAULTS=$(CHAOS_FAULTS) FLOTILLA_CHAOS_DURATION=$(CHAOS_DURATION) FLOTILLA_CHAOS_CLUSTERS=$(CHAOS_CLUSTERS) $(GO) test -count=1 -timeout 3h -run TestChaos -v ./test/chaos
+
+# The upstream MCS API conformance suite (docs/testing.md) against two
+# clusters of real nodes with the agents. MCS_CONFORMANCE is the suite's
+# directory: conformance/ of a checkout of kubernetes-sigs/mcs-api at the
+# tag conformance/v0.5.0 (the Go module proxy does not serve it). Reports
+# (report.html, report.yaml, junit.xml) go to CONFORMANCE_REPORT;
+# CONFORMANCE_LABELS is a Ginkgo label filter (default: every label).
+# Behind the build tag conformance, so `make test` does not run it.
+MCS_CONFORMANCE ?=
+CONFORMANCE_REPORT ?= $(CURDIR)/conformance-report
+CONFORMANCE_LABELS ?=
+conformance: conformance-source deps
+	MCS_CONFORMANCE="$(abspath $(MCS_CONFORMANCE))" FLOTILLA_CONFORMANCE_REPORT="$(abspath $(CONFORMANCE_REPORT))" MCS_CONFORMANCE_LABELS="$(CONFORMANCE_LABELS)" \
+	  $(GO) test -tags conformance -count=1 -timeout 3h -run TestMCSConformance -v ./test/conformance
+
+conformance-source:
+	@if [ -z "$(MCS_CONFORMANCE)" ]; then \
+	  echo "make conformance: set MCS_CONFORMANCE to the conformance/ directory of a checkout of kubernetes-sigs/mcs-api at tag conformance/v0.5.0"; \
+	  echo "  (git clone --branch conformance/v0.5.0 https://github.com/kubernetes-sigs/mcs-api; make conformance MCS_CONFORMANCE=\$$PWD/mcs-api/conformance)"; exit 2; fi
 
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
 

@@ -52,7 +52,7 @@ type NodeCluster struct {
 	env        *harness.Env
 	settings   agentSettings // the agent's, as last installed
 	lan        *harness.LAN
-	image      string // the agent's image tarball, imported into every node
+	images     []string // the agent's image tarball and NodeOptions.Images, imported into every node
 	masquerade harness.Masquerade
 	// nodeCIDR gives node k its CNI range where the control plane
 	// allocates none (NodeOptions.NodeCIDRsOf); nil otherwise.
@@ -66,7 +66,7 @@ func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node 
 	t.Helper()
 	var specs []harness.NodeSpec
 	for j, name := range names {
-		opts := harness.NodeOptions{Network: c.lan, Role: "worker", Images: []string{c.image}}
+		opts := harness.NodeOptions{Network: c.lan, Role: "worker", Images: c.images}
 		if c.nodeCIDR != nil {
 			opts.PodCIDR = c.nodeCIDR(len(c.Workers) + 1 + j)
 		}
@@ -124,6 +124,9 @@ type NodeOptions struct {
 	// install: the test installs it with InstallAgent, as a cluster that
 	// joins the federation after the others.
 	Later []int
+	// Images are more image tarballs imported into every node of every
+	// cluster (AddWorkers' too), for pods that run without a registry.
+	Images []string
 }
 
 // OnNodes starts opts.Clusters clusters of real nodes: per cluster a
@@ -172,7 +175,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]]
 	for i, cp := range cps {
 		first[i] = len(specs)
-		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: []string{image}, PodCIDR: nodeCIDR(i, 0)}
+		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: append([]string{image}, opts.Images...), PodCIDR: nodeCIDR(i, 0)}
 		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
 		node.Role = "worker"
 		for w := range workers[i] {
@@ -194,7 +197,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway: nodes[first[i]],
 			Workers: nodes[first[i]+1 : first[i+1]],
-			env:     env, lan: lan, image: image, masquerade: opts.Masquerade,
+			env:     env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
 		if cpOpts[i].NoNodeCIDRs {
