@@ -154,6 +154,9 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 			}
 			return nil
 		})
+		// The rest of the uninstall docs/install.md gives: the opt-in's
+		// rights and fence go; the harness checks nothing is left.
+		mustKubectl(t, a.CP, "delete", "-k", filepath.Join("..", "..", "deploy", "coredns-forward"), "--ignore-not-found")
 	})
 }
 
