@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -33,5 +34,23 @@ func TestEndpointFamilies(t *testing.T) {
 		if got := endpointFamilies(c.sources); !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// The ports an export loses to an older one's are its endpoints' no
+// more, by name; the ports it shares exactly stay.
+func TestPortsLeftOut(t *testing.T) {
+	http80 := Port{Name: "http", Protocol: "TCP", Port: 80}
+	http81 := Port{Name: "http", Protocol: "TCP", Port: 81}
+	metrics := Port{Name: "metrics", Protocol: "TCP", Port: 9090}
+	held := Resolve([]Source{
+		{Cluster: "b", Export: Export{Ports: []Port{http80}}},
+		{Cluster: "c", Export: Export{Ports: []Port{http81, metrics}, Created: time.Unix(1, 0)}},
+	}).Ports
+	if got := portsLeftOut([]Port{http80}, held); len(got) != 0 {
+		t.Errorf("the oldest export loses %v, want nothing", got)
+	}
+	if got := portsLeftOut([]Port{http81, metrics}, held); len(got) != 1 || !got["http"] {
+		t.Errorf("the younger export loses %v, want http alone", got)
 	}
 }

@@ -381,9 +381,14 @@ func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImp
 // source, addresses translated into this cluster's views of the source.
 func (s *Services) syncSlices(ctx context.Context, si *mcsv1alpha1.ServiceImport, sources []Source) error {
 	want := map[string]*discoveryv1.EndpointSlice{}
+	var held []Port
+	if len(sources) > 0 {
+		held = Resolve(sources).Ports
+	}
 	for _, src := range sources {
+		dropped := portsLeftOut(src.Export.Ports, held)
 		for i, sl := range src.Export.Slices {
-			es := s.sliceOf(si, src.Cluster, i, sl)
+			es := s.sliceOf(si, src.Cluster, i, sl, dropped)
 			want[es.Name] = es
 		}
 	}
@@ -426,10 +431,26 @@ func (s *Services) syncSlices(ctx context.Context, si *mcsv1alpha1.ServiceImport
 	return nil
 }
 
+// portsLeftOut names the ports of an export that the import does not
+// hold (they clash with an older export's: the same name, or the same
+// number and protocol). Its endpoints do not serve them: kube-proxy
+// matches a Service port to an endpoint port by name, and would send
+// the older export's port to this export's port of that name.
+func portsLeftOut(own, held []Port) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range own {
+		if !slices.Contains(held, p) {
+			out[p.Name] = true
+		}
+	}
+	return out
+}
+
 // sliceOf is the EndpointSlice for the index-th slice of cluster's
 // export: this cluster's own addresses as they are, another's translated
-// by the views, an address no view covers left out and counted.
-func (s *Services) sliceOf(si *mcsv1alpha1.ServiceImport, cluster string, index int, sl Slice) *discoveryv1.EndpointSlice {
+// by the views, an address no view covers left out and counted; the
+// ports in dropped (portsLeftOut) left out.
+func (s *Services) sliceOf(si *mcsv1alpha1.ServiceImport, cluster string, index int, sl Slice, dropped map[string]bool) *discoveryv1.EndpointSlice {
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: si.Namespace, Name: ImportedSliceName(si.Name, cluster, index),
 			Labels: map[string]string{
@@ -442,6 +463,9 @@ func (s *Services) sliceOf(si *mcsv1alpha1.ServiceImport, cluster string, index 
 	}
 	_ = controllerutil.SetOwnerReference(si, es, s.c.Scheme())
 	for _, p := range sl.Ports {
+		if dropped[p.Name] {
+			continue
+		}
 		ep := discoveryv1.EndpointPort{Name: &p.Name, Port: &p.Port, Protocol: (*corev1.Protocol)(&p.Protocol)}
 		if p.AppProtocol != "" {
 			ep.AppProtocol = &p.AppProtocol

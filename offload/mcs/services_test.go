@@ -265,6 +265,21 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
+		// c's endpoints serve no port of the import: kube-proxy would send
+		// b's port http, 80, to c's port http, 81.
+		eventually.Within(t, time.Minute, "a's slices of c without the clashing port", func() error {
+			var list discoveryv1.EndpointSliceList
+			if err := a.admin.List(ctx, &list, client.InNamespace("web"), client.MatchingLabels{LabelServiceName: "front"}); err != nil {
+				return err
+			}
+			for _, es := range list.Items {
+				from, n := es.Labels[LabelSourceCluster], len(es.Ports)
+				if from == C && n != 0 || from == B && (n != 1 || es.Ports[0].Name == nil || *es.Ports[0].Name != "http") {
+					return fmt.Errorf("slice %s from %s has ports %+v", es.Name, from, es.Ports)
+				}
+			}
+			return nil
+		})
 		// Both exports are in the conflict (the KEP): c's lost, b's holds.
 		eventually.Within(t, time.Minute, "both exports show the conflict", func() error {
 			for _, x := range []struct {
