@@ -144,6 +144,10 @@ func documentedAccess() map[string][]string {
 		// The metrics port's readers: who a token is.
 		"tokenreviews.authentication.k8s.io [] [create]",
 		"servicecidrs.networking.k8s.io [] [list]",
+		// The pod blocks a CNI with its own IPAM allocated (Calico,
+		// Cilium), read only.
+		"blockaffinities.crd.projectcalico.org [] [list watch]",
+		"ciliumnodes.cilium.io [] [list watch]",
 		// Fences: the admission policies, read to prove them in force.
 		"validatingadmissionpolicies.admissionregistration.k8s.io [] [list watch]",
 		"validatingadmissionpolicybindings.admissionregistration.k8s.io [] [list watch]",
