@@ -66,9 +66,19 @@ func Build(s Spec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layer of %s: %w", s.Binary, err)
 	}
+	entrypoint := s.Entrypoint
+	if len(entrypoint) == 0 {
+		entrypoint = []string{s.Path}
+	}
+	return imageOf(layer, "ociimage: "+s.Path, entrypoint, s.Cmd, s.Env)
+}
+
+// imageOf is the linux/amd64 image of one layer, stamped with Epoch, with
+// its entrypoint, command and environment.
+func imageOf(layer v1.Layer, createdBy string, entrypoint, cmd, env []string) (v1.Image, error) {
 	img, err := mutate.Append(empty.Image, mutate.Addendum{
 		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: "ociimage: " + s.Path},
+		History: v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: createdBy},
 	})
 	if err != nil {
 		return nil, err
@@ -80,12 +90,7 @@ func Build(s Spec) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.Architecture, cf.OS = "amd64", "linux"
 	cf.Created = v1.Time{Time: Epoch}
-	cf.Config.Entrypoint = s.Entrypoint
-	if len(cf.Config.Entrypoint) == 0 {
-		cf.Config.Entrypoint = []string{s.Path}
-	}
-	cf.Config.Cmd = s.Cmd
-	cf.Config.Env = s.Env
+	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = entrypoint, cmd, env
 	return mutate.ConfigFile(img, cf)
 }
 

@@ -10,8 +10,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -42,22 +40,7 @@ func BuildTree(s TreeSpec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layer of %s: %w", s.Root, err)
 	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
-		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: "ociimage: tree"},
-	})
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("image configuration: %w", err)
-	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS = "amd64", "linux"
-	cf.Created = v1.Time{Time: Epoch}
-	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = s.Entrypoint, s.Cmd, s.Env
-	return mutate.ConfigFile(img, cf)
+	return imageOf(layer, "ociimage: tree", s.Entrypoint, s.Cmd, s.Env)
 }
 
 // writeTreeLayer writes the uncompressed layer of root to file. Device
