@@ -202,7 +202,7 @@ func (s *Services) foreignImport(k key) {
 // slices; the garbage collector would too (they are owned), but not as
 // soon.
 func (s *Services) removeImport(ctx context.Context, si *mcsv1alpha1.ServiceImport) error {
-	if err := s.syncSlices(ctx, si, nil); err != nil {
+	if err := s.syncSlices(ctx, si, nil, nil); err != nil {
 		return err
 	}
 	if err := s.removeDerived(ctx, si.Namespace, si.Name); err != nil {
@@ -278,7 +278,7 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 			return fmt.Errorf("update ServiceImport %s: %w", k, err)
 		}
 	}
-	if err := s.syncSlices(ctx, si, sources); err != nil {
+	if err := s.syncSlices(ctx, si, sources, r.Ports); err != nil {
 		return err
 	}
 	return s.writeImportStatus(ctx, si, sources, r)
@@ -378,13 +378,10 @@ func (s *Services) ensureDerived(ctx context.Context, si *mcsv1alpha1.ServiceImp
 }
 
 // syncSlices makes si's EndpointSlices one per exported slice of each
-// source, addresses translated into this cluster's views of the source.
-func (s *Services) syncSlices(ctx context.Context, si *mcsv1alpha1.ServiceImport, sources []Source) error {
+// source, addresses translated into this cluster's views of the source,
+// and only the ports the import holds (held, the resolution's).
+func (s *Services) syncSlices(ctx context.Context, si *mcsv1alpha1.ServiceImport, sources []Source, held []Port) error {
 	want := map[string]*discoveryv1.EndpointSlice{}
-	var held []Port
-	if len(sources) > 0 {
-		held = Resolve(sources).Ports
-	}
 	for _, src := range sources {
 		dropped := portsLeftOut(src.Export.Ports, held)
 		for i, sl := range src.Export.Slices {
