@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -123,5 +124,72 @@ func TestCoreDNSForwardFence(t *testing.T) {
 	cm, err = cp.Client.CoreV1().ConfigMaps("kube-system").Get(context.Background(), "coredns", metav1.GetOptions{})
 	if err != nil || cm.Data[dnsforward.CorefileKey] != kubeadmCorefile || cm.Data["other"] != "kept" {
 		t.Errorf("CoreDNS's ConfigMap after the refusals and the removal: %v %q", err, cm.Data)
+	}
+}
+
+// Without deploy/coredns-forward's policy, a Keeper run with the agent's
+// own token and the Role's rights writes nothing in CoreDNS's Corefile and
+// says why; once the policy is installed it proves the fence and writes
+// its block.
+func TestCoreDNSForwardFailsClosed(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
+	for _, args := range [][]string{{"-k", "."}, {"-f", "coredns-forward/rbac.yaml"}} {
+		if out, err := kubectl(cp, append([]string{"apply", "--server-side"}, args...)...); err != nil {
+			t.Fatalf("kubectl apply %v: %v\n%s", args, err, out)
+		}
+	}
+	ctx := t.Context()
+	if _, err := cp.Client.CoreV1().ConfigMaps("kube-system").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "coredns", Namespace: "kube-system"},
+		Data:       map[string]string{dnsforward.CorefileKey: kubeadmCorefile},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := dnsforward.New(dnsforward.Config{
+		Client:   kubernetes.NewForConfigOrDie(agentConfig(t, cp)),
+		Corefile: types.NamespacedName{Namespace: "kube-system", Name: "coredns"},
+		Service:  types.NamespacedName{Namespace: "flotilla-system", Name: "flotilla-clusterset-dns"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- k.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	corefile := func() string {
+		t.Helper()
+		cm, err := cp.Client.CoreV1().ConfigMaps("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm.Data[dnsforward.CorefileKey]
+	}
+	// The witness that the Keeper got as far as writing: its dry run
+	// found the fence missing.
+	eventually.Within(t, 30*time.Second, "the Keeper finding the fence missing", func() error {
+		if err := k.Fence(); err == nil || !strings.Contains(err.Error(), "not enforced") {
+			return fmt.Errorf("fence verdict %v", err)
+		}
+		return nil
+	})
+	if got := corefile(); got != kubeadmCorefile {
+		t.Fatalf("the Keeper wrote CoreDNS's Corefile without its fence:\n%s", got)
+	}
+
+	if out, err := kubectl(cp, "apply", "--server-side", "-f", "coredns-forward/admission.yaml"); err != nil {
+		t.Fatalf("kubectl apply coredns-forward/admission.yaml: %v\n%s", err, out)
+	}
+	eventually.Within(t, 90*time.Second, "the block written once the fence is proven", func() error {
+		if got := corefile(); !strings.Contains(got, "clusterset.local:53") {
+			return fmt.Errorf("Corefile without the block (fence: %v)", k.Fence())
+		}
+		return nil
+	})
+	if err := k.Fence(); err != nil {
+		t.Errorf("fence after the block was written: %v", err)
 	}
 }

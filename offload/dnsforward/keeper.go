@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +32,12 @@ const FieldManager = "flotilla"
 // kubeadm and CoreDNS's own manifests install it.
 const CorefileKey = "Corefile"
 
+// Policy is the ValidatingAdmissionPolicy deploy/coredns-forward installs
+// to confine the agent's writes in the Corefile to its own block; the
+// Keeper writes nothing until a dry run proves it refuses a change outside
+// the block.
+const Policy = "flotilla-agent-coredns-forward"
+
 // Config is what a Keeper needs.
 type Config struct {
 	Client kubernetes.Interface
@@ -39,6 +47,9 @@ type Config struct {
 	// Service is the agent's DNS Service, whose ClusterIP the block
 	// forwards the zone to.
 	Service types.NamespacedName
+	// Recheck is how long a proof of the fence holds before the next
+	// write proves it again (default 5 minutes).
+	Recheck time.Duration
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 }
@@ -55,17 +66,27 @@ type Keeper struct {
 	cmFactory, svcFactory informers.SharedInformerFactory
 	cmInf, svcInf         toolscache.SharedIndexInformer
 	errs                  ctrl.ErrorLog[string]
+
+	mu       sync.Mutex
+	fence    error     // the last proof's verdict; errNotProven before one
+	provenAt time.Time // when the fence was last proven
 }
+
+// errNotProven is the fence's verdict before the first proof.
+var errNotProven = errors.New("not proven yet")
 
 // New prepares a Keeper; Run watches and writes.
 func New(cfg Config) (*Keeper, error) {
 	if cfg.Client == nil || cfg.Corefile.Name == "" || cfg.Service.Name == "" {
-		return nil, errors.New("coredns forward: a client, the Corefile's ConfigMap and the DNS Service are required")
+		return nil, errors.New("coredns forward: a client, the Corefile's ConfigMap, and the DNS Service are required")
+	}
+	if cfg.Recheck == 0 {
+		cfg.Recheck = 5 * time.Minute
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	k := &Keeper{cfg: cfg, errs: ctrl.ErrorLog[string]{
+	k := &Keeper{cfg: cfg, fence: errNotProven, errs: ctrl.ErrorLog[string]{
 		Logger: cfg.Logger, Failed: "CoreDNS forwarding of clusterset.local not written; retrying",
 		Recovered: "CoreDNS forwarding of clusterset.local written",
 		// A write that raced an edit is retried from the edit at once.
@@ -166,21 +187,70 @@ func (k *Keeper) reconcile(ctx context.Context) error {
 	if want == corefile {
 		return nil
 	}
-	if err := apply(ctx, k.cfg.Client, cm, want); err != nil {
+	if err := k.proveFence(ctx, cm); err != nil {
+		return err
+	}
+	if err := apply(ctx, k.cfg.Client, cm, want, nil); err != nil {
 		return err
 	}
 	k.cfg.Logger.Info("CoreDNS forwards clusterset.local to the agent", "configmap", k.cfg.Corefile.String(), "to", netip.AddrPortFrom(addr, 53).String())
 	return nil
 }
 
+// Fence is the verdict of the last proof that the policy confines the
+// agent's writes to its block: nil when proven, an error that says why the
+// Keeper writes nothing otherwise.
+func (k *Keeper) Fence() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.fence
+}
+
+// proveFence proves, unless proven within Recheck, that the policy refuses
+// the agent's own credential a change of the Corefile outside its block:
+// a server-side dry run of one, which writes nothing. Without the policy
+// the Role's patch would let a compromised agent rewrite the cluster's
+// DNS, so the Keeper fails closed: it writes nothing until proven.
+func (k *Keeper) proveFence(ctx context.Context, cm *corev1.ConfigMap) error {
+	k.mu.Lock()
+	fresh := k.fence == nil && time.Since(k.provenAt) < k.cfg.Recheck
+	k.mu.Unlock()
+	if fresh {
+		return nil
+	}
+	outside := cm.Data[CorefileKey] + "\n# flotilla: fence probe (a dry run; never written)\n"
+	err := apply(ctx, k.cfg.Client, cm, outside, []string{metav1.DryRunAll})
+	var verdict error
+	switch {
+	case err == nil:
+		verdict = fmt.Errorf("ValidatingAdmissionPolicy %s is not enforced: a change outside the agent's block was allowed (a dry run); install deploy/coredns-forward whole, on Kubernetes 1.30 or newer", Policy)
+	case (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), Policy):
+		verdict = nil
+	case apierrors.IsConflict(err):
+		return err // the ConfigMap changed: the next pass starts from it
+	default:
+		verdict = fmt.Errorf("proving ValidatingAdmissionPolicy %s enforced: %w", Policy, err)
+	}
+	k.mu.Lock()
+	k.fence = verdict
+	if verdict == nil {
+		k.provenAt = time.Now()
+	}
+	k.mu.Unlock()
+	if verdict != nil {
+		return fmt.Errorf("CoreDNS's Corefile not written: %w", verdict)
+	}
+	return nil
+}
+
 // apply writes corefile into cm by server-side apply, only if cm is still
 // at the version read: a change made since fails with a conflict, and the
-// next pass starts from it.
-func apply(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap, corefile string) error {
+// next pass starts from it. dryRun, when set, writes nothing.
+func apply(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap, corefile string, dryRun []string) error {
 	ac := corev1ac.ConfigMap(cm.Name, cm.Namespace).
 		WithResourceVersion(cm.ResourceVersion).
 		WithData(map[string]string{CorefileKey: corefile})
-	if _, err := c.CoreV1().ConfigMaps(cm.Namespace).Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+	if _, err := c.CoreV1().ConfigMaps(cm.Namespace).Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true, DryRun: dryRun}); err != nil {
 		return fmt.Errorf("write ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
 	return nil
@@ -206,7 +276,7 @@ func Remove(ctx context.Context, c kubernetes.Interface, name types.NamespacedNa
 		if without == cm.Data[CorefileKey] {
 			return false, nil
 		}
-		err = apply(ctx, c, cm, without)
+		err = apply(ctx, c, cm, without, nil)
 		if err == nil {
 			return true, nil
 		}
