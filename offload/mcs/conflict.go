@@ -3,6 +3,7 @@ package mcs
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -31,6 +32,8 @@ type Resolution struct {
 	AffinityTimeout       int32
 	InternalTrafficPolicy string
 	TrafficDistribution   string
+	// Labels and Annotations are the oldest export's exported ones.
+	Labels, Annotations map[string]string
 	// Conflicts are the clusters whose exports are in conflict, with the
 	// KEP's reason for the first property that differs: every export
 	// that differs from the oldest, and the oldest when any does.
@@ -55,7 +58,8 @@ func Resolve(sources []Source) Resolution {
 	})
 	o := sorted[0]
 	r := Resolution{Oldest: o, Type: o.Export.Type, SessionAffinity: affinity(o.Export), AffinityTimeout: o.Export.AffinityTimeout,
-		InternalTrafficPolicy: o.Export.InternalTrafficPolicy, TrafficDistribution: o.Export.TrafficDistribution}
+		InternalTrafficPolicy: o.Export.InternalTrafficPolicy, TrafficDistribution: o.Export.TrafficDistribution,
+		Labels: o.Export.Labels, Annotations: o.Export.Annotations}
 	var ports []Port
 	for _, s := range sorted {
 		ports = unionPorts(ports, s.Export.Ports)
@@ -112,6 +116,10 @@ func differs(oldest, e Export) (reason, what string) {
 		return string(mcsv1alpha1.ServiceExportReasonSessionAffinityConflict), "session affinity (" + affinity(e) + ", not " + affinity(oldest) + ")"
 	case oldest.AffinityTimeout != e.AffinityTimeout:
 		return string(mcsv1alpha1.ServiceExportReasonSessionAffinityConfigConflict), "session affinity timeout"
+	case !maps.Equal(oldest.Labels, e.Labels):
+		return string(mcsv1alpha1.ServiceExportReasonLabelsConflict), "exported labels"
+	case !maps.Equal(oldest.Annotations, e.Annotations):
+		return string(mcsv1alpha1.ServiceExportReasonAnnotationsConflict), "exported annotations"
 	}
 	return "", ""
 }

@@ -1,6 +1,7 @@
 package mcs
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -33,6 +34,10 @@ func TestResolve(t *testing.T) {
 	renamed.Ports = []Port{{Name: "web", Protocol: "TCP", Port: 80}}
 	itp := base
 	itp.InternalTrafficPolicy, itp.TrafficDistribution = "Local", "PreferClose"
+	labelled := base
+	labelled.Labels = map[string]string{"tier": "web"}
+	annotated := base
+	annotated.Annotations = map[string]string{"note": "hi"}
 
 	for _, tt := range []struct {
 		name      string
@@ -52,6 +57,8 @@ func TestResolve(t *testing.T) {
 		{"a port renamed clashes by number", []Source{{"b", at(base, 0)}, {"c", at(renamed, time.Hour)}}, "b",
 			map[string]string{"b": "PortConflict", "c": "PortConflict"}, nil},
 		{"affinity", []Source{{"b", at(base, 0)}, {"c", at(sticky, time.Hour)}}, "b", map[string]string{"b": "SessionAffinityConflict", "c": "SessionAffinityConflict"}, nil},
+		{"exported labels", []Source{{"b", at(base, 0)}, {"c", at(labelled, time.Hour)}}, "b", map[string]string{"b": "LabelsConflict", "c": "LabelsConflict"}, nil},
+		{"exported annotations", []Source{{"b", at(annotated, 0)}, {"c", at(base, time.Hour)}}, "b", map[string]string{"b": "AnnotationsConflict", "c": "AnnotationsConflict"}, nil},
 		{"traffic policies are the oldest's, no conflict", []Source{{"b", at(itp, 0)}, {"c", at(base, time.Hour)}}, "b", nil, nil},
 		{"tie goes to the lower ID", []Source{{"c", at(base, 0)}, {"b", at(headless, 0)}}, "b", map[string]string{"b": "TypeConflict", "c": "TypeConflict"}, nil},
 		{"port order does not matter", []Source{{"b", at(reordered, 0)}, {"c", at(reordered2, time.Hour)}}, "b", nil, nil},
@@ -66,6 +73,9 @@ func TestResolve(t *testing.T) {
 			if r.Type != r.Oldest.Export.Type || r.InternalTrafficPolicy != r.Oldest.Export.InternalTrafficPolicy ||
 				r.TrafficDistribution != r.Oldest.Export.TrafficDistribution {
 				t.Errorf("type %s, traffic policy %q, distribution %q: not the oldest's", r.Type, r.InternalTrafficPolicy, r.TrafficDistribution)
+			}
+			if !maps.Equal(r.Labels, r.Oldest.Export.Labels) || !maps.Equal(r.Annotations, r.Oldest.Export.Annotations) {
+				t.Errorf("labels %v, annotations %v: not the oldest's", r.Labels, r.Annotations)
 			}
 			want := tt.ports
 			if want == nil {

@@ -214,7 +214,8 @@ func (s *Services) buildExports(ctx context.Context) ([]Export, error) {
 
 func (s *Services) exportOf(ctx context.Context, se *mcsv1alpha1.ServiceExport, svc *corev1.Service) (Export, error) {
 	e := Export{Namespace: se.Namespace, Name: se.Name, Type: TypeClusterSetIP, Created: se.CreationTimestamp.UTC(),
-		SessionAffinity: string(svc.Spec.SessionAffinity)}
+		SessionAffinity: string(svc.Spec.SessionAffinity),
+		Labels:          exportedMeta(se.Spec.ExportedLabels, true), Annotations: exportedMeta(se.Spec.ExportedAnnotations, false)}
 	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		e.Type = TypeHeadless
 	}

@@ -253,6 +253,7 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 			ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name, Labels: map[string]string{LabelManagedBy: ManagedBy}},
 			Spec:       spec,
 		}
+		applyExported(&si.ObjectMeta, r.Labels, r.Annotations)
 		if err := s.c.Create(ctx, si); err != nil {
 			return fmt.Errorf("create ServiceImport %s: %w", k, err)
 		}
@@ -272,7 +273,8 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 			return err
 		}
 	}
-	if !reflect.DeepEqual(si.Spec, spec) {
+	relabelled := applyExported(&si.ObjectMeta, r.Labels, r.Annotations)
+	if relabelled || !reflect.DeepEqual(si.Spec, spec) {
 		si.Spec = spec
 		if err := s.c.Update(ctx, si); err != nil {
 			return fmt.Errorf("update ServiceImport %s: %w", k, err)

@@ -179,6 +179,53 @@ func TestExportImport(t *testing.T) {
 		})
 	})
 
+	t.Run("exported labels and annotations reach the ServiceImport", func(t *testing.T) {
+		setExported := func(labels, annotations map[string]string) {
+			t.Helper()
+			var se mcsv1alpha1.ServiceExport
+			if err := b.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: "front"}, &se); err != nil {
+				t.Fatal(err)
+			}
+			se.Spec.ExportedLabels, se.Spec.ExportedAnnotations = labels, annotations
+			if err := b.admin.Update(ctx, &se); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A label of Kubernetes' domain is not the exporter's to give.
+		setExported(map[string]string{"tier": "web", "app.kubernetes.io/part-of": "shop"}, map[string]string{"example.com/note": "hi"})
+		eventually.Within(t, time.Minute, "a's ServiceImport carries b's exported labels and annotations", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			l, an := im.si.Labels, im.si.Annotations
+			if l["tier"] != "web" || an["example.com/note"] != "hi" {
+				return fmt.Errorf("labels %v, annotations %v", l, an)
+			}
+			if _, ok := l["app.kubernetes.io/part-of"]; ok || l[LabelManagedBy] != ManagedBy {
+				return fmt.Errorf("labels %v: a reserved label came through, or ours went", l)
+			}
+			return nil
+		})
+		setExported(nil, nil)
+		eventually.Within(t, time.Minute, "a's ServiceImport without them once b exports none", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			if _, ok := im.si.Labels["tier"]; ok {
+				return fmt.Errorf("labels %v", im.si.Labels)
+			}
+			if _, ok := im.si.Annotations["example.com/note"]; ok {
+				return fmt.Errorf("annotations %v", im.si.Annotations)
+			}
+			if im.si.Labels[LabelManagedBy] != ManagedBy {
+				return fmt.Errorf("labels %v: ours went too", im.si.Labels)
+			}
+			return nil
+		})
+	})
+
 	t.Run("forged and replayed snapshots change nothing", func(t *testing.T) {
 		// c signs a snapshot claiming to be b's, without exports; and b's
 		// own first snapshot comes again.

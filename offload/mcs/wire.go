@@ -50,6 +50,12 @@ type Export struct {
 	// them ignore them.
 	InternalTrafficPolicy string `json:"internalTrafficPolicy,omitempty"`
 	TrafficDistribution   string `json:"trafficDistribution,omitempty"`
+	// Labels and Annotations are the ServiceExport's exportedLabels and
+	// exportedAnnotations (exportedMeta: valid, outside the reserved
+	// domains, bounded); the importer puts them on its ServiceImport.
+	// Receivers that predate them ignore them.
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
 	// Slices are the Service's EndpointSlices, addresses in the
 	// exporter's own terms.
 	Slices []Slice `json:"slices,omitempty"`
@@ -326,6 +332,12 @@ func (e Export) validate() error {
 		}
 	}
 	if err := validPorts(e.Ports, true); err != nil {
+		return err
+	}
+	if err := validExportedMeta(e.Labels, true); err != nil {
+		return err
+	}
+	if err := validExportedMeta(e.Annotations, false); err != nil {
 		return err
 	}
 	for _, s := range e.Slices {

@@ -174,12 +174,20 @@ func TestSnapshotRefusals(t *testing.T) {
 	badDistribution := sampleExport("web", "front", 1)
 	badDistribution.TrafficDistribution = "Prefer Close;drop"
 	invalidDistribution, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{badDistribution}}, 64<<10)
+	reservedLabel := sampleExport("web", "front", 1)
+	reservedLabel.Labels = map[string]string{"app.kubernetes.io/managed-by": "mcs.flotilla.io"}
+	invalidReservedLabel, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{reservedLabel}}, 64<<10)
+	badAnnotation := sampleExport("web", "front", 1)
+	badAnnotation.Annotations = map[string]string{"not a key": "x"}
+	invalidAnnotation, _ := Encode(b, Snapshot{Cluster: b.ClusterID(), Serial: 5, Exports: []Export{badAnnotation}}, 64<<10)
 	for _, tt := range []struct {
 		name string
 		msg  []byte
 		want error
 	}{
 		{"empty", nil, ErrMalformed},
+		{"a label in a reserved domain", invalidReservedLabel[0], ErrMalformed},
+		{"an annotation that is not a key", invalidAnnotation[0], ErrMalformed},
 		{"other format", append([]byte{9}, good(5)[1:]...), ErrMalformed},
 		{"tampered", tampered, identity.ErrBadSignature},
 		{"signed by another than it claims", claimsC[0], identity.ErrBadSignature},
