@@ -22,6 +22,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/offload"
 )
 
 // Fences proves, with the agent's own credential, that the admission
@@ -261,13 +262,28 @@ type probe struct {
 	do           func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error
 }
 
-// probeName names what the probes would create; dry runs write nothing.
-const probeName = "flotilla-fence-probe"
+// probeName names what the probes would create, probeConsumer the tenant
+// they would make; dry runs write nothing.
+const (
+	probeName     = "flotilla-fence-probe"
+	probeConsumer = "fenceprobe"
+)
 
 var probes = []probe{
 	{"create a namespace that is not a tenant", "flotilla-agent-namespaces",
 		func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error {
 			_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: probeName}}, dry)
+			return err
+		}},
+	{"label a namespace into its placement webhook (" + offload.LabelOffloaded + ")", "flotilla-agent-offloaded-label",
+		func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error {
+			// A tenant namespace, which the agent may create, but
+			// labelled as only an administrator may label one.
+			l := offload.TenantLabels(probeConsumer)
+			l[LabelPodSecurityEnforce] = PodSecurityRestricted
+			l[offload.LabelOffloaded] = "true"
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: offload.TenantNamespace(probeConsumer), Labels: l}}
+			_, err := c.CoreV1().Namespaces().Create(ctx, ns, dry)
 			return err
 		}},
 	{"create a Secret in default", "flotilla-agent-tenant-objects",
