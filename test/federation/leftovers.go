@@ -2,12 +2,14 @@ package federation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,21 +53,43 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 	if len(installed) == 0 {
 		return
 	}
-	for _, c := range installed {
-		unoffloadAll(t, c)
+	// Each step in every cluster at once, the steps in order: a consumer
+	// stops offloading before its providers revoke, and a provider's
+	// agent deletes its tenants before it is uninstalled.
+	step := func(what string, do func(c *NodeCluster) error) {
+		t.Helper()
+		start := time.Now()
+		errs := make([]error, len(installed))
+		var wg sync.WaitGroup
+		for i, c := range installed {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := do(c); err != nil {
+					errs[i] = fmt.Errorf("uninstall %s: %w", c.Name, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("%v", err)
+		}
+		t.Logf("uninstall: %s in %d clusters: %s", what, len(installed), time.Since(start).Round(time.Millisecond))
 	}
-	for _, c := range installed {
-		revokeAll(t, c)
-	}
-	for _, c := range installed {
+	flotilla := harness.Flotilla(t)
+	step("unoffload", func(c *NodeCluster) error { return unoffloadAll(c, flotilla) })
+	step("revoke", func(c *NodeCluster) error { return revokeAll(c, flotilla) })
+	step("delete and clean up", func(c *NodeCluster) error {
 		if out, err := KubectlTimeout(c.CP, 3*time.Minute, "delete", "-k", c.Install, "--ignore-not-found", "--wait", "--timeout=150s"); err != nil {
-			t.Fatalf("uninstall %s: kubectl delete -k %s: %v\n%s", c.Name, c.Install, err, out)
+			return fmt.Errorf("kubectl delete -k %s: %v\n%s", c.Install, err, out)
 		}
-		out, err := c.Gateway.Exec(context.Background(), harness.Flotilla(t), "cleanup", "--wireguard-interface", c.iface)
+		out, err := c.Gateway.Exec(context.Background(), flotilla, "cleanup", "--wireguard-interface", c.iface)
 		if err != nil {
-			t.Fatalf("uninstall %s: flotilla cleanup on %s: %v\n%s", c.Name, c.Gateway.NodeName, err, out)
+			return fmt.Errorf("flotilla cleanup on %s: %v\n%s", c.Gateway.NodeName, err, out)
 		}
-	}
+		return nil
+	})
+	start := time.Now()
 	var left []string
 	deadline := time.Now().Add(uninstallTimeout)
 	for {
@@ -80,6 +104,7 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 		}
 		time.Sleep(3 * time.Second)
 	}
+	t.Logf("uninstall: nothing left checked in %d clusters: %s", len(cs), time.Since(start).Round(time.Millisecond))
 	if len(left) > 0 {
 		t.Fatalf("after uninstalling every agent, %d things are left:\n  %s", len(left), strings.Join(left, "\n  "))
 	}
@@ -87,23 +112,22 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 
 // unoffloadAll stops offloading every namespace of c (`flotilla unoffload
 // namespace NS`) and waits until no NamespaceOffload is left.
-func unoffloadAll(t harness.TB, c *NodeCluster) {
-	t.Helper()
+func unoffloadAll(c *NodeCluster, flotilla string) error {
 	ctx := context.Background()
 	var list v1alpha1.NamespaceOffloadList
 	err := c.Client.List(ctx, &list)
 	if gone(err) {
-		return // uninstalled by the test already
+		return nil // uninstalled by the test already
 	}
 	if err != nil {
-		t.Fatalf("uninstall %s: NamespaceOffloads: %v", c.Name, err)
+		return fmt.Errorf("NamespaceOffloads: %w", err)
 	}
 	for _, o := range list.Items {
-		if out, err := exec.Command(harness.Flotilla(t), "unoffload", "namespace", o.Namespace, "--kubeconfig", c.CP.Kubeconfig).CombinedOutput(); err != nil {
-			t.Fatalf("uninstall %s: flotilla unoffload namespace %s: %v\n%s", c.Name, o.Namespace, err, out)
+		if out, err := exec.Command(flotilla, "unoffload", "namespace", o.Namespace, "--kubeconfig", c.CP.Kubeconfig).CombinedOutput(); err != nil {
+			return fmt.Errorf("flotilla unoffload namespace %s: %v\n%s", o.Namespace, err, out)
 		}
 	}
-	within(t, uninstallTimeout, "no NamespaceOffload left on "+c.Name, func() error {
+	return until(uninstallTimeout, "no NamespaceOffload left", func() error {
 		var list v1alpha1.NamespaceOffloadList
 		if err := c.Client.List(ctx, &list); err != nil {
 			return err
@@ -118,25 +142,24 @@ func unoffloadAll(t harness.TB, c *NodeCluster) {
 // revokeAll revokes every grant c gave (`flotilla revoke PEER`) and waits
 // until c's agent removed the tenant namespaces: a provider's agent is the
 // one that deletes them, so it must do so before it is uninstalled.
-func revokeAll(t harness.TB, c *NodeCluster) {
-	t.Helper()
+func revokeAll(c *NodeCluster, flotilla string) error {
 	ctx := context.Background()
 	peers, err := c.Peers(ctx)
 	if gone(err) {
-		return // uninstalled by the test already
+		return nil // uninstalled by the test already
 	}
 	if err != nil {
-		t.Fatalf("uninstall %s: Peers: %v", c.Name, err)
+		return fmt.Errorf("Peers: %w", err)
 	}
 	for name, p := range peers {
 		if off := p.Status.Offloading; off == nil || off.Granted == nil {
 			continue
 		}
-		if out, err := exec.Command(harness.Flotilla(t), "revoke", p.Name, "--kubeconfig", c.CP.Kubeconfig).CombinedOutput(); err != nil {
-			t.Fatalf("uninstall %s: flotilla revoke %s (%s): %v\n%s", c.Name, p.Name, name, err, out)
+		if out, err := exec.Command(flotilla, "revoke", p.Name, "--kubeconfig", c.CP.Kubeconfig).CombinedOutput(); err != nil {
+			return fmt.Errorf("flotilla revoke %s (%s): %v\n%s", p.Name, name, err, out)
 		}
 	}
-	within(t, uninstallTimeout, "no tenant namespace left on "+c.Name, func() error {
+	return until(uninstallTimeout, "no tenant namespace left", func() error {
 		nss, err := c.CP.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: offload.LabelTenant})
 		if err != nil {
 			return err
@@ -146,6 +169,22 @@ func revokeAll(t harness.TB, c *NodeCluster) {
 		}
 		return nil
 	})
+}
+
+// until polls cond until it holds or d has passed, and says what did not
+// happen then; within's form for goroutines, which may not end a test.
+func until(d time.Duration, what string, cond func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %s: %w", what, d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // gone says whether err means our kinds are not served: the CRDs were

@@ -97,15 +97,7 @@ func WaitDeployment(t harness.TB, c *NodeCluster, ns, name string, n int, timeou
 // last error after d (eventually.Within, for a harness.TB).
 func within(t harness.TB, d time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := until(d, what, cond); err != nil {
+		t.Fatalf("%v", err)
 	}
 }
