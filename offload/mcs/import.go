@@ -476,6 +476,11 @@ func (s *Services) sliceOf(si *mcsv1alpha1.ServiceImport, cluster string, index 
 		out := discoveryv1.Endpoint{Conditions: discoveryv1.EndpointConditions{Ready: ptr(ep.Ready), Serving: ptr(ep.Serving), Terminating: ptr(false)}}
 		if ep.Hostname != "" {
 			out.Hostname = ptr(ep.Hostname)
+		} else if len(ep.Addresses) > 0 {
+			// KEP-1645's system-assigned identifier of an endpoint without
+			// a hostname: its address as the exporter knows it, dashed,
+			// so that every importer names it alike whatever its view.
+			out.Hostname = ptr(AddressLabel(ep.Addresses[0]))
 		}
 		for _, a := range ep.Addresses {
 			local, ok := a, true

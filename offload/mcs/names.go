@@ -9,6 +9,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
+	"strings"
 
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 )
@@ -69,4 +71,10 @@ func DerivedServiceName(service string) string {
 func ImportedSliceName(service, cluster string, index int) string {
 	sum := sha256.Sum256([]byte(cluster))
 	return fmt.Sprintf("%s-%s-%d", DerivedServiceName(service), hex.EncodeToString(sum[:4]), index)
+}
+
+// AddressLabel is an address as a DNS label, dashed as CoreDNS names
+// endpoints: 10-1-0-7, fd00--7.
+func AddressLabel(a netip.Addr) string {
+	return strings.NewReplacer(".", "-", ":", "-").Replace(a.String())
 }

@@ -436,6 +436,25 @@ func TestExportImport(t *testing.T) {
 			}
 			return im.usable(map[string][]string{B: {"10.201.0.11"}})
 		})
+		// The endpoint has no hostname: every importer names it by b's
+		// address, not by its own view of it.
+		for _, x := range []*cluster{a, b} {
+			var list discoveryv1.EndpointSliceList
+			if err := x.admin.List(ctx, &list, client.InNamespace("web"), client.MatchingLabels{LabelServiceName: "db"}); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, es := range list.Items {
+				for _, ep := range es.Endpoints {
+					if ep.Hostname != nil {
+						names = append(names, *ep.Hostname)
+					}
+				}
+			}
+			if !slices.Equal(names, []string{"10-1-0-11"}) {
+				t.Errorf("%s's imported endpoints are named %v, want [10-1-0-11]", x.name, names)
+			}
+		}
 		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("db")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
 			t.Errorf("a headless import has a derived Service: %v", err)
 		}

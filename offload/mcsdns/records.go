@@ -119,10 +119,11 @@ func (s *service) buildHeadless(eps []*discoveryv1.EndpointSlice) {
 				}
 				continue
 			}
-			// Without a hostname, the specification's "system-assigned
-			// identifier": the address, dashed, as CoreDNS names them.
+			// Without a hostname (a slice the importer did not write),
+			// the specification's "system-assigned identifier": the
+			// address, dashed, as CoreDNS names them.
 			for _, a := range addrs {
-				if h := dashed(a); isLabel(h) {
+				if h := mcs.AddressLabel(a); isLabel(h) {
 					s.addHost(h+"."+cluster, cluster, []netip.Addr{a}, es.Ports)
 				}
 			}
@@ -157,11 +158,6 @@ func (s *service) addHost(host, cluster string, addrs []netip.Addr, ports []disc
 			s.srv[k] = append(s.srv[k], srvTarget{port: uint16(*p.Port), target: host})
 		}
 	}
-}
-
-// dashed is an address as a DNS label: 10-1-0-7, fd00--7.
-func dashed(a netip.Addr) string {
-	return strings.NewReplacer(".", "-", ":", "-").Replace(a.String())
 }
 
 // srvKey is the two labels of a port's SRV name; unnamed ports have none.
