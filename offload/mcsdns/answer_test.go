@@ -199,6 +199,11 @@ func TestAnswers(t *testing.T) {
 		if resp.Authoritative != inZone {
 			t.Errorf("%s: authoritative %v", tc.qname, resp.Authoritative)
 		}
+		// The question asks for recursion (SetQuestion sets RD): the
+		// zone's answers are final, so they say recursion is available.
+		if resp.RecursionAvailable != inZone {
+			t.Errorf("%s: recursion available %v, want %v", tc.qname, resp.RecursionAvailable, inZone)
+		}
 		if inZone && len(resp.Answer) == 0 {
 			if len(resp.Ns) != 1 || resp.Ns[0].Header().Rrtype != dns.TypeSOA || resp.Ns[0].(*dns.SOA).Minttl != TTL {
 				t.Errorf("%s: authority %v, want the zone's SOA", tc.qname, resp.Ns)
@@ -207,6 +212,17 @@ func TestAnswers(t *testing.T) {
 		if !inZone && len(resp.Ns) != 0 {
 			t.Errorf("%s: refused, but authority %v", tc.qname, resp.Ns)
 		}
+	}
+}
+
+// A question that does not ask for recursion gets no RA.
+func TestNoRecursionAskedNoneOffered(t *testing.T) {
+	s := testZone()
+	req := new(dns.Msg)
+	req.SetQuestion("db.shop.svc.clusterset.local.", dns.TypeA)
+	req.RecursionDesired = false
+	if resp := s.respond(req); resp.RecursionAvailable || !resp.Authoritative {
+		t.Errorf("RA %v, AA %v; want no RA, AA", resp.RecursionAvailable, resp.Authoritative)
 	}
 }
 

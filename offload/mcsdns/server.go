@@ -287,7 +287,12 @@ func (s *Server) respond(req *dns.Msg) *dns.Msg {
 			resp.Rcode = dns.RcodeServerFailure
 		}
 	}
-	resp.RecursionAvailable = false
+	// The server recurses nowhere, but its answers for the zone are final,
+	// what a recursive resolver would answer: a client that asks for
+	// recursion gets RA on them. CoreDNS forwards the answer as it is, and
+	// without RA a pod's dig or nslookup warns "recursion not available".
+	// Names out of the zone are refused, without RA.
+	resp.RecursionAvailable = req.RecursionDesired && resp.Authoritative
 	if opt := req.IsEdns0(); opt != nil {
 		resp.SetEdns0(maxUDPAnswer, false)
 	}
