@@ -102,12 +102,6 @@ func (r clusterRef) client() (client.WithWatch, error) {
 	return client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 }
 
-// clusterClient is the client of the cluster a kubeconfig's current
-// context names.
-func clusterClient(kubeconfig string) (client.WithWatch, error) {
-	return clusterRef{kubeconfig: kubeconfig}.client()
-}
-
 // clusterList is --kubeconfig and --context, each repeatable, on a
 // command that talks to several clusters.
 type clusterList struct {

@@ -38,6 +38,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// clusterClient is the client of the cluster a kubeconfig's current
+// context names, as the commands make it.
+func clusterClient(kubeconfig string) (client.WithWatch, error) {
+	return clusterRef{kubeconfig: kubeconfig}.client()
+}
+
 // peerEnv is a real API server with Flotilla's CRDs and Peers the test
 // writes as the agent would.
 type peerEnv struct {
