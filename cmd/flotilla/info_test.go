@@ -158,3 +158,20 @@ func serviceAccountKubeconfig(t *testing.T, cp *harness.ControlPlane, ns, name s
 func oneSpace(s string) string {
 	return regexp.MustCompile(` {2,}`).ReplaceAllString(s, " ")
 }
+
+// The agent's /readyz?verbose, read back into checks: a reason keeps its
+// own colons; what is not a check line is skipped.
+func TestParseReadyz(t *testing.T) {
+	page := "[+]discovery ok\n[-]fences failed: policy flotilla-tenant-fence: binding missing\n[+]kubernetes ok\nreadyz check failed\n"
+	got := parseReadyz([]byte(page))
+	want := []check{{Name: "discovery", OK: true}, {Name: "fences", Message: "policy flotilla-tenant-fence: binding missing"}, {Name: "kubernetes", OK: true}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("parseReadyz:\n%v\nwant\n%v", got, want)
+	}
+	if d := describeChecks(got); d != "fences failed: policy flotilla-tenant-fence: binding missing; 2 of 3 pass" {
+		t.Errorf("describeChecks: %q", d)
+	}
+	if got := parseReadyz([]byte("ok")); len(got) != 0 {
+		t.Errorf("parseReadyz(ok) = %v", got)
+	}
+}
