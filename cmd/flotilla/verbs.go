@@ -31,7 +31,8 @@ func noArgs(_ *cobra.Command, args []string) error {
 	return nil
 }
 
-// oneArg: the command takes one argument, what; missing says so.
+// oneArg: the command takes one argument; without it, the usage error
+// says missing.
 func oneArg(missing string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		switch {
