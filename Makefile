@@ -11,12 +11,13 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
 # bin/kubectl-flotilla is the same binary as a kubectl plugin: on PATH,
-# `kubectl flotilla ...` runs it (docs/operations.md). Built as the image
+# `kubectl flotilla ...` runs it, and bin/kubectl_complete-flotilla
+# completes its words (docs/cli.md). Built as the image
 # builds it, without the symbol table and DWARF (a third of its size);
 # DEBUG=1 keeps them for a debugger.
 BUILDFLAGS := $(if $(DEBUG),,-trimpath)
@@ -24,6 +25,12 @@ STRIP      := $(if $(DEBUG),,-s -w)
 build:
 	$(GO) build $(BUILDFLAGS) -ldflags "$(STRIP) $(LDFLAGS)" -o bin/flotilla ./cmd/flotilla
 	ln -sf flotilla bin/kubectl-flotilla
+	ln -sf flotilla bin/kubectl_complete-flotilla
+
+# docs/cli.md, the command line reference, from the commands' own help;
+# a test of cmd/flotilla fails when it differs.
+docs:
+	$(GO) run ./cmd/flotilla docs > docs/cli.md.tmp && mv docs/cli.md.tmp docs/cli.md
 
 # The agent's image without a container engine: the static binary on an
 # empty base, reproducible (fixed timestamps), as an image tarball that

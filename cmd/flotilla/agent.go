@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
@@ -20,13 +24,17 @@ import (
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
-func init() {
-	register(command{name: "agent", summary: "run the agent of this cluster", run: runAgent})
-}
+func init() { register(newAgentCommand) }
 
-func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
+func newAgentCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "agent",
+		GroupID: groupNode,
+		Short:   "run the agent of this cluster",
+		Args:    noArgs,
+	}
 	cfg := agent.DefaultConfig()
-	fs := newFlagSet("agent", stderr)
+	fs := cmd.Flags()
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
@@ -34,7 +42,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 
-	fs.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "this cluster's human name, shown on other clusters' Peers")
+	fs.StringVar(&cfg.ClusterName, "cluster-name", "", "this cluster's human name, shown on other clusters' Peers (default: the host's name)")
 	fs.StringVar(&cfg.ClusterSetName, "clusterset-name", cfg.ClusterSetName, "the federation's name, written as the ClusterProperty clusterset.k8s.io (Multi-Cluster Services)")
 	labels := labelFlag{}
 	fs.Var(labels, "cluster-label", "a label of this cluster as key=value, repeatable: announced to peers, which show it on their Peer for this cluster (a NamespaceOffload's clusterSelector picks by them); Kubernetes label syntax, no key under flotilla.io/")
@@ -55,10 +63,9 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	advertise := addrFlag{&cfg.AdvertiseAddr}
 	fs.Var(advertise, "advertise-addr", "address other clusters reach this gateway at (default: the default route's source address)")
 	fs.BoolVar(&cfg.MDNS, "mdns", cfg.MDNS, "advertise and browse _flotilla._udp with mDNS on the LAN")
-	var domains, joins stringList
-	fs.Var(&domains, "dns-domain", "domain to browse for _flotilla._udp SRV records, repeatable")
+	fs.StringArrayVar(&cfg.DNSDomains, "dns-domain", nil, "domain to browse for _flotilla._udp SRV records, repeatable")
 	fs.StringVar(&cfg.DNSServer, "dns-server", "", "DNS server for --dns-domain as host:port (default: /etc/resolv.conf)")
-	fs.Var(&joins, "join", "gossip address (host:port) of a member to join, repeatable")
+	fs.StringArrayVar(&cfg.Joins, "join", nil, "gossip address (host:port) of a member to join, repeatable")
 	fs.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "gossip timings: lan or wan")
 
 	wg := fs.String("wireguard", string(cfg.WireGuard), "WireGuard implementation: auto (kernel when available), kernel or userspace")
@@ -67,8 +74,8 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&cfg.WireGuardKeyRotation, "wireguard-key-rotation", 0, "replace the WireGuard key this often, e.g. 720h (0: never)")
 
 	fs.StringVar(&cfg.FabricOwner, "fabric-owner", "", "the agent's Deployment, which owns the fabric's DaemonSet that brings every node into the federation (empty: no fabric, only the gateway node's pods reach peers)")
-	fs.StringVar(&cfg.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
-	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "the gateway node's name, for the fabric (default: $NODE_NAME)")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
+	fs.StringVar(&cfg.NodeName, "node-name", "", "the gateway node's name, for the fabric (default: $NODE_NAME)")
 
 	traffic := fs.String("traffic", string(cfg.Traffic), "Full: a peer's traffic reaches every pod here; Segregated: only its offloaded pods and the Services reflected or exported to it (docs/policy.md); a Peer's spec.traffic overrides it")
 	fs.DurationVar(&cfg.OffloadRevokeAfter, "offload-revoke-after", cfg.OffloadRevokeAfter, "how long a consumer may be unreachable before its grant here is revoked and its tenant, with what it runs here, removed (at least --unreachable-grace)")
@@ -90,11 +97,36 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Float64Var(&cfg.GossipPackets.SourceRate, "gossip-packet-rate", discovery.DefaultPacketRate, "gossip packets (UDP) a second one source address may send before its packets are dropped unread")
 	fs.IntVar(&cfg.GossipPackets.SourceBurst, "gossip-packet-burst", discovery.DefaultPacketBurst, "gossip packets one source address may send at once, above --gossip-packet-rate")
 	fs.StringVar(&cfg.CoreDNSForward, "coredns-forward", cfg.CoreDNSForward, "namespace/name of CoreDNS's ConfigMap (kube-system/coredns) where the agent keeps a block forwarding clusterset.local to its DNS Service, and nothing else (needs deploy/coredns-forward); empty: none, and the block of an earlier run is taken out")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if cfg.ClusterName == "" {
+			cfg.ClusterName = agent.DefaultConfig().ClusterName
+		}
+		if cfg.Namespace == "" {
+			cfg.Namespace = os.Getenv("POD_NAMESPACE")
+		}
+		if cfg.NodeName == "" {
+			cfg.NodeName = os.Getenv("NODE_NAME")
+		}
+		cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
+		cfg.ClusterLabels = labels
+		return runAgent(cmd.Context(), cmd.ErrOrStderr(), cfg, agentChoices{
+			webhookNames: *webhookNames, logFormat: *logFormat, logLevel: *logLevel, peering: *policy, announce: *announce,
+			wireguard: *wg, grants: *grants, offloadTo: *offloadTo, traffic: *traffic,
+		})
 	}
-	if *webhookNames != "" {
-		cfg.WebhookClientNames = strings.Split(*webhookNames, ",")
+	return cmd
+}
+
+// agentChoices are the agent's flags read as words, checked when it
+// starts.
+type agentChoices struct {
+	webhookNames, logFormat, logLevel                        string
+	peering, announce, wireguard, grants, offloadTo, traffic string
+}
+
+func runAgent(ctx context.Context, stderr io.Writer, cfg agent.Config, f agentChoices) error {
+	if f.webhookNames != "" {
+		cfg.WebhookClientNames = strings.Split(f.webhookNames, ",")
 	}
 	if cfg.Profiling {
 		// A heap sample every 16 KiB allocated (default 512 KiB): fine
@@ -103,10 +135,9 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 		// of the moment.
 		runtime.MemProfileRate = 16 << 10
 	}
-	logger, err := newLogger(stderr, *logFormat, *logLevel)
+	logger, err := newLogger(stderr, f.logFormat, f.logLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: %v\n", err)
-		return errUsage
+		return usageError{err: err}
 	}
 	cfg.Logger = logger
 	if v := os.Getenv("POD_IP"); !cfg.NodeAddress.IsValid() && v != "" {
@@ -114,32 +145,23 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return fmt.Errorf("$POD_IP %q (the default of --node-address): %w", v, err)
 		}
 	}
-	cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
-	cfg.DNSDomains, cfg.Joins = domains, joins
-	cfg.ClusterLabels = labels
-	if cfg.Peering, err = peering.ParsePolicy(*policy); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --peering: %v\n", err)
-		return errUsage
+	if cfg.Peering, err = peering.ParsePolicy(f.peering); err != nil {
+		return usageErrorf("--peering: %v", err)
 	}
-	if cfg.Announce, err = agent.ParseAnnounce(*announce); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --announce: %v\n", err)
-		return errUsage
+	if cfg.Announce, err = agent.ParseAnnounce(f.announce); err != nil {
+		return usageErrorf("--announce: %v", err)
 	}
-	if cfg.WireGuard, err = tunnel.ParseMode(*wg); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --wireguard: %v\n", err)
-		return errUsage
+	if cfg.WireGuard, err = tunnel.ParseMode(f.wireguard); err != nil {
+		return usageErrorf("--wireguard: %v", err)
 	}
-	if cfg.OffloadGrants, err = tenancy.ParseGrantPolicy(*grants); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --offload-grants: %v\n", err)
-		return errUsage
+	if cfg.OffloadGrants, err = tenancy.ParseGrantPolicy(f.grants); err != nil {
+		return usageErrorf("--offload-grants: %v", err)
 	}
-	if cfg.OffloadTo, err = remote.ParseUsePolicy(*offloadTo); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --offload-to: %v\n", err)
-		return errUsage
+	if cfg.OffloadTo, err = remote.ParseUsePolicy(f.offloadTo); err != nil {
+		return usageErrorf("--offload-to: %v", err)
 	}
-	if cfg.Traffic, err = trafficpolicy.ParseMode(*traffic); err != nil {
-		fmt.Fprintf(stderr, "flotilla agent: --traffic: %v\n", err)
-		return errUsage
+	if cfg.Traffic, err = trafficpolicy.ParseMode(f.traffic); err != nil {
+		return usageErrorf("--traffic: %v", err)
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
@@ -166,7 +188,14 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // cidrList is a repeatable, comma-separated list of canonical CIDRs.
 type cidrList []netip.Prefix
 
-func (l *cidrList) String() string { return fmt.Sprint([]netip.Prefix(*l)) }
+func (l *cidrList) String() string {
+	parts := make([]string, len(*l))
+	for i, p := range *l {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, ",")
+}
+func (l *cidrList) Type() string { return "cidrs" }
 func (l *cidrList) Set(v string) error {
 	for _, f := range strings.Split(v, ",") {
 		p, err := agent.ParseCIDR(strings.TrimSpace(f))
@@ -181,7 +210,14 @@ func (l *cidrList) Set(v string) error {
 // labelFlag is a repeatable key=value label, each checked as it is given.
 type labelFlag map[string]string
 
-func (l labelFlag) String() string { return fmt.Sprint(map[string]string(l)) }
+func (l labelFlag) String() string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		parts = append(parts, k+"="+l[k])
+	}
+	return strings.Join(parts, ",")
+}
+func (l labelFlag) Type() string { return "key=value" }
 func (l labelFlag) Set(v string) error {
 	key, value, ok := strings.Cut(v, "=")
 	if !ok {
@@ -205,6 +241,7 @@ func (f addrPortFlag) String() string {
 	}
 	return f.p.String()
 }
+func (f addrPortFlag) Type() string { return "address:port" }
 func (f addrPortFlag) Set(v string) error {
 	ap, err := netip.ParseAddrPort(v)
 	if err != nil {
@@ -222,6 +259,7 @@ func (f addrFlag) String() string {
 	}
 	return f.p.String()
 }
+func (f addrFlag) Type() string { return "address" }
 func (f addrFlag) Set(v string) error {
 	a, err := netip.ParseAddr(v)
 	if err != nil {

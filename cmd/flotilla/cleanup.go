@@ -1,58 +1,63 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/fabric"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
-func init() {
-	register(command{
-		name:    "cleanup",
-		summary: "remove every network object the agent owns on this host",
-		run:     runCleanup,
-	})
-}
+func init() { register(newCleanupCommand) }
 
-// runCleanup removes the tunnel's link, routes and nftables table, and the
+// newCleanupCommand removes the tunnel's link, routes and nftables table, and the
 // fabric's routes, rules and nftables table (on any node). It
 // takes the same names the agent was started with and touches only objects
 // tagged as ours under those names: routes only through the named link,
 // and only if that link is tagged ours.
-func runCleanup(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("cleanup", stderr)
+func newCleanupCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "cleanup",
+		GroupID: groupNode,
+		Short:   "remove every network object the agent owns on this host",
+		Args:    noArgs,
+	}
+	fs := cmd.Flags()
 	ifname := fs.String("wireguard-interface", tunnel.DefaultInterface, "name of the WireGuard interface")
 	table := fs.Int("route-table", tunnel.DefaultRouteTable, "routing table our routes are in")
 	proto := fs.Int("route-protocol", tunnel.DefaultRouteProtocol, "route protocol number that tags our routes (never one of the kernel's or a routing daemon's)")
 	nftTable := fs.String("nft-table", tunnel.DefaultNFTable, "name of our nftables table (family ip)")
 	fabricTable := fs.Int("fabric-table", fabric.DefaultTable, "routing table of the fabric's routes (docs/fabric.md)")
 	fabricNFT := fs.String("fabric-nft-table", fabric.DefaultNFTable, "name of the fabric's nftables table (family ip)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return cleanup(cmd.OutOrStdout(), *ifname, *table, *proto, *nftTable, *fabricTable, *fabricNFT)
 	}
+	return cmd
+}
+
+func cleanup(stdout io.Writer, ifname string, table, proto int, nftTable string, fabricTable int, fabricNFT string) error {
 	// Checked here, before the Config turns 0 into the default: nothing
 	// may be removed on a protocol that is not ours.
-	if err := tunnel.CheckRouteProtocol(*proto); err != nil {
+	if err := tunnel.CheckRouteProtocol(proto); err != nil {
 		return fmt.Errorf("--route-protocol: %w; nothing removed", err)
 	}
 	err := tunnel.Cleanup(tunnel.Config{
-		Interface:     *ifname,
-		RouteTable:    *table,
-		RouteProtocol: *proto,
-		NFTable:       *nftTable,
+		Interface:     ifname,
+		RouteTable:    table,
+		RouteProtocol: proto,
+		NFTable:       nftTable,
 	})
 	if err != nil {
 		return fmt.Errorf("tunnel: %w", err)
 	}
 	fmt.Fprintf(stdout, "removed tunnel objects: link %s and its routes with protocol %d in table %d, nftables table ip %s\n",
-		*ifname, *proto, *table, *nftTable)
-	if err := fabric.Remove(fabric.Config{Table: *fabricTable, RouteProtocol: *proto, NFTable: *fabricNFT}); err != nil {
+		ifname, proto, table, nftTable)
+	if err := fabric.Remove(fabric.Config{Table: fabricTable, RouteProtocol: proto, NFTable: fabricNFT}); err != nil {
 		return fmt.Errorf("fabric: %w", err)
 	}
 	fmt.Fprintf(stdout, "removed fabric objects: routes with protocol %d in table %d and the rules to it, nftables table ip %s\n",
-		*proto, *fabricTable, *fabricNFT)
+		proto, fabricTable, fabricNFT)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -23,32 +25,46 @@ import (
 	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
 
-func init() {
-	register(command{name: "fabric", summary: "route this node's traffic to and from the peers (run by the agent's DaemonSet)", run: runFabric})
-}
+func init() { register(newFabricCommand) }
 
-func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("fabric", stderr)
+func newFabricCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "fabric",
+		GroupID: groupNode,
+		Short:   "route this node's traffic to and from the peers (run by the agent's DaemonSet)",
+		Args:    noArgs,
+	}
+	fs := cmd.Flags()
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
-	node := fs.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default: $NODE_NAME)")
-	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the agent's namespace, holding the fabric plan (default: $POD_NAMESPACE)")
+	node := fs.String("node-name", "", "this node's name (default: $NODE_NAME)")
+	namespace := fs.String("namespace", "", "the agent's namespace, holding the fabric plan (default: $POD_NAMESPACE)")
 	metricsAddr := fs.String("metrics-addr", fmt.Sprintf(":%d", fabricapi.MetricsPort), "address serving /healthz and /readyz, and /metrics and /trace to the loopback and to bearer tokens that may get them (empty: off; no host: the loopback and $POD_IP)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		log, err := newLogger(cmd.ErrOrStderr(), *logFormat, *logLevel)
+		if err != nil {
+			return usageError{err: err}
+		}
+		if *node == "" {
+			*node = os.Getenv("NODE_NAME")
+		}
+		if *namespace == "" {
+			*namespace = os.Getenv("POD_NAMESPACE")
+		}
+		if *node == "" || *namespace == "" {
+			return usageErrorf("--node-name and --namespace are required (or NODE_NAME and POD_NAMESPACE)")
+		}
+		return runFabric(cmd.Context(), log, *kubeconfig, *node, *namespace, *metricsAddr)
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "flotilla fabric: %v\n", err)
-		return errUsage
-	}
-	if *node == "" || *namespace == "" {
-		fmt.Fprintln(stderr, "flotilla fabric: --node-name and --namespace are required (or NODE_NAME and POD_NAMESPACE)")
-		return errUsage
-	}
+	return cmd
+}
+
+// runFabric applies this node's part of the fabric plan until ctx ends,
+// serving its health and metrics on metricsAddr.
+func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespace, metricsAddr string) error {
 	agent.RouteKubernetesLogs(log)
-	restCfg, err := agent.KubeConfig(*kubeconfig)
+	restCfg, err := agent.KubeConfig(kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -61,14 +77,14 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 	var applied atomic.Pointer[error]
 	notYet := errors.New("no plan applied yet")
 	applied.Store(&notYet)
-	if *metricsAddr != "" {
+	if metricsAddr != "" {
 		var podIP netip.Addr
 		if v := os.Getenv("POD_IP"); v != "" {
 			if podIP, err = netip.ParseAddr(v); err != nil {
 				return fmt.Errorf("$POD_IP %q: %w", v, err)
 			}
 		}
-		addrs, err := apiauth.Addresses(*metricsAddr, podIP)
+		addrs, err := apiauth.Addresses(metricsAddr, podIP)
 		if err != nil {
 			return err
 		}
@@ -92,9 +108,9 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 		guarded.Handle(live.Path, live.Handler(func(context.Context) (trace.NodeReport, error) {
 			k, err := live.ReadKernel(live.Config{})
 			if err != nil {
-				return trace.NodeReport{Node: *node, Errors: []string{err.Error()}}, nil
+				return trace.NodeReport{Node: node, Errors: []string{err.Error()}}, nil
 			}
-			return trace.NodeReport{Node: *node, Kernel: k}, nil
+			return trace.NodeReport{Node: node, Kernel: k}, nil
 		}, log))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		for _, addr := range addrs {
@@ -108,9 +124,9 @@ func runFabric(ctx context.Context, args []string, _, stderr io.Writer) error {
 		defer srv.Close()
 	}
 	return fabricapi.RunNode(ctx, fabricapi.NodeConfig{
-		Client: client, Namespace: *namespace, NodeName: *node,
+		Client: client, Namespace: namespace, NodeName: node,
 		Fabric:  fabric.Config{Logger: log, Metrics: reg},
-		Log:     log.With("node", *node),
+		Log:     log.With("node", node),
 		Applied: func(err error) { applied.Store(&err) },
 	})
 }

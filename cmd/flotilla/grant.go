@@ -3,13 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,84 +19,99 @@ import (
 )
 
 func init() {
-	register(command{name: "grant", summary: "let a peer offload to this cluster, with limits (Peer spec.offloading: Grant)", run: runGrant})
-	register(command{name: "revoke", summary: "stop a peer offloading to this cluster; its credential stops working (spec.offloading: Deny)", run: runRevoke})
+	register(newGrantCommand)
+	register(newRevokeCommand)
 }
 
-// peerCommand is what grant and revoke share: the Peer named first, then
-// flags, as kubectl has them.
-type peerCommand struct {
-	fs         *flag.FlagSet
-	kubeconfig *string
-	wait       *time.Duration
-}
-
-func newPeerCommand(name string, stderr io.Writer) peerCommand {
-	fs := newFlagSet(name, stderr)
-	return peerCommand{
-		fs:         fs,
-		kubeconfig: fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)"),
-		wait:       fs.Duration("wait", 30*time.Second, "how long to wait for the agent to act on it (0: do not wait)"),
+func newGrantCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "grant PEER",
+		GroupID: groupOffload,
+		Short:   "let a peer offload to this cluster, with limits (Peer spec.offloading: Grant)",
+		Args:    oneArg(namePeer),
 	}
-}
-
-// parse reads "PEER [flags]" and returns the PEER argument.
-func (pc peerCommand) parse(args []string) (string, error) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if err := pc.fs.Parse(args); err != nil && errors.Is(err, flag.ErrHelp) {
-			return "", err
+	cluster := clusterFlags(cmd)
+	cmd.ValidArgsFunction = completePeers(cluster)
+	wait := waitFlag(cmd)
+	cpu := cmd.Flags().String("cpu", "", "CPU the peer's pods may request in all (a quantity: 4, 500m); empty: no limit")
+	memory := cmd.Flags().String("memory", "", "memory the peer's pods may request in all (8Gi); empty: no limit")
+	pods := cmd.Flags().Int64("pods", 0, "how many pods the peer may run here at once; 0: no limit")
+	namespaces := cmd.Flags().Int64("namespaces", 0, "how many namespaces the peer may have mirrored here; 0: no limit")
+	o := outputFlag(cmd, peerFormats...)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+		out, progress, err := resultOutput(*o, stdout, cmd.ErrOrStderr())
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(pc.fs.Output(), "%s: name the peer first (its cluster name or ID, as `flotilla status` shows them)\n", pc.fs.Name())
-		return "", errUsage
+		limits, err := grantLimits(*cpu, *memory, *pods, *namespaces)
+		if err != nil {
+			return err
+		}
+		c, err := cluster.client()
+		if err != nil {
+			return err
+		}
+		peer, err := findPeer(ctx, c, args[0])
+		if err != nil {
+			return err
+		}
+		spec := map[string]any{"offloading": v1alpha1.OffloadingGrant, "offloadLimits": limits}
+		gen, err := patchSpec(ctx, c, peer, spec)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "peer %s (%s): offloading granted in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+		if err := waitGrant(ctx, c, progress, peer.Name, gen, *wait, true); err != nil {
+			return err
+		}
+		return writePeerResult(ctx, c, stdout, peer.Name, out)
 	}
-	return args[0], parseFlags(pc.fs, args[1:])
+	return cmd
 }
 
-func (pc peerCommand) client() (client.Client, error) { return clusterClient(*pc.kubeconfig) }
-
-func runGrant(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pc := newPeerCommand("grant", stderr)
-	cpu := pc.fs.String("cpu", "", "CPU the peer's pods may request in all (a quantity: 4, 500m); empty: no limit")
-	memory := pc.fs.String("memory", "", "memory the peer's pods may request in all (8Gi); empty: no limit")
-	pods := pc.fs.Int64("pods", 0, "how many pods the peer may run here at once; 0: no limit")
-	namespaces := pc.fs.Int64("namespaces", 0, "how many namespaces the peer may have mirrored here; 0: no limit")
-	o := outputFlag(pc.fs)
-	name, err := pc.parse(args)
-	if err != nil {
-		return err
+func newRevokeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "revoke PEER",
+		GroupID: groupOffload,
+		Short:   "stop a peer offloading to this cluster; its credential stops working (spec.offloading: Deny)",
+		Args:    oneArg(namePeer),
 	}
-	out, progress, err := resultOutput(*o, stdout, stderr)
-	if err != nil {
-		return err
+	cluster := clusterFlags(cmd)
+	cmd.ValidArgsFunction = completePeers(cluster)
+	wait := waitFlag(cmd)
+	o := outputFlag(cmd, peerFormats...)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+		out, progress, err := resultOutput(*o, stdout, cmd.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		c, err := cluster.client()
+		if err != nil {
+			return err
+		}
+		peer, err := findPeer(ctx, c, args[0])
+		if err != nil {
+			return err
+		}
+		gen, err := patchSpec(ctx, c, peer, map[string]any{"offloading": v1alpha1.OffloadingDeny})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "peer %s (%s): offloading denied in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
+		if err := waitGrant(ctx, c, progress, peer.Name, gen, *wait, false); err != nil {
+			return err
+		}
+		return writePeerResult(ctx, c, stdout, peer.Name, out)
 	}
-	limits, err := grantLimits(*cpu, *memory, *pods, *namespaces)
-	if err != nil {
-		return err
-	}
-	c, err := pc.client()
-	if err != nil {
-		return err
-	}
-	peer, err := findPeer(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	spec := map[string]any{"offloading": v1alpha1.OffloadingGrant, "offloadLimits": limits}
-	gen, err := patchSpec(ctx, c, peer, spec)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(progress, "peer %s (%s): offloading granted in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
-	if err := waitGrant(ctx, c, progress, peer.Name, gen, *pc.wait, true); err != nil {
-		return err
-	}
-	return writePeerResult(ctx, c, stdout, peer.Name, out)
+	return cmd
 }
 
 // resultOutput reads a verb's -o: with a format, progress goes to stderr
 // and stdout holds only the object once done, for a script to read.
 func resultOutput(o string, stdout, stderr io.Writer) (output, io.Writer, error) {
-	out, err := parseOutput(o)
+	out, err := parseOutput(o, peerFormats...)
 	if err != nil {
 		return "", nil, err
 	}
@@ -121,36 +135,6 @@ func writePeerResult(ctx context.Context, c client.Client, w io.Writer, name str
 		return writePeers(w, []v1alpha1.Peer{p}, outputWide, peerWideColumns, time.Now())
 	}
 	return writeObject(w, &p, "Peer", "peer", o)
-}
-
-func runRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pc := newPeerCommand("revoke", stderr)
-	o := outputFlag(pc.fs)
-	name, err := pc.parse(args)
-	if err != nil {
-		return err
-	}
-	out, progress, err := resultOutput(*o, stdout, stderr)
-	if err != nil {
-		return err
-	}
-	c, err := pc.client()
-	if err != nil {
-		return err
-	}
-	peer, err := findPeer(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	gen, err := patchSpec(ctx, c, peer, map[string]any{"offloading": v1alpha1.OffloadingDeny})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(progress, "peer %s (%s): offloading denied in spec (generation %d)\n", orDash(peer.Status.ClusterName), peer.Name, gen)
-	if err := waitGrant(ctx, c, progress, peer.Name, gen, *pc.wait, false); err != nil {
-		return err
-	}
-	return writePeerResult(ctx, c, stdout, peer.Name, out)
 }
 
 // grantLimits checks the flags and returns the spec's offloadLimits; nil

@@ -7,13 +7,13 @@ import (
 	"io"
 	"time"
 
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
@@ -22,9 +22,7 @@ import (
 	"github.com/flotilla-io/flotilla/observe/graph"
 )
 
-func init() {
-	register(command{name: "graph", summary: "draw the federation: clusters, tunnels, views both ways, grants (dot, svg or json)", run: runGraph})
-}
+func init() { register(newGraphCommand) }
 
 // The agent as deploy/ installs it: where its metrics are read from.
 const (
@@ -35,49 +33,49 @@ const (
 	metricsPort = "metrics"
 )
 
-func runGraph(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("graph", stderr)
-	format := fs.String("format", "dot", "output format: dot (Graphviz), svg (drawn here, no Graphviz needed) or json")
-	fs.StringVar(format, "o", "dot", "short for --format, as kubectl's -o")
-	var kubeconfigs stringList
-	fs.Var(&kubeconfigs, "kubeconfig", "kubeconfig of a cluster of the federation; repeat it to merge several clusters' own reports (default: $KUBECONFIG or ~/.kube/config)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+func newGraphCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "graph",
+		GroupID: groupDiagnose,
+		Short:   "draw the federation: clusters, tunnels, views both ways, grants (dot, svg or json)",
+		Args:    noArgs,
 	}
-	write, ok := map[string]func(io.Writer, graph.Graph) error{
-		"dot": graph.WriteDOT, "svg": graph.WriteSVG, "json": graph.WriteJSON,
-	}[*format]
-	if !ok {
-		fmt.Fprintf(stderr, "flotilla graph: --format %q: want dot, svg or json\n", *format)
-		return errUsage
-	}
-	if len(kubeconfigs) == 0 {
-		kubeconfigs = stringList{""}
-	}
-	var reports []graph.Report
-	for _, k := range kubeconfigs {
-		r, err := clusterReport(ctx, k, stderr)
+	format := cmd.Flags().StringP("format", "o", "dot", "output format: dot (Graphviz), svg (drawn here, no Graphviz needed) or json")
+	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"dot", "svg", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	clusters := clusterListFlags(cmd, "to merge several clusters' own reports")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		write, ok := map[string]func(io.Writer, graph.Graph) error{
+			"dot": graph.WriteDOT, "svg": graph.WriteSVG, "json": graph.WriteJSON,
+		}[*format]
+		if !ok {
+			return usageErrorf("--format %q: want dot, svg or json", *format)
+		}
+		refs, err := clusters.refs()
 		if err != nil {
 			return err
 		}
-		reports = append(reports, r)
+		var reports []graph.Report
+		for _, r := range refs {
+			report, err := clusterReport(cmd.Context(), r, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			reports = append(reports, report)
+		}
+		return write(cmd.OutOrStdout(), graph.Build(reports, time.Now()))
 	}
-	return write(stdout, graph.Build(reports, time.Now()))
+	return cmd
 }
 
 // clusterReport reads what one cluster says of itself and its peers. Only
 // its Peers are needed; what else cannot be read (its cluster ID, nodes,
 // offloaded namespaces, the agent's traffic counters) is left out with a
 // note on stderr.
-func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (graph.Report, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil)
-	cfg, err := loader.ClientConfig()
+func clusterReport(ctx context.Context, ref clusterRef, stderr io.Writer) (graph.Report, error) {
+	cfg, context, err := ref.restConfig()
 	if err != nil {
-		return graph.Report{}, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+		return graph.Report{}, err
 	}
-	raw, _ := loader.RawConfig()
 	where := cfg.Host
 	note := func(what string, err error) {
 		fmt.Fprintf(stderr, "flotilla graph: %s: %s not shown: %v\n", where, what, err)
@@ -105,7 +103,7 @@ func clusterReport(ctx context.Context, kubeconfig string, stderr io.Writer) (gr
 	case !absent(err):
 		note("cluster ID", err)
 	}
-	r.Self.Alias = raw.CurrentContext
+	r.Self.Alias = context
 	var offloads v1alpha1.NamespaceOffloadList
 	switch err := c.List(ctx, &offloads); {
 	case err == nil:

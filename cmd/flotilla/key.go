@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -14,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -22,56 +22,57 @@ import (
 	"github.com/flotilla-io/flotilla/discovery"
 )
 
-func init() {
-	register(command{name: "key", summary: "rotate the federation key without a partition: key rotate|status|generate|install|use|remove", run: runKey})
-}
+func init() { register(newKeyCommand) }
 
-// keyVerbs are key's subcommands, in the order usage lists them.
-var keyVerbs = []verb{
-	{"rotate", "move every cluster given to a new key: install it, use it, remove the old one, waiting for every agent at each step; a rerun continues", runKeyRotate},
-	{"status", "the keys each cluster's agent holds and its Secret asks for (fingerprints only)", runKeyStatus},
-	{"generate", "print a new federation key (a secret) for install and use, where each organisation runs its own steps", runKeyGenerate},
-	{"install", "add a key that decrypts but does not yet encrypt (step 1, on every cluster)", runKeyInstall},
-	{"use", "make an installed key the one that encrypts (step 2, once every cluster has it)", runKeyUse},
-	{"remove", "retire a key (step 3, once every cluster uses the new one)", runKeyRemove},
-}
-
-func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runVerbs(ctx, "key", "<verb> [flags]",
-		fmt.Sprintf("Every verb but generate takes --kubeconfig, repeated for several clusters. Run '%s key <verb> -h' for its flags.", progName),
-		keyVerbs, args, stdout, stderr)
+func newKeyCommand() *cobra.Command {
+	return withVerbs(&cobra.Command{
+		Use:     "key",
+		GroupID: groupFederation,
+		Short:   "rotate the federation key without a partition: key rotate|status|generate|install|use|remove",
+		Long: `Rotate the federation key without a partition. Every verb but generate
+takes --kubeconfig (or --context), repeated for several clusters.`,
+	},
+		newKeyRotateCommand(),
+		newKeyStatusCommand(),
+		newKeyGenerateCommand(),
+		newKeyStepCommand(stepInstall, "add a key that decrypts but does not yet encrypt (step 1, on every cluster)"),
+		newKeyStepCommand(stepUse, "make an installed key the one that encrypts (step 2, once every cluster has it)"),
+		newKeyStepCommand(removeByFingerprint(""), "retire a key (step 3, once every cluster uses the new one)"),
+	)
 }
 
 // keyFlags are the flags the key verbs share.
 type keyFlags struct {
-	fs          *flag.FlagSet
-	kubeconfigs stringList
-	namespace   *string
-	timeout     *time.Duration
+	clusters  *clusterList
+	namespace string
+	wait      time.Duration
 }
 
-func newKeyFlags(name string, stderr io.Writer) *keyFlags {
-	f := &keyFlags{fs: newFlagSet("key "+name, stderr)}
-	f.fs.Var(&f.kubeconfigs, "kubeconfig", "kubeconfig of a cluster of the federation; repeat it for each cluster to change (default: $KUBECONFIG or ~/.kube/config)")
-	f.namespace = f.fs.String("namespace", "flotilla-system", "the agent's namespace")
-	f.timeout = f.fs.Duration("timeout", 2*time.Minute, "how long to wait for each agent at each step")
+func newKeyFlags(cmd *cobra.Command) *keyFlags {
+	f := &keyFlags{clusters: clusterListFlags(cmd, "for each cluster to change")}
+	cmd.Flags().StringVar(&f.namespace, "namespace", "flotilla-system", "the agent's namespace")
+	cmd.Flags().DurationVar(&f.wait, "wait", defaultWait, "how long to wait for each agent at each step")
+	// --timeout was the name of --wait here.
+	cmd.Flags().DurationVar(&f.wait, "timeout", defaultWait, "as --wait")
+	_ = cmd.Flags().MarkDeprecated("timeout", "use --wait")
 	return f
 }
 
-func (f *keyFlags) clusters() ([]*keyCluster, error) {
-	kcs := f.kubeconfigs
-	if len(kcs) == 0 {
-		kcs = stringList{""}
+// open opens every cluster given.
+func (f *keyFlags) open() ([]clusterRef, []*keyCluster, error) {
+	refs, err := f.clusters.refs()
+	if err != nil {
+		return nil, nil, err
 	}
 	var out []*keyCluster
-	for _, k := range kcs {
-		c, err := openKeyCluster(k, "", *f.namespace)
+	for _, r := range refs {
+		c, err := openKeyCluster(r, f.namespace)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, c)
 	}
-	return out, nil
+	return refs, out, nil
 }
 
 // readKeyFile reads a key or join token from path.
@@ -90,8 +91,8 @@ func readKeyFile(flagName, path string) ([]byte, error) {
 // currentKeyFlag defines --current-key-file: the key an agent holds when
 // no Secret of the clusters given has it (the agent generated it, or it
 // came by flag), so that the verbs can write the keyring that keeps it.
-func currentKeyFlag(fs *flag.FlagSet) *string {
-	return fs.String("current-key-file", "", "file with the key in use (a join token or base64 key), needed only when no cluster given has it in its Secret flotilla-federation (`flotilla token` on a gateway prints a token with it)")
+func currentKeyFlag(cmd *cobra.Command) *string {
+	return cmd.Flags().String("current-key-file", "", "file with the key in use (a join token or base64 key), needed only when no cluster given has it in its Secret flotilla-federation (flotilla token on a gateway prints a token with it)")
 }
 
 // currentKey is a pool with the key of --current-key-file, if given.
@@ -207,23 +208,32 @@ func runStep(ctx context.Context, w io.Writer, cs []*keyCluster, pool keyPool, s
 	return nil
 }
 
-func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newKeyFlags("rotate", stderr)
-	current := currentKeyFlag(f.fs)
-	partial := f.fs.Bool("partial", false, "rotate the clusters given even though other members of the federation are not among them (those lose the federation at step 2 unless they take the steps themselves)")
-	if err := parseFlags(f.fs, args); err != nil {
-		return err
+func newKeyRotateCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "rotate",
+		Short: "move every cluster given to a new key: install it, use it, remove the old one, waiting for every agent at each step; a rerun continues",
+		Args:  noArgs,
 	}
-	cs, err := f.clusters()
+	f := newKeyFlags(cmd)
+	current := currentKeyFlag(cmd)
+	partial := cmd.Flags().Bool("partial", false, "rotate the clusters given even though other members of the federation are not among them (those lose the federation at step 2 unless they take the steps themselves)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return rotateKey(cmd.Context(), cmd.OutOrStdout(), f, *current, *partial)
+	}
+	return cmd
+}
+
+func rotateKey(ctx context.Context, stdout io.Writer, f *keyFlags, currentFile string, partial bool) error {
+	refs, cs, err := f.open()
 	if err != nil {
 		return err
 	}
-	if !*partial {
-		if err := allMembersGiven(ctx, f.kubeconfigs, cs); err != nil {
+	if !partial {
+		if err := allMembersGiven(ctx, refs, cs); err != nil {
 			return err
 		}
 	}
-	pool, err := currentKey(*current)
+	pool, err := currentKey(currentFile)
 	if err != nil {
 		return err
 	}
@@ -254,7 +264,7 @@ func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}{{stepInstall, fp}, {stepUse, fp}, {stepOnly, ""}}
 	for i, s := range steps {
 		fmt.Fprintf(stdout, "step %d of %d: "+s.step.say+" on %d cluster(s)\n", i+1, len(steps), fp, len(cs))
-		if err := runStep(ctx, stdout, cs, pool, s.step, next, s.rotation, *f.timeout); err != nil {
+		if err := runStep(ctx, stdout, cs, pool, s.step, next, s.rotation, f.wait); err != nil {
 			return fmt.Errorf("step %d (%s): %w", i+1, s.step.name, err)
 		}
 	}
@@ -265,10 +275,7 @@ func runKeyRotate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // allMembersGiven refuses a rotation that leaves out a member of the
 // federation: one that every cluster given sees as a member but that is
 // not given would be cut off when the others start using the new key.
-func allMembersGiven(ctx context.Context, kubeconfigs []string, cs []*keyCluster) error {
-	if len(kubeconfigs) == 0 {
-		kubeconfigs = []string{""}
-	}
+func allMembersGiven(ctx context.Context, refs []clusterRef, cs []*keyCluster) error {
 	given := map[string]bool{}
 	for _, c := range cs {
 		st, err := c.status(ctx)
@@ -278,8 +285,8 @@ func allMembersGiven(ctx context.Context, kubeconfigs []string, cs []*keyCluster
 		given[st.cluster] = true
 	}
 	missing := map[string]bool{}
-	for i, k := range kubeconfigs {
-		cl, err := clusterClient(k)
+	for i, r := range refs {
+		cl, err := r.client()
 		if err != nil {
 			return err
 		}
@@ -301,44 +308,53 @@ func allMembersGiven(ctx context.Context, kubeconfigs []string, cs []*keyCluster
 		strings.Join(names, ", "), progName)
 }
 
-// runKeyVerb is install, use and remove: one step on the clusters given.
-func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr io.Writer) error {
-	f := newKeyFlags(step.name, stderr)
-	keyFile := f.fs.String("key-file", "", "file with the key (base64, as `key generate` prints it, or a join token)")
-	current := currentKeyFlag(f.fs)
+// newKeyStepCommand is install, use or remove: one step on the clusters
+// given.
+func newKeyStepCommand(step keyStep, short string) *cobra.Command {
+	cmd := &cobra.Command{Use: step.name, Short: short, Args: noArgs}
+	f := newKeyFlags(cmd)
+	keyFile := cmd.Flags().String("key-file", "", "file with the key (base64, as key generate prints it, or a join token)")
+	current := currentKeyFlag(cmd)
 	var fingerprint *string
 	if step.name == "remove" {
-		fingerprint = f.fs.String("fingerprint", "", "the fingerprint of the key to remove (`key status` shows them), instead of --key-file")
+		fingerprint = cmd.Flags().String("fingerprint", "", "the fingerprint of the key to remove (key status shows them), instead of --key-file")
 	}
-	if err := parseFlags(f.fs, args); err != nil {
-		return err
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		fp := ""
+		if fingerprint != nil {
+			fp = *fingerprint
+		}
+		return keyStepOn(cmd.Context(), cmd.OutOrStdout(), f, step, *keyFile, fp, *current)
 	}
+	return cmd
+}
+
+// keyStepOn takes the clusters through step with the key in keyFile,
+// or, to remove one, named by its fingerprint.
+func keyStepOn(ctx context.Context, stdout io.Writer, f *keyFlags, step keyStep, keyFile, fingerprint, currentFile string) error {
 	var k []byte
 	var what string
 	var err error
 	switch {
-	case *keyFile != "":
-		if k, err = readKeyFile("key-file", *keyFile); err != nil {
+	case keyFile != "":
+		if k, err = readKeyFile("key-file", keyFile); err != nil {
 			return err
 		}
 		what = discovery.Fingerprint(k)
-	case fingerprint != nil && *fingerprint != "":
+	case step.name == "remove" && fingerprint != "":
 		// The agents' status names every key by fingerprint: removing one
 		// needs no key bytes.
-		what = *fingerprint
+		what = fingerprint
+	case step.name == "remove":
+		return usageErrorf("give --key-file or --fingerprint")
 	default:
-		if fingerprint != nil {
-			fmt.Fprintf(stderr, "%s key %s: give --key-file or --fingerprint\n", progName, step.name)
-		} else {
-			fmt.Fprintf(stderr, "%s key %s: give --key-file\n", progName, step.name)
-		}
-		return errUsage
+		return usageErrorf("give --key-file")
 	}
-	cs, err := f.clusters()
+	_, cs, err := f.open()
 	if err != nil {
 		return err
 	}
-	pool, err := currentKey(*current)
+	pool, err := currentKey(currentFile)
 	if err != nil {
 		return err
 	}
@@ -356,7 +372,7 @@ func runKeyVerb(ctx context.Context, step keyStep, args []string, stdout, stderr
 		step = removeByFingerprint(what)
 	}
 	fmt.Fprintf(stdout, step.say+" on %d cluster(s)\n", what, len(cs))
-	if err := runStep(ctx, stdout, cs, pool, step, k, "", *f.timeout); err != nil {
+	if err := runStep(ctx, stdout, cs, pool, step, k, "", f.wait); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "done: %s\n", step.name)
@@ -373,29 +389,20 @@ func removeByFingerprint(fp string) keyStep {
 	}}
 }
 
-func runKeyInstall(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runKeyVerb(ctx, stepInstall, args, stdout, stderr)
-}
-
-func runKeyUse(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runKeyVerb(ctx, stepUse, args, stdout, stderr)
-}
-
-func runKeyRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runKeyVerb(ctx, removeByFingerprint(""), args, stdout, stderr)
-}
-
-func runKeyGenerate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("key generate", stderr)
-	if err := parseFlags(fs, args); err != nil {
-		return err
+func newKeyGenerateCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "generate",
+		Short: "print a new federation key (a secret) for install and use, where each organisation runs its own steps",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			k, err := discovery.GenerateFederationKey()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), base64.StdEncoding.EncodeToString(k))
+			return nil
+		},
 	}
-	k, err := discovery.GenerateFederationKey()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, base64.StdEncoding.EncodeToString(k))
-	return nil
 }
 
 // keyStatusRow is one cluster in `key status`: fingerprints only.
@@ -413,17 +420,27 @@ type keyStatusRow struct {
 	Error         string `json:"error,omitempty"`
 }
 
-func runKeyStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := newKeyFlags("status", stderr)
-	o := outputFlag(f.fs)
-	if err := parseFlags(f.fs, args); err != nil {
-		return err
+func newKeyStatusCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "the keys each cluster's agent holds and its Secret asks for (fingerprints only)",
+		Args:  noArgs,
 	}
-	format, err := parseOutput(*o)
-	if err != nil || format == outputName {
-		return fmt.Errorf("-o %q: want wide, json or yaml (or nothing, for the table)", *o)
+	f := newKeyFlags(cmd)
+	formats := []output{outputWide, outputJSON, outputYAML}
+	o := outputFlag(cmd, formats...)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		format, err := parseOutput(*o, formats...)
+		if err != nil {
+			return err
+		}
+		return showKeyStatus(cmd.Context(), cmd.OutOrStdout(), f, format)
 	}
-	cs, err := f.clusters()
+	return cmd
+}
+
+func showKeyStatus(ctx context.Context, stdout io.Writer, f *keyFlags, format output) error {
+	_, cs, err := f.open()
 	if err != nil {
 		return err
 	}

@@ -65,7 +65,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	if err := os.WriteFile(oldFile, []byte(oldTok+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"rotate", "--current-key-file", oldFile, "--timeout", "90s"}
+	args := []string{"rotate", "--current-key-file", oldFile, "--wait", "90s"}
 	for _, c := range members {
 		args = append(args, "--kubeconfig", c.CP.Kubeconfig)
 	}
@@ -84,12 +84,12 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	// First run, stopped once the first step is done.
 	var out syncbuf.Buffer
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- runKey(ctx, args, &out, io.Discard) }()
+	done := make(chan int, 1)
+	go func() { done <- runIn(ctx, append([]string{"key"}, args...), &out, io.Discard) }()
 	eventually.Within(t, 2*time.Minute, "the first step done", func() error {
 		select {
-		case err := <-done:
-			t.Fatalf("key rotate returned before its second step: %v\n%s", err, out.String())
+		case code := <-done:
+			t.Fatalf("key rotate returned before its second step: exit %d\n%s", code, out.String())
 		default:
 		}
 		if !strings.Contains(out.String(), "step 2 of 3") {

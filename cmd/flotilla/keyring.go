@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -38,15 +37,9 @@ type keyCluster struct {
 	ns   string
 }
 
-func openKeyCluster(kubeconfig, kubeContext, ns string) (*keyCluster, error) {
-	name := kubeconfig
-	if name == "" {
-		name = "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
-	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+func openKeyCluster(r clusterRef, ns string) (*keyCluster, error) {
+	name := r.name()
+	cfg, _, err := r.restConfig()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

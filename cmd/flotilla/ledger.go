@@ -1,47 +1,103 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
-func init() {
-	register(command{
-		name:    "ledger",
-		summary: "inspect the ipam ledger (ledger show --state-dir DIR)",
-		run:     runLedger,
-	})
+func init() { register(newLedgerCommand) }
+
+func newLedgerCommand() *cobra.Command {
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "the ledger, read-only: local networks, views both ways, quarantine, conflicts (-o json|yaml)",
+		Args:  noArgs,
+	}
+	stateDir := show.Flags().String("state-dir", agent.DefaultConfig().StateDir, "the agent's state directory, holding "+ipam.FileName)
+	o := outputFlag(show, objectFormats...)
+	show.RunE = func(cmd *cobra.Command, _ []string) error {
+		format, err := parseOutput(*o, objectFormats...)
+		if err != nil {
+			return err
+		}
+		return showLedger(filepath.Join(*stateDir, ipam.FileName), format, cmd.OutOrStdout())
+	}
+	return withVerbs(&cobra.Command{
+		Use:     "ledger",
+		GroupID: groupDiagnose,
+		Short:   "inspect the ipam ledger on the gateway host (ledger show --state-dir DIR)",
+	}, show)
 }
 
-func runLedger(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "show" {
-		fmt.Fprintln(stderr, "Usage: flotilla ledger show [--state-dir DIR]")
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return flag.ErrHelp
-		}
-		return errUsage
+// ledgerReport is the ledger as ledger show -o json|yaml prints it.
+type ledgerReport struct {
+	Path string `json:"path"`
+	// SnapshotTx is the agent's last committed transaction shown when a
+	// running agent holds the ledger; 0 otherwise.
+	SnapshotTx    uint64             `json:"snapshotTx,omitempty"`
+	LocalNetworks []ledgerNetwork    `json:"localNetworks"`
+	Views         []ledgerView       `json:"views"`
+	TheirViews    []ledgerView       `json:"theirViews"`
+	Quarantine    []ledgerQuarantine `json:"quarantine"`
+	Conflicts     []string           `json:"conflicts,omitempty"`
+}
+
+type ledgerNetwork struct {
+	Range netip.Prefix     `json:"range"`
+	Kind  ipam.NetworkKind `json:"kind"`
+}
+
+// ledgerView is one range of Peer's: Theirs as they address it, Ours as
+// this cluster does.
+type ledgerView struct {
+	Peer   string       `json:"peer"`
+	Theirs netip.Prefix `json:"theirs"`
+	Ours   netip.Prefix `json:"ours"`
+	Since  time.Time    `json:"since"`
+}
+
+type ledgerQuarantine struct {
+	Block  netip.Prefix `json:"block"`
+	Peer   string       `json:"peer"`
+	Theirs netip.Prefix `json:"theirs"`
+	Until  time.Time    `json:"until"`
+}
+
+func reportLedger(path string, l *ipam.Ledger) ledgerReport {
+	r := ledgerReport{Path: path, SnapshotTx: l.SnapshotTx(), LocalNetworks: []ledgerNetwork{}, Views: []ledgerView{}, TheirViews: []ledgerView{}, Quarantine: []ledgerQuarantine{}}
+	for _, n := range l.LocalNetworks() {
+		r.LocalNetworks = append(r.LocalNetworks, ledgerNetwork{n.Range, n.Kind})
 	}
-	fs := newFlagSet("ledger show", stderr)
-	stateDir := fs.String("state-dir", agent.DefaultConfig().StateDir, "the agent's state directory, holding "+ipam.FileName)
-	if err := parseFlags(fs, args[1:]); err != nil {
-		return err
+	for _, v := range l.Views("") {
+		r.Views = append(r.Views, ledgerView{Peer: v.Peer, Theirs: v.Remote, Ours: v.View, Since: v.Since.UTC()})
 	}
-	return showLedger(filepath.Join(*stateDir, ipam.FileName), stdout)
+	// Their view of our range: ours as we address it, theirs as they do.
+	for _, v := range l.TheirViews("") {
+		r.TheirViews = append(r.TheirViews, ledgerView{Peer: v.Peer, Theirs: v.Theirs, Ours: v.Mine, Since: v.Since.UTC()})
+	}
+	for _, q := range l.Quarantine() {
+		r.Quarantine = append(r.Quarantine, ledgerQuarantine{Block: q.Block, Peer: q.Peer, Theirs: q.Remote, Until: q.Until.UTC()})
+	}
+	for _, c := range l.Conflicts() {
+		r.Conflicts = append(r.Conflicts, c.String())
+	}
+	return r
 }
 
 // showLedger prints the ledger read-only. A running agent holds the file's
 // lock; then it prints a consistent snapshot of the agent's last committed
 // transaction instead of waiting.
-func showLedger(path string, w io.Writer) error {
+func showLedger(path string, format output, w io.Writer) error {
 	l, err := ipam.Open(path, ipam.Options{ReadOnly: true, LockTimeout: 300 * time.Millisecond})
 	note := ""
 	if errors.Is(err, ipam.ErrLocked) {
@@ -54,6 +110,9 @@ func showLedger(path string, w io.Writer) error {
 		return err
 	}
 	defer l.Close()
+	if format != outputTable {
+		return writeJSONOrYAML(w, reportLedger(path, l), format)
+	}
 	fmt.Fprintf(w, "ledger %s\n", path)
 	if note != "" {
 		fmt.Fprintf(w, "note: %s\n", note)

@@ -95,7 +95,7 @@ func TestLedgerShowErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"ledger"}, 2, "Usage: flotilla ledger show"},
+		{[]string{"ledger"}, 2, "flotilla ledger: say what to do"},
 		{[]string{"ledger", "show", "--state-dir", "/nonexistent-flotilla"}, 1, "open ledger /nonexistent-flotilla/ledger.db"},
 		{[]string{"ledger", "show", "extra"}, 2, `unexpected argument "extra"`},
 	}

@@ -1,40 +1,41 @@
 // Command flotilla is the one Flotilla binary: the agent and the operator
-// commands. Each subcommand lives in its own file and registers itself.
+// commands. Each command lives in its own file, built by a constructor
+// that file registers.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
 )
 
-// command is one subcommand. run receives the arguments after the
-// subcommand's name and a context cancelled on SIGINT or SIGTERM.
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+// commands are the constructors of the top-level commands. The tree is
+// built afresh for every run, so that no flag value outlives it.
+var commands []func() *cobra.Command
+
+// register adds a top-level command: a file calls it from init with the
+// constructor of its command.
+func register(newCommand func() *cobra.Command) {
+	commands = append(commands, newCommand)
 }
 
-var commands = map[string]command{}
-
-func register(c command) {
-	if _, dup := commands[c.name]; dup {
-		panic("flotilla: command registered twice: " + c.name)
-	}
-	commands[c.name] = c
-}
-
-// errUsage reports a usage error already explained to the user.
-var errUsage = errors.New("usage error")
+// The groups the top-level commands are listed in; a command names one
+// as its GroupID.
+const (
+	groupFederation = "federation"
+	groupOffload    = "offload"
+	groupDiagnose   = "diagnose"
+	groupNode       = "node"
+)
 
 // progName is how the user called us, for usage text and errors:
 // "flotilla", or "kubectl flotilla" when run as the kubectl plugin
@@ -49,88 +50,119 @@ func main() {
 	// function tables that then stay mapped.
 	runtime.MemProfileRate = 0
 	progName = programName(os.Args[0])
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	args := os.Args[1:]
+	if completesPlugin(os.Args[0]) {
+		// kubectl asks the plugin's completions of this program, with
+		// the words after "kubectl flotilla": cobra's own request.
+		args = append([]string{cobra.ShellCompRequestCmd}, args...)
+	}
+	os.Exit(run(args, os.Stdout, os.Stderr))
 }
 
-// programName is "kubectl flotilla" when argv[0] is the plugin's name,
-// else "flotilla".
+// programName is "kubectl flotilla" when argv[0] is the plugin's name
+// (or the name of its completion, kubectl_complete-flotilla), else
+// "flotilla".
 func programName(argv0 string) string {
-	if base := filepath.Base(argv0); base == "kubectl-flotilla" || base == "kubectl-flotilla.exe" {
+	switch strings.TrimSuffix(filepath.Base(argv0), ".exe") {
+	case "kubectl-flotilla", "kubectl_complete-flotilla":
 		return "kubectl flotilla"
 	}
 	return "flotilla"
 }
 
+// completesPlugin: argv[0] is kubectl_complete-flotilla, which kubectl
+// runs to complete the words after "kubectl flotilla".
+func completesPlugin(argv0 string) bool {
+	return strings.TrimSuffix(filepath.Base(argv0), ".exe") == "kubectl_complete-flotilla"
+}
+
+// run runs the command line args with a context cancelled on SIGINT or
+// SIGTERM and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	c, ok := commands[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "%s: unknown command %q\n\n", progName, args[0])
-		usage(stderr)
-		return 2
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := c.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	return runIn(ctx, args, stdout, stderr)
+}
+
+// runIn runs args and returns the exit status: 0 when done (help
+// included), 2 for a usage error, 1 for any other error.
+func runIn(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	var usage usageError
+	switch {
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
+		if usage.listVerbs {
+			fmt.Fprintf(stderr, "\n%s", cmd.UsageString())
+		} else {
+			fmt.Fprintf(stderr, "Run '%s -h' for help.\n", cmd.CommandPath())
 		}
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		fmt.Fprintf(stderr, "%s %s: %v\n", progName, c.name, err)
-		return 1
+		return 2
+	case errors.Is(err, errReported):
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
 	}
-	return 0
+	return 1
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: %s <command> [flags]\n", progName)
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Commands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "flotilla",
+		Short: "Flotilla: a peer-to-peer federation of Kubernetes clusters",
+		Long: `Flotilla: a peer-to-peer federation of Kubernetes clusters.
+
+One binary: the agent of each cluster, the fabric of each node, and the
+commands an operator runs against a cluster with a kubeconfig, as kubectl
+does (--kubeconfig, --context; -o json|yaml on every command that reads).
+Installed as kubectl-flotilla on PATH, it is also "kubectl flotilla".`,
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: progName},
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			return usageError{err: fmt.Errorf("unknown command %q%s", args[0], didYouMean(cmd, args[0])), listVerbs: true}
+		},
+		RunE: func(*cobra.Command, []string) error {
+			return usageError{err: errors.New("say which command to run"), listVerbs: true}
+		},
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	root.SuggestionsMinimumDistance = 2
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
+	root.AddGroup(
+		&cobra.Group{ID: groupFederation, Title: "The federation:"},
+		&cobra.Group{ID: groupOffload, Title: "Offloading:"},
+		&cobra.Group{ID: groupDiagnose, Title: "Diagnosis:"},
+		&cobra.Group{ID: groupNode, Title: "Run on a cluster or host:"},
+	)
+	for _, newCommand := range commands {
+		root.AddCommand(newCommand())
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Run '%s <command> -h' for the flags of a command.\n", progName)
+	return root
 }
 
-// newFlagSet returns a flag set whose errors and help go to stderr and are
-// returned rather than exiting, so commands stay testable.
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(progName+" "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// usageError is a command line the command cannot run: exit status 2.
+// listVerbs: the usage, with the verbs, follows the error.
+type usageError struct {
+	err       error
+	listVerbs bool
 }
 
-// parseFlags parses args and rejects stray positional arguments.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return errUsage
-	}
-	return nil
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usageErrorf(format string, a ...any) error {
+	return usageError{err: fmt.Errorf(format, a...)}
 }
 
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (l *stringList) String() string     { return fmt.Sprint([]string(*l)) }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+// errReported: the command has already said what went wrong; the exit
+// status says so to scripts.
+var errReported = errors.New("reported")

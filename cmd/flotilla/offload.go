@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,78 +31,93 @@ import (
 )
 
 func init() {
-	register(command{name: "offload", summary: "extend a namespace to the peers a selector picks: offload namespace NS (NamespaceOffload)", run: runOffload})
-	register(command{name: "unoffload", summary: "stop extending a namespace; its namespaces on the peers go: unoffload namespace NS", run: runUnoffload})
+	register(newOffloadCommand)
+	register(newUnoffloadCommand)
 }
 
 // offloadName is the one NamespaceOffload the command writes in a
 // namespace.
 const offloadName = "offload"
 
-// namespaceCommand is what offload and unoffload share: "namespace NS"
-// first, then flags, as kubectl has them.
-type namespaceCommand struct {
-	fs         *flag.FlagSet
-	kubeconfig *string
-	wait       *time.Duration
+func newOffloadCommand() *cobra.Command {
+	return withVerbs(&cobra.Command{
+		Use:     "offload",
+		GroupID: groupOffload,
+		Short:   "extend a namespace to the peers a selector picks: offload namespace NS (NamespaceOffload)",
+	}, newOffloadNamespaceCommand(offloadNamespace))
 }
 
-func newNamespaceCommand(name string, stderr io.Writer) namespaceCommand {
-	fs := newFlagSet(name, stderr)
-	return namespaceCommand{
-		fs:         fs,
-		kubeconfig: fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)"),
-		wait:       fs.Duration("wait", 30*time.Second, "how long to show progress and wait for the outcome (0: do not wait)"),
+func newUnoffloadCommand() *cobra.Command {
+	ns := &cobra.Command{
+		Use:   "namespace NS",
+		Short: "stop extending namespace NS; its namespaces on the peers go first",
+		Args:  namespaceArg,
 	}
+	cluster := clusterFlags(ns)
+	wait := waitFlag(ns)
+	ns.RunE = func(cmd *cobra.Command, args []string) error {
+		return unoffloadNamespace(cmd, args[0], *cluster, *wait)
+	}
+	return withVerbs(&cobra.Command{
+		Use:     "unoffload",
+		GroupID: groupOffload,
+		Short:   "stop extending a namespace; its namespaces on the peers go: unoffload namespace NS",
+	}, ns)
 }
 
-// parse reads "namespace NS [flags]" and returns NS.
-func (nc namespaceCommand) parse(args []string) (string, error) {
-	if len(args) < 2 || args[0] != "namespace" || strings.HasPrefix(args[1], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return "", nc.fs.Parse(args)
-		}
-		fmt.Fprintf(nc.fs.Output(), "%s: say what first: %s namespace NS [flags]\n", nc.fs.Name(), nc.fs.Name())
-		return "", errUsage
+// namespaceArg: the one argument is a namespace's name.
+func namespaceArg(cmd *cobra.Command, args []string) error {
+	if err := oneArg("name the namespace: "+cmd.CommandPath()+" NS")(cmd, args); err != nil {
+		return err
 	}
-	ns := args[1]
-	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-		fmt.Fprintf(nc.fs.Output(), "%s: namespace %q: %s\n", nc.fs.Name(), ns, errs[0])
-		return "", errUsage
+	if errs := validation.IsDNS1123Label(args[0]); len(errs) > 0 {
+		return usageErrorf("namespace %q: %s", args[0], errs[0])
 	}
-	return ns, parseFlags(nc.fs, args[2:])
+	return nil
 }
 
-func (nc namespaceCommand) client() (client.WithWatch, error) { return clusterClient(*nc.kubeconfig) }
-
-// offloadFlags are the flags of offload, read into a spec.
+// offloadFlags are the flags of offload namespace.
 type offloadFlags struct {
-	selector, mapping, remoteName, pods *string
+	cluster                             *clusterRef
+	wait                                time.Duration
+	selector, mapping, remoteName, pods string
 	// account is the agent's ServiceAccount the reflection RoleBinding
 	// names.
-	account *string
+	account string
+	output  string
 }
 
-func addOffloadFlags(fs *flag.FlagSet) offloadFlags {
-	return offloadFlags{
-		selector:   fs.String("selector", "", "labels of the peers to offload to, as this cluster's admin set them on the Peers (region=a,tier=edge; set-based too: 'region in (a,b)'); required: an empty selector selects no peer (every Peer: flotilla.io/managed-by=flotilla)"),
-		mapping:    fs.String("mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)"),
-		remoteName: fs.String("remote-name", "", "the namespace's name on every peer, with --mapping Selected"),
-		pods:       fs.String("pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local"),
-		account: fs.String("agent-account", offload.AgentServiceAccount,
-			"the agent's ServiceAccount (namespace:name), which RoleBinding "+offload.ReflectionBinding+" lets read the namespace's ConfigMaps and Secrets"),
+// newOffloadNamespaceCommand is offload namespace NS, which does act
+// with the flags as given.
+func newOffloadNamespaceCommand(act func(cmd *cobra.Command, ns string, f *offloadFlags) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "namespace NS",
+		Short: "extend namespace NS to the peers --selector picks: a NamespaceOffload, and progress until Ready",
+		Args:  namespaceArg,
 	}
+	f := &offloadFlags{cluster: clusterFlags(cmd)}
+	fs := cmd.Flags()
+	fs.DurationVar(&f.wait, "wait", defaultWait, "how long to show progress and wait for the agent's outcome (0: do not wait)")
+	fs.StringVar(&f.selector, "selector", "", "labels of the peers to offload to, as this cluster's admin set them on the Peers (region=a,tier=edge; set-based too: 'region in (a,b)'); required: an empty selector selects no peer (every Peer: flotilla.io/managed-by=flotilla)")
+	fs.StringVar(&f.mapping, "mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)")
+	fs.StringVar(&f.remoteName, "remote-name", "", "the namespace's name on every peer, with --mapping Selected")
+	fs.StringVar(&f.pods, "pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local")
+	fs.StringVar(&f.account, "agent-account", offload.AgentServiceAccount,
+		"the agent's ServiceAccount (namespace:name), which RoleBinding "+offload.ReflectionBinding+" lets read the namespace's ConfigMaps and Secrets")
+	fs.StringVarP(&f.output, "output", "o", "", "output format: "+formatList(peerFormats)+"; empty: the progress lines")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return act(cmd, args[0], f) }
+	return cmd
 }
 
 // spec checks the flags and returns the NamespaceOffload's spec.
 func (f offloadFlags) spec() (v1alpha1.NamespaceOffloadSpec, error) {
-	sel, err := parseSelector(*f.selector)
+	sel, err := parseSelector(f.selector)
 	if err != nil {
 		return v1alpha1.NamespaceOffloadSpec{}, err
 	}
 	spec := v1alpha1.NamespaceOffloadSpec{
-		ClusterSelector: sel, NamespaceMapping: v1alpha1.NamespaceMapping(*f.mapping),
-		RemoteName: *f.remoteName, PodOffloading: v1alpha1.PodOffloading(*f.pods),
+		ClusterSelector: sel, NamespaceMapping: v1alpha1.NamespaceMapping(f.mapping),
+		RemoteName: f.remoteName, PodOffloading: v1alpha1.PodOffloading(f.pods),
 	}
 	switch spec.NamespaceMapping {
 	case v1alpha1.MappingDefaultName, v1alpha1.MappingSameName:
@@ -117,12 +132,12 @@ func (f offloadFlags) spec() (v1alpha1.NamespaceOffloadSpec, error) {
 			return spec, fmt.Errorf("--remote-name %q: %s", spec.RemoteName, errs[0])
 		}
 	default:
-		return spec, fmt.Errorf("--mapping %q: want DefaultName, SameName or Selected", *f.mapping)
+		return spec, fmt.Errorf("--mapping %q: want DefaultName, SameName or Selected", f.mapping)
 	}
 	switch spec.PodOffloading {
 	case v1alpha1.PodsLocalAndRemote, v1alpha1.PodsRemote, v1alpha1.PodsLocal:
 	default:
-		return spec, fmt.Errorf("--pods %q: want LocalAndRemote, Remote or Local", *f.pods)
+		return spec, fmt.Errorf("--pods %q: want LocalAndRemote, Remote or Local", f.pods)
 	}
 	return spec, nil
 }
@@ -145,27 +160,23 @@ func parseSelector(s string) (*metav1.LabelSelector, error) {
 	return sel, nil
 }
 
-func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	nc := newNamespaceCommand("offload", stderr)
-	flags := addOffloadFlags(nc.fs)
-	o := outputFlag(nc.fs)
-	ns, err := nc.parse(args)
+// offloadNamespace writes the NamespaceOffload of ns, with what it needs
+// around it, and shows progress until the agent's outcome.
+func offloadNamespace(cmd *cobra.Command, ns string, f *offloadFlags) error {
+	ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+	out, progress, err := resultOutput(f.output, stdout, cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
-	out, progress, err := resultOutput(*o, stdout, stderr)
+	spec, err := f.spec()
 	if err != nil {
 		return err
 	}
-	spec, err := flags.spec()
+	c, err := f.cluster.client()
 	if err != nil {
 		return err
 	}
-	c, err := nc.client()
-	if err != nil {
-		return err
-	}
-	bound, err := bindReflection(ctx, c, ns, *flags.account)
+	bound, err := bindReflection(ctx, c, ns, f.account)
 	if err != nil {
 		return err
 	}
@@ -183,8 +194,8 @@ func runOffload(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if labelled {
 		fmt.Fprintf(progress, "namespace %s: labelled %s=true (its new pods go through the placement webhook)\n", ns, offload.LabelOffloaded)
 	}
-	if *nc.wait != 0 {
-		if err := waitOffloaded(ctx, c, progress, ns, gen, *nc.wait); err != nil {
+	if f.wait != 0 {
+		if err := waitOffloaded(ctx, c, progress, ns, gen, f.wait); err != nil {
 			return err
 		}
 	}
@@ -452,13 +463,11 @@ func offloadWatch(c client.WithWatch, ns string) toolscache.ListerWatcher {
 	}
 }
 
-func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	nc := newNamespaceCommand("unoffload", stderr)
-	ns, err := nc.parse(args)
-	if err != nil {
-		return err
-	}
-	c, err := nc.client()
+// unoffloadNamespace deletes the NamespaceOffload of ns, with what
+// offloadNamespace made around it, and shows progress until it is gone.
+func unoffloadNamespace(cmd *cobra.Command, ns string, cluster clusterRef, wait time.Duration) error {
+	ctx, stdout, stderr := cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+	c, err := cluster.client()
 	if err != nil {
 		return err
 	}
@@ -494,10 +503,10 @@ func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return nil
 	}
 	fmt.Fprintf(stdout, "namespace %s: NamespaceOffload %s deleted; its namespaces on the peers go first\n", ns, offloadName)
-	if *nc.wait == 0 {
+	if wait == 0 {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, *nc.wait)
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	p := &progress{w: stdout, lines: map[string]string{}}
 	var last *v1alpha1.NamespaceOffload
@@ -517,10 +526,10 @@ func runUnoffload(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	})
 	if err != nil {
 		if wctx.Err() != nil && last != nil {
-			return fmt.Errorf("still there after %s: %s%s", *nc.wait, last.Status.Phase, failures(last))
+			return fmt.Errorf("still there after %s: %s%s", wait, last.Status.Phase, failures(last))
 		}
 		if wctx.Err() != nil {
-			return fmt.Errorf("still there after %s (is the agent running? it removes the namespaces on the peers, then the NamespaceOffload)", *nc.wait)
+			return fmt.Errorf("still there after %s (is the agent running? it removes the namespaces on the peers, then the NamespaceOffload)", wait)
 		}
 		return err
 	}

@@ -3,13 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -65,17 +64,25 @@ func describeSelector(s *metav1.LabelSelector) string {
 	return fmt.Sprintf("%v [%s]", s.MatchLabels, strings.Join(exprs, " "))
 }
 
-// parseOffloadArgs parses as runOffload does, without a cluster.
-func parseOffloadArgs(args []string) (string, v1alpha1.NamespaceOffloadSpec, namespaceCommand, string, error) {
+// parseOffloadArgs parses "offload ARGS" as the command does, without a
+// cluster: the namespace and the spec, or the error the command returns.
+func parseOffloadArgs(args []string) (string, v1alpha1.NamespaceOffloadSpec, string, error) {
+	var ns string
+	var spec v1alpha1.NamespaceOffloadSpec
+	cmd := withVerbs(&cobra.Command{Use: "offload"}, newOffloadNamespaceCommand(func(_ *cobra.Command, n string, f *offloadFlags) error {
+		ns = n
+		var err error
+		spec, err = f.spec()
+		return err
+	}))
 	var stderr bytes.Buffer
-	nc := newNamespaceCommand("offload", &stderr)
-	flags := addOffloadFlags(nc.fs)
-	ns, err := nc.parse(args)
-	if err != nil {
-		return "", v1alpha1.NamespaceOffloadSpec{}, nc, stderr.String(), err
-	}
-	spec, err := flags.spec()
-	return ns, spec, nc, stderr.String(), err
+	cmd.SetArgs(args)
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(&stderr)
+	cmd.SilenceErrors, cmd.SilenceUsage = true, true
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
+	err := cmd.Execute()
+	return ns, spec, stderr.String(), err
 }
 
 func TestOffloadFlags(t *testing.T) {
@@ -90,9 +97,10 @@ func TestOffloadFlags(t *testing.T) {
 		{name: "all", args: []string{"namespace", "shop", "--selector", "region=a", "--mapping", "Selected", "--remote-name", "store", "--pods", "Remote", "--wait", "5s"},
 			want: "shop Selected store Remote map[region:a] []"},
 		{name: "same name", args: []string{"namespace", "shop", "--selector", "region=a", "--mapping=SameName", "--pods=Local"}, want: "shop SameName - Local map[region:a] []"},
-		{name: "no kind", args: []string{"shop"}, wantErr: "offload namespace NS"},
-		{name: "nothing", args: nil, wantErr: "offload namespace NS"},
-		{name: "flag first", args: []string{"namespace", "--selector", "a=b"}, wantErr: "offload namespace NS"},
+		{name: "no kind", args: []string{"shop"}, wantErr: `unknown verb "shop"`},
+		{name: "nothing", args: nil, wantErr: "say what to do"},
+		{name: "no namespace", args: []string{"namespace", "--selector", "a=b"}, wantErr: "name the namespace: offload namespace NS"},
+		{name: "flags first", args: []string{"namespace", "--selector", "region=a", "--pods", "Remote", "shop"}, want: "shop DefaultName - Remote map[region:a] []"},
 		{name: "bad namespace", args: []string{"namespace", "Shop_1"}, wantErr: `namespace "Shop_1"`},
 		{name: "stray argument", args: []string{"namespace", "shop", "extra"}, wantErr: `unexpected argument "extra"`},
 		{name: "unknown mapping", args: []string{"namespace", "shop", "--selector", "a=b", "--mapping", "Hashed"}, wantErr: `--mapping "Hashed"`},
@@ -103,7 +111,7 @@ func TestOffloadFlags(t *testing.T) {
 		{name: "bad selector", args: []string{"namespace", "shop", "--selector", "a b"}, wantErr: `--selector "a b"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns, spec, _, stderr, err := parseOffloadArgs(tc.args)
+			ns, spec, stderr, err := parseOffloadArgs(tc.args)
 			if tc.wantErr != "" {
 				if err == nil {
 					t.Fatalf("parsed %v, want an error with %q", spec, tc.wantErr)
@@ -128,18 +136,27 @@ func TestOffloadFlags(t *testing.T) {
 	}
 }
 
+// unoffload takes the namespace and --wait, not offload's flags; -h is
+// help, as for every command.
 func TestUnoffloadArgs(t *testing.T) {
-	nc := newNamespaceCommand("unoffload", io.Discard)
-	if ns, err := nc.parse([]string{"namespace", "shop", "--wait", "0"}); err != nil || ns != "shop" || *nc.wait != 0 {
-		t.Errorf("parse: %q, %v, wait %s", ns, err, *nc.wait)
-	}
-	nc = newNamespaceCommand("unoffload", io.Discard)
-	if _, err := nc.parse([]string{"namespace", "shop", "--selector", "a=b"}); !errors.Is(err, errUsage) {
-		t.Errorf("unoffload --selector: %v, want a usage error", err)
-	}
-	nc = newNamespaceCommand("unoffload", io.Discard)
-	if _, err := nc.parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("unoffload -h: %v, want help", err)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"unoffload", "namespace", "shop", "--selector", "a=b"}, 2, "unknown flag: --selector"},
+		{[]string{"unoffload", "namespace"}, 2, "name the namespace: flotilla unoffload namespace NS"},
+		{[]string{"unoffload", "namespace", "-h"}, 0, ""},
+		{[]string{"offload", "namespace", "-h"}, 0, ""},
+		{[]string{"offload", "-h"}, 0, ""},
+	} {
+		code, out, errOut := flotilla(tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+		if tc.code == 0 && !strings.Contains(out, "Usage:\n  flotilla "+strings.Join(tc.args[:len(tc.args)-1], " ")) {
+			t.Errorf("%q: no usage on stdout:\n%s", tc.args, out)
+		}
 	}
 }
 

@@ -2,14 +2,15 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -28,21 +29,52 @@ const (
 	outputName  output = "name"
 )
 
-// outputFlag defines -o and its long form --output, as kubectl has them.
-func outputFlag(fs *flag.FlagSet) *string {
+// outputFlag defines -o and its long form --output, as kubectl has
+// them, taking one of formats; the empty format is the table.
+func outputFlag(cmd *cobra.Command, formats ...output) *string {
 	o := new(string)
-	const usage = "output format: wide, json, yaml or name; empty: the table"
-	fs.StringVar(o, "o", "", usage)
-	fs.StringVar(o, "output", "", usage+" (as -o)")
+	cmd.Flags().StringVarP(o, "output", "o", "", "output format: "+formatList(formats)+"; empty: the table")
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = string(f)
+	}
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(names, cobra.ShellCompDirectiveNoFileComp))
 	return o
 }
 
-func parseOutput(s string) (output, error) {
-	switch o := output(s); o {
-	case outputTable, outputWide, outputJSON, outputYAML, outputName:
+// parseOutput checks -o against the formats the command prints.
+func parseOutput(s string, formats ...output) (output, error) {
+	if o := output(s); o == outputTable || slices.Contains(formats, o) {
 		return o, nil
 	}
-	return "", fmt.Errorf("-o %q: want wide, json, yaml or name (or nothing, for the table)", s)
+	return "", usageErrorf("-o %q: want %s (or nothing, for the table)", s, formatList(formats))
+}
+
+// The formats of the verbs that read.
+var (
+	peerFormats   = []output{outputWide, outputJSON, outputYAML, outputName}
+	objectFormats = []output{outputJSON, outputYAML}
+)
+
+func formatList(formats []output) string {
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = string(f)
+	}
+	if len(names) == 1 {
+		return names[0]
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// defaultWait is how long every verb that waits for the agent waits by
+// default.
+const defaultWait = time.Minute
+
+// waitFlag defines --wait: how long to show progress and wait for the
+// agent's outcome.
+func waitFlag(cmd *cobra.Command) *time.Duration {
+	return cmd.Flags().Duration("wait", defaultWait, "how long to show progress and wait for the agent's outcome (0: do not wait)")
 }
 
 // peerColumn is one column of a Peer table.

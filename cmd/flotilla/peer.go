@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,86 +22,122 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
 
-func init() {
-	register(command{name: "peer", summary: "list the peers, or accept or deny networking with one: peer list|accept|deny NAME", run: runPeer})
+func init() { register(newPeerCommand) }
+
+func newPeerCommand() *cobra.Command {
+	return withVerbs(&cobra.Command{
+		Use:     "peer",
+		GroupID: groupFederation,
+		Short:   "list the peers, show one, or accept or deny networking with one: peer list|show|accept|deny",
+		Long:    "List the peers, show one, or accept or deny networking with one. NAME is a peer's cluster name or ID.",
+	},
+		peerTableCommand(&cobra.Command{Use: "list", Short: "the peers, as kubectl get does (-o wide|json|yaml|name)"}, peerListColumns),
+		newPeerShowCommand(),
+		newNetworkingCommand(v1alpha1.NetworkingAccept, "connect to a peer (spec.networking: Accept) and show progress until Connected"),
+		newNetworkingCommand(v1alpha1.NetworkingDeny, "tear the tunnel to a peer down on both sides (spec.networking: Deny)"),
+	)
 }
 
-// peerVerbs are peer's subcommands, in the order usage lists them.
-var peerVerbs = []verb{
-	{"list", "the peers, as kubectl get does (-o wide|json|yaml|name)", runPeerList},
-	{"accept", "connect to a peer (spec.networking: Accept) and show progress until Connected", runPeerAccept},
-	{"deny", "tear the tunnel to a peer down on both sides (spec.networking: Deny)", runPeerDeny},
+// namePeer is what a verb on one peer says when it is not named.
+const namePeer = "name the peer (its cluster name or ID, as `flotilla status` shows them)"
+
+// newPeerShowCommand: one peer, as kubectl get peer NAME does.
+func newPeerShowCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "show NAME",
+		Short: "one peer, as kubectl get peer NAME does: every column of status (-o wide|json|yaml|name)",
+		Args:  oneArg(namePeer),
+	}
+	cluster := clusterFlags(cmd)
+	cmd.ValidArgsFunction = completePeers(cluster)
+	o := outputFlag(cmd, peerFormats...)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		format, err := parseOutput(*o, peerFormats...)
+		if err != nil {
+			return err
+		}
+		c, err := cluster.client()
+		if err != nil {
+			return err
+		}
+		peer, err := findPeer(cmd.Context(), c, args[0])
+		if err != nil {
+			return err
+		}
+		if format == outputJSON || format == outputYAML || format == outputName {
+			return writeObject(cmd.OutOrStdout(), &peer, "Peer", "peer", format)
+		}
+		return writePeers(cmd.OutOrStdout(), []v1alpha1.Peer{peer}, format, peerStatusColumns, time.Now())
+	}
+	return cmd
 }
 
-func runPeer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runVerbs(ctx, "peer", "<verb> [NAME] [flags]",
-		fmt.Sprintf("NAME is a peer's cluster name or ID. Run '%s peer <verb> -h' for its flags.", progName),
-		peerVerbs, args, stdout, stderr)
+// newNetworkingCommand is peer accept or peer deny: it writes the admin's
+// decision into the Peer's spec and, with --wait, shows the agent's
+// progress until the phase it leads to.
+func newNetworkingCommand(to v1alpha1.Networking, short string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   strings.ToLower(string(to)) + " NAME",
+		Short: short,
+		Args:  oneArg(namePeer),
+	}
+	cluster := clusterFlags(cmd)
+	cmd.ValidArgsFunction = completePeers(cluster)
+	wait := waitFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, stdout := cmd.Context(), cmd.OutOrStdout()
+		c, err := cluster.client()
+		if err != nil {
+			return err
+		}
+		peer, err := findPeer(ctx, c, args[0])
+		if err != nil {
+			return err
+		}
+		gen, err := patchSpec(ctx, c, peer, map[string]any{"networking": to})
+		if err != nil {
+			return apiError("patch", peer.Name, err)
+		}
+		fmt.Fprintf(stdout, "peer %s: networking %s in spec (generation %d)\n", peerName(peer), to, gen)
+		if *wait == 0 {
+			return nil
+		}
+		want := v1alpha1.PhaseConnected
+		if to == v1alpha1.NetworkingDeny {
+			want = v1alpha1.PhaseDenied
+		}
+		return waitPhase(ctx, c, stdout, peer, gen, want, *wait)
+	}
+	return cmd
 }
 
-func runPeerList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runPeerTable(ctx, "peer list", peerListColumns, args, stdout, stderr)
-}
-
-func runPeerAccept(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return setNetworking(ctx, args, stdout, stderr, v1alpha1.NetworkingAccept)
-}
-
-func runPeerDeny(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return setNetworking(ctx, args, stdout, stderr, v1alpha1.NetworkingDeny)
-}
-
-// setNetworking writes the admin's decision into the Peer's spec and, with
-// --wait, shows the agent's progress until the phase it leads to.
-func setNetworking(ctx context.Context, args []string, stdout, stderr io.Writer, to v1alpha1.Networking) error {
-	verb := strings.ToLower(string(to))
-	pc := newPeerCommand("peer "+verb, stderr)
-	kubeContext := contextFlag(pc.fs)
-	if to == v1alpha1.NetworkingAccept {
-		// Connecting takes a negotiation and a handshake, and under
-		// --peering=manual the other side's admin too.
-		setDefault(pc.fs, "wait", "1m")
+// completePeers completes a peer's name: the peers of the cluster the
+// flags name, by cluster name, their IDs beside.
+func completePeers(cluster *clusterRef) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		c, err := cluster.client()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		peers, err := listPeers(ctx, c)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		var names []cobra.Completion
+		for _, p := range peers {
+			if p.Status.ClusterName == "" {
+				names = append(names, p.Name)
+			} else {
+				names = append(names, cobra.CompletionWithDesc(p.Status.ClusterName, p.Name))
+			}
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
 	}
-	name, err := pc.parse(args)
-	if err != nil {
-		return err
-	}
-	c, err := clusterClientIn(*pc.kubeconfig, *kubeContext)
-	if err != nil {
-		return err
-	}
-	peer, err := findPeer(ctx, c, name)
-	if err != nil {
-		return err
-	}
-	gen, err := patchSpec(ctx, c, peer, map[string]any{"networking": to})
-	if err != nil {
-		return apiError("patch", peer.Name, err)
-	}
-	fmt.Fprintf(stdout, "peer %s: networking %s in spec (generation %d)\n", peerName(peer), to, gen)
-	if *pc.wait == 0 {
-		return nil
-	}
-	want := v1alpha1.PhaseConnected
-	if to == v1alpha1.NetworkingDeny {
-		want = v1alpha1.PhaseDenied
-	}
-	return waitPhase(ctx, c, stdout, peer, gen, want, *pc.wait)
-}
-
-// contextFlag defines --context, kubectl's: which of the kubeconfig's
-// contexts to use. kubectl does not pass its own to plugins.
-func contextFlag(fs *flag.FlagSet) *string {
-	return fs.String("context", "", "the kubeconfig context to use (default: its current context)")
-}
-
-// setDefault changes a flag's default before parsing.
-func setDefault(fs *flag.FlagSet, name, value string) {
-	f := fs.Lookup(name)
-	if err := f.Value.Set(value); err != nil {
-		panic(fmt.Sprintf("flag --%s default %q: %v", name, value, err))
-	}
-	f.DefValue = value
 }
 
 func peerName(p v1alpha1.Peer) string {

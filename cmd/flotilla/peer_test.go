@@ -27,14 +27,21 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// TestMain lets the test binary stand in for the built one: called as
-// kubectl-flotilla (the kubectl plugin test links it under that name),
-// it is the command.
+// TestMain lets the test binary stand in for the built one: called by
+// one of the binary's names (the tests of the kubectl plugin and of
+// completion link it under them), it is the command.
 func TestMain(m *testing.M) {
-	if programName(os.Args[0]) == "kubectl flotilla" {
+	switch filepath.Base(os.Args[0]) {
+	case "flotilla", "kubectl-flotilla", "kubectl_complete-flotilla":
 		main()
 	}
 	os.Exit(m.Run())
+}
+
+// clusterClient is the client of the cluster a kubeconfig's current
+// context names, as the commands make it.
+func clusterClient(kubeconfig string) (client.WithWatch, error) {
+	return clusterRef{kubeconfig: kubeconfig}.client()
 }
 
 // peerEnv is a real API server with Flotilla's CRDs and Peers the test
@@ -199,13 +206,44 @@ func TestPeerVerbs(t *testing.T) {
 		if code, out, _ = flotilla("revoke", "cgamma", kc, "--wait=0", "-o", "name"); code != 0 || out != "peer.flotilla.io/cgamma\n" {
 			t.Errorf("revoke -o name: exit %d\n%s", code, out)
 		}
-		if code, _, errOut := flotilla("grant", "cgamma", kc, "--wait=0", "-o", "table"); code != 1 || !strings.Contains(errOut, "want wide, json, yaml or name") {
+		if code, _, errOut := flotilla("grant", "cgamma", kc, "--wait=0", "-o", "table"); code != 2 || !strings.Contains(errOut, "want wide, json, yaml or name") {
 			t.Errorf("grant -o table: exit %d, %s", code, errOut)
+		}
+	})
+	t.Run("flags before the name", func(t *testing.T) {
+		code, out, errOut := flotilla("grant", kc, "--pods", "2", "--wait=0", "-o", "name", "cgamma")
+		if code != 0 || out != "peer.flotilla.io/cgamma\n" {
+			t.Errorf("grant FLAGS cgamma: exit %d\n%s%s", code, out, errOut)
+		}
+		var p v1alpha1.Peer
+		if err := e.admin.Get(t.Context(), client.ObjectKey{Name: "cgamma"}, &p); err != nil || p.Spec.OffloadLimits == nil || *p.Spec.OffloadLimits.Pods != 2 {
+			t.Errorf("grant FLAGS cgamma did not write --pods 2: %v, %+v", err, p.Spec)
+		}
+		if code, out, errOut := flotilla("revoke", "--wait=0", kc, "cgamma", "-o=name"); code != 0 || out != "peer.flotilla.io/cgamma\n" {
+			t.Errorf("revoke FLAGS cgamma: exit %d\n%s%s", code, out, errOut)
+		}
+	})
+	t.Run("show", func(t *testing.T) {
+		code, out, errOut := flotilla("peer", "show", "gamma", kc)
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "THEIRS AS SEEN HERE") || !strings.HasPrefix(lines[1], "gamma ") {
+			t.Errorf("peer show gamma: exit %d\n%s%s", code, out, errOut)
+		}
+		code, out, errOut = flotilla("peer", "show", "-o", "json", kc, "cgamma")
+		var p v1alpha1.Peer
+		if err := json.Unmarshal([]byte(out), &p); code != 0 || err != nil || p.Kind != "Peer" || p.Name != "cgamma" || p.ManagedFields != nil {
+			t.Errorf("peer show -o json cgamma: exit %d, %v\n%s%s", code, err, out, errOut)
+		}
+		code, out, errOut = flotilla("peer", "show", "-o", "yaml", kc, "beta")
+		if err := yaml.UnmarshalStrict([]byte(out), &p); code != 0 || err != nil || p.Name != "cbeta" {
+			t.Errorf("peer show -o yaml beta: exit %d, %v\n%s%s", code, err, out, errOut)
+		}
+		if code, _, errOut := flotilla("peer", "show", "delta", kc); code != 1 || !strings.Contains(errOut, `no peer named "delta"; the peers are: beta (cbeta), gamma (cgamma)`) {
+			t.Errorf("peer show delta: exit %d, %s", code, errOut)
 		}
 	})
 	t.Run("list -o bad", func(t *testing.T) {
 		code, _, errOut := flotilla("peer", "list", kc, "-o", "table")
-		if code != 1 || !strings.Contains(errOut, "want wide, json, yaml or name") {
+		if code != 2 || !strings.Contains(errOut, "want wide, json, yaml or name") {
 			t.Errorf("peer list -o table: exit %d, %s", code, errOut)
 		}
 	})
@@ -235,6 +273,12 @@ func TestPeerVerbs(t *testing.T) {
 		}
 		if code, _, errOut := flotilla("peer", "accept", "nobody", "--kubeconfig", two, "--context", real); code != 1 || !strings.Contains(errOut, `no peer named "nobody"`) {
 			t.Errorf("peer accept --context %s: exit %d, %s", real, code, errOut)
+		}
+		if code, out, errOut := flotilla("grant", "--context", real, "cgamma", "--kubeconfig", two, "--wait=0", "-o", "name"); code != 0 || out != "peer.flotilla.io/cgamma\n" {
+			t.Errorf("grant --context %s: exit %d\n%s%s", real, code, out, errOut)
+		}
+		if code, _, errOut := flotilla("status", "--kubeconfig", two, "--context", "nope"); code != 1 || !strings.Contains(errOut, `no context "nope" in `+two+"; its contexts are: ") || !strings.Contains(errOut, real) {
+			t.Errorf("status --context nope: exit %d, %s", code, errOut)
 		}
 	})
 
@@ -363,7 +407,12 @@ func TestPeerVerbs(t *testing.T) {
 			t.Fatal(err)
 		}
 		kubectlFlotilla := func(args ...string) (string, error) {
-			cmd := exec.Command(kubectl, append([]string{"flotilla"}, args...)...)
+			if len(args) > 0 && args[0] == "__complete" {
+				args = append([]string{"__complete", "flotilla"}, args[1:]...)
+			} else {
+				args = append([]string{"flotilla"}, args...)
+			}
+			cmd := exec.Command(kubectl, args...)
 			cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+e.cp.Kubeconfig)
 			out, err := cmd.CombinedOutput()
 			return string(out), err
@@ -371,10 +420,18 @@ func TestPeerVerbs(t *testing.T) {
 		if out, err := kubectlFlotilla("peer", "list"); err != nil || !strings.Contains(out, "beta") || !strings.Contains(out, "gamma") {
 			t.Errorf("kubectl flotilla peer list: %v\n%s", err, out)
 		}
-		if out, err := kubectlFlotilla("help"); err != nil || !strings.Contains(out, "Usage: kubectl flotilla <command>") || strings.Contains(out, "Usage: flotilla") {
+		if out, err := kubectlFlotilla("help"); err != nil || !strings.Contains(out, "\n  kubectl flotilla [command]") || strings.Contains(out, "\n  flotilla ") {
 			t.Errorf("kubectl flotilla help: %v\n%s", err, out)
 		}
-		if out, err := kubectlFlotilla("peer", "accept", "delta"); err == nil || !strings.Contains(out, "kubectl flotilla peer: no peer named") {
+		// kubectl runs kubectl_complete-flotilla to complete the words
+		// after "kubectl flotilla": a peer's name, from the cluster.
+		if err := os.Symlink(self, filepath.Join(dir, "kubectl_complete-flotilla")); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := kubectlFlotilla("__complete", "peer", "accept", ""); err != nil || !strings.Contains(out, "beta\tcbeta") || !strings.Contains(out, "gamma\tcgamma") {
+			t.Errorf("kubectl __complete flotilla peer accept: %v\n%s", err, out)
+		}
+		if out, err := kubectlFlotilla("peer", "accept", "delta"); err == nil || !strings.Contains(out, "kubectl flotilla peer accept: no peer named") {
 			t.Errorf("kubectl flotilla peer accept delta: %v\n%s", err, out)
 		}
 	})
@@ -460,16 +517,17 @@ func TestPeerUsage(t *testing.T) {
 	}{
 		{nil, 2, "flotilla peer: say what to do"},
 		{[]string{"connect", "beta"}, 2, `flotilla peer: unknown verb "connect"`},
-		{[]string{"-h"}, 0, "Usage: flotilla peer <verb> [NAME] [flags]"},
-		{[]string{"accept"}, 2, "flotilla peer accept: name the peer first"},
-		{[]string{"deny", "--wait=0"}, 2, "flotilla peer deny: name the peer first"},
+		{[]string{"-h"}, 0, "\n  flotilla peer [command]"},
+		{[]string{"accept"}, 2, "flotilla peer accept: name the peer (its cluster name or ID"},
+		{[]string{"deny", "--wait=0"}, 2, "flotilla peer deny: name the peer"},
 		{[]string{"list", "beta"}, 2, `unexpected argument "beta"`},
+		{[]string{"lst"}, 2, `unknown verb "lst"; did you mean list?`},
 	} {
-		code, _, errOut := flotilla(append([]string{"peer"}, tc.args...)...)
-		if code != tc.code || !strings.Contains(errOut, tc.want) {
-			t.Errorf("peer %q: exit %d, stderr:\n%s\nwant %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		code, out, errOut := flotilla(append([]string{"peer"}, tc.args...)...)
+		if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+			t.Errorf("peer %q: exit %d, output:\n%s%s\nwant %d and %q", tc.args, code, out, errOut, tc.code, tc.want)
 		}
-		if tc.code == 2 && strings.Contains(tc.want, "say what") && !strings.Contains(errOut, "accept   connect to a peer") {
+		if tc.code == 2 && strings.Contains(tc.want, "say what") && !strings.Contains(errOut, "connect to a peer (spec.networking: Accept)") {
 			t.Errorf("peer %q: the verbs are not listed:\n%s", tc.args, errOut)
 		}
 	}

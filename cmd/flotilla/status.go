@@ -3,51 +3,49 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/peering/peerapi"
 )
 
-func init() {
-	register(command{name: "status", summary: "show this cluster's peers: phase, endpoint, views, handshake, offloading both ways, traffic mode", run: runStatus})
+func init() { register(newStatusCommand) }
+
+func newStatusCommand() *cobra.Command {
+	return peerTableCommand(&cobra.Command{
+		Use:     "status",
+		GroupID: groupFederation,
+		Short:   "show this cluster's peers: phase, endpoint, views, handshake, offloading both ways, traffic mode",
+	}, peerStatusColumns)
 }
 
-func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return runPeerTable(ctx, "status", peerStatusColumns, args, stdout, stderr)
-}
-
-// runPeerTable lists this cluster's Peers with the columns of table, or
-// as -o asks: status and peer list.
-func runPeerTable(ctx context.Context, name string, table []peerColumn, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet(name, stderr)
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG or ~/.kube/config)")
-	kubeContext := contextFlag(fs)
-	o := outputFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
+// peerTableCommand makes cmd list this cluster's Peers with the columns
+// of table, or as -o asks: status and peer list.
+func peerTableCommand(cmd *cobra.Command, table []peerColumn) *cobra.Command {
+	cluster := clusterFlags(cmd)
+	o := outputFlag(cmd, peerFormats...)
+	cmd.Args = noArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		format, err := parseOutput(*o, peerFormats...)
+		if err != nil {
+			return err
+		}
+		c, err := cluster.client()
+		if err != nil {
+			return err
+		}
+		peers, err := listPeers(cmd.Context(), c)
+		if err != nil {
+			return err
+		}
+		return writePeers(cmd.OutOrStdout(), peers, format, table, time.Now())
 	}
-	format, err := parseOutput(*o)
-	if err != nil {
-		return err
-	}
-	c, err := clusterClientIn(*kubeconfig, *kubeContext)
-	if err != nil {
-		return err
-	}
-	peers, err := listPeers(ctx, c)
-	if err != nil {
-		return err
-	}
-	return writePeers(stdout, peers, format, table, time.Now())
+	return cmd
 }
 
 // listPeers lists the Peers, saying what to do when that fails.
@@ -57,31 +55,6 @@ func listPeers(ctx context.Context, c client.Client) ([]v1alpha1.Peer, error) {
 		return nil, apiError("list", "", err)
 	}
 	return peers.Items, nil
-}
-
-// clusterClient reads and writes the flotilla.io objects of the cluster
-// a kubeconfig names, as kubectl finds it: the path given, else
-// $KUBECONFIG, else ~/.kube/config.
-func clusterClient(kubeconfig string) (client.WithWatch, error) {
-	return clusterClientIn(kubeconfig, "")
-}
-
-// clusterClientIn is clusterClient in the kubeconfig's context named
-// kubeContext; empty: its current context.
-func clusterClientIn(kubeconfig, kubeContext string) (client.WithWatch, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	// RoleBindings too: offload binds reflection's role in the namespace.
-	scheme := peerapi.Scheme()
-	if err := rbacv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	return client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 }
 
 // traffic is the mode in effect for traffic from the peer and, when

@@ -2,85 +2,87 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
-	"strings"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/observe/trace"
 	"github.com/flotilla-io/flotilla/observe/trace/collect"
 )
 
-func init() {
-	register(command{name: "trace", summary: "why can't SOURCE reach DESTINATION: the path between two clusters' pods, step by step", run: runTrace})
-}
+func init() { register(newTraceCommand) }
 
 // errBroken: the trace found a broken step, already printed; the exit
 // status says so to scripts.
-var errBroken = errors.New("a step is broken")
+var errBroken = fmt.Errorf("a step is broken: %w", errReported)
 
-func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("trace", stderr)
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the source's cluster (default: $KUBECONFIG or ~/.kube/config)")
-	kubeContext := contextFlag(fs)
-	peerKubeconfig := fs.String("peer-kubeconfig", "", "kubeconfig of the destination's cluster (default: --kubeconfig's)")
-	peerContext := fs.String("peer-context", "", "the destination cluster's context: its side of the path is read too (default: only the source's side)")
-	o := fs.String("o", "", "output format: json or yaml; empty: text")
-	fs.StringVar(o, "output", "", "output format (as -o)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: %s trace SOURCE DESTINATION [flags]
+func newTraceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "trace SOURCE DESTINATION",
+		GroupID: groupDiagnose,
+		Short:   "why can't SOURCE reach DESTINATION: the path between two clusters' pods, step by step",
+		Long: `Why can't SOURCE reach DESTINATION: the path between two clusters' pods,
+step by step, read from the live system, with the first broken step and
+what to do.
 
 SOURCE is a pod of this cluster (name, namespace/name or address);
 DESTINATION a pod of a peer: its address as this cluster addresses it
 (kubectl get peers -o wide shows the views), its real address there, or,
-with --peer-context, its name. Exit status 1 when a step is broken.
+with --peer-context, its name. Exit status 1 when a step is broken.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return usageErrorf("name the SOURCE and the DESTINATION")
+			}
+			return noArgs(nil, args[2:])
+		},
+	}
+	local := &clusterRef{}
+	cmd.Flags().StringVar(&local.kubeconfig, "kubeconfig", "", "kubeconfig of the source's cluster (default: $KUBECONFIG or ~/.kube/config)")
+	cmd.Flags().StringVar(&local.context, "context", "", "the source cluster's context (default: the kubeconfig's current context)")
+	peer := &clusterRef{}
+	cmd.Flags().StringVar(&peer.kubeconfig, "peer-kubeconfig", "", "kubeconfig of the destination's cluster (default: --kubeconfig's)")
+	cmd.Flags().StringVar(&peer.context, "peer-context", "", "the destination cluster's context: its side of the path is read too (default: only the source's side)")
+	o := outputFlag(cmd, objectFormats...)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		format, err := parseOutput(*o, objectFormats...)
+		if err != nil {
+			return err
+		}
+		var remote *clusterRef
+		if peer.kubeconfig != "" || peer.context != "" {
+			remote = peer
+			if remote.kubeconfig == "" {
+				remote.kubeconfig = local.kubeconfig
+			}
+		}
+		return runTrace(cmd.Context(), cmd.OutOrStdout(), *local, remote, args[0], args[1], format)
+	}
+	return cmd
+}
 
-`, progName)
-		fs.PrintDefaults()
-	}
-	var ends []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") && len(ends) < 2 {
-		ends, args = append(ends, args[0]), args[1:]
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if len(ends) != 2 {
-		fmt.Fprintf(stderr, "flotilla trace: name the SOURCE and the DESTINATION first\n")
-		fs.Usage()
-		return errUsage
-	}
-	if *o != "" && *o != "json" && *o != "yaml" {
-		fmt.Fprintf(stderr, "flotilla trace: -o %q: want json or yaml (or nothing, for text)\n", *o)
-		return errUsage
-	}
-	src, dst := ends[0], ends[1]
-	local, err := traceSide(ctx, *kubeconfig, *kubeContext, collect.Ends{Names: nameOf(src), Addrs: addrOf(src)})
+// runTrace traces from src, a pod of the local cluster, to dst, a pod of
+// the remote cluster; nil: only the local side is read.
+func runTrace(ctx context.Context, stdout io.Writer, local clusterRef, remote *clusterRef, src, dst string, format output) error {
+	here, err := traceSide(ctx, local, collect.Ends{Names: nameOf(src), Addrs: addrOf(src)})
 	if err != nil {
 		return err
 	}
-	var remote *trace.Cluster
-	if *peerContext != "" || *peerKubeconfig != "" {
-		pk := *peerKubeconfig
-		if pk == "" {
-			pk = *kubeconfig
-		}
-		remote, err = traceSide(ctx, pk, *peerContext, collect.Ends{Names: nameOf(dst), Addrs: trace.Candidates(local, dst)})
+	var there *trace.Cluster
+	if remote != nil {
+		there, err = traceSide(ctx, *remote, collect.Ends{Names: nameOf(dst), Addrs: trace.Candidates(here, dst)})
 		if err != nil {
 			return fmt.Errorf("peer cluster: %w", err)
 		}
 	}
-	trace.Name(local, remote)
-	res := trace.Run(local, remote, src, dst, time.Now())
-	if *o == "" {
+	trace.Name(here, there)
+	res := trace.Run(here, there, src, dst, time.Now())
+	if format == outputTable {
 		err = trace.WriteText(stdout, res)
 	} else {
-		err = writeJSONOrYAML(stdout, res, output(*o))
+		err = writeJSONOrYAML(stdout, res, format)
 	}
 	if err != nil {
 		return err
@@ -92,28 +94,12 @@ with --peer-context, its name. Exit status 1 when a step is broken.
 }
 
 // traceSide reads one cluster, named after its context.
-func traceSide(ctx context.Context, kubeconfig, kubeContext string, ends collect.Ends) (*trace.Cluster, error) {
-	cfg, name, err := restConfigIn(kubeconfig, kubeContext)
+func traceSide(ctx context.Context, r clusterRef, ends collect.Ends) (*trace.Cluster, error) {
+	cfg, name, err := r.restConfig()
 	if err != nil {
 		return nil, err
 	}
 	return collect.Collect(ctx, collect.Source{Name: name, Config: cfg}, ends)
-}
-
-// restConfigIn loads a kubeconfig's context, and that context's name.
-func restConfigIn(kubeconfig, kubeContext string) (*rest.Config, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
-	cfg, err := loader.ClientConfig()
-	if err != nil {
-		return nil, "", fmt.Errorf("kubeconfig: %w", err)
-	}
-	name := kubeContext
-	if raw, err := loader.RawConfig(); err == nil && name == "" {
-		name = raw.CurrentContext
-	}
-	return cfg, name, nil
 }
 
 func nameOf(s string) []string {

@@ -1,48 +1,54 @@
 package main
 
 import (
-	"context"
-	"flag"
+	"errors"
 	"fmt"
-	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
 )
 
-// verb is a subcommand of a command with verbs (peer, key).
-type verb struct {
-	name, summary string
-	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+// withVerbs makes cmd a command of verbs: without one, or with one it
+// does not know, it is a usage error that lists them.
+func withVerbs(cmd *cobra.Command, verbs ...*cobra.Command) *cobra.Command {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.SuggestionsMinimumDistance = 2
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return usageError{err: errors.New("say what to do"), listVerbs: true}
+		}
+		return usageError{err: fmt.Errorf("unknown verb %q%s", args[0], didYouMean(cmd, args[0])), listVerbs: true}
+	}
+	cmd.AddCommand(verbs...)
+	return cmd
 }
 
-// runVerbs runs the verb args[0] of command cmd, or prints usage (the
-// verbs with their summaries between synopsis and trailer) and returns
-// flag.ErrHelp when help was asked for, errUsage otherwise.
-func runVerbs(ctx context.Context, cmd, synopsis, trailer string, verbs []verb, args []string, stdout, stderr io.Writer) error {
+// noArgs: the command takes flags only.
+func noArgs(_ *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		for _, v := range verbs {
-			if v.name == args[0] {
-				return v.run(ctx, args[1:], stdout, stderr)
-			}
+		return usageErrorf("unexpected argument %q", args[0])
+	}
+	return nil
+}
+
+// oneArg: the command takes one argument; without it, the usage error
+// says missing.
+func oneArg(missing string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usageErrorf("%s", missing)
+		case len(args) > 1:
+			return usageErrorf("unexpected argument %q", args[1])
 		}
+		return nil
 	}
-	help := len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help")
-	if !help {
-		what := "say what to do"
-		if len(args) > 0 {
-			what = fmt.Sprintf("unknown verb %q", args[0])
-		}
-		fmt.Fprintf(stderr, "%s %s: %s\n\n", progName, cmd, what)
+}
+
+// didYouMean names the subcommands of cmd close to what was typed.
+func didYouMean(cmd *cobra.Command, typed string) string {
+	if s := cmd.SuggestionsFor(typed); len(s) > 0 {
+		return "; did you mean " + strings.Join(s, " or ") + "?"
 	}
-	width := 0
-	for _, v := range verbs {
-		width = max(width, len(v.name))
-	}
-	fmt.Fprintf(stderr, "Usage: %s %s %s\n\nVerbs:\n", progName, cmd, synopsis)
-	for _, v := range verbs {
-		fmt.Fprintf(stderr, "  %-*s %s\n", width+2, v.name, v.summary)
-	}
-	fmt.Fprintf(stderr, "\n%s\n", trailer)
-	if help {
-		return flag.ErrHelp
-	}
-	return errUsage
+	return ""
 }

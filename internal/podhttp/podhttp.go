@@ -23,7 +23,8 @@ import (
 // metrics are far smaller.
 const maxBody = 32 << 20
 
-// Get returns the body of GET path on port of pod ns/name.
+// Get returns the body of GET path on port of pod ns/name; an answer
+// other than 200 OK is a *StatusError, returned with the body.
 func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path string) ([]byte, error) {
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -73,7 +74,19 @@ func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path 
 		return nil, fmt.Errorf("GET %s of pod %s/%s port %d: %w", path, ns, name, port, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s of pod %s/%s port %d: %s: %s", path, ns, name, port, resp.Status, body)
+		return body, &StatusError{Status: resp.Status, Code: resp.StatusCode, Body: body,
+			err: fmt.Errorf("GET %s of pod %s/%s port %d: %s: %s", path, ns, name, port, resp.Status, body)}
 	}
 	return body, nil
 }
+
+// StatusError is an answer other than 200 OK; Get returns its body too.
+// /readyz answers 503 with the checks that fail.
+type StatusError struct {
+	Status string
+	Code   int
+	Body   []byte
+	err    error
+}
+
+func (e *StatusError) Error() string { return e.err.Error() }

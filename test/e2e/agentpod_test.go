@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -54,6 +56,16 @@ func TestAgentPodFromManifests(t *testing.T) {
 		})
 		// Before the logs are read: the agents' grants work shows there.
 		t.Run("grants", func(t *testing.T) { testGrants(t, cs[0], cs[1]) })
+		t.Run("flotilla info shows the install ready", func(t *testing.T) {
+			for _, c := range cs {
+				eventually.Within(t, 90*time.Second, c.Name+"'s install ready in flotilla info", func() error { return installReady(t, c) })
+				out, err := flotillaCLI(t, c, "info")
+				if err != nil || !strings.Contains(out, "Fences          enforced") {
+					t.Errorf("flotilla info of %s: %v\n%s", c.Name, err, out)
+				}
+				t.Logf("flotilla info of %s:\n%s", c.Name, out)
+			}
+		})
 		t.Run("kubectl logs shows the agent's log", func(t *testing.T) {
 			for _, c := range cs {
 				logs := mustKubectl(t, c.CP, "-n", federation.AgentNamespace, "logs", "deployment/flotilla-agent")
@@ -269,4 +281,85 @@ func mustKubectl(t testing.TB, cp *harness.ControlPlane, args ...string) string 
 		t.Fatal(err)
 	}
 	return out
+}
+
+// installReady reads `flotilla info -o json` of c and says what is not
+// ready: the agent and each of its checks, the fences proven, the fabric
+// on every node, the placement webhook, the clusterset DNS Service with
+// an endpoint, the one peer Connected, and nothing left unread.
+func installReady(t *testing.T, c *federation.NodeCluster) error {
+	out, err := flotillaCLI(t, c, "info", "-o", "json")
+	if err != nil {
+		return fmt.Errorf("flotilla info: %v\n%s", err, out)
+	}
+	var info struct {
+		Agent struct {
+			Installed bool
+			Replicas  int32
+			Ready     int32
+			Pods      []struct {
+				Ready   bool
+				Version string
+				Checks  []struct {
+					Name    string
+					OK      bool
+					Message string
+				}
+			}
+		}
+		Fences struct{ Known, Enforced bool }
+		Fabric struct {
+			Installed      bool
+			Desired, Ready int32
+			Nodes          []struct {
+				Node  string
+				Ready bool
+			}
+		}
+		Webhook struct {
+			Installed     bool
+			CABundle      bool
+			FailurePolicy string
+		}
+		ClustersetDNS struct {
+			Installed      bool
+			ReadyEndpoints int
+		}
+		Peers struct {
+			Total  int
+			Phases map[string]int
+		}
+		Notes []string
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		return fmt.Errorf("flotilla info -o json: %v\n%s", err, out)
+	}
+	a := info.Agent
+	if !a.Installed || a.Replicas != 1 || a.Ready != 1 || len(a.Pods) != 1 || !a.Pods[0].Ready || a.Pods[0].Version == "" || len(a.Pods[0].Checks) == 0 {
+		return fmt.Errorf("agent %+v", a)
+	}
+	for _, ch := range a.Pods[0].Checks {
+		if !ch.OK {
+			return fmt.Errorf("agent check %s failed: %s", ch.Name, ch.Message)
+		}
+	}
+	if !info.Fences.Known || !info.Fences.Enforced {
+		return fmt.Errorf("fences %+v", info.Fences)
+	}
+	if f := info.Fabric; !f.Installed || f.Desired < 1 || f.Ready != f.Desired || len(f.Nodes) != int(f.Desired) {
+		return fmt.Errorf("fabric %+v", f)
+	}
+	if w := info.Webhook; !w.Installed || !w.CABundle || w.FailurePolicy != "Fail" {
+		return fmt.Errorf("webhook %+v", w)
+	}
+	if d := info.ClustersetDNS; !d.Installed || d.ReadyEndpoints < 1 {
+		return fmt.Errorf("clusterset DNS %+v", d)
+	}
+	if p := info.Peers; p.Total != 1 || p.Phases["Connected"] != 1 {
+		return fmt.Errorf("peers %+v", p)
+	}
+	if len(info.Notes) > 0 {
+		return fmt.Errorf("not read: %q", info.Notes)
+	}
+	return nil
 }
