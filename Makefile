@@ -3,7 +3,10 @@
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -X github.com/flotilla-io/flotilla/agent.Version=$(VERSION) -X github.com/flotilla-io/flotilla/agent.Commit=$(COMMIT)
+# The commit's date, not the build's, so a commit always builds the same bytes.
+DATE    ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+VERSION_PKG := github.com/flotilla-io/flotilla/internal/version
+LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Commit=$(COMMIT) -X $(VERSION_PKG).Date=$(DATE)
 GO      ?= go
 # Every package's tests, on a 2-core machine within CI's 90 minutes.
 TEST_TIMEOUT ?= 45m
