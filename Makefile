@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build image release release-test deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -34,6 +34,23 @@ build:
 image:
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/flotilla-linux-amd64 ./cmd/flotilla
 	$(GO) run ./hack/image -binary bin/flotilla-linux-amd64 -path /flotilla -tag $(IMAGE_TAG) -o bin/flotilla-image.tar
+
+# A release (docs/release.md): the CLI for linux and darwin on amd64 and
+# arm64, the image index (linux/amd64, linux/arm64) as an OCI layout
+# archive, deploy/ rendered with the image pinned by digest, SHA256SUMS.
+# VERSION must be a semantic version (v0.3.0, v0.3.0-rc.1) and the work
+# tree clean, unless ALLOW_DIRTY=1. IMAGE_REPO is where the image will be
+# pushed, as the manifests name it.
+RELEASE_DIR ?= bin/release/$(VERSION)
+IMAGE_REPO ?= ghcr.io/flotilla-io/flotilla
+release:
+	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
+
+# `make release` of this checkout, checked as `make test` checks a
+# release of a small program (hack/release): behind the build tag
+# release, since it builds the whole binary four times.
+release-test:
+	$(GO) test -tags release -count=1 -timeout 60m -run TestFullRelease -v ./hack/release
 
 # Debian packages, Go modules and the Kubernetes binaries, each only once.
 deps:

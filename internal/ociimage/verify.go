@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
 // Layout is what an OCI layout archive holds, as VerifyLayout found it.
@@ -155,4 +158,37 @@ func readTar(file string) (map[string][]byte, error) {
 		}
 		out[h.Name] = b.Bytes()
 	}
+}
+
+// ReadLayout unpacks an archive WriteLayout wrote into dir (empty) and
+// returns the image index it names. It checks nothing: VerifyLayout does.
+func ReadLayout(file, dir string) (v1.ImageIndex, error) {
+	files, err := readTar(file)
+	if err != nil {
+		return nil, fmt.Errorf("image layout %s: %w", file, err)
+	}
+	for name, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
+			return nil, fmt.Errorf("image layout %s: entry %q leaves the directory", file, name)
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	top, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("image layout %s: %w", file, err)
+	}
+	m, err := top.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("image layout %s: %w", file, err)
+	}
+	if len(m.Manifests) != 1 {
+		return nil, fmt.Errorf("image layout %s: index.json lists %d entries, want the one image index", file, len(m.Manifests))
+	}
+	return top.ImageIndex(m.Manifests[0].Digest)
 }
