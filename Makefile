@@ -41,10 +41,12 @@ image:
 # VERSION must be a semantic version (v0.3.0, v0.3.0-rc.1) and the work
 # tree clean, unless ALLOW_DIRTY=1. IMAGE_REPO is where the image will be
 # pushed, as the manifests name it.
+# CLI_PLATFORMS narrows the CLI's platforms (the image's are always built).
 RELEASE_DIR ?= bin/release/$(VERSION)
 IMAGE_REPO ?= ghcr.io/flotilla-io/flotilla
+CLI_PLATFORMS ?= linux/amd64,linux/arm64,darwin/amd64,darwin/arm64
 release:
-	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
+	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" -cli-platforms "$(CLI_PLATFORMS)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
 
 # `make release` of this checkout, checked as `make test` checks a
 # release of a small program (hack/release): behind the build tag

@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,6 +64,8 @@ const (
 type options struct {
 	version, out, src, pkg, image, deploy string
 	allowDirty                            bool
+	// platforms are the CLI's: binaryPlatforms and the image's.
+	platforms []string
 }
 
 func run(args []string, stdout io.Writer) error {
@@ -75,11 +78,16 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.image, "image", deployImage, "the image's repository, as the manifests name it (where you will push the image)")
 	fs.StringVar(&o.deploy, "deploy", "deploy", "the kustomization to render, relative to -src")
 	fs.BoolVar(&o.allowDirty, "allow-dirty", false, "release a work tree with uncommitted changes (its commit reads SHA-dirty)")
-	if err := fs.Parse(args); err != nil {
+	cli := fs.String("cli-platforms", strings.Join(binaryPlatforms, ","), "the CLI's platforms (os/arch, comma-separated); the image's are always built")
+	err := fs.Parse(args)
+	if err != nil {
 		return err
 	}
 	if o.version == "" || o.out == "" {
 		return errors.New("-version and -o are required")
+	}
+	if o.platforms, err = cliPlatforms(*cli); err != nil {
+		return err
 	}
 	if !semver.MatchString(o.version) {
 		return fmt.Errorf("VERSION %q is not a semantic version: want vMAJOR.MINOR.PATCH with an optional -PRERELEASE, such as v0.3.0 or v0.3.0-rc.1", o.version)
@@ -99,7 +107,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	ldflags := fmt.Sprintf("-s -w -X %[1]s.Version=%[2]s -X %[1]s.Commit=%[3]s -X %[1]s.Date=%[4]s", versionPkg, o.version, src.commit, src.date)
 	binaries := map[string]string{}
-	for _, p := range binaryPlatforms {
+	for _, p := range o.platforms {
 		file, err := buildBinary(o, p, ldflags)
 		if err != nil {
 			return err
@@ -119,6 +127,23 @@ func run(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "release %s (commit %s, %s) in %s\nimage %s\n", o.version, src.commit, src.date, o.out, ref)
 	return nil
+}
+
+// cliPlatforms parses -cli-platforms: each one of binaryPlatforms; the
+// image's platforms are built whatever it says, since the image holds
+// them.
+func cliPlatforms(list string) ([]string, error) {
+	out := slices.Clone(imagePlatforms)
+	for p := range strings.SplitSeq(list, ",") {
+		if p = strings.TrimSpace(p); p == "" || slices.Contains(out, p) {
+			continue
+		}
+		if !slices.Contains(binaryPlatforms, p) {
+			return nil, fmt.Errorf("-cli-platforms: %q is none of %s", p, strings.Join(binaryPlatforms, ", "))
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // semver is semver.org's grammar with the v Go and git tags use; build

@@ -199,7 +199,8 @@ func checkManifests(t *testing.T, file, pinned string) {
 }
 
 // A release is refused, before anything is built or written, for a
-// version that is not semantic and for uncommitted changes.
+// version that is not semantic, for uncommitted changes and for a
+// platform it does not build.
 func TestReleaseRefuses(t *testing.T) {
 	dirty := t.TempDir()
 	for _, args := range [][]string{{"init", "-q"}, {"-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q", "--allow-empty", "-m", "first"}} {
@@ -214,18 +215,20 @@ func TestReleaseRefuses(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		version, src, want string
+		args               []string
 	}{
-		{"1.2.3", moduleRoot(t), "not a semantic version"},
-		{"v1.2", moduleRoot(t), "not a semantic version"},
-		{"v1.2.3.4", moduleRoot(t), "not a semantic version"},
-		{"v01.2.3", moduleRoot(t), "not a semantic version"},
-		{"v1.2.3+build.5", moduleRoot(t), "not a semantic version"},
-		{"latest", moduleRoot(t), "not a semantic version"},
-		{"v1.2.3", dirty, "uncommitted changes"},
+		{"1.2.3", moduleRoot(t), "not a semantic version", nil},
+		{"v1.2", moduleRoot(t), "not a semantic version", nil},
+		{"v1.2.3.4", moduleRoot(t), "not a semantic version", nil},
+		{"v01.2.3", moduleRoot(t), "not a semantic version", nil},
+		{"v1.2.3+build.5", moduleRoot(t), "not a semantic version", nil},
+		{"latest", moduleRoot(t), "not a semantic version", nil},
+		{"v1.2.3", dirty, "uncommitted changes", nil},
+		{"v1.2.3", moduleRoot(t), `"windows/amd64" is none of`, []string{"-cli-platforms", "linux/amd64,windows/amd64"}},
 	} {
 		t.Run(tc.version+" of "+filepath.Base(tc.src), func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "release")
-			err := run([]string{"-version", tc.version, "-o", out, "-src", tc.src}, &strings.Builder{})
+			err := run(append([]string{"-version", tc.version, "-o", out, "-src", tc.src}, tc.args...), &strings.Builder{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("release %s: %v, want an error saying %q", tc.version, err, tc.want)
 			}
