@@ -6,7 +6,10 @@ import (
 	"debug/elf"
 	"debug/macho"
 	"encoding/json"
+	"io"
+	"log"
 	"maps"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +18,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/internal/ociimage"
@@ -55,6 +61,8 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 		}
 		return got
 	})
+
+	checkPushKeepsTheDigest(t, dir)
 
 	// The same commit cuts the same bytes.
 	again := filepath.Join(t.TempDir(), "again")
@@ -286,4 +294,34 @@ func gitOutput(t *testing.T, args ...string) string {
 		t.Fatalf("git %v: %v", args, err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// checkPushKeepsTheDigest pushes the released index to a registry as
+// `crane push` does and reads back the digest the manifests pin.
+func checkPushKeepsTheDigest(t *testing.T, dir string) {
+	t.Helper()
+	l, err := ociimage.VerifyLayout(filepath.Join(dir, imageFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := ociimage.ReadLayout(filepath.Join(dir, imageFile), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	ref, err := name.NewTag(strings.TrimPrefix(reg.URL, "http://") + "/flotilla:v1.2.3-rc.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(ref, idx); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	desc, err := remote.Head(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc.Digest != l.Index {
+		t.Errorf("pushed, %s has digest %s; the release pins %s", ref, desc.Digest, l.Index)
+	}
 }
