@@ -80,11 +80,13 @@ test: deps lint test-only
 # without CI=true that skipped what it lacked does not pass for a full one.
 test-only:
 	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg -- -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd charts && $(GO) test -count=1 ./...
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags conformance ./test/conformance
+	cd charts && $(GO) vet ./...
 
 # The fault campaign's long form (docs/reliability.md): faults for
 # CHAOS_DURATION (default an hour), at most CHAOS_FAULTS of them (0: no
