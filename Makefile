@@ -3,7 +3,10 @@
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -X github.com/flotilla-io/flotilla/agent.Version=$(VERSION) -X github.com/flotilla-io/flotilla/agent.Commit=$(COMMIT)
+# The commit's date, not the build's, so a commit always builds the same bytes.
+DATE    ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+VERSION_PKG := github.com/flotilla-io/flotilla/internal/version
+LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Commit=$(COMMIT) -X $(VERSION_PKG).Date=$(DATE)
 GO      ?= go
 # Every package's tests, on a 2-core machine within CI's 90 minutes.
 TEST_TIMEOUT ?= 45m
@@ -11,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -39,6 +42,25 @@ image:
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/flotilla-linux-amd64 ./cmd/flotilla
 	$(GO) run ./hack/image -binary bin/flotilla-linux-amd64 -path /flotilla -tag $(IMAGE_TAG) -o bin/flotilla-image.tar
 
+# A release (docs/release.md): the CLI for linux and darwin on amd64 and
+# arm64, the image index (linux/amd64, linux/arm64) as an OCI layout
+# archive, deploy/ rendered with the image pinned by digest, SHA256SUMS.
+# VERSION must be a semantic version (v0.3.0, v0.3.0-rc.1) and the work
+# tree clean, unless ALLOW_DIRTY=1. IMAGE_REPO is where the image will be
+# pushed, as the manifests name it.
+# CLI_PLATFORMS narrows the CLI's platforms (the image's are always built).
+RELEASE_DIR ?= bin/release/$(VERSION)
+IMAGE_REPO ?= ghcr.io/flotilla-io/flotilla
+CLI_PLATFORMS ?= linux/amd64,linux/arm64,darwin/amd64,darwin/arm64
+release:
+	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" -cli-platforms "$(CLI_PLATFORMS)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
+
+# `make release` of this checkout, checked as `make test` checks a
+# release of a small program (hack/release): behind the build tag
+# release, since it builds the whole binary four times.
+release-test:
+	$(GO) test -tags release -count=1 -timeout 60m -run TestFullRelease -v ./hack/release
+
 # Debian packages, Go modules and the Kubernetes binaries, each only once.
 deps:
 	bash hack/install-deps.sh
@@ -65,11 +87,13 @@ test: deps lint test-only
 # without CI=true that skipped what it lacked does not pass for a full one.
 test-only:
 	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg -- -count=1 -timeout $(TEST_TIMEOUT) ./...
+	cd charts && $(GO) test -count=1 ./...
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags conformance ./test/conformance
+	cd charts && $(GO) vet ./...
 
 # The fault campaign's long form (docs/reliability.md): faults for
 # CHAOS_DURATION (default an hour), at most CHAOS_FAULTS of them (0: no

@@ -14,7 +14,6 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
+	"github.com/flotilla-io/flotilla/internal/version"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/observe/dashboard"
 	"github.com/flotilla-io/flotilla/observe/trace/live"
@@ -349,7 +349,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	restCfg.UserAgent = "flotilla-agent/" + Version
+	restCfg.UserAgent = "flotilla-agent/" + version.Version
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -411,13 +411,14 @@ func KubeConfig(path string) (*rest.Config, error) {
 // collectors every Flotilla process serves.
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
+	build := version.Get()
 	r.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "flotilla_build_info",
 			Help:        "Build of the running agent; always 1.",
-			ConstLabels: prometheus.Labels{"version": Version, "commit": BuildCommit(), "goversion": runtime.Version()},
+			ConstLabels: prometheus.Labels{"version": build.Version, "commit": build.Commit, "goversion": build.GoVersion},
 		}, func() float64 { return 1 }),
 	)
 	return r
@@ -448,7 +449,7 @@ func (a *Agent) MetricsAddr() string {
 // the data path up so a restart does not drop traffic. It returns nil
 // after a clean stop, and the failure, naming the component, otherwise.
 func (a *Agent) Run(ctx context.Context) error {
-	a.log.Info("agent starting", "version", Version, "commit", BuildCommit(), "stateDir", a.cfg.StateDir, "apiServer", a.restCfg.Host)
+	a.log.Info("agent starting", "version", version.Version, "commit", version.Get().Commit, "stateDir", a.cfg.StateDir, "apiServer", a.restCfg.Host)
 	RouteKubernetesLogs(a.log)
 	// runCtx ends at the first failure, with it as the cause: a start
 	// still under way gives up, a running agent stops.
@@ -544,6 +545,7 @@ func (a *Agent) handler() http.Handler {
 	guarded := http.NewServeMux()
 	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
 	guarded.Handle(live.Path, a.traceHandler())
+	guarded.HandleFunc("/build", serveBuild)
 	if a.cfg.Profiling {
 		// pprof.Index serves the named profiles (heap, goroutine, ...)
 		// below it; the others are handlers of their own.

@@ -1,26 +1,26 @@
 package agent
 
-import "runtime/debug"
+import (
+	"encoding/json"
+	"net/http"
 
-// Version and Commit are set at link time by the Makefile
-// (-X github.com/flotilla-io/flotilla/agent.Version=...).
-var (
-	Version = "dev"
-	Commit  = ""
+	"github.com/flotilla-io/flotilla/internal/version"
+	"github.com/flotilla-io/flotilla/peering"
 )
 
-// BuildCommit returns Commit, or the VCS revision Go recorded in the
-// binary when the linker was not told.
-func BuildCommit() string {
-	if Commit != "" {
-		return Commit
-	}
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range info.Settings {
-			if s.Key == "vcs.revision" {
-				return s.Value
-			}
-		}
-	}
-	return "unknown"
+// Build is this binary's build and the peering protocol range it speaks:
+// what `flotilla version` prints and the agent serves on /build.
+func Build() version.Info {
+	b := version.Get()
+	b.Protocol = version.Protocol{Current: peering.ProtocolVersion, Min: peering.ProtocolVersionMin, Max: peering.ProtocolVersionMax}
+	return b
+}
+
+// serveBuild answers /build with Build as JSON. Not /version: Kubernetes
+// lets every account get that path (system:public-info-viewer), and the
+// metrics port serves only who was granted.
+func serveBuild(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_ = json.NewEncoder(w).Encode(Build())
 }

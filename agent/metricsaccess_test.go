@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -15,13 +16,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/flotilla-io/flotilla/internal/version"
+	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // The metrics port as a stranger on the network sees it: the agent
 // listens on the loopback and its node's address only; there /healthz
 // and /readyz answer anyone (the kubelet's probes carry no token), while
-// /metrics, /trace and the dashboard answer only a bearer token the API
+// /metrics, /trace, /build and the dashboard answer only a bearer token the API
 // server knows and allows the path: deploy/rbac.yaml's
 // flotilla-metrics-reader gets /metrics and nothing more, its
 // flotilla-viewer everything. Each refusal is asked, with the refused
@@ -90,6 +93,7 @@ func TestMetricsPortAccess(t *testing.T) {
 		{"/metrics", prometheus, "not-a-token", http.StatusUnauthorized},
 		{"/metrics", prometheus, stranger, http.StatusForbidden},
 		{"/trace", operator, prometheus, http.StatusForbidden},
+		{"/build", operator, prometheus, http.StatusForbidden},
 		{"/", operator, prometheus, http.StatusForbidden},
 		{"/graph.json", operator, stranger, http.StatusForbidden},
 	} {
@@ -112,6 +116,15 @@ func TestMetricsPortAccess(t *testing.T) {
 	// The loopback (the node itself, or kubectl port-forward) needs none.
 	if code, _, err := getMetricsPort(a, "/metrics"); err != nil || code != http.StatusOK {
 		t.Errorf("GET /metrics on the loopback: %d, %v; want 200", code, err)
+	}
+	// /build is the build `flotilla version` prints for the client.
+	code, body, err := getMetricsPort(a, "/build")
+	var build version.Info
+	if err == nil && code == http.StatusOK {
+		err = json.Unmarshal([]byte(body), &build)
+	}
+	if err != nil || code != http.StatusOK || build != Build() || build.Protocol.Current != peering.ProtocolVersion || build.Protocol.Max != peering.ProtocolVersionMax {
+		t.Errorf("GET /build on the loopback: %d %q (%v); want 200 and %+v", code, body, err, Build())
 	}
 }
 

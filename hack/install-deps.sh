@@ -52,5 +52,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 go mod download
+(cd charts && go mod download)
 bash hack/build-kube.sh
 bash hack/build-coredns.sh

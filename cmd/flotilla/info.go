@@ -21,10 +21,12 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/flotilla-io/flotilla/agent"
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
+	"github.com/flotilla-io/flotilla/internal/version"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/placement"
 )
@@ -42,14 +44,14 @@ const (
 
 // installInfo is this cluster's install at a glance, as info prints it.
 type installInfo struct {
-	Cluster       clusterInfo `json:"cluster"`
-	Client        buildInfo   `json:"client"`
-	Agent         agentInfo   `json:"agent"`
-	Fences        fencesInfo  `json:"fences"`
-	Fabric        fabricInfo  `json:"fabric"`
-	Webhook       webhookInfo `json:"webhook"`
-	ClustersetDNS dnsInfo     `json:"clustersetDNS"`
-	Peers         peersInfo   `json:"peers"`
+	Cluster       clusterInfo  `json:"cluster"`
+	Client        version.Info `json:"client"`
+	Agent         agentInfo    `json:"agent"`
+	Fences        fencesInfo   `json:"fences"`
+	Fabric        fabricInfo   `json:"fabric"`
+	Webhook       webhookInfo  `json:"webhook"`
+	ClustersetDNS dnsInfo      `json:"clustersetDNS"`
+	Peers         peersInfo    `json:"peers"`
 	// Notes say what could not be read, and why.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -183,7 +185,7 @@ read is noted, not fatal.`,
 func readInstall(ctx context.Context, cfg *rest.Config, ns string) (installInfo, error) {
 	info := installInfo{
 		Cluster:       clusterInfo{Server: cfg.Host},
-		Client:        thisBuild(),
+		Client:        agent.Build(),
 		Agent:         agentInfo{Deployment: ns + "/" + agentDeployment},
 		Fabric:        fabricInfo{DaemonSet: ns + "/" + fabricapi.DaemonSetName},
 		Webhook:       webhookInfo{Name: placement.ConfigurationName},

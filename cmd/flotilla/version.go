@@ -2,32 +2,21 @@ package main
 
 import (
 	"fmt"
-	"runtime"
+	"io"
 
 	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/internal/version"
 )
 
 func init() { register(newVersionCommand) }
-
-// buildInfo is this binary's build, as version -o json|yaml prints it.
-type buildInfo struct {
-	Version   string `json:"version"`
-	Commit    string `json:"commit"`
-	GoVersion string `json:"goVersion"`
-	Platform  string `json:"platform"`
-}
-
-func thisBuild() buildInfo {
-	return buildInfo{Version: agent.Version, Commit: agent.BuildCommit(), GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
-}
 
 func newVersionCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "version",
 		GroupID: groupDiagnose,
-		Short:   "print the version of this binary",
+		Short:   "print the version, commit and peering protocol range of this binary",
 		Args:    noArgs,
 	}
 	o := outputFlag(cmd, objectFormats...)
@@ -36,12 +25,25 @@ func newVersionCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		b := thisBuild()
+		b := agent.Build()
 		if format != outputTable {
 			return writeJSONOrYAML(cmd.OutOrStdout(), b, format)
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "flotilla %s (commit %s, %s, %s)\n", b.Version, b.Commit, b.GoVersion, b.Platform)
+		printVersion(cmd.OutOrStdout(), "client", b)
 		return nil
 	}
 	return cmd
+}
+
+// printVersion writes one build as the lines `flotilla version` prints,
+// under a heading that says whose it is (the client, or an agent).
+func printVersion(w io.Writer, whose string, b version.Info) {
+	fmt.Fprintf(w, "%s:\n", whose)
+	fmt.Fprintf(w, "  version:  %s\n", b.Version)
+	fmt.Fprintf(w, "  commit:   %s\n", b.Commit)
+	if b.Date != "" {
+		fmt.Fprintf(w, "  date:     %s\n", b.Date)
+	}
+	fmt.Fprintf(w, "  go:       %s %s\n", b.GoVersion, b.Platform)
+	fmt.Fprintf(w, "  protocol: %d (reads %d to %d)\n", b.Protocol.Current, b.Protocol.Min, b.Protocol.Max)
 }

@@ -5,6 +5,8 @@
 //	    -tag flotilla:v0.1.0 -o bin/flotilla-image.tar
 //
 // Load the result with `ctr -n k8s.io images import FILE` or `docker load`.
+// -platform linux/arm64 makes the image of an arm64 binary; `make release`
+// puts one image per platform under an image index (internal/ociimage).
 package main
 
 import (
@@ -28,7 +30,8 @@ func main() {
 func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	var s ociimage.Spec
-	fs.StringVar(&s.Binary, "binary", "", "static linux/amd64 binary to put in the image")
+	fs.StringVar(&s.Binary, "binary", "", "static binary to put in the image")
+	fs.StringVar(&s.Platform, "platform", "linux/amd64", "the binary's os/arch, e.g. linux/arm64")
 	fs.StringVar(&s.Path, "path", "", "its path in the image, e.g. /flotilla")
 	tag := fs.String("tag", "", "image name and tag, e.g. flotilla:v0.1.0")
 	out := fs.String("o", "", "image tarball to write")

@@ -52,4 +52,18 @@ func TestMakeImageReadsBack(t *testing.T) {
 	if err := run([]string{"-binary", bin, "-o", file}, io.Discard); err == nil {
 		t.Error("missing -path and -tag accepted")
 	}
+
+	// The same for another platform: the image says it is arm64's.
+	if err := run([]string{"-binary", bin, "-platform", "linux/arm64", "-path", "/flotilla", "-tag", "flotilla:v9", "-o", file}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if img, err = ociimage.Read(file, "flotilla:v9"); err != nil {
+		t.Fatal(err)
+	}
+	if cf, err = img.ConfigFile(); err != nil {
+		t.Fatal(err)
+	}
+	if cf.OS+"/"+cf.Architecture != "linux/arm64" {
+		t.Errorf("-platform linux/arm64: image for %s/%s", cf.OS, cf.Architecture)
+	}
 }

@@ -2,7 +2,9 @@
 // registry: one layer holding a static binary on an empty base, written as
 // an image tarball in the `docker save` layout (manifest.json, the config,
 // the layer), which `ctr images import`, `docker load` and
-// go-containerregistry read back with the image's name and tag.
+// go-containerregistry read back with the image's name and tag; or one
+// such image per platform under a multi-platform image index, written as
+// an OCI image layout in a tar archive (BuildIndex, WriteLayout).
 //
 // Images are reproducible: every timestamp in the layer and the
 // configuration is fixed, so the same binary gives the same image digest.
@@ -23,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // Epoch is the time stamped on every file and on the image itself, so that
@@ -45,10 +48,22 @@ type Spec struct {
 	// Dirs are empty directories to create (mode 1777 for "/tmp", else
 	// 0755), for programs that write scratch files.
 	Dirs []string
+	// Platform is the binary's "os/arch", e.g. "linux/arm64"; empty is
+	// linux/amd64.
+	Platform string
 }
 
-// Build returns the image Spec describes, for linux/amd64.
+// Build returns the image Spec describes, in the media types of `docker
+// save` (Write's tarball).
 func Build(s Spec) (v1.Image, error) {
+	return build(s, dockerTypes)
+}
+
+func build(s Spec, mt mediaTypes) (v1.Image, error) {
+	platform, err := platformOf(s.Platform)
+	if err != nil {
+		return nil, err
+	}
 	if !path.IsAbs(s.Path) || path.Clean(s.Path) != s.Path {
 		return nil, fmt.Errorf("image path %q: want a clean absolute path such as /flotilla", s.Path)
 	}
@@ -70,15 +85,40 @@ func Build(s Spec) (v1.Image, error) {
 	if len(entrypoint) == 0 {
 		entrypoint = []string{s.Path}
 	}
-	return imageOf(layer, "ociimage: "+s.Path, entrypoint, s.Cmd, s.Env)
+	return imageOf(layer, "ociimage: "+s.Path, platform, mt, entrypoint, s.Cmd, s.Env)
 }
 
-// imageOf is the linux/amd64 image of one layer, stamped with Epoch, with
-// its entrypoint, command and environment.
-func imageOf(layer v1.Layer, createdBy string, entrypoint, cmd, env []string) (v1.Image, error) {
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
-		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: createdBy},
+// platformOf parses "os/arch", empty meaning linux/amd64.
+func platformOf(s string) (v1.Platform, error) {
+	if s == "" {
+		return v1.Platform{OS: "linux", Architecture: "amd64"}, nil
+	}
+	p, err := v1.ParsePlatform(s)
+	if err != nil || p.OS == "" || p.Architecture == "" {
+		return v1.Platform{}, fmt.Errorf("platform %q: want os/arch, such as linux/arm64", s)
+	}
+	return *p, nil
+}
+
+// mediaTypes are the media types an image's manifest, configuration and
+// layer are written with.
+type mediaTypes struct{ index, manifest, config, layer types.MediaType }
+
+var (
+	// dockerTypes are what `docker save` tarballs carry.
+	dockerTypes = mediaTypes{types.DockerManifestList, types.DockerManifestSchema2, types.DockerConfigJSON, types.DockerLayer}
+	// ociTypes are an OCI image index's.
+	ociTypes = mediaTypes{types.OCIImageIndex, types.OCIManifestSchema1, types.OCIConfigJSON, types.OCILayer}
+)
+
+// imageOf is the image of one layer for platform, stamped with Epoch,
+// with its entrypoint, command and environment.
+func imageOf(layer v1.Layer, createdBy string, platform v1.Platform, mt mediaTypes, entrypoint, cmd, env []string) (v1.Image, error) {
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, mt.manifest), mt.config)
+	img, err := mutate.Append(base, mutate.Addendum{
+		Layer:     layer,
+		MediaType: mt.layer,
+		History:   v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: createdBy},
 	})
 	if err != nil {
 		return nil, err
@@ -88,7 +128,7 @@ func imageOf(layer v1.Layer, createdBy string, entrypoint, cmd, env []string) (v
 		return nil, fmt.Errorf("image configuration: %w", err)
 	}
 	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS = "amd64", "linux"
+	cf.OS, cf.Architecture, cf.Variant = platform.OS, platform.Architecture, platform.Variant
 	cf.Created = v1.Time{Time: Epoch}
 	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = entrypoint, cmd, env
 	return mutate.ConfigFile(img, cf)

@@ -40,7 +40,7 @@ func BuildTree(s TreeSpec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layer of %s: %w", s.Root, err)
 	}
-	return imageOf(layer, "ociimage: tree", s.Entrypoint, s.Cmd, s.Env)
+	return imageOf(layer, "ociimage: tree", v1.Platform{OS: "linux", Architecture: "amd64"}, dockerTypes, s.Entrypoint, s.Cmd, s.Env)
 }
 
 // writeTreeLayer writes the uncompressed layer of root to file. Device
