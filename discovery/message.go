@@ -104,9 +104,10 @@ func (g *delegate) NotifyMsg(b []byte) {
 	switch b[0] {
 	case kindSuspected:
 		if d.refute != nil {
+			age, aged := parseNotice(b[1:])
 			select {
-			case d.refute <- struct{}{}:
-			default: // one is pending
+			case d.refute <- notice{age: age, aged: aged}:
+			default: // enough are pending
 			}
 		}
 		return
