@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 // The TXT strings of mDNS adverts come from anyone on the LAN.
@@ -89,24 +88,4 @@ func TestJoinTokenDoesNotPrintItsKey(t *testing.T) {
 			}
 		}
 	}
-}
-
-// A notice's age comes from any member holding the federation key:
-// whatever reads as an age is within bounds and encodes back to itself.
-func FuzzParseNotice(f *testing.F) {
-	f.Add([]byte{})
-	f.Add(noticeOf(1500 * time.Millisecond)[1:])
-	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		age, ok := parseNotice(b)
-		if !ok {
-			return
-		}
-		if age < 0 || age > maxNoticeAge {
-			t.Fatalf("age %v out of bounds", age)
-		}
-		if !bytes.Equal(noticeOf(age)[1:], b) {
-			t.Fatalf("age %v from %x encodes as %x", age, b, noticeOf(age)[1:])
-		}
-	})
 }

@@ -185,12 +185,9 @@ type Discovery struct {
 	// notices to members this one suspects, and this member's own
 	// refutation when told (notice.go); nil: off (benchmarks compare).
 	notices chan string
-	refute  chan notice
-	// lastRefute is when this member last refuted (unix ns), lastJoin
-	// when a member last joined.
+	refute  chan struct{}
+	// lastRefute is when this member last refuted (unix ns).
 	lastRefute atomic.Int64
-	lastJoin   atomic.Int64
-	heard      heardAlive
 	selfID     string
 
 	// pubMu orders the issue of records: serial stored, record signed.
@@ -295,7 +292,7 @@ func New(cfg Config) (*Discovery, error) {
 		done:      make(chan struct{}),
 	}
 	if !cfg.NoSuspicionNotice {
-		d.notices, d.refute = make(chan string, noticeQueue), make(chan notice, noticeQueue)
+		d.notices, d.refute = make(chan string, noticeQueue), make(chan struct{}, 1)
 	}
 	if err := d.loadSerial(); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
@@ -806,7 +803,6 @@ func (g *delegate) NotifyAlive(n *memberlist.Node) error {
 		d.drop(n.Name, ReasonOf(err), err)
 		return err
 	}
-	d.heard.heard(n.Name, time.Now())
 	return nil
 }
 
@@ -847,12 +843,6 @@ func (d *Discovery) memberChanged(n *memberlist.Node, kind EventKind) {
 	}
 	if m.State != state {
 		m.State, m.Since = state, now
-	}
-	switch kind {
-	case Join:
-		d.lastJoin.Store(time.Now().UnixNano())
-	case Failed, Leave:
-		d.heard.forget(n.Name)
 	}
 	if k := d.known[n.Name]; k != nil {
 		switch {

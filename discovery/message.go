@@ -104,10 +104,9 @@ func (g *delegate) NotifyMsg(b []byte) {
 	switch b[0] {
 	case kindSuspected:
 		if d.refute != nil {
-			age, aged := parseNotice(b[1:])
 			select {
-			case d.refute <- notice{age: age, aged: aged}:
-			default: // enough are pending
+			case d.refute <- struct{}{}:
+			default: // one is pending
 			}
 		}
 		return
