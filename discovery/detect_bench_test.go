@@ -33,7 +33,14 @@ import (
 // processes of this test binary (DISCOVERY_BENCH_PROCS, default "1", e.g.
 // "1,10"): in one process a garbage collection or a descheduled thread
 // stalls all 100 members at once, which a federation, one member per
-// agent, never sees.
+// agent, never sees. DISCOVERY_BENCH_MEMBERS (default "100") sets how
+// many members, e.g. "10,100".
+//
+// The load is stated in the output: how busy the machine's CPUs were
+// from the start of the observation to the detection (machine-busy-%,
+// from /proc/stat, every process's, the busy loops' and other work's on
+// the machine alike) and the 1-minute load average at the end
+// (loadavg).
 func BenchmarkDetection(b *testing.B) {
 	observe := 30 * time.Second
 	if v := os.Getenv("DISCOVERY_BENCH_OBSERVE"); v != "" {
@@ -45,70 +52,76 @@ func BenchmarkDetection(b *testing.B) {
 	}
 	busy := benchLevels(b, "DISCOVERY_BENCH_BUSY", "0,2")
 	procs := benchLevels(b, "DISCOVERY_BENCH_PROCS", "1")
-	const n = 100
 	for _, p := range benchProfiles {
-		for _, np := range procs {
-			for _, hogs := range busy {
-				b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
-					benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
-					var detect, rejoin samples
-					falseDeaths, falseEvents := 0, 0
-					var packets, bytes, cpu, alloc, gcs float64
-					var stallObserve, stallDetect samples
-					var suspicions, refutes, queueFull, udpErrors, stalledDeaths float64
-					for range b.N {
-						var r detectRun
-						if np == 1 {
-							r = detectInProcess(b, p.tune, n, hogs, observe)
-						} else {
-							r = detectInGroups(b, p.name, n, np, hogs, observe)
+		for _, n := range benchLevels(b, "DISCOVERY_BENCH_MEMBERS", "100") {
+			for _, np := range procs {
+				for _, hogs := range busy {
+					b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
+						benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
+						var detect, rejoin samples
+						falseDeaths, falseEvents := 0, 0
+						var packets, bytes, cpu, alloc, gcs float64
+						var stallObserve, stallDetect samples
+						var suspicions, refutes, queueFull, udpErrors, stalledDeaths float64
+						var busyPct, loadAvg float64
+						for range b.N {
+							var r detectRun
+							if np == 1 {
+								r = detectInProcess(b, p.tune, n, hogs, observe)
+							} else {
+								r = detectInGroups(b, p.name, n, np, hogs, observe)
+							}
+							detect = append(detect, r.detect)
+							falseDeaths += len(r.falseDead)
+							falseEvents += r.falseEvents
+							rejoin = append(rejoin, r.rejoin...)
+							packets += r.packets
+							bytes += r.bytes
+							cpu += r.cpu
+							alloc += r.alloc
+							gcs += r.gcs
+							stallObserve = append(stallObserve, r.stallObserve)
+							stallDetect = append(stallDetect, r.stallDetect)
+							suspicions += float64(r.suspicions)
+							refutes += float64(r.refutes)
+							queueFull += float64(r.queueFull)
+							udpErrors += float64(r.udpRcvbufErrors + r.udpInErrors)
+							stalledDeaths += float64(r.stalledDeaths)
+							busyPct += r.busyPct
+							loadAvg += r.loadAvg
 						}
-						detect = append(detect, r.detect)
-						falseDeaths += len(r.falseDead)
-						falseEvents += r.falseEvents
-						rejoin = append(rejoin, r.rejoin...)
-						packets += r.packets
-						bytes += r.bytes
-						cpu += r.cpu
-						alloc += r.alloc
-						gcs += r.gcs
-						stallObserve = append(stallObserve, r.stallObserve)
-						stallDetect = append(stallDetect, r.stallDetect)
-						suspicions += float64(r.suspicions)
-						refutes += float64(r.refutes)
-						queueFull += float64(r.queueFull)
-						udpErrors += float64(r.udpRcvbufErrors + r.udpInErrors)
-						stalledDeaths += float64(r.stalledDeaths)
-					}
-					detect.report(b, "s/detect")
-					b.ReportMetric(float64(falseDeaths)/float64(b.N), "false-deaths/run")
-					b.ReportMetric(float64(falseEvents)/float64(b.N), "false-failed-events/run")
-					b.ReportMetric(packets/float64(b.N), "packets/s/member")
-					b.ReportMetric(bytes/float64(b.N), "bytes/s/member")
-					// The price in the processes (100 members, while
-					// observed; gc/s summed over the processes).
-					b.ReportMetric(cpu/float64(b.N), "cpu-s/s")
-					b.ReportMetric(alloc/float64(b.N), "alloc-MB/s")
-					b.ReportMetric(gcs/float64(b.N), "gc/s")
-					// How long a falsely dead member stayed dead for an
-					// observer before it was seen alive again (refuted).
-					rejoin.report(b, "s/false-death-rejoin")
-					if np > 1 {
-						// Why: the longest stall of a member process
-						// (median over runs, min, max), memberlist's
-						// suspicions and refutations, gossip it dropped,
-						// the kernel's UDP receive errors, and false
-						// deaths with a process stalled for 2 s or more.
-						stallObserve.report(b, "s/stall-observe")
-						stallDetect.report(b, "s/stall-detect")
-						nb := float64(b.N)
-						b.ReportMetric(suspicions/nb, "suspicions/run")
-						b.ReportMetric(refutes/nb, "refutes/run")
-						b.ReportMetric(queueFull/nb, "gossip-dropped/run")
-						b.ReportMetric(udpErrors/nb, "udp-rcv-errors/run")
-						b.ReportMetric(stalledDeaths/nb, "stalled-false-deaths/run")
-					}
-				})
+						b.ReportMetric(busyPct/float64(b.N), "machine-busy-%")
+						b.ReportMetric(loadAvg/float64(b.N), "loadavg")
+						detect.report(b, "s/detect")
+						b.ReportMetric(float64(falseDeaths)/float64(b.N), "false-deaths/run")
+						b.ReportMetric(float64(falseEvents)/float64(b.N), "false-failed-events/run")
+						b.ReportMetric(packets/float64(b.N), "packets/s/member")
+						b.ReportMetric(bytes/float64(b.N), "bytes/s/member")
+						// The price in the processes (100 members, while
+						// observed; gc/s summed over the processes).
+						b.ReportMetric(cpu/float64(b.N), "cpu-s/s")
+						b.ReportMetric(alloc/float64(b.N), "alloc-MB/s")
+						b.ReportMetric(gcs/float64(b.N), "gc/s")
+						// How long a falsely dead member stayed dead for an
+						// observer before it was seen alive again (refuted).
+						rejoin.report(b, "s/false-death-rejoin")
+						if np > 1 {
+							// Why: the longest stall of a member process
+							// (median over runs, min, max), memberlist's
+							// suspicions and refutations, gossip it dropped,
+							// the kernel's UDP receive errors, and false
+							// deaths with a process stalled for 2 s or more.
+							stallObserve.report(b, "s/stall-observe")
+							stallDetect.report(b, "s/stall-detect")
+							nb := float64(b.N)
+							b.ReportMetric(suspicions/nb, "suspicions/run")
+							b.ReportMetric(refutes/nb, "refutes/run")
+							b.ReportMetric(queueFull/nb, "gossip-dropped/run")
+							b.ReportMetric(udpErrors/nb, "udp-rcv-errors/run")
+							b.ReportMetric(stalledDeaths/nb, "stalled-false-deaths/run")
+						}
+					})
+				}
 			}
 		}
 	}
@@ -150,6 +163,9 @@ type detectRun struct {
 	udpRcvbufErrors, udpInErrors        int64
 	rcvBuf, stalledDeaths               int
 	watchedAt, killedAt                 time.Time
+	// The machine's load from the observation's start to the detection:
+	// the share of CPU time not idle, and the load average at the end.
+	busyPct, loadAvg float64
 }
 
 // detectInProcess is one round of BenchmarkDetection with n members in
@@ -164,6 +180,7 @@ func detectInProcess(b *testing.B, tune func(*memberlist.Config), n, hogs int, o
 
 	stop := busyLoops(b, hogs)
 	var r detectRun
+	load := markMachineLoad()
 	mark := markCost(&sent)
 	time.Sleep(observe)
 	r.packets, r.bytes, r.cpu, r.alloc, r.gcs = mark.since(&sent, n)
@@ -172,6 +189,7 @@ func detectInProcess(b *testing.B, tune func(*memberlist.Config), n, hogs int, o
 	start := time.Now()
 	waitAllDeclareFailed(b, nodes[:n-1], victim.selfID, start)
 	r.detect = time.Since(start)
+	r.busyPct, r.loadAvg = load.since()
 	stop()
 
 	r.falseDead, r.falseEvents, r.rejoin = deaths.falseDeaths()
@@ -341,4 +359,44 @@ func (t *countingTransport) WriteToAddress(p []byte, a memberlist.Address) (time
 	t.sent.packets.Add(1)
 	t.sent.bytes.Add(int64(len(p)))
 	return t.NodeAwareTransport.WriteToAddress(p, a)
+}
+
+// machineLoad is the machine's CPU time counters at a mark.
+type machineLoad struct{ busy, total uint64 }
+
+// markMachineLoad reads the CPU line of /proc/stat; zero if unreadable.
+func markMachineLoad() machineLoad {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineLoad{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var m machineLoad
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		if i >= 8 { // guest times are counted in user already
+			break
+		}
+		m.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			m.busy += n
+		}
+	}
+	return m
+}
+
+// since returns the share of CPU time the machine spent busy since the
+// mark, in percent, and the 1-minute load average now.
+func (m machineLoad) since() (busyPct, loadAvg float64) {
+	now := markMachineLoad()
+	if now.total > m.total {
+		busyPct = 100 * float64(now.busy-m.busy) / float64(now.total-m.total)
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			loadAvg, _ = strconv.ParseFloat(f[0], 64)
+		}
+	}
+	return busyPct, loadAvg
 }

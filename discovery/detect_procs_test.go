@@ -63,6 +63,7 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	udp0, udpErr := readUDPCounters()
 
 	stop := busyLoops(b, hogs)
+	load := markMachineLoad()
 	time.Sleep(observe)
 	r := detectRun{watchedAt: watchedAt}
 	for _, reply := range askAll(b, groups, "stats", "stats") {
@@ -87,6 +88,7 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 		lastDead = maxTime(lastDead, parseNanos(b, reply))
 	}
 	r.detect = lastDead.Sub(killed)
+	r.busyPct, r.loadAvg = load.since()
 	stop()
 	if udp1, err := readUDPCounters(); err == nil && udpErr == nil {
 		r.udpRcvbufErrors = udp1.RcvbufErrors - udp0.RcvbufErrors

@@ -21,12 +21,18 @@ func podAddr(i int) netip.Addr {
 // BenchmarkPolicyUpdate measures how long a change to a Segregated peer's
 // allowed set takes to reach the kernel through Tunnel.Apply, the path the
 // agent takes: with 10,000 pods allowed, one more (one element added, as
-// when a pod is offloaded), and a batch of 10,000 changes (5,000 pods
-// removed, 5,000 others added). Apply returns once the kernel has
-// acknowledged the transaction, and from then on packets meet the new
-// set; the benchmark checks with nft that the last element is there.
-// Removing the one element again (a pod unoffloaded) is reported too.
-// Median, min and max of b.N runs (use -benchtime Nx).
+// when a pod is offloaded) and that one removed again (a pod
+// unoffloaded), and a batch of 10,000 changes (5,000 pods removed, 5,000
+// others added). Apply returns once the kernel has acknowledged the
+// transaction, and from then on packets meet the new set; the benchmark
+// checks with nft that the last element is there.
+//
+// Each round is made twice, the tunnel's netlink socket to nf_tables
+// kept open (what the agent does) and a socket per operation, closed
+// after it (where the kernel makes a deletion wait for the grace period
+// that frees what it deleted), taking turns in one run; the second is
+// reported with "per-op-socket" in its name, and the ratio of the two
+// medians. Median, min and max of b.N rounds (use -benchtime Nx).
 func BenchmarkPolicyUpdate(b *testing.B) {
 	site, tun, _ := siteTunnel(b, tunnel.Config{Logger: benchLogger()})
 	d := tunnel.Desired{Networks: []netip.Prefix{mustPrefix("10.0.0.0/24")}, Peers: manyPeers(b, 1)}
@@ -40,11 +46,20 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	visible := func(a netip.Addr) {
+	visible := func(a netip.Addr, want bool) {
 		out, err := site.Exec(context.Background(), "nft", "get", "element", "ip", table, set, "{", a.String(), "}")
-		if err != nil || !strings.Contains(string(out), a.String()) {
-			b.Fatalf("element %s not in set %s after Apply: %v\n%s", a, set, err, out)
+		if got := err == nil && strings.Contains(string(out), a.String()); got != want {
+			b.Fatalf("element %s in set %s after Apply: %v, want %v (%v)\n%s", a, set, got, want, err, out)
 		}
+	}
+	// both runs round once with a socket kept open and once with a socket
+	// per operation.
+	both := func(round func(perOp bool)) {
+		for _, perOp := range []bool{false, true} {
+			tunnel.SetNFTSocketPerOperation(tun, perOp)
+			round(perOp)
+		}
+		tunnel.SetNFTSocketPerOperation(tun, false)
 	}
 	base := make([]netip.Addr, 10000)
 	for i := range base {
@@ -53,15 +68,26 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 
 	b.Run("one-added-to-10000", func(b *testing.B) {
 		apply(base)
-		var added, removed []time.Duration
+		var added, removed [2][]time.Duration // by socket kept, per operation
 		for i := range b.N {
-			added = append(added, apply(append(base[:len(base):len(base)], podAddr(20000+i))))
-			removed = append(removed, apply(base))
+			both(func(perOp bool) {
+				k := 0
+				if perOp {
+					k = 1
+				}
+				added[k] = append(added[k], apply(append(base[:len(base):len(base)], podAddr(20000+i))))
+				removed[k] = append(removed[k], apply(base))
+			})
 		}
 		apply(append(base[:len(base):len(base)], podAddr(20000)))
-		visible(podAddr(20000))
-		reportSpread(b, added, "one-added")
-		reportSpread(b, removed, "one-removed")
+		visible(podAddr(20000), true)
+		apply(base)
+		visible(podAddr(20000), false)
+		reportSpread(b, added[0], "one-added")
+		reportSpread(b, removed[0], "one-removed")
+		reportSpread(b, added[1], "one-added-per-op-socket")
+		reportSpread(b, removed[1], "one-removed-per-op-socket")
+		reportRatio(b, removed[0], removed[1], "one-removed")
 	})
 	b.Run("10000-changes-in-one-batch", func(b *testing.B) {
 		other := make([]netip.Addr, 10000)
@@ -69,18 +95,32 @@ func BenchmarkPolicyUpdate(b *testing.B) {
 			other[i] = podAddr(i + 5000) // 5,000 shared, 5,000 new
 		}
 		apply(base)
-		var runs []time.Duration
-		for i := range b.N {
-			to := other
-			if i%2 == 1 {
-				to = base
-			}
-			runs = append(runs, apply(to))
+		var runs [2][]time.Duration
+		to := base
+		for range b.N {
+			both(func(perOp bool) {
+				k := 0
+				if perOp {
+					k = 1
+				}
+				if to = other; slices.Equal(d.Peers[0].Segregated.Pods, other) {
+					to = base
+				}
+				runs[k] = append(runs[k], apply(to))
+			})
 		}
 		apply(other)
-		visible(podAddr(14999))
-		reportSpread(b, runs, "batch-10000")
+		visible(podAddr(14999), true)
+		visible(podAddr(0), false)
+		reportSpread(b, runs[0], "batch-10000")
+		reportSpread(b, runs[1], "batch-10000-per-op-socket")
+		reportRatio(b, runs[0], runs[1], "batch-10000")
 	})
+}
+
+// reportRatio reports the median of runs over that of baseline.
+func reportRatio(b *testing.B, runs, baseline []time.Duration, what string) {
+	b.ReportMetric(float64(median(runs))/float64(median(baseline)), what+"/per-op-socket")
 }
 
 // BenchmarkSegregatedThroughput measures pod-to-pod TCP throughput (iperf3,

@@ -40,3 +40,13 @@ func Batched(t tun.Device, b conn.Bind, n int) (tun.Device, conn.Bind, error) {
 
 // DeviceBatch is the batch of the agent's userspace device.
 const DeviceBatch = deviceBatch
+
+// SetNFTSocketPerOperation makes the tunnel open a netlink socket to
+// nf_tables for each operation and close it after (on) or keep one open
+// (off, the default), for benchmarks to compare the two.
+func SetNFTSocketPerOperation(t *Tunnel, on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nft.close()
+	t.nft.perOperation = on
+}

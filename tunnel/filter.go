@@ -13,7 +13,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
-	"github.com/vishvananda/netns"
 )
 
 // The filter for Segregated peers lives in a second table of ours, next to
@@ -107,6 +106,7 @@ var serviceKey = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIn
 type filterTable struct {
 	name   string
 	ifname string
+	nft    *nftSession
 
 	applied map[string]PeerFilter // by peer; nil when unknown
 	gen     uint32
@@ -154,6 +154,7 @@ func filterRuleComments(peer string) []string {
 func (f *filterTable) reconcile(want []PeerFilter, full bool) (int, error) {
 	if !full && f.applied != nil {
 		if ok, err := f.recordHolds(); err != nil {
+			f.nft.fail()
 			return 0, err
 		} else if ok {
 			if len(want) == 0 && len(f.applied) == 0 {
@@ -165,22 +166,27 @@ func (f *filterTable) reconcile(want []PeerFilter, full bool) (int, error) {
 			}
 			// The kernel refused a change computed from the record; read
 			// the table back and try once more.
+			f.nft.fail()
 		}
 	}
-	return f.resync(want)
+	changes, err := f.resync(want)
+	if err != nil {
+		f.nft.fail()
+	}
+	return changes, err
 }
 
 // recordHolds: our generation, or else every chain and set of the record
 // still there.
 func (f *filterTable) recordHolds() (bool, error) {
-	gen, err := rulesetGeneration()
+	gen, err := f.nft.generation()
 	if err != nil {
 		return false, err
 	}
 	if gen == f.gen {
 		return true, nil
 	}
-	c, err := newNFTConn()
+	c, err := f.nft.conn()
 	if err != nil {
 		return false, err
 	}
@@ -200,7 +206,7 @@ func (f *filterTable) recordHolds() (bool, error) {
 
 // update sends the difference between the record and want.
 func (f *filterTable) update(want []PeerFilter) (int, error) {
-	c, err := newNFTConn()
+	c, err := f.nft.conn()
 	if err != nil {
 		return 0, err
 	}
@@ -331,7 +337,7 @@ func delPeer(c *nftables.Conn, t *nftables.Table, peer string) int {
 }
 
 func (f *filterTable) commit(applied map[string]PeerFilter, committed bool) {
-	gen, err := rulesetGeneration()
+	gen, err := f.nft.generation()
 	if err != nil {
 		f.applied = nil
 		return
@@ -426,18 +432,25 @@ func serviceElements(es []policy.Endpoint) []nftables.SetElement {
 
 // remove deletes the whole table; a missing table is not an error.
 func (f *filterTable) remove() error {
-	c, err := newNFTConn()
+	c, err := f.nft.conn()
 	if err != nil {
 		return err
 	}
 	exists, err := tableExists(c, f.name)
-	if err != nil || !exists {
-		f.applied = map[string]PeerFilter{}
+	if err != nil {
+		f.nft.fail()
 		return err
 	}
+	if !exists {
+		f.applied = map[string]PeerFilter{}
+		return nil
+	}
 	c.DelTable(f.table())
-	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete nftables table %s: %w", f.name, err)
+	if err := c.Flush(); err != nil {
+		f.nft.fail()
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete nftables table %s: %w", f.name, err)
+		}
 	}
 	f.applied = nil
 	return nil
@@ -448,10 +461,9 @@ type Dropped struct {
 	Packets, Bytes uint64
 }
 
-// dropped reads the drop counters of every peer's chain in the network
-// namespace ns.
-func (f *filterTable) dropped(ns netns.NsHandle) (map[string]Dropped, error) {
-	c, err := newNFTConnIn(ns)
+// dropped reads the drop counters of every peer's chain.
+func (f *filterTable) dropped() (map[string]Dropped, error) {
+	c, err := f.nft.conn()
 	if err != nil {
 		return nil, err
 	}
@@ -460,6 +472,7 @@ func (f *filterTable) dropped(ns netns.NsHandle) (map[string]Dropped, error) {
 	for peer := range f.applied {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: fromChain(peer), Table: t})
 		if err != nil {
+			f.nft.fail()
 			return nil, fmt.Errorf("read drop counter of peer %s: %w", peer, err)
 		}
 		for _, r := range rules {
@@ -481,5 +494,5 @@ func (t *Tunnel) Dropped() (map[string]Dropped, error) {
 	if t.closed {
 		return nil, errors.New("read drop counters: tunnel closed")
 	}
-	return t.filter.dropped(t.netns)
+	return t.filter.dropped()
 }

@@ -17,7 +17,7 @@ type kernelFilter = tableStructure
 
 // readStructure reads the table's chains, rules and sets, not elements.
 func (f *filterTable) readStructure(c *nftables.Conn) (kernelFilter, error) {
-	return readTableStructure(c, f.table())
+	return readTableStructure(f.nft, c, f.table())
 }
 
 // structured reports whether the table holds exactly the chains, rules and
@@ -69,7 +69,7 @@ func comments(rs []ruleRef) []string {
 // established flows through a replacement.
 func (f *filterTable) resync(want []PeerFilter) (int, error) {
 	f.applied = nil
-	c, err := newNFTConn()
+	c, err := f.nft.conn()
 	if err != nil {
 		return 0, err
 	}
@@ -214,16 +214,25 @@ func (t *Tunnel) PolicySets() ([]policy.Sets, error) {
 	if t.closed {
 		return nil, errors.New("read the policy sets: tunnel closed")
 	}
-	c, err := newNFTConnIn(t.netns)
+	out, err := t.filter.readAllSets()
+	if err != nil {
+		t.nft.fail()
+	}
+	return out, err
+}
+
+// readAllSets reads every Segregated peer's sets, sorted by peer.
+func (f *filterTable) readAllSets() ([]policy.Sets, error) {
+	c, err := f.nft.conn()
 	if err != nil {
 		return nil, err
 	}
-	k, err := t.filter.readStructure(c)
+	k, err := f.readStructure(c)
 	if err != nil {
-		return nil, fmt.Errorf("read nftables table %s: %w", t.filter.name, err)
+		return nil, fmt.Errorf("read nftables table %s: %w", f.name, err)
 	}
 	var out []policy.Sets
-	tab := t.filter.table()
+	tab := f.table()
 	for name := range k.chains {
 		peer, ok := strings.CutPrefix(name, "from-")
 		if !ok || !slices.Equal(comments(k.rules[name]), filterRuleComments(peer)) ||

@@ -65,12 +65,13 @@ func (t *Tunnel) Inspect() (Inspection, error) {
 		}
 		out.Peers = append(out.Peers, ip)
 	}
-	c, err := newNFTConnIn(t.netns)
+	c, err := t.nft.conn()
 	if err != nil {
 		return out, err
 	}
 	k, err := t.nat.read(c)
 	if err != nil {
+		t.nft.fail()
 		return out, fmt.Errorf("read nftables table %s: %w", t.nat.name, err)
 	}
 	byPeer := map[string]*InspectedNAT{}

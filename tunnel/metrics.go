@@ -134,7 +134,7 @@ func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
 	if m.t.closed {
 		return
 	}
-	dropped, err := m.t.filter.dropped(m.t.netns)
+	dropped, err := m.t.filter.dropped()
 	if err != nil {
 		return
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,6 +80,7 @@ func (d direction) peerChain(peer string) string { return d.base + "-" + peer }
 type natTable struct {
 	name   string // nftables table name, family ip
 	ifname string // the WireGuard interface the base chains match on
+	nft    *nftSession
 
 	applied map[string]PeerNAT // by peer; nil when unknown
 	gen     uint32             // ruleset generation after our last transaction
@@ -120,6 +120,7 @@ func (n *natTable) reconcile(want []PeerNAT, full bool) (int, error) {
 	if !full && n.applied != nil {
 		ok, err := n.recordHolds()
 		if err != nil {
+			n.nft.fail()
 			return 0, err
 		}
 		if ok {
@@ -129,22 +130,27 @@ func (n *natTable) reconcile(want []PeerNAT, full bool) (int, error) {
 			}
 			// The kernel refused a change computed from the record: the
 			// record was wrong. Read the table back and try once more.
+			n.nft.fail()
 		}
 	}
-	return n.resync(want)
+	changes, err := n.resync(want)
+	if err != nil {
+		n.nft.fail()
+	}
+	return changes, err
 }
 
 // recordHolds checks cheaply that the table still is what the record says:
 // the generation is ours, or else every chain and map of ours is there.
 func (n *natTable) recordHolds() (bool, error) {
-	gen, err := rulesetGeneration()
+	gen, err := n.nft.generation()
 	if err != nil {
 		return false, err
 	}
 	if gen == n.gen {
 		return true, nil
 	}
-	c, err := newNFTConn()
+	c, err := n.nft.conn()
 	if err != nil {
 		return false, err
 	}
@@ -193,7 +199,7 @@ func (n *natTable) recordHolds() (bool, error) {
 // update sends the difference between the record and want, touching only
 // the objects of peers that were added, changed or removed.
 func (n *natTable) update(want []PeerNAT) (int, error) {
-	c, err := newNFTConn()
+	c, err := n.nft.conn()
 	if err != nil {
 		return 0, err
 	}
@@ -220,6 +226,7 @@ func (n *natTable) update(want []PeerNAT) (int, error) {
 				changes++
 			case rulesChanged:
 				c.FlushChain(ch)
+				changes++
 			}
 			if rulesChanged {
 				changes += n.addPeerRules(c, ch, p, d)
@@ -269,7 +276,7 @@ func (n *natTable) update(want []PeerNAT) (int, error) {
 // someone else commit in between, theirs is taken for ours, and a change
 // of theirs to our table waits for the periodic resync.
 func (n *natTable) commit(applied map[string]PeerNAT, committed bool) {
-	gen, err := rulesetGeneration()
+	gen, err := n.nft.generation()
 	if err != nil {
 		n.applied = nil // cannot tell our generation from the next one
 		return
@@ -304,7 +311,7 @@ type tableStructure struct {
 
 // readTableStructure reads table t's chains, rules and sets, not their
 // elements; a table that does not exist reads as empty.
-func readTableStructure(c *nftables.Conn, t *nftables.Table) (tableStructure, error) {
+func readTableStructure(s *nftSession, c *nftables.Conn, t *nftables.Table) (tableStructure, error) {
 	k := tableStructure{chains: map[string]*nftables.Chain{}, rules: map[string][]ruleRef{}, sets: map[string]*nftables.Set{}}
 	exists, err := tableExists(c, t.Name)
 	if err != nil || !exists {
@@ -320,7 +327,7 @@ func readTableStructure(c *nftables.Conn, t *nftables.Table) (tableStructure, er
 			k.chains[ch.Name] = ch
 		}
 	}
-	if k.rules, err = listRules(t.Name); err != nil {
+	if k.rules, err = s.rules(t.Name); err != nil {
 		return k, err
 	}
 	sets, err := c.GetSets(t)
@@ -397,7 +404,7 @@ func parseIntervals(elems []nftables.SetElement) (ivs []interval, stray []nftabl
 }
 
 func (n *natTable) read(c *nftables.Conn) (kernelNAT, error) {
-	st, err := readTableStructure(c, n.table())
+	st, err := readTableStructure(n.nft, c, n.table())
 	k := kernelNAT{tableStructure: st, maps: map[string][]interval{}, stray: map[string][]nftables.SetElement{}}
 	if err != nil || !k.table {
 		return k, err
@@ -449,7 +456,7 @@ func sameHook(ch, want *nftables.Chain) bool {
 // one transaction. Objects in our table that we do not want are removed.
 func (n *natTable) resync(want []PeerNAT) (int, error) {
 	n.applied = nil
-	c, err := newNFTConn()
+	c, err := n.nft.conn()
 	if err != nil {
 		return 0, err
 	}
@@ -667,17 +674,24 @@ func natExprs(r NATRule) []expr.Any {
 
 // remove deletes the whole table; a missing table is not an error.
 func (n *natTable) remove() error {
-	c, err := newNFTConn()
+	c, err := n.nft.conn()
 	if err != nil {
 		return err
 	}
 	exists, err := tableExists(c, n.name)
-	if err != nil || !exists {
+	if err != nil {
+		n.nft.fail()
 		return err
 	}
+	if !exists {
+		return nil
+	}
 	c.DelTable(n.table())
-	if err := c.Flush(); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete nftables table %s: %w", n.name, err)
+	if err := c.Flush(); err != nil {
+		n.nft.fail()
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete nftables table %s: %w", n.name, err)
+		}
 	}
 	n.applied = nil
 	return nil
@@ -687,30 +701,6 @@ func (n *natTable) remove() error {
 // 1000 peers gets one acknowledgement per message, more than the default
 // buffer holds.
 const nftSocketBuffer = 16 << 20
-
-// newNFTConn returns a connection that opens a fresh netlink socket per
-// operation, with buffers large enough for thousands of objects in one
-// transaction. A new one per reconcile: a Conn keeps the first
-// serialisation error forever.
-func newNFTConn() (*nftables.Conn, error) {
-	return openNFT()
-}
-
-// newNFTConnIn is newNFTConn in network namespace ns, for callers on any
-// goroutine (metrics, the agent's start). Entering ns takes setns, which
-// needs CAP_SYS_ADMIN, which the agent's pod does not have: when ns is
-// where this thread is already (the agent's own, always, outside tests),
-// the socket is opened here without it.
-func newNFTConnIn(ns netns.NsHandle) (*nftables.Conn, error) {
-	here, err := netns.Get()
-	if err == nil {
-		defer here.Close()
-		if here.Equal(ns) {
-			return openNFT()
-		}
-	}
-	return openNFT(nftables.WithNetNSFd(int(ns)))
-}
 
 func openNFT(opts ...nftables.ConnOption) (*nftables.Conn, error) {
 	opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error {
@@ -745,92 +735,6 @@ func nfgenmsg(family byte) []byte { return []byte{family, unix.NFNETLINK_V0, 0, 
 
 func nftMsgType(msg int) netlink.HeaderType {
 	return netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msg)
-}
-
-// rulesetGeneration asks the kernel for the nftables generation of this
-// network namespace: it changes with every committed transaction, anyone's.
-func rulesetGeneration() (uint32, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return 0, fmt.Errorf("read nftables generation: %w", err)
-	}
-	defer conn.Close()
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: nftMsgType(unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   nfgenmsg(unix.AF_UNSPEC),
-	})
-	if err != nil {
-		return 0, fmt.Errorf("read nftables generation: %w", err)
-	}
-	for _, m := range msgs {
-		if m.Header.Type != nftMsgType(unix.NFT_MSG_NEWGEN) || len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, fmt.Errorf("read nftables generation: %w", err)
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				return ad.Uint32(), nil
-			}
-		}
-	}
-	return 0, errors.New("read nftables generation: no generation in the kernel's answer")
-}
-
-// listRules dumps the rules of every chain of the table in one request
-// and returns, per chain, each rule's handle and comment.
-func listRules(table string) (map[string][]ruleRef, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return nil, fmt.Errorf("list rules of %s: %w", table, err)
-	}
-	defer conn.Close()
-	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")}})
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: nftMsgType(unix.NFT_MSG_GETRULE), Flags: netlink.Request | netlink.Dump},
-		Data:   append(nfgenmsg(unix.NFPROTO_IPV4), attrs...),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list rules of %s: %w", table, err)
-	}
-	out := map[string][]ruleRef{}
-	for _, m := range msgs {
-		if m.Header.Type != nftMsgType(unix.NFT_MSG_NEWRULE) || len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return nil, fmt.Errorf("list rules of %s: %w", table, err)
-		}
-		ad.ByteOrder = binary.BigEndian
-		var chain, tbl string
-		var r ruleRef
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_RULE_TABLE:
-				tbl = ad.String()
-			case unix.NFTA_RULE_CHAIN:
-				chain = ad.String()
-			case unix.NFTA_RULE_HANDLE:
-				r.handle = ad.Uint64()
-			case unix.NFTA_RULE_USERDATA:
-				r.comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
-			}
-		}
-		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("list rules of %s: %w", table, err)
-		}
-		if tbl == table {
-			out[chain] = append(out[chain], r)
-		}
-	}
-	return out, nil
 }
 
 // matchPrefix compares the IPv4 address at offset of the network header

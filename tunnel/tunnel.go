@@ -150,6 +150,7 @@ type Tunnel struct {
 	rt     *routeTable
 	nat    *natTable
 	filter *filterTable
+	nft    *nftSession // both tables'
 	// netns is the network namespace New ran in, where every object of
 	// ours lives: the metrics read the filter's counters from goroutines
 	// that may run anywhere.
@@ -205,8 +206,6 @@ func New(cfg Config) (*Tunnel, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "tunnel", "link", cfg.Interface),
 		rt:      &routeTable{table: cfg.RouteTable, protocol: cfg.RouteProtocol},
-		nat:     &natTable{name: cfg.NFTable, ifname: cfg.Interface},
-		filter:  &filterTable{name: PolicyTable(cfg.NFTable), ifname: cfg.Interface},
 		kick:    make(chan struct{}, 1),
 		key:     cfg.PrivateKey,
 		pub:     cfg.PrivateKey.PublicKey(),
@@ -231,6 +230,9 @@ func New(cfg Config) (*Tunnel, error) {
 		t.wg.Close()
 		return nil, fmt.Errorf("open this network namespace: %w", err)
 	}
+	t.nft = &nftSession{ns: t.netns}
+	t.nat = &natTable{name: cfg.NFTable, ifname: cfg.Interface, nft: t.nft}
+	t.filter = &filterTable{name: PolicyTable(cfg.NFTable), ifname: cfg.Interface, nft: t.nft}
 	t.metrics = newMetrics(t)
 	if cfg.Metrics != nil {
 		if err := t.metrics.register(cfg.Metrics); err != nil {
@@ -564,6 +566,7 @@ func (t *Tunnel) Close() error {
 		return nil
 	}
 	t.closed = true
+	t.nft.close()
 	t.netns.Close()
 	if t.contactTimer != nil {
 		t.contactTimer.Stop()
@@ -599,10 +602,12 @@ func Cleanup(cfg Config) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := (&natTable{name: cfg.NFTable}).remove(); err != nil {
+	nft := &nftSession{ns: netns.None()}
+	defer nft.close()
+	if err := (&natTable{name: cfg.NFTable, nft: nft}).remove(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := (&filterTable{name: PolicyTable(cfg.NFTable)}).remove(); err != nil {
+	if err := (&filterTable{name: PolicyTable(cfg.NFTable), nft: nft}).remove(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeLink(cfg.Interface); err != nil {
