@@ -123,6 +123,10 @@ type Config struct {
 	FabricOwner string
 	// Namespace and NodeName are the agent's pod's (downward API).
 	Namespace, NodeName string
+	// LedgerSnapshots replicates the ledger into the Secret
+	// flotilla-ledger after every change and restores it from there at
+	// start when this state directory is behind (docs/ha.md).
+	LedgerSnapshots bool
 
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
@@ -181,6 +185,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		StateDir:           "/var/lib/flotilla",
+		LedgerSnapshots:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),

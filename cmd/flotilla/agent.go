@@ -29,6 +29,7 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("agent", stderr)
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
+	fs.BoolVar(&cfg.LedgerSnapshots, "ledger-snapshots", cfg.LedgerSnapshots, "replicate the ledger into the Secret flotilla-ledger of the agent's namespace after every change, and restore a state directory that is behind from it at start (docs/ha.md)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
 	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
