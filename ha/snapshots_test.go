@@ -29,10 +29,14 @@ func apiServer(t *testing.T) kubernetes.Interface {
 	t.Helper()
 	harness.Require(t, harness.NeedsControlPlane...)
 	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
-	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return cp.Client
+}
+
+func namespaceObject() *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
 }
 
 // replica is one agent's ledger, in a state directory of its own.
