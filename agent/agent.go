@@ -123,6 +123,15 @@ type Config struct {
 	FabricOwner string
 	// Namespace and NodeName are the agent's pod's (downward API).
 	Namespace, NodeName string
+	// LeaderElect runs the agent as one of several replicas: only the
+	// one holding the Lease flotilla-agent starts; the timings are
+	// ha.Elector's, zero for its defaults (docs/ha.md).
+	LeaderElect                               bool
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// LedgerSnapshots replicates the ledger into the Secret
+	// flotilla-ledger after every change and restores it from there at
+	// start when this state directory is behind (docs/ha.md).
+	LedgerSnapshots bool
 
 	// OffloadGrants is the policy for Peers whose spec.offloading is
 	// empty: manual (never without Grant) or auto.
@@ -181,6 +190,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		StateDir:           "/var/lib/flotilla",
+		LedgerSnapshots:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,
 		Logger:             slog.Default(),
@@ -232,6 +242,8 @@ type Agent struct {
 	learned learnedBlocks
 	// start starts the components (startComponents; tests give their own).
 	start func(ctx context.Context, comps *components) error
+	// fenced is set when this replica lost the Lease (election.go).
+	fenced atomic.Bool
 	// services receives the peers' exports from the gossip, once made.
 	services atomic.Pointer[mcs.Services]
 	// dashboard is what the page at / shows, once the Peers are watched
@@ -470,7 +482,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	comps.Go("API server probe", api.run)
 	a.ready.add("kubernetes", api.result)
 
-	err := a.start(runCtx, comps)
+	start := a.start
+	if a.cfg.LeaderElect {
+		setPhase("standby: another replica holds the Lease")
+		start = a.startElected(func(ctx context.Context, comps *components) error {
+			setPhase("components still starting")
+			return a.start(ctx, comps)
+		})
+	}
+	err := start(runCtx, comps)
 	if err == nil {
 		setPhase("")
 		a.log.Info("agent running")
@@ -494,6 +514,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err == nil {
 			err = fmt.Errorf("stop within %s: %w", a.cfg.ShutdownTimeout, serr)
 		}
+	}
+	if ferr := a.removeFencedDataPath(); ferr != nil {
+		a.log.Error("data path not removed", "err", ferr)
 	}
 	if err == nil {
 		a.log.Info("agent stopped")

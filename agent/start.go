@@ -25,7 +25,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer crds.stop()
 	secretKeys := startBackground(ctx, a.secretKeyring)
 	defer secretKeys.stop()
-	st, err := a.openState(comps)
+	st, err := a.openState(ctx, comps)
 	if err != nil {
 		return err
 	}

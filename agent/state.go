@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
 )
@@ -25,9 +27,10 @@ type state struct {
 	id     identity.Identity
 }
 
-// openState opens the ledger, closed last when the agent stops, and loads
-// the cluster's identity from it, creating one at first start.
-func (a *Agent) openState(comps *components) (state, error) {
+// openState opens the ledger, closed last when the agent stops, brings it
+// to its newest snapshot when it is behind (restoreLedger), and loads the
+// cluster's identity from it, creating one at first start.
+func (a *Agent) openState(ctx context.Context, comps *components) (state, error) {
 	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{Now: a.now})
 	if err != nil {
 		return state{}, fmt.Errorf("open ledger: %w", err)
@@ -38,6 +41,9 @@ func (a *Agent) openState(comps *components) (state, error) {
 		_, err := os.Stat(ledger.Path()) // deleted under a running agent: say so
 		return err
 	})
+	if err := a.restoreLedger(ctx, comps, ledger); err != nil {
+		return state{}, err
+	}
 	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
 		id, err := identity.Generate()
 		return id.Seed(), err
@@ -51,6 +57,27 @@ func (a *Agent) openState(comps *components) (state, error) {
 	}
 	a.log.Info("identity", "clusterID", id.ClusterID(), "name", a.cfg.ClusterName)
 	return state{ledger: ledger, id: id}, nil
+}
+
+// restoreLedger restores the ledger from the Secret flotilla-ledger when
+// another replica wrote it since this state directory last did (or the
+// directory is new), then keeps writing the ledger's snapshots there
+// after its changes. A state directory with nothing in it does not start
+// on a snapshot it cannot read: it would make a new identity.
+func (a *Agent) restoreLedger(ctx context.Context, comps *components, ledger *ipam.Ledger) error {
+	if !a.cfg.LedgerSnapshots {
+		return nil
+	}
+	snaps := &ha.Snapshots{Kube: a.kube, Namespace: a.agentNamespace(), Log: a.log.With("component", "ledger snapshots")}
+	_, err := snaps.Restore(ctx, ledger, keyIdentity)
+	switch {
+	case err != nil && ledger.Generation() == 0:
+		return fmt.Errorf("ledger: this state directory is empty and its snapshot cannot be restored: %w", err)
+	case err != nil:
+		a.log.Warn("starting from the local ledger; its snapshot was not restored", "err", err)
+	}
+	comps.Go("ledger snapshots", func(ctx context.Context) error { return snaps.Run(ctx, ledger) })
+	return nil
 }
 
 type federationKeyring struct {

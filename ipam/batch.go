@@ -44,6 +44,7 @@ func (l *Ledger) Batch(fn func(Batch) error) error {
 	if err == nil {
 		err = fn(&batch{t: t})
 	}
+	var gen uint64
 	if err == nil && len(t.writes) > 0 {
 		err = l.db.Update(func(tx *bolt.Tx) error {
 			for _, w := range t.writes {
@@ -51,7 +52,9 @@ func (l *Ledger) Batch(fn func(Batch) error) error {
 					return err
 				}
 			}
-			return nil
+			var err error
+			gen, err = l.bumpGeneration(tx)
+			return err
 		})
 		if err != nil {
 			err = fmt.Errorf("commit ledger batch: %w", err)
@@ -63,6 +66,9 @@ func (l *Ledger) Batch(fn func(Batch) error) error {
 	}
 	if len(t.changed) > 0 {
 		l.index.Store(l.index.Load().with(t.st, t.changed))
+	}
+	if gen > 0 {
+		l.committed(gen)
 	}
 	return nil
 }

@@ -92,6 +92,11 @@ type Ledger struct {
 	mu    sync.RWMutex // writers hold it exclusively while they edit st
 	st    *state
 	index atomic.Pointer[index]
+
+	genMu      sync.Mutex // guards the three below (replication.go)
+	gen        uint64
+	replicated uint64
+	genChanged chan struct{} // closed and replaced at each commit
 }
 
 // schemaVersion is the layout this code writes. migrations[i] upgrades a
@@ -253,6 +258,9 @@ func (l *Ledger) prepare() error {
 		if err != nil {
 			return err
 		}
+		if err := l.loadGeneration(tx); err != nil {
+			return err
+		}
 		l.st = st
 		l.index.Store(buildIndex(st))
 		return nil
@@ -325,12 +333,18 @@ func (l *Ledger) update(fn func(t *txn) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := &txn{st: l.st, now: l.now(), l: l, changed: map[string]bool{}}
+	var gen uint64
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		t.tx = tx
 		if err := t.purgeExpired(); err != nil {
 			return err
 		}
-		return fn(t)
+		if err := fn(t); err != nil {
+			return err
+		}
+		var err error
+		gen, err = l.bumpGeneration(tx)
+		return err
 	})
 	if err != nil {
 		for i := len(t.undo) - 1; i >= 0; i-- {
@@ -341,6 +355,7 @@ func (l *Ledger) update(fn func(t *txn) error) error {
 	if len(t.changed) > 0 {
 		l.index.Store(l.index.Load().with(t.st, t.changed))
 	}
+	l.committed(gen)
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
 	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
@@ -37,6 +38,11 @@ func newAgentCommand() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: in-cluster service account)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the agent's ledger (identity, keys, views); keep it across restarts")
+	fs.BoolVar(&cfg.LeaderElect, "leader-elect", cfg.LeaderElect, "run as one of several replicas: only the one holding the Lease flotilla-agent in the agent's namespace runs the data path, the others wait as standbys (docs/ha.md)")
+	fs.DurationVar(&cfg.LeaseDuration, "leader-elect-lease-duration", ha.DefaultLeaseDuration, "with --leader-elect: how long a Lease not renewed keeps a standby from taking over (whole seconds)")
+	fs.DurationVar(&cfg.RenewDeadline, "leader-elect-renew-deadline", ha.DefaultRenewDeadline, "with --leader-elect: how long the active replica retries renewing before it gives the role up")
+	fs.DurationVar(&cfg.RetryPeriod, "leader-elect-retry-period", ha.DefaultRetryPeriod, "with --leader-elect: how often replicas try to take or renew the Lease")
+	fs.BoolVar(&cfg.LedgerSnapshots, "ledger-snapshots", cfg.LedgerSnapshots, "replicate the ledger into the Secret flotilla-ledger of the agent's namespace after every change, and restore a state directory that is behind from it at start (docs/ha.md)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
 	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
 	logFormat := fs.String("log-format", "text", "log format: text or json")

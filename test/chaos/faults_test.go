@@ -1,6 +1,7 @@
 package chaos_test
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -30,12 +31,13 @@ var faults = []fault{
 		return 0
 	}},
 	{"restart-wiped", func(t *testing.T, f *fed, v *federation.Cluster) int {
-		// The state directory lost with the disk: the cluster comes back
-		// with a new ledger, so a new identity and WireGuard key (a new
-		// member to the others), and no memory of its views' quarantine.
+		// The state directory lost with the disk, and its snapshot with
+		// it: the cluster comes back with a new ledger, so a new identity
+		// and WireGuard key (a new member to the others), and no memory
+		// of its views' quarantine.
 		v.Agent.Kill()
 		<-v.Agent.Done()
-		wipe(t, v.StateDir)
+		wipe(t, v)
 		f.inv.newLedger(v)
 		v.StartAgent(t)
 		return 0
@@ -101,7 +103,7 @@ var faults = []fault{
 		old := identityOf(t, v)
 		v.Agent.Kill()
 		<-v.Agent.Done()
-		wipe(t, v.StateDir)
+		wipe(t, v)
 		f.inv.newLedger(v)
 		v.StartAgent(t)
 		o := f.cs[(slices.Index(f.cs, v)+1)%len(f.cs)]
@@ -154,9 +156,14 @@ func mountStateDisks(t *testing.T, cs []*federation.Cluster) {
 	}
 }
 
-// wipe empties dir, a mount point that stays.
-func wipe(t *testing.T, dir string) {
+// wipe empties c's state directory, a mount point that stays, and
+// deletes its ledger's snapshot: the cluster's state is lost.
+func wipe(t *testing.T, c *federation.Cluster) {
 	t.Helper()
+	if err := c.DeleteLedgerSnapshot(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dir := c.StateDir
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -206,6 +206,8 @@ func documentedAccess() map[string][]string {
 			"configmaps [flotilla-fabric] [create get patch]",
 			"secrets [flotilla-placement-ca] [create get patch]",
 			"secrets [flotilla-kubelet-ca] [create get patch]",
+			// The ledger's snapshot (docs/ha.md).
+			"secrets [flotilla-ledger] [get patch update]",
 			// The federation keyring it follows, and where it reports
 			// the fingerprints it holds (docs/operations.md).
 			"secrets [flotilla-federation] [get list watch]",

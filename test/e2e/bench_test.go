@@ -130,6 +130,9 @@ func reset(b *testing.B, cs []*federation.Cluster, round int) {
 		c.Agent.Stop()
 		c.Site.MustExec(c.Bin, "cleanup", "--wireguard-interface", c.Interface())
 		os.RemoveAll(c.StateDir)
+		if err := c.DeleteLedgerSnapshot(context.Background()); err != nil {
+			b.Fatal(err)
+		}
 		if err := c.Client.DeleteAllOf(context.Background(), &v1alpha1.Peer{}); err != nil {
 			b.Fatal(err)
 		}

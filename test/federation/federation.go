@@ -24,6 +24,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -193,6 +194,17 @@ func publishClusterInfo(t harness.TB, cps []*harness.ControlPlane) {
 func (c *Cluster) StartAgent(t harness.TB) {
 	t.Helper()
 	c.Agent = c.Site.Start("agent-"+c.Name, append([]string{c.Bin}, c.Args...)...)
+}
+
+// DeleteLedgerSnapshot removes the snapshot of the ledger the agent
+// keeps in its namespace (docs/ha.md): with its state directory wiped as
+// well, the cluster comes back as a new one, with a new identity.
+func (c *Cluster) DeleteLedgerSnapshot(ctx context.Context) error {
+	err := c.CP.Client.CoreV1().Secrets(AgentNamespace).Delete(ctx, ha.SecretName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the ledger snapshot of %s: %w", c.Name, err)
+	}
+	return nil
 }
 
 // Peers returns the cluster's Peers by the peer's cluster name.

@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/ha"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// agentReadyz returns the agent's /readyz status and body.
+func agentReadyz(a *Agent) (int, string, error) {
+	resp, err := http.Get("http://" + a.MetricsAddr() + "/readyz")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// With --leader-elect, of two replicas only the one holding the Lease
+// starts its components; the other serves /readyz as a standby, not
+// ready. When the active one stops it releases the Lease and the standby
+// starts.
+func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("elect", harness.ControlPlaneOptions{})
+	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	type replica struct {
+		a       *Agent
+		log     *syncLog
+		started chan struct{}
+		cancel  context.CancelFunc
+		ran     chan error
+	}
+	run := func(node string) *replica {
+		r := &replica{log: &syncLog{}, started: make(chan struct{}), ran: make(chan error, 1)}
+		cfg := DefaultConfig()
+		cfg.Kubeconfig, cfg.StateDir, cfg.MetricsAddr = cp.Kubeconfig, t.TempDir(), "127.0.0.1:0"
+		cfg.Logger = slog.New(slog.NewTextHandler(r.log, nil))
+		cfg.LeaderElect, cfg.NodeName, cfg.Namespace = true, node, "flotilla-system"
+		a, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.start = func(ctx context.Context, comps *components) error {
+			close(r.started)
+			return nil
+		}
+		r.a = a
+		ctx, cancel := context.WithCancel(context.Background())
+		r.cancel = cancel
+		go func() { r.ran <- a.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-r.ran })
+		return r
+	}
+	waitStarted := func(r *replica, what string) {
+		t.Helper()
+		select {
+		case <-r.started:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s did not start; its log:\n%s", what, r.log)
+		}
+	}
+
+	first := run("gw1")
+	waitStarted(first, "the first replica")
+	second := run("gw2")
+	eventually.Within(t, 30*time.Second, "the second replica saw the active one", func() error {
+		if !strings.Contains(second.log.String(), "active replica") {
+			return fmt.Errorf("its log:\n%s", second.log)
+		}
+		return nil
+	})
+	select {
+	case <-second.started:
+		t.Fatal("the standby started its components while the other replica is active")
+	default:
+	}
+	if code, body, err := agentReadyz(second.a); err != nil || code == http.StatusOK || !strings.Contains(body, "standby") {
+		t.Fatalf("standby's /readyz: %d %q %v, want not ready, saying standby", code, body, err)
+	}
+
+	first.cancel()
+	if err := <-first.ran; err != nil {
+		t.Fatalf("the first replica stopped with %v", err)
+	}
+	first.ran <- nil // for its cleanup
+	waitStarted(second, "the standby after the active one stopped")
+	eventually.Within(t, 30*time.Second, "the new active replica ready", func() error {
+		code, body, err := agentReadyz(second.a)
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("%d %s %v", code, body, err)
+		}
+		return nil
+	})
+	mfs, err := second.a.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "flotilla_gateway_active" && mf.GetMetric()[0].GetGauge().GetValue() != 1 {
+			t.Fatalf("flotilla_gateway_active %v on the active replica", mf.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+	l, err := cp.Client.CoordinationV1().Leases("flotilla-system").Get(t.Context(), ha.LeaseName, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || !strings.HasPrefix(*l.Spec.HolderIdentity, "gw2_") {
+		t.Fatalf("Lease %v %v, want held by gw2", l.Spec.HolderIdentity, err)
+	}
+}
+
+// syncLog is a log a replica writes while the test reads it.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncLog) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncLog) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
