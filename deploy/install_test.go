@@ -550,7 +550,8 @@ func agentAccess() []access {
 	}
 	for _, v := range []string{"get", "create", "patch"} {
 		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"),
-			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"))
+			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"),
+			allow(v, "", "secrets", namespace, "flotilla-join"))
 	}
 	cases = append(cases,
 		deny("list", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", ""),
