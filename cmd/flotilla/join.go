@@ -24,9 +24,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlagSet("join", stderr)
 	var o joinOptions
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster that joins (default: $KUBECONFIG or ~/.kube/config)")
-	fs.StringVar(&o.Context, "context", "", "its context (default: the kubeconfig's current context)")
+	fs.StringVar(&o.Context, "context", "", "kubeconfig context of the cluster that joins (default: the current context)")
 	fs.StringVar(&o.RemoteKubeconfig, "remote-kubeconfig", "", "kubeconfig of a cluster of the federation to join (default: --kubeconfig's)")
-	fs.StringVar(&o.RemoteContext, "remote-context", "", "its context (default: the remote kubeconfig's current context)")
+	fs.StringVar(&o.RemoteContext, "remote-context", "", "kubeconfig context of a cluster of the federation to join")
 	fs.StringVar(&o.Namespace, "namespace", agentNamespace, "the agents' namespace on both clusters")
 	fs.DurationVar(&o.Wait, "wait", 3*time.Minute, "how long to wait for Connected both ways before undoing the change")
 	fs.BoolVar(&o.Force, "force", false, "join even when this cluster belongs to another federation (it leaves that one)")

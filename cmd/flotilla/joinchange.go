@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -66,9 +65,6 @@ func (c *change) apply(ctx context.Context, out io.Writer, theirs published) err
 func (c *change) undoAfter(ctx context.Context, out io.Writer, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	if ctx.Err() == nil && errors.Is(cause, context.DeadlineExceeded) {
-		cause = fmt.Errorf("%w (--wait)", cause)
-	}
 	fmt.Fprintf(out, "undoing what was changed on %s: %v\n", c.side.name, cause)
 	if err := c.undo(ctx, out); err != nil {
 		return fmt.Errorf("%w; undoing the change on %s failed too: %v (its Secret %s/%s may still hold the other federation's token: delete it, or put back what it held, and restart its agent)",

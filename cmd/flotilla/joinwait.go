@@ -114,8 +114,8 @@ func waitConnected(ctx context.Context, o joinOptions, a, b *joinSide, ownA, own
 		return err
 	case !seen:
 		tok, _ := discovery.ParseFederationKey(ownB.token)
-		return fmt.Errorf("%s and %s do not see each other: %w; can %s's gateway reach %s's gossip address %s (UDP and TCP)? (`kubectl -n %s logs deploy/flotilla-agent` on either side)",
-			a.name, b.name, err, a.name, b.name, strings.Join(tok.Seeds, ", "), a.ns)
+		return fmt.Errorf("%s and %s do not see each other within --wait %s: is %s's agent running, and can %s's gateway reach %s's gossip address %s (UDP and TCP)? (`kubectl -n %s logs deploy/flotilla-agent` on either side)",
+			a.name, b.name, o.Wait, b.name, a.name, b.name, strings.Join(tok.Seeds, ", "), a.ns)
 	}
 	var why []string
 	for _, s := range sides {
@@ -123,7 +123,7 @@ func waitConnected(ctx context.Context, o joinOptions, a, b *joinSide, ownA, own
 			why = append(why, fmt.Sprintf("%s's Peer %s is %s%s", s.side.name, peerName(*s.peer), orDash(string(s.peer.Status.Phase)), blocking(s.peer)))
 		}
 	}
-	return fmt.Errorf("not Connected both ways: %w: %s (`%s peer list -o wide` on each side shows more)", err, strings.Join(why, "; "), progName)
+	return fmt.Errorf("not Connected both ways within --wait %s: %s (`%s peer list -o wide` on each side shows more)", o.Wait, strings.Join(why, "; "), progName)
 }
 
 // read gets the side's Peer of the other cluster; nil while there is none.
