@@ -52,7 +52,7 @@ func (c *change) apply(ctx context.Context, out io.Writer, theirs published) err
 		return err
 	}
 	c.applied = true
-	fmt.Fprintf(out, "%s configured: Secret %s/%s holds the join token of %s's federation\n", s.name, s.ns, agent.FederationSecret, theirs.name())
+	fmt.Fprintf(out, "%s configured: Secret %s/%s holds the join token of %s\n", s.name, s.ns, agent.FederationSecret, theirs.name())
 	c.restarted = true
 	if err := s.restartAgent(ctx, out); err != nil {
 		return err
