@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -78,6 +80,33 @@ func TestJoinRefusals(t *testing.T) {
 		}
 	})
 
+	t.Run("--force without an agent to restart puts A's Secret back exactly", func(t *testing.T) {
+		secrets := a.cp.Client.CoreV1().Secrets(ns)
+		was, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := flotilla("join", "--kubeconfig", a.cp.Kubeconfig, "--remote-kubeconfig", b.cp.Kubeconfig, "--wait", "30s", "--force")
+		// The witness: it wrote the Secret before it found no agent.
+		if !strings.Contains(out, "alpha configured: Secret flotilla-system/flotilla-federation holds the join token of beta (c-beta)") {
+			t.Fatalf("join --force: exit %d\n%s%s; want it to configure A first", code, out, errOut)
+		}
+		if code != 1 || !strings.Contains(errOut, "no agent pod in flotilla-system") || !strings.Contains(errOut, "alpha is as it was") {
+			t.Errorf("join --force with no agent: exit %d\n%s%s; want it to fail and undo", code, out, errOut)
+		}
+		now, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(now.Data, was.Data) || !reflect.DeepEqual(now.Labels, was.Labels) || !reflect.DeepEqual(now.Annotations, was.Annotations) {
+			t.Errorf("A's Secret after the undone join: data %v labels %v annotations %v; was %v, %v, %v",
+				now.Data, now.Labels, now.Annotations, was.Data, was.Labels, was.Annotations)
+		}
+		if got, want := managers(now), managers(was); got != want {
+			t.Errorf("A's Secret's field managers after the undone join:\n%s\nwere\n%s", got, want)
+		}
+	})
+
 	t.Run("the same cluster twice", func(t *testing.T) {
 		was := a.secrets(t)
 		code, out, errOut := flotilla("join", "--kubeconfig", a.cp.Kubeconfig, "--remote-kubeconfig", a.cp.Kubeconfig, "--wait", "30s")
@@ -88,6 +117,19 @@ func TestJoinRefusals(t *testing.T) {
 			t.Errorf("A's Secrets changed: %v, were %v", now, was)
 		}
 	})
+}
+
+// managers describes an object's field managers and what each owns.
+func managers(s *corev1.Secret) string {
+	var b strings.Builder
+	for _, m := range s.ManagedFields {
+		fields := ""
+		if m.FieldsV1 != nil {
+			fields = string(m.FieldsV1.Raw)
+		}
+		fmt.Fprintf(&b, "%s %s %s\n", m.Manager, m.Operation, fields)
+	}
+	return b.String()
 }
 
 // What makes a cluster a member of another federation, which a join

@@ -53,8 +53,9 @@ func (c *change) apply(ctx context.Context, out io.Writer, theirs published) err
 	}
 	c.applied = true
 	fmt.Fprintf(out, "%s configured: Secret %s/%s holds the join token of %s\n", s.name, s.ns, agent.FederationSecret, theirs.name())
-	c.restarted = true
-	if err := s.restartAgent(ctx, out); err != nil {
+	deleted, err := s.restartAgent(ctx, out)
+	c.restarted = deleted
+	if err != nil {
 		return err
 	}
 	return s.waitKey(ctx, out, theirs.key)
@@ -102,7 +103,7 @@ func (c *change) undo(ctx context.Context, out io.Writer) error {
 	}
 	// Restarted once more, the agent holds no seed of the other
 	// federation either.
-	if err := s.restartAgent(ctx, out); err != nil {
+	if _, err := s.restartAgent(ctx, out); err != nil {
 		return err
 	}
 	return s.waitKey(ctx, out, own.key)
@@ -139,7 +140,14 @@ func (s *joinSide) restoreSecret(ctx context.Context, was *corev1.Secret) error 
 		}
 		return nil
 	}
-	cur.Data, cur.Labels, cur.Annotations, cur.ManagedFields = was.Data, was.Labels, was.Annotations, was.ManagedFields
+	cur.Data, cur.Labels, cur.Annotations = was.Data, was.Labels, was.Annotations
+	cur, err = secrets.Update(ctx, cur, metav1.UpdateOptions{FieldManager: joinManager})
+	if err != nil {
+		return s.apiError("restore Secret "+agent.FederationSecret, err)
+	}
+	// The update made this manager own what it put back; an update that
+	// changes nothing but the managers sets them as they were.
+	cur.ManagedFields = was.ManagedFields
 	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{FieldManager: joinManager}); err != nil {
 		return s.apiError("restore Secret "+agent.FederationSecret, err)
 	}
@@ -147,22 +155,22 @@ func (s *joinSide) restoreSecret(ctx context.Context, was *corev1.Secret) error 
 }
 
 // restartAgent deletes the agent's pods, which its Deployment makes
-// again, and waits until every new one is Ready. The Deployment is not
-// changed.
-func (s *joinSide) restartAgent(ctx context.Context, out io.Writer) error {
+// again, and waits until every new one is Ready; deleted says whether
+// any was. The Deployment is not changed.
+func (s *joinSide) restartAgent(ctx context.Context, out io.Writer) (deleted bool, err error) {
 	pods := s.core.Pods(s.ns)
 	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil {
-		return s.apiError("list the agent's pods", err)
+		return false, s.apiError("list the agent's pods", err)
 	}
 	if len(list.Items) == 0 {
-		return fmt.Errorf("%s: no agent pod in %s (selector %s): is the agent installed and scheduled? (`kubectl -n %s get deploy,pods`)", s.name, s.ns, agentSelector, s.ns)
+		return false, fmt.Errorf("%s: no agent pod in %s (selector %s): is the agent installed and scheduled? (`kubectl -n %s get deploy,pods`)", s.name, s.ns, agentSelector, s.ns)
 	}
 	var old, names []string
 	for _, p := range list.Items {
 		uid := p.UID
 		if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
-			return s.apiError("restart the agent: delete pod "+p.Name, err)
+			return len(old) > 0, s.apiError("restart the agent: delete pod "+p.Name, err)
 		}
 		old, names = append(old, string(p.UID)), append(names, p.Name)
 	}
@@ -194,10 +202,10 @@ func (s *joinSide) restartAgent(ctx context.Context, out io.Writer) error {
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s's agent did not come back Ready: %s: %w (`kubectl -n %s describe pods -l %s`)", s.name, last, err, s.ns, agentSelector)
+		return true, fmt.Errorf("%s's agent did not come back Ready: %s: %w (`kubectl -n %s describe pods -l %s`)", s.name, last, err, s.ns, agentSelector)
 	}
 	fmt.Fprintf(out, "%s's agent restarted: pod %s Ready\n", s.name, strings.Join(names, ", "))
-	return nil
+	return true, nil
 }
 
 // podReady says why p is not Ready, or nil.
