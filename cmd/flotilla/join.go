@@ -89,8 +89,7 @@ func join(ctx context.Context, o joinOptions) error {
 		return err
 	}
 	b.named(theirs)
-	tok, _ := discovery.ParseFederationKey(theirs.token) // parsed once already
-	fmt.Fprintf(o.Out, "token read: %s, key %s, seed %s\n", theirs.name(), discovery.Fingerprint(theirs.key), strings.Join(tok.Seeds, ", "))
+	fmt.Fprintf(o.Out, "token read: %s, key %s, seed %s\n", theirs.name(), discovery.Fingerprint(theirs.key), strings.Join(theirs.seeds, ", "))
 
 	before, err := a.state(wctx)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/discovery"
 )
 
 // acceptGrace is how long a join that found one side waiting for its
@@ -113,9 +112,8 @@ func waitConnected(ctx context.Context, o joinOptions, a, b *joinSide, ownA, own
 	case ctx.Err() == nil:
 		return err
 	case !seen:
-		tok, _ := discovery.ParseFederationKey(ownB.token)
 		return fmt.Errorf("%s and %s do not see each other within --wait %s: is %s's agent running, and can %s's gateway reach %s's gossip address %s (UDP and TCP)? (`kubectl -n %s logs deploy/flotilla-agent` on either side)",
-			a.name, b.name, o.Wait, b.name, a.name, b.name, strings.Join(tok.Seeds, ", "), a.ns)
+			a.name, b.name, o.Wait, b.name, a.name, b.name, strings.Join(ownB.seeds, ", "), a.ns)
 	}
 	var why []string
 	for _, s := range sides {

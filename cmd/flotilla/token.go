@@ -58,6 +58,7 @@ func init() {
 type published struct {
 	token       string
 	key         []byte
+	seeds       []string
 	clusterID   string
 	clusterName string
 }
@@ -95,6 +96,6 @@ func readJoinToken(ctx context.Context, core corev1client.CoreV1Interface, ns, w
 	if err != nil {
 		return published{}, fmt.Errorf("%s: Secret %s/%s, %q: %w; the agent writes it again when it restarts", where, ns, agent.JoinSecret, agent.SecretToken, err)
 	}
-	return published{token: raw, key: tok.Key,
+	return published{token: raw, key: tok.Key, seeds: tok.Seeds,
 		clusterID: s.Annotations[agent.AnnotationClusterID], clusterName: s.Annotations[agent.AnnotationClusterName]}, nil
 }
