@@ -33,8 +33,9 @@ import (
 // --federation-key-file, so the key lives in one object per cluster.
 const (
 	// FederationSecret is the Secret, in the agent's namespace, that holds
-	// the join token (data "token", read from its mounted file at start)
-	// and the keyring the agent follows (data "keyring").
+	// the join token (data "token", read through the API server at start,
+	// or from its mounted file) and the keyring the agent follows (data
+	// "keyring").
 	FederationSecret = "flotilla-federation"
 	// SecretKeyring is the Secret's entry with the keyring, encoded by
 	// discovery.EncodeKeyring: the primary (encrypting) key first, then the

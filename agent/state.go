@@ -101,7 +101,7 @@ func (a *Agent) federationKeys(ledger *ipam.Ledger, fromSecret secretKeys) (fede
 		if err != nil {
 			return nil, err
 		}
-		a.log.Info("generated a new federation key; `flotilla token` prints a join token for other clusters")
+		a.log.Info("generated a new federation key; `flotilla token --context` prints a join token for other clusters, `flotilla join` joins one")
 		return discovery.EncodeKeyring([][]byte{k})
 	})
 	if err != nil {
