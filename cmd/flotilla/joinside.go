@@ -60,7 +60,7 @@ func (s *joinSide) named(p published) {
 func (s *joinSide) apiError(what string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err):
-		return fmt.Errorf("%s: %s: %w; joining takes, in %s there, get, create, update, patch and delete on the Secret %s, get on the Secret %s, list and delete on pods, get on the ConfigMap %s, and list and watch on peers.flotilla.io: ask an admin of that cluster",
+		return fmt.Errorf("%s: %s: %w; joining takes, in %s there, get, create, update, patch and delete on the Secret %s, get on the Secret %s, list and delete on pods, get on the ConfigMap %s, and list and get on peers.flotilla.io: ask an admin of that cluster",
 			s.name, what, err, s.ns, agent.FederationSecret, agent.JoinSecret, agent.FederationKeysStatus)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%s: %s: the API server did not accept your credentials: %w (check the kubeconfig's user)", s.name, what, err)
