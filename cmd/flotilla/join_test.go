@@ -65,7 +65,7 @@ func TestJoinRefusals(t *testing.T) {
 		was := a.secrets(t)
 		code, out, errOut := flotilla("join", "--kubeconfig", a.cp.Kubeconfig, "--remote-kubeconfig", b.cp.Kubeconfig, "--wait", "30s")
 		// The witness: it read B's token, the step before.
-		if !strings.Contains(out, "token read: beta (c-beta)") {
+		if !strings.Contains(out, "token read: beta ("+b.id+")") {
 			t.Fatalf("join: exit %d\n%s%s; want it to read B's token first", code, out, errOut)
 		}
 		for _, want := range []string{"alpha belongs to another federation", "its Secret flotilla-federation holds key " + discovery.Fingerprint(other),
@@ -88,7 +88,7 @@ func TestJoinRefusals(t *testing.T) {
 		}
 		code, out, errOut := flotilla("join", "--kubeconfig", a.cp.Kubeconfig, "--remote-kubeconfig", b.cp.Kubeconfig, "--wait", "30s", "--force")
 		// The witness: it wrote the Secret before it found no agent.
-		if !strings.Contains(out, "alpha configured: Secret flotilla-system/flotilla-federation holds the join token of beta (c-beta)") {
+		if !strings.Contains(out, "alpha configured: Secret flotilla-system/flotilla-federation holds the join token of beta ("+b.id+")") {
 			t.Fatalf("join --force: exit %d\n%s%s; want it to configure A first", code, out, errOut)
 		}
 		if code != 1 || !strings.Contains(errOut, "no agent pod in flotilla-system") || !strings.Contains(errOut, "alpha is as it was") {
@@ -110,7 +110,7 @@ func TestJoinRefusals(t *testing.T) {
 	t.Run("the same cluster twice", func(t *testing.T) {
 		was := a.secrets(t)
 		code, out, errOut := flotilla("join", "--kubeconfig", a.cp.Kubeconfig, "--remote-kubeconfig", a.cp.Kubeconfig, "--wait", "30s")
-		if code != 1 || !strings.Contains(errOut, "are the same cluster (c-alpha)") {
+		if code != 1 || !strings.Contains(errOut, "are the same cluster ("+a.id+")") {
 			t.Errorf("join of a cluster to itself: exit %d\n%s%s", code, out, errOut)
 		}
 		if now := a.secrets(t); !sameVersions(was, now) {

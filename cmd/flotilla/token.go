@@ -12,6 +12,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/identity"
 )
 
 func init() {
@@ -96,6 +97,10 @@ func readJoinToken(ctx context.Context, core corev1client.CoreV1Interface, ns, w
 	if err != nil {
 		return published{}, fmt.Errorf("%s: Secret %s/%s, %q: %w; the agent writes it again when it restarts", where, ns, agent.JoinSecret, agent.SecretToken, err)
 	}
+	id := s.Annotations[agent.AnnotationClusterID]
+	if err := identity.ValidateClusterID(id); err != nil {
+		return published{}, fmt.Errorf("%s: Secret %s/%s, annotation %s: %w; the agent writes it again when it restarts", where, ns, agent.JoinSecret, agent.AnnotationClusterID, err)
+	}
 	return published{token: raw, key: tok.Key, seeds: tok.Seeds,
-		clusterID: s.Annotations[agent.AnnotationClusterID], clusterName: s.Annotations[agent.AnnotationClusterName]}, nil
+		clusterID: id, clusterName: s.Annotations[agent.AnnotationClusterName]}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -44,7 +45,11 @@ func newJoinCluster(t *testing.T, env *harness.Env, name string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &joinCluster{cp: cp, token: tok, key: key, id: "c-" + name}
+	id, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &joinCluster{cp: cp, token: tok, key: key, id: id.ClusterID()}
 	// As the agent publishes it.
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agent.JoinSecret, Namespace: federation.AgentNamespace,
 		Labels:      map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"},
@@ -110,6 +115,21 @@ func TestTokenThroughTheAPIServer(t *testing.T) {
 		t.Errorf("token as a viewer without Secret read: exit %d\n%s%s; want a refusal that says what to ask for", code, out, errOut)
 	}
 	t.Logf("refused: %s", strings.TrimSpace(errOut))
+
+	// What the other cluster wrote is checked before it is used: its
+	// cluster ID names the Peer a join waits for.
+	s, err := c.cp.Client.CoreV1().Secrets(ns).Get(ctx, agent.JoinSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Annotations[agent.AnnotationClusterID] = "../peers"
+	if _, err := c.cp.Client.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = flotilla("token", "--kubeconfig", c.cp.Kubeconfig)
+	if code != 1 || out != "" || !strings.Contains(errOut, "annotation flotilla.io/cluster-id: cluster ID \"../peers\"") {
+		t.Errorf("token with a bad cluster ID: exit %d\n%s%s; want it refused naming the annotation", code, out, errOut)
+	}
 
 	if err := c.cp.Client.CoreV1().Secrets(ns).Delete(ctx, agent.JoinSecret, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
