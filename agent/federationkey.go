@@ -33,8 +33,9 @@ import (
 // --federation-key-file, so the key lives in one object per cluster.
 const (
 	// FederationSecret is the Secret, in the agent's namespace, that holds
-	// the join token (data "token", read from its mounted file at start)
-	// and the keyring the agent follows (data "keyring").
+	// the join token (data "token", read through the API server at start,
+	// or from its mounted file) and the keyring the agent follows (data
+	// "keyring").
 	FederationSecret = "flotilla-federation"
 	// SecretKeyring is the Secret's entry with the keyring, encoded by
 	// discovery.EncodeKeyring: the primary (encrypting) key first, then the
@@ -110,31 +111,47 @@ func Fingerprints(keys [][]byte) []string {
 	return out
 }
 
-// secretKeyring reads the keyring of the FederationSecret at start; nil
-// when there is none (no Secret, no keyring in it, no permission to read
-// it: the flags and the ledger then say). A damaged keyring is logged and
-// ignored here; the follower reports it in the status. It never fails:
+// secretKeys is what the FederationSecret says at start: its keyring and
+// its join token, each nil when absent.
+type secretKeys struct {
+	keys  [][]byte
+	token *discovery.JoinToken
+}
+
+// secretFederation reads the FederationSecret at start; zero when there
+// is none (no Secret, or no permission to read it: the flags and the
+// ledger then say). A damaged keyring or token is logged and ignored
+// here; the follower reports a keyring's in the status. It never fails:
 // the error is for startBackground.
-func (a *Agent) secretKeyring(ctx context.Context) ([][]byte, error) {
+func (a *Agent) secretFederation(ctx context.Context) (secretKeys, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	s, err := a.kube.CoreV1().Secrets(a.agentNamespace()).Get(ctx, FederationSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, nil
+		return secretKeys{}, nil
 	}
 	if err != nil {
 		a.log.Warn("cannot read the federation keyring at start; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
-		return nil, nil
+		return secretKeys{}, nil
 	}
-	if len(s.Data[SecretKeyring]) == 0 {
-		return nil, nil
+	var out secretKeys
+	if len(s.Data[SecretKeyring]) > 0 {
+		keys, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
+		if err != nil {
+			a.log.Warn("the federation keyring in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
+		} else {
+			out.keys = keys
+		}
 	}
-	keys, err := discovery.DecodeKeyring(s.Data[SecretKeyring])
-	if err != nil {
-		a.log.Warn("the federation keyring in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "err", err)
-		return nil, nil
+	if len(s.Data[SecretToken]) > 0 {
+		tok, err := discovery.ParseFederationKey(string(s.Data[SecretToken]))
+		if err != nil {
+			a.log.Warn("the join token in the Secret is damaged; starting with the key of the flags or the ledger", "secret", FederationSecret, "entry", SecretToken, "err", err)
+		} else {
+			out.token = &tok
+		}
 	}
-	return keys, nil
+	return out, nil
 }
 
 // keyFollower applies the FederationSecret's keyring to discovery,
@@ -144,8 +161,10 @@ type keyFollower struct {
 	held   keyring
 	ledger *ipam.Ledger
 	ns     string
-	store  toolscache.Store
-	queue  ctrl.Queue[string]
+	// clusterID and gossip name this cluster in the join token published.
+	clusterID, gossip string
+	store             toolscache.Store
+	queue             ctrl.Queue[string]
 	// Failures of the watch and of the work are logged once per change.
 	watchLog, workLog logOnce
 }
@@ -172,8 +191,8 @@ func (o *logOnce) report(log *slog.Logger, err error) {
 // keyring, as a component. Without permission to read the Secret (an
 // install from before key rotation) it logs that and the agent keeps the
 // keys it has.
-func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ipam.Ledger) error {
-	f := &keyFollower{a: a, held: held, ledger: ledger, ns: a.agentNamespace()}
+func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ipam.Ledger, clusterID, gossip string) error {
+	f := &keyFollower{a: a, held: held, ledger: ledger, ns: a.agentNamespace(), clusterID: clusterID, gossip: gossip}
 	// Its errors are logged by reconcile, the keyring's too.
 	c, err := ctrl.New(ctrl.Config[string]{
 		Name: "federation_keys", BaseDelay: 200 * time.Millisecond, Metrics: a.registry,
@@ -221,9 +240,10 @@ func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ip
 	return nil
 }
 
-// reconcile applies the Secret's keyring, if there is one, and writes the
-// status. An error in the keyring is reported in the status and not
-// retried: the next change of the Secret is.
+// reconcile applies the Secret's keyring, if there is one, writes the
+// status and publishes the join token of the key held. An error in the
+// keyring is reported in the status and not retried: the next change of
+// the Secret is.
 func (f *keyFollower) reconcile(ctx context.Context) error {
 	applyErr := f.apply()
 	status := corev1ac.ConfigMap(FederationKeysStatus, f.ns).
@@ -235,6 +255,10 @@ func (f *keyFollower) reconcile(ctx context.Context) error {
 		})
 	if _, err := f.a.kube.CoreV1().ConfigMaps(f.ns).Apply(ctx, status, metav1.ApplyOptions{FieldManager: "flotilla", Force: true}); err != nil {
 		err = fmt.Errorf("write ConfigMap %s/%s: %w", f.ns, FederationKeysStatus, err)
+		f.workLog.report(f.a.log, err)
+		return err
+	}
+	if err := f.publishJoinToken(ctx); err != nil {
 		f.workLog.report(f.a.log, err)
 		return err
 	}

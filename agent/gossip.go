@@ -14,7 +14,7 @@ import (
 // newDiscovery prepares gossip; startDiscovery starts it once the engine
 // that handles its messages and member events runs. Messages that arrive
 // before then are dropped: senders repeat them.
-func (a *Agent) newDiscovery(st state, fromSecret [][]byte, gateway netip.Addr, endpoint netip.AddrPort, engine *atomic.Pointer[peering.Engine]) (*discovery.Discovery, error) {
+func (a *Agent) newDiscovery(st state, fromSecret secretKeys, gateway netip.Addr, endpoint netip.AddrPort, engine *atomic.Pointer[peering.Engine]) (*discovery.Discovery, error) {
 	keys, err := a.federationKeys(st.ledger, fromSecret)
 	if err != nil {
 		return nil, err

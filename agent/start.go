@@ -23,8 +23,8 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer nets.stop()
 	crds := startBackground(ctx, a.ensureCRDs)
 	defer crds.stop()
-	secretKeys := startBackground(ctx, a.secretKeyring)
-	defer secretKeys.stop()
+	fromSecretBg := startBackground(ctx, a.secretFederation)
+	defer fromSecretBg.stop()
 	st, err := a.openState(ctx, comps)
 	if err != nil {
 		return err
@@ -61,7 +61,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	}
 	lap("local networks")
 	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
-	fromSecret, _ := secretKeys.wait() // never fails
+	fromSecret, _ := fromSecretBg.wait() // never fails
 	var engine atomic.Pointer[peering.Engine]
 	disc, err := a.newDiscovery(st, fromSecret, gateway, endpoint, &engine)
 	if err != nil {
@@ -113,7 +113,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("offloading, traffic policy, DNS")
-	if err := a.followFederationKeys(comps, disc, st.ledger); err != nil {
+	if err := a.followFederationKeys(comps, disc, st.ledger, st.id.ClusterID(), disc.Snapshot().Gossip); err != nil {
 		return err
 	}
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ha"
@@ -86,19 +87,31 @@ type federationKeyring struct {
 }
 
 // federationKeys returns the keyring from the Secret flotilla-federation
-// (fromSecret, read by secretKeyring), the flags or the ledger, generating
-// one at first start, and stores it so `flotilla token` can print it.
-func (a *Agent) federationKeys(ledger *ipam.Ledger, fromSecret [][]byte) (federationKeyring, error) {
+// (fromSecret, read by secretFederation), the flags or the ledger,
+// generating one at first start, and stores it so `flotilla token` can
+// print it. The seeds are those of every token given.
+func (a *Agent) federationKeys(ledger *ipam.Ledger, fromSecret secretKeys) (federationKeyring, error) {
 	tok, given, err := a.givenKey()
 	if err != nil {
 		return federationKeyring{}, err
 	}
 	keys := [][]byte{tok.Key}
-	if fromSecret != nil {
+	seeds := tok.Seeds
+	if fromSecret.token != nil {
+		// The Secret's token is what `flotilla join` or the operator last
+		// asked for: it wins over a token on the command line or in a
+		// file (which, as installed, is this Secret mounted).
+		keys, given = [][]byte{fromSecret.token.Key}, true
+		for _, s := range fromSecret.token.Seeds {
+			if !slices.Contains(seeds, s) {
+				seeds = append(seeds, s)
+			}
+		}
+	}
+	if fromSecret.keys != nil {
 		// The Secret's keyring is what a rotation last asked for: it wins
-		// over a token on the command line or in a file, which still names
-		// the key the cluster joined with.
-		keys, given = fromSecret, true
+		// over a token, which still names the key the cluster joined with.
+		keys, given = fromSecret.keys, true
 	}
 	if given {
 		ring, err := discovery.EncodeKeyring(keys)
@@ -108,14 +121,14 @@ func (a *Agent) federationKeys(ledger *ipam.Ledger, fromSecret [][]byte) (federa
 		if err := ledger.PutKey(keyFederation, ring); err != nil {
 			return federationKeyring{}, fmt.Errorf("store the federation keyring: %w", err)
 		}
-		return federationKeyring{keys: keys, seeds: tok.Seeds}, nil
+		return federationKeyring{keys: keys, seeds: seeds}, nil
 	}
 	ring, err := ledger.LoadOrCreateKey(keyFederation, func() ([]byte, error) {
 		k, err := discovery.GenerateFederationKey()
 		if err != nil {
 			return nil, err
 		}
-		a.log.Info("generated a new federation key; `flotilla token` prints a join token for other clusters")
+		a.log.Info("generated a new federation key; `flotilla token --context` prints a join token for other clusters, `flotilla join` joins one")
 		return discovery.EncodeKeyring([][]byte{k})
 	})
 	if err != nil {

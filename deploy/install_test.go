@@ -551,7 +551,8 @@ func agentAccess() []access {
 	}
 	for _, v := range []string{"get", "create", "patch"} {
 		cases = append(cases, allow(v, "", "secrets", namespace, "flotilla-placement-ca"),
-			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"))
+			allow(v, "", "secrets", namespace, "flotilla-kubelet-ca"),
+			allow(v, "", "secrets", namespace, "flotilla-join"))
 	}
 	// The ledger's snapshot (docs/ha.md): that Secret alone, in its namespace.
 	// (A patch elsewhere passes RBAC, by the grant's Secret rule, and is

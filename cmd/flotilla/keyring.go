@@ -137,7 +137,7 @@ func (c *keyCluster) ring(s *corev1.Secret, st keyStatus, pool keyPool) ([][]byt
 	for _, fp := range st.keys {
 		k, ok := pool[fp]
 		if !ok {
-			return nil, fmt.Errorf("%s: the agent holds key %s, which no Secret %s of the clusters given holds; pass it with --current-key-file (`flotilla token` on that cluster's gateway prints it)",
+			return nil, fmt.Errorf("%s: the agent holds key %s, which no Secret %s of the clusters given holds; pass it with --current-key-file (`flotilla token --context` of that cluster prints it)",
 				c.name, fp, agent.FederationSecret)
 		}
 		ring = append(ring, k)

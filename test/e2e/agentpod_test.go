@@ -211,7 +211,9 @@ func documentedAccess() map[string][]string {
 			// The federation keyring it follows, and where it reports
 			// the fingerprints it holds (docs/operations.md).
 			"secrets [flotilla-federation] [get list watch]",
-			"configmaps [flotilla-federation-keys] [create get patch]"),
+			"configmaps [flotilla-federation-keys] [create get patch]",
+			// The join token it publishes (docs/security.md).
+			"secrets [flotilla-join] [create get patch]"),
 		"default":     ns("endpointslices.discovery.k8s.io [kubernetes] [get]", "services [kubernetes] [get]"),
 		"kube-system": ns("configmaps [kubeadm-config] [get]", "configmaps [extension-apiserver-authentication] [get list watch]"),
 		"kube-public": ns("configmaps [cluster-info] [get]"),

@@ -87,7 +87,8 @@ func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node 
 func (c *NodeCluster) LAN() *harness.LAN { return c.lan }
 
 // FederationToken is the join token c's agent was installed with, the
-// same for every cluster of OnNodes.
+// same for every cluster of OnNodes but those of NodeOptions.Keyless
+// (empty).
 func (c *NodeCluster) FederationToken() string { return c.settings.token }
 
 // NodeOptions configure OnNodes.
@@ -127,6 +128,10 @@ type NodeOptions struct {
 	// Images are more image tarballs imported into every node of every
 	// cluster (AddWorkers' too), for pods that run without a registry.
 	Images []string
+	// Keyless lists clusters (by index) whose agent is installed without
+	// a federation key, as deploy/ alone installs it: it generates its
+	// own and federates with nobody until it joins (`flotilla join`).
+	Keyless []int
 }
 
 // OnNodes starts opts.Clusters clusters of real nodes: per cluster a
@@ -199,6 +204,9 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			Workers: nodes[first[i]+1 : first[i+1]],
 			env:     env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
+		}
+		if slices.Contains(opts.Keyless, i) {
+			nc.settings.token = ""
 		}
 		if cpOpts[i].NoNodeCIDRs {
 			nc.nodeCIDR = func(k int) netip.Prefix { return nodeCIDR(i, k) }
@@ -302,6 +310,25 @@ func writeKustomization(t harness.TB, env *harness.Env, c *NodeCluster, s agentS
 		t.Fatalf("%v", err)
 	}
 	name, version, _ := strings.Cut(s.image, ":")
+	// The federation key, unless the cluster is keyless.
+	keySecret, keyArg, keyMount, keyVolume := `secretGenerator:
+- name: flotilla-federation
+  namespace: flotilla-system
+  files:
+  - token
+  options:
+    disableNameSuffixHash: true
+`, `
+        - --federation-key-file=/etc/flotilla/token`, `
+        - name: federation
+          mountPath: /etc/flotilla
+          readOnly: true`, `
+      - name: federation
+        secret:
+          secretName: flotilla-federation`
+	if s.token == "" {
+		keySecret, keyArg, keyMount, keyVolume = "", "", "", ""
+	}
 	files := map[string]string{
 		"token":                 s.token,
 		"webhook-client-ca.crt": string(c.CP.CA()),
@@ -313,14 +340,7 @@ images:
 - name: ghcr.io/flotilla-io/flotilla
   newName: %s
   newTag: %s
-secretGenerator:
-- name: flotilla-federation
-  namespace: flotilla-system
-  files:
-  - token
-  options:
-    disableNameSuffixHash: true
-configMapGenerator:
+%sconfigMapGenerator:
 - name: flotilla-webhook-client-ca
   namespace: flotilla-system
   files:
@@ -329,7 +349,7 @@ configMapGenerator:
     disableNameSuffixHash: true
 patches:
 - path: agent.yaml
-`, base, name, version),
+`, base, name, version, keySecret),
 		// The cluster's settings, and what the test machine needs:
 		//   - the API server: the harness has no endpoints for the
 		//     kubernetes Service (loopback cannot be one), but relays
@@ -361,8 +381,7 @@ spec:
         - --cluster-name=%s
         - --pod-cidr=%s
         - --advertise-addr=%s
-        - --wireguard-interface=%s
-        - --federation-key-file=/etc/flotilla/token
+        - --wireguard-interface=%s%s
         - --webhook-client-ca=/etc/flotilla-webhook-client/ca.crt
         - --webhook-client-names=%s
         - --fabric-owner=flotilla-agent%s
@@ -371,10 +390,7 @@ spec:
           value: "127.0.0.1"
         - name: KUBERNETES_SERVICE_PORT
           value: "%d"
-        volumeMounts:
-        - name: federation
-          mountPath: /etc/flotilla
-          readOnly: true
+        volumeMounts:%s
         - name: webhook-client-ca
           mountPath: /etc/flotilla-webhook-client
           readOnly: true
@@ -382,14 +398,11 @@ spec:
       - name: state
         hostPath:
           path: %s
-          type: DirectoryOrCreate
-      - name: federation
-        secret:
-          secretName: flotilla-federation
+          type: DirectoryOrCreate%s
       - name: webhook-client-ca
         configMap:
           name: flotilla-webhook-client-ca
-`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, harness.WebhookClientName, extraArgs(s.args), c.CP.Addr.Port(), c.StateDir),
+`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, keyArg, harness.WebhookClientName, extraArgs(s.args), c.CP.Addr.Port(), keyMount, c.StateDir, keyVolume),
 	}
 	for file, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
