@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -60,6 +61,10 @@ type Options struct {
 	// Routed puts the sites behind a router (no multicast) instead of on a
 	// LAN.
 	Routed bool
+	// BehindNAT lists the clusters (by index) whose site sits behind a
+	// NAT router of its own on the LAN (harness.NATRouter): it reaches
+	// the LAN, nobody on the LAN reaches it first. Not with Routed.
+	BehindNAT []int
 	// LAN, when set, is the LAN the sites join (so a test can add hosts of
 	// its own to it); default: a new one.
 	LAN *harness.LAN
@@ -115,7 +120,14 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	for i, cp := range cps {
 		name := string(rune('a' + i))
 		cidr := netip.MustParsePrefix(opts.PodCIDRs[i])
-		site := env.NewSite(name, harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr})
+		siteOpts := harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr}
+		if slices.Contains(opts.BehindNAT, i) {
+			if opts.Routed {
+				t.Fatalf("federation: BehindNAT needs the sites on a LAN, not Routed")
+			}
+			siteOpts.LAN, siteOpts.Router = nil, env.NewNATRouter("nat"+name, lan).Router
+		}
+		site := env.NewSite(name, siteOpts)
 		cp.ExposeTo(site.Netns)
 		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
 		if err != nil {
