@@ -32,9 +32,11 @@ import (
 // Cluster is one federated cluster: a control plane, its gateway site, a
 // pod behind the site, and the agent.
 type Cluster struct {
-	Name  string
-	CP    *harness.ControlPlane
-	Site  *harness.Site
+	Name string
+	CP   *harness.ControlPlane
+	Site *harness.Site
+	// NAT is the router the site sits behind (Options.BehindNAT), or nil.
+	NAT   *harness.NATRouter
 	Pod   *harness.Pod
 	Agent *harness.Process
 	// Client reads and writes the cluster's flotilla.io objects.
@@ -121,11 +123,13 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		name := string(rune('a' + i))
 		cidr := netip.MustParsePrefix(opts.PodCIDRs[i])
 		siteOpts := harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr}
+		var nat *harness.NATRouter
 		if slices.Contains(opts.BehindNAT, i) {
 			if opts.Routed {
 				t.Fatalf("federation: BehindNAT needs the sites on a LAN, not Routed")
 			}
-			siteOpts.LAN, siteOpts.Router = nil, env.NewNATRouter("nat"+name, lan).Router
+			nat = env.NewNATRouter("nat"+name, lan)
+			siteOpts.LAN, siteOpts.Router = nil, nat.Router
 		}
 		site := env.NewSite(name, siteOpts)
 		cp.ExposeTo(site.Netns)
@@ -136,7 +140,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		pod := site.AddPod("p", Translate(netip.MustParseAddr("0.0.0.5"), netip.MustParsePrefix("0.0.0.0/0"), cidr))
 		pod.ServeTCP(PodPort)
 		cs = append(cs, &Cluster{
-			Name: name, CP: cp, Site: site, Pod: pod, Client: c, Bin: bin,
+			Name: name, CP: cp, Site: site, NAT: nat, Pod: pod, Client: c, Bin: bin,
 			StateDir:     filepath.Join(env.Dir, "state-"+name),
 			APIServerURL: cp.LANURL(), APIServerCA: apiServerCA(cp),
 		})
