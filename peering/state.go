@@ -282,7 +282,7 @@ func (e *Engine) reachable(p *peer) Condition {
 		return Condition{false, "NotSeen", "not seen in the federation since this agent started"}
 	case e.bothBehindNAT(p):
 		return Condition{false, "BothBehindNAT", "this cluster and the peer are both behind NAT (outbound only): neither can reach the other first, so they cannot peer; " +
-			"make one reachable (--gateway-service=NodePort or LoadBalancer, or a public address without --behind-nat)"}
+			"make one of them reachable (an address others can reach, with UDP 51820 and TCP/UDP 7946 open, and no --behind-nat)"}
 	case p.member.OutboundOnly:
 		return Condition{true, "PeerBehindNAT", "the peer is behind NAT: it opens the tunnel and the gossip to this cluster, which learns its endpoint from its handshakes"}
 	case e.cfg.OutboundOnly:
