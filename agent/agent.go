@@ -99,8 +99,13 @@ type Config struct {
 	// AdvertiseAddr is the address other clusters reach this gateway at,
 	// for gossip and WireGuard; default: the default route's source.
 	AdvertiseAddr netip.Addr
-	MDNS          bool
-	DNSDomains    []string
+	// BehindNAT: nobody can reach this gateway first (outbound
+	// connectivity only). Members reach its gossip through the
+	// connections it opens, peers learn its WireGuard endpoint from its
+	// handshakes, and it cannot peer with a cluster behind NAT too.
+	BehindNAT  bool
+	MDNS       bool
+	DNSDomains []string
 	// DNSServer overrides the resolver for DNS-SD ("host:port").
 	DNSServer string
 	Joins     []string

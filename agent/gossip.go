@@ -22,7 +22,7 @@ func (a *Agent) newDiscovery(st state, fromSecret secretKeys, gateway netip.Addr
 	advertise := netip.AddrPortFrom(gateway, a.cfg.GossipAddr.Port())
 	disc, err := discovery.New(discovery.Config{
 		Identity: st.id, Keys: keys.keys, Protocol: peering.ProtocolVersion,
-		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: advertise, Endpoint: endpoint.String(),
+		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: advertise, Endpoint: endpoint.String(), OutboundOnly: a.cfg.BehindNAT,
 		MDNS: a.cfg.MDNS, DNSDomains: a.cfg.DNSDomains, DNSServer: a.cfg.DNSServer,
 		Seeds: append(append([]string{}, a.cfg.Joins...), keys.seeds...), Profile: discovery.Profile(a.cfg.GossipProfile),
 		Packets: a.cfg.GossipPackets,
@@ -63,7 +63,7 @@ func (a *Agent) startDiscovery(ctx context.Context, comps *components, disc *dis
 			eng.MemberChanged(peering.Member{
 				ClusterID: ev.Member.ClusterID, PublicKey: ev.Member.Record.PublicKey,
 				Gossip: ev.Member.Gossip.String(), Alive: ev.Kind == discovery.Join || ev.Kind == discovery.Update,
-				Sources: sources,
+				Sources: sources, OutboundOnly: ev.Member.Record.OutboundOnly,
 			})
 		}
 		if ctx.Err() != nil {

@@ -23,7 +23,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	relay := newOffloadRelay(objects, objects)
 	eng, err := peering.New(peering.Config{
 		Identity: st.id, Name: a.cfg.ClusterName, Labels: a.cfg.ClusterLabels, Policy: a.cfg.Peering,
-		Networks: announced, Endpoint: endpoint,
+		Networks: announced, Endpoint: endpoint, OutboundOnly: a.cfg.BehindNAT,
 		Ledger: st.ledger, Dataplane: a.onAgentClock(tun), Transport: disc, Publisher: relay, Grants: relay,
 		UnreachableGrace: a.cfg.UnreachableGrace, Now: a.now,
 		Logger: a.log, Metrics: a.registry,

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The TXT strings of mDNS adverts come from anyone on the LAN.
@@ -88,4 +90,43 @@ func TestJoinTokenDoesNotPrintItsKey(t *testing.T) {
 			}
 		}
 	}
+}
+
+// NAT traversal packets come from anyone who can reach the gossip port.
+// Whatever decodes was signed with the key and re-seals to the same bytes.
+func FuzzDecodeNATPacket(f *testing.F) {
+	now := time.Unix(1_800_000_000, 0)
+	keys := func() [][]byte { return [][]byte{testKey} }
+	n := newNATTraversal(true, keys, func() time.Time { return now })
+	n.setAdvertise(netip.MustParseAddrPort("10.1.0.2:7946"))
+	f.Add(n.announcement(netip.MustParseAddrPort("198.18.0.3:7946"), true))
+	req, _, cancel, err := n.expectDialBack()
+	if err != nil {
+		f.Fatal(err)
+	}
+	cancel()
+	f.Add(req)
+	f.Add([]byte{})
+	f.Add(natMagic[:])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := decodeNATPacket(b, keys(), now)
+		if err != nil {
+			return
+		}
+		var again []byte
+		switch p.kind {
+		case natAnnounce:
+			m := newNATTraversal(true, keys, func() time.Time { return time.Unix(0, p.sent) })
+			m.setAdvertise(p.advertise)
+			again = m.announcement(p.advertise, true)
+		case natDialBack:
+			m := newNATTraversal(true, keys, func() time.Time { return time.Unix(0, p.sent) })
+			again = m.sealNAT(natDialBack, p.nonce[:])
+		default:
+			t.Fatalf("accepted kind %d", p.kind)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("accepted %x, which re-seals as %x", b, again)
+		}
+	})
 }

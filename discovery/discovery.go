@@ -90,6 +90,10 @@ type Config struct {
 	AdvertiseAddr netip.AddrPort
 	// Endpoint is the peering endpoint carried in the record ("host:port").
 	Endpoint string
+	// OutboundOnly says nobody can reach this member first (its gateway
+	// is behind NAT): the record says so, and members reach it only
+	// through the connections it opens (nat.go).
+	OutboundOnly bool
 	// Protocol is the peering protocol version this cluster writes
 	// (peering.ProtocolVersion, which the agent passes): carried in the
 	// record and the mDNS advert so that it shows before any statement.
@@ -205,7 +209,10 @@ type Discovery struct {
 
 	ml      *memberlist.Memberlist
 	keyring *memberlist.Keyring
-	mdns    *mdnsAdvert
+	// nat is the transport's reach to and from members behind NAT; nil
+	// with a transport of Tune's.
+	nat  *natTraversal
+	mdns *mdnsAdvert
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -297,7 +304,7 @@ func New(cfg Config) (*Discovery, error) {
 	if err := d.loadSerial(); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
-	d.record = Record{Endpoint: cfg.Endpoint, Protocol: cfg.Protocol}
+	d.record = Record{Endpoint: cfg.Endpoint, Protocol: cfg.Protocol, OutboundOnly: cfg.OutboundOnly}
 	if _, err := d.issue(func(*Record) {}); err != nil {
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
@@ -360,9 +367,11 @@ func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovery: gossip bind address %q: %w", mc.BindAddr, err)
 	}
+	keyring := d.keyring
 	g := gates{
 		streams: newStreamGate(d.cfg.Streams, func(reason string) { d.metrics.streamsLimited.WithLabelValues(reason).Inc() }, d.log),
 		packets: newPacketGate(d.cfg.Packets, d.metrics.packetsLimited.Inc, d.log),
+		nat:     newNATTraversal(d.cfg.OutboundOnly, keyring.GetKeys, time.Now),
 	}
 	t, err := newTransport(netip.AddrPortFrom(ip, uint16(mc.BindPort)), d.log, g)
 	if err != nil {
@@ -374,6 +383,14 @@ func (d *Discovery) listen(mc *memberlist.Config) (*transport, error) {
 	if mc.AdvertisePort == 0 {
 		mc.AdvertisePort = t.Port()
 	}
+	advIP, advPort, err := t.FinalAdvertiseAddr(mc.AdvertiseAddr, mc.AdvertisePort)
+	if err != nil {
+		_ = t.Shutdown()
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
+	adv, _ := netip.AddrFromSlice(advIP)
+	g.nat.setAdvertise(netip.AddrPortFrom(adv.Unmap(), uint16(advPort)))
+	d.nat = g.nat
 	return t, nil
 }
 
@@ -799,9 +816,14 @@ func (g *delegate) NotifyAlive(n *memberlist.Node) error {
 	if n.Name == d.selfID {
 		return nil
 	}
-	if _, err := d.verify(n.Name, n.Meta); err != nil {
+	r, err := d.verify(n.Name, n.Meta)
+	if err != nil {
 		d.drop(n.Name, ReasonOf(err), err)
 		return err
+	}
+	if d.nat != nil {
+		addr, _ := netip.AddrFromSlice(n.Addr)
+		d.nat.setBehind(netip.AddrPortFrom(addr.Unmap(), n.Port), r.OutboundOnly)
 	}
 	return nil
 }

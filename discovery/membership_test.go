@@ -24,13 +24,16 @@ import (
 var testKey = bytes.Repeat([]byte{0x42}, 32)
 
 type nodeOpts struct {
-	id       *identity.Identity
-	keys     [][]byte
-	seeds    []string
-	bind     string // default 127.0.0.1:0
-	endpoint string
-	domains  []string
-	dns      string
+	id    *identity.Identity
+	keys  [][]byte
+	seeds []string
+	bind  string // default 127.0.0.1:0
+	// advertise is Config.AdvertiseAddr; default the bound address.
+	advertise    string
+	outboundOnly bool
+	endpoint     string
+	domains      []string
+	dns          string
 	// onMessage is Config.OnMessage.
 	onMessage func([]byte)
 	// onServices is Config.OnServices.
@@ -82,8 +85,14 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 	if o.bind == "" {
 		o.bind = "127.0.0.1:0"
 	}
+	var advertise netip.AddrPort
+	if o.advertise != "" {
+		advertise = netip.MustParseAddrPort(o.advertise)
+	}
 	reg := prometheus.NewRegistry()
 	d, err := New(Config{
+		AdvertiseAddr:   advertise,
+		OutboundOnly:    o.outboundOnly,
 		Identity:        id,
 		Protocol:        testProtocol,
 		Keys:            o.keys,

@@ -16,7 +16,7 @@ import (
 //	0       magic 'F'
 //	1       record format version (2)
 //	2..3    protocol version
-//	4       flags (bit 0: leaving)
+//	4       flags (bit 0: leaving; bit 1: outbound only)
 //	5..12   serial
 //	13..44  Ed25519 public key
 //	45      length of the peering endpoint (0..MaxEndpointLen)
@@ -31,7 +31,8 @@ const (
 	recordMagic   = 'F'
 	recordFormat  = 2
 	flagLeaving   = 1 << 0
-	knownFlags    = flagLeaving
+	flagOutbound  = 1 << 1
+	knownFlags    = flagLeaving | flagOutbound
 	headerLen     = 13
 	recordSigLen  = ed25519.SignatureSize
 	recordKeyLen  = ed25519.PublicKeySize
@@ -65,6 +66,11 @@ type Record struct {
 	// Leaving is set in the last record a cluster gossips before it leaves
 	// on purpose, so peers can tell a leave from a failure.
 	Leaving bool
+	// OutboundOnly says that nobody can reach this cluster's gateway
+	// first (it is behind NAT): members reach it only through the
+	// connections it opens, and its peering endpoint is learned from
+	// what it sends.
+	OutboundOnly bool
 }
 
 // Reasons a record is refused; they label the dropped-records metric.
@@ -136,6 +142,9 @@ func (r Record) marshalBody() ([]byte, error) {
 	if r.Leaving {
 		flags |= flagLeaving
 	}
+	if r.OutboundOnly {
+		flags |= flagOutbound
+	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, r.Serial)
 	b = append(b, r.PublicKey...)
@@ -171,6 +180,7 @@ func DecodeRecord(b []byte) (Record, error) {
 		return Record{}, refuse(ReasonMalformed, "unknown flags %#x", flags)
 	}
 	r.Leaving = flags&flagLeaving != 0
+	r.OutboundOnly = flags&flagOutbound != 0
 	r.Serial = binary.BigEndian.Uint64(b[5:13])
 	body := b[:len(b)-recordSigLen]
 	sig := b[len(b)-recordSigLen:]

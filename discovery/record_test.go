@@ -25,6 +25,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		{Protocol: 1, Serial: 42, Endpoint: "192.0.2.7:51820"},
 		{Protocol: 7, Serial: 1 << 62, Endpoint: "[2001:db8::1]:51820", Leaving: true},
 		{Protocol: 1, Serial: 3, Endpoint: "gw." + strings.Repeat("a", MaxEndpointLen-9) + ":1"},
+		{Protocol: 1, Serial: 4, OutboundOnly: true},
+		{Protocol: 1, Serial: 5, OutboundOnly: true, Leaving: true},
 	} {
 		b, err := SignRecord(id, r)
 		if err != nil {
@@ -40,7 +42,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		want := r
 		want.ClusterID, want.PublicKey = id.ClusterID(), id.Public()
 		if got.ClusterID != want.ClusterID || !bytes.Equal(got.PublicKey, want.PublicKey) ||
-			got.Endpoint != want.Endpoint || got.Protocol != want.Protocol || got.Serial != want.Serial || got.Leaving != want.Leaving {
+			got.Endpoint != want.Endpoint || got.Protocol != want.Protocol || got.Serial != want.Serial || got.Leaving != want.Leaving ||
+			got.OutboundOnly != want.OutboundOnly {
 			t.Errorf("decoded %+v, want %+v", got, want)
 		}
 	}
@@ -89,6 +92,10 @@ func TestDecodeRecordRefusals(t *testing.T) {
 		{"bad magic", flip(0), ReasonMalformed},
 		{"future format", func() []byte { b := bytes.Clone(good); b[1] = 9; return b }(), ReasonFormat},
 		{"unknown flag", resigned(func(b []byte) { b[4] = 0x80 }), ReasonMalformed},
+		{"unknown flag beside outbound only", resigned(func(b []byte) { b[4] = flagOutbound | 0x04 }), ReasonMalformed},
+		// A member cannot be made to look reachable, or not, by anyone
+		// but itself: the flag is under the signature.
+		{"outbound only set by another", func() []byte { b := bytes.Clone(good); b[4] |= flagOutbound; return b }(), ReasonBadSignature},
 		{"tampered serial", flip(12), ReasonBadSignature},
 		{"tampered endpoint", flip(len(good) - recordSigLen - 1), ReasonBadSignature},
 		{"tampered signature", flip(len(good) - 1), ReasonBadSignature},
@@ -122,6 +129,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	for _, r := range []Record{
 		{Protocol: 1, Serial: 1},
 		{Protocol: 1, Serial: 2, Endpoint: "10.0.0.1:51820", Leaving: true},
+		{Protocol: 1, Serial: 3, OutboundOnly: true},
 	} {
 		b, err := SignRecord(id, r)
 		if err != nil {

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,12 @@ type transport struct {
 	done    chan struct{}
 	close   sync.Once
 	wg      sync.WaitGroup
+	// ctx ends with done, for dials.
+	ctx  context.Context
+	stop context.CancelFunc
+	// peeks are the streams whose first bytes are being read (nat.go).
+	peekMu sync.Mutex
+	peeks  map[net.Conn]struct{}
 }
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
@@ -56,6 +63,9 @@ var _ memberlist.NodeAwareTransport = (*transport)(nil)
 type gates struct {
 	streams *streamGate
 	packets *packetGate
+	// nat, when set, reaches members behind NAT, and this member when it
+	// is behind one, through the connections they open (nat.go).
+	nat *natTraversal
 }
 
 // newTransport listens on addr, TCP and UDP on one port. Port 0 picks a
@@ -103,7 +113,9 @@ func listen(addr netip.AddrPort, log *slog.Logger, g gates) (*transport, error) 
 		packets: make(chan *memberlist.Packet),
 		streams: make(chan net.Conn),
 		done:    make(chan struct{}),
+		peeks:   make(map[net.Conn]struct{}),
 	}
+	t.ctx, t.stop = context.WithCancel(context.Background())
 	t.wg.Add(2)
 	go t.readPackets()
 	go t.acceptStreams()
@@ -153,6 +165,13 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 	// Member addresses are IP:port; parsing them needs no allocation,
 	// unlike a resolution.
 	if ap, err := netip.ParseAddrPort(a.Addr); err == nil {
+		if n := t.gates.nat; n != nil {
+			ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+			if ann := n.announcement(ap, false); ann != nil {
+				_, _ = t.udp.WriteToUDPAddrPort(ann, ap)
+			}
+			ap, _ = n.route(ap)
+		}
 		_, err = t.udp.WriteToUDPAddrPort(b, ap)
 		return time.Now(), err
 	}
@@ -171,6 +190,19 @@ func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 }
 
 func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if n := t.gates.nat; n != nil {
+		if ap, err := netip.ParseAddrPort(a.Addr); err == nil {
+			ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+			// Behind NAT: the member learns where this one is before
+			// the stream's first bytes, and can answer by packet at once.
+			if ann := n.announcement(ap, true); ann != nil {
+				_, _ = t.udp.WriteToUDPAddrPort(ann, ap)
+			}
+			if to, ok := n.route(ap); ok {
+				return t.dialBack(ap, to, timeout)
+			}
+		}
+	}
 	d := net.Dialer{Timeout: timeout}
 	return d.Dial("tcp", a.Addr)
 }
@@ -181,9 +213,13 @@ func (t *transport) StreamCh() <-chan net.Conn { return t.streams }
 // give up a packet or stream nobody takes any more.
 func (t *transport) Shutdown() error {
 	t.close.Do(func() {
+		t.peekMu.Lock()
 		close(t.done)
+		t.peekMu.Unlock()
+		t.stop()
 		_ = t.tcp.Close()
 		_ = t.udp.Close()
+		t.closePeeks()
 	})
 	t.wg.Wait()
 	return nil
@@ -217,6 +253,10 @@ func (t *transport) readPackets() {
 			continue // memberlist needs at least the message type
 		}
 		if t.gates.packets != nil && !t.gates.packets.allow(from.Addr().Unmap()) {
+			continue
+		}
+		if t.gates.nat != nil && isNATPacket(buf[:n]) {
+			t.natPacket(buf[:n], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 			continue
 		}
 		p := &memberlist.Packet{
@@ -267,6 +307,13 @@ func (t *transport) acceptStreams() {
 			if conn = t.gates.streams.admit(c); conn == nil {
 				continue
 			}
+		}
+		if t.gates.nat != nil {
+			// A stream may be a dial-back: read its first bytes away
+			// from this loop.
+			t.wg.Add(1)
+			go t.sortStream(conn)
+			continue
 		}
 		select {
 		case t.streams <- conn:

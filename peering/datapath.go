@@ -2,6 +2,7 @@ package peering
 
 import (
 	"errors"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,7 +21,13 @@ func (e *Engine) applyTunnel() {
 			p.configured, p.tunnelErr = time.Time{}, nil
 			continue
 		}
-		tp := tunnel.Peer{ClusterID: p.id, Endpoint: p.hello.Endpoint, Keepalive: e.cfg.Keepalive, FirstContact: firstContact(p.hello)}
+		tp := tunnel.Peer{ClusterID: p.id, Endpoint: p.hello.Endpoint, Keepalive: e.cfg.Keepalive, FirstContact: firstContact(p.hello),
+			Initiates: e.cfg.OutboundOnly}
+		if p.member != nil && p.member.OutboundOnly {
+			// Its statement's endpoint is a private address: WireGuard
+			// learns where it is from its handshakes.
+			tp.Endpoint = netip.AddrPort{}
+		}
 		copy(tp.PublicKey[:], p.hello.WireGuardKey)
 		for _, v := range p.myViews {
 			tp.Views = append(tp.Views, tunnel.View{Real: v.Remote, As: v.View})

@@ -69,6 +69,10 @@ type Member struct {
 	Sources []string
 	// Alive is false once the member failed or left.
 	Alive bool
+	// OutboundOnly: the member's signed record says nobody can reach its
+	// gateway first (it is behind NAT). Its WireGuard endpoint is learned
+	// from its handshakes, not taken from its statement.
+	OutboundOnly bool
 }
 
 // Ledger is what peering needs of the ipam ledger (*ipam.Ledger). A
@@ -140,6 +144,10 @@ type Config struct {
 	Networks []netip.Prefix
 	// Endpoint is this cluster's WireGuard endpoint.
 	Endpoint netip.AddrPort
+	// OutboundOnly: nobody can reach this cluster's gateway first (it is
+	// behind NAT). It initiates every tunnel, and cannot peer with a
+	// member that is outbound only too.
+	OutboundOnly bool
 
 	Ledger    Ledger
 	Dataplane Dataplane

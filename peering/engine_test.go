@@ -240,6 +240,8 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	path   string
+	// outboundOnly: the node is behind NAT (its member record says so).
+	outboundOnly bool
 
 	stopOnce sync.Once
 }
@@ -288,11 +290,13 @@ type nodeOptions struct {
 	name string
 	// endpoint is the node's WireGuard endpoint (default 198.18.1.1:51820).
 	endpoint netip.AddrPort
+	// outboundOnly: the node is behind NAT.
+	outboundOnly bool
 }
 
 func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	t.Helper()
-	n := &node{dp: &fakeDataplane{wire: o.wire}, rec: &recorder{}}
+	n := &node{dp: &fakeDataplane{wire: o.wire}, rec: &recorder{}, outboundOnly: o.outboundOnly}
 	if o.seed != nil {
 		n.id, n.path, n.dp.key = o.seed.id, o.seed.path, o.seed.dp.key
 	} else {
@@ -345,7 +349,7 @@ func newNode(t testing.TB, net *network, o nodeOptions) *node {
 	}
 	cfg := Config{
 		Identity: n.id, Name: name, Labels: o.labels, Policy: o.policy,
-		Networks: networks, Endpoint: endpoint,
+		Networks: networks, Endpoint: endpoint, OutboundOnly: o.outboundOnly,
 		Ledger: led, Dataplane: dp, Transport: tr, Publisher: n.rec,
 		ResendInterval: 200 * time.Millisecond, UnreachableGrace: time.Minute, Metrics: n.reg,
 		Logger: slog.New(slog.DiscardHandler),
@@ -384,7 +388,7 @@ func (n *node) stop() {
 }
 
 func (n *node) member(alive bool) Member {
-	return Member{ClusterID: n.id.ClusterID(), PublicKey: n.id.Public(), Alive: alive}
+	return Member{ClusterID: n.id.ClusterID(), PublicKey: n.id.Public(), Alive: alive, OutboundOnly: n.outboundOnly}
 }
 
 // meet makes every node a live member for every other.

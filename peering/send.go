@@ -37,7 +37,7 @@ func (e *Engine) outgoing(p *peer) *Hello {
 // run after every input, must not resend: a duplicate received would
 // trigger a reconcile that resends, a loop across the federation.
 func (e *Engine) send(p *peer, again bool) {
-	if p.member == nil || !p.member.Alive {
+	if p.member == nil || !p.member.Alive || e.bothBehindNAT(p) {
 		return
 	}
 	h := e.outgoing(p)

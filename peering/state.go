@@ -28,7 +28,8 @@ const (
 	// PhaseDegraded: configured without a recent handshake, left out of
 	// the data path, or the data path failed to apply.
 	PhaseDegraded Phase = "Degraded"
-	// PhaseUnreachable: the member failed or left.
+	// PhaseUnreachable: the member failed or left, or neither side can
+	// reach the other (both behind NAT; the Reachable condition says so).
 	PhaseUnreachable Phase = "Unreachable"
 	// PhaseDenied: this side or the other denies networking.
 	PhaseDenied Phase = "Denied"
@@ -71,6 +72,9 @@ type PeerState struct {
 	ViewsAgreed Condition
 	// TunnelUp: the tunnel to the peer has a recent handshake.
 	TunnelUp Condition
+	// Reachable: one of the two gateways can be reached first, so the
+	// other can open the tunnel and the gossip to it.
+	Reachable Condition
 
 	// IdentityKey is the member's identity key, which grants to it are
 	// sealed to; nil before discovery reports the member.
@@ -103,7 +107,8 @@ func (e *Engine) phase(p *peer) Phase {
 	now := e.cfg.Now()
 	mine, theirs := e.decision(p), decisionOf(p.hello)
 	switch {
-	case p.member != nil && !p.member.Alive, p.member == nil && !p.goneSince.IsZero() && p.configured.IsZero():
+	case p.member != nil && !p.member.Alive, p.member == nil && !p.goneSince.IsZero() && p.configured.IsZero(),
+		e.bothBehindNAT(p):
 		return PhaseUnreachable
 	case mine == Deny || theirs == Deny:
 		return PhaseDenied
@@ -181,6 +186,7 @@ func (e *Engine) state(p *peer) PeerState {
 		}
 		s.Member = Condition{false, "Unreachable", msg}
 	}
+	s.Reachable = e.reachable(p)
 	mine, theirs := e.decision(p), decisionOf(p.hello)
 	switch {
 	case mine == Deny && now.Before(p.resetUntil):
@@ -260,4 +266,27 @@ func (e *Engine) publish() {
 		e.published[p.id] = s
 		e.cfg.Publisher.Publish(s)
 	}
+}
+
+// bothBehindNAT reports whether neither this cluster nor p can be reached
+// first: nothing either sends reaches the other.
+func (e *Engine) bothBehindNAT(p *peer) bool {
+	return e.cfg.OutboundOnly && p.member != nil && p.member.OutboundOnly
+}
+
+// reachable says whether a tunnel between this cluster and p can be
+// opened, and which side opens it.
+func (e *Engine) reachable(p *peer) Condition {
+	switch {
+	case p.member == nil:
+		return Condition{false, "NotSeen", "not seen in the federation since this agent started"}
+	case e.bothBehindNAT(p):
+		return Condition{false, "BothBehindNAT", "this cluster and the peer are both behind NAT (outbound only): neither can reach the other first, so they cannot peer; " +
+			"make one of them reachable (an address others can reach, with UDP 51820 and TCP/UDP 7946 open, and no --behind-nat)"}
+	case p.member.OutboundOnly:
+		return Condition{true, "PeerBehindNAT", "the peer is behind NAT: it opens the tunnel and the gossip to this cluster, which learns its endpoint from its handshakes"}
+	case e.cfg.OutboundOnly:
+		return Condition{true, "BehindNAT", "this cluster is behind NAT: it opens the tunnel and the gossip to the peer, and keeps them open"}
+	}
+	return Condition{true, "Reachable", "both gateways can be reached"}
 }

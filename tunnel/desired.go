@@ -41,6 +41,9 @@ type Peer struct {
 	// it decides when a side that waits for the first handshake stops
 	// waiting (firstcontact.go).
 	FirstContact FirstContact `json:"firstContact,omitempty"`
+	// Initiates: the peer cannot reach this side first (this gateway is
+	// behind NAT), so this side never waits for its first handshake.
+	Initiates bool `json:"initiates,omitempty"`
 	// Segregated, when set, is all that traffic from the peer may reach
 	// in this cluster (filter.go); nil is Full: everything, as routed.
 	// Its Peer field is ignored: the set belongs to this peer.

@@ -52,8 +52,8 @@ func waitsFor(mine, theirs Key) bool { return bytes.Compare(mine[:], theirs[:]) 
 // holdFirstContact notes that peer p is being added to the device, and
 // holds back its keepalive if this side is the one that waits.
 func (t *Tunnel) holdFirstContact(p Peer, now time.Time) {
-	if p.Keepalive <= 0 {
-		return // nothing would initiate
+	if p.Keepalive <= 0 || p.Initiates {
+		return // nothing would initiate, or only this side can
 	}
 	if _, ok := t.waiting[p.PublicKey]; ok {
 		return

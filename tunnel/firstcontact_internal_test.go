@@ -63,3 +63,28 @@ func TestWaitsForIsAntisymmetric(t *testing.T) {
 		t.Fatalf("waitsFor(b, a) = %v, waitsFor(a, b) = %v; want exactly b to wait", waitsFor(b, a), waitsFor(a, b))
 	}
 }
+
+// A gateway behind NAT never waits for a peer's first handshake: the
+// peer cannot reach it first. Whichever key is larger, it keeps its
+// keepalive, which initiates.
+func TestBehindNATNeverWaits(t *testing.T) {
+	small, large := Key{1}, Key{2}
+	for _, mine := range []Key{small, large} {
+		theirs := large
+		if mine == large {
+			theirs = small
+		}
+		for _, initiates := range []bool{false, true} {
+			tn := &Tunnel{pub: mine, waiting: map[Key]time.Time{}}
+			p := Peer{PublicKey: theirs, Keepalive: 25 * time.Second, Initiates: initiates}
+			tn.holdFirstContact(p, time.Unix(1_800_000_000, 0))
+			_, waits := tn.waiting[theirs]
+			if want := !initiates && waitsFor(mine, theirs); waits != want {
+				t.Errorf("key %v, initiates %v: waits %v, want %v", mine[0], initiates, waits, want)
+			}
+			if initiates && tn.effective(p).Keepalive != p.Keepalive {
+				t.Errorf("key %v: keepalive held back behind NAT", mine[0])
+			}
+		}
+	}
+}

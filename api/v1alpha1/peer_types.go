@@ -302,6 +302,9 @@ const (
 	ConditionViewsAgreed = "ViewsAgreed"
 	// ConditionTunnelUp: the tunnel to the peer has a recent handshake.
 	ConditionTunnelUp = "TunnelUp"
+	// ConditionReachable: one of the two gateways can be reached first
+	// (False, BothBehindNAT: both are behind NAT and cannot peer).
+	ConditionReachable = "Reachable"
 	// ConditionOffloadGranted: this cluster lets the peer offload here
 	// (it is the peer's provider), and the peer holds a credential.
 	ConditionOffloadGranted = "OffloadGranted"

@@ -68,6 +68,7 @@ func newAgentCommand() *cobra.Command {
 	fs.Var(gossip, "gossip-addr", "address:port gossip listens on (UDP and TCP)")
 	advertise := addrFlag{&cfg.AdvertiseAddr}
 	fs.Var(advertise, "advertise-addr", "address other clusters reach this gateway at (default: the default route's source address)")
+	fs.BoolVar(&cfg.BehindNAT, "behind-nat", cfg.BehindNAT, "this gateway has outbound connectivity only (behind NAT, nothing gets in): it opens the gossip and the tunnels to reachable peers and keeps them open; it cannot peer with another cluster behind NAT")
 	fs.BoolVar(&cfg.MDNS, "mdns", cfg.MDNS, "advertise and browse _flotilla._udp with mDNS on the LAN")
 	fs.StringArrayVar(&cfg.DNSDomains, "dns-domain", nil, "domain to browse for _flotilla._udp SRV records, repeatable")
 	fs.StringVar(&cfg.DNSServer, "dns-server", "", "DNS server for --dns-domain as host:port (default: /etc/resolv.conf)")

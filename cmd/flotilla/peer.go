@@ -199,7 +199,7 @@ func progressLine(p *v1alpha1.Peer) string {
 
 // blocking says which condition on the way to Connected does not hold.
 func blocking(p *v1alpha1.Peer) string {
-	for _, t := range []string{v1alpha1.ConditionMember, v1alpha1.ConditionAccepted, v1alpha1.ConditionViewsAgreed, v1alpha1.ConditionTunnelUp} {
+	for _, t := range []string{v1alpha1.ConditionMember, v1alpha1.ConditionReachable, v1alpha1.ConditionAccepted, v1alpha1.ConditionViewsAgreed, v1alpha1.ConditionTunnelUp} {
 		c := meta.FindStatusCondition(p.Status.Conditions, t)
 		if c != nil && c.Status != metav1.ConditionTrue {
 			return fmt.Sprintf(": %s %s: %s", t, c.Reason, c.Message)

@@ -51,7 +51,11 @@ func statusOf(s peering.PeerState, prev []metav1.Condition, now time.Time) v1alp
 		{v1alpha1.ConditionAccepted, s.Accepted},
 		{v1alpha1.ConditionViewsAgreed, s.ViewsAgreed},
 		{v1alpha1.ConditionTunnelUp, s.TunnelUp},
+		{v1alpha1.ConditionReachable, s.Reachable},
 	} {
+		if c.c.Reason == "" {
+			continue // a state that does not say (one made by hand) writes nothing of it
+		}
 		cond := metav1.Condition{
 			Type: c.kind, Status: metav1.ConditionFalse, Reason: c.c.Reason, Message: c.c.Message,
 			ObservedGeneration: s.SpecGeneration, LastTransitionTime: metav1.NewTime(now.Truncate(time.Second)),

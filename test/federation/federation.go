@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -32,9 +33,11 @@ import (
 // Cluster is one federated cluster: a control plane, its gateway site, a
 // pod behind the site, and the agent.
 type Cluster struct {
-	Name  string
-	CP    *harness.ControlPlane
-	Site  *harness.Site
+	Name string
+	CP   *harness.ControlPlane
+	Site *harness.Site
+	// NAT is the router the site sits behind (Options.BehindNAT), or nil.
+	NAT   *harness.NATRouter
 	Pod   *harness.Pod
 	Agent *harness.Process
 	// Client reads and writes the cluster's flotilla.io objects.
@@ -61,6 +64,10 @@ type Options struct {
 	// Routed puts the sites behind a router (no multicast) instead of on a
 	// LAN.
 	Routed bool
+	// BehindNAT lists the clusters (by index) whose site sits behind a
+	// NAT router of its own on the LAN (harness.NATRouter): it reaches
+	// the LAN, nobody on the LAN reaches it first. Not with Routed.
+	BehindNAT []int
 	// LAN, when set, is the LAN the sites join (so a test can add hosts of
 	// its own to it); default: a new one.
 	LAN *harness.LAN
@@ -116,7 +123,16 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 	for i, cp := range cps {
 		name := string(rune('a' + i))
 		cidr := netip.MustParsePrefix(opts.PodCIDRs[i])
-		site := env.NewSite(name, harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr})
+		siteOpts := harness.SiteOptions{LAN: lan, Router: rtr, PodCIDR: cidr}
+		var nat *harness.NATRouter
+		if slices.Contains(opts.BehindNAT, i) {
+			if opts.Routed {
+				t.Fatalf("federation: BehindNAT needs the sites on a LAN, not Routed")
+			}
+			nat = env.NewNATRouter("nat"+name, lan)
+			siteOpts.LAN, siteOpts.Router = nil, nat.Router
+		}
+		site := env.NewSite(name, siteOpts)
 		cp.ExposeTo(site.Netns)
 		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
 		if err != nil {
@@ -125,7 +141,7 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 		pod := site.AddPod("p", Translate(netip.MustParseAddr("0.0.0.5"), netip.MustParsePrefix("0.0.0.0/0"), cidr))
 		pod.ServeTCP(PodPort)
 		cs = append(cs, &Cluster{
-			Name: name, CP: cp, Site: site, Pod: pod, Client: c, Bin: bin,
+			Name: name, CP: cp, Site: site, NAT: nat, Pod: pod, Client: c, Bin: bin,
 			StateDir:     filepath.Join(env.Dir, "state-"+name),
 			APIServerURL: cp.LANURL(), APIServerCA: apiServerCA(cp),
 		})

@@ -247,7 +247,7 @@ func (n *Node) removeMasquerade(m Masquerade) error {
 
 // execInput runs a command inside the node's namespace with input on its
 // standard input.
-func (n *Node) execInput(input []byte, name string, args ...string) error {
+func (n *Netns) execInput(input []byte, name string, args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)

@@ -105,3 +105,29 @@ func TestSitesBehindRouter(t *testing.T) {
 		t.Fatalf("site saw the pod as %s, want %s", seen, pod.Addr)
 	}
 }
+
+// A site behind a NAT router reaches a site on the LAN, which sees it as
+// the router's address; the site on the LAN cannot reach it first.
+func TestSiteBehindNATRouter(t *testing.T) {
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	lan := env.NewLAN("lan")
+	nat := env.NewNATRouter("nat", lan)
+	a := env.NewSite("a", harness.SiteOptions{LAN: lan})
+	b := env.NewSite("b", harness.SiteOptions{Router: nat.Router})
+	a.ServeTCP(8080)
+	seen, err := b.TCPExchange(netip.AddrPortFrom(a.Addr, 8080))
+	if err != nil {
+		t.Fatalf("site b behind the NAT to site a on the LAN: %v", err)
+	}
+	if seen != nat.Addr {
+		t.Fatalf("site a saw site b as %s, want the router's LAN address %s", seen, nat.Addr)
+	}
+	// b reached a, and a routes b's segment via the router: only the
+	// router's rules keep a out.
+	a.MustExec("ip", "route", "add", netip.PrefixFrom(b.Addr, 24).Masked().String(), "via", nat.Addr.String())
+	b.ServeTCP(8080)
+	if seen, err := a.TCPExchange(netip.AddrPortFrom(b.Addr, 8080)); err == nil {
+		t.Fatalf("site a reached site b behind the NAT (seen as %s)", seen)
+	}
+}
