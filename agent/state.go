@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
@@ -14,8 +15,8 @@ import (
 const (
 	keyIdentity        = "identity"
 	keyWireGuard       = "wireguard"
-	keyFederation      = "federation-keyring"
-	keyGossipAdvertise = "gossip-advertise"
+	keyFederation      = agentapi.LedgerKeyring
+	keyGossipAdvertise = agentapi.LedgerGossipAdvertise
 )
 
 // state is what the agent keeps about itself: the ledger, and in it the

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 )
 
 func init() {
@@ -19,9 +19,9 @@ func newTokenCommand() *cobra.Command {
 		Short:   "print a join token that lets another cluster join this federation (a secret)",
 		Args:    noArgs,
 	}
-	stateDir := cmd.Flags().String("state-dir", agent.DefaultConfig().StateDir, "the agent's state directory")
+	stateDir := cmd.Flags().String("state-dir", agentapi.DefaultStateDir, "the agent's state directory")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		tok, err := agent.JoinToken(*stateDir)
+		tok, err := agentapi.JoinToken(*stateDir)
 		if err != nil {
 			return err
 		}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/internal/version"
+	"github.com/flotilla-io/flotilla/peering/protocol"
 )
 
 func init() { register(newVersionCommand) }
@@ -25,7 +25,7 @@ func newVersionCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		b := agent.Build()
+		b := protocol.Build()
 		if format != outputTable {
 			return writeJSONOrYAML(cmd.OutOrStdout(), b, format)
 		}
