@@ -1,5 +1,3 @@
-//go:build linux
-
 package main
 
 import (
@@ -28,7 +26,6 @@ import (
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/internal/version"
-	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/placement"
 	"github.com/flotilla-io/flotilla/peering/protocol"
 )
@@ -237,7 +234,7 @@ func readInstall(ctx context.Context, cfg *rest.Config, ns string) (installInfo,
 }
 
 func readClusterProperties(ctx context.Context, c client.Client, info *installInfo, note func(string, error)) {
-	for name, to := range map[string]*string{mcs.ClusterIDProperty: &info.Cluster.ID, mcs.ClusterSetProperty: &info.Cluster.ClusterSet} {
+	for name, to := range map[string]*string{aboutv1alpha1.ClusterIDProperty: &info.Cluster.ID, aboutv1alpha1.ClusterSetProperty: &info.Cluster.ClusterSet} {
 		var p aboutv1alpha1.ClusterProperty
 		switch err := c.Get(ctx, client.ObjectKey{Name: name}, &p); {
 		case err == nil:
