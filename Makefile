@@ -93,6 +93,8 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags conformance ./test/conformance
+	# The CLI builds for macOS too: nothing Linux-only may creep into it.
+	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./cmd/flotilla
 	cd charts && $(GO) vet ./...
 
 # The fault campaign's long form (docs/reliability.md): faults for

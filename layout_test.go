@@ -155,3 +155,21 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		}
 	}
 }
+
+// The CLI builds for macOS: none of its packages there links the data
+// path (tunnel, fabric, nftables), which builds for Linux only.
+func TestDarwinCLILinksNoDataPath(t *testing.T) {
+	for _, arch := range []string{"arm64", "amd64"} {
+		cmd := exec.Command("go", "list", "-deps", "./cmd/flotilla")
+		cmd.Env = append(cmd.Environ(), "GOOS=darwin", "GOARCH="+arch)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list for darwin/%s: %v", arch, err)
+		}
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.HasPrefix(pkg, "github.com/google/nftables") || pkg == "github.com/flotilla-io/flotilla/tunnel" || pkg == "github.com/flotilla-io/flotilla/fabric" {
+				t.Errorf("darwin/%s: cmd/flotilla links %s", arch, pkg)
+			}
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/version"
@@ -194,7 +195,7 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		StateDir:           "/var/lib/flotilla",
+		StateDir:           agentapi.DefaultStateDir,
 		LedgerSnapshots:    true,
 		MetricsAddr:        ":9470",
 		ShutdownTimeout:    4 * time.Second,

@@ -5,16 +5,12 @@ import (
 	"net/http"
 
 	"github.com/flotilla-io/flotilla/internal/version"
-	"github.com/flotilla-io/flotilla/peering"
+	"github.com/flotilla-io/flotilla/peering/protocol"
 )
 
 // Build is this binary's build and the peering protocol range it speaks:
 // what `flotilla version` prints and the agent serves on /build.
-func Build() version.Info {
-	b := version.Get()
-	b.Protocol = version.Protocol{Current: peering.ProtocolVersion, Min: peering.ProtocolVersionMin, Max: peering.ProtocolVersionMax}
-	return b
-}
+func Build() version.Info { return protocol.Build() }
 
 // serveBuild answers /build with Build as JSON. Not /version: Kubernetes
 // lets every account get that path (system:public-info-viewer), and the

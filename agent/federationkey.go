@@ -20,40 +20,21 @@ import (
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
-// Key rotation from the API (docs/operations.md, "Rotating the federation
-// key"): an operator, or `flotilla key`, writes the keyring this cluster
-// should hold into a Secret; the agent converges its gossip keyring on it
-// and reports what it holds, by fingerprint only, in a ConfigMap and in
-// metrics. The Secret is the one the install already mounts for
-// --federation-key-file, so the key lives in one object per cluster.
+// The federation Secret and the key status, as agentapi names them.
 const (
-	// FederationSecret is the Secret, in the agent's namespace, that holds
-	// the join token (data "token", read through the API server at start,
-	// or from its mounted file) and the keyring the agent follows (data
-	// "keyring").
-	FederationSecret = "flotilla-federation"
-	// SecretKeyring is the Secret's entry with the keyring, encoded by
-	// discovery.EncodeKeyring: the primary (encrypting) key first, then the
-	// keys that only decrypt. Listed keys are installed, the first made
-	// primary, and unlisted keys removed, in that order.
-	SecretKeyring = "keyring"
-	// SecretToken is the Secret's entry with the join token.
-	SecretToken = "token"
-	// FederationKeysStatus is the ConfigMap, in the agent's namespace,
-	// where the agent says which keys it holds: fingerprints, never keys.
-	FederationKeysStatus = "flotilla-federation-keys"
-	// StatusKeys is the status entry with the fingerprints of the keys
-	// the agent holds, primary first, comma separated; StatusError says why
-	// the Secret's keyring was not applied (empty when it was);
-	// StatusCluster names the cluster.
-	StatusKeys    = "keys"
-	StatusError   = "error"
-	StatusCluster = "cluster"
+	FederationSecret     = agentapi.FederationSecret
+	SecretKeyring        = agentapi.SecretKeyring
+	SecretToken          = agentapi.SecretToken
+	FederationKeysStatus = agentapi.FederationKeysStatus
+	StatusKeys           = agentapi.StatusKeys
+	StatusError          = agentapi.StatusError
+	StatusCluster        = agentapi.StatusCluster
 )
 
 // keyring is what of discovery the key rotation drives.
@@ -100,15 +81,6 @@ func applyKeyring(held keyring, want [][]byte) (bool, error) {
 
 func containsKey(keys [][]byte, k []byte) bool {
 	return slices.ContainsFunc(keys, func(h []byte) bool { return bytes.Equal(h, k) })
-}
-
-// Fingerprints are the public names of keys, in order.
-func Fingerprints(keys [][]byte) []string {
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = discovery.Fingerprint(k)
-	}
-	return out
 }
 
 // secretKeys is what the FederationSecret says at start: its keyring and
@@ -250,7 +222,7 @@ func (f *keyFollower) reconcile(ctx context.Context) error {
 		WithLabels(map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"}).
 		WithData(map[string]string{
 			StatusCluster: f.a.cfg.ClusterName,
-			StatusKeys:    strings.Join(Fingerprints(f.held.Keys()), ","),
+			StatusKeys:    strings.Join(agentapi.Fingerprints(f.held.Keys()), ","),
 			StatusError:   errText(applyErr),
 		})
 	if _, err := f.a.kube.CoreV1().ConfigMaps(f.ns).Apply(ctx, status, metav1.ApplyOptions{FieldManager: "flotilla", Force: true}); err != nil {
@@ -293,7 +265,7 @@ func (f *keyFollower) apply() error {
 		if encErr != nil {
 			return errors.Join(err, fmt.Errorf("store the federation keyring: %w", encErr))
 		}
-		f.a.log.Info("federation keyring changed", "keys", Fingerprints(f.held.Keys()))
+		f.a.log.Info("federation keyring changed", "keys", agentapi.Fingerprints(f.held.Keys()))
 	}
 	if err != nil {
 		return fmt.Errorf("Secret %s: %w", FederationSecret, err)
@@ -319,7 +291,7 @@ var keyDesc = prometheus.NewDesc("flotilla_federation_key_info",
 func (c keyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- keyDesc }
 
 func (c keyCollector) Collect(ch chan<- prometheus.Metric) {
-	for i, fp := range Fingerprints(c.held.Keys()) {
+	for i, fp := range agentapi.Fingerprints(c.held.Keys()) {
 		ch <- prometheus.MustNewConstMetric(keyDesc, prometheus.GaugeValue, 1, fp, fmt.Sprint(i == 0))
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 )
 
 // memberRing is memberlist's own keyring, the one discovery drives, with
@@ -57,11 +59,11 @@ func TestApplyKeyring(t *testing.T) {
 			}
 			got := ring.GetKeys()
 			if !bytes.Equal(got[0], c.want[0]) || len(got) != len(c.want) {
-				t.Fatalf("holds %v, want %v (primary first)", Fingerprints(got), Fingerprints(c.want))
+				t.Fatalf("holds %v, want %v (primary first)", agentapi.Fingerprints(got), agentapi.Fingerprints(c.want))
 			}
 			for _, k := range c.want {
 				if !containsKey(got, k) {
-					t.Errorf("holds %v, want %v", Fingerprints(got), Fingerprints(c.want))
+					t.Errorf("holds %v, want %v", agentapi.Fingerprints(got), agentapi.Fingerprints(c.want))
 				}
 			}
 		})

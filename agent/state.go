@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/identity"
@@ -17,8 +18,8 @@ import (
 const (
 	keyIdentity        = "identity"
 	keyWireGuard       = "wireguard"
-	keyFederation      = "federation-keyring"
-	keyGossipAdvertise = "gossip-advertise"
+	keyFederation      = agentapi.LedgerKeyring
+	keyGossipAdvertise = agentapi.LedgerGossipAdvertise
 )
 
 // state is what the agent keeps about itself: the ledger, and in it the

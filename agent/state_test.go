@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"github.com/flotilla-io/flotilla/agent/agentapi"
+
 	"bytes"
 	"io"
 	"log/slog"
@@ -58,7 +60,7 @@ func TestFederationKeysOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(got.keys) != 1 || !bytes.Equal(got.keys[0], c.want) {
-				t.Errorf("keys %v, want %v", Fingerprints(got.keys), Fingerprints([][]byte{c.want}))
+				t.Errorf("keys %v, want %v", agentapi.Fingerprints(got.keys), agentapi.Fingerprints([][]byte{c.want}))
 			}
 			if !slices.Equal(got.seeds, c.wantSeeds) {
 				t.Errorf("seeds %v, want %v", got.seeds, c.wantSeeds)
@@ -68,7 +70,7 @@ func TestFederationKeysOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			if keys, _ := discovery.DecodeKeyring(stored); len(keys) != 1 || !bytes.Equal(keys[0], c.want) {
-				t.Errorf("the ledger holds %v, want %v", Fingerprints(keys), Fingerprints([][]byte{c.want}))
+				t.Errorf("the ledger holds %v, want %v", agentapi.Fingerprints(keys), agentapi.Fingerprints([][]byte{c.want}))
 			}
 		})
 	}

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/flotilla-io/flotilla/ipam"
 )
 
 func (d Desired) clone() Desired {
@@ -26,7 +28,7 @@ func (d Desired) validate() error {
 	}
 	var ranges []named
 	for _, v := range d.Views {
-		if err := CheckRange("view", v); err != nil {
+		if err := ipam.CheckIPv4Range("view", v); err != nil {
 			return err
 		}
 		ranges = append(ranges, named{"view " + v.String(), v})
@@ -66,7 +68,7 @@ func (d Desired) validate() error {
 				return fmt.Errorf("node address %q: want the node's IPv4 address on the node network", n.Addr)
 			}
 			for _, b := range n.PodCIDRs {
-				if err := CheckRange(fmt.Sprintf("pod block of node %s", n.Addr), b); err != nil {
+				if err := ipam.CheckIPv4Range(fmt.Sprintf("pod block of node %s", n.Addr), b); err != nil {
 					return err
 				}
 				ranges = append(ranges, named{fmt.Sprintf("pod block %s of node %s", b, n.Addr), b})
@@ -76,22 +78,6 @@ func (d Desired) validate() error {
 		return fmt.Errorf("role %q: want %q or %q", d.Role, Worker, Gateway)
 	}
 	return disjoint(ranges)
-}
-
-// CheckRange reports why p, named what in the error, cannot be a range
-// the fabric routes: valid, IPv4, canonical, not everything.
-func CheckRange(what string, p netip.Prefix) error {
-	switch {
-	case !p.IsValid():
-		return fmt.Errorf("%s %q: not a valid prefix", what, p)
-	case !p.Addr().Is4():
-		return fmt.Errorf("%s %s: not IPv4; the fabric routes IPv4 only", what, p)
-	case p != p.Masked():
-		return fmt.Errorf("%s %s is not canonical: did you mean %s?", what, p, p.Masked())
-	case p.Bits() == 0:
-		return fmt.Errorf("%s %s would take every destination; want a range", what, p)
-	}
-	return nil
 }
 
 // named is a range with what it is, for errors.

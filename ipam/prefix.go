@@ -33,6 +33,22 @@ func CheckRange(p netip.Prefix) error {
 	return nil
 }
 
+// CheckIPv4Range reports why p, named what in the error, cannot be a
+// range the fabric routes: valid, IPv4, canonical, not everything.
+func CheckIPv4Range(what string, p netip.Prefix) error {
+	switch {
+	case !p.IsValid():
+		return fmt.Errorf("%s %q: not a valid prefix", what, p)
+	case !p.Addr().Is4():
+		return fmt.Errorf("%s %s: not IPv4; the fabric routes IPv4 only", what, p)
+	case p != p.Masked():
+		return fmt.Errorf("%s %s is not canonical: did you mean %s?", what, p, p.Masked())
+	case p.Bits() == 0:
+		return fmt.Errorf("%s %s would take every destination; want a range", what, p)
+	}
+	return nil
+}
+
 // ParseRange parses and checks a range such as "10.244.0.0/16".
 func ParseRange(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)

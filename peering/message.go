@@ -18,23 +18,15 @@ import (
 	"slices"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/peering/protocol"
 )
 
-// Protocol versions, a range as memberlist has them, so clusters upgrade
-// one at a time: an agent writes ProtocolVersion and reads every version
-// from ProtocolVersionMin to ProtocolVersionMax. A version within the range
-// may only add fields (ignored by readers that do not know them); a change
-// of meaning takes a number above ProtocolVersionMax, and its agents keep
-// writing a version older ones read until every cluster is upgraded.
-//
-// Version 2 signs the signing domain with the payload; version 1 signed
-// the payload alone and is no longer read. Version 3 adds tunnelReady,
-// version 4 grant and labels (4 is not released yet: fields may still
-// join it).
+// Protocol versions: the range package protocol defines, under the names
+// the negotiation uses.
 const (
-	ProtocolVersion    = 4
-	ProtocolVersionMin = 2
-	ProtocolVersionMax = 5
+	ProtocolVersion    = protocol.Current
+	ProtocolVersionMin = protocol.Min
+	ProtocolVersionMax = protocol.Max
 )
 
 // protocolTunnelReady is the first version whose writers say tunnelReady:

@@ -29,7 +29,7 @@ func path(c *cobra.Command) []string {
 // The commands that talk to no cluster, or to the one they run in.
 var offCluster = []string{
 	"flotilla", "flotilla agent", "flotilla fabric", "flotilla cleanup", "flotilla ledger", "flotilla ledger show",
-	"flotilla token", "flotilla version", "flotilla key", "flotilla key generate", "flotilla peer", "flotilla offload",
+	"flotilla token", "flotilla key", "flotilla key generate", "flotilla peer", "flotilla offload",
 	"flotilla unoffload", "flotilla help", "flotilla docs",
 }
 

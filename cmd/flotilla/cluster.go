@@ -8,11 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-io/flotilla/peering/peerapi"
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
 )
 
 // clusterRef names a cluster as kubectl does: a kubeconfig (empty:
@@ -95,9 +96,11 @@ func (r clusterRef) client() (client.WithWatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme := peerapi.Scheme()
-	if err := rbacv1.AddToScheme(scheme); err != nil {
-		return nil, err
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{v1alpha1.AddToScheme, rbacv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
 	}
 	return client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 }

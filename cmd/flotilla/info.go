@@ -21,22 +21,20 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-io/flotilla/agent"
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/internal/version"
-	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/placement"
+	"github.com/flotilla-io/flotilla/peering/protocol"
 )
 
 func init() { register(newInfoCommand) }
 
 // The install's objects info reads, as deploy/ names them.
 const (
-	agentDeployment = "flotilla-agent"
-	clustersetDNS   = "flotilla-clusterset-dns"
+	clustersetDNS = "flotilla-clusterset-dns"
 	// fencesCheck is the agent's readiness check that proves its
 	// admission policies in force.
 	fencesCheck = "fences"
@@ -185,7 +183,7 @@ read is noted, not fatal.`,
 func readInstall(ctx context.Context, cfg *rest.Config, ns string) (installInfo, error) {
 	info := installInfo{
 		Cluster:       clusterInfo{Server: cfg.Host},
-		Client:        agent.Build(),
+		Client:        protocol.Build(),
 		Agent:         agentInfo{Deployment: ns + "/" + agentDeployment},
 		Fabric:        fabricInfo{DaemonSet: ns + "/" + fabricapi.DaemonSetName},
 		Webhook:       webhookInfo{Name: placement.ConfigurationName},
@@ -236,7 +234,7 @@ func readInstall(ctx context.Context, cfg *rest.Config, ns string) (installInfo,
 }
 
 func readClusterProperties(ctx context.Context, c client.Client, info *installInfo, note func(string, error)) {
-	for name, to := range map[string]*string{mcs.ClusterIDProperty: &info.Cluster.ID, mcs.ClusterSetProperty: &info.Cluster.ClusterSet} {
+	for name, to := range map[string]*string{aboutv1alpha1.ClusterIDProperty: &info.Cluster.ID, aboutv1alpha1.ClusterSetProperty: &info.Cluster.ClusterSet} {
 		var p aboutv1alpha1.ClusterProperty
 		switch err := c.Get(ctx, client.ObjectKey{Name: name}, &p); {
 		case err == nil:
@@ -410,40 +408,6 @@ func readDNS(ctx context.Context, kube kubernetes.Interface, ns string, info *in
 			}
 		}
 	}
-}
-
-func podsOf(ctx context.Context, kube kubernetes.Interface, ns string, sel *metav1.LabelSelector) ([]corev1.Pod, error) {
-	s, err := metav1.LabelSelectorAsSelector(sel)
-	if err != nil {
-		return nil, err
-	}
-	pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: s.String()})
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(pods.Items, func(i, j int) bool { return pods.Items[i].Name < pods.Items[j].Name })
-	return pods.Items, nil
-}
-
-func podReady(p corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// containerPort is the number of the pod's port named name, else def.
-func containerPort(p corev1.Pod, name string, def int) int {
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			if cp.Name == name {
-				return int(cp.ContainerPort)
-			}
-		}
-	}
-	return def
 }
 
 // writeInfo prints the install as a person reads it: one line per part,

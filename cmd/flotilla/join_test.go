@@ -10,7 +10,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/test/federation"
@@ -51,8 +51,8 @@ func TestJoinRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		otherTok, _ := discovery.JoinToken{Key: other}.Encode()
-		if _, err := a.cp.Client.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agent.FederationSecret, Namespace: ns},
-			Data: map[string][]byte{agent.SecretToken: []byte(otherTok)}}, metav1.CreateOptions{}); err != nil {
+		if _, err := a.cp.Client.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agentapi.FederationSecret, Namespace: ns},
+			Data: map[string][]byte{agentapi.SecretToken: []byte(otherTok)}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		admin, err := clusterClient(a.cp.Kubeconfig)
@@ -82,7 +82,7 @@ func TestJoinRefusals(t *testing.T) {
 
 	t.Run("--force without an agent to restart puts A's Secret back exactly", func(t *testing.T) {
 		secrets := a.cp.Client.CoreV1().Secrets(ns)
-		was, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+		was, err := secrets.Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func TestJoinRefusals(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, "no agent pod in flotilla-system") || !strings.Contains(errOut, "alpha is as it was") {
 			t.Errorf("join --force with no agent: exit %d\n%s%s; want it to fail and undo", code, out, errOut)
 		}
-		now, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+		now, err := secrets.Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,10 +145,10 @@ func TestOtherFederation(t *testing.T) {
 		want string
 	}{
 		{"alone with its own key", joinerState{}, ""},
-		{"given the key it joins", joinerState{secret: secret(map[string][]byte{agent.SecretToken: tokenOf(joining)})}, ""},
-		{"given another key", joinerState{secret: secret(map[string][]byte{agent.SecretToken: tokenOf(other)})}, "holds key " + discovery.Fingerprint(other)},
-		{"a keyring with another key", joinerState{secret: secret(map[string][]byte{agent.SecretKeyring: ringOf(joining, other)})}, "holds key " + discovery.Fingerprint(other)},
-		{"a damaged Secret", joinerState{secret: secret(map[string][]byte{agent.SecretToken: []byte("flt1.garbage")})}, ""},
+		{"given the key it joins", joinerState{secret: secret(map[string][]byte{agentapi.SecretToken: tokenOf(joining)})}, ""},
+		{"given another key", joinerState{secret: secret(map[string][]byte{agentapi.SecretToken: tokenOf(other)})}, "holds key " + discovery.Fingerprint(other)},
+		{"a keyring with another key", joinerState{secret: secret(map[string][]byte{agentapi.SecretKeyring: ringOf(joining, other)})}, "holds key " + discovery.Fingerprint(other)},
+		{"a damaged Secret", joinerState{secret: secret(map[string][]byte{agentapi.SecretToken: []byte("flt1.garbage")})}, ""},
 		{"peers", joinerState{peers: []v1alpha1.Peer{{ObjectMeta: metav1.ObjectMeta{Name: "c-x"}, Status: v1alpha1.PeerStatus{ClusterName: "x"}}}}, "its peers are x (c-x)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

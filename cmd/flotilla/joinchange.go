@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 )
 
@@ -38,21 +38,21 @@ type change struct {
 // apply gives A's agent the token and waits until it holds its key.
 func (c *change) apply(ctx context.Context, out io.Writer, theirs published) error {
 	s := c.side
-	data := map[string][]byte{agent.SecretToken: []byte(theirs.token)}
-	if c.before.secret != nil && len(c.before.secret.Data[agent.SecretKeyring]) > 0 {
+	data := map[string][]byte{agentapi.SecretToken: []byte(theirs.token)}
+	if c.before.secret != nil && len(c.before.secret.Data[agentapi.SecretKeyring]) > 0 {
 		// A keyring wins over the token at the agent's start: it must
 		// name the new key too.
 		ring, err := discovery.EncodeKeyring([][]byte{theirs.key})
 		if err != nil {
 			return err
 		}
-		data[agent.SecretKeyring] = ring
+		data[agentapi.SecretKeyring] = ring
 	}
 	if err := s.applySecret(ctx, data, c.before.secret == nil); err != nil {
 		return err
 	}
 	c.applied = true
-	fmt.Fprintf(out, "%s configured: Secret %s/%s holds the join token of %s\n", s.name, s.ns, agent.FederationSecret, theirs.name())
+	fmt.Fprintf(out, "%s configured: Secret %s/%s holds the join token of %s\n", s.name, s.ns, agentapi.FederationSecret, theirs.name())
 	deleted, err := s.restartAgent(ctx, out)
 	c.restarted = deleted
 	if err != nil {
@@ -69,7 +69,7 @@ func (c *change) undoAfter(ctx context.Context, out io.Writer, cause error) erro
 	fmt.Fprintf(out, "undoing what was changed on %s: %v\n", c.side.name, cause)
 	if err := c.undo(ctx, out); err != nil {
 		return fmt.Errorf("%w; undoing the change on %s failed too: %v (its Secret %s/%s may still hold the other federation's token: delete it, or put back what it held, and restart its agent)",
-			cause, c.side.name, err, c.side.ns, agent.FederationSecret)
+			cause, c.side.name, err, c.side.ns, agentapi.FederationSecret)
 	}
 	return fmt.Errorf("%w; %s is as it was", cause, c.side.name)
 }
@@ -87,7 +87,7 @@ func (c *change) undo(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := s.applySecret(ctx, map[string][]byte{agent.SecretKeyring: ring, agent.SecretToken: []byte(own.token)}, c.before.secret == nil); err != nil {
+		if err := s.applySecret(ctx, map[string][]byte{agentapi.SecretKeyring: ring, agentapi.SecretToken: []byte(own.token)}, c.before.secret == nil); err != nil {
 			return err
 		}
 		if err := s.waitKey(ctx, out, own.key); err != nil {
@@ -97,7 +97,7 @@ func (c *change) undo(ctx context.Context, out io.Writer) error {
 	if err := s.restoreSecret(ctx, c.before.secret); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: Secret %s/%s as it was\n", s.name, s.ns, agent.FederationSecret)
+	fmt.Fprintf(out, "%s: Secret %s/%s as it was\n", s.name, s.ns, agentapi.FederationSecret)
 	if !c.restarted {
 		return nil
 	}
@@ -112,12 +112,12 @@ func (c *change) undo(ctx context.Context, out io.Writer) error {
 // applySecret applies data into the Secret flotilla-federation, labelled
 // as Flotilla's when the join makes it.
 func (s *joinSide) applySecret(ctx context.Context, data map[string][]byte, create bool) error {
-	ac := corev1ac.Secret(agent.FederationSecret, s.ns).WithData(data)
+	ac := corev1ac.Secret(agentapi.FederationSecret, s.ns).WithData(data)
 	if create {
 		ac.WithLabels(map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"})
 	}
 	if _, err := s.core.Secrets(s.ns).Apply(ctx, ac, metav1.ApplyOptions{FieldManager: joinManager, Force: true}); err != nil {
-		return s.apiError("write Secret "+agent.FederationSecret, err)
+		return s.apiError("write Secret "+agentapi.FederationSecret, err)
 	}
 	return nil
 }
@@ -127,29 +127,29 @@ func (s *joinSide) applySecret(ctx context.Context, data map[string][]byte, crea
 // field managers as read before.
 func (s *joinSide) restoreSecret(ctx context.Context, was *corev1.Secret) error {
 	secrets := s.core.Secrets(s.ns)
-	cur, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+	cur, err := secrets.Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && was == nil:
 		return nil
 	case err != nil:
-		return s.apiError("read Secret "+agent.FederationSecret, err)
+		return s.apiError("read Secret "+agentapi.FederationSecret, err)
 	case was == nil:
 		uid := cur.UID
-		if err := secrets.Delete(ctx, agent.FederationSecret, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
-			return s.apiError("delete Secret "+agent.FederationSecret, err)
+		if err := secrets.Delete(ctx, agentapi.FederationSecret, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+			return s.apiError("delete Secret "+agentapi.FederationSecret, err)
 		}
 		return nil
 	}
 	cur.Data, cur.Labels, cur.Annotations = was.Data, was.Labels, was.Annotations
 	cur, err = secrets.Update(ctx, cur, metav1.UpdateOptions{FieldManager: joinManager})
 	if err != nil {
-		return s.apiError("restore Secret "+agent.FederationSecret, err)
+		return s.apiError("restore Secret "+agentapi.FederationSecret, err)
 	}
 	// The update made this manager own what it put back; an update that
 	// changes nothing but the managers sets them as they were.
 	cur.ManagedFields = was.ManagedFields
 	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{FieldManager: joinManager}); err != nil {
-		return s.apiError("restore Secret "+agent.FederationSecret, err)
+		return s.apiError("restore Secret "+agentapi.FederationSecret, err)
 	}
 	return nil
 }
@@ -229,7 +229,7 @@ func (s *joinSide) waitKey(ctx context.Context, out io.Writer, key []byte) error
 	var last keyStatus
 	var lastErr error
 	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		cm, err := s.core.ConfigMaps(s.ns).Get(ctx, agent.FederationKeysStatus, metav1.GetOptions{})
+		cm, err := s.core.ConfigMaps(s.ns).Get(ctx, agentapi.FederationKeysStatus, metav1.GetOptions{})
 		if err != nil {
 			lastErr = err
 			return apierrors.IsForbidden(err), nil
@@ -238,7 +238,7 @@ func (s *joinSide) waitKey(ctx context.Context, out io.Writer, key []byte) error
 		return sameKeys(last.keys, []string{want}), nil
 	})
 	if lastErr != nil && apierrors.IsForbidden(lastErr) {
-		return s.apiError("read ConfigMap "+agent.FederationKeysStatus, lastErr)
+		return s.apiError("read ConfigMap "+agentapi.FederationKeysStatus, lastErr)
 	}
 	if err != nil || !sameKeys(last.keys, []string{want}) {
 		why := ""

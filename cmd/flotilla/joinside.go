@@ -13,7 +13,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 )
@@ -62,7 +62,7 @@ func (s *joinSide) apiError(what string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err):
 		return fmt.Errorf("%s: %s: %w; joining takes, in %s there, get, create, update, patch and delete on the Secret %s, get on the Secret %s, list and delete on pods, get on the ConfigMap %s, and list and get on peers.flotilla.io: ask an admin of that cluster",
-			s.name, what, err, s.ns, agent.FederationSecret, agent.JoinSecret, agent.FederationKeysStatus)
+			s.name, what, err, s.ns, agentapi.FederationSecret, agentapi.JoinSecret, agentapi.FederationKeysStatus)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%s: %s: the API server did not accept your credentials: %w (check the kubeconfig's user)", s.name, what, err)
 	}
@@ -86,11 +86,11 @@ func (s *joinSide) state(ctx context.Context) (joinerState, error) {
 		return joinerState{}, err
 	}
 	st := joinerState{own: own}
-	sec, err := s.core.Secrets(s.ns).Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+	sec, err := s.core.Secrets(s.ns).Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return joinerState{}, s.apiError("read Secret "+agent.FederationSecret, err)
+		return joinerState{}, s.apiError("read Secret "+agentapi.FederationSecret, err)
 	default:
 		st.secret = sec
 	}
@@ -111,7 +111,7 @@ func otherFederation(st joinerState, key []byte) string {
 	if st.secret != nil {
 		for _, k := range secretKeys(st.secret) {
 			if !bytes.Equal(k, key) {
-				why = append(why, fmt.Sprintf("its Secret %s holds key %s", agent.FederationSecret, discovery.Fingerprint(k)))
+				why = append(why, fmt.Sprintf("its Secret %s holds key %s", agentapi.FederationSecret, discovery.Fingerprint(k)))
 				break
 			}
 		}
@@ -131,10 +131,10 @@ func otherFederation(st joinerState, key []byte) string {
 // keyring's and its token's. Damaged entries hold none.
 func secretKeys(s *corev1.Secret) [][]byte {
 	var keys [][]byte
-	if ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring]); err == nil {
+	if ring, err := discovery.DecodeKeyring(s.Data[agentapi.SecretKeyring]); err == nil {
 		keys = append(keys, ring...)
 	}
-	if tok, err := discovery.ParseFederationKey(string(s.Data[agent.SecretToken])); err == nil {
+	if tok, err := discovery.ParseFederationKey(string(s.Data[agentapi.SecretToken])); err == nil {
 		keys = append(keys, tok.Key)
 	}
 	return keys

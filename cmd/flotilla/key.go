@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 )
@@ -188,8 +188,8 @@ func runStep(ctx context.Context, w io.Writer, cs []*keyCluster, pool keyPool, s
 		}
 		// A Secret without a keyring gets one even when nothing changes:
 		// from then on it, not the flags, says what the agent holds.
-		fromSecret := s != nil && len(s.Data[agent.SecretKeyring]) > 0
-		plans[i] = plan{ring: next, write: !fromSecret || !sameKeys(agent.Fingerprints(ring), agent.Fingerprints(next)) ||
+		fromSecret := s != nil && len(s.Data[agentapi.SecretKeyring]) > 0
+		plans[i] = plan{ring: next, write: !fromSecret || !sameKeys(agentapi.Fingerprints(ring), agentapi.Fingerprints(next)) ||
 			s.Annotations[annotationRotation] != rotation}
 	}
 	for i, c := range cs {
@@ -201,7 +201,7 @@ func runStep(ctx context.Context, w io.Writer, cs []*keyCluster, pool keyPool, s
 		}
 	}
 	for i, c := range cs {
-		if err := c.wait(ctx, w, agent.Fingerprints(plans[i].ring), timeout); err != nil {
+		if err := c.wait(ctx, w, agentapi.Fingerprints(plans[i].ring), timeout); err != nil {
 			return err
 		}
 	}
@@ -458,11 +458,11 @@ func showKeyStatus(ctx context.Context, stdout io.Writer, f *keyFlags, format ou
 		if row.Cluster == "" {
 			row.Cluster = c.name
 		}
-		if s != nil && len(s.Data[agent.SecretKeyring]) > 0 {
-			if ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring]); err != nil {
+		if s != nil && len(s.Data[agentapi.SecretKeyring]) > 0 {
+			if ring, err := discovery.DecodeKeyring(s.Data[agentapi.SecretKeyring]); err != nil {
 				row.SecretDamaged = true
 			} else {
-				row.SecretAsks = agent.Fingerprints(ring)
+				row.SecretAsks = agentapi.Fingerprints(ring)
 			}
 		}
 		rows = append(rows, row)

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 )
 
@@ -49,7 +49,7 @@ func TestKeySteps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g, w := agent.Fingerprints(got), agent.Fingerprints(c.want); !sameKeys(g, w) {
+			if g, w := agentapi.Fingerprints(got), agentapi.Fingerprints(c.want); !sameKeys(g, w) {
 				t.Errorf("keyring %v, want %v", g, w)
 			}
 		})
@@ -106,7 +106,7 @@ func TestSetRingKeepsTheToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &corev1.Secret{Data: map[string][]byte{agent.SecretToken: []byte(tok)}}
+	s := &corev1.Secret{Data: map[string][]byte{agentapi.SecretToken: []byte(tok)}}
 	for _, c := range []struct {
 		ring     [][]byte
 		rotation string
@@ -121,23 +121,23 @@ func TestSetRingKeepsTheToken(t *testing.T) {
 			t.Fatal(err)
 		}
 		setRing(s, c.ring, enc, c.rotation)
-		got, err := discovery.ParseJoinToken(string(s.Data[agent.SecretToken]))
+		got, err := discovery.ParseJoinToken(string(s.Data[agentapi.SecretToken]))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got.Key, c.wantKey) || len(got.Seeds) != 1 || got.Seeds[0] != "192.0.2.1:7946" {
-			t.Errorf("ring %v: token %s, want key %s and the seed kept", agent.Fingerprints(c.ring), got, discovery.Fingerprint(c.wantKey))
+			t.Errorf("ring %v: token %s, want key %s and the seed kept", agentapi.Fingerprints(c.ring), got, discovery.Fingerprint(c.wantKey))
 		}
 		if s.Annotations[annotationRotation] != c.rotation {
-			t.Errorf("ring %v: annotation %q, want %q", agent.Fingerprints(c.ring), s.Annotations[annotationRotation], c.rotation)
+			t.Errorf("ring %v: annotation %q, want %q", agentapi.Fingerprints(c.ring), s.Annotations[annotationRotation], c.rotation)
 		}
-		if !bytes.Equal(s.Data[agent.SecretKeyring], enc) {
-			t.Errorf("ring %v: keyring not written", agent.Fingerprints(c.ring))
+		if !bytes.Equal(s.Data[agentapi.SecretKeyring], enc) {
+			t.Errorf("ring %v: keyring not written", agentapi.Fingerprints(c.ring))
 		}
 	}
 	bare := &corev1.Secret{}
 	setRing(bare, [][]byte{next}, []byte{32}, "")
-	if _, ok := bare.Data[agent.SecretToken]; ok {
+	if _, ok := bare.Data[agentapi.SecretToken]; ok {
 		t.Errorf("a Secret without a token got one")
 	}
 }

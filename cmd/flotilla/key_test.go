@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -75,7 +75,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "members not given: c (") {
 		t.Fatalf("key rotate without c: exit %d\n%s%s", code, refused, errOut)
 	}
-	if _, err := members[0].CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agent.FederationSecret, metav1.GetOptions{}); err == nil {
+	if _, err := members[0].CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agentapi.FederationSecret, metav1.GetOptions{}); err == nil {
 		t.Fatalf("the refused rotation wrote a's Secret")
 	}
 
@@ -122,7 +122,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	// the metrics say it.
 	next := secretKeyring(t, members[0])
 	if len(next) != 1 || discovery.Fingerprint(next[0]) != newFP {
-		t.Fatalf("a's Secret asks for %v, want only %s", agent.Fingerprints(next), newFP)
+		t.Fatalf("a's Secret asks for %v, want only %s", agentapi.Fingerprints(next), newFP)
 	}
 	statusArgs := []string{"key", "status"}
 	for _, c := range members {
@@ -154,7 +154,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 			strings.Contains(metrics, discovery.Fingerprint(old.Key)) {
 			t.Errorf("%s's metrics do not say it holds %s alone:\n%s", c.Name, newFP, grepLines(metrics, "flotilla_federation_key"))
 		}
-		cm, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agent.FederationKeysStatus, metav1.GetOptions{})
+		cm, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agentapi.FederationKeysStatus, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,11 +296,11 @@ func mapsEqual(a, b map[string]time.Time) bool {
 // secretKeyring is the keyring in c's Secret flotilla-federation.
 func secretKeyring(t *testing.T, c *federation.Cluster) [][]byte {
 	t.Helper()
-	s, err := c.CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agent.FederationSecret, metav1.GetOptions{})
+	s, err := c.CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(t.Context(), agentapi.FederationSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring])
+	ring, err := discovery.DecodeKeyring(s.Data[agentapi.SecretKeyring])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,21 +425,21 @@ func TestKeyStepsPerOrganisation(t *testing.T) {
 	// lost meanwhile.
 	a := cs[0]
 	secrets := a.CP.Client.CoreV1().Secrets(federation.AgentNamespace)
-	sec, err := secrets.Get(t.Context(), agent.FederationSecret, metav1.GetOptions{})
+	sec, err := secrets.Get(t.Context(), agentapi.FederationSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := sec.Data[agent.SecretKeyring]
-	sec.Data[agent.SecretKeyring] = good[:len(good)-3]
+	good := sec.Data[agentapi.SecretKeyring]
+	sec.Data[agentapi.SecretKeyring] = good[:len(good)-3]
 	if sec, err = secrets.Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually.Within(t, time.Minute, "a's status says its keyring is damaged", func() error {
-		cm, err := a.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agent.FederationKeysStatus, metav1.GetOptions{})
+		cm, err := a.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agentapi.FederationKeysStatus, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(cm.Data[agent.StatusError], "truncated") || cm.Data[agent.StatusKeys] != newFP {
+		if !strings.Contains(cm.Data[agentapi.StatusError], "truncated") || cm.Data[agentapi.StatusKeys] != newFP {
 			return fmt.Errorf("status %v", cm.Data)
 		}
 		return nil
@@ -452,7 +452,7 @@ func TestKeyStepsPerOrganisation(t *testing.T) {
 	if code != 0 || !strings.Contains(status, "damaged keyring") || !strings.Contains(status, "truncated") {
 		t.Errorf("key status does not show the damaged keyring:\n%s", status)
 	}
-	sec.Data[agent.SecretKeyring] = good
+	sec.Data[agentapi.SecretKeyring] = good
 	if _, err := secrets.Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

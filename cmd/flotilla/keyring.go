@@ -17,7 +17,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 )
 
@@ -64,32 +64,32 @@ type keyStatus struct {
 
 // status reads what the agent holds.
 func (c *keyCluster) status(ctx context.Context) (keyStatus, error) {
-	cm, err := c.core.ConfigMaps(c.ns).Get(ctx, agent.FederationKeysStatus, metav1.GetOptions{})
+	cm, err := c.core.ConfigMaps(c.ns).Get(ctx, agentapi.FederationKeysStatus, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return keyStatus{}, fmt.Errorf("%s: no ConfigMap %s/%s: is the agent running, and of a version that rotates keys? (`kubectl -n %s logs deploy/flotilla-agent`)",
-			c.name, c.ns, agent.FederationKeysStatus, c.ns)
+			c.name, c.ns, agentapi.FederationKeysStatus, c.ns)
 	}
 	if err != nil {
-		return keyStatus{}, c.apiError("read ConfigMap "+agent.FederationKeysStatus, err)
+		return keyStatus{}, c.apiError("read ConfigMap "+agentapi.FederationKeysStatus, err)
 	}
 	return parseKeyStatus(cm), nil
 }
 
 func parseKeyStatus(cm *corev1.ConfigMap) keyStatus {
-	s := keyStatus{cluster: cm.Data[agent.StatusCluster], err: cm.Data[agent.StatusError]}
-	if k := cm.Data[agent.StatusKeys]; k != "" {
+	s := keyStatus{cluster: cm.Data[agentapi.StatusCluster], err: cm.Data[agentapi.StatusError]}
+	if k := cm.Data[agentapi.StatusKeys]; k != "" {
 		s.keys = strings.Split(k, ",")
 	}
 	return s
 }
 
 func (c *keyCluster) secret(ctx context.Context) (*corev1.Secret, error) {
-	s, err := c.core.Secrets(c.ns).Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+	s, err := c.core.Secrets(c.ns).Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, c.apiError("read Secret "+agent.FederationSecret, err)
+		return nil, c.apiError("read Secret "+agentapi.FederationSecret, err)
 	}
 	return s, nil
 }
@@ -111,10 +111,10 @@ func (p keyPool) addSecret(s *corev1.Secret) {
 	if s == nil {
 		return
 	}
-	if ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring]); err == nil {
+	if ring, err := discovery.DecodeKeyring(s.Data[agentapi.SecretKeyring]); err == nil {
 		p.add(ring...)
 	}
-	if tok, err := discovery.ParseFederationKey(string(s.Data[agent.SecretToken])); err == nil {
+	if tok, err := discovery.ParseFederationKey(string(s.Data[agentapi.SecretToken])); err == nil {
 		p.add(tok.Key)
 	}
 }
@@ -123,10 +123,10 @@ func (p keyPool) addSecret(s *corev1.Secret) {
 // Secret's keyring when it has one, else the keys its agent reports,
 // found in pool.
 func (c *keyCluster) ring(s *corev1.Secret, st keyStatus, pool keyPool) ([][]byte, error) {
-	if s != nil && len(s.Data[agent.SecretKeyring]) > 0 {
-		ring, err := discovery.DecodeKeyring(s.Data[agent.SecretKeyring])
+	if s != nil && len(s.Data[agentapi.SecretKeyring]) > 0 {
+		ring, err := discovery.DecodeKeyring(s.Data[agentapi.SecretKeyring])
 		if err != nil {
-			return nil, fmt.Errorf("%s: Secret %s/%s, %q: %w; fix or delete that entry", c.name, c.ns, agent.FederationSecret, agent.SecretKeyring, err)
+			return nil, fmt.Errorf("%s: Secret %s/%s, %q: %w; fix or delete that entry", c.name, c.ns, agentapi.FederationSecret, agentapi.SecretKeyring, err)
 		}
 		return ring, nil
 	}
@@ -138,7 +138,7 @@ func (c *keyCluster) ring(s *corev1.Secret, st keyStatus, pool keyPool) ([][]byt
 		k, ok := pool[fp]
 		if !ok {
 			return nil, fmt.Errorf("%s: the agent holds key %s, which no Secret %s of the clusters given holds; pass it with --current-key-file (`flotilla token --context` of that cluster prints it)",
-				c.name, fp, agent.FederationSecret)
+				c.name, fp, agentapi.FederationSecret)
 		}
 		ring = append(ring, k)
 	}
@@ -157,9 +157,9 @@ func (c *keyCluster) write(ctx context.Context, ring [][]byte, rotation string) 
 	}
 	secrets := c.core.Secrets(c.ns)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		s, err := secrets.Get(ctx, agent.FederationSecret, metav1.GetOptions{})
+		s, err := secrets.Get(ctx, agentapi.FederationSecret, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agent.FederationSecret, Namespace: c.ns,
+			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agentapi.FederationSecret, Namespace: c.ns,
 				Labels: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"}}}
 			setRing(s, ring, enc, rotation)
 			_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
@@ -173,7 +173,7 @@ func (c *keyCluster) write(ctx context.Context, ring [][]byte, rotation string) 
 		return err
 	})
 	if err != nil {
-		return c.apiError("write Secret "+agent.FederationSecret, err)
+		return c.apiError("write Secret "+agentapi.FederationSecret, err)
 	}
 	return nil
 }
@@ -182,11 +182,11 @@ func setRing(s *corev1.Secret, ring [][]byte, enc []byte, rotation string) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	s.Data[agent.SecretKeyring] = enc
-	if tok, err := discovery.ParseFederationKey(string(s.Data[agent.SecretToken])); err == nil && !bytes.Equal(tok.Key, ring[0]) {
+	s.Data[agentapi.SecretKeyring] = enc
+	if tok, err := discovery.ParseFederationKey(string(s.Data[agentapi.SecretToken])); err == nil && !bytes.Equal(tok.Key, ring[0]) {
 		tok.Key = ring[0]
 		if t, err := tok.Encode(); err == nil {
-			s.Data[agent.SecretToken] = []byte(t)
+			s.Data[agentapi.SecretToken] = []byte(t)
 		}
 	}
 	if rotation == "" {
@@ -223,10 +223,10 @@ func (c *keyCluster) wait(ctx context.Context, w io.Writer, want []string, timeo
 		return sameKeys(last.keys, want)
 	}
 	cms := c.core.ConfigMaps(c.ns)
-	field := fields.OneTermEqualSelector("metadata.name", agent.FederationKeysStatus).String()
+	field := fields.OneTermEqualSelector("metadata.name", agentapi.FederationKeysStatus).String()
 	for wctx.Err() == nil {
 		rv := ""
-		cm, err := cms.Get(wctx, agent.FederationKeysStatus, metav1.GetOptions{})
+		cm, err := cms.Get(wctx, agentapi.FederationKeysStatus, metav1.GetOptions{})
 		switch {
 		case err == nil:
 			if see(cm) {
@@ -235,14 +235,14 @@ func (c *keyCluster) wait(ctx context.Context, w io.Writer, want []string, timeo
 			rv = cm.ResourceVersion
 		case apierrors.IsNotFound(err), wctx.Err() != nil:
 		default:
-			return c.apiError("read ConfigMap "+agent.FederationKeysStatus, err)
+			return c.apiError("read ConfigMap "+agentapi.FederationKeysStatus, err)
 		}
 		watcher, err := cms.Watch(wctx, metav1.ListOptions{FieldSelector: field, ResourceVersion: rv})
 		if err != nil {
 			if wctx.Err() != nil {
 				break
 			}
-			return c.apiError("watch ConfigMap "+agent.FederationKeysStatus, err)
+			return c.apiError("watch ConfigMap "+agentapi.FederationKeysStatus, err)
 		}
 		for ev := range watcher.ResultChan() {
 			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && ev.Type != watch.Deleted && see(cm) {
@@ -278,7 +278,7 @@ func (c *keyCluster) apiError(what string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err):
 		return fmt.Errorf("%s: %s: %w; rotating the key takes get, create and update on the Secret %s and get, list and watch on the ConfigMap %s in %s",
-			c.name, what, err, agent.FederationSecret, agent.FederationKeysStatus, c.ns)
+			c.name, what, err, agentapi.FederationSecret, agentapi.FederationKeysStatus, c.ns)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%s: %s: the API server did not accept your credentials: %w (check the kubeconfig's user)", c.name, what, err)
 	}

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
-	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/identity"
@@ -51,10 +51,10 @@ func newJoinCluster(t *testing.T, env *harness.Env, name string) *joinCluster {
 	}
 	c := &joinCluster{cp: cp, token: tok, key: key, id: id.ClusterID()}
 	// As the agent publishes it.
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agent.JoinSecret, Namespace: federation.AgentNamespace,
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: agentapi.JoinSecret, Namespace: federation.AgentNamespace,
 		Labels:      map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla"},
-		Annotations: map[string]string{agent.AnnotationClusterID: c.id, agent.AnnotationClusterName: name}},
-		Data: map[string][]byte{agent.SecretToken: []byte(tok)}}
+		Annotations: map[string]string{agentapi.AnnotationClusterID: c.id, agentapi.AnnotationClusterName: name}},
+		Data: map[string][]byte{agentapi.SecretToken: []byte(tok)}}
 	if _, err := cp.Client.CoreV1().Secrets(federation.AgentNamespace).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -118,11 +118,11 @@ func TestTokenThroughTheAPIServer(t *testing.T) {
 
 	// What the other cluster wrote is checked before it is used: its
 	// cluster ID names the Peer a join waits for.
-	s, err := c.cp.Client.CoreV1().Secrets(ns).Get(ctx, agent.JoinSecret, metav1.GetOptions{})
+	s, err := c.cp.Client.CoreV1().Secrets(ns).Get(ctx, agentapi.JoinSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Annotations[agent.AnnotationClusterID] = "../peers"
+	s.Annotations[agentapi.AnnotationClusterID] = "../peers"
 	if _, err := c.cp.Client.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestTokenThroughTheAPIServer(t *testing.T) {
 		t.Errorf("token with a bad cluster ID: exit %d\n%s%s; want it refused naming the annotation", code, out, errOut)
 	}
 
-	if err := c.cp.Client.CoreV1().Secrets(ns).Delete(ctx, agent.JoinSecret, metav1.DeleteOptions{}); err != nil {
+	if err := c.cp.Client.CoreV1().Secrets(ns).Delete(ctx, agentapi.JoinSecret, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut = flotilla("token", "--kubeconfig", c.cp.Kubeconfig)

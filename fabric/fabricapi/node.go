@@ -1,3 +1,5 @@
+//go:build linux
+
 package fabricapi
 
 import (
@@ -5,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -152,4 +155,35 @@ func finish(f *fabric.Fabric, cfg NodeConfig) error {
 	}
 	cfg.Log.Info("fabric uninstalled; removed it from this node")
 	return nil
+}
+
+// For is the part of the plan the node named node applies. The gateway
+// node sends what arrives from the tunnel to the node holding its
+// destination; every other node routes the views to the gateway, its own
+// traffic leaving with the first address of its pod block. Both exempt
+// view traffic from a CNI's masquerade. Each learns its own
+// address, from which the overlay (for nodes behind a router) derives its
+// VXLAN address.
+func (p Plan) For(node string) fabric.Desired {
+	if node == p.GatewayNode {
+		d := fabric.Desired{Role: fabric.Gateway, Addr: p.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
+		for _, n := range p.Nodes {
+			if blocks := slices.Concat(n.PodCIDRs, n.Blocks); n.Name != node && n.Addr.IsValid() && len(blocks) > 0 {
+				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: blocks})
+			}
+		}
+		return d
+	}
+	d := fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: p.MTU}
+	for _, n := range p.Nodes {
+		if n.Name == node {
+			d.Addr = n.Addr
+			// The host's own traffic leaves with the first address of
+			// the node's block (docs/fabric.md).
+			if len(n.PodCIDRs) > 0 && n.PodCIDRs[0].Bits() <= 30 {
+				d.HostSource = n.PodCIDRs[0].Addr().Next()
+			}
+		}
+	}
+	return d
 }

@@ -14,7 +14,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/flotilla-io/flotilla/fabric"
+	"github.com/flotilla-io/flotilla/ipam"
 )
 
 // Names of what the agent creates in its namespace.
@@ -89,7 +89,7 @@ func (p Plan) Validate() error {
 		return fmt.Errorf("fabric plan: MTU %d out of range 576..65535", p.MTU)
 	}
 	for _, v := range p.Views {
-		if err := fabric.CheckRange("fabric plan: view", v); err != nil {
+		if err := ipam.CheckIPv4Range("fabric plan: view", v); err != nil {
 			return err
 		}
 	}
@@ -100,7 +100,7 @@ func (p Plan) Validate() error {
 		}
 		names[n.Name] = true
 		for _, c := range slices.Concat(n.PodCIDRs, n.Blocks) {
-			if err := fabric.CheckRange("fabric plan: pod block of node "+n.Name, c); err != nil {
+			if err := ipam.CheckIPv4Range("fabric plan: pod block of node "+n.Name, c); err != nil {
 				return err
 			}
 		}
@@ -123,35 +123,4 @@ func comparePrefixes(a, b netip.Prefix) int {
 		return c
 	}
 	return a.Bits() - b.Bits()
-}
-
-// For is the part of the plan the node named node applies. The gateway
-// node sends what arrives from the tunnel to the node holding its
-// destination; every other node routes the views to the gateway, its own
-// traffic leaving with the first address of its pod block. Both exempt
-// view traffic from a CNI's masquerade. Each learns its own
-// address, from which the overlay (for nodes behind a router) derives its
-// VXLAN address.
-func (p Plan) For(node string) fabric.Desired {
-	if node == p.GatewayNode {
-		d := fabric.Desired{Role: fabric.Gateway, Addr: p.Gateway, Views: p.Views, TunnelInterface: p.TunnelInterface}
-		for _, n := range p.Nodes {
-			if blocks := slices.Concat(n.PodCIDRs, n.Blocks); n.Name != node && n.Addr.IsValid() && len(blocks) > 0 {
-				d.Nodes = append(d.Nodes, fabric.Node{Addr: n.Addr, PodCIDRs: blocks})
-			}
-		}
-		return d
-	}
-	d := fabric.Desired{Role: fabric.Worker, Gateway: p.Gateway, Views: p.Views, MTU: p.MTU}
-	for _, n := range p.Nodes {
-		if n.Name == node {
-			d.Addr = n.Addr
-			// The host's own traffic leaves with the first address of
-			// the node's block (docs/fabric.md).
-			if len(n.PodCIDRs) > 0 && n.PodCIDRs[0].Bits() <= 30 {
-				d.HostSource = n.PodCIDRs[0].Addr().Next()
-			}
-		}
-	}
-	return d
 }

@@ -16,6 +16,10 @@ import (
 	"time"
 )
 
+// ReportPath is where the agent and the fabric serve a node's report
+// (package live reads it from the kernel): collectors read it there.
+const ReportPath = "/trace"
+
 // Cluster is one side of a trace: what its API server and its agent and
 // fabric pods say.
 type Cluster struct {

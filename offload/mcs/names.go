@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
+	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 )
 
 // How the objects an importer writes are known (docs/services.md).
@@ -31,10 +33,9 @@ const (
 	// ClusterSetIP, and kube-proxy serves it from the imported slices).
 	DerivedServicePrefix = "flotilla-mcs-"
 	// ClusterIDProperty and ClusterSetProperty are KEP-2149's
-	// ClusterProperty names: this cluster's ID (Flotilla's cluster ID)
-	// and the clusterset's (the federation's).
-	ClusterIDProperty  = "cluster.clusterset.k8s.io"
-	ClusterSetProperty = "clusterset.k8s.io"
+	// ClusterProperty names, as the about API defines them.
+	ClusterIDProperty  = aboutv1alpha1.ClusterIDProperty
+	ClusterSetProperty = aboutv1alpha1.ClusterSetProperty
 	// Zone is the DNS zone the agent answers for the clusterset.
 	Zone = "clusterset.local."
 )

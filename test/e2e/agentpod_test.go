@@ -6,12 +6,18 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -64,6 +70,11 @@ func TestAgentPodFromManifests(t *testing.T) {
 					t.Errorf("flotilla info of %s: %v\n%s", c.Name, err, out)
 				}
 				t.Logf("flotilla info of %s:\n%s", c.Name, out)
+			}
+		})
+		t.Run("flotilla version reads each agent's build", func(t *testing.T) {
+			for _, c := range cs {
+				testVersion(t, c)
 			}
 		})
 		t.Run("kubectl logs shows the agent's log", func(t *testing.T) {
@@ -366,4 +377,71 @@ func installReady(t *testing.T, c *federation.NodeCluster) error {
 		return fmt.Errorf("not read: %q", info.Notes)
 	}
 	return nil
+}
+
+// testVersion: `flotilla version` with c's kubeconfig prints the client's
+// build and each agent pod's, read from its /build, in one protocol range
+// with the client's; with the token of an account granted nothing, it says
+// what was refused.
+func testVersion(t *testing.T, c *federation.NodeCluster) {
+	out, err := flotillaCLI(t, c, "version", "-o", "json")
+	var v struct {
+		Client struct {
+			Version  string
+			Protocol struct{ Current, Min, Max int }
+		}
+		Agents []struct {
+			Pod, Node, Error string
+			Interoperates    bool
+			Build            *struct {
+				Version, Commit string
+				Protocol        struct{ Current, Min, Max int }
+			}
+		}
+	}
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil || len(v.Agents) == 0 {
+		t.Fatalf("flotilla version of %s: %v\n%s", c.Name, err, out)
+	}
+	for _, a := range v.Agents {
+		if a.Build == nil || !a.Interoperates || a.Build.Version == "" || a.Build.Commit == "" || a.Build.Protocol != v.Client.Protocol || a.Node == "" {
+			t.Errorf("flotilla version of %s: agent %+v, client %+v", c.Name, a, v.Client)
+		}
+	}
+	out, err = flotillaCLI(t, c, "version")
+	if err != nil || !strings.Contains(out, "agent "+v.Agents[0].Pod+" on "+v.Agents[0].Node+":") {
+		t.Errorf("flotilla version of %s: %v\n%s", c.Name, err, out)
+	}
+
+	nobody := accountKubeconfig(t, c.CP, "flotilla-version-nobody")
+	got, err := exec.Command(harness.Flotilla(t), "version", "--kubeconfig", nobody).CombinedOutput()
+	// The refusal names the account: the API server saw its token.
+	if err == nil || !strings.Contains(string(got), `deployments.apps "flotilla-agent" is forbidden: User "system:serviceaccount:default:flotilla-version-nobody"`) {
+		t.Errorf("flotilla version as an account granted nothing: %v\n%s", err, got)
+	}
+}
+
+// accountKubeconfig makes the ServiceAccount default/name, granted
+// nothing, and writes a kubeconfig holding a token of its own.
+func accountKubeconfig(t *testing.T, cp *harness.ControlPlane, name string) string {
+	t.Helper()
+	sas := cp.Client.CoreV1().ServiceAccounts("default")
+	if _, err := sas.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sas.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	tr, err := sas.CreateToken(t.Context(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AuthInfos = map[string]*clientcmdapi.AuthInfo{name: {Token: tr.Status.Token}}
+	cfg.Contexts[cfg.CurrentContext].AuthInfo = name
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

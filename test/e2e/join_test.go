@@ -62,7 +62,7 @@ func TestJoinWithOneCommand(t *testing.T) {
 	}
 
 	t.Run("a user who may not read a's token changes nothing on b", func(t *testing.T) {
-		viewer := accountKubeconfig(t, a, "joiner", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list"}})
+		viewer := roleKubeconfig(t, a, "joiner", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list"}})
 		// Its rights are in force: it reads a ConfigMap of the namespace.
 		eventually.Within(t, time.Minute, "the joiner reads ConfigMaps on a", func() error {
 			_, err := kubectlAs(viewer, "-n", ns, "get", "configmap", agent.FederationKeysStatus)
@@ -203,9 +203,9 @@ func tokenKey(t *testing.T, tok string) string {
 	return discovery.Fingerprint(k.Key)
 }
 
-// accountKubeconfig makes ServiceAccount name in c's agent namespace with
+// roleKubeconfig makes ServiceAccount name in c's agent namespace with
 // rules there and returns a kubeconfig holding a token of it.
-func accountKubeconfig(t *testing.T, c *federation.NodeCluster, name string, rules ...rbacv1.PolicyRule) string {
+func roleKubeconfig(t *testing.T, c *federation.NodeCluster, name string, rules ...rbacv1.PolicyRule) string {
 	t.Helper()
 	ctx := t.Context()
 	ns := federation.AgentNamespace

@@ -16,6 +16,13 @@ func AddToScheme(s *runtime.Scheme) error {
 	return nil
 }
 
+// KEP-2149's well-known property names: the cluster's ID (Flotilla's
+// cluster ID) and the clusterset's (the federation's).
+const (
+	ClusterIDProperty  = "cluster.clusterset.k8s.io"
+	ClusterSetProperty = "clusterset.k8s.io"
+)
+
 // ClusterProperty is one property of this cluster (KEP-2149), its name
 // the property's: cluster.clusterset.k8s.io holds the cluster's ID,
 // clusterset.k8s.io the clusterset's name.

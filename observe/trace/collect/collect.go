@@ -27,7 +27,6 @@ import (
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/observe/trace"
-	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
 
 // The agent as deploy/ installs it.
@@ -322,7 +321,7 @@ func (r reader) proxy(ctx context.Context, p corev1.Pod, port int) (trace.NodeRe
 	// Through a port-forward, which the API server authorizes with the
 	// caller's rights: the pod serves /trace to its loopback without a
 	// token.
-	b, err := podhttp.Get(ctx, r.cfg, p.Namespace, p.Name, port, live.Path)
+	b, err := podhttp.Get(ctx, r.cfg, p.Namespace, p.Name, port, trace.ReportPath)
 	if err != nil {
 		return trace.NodeReport{}, err
 	}

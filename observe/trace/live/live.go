@@ -28,7 +28,7 @@ import (
 )
 
 // Path is where the agent and the fabric serve a node's report.
-const Path = "/trace"
+const Path = trace.ReportPath
 
 // Config names the fabric's objects, as fabric.Config does.
 type Config struct {
