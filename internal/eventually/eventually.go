@@ -4,6 +4,7 @@
 package eventually
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -16,14 +17,25 @@ const Poll = 10 * time.Millisecond
 // what was seen instead.
 func Within(t testing.TB, d time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
+	took, err := Until(d, what, cond)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return took
+}
+
+// Until is Within for a goroutine, which may not end a test: it returns
+// how long cond took to return nil, or after d an error with what and
+// cond's last error.
+func Until(d time.Duration, what string, cond func() error) (time.Duration, error) {
 	start := time.Now()
 	for {
 		err := cond()
 		if err == nil {
-			return time.Since(start)
+			return time.Since(start), nil
 		}
 		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
+			return time.Since(start), fmt.Errorf("%s: not within %s: %w", what, d, err)
 		}
 		time.Sleep(Poll)
 	}

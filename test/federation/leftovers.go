@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -127,7 +128,7 @@ func unoffloadAll(c *NodeCluster, flotilla string) error {
 			return fmt.Errorf("flotilla unoffload namespace %s: %v\n%s", o.Namespace, err, out)
 		}
 	}
-	return until(uninstallTimeout, "no NamespaceOffload left", func() error {
+	_, err = eventually.Until(uninstallTimeout, "no NamespaceOffload left", func() error {
 		var list v1alpha1.NamespaceOffloadList
 		if err := c.Client.List(ctx, &list); err != nil {
 			return err
@@ -137,6 +138,7 @@ func unoffloadAll(c *NodeCluster, flotilla string) error {
 		}
 		return nil
 	})
+	return err
 }
 
 // revokeAll revokes every grant c gave (`flotilla revoke PEER`) and waits
@@ -159,7 +161,7 @@ func revokeAll(c *NodeCluster, flotilla string) error {
 			return fmt.Errorf("flotilla revoke %s (%s): %v\n%s", p.Name, name, err, out)
 		}
 	}
-	return until(uninstallTimeout, "no tenant namespace left", func() error {
+	_, err = eventually.Until(uninstallTimeout, "no tenant namespace left", func() error {
 		nss, err := c.CP.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: offload.LabelTenant})
 		if err != nil {
 			return err
@@ -169,22 +171,7 @@ func revokeAll(c *NodeCluster, flotilla string) error {
 		}
 		return nil
 	})
-}
-
-// until polls cond until it holds or d has passed, and says what did not
-// happen then; within's form for goroutines, which may not end a test.
-func until(d time.Duration, what string, cond func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not within %s: %w", what, d, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return err
 }
 
 // gone says whether err means our kinds are not served: the CRDs were

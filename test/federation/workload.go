@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -97,7 +98,7 @@ func WaitDeployment(t harness.TB, c *NodeCluster, ns, name string, n int, timeou
 // last error after d (eventually.Within, for a harness.TB).
 func within(t harness.TB, d time.Duration, what string, cond func() error) {
 	t.Helper()
-	if err := until(d, what, cond); err != nil {
+	if _, err := eventually.Until(d, what, cond); err != nil {
 		t.Fatalf("%v", err)
 	}
 }
