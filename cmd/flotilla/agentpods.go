@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,13 +26,22 @@ func podsOf(ctx context.Context, kube kubernetes.Interface, ns string, sel *meta
 	return pods.Items, nil
 }
 
-func podReady(p corev1.Pod) bool {
+// podReady says whether p's Ready condition is true.
+func podReady(p corev1.Pod) bool { return whyNotReady(p) == nil }
+
+// whyNotReady says why p is not Ready, or nil.
+func whyNotReady(p corev1.Pod) error {
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return nil
 		}
 	}
-	return false
+	for _, c := range p.Status.ContainerStatuses {
+		if w := c.State.Waiting; w != nil {
+			return fmt.Errorf("pod %s: container %s waiting: %s: %s", p.Name, c.Name, w.Reason, w.Message)
+		}
+	}
+	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
 }
 
 // containerPort is the number of the pod's port named name, else def.

@@ -208,21 +208,6 @@ func (s *joinSide) restartAgent(ctx context.Context, out io.Writer) (deleted boo
 	return true, nil
 }
 
-// whyNotReady says why p is not Ready, or nil.
-func whyNotReady(p corev1.Pod) error {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			return nil
-		}
-	}
-	for _, c := range p.Status.ContainerStatuses {
-		if w := c.State.Waiting; w != nil {
-			return fmt.Errorf("pod %s: container %s waiting: %s: %s", p.Name, c.Name, w.Reason, w.Message)
-		}
-	}
-	return fmt.Errorf("pod %s %s, not Ready", p.Name, p.Status.Phase)
-}
-
 // waitKey waits until the agent says it holds key alone.
 func (s *joinSide) waitKey(ctx context.Context, out io.Writer, key []byte) error {
 	want := discovery.Fingerprint(key)
