@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -57,6 +58,12 @@ type Snapshots struct {
 	Log       *slog.Logger
 	// Debounce is how long Run gathers commits; zero means DefaultDebounce.
 	Debounce time.Duration
+
+	mu sync.Mutex
+	// written is the Secret as this writer last wrote it: the next write
+	// updates it on its resourceVersion without reading it first, and reads
+	// it only when someone else changed it since (a conflict).
+	written *corev1.Secret
 }
 
 func (s *Snapshots) where() string { return s.Namespace + "/" + SecretName }
@@ -122,19 +129,37 @@ func (s *Snapshots) Write(ctx context.Context, ledger *ipam.Ledger) error {
 		return fmt.Errorf("ledger snapshot of generation %d is %d bytes, more than a Secret holds (%d); the standby cannot take over with this ledger's state", gen, len(enc), MaxSnapshot)
 	}
 	secrets := s.Kube.CoreV1().Secrets(s.Namespace)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if last := s.written; last != nil && generationOf(last) == ledger.Replicated() {
+		if generationOf(last) == gen {
+			return nil
+		}
+		updated, err := secrets.Update(ctx, s.secret(gen, enc, last), metav1.UpdateOptions{})
+		if err == nil {
+			s.written = updated
+			return ledger.MarkReplicated(gen)
+		}
+		s.written = nil
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("update the ledger snapshot %s: %w", s.where(), err)
+		}
+		// Changed since this writer's last write: read it and decide.
+	}
 	for attempt := 0; ; attempt++ {
 		if attempt == 5 {
 			return fmt.Errorf("write the ledger snapshot %s: the Secret kept changing under this writer", s.where())
 		}
 		sec, err := secrets.Get(ctx, SecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			_, err = secrets.Create(ctx, s.secret(gen, enc, nil), metav1.CreateOptions{})
+			created, err := secrets.Create(ctx, s.secret(gen, enc, nil), metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
 				continue
 			}
 			if err != nil {
 				return fmt.Errorf("create the ledger snapshot %s: %w", s.where(), err)
 			}
+			s.written = created
 			return ledger.MarkReplicated(gen)
 		}
 		if err != nil {
@@ -153,15 +178,23 @@ func (s *Snapshots) Write(ctx context.Context, ledger *ipam.Ledger) error {
 		} else {
 			s.Log.Warn("the ledger snapshot does not read; replacing it", "secret", s.where(), "err", err)
 		}
-		_, err = secrets.Update(ctx, s.secret(gen, enc, sec), metav1.UpdateOptions{})
+		updated, err := secrets.Update(ctx, s.secret(gen, enc, sec), metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("update the ledger snapshot %s: %w", s.where(), err)
 		}
+		s.written = updated
 		return ledger.MarkReplicated(gen)
 	}
+}
+
+// generationOf is the generation a Secret this writer wrote says it holds
+// (its annotation; 0 when it does not parse).
+func generationOf(sec *corev1.Secret) uint64 {
+	g, _ := strconv.ParseUint(sec.Annotations[GenerationAnnotation], 10, 64)
+	return g
 }
 
 // secret is the Secret holding enc, over the one read (old) if any.
