@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -72,6 +72,11 @@ kube-binaries:
 # CoreDNS's module source into the same cache.
 coredns:
 	bash hack/build-coredns.sh
+
+# flanneld, the CNI of the test clusters that meet a real CNI daemon,
+# built from flannel's module source into the same cache.
+flannel:
+	bash hack/build-flannel.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by

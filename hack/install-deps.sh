@@ -2,8 +2,8 @@
 # Installs what building, testing and the demo need on a Debian machine:
 # Debian packages (only the missing ones; containerd, runc and the CNI
 # plugins for real nodes among them), Go modules, the pinned Kubernetes
-# binaries, kubelet and kube-proxy included, and the test clusters' CoreDNS
-# (both built from source into a cache outside the tree).
+# binaries, kubelet and kube-proxy included, the test clusters' CoreDNS and
+# flannel (all built from source into a cache outside the tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +30,8 @@ declare -A want=(
   [promtool]=prometheus
   # The dashboard's test looks at the page in a real headless browser.
   [chromium]=chromium
+  # flanneld, one test cluster's CNI, links its udp backend with cgo.
+  [gcc]=gcc
 )
 missing=()
 for cmd in "${!want[@]}"; do
@@ -55,3 +57,4 @@ go mod download
 (cd charts && go mod download)
 bash hack/build-kube.sh
 bash hack/build-coredns.sh
+bash hack/build-flannel.sh

@@ -19,21 +19,21 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// Every node in the federation, and the harness's clusters of real nodes
-// with workers and a CNI's masquerade: two clusters
-// of three real nodes (a
-// gateway and two workers), both on 10.0.0.0/16, with flannel's
-// masquerade rules (iptables-nft) installed before the agent. Pods on the
-// workers of each cluster talk to pods on the workers of the other, in
-// both directions, each seeing the other at its own view of it; then with
-// Calico's rules (nft) added after the agent. The gateway's and a
-// worker's hosts reach remote pods too. A worker added after
-// peering gets its routes, and the gateway drops its route when it leaves;
-// a fabric pod restarted keeps traffic flowing;
-// an uninstall leaves no rule, route or table of the fabric on any node.
+// Every node in the federation, on clusters whose CNI is a real flannel:
+// two clusters of three real nodes (a gateway and two workers), both on
+// 10.0.0.0/16, each node running flanneld (Kubernetes subnet manager,
+// VXLAN between the nodes, flannel's own masquerade with iptables-nft)
+// before the agent is installed. Pods on the workers of each cluster talk
+// to pods on the workers of the other, in both directions, each seeing
+// the other at its own view of it; then with Calico's rules (nft) added
+// after the agent. The gateway's and a worker's hosts reach remote pods
+// too. A worker added after peering gets its routes, and the gateway
+// drops its route when it leaves; a fabric pod restarted keeps traffic
+// flowing; an uninstall leaves no rule, route or table of the fabric on
+// any node (and leaves flannel's own alone).
 func TestFabric(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
-	harness.Require(t, harness.IPTables)
+	harness.Require(t, harness.IPTables, harness.Flannel)
 	var run string
 	t.Run("federation", func(t *testing.T) {
 		env := harness.New(t)
@@ -41,7 +41,7 @@ func TestFabric(t *testing.T) {
 		start := time.Now()
 		cs := federation.OnNodes(t, env, federation.NodeOptions{
 			Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
-			Workers: 2, Masquerade: harness.FlannelIPTables,
+			Workers: 2, Flannel: true,
 		})
 		federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 		var mem int64
@@ -253,6 +253,12 @@ func checkOnNodes(t *testing.T, cs []*federation.NodeCluster) {
 			rules, err := n.Exec(ctx, "iptables-nft", "-t", "nat", "-S", "POSTROUTING")
 			if err != nil || !strings.Contains(string(rules), "FLANNEL-POSTRTG") {
 				t.Errorf("node %s of %s: no flannel masquerade in nat POSTROUTING (%v):\n%s", n.NodeName, c.Name, err, rules)
+			}
+			if exited, _ := n.Flannel.Exited(); exited {
+				t.Errorf("node %s of %s: flanneld exited:\n%s", n.NodeName, c.Name, n.Flannel.Tail(10))
+			}
+			if link, err := n.Exec(ctx, "ip", "-d", "link", "show", "flannel.1"); err != nil || !strings.Contains(string(link), "vxlan") {
+				t.Errorf("node %s of %s: no flannel VXLAN device flannel.1 (%v):\n%s", n.NodeName, c.Name, err, link)
 			}
 		}
 		for _, w := range c.Workers {

@@ -111,6 +111,10 @@ type NodeOptions struct {
 	// Masquerade is a CNI's masquerade rules, installed on every node of
 	// every cluster before the agent is; zero: none.
 	Masquerade harness.Masquerade
+	// Flannel makes flannel every cluster's CNI (harness
+	// ControlPlaneOptions.Flannel): flanneld on every node, VXLAN between
+	// a cluster's nodes and flannel's own masquerade.
+	Flannel bool
 	// NodeCIDRsOf, when set and valid for cluster i's gateway (node 0),
 	// gives that cluster's nodes their CNI range directly (node k:
 	// workers from 1): its controller manager allocates none, and its
@@ -163,7 +167,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			workers[i] = opts.WorkersOf[i]
 		}
 		// The API server on the nodes' LAN too, as other clusters reach it.
-		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS,
+		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS, Flannel: opts.Flannel,
 			NoNodeCIDRs: opts.NodeCIDRsOf != nil && opts.NodeCIDRsOf(i, 0).IsValid()}
 	}
 	nodeCIDR := func(i, k int) netip.Prefix {

@@ -32,6 +32,11 @@ type ControlPlaneOptions struct {
 	// has its own IPAM (Calico's, Cilium's cluster-pool), and each real
 	// node's CNI range is given directly (NodeOptions.PodCIDR).
 	NoNodeCIDRs bool
+	// Flannel, with PodCIDR, makes flannel every real node's CNI
+	// (flanneld with the Kubernetes subnet manager, the vxlan backend and
+	// its own masquerade; Node.startFlannel) in place of the harness's
+	// bridge with a route to each other node's slice.
+	Flannel bool
 	// ServiceCIDR defaults to 10.96.0.0/16.
 	ServiceCIDR netip.Prefix
 	// Scheduler also starts kube-scheduler.
@@ -94,6 +99,9 @@ type ControlPlane struct {
 	// The cluster DNS, installed with the first node (installDNS).
 	dnsOnce sync.Once
 	dnsErr  error
+	// flanneld's rights, given with the first node (Options.Flannel).
+	flannelOnce sync.Once
+	flannelErr  error
 
 	schedulerMu sync.Mutex
 

@@ -59,6 +59,9 @@ type Node struct {
 	// Containerd, Kubelet and KubeProxy are the node's processes; their
 	// logs are in the run directory (Logs).
 	Containerd, Kubelet, KubeProxy *Process
+	// Flannel is the node's flanneld where the cluster runs flannel
+	// (ControlPlaneOptions.Flannel); nil otherwise.
+	Flannel *Process
 
 	cp     *ControlPlane
 	paths  nodePaths
@@ -135,6 +138,9 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	given := opts.PodCIDR
 	if cp.Options.NoNodeCIDRs != given.IsValid() || given.IsValid() && (given != given.Masked() || given.Bits() < cp.Options.PodCIDR.Bits() || !cp.Options.PodCIDR.Contains(given.Addr())) {
 		return nil, fmt.Errorf("node pod range %v: want one inside %s exactly when the control plane allocates none (NoNodeCIDRs %v)", given, cp.Options.PodCIDR, cp.Options.NoNodeCIDRs)
+	}
+	if cp.Options.Flannel && cp.Options.NoNodeCIDRs {
+		return nil, errors.New("flannel's Kubernetes subnet manager takes each node's slice from spec.podCIDRs: Flannel needs a control plane that allocates them (NoNodeCIDRs false)")
 	}
 	if err := e.claimSysctls(); err != nil {
 		return nil, err
@@ -478,7 +484,13 @@ func (n *Node) startKubelet(role string) error {
 // in host-gw mode) would.
 func (n *Node) setUpPodNetwork() error {
 	cp := n.cp
+	flannel := cp.Options.Flannel
 	conf, err := cniConfig(n.paths, n.cgroup, n.PodCIDR)
+	if flannel {
+		// flanneld routes the other nodes' slices through its VXLAN
+		// device itself.
+		conf, err = n.startFlannel()
+	}
 	if err != nil {
 		return err
 	}
@@ -494,7 +506,7 @@ func (n *Node) setUpPodNetwork() error {
 	cp.nodesMu.Lock()
 	defer cp.nodesMu.Unlock()
 	for _, other := range cp.nodes {
-		if other.lan != n.lan {
+		if other.lan != n.lan || flannel {
 			continue
 		}
 		if err := other.routeTo(n); err != nil {
@@ -600,7 +612,7 @@ func (n *Node) stop() error {
 	if err := n.drain(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("drain: %w", err))
 	}
-	for _, p := range []*Process{n.KubeProxy, n.Kubelet} {
+	for _, p := range []*Process{n.KubeProxy, n.Kubelet, n.Flannel} {
 		if p != nil {
 			p.Stop()
 		}
