@@ -138,7 +138,7 @@ generate:
 # Every benchmark, then one table of their figures against their targets
 # and anchors (hack/benchreport), also written into docs/benchmarks.md's
 # summary. The machine's load before and after is in the output
-# (bin/bench.txt) and under the table. See docs/benchmarks.md for what
+# (bin/bench.txt) and beside each figure. See docs/benchmarks.md for what
 # each one measures.
 BENCH_PKGS ?= ./test/harness ./ipam/... ./discovery/... ./tunnel/... ./fabric/... ./peering/... ./agent ./policy/... ./offload/... ./observe/... ./cmd/flotilla ./test/e2e
 bench: deps

@@ -68,7 +68,7 @@ func run(docs string, files []string, stdin io.Reader, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", docs, err)
 		}
 	}
-	table := render(rows(runs, before), runs.load)
+	table := render(rows(runs, before))
 	if _, err := io.WriteString(stdout, table); err != nil {
 		return err
 	}
@@ -86,7 +86,8 @@ func run(docs string, files []string, stdin io.Reader, stdout io.Writer) error {
 type result map[string]float64
 
 // results are what a run printed: each benchmark's metrics by package
-// and name, why those skipped were, and the load the run stated.
+// and name, why those skipped were, and the load the run stated (each
+// figure of the run carries it).
 type results struct {
 	metrics map[string]result // key: package + " " + benchmark
 	skipped map[string]string // same key: the reason printed
@@ -195,6 +196,9 @@ func rows(runs results, before map[string][]string) []row {
 				break
 			}
 			r.figure = f.format(v, m, sub)
+			if len(runs.load) > 0 {
+				r.figure += "; " + strings.Join(runs.load, ", ")
+			}
 			r.met = f.verdict(v)
 			r.ratio = f.ratio(v, m)
 		case before[f.Name] != nil:
@@ -304,14 +308,11 @@ func num(v float64) string {
 
 const header = "| benchmark | figure | target | met | anchor | figure / anchor |\n| --- | --- | --- | --- | --- | --- |\n"
 
-func render(rows []row, load []string) string {
+func render(rows []row) string {
 	var b strings.Builder
 	b.WriteString(header)
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.name, cell(r.figure), cell(r.target), r.met, cell(r.anchor), r.ratio)
-	}
-	if len(load) > 0 {
-		fmt.Fprintf(&b, "\nThe machine during the run: %s.\n", strings.Join(load, "; "))
 	}
 	return b.String()
 }
