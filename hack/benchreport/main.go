@@ -111,7 +111,8 @@ func (r *results) merge(o results) {
 
 var (
 	// BenchmarkX/sub-2   5   123 ns/op   54.0 ms-to-ready
-	resultLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
+	// (not a benchmark's own print, "BenchmarkX: 5 rounds ...")
+	resultLine = regexp.MustCompile(`^(Benchmark[^\s:]+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
 	skipLine   = regexp.MustCompile(`^\s*--- SKIP: (Benchmark\S+)`)
 	procSuffix = regexp.MustCompile(`-\d+$`)
 )

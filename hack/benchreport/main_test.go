@@ -11,6 +11,7 @@ import (
 const output = `# load before: 1.10 0.90 0.80
 goos: linux
 pkg: github.com/flotilla-io/flotilla/test/e2e
+BenchmarkNamespaceOffload: 7 rounds, NamespaceOffload to Ready      24      20      30 (ms)
 BenchmarkNamespaceOffload-2   	       7	         0 ns/op	        24.0 ms-to-ready
 --- SKIP: BenchmarkGrantToCredential
     grants_bench_test.go:28: real nodes: kubelet not installed (make deps)
