@@ -140,9 +140,19 @@ generate:
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crds
 
-# Benchmarks print their figures; see docs/ for what each one measures.
+# Every benchmark, then one table of their figures against their targets
+# and anchors (hack/benchreport), also written into docs/benchmarks.md's
+# summary. The machine's load before and after is in the output
+# (bin/bench.txt) and beside each figure. See docs/benchmarks.md for what
+# each one measures.
+BENCH_PKGS ?= ./test/harness ./ipam/... ./discovery/... ./tunnel/... ./fabric/... ./peering/... ./agent ./policy/... ./offload/... ./observe/... ./cmd/flotilla ./test/e2e
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 5x ./test/harness ./ipam/... ./discovery/... ./tunnel/... ./agent ./policy/... ./offload/... ./test/e2e
+	@mkdir -p bin
+	@echo "# load before: $$(cut -d' ' -f1-3 /proc/loadavg)" > bin/bench.txt
+	{ $(GO) test -run '^$$' -bench . -benchtime 5x $(BENCH_PKGS) 2>&1; echo $$? > bin/bench.rc; } | tee -a bin/bench.txt
+	@echo "# load after: $$(cut -d' ' -f1-3 /proc/loadavg)" >> bin/bench.txt
+	$(GO) run ./hack/benchreport -docs docs/benchmarks.md bin/bench.txt
+	@exit $$(cat bin/bench.rc)
 
 # Runs every fuzz target for FUZZTIME each.
 fuzz:

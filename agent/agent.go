@@ -243,6 +243,9 @@ type Agent struct {
 	// fabric is the cluster's fabric plan and nodes its Nodes, once started.
 	fabric *fabricPlan
 	nodes  clusterNodes
+	// podNetworks are this cluster's pod ranges as read at the start, the
+	// ones the ledger holds.
+	podNetworks []netip.Prefix
 	// learned are the pod blocks a CNI with its own IPAM allocated, when
 	// watched (cniblocks.go).
 	learned learnedBlocks

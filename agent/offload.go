@@ -85,10 +85,10 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{
 		Config: a.restCfg, Client: a.kube, Audience: a.cfg.GrantAudience, Lifetime: a.cfg.GrantLifetime,
 		Logger: a.log, Metrics: a.registry,
-		PodNetworks: func(ctx context.Context) ([]netip.Prefix, error) {
-			n, err := a.clusterNetworks(ctx)
-			return n.Pods, err
-		},
+		// As read at the start, as the ledger holds them: each namespace
+		// made for a consumer needs them, and they change only with a
+		// restart.
+		PodNetworks: func(context.Context) ([]netip.Prefix, error) { return a.podNetworks, nil },
 	})
 	if err != nil {
 		return nil, err

@@ -55,6 +55,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("networks read")
+	a.podNetworks = detected.Pods
 	locals, ann, err := a.startNetworks(ctx, comps, st.ledger, gateway, detected)
 	if err != nil {
 		return err

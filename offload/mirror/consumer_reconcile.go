@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -111,18 +112,25 @@ func (mc *Consumer) placement(ctx context.Context, ns string, generation int64) 
 // offload writes o's requests where its selector points, deletes the
 // others, and sums up the answers in its status.
 func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) error {
+	// The finalizer goes on while the requests are written: the requests
+	// of a NamespaceOffload removed without it are removed all the same
+	// (reconcile, a namespace with none left).
+	var finalized error
+	var wg sync.WaitGroup
 	if !controllerutil.ContainsFinalizer(o, v1alpha1.FinalizerOffload) {
 		patched := o.DeepCopy()
 		controllerutil.AddFinalizer(patched, v1alpha1.FinalizerOffload)
-		if err := mc.write.Patch(ctx, patched, client.MergeFromWithOptions(o, client.MergeFromWithOptimisticLock{})); err != nil {
-			return fmt.Errorf("add the finalizer to NamespaceOffload %s/%s: %w", o.Namespace, o.Name, err)
-		}
-		o = patched
+		wg.Go(func() {
+			if err := mc.write.Patch(ctx, patched, client.MergeFromWithOptions(o, client.MergeFromWithOptimisticLock{})); err != nil {
+				finalized = fmt.Errorf("add the finalizer to NamespaceOffload %s/%s: %w", o.Namespace, o.Name, err)
+			}
+		})
 	}
 	ns := o.Namespace
 	peers, err := mc.selectedPeers(ctx, o.Spec.ClusterSelector)
 	if err != nil {
-		return err
+		wg.Wait()
+		return errors.Join(err, finalized)
 	}
 	remote, nameErr := offload.RemoteNamespace(o.Spec.NamespaceMapping, ns, o.Spec.RemoteName, mc.cfg.Self)
 	wanted := map[string]string{} // provider -> remote name
@@ -149,7 +157,10 @@ func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) e
 	} else {
 		errs = append(errs, err)
 	}
-	errs = append(errs, mc.writeStatus(ctx, o, st))
+	// The status after the finalizer: a status written first would change
+	// the version that patch is conditional on.
+	wg.Wait()
+	errs = append(errs, finalized, mc.writeStatus(ctx, o, st))
 	mc.setPhase(ns, st.Phase)
 	return errors.Join(errs...)
 }

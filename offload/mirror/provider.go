@@ -296,6 +296,8 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 	count := int64(0)
 	answers := make([]answer, len(live))
 	failed := make([]error, len(live))
+	fencedNow := make([]bool, len(live)) // its fence applied by act
+
 	acting := make(chan struct{}, mirrorActing)
 	var wg sync.WaitGroup
 	for i, r := range live {
@@ -304,7 +306,7 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 		wg.Go(func() {
 			defer func() { <-acting }()
 			if act {
-				a, err = m.act(ctx, consumer, r, ns, limits)
+				a, fencedNow[i], err = m.act(ctx, consumer, r, ns, limits)
 			}
 			if err != nil {
 				err = fmt.Errorf("request %s: %w", r.Name, err)
@@ -322,7 +324,7 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 	if granted && tenantOurs {
 		fenced := []string{tenant.Name}
 		for i, r := range live {
-			if answers[i].phase == v1alpha1.RequestCreated {
+			if answers[i].phase == v1alpha1.RequestCreated && !fencedNow[i] {
 				fenced = append(fenced, r.Name)
 			}
 		}
@@ -446,12 +448,10 @@ func (m *Provider) decide(ctx context.Context, consumer string, r *v1alpha1.Name
 
 // act creates the namespace of a request decide let through (ns: the
 // consumer's namespace of that name, nil when there is none yet), or
-// brings its objects to the grant's limits.
-func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, ns *corev1.Namespace, limits grant.Limits) (answer, error) {
+// brings its objects to the grant's limits; fenced says it applied the
+// namespace's fence (its NetworkPolicy) too.
+func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, ns *corev1.Namespace, limits grant.Limits) (a answer, fenced bool, err error) {
 	src := r.Spec.SourceNamespace
-	if err := m.addFinalizer(ctx, r); err != nil {
-		return answer{v1alpha1.RequestPending, ReasonPending, "retrying"}, err
-	}
 	m.mu.Lock()
 	applied, done := limits, false
 	if ns != nil {
@@ -459,24 +459,37 @@ func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.Namespa
 	}
 	m.mu.Unlock()
 	if done && applied == limits {
-		return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, nil
+		if err := m.addFinalizer(ctx, r); err != nil {
+			return answer{v1alpha1.RequestPending, ReasonPending, "retrying"}, false, err
+		}
+		return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, false, nil
 	}
-	got, created, err := m.cfg.Tenants.EnsureMirrored(ctx, consumer, r.Name, src, limits, ns)
+	// The finalizer goes on while the namespace is made: a namespace whose
+	// request lost it (deleted meanwhile, a failed patch) is one no
+	// request wants, which the next reconcile deletes.
+	var finalized error
+	var wg sync.WaitGroup
+	wg.Go(func() { finalized = m.addFinalizer(ctx, r) })
+	got, fence, created, err := m.cfg.Tenants.EnsureMirrored(ctx, consumer, r.Name, src, limits, ns)
+	wg.Wait()
 	switch {
 	case errors.Is(err, tenancy.ErrNotOurs):
-		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, nil
+		return answer{v1alpha1.RequestRefused, ReasonAlreadyExists, alreadyExists(r.Name, consumer, src)}, false, finalized
 	case errors.Is(err, tenancy.ErrTerminating):
-		return answer{v1alpha1.RequestPending, ReasonPending, "namespace " + r.Name + " is being deleted; it is created again once gone"}, nil
+		return answer{v1alpha1.RequestPending, ReasonPending, "namespace " + r.Name + " is being deleted; it is created again once gone"}, false, finalized
 	case err != nil:
-		return answer{v1alpha1.RequestPending, ReasonPending, "creating the namespace failed; retrying: " + err.Error()}, err
+		return answer{v1alpha1.RequestPending, ReasonPending, "creating the namespace failed; retrying: " + err.Error()}, false, errors.Join(err, finalized)
+	case finalized != nil:
+		return answer{v1alpha1.RequestPending, ReasonPending, "retrying"}, false, finalized
 	}
 	if created {
 		m.log.Info("namespace mirrored", "consumer", consumer, "namespace", r.Name, "source", src)
 	}
 	m.mu.Lock()
 	m.applied[got.UID] = limits
+	m.fenced[r.Name] = fence
 	m.mu.Unlock()
-	return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, nil
+	return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, true, nil
 }
 
 func alreadyExists(ns, consumer, source string) string {

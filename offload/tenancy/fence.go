@@ -3,13 +3,17 @@ package tenancy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -189,18 +193,12 @@ func (t *Tenants) fenceNamespace(ctx context.Context, ns *corev1.Namespace, netw
 	return got, nil
 }
 
-// applyFencePolicy applies the NetworkPolicy of a namespace of
-// consumer's: its pods may reach DNS, the consumer's own namespaces here,
-// and any address but the nodes', the API server's (its Service and its
-// endpoints) and the metadata network. Ingress is not restricted: the
-// consumer's own traffic reaches its pods through the tunnel.
-func (t *Tenants) applyFencePolicy(ctx context.Context, consumer, ns string) error {
-	_, err := t.ApplyFence(ctx, consumer, ns)
-	return err
-}
-
 // ApplyFence applies the NetworkPolicy FencePolicy in ns, a namespace of
-// consumer's, and returns the resourceVersion it has since.
+// consumer's, and returns the resourceVersion it has since: its pods may
+// reach DNS, the consumer's own namespaces here, and any address but the
+// nodes', the API server's (its Service and its endpoints) and the
+// metadata network. Ingress is not restricted: the consumer's own traffic
+// reaches its pods through the tunnel.
 func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (string, error) {
 	denied, err := t.deniedEgress(ctx)
 	if err != nil {
@@ -245,46 +243,86 @@ func fencePolicySpec(consumer string, denied []netip.Prefix) *networkingv1ac.Net
 		)
 }
 
-// deniedEgress is what the fence keeps a consumer's pods from: every
-// node's addresses, the API server's Service and endpoints, and the
-// metadata network; sorted, one entry per address.
+// DefaultFenceRefresh is how long the addresses a fence denies (the
+// nodes', the API server's) are used before they are read again: a
+// namespace created meanwhile gets them without three reads first.
+const DefaultFenceRefresh = 30 * time.Second
+
+// deniedEgress is what the fence keeps a consumer's pods from, as read at
+// most FenceRefresh ago; callers at once wait for one read.
 func (t *Tenants) deniedEgress(ctx context.Context) ([]netip.Prefix, error) {
-	set := map[netip.Prefix]bool{MetadataNetwork: true}
-	nodes, err := t.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	t.denied.Lock()
+	defer t.denied.Unlock()
+	if t.denied.nets != nil && time.Since(t.denied.at) < t.fenceRefresh {
+		return t.denied.nets, nil
+	}
+	nets, err := t.readDeniedEgress(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, err
+	}
+	t.denied.nets, t.denied.at = nets, time.Now()
+	return nets, nil
+}
+
+// readDeniedEgress reads what the fence keeps a consumer's pods from:
+// every node's addresses, the API server's Service and endpoints, and the
+// metadata network; sorted, one entry per address. The three reads go at
+// once.
+func (t *Tenants) readDeniedEgress(ctx context.Context) ([]netip.Prefix, error) {
+	var nodes *corev1.NodeList
+	var svc *corev1.Service
+	var eps *discoveryv1.EndpointSliceList
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var err error
+		if nodes, err = t.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+			errs[0] = fmt.Errorf("list nodes: %w", err)
+		}
+	})
+	wg.Go(func() {
+		var err error
+		svc, err = t.Client.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs[1] = fmt.Errorf("read Service default/kubernetes: %w", err)
+		}
+		if err != nil {
+			svc = nil
+		}
+	})
+	wg.Go(func() {
+		var err error
+		eps, err = t.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+		if err != nil {
+			errs[2] = fmt.Errorf("list the API server's endpoints (default/kubernetes): %w", err)
+		}
+	})
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	set := map[netip.Prefix]bool{MetadataNetwork: true}
+	add := func(s string) {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			set[netip.PrefixFrom(ip, ip.BitLen())] = true
+		}
 	}
 	for _, n := range nodes.Items {
 		for _, a := range n.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
-				continue
-			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				set[netip.PrefixFrom(ip, ip.BitLen())] = true
+			if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
+				add(a.Address)
 			}
 		}
 	}
-	svc, err := t.Client.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
-	switch {
-	case err == nil:
+	if svc != nil {
 		for _, s := range svc.Spec.ClusterIPs {
-			if ip, err := netip.ParseAddr(s); err == nil {
-				set[netip.PrefixFrom(ip, ip.BitLen())] = true
-			}
+			add(s)
 		}
-	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("read Service default/kubernetes: %w", err)
-	}
-	eps, err := t.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
-	if err != nil {
-		return nil, fmt.Errorf("list the API server's endpoints (default/kubernetes): %w", err)
 	}
 	for _, s := range eps.Items {
 		for _, e := range s.Endpoints {
 			for _, a := range e.Addresses {
-				if ip, err := netip.ParseAddr(a); err == nil {
-					set[netip.PrefixFrom(ip, ip.BitLen())] = true
-				}
+				add(a)
 			}
 		}
 	}

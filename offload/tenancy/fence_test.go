@@ -60,6 +60,9 @@ func (s *suite) testFence(t *testing.T) {
 		s.cp.Client.DiscoveryV1().EndpointSlices("default").Delete(context.Background(), apiSlice.Name, metav1.DeleteOptions{})
 	})
 
+	// Tenants of their own: the suite's read the addresses a fence denies
+	// before this node was there, and use them for DefaultFenceRefresh.
+	s = s.withTenants(t, 0)
 	limits := grant.Limits{Fence: grant.Fence{EndpointNetworks: "10.80.0.0/16"}}
 	s.ensure(t, consumer, limits)
 	ns := offload.TenantNamespace(consumer)

@@ -480,13 +480,19 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 		p.changed(id)
 		return ig, nil
 	}
+	// The serial is kept in the ledger (a synced write) while the token
+	// is made; a serial left unused by a failure is only a gap.
+	var serial uint64
+	var serialErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { serial, serialErr = p.nextSerial(now) })
 	tok, err := p.cfg.Tenants.Issue(ctx, id)
+	wg.Wait()
 	if err != nil {
 		return issuedGrant{}, fmt.Errorf("credential for %s: %w", id, err)
 	}
-	serial, err := p.nextSerial(now)
-	if err != nil {
-		return issuedGrant{}, err
+	if serialErr != nil {
+		return issuedGrant{}, serialErr
 	}
 	g := grant.Grant{
 		Version: grant.Version, Provider: p.cfg.Identity.ClusterID(), Consumer: id, Serial: serial,

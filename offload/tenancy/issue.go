@@ -3,6 +3,7 @@ package tenancy
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -39,18 +40,6 @@ func (t *Tenants) Issue(ctx context.Context, consumer string) (Token, error) {
 
 func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 	name := offload.TenantNamespace(consumer)
-	// A namespace of that name that is not ours may hold an account with
-	// other rights: never hand out its tokens.
-	ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return Token{}, fmt.Errorf("no tenant namespace %s: ensure the tenant first", name)
-	}
-	if err != nil {
-		return Token{}, fmt.Errorf("read namespace %s: %w", name, err)
-	}
-	if err := CheckOurs(ns, consumer); err != nil {
-		return Token{}, err
-	}
 	seconds := int64(t.lifetime / time.Second)
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		Audiences:         []string{t.audience},
@@ -59,7 +48,27 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 		// token to its UID; the agent may not read Secrets.
 		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: offload.GrantSecret},
 	}}
+	// The namespace is read while the token is made: a namespace of that
+	// name that is not ours may hold an account with other rights, and
+	// its token is then dropped, never handed out.
+	var ours error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			ours = fmt.Errorf("no tenant namespace %s: ensure the tenant first", name)
+		case err != nil:
+			ours = fmt.Errorf("read namespace %s: %w", name, err)
+		default:
+			ours = CheckOurs(ns, consumer)
+		}
+	})
 	resp, err := t.Client.CoreV1().ServiceAccounts(name).CreateToken(ctx, offload.ConsumerServiceAccount, req, metav1.CreateOptions{})
+	wg.Wait()
+	if ours != nil {
+		return Token{}, ours
+	}
 	if err != nil {
 		return Token{}, fmt.Errorf("TokenRequest for %s/%s: %w", name, offload.ConsumerServiceAccount, err)
 	}

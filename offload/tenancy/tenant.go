@@ -81,6 +81,9 @@ type TenantsConfig struct {
 	// consumer's pods offloaded here are and its EndpointSlices may
 	// point; the nodes' spec.podCIDRs when nil.
 	PodNetworks func(context.Context) ([]netip.Prefix, error)
+	// FenceRefresh is how long the addresses a fence denies are used
+	// before they are read again; DefaultFenceRefresh when zero.
+	FenceRefresh time.Duration
 }
 
 // Tenants is the provider's side of grants in its API server: the tenant
@@ -96,7 +99,13 @@ type Tenants struct {
 	log      *slog.Logger
 	metrics  *tenantMetrics
 
-	podNetworks func(context.Context) ([]netip.Prefix, error)
+	podNetworks  func(context.Context) ([]netip.Prefix, error)
+	fenceRefresh time.Duration
+	denied       struct {
+		sync.Mutex
+		nets []netip.Prefix
+		at   time.Time
+	}
 
 	mu    sync.Mutex
 	known map[string]bool // consumers with a tenant namespace, for the gauge
@@ -126,6 +135,9 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.FenceRefresh == 0 {
+		cfg.FenceRefresh = DefaultFenceRefresh
+	}
 	if cfg.Client == nil {
 		c, err := kubernetes.NewForConfig(cfg.Config)
 		if err != nil {
@@ -140,7 +152,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
 		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
-		podNetworks: cfg.PodNetworks,
+		podNetworks: cfg.PodNetworks, fenceRefresh: cfg.FenceRefresh,
 	}
 	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("tenants: metrics: %w", err)
@@ -187,31 +199,39 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 
 // ensureNamespace creates consumer's namespace, or checks that the one of
 // that name is ours. It never applies to an existing namespace: that would
-// adopt a foreign one created between a read and the write.
+// adopt a foreign one created between a read and the write. A tenant not
+// known to exist is created first (the create says whether one does, so
+// a new grant needs no read); one known is read first.
 func (t *Tenants) ensureNamespace(ctx context.Context, consumer, networks string) (created bool, err error) {
 	name := offload.TenantNamespace(consumer)
+	t.mu.Lock()
+	create := !t.known[consumer]
+	t.mu.Unlock()
 	for range 2 {
-		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			if err := CheckOurs(ns, consumer); err != nil {
-				return false, err
+		if create {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: namespaceLabels(offload.TenantLabels(consumer)),
+				Annotations: map[string]string{AnnotationEndpointNetworks: networks}}}
+			_, err := t.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
+			if err == nil {
+				return true, nil
 			}
-			_, err = t.fenceNamespace(ctx, ns, networks)
-			return false, err
+			if !apierrors.IsAlreadyExists(err) {
+				return false, fmt.Errorf("create namespace %s: %w", name, err)
+			}
 		}
-		if !apierrors.IsNotFound(err) {
+		create = true
+		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue // deleted in between: create it
+		}
+		if err != nil {
 			return false, fmt.Errorf("read namespace %s: %w", name, err)
 		}
-		ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: namespaceLabels(offload.TenantLabels(consumer)),
-			Annotations: map[string]string{AnnotationEndpointNetworks: networks}}}
-		_, err = t.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: TenantFieldManager})
-		if err == nil {
-			return true, nil
+		if err := CheckOurs(ns, consumer); err != nil {
+			return false, err
 		}
-		if !apierrors.IsAlreadyExists(err) {
-			return false, fmt.Errorf("create namespace %s: %w", name, err)
-		}
-		// Created by someone else since the read: read it again.
+		_, err = t.fenceNamespace(ctx, ns, networks)
+		return false, err
 	}
 	return false, fmt.Errorf("create namespace %s: created and deleted by someone else while we tried; retry", name)
 }
@@ -255,7 +275,7 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 			return err
 		}, func(opts metav1.DeleteOptions) error { return core.Secrets(ns).Delete(ctx, offload.GrantSecret, opts) })
 	})
-	wg.Go(func() { errs[2] = t.applyGrantObjects(ctx, consumer, ns, hard, fresh) })
+	wg.Go(func() { _, errs[2] = t.applyGrantObjects(ctx, consumer, ns, hard, fresh) })
 	wg.Wait()
 	return errors.Join(errs...)
 }
@@ -267,13 +287,14 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 // namespace that may hold pods (not fresh: created before this call) the
 // LimitRange comes before the quota and goes after it, so that no pod
 // without requests meets a quota without defaults. A fresh namespace has
-// nothing to delete.
-func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) error {
+// nothing to delete. It returns the resourceVersion of the fence's
+// NetworkPolicy as applied.
+func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) (fence string, err error) {
 	defaults := defaultRequests(hard)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	wg.Go(func() { errs[0] = t.applyRoleBinding(ctx, consumer, ns) })
-	wg.Go(func() { errs[3] = t.applyFencePolicy(ctx, consumer, ns) })
+	wg.Go(func() { fence, errs[3] = t.ApplyFence(ctx, consumer, ns) })
 	switch {
 	case fresh:
 		if len(defaults) > 0 {
@@ -296,7 +317,7 @@ func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, ha
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return fence, errors.Join(errs...)
 }
 
 // applyRoleBinding binds ConsumerClusterRole to the consumer's account in

@@ -99,6 +99,8 @@ func TestTenants(t *testing.T) {
 	t.Run("LimitsChangeAndGo", s.testLimits)
 	t.Run("PodWithoutRequestsFitsTheQuota", s.testDefaultRequests)
 	t.Run("FenceOfATenant", s.testFence)
+	t.Run("NewNamespacesWithoutReads", s.testWithoutReads)
+	t.Run("FenceRefreshed", s.testFenceRefresh)
 	t.Run("RestrictedWithoutThePolicies", s.testRestrictedWithoutPolicies)
 	t.Run("ImmutableFieldsPutBack", s.testImmutablePutBack)
 	t.Run("ForeignNamespaceRefused", s.testForeign)

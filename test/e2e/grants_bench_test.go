@@ -21,9 +21,9 @@ import (
 // agent writes only after a request to the provider's API server with the
 // credential succeeded. Two clusters of real nodes, the agents as pods
 // under their own accounts. Each round starts from nothing: the previous
-// grant revoked and its tenant namespace gone. Target: <= 1 s median;
-// Liqo v1's `liqoctl peer` needs both kubeconfigs at once and several
-// round trips through both API servers.
+// grant revoked and its tenant namespace gone. Target: <= 100 ms median,
+// quiet or with both cores busy; Liqo v1's `liqoctl peer` needs both
+// kubeconfigs at once and several round trips through both API servers.
 func BenchmarkGrantToCredential(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
 	env := harness.New(b)
