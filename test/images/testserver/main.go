@@ -15,6 +15,8 @@
 // prints how many bytes the body had and how long it took instead, for
 // transfers too big to print; with -dns SERVER:PORT the URL's host name is
 // resolved by that DNS server only (the agent's clusterset.local server).
+// With -lookup-addr IP it prints the names a reverse lookup of IP gives,
+// one a line (with -dns, from that server only).
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 package main
@@ -42,7 +44,11 @@ func main() {
 	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
 	cat := flag.String("cat", "", "print this file and exit")
 	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as and its name) and exit")
+	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
 	flag.Parse()
+	if *lookupAddr != "" {
+		os.Exit(reverse(*lookupAddr, *dns))
+	}
 	if *dial != "" {
 		os.Exit(dialEcho(*dial))
 	}
@@ -81,6 +87,31 @@ func main() {
 	log.Fatal(<-errc)
 }
 
+// resolver is the system's, or with dns (host:port) one that asks that
+// server only.
+func resolver(dns string) *net.Resolver {
+	if dns == "" {
+		return net.DefaultResolver
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, dns)
+	}}
+}
+
+func reverse(addr, dns string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names, err := resolver(dns).LookupAddr(ctx, addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, n := range names {
+		fmt.Println(n)
+	}
+	return 0
+}
+
 func fetch(url string, discard bool, dns string) int {
 	timeout := 5 * time.Second
 	if discard {
@@ -88,9 +119,7 @@ func fetch(url string, discard bool, dns string) int {
 	}
 	c := &http.Client{Timeout: timeout}
 	if dns != "" {
-		d := &net.Dialer{Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, dns)
-		}}}
+		d := &net.Dialer{Resolver: resolver(dns)}
 		c.Transport = &http.Transport{DialContext: d.DialContext}
 	}
 	start := time.Now()
