@@ -6,7 +6,9 @@
 //     of harness.Netns.ServeTCP;
 //   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
 //     /peer the client's address as seen here, /bytes?n=N N bytes (for
-//     bulk transfers), / both.
+//     bulk transfers), / both and the pod's UID (from $POD_UID, which
+//     the downward API sets): names and addresses repeat across
+//     clusters, a UID does not.
 //
 // It logs every connection to stdout, so `kubectl logs` has something to
 // show. With -get URL it is a client instead: it prints the body of one GET
@@ -81,7 +83,7 @@ func main() {
 			log.Fatalf("listen on %s: %v", *httpAddr, err)
 		}
 		log.Printf("%s: HTTP on %s", host, l.Addr())
-		srv := &http.Server{Handler: handler(host), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: handler(host, os.Getenv("POD_UID")), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- srv.Serve(l) }()
 	}
 	log.Fatal(<-errc)
@@ -190,7 +192,7 @@ func serveTCP(l net.Listener, host string) error {
 	}
 }
 
-func handler(host string) http.Handler {
+func handler(host, uid string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
@@ -212,7 +214,7 @@ func handler(host string) http.Handler {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
-		fmt.Fprintf(w, "host %s\npeer %s\n", host, peerOf(r.RemoteAddr))
+		fmt.Fprintf(w, "host %s\nuid %s\npeer %s\n", host, uid, peerOf(r.RemoteAddr))
 	})
 	return mux
 }
