@@ -17,6 +17,9 @@
 // prints how many bytes the body had and how long it took instead, for
 // transfers too big to print; with -dns SERVER:PORT the URL's host name is
 // resolved by that DNS server only (the agent's clusterset.local server).
+// With -wait D the GET is tried again every 50 ms, name resolution
+// included, until it succeeds or D passed; the body then follows a line
+// "at <unix nanoseconds>" saying when the answer came.
 // With -lookup-addr IP it prints the names a reverse lookup of IP gives,
 // one a line (with -dns, from that server only).
 // With -cat FILE it prints the file and exits, for reading what a pod has
@@ -46,6 +49,7 @@ func main() {
 	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
 	cat := flag.String("cat", "", "print this file and exit")
 	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as and its name) and exit")
+	wait := flag.Duration("wait", 0, "with -get: try again every 50 ms until the GET succeeds or this passed, and print when it did")
 	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
 	flag.Parse()
 	if *lookupAddr != "" {
@@ -62,6 +66,9 @@ func main() {
 		}
 		os.Stdout.Write(b)
 		os.Exit(0)
+	}
+	if *get != "" && *wait > 0 {
+		os.Exit(fetchUntil(*get, *dns, *wait))
 	}
 	if *get != "" {
 		os.Exit(fetch(*get, *discard, *dns))
@@ -112,6 +119,34 @@ func reverse(addr, dns string) int {
 		fmt.Println(n)
 	}
 	return 0
+}
+
+// fetchUntil GETs url every 50 ms until an answer is 200 OK or wait
+// passed; it prints when the answer came, then its body.
+func fetchUntil(url, dns string, wait time.Duration) int {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext:       (&net.Dialer{Resolver: resolver(dns)}).DialContext,
+		DisableKeepAlives: true,
+	}}
+	deadline := time.Now().Add(wait)
+	for {
+		resp, err := c.Get(url)
+		if err == nil {
+			body, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				fmt.Printf("at %d\n", time.Now().UnixNano())
+				os.Stdout.Write(body)
+				return 0
+			}
+			err = fmt.Errorf("%s %v", resp.Status, rerr)
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "GET %s for %s: last %v\n", url, wait, err)
+			return 1
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func fetch(url string, discard bool, dns string) int {
