@@ -53,6 +53,8 @@ func diskFull(t *testing.T, f *fed, v *federation.Cluster) int {
 	v.Agent.Kill()
 	<-v.Agent.Done()
 	punched := punchSparePages(t, filepath.Join(v.StateDir, ipam.FileName))
+	// The pages punched are free space on the disk again: fill it anew.
+	filler = harness.FillDisk(t, v.StateDir)
 	v.StartAgent(t)
 	if err := refusedWithin(v, time.Minute); err != nil {
 		t.Errorf("agent of %s with %d spare pages of its ledger unbacked on the full disk: %v\n%s", v.Name, punched, err, v.Agent.Tail(20))
