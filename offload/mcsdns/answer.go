@@ -35,22 +35,32 @@ type table struct {
 	// namespaces counts the Services of each namespace with records
 	// (<ns>.svc is an empty non-terminal while it has one).
 	namespaces map[string]int
-	serial     uint32
+	// ptrs are the reverse names: each address's clusterset names,
+	// sorted.
+	ptrs   map[netip.Addr][]string
+	serial uint32
 }
 
 func newTable(serial uint32) *table {
-	return &table{services: map[string]*service{}, namespaces: map[string]int{}, serial: serial}
+	return &table{services: map[string]*service{}, namespaces: map[string]int{}, ptrs: map[netip.Addr][]string{}, serial: serial}
 }
 
 // set replaces the records of the Service key (ns/name); nil removes
 // them.
 func (t *table) set(key string, s *service) {
-	ns, _, _ := strings.Cut(key, "/")
+	ns, svc, _ := strings.Cut(key, "/")
+	base := svc + "." + ns + "." + svcSuffix
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.services[key]
 	if old == nil && s == nil {
 		return
+	}
+	if old != nil {
+		t.indexPTR(base, old, false)
+	}
+	if s != nil {
+		t.indexPTR(base, s, true)
 	}
 	switch {
 	case s == nil:
@@ -71,13 +81,17 @@ func (t *table) set(key string, s *service) {
 func (t *table) answer(req, resp *dns.Msg) {
 	q := req.Question[0]
 	qname := strings.ToLower(q.Name)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if addr, ok := reverseAddr(qname); ok {
+		t.answerReverse(addr, q.Name, q.Qtype, resp)
+		return
+	}
 	if !inZone(qname) {
 		resp.Rcode = dns.RcodeRefused
 		return
 	}
 	resp.Authoritative = true
-	t.mu.RLock()
-	defer t.mu.RUnlock()
 	rrs, exists := t.lookup(parseName(qname), q.Name, q.Qtype)
 	if !exists {
 		resp.Rcode = dns.RcodeNameError

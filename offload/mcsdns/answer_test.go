@@ -313,6 +313,11 @@ func FuzzBuildService(f *testing.F) {
 				}
 			}
 		}
+		for _, p := range s.ptrs {
+			if !slices.Contains(s.addrs, p.addr) || (p.host != "" && s.hosts[p.host] == nil) {
+				t.Fatalf("reverse name of %v (host %q): not an address or host the Service answers with", p.addr, p.host)
+			}
+		}
 		for h, addrs := range s.hosts {
 			first, second, _ := strings.Cut(h, ".")
 			if !isLabel(first) || !isLabel(second) || len(addrs) == 0 {
@@ -338,6 +343,8 @@ func FuzzRespond(f *testing.F) {
 		{"_db._tcp.db.shop.svc.clusterset.local.", dns.TypeSRV},
 		{"db-0." + clusterA + ".db.shop.svc.clusterset.local.", dns.TypeANY},
 		{"example.com.", dns.TypeA},
+		{"10.0.1.10.in-addr.arpa.", dns.TypePTR},
+		{"7.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.", dns.TypePTR},
 	} {
 		m := new(dns.Msg)
 		m.SetQuestion(q.name, q.qtype)

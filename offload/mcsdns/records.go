@@ -34,6 +34,9 @@ type service struct {
 	hosts    map[string][]netip.Addr
 	clusters map[string]bool
 	protos   map[string]bool
+	// ptrs answer the reverse names of the ClusterSetIPs and of the
+	// named hosts' addresses.
+	ptrs []ptrName
 }
 
 // srvTarget is one SRV record's data: the port and, relative to the
@@ -83,6 +86,9 @@ func (s *service) buildClusterSetIP(imp *mcsv1alpha1.ServiceImport) {
 		}
 	}
 	s.addrs = sortAddrs(s.addrs)
+	for _, a := range s.addrs {
+		s.ptrs = append(s.ptrs, ptrName{addr: a})
+	}
 	for _, p := range imp.Spec.Ports {
 		if k, ok := srvKey(p.Name, p.Protocol, p.Port); ok {
 			s.srv[k] = append(s.srv[k], srvTarget{port: uint16(p.Port)})
@@ -142,6 +148,9 @@ func (s *service) addHost(host, cluster string, addrs []netip.Addr, ports []disc
 		return
 	}
 	s.hosts[host] = append(s.hosts[host], addrs...)
+	for _, a := range addrs {
+		s.ptrs = append(s.ptrs, ptrName{addr: a, host: host})
+	}
 	s.clusters[cluster] = true
 	for _, p := range ports {
 		if p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {

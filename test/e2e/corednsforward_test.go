@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
+
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload/mcs"
@@ -99,6 +101,10 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 		})
 	})
 
+	t.Run("reverse lookups of b's exports give their clusterset names", func(t *testing.T) {
+		reverseLookups(t, a, b, echo, svc.Spec.ClusterIP)
+	})
+
 	t.Run("a block someone removed comes back", func(t *testing.T) {
 		cms := a.CP.Client.CoreV1().ConfigMaps(harness.DNSNamespace)
 		cm, err := cms.Get(ctx, harness.DNSConfigMap, metav1.GetOptions{})
@@ -176,4 +182,70 @@ func agentClient(t *testing.T, c *federation.NodeCluster) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return client
+}
+
+// reverseLookups checks the PTR records of a's agent's DNS (asked
+// through its Service, as CoreDNS answers in-addr.arpa itself): the
+// ClusterSetIP of b's export echo answers echo's clusterset name, and
+// the address of echo's pod in a headless export db answers a name of
+// db's that resolves back to it, in b's cluster, and reaches that pod.
+func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod, dnsIP string) {
+	t.Helper()
+	zone := strings.TrimSuffix(mcs.Zone, ".")
+	reverse := func(addr string) ([]string, error) {
+		out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-dns", dnsIP+":53", "-lookup-addr", addr)
+		if err != nil {
+			return nil, fmt.Errorf("%v: %s", err, out)
+		}
+		return strings.Fields(out), nil
+	}
+	imp := waitServiceImport(t, a, "mcs", "echo", 60*time.Second, func(si mcsv1alpha1.ServiceImport) error {
+		if len(si.Spec.IPs) != 1 {
+			return fmt.Errorf("ips %v, want one ClusterSetIP", si.Spec.IPs)
+		}
+		return nil
+	})
+	want := "echo.mcs.svc." + zone + "."
+	eventually.Within(t, 30*time.Second, "a's reverse lookup of the ClusterSetIP "+imp.Spec.IPs[0], func() error {
+		names, err := reverse(imp.Spec.IPs[0])
+		if err != nil {
+			return err
+		}
+		if len(names) != 1 || names[0] != want {
+			return fmt.Errorf("names %q, want %q", names, want)
+		}
+		return nil
+	})
+
+	db := serviceFor("db", "mcs")
+	db.Spec.Selector = map[string]string{"app": "echo"}
+	db.Spec.ClusterIP = corev1.ClusterIPNone
+	createObject(t, b, db)
+	mustKubectlApply(t, b, exportManifest("db", "mcs"))
+	bID := peerID(t, a, b.Name)
+	addr := federation.ViewOf(t, a.Cluster, b.Cluster, netip.MustParseAddr(echo.Status.PodIP)).String()
+	var name string
+	eventually.Within(t, 60*time.Second, "a's reverse lookup of echo's pod "+addr, func() error {
+		names, err := reverse(addr)
+		if err != nil {
+			return err
+		}
+		if len(names) != 1 || !strings.HasSuffix(names[0], "."+bID+".db.mcs.svc."+zone+".") || strings.Count(names[0], ".") != 7 {
+			return fmt.Errorf("names %q, want one <host>.%s.db.mcs.svc.%s.", names, bID, zone)
+		}
+		name = names[0]
+		return nil
+	})
+	// The name leads back: through a's CoreDNS to echo's pod in b.
+	url := fmt.Sprintf("http://%s:%d/hostname", strings.TrimSuffix(name, "."), harness.TestServerHTTPPort)
+	eventually.Within(t, 30*time.Second, "a's pod GET "+url, func() error {
+		out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if got := strings.TrimSpace(out); got != echo.Name {
+			return fmt.Errorf("%s answered by %q, want b's pod %s", url, got, echo.Name)
+		}
+		return nil
+	})
 }

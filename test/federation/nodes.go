@@ -443,6 +443,7 @@ func (c *NodeCluster) createWeb(t harness.TB, node *harness.Node, name string) {
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
 				Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
+				Env: []corev1.EnvVar{harness.TestServerUID},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(harness.TestServerTCPPort)}},
 					PeriodSeconds: 1,
@@ -557,26 +558,18 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 		Dst:  ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP)),
 		Want: ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
 	}
-	// "/" answers the server's host name and the caller's address: the
-	// name, not the Peers, says the right pod answered.
+	// "/" answers the server's host name, its pod's UID and the caller's
+	// address: the UID, not the Peers, says the right pod of the right
+	// cluster answered.
 	url := fmt.Sprintf("http://%s:%d/", r.Dst, harness.TestServerHTTPPort)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var out string
 		out, r.Err = Kubectl(from.CP, "exec", fromPod.Name, "--", "/testserver", "-get", url)
 		if r.Err == nil {
-			var host, peer string
-			if _, err := fmt.Sscanf(out, "host %s\npeer %s\n", &host, &peer); err != nil {
-				r.Err = fmt.Errorf("GET %s from %s's pod %s: %q: %w", url, from.Name, fromPod.Name, out, err)
-				return r
-			}
-			r.Seen, r.Err = netip.ParseAddr(peer)
-			switch {
-			case r.Err != nil:
-			case host != toPod.Name:
-				r.Err = fmt.Errorf("%s was answered by %s, not %s's pod %s", r.Dst, host, to.Name, toPod.Name)
-			case r.Seen != r.Want:
-				r.Err = fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to.Name, toPod.Name, r.Seen, r.Want)
+			r.Seen, r.Err = checkAnswer(out, to.Name, toPod, r.Want)
+			if r.Err != nil {
+				r.Err = fmt.Errorf("GET %s from %s's pod %s: %w", url, from.Name, fromPod.Name, r.Err)
 			}
 			return r
 		}
@@ -615,4 +608,27 @@ func mustKubectl(t harness.TB, cp *harness.ControlPlane, args ...string) string 
 		t.Fatalf("%v", err)
 	}
 	return out
+}
+
+// checkAnswer reads the test server's answer at "/" and checks that it
+// came from pod toPod of cluster to (its UID: names and addresses repeat
+// across clusters, so a view that looped back to the caller's own pod
+// could match them) and that it saw the caller as want. It returns the
+// address the server saw the caller as.
+func checkAnswer(body, to string, toPod corev1.Pod, want netip.Addr) (netip.Addr, error) {
+	fields := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		fields[k] = v
+	}
+	seen, err := netip.ParseAddr(fields["peer"])
+	switch {
+	case fields["host"] == "" || fields["uid"] == "" || err != nil:
+		return netip.Addr{}, fmt.Errorf("answer %q: want host, uid and peer", body)
+	case fields["host"] != toPod.Name || fields["uid"] != string(toPod.UID):
+		return seen, fmt.Errorf("answered by pod %s (uid %s), not %s's pod %s (uid %s)", fields["host"], fields["uid"], to, toPod.Name, toPod.UID)
+	case seen != want:
+		return seen, fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to, toPod.Name, seen, want)
+	}
+	return seen, nil
 }

@@ -24,6 +24,7 @@ func TestPodSpec(requests corev1.ResourceList) corev1.PodSpec {
 		TerminationGracePeriodSeconds: new(int64),
 		Containers: []corev1.Container{{
 			Name: "server", Image: harness.TestServerImage, ImagePullPolicy: corev1.PullNever,
+			Env:       []corev1.EnvVar{harness.TestServerUID},
 			Resources: corev1.ResourceRequirements{Requests: requests},
 			ReadinessProbe: &corev1.Probe{
 				ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(harness.TestServerTCPPort)}},

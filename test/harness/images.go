@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/flotilla-io/flotilla/internal/ociimage"
 )
 
@@ -26,6 +28,11 @@ const (
 	TestServerTCPPort  = 9000
 	TestServerHTTPPort = 8080
 )
+
+// TestServerUID gives a test server container its pod's UID (the downward
+// API), which it reports at "/": the UID names one pod of one cluster,
+// where pod names and addresses repeat across clusters.
+var TestServerUID = corev1.EnvVar{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.uid"}}}
 
 type imageBuild struct {
 	once sync.Once

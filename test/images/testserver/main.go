@@ -6,7 +6,9 @@
 //     of harness.Netns.ServeTCP;
 //   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
 //     /peer the client's address as seen here, /bytes?n=N N bytes (for
-//     bulk transfers), / both.
+//     bulk transfers), / both and the pod's UID (from $POD_UID, which
+//     the downward API sets): names and addresses repeat across
+//     clusters, a UID does not.
 //
 // It logs every connection to stdout, so `kubectl logs` has something to
 // show. With -get URL it is a client instead: it prints the body of one GET
@@ -15,6 +17,11 @@
 // prints how many bytes the body had and how long it took instead, for
 // transfers too big to print; with -dns SERVER:PORT the URL's host name is
 // resolved by that DNS server only (the agent's clusterset.local server).
+// With -wait D the GET is tried again every 50 ms, name resolution
+// included, until it succeeds or D passed; the body then follows a line
+// "at <unix nanoseconds>" saying when the answer came.
+// With -lookup-addr IP it prints the names a reverse lookup of IP gives,
+// one a line (with -dns, from that server only).
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 package main
@@ -42,7 +49,12 @@ func main() {
 	dns := flag.String("dns", "", "with -get: resolve the URL's host with this DNS server (host:port) only")
 	cat := flag.String("cat", "", "print this file and exit")
 	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as and its name) and exit")
+	wait := flag.Duration("wait", 0, "with -get: try again every 50 ms until the GET succeeds or this passed, and print when it did")
+	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
 	flag.Parse()
+	if *lookupAddr != "" {
+		os.Exit(reverse(*lookupAddr, *dns))
+	}
 	if *dial != "" {
 		os.Exit(dialEcho(*dial))
 	}
@@ -54,6 +66,9 @@ func main() {
 		}
 		os.Stdout.Write(b)
 		os.Exit(0)
+	}
+	if *get != "" && *wait > 0 {
+		os.Exit(fetchUntil(*get, *dns, *wait))
 	}
 	if *get != "" {
 		os.Exit(fetch(*get, *discard, *dns))
@@ -75,10 +90,63 @@ func main() {
 			log.Fatalf("listen on %s: %v", *httpAddr, err)
 		}
 		log.Printf("%s: HTTP on %s", host, l.Addr())
-		srv := &http.Server{Handler: handler(host), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: handler(host, os.Getenv("POD_UID")), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- srv.Serve(l) }()
 	}
 	log.Fatal(<-errc)
+}
+
+// resolver is the system's, or with dns (host:port) one that asks that
+// server only.
+func resolver(dns string) *net.Resolver {
+	if dns == "" {
+		return net.DefaultResolver
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, dns)
+	}}
+}
+
+func reverse(addr, dns string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names, err := resolver(dns).LookupAddr(ctx, addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, n := range names {
+		fmt.Println(n)
+	}
+	return 0
+}
+
+// fetchUntil GETs url every 50 ms until an answer is 200 OK or wait
+// passed; it prints when the answer came, then its body.
+func fetchUntil(url, dns string, wait time.Duration) int {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext:       (&net.Dialer{Resolver: resolver(dns)}).DialContext,
+		DisableKeepAlives: true,
+	}}
+	deadline := time.Now().Add(wait)
+	for {
+		resp, err := c.Get(url)
+		if err == nil {
+			body, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				fmt.Printf("at %d\n", time.Now().UnixNano())
+				os.Stdout.Write(body)
+				return 0
+			}
+			err = fmt.Errorf("%s %v", resp.Status, rerr)
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "GET %s for %s: last %v\n", url, wait, err)
+			return 1
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func fetch(url string, discard bool, dns string) int {
@@ -88,9 +156,7 @@ func fetch(url string, discard bool, dns string) int {
 	}
 	c := &http.Client{Timeout: timeout}
 	if dns != "" {
-		d := &net.Dialer{Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, dns)
-		}}}
+		d := &net.Dialer{Resolver: resolver(dns)}
 		c.Transport = &http.Transport{DialContext: d.DialContext}
 	}
 	start := time.Now()
@@ -161,7 +227,7 @@ func serveTCP(l net.Listener, host string) error {
 	}
 }
 
-func handler(host string) http.Handler {
+func handler(host, uid string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
@@ -183,7 +249,7 @@ func handler(host string) http.Handler {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		log.Printf("http %s from %s", r.URL.Path, peerOf(r.RemoteAddr))
-		fmt.Fprintf(w, "host %s\npeer %s\n", host, peerOf(r.RemoteAddr))
+		fmt.Fprintf(w, "host %s\nuid %s\npeer %s\n", host, uid, peerOf(r.RemoteAddr))
 	})
 	return mux
 }
