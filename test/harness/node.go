@@ -249,10 +249,19 @@ func (n *Node) setUpNetwork() error {
 	if n.Addr, err = n.lan.attach(n.Netns, "eth0", "n-"+n.cp.Name+"-"+n.NodeName); err != nil {
 		return err
 	}
+	// Reverse-path filtering off; with flannel, loose (2) as systemd sets
+	// it on most distributions: flannel routes the other nodes' slices
+	// through flannel.1, so what reaches a node from another's pod on
+	// eth0 (the fabric's direct routes) is checked loosely, as on a real
+	// flannel node.
+	rp := "0"
+	if n.cp.Options.Flannel {
+		rp = "2"
+	}
 	for _, kv := range [][2]string{
 		{"net.ipv4.ip_forward", "1"},
-		{"net.ipv4.conf.all.rp_filter", "0"},
-		{"net.ipv4.conf.default.rp_filter", "0"},
+		{"net.ipv4.conf.all.rp_filter", rp},
+		{"net.ipv4.conf.default.rp_filter", rp},
 	} {
 		if err := n.sysctl(kv[0], kv[1]); err != nil {
 			return err
