@@ -58,6 +58,29 @@ type Env struct {
 	mu             sync.Mutex
 	segments       int  // LANs and routed segments handed out, for subnets
 	sysctlsClaimed bool // this run may change host sysctls (kubelets, the inotify limit)
+	beforeStop     []func()
+}
+
+// BeforeNodesStop registers f to run once when the run ends, before its
+// first real node stops, even a node started after f was registered
+// (cleanups run last first, so such a node's teardown would otherwise
+// come first). A check of what the test leaves in its clusters goes
+// here: it needs every node still running.
+func (e *Env) BeforeNodesStop(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.beforeStop = append(e.beforeStop, f)
+}
+
+// nodesStopping runs the BeforeNodesStop functions, each only once.
+func (e *Env) nodesStopping() {
+	e.mu.Lock()
+	fs := e.beforeStop
+	e.beforeStop = nil
+	e.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
 }
 
 // New creates an Env bound to t. It first sweeps what killed runs left.

@@ -210,10 +210,15 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	// Registered last, so it runs first: pods go while kubelet and
 	// containerd still run to tear down their networks.
 	e.t.Cleanup(func() {
-		cp.drainNodes()
-		if err := n.Stop(); err != nil {
-			e.t.Logf("harness: %v", err)
-		}
+		// Deferred, so a check that fails (Fatalf ends this function)
+		// does not keep the node from stopping.
+		defer func() {
+			cp.drainNodes()
+			if err := n.Stop(); err != nil {
+				e.t.Logf("harness: %v", err)
+			}
+		}()
+		e.nodesStopping()
 	})
 	if err := n.waitReady(90 * time.Second); err != nil {
 		return nil, err
