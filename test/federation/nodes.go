@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -228,8 +229,12 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		cs = append(cs, nc)
 	}
 	// Run before the nodes and control planes stop (cleanups run last
-	// first): no test can forget to check what the agents leave.
-	t.Cleanup(func() { checkUninstall(t, cs) })
+	// first), and before a node AddWorkers started later stops: no test
+	// can forget to check what the agents leave, and every node of the
+	// clusters is still running while the agents are uninstalled.
+	check := sync.OnceFunc(func() { checkUninstall(t, cs) })
+	t.Cleanup(check)
+	env.BeforeNodesStop(check)
 	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
 	for _, c := range cs {
 		c.createWeb(t, c.Gateway, WebPod)

@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,6 +60,58 @@ type Env struct {
 	mu             sync.Mutex
 	segments       int  // LANs and routed segments handed out, for subnets
 	sysctlsClaimed bool // this run may change host sysctls (kubelets, the inotify limit)
+	beforeStop     []func()
+	nodes          []*Node // every real node started, for stopNodes
+	stopNodesOnce  sync.Once
+}
+
+// BeforeNodesStop registers f to run once when the run ends, before its
+// first real node stops, even a node started after f was registered
+// (cleanups run last first, so such a node's teardown would otherwise
+// come first). A check of what the test leaves in its clusters goes
+// here: it needs every node still running.
+func (e *Env) BeforeNodesStop(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.beforeStop = append(e.beforeStop, f)
+}
+
+// nodesStopping runs the BeforeNodesStop functions, each only once.
+func (e *Env) nodesStopping() {
+	e.mu.Lock()
+	fs := e.beforeStop
+	e.beforeStop = nil
+	e.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// stopNodes stops every real node of the run at once, when the run ends:
+// each cluster drained first (once), then every node stopped, in
+// parallel rather than one cleanup after another, since most of a node's
+// stop is waiting for its processes to exit. A node stopped already (by
+// its test) is not stopped again.
+func (e *Env) stopNodes() {
+	e.stopNodesOnce.Do(func() {
+		e.mu.Lock()
+		nodes := slices.Clone(e.nodes)
+		e.mu.Unlock()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n.cp.drainNodes() // once per cluster; the others wait for it
+				if err := n.Stop(); err != nil {
+					e.t.Logf("harness: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		e.t.Logf("harness: %d nodes stopped in %s", len(nodes), time.Since(start).Round(time.Millisecond))
+	})
 }
 
 // New creates an Env bound to t. It first sweeps what killed runs left.

@@ -214,12 +214,16 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 		return nil, err
 	}
 	// Registered last, so it runs first: pods go while kubelet and
-	// containerd still run to tear down their networks.
+	// containerd still run to tear down their networks. The first node's
+	// cleanup to run stops every node of the run (stopNodes).
+	e.mu.Lock()
+	e.nodes = append(e.nodes, n)
+	e.mu.Unlock()
 	e.t.Cleanup(func() {
-		cp.drainNodes()
-		if err := n.Stop(); err != nil {
-			e.t.Logf("harness: %v", err)
-		}
+		// Deferred, so a check that fails (Fatalf ends this function)
+		// does not keep the nodes from stopping.
+		defer e.stopNodes()
+		e.nodesStopping()
 	})
 	if err := n.waitReady(90 * time.Second); err != nil {
 		return nil, err
