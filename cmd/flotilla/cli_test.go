@@ -31,6 +31,7 @@ var offCluster = []string{
 	"flotilla", "flotilla agent", "flotilla fabric", "flotilla cleanup", "flotilla ledger", "flotilla ledger show",
 	"flotilla token", "flotilla key", "flotilla key generate", "flotilla peer", "flotilla offload",
 	"flotilla unoffload", "flotilla help", "flotilla docs",
+	"flotilla verify-pod", "flotilla verify-pod serve", "flotilla verify-pod probe",
 }
 
 // -h and --help are help, on stdout with exit status 0, for every command
