@@ -30,7 +30,11 @@ func newVerifyPodCommand() *cobra.Command {
 		Args:  noArgs,
 	}
 	serve.RunE = func(cmd *cobra.Command, _ []string) error {
-		return serveVerify(cmd.Context(), cmd.OutOrStdout(), fmt.Sprintf(":%d", verifyPort))
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", verifyPort))
+		if err != nil {
+			return err
+		}
+		return serveVerify(cmd.Context(), cmd.OutOrStdout(), l)
 	}
 	probe := &cobra.Command{
 		Use:   "probe NAME=URL=POD...",
@@ -59,12 +63,8 @@ func newVerifyPodCommand() *cobra.Command {
 
 // serveVerify answers every GET with "host <pod>\npeer <caller>\n", as
 // the probe checks it, until ctx ends.
-func serveVerify(ctx context.Context, out io.Writer, addr string) error {
+func serveVerify(ctx context.Context, out io.Writer, l net.Listener) error {
 	host, err := os.Hostname()
-	if err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
