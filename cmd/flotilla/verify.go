@@ -31,7 +31,7 @@ from A to B reached from A and its logs read through the virtual node
 (kubectl logs). Without a grant those two checks are skipped and say so.
 
 Everything runs in a namespace of its own with a unique name
-(flotilla-verify-...), on both clusters, labelled as Flotilla's; it is
+(verify-flotilla-...), on both clusters, labelled as Flotilla's; it is
 deleted at the end, on failure and on Ctrl-C too. The pods run the
 agent's image (each cluster's own, or --image) as a non-root user.
 
@@ -301,7 +301,7 @@ func (v *verifyRun) runChecks(ctx context.Context) {
 	}
 	if granted {
 		v.step("offloading %s on %s (a NamespaceOffload to the providers it holds grants of), a pod on %s's virtual node", ns, a.name, b.name)
-		err := a.offloadTo(ctx, ns)
+		err := a.offloadTo(ctx, ns, b.id)
 		if err == nil {
 			err = a.createServer(ctx, ns, serverOffloaded, b.id)
 		}

@@ -143,7 +143,7 @@ func FuzzParseProbeOutput(f *testing.F) {
 }
 
 func TestVerifyTable(t *testing.T) {
-	r := verifyReport{Local: "alpha", Remote: "beta", Namespace: "flotilla-verify-x", Seconds: 12.3, CleanedUp: true, Checks: []verifyCheck{
+	r := verifyReport{Local: "alpha", Remote: "beta", Namespace: "verify-flotilla-x", Seconds: 12.3, CleanedUp: true, Checks: []verifyCheck{
 		{Name: checkPodsAB, From: "alpha pod", To: "beta pod", Result: checkFail, Detail: "GET http://10.70.0.5:8080/: no answer"},
 		{Name: checkOffload, From: "alpha pod", To: "alpha pod offloaded to beta", Result: checkSkipped, Detail: "skipped: no grant from beta"},
 	}}
@@ -151,7 +151,7 @@ func TestVerifyTable(t *testing.T) {
 	if err := writeVerifyTable(&out, r); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CHECK", "pod to pod  ", "FAIL", "SKIPPED  skipped: no grant from beta", "FAILED (1 of 2 checks): alpha to beta in 12.3s; namespace flotilla-verify-x deleted"} {
+	for _, want := range []string{"CHECK", "pod to pod  ", "FAIL", "SKIPPED  skipped: no grant from beta", "FAILED (1 of 2 checks): alpha to beta in 12.3s; namespace verify-flotilla-x deleted"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

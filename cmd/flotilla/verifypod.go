@@ -153,7 +153,7 @@ func probeUntil(ctx context.Context, t probeTarget, within time.Duration) probeR
 		}
 		select {
 		case <-ctx.Done():
-			return probeResult{Name: t.Name, Detail: fmt.Sprintf("GET %s: no answer from %s within %s: %v", t.URL, t.Pod, within, last)}
+			return probeResult{Name: t.Name, Detail: fmt.Sprintf("GET %s: no answer from %s within %s: %v", t.URL, t.Pod, within.Round(time.Second), last)}
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -28,7 +29,7 @@ import (
 // a namespace left by an interrupted run is found by it.
 const (
 	labelVerify      = "flotilla.io/verify"
-	verifyNamePrefix = "flotilla-verify-"
+	verifyNamePrefix = "verify-flotilla-"
 )
 
 // verifySide is one cluster of a verify run, reached with the user's own
@@ -256,23 +257,42 @@ func (s *verifySide) logs(ctx context.Context, ns, name string) (string, error) 
 }
 
 // offloadTo offloads ns to the providers this cluster holds a grant of
-// and waits until it is Ready.
-func (s *verifySide) offloadTo(ctx context.Context, ns string) error {
+// and waits until provider has its namespace: another provider's
+// trouble is not this run's.
+func (s *verifySide) offloadTo(ctx context.Context, ns, provider string) error {
 	spec := v1alpha1.NamespaceOffloadSpec{
 		ClusterSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}},
 		NamespaceMapping: v1alpha1.MappingDefaultName, PodOffloading: v1alpha1.PodsLocalAndRemote,
 	}
-	gen, _, err := writeOffload(ctx, s.c, ns, spec)
-	if err != nil {
+	if _, _, err := writeOffload(ctx, s.c, ns, spec); err != nil {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
 	if _, err := labelOffloaded(ctx, s.c, ns, true); err != nil {
 		return fmt.Errorf("%s: %w", s.name, err)
 	}
-	deadline, _ := ctx.Deadline()
-	var quiet strings.Builder
-	if err := waitOffloaded(ctx, s.c, &quiet, ns, gen, time.Until(deadline)); err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
+	why := "the agent has not acted on the NamespaceOffload (is it running?)"
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		var o v1alpha1.NamespaceOffload
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: offloadName}, &o); err != nil {
+			why = err.Error()
+			return false, nil
+		}
+		for _, c := range o.Status.Clusters {
+			if c.ClusterID != provider {
+				continue
+			}
+			r := meta.FindStatusCondition(c.Conditions, offload.ConditionReady)
+			if r != nil && r.Status == metav1.ConditionTrue {
+				return true, nil
+			}
+			if r != nil {
+				why = fmt.Sprintf("%s: %s", r.Reason, r.Message)
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: namespace %s not offloaded to %s in time: %s", s.name, ns, provider, why)
 	}
 	return nil
 }

@@ -98,7 +98,7 @@ func checkLine(table, name string) string {
 // names it.
 func verifyNamespace(t *testing.T, table string) string {
 	t.Helper()
-	i := strings.Index(table, "namespace "+"flotilla-verify-")
+	i := strings.LastIndex(table, "namespace verify-flotilla-")
 	if i < 0 {
 		t.Fatalf("the table names no namespace:\n%s", table)
 	}
