@@ -78,6 +78,7 @@ func TestNoClusterSaysWhatToDo(t *testing.T) {
 		{"status"}, {"peer", "list"}, {"peer", "show", "beta"}, {"peer", "accept", "beta"}, {"peer", "deny", "beta"},
 		{"grant", "beta"}, {"revoke", "beta"}, {"offload", "namespace", "shop", "--selector", "a=b"}, {"unoffload", "namespace", "shop"},
 		{"key", "status"}, {"key", "rotate"}, {"graph"}, {"trace", "a", "b"}, {"info"},
+		{"verify", "--remote-context", "beta"}, {"gather", "-o", filepath.Join(dir, "bundle")},
 	} {
 		code, _, errOut := flotilla(args...)
 		if code != 1 || !strings.Contains(errOut, "no cluster: pass --kubeconfig or set KUBECONFIG") || strings.Contains(errOut, "KUBERNETES_MASTER") {
@@ -89,7 +90,7 @@ func TestNoClusterSaysWhatToDo(t *testing.T) {
 // Every verb that reads takes -o json and -o yaml.
 func TestReadVerbsPrintJSONAndYAML(t *testing.T) {
 	root := newRoot()
-	for _, line := range []string{"status", "peer list", "peer show", "key status", "ledger show", "version", "trace", "graph", "info"} {
+	for _, line := range []string{"status", "peer list", "peer show", "key status", "ledger show", "version", "trace", "graph", "info", "verify"} {
 		c, _, err := root.Find(strings.Fields(line))
 		if err != nil || c.CommandPath() != "flotilla "+line {
 			t.Errorf("%s: %v", line, err)

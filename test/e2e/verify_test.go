@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -35,6 +36,34 @@ func testVerify(t *testing.T, a, b *federation.NodeCluster) {
 			}
 		}
 		noVerifyLeft(t, verifyNamespace(t, table), a, b)
+	})
+
+	t.Run("Ctrl-C in the middle of verify still removes what it made", func(t *testing.T) {
+		cmd := exec.Command(harness.Flotilla(t), "verify", "--kubeconfig", a.CP.Kubeconfig, "--remote-kubeconfig", b.CP.Kubeconfig, "--wait", "2m")
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The witness that it is under way: its server pod runs on b.
+		var ns string
+		eventually.Within(t, 60*time.Second, "verify's server pod on b", func() error {
+			pods, err := b.CP.Client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{LabelSelector: "flotilla.io/verify=true,app=server-b"})
+			if err != nil || len(pods.Items) == 0 {
+				return fmt.Errorf("%d pods, err %v", len(pods.Items), err)
+			}
+			ns = pods.Items[0].Namespace
+			return nil
+		})
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		err := cmd.Wait()
+		t.Logf("flotilla verify, interrupted: %v\n%s", err, out.String())
+		if !strings.Contains(out.String(), "deleting namespace "+ns) {
+			t.Errorf("interrupted verify did not say it deletes %s", ns)
+		}
+		noVerifyLeft(t, ns, a, b)
 	})
 
 	t.Run("with b's agent down, verify says the pods do not reach each other and fails", func(t *testing.T) {
