@@ -45,7 +45,7 @@ deletion at the end waits up to a minute more.`,
 	cmd.Flags().StringVar(&o.remote.kubeconfig, "remote-kubeconfig", "", "kubeconfig of cluster B (default: --kubeconfig's)")
 	cmd.Flags().StringVar(&o.remote.context, "remote-context", "", "kubeconfig context of cluster B")
 	cmd.Flags().StringVar(&o.agentNS, "namespace", agentNamespace, "the agents' namespace on both clusters, where their Deployment names the image")
-	cmd.Flags().StringVar(&o.image, "image", "", "the image the pods run, which must hold the flotilla binary at /flotilla (default: each cluster's agent image)")
+	cmd.Flags().StringVar(&o.image, "image", "", "the image the pods run: one holding /flotilla of this release or later, which runs `flotilla verify-pod` (default: each cluster's agent image)")
 	wait := waitFlag(cmd)
 	out := outputFlag(cmd, objectFormats...)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -285,7 +285,7 @@ func (v *verifyRun) runChecks(ctx context.Context) {
 	if !granted {
 		for _, n := range []string{checkOffload, checkLogs} {
 			p := v.plan(n)
-			v.set(n, p.From, p.To, checkSkipped, fmt.Sprintf("skipped: no grant from %s (%s); `flotilla grant` on %s makes one", b.name, why, b.name))
+			v.set(n, p.From, p.To, checkSkipped, fmt.Sprintf("skipped: no grant from %s (%s)", b.name, why))
 		}
 	}
 	v.step("server pods on %s and %s, Service %s exported from %s", a.name, b.name, exported, b.name)
