@@ -21,10 +21,15 @@ import (
 
 // testVerify runs `flotilla verify` from a (which holds a grant from b
 // and forwards clusterset.local to its agent) to b: every check passes
-// and nothing of the run is left on either cluster; with b's agent
-// scaled to 0 the pods no longer reach each other, and the table says
-// so with exit status 1.
+// and nothing of the run is left on either cluster; interrupted, it
+// still removes what it made; from b, which holds no grant of a, the
+// offload checks are skipped and say why; with b's agent scaled to 0
+// the pods no longer reach each other, and the table says so with exit
+// status 1.
 func testVerify(t *testing.T, a, b *federation.NodeCluster) {
+	// For the run from b: b's pods resolve clusterset.local too (in
+	// force once the kubelet syncs CoreDNS's pod, within a minute).
+	b.ForwardClusterset(t)
 	t.Run("flotilla verify passes every check and leaves nothing", func(t *testing.T) {
 		table, code := runVerify(t, a, b, "2m")
 		if code != 0 || !strings.Contains(table, "PASSED") {
@@ -64,6 +69,24 @@ func testVerify(t *testing.T, a, b *federation.NodeCluster) {
 			t.Errorf("interrupted verify did not say it deletes %s", ns)
 		}
 		noVerifyLeft(t, ns, a, b)
+	})
+
+	t.Run("from b, which holds no grant of a, the offload checks say skipped and the rest pass", func(t *testing.T) {
+		table, code := runVerify(t, b, a, "90s")
+		if code != 0 || !strings.Contains(table, "PASSED") {
+			t.Errorf("verify from b: exit %d; want 0 and PASSED", code)
+		}
+		for _, check := range []string{"offloaded pod", "logs via virtual node"} {
+			if line := checkLine(table, check); !strings.Contains(line, "SKIPPED  skipped: no grant from a (") {
+				t.Errorf("check %q from b: %q, want it skipped for want of a grant from a", check, line)
+			}
+		}
+		for _, check := range []string{"pod to pod", "pod to pod (back)", "service", "exported service"} {
+			if line := checkLine(table, check); !strings.Contains(line, "PASS") {
+				t.Errorf("check %q from b: %q, want PASS", check, line)
+			}
+		}
+		noVerifyLeft(t, verifyNamespace(t, table), b, a)
 	})
 
 	t.Run("with b's agent down, verify says the pods do not reach each other and fails", func(t *testing.T) {
