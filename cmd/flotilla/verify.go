@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload/mcs"
@@ -146,7 +147,7 @@ const (
 // The pods and the Service of a run.
 const (
 	serverA, serverB, serverOffloaded = "server-a", "server-b", "server-offloaded"
-	probeA, probeB                    = "probe-a", "probe-b"
+	probeA, probeB, probeOffloaded    = "probe-a", "probe-b", "probe-offloaded"
 	exported                          = serverB
 )
 
@@ -299,21 +300,18 @@ func (v *verifyRun) runChecks(ctx context.Context) {
 			return
 		}
 	}
+	// The offload runs beside the rest: a provider slow to make its
+	// namespace takes no time from the other checks.
+	offloaded := make(chan offloadOutcome, 1)
 	if granted {
 		v.step("offloading %s on %s (a NamespaceOffload to the providers it holds grants of), a pod on %s's virtual node", ns, a.name, b.name)
-		err := a.offloadTo(ctx, ns, b.id)
-		if err == nil {
-			err = a.createServer(ctx, ns, serverOffloaded, b.id)
-		}
-		if err != nil {
-			v.failAll(err, checkOffload, checkLogs)
-		}
+		go func() { offloaded <- v.offloadPod(ctx) }()
 	}
 	v.step("waiting for the server pods")
 	podA, errA := a.waitPod(ctx, ns, serverA, false)
 	podB, errB := b.waitPod(ctx, ns, serverB, false)
 	if errA != nil {
-		v.failAll(errA, checkPodsAB, checkPodsBA, checkOffload, checkLogs, checkExport)
+		v.failAll(errA, checkPodsAB, checkPodsBA, checkExport)
 	}
 	if errB != nil {
 		v.failAll(errB, checkPodsAB, checkPodsBA, checkService, checkExport)
@@ -335,24 +333,49 @@ func (v *verifyRun) runChecks(ctx context.Context) {
 	if errB == nil {
 		probesB = append(probesB, probeTarget{checkService, httpURL(exported + "." + ns + ".svc"), serverB})
 	}
-	if _, done := v.results[checkOffload]; !done && errA == nil {
-		// The pod's address on A is already A's view of it on B.
-		off, err := a.waitPod(ctx, ns, serverOffloaded, false)
-		if err != nil {
-			v.failAll(err, checkOffload, checkLogs)
+	v.step("probing: %d check(s) from %s, %d from %s", len(probesA), a.name, len(probesB), b.name)
+	startedA, startedB := v.startProbe(ctx, a, probeA, probesA), v.startProbe(ctx, b, probeB, probesB)
+	var probesOff []probeTarget
+	if granted {
+		if o := <-offloaded; o.err != nil {
+			v.failAll(o.err, checkOffload, checkLogs)
 		} else {
-			probesA = append(probesA, probeTarget{checkOffload, httpURL(off.Status.PodIP), serverOffloaded})
+			// The pod's address on A is already A's view of it on B.
+			v.step("probing the offloaded pod from %s, reading its logs", a.name)
+			probesOff = []probeTarget{{checkOffload, httpURL(o.pod.Status.PodIP), serverOffloaded}}
 			v.checkLogs(ctx)
 		}
 	}
-	v.step("probing: %d check(s) from %s, %d from %s", len(probesA), a.name, len(probesB), b.name)
-	started := []bool{v.startProbe(ctx, a, probeA, probesA), v.startProbe(ctx, b, probeB, probesB)}
-	if started[0] {
-		v.collectProbe(ctx, a, probeA, probesA)
+	startedOff := v.startProbe(ctx, a, probeOffloaded, probesOff)
+	for _, p := range []struct {
+		started bool
+		side    *verifySide
+		name    string
+		targets []probeTarget
+	}{{startedA, a, probeA, probesA}, {startedB, b, probeB, probesB}, {startedOff, a, probeOffloaded, probesOff}} {
+		if p.started {
+			v.collectProbe(ctx, p.side, p.name, p.targets)
+		}
 	}
-	if started[1] {
-		v.collectProbe(ctx, b, probeB, probesB)
+}
+
+// offloadOutcome is the offloaded server pod, once Ready, or why not.
+type offloadOutcome struct {
+	pod corev1.Pod
+	err error
+}
+
+// offloadPod offloads the run's namespace on A, creates a server pod on
+// B's virtual node and waits until it is Ready.
+func (v *verifyRun) offloadPod(ctx context.Context) offloadOutcome {
+	if err := v.a.offloadTo(ctx, v.ns, v.b.id); err != nil {
+		return offloadOutcome{err: err}
 	}
+	if err := v.a.createServer(ctx, v.ns, serverOffloaded, v.b.id); err != nil {
+		return offloadOutcome{err: err}
+	}
+	p, err := v.a.waitPod(ctx, v.ns, serverOffloaded, false)
+	return offloadOutcome{pod: p, err: err}
 }
 
 func httpURL(host string) string { return fmt.Sprintf("http://%s:%d/", host, verifyPort) }

@@ -221,10 +221,12 @@ func (s *verifySide) exportServer(ctx context.Context, ns, name string) error {
 // and returns it; the error says what it was last.
 func (s *verifySide) waitPod(ctx context.Context, ns, name string, done bool) (corev1.Pod, error) {
 	var p corev1.Pod
-	var why error
+	why := fmt.Errorf("no pod %s yet", name)
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
-			why = err
+			if ctx.Err() == nil {
+				why = err
+			}
 			return false, nil
 		}
 		if done {
@@ -235,7 +237,7 @@ func (s *verifySide) waitPod(ctx context.Context, ns, name string, done bool) (c
 		return why == nil, nil
 	})
 	if err != nil {
-		return p, fmt.Errorf("%s: %v%s", s.name, why, onNode(p))
+		return p, fmt.Errorf("%s: not within --wait: %v%s", s.name, why, onNode(p))
 	}
 	return p, nil
 }

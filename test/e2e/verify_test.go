@@ -107,9 +107,10 @@ func testVerify(t *testing.T, a, b *federation.NodeCluster) {
 		if code != 1 || !strings.Contains(table, "FAILED") {
 			t.Errorf("verify with b's agent down: exit %d; want 1 and FAILED", code)
 		}
+		// Failed for the right reason: the probes ran and no answer came.
 		for _, check := range []string{"pod to pod", "pod to pod (back)"} {
-			if line := checkLine(table, check); !strings.Contains(line, "FAIL") {
-				t.Errorf("with b's agent down, check %q: %q, want FAIL", check, line)
+			if line := checkLine(table, check); !strings.Contains(line, "FAIL") || !strings.Contains(line, "no answer from server-") {
+				t.Errorf("with b's agent down, check %q: %q, want FAIL with no answer from the server", check, line)
 			}
 		}
 		ns := verifyNamespace(t, table)
