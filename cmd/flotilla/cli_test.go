@@ -31,6 +31,7 @@ var offCluster = []string{
 	"flotilla", "flotilla agent", "flotilla fabric", "flotilla cleanup", "flotilla ledger", "flotilla ledger show",
 	"flotilla token", "flotilla key", "flotilla key generate", "flotilla peer", "flotilla offload",
 	"flotilla unoffload", "flotilla help", "flotilla docs",
+	"flotilla verify-pod", "flotilla verify-pod serve", "flotilla verify-pod probe",
 }
 
 // -h and --help are help, on stdout with exit status 0, for every command
@@ -77,6 +78,7 @@ func TestNoClusterSaysWhatToDo(t *testing.T) {
 		{"status"}, {"peer", "list"}, {"peer", "show", "beta"}, {"peer", "accept", "beta"}, {"peer", "deny", "beta"},
 		{"grant", "beta"}, {"revoke", "beta"}, {"offload", "namespace", "shop", "--selector", "a=b"}, {"unoffload", "namespace", "shop"},
 		{"key", "status"}, {"key", "rotate"}, {"graph"}, {"trace", "a", "b"}, {"info"},
+		{"verify", "--remote-context", "beta"}, {"gather", "-o", filepath.Join(dir, "bundle")},
 	} {
 		code, _, errOut := flotilla(args...)
 		if code != 1 || !strings.Contains(errOut, "no cluster: pass --kubeconfig or set KUBECONFIG") || strings.Contains(errOut, "KUBERNETES_MASTER") {
@@ -88,7 +90,7 @@ func TestNoClusterSaysWhatToDo(t *testing.T) {
 // Every verb that reads takes -o json and -o yaml.
 func TestReadVerbsPrintJSONAndYAML(t *testing.T) {
 	root := newRoot()
-	for _, line := range []string{"status", "peer list", "peer show", "key status", "ledger show", "version", "trace", "graph", "info"} {
+	for _, line := range []string{"status", "peer list", "peer show", "key status", "ledger show", "version", "trace", "graph", "info", "verify"} {
 		c, _, err := root.Find(strings.Fields(line))
 		if err != nil || c.CommandPath() != "flotilla "+line {
 			t.Errorf("%s: %v", line, err)

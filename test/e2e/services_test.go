@@ -35,6 +35,9 @@ import (
 // b's endpoints in a's view of b, a's pod resolves the clusterset name
 // through a's agent and reaches b's pod; c's export of a different shape
 // conflicts and loses to b's older one; unexporting removes the imports.
+// Last, `flotilla verify` from a to b passes, and fails with b's agent
+// down; `flotilla gather`'s bundles of a and b hold none of their
+// credentials.
 func TestServicesAcrossClusters(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
@@ -289,6 +292,11 @@ func TestServicesAcrossClusters(t *testing.T) {
 			})
 		}
 	})
+
+	// a holds a grant from b and forwards clusterset.local: what
+	// `flotilla verify` checks is all there.
+	testVerify(t, a, b)
+	testGather(t, env, a, b, bID)
 }
 
 // appPod is a pod of the test server labelled app=name, on the nodes
