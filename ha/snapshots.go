@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -53,7 +53,7 @@ var ErrSuperseded = errors.New("another replica wrote a newer ledger snapshot")
 
 // Snapshots reads and writes the ledger's snapshot Secret.
 type Snapshots struct {
-	Kube      kubernetes.Interface
+	Kube      kubeclient.Interface
 	Namespace string
 	Log       *slog.Logger
 	// Debounce is how long Run gathers commits; zero means DefaultDebounce.
