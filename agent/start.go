@@ -18,14 +18,17 @@ import (
 // must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	lap := a.startLaps()
-	// Steps on the API server alone run meanwhile from the start.
+	// Steps on the API server alone run meanwhile from the start; the
+	// ledger's snapshot is read while the ledger opens.
+	snap := startBackground(ctx, a.newestLedgerSnapshot)
+	defer snap.stop()
 	nets := startBackground(ctx, a.clusterNetworks)
 	defer nets.stop()
 	crds := startBackground(ctx, a.ensureCRDs)
 	defer crds.stop()
 	fromSecretBg := startBackground(ctx, a.secretFederation)
 	defer fromSecretBg.stop()
-	st, err := a.openState(ctx, comps)
+	st, err := a.openState(comps, snap)
 	if err != nil {
 		return err
 	}
