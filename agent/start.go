@@ -24,8 +24,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer snap.stop()
 	nets := startBackground(ctx, a.clusterNetworks)
 	defer nets.stop()
-	crds := startBackground(ctx, a.ensureCRDs)
-	defer crds.stop()
+	peerCRD := startBackground(ctx, a.ensureCRDs(true))
+	defer peerCRD.stop()
+	otherCRDs := startBackground(ctx, a.ensureCRDs(false))
+	defer otherCRDs.stop()
 	fromSecretBg := startBackground(ctx, a.secretFederation)
 	defer fromSecretBg.stop()
 	st, err := a.openState(comps, snap)
@@ -79,13 +81,13 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	// The Peer informer needs the CRDs; the steps above (discovery's
+	// The Peer informer needs the Peer's CRD; the steps above (discovery's
 	// keys, a synced ledger write) do not, and ran while the check was
-	// under way.
-	if _, err := crds.wait(); err != nil {
+	// under way. Offloading waits for the other CRDs, after the join.
+	if _, err := peerCRD.wait(); err != nil {
 		return err
 	}
-	lap("CRDs")
+	lap("Peer CRD")
 	a.fabric.start(a.fabricNodes, tun.MTU())
 	eng, relay, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
@@ -112,6 +114,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// The rest is not on the network path, and runs after the join; the
 	// agent is not ready until startComponents returns (Run's "started"
 	// check), nor until each part's own check passes.
+	if _, err := otherCRDs.wait(); err != nil {
+		return err
+	}
+	lap("CRDs")
 	if err := a.startOffloading(ctx, comps, st, relay, disc, &engine, seg); err != nil {
 		return err
 	}
