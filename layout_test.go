@@ -33,31 +33,7 @@ func TestLowerLayersImportNoKubernetes(t *testing.T) {
 // one chain of imports from pkg to it.
 func kubernetesImports(t *testing.T, pkg string) [][]string {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", pkg)
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("go list %s: %v\n%s", pkg, err, ee.Stderr)
-		}
-		t.Fatalf("go list %s: %v", pkg, err)
-	}
-	imports := map[string][]string{}
-	var root string
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	for {
-		var p struct {
-			ImportPath string
-			Imports    []string
-		}
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("go list %s: %v", pkg, err)
-		}
-		imports[p.ImportPath] = p.Imports
-		root = p.ImportPath // -deps lists pkg last
-	}
+	imports, root := listImports(t, pkg)
 	// Breadth first from pkg, remembering how each package was reached.
 	via := map[string]string{root: ""}
 	queue := []string{root}
@@ -89,11 +65,11 @@ func kubernetesImports(t *testing.T, pkg string) [][]string {
 // makes). Each package below may import, of this module, only what its
 // row lists.
 func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
-	base := []string{"api/", "identity", "internal/ctrl", "offload/grant"}
+	base := []string{"api/", "identity", "internal/ctrl", "internal/kubeclient", "offload/grant"}
 	allowed := map[string][]string{
 		"offload":                {"api/", "identity", "offload/grant"},
 		"offload/grant":          {"identity", "ipam"},
-		"offload/internal/certs": {"api/"},
+		"offload/internal/certs": {"api/", "internal/kubeclient"},
 		"offload/remote":         append([]string{"offload"}, base...),
 		"offload/tenancy":        append([]string{"offload", "peering"}, base...),
 		"offload/mirror":         append([]string{"offload", "offload/remote", "offload/tenancy"}, base...),
@@ -172,4 +148,54 @@ func TestDarwinCLILinksNoDataPath(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The binary links client-go's typed clients of only the API groups it
+// uses (internal/kubeclient): no package of ours in it imports the full
+// clientset or an informer factory, each of which links every API group
+// Kubernetes serves.
+func TestBinaryImportsNoFullClientset(t *testing.T) {
+	const module = "github.com/flotilla-io/flotilla/"
+	imports, _ := listImports(t, "./cmd/flotilla")
+	for pkg, deps := range imports {
+		if !strings.HasPrefix(pkg, module) {
+			continue
+		}
+		for _, dep := range deps {
+			if dep == "k8s.io/client-go/kubernetes" || dep == "k8s.io/client-go/informers" || dep == "k8s.io/client-go/dynamic/dynamicinformer" ||
+				strings.HasPrefix(dep, "k8s.io/client-go/informers/") {
+				t.Errorf("%s imports %s, which links every API group; use internal/kubeclient", strings.TrimPrefix(pkg, module), dep)
+			}
+		}
+	}
+}
+
+// listImports is what each package pkg depends on imports, by go list,
+// and pkg's import path.
+func listImports(t *testing.T, pkg string) (imports map[string][]string, root string) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", pkg).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, ee.Stderr)
+		}
+		t.Fatalf("go list %s: %v", pkg, err)
+	}
+	imports = map[string][]string{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		imports[p.ImportPath] = p.Imports
+		root = p.ImportPath // -deps lists pkg last
+	}
+	return imports, root
 }

@@ -20,13 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/version"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/observe/dashboard"
@@ -232,7 +232,7 @@ type Agent struct {
 	registry *prometheus.Registry
 	ready    checks
 
-	kube    kubernetes.Interface
+	kube    kubeclient.Interface
 	restCfg *rest.Config
 
 	// listeners are bound in New so that a bad address fails at once and
@@ -371,7 +371,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	restCfg.UserAgent = "flotilla-agent/" + version.Version
-	kube, err := kubernetes.NewForConfig(restCfg)
+	kube, err := kubeclient.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}

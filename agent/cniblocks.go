@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,12 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // Where the pod blocks announced come from, in the order they are
@@ -224,13 +224,12 @@ func (a *Agent) watchLearnedBlocks(ctx context.Context, comps *components, bits 
 		if err != nil {
 			return l, fmt.Errorf("client of the CNI's kinds: %w", err)
 		}
-		factory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 		for _, gvr := range cni {
 			name, read, transform := sourceCalico, calicoBlock, calicoFieldsRead
 			if gvr == ciliumNodes {
 				name, read, transform = sourceCilium, ciliumBlocks, ciliumFieldsRead
 			}
-			inf := factory.ForResource(gvr).Informer()
+			inf := kubeclient.NewInformer(&unstructured.Unstructured{}, dyn.Resource(gvr), nil)
 			if err := inf.SetTransform(transform); err != nil {
 				return l, fmt.Errorf("watch %s: %w", name, err)
 			}
@@ -250,18 +249,21 @@ func (a *Agent) watchLearnedBlocks(ctx context.Context, comps *components, bits 
 			infs = append(infs, inf)
 		}
 		comps.Go("CNI block informers", func(ctx context.Context) error {
-			factory.Start(ctx.Done())
-			<-ctx.Done()
-			factory.Shutdown()
+			var wg sync.WaitGroup
+			for _, inf := range infs {
+				wg.Go(func() { inf.RunWithContext(ctx) })
+			}
+			wg.Wait()
 			return nil
 		})
 	} else {
 		// Only pods with an address of the pod network, and still
 		// holding it.
 		selector := "spec.hostNetwork=false,status.phase!=Succeeded,status.phase!=Failed"
-		factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTransform(podFieldsRead),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
-		inf := factory.Core().V1().Pods().Informer()
+		inf := kubeclient.NewInformer(&corev1.Pod{}, a.kube.CoreV1().Pods(""), func(o *metav1.ListOptions) { o.FieldSelector = selector })
+		if err := inf.SetTransform(podFieldsRead); err != nil {
+			return l, fmt.Errorf("watch pods: %w", err)
+		}
 		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(any) { changed() },
 			UpdateFunc: func(old, cur any) {
@@ -291,9 +293,7 @@ func (a *Agent) watchLearnedBlocks(ctx context.Context, comps *components, bits 
 		}})
 		infs = append(infs, inf)
 		comps.Go("pod address informer", func(ctx context.Context) error {
-			factory.Start(ctx.Done())
-			<-ctx.Done()
-			factory.Shutdown()
+			inf.RunWithContext(ctx)
 			return nil
 		})
 	}

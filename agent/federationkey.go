@@ -17,12 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fieldsel "k8s.io/apimachinery/pkg/fields"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -174,19 +174,13 @@ func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ip
 		return fmt.Errorf("federation keys: %w", err)
 	}
 	f.queue = c.Queue()
-	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0,
-		informers.WithNamespace(f.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			// Only this Secret: the agent may read no other.
-			o.FieldSelector = fieldsel.OneTermEqualSelector("metadata.name", FederationSecret).String()
-		}),
-		informers.WithTransform(func(obj any) (any, error) {
-			if m, ok := obj.(metav1.Object); ok {
-				m.SetManagedFields(nil)
-			}
-			return obj, nil
-		}))
-	inf := factory.Core().V1().Secrets().Informer()
+	// Only this Secret: the agent may read no other.
+	inf := kubeclient.NewInformer(&corev1.Secret{}, a.kube.CoreV1().Secrets(f.ns), func(o *metav1.ListOptions) {
+		o.FieldSelector = fieldsel.OneTermEqualSelector("metadata.name", FederationSecret).String()
+	})
+	if err := inf.SetTransform(kubeclient.DropManagedFields); err != nil {
+		return fmt.Errorf("watch Secret %s: %w", FederationSecret, err)
+	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *toolscache.Reflector, err error) {
 		f.watchLog.report(a.log, fmt.Errorf("watch Secret %s/%s: %w (deploy/rbac.yaml lets the agent read it)", f.ns, FederationSecret, err))
 	}); err != nil {
@@ -202,8 +196,11 @@ func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ip
 	f.store = inf.GetStore()
 	a.registry.MustRegister(keyCollector{held})
 	comps.Go("federation keys", func(ctx context.Context) error {
-		factory.Start(ctx.Done())
-		defer factory.Shutdown()
+		ctx, cancel := context.WithCancel(ctx)
+		var informer sync.WaitGroup
+		defer informer.Wait()
+		defer cancel()
+		informer.Go(func() { inf.RunWithContext(ctx) })
 		// The status says what the agent holds even before the Secret is
 		// read (or when it cannot be).
 		f.queue.Add(FederationSecret)

@@ -7,11 +7,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 )
 
@@ -27,7 +27,7 @@ type Networks struct {
 // when given, otherwise what the cluster says (kubeadm's configuration,
 // the ServiceCIDR objects, the nodes' spec.podCIDRs), otherwise an error
 // that names the flag to set.
-func detectNetworks(ctx context.Context, kube kubernetes.Interface, pods, services []netip.Prefix) (Networks, error) {
+func detectNetworks(ctx context.Context, kube kubeclient.Interface, pods, services []netip.Prefix) (Networks, error) {
 	n := Networks{Pods: pods, Services: services, PodSource: "--pod-cidr", ServiceSource: "--service-cidr"}
 	var kubeadm struct {
 		Networking struct {

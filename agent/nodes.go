@@ -10,12 +10,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // informerSyncPoll is how often an informer is asked whether it synced.
@@ -29,8 +29,10 @@ type clusterNodes struct{ store toolscache.Store }
 // returns once it has synced. changed is called when a Node comes, goes or
 // changes its addresses or pod blocks.
 func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (clusterNodes, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTransform(nodeFieldsRead))
-	inf := factory.Core().V1().Nodes().Informer()
+	inf := kubeclient.NewInformer(&corev1.Node{}, a.kube.CoreV1().Nodes(), nil)
+	if err := inf.SetTransform(nodeFieldsRead); err != nil {
+		return clusterNodes{}, fmt.Errorf("watch Nodes: %w", err)
+	}
 	_, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { changed() },
 		UpdateFunc: func(old, cur any) {
@@ -48,9 +50,7 @@ func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func(
 		return clusterNodes{}, fmt.Errorf("watch Nodes: %w", err)
 	}
 	comps.Go("Node informer", func(ctx context.Context) error {
-		factory.Start(ctx.Done())
-		<-ctx.Done()
-		factory.Shutdown() // waits for the informer's goroutines
+		inf.RunWithContext(ctx) // returns once its goroutines have ended
 		return nil
 	})
 	// client-go's wait looks every 100 ms, a fifth of an agent's start-up:

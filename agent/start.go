@@ -18,14 +18,19 @@ import (
 // must be stopped, so Run stops them in reverse.
 func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	lap := a.startLaps()
-	// Steps on the API server alone run meanwhile from the start.
+	// Steps on the API server alone run meanwhile from the start; the
+	// ledger's snapshot is read while the ledger opens.
+	snap := startBackground(ctx, a.newestLedgerSnapshot)
+	defer snap.stop()
 	nets := startBackground(ctx, a.clusterNetworks)
 	defer nets.stop()
-	crds := startBackground(ctx, a.ensureCRDs)
-	defer crds.stop()
+	peerCRD := startBackground(ctx, a.ensureCRDs(true))
+	defer peerCRD.stop()
+	otherCRDs := startBackground(ctx, a.ensureCRDs(false))
+	defer otherCRDs.stop()
 	fromSecretBg := startBackground(ctx, a.secretFederation)
 	defer fromSecretBg.stop()
-	st, err := a.openState(ctx, comps)
+	st, err := a.openState(comps, snap)
 	if err != nil {
 		return err
 	}
@@ -77,13 +82,13 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	// The Peer informer needs the CRDs; the steps above (discovery's
+	// The Peer informer needs the Peer's CRD; the steps above (discovery's
 	// keys, a synced ledger write) do not, and ran while the check was
-	// under way.
-	if _, err := crds.wait(); err != nil {
+	// under way. Offloading waits for the other CRDs, after the join.
+	if _, err := peerCRD.wait(); err != nil {
 		return err
 	}
-	lap("CRDs")
+	lap("Peer CRD")
 	a.fabric.start(a.fabricNodes, tun.MTU())
 	eng, relay, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
@@ -110,6 +115,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// The rest is not on the network path, and runs after the join; the
 	// agent is not ready until startComponents returns (Run's "started"
 	// check), nor until each part's own check passes.
+	if _, err := otherCRDs.wait(); err != nil {
+		return err
+	}
+	lap("CRDs")
 	if err := a.startOffloading(ctx, comps, st, relay, disc, &engine, seg); err != nil {
 		return err
 	}

@@ -30,9 +30,10 @@ type state struct {
 }
 
 // openState opens the ledger, closed last when the agent stops, brings it
-// to its newest snapshot when it is behind (restoreLedger), and loads the
+// to its newest snapshot when it is behind (restoreLedger; snap is the
+// snapshot's read, started before the ledger opened), and loads the
 // cluster's identity from it, creating one at first start.
-func (a *Agent) openState(ctx context.Context, comps *components) (state, error) {
+func (a *Agent) openState(comps *components, snap *background[*ipam.Snapshot]) (state, error) {
 	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{Now: a.now})
 	if err != nil {
 		return state{}, fmt.Errorf("open ledger: %w", err)
@@ -43,7 +44,7 @@ func (a *Agent) openState(ctx context.Context, comps *components) (state, error)
 		_, err := os.Stat(ledger.Path()) // deleted under a running agent: say so
 		return err
 	})
-	if err := a.restoreLedger(ctx, comps, ledger); err != nil {
+	if err := a.restoreLedger(comps, ledger, snap); err != nil {
 		return state{}, err
 	}
 	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
@@ -61,17 +62,39 @@ func (a *Agent) openState(ctx context.Context, comps *components) (state, error)
 	return state{ledger: ledger, id: id}, nil
 }
 
+// ledgerSnapshots is where the ledger is replicated, nil without
+// --ledger-snapshots.
+func (a *Agent) ledgerSnapshots() *ha.Snapshots {
+	if !a.cfg.LedgerSnapshots {
+		return nil
+	}
+	return &ha.Snapshots{Kube: a.kube, Namespace: a.agentNamespace(), Log: a.log.With("component", "ledger snapshots")}
+}
+
+// newestLedgerSnapshot reads the ledger's snapshot from the Secret
+// flotilla-ledger: nil when there is none or snapshots are off.
+func (a *Agent) newestLedgerSnapshot(ctx context.Context) (*ipam.Snapshot, error) {
+	snaps := a.ledgerSnapshots()
+	if snaps == nil {
+		return nil, nil
+	}
+	return snaps.Newest(ctx)
+}
+
 // restoreLedger restores the ledger from the Secret flotilla-ledger when
 // another replica wrote it since this state directory last did (or the
 // directory is new), then keeps writing the ledger's snapshots there
 // after its changes. A state directory with nothing in it does not start
 // on a snapshot it cannot read: it would make a new identity.
-func (a *Agent) restoreLedger(ctx context.Context, comps *components, ledger *ipam.Ledger) error {
-	if !a.cfg.LedgerSnapshots {
+func (a *Agent) restoreLedger(comps *components, ledger *ipam.Ledger, read *background[*ipam.Snapshot]) error {
+	snaps := a.ledgerSnapshots()
+	if snaps == nil {
 		return nil
 	}
-	snaps := &ha.Snapshots{Kube: a.kube, Namespace: a.agentNamespace(), Log: a.log.With("component", "ledger snapshots")}
-	_, err := snaps.Restore(ctx, ledger, keyIdentity)
+	snap, err := read.wait()
+	if err == nil {
+		_, err = snaps.RestoreFrom(ledger, snap, keyIdentity)
+	}
 	switch {
 	case err != nil && ledger.Generation() == 0:
 		return fmt.Errorf("ledger: this state directory is empty and its snapshot cannot be restored: %w", err)

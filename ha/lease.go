@@ -12,9 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // LeaseName is the coordination.k8s.io Lease the agent's replicas hold to
@@ -35,7 +36,7 @@ const (
 
 // Elector makes one replica of the agent the active one by a Lease.
 type Elector struct {
-	Kube      kubernetes.Interface
+	Kube      kubeclient.Interface
 	Namespace string
 	// Identity names this replica in the Lease; NewIdentity makes one.
 	Identity string

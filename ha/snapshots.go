@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -53,7 +53,7 @@ var ErrSuperseded = errors.New("another replica wrote a newer ledger snapshot")
 
 // Snapshots reads and writes the ledger's snapshot Secret.
 type Snapshots struct {
-	Kube      kubernetes.Interface
+	Kube      kubeclient.Interface
 	Namespace string
 	Log       *slog.Logger
 	// Debounce is how long Run gathers commits; zero means DefaultDebounce.
@@ -101,8 +101,17 @@ func ours(sec *corev1.Secret) error {
 // the generation restored, or 0 when the ledger was kept as it is.
 func (s *Snapshots) Restore(ctx context.Context, ledger *ipam.Ledger, sameKey string) (uint64, error) {
 	snap, err := s.Newest(ctx)
-	if err != nil || snap == nil {
+	if err != nil {
 		return 0, err
+	}
+	return s.RestoreFrom(ledger, snap, sameKey)
+}
+
+// RestoreFrom is Restore with the snapshot Newest read (nil when there is
+// none), so that the read can run while the ledger opens.
+func (s *Snapshots) RestoreFrom(ledger *ipam.Ledger, snap *ipam.Snapshot, sameKey string) (uint64, error) {
+	if snap == nil {
+		return 0, nil
 	}
 	if !ledger.ShouldRestore(snap.Generation) {
 		return 0, nil

@@ -7,13 +7,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // agentDeployment is the agent's Deployment, as deploy/ names it.
 const agentDeployment = "flotilla-agent"
 
-func podsOf(ctx context.Context, kube kubernetes.Interface, ns string, sel *metav1.LabelSelector) ([]corev1.Pod, error) {
+func podsOf(ctx context.Context, kube kubeclient.Interface, ns string, sel *metav1.LabelSelector) ([]corev1.Pod, error) {
 	s, err := metav1.LabelSelectorAsSelector(sel)
 	if err != nil {
 		return nil, err

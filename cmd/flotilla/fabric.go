@@ -17,12 +17,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/fabric"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/observe/trace"
 	"github.com/flotilla-io/flotilla/observe/trace/live"
 )
@@ -70,7 +70,7 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 	if err != nil {
 		return err
 	}
-	client, err := kubernetes.NewForConfig(restCfg)
+	client, err := kubeclient.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("Kubernetes client: %w", err)
 	}

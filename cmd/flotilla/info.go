@@ -17,13 +17,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/internal/version"
 	"github.com/flotilla-io/flotilla/offload/placement"
@@ -189,7 +189,7 @@ func readInstall(ctx context.Context, cfg *rest.Config, ns string) (installInfo,
 		Webhook:       webhookInfo{Name: placement.ConfigurationName},
 		ClustersetDNS: dnsInfo{Service: ns + "/" + clustersetDNS},
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return info, err
 	}
@@ -247,7 +247,7 @@ func readClusterProperties(ctx context.Context, c client.Client, info *installIn
 
 // readAgent reads the agent's pods and, from each running one, its
 // version and readiness checks.
-func readAgent(ctx context.Context, cfg *rest.Config, kube kubernetes.Interface, d *appsv1.Deployment, info *installInfo, note func(string, error)) {
+func readAgent(ctx context.Context, cfg *rest.Config, kube kubeclient.Interface, d *appsv1.Deployment, info *installInfo, note func(string, error)) {
 	a := &info.Agent
 	a.Installed, a.Ready = true, d.Status.ReadyReplicas
 	a.Replicas = 1
@@ -338,7 +338,7 @@ func buildOf(metrics []byte) (version, commit string) {
 	return version, commit
 }
 
-func readFabric(ctx context.Context, kube kubernetes.Interface, ns string, info *installInfo, note func(string, error)) {
+func readFabric(ctx context.Context, kube kubeclient.Interface, ns string, info *installInfo, note func(string, error)) {
 	ds, err := kube.AppsV1().DaemonSets(ns).Get(ctx, fabricapi.DaemonSetName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -360,7 +360,7 @@ func readFabric(ctx context.Context, kube kubernetes.Interface, ns string, info 
 	sort.Slice(f.Nodes, func(i, j int) bool { return f.Nodes[i].Node < f.Nodes[j].Node })
 }
 
-func readWebhook(ctx context.Context, kube kubernetes.Interface, info *installInfo, note func(string, error)) {
+func readWebhook(ctx context.Context, kube kubeclient.Interface, info *installInfo, note func(string, error)) {
 	mw, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, placement.ConfigurationName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -385,7 +385,7 @@ func readWebhook(ctx context.Context, kube kubernetes.Interface, info *installIn
 	}
 }
 
-func readDNS(ctx context.Context, kube kubernetes.Interface, ns string, info *installInfo, note func(string, error)) {
+func readDNS(ctx context.Context, kube kubeclient.Interface, ns string, info *installInfo, note func(string, error)) {
 	svc, err := kube.CoreV1().Services(ns).Get(ctx, clustersetDNS, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

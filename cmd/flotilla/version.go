@@ -9,9 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/internal/version"
 	"github.com/flotilla-io/flotilla/peering/protocol"
@@ -103,7 +103,7 @@ func (v versions) agree() bool {
 // that cannot be read is an entry saying why; a cluster that refuses or
 // lacks the agent's Deployment is an error.
 func readAgentBuilds(ctx context.Context, cfg *rest.Config, ns string, client version.Protocol) ([]agentBuild, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

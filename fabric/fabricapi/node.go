@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 
 	"github.com/flotilla-io/flotilla/fabric"
 )
@@ -22,7 +22,7 @@ const uninstallCheckTimeout = 5 * time.Second
 
 // NodeConfig configures RunNode.
 type NodeConfig struct {
-	Client    kubernetes.Interface
+	Client    kubeclient.Interface
 	Namespace string // the agent's, where the plan is
 	NodeName  string // this node's
 	Fabric    fabric.Config

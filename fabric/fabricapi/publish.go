@@ -10,7 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // FieldManager is the agent's field manager for what it applies here.
@@ -29,7 +30,7 @@ const (
 // ConfigMap, coalescing changes that come while a write is under way, and
 // keeps the fabric's DaemonSet applied.
 type Publisher struct {
-	client    kubernetes.Interface
+	client    kubeclient.Interface
 	namespace string
 	owner     string // the agent's Deployment
 	log       *slog.Logger
@@ -43,7 +44,7 @@ type Publisher struct {
 
 // NewPublisher returns a publisher for the agent whose Deployment is owner
 // in namespace; metrics go to reg.
-func NewPublisher(client kubernetes.Interface, namespace, owner string, log *slog.Logger, reg prometheus.Registerer) *Publisher {
+func NewPublisher(client kubeclient.Interface, namespace, owner string, log *slog.Logger, reg prometheus.Registerer) *Publisher {
 	p := &Publisher{
 		client: client, namespace: namespace, owner: owner, log: log,
 		kick: make(chan struct{}, 1),

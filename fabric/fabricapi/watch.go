@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // ErrNoPlan is what Watch reports while the ConfigMap does not exist.
@@ -20,13 +21,10 @@ var ErrNoPlan = errors.New("no fabric plan published")
 // Watch calls changed with the plan in namespace whenever it changes, with
 // ErrNoPlan while there is none and a parse error for a plan it cannot
 // use, until ctx ends. It watches that one ConfigMap and nothing else.
-func Watch(ctx context.Context, client kubernetes.Interface, namespace string, changed func(Plan, error)) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", PlanName).String()
-		}))
-	inf := factory.Core().V1().ConfigMaps().Informer()
+func Watch(ctx context.Context, client kubeclient.Interface, namespace string, changed func(Plan, error)) error {
+	inf := kubeclient.NewInformer(&corev1.ConfigMap{}, client.CoreV1().ConfigMaps(namespace), func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", PlanName).String()
+	})
 	report := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
@@ -47,16 +45,16 @@ func Watch(ctx context.Context, client kubernetes.Interface, namespace string, c
 	}); err != nil {
 		return fmt.Errorf("watch ConfigMap %s/%s: %w", namespace, PlanName, err)
 	}
-	factory.Start(ctx.Done())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { inf.RunWithContext(ctx) })
 	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		factory.Shutdown()
 		return nil
 	}
 	if len(inf.GetStore().List()) == 0 {
 		changed(Plan{}, ErrNoPlan)
 	}
 	<-ctx.Done()
-	factory.Shutdown()
 	return nil
 }
 
@@ -65,7 +63,7 @@ func Watch(ctx context.Context, client kubernetes.Interface, namespace string, c
 // being deleted, or the fabric's service account lost its rights (the
 // namespace is going). A pod that stops for any other reason (an update,
 // a node drain) leaves the routes in place, so traffic keeps flowing.
-func Uninstalling(ctx context.Context, client kubernetes.Interface, namespace string) (bool, error) {
+func Uninstalling(ctx context.Context, client kubeclient.Interface, namespace string) (bool, error) {
 	ds, err := client.AppsV1().DaemonSets(namespace).Get(ctx, DaemonSetName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err), apierrors.IsUnauthorized(err), apierrors.IsForbidden(err):

@@ -24,12 +24,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flotilla-io/flotilla/internal/sourcerate"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
+	"github.com/flotilla-io/flotilla/internal/sourcerate"
 )
 
 // Defaults of a Guard.
@@ -57,7 +58,7 @@ const (
 type Config struct {
 	// Client reaches the local API server with the rights to create
 	// tokenreviews and subjectaccessreviews.
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Audiences the token must be for; empty: the API server's own.
 	Audiences []string
 	// TrustLoopback lets requests from a loopback address through

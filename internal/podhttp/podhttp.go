@@ -13,10 +13,11 @@ import (
 	"strconv"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // maxBody bounds what is read: a node's trace report or an agent's
@@ -26,7 +27,7 @@ const maxBody = 32 << 20
 // Get returns the body of GET path on port of pod ns/name; an answer
 // other than 200 OK is a *StatusError, returned with the body.
 func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path string) ([]byte, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	kube, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -14,15 +14,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // FieldManager is the agent's field manager for what it applies.
@@ -40,7 +40,7 @@ const Policy = "flotilla-agent-coredns-forward"
 
 // Config is what a Keeper needs.
 type Config struct {
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Corefile is CoreDNS's ConfigMap (kube-system/coredns as kubeadm
 	// installs it).
 	Corefile types.NamespacedName
@@ -63,9 +63,8 @@ type Keeper struct {
 	loop *ctrl.Controller[string]
 	// One informer of one object each: CoreDNS's ConfigMap and the
 	// agent's DNS Service.
-	cmFactory, svcFactory informers.SharedInformerFactory
-	cmInf, svcInf         toolscache.SharedIndexInformer
-	errs                  ctrl.ErrorLog[string]
+	cmInf, svcInf toolscache.SharedIndexInformer
+	errs          ctrl.ErrorLog[string]
 
 	mu       sync.Mutex
 	fence    error     // the last proof's verdict; errNotProven before one
@@ -106,12 +105,12 @@ func New(cfg Config) (*Keeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.cmFactory, k.cmInf = oneObject(cfg.Client, cfg.Corefile, func(f informers.SharedInformerFactory) toolscache.SharedIndexInformer {
-		return f.Core().V1().ConfigMaps().Informer()
-	})
-	k.svcFactory, k.svcInf = oneObject(cfg.Client, cfg.Service, func(f informers.SharedInformerFactory) toolscache.SharedIndexInformer {
-		return f.Core().V1().Services().Informer()
-	})
+	if k.cmInf, err = oneObject(&corev1.ConfigMap{}, cfg.Client.CoreV1().ConfigMaps(cfg.Corefile.Namespace), cfg.Corefile.Name); err != nil {
+		return nil, err
+	}
+	if k.svcInf, err = oneObject(&corev1.Service{}, cfg.Client.CoreV1().Services(cfg.Service.Namespace), cfg.Service.Name); err != nil {
+		return nil, err
+	}
 	for what, inf := range map[string]toolscache.SharedIndexInformer{"ConfigMap " + cfg.Corefile.String(): k.cmInf, "Service " + cfg.Service.String(): k.svcInf} {
 		if _, err := inf.AddEventHandler(ctrl.OnEvery(func(any) { k.loop.Add("corefile") })); err != nil {
 			return nil, err
@@ -129,29 +128,26 @@ func New(cfg Config) (*Keeper, error) {
 
 // oneObject is an informer of the one object name: the agent may read no
 // other ConfigMap of CoreDNS's namespace.
-func oneObject(c kubernetes.Interface, name types.NamespacedName, inf func(informers.SharedInformerFactory) toolscache.SharedIndexInformer) (informers.SharedInformerFactory, toolscache.SharedIndexInformer) {
-	f := informers.NewSharedInformerFactoryWithOptions(c, 0,
-		informers.WithNamespace(name.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name.Name).String()
-		}),
-		informers.WithTransform(func(obj any) (any, error) {
-			if m, ok := obj.(metav1.Object); ok {
-				m.SetManagedFields(nil)
-			}
-			return obj, nil
-		}))
-	return f, inf(f)
+func oneObject[L runtime.Object](obj runtime.Object, c kubeclient.ListWatcher[L], name string) (toolscache.SharedIndexInformer, error) {
+	inf := kubeclient.NewInformer(obj, c, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	})
+	if err := inf.SetTransform(kubeclient.DropManagedFields); err != nil {
+		return nil, err
+	}
+	return inf, nil
 }
 
 // Run keeps the block until ctx ends. The block stays when the agent
 // stops: CoreDNS keeps forwarding to the Service while the agent restarts.
 // Remove takes it out.
 func (k *Keeper) Run(ctx context.Context) error {
-	k.cmFactory.Start(ctx.Done())
-	k.svcFactory.Start(ctx.Done())
-	defer k.cmFactory.Shutdown()
-	defer k.svcFactory.Shutdown()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { k.cmInf.RunWithContext(ctx) })
+	wg.Go(func() { k.svcInf.RunWithContext(ctx) })
 	if !toolscache.WaitForCacheSync(ctx.Done(), k.cmInf.HasSynced, k.svcInf.HasSynced) {
 		return nil
 	}
@@ -246,7 +242,7 @@ func (k *Keeper) proveFence(ctx context.Context, cm *corev1.ConfigMap) error {
 // apply writes corefile into cm by server-side apply, only if cm is still
 // at the version read: a change made since fails with a conflict, and the
 // next pass starts from it. dryRun, when set, writes nothing.
-func apply(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap, corefile string, dryRun []string) error {
+func apply(ctx context.Context, c kubeclient.Interface, cm *corev1.ConfigMap, corefile string, dryRun []string) error {
 	ac := corev1ac.ConfigMap(cm.Name, cm.Namespace).
 		WithResourceVersion(cm.ResourceVersion).
 		WithData(map[string]string{CorefileKey: corefile})
@@ -260,7 +256,7 @@ func apply(ctx context.Context, c kubernetes.Interface, cm *corev1.ConfigMap, co
 // there, leaving the Corefile as it was before the agent wrote it. A
 // ConfigMap the agent may not read, or that is not there, has no block of
 // the agent's: removed is false and err nil.
-func Remove(ctx context.Context, c kubernetes.Interface, name types.NamespacedName) (removed bool, err error) {
+func Remove(ctx context.Context, c kubeclient.Interface, name types.NamespacedName) (removed bool, err error) {
 	for range 5 {
 		cm, err := c.CoreV1().ConfigMaps(name.Namespace).Get(ctx, name.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {

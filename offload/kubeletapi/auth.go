@@ -15,7 +15,8 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // Where a cluster publishes the authority its API server's client
@@ -155,7 +156,7 @@ func (k *Server) authorize(ctx context.Context, u kubeletUser, method, node stri
 // authorizeProxy asks the local API server, as a kubelet does, whether u
 // may use the kubelet API of node: nodes/proxy, with the verb of the HTTP
 // method. An empty node asks for every node.
-func authorizeProxy(ctx context.Context, client kubernetes.Interface, u kubeletUser, method, node string) (bool, string, error) {
+func authorizeProxy(ctx context.Context, client kubeclient.Interface, u kubeletUser, method, node string) (bool, string, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User: u.name, Groups: u.groups,
 		ResourceAttributes: &authorizationv1.ResourceAttributes{

@@ -17,10 +17,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 )
 
@@ -288,7 +288,7 @@ func (k *Server) remoteNamespace(ctx context.Context, ns, provider string) (stri
 // checkRemotePod makes sure the provider's pod of the same name stands
 // for pod (its origin annotation), not for an earlier pod of that name
 // still being replaced there.
-func checkRemotePod(ctx context.Context, cs kubernetes.Interface, provider, remoteNS string, pod *corev1.Pod) *kubeletRefusal {
+func checkRemotePod(ctx context.Context, cs kubeclient.Interface, provider, remoteNS string, pod *corev1.Pod) *kubeletRefusal {
 	remote, err := cs.CoreV1().Pods(remoteNS).Get(ctx, pod.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

@@ -5,9 +5,9 @@ import (
 	"net/http"
 	"sync"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
@@ -20,7 +20,7 @@ import (
 type providerClient struct {
 	serial uint64
 	server string
-	pods   kubernetes.Interface
+	pods   kubeclient.Interface
 	base   *http.Transport
 	rt     http.RoundTripper
 }
@@ -54,7 +54,7 @@ func (p *providerClients) of(provider string, cfg *rest.Config, g grant.Grant) (
 	if err != nil {
 		return nil, fmt.Errorf("transport to %s: %w", provider, err)
 	}
-	pods, err := kubernetes.NewForConfigAndClient(pcfg, &http.Client{Transport: rt, Timeout: pcfg.Timeout})
+	pods, err := kubeclient.NewForConfigAndClient(pcfg, &http.Client{Transport: rt, Timeout: pcfg.Timeout})
 	if err != nil {
 		base.CloseIdleConnections()
 		return nil, fmt.Errorf("client for %s: %w", provider, err)

@@ -19,14 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 	"github.com/flotilla-io/flotilla/offload/remote"
@@ -42,7 +41,7 @@ type Config struct {
 	// Client reaches the local API server: pods, NamespaceOffloads and
 	// virtual nodes (read), the client CA ConfigMap (watched),
 	// SubjectAccessReviews (created).
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Credentials hands out what each provider granted; the requests go
 	// there with it.
 	Credentials remote.Credentials
@@ -180,22 +179,20 @@ func (k *Server) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address
 func (k *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	caInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
-		informers.WithNamespace(clientCANamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
-		}))
-	nodeInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.SelectorFromSet(labels.Set{offload.LabelVirtualNode: "true"}).String()
-		}),
-		informers.WithTransform(nodeNameAndLabels))
+	configMaps := kubeclient.NewInformer(&corev1.ConfigMap{}, k.cfg.Client.CoreV1().ConfigMaps(clientCANamespace), func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
+	})
+	nodes := kubeclient.NewInformer(&corev1.Node{}, k.cfg.Client.CoreV1().Nodes(), func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.SelectorFromSet(labels.Set{offload.LabelVirtualNode: "true"}).String()
+	})
+	if err := nodes.SetTransform(nodeNameAndLabels); err != nil {
+		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
+	}
+	var informers sync.WaitGroup
 	defer func() {
 		cancel()
-		caInformers.Shutdown()
-		nodeInformers.Shutdown()
+		informers.Wait()
 	}()
-	configMaps := caInformers.Core().V1().ConfigMaps().Informer()
 	// A deleted ConfigMap leaves the CA held: the API server puts it back.
 	takeCA := func(obj any) {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
@@ -207,7 +204,6 @@ func (k *Server) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("kubelet API: watch the client CA: %w", err)
 	}
-	nodes := nodeInformers.Core().V1().Nodes()
 	changed := func(any) {
 		select {
 		case k.namesChanged <- struct{}{}:
@@ -226,17 +222,17 @@ func (k *Server) Run(ctx context.Context) error {
 			}
 		}
 	}
-	if _, err := nodes.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: gone,
 	}); err != nil {
 		return fmt.Errorf("kubelet API: watch the virtual nodes: %w", err)
 	}
 	k.mu.Lock()
-	k.nodes = nodes.Lister()
+	k.nodes = corelisters.NewNodeLister(nodes.GetIndexer())
 	k.mu.Unlock()
-	caInformers.Start(ctx.Done())
-	nodeInformers.Start(ctx.Done())
-	if !k.waitSynced(ctx, configMaps.HasSynced, nodes.Informer().HasSynced) {
+	informers.Go(func() { configMaps.RunWithContext(ctx) })
+	informers.Go(func() { nodes.RunWithContext(ctx) })
+	if !k.waitSynced(ctx, configMaps.HasSynced, nodes.HasSynced) {
 		return nil
 	}
 

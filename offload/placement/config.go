@@ -12,10 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	admissionregistrationv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 )
 
@@ -95,7 +95,7 @@ func Configuration(url string, bundle []byte, agentNamespace string, owner types
 
 // ApplyConfiguration writes the configuration (server-side apply: a
 // change nobody asked for is put back).
-func ApplyConfiguration(ctx context.Context, kube kubernetes.Interface, cfg *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration) error {
+func ApplyConfiguration(ctx context.Context, kube kubeclient.Interface, cfg *admissionregistrationv1ac.MutatingWebhookConfigurationApplyConfiguration) error {
 	_, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Apply(ctx, cfg,
 		metav1.ApplyOptions{FieldManager: placementFieldOwner, Force: true})
 	if err != nil {
@@ -123,7 +123,7 @@ func offloadCRDUID(ctx context.Context, meta metadata.Interface) (types.UID, err
 // refuse every pod created in an offloaded namespace. Deleting the
 // NamespaceOffload CRD removes it as well (its owner). Nothing to delete
 // is no error.
-func DeleteConfiguration(ctx context.Context, kube kubernetes.Interface) error {
+func DeleteConfiguration(ctx context.Context, kube kubeclient.Interface) error {
 	err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, ConfigurationName, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete MutatingWebhookConfiguration %s: %w", ConfigurationName, err)

@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
@@ -81,7 +81,7 @@ type Webhook struct {
 	log      *slog.Logger
 	url      string
 	hosts    []string // what the serving certificate names
-	kube     kubernetes.Interface
+	kube     kubeclient.Interface
 	meta     metadata.Interface
 	cache    cache.Cache
 	requests *prometheus.CounterVec
@@ -169,7 +169,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		}
 	}
 	var err error
-	if w.kube, err = kubernetes.NewForConfig(cfg.Config); err != nil {
+	if w.kube, err = kubeclient.NewForConfig(cfg.Config); err != nil {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
 	w.certs = certs.NewCAStore(certs.CAStoreConfig{

@@ -15,9 +15,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // APIServer is what a provider announces to its consumers: where they
@@ -58,7 +59,7 @@ const (
 // is taken as written: it resolves on the consumer's side, which only the
 // user knows (a tunnel, split DNS). A flag that is wrong is an error, never
 // a reason to fall back to discovery.
-func FindAPIServer(ctx context.Context, client kubernetes.Interface, own *rest.Config, flagURL, flagCAFile string) (APIServer, error) {
+func FindAPIServer(ctx context.Context, client kubeclient.Interface, own *rest.Config, flagURL, flagCAFile string) (APIServer, error) {
 	serviceIPs, err := kubernetesServiceIPs(ctx, client)
 	if err != nil {
 		return APIServer{}, err
@@ -69,7 +70,7 @@ func FindAPIServer(ctx context.Context, client kubernetes.Interface, own *rest.C
 	var skipped []string
 	for _, find := range []struct {
 		source string
-		find   func(context.Context, kubernetes.Interface, *rest.Config) (APIServer, error)
+		find   func(context.Context, kubeclient.Interface, *rest.Config) (APIServer, error)
 	}{
 		{SourceClusterInfo, fromClusterInfo},
 		{SourceEndpointSlice, fromEndpointSlice},
@@ -118,7 +119,7 @@ func fromFlags(own *rest.Config, flagURL, flagCAFile string, serviceIPs []netip.
 // fromClusterInfo reads kubeadm's cluster-info ConfigMap: a kubeconfig
 // with the API server's public address and CA, for clients joining from
 // outside the cluster.
-func fromClusterInfo(ctx context.Context, client kubernetes.Interface, own *rest.Config) (APIServer, error) {
+func fromClusterInfo(ctx context.Context, client kubeclient.Interface, own *rest.Config) (APIServer, error) {
 	cm, err := client.CoreV1().ConfigMaps("kube-public").Get(ctx, "cluster-info", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return APIServer{}, errors.New("none (not a kubeadm cluster)")
@@ -160,7 +161,7 @@ func fromClusterInfo(ctx context.Context, client kubernetes.Interface, own *rest
 // fromEndpointSlice reads the address the API server advertises for the
 // kubernetes Service (--advertise-address, --secure-port): the node's
 // address, reachable from peers when the node is.
-func fromEndpointSlice(ctx context.Context, client kubernetes.Interface, own *rest.Config) (APIServer, error) {
+func fromEndpointSlice(ctx context.Context, client kubeclient.Interface, own *rest.Config) (APIServer, error) {
 	// The API server's own reconciler names the slice after the Service.
 	es, err := client.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -254,7 +255,7 @@ func checkCA(ca []byte) error {
 
 // kubernetesServiceIPs are the cluster IPs of the kubernetes Service
 // (10.96.0.1): in-cluster addresses no peer can reach.
-func kubernetesServiceIPs(ctx context.Context, client kubernetes.Interface) ([]netip.Addr, error) {
+func kubernetesServiceIPs(ctx context.Context, client kubeclient.Interface) ([]netip.Addr, error) {
 	svc, err := client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil

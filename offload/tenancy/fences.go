@@ -18,10 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 )
 
@@ -49,7 +49,7 @@ type Fences struct {
 type FencesConfig struct {
 	// Client carries the agent's own credential: the policies match its
 	// account, so an administrator's credential proves nothing.
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Bindings are the ValidatingAdmissionPolicyBindings deploy/
 	// installs (deploy.AdmissionBindings): each must be there as shipped,
 	// its policy with it.
@@ -259,7 +259,7 @@ func (f *Fences) installed(ctx context.Context) error {
 // probe is a request the agent's RBAC allows and a policy must refuse.
 type probe struct {
 	what, policy string
-	do           func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error
+	do           func(ctx context.Context, c kubeclient.Interface, dry metav1.CreateOptions) error
 }
 
 // probeName names what the probes would create, probeConsumer the tenant
@@ -271,12 +271,12 @@ const (
 
 var probes = []probe{
 	{"create a namespace that is not a tenant", "flotilla-agent-namespaces",
-		func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error {
+		func(ctx context.Context, c kubeclient.Interface, dry metav1.CreateOptions) error {
 			_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: probeName}}, dry)
 			return err
 		}},
 	{"label a namespace into its placement webhook (" + offload.LabelOffloaded + ")", "flotilla-agent-offloaded-label",
-		func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error {
+		func(ctx context.Context, c kubeclient.Interface, dry metav1.CreateOptions) error {
 			// A tenant namespace, which the agent may create, but
 			// labelled as only an administrator may label one.
 			l := offload.TenantLabels(probeConsumer)
@@ -287,14 +287,14 @@ var probes = []probe{
 			return err
 		}},
 	{"create a Secret in default", "flotilla-agent-tenant-objects",
-		func(ctx context.Context, c kubernetes.Interface, dry metav1.CreateOptions) error {
+		func(ctx context.Context, c kubeclient.Interface, dry metav1.CreateOptions) error {
 			_, err := c.CoreV1().Secrets(metav1.NamespaceDefault).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: probeName}}, dry)
 			return err
 		}},
 }
 
 // refused is nil when the policy refused the dry run.
-func (p probe) refused(ctx context.Context, c kubernetes.Interface) error {
+func (p probe) refused(ctx context.Context, c kubeclient.Interface) error {
 	err := p.do(ctx, c, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	switch {
 	case err == nil:

@@ -9,9 +9,9 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
@@ -84,7 +84,7 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 func (t *Tenants) check(ctx context.Context, tok Token, user string) error {
 	cfg := rest.AnonymousClientConfig(t.config)
 	cfg.BearerToken = tok.Value.Reveal()
-	c, err := kubernetes.NewForConfig(cfg)
+	c, err := kubeclient.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("check the token: client for %s: %w", cfg.Host, err)
 	}

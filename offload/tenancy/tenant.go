@@ -20,12 +20,12 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 )
@@ -68,7 +68,7 @@ type TenantsConfig struct {
 	// (without those credentials).
 	Config *rest.Config
 	// Client, when set, is used instead of one made from Config.
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Audience of the tokens issued; DefaultAudience when empty.
 	Audience string
 	// Lifetime of the tokens issued; DefaultLifetime when zero, at least
@@ -91,7 +91,7 @@ type TenantsConfig struct {
 // there, and the tokens it issues for it. Its calls are idempotent and
 // level-triggered: a controller calls them with what it wants.
 type Tenants struct {
-	Client   kubernetes.Interface
+	Client   kubeclient.Interface
 	requests dynamic.NamespaceableResourceInterface // NamespaceRequests
 	config   *rest.Config
 	audience string
@@ -139,7 +139,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 		cfg.FenceRefresh = DefaultFenceRefresh
 	}
 	if cfg.Client == nil {
-		c, err := kubernetes.NewForConfig(cfg.Config)
+		c, err := kubeclient.NewForConfig(cfg.Config)
 		if err != nil {
 			return nil, fmt.Errorf("tenants: client for %s: %w", cfg.Config.Host, err)
 		}

@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	apiversion "k8s.io/apimachinery/pkg/version"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -30,6 +29,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/remote"
 )
@@ -52,7 +52,7 @@ type Config struct {
 	// Config reaches the local API server (Peers, Nodes).
 	Config *rest.Config
 	// Client writes Nodes and Leases; one made from Config when nil.
-	Client kubernetes.Interface
+	Client kubeclient.Interface
 	// Credentials say what each provider granted: the virtual node's
 	// capacity is the grant's limits.
 	Credentials remote.Credentials
@@ -116,7 +116,7 @@ func NewNodes(cfg Config) (*Nodes, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Client == nil {
-		c, err := kubernetes.NewForConfig(cfg.Config)
+		c, err := kubeclient.NewForConfig(cfg.Config)
 		if err != nil {
 			return nil, fmt.Errorf("virtual nodes: client: %w", err)
 		}

@@ -18,13 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aboutv1alpha1 "github.com/flotilla-io/flotilla/api/about/v1alpha1"
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/podhttp"
 	"github.com/flotilla-io/flotilla/observe/trace"
 )
@@ -72,7 +72,7 @@ func Collect(ctx context.Context, s Source, ends Ends) (*trace.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: client: %w", where, err)
 	}
-	kube, err := kubernetes.NewForConfig(s.Config)
+	kube, err := kubeclient.NewForConfig(s.Config)
 	if err != nil {
 		return nil, fmt.Errorf("%s: client: %w", where, err)
 	}
@@ -173,7 +173,7 @@ func views(ns []v1alpha1.NetworkView) []trace.View {
 	return out
 }
 
-func readPlan(ctx context.Context, kube kubernetes.Interface) (fabricapi.Plan, error) {
+func readPlan(ctx context.Context, kube kubeclient.Interface) (fabricapi.Plan, error) {
 	cm, err := kube.CoreV1().ConfigMaps(Namespace).Get(ctx, fabricapi.PlanName, metav1.GetOptions{})
 	if err != nil {
 		if apierrors.IsNotFound(err) {
@@ -185,7 +185,7 @@ func readPlan(ctx context.Context, kube kubernetes.Interface) (fabricapi.Plan, e
 }
 
 // findPods looks up the pods the trace names, by name and by address.
-func findPods(ctx context.Context, kube kubernetes.Interface, ends Ends) ([]trace.Pod, error) {
+func findPods(ctx context.Context, kube kubeclient.Interface, ends Ends) ([]trace.Pod, error) {
 	var out []trace.Pod
 	seen := map[string]bool{}
 	add := func(ps []corev1.Pod) {
@@ -227,7 +227,7 @@ func findPods(ctx context.Context, kube kubernetes.Interface, ends Ends) ([]trac
 
 // reader fetches /trace reports.
 type reader struct {
-	kube   kubernetes.Interface
+	kube   kubeclient.Interface
 	cfg    *rest.Config
 	report func(ctx context.Context, node string) (trace.NodeReport, error)
 }

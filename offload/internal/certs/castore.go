@@ -16,9 +16,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
 
 // CAStore keeps the CAs of one of the agent's servers in a Secret of the
@@ -32,7 +32,7 @@ import (
 // Sync, Load, SetHosts and the note methods are called from the owner's
 // one goroutine; certificate, bundle, ready and the metrics from any.
 type CAStore struct {
-	kube      kubernetes.Interface
+	kube      kubeclient.Interface
 	namespace string
 	secret    string
 	// name is the server's, in its certificates' subjects and in errors.
@@ -53,7 +53,7 @@ type CAStore struct {
 
 // CAStoreConfig is what a CAStore needs; component labels its metrics.
 type CAStoreConfig struct {
-	Kube              kubernetes.Interface
+	Kube              kubeclient.Interface
 	Namespace, Secret string
 	Name, Component   string
 	Lifetimes         CertLifetimes
