@@ -116,3 +116,20 @@ func TestUninstallKeepsSharedCRDs(t *testing.T) {
 		t.Error("the ServiceExport shop/web outlived its CRD")
 	}
 }
+
+// cleanup --node with the token of a ServiceAccount that may do nothing
+// is refused at its first request, naming it, and makes no Job.
+func TestCleanupJobRefused(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	env := harness.New(t)
+	cp := env.ControlPlane("cleanupjob", harness.ControlPlaneOptions{})
+	nobody := serviceAccountKubeconfig(t, cp, "default", "nobody")
+	code, out, errOut := flotilla("cleanup", "--kubeconfig", nobody, "--node", "gw")
+	if code == 0 || !strings.Contains(errOut, `nodes "gw" is forbidden: User "system:serviceaccount:default:nobody"`) {
+		t.Fatalf("cleanup --node as nobody: exit %d\n%s%s", code, out, errOut)
+	}
+	jobs, err := cp.Client.BatchV1().Jobs("kube-system").List(t.Context(), metav1.ListOptions{})
+	if err != nil || len(jobs.Items) > 0 {
+		t.Errorf("jobs in kube-system after a refused cleanup: %v, %v", jobs, err)
+	}
+}
