@@ -83,7 +83,9 @@ func quickstartScript(t *testing.T, doc string, verify bool) (steps, undo string
 // hasVerb says whether the CLI has the command verb.
 func hasVerb(t *testing.T, verb string) bool {
 	t.Helper()
-	return exec.Command(harness.Flotilla(t), verb, "-h").Run() == nil
+	// An unknown verb with -h prints the root command's help, exit 0.
+	out, err := exec.Command(harness.Flotilla(t), verb, "-h").CombinedOutput()
+	return err == nil && strings.Contains(string(out), "flotilla "+verb+" [")
 }
 
 // quickstart runs the quickstart's scripts as a user would: one
