@@ -33,7 +33,18 @@ func newCleanupCommand() *cobra.Command {
 	nftTable := fs.String("nft-table", tunnel.DefaultNFTable, "name of our nftables table (family ip)")
 	fabricTable := fs.Int("fabric-table", fabric.DefaultTable, "routing table of the fabric's routes (docs/fabric.md)")
 	fabricNFT := fs.String("fabric-nft-table", fabric.DefaultNFTable, "name of the fabric's nftables table (family ip)")
+	job := cleanupJob{cluster: clusterFlags(cmd)}
+	fs.StringVar(&job.node, "node", "", "run the cleanup on this node of the cluster, as a Job with your rights (hostNetwork, NET_ADMIN), instead of on this host")
+	fs.StringVar(&job.namespace, "namespace", "kube-system", "with --node: the namespace of the Job (its Pod Security level must admit host network and NET_ADMIN)")
+	fs.StringVar(&job.image, "image", releaseImage(), "with --node: the image of the Job, the agent's")
+	fs.DurationVar(&job.wait, "wait", defaultWait, "with --node: how long to wait for the Job")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if job.node != "" {
+			if err := tunnel.CheckRouteProtocol(*proto); err != nil {
+				return fmt.Errorf("--route-protocol: %w; nothing removed", err)
+			}
+			return job.run(cmd.Context(), cmd.OutOrStdout(), cleanupFlags(cmd))
+		}
 		return cleanup(cmd.OutOrStdout(), *ifname, *table, *proto, *nftTable, *fabricTable, *fabricNFT)
 	}
 	return cmd
@@ -62,4 +73,16 @@ func cleanup(stdout io.Writer, ifname string, table, proto int, nftTable string,
 	fmt.Fprintf(stdout, "removed fabric objects: routes with protocol %d in table %d and the rules to it, nftables table ip %s\n",
 		proto, fabricTable, fabricNFT)
 	return nil
+}
+
+// cleanupFlags are the flags the Job's cleanup takes over: those of the
+// names the agent ran with that were given.
+func cleanupFlags(cmd *cobra.Command) []string {
+	var args []string
+	for _, name := range []string{"wireguard-interface", "route-table", "route-protocol", "nft-table", "fabric-table", "fabric-nft-table"} {
+		if f := cmd.Flags().Lookup(name); f.Changed {
+			args = append(args, "--"+name+"="+f.Value.String())
+		}
+	}
+	return args
 }

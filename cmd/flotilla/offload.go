@@ -98,7 +98,7 @@ func newOffloadNamespaceCommand(act func(cmd *cobra.Command, ns string, f *offlo
 	f := &offloadFlags{cluster: clusterFlags(cmd)}
 	fs := cmd.Flags()
 	fs.DurationVar(&f.wait, "wait", defaultWait, "how long to show progress and wait for the agent's outcome (0: do not wait)")
-	fs.StringVar(&f.selector, "selector", "", "labels of the peers to offload to, as this cluster's admin set them on the Peers (region=a,tier=edge; set-based too: 'region in (a,b)'); required: an empty selector selects no peer (every Peer: flotilla.io/managed-by=flotilla)")
+	fs.StringVar(&f.selector, "selector", "", "labels of the peers to offload to, as this cluster's admin set them on the Peers (region=a,tier=edge; set-based too: 'region in (a,b)'); required: an empty selector selects no peer (every Peer: app.kubernetes.io/managed-by=flotilla)")
 	fs.StringVar(&f.mapping, "mapping", string(v1alpha1.MappingDefaultName), "the namespace's name on each peer: DefaultName (NS plus a suffix of this cluster's ID), SameName, or Selected (--remote-name)")
 	fs.StringVar(&f.remoteName, "remote-name", "", "the namespace's name on every peer, with --mapping Selected")
 	fs.StringVar(&f.pods, "pods", string(v1alpha1.PodsLocalAndRemote), "where the namespace's pods may run: LocalAndRemote, Remote or Local")
@@ -147,7 +147,7 @@ func (f offloadFlags) spec() (v1alpha1.NamespaceOffloadSpec, error) {
 func parseSelector(s string) (*metav1.LabelSelector, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, errors.New("--selector is required: an empty selector selects no peer. Select by labels you put on the Peers " +
-			"(kubectl label peer ID region=eu), or every Peer with --selector flotilla.io/managed-by=flotilla; " +
+			"(kubectl label peer ID region=eu), or every Peer with --selector app.kubernetes.io/managed-by=flotilla; " +
 			"a label a peer announces about itself (status.announcedLabels) selects it only once you copy it onto its Peer")
 	}
 	sel, err := metav1.ParseToLabelSelector(s)

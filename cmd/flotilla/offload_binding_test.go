@@ -32,7 +32,7 @@ import (
 // anything is offloaded.
 
 // everyPeer selects every Peer: an offload must name its providers.
-const everyPeer = "--selector=flotilla.io/managed-by=flotilla"
+const everyPeer = "--selector=app.kubernetes.io/managed-by=flotilla"
 
 func TestOffloadBindsReflection(t *testing.T) {
 	e := newPeerEnv(t)

@@ -22,19 +22,25 @@ import (
 	"github.com/flotilla-io/flotilla/agent"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// Cluster b is installed from deploy/ without any federation key and
-// joins a's federation by `flotilla join` alone, with nothing but the
-// user's rights on both API servers: a user who may not read a's token is
+// TestQuickstart follows docs/quickstart.md (quickstartScript) with A
+// and B being two clusters of real nodes: a runs with --peering=manual,
+// and b is installed from deploy/ without any federation key. Before the
+// quickstart's join it checks that a join changes b only with the user's
+// rights on both API servers: a user who may not read a's token is
 // refused and b is untouched; a join while a's agent is down is undone
-// and leaves b exactly as before; a's --peering=manual stops the join
-// with what to accept, and --accept finishes it: Connected both ways, and
-// pods talk by their views.
-func TestJoinWithOneCommand(t *testing.T) {
+// and leaves b exactly as before; a's --peering=manual stops a join
+// without --accept with what to accept. The quickstart's join, with
+// --accept, finishes it: Connected both ways, and pods talk by their
+// views; its offloaded Deployment runs on a, behind an exported Service.
+func TestQuickstart(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
+	doc := readQuickstart(t)
+	start := time.Now()
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Keyless: []int{1},
@@ -44,7 +50,9 @@ func TestJoinWithOneCommand(t *testing.T) {
 			}
 			return nil
 		},
+		Images: []string{harness.TestServerImageAs(t, quickstartImage)},
 	})
+	installed := time.Since(start)
 	a, b := cs[0], cs[1]
 	ctx := t.Context()
 	ns := federation.AgentNamespace
@@ -118,12 +126,19 @@ func TestJoinWithOneCommand(t *testing.T) {
 		}
 	})
 
-	t.Run("--accept finishes it", func(t *testing.T) {
-		out, err := joinCLI(t, "join", "--kubeconfig", b.CP.Kubeconfig, "--remote-kubeconfig", a.CP.Kubeconfig, "--wait", "2m", "--accept")
-		t.Logf("flotilla join --accept:\n%s", out)
-		if err != nil || !strings.Contains(out, "b already holds a's federation key") || !strings.Contains(out, "a accepts b") ||
+	t.Run("the quickstart, with --accept, finishes it", func(t *testing.T) {
+		steps, undo := quickstartScript(t, doc, hasVerb(t, "verify"))
+		q := newQuickstart(t, doc, a, b)
+		stepsStart := time.Now()
+		out, err := q.run(t, steps)
+		stepsTook := time.Since(stepsStart)
+		t.Logf("docs/quickstart.md, but for the undo:\n%s", out)
+		if err != nil {
+			t.Fatalf("docs/quickstart.md: %v", err)
+		}
+		if !strings.Contains(out, "b already holds a's federation key") || !strings.Contains(out, "a accepts b") ||
 			!strings.Contains(out, "Connected both ways: b and a") {
-			t.Fatalf("join --accept: %v; want it to accept and end Connected", err)
+			t.Errorf("the quickstart's join --accept: want it to accept and end Connected")
 		}
 		for _, pair := range [][2]*federation.NodeCluster{{a, b}, {b, a}} {
 			if r := federation.Fetch(t, pair[0], pair[1]); r.Err != nil {
@@ -132,6 +147,15 @@ func TestJoinWithOneCommand(t *testing.T) {
 		}
 		if tok := strings.TrimSpace(mustFlotillaCLI(t, "token", "--kubeconfig", b.CP.Kubeconfig)); tokenKey(t, tok) != discovery.Fingerprint(aKey) {
 			t.Errorf("b publishes a token of key %s, want a's %s", tokenKey(t, tok), discovery.Fingerprint(aKey))
+		}
+		waitPods(t, b, "shop", "app=web", 1, time.Minute, runningOn(offload.VirtualNodeName(peerID(t, b, a.Name))))
+		t.Logf("time from two bare clusters to the quickstart's last step: %s (clusters of real nodes up and agents installed %s, the quickstart's steps %s)",
+			(installed + stepsTook).Round(time.Second), installed.Round(time.Second), stepsTook.Round(time.Second))
+
+		out, err = q.run(t, undo)
+		t.Logf("docs/quickstart.md, its undo:\n%s", out)
+		if err != nil {
+			t.Fatalf("docs/quickstart.md's undo: %v", err)
 		}
 	})
 }

@@ -84,9 +84,12 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 		if out, err := KubectlTimeout(c.CP, 3*time.Minute, "delete", "-k", c.Install, "--ignore-not-found", "--wait", "--timeout=150s"); err != nil {
 			return fmt.Errorf("kubectl delete -k %s: %v\n%s", c.Install, err, out)
 		}
-		out, err := c.Gateway.Exec(context.Background(), flotilla, "cleanup", "--wireguard-interface", c.iface)
+		// As docs/install.md has a user do it: a Job on the node, with
+		// the user's rights, in the agent's image.
+		out, err := exec.Command(flotilla, "cleanup", "--kubeconfig", c.CP.Kubeconfig, "--node", c.Gateway.NodeName,
+			"--image", c.settings.image, "--wireguard-interface", c.iface, "--wait", "2m").CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("flotilla cleanup on %s: %v\n%s", c.Gateway.NodeName, err, out)
+			return fmt.Errorf("flotilla cleanup --node %s: %v\n%s", c.Gateway.NodeName, err, out)
 		}
 		return nil
 	})

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -71,14 +73,45 @@ func imageTarball(image string) (string, error) {
 	return b.path, b.err
 }
 
+// TestServerImageAs builds TestServerImage under another name, once per
+// name and test binary, and returns its tarball: a stand-in, on nodes
+// without a registry, for an image a document names that serves HTTP on
+// TestServerHTTPPort too.
+func TestServerImageAs(t TB, name string) string {
+	t.Helper()
+	renamedMu.Lock()
+	b, ok := renamed[name]
+	if !ok {
+		b = &imageBuild{}
+		renamed[name] = b
+	}
+	renamedMu.Unlock()
+	b.once.Do(func() { b.path, b.err = buildImageAs(imageSources[TestServerImage], name) })
+	if b.err != nil {
+		t.Fatalf("harness: %v", b.err)
+	}
+	return b.path
+}
+
+var (
+	renamedMu sync.Mutex
+	renamed   = map[string]*imageBuild{}
+)
+
 func buildImage(image string) (string, error) {
-	src := imageSources[image]
+	return buildImageAs(imageSources[image], image)
+}
+
+func buildImageAs(src struct{ pkg, path string }, image string) (string, error) {
 	dir := filepath.Join(CacheDir(), "images")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	base := filepath.Base(src.path)
-	bin := filepath.Join(dir, fmt.Sprintf("%s-%d", base, os.Getpid()))
+	// One file per name: the same binary may be built under two at once.
+	sum := sha256.Sum256([]byte(image))
+	tagSum := hex.EncodeToString(sum[:4])
+	bin := filepath.Join(dir, fmt.Sprintf("%s-%s-%d", base, tagSum, os.Getpid()))
 	defer os.Remove(bin)
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, src.pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
@@ -91,7 +124,7 @@ func buildImage(image string) (string, error) {
 	}
 	// Named after the test process, like the flotilla binary: Sweep
 	// removes those of processes that are gone.
-	path := filepath.Join(dir, fmt.Sprintf("%s-%d.tar", base, os.Getpid()))
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s-%d.tar", base, tagSum, os.Getpid()))
 	if err := ociimage.Write(path, image, img); err != nil {
 		return "", err
 	}
