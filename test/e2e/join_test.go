@@ -127,7 +127,7 @@ func TestQuickstart(t *testing.T) {
 	})
 
 	t.Run("the quickstart, with --accept, finishes it", func(t *testing.T) {
-		steps, undo := quickstartScript(t, doc, hasVerb(t, "verify"))
+		steps, undo := quickstartScript(t, doc)
 		q := newQuickstart(t, doc, a, b)
 		stepsStart := time.Now()
 		out, err := q.run(t, steps)

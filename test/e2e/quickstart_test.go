@@ -39,9 +39,8 @@ var shellBlock = regexp.MustCompile("(?ms)^```sh\n(.*?)^```\n")
 // quickstartScript returns the shell blocks of doc in order, as two
 // scripts: the steps, and those under "## Undo". The install block is
 // left out: the test clusters were installed from deploy/ with the
-// settings a test machine needs. So is the verify block unless the CLI
-// has verify.
-func quickstartScript(t *testing.T, doc string, verify bool) (steps, undo string) {
+// settings a test machine needs.
+func quickstartScript(t *testing.T, doc string) (steps, undo string) {
 	t.Helper()
 	main, undoPart, ok := strings.Cut(doc, "\n## Undo\n")
 	if !ok {
@@ -63,10 +62,6 @@ func quickstartScript(t *testing.T, doc string, verify bool) (steps, undo string
 			continue
 		case strings.HasPrefix(b, "flotilla verify "):
 			verifies++
-			if !verify {
-				t.Logf("docs/quickstart.md: not run, the CLI has no verify yet: %s", strings.TrimSpace(b))
-				continue
-			}
 		}
 		kept = append(kept, b)
 	}
@@ -78,14 +73,6 @@ func quickstartScript(t *testing.T, doc string, verify bool) (steps, undo string
 		t.Fatal("docs/quickstart.md: no shell block under Undo")
 	}
 	return strings.Join(kept, ""), strings.Join(u, "")
-}
-
-// hasVerb says whether the CLI has the command verb.
-func hasVerb(t *testing.T, verb string) bool {
-	t.Helper()
-	// An unknown verb with -h prints the root command's help, exit 0.
-	out, err := exec.Command(harness.Flotilla(t), verb, "-h").CombinedOutput()
-	return err == nil && strings.Contains(string(out), "flotilla "+verb+" [")
 }
 
 // quickstart runs the quickstart's scripts as a user would: one
@@ -166,23 +153,21 @@ func contextsKubeconfig(t *testing.T, dir string, cs map[string]*federation.Node
 // The quickstart's blocks parse as the test runs them.
 func TestQuickstartBlocks(t *testing.T) {
 	doc := readQuickstart(t)
-	for _, verify := range []bool{false, true} {
-		steps, undo := quickstartScript(t, doc, verify)
-		if got := strings.Contains(steps, "flotilla verify"); got != verify {
-			t.Errorf("with verify %v, the steps run it: %v", verify, got)
+	steps, undo := quickstartScript(t, doc)
+	if !strings.Contains(steps, "flotilla verify") {
+		t.Errorf("the steps do not run flotilla verify:\n%s", steps)
+	}
+	for _, want := range []string{"flotilla join --context \"$B\" --remote-context \"$A\"", "flotilla offload namespace shop", "kind: ServiceExport"} {
+		if !strings.Contains(steps, want) {
+			t.Errorf("the steps lack %q:\n%s", want, steps)
 		}
-		for _, want := range []string{"flotilla join --context \"$B\" --remote-context \"$A\"", "flotilla offload namespace shop", "kind: ServiceExport"} {
-			if !strings.Contains(steps, want) {
-				t.Errorf("the steps lack %q:\n%s", want, steps)
-			}
-		}
-		if contextNames.FindString(steps) == "" || strings.Contains(steps, "flotilla.yaml") || !strings.Contains(undo, "flotilla revoke") {
-			t.Errorf("steps:\n%s\nundo:\n%s", steps, undo)
-		}
-		for _, script := range []string{steps, undo} {
-			if out, err := exec.Command("bash", "-n", "-c", script).CombinedOutput(); err != nil {
-				t.Errorf("bash -n: %v\n%s\n%s", err, out, script)
-			}
+	}
+	if contextNames.FindString(steps) == "" || strings.Contains(steps, "flotilla.yaml") || !strings.Contains(undo, "flotilla revoke") {
+		t.Errorf("steps:\n%s\nundo:\n%s", steps, undo)
+	}
+	for _, script := range []string{steps, undo} {
+		if out, err := exec.Command("bash", "-n", "-c", script).CombinedOutput(); err != nil {
+			t.Errorf("bash -n: %v\n%s\n%s", err, out, script)
 		}
 	}
 }
