@@ -498,6 +498,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		// follow the role's label (election.go), not readiness.
 		setPhase("")
 		start = a.startElected(a.start)
+	} else {
+		start = a.startAlone(a.start)
 	}
 	err := start(runCtx, comps)
 	if err == nil {

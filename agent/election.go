@@ -69,6 +69,20 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 	}
 }
 
+// startAlone starts the one replica there is (no --leader-elect): it is
+// the active one, and labels its pod so once its components started.
+func (a *Agent) startAlone(start func(context.Context, *components) error) func(context.Context, *components) error {
+	return func(ctx context.Context, comps *components) error {
+		if err := start(ctx, comps); err != nil {
+			return err
+		}
+		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, 0)
+		label.set(true)
+		comps.Go("gateway role label", label.run)
+		return nil
+	}
+}
+
 // roleLabel keeps this replica's pod labelled as its role: active once
 // its components started, otherwise without the label. A write the API
 // server refused is retried; the last one left when the agent stops is
@@ -98,6 +112,10 @@ func (r *roleLabel) set(active bool) {
 }
 
 func (r *roleLabel) run(ctx context.Context) error {
+	if r.role.Pod == "" {
+		<-ctx.Done() // not in a pod: no label to write
+		return nil
+	}
 	var (
 		written *bool // the role last written; nil: none yet
 		lastErr string
