@@ -129,6 +129,9 @@ type Config struct {
 	FabricOwner string
 	// Namespace and NodeName are the agent's pod's (downward API).
 	Namespace, NodeName string
+	// PodName is the agent's pod (downward API); with LeaderElect the
+	// active replica labels it (ha.RoleLabel). Empty: no label.
+	PodName string
 	// LeaderElect runs the agent as one of several replicas: only the
 	// one holding the Lease flotilla-agent starts; the timings are
 	// ha.Elector's, zero for its defaults (docs/ha.md).
@@ -493,11 +496,13 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	start := a.start
 	if a.cfg.LeaderElect {
-		setPhase("standby: another replica holds the Lease")
-		start = a.startElected(func(ctx context.Context, comps *components) error {
-			setPhase("components still starting")
-			return a.start(ctx, comps)
-		})
+		// A replica's readiness is its process's health, whatever its
+		// role: a rollout waits for the standby too, and the Services
+		// follow the role's label (election.go), not readiness.
+		setPhase("")
+		start = a.startElected(a.start)
+	} else {
+		start = a.startAlone(a.start)
 	}
 	err := start(runCtx, comps)
 	if err == nil {

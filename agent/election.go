@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
 
 	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -15,10 +18,13 @@ var errLostLease = errors.New("lost the Lease " + ha.LeaseName + " to another re
 
 // startElected campaigns for the Lease (--leader-elect) and starts the
 // components only once this replica holds it: until then it is the
-// standby, serving health and metrics, not ready, its data path absent.
-// A replica that had been active and is fenced (the Lease another's or
-// expired, or released as it stops) has its data path removed once its
-// components stopped (Run, removeFencedDataPath).
+// standby, serving health and metrics, ready (its process is healthy),
+// its data path absent. Once its components started, the active replica
+// labels its pod (ha.RoleLabel), which the agent's Services select; a
+// standby's pod carries no such label. A replica that had been active
+// and is fenced (the Lease another's or expired, or released as it
+// stops) has its data path removed once its components stopped (Run,
+// removeFencedDataPath).
 func (a *Agent) startElected(start func(context.Context, *components) error) func(context.Context, *components) error {
 	return func(ctx context.Context, comps *components) error {
 		e := &ha.Elector{
@@ -27,22 +33,134 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 			LeaseDuration: a.cfg.LeaseDuration, RenewDeadline: a.cfg.RenewDeadline, RetryPeriod: a.cfg.RetryPeriod,
 		}
 		a.registry.MustRegister(e.Collectors()...)
+		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, e.RetryPeriod)
+		role := atomic.Pointer[string]{}
+		setRole := func(s string) { role.Store(&s) }
+		setRole("standby")
+		a.ready.setRole(func() string { return *role.Load() })
 		active := make(chan struct{})
 		comps.Go("leader election", func(ctx context.Context) error {
-			err := e.Run(ctx, func(context.Context) { close(active) }, func() { a.fenced.Store(true) })
+			err := e.Run(ctx, func(context.Context) { close(active) }, func() {
+				a.fenced.Store(true)
+				setRole("fenced")
+				label.set(false)
+			})
 			if err == nil && ctx.Err() == nil {
 				err = errLostLease
 			}
 			return err
 		})
+		comps.Go("gateway role label", label.run)
 		a.log.Info("standby: waiting for the Lease", "lease", a.agentNamespace()+"/"+ha.LeaseName, "identity", e.Identity)
 		select {
 		case <-active:
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
-		return start(ctx, comps)
+		setRole("active, starting")
+		if err := start(ctx, comps); err != nil {
+			return err
+		}
+		if !a.fenced.Load() {
+			setRole("active")
+			label.set(true)
+		}
+		return nil
 	}
+}
+
+// startAlone starts the one replica there is (no --leader-elect): it is
+// the active one, and labels its pod so once its components started.
+func (a *Agent) startAlone(start func(context.Context, *components) error) func(context.Context, *components) error {
+	return func(ctx context.Context, comps *components) error {
+		if err := start(ctx, comps); err != nil {
+			return err
+		}
+		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, 0)
+		label.set(true)
+		comps.Go("gateway role label", label.run)
+		return nil
+	}
+}
+
+// roleLabel keeps this replica's pod labelled as its role: active once
+// its components started, otherwise without the label. A write the API
+// server refused is retried; the last one left when the agent stops is
+// the label's removal.
+type roleLabel struct {
+	role  *ha.Role
+	log   *slog.Logger
+	retry time.Duration
+
+	active  atomic.Bool
+	changed chan struct{}
+}
+
+func newRoleLabel(role *ha.Role, log *slog.Logger, retry time.Duration) *roleLabel {
+	if retry <= 0 {
+		retry = ha.DefaultRetryPeriod
+	}
+	return &roleLabel{role: role, log: log.With("component", "gateway role label", "pod", role.Namespace+"/"+role.Pod), retry: retry, changed: make(chan struct{}, 1)}
+}
+
+func (r *roleLabel) set(active bool) {
+	r.active.Store(active)
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (r *roleLabel) run(ctx context.Context) error {
+	if r.role.Pod == "" {
+		<-ctx.Done() // not in a pod: no label to write
+		return nil
+	}
+	var (
+		written *bool // the role last written; nil: none yet
+		lastErr string
+	)
+	for {
+		if want := r.active.Load(); written == nil || *written != want {
+			err := r.write(ctx, want)
+			switch {
+			case err == nil:
+				written = &want
+				lastErr = ""
+				r.log.Info("pod labelled with its role", "active", want)
+			case ctx.Err() == nil && err.Error() != lastErr:
+				lastErr = err.Error()
+				r.log.Warn("role label not written; retrying", "err", err)
+			}
+		}
+		var retry <-chan time.Time
+		if written == nil || *written != r.active.Load() {
+			retry = time.After(r.retry)
+		}
+		select {
+		case <-ctx.Done():
+			if written == nil || *written {
+				// A stopping replica leaves no label for a Service to follow.
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				if err := r.role.MarkStandby(sctx); err != nil {
+					r.log.Warn("role label not removed as the agent stops; the next active replica removes it", "err", err)
+				}
+			}
+			return nil
+		case <-r.changed:
+		case <-retry:
+		}
+	}
+}
+
+func (r *roleLabel) write(ctx context.Context, active bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if active {
+		return r.role.MarkActive(ctx)
+	}
+	return r.role.MarkStandby(ctx)
 }
 
 // removeFencedDataPath removes the WireGuard link, its routes and our

@@ -31,9 +31,10 @@ func agentReadyz(a *Agent) (int, string, error) {
 }
 
 // With --leader-elect, of two replicas only the one holding the Lease
-// starts its components; the other serves /readyz as a standby, not
-// ready. When the active one stops it releases the Lease and the standby
-// starts.
+// starts its components and labels its pod active; the other is ready
+// (its process is healthy), says standby on /readyz and its pod carries
+// no role label. When the active one stops it releases the Lease and
+// takes its label off, and the standby starts and labels its own pod.
 func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	cp := harness.New(t).ControlPlane("elect", harness.ControlPlaneOptions{})
@@ -47,12 +48,36 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		cancel  context.CancelFunc
 		ran     chan error
 	}
+	pods := cp.Client.CoreV1().Pods("flotilla-system")
+	for _, name := range []string{"agent-gw1", "agent-gw2"} {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "flotilla"}}},
+		}
+		if _, err := pods.Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	labelled := func(want ...string) error {
+		list, err := pods.List(t.Context(), metav1.ListOptions{LabelSelector: ha.RoleLabel + "=" + ha.RoleActive})
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, p := range list.Items {
+			got = append(got, p.Name)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("pods labelled %s=%s: %v, want %v", ha.RoleLabel, ha.RoleActive, got, want)
+		}
+		return nil
+	}
 	run := func(node string) *replica {
 		r := &replica{log: &syncLog{}, started: make(chan struct{}), ran: make(chan error, 1)}
 		cfg := DefaultConfig()
 		cfg.Kubeconfig, cfg.StateDir, cfg.MetricsAddr = cp.Kubeconfig, t.TempDir(), "127.0.0.1:0"
 		cfg.Logger = slog.New(slog.NewTextHandler(r.log, nil))
-		cfg.LeaderElect, cfg.NodeName, cfg.Namespace = true, node, "flotilla-system"
+		cfg.LeaderElect, cfg.NodeName, cfg.Namespace, cfg.PodName = true, node, "flotilla-system", "agent-"+node
 		a, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -91,9 +116,10 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		t.Fatal("the standby started its components while the other replica is active")
 	default:
 	}
-	if code, body, err := agentReadyz(second.a); err != nil || code == http.StatusOK || !strings.Contains(body, "standby") {
-		t.Fatalf("standby's /readyz: %d %q %v, want not ready, saying standby", code, body, err)
+	if code, body, err := agentReadyz(second.a); err != nil || code != http.StatusOK || body != "ok: standby" {
+		t.Fatalf("standby's /readyz: %d %q %v, want ready, saying standby", code, body, err)
 	}
+	eventually.Within(t, 30*time.Second, "the active replica's pod labelled", func() error { return labelled("agent-gw1") })
 
 	first.cancel()
 	if err := <-first.ran; err != nil {
@@ -103,11 +129,12 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 	waitStarted(second, "the standby after the active one stopped")
 	eventually.Within(t, 30*time.Second, "the new active replica ready", func() error {
 		code, body, err := agentReadyz(second.a)
-		if err != nil || code != http.StatusOK {
+		if err != nil || code != http.StatusOK || body != "ok: active" {
 			return fmt.Errorf("%d %s %v", code, body, err)
 		}
 		return nil
 	})
+	eventually.Within(t, 30*time.Second, "the label moved to the new active replica's pod", func() error { return labelled("agent-gw2") })
 	mfs, err := second.a.registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,15 @@ import (
 type checks struct {
 	mu     sync.RWMutex
 	checks map[string]func() error
+	// role, when set, follows "ok" in a passing answer: a standby is
+	// ready (its process is healthy) and says which role it holds.
+	role func() string
+}
+
+func (c *checks) setRole(role func() string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.role = role
 }
 
 func (c *checks) add(name string, check func() error) {
@@ -54,6 +63,9 @@ func (c *checks) run() ([]string, bool) {
 // failing checks; ?verbose lists every check.
 func (c *checks) serveReadyz(w http.ResponseWriter, r *http.Request) {
 	lines, ok := c.run()
+	c.mu.RLock()
+	role := c.role
+	c.mu.RUnlock()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if !ok {
@@ -67,7 +79,14 @@ func (c *checks) serveReadyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, verbose := r.URL.Query()["verbose"]; verbose {
 		fmt.Fprintln(w, strings.Join(lines, "\n"))
+		if role != nil {
+			fmt.Fprintf(w, "role: %s\n", role())
+		}
 		fmt.Fprintln(w, "readyz check passed")
+		return
+	}
+	if role != nil {
+		fmt.Fprintf(w, "ok: %s", role())
 		return
 	}
 	fmt.Fprint(w, "ok")

@@ -6,6 +6,7 @@ package charts_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -172,6 +173,38 @@ func TestChartValues(t *testing.T) {
 	}
 	if len(chart) != len(renderChart(t, map[string]any{}))+len(forward) {
 		t.Errorf("the values added %d objects, want deploy/coredns-forward's %d", len(chart)-len(renderChart(t, map[string]any{})), len(forward))
+	}
+}
+
+// replicas: 1 runs one agent without leader election, replaced by
+// Recreate; nothing else of the Deployment changes.
+func TestChartOneReplica(t *testing.T) {
+	one := renderChart(t, map[string]any{"replicas": 1})["Deployment flotilla-system/flotilla-agent"]
+	two := renderChart(t, map[string]any{})["Deployment flotilla-system/flotilla-agent"]
+	spec := one["spec"].(map[string]any)
+	if got := spec["replicas"]; got != float64(1) {
+		t.Errorf("replicas %v, want 1", got)
+	}
+	if got := spec["strategy"]; !reflect.DeepEqual(got, map[string]any{"type": "Recreate"}) {
+		t.Errorf("strategy %v, want Recreate", got)
+	}
+	args := func(d object) []any {
+		pod := d["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+		return pod["containers"].([]any)[0].(map[string]any)["args"].([]any)
+	}
+	if slices.Contains(args(one), any("--leader-elect")) || !slices.Contains(args(two), any("--leader-elect")) {
+		t.Errorf("args with one replica %v, with two %v; want --leader-elect with two only", args(one), args(two))
+	}
+	oneSpec, twoSpec := maps.Clone(spec), maps.Clone(two["spec"].(map[string]any))
+	for _, s := range []map[string]any{oneSpec, twoSpec} {
+		delete(s, "replicas")
+		delete(s, "strategy")
+		pod := s["template"].(map[string]any)["spec"].(map[string]any)
+		c := pod["containers"].([]any)[0].(map[string]any)
+		c["args"] = slices.DeleteFunc(slices.Clone(c["args"].([]any)), func(a any) bool { return a == "--leader-elect" })
+	}
+	if !reflect.DeepEqual(oneSpec, twoSpec) {
+		t.Error("replicas: 1 changed more of the Deployment than its replicas, strategy and --leader-elect")
 	}
 }
 

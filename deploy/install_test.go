@@ -49,16 +49,18 @@ var (
 )
 
 // TestInstall applies deploy/ with kubectl to a real control plane (with a
-// scheduler and two pretend nodes) and checks what an admin would see:
-// the Peer API works, the agent lands on the labelled node only, a rollout
-// never runs two agents, and the agent's account can do what it needs and
-// nothing more. One control plane serves every subtest; they run in order.
+// scheduler and three pretend nodes) and checks what an admin would see:
+// the Peer API works, the agent's two replicas land on the two labelled
+// nodes only, one each, a rollout never runs two agents on one node, and
+// the agent's account can do what it needs and nothing more. One control
+// plane serves every subtest; they run in order.
 func TestInstall(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Scheduler: true})
 	cp.StartKubelet("worker", harness.KubeletOptions{})
 	cp.StartKubelet("gateway", harness.KubeletOptions{})
+	cp.StartKubelet("gateway2", harness.KubeletOptions{})
 
 	out, err := kubectl(cp, "apply", "--server-side", "-k", ".")
 	if err != nil {
@@ -72,7 +74,7 @@ func TestInstall(t *testing.T) {
 	t.Run("kubectl get peers tells the story", func(t *testing.T) { testPeerColumns(t, cp) })
 	t.Run("agent waits for the gateway label", func(t *testing.T) { testGatewayLabel(t, cp) })
 	t.Run("agent pod has only NET_ADMIN", func(t *testing.T) { testPodSecurity(t, cp) })
-	t.Run("rollout never runs two agents", func(t *testing.T) { testRecreate(t, cp) })
+	t.Run("rollout never runs two agents on one node", func(t *testing.T) { testRollout(t, cp) })
 	t.Run("service account grants and refusals", func(t *testing.T) { testAccess(t, cp) })
 	t.Run("agent requests with its own token", func(t *testing.T) { testAgentRequests(t, cp) })
 	t.Run("agent installs its CRD by server-side apply", func(t *testing.T) { testCRDSelfInstall(t, cp) })
@@ -81,6 +83,7 @@ func TestInstall(t *testing.T) {
 		waitAgentFencesEnforced(t, cp, kubernetes.NewForConfigOrDie(agentConfig(t, cp)))
 		testFabricRequests(t, cp)
 	})
+	t.Run("the active replica labels its own pod only", func(t *testing.T) { testGatewayRole(t, cp) })
 	t.Run("agent writes its ledger's snapshot with its own token", func(t *testing.T) { testLedgerSnapshot(t, cp) })
 	t.Run("kubectl delete -k removes everything", func(t *testing.T) { testUninstall(t, cp) })
 }
@@ -188,11 +191,10 @@ func agentPods(ctx context.Context, cp *harness.ControlPlane) ([]corev1.Pod, err
 	return pods, nil
 }
 
-// waitAgentPod waits until exactly one agent pod exists and cond holds for
-// it; cond's error ends the wait at once.
-func waitAgentPod(t *testing.T, cp *harness.ControlPlane, what string, cond func(corev1.Pod) (bool, error)) corev1.Pod {
+// waitAgentPods waits until exactly n agent pods exist and cond holds for
+// each; cond's error ends the wait at once.
+func waitAgentPods(t *testing.T, cp *harness.ControlPlane, n int, what string, cond func(corev1.Pod) (bool, error)) []corev1.Pod {
 	t.Helper()
-	var pod corev1.Pod
 	var last []corev1.Pod
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := agentPods(ctx, cp)
@@ -200,16 +202,20 @@ func waitAgentPod(t *testing.T, cp *harness.ControlPlane, what string, cond func
 			return false, nil
 		}
 		last = pods
-		if len(pods) != 1 {
+		if len(pods) != n {
 			return false, nil
 		}
-		pod = pods[0]
-		return cond(pod)
+		for _, p := range pods {
+			if ok, err := cond(p); !ok || err != nil {
+				return false, err
+			}
+		}
+		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("agent pod %s: %v; pods: %s", what, err, describePods(last))
+		t.Fatalf("%d agent pods %s: %v; pods: %s", n, what, err, describePods(last))
 	}
-	return pod
+	return last
 }
 
 func describePods(pods []corev1.Pod) string {
@@ -239,16 +245,18 @@ func unschedulable(p corev1.Pod) (bool, error) {
 	return false, nil
 }
 
-// The Deployment gets a ReplicaSet and a pod, which no node takes until
-// one is labelled flotilla.io/gateway=true; then that node runs it.
+// The Deployment gets a ReplicaSet and two pods, which no node takes
+// until one is labelled flotilla.io/gateway=true; then that node runs one
+// of them, and the other waits for a second candidate node: never two on
+// one node.
 func testGatewayLabel(t *testing.T, cp *harness.ControlPlane) {
 	ctx := t.Context()
 	rs, err := cp.Client.AppsV1().ReplicaSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil || len(rs.Items) != 1 {
 		t.Fatalf("ReplicaSets of the agent Deployment: %v, err %v; want one", rs, err)
 	}
-	pod := waitAgentPod(t, cp, "unschedulable without a gateway node", unschedulable)
-	for _, c := range pod.Status.Conditions {
+	pods := waitAgentPods(t, cp, 2, "unschedulable without a gateway node", unschedulable)
+	for _, c := range pods[0].Status.Conditions {
 		if c.Type == corev1.PodScheduled && !strings.Contains(c.Message, "node affinity/selector") {
 			t.Errorf("scheduler's reason %q does not point at the node selector", c.Message)
 		}
@@ -257,9 +265,35 @@ func testGatewayLabel(t *testing.T, cp *harness.ControlPlane) {
 	if out, err := kubectl(cp, "label", "node", "gateway", gatewayLabel+"=true"); err != nil {
 		t.Fatalf("kubectl label node: %v\n%s", err, out)
 	}
-	pod = waitAgentPod(t, cp, "running on the gateway node", func(p corev1.Pod) (bool, error) { return p.Status.Phase == corev1.PodRunning, nil })
-	if pod.Spec.NodeName != "gateway" {
-		t.Fatalf("agent pod runs on %q, want the labelled node gateway", pod.Spec.NodeName)
+	running := func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning }
+	var pending corev1.Pod
+	waitAgentPods(t, cp, 2, "one running on the gateway node, one waiting", func(p corev1.Pod) (bool, error) {
+		if running(p) {
+			return p.Spec.NodeName == "gateway", nil
+		}
+		// The node is taken: by the first replica's ports, or by
+		// anti-affinity, whichever the scheduler checks first.
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable &&
+				(strings.Contains(c.Message, "free ports") || strings.Contains(c.Message, "anti-affinity")) {
+				pending = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if pending.Spec.NodeName != "" {
+		t.Fatalf("second replica bound to %s while the only candidate runs the first", pending.Spec.NodeName)
+	}
+
+	if out, err := kubectl(cp, "label", "node", "gateway2", gatewayLabel+"=true"); err != nil {
+		t.Fatalf("kubectl label node: %v\n%s", err, out)
+	}
+	pods = waitAgentPods(t, cp, 2, "running on the two gateway nodes", func(p corev1.Pod) (bool, error) { return running(p), nil })
+	nodes := []string{pods[0].Spec.NodeName, pods[1].Spec.NodeName}
+	slices.Sort(nodes)
+	if fmt.Sprint(nodes) != "[gateway gateway2]" {
+		t.Fatalf("agent pods run on %v, want one on each labelled node, gateway and gateway2", nodes)
 	}
 }
 
@@ -267,8 +301,8 @@ func testGatewayLabel(t *testing.T, cp *harness.ControlPlane) {
 // capabilities, not privileged, the host paths and probes the agent needs.
 func testPodSecurity(t *testing.T, cp *harness.ControlPlane) {
 	pods, err := agentPods(t.Context(), cp)
-	if err != nil || len(pods) != 1 {
-		t.Fatalf("agent pods: %v, err %v; want one", describePods(pods), err)
+	if err != nil || len(pods) != 2 {
+		t.Fatalf("agent pods: %v, err %v; want two", describePods(pods), err)
 	}
 	spec := pods[0].Spec
 	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
@@ -329,18 +363,17 @@ func testPodSecurity(t *testing.T, cp *harness.ControlPlane) {
 	}
 }
 
-// A rollout (here: a changed pod template) replaces the agent, and at no
-// moment do two agent pods exist: the old one is gone before the new one
-// is created.
-func testRecreate(t *testing.T, cp *harness.ControlPlane) {
+// A rollout (here: a changed pod template) replaces both replicas, and at
+// no moment do two agent pods, terminating ones included, share a node:
+// they would share its host network.
+func testRollout(t *testing.T, cp *harness.ControlPlane) {
 	ctx := t.Context()
-	before, err := agentPods(ctx, cp)
-	if err != nil || len(before) != 1 {
-		t.Fatalf("agent pods before the rollout: %v, err %v; want one", describePods(before), err)
-	}
 	list, err := cp.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(list.Items) != 2 {
+		t.Fatalf("agent pods before the rollout: %s; want two", describePods(list.Items))
 	}
 	w, err := cp.Client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: agentSelector, ResourceVersion: list.ResourceVersion})
 	if err != nil {
@@ -351,11 +384,12 @@ func testRecreate(t *testing.T, cp *harness.ControlPlane) {
 	if out, err := kubectl(cp, "-n", namespace, "rollout", "restart", "deployment/flotilla-agent"); err != nil {
 		t.Fatalf("kubectl rollout restart: %v\n%s", err, out)
 	}
-	present := map[types.UID]bool{}
+	present := map[types.UID]corev1.Pod{}
+	old := map[types.UID]bool{}
 	for _, p := range list.Items {
-		present[p.UID] = true
+		present[p.UID], old[p.UID] = p, true
 	}
-	timeout := time.After(60 * time.Second)
+	timeout := time.After(90 * time.Second)
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
@@ -369,19 +403,30 @@ func testRecreate(t *testing.T, cp *harness.ControlPlane) {
 			if ev.Type == watch.Deleted {
 				delete(present, pod.UID)
 			} else {
-				present[pod.UID] = true
+				present[pod.UID] = *pod
 			}
-			if len(present) > 1 {
-				t.Fatalf("%d agent pods exist at once during the rollout (%s %s)", len(present), ev.Type, pod.Name)
-			}
-			if pod.UID != before[0].UID && pod.Status.Phase == corev1.PodRunning && ev.Type != watch.Deleted {
-				if pod.Spec.NodeName != "gateway" {
-					t.Fatalf("new agent pod on %q, want gateway", pod.Spec.NodeName)
+			onNode := map[string]string{}
+			newRunning := 0
+			for _, p := range present {
+				if n := p.Spec.NodeName; n != "" {
+					if other, shared := onNode[n]; shared {
+						t.Fatalf("agent pods %s and %s on node %s at once during the rollout", other, p.Name, n)
+					}
+					onNode[n] = p.Name
 				}
+				if !old[p.UID] && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+					newRunning++
+				}
+			}
+			if newRunning == 2 && len(present) == 2 {
 				return
 			}
 		case <-timeout:
-			t.Fatalf("no new agent pod running within 60s; pods now: %v", present)
+			var pods []corev1.Pod
+			for _, p := range present {
+				pods = append(pods, p)
+			}
+			t.Fatalf("the rollout did not replace both replicas within 90s; pods now: %s", describePods(pods))
 		}
 	}
 }
@@ -480,6 +525,10 @@ func agentAccess() []access {
 		access{verb: "get", path: "/metrics", allowed: false})
 	cases = append(cases, allow("create", "authorization.k8s.io", "subjectaccessreviews", "", ""),
 		deny("update", "", "pods", "shop", "web"), deny("deletecollection", "", "pods", "shop", ""))
+	// The role label on its own pods (flotilla-agent-pods narrows it to
+	// that label): patch in its namespace only.
+	cases = append(cases, allow("patch", "", "pods", namespace, "flotilla-agent-x"),
+		deny("patch", "", "pods", "shop", "web"), deny("update", "", "pods", namespace, "flotilla-agent-x"))
 	for _, ns := range []string{"default", namespace} {
 		for _, g := range []string{"", "events.k8s.io"} {
 			cases = append(cases, allow("create", g, "events", ns, ""), allow("patch", g, "events", ns, "x.17f"))

@@ -85,6 +85,7 @@ func newAgentCommand() *cobra.Command {
 	fs.StringVar(&cfg.FabricOwner, "fabric-owner", "", "the agent's Deployment, which owns the fabric's DaemonSet that brings every node into the federation (empty: no fabric, only the gateway node's pods reach peers)")
 	fs.StringVar(&cfg.Namespace, "namespace", "", "the agent's namespace, for the fabric (default: $POD_NAMESPACE)")
 	fs.StringVar(&cfg.NodeName, "node-name", "", "the gateway node's name, for the fabric (default: $NODE_NAME)")
+	fs.StringVar(&cfg.PodName, "pod-name", "", "the agent's pod, which with --leader-elect the active replica labels flotilla.io/gateway-role=active for the agent's Services to select (default: $POD_NAME)")
 
 	traffic := fs.String("traffic", string(cfg.Traffic), "Full: a peer's traffic reaches every pod here; Segregated: only its offloaded pods and the Services reflected or exported to it (docs/policy.md); a Peer's spec.traffic overrides it")
 	fs.DurationVar(&cfg.OffloadRevokeAfter, "offload-revoke-after", cfg.OffloadRevokeAfter, "how long a consumer may be unreachable before its grant here is revoked and its tenant, with what it runs here, removed (at least --unreachable-grace)")
@@ -115,6 +116,9 @@ func newAgentCommand() *cobra.Command {
 		}
 		if cfg.NodeName == "" {
 			cfg.NodeName = os.Getenv("NODE_NAME")
+		}
+		if cfg.PodName == "" {
+			cfg.PodName = os.Getenv("POD_NAME")
 		}
 		cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
 		cfg.ClusterLabels = labels

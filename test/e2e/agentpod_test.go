@@ -208,8 +208,15 @@ func documentedAccess() map[string][]string {
 		"mutatingwebhookconfigurations.admissionregistration.k8s.io [flotilla-placement] [create delete get list patch watch]",
 	}
 	ns := func(rows ...string) []string { return append(slices.Clone(cluster), rows...) }
+	// The role label on its own pods (docs/ha.md): patch in its
+	// namespace, which can-i merges with the cluster's verbs on pods.
+	agentNS := func(rows ...string) []string {
+		all := ns(rows...)
+		all[slices.Index(all, "pods [] [delete get list watch]")] = "pods [] [delete get list patch watch]"
+		return all
+	}
 	return map[string][]string{
-		federation.AgentNamespace: ns(
+		federation.AgentNamespace: agentNS(
 			"leases.coordination.k8s.io [] [create]",
 			"leases.coordination.k8s.io [flotilla-agent] [get update]",
 			"deployments.apps [flotilla-agent] [get]",

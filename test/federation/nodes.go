@@ -371,13 +371,19 @@ patches:
 		//     /run/wireguard is host-wide, so its name must be unique;
 		//   - the placement webhook answers only the API server's client
 		//     certificate (harness.WebhookClientName), as docs/offload.md
-		//     recommends.
+		//     recommends;
+		//   - one gateway node, so one replica without leader election
+		//     (docs/ha.md, "One replica").
 		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
   name: flotilla-agent
   namespace: flotilla-system
 spec:
+  replicas: 1
+  strategy:
+    type: Recreate
+    rollingUpdate: null
   template:
     spec:
       containers:

@@ -1,0 +1,83 @@
+package ha
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// RoleLabel is on the pod of the replica that holds the Lease, with the
+// value RoleActive, and on no other: the agent's Services select it, so
+// they send to the active replica only, whatever the standby's readiness.
+const (
+	RoleLabel  = "flotilla.io/gateway-role"
+	RoleActive = "active"
+)
+
+// AgentSelector selects the agent's pods in its namespace.
+const AgentSelector = "app.kubernetes.io/name=flotilla,app.kubernetes.io/component=agent"
+
+// Role writes RoleLabel on the agent's pods: set on this replica's own
+// pod only, taken off any agent pod (the admission policy
+// flotilla-agent-pods allows nothing more).
+type Role struct {
+	Kube      kubernetes.Interface
+	Namespace string
+	// Pod is this replica's pod; empty: the agent runs outside a pod,
+	// and there is no label to write.
+	Pod string
+}
+
+// MarkActive labels this replica's pod active and takes the label off
+// every other agent pod: one whose node died with it keeps its label
+// until the pod is deleted, and a Service would still send to it.
+func (r *Role) MarkActive(ctx context.Context) error {
+	if r.Pod == "" {
+		return nil
+	}
+	if err := r.patch(ctx, r.Pod, RoleActive); err != nil {
+		return err
+	}
+	pods, err := r.Kube.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector + "," + RoleLabel + "=" + RoleActive})
+	if err != nil {
+		return fmt.Errorf("list the agent pods labelled %s=%s: %w", RoleLabel, RoleActive, err)
+	}
+	for _, p := range pods.Items {
+		if p.Name == r.Pod {
+			continue
+		}
+		if err := r.patch(ctx, p.Name, ""); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// MarkStandby takes the label off this replica's pod; a container
+// restarted in the same pod keeps the labels of its last run.
+func (r *Role) MarkStandby(ctx context.Context) error {
+	if r.Pod == "" {
+		return nil
+	}
+	return r.patch(ctx, r.Pod, "")
+}
+
+// patch sets RoleLabel on pod to value, or removes it when value is "".
+func (r *Role) patch(ctx context.Context, pod, value string) error {
+	v := "null"
+	if value != "" {
+		v = fmt.Sprintf("%q", value)
+	}
+	body := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, RoleLabel, v)
+	if _, err := r.Kube.CoreV1().Pods(r.Namespace).Patch(ctx, pod, types.MergePatchType, []byte(body), metav1.PatchOptions{FieldManager: "flotilla-agent"}); err != nil {
+		if value == "" {
+			return fmt.Errorf("remove the label %s from pod %s/%s: %w", RoleLabel, r.Namespace, pod, err)
+		}
+		return fmt.Errorf("label pod %s/%s %s=%s: %w", r.Namespace, pod, RoleLabel, value, err)
+	}
+	return nil
+}
