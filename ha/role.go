@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 )
 
 // RoleLabel is on the pod of the replica that holds the Lease, with the
@@ -25,7 +25,7 @@ const AgentSelector = "app.kubernetes.io/name=flotilla,app.kubernetes.io/compone
 // pod only, taken off any agent pod (the admission policy
 // flotilla-agent-pods allows nothing more).
 type Role struct {
-	Kube      kubernetes.Interface
+	Kube      kubeclient.Interface
 	Namespace string
 	// Pod is this replica's pod; empty: the agent runs outside a pod,
 	// and there is no label to write.
