@@ -81,6 +81,7 @@ func quickstartScript(t *testing.T, doc string) (steps, undo string) {
 // variables an earlier one set.
 type quickstart struct {
 	env   []string
+	dir   string // the scripts' working directory, for the files they write
 	state string
 }
 
@@ -107,6 +108,7 @@ func newQuickstart(t *testing.T, doc string, a, b *federation.NodeCluster) *quic
 	return &quickstart{
 		env: append(os.Environ(), "KUBECONFIG="+kubeconfig,
 			"PATH="+bin+string(os.PathListSeparator)+harness.KubeBinDir()+string(os.PathListSeparator)+os.Getenv("PATH")),
+		dir:   dir,
 		state: filepath.Join(dir, "state.sh"),
 	}
 }
@@ -118,7 +120,7 @@ func (q *quickstart) run(t *testing.T, script string) (string, error) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", full)
-	cmd.Env = q.env
+	cmd.Env, cmd.Dir = q.env, q.dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
