@@ -34,6 +34,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
+	"github.com/flotilla-io/flotilla/offload/placement"
 	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
@@ -171,10 +172,12 @@ type Config struct {
 	// being on the host network), else AdvertiseAddr.
 	NodeAddress              netip.Addr
 	KubeletPort, WebhookPort int
-	// WebhookClientCA, when set, is a PEM file: the placement webhook
-	// then answers only clients presenting a certificate it signed,
-	// named one of WebhookClientNames (any, when empty): the API server,
-	// given one by an AdmissionConfiguration (docs/offload.md).
+	// WebhookClientCA is whom the placement webhook answers: clients
+	// presenting a certificate named one of WebhookClientNames (any,
+	// when empty), the API server's, given to it by an
+	// AdmissionConfiguration (docs/offload.md), signed by the cluster's
+	// client CA (WebhookClientCluster, or empty) or by the CA of a PEM
+	// file; WebhookClientAny ("none"): any client.
 	WebhookClientCA    string
 	WebhookClientNames []string
 	// ClustersetDNSPort is where the agent answers the clusterset.local
@@ -190,6 +193,12 @@ type Config struct {
 	// wrote in kube-system/coredns if there is one.
 	CoreDNSForward string
 }
+
+// Values of Config.WebhookClientCA besides a file.
+const (
+	WebhookClientCluster = "cluster"
+	WebhookClientAny     = "none"
+)
 
 // DefaultConfig returns the defaults of `flotilla agent`.
 func DefaultConfig() Config {
@@ -209,6 +218,8 @@ func DefaultConfig() Config {
 		InstallCRDs:        true,
 		KubeletPort:        10260,
 		WebhookPort:        9443,
+		WebhookClientCA:    WebhookClientCluster,
+		WebhookClientNames: placement.DefaultClientNames,
 		ClustersetDNSPort:  mcsdns.DefaultPort,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,

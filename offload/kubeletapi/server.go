@@ -81,7 +81,7 @@ type Server struct {
 	log      *slog.Logger
 	m        *kubeletAPIMetrics
 	certs    *certs.CAStore
-	clientCA *clientCA
+	clientCA *certs.ClientCA
 	authz    *apiauth.Cache[proxyQuestion, proxyAnswer]
 	// providers reach the providers' API servers, one client each.
 	providers *providerClients
@@ -138,7 +138,7 @@ func NewServer(cfg Config) (*Server, error) {
 			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: CASecret,
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
-		clientCA:     &clientCA{log: log},
+		clientCA:     &certs.ClientCA{Name: "kubelet API", Log: log},
 		providers:    newProviderClients(cfg.Credentials),
 		namesChanged: make(chan struct{}, 1),
 	}
@@ -181,9 +181,9 @@ func (k *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	caInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
-		informers.WithNamespace(clientCANamespace),
+		informers.WithNamespace(certs.ClusterClientCANamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", certs.ClusterClientCAConfigMap).String()
 		}))
 	nodeInformers := informers.NewSharedInformerFactoryWithOptions(k.cfg.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -199,7 +199,7 @@ func (k *Server) Run(ctx context.Context) error {
 	// A deleted ConfigMap leaves the CA held: the API server puts it back.
 	takeCA := func(obj any) {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
-			k.clientCA.set(cm)
+			k.clientCA.SetFrom(cm)
 		}
 	}
 	if _, err := configMaps.AddEventHandler(toolscache.ResourceEventHandlerFuncs{

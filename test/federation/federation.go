@@ -170,10 +170,6 @@ func New(t harness.TB, env *harness.Env, opts Options) []*Cluster {
 			// One federation; a later --federation-key in Args wins.
 			"--federation-key", token,
 			"--log-level", "debug",
-			// The API server presents its webhook client certificate:
-			// the placement webhook answers nobody else.
-			"--webhook-client-ca", c.CP.CAFile(),
-			"--webhook-client-names", harness.WebhookClientName,
 		}
 		c.Args = append(c.Args, opts.Args...)
 		if opts.ArgsFor != nil {
