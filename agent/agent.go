@@ -51,11 +51,14 @@ type Config struct {
 	// StateDir holds the ledger (identity, keys, views). Created 0700.
 	StateDir string
 	// MetricsAddr serves /healthz and /readyz to anyone, and /metrics,
-	// /trace, the dashboard and the profiles to the loopback and to
-	// callers whose bearer token may get their path (apiauth); empty
-	// disables. Without a host (":9470"), it listens on the loopback
-	// and NodeAddress only.
+	// /trace, the dashboard and the profiles to callers whose bearer
+	// token may get their path (apiauth); empty disables. Without a
+	// host (":9470"), it listens on the loopback and NodeAddress only.
 	MetricsAddr string
+	// MetricsTrustLoopback serves every path to the loopback without a
+	// token too: only where every process in the agent's network
+	// namespace (the gateway node's) is trusted with the routing state.
+	MetricsTrustLoopback bool
 	// Profiling also serves the Go runtime's profiles (net/http/pprof)
 	// under /debug/pprof/ on MetricsAddr. Off by default: a profile shows
 	// the process's inside to whoever reaches the port, and a CPU
@@ -386,7 +389,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
-		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: true, Log: cfg.Logger.With("component", "metrics server")}); err != nil {
+		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: cfg.MetricsTrustLoopback, Log: cfg.Logger.With("component", "metrics server")}); err != nil {
 			return nil, err
 		}
 		if a.listeners, err = listen(cfg.MetricsAddr, cfg.NodeAddress); err != nil {

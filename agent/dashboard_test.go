@@ -77,7 +77,11 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	page := func() (int, string, error) { return getMetricsPort(a, "/") }
+	// An operator's token: the loopback is trusted no more than any
+	// other address.
+	applyClusterRoles(t, cp, "flotilla-viewer")
+	operator := boundAccount(t, cp, "operator", "flotilla-viewer")
+	page := func() (int, string, error) { return getMetricsPort(a, "/", operator) }
 	waitUntil(t, "the page while starting", func() error {
 		code, body, err := page()
 		if err != nil {
@@ -99,7 +103,7 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 		}
 		return nil
 	})
-	code, _, err := getMetricsPort(a, "/nothing-here")
+	code, _, err := getMetricsPort(a, "/nothing-here", operator)
 	if err != nil {
 		t.Fatal(err)
 	}

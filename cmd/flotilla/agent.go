@@ -45,7 +45,8 @@ func newAgentCommand() *cobra.Command {
 	fs.DurationVar(&cfg.RenewDeadline, "leader-elect-renew-deadline", ha.DefaultRenewDeadline, "with --leader-elect: how long the active replica retries renewing before it gives the role up")
 	fs.DurationVar(&cfg.RetryPeriod, "leader-elect-retry-period", ha.DefaultRetryPeriod, "with --leader-elect: how often replicas try to take or renew the Lease")
 	fs.BoolVar(&cfg.LedgerSnapshots, "ledger-snapshots", cfg.LedgerSnapshots, "replicate the ledger into the Secret flotilla-ledger of the agent's namespace after every change, and restore a state directory that is behind from it at start (docs/ha.md)")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz and /readyz to anyone, and /metrics, /trace, /build and the dashboard to a bearer token allowed the path (empty: off)")
+	fs.BoolVar(&cfg.MetricsTrustLoopback, "metrics-trust-loopback", false, "serve every path of --metrics-addr to the loopback without a token: only where every process on the gateway node is trusted with the routing state")
 	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -134,6 +135,7 @@ type agentChoices struct {
 }
 
 func runAgent(ctx context.Context, stderr io.Writer, cfg agent.Config, f agentChoices) error {
+	cfg.WebhookClientNames = nil
 	if f.webhookNames != "" {
 		cfg.WebhookClientNames = strings.Split(f.webhookNames, ",")
 	}
