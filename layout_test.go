@@ -77,7 +77,7 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		"offload/kubeletapi":     append([]string{"offload", "offload/remote", "offload/internal/certs", "internal/apiauth"}, base...),
 		"offload/placement":      append([]string{"offload", "offload/internal/certs"}, base...),
 		"offload/podsync":        append([]string{"offload", "offload/remote"}, base...),
-		"offload/reflection":     append([]string{"offload", "offload/remote"}, base...),
+		"offload/reflection":     append([]string{"offload", "offload/remote", "internal/apiauth"}, base...),
 		"offload/mcs":            append([]string{"offload", "peering"}, base...),
 		"offload/mcsdns":         append([]string{"offload/mcs", "internal/sourcerate"}, base...),
 		"offload/dnsforward":     base,

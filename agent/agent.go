@@ -34,6 +34,7 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
+	"github.com/flotilla-io/flotilla/offload/placement"
 	"github.com/flotilla-io/flotilla/offload/remote"
 	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/peering"
@@ -50,11 +51,14 @@ type Config struct {
 	// StateDir holds the ledger (identity, keys, views). Created 0700.
 	StateDir string
 	// MetricsAddr serves /healthz and /readyz to anyone, and /metrics,
-	// /trace, the dashboard and the profiles to the loopback and to
-	// callers whose bearer token may get their path (apiauth); empty
-	// disables. Without a host (":9470"), it listens on the loopback
-	// and NodeAddress only.
+	// /trace, the dashboard and the profiles to callers whose bearer
+	// token may get their path (apiauth); empty disables. Without a
+	// host (":9470"), it listens on the loopback and NodeAddress only.
 	MetricsAddr string
+	// MetricsTrustLoopback serves every path to the loopback without a
+	// token too: only where every process in the agent's network
+	// namespace (the gateway node's) is trusted with the routing state.
+	MetricsTrustLoopback bool
 	// Profiling also serves the Go runtime's profiles (net/http/pprof)
 	// under /debug/pprof/ on MetricsAddr. Off by default: a profile shows
 	// the process's inside to whoever reaches the port, and a CPU
@@ -174,10 +178,12 @@ type Config struct {
 	// being on the host network), else AdvertiseAddr.
 	NodeAddress              netip.Addr
 	KubeletPort, WebhookPort int
-	// WebhookClientCA, when set, is a PEM file: the placement webhook
-	// then answers only clients presenting a certificate it signed,
-	// named one of WebhookClientNames (any, when empty): the API server,
-	// given one by an AdmissionConfiguration (docs/offload.md).
+	// WebhookClientCA is whom the placement webhook answers: clients
+	// presenting a certificate named one of WebhookClientNames (any,
+	// when empty), the API server's, given to it by an
+	// AdmissionConfiguration (docs/offload.md), signed by the cluster's
+	// client CA (WebhookClientCluster, or empty) or by the CA of a PEM
+	// file; WebhookClientAny ("none"): any client.
 	WebhookClientCA    string
 	WebhookClientNames []string
 	// ClustersetDNSPort is where the agent answers the clusterset.local
@@ -193,6 +199,12 @@ type Config struct {
 	// wrote in kube-system/coredns if there is one.
 	CoreDNSForward string
 }
+
+// Values of Config.WebhookClientCA besides a file.
+const (
+	WebhookClientCluster = "cluster"
+	WebhookClientAny     = "none"
+)
 
 // DefaultConfig returns the defaults of `flotilla agent`.
 func DefaultConfig() Config {
@@ -212,6 +224,8 @@ func DefaultConfig() Config {
 		InstallCRDs:        true,
 		KubeletPort:        10260,
 		WebhookPort:        9443,
+		WebhookClientCA:    WebhookClientCluster,
+		WebhookClientNames: placement.DefaultClientNames,
 		ClustersetDNSPort:  mcsdns.DefaultPort,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,
@@ -381,7 +395,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
-		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: true, Log: cfg.Logger.With("component", "metrics server")}); err != nil {
+		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: cfg.MetricsTrustLoopback, Log: cfg.Logger.With("component", "metrics server")}); err != nil {
 			return nil, err
 		}
 		if a.listeners, err = listen(cfg.MetricsAddr, cfg.NodeAddress); err != nil {

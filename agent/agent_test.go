@@ -23,9 +23,17 @@ func waitUntil(t *testing.T, what string, cond func() error) {
 	eventually.Within(t, time.Minute, what, cond)
 }
 
-// getMetricsPort GETs path on a's metrics port: status and body.
-func getMetricsPort(a *Agent, path string) (int, string, error) {
-	resp, err := http.Get("http://" + a.MetricsAddr() + path)
+// getMetricsPort GETs path on a's metrics port with token (none when
+// empty): status and body.
+func getMetricsPort(a *Agent, path, token string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+a.MetricsAddr()+path, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, "", err
 	}

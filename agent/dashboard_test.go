@@ -77,7 +77,12 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	page := func() (int, string, error) { return getMetricsPort(a, "/") }
+	// An operator's token: the loopback is trusted no more than any
+	// other address.
+	applyClusterRoles(t, cp, "flotilla-viewer")
+	operator := boundAccount(t, cp, "operator", "flotilla-viewer")
+	admin := boundAccount(t, cp, "admin", "cluster-admin")
+	page := func() (int, string, error) { return getMetricsPort(a, "/", operator) }
 	waitUntil(t, "the page while starting", func() error {
 		code, body, err := page()
 		if err != nil {
@@ -99,7 +104,9 @@ func TestDashboardOnMetricsPort(t *testing.T) {
 		}
 		return nil
 	})
-	code, _, err := getMetricsPort(a, "/nothing-here")
+	// flotilla-viewer names the paths the port serves; an account that
+	// may get any path is told what is not there.
+	code, _, err := getMetricsPort(a, "/nothing-here", admin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,10 +21,11 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
-// The metrics port as a stranger on the network sees it: the agent
-// listens on the loopback and its node's address only; there /healthz
-// and /readyz answer anyone (the kubelet's probes carry no token), while
-// /metrics, /trace, /build and the dashboard answer only a bearer token the API
+// The metrics port as a stranger on the pod network, or a process or
+// pod in the node's own network namespace, sees it: the agent listens on
+// the loopback and its node's address only; on both /healthz and /readyz
+// answer anyone (the kubelet's probes carry no token), while /metrics,
+// /trace, /build and the dashboard answer only a bearer token the API
 // server knows and allows the path: deploy/rbac.yaml's
 // flotilla-metrics-reader gets /metrics and nothing more, its
 // flotilla-viewer everything. Each refusal is asked, with the refused
@@ -83,12 +84,14 @@ func TestMetricsPortAccess(t *testing.T) {
 		return err
 	})
 
+	// answered: a health answer, 200 or 503, not a refusal.
+	const answered = -1
 	for _, tc := range []struct {
 		path, allowed, refused string
 		want                   int
 	}{
 		{"/healthz", "", "", http.StatusOK},
-		{"/readyz", "", "", http.StatusServiceUnavailable}, // no component started: not ready, but answered
+		{"/readyz", "", "", answered}, // ready or not, answered
 		{"/metrics", prometheus, "", http.StatusUnauthorized},
 		{"/metrics", prometheus, "not-a-token", http.StatusUnauthorized},
 		{"/metrics", prometheus, stranger, http.StatusForbidden},
@@ -98,7 +101,11 @@ func TestMetricsPortAccess(t *testing.T) {
 		{"/graph.json", operator, stranger, http.StatusForbidden},
 	} {
 		if tc.allowed == "" {
-			if got := get(tc.path, ""); got != tc.want {
+			got := get(tc.path, "")
+			if tc.want == answered && (got == http.StatusOK || got == http.StatusServiceUnavailable) {
+				continue
+			}
+			if got != tc.want {
 				t.Errorf("GET %s without a token: %d, want %d", tc.path, got, tc.want)
 			}
 			continue
@@ -113,12 +120,32 @@ func TestMetricsPortAccess(t *testing.T) {
 			t.Errorf("GET %s refused: %d, want %d", tc.path, got, tc.want)
 		}
 	}
-	// The loopback (the node itself, or kubectl port-forward) needs none.
-	if code, _, err := getMetricsPort(a, "/metrics"); err != nil || code != http.StatusOK {
-		t.Errorf("GET /metrics on the loopback: %d, %v; want 200", code, err)
+	// The loopback is every host-network process's and pod's of the
+	// node (the agent runs in the host network): health only, as
+	// anywhere else. Refused after the operator's token was served the
+	// same path there.
+	for _, tc := range []struct {
+		path  string
+		token string
+		want  int
+	}{
+		{"/healthz", "", http.StatusOK},
+		{"/metrics", operator, http.StatusOK},
+		{"/metrics", "", http.StatusUnauthorized},
+		{"/trace", operator, http.StatusOK},
+		{"/trace", "", http.StatusUnauthorized},
+		{"/trace", stranger, http.StatusForbidden},
+		{"/", "", http.StatusUnauthorized},
+		{"/build", "", http.StatusUnauthorized},
+	} {
+		code, body, err := getMetricsPort(a, tc.path, tc.token)
+		t.Logf("GET %s on the loopback with %s: %d %.100q", tc.path, map[string]string{"": "no token", operator: "the operator's token", stranger: "a stranger's token"}[tc.token], code, body)
+		if err != nil || code != tc.want {
+			t.Errorf("GET %s on the loopback: %d, %v; want %d", tc.path, code, err, tc.want)
+		}
 	}
 	// /build is the build `flotilla version` prints for the client.
-	code, body, err := getMetricsPort(a, "/build")
+	code, body, err := getMetricsPort(a, "/build", operator)
 	var build version.Info
 	if err == nil && code == http.StatusOK {
 		err = json.Unmarshal([]byte(body), &build)

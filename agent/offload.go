@@ -175,14 +175,20 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		return nil, err
 	}
 	var clientCA []byte
-	if a.cfg.WebhookClientCA != "" {
+	anyClient, clientNames := false, a.cfg.WebhookClientNames
+	switch a.cfg.WebhookClientCA {
+	case "", WebhookClientCluster:
+	case WebhookClientAny:
+		anyClient, clientNames = true, nil
+		a.log.Warn("placement webhook answers any client (--webhook-client-ca=none): whoever reaches its port may send it reviews")
+	default:
 		if clientCA, err = os.ReadFile(a.cfg.WebhookClientCA); err != nil {
 			return nil, fmt.Errorf("placement webhook: read --webhook-client-ca: %w", err)
 		}
 	}
 	placement, err := placement.NewWebhook(placement.WebhookConfig{
 		Config: a.restCfg, Address: a.cfg.NodeAddress, Port: uint16(a.cfg.WebhookPort), AgentNamespace: a.agentNamespace(),
-		ClientCA: clientCA, ClientNames: a.cfg.WebhookClientNames,
+		ClientCA: clientCA, AnyClient: anyClient, ClientNames: clientNames,
 		Shared: peers, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {

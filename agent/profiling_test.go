@@ -16,6 +16,8 @@ func TestProfilingOnMetricsPort(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("pprof", harness.ControlPlaneOptions{})
+	applyClusterRoles(t, cp, "flotilla-viewer")
+	operator := boundAccount(t, cp, "operator", "flotilla-viewer")
 	for _, tc := range []struct {
 		name      string
 		profiling bool
@@ -43,7 +45,7 @@ func TestProfilingOnMetricsPort(t *testing.T) {
 					t.Errorf("Run: %v", err)
 				}
 			})
-			get := func(path string) (int, string, error) { return getMetricsPort(a, path) }
+			get := func(path string) (int, string, error) { return getMetricsPort(a, path, operator) }
 			// The witness that the port serves before judging the profile.
 			waitUntil(t, "the metrics", func() error {
 				code, body, err := get("/metrics")

@@ -440,6 +440,10 @@ func (g *grant) testAgentRefusals(t *testing.T) {
 			_, err := core.ServiceAccounts(tenant).CreateToken(ctx, "default", bound(offload.GrantSecret), create)
 			return err
 		}},
+		{"issue a token for flotilla-viewer, the metrics ports' reader", "", func(ctx context.Context) error {
+			_, err := core.ServiceAccounts(namespace).CreateToken(ctx, "flotilla-viewer", &authenticationv1.TokenRequest{}, create)
+			return err
+		}},
 		{"issue a token for flotilla-consumer outside a tenant", notTenant, func(ctx context.Context) error {
 			_, err := core.ServiceAccounts("default").CreateToken(ctx, offload.ConsumerServiceAccount, bound(offload.GrantSecret), create)
 			return err

@@ -76,7 +76,11 @@ func testPlacementWebhookAsAgent(t *testing.T, cp *harness.ControlPlane, agent k
 	var logs lockedBuffer
 	w, err := placement.NewWebhook(placement.WebhookConfig{
 		Config: agentConfig(t, cp), Address: netip.MustParseAddr("127.0.0.1"), Port: port, AgentNamespace: namespace,
-		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		// As the agent runs it by default: only the API server's client
+		// certificate, checked against the cluster's client CA, which
+		// the agent's own rights read.
+		ClientNames: placement.DefaultClientNames,
+		Logger:      slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLog{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -45,7 +45,8 @@ func newAgentCommand() *cobra.Command {
 	fs.DurationVar(&cfg.RenewDeadline, "leader-elect-renew-deadline", ha.DefaultRenewDeadline, "with --leader-elect: how long the active replica retries renewing before it gives the role up")
 	fs.DurationVar(&cfg.RetryPeriod, "leader-elect-retry-period", ha.DefaultRetryPeriod, "with --leader-elect: how often replicas try to take or renew the Lease")
 	fs.BoolVar(&cfg.LedgerSnapshots, "ledger-snapshots", cfg.LedgerSnapshots, "replicate the ledger into the Secret flotilla-ledger of the agent's namespace after every change, and restore a state directory that is behind from it at start (docs/ha.md)")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz, /readyz and /metrics (empty: off)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address serving /healthz and /readyz to anyone, and /metrics, /trace, /build and the dashboard to a bearer token allowed the path (empty: off)")
+	fs.BoolVar(&cfg.MetricsTrustLoopback, "metrics-trust-loopback", false, "serve every path of --metrics-addr to the loopback without a token: only where every process on the gateway node is trusted with the routing state")
 	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles under /debug/pprof/ on --metrics-addr (go tool pprof http://ADDR/debug/pprof/heap); off by default")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -99,8 +100,8 @@ func newAgentCommand() *cobra.Command {
 	fs.Var(nodeAddr, "node-address", "address this cluster's API server reaches the agent at, for the virtual nodes' kubelet API and the placement webhook (default: $POD_IP, else --advertise-addr)")
 	fs.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of the kubelet API the virtual nodes serve (kubectl logs and exec on offloaded pods)")
 	fs.IntVar(&cfg.WebhookPort, "webhook-port", cfg.WebhookPort, "port of the placement webhook (pods of offloaded namespaces)")
-	fs.StringVar(&cfg.WebhookClientCA, "webhook-client-ca", "", "PEM file of the CA that signs the client certificate the API server presents to admission webhooks (AdmissionConfiguration); when set, the placement webhook answers no other client")
-	webhookNames := fs.String("webhook-client-names", "", "comma-separated common names of the client certificates --webhook-client-ca signs that the placement webhook accepts (default: any)")
+	fs.StringVar(&cfg.WebhookClientCA, "webhook-client-ca", cfg.WebhookClientCA, "whose client certificates the placement webhook answers (the API server presents one to admission webhooks when an AdmissionConfiguration gives it one): cluster, the cluster's client CA (kube-system/extension-apiserver-authentication); a PEM file of a CA; none, any client, for an API server that cannot be given one")
+	webhookNames := fs.String("webhook-client-names", strings.Join(cfg.WebhookClientNames, ","), "comma-separated common names of the client certificates the placement webhook accepts; empty: any --webhook-client-ca signed")
 	fs.IntVar(&cfg.ClustersetDNSPort, "clusterset-dns-port", cfg.ClustersetDNSPort, "port, UDP and TCP on --node-address, where the agent answers the clusterset.local zone of the Multi-Cluster Services API for CoreDNS to forward to (0: no DNS)")
 	fs.Float64Var(&cfg.ClustersetDNSClientRate, "clusterset-dns-client-rate", mcsdns.DefaultClientRate, "queries a second one client address may ask the clusterset DNS; past it UDP queries are dropped and TCP ones answered REFUSED")
 	fs.IntVar(&cfg.ClustersetDNSClientBurst, "clusterset-dns-client-burst", mcsdns.DefaultClientBurst, "queries one client address may ask the clusterset DNS at once, above --clusterset-dns-client-rate")
@@ -138,6 +139,7 @@ type agentChoices struct {
 }
 
 func runAgent(ctx context.Context, stderr io.Writer, cfg agent.Config, f agentChoices) error {
+	cfg.WebhookClientNames = nil
 	if f.webhookNames != "" {
 		cfg.WebhookClientNames = strings.Split(f.webhookNames, ",")
 	}

@@ -90,7 +90,7 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 		if err != nil {
 			return err
 		}
-		guard, err := apiauth.New(apiauth.Config{Client: client, TrustLoopback: true, Log: log.With("component", "metrics server")})
+		guard, err := apiauth.New(apiauth.Config{Client: client, Log: log.With("component", "metrics server")})
 		if err != nil {
 			return err
 		}

@@ -4,10 +4,9 @@
 // SubjectAccessReview of its path (a non-resource URL, the verb from the
 // method) against the local API server. Answers are cached for a short
 // while (Cache, which the kubelet API's authorization shares) and guarded
-// requests are rate-limited. A Guard may let requests
-// from the loopback address through: only the node's own host-network
-// processes and the kubelet's port-forward (which the API server
-// authorized as pods/portforward on the pod) arrive there.
+// requests are rate-limited. A Guard trusts no address: the loopback of
+// a host-network server is every host-network process's and pod's on the
+// node; it lets the loopback through only when told to (TrustLoopback).
 package apiauth
 
 import (

@@ -84,7 +84,7 @@ func TestGuard(t *testing.T) {
 		}
 	})
 
-	t.Run("the loopback only when trusted", func(t *testing.T) {
+	t.Run("the loopback only when told to trust it", func(t *testing.T) {
 		trusting := serve(apiauth.Config{TrustLoopback: true})
 		if got := get(trusting, "/trace", ""); got != http.StatusOK {
 			t.Errorf("trusted loopback without a token: %d, want 200", got)

@@ -78,6 +78,14 @@ func (c *Cache[K, V]) Get(ctx context.Context, key K, ask func(context.Context) 
 	return v, nil
 }
 
+// Forget drops key's answer: the next Get asks again. For an owner that
+// learnt the answer changed (a watch refused).
+func (c *Cache[K, V]) Forget(key K) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, key)
+}
+
 // Len is the number of answers kept.
 func (c *Cache[K, V]) Len() int {
 	c.mu.Lock()

@@ -35,8 +35,8 @@ func (r *reviewer) ask(q string) func(context.Context) (string, bool, error) {
 }
 
 // The cache answers a question again while fresh, asks again after the
-// TTL (shorter for a refusal), keeps errors out, counts hits and misses,
-// and holds no more than its size.
+// TTL (shorter for a refusal) or once forgotten, keeps errors out, counts
+// hits and misses, and holds no more than its size.
 func TestCache(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	r := &reviewer{allowed: map[string]bool{"alice": true}}
@@ -71,13 +71,19 @@ func TestCache(t *testing.T) {
 	now = now.Add(5 * time.Second)
 	check("bob granted, past the refusal's TTL", "bob", "yes", 5)
 
+	// Forgotten (its owner saw the answer change): asked at once.
+	r.allowed["bob"] = false
+	check("bob revoked, within the TTL", "bob", "yes", 5)
+	c.Forget("bob")
+	check("bob forgotten", "bob", "no RBAC policy matched", 6)
+
 	// Errors are not kept.
 	r.fail = errors.New("connection refused")
 	if _, err := c.Get(t.Context(), "carol", r.ask("carol")); err == nil {
 		t.Fatal("an error of the review was not returned")
 	}
 	r.fail = nil
-	check("after an error", "carol", "no RBAC policy matched", 7)
+	check("after an error", "carol", "no RBAC policy matched", 8)
 
 	// Bounded: never more than its size, the entry expiring first gone.
 	c = apiauth.NewCache[string, string](apiauth.CacheConfig{TTL: 10 * time.Second, RefusedTTL: 5 * time.Second, Size: 3,
@@ -85,10 +91,10 @@ func TestCache(t *testing.T) {
 	for i := range 10 {
 		q := fmt.Sprintf("node %d", i)
 		r.allowed[q] = true
-		check(q, q, "yes", 8+i)
+		check(q, q, "yes", 9+i)
 		if n := c.Len(); n > 3 {
 			t.Fatalf("%d answers kept, size 3", n)
 		}
 	}
-	check("the newest still kept", "node 9", "yes", 17)
+	check("the newest still kept", "node 9", "yes", 18)
 }

@@ -1,7 +1,10 @@
 // Package podhttp reads a path of a pod's port through the API server's
-// port-forward (pods/portforward): the request is authorized by the API
-// server with the caller's own credentials and arrives on the pod's
-// loopback, where the agent and the fabric serve it without a token.
+// port-forward (pods/portforward): the API server authorizes the
+// forward with the caller's own credentials, and the request carries a
+// short-lived token of the ServiceAccount ViewerAccount of the pod's
+// namespace, minted with the caller's rights, which the agent and the
+// fabric review (TokenReview, SubjectAccessReview) like any other. The
+// caller's own credential never reaches the pod.
 package podhttp
 
 import (
@@ -13,6 +16,8 @@ import (
 	"strconv"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
@@ -24,6 +29,14 @@ import (
 // metrics are far smaller.
 const maxBody = 32 << 20
 
+// ViewerAccount is the ServiceAccount, in the namespace of the pods
+// read, bound to ClusterRole flotilla-viewer (deploy/rbac.yaml), whose
+// token a request carries.
+const ViewerAccount = "flotilla-viewer"
+
+// tokenLifetime is the shortest the API server issues.
+const tokenLifetime = 10 * time.Minute
+
 // Get returns the body of GET path on port of pod ns/name; an answer
 // other than 200 OK is a *StatusError, returned with the body.
 func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path string) ([]byte, error) {
@@ -31,6 +44,9 @@ func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path 
 	if err != nil {
 		return nil, err
 	}
+	// Health answers without a token: a caller who may not mint one
+	// still reads it, and is told why when a path needs one.
+	token, tokenErr := viewerToken(ctx, kube, ns, name)
 	transport, upgrader, err := spdy.RoundTripperFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ns, name, err)
@@ -65,6 +81,9 @@ func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path 
 	if err != nil {
 		return nil, err
 	}
+	if tokenErr == nil {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s of pod %s/%s port %d: %w", path, ns, name, port, err)
@@ -75,8 +94,11 @@ func Get(ctx context.Context, cfg *rest.Config, ns, name string, port int, path 
 		return nil, fmt.Errorf("GET %s of pod %s/%s port %d: %w", path, ns, name, port, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return body, &StatusError{Status: resp.Status, Code: resp.StatusCode, Body: body,
-			err: fmt.Errorf("GET %s of pod %s/%s port %d: %s: %s", path, ns, name, port, resp.Status, body)}
+		err := fmt.Errorf("GET %s of pod %s/%s port %d: %s: %s", path, ns, name, port, resp.Status, body)
+		if resp.StatusCode == http.StatusUnauthorized && tokenErr != nil {
+			err = fmt.Errorf("GET %s of pod %s/%s port %d: %s, without a token: %w", path, ns, name, port, resp.Status, tokenErr)
+		}
+		return body, &StatusError{Status: resp.Status, Code: resp.StatusCode, Body: body, err: err}
 	}
 	return body, nil
 }
@@ -91,3 +113,22 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string { return e.err.Error() }
+
+// viewerToken mints a token of ViewerAccount in ns, bound to pod ns/pod
+// (it stops working when the pod goes) and valid for tokenLifetime.
+func viewerToken(ctx context.Context, kube kubeclient.Interface, ns, pod string) (string, error) {
+	p, err := kube.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s: %w", ns, pod, err)
+	}
+	seconds := int64(tokenLifetime / time.Second)
+	tr, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, ViewerAccount, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: &seconds,
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("a token of ServiceAccount %s/%s to read pod %s (ask an admin for create on serviceaccounts/token named %s in %s): %w",
+			ns, ViewerAccount, pod, ViewerAccount, ns, err)
+	}
+	return tr.Status.Token, nil
+}

@@ -2,32 +2,18 @@ package kubeletapi
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
-)
-
-// Where a cluster publishes the authority its API server's client
-// certificates chain to (kube-apiserver --client-ca-file): the ConfigMap
-// every extension API server and kubelet-like server reads (the Role
-// extension-apiserver-authentication-reader grants it). The API server
-// keeps it current.
-const (
-	clientCANamespace = "kube-system"
-	clientCAConfigMap = "extension-apiserver-authentication"
-	clientCAKey       = "client-ca-file"
+	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
 // kubeletUser is who a client certificate says the caller is, as the API
@@ -38,70 +24,12 @@ type kubeletUser struct {
 	groups []string
 }
 
-// clientCA verifies client certificates against the cluster's client CA,
-// as the ConfigMap last said it.
-type clientCA struct {
-	log *slog.Logger
-
-	mu   sync.Mutex
-	pool *x509.CertPool
-	last string // what was last logged: the bundle, or why it was not taken
-}
-
-// set takes the CA bundle of cm; a ConfigMap without a usable bundle
-// leaves the one held (the API server rewrites it soon), and says so once.
-func (c *clientCA) set(cm *corev1.ConfigMap) {
-	bundle := cm.Data[clientCAKey]
-	pool := x509.NewCertPool()
-	var problem string
-	switch {
-	case bundle == "":
-		problem = fmt.Sprintf("ConfigMap %s/%s has no %s", clientCANamespace, clientCAConfigMap, clientCAKey)
-	case !pool.AppendCertsFromPEM([]byte(bundle)):
-		problem = fmt.Sprintf("%s of ConfigMap %s/%s holds no PEM certificate", clientCAKey, clientCANamespace, clientCAConfigMap)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if problem != "" {
-		if c.last != problem {
-			c.last = problem
-			c.log.Warn("kubelet API: the cluster's client CA not taken; keeping the one held", "problem", problem, "held", c.pool != nil)
-		}
-		return
-	}
-	c.pool = pool
-	if c.last != bundle {
-		c.last = bundle
-		c.log.Info("kubelet API: the cluster's client CA taken", "configmap", clientCANamespace+"/"+clientCAConfigMap)
-	}
-}
-
-// errNoClientCertificate: the caller sent none; a kubelet refuses
-// anonymous requests.
-var errNoClientCertificate = errors.New("no client certificate")
-
 // authenticate returns who r's client certificate names, once it chains
 // to the cluster's client CA for client authentication.
-func (c *clientCA) authenticate(r *http.Request) (kubeletUser, error) {
-	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		return kubeletUser{}, errNoClientCertificate
-	}
-	c.mu.Lock()
-	pool := c.pool
-	c.mu.Unlock()
-	if pool == nil {
-		return kubeletUser{}, fmt.Errorf("the cluster's client CA is not known yet (ConfigMap %s/%s)", clientCANamespace, clientCAConfigMap)
-	}
-	leaf := r.TLS.PeerCertificates[0]
-	opts := x509.VerifyOptions{
-		Roots: pool, Intermediates: x509.NewCertPool(),
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	for _, c := range r.TLS.PeerCertificates[1:] {
-		opts.Intermediates.AddCert(c)
-	}
-	if _, err := leaf.Verify(opts); err != nil {
-		return kubeletUser{}, fmt.Errorf("client certificate %q: %w", leaf.Subject.CommonName, err)
+func authenticate(ca *certs.ClientCA, r *http.Request) (kubeletUser, error) {
+	leaf, err := ca.Verify(r.TLS)
+	if err != nil {
+		return kubeletUser{}, err
 	}
 	if leaf.Subject.CommonName == "" {
 		return kubeletUser{}, errors.New("client certificate without a common name (the user)")

@@ -132,7 +132,7 @@ func (k *Server) handler() http.Handler {
 		http.NotFound(w, r)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u, err := k.clientCA.authenticate(r)
+		u, err := authenticate(k.clientCA, r)
 		if err != nil {
 			k.log.Debug("kubelet API: unauthenticated request refused", "route", routeName(r.URL.Path), "err", err)
 			k.m.requests.WithLabelValues(routeName(r.URL.Path), kubeletResultUnauthenticated).Inc()

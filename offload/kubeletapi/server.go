@@ -80,7 +80,7 @@ type Server struct {
 	log      *slog.Logger
 	m        *kubeletAPIMetrics
 	certs    *certs.CAStore
-	clientCA *clientCA
+	clientCA *certs.ClientCA
 	authz    *apiauth.Cache[proxyQuestion, proxyAnswer]
 	// providers reach the providers' API servers, one client each.
 	providers *providerClients
@@ -137,7 +137,7 @@ func NewServer(cfg Config) (*Server, error) {
 			Kube: cfg.Client, Namespace: cfg.AgentNamespace, Secret: CASecret,
 			Name: "flotilla virtual nodes", Component: "kubelet_api", Lifetimes: l, Log: log,
 		}),
-		clientCA:     &clientCA{log: log},
+		clientCA:     &certs.ClientCA{Name: "kubelet API", Log: log},
 		providers:    newProviderClients(cfg.Credentials),
 		namesChanged: make(chan struct{}, 1),
 	}
@@ -179,8 +179,8 @@ func (k *Server) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address
 func (k *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	configMaps := kubeclient.NewInformer(&corev1.ConfigMap{}, k.cfg.Client.CoreV1().ConfigMaps(clientCANamespace), func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", clientCAConfigMap).String()
+	configMaps := kubeclient.NewInformer(&corev1.ConfigMap{}, k.cfg.Client.CoreV1().ConfigMaps(certs.ClusterClientCANamespace), func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", certs.ClusterClientCAConfigMap).String()
 	})
 	nodes := kubeclient.NewInformer(&corev1.Node{}, k.cfg.Client.CoreV1().Nodes(), func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.SelectorFromSet(labels.Set{offload.LabelVirtualNode: "true"}).String()
@@ -196,7 +196,7 @@ func (k *Server) Run(ctx context.Context) error {
 	// A deleted ConfigMap leaves the CA held: the API server puts it back.
 	takeCA := func(obj any) {
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
-			k.clientCA.set(cm)
+			k.clientCA.SetFrom(cm)
 		}
 	}
 	if _, err := configMaps.AddEventHandler(toolscache.ResourceEventHandlerFuncs{

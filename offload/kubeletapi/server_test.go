@@ -656,13 +656,13 @@ func (w *kubeletWorld) testClientCAWatched(t *testing.T) {
 
 func (w *kubeletWorld) editClientCA(t *testing.T, edit func(string) string) {
 	t.Helper()
-	cms := w.cons.Client.CoreV1().ConfigMaps(clientCANamespace)
+	cms := w.cons.Client.CoreV1().ConfigMaps(certs.ClusterClientCANamespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := cms.Get(t.Context(), clientCAConfigMap, metav1.GetOptions{})
+		cm, err := cms.Get(t.Context(), certs.ClusterClientCAConfigMap, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		cm.Data[clientCAKey] = edit(cm.Data[clientCAKey])
+		cm.Data[certs.ClusterClientCAKey] = edit(cm.Data[certs.ClusterClientCAKey])
 		_, err = cms.Update(t.Context(), cm, metav1.UpdateOptions{})
 		return err
 	})

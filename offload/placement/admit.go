@@ -17,6 +17,7 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
 // Bounds of what the webhook reads: together at most
@@ -126,10 +127,15 @@ func (w *Webhook) admitClient(r *http.Request) (code int, reason, msg string) {
 	if w.clients == nil {
 		return 0, "", ""
 	}
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-		return http.StatusUnauthorized, limitNoClientCert, "a client certificate is required (the API server's, configured with an AdmissionConfiguration)"
+	leaf, err := w.clients.Verify(r.TLS)
+	switch {
+	case errors.Is(err, certs.ErrNoClientCertificate):
+		return http.StatusUnauthorized, limitNoClientCert, "a client certificate is required: the API server's, given to admission webhooks by an AdmissionConfiguration (docs/offload.md), " +
+			"or run the agent with --webhook-client-ca=none where the API server cannot present one"
+	case err != nil:
+		return http.StatusUnauthorized, limitClientNotAllowed, err.Error()
 	}
-	cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
+	cn := leaf.Subject.CommonName
 	if len(w.cfg.ClientNames) > 0 && !slices.Contains(w.cfg.ClientNames, cn) {
 		return http.StatusForbidden, limitClientNotAllowed, fmt.Sprintf("client certificate %q is not one of %v", cn, w.cfg.ClientNames)
 	}

@@ -21,7 +21,7 @@ func TestPlacementWebhookRefusesBadReviews(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	w, err := NewWebhook(WebhookConfig{
 		Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg,
+		AnyClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestPlacementWebhookBoundsRequests(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w, err := NewWebhook(WebhookConfig{
 				Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(),
+				AnyClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -123,13 +123,43 @@ func TestPlacementWebhookBoundsRequests(t *testing.T) {
 	}
 }
 
-// A client certificate required, a webhook built without a usable CA is
-// refused before it starts.
+// By default a client certificate is required: a request without one
+// is refused (401) before its body is read.
+func TestPlacementWebhookRequiresAClientCertificateByDefault(t *testing.T) {
+	w, err := NewWebhook(WebhookConfig{
+		Config: &rest.Config{Host: "https://127.0.0.1:1"}, Address: mustAddr("127.0.0.1"), AgentNamespace: "flotilla-system",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := &sizedBody{left: 100}
+	req := httptest.NewRequest(http.MethodPost, placementPath, body)
+	rec := httptest.NewRecorder()
+	w.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized {
+		t.Errorf("%d, want 401", rec.Code)
+	}
+	if got := testutil.ToFloat64(w.limited.WithLabelValues(limitNoClientCert)); got != 1 {
+		t.Errorf("%s counted %v times, want 1", limitNoClientCert, got)
+	}
+	if body.read > 0 {
+		t.Errorf("%d bytes of the body read before the client was known", body.read)
+	}
+	if msg := rec.Body.String(); !strings.Contains(msg, "AdmissionConfiguration") || !strings.Contains(msg, "--webhook-client-ca=none") {
+		t.Errorf("the refusal does not say what to configure: %q", msg)
+	}
+}
+
+// A client certificate required, a webhook built without a usable CA,
+// or told both to check certificates and to answer anyone, is refused
+// before it starts.
 func TestPlacementWebhookClientCAChecked(t *testing.T) {
 	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
 	for name, c := range map[string]WebhookConfig{
 		"no PEM in the CA bundle": {ClientCA: []byte("not a certificate")},
-		"names without a CA":      {ClientNames: []string{"kube-apiserver"}},
+		"a CA, yet any client":    {ClientCA: []byte("-"), AnyClient: true},
+		"names, yet any client":   {ClientNames: []string{"kube-apiserver"}, AnyClient: true},
 	} {
 		c.Config, c.Address, c.AgentNamespace = cfg, mustAddr("127.0.0.1"), "x"
 		if _, err := NewWebhook(c); err == nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +35,12 @@ import (
 	"github.com/flotilla-io/flotilla/offload/internal/certs"
 )
 
+// DefaultClientNames are the common names of the client certificates an
+// API server presents that the agent accepts by default: one issued for
+// webhooks (docs/offload.md), or kubeadm's apiserver-kubelet-client,
+// which an AdmissionConfiguration may give webhooks too.
+var DefaultClientNames = []string{"kube-apiserver-webhook-client", "kube-apiserver-kubelet-client"}
+
 // WebhookConfig is what a Webhook needs.
 type WebhookConfig struct {
 	// Config reaches the local API server.
@@ -60,12 +65,17 @@ type WebhookConfig struct {
 	// Shared, when set, is where NamespaceOffloads are read from (the
 	// agent's SharedCache) instead of an informer of the webhook's own.
 	Shared *offload.SharedCache
-	// ClientCA, when set, is a PEM bundle: the webhook then answers only
-	// clients presenting a certificate one of its CAs signed (the API
-	// server, configured with an AdmissionConfiguration to present one).
-	ClientCA []byte
-	// ClientNames, when set with ClientCA, are the common names of the
-	// client certificates accepted; empty accepts any the CAs signed.
+	// The webhook answers only clients presenting a certificate for
+	// client authentication (the API server, configured with an
+	// AdmissionConfiguration to present one) that chains to ClientCA, a
+	// PEM bundle, or when ClientCA is empty to the cluster's client CA
+	// (kube-system/extension-apiserver-authentication, watched).
+	// AnyClient answers clients without one instead: for an API server
+	// that cannot be given a certificate (a managed control plane).
+	ClientCA  []byte
+	AnyClient bool
+	// ClientNames are the common names of the client certificates
+	// accepted; empty accepts any the CA signed.
 	ClientNames []string
 
 	Logger  *slog.Logger
@@ -89,8 +99,11 @@ type Webhook struct {
 	// many at once, without an accepted client certificate.
 	limited *prometheus.CounterVec
 	// slots bounds the reviews read and answered at once.
-	slots     chan struct{}
-	clients   *x509.CertPool // nil: no client certificate required
+	slots   chan struct{}
+	clients *certs.ClientCA // nil: no client certificate required
+	// watchCA: clients is the cluster's client CA, read from its
+	// ConfigMap.
+	watchCA   bool
 	refusedMu sync.Mutex
 	refusedAt map[string]time.Time // by reason: the last refusal logged
 	certs     *certs.CAStore
@@ -150,13 +163,17 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		changed: make(chan struct{}, 1),
 	}
 	w.slots, w.refusedAt = make(chan struct{}, maxConcurrentReviews), map[string]time.Time{}
-	if len(cfg.ClientCA) > 0 {
-		w.clients = x509.NewCertPool()
-		if !w.clients.AppendCertsFromPEM(cfg.ClientCA) {
-			return nil, errors.New("placement webhook: the client CA bundle holds no PEM certificate")
+	switch {
+	case cfg.AnyClient && (len(cfg.ClientCA) > 0 || len(cfg.ClientNames) > 0):
+		return nil, errors.New("placement webhook: a client CA or client names, yet any client answered: choose one")
+	case cfg.AnyClient:
+	case len(cfg.ClientCA) > 0:
+		var err error
+		if w.clients, err = certs.NewClientCA("placement webhook", cfg.ClientCA); err != nil {
+			return nil, err
 		}
-	} else if len(cfg.ClientNames) > 0 {
-		return nil, errors.New("placement webhook: client names without a client CA: set the CA that signs the API server's client certificate")
+	default:
+		w.clients, w.watchCA = &certs.ClientCA{Name: "placement webhook", Log: w.log}, true
 	}
 	if cfg.URL != "" {
 		u, err := url.Parse(cfg.URL)
@@ -185,12 +202,20 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		return nil, fmt.Errorf("placement webhook: client: %w", err)
 	}
 	scheme, mapper := offload.MirrorScheme(), webhookMapper()
+	// The cluster's client CA is a ConfigMap.
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("placement webhook: %w", err)
+	}
 	w.cache, err = cache.New(cfg.Config, cache.Options{
 		Scheme: scheme, Mapper: mapper, DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			offload.MetadataOf(nodeGVK):          {Transform: nameAndLabelsOnly},
 			offload.MetadataOf(peerGVK):          {Transform: nameAndLabelsOnly},
 			offload.MetadataOf(webhookConfigGVK): {Field: fields.OneTermEqualSelector("metadata.name", ConfigurationName)},
+			&corev1.ConfigMap{}: {
+				Namespaces: map[string]cache.Config{certs.ClusterClientCANamespace: {}},
+				Field:      fields.OneTermEqualSelector("metadata.name", certs.ClusterClientCAConfigMap),
+			},
 		},
 	})
 	if err != nil {
@@ -237,6 +262,7 @@ func webhookMapper() meta.RESTMapper {
 	m.Add(v1alpha1.GroupVersion.WithKind("NamespaceOffload"), meta.RESTScopeNamespace)
 	m.Add(nodeGVK, meta.RESTScopeRoot)
 	m.Add(webhookConfigGVK, meta.RESTScopeRoot)
+	m.Add(corev1.SchemeGroupVersion.WithKind("ConfigMap"), meta.RESTScopeNamespace)
 	return m
 }
 
@@ -283,6 +309,11 @@ func (w *Webhook) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("placement webhook: watch MutatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
+	if w.watchCA {
+		if err := w.watchClientCA(ctx); err != nil {
+			return err
+		}
+	}
 	cacheErr, synced, err := ctrl.StartCache(ctx, &wg, w.cache, "placement webhook")
 	if !synced {
 		return err
@@ -295,9 +326,9 @@ func (w *Webhook) Run(ctx context.Context) error {
 	mux.Handle(placementPath, w)
 	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12}
 	if w.clients != nil {
-		// Verified if given; a request without one is refused by
-		// ServeHTTP, where it is counted.
-		tlsConfig.ClientAuth, tlsConfig.ClientCAs = tls.VerifyClientCertIfGiven, w.clients
+		// Verified by ServeHTTP, against the CA as it is then, and
+		// counted there when refused.
+		tlsConfig.ClientAuth = tls.RequestClientCert
 	}
 	srv := &http.Server{
 		Handler:           mux,
@@ -324,6 +355,27 @@ func (w *Webhook) Run(ctx context.Context) error {
 	case err := <-served:
 		return err
 	}
+}
+
+// watchClientCA keeps the cluster's client CA current: a CA added there
+// is trusted at once, one removed no longer. A ConfigMap deleted leaves
+// the CA held: the API server puts it back.
+func (w *Webhook) watchClientCA(ctx context.Context) error {
+	inf, err := w.cache.GetInformer(ctx, &corev1.ConfigMap{})
+	if err != nil {
+		return fmt.Errorf("placement webhook: watch the client CA, ConfigMap %s/%s: %w", certs.ClusterClientCANamespace, certs.ClusterClientCAConfigMap, err)
+	}
+	take := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Namespace == certs.ClusterClientCANamespace && cm.Name == certs.ClusterClientCAConfigMap {
+			w.clients.SetFrom(cm)
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: take, UpdateFunc: func(_, o any) { take(o) },
+	}); err != nil {
+		return fmt.Errorf("placement webhook: watch the client CA: %w", err)
+	}
+	return nil
 }
 
 // start loads the CAs and issues the first serving certificate

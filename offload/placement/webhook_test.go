@@ -2,12 +2,17 @@ package placement
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -149,13 +154,15 @@ func (r *logRecorder) admissions(ns string) []string {
 func (e *placementEnv) start(t *testing.T, tweak func(*WebhookConfig)) (stop func()) {
 	t.Helper()
 	// The harness's API servers present a client certificate to
-	// webhooks: the webhook requires it, as an operator configures it.
+	// webhooks, signed by the cluster's client CA, as an operator
+	// configures it: the webhook requires it, as the agent runs it by
+	// default.
 	cfg := WebhookConfig{
 		Config: e.cp.Config, Address: e.addr, Port: e.port, AgentNamespace: e.agentNS,
-		ClientCA: e.cp.CA(), ClientNames: []string{harness.WebhookClientName},
-		Shared:  offloadtest.StartSharedCache(t, e.cp.Config, nil),
-		Logger:  slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Metrics: e.registry,
+		ClientNames: DefaultClientNames,
+		Shared:      offloadtest.StartSharedCache(t, e.cp.Config, nil),
+		Logger:      slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics:     e.registry,
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -437,14 +444,17 @@ func TestPlacementWebhook(t *testing.T) {
 	})
 
 	// Every admission above came from the API server with its client
-	// certificate (the positive witness); a stranger without one, and
-	// the cluster's admin with its own (signed by the same CA), are
-	// refused before the webhook reads their review.
+	// certificate (the positive witness), checked by default against
+	// the cluster's client CA; a stranger without one, a stranger with
+	// one of its own CA named as the API server's, and the cluster's
+	// admin with its own (signed by the cluster's client CA) are refused
+	// before the webhook reads their review.
 	t.Run("OnlyTheAPIServerIsAnswered", func(t *testing.T) {
 		admin, err := tls.X509KeyPair(e.cp.Config.CertData, e.cp.Config.KeyData)
 		if err != nil {
 			t.Fatal(err)
 		}
+		forged := selfSignedClient(t, harness.WebhookClientName)
 		for _, tc := range []struct {
 			who    string
 			certs  []tls.Certificate
@@ -452,6 +462,7 @@ func TestPlacementWebhook(t *testing.T) {
 			reason string
 		}{
 			{"a stranger without a certificate", nil, http.StatusUnauthorized, limitNoClientCert},
+			{"a stranger's certificate named as the API server's", []tls.Certificate{forged}, http.StatusUnauthorized, limitClientNotAllowed},
 			{"the admin's certificate", []tls.Certificate{admin}, http.StatusForbidden, limitClientNotAllowed},
 		} {
 			before := e.limited(t, tc.reason)
@@ -765,4 +776,25 @@ func (e *placementEnv) servedIssuer(t *testing.T) string {
 	}
 	defer c.Close()
 	return hex.EncodeToString(c.ConnectionState().PeerCertificates[0].AuthorityKeyId)
+}
+
+// selfSignedClient is a client certificate named cn that no cluster's CA
+// signed.
+func selfSignedClient(t *testing.T, cn string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

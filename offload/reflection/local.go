@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/ctrl"
 	"github.com/flotilla-io/flotilla/offload"
 )
@@ -29,6 +31,19 @@ import (
 // this agent may not read is looked at again: its RoleBinding may be made
 // at any time, and nothing tells the agent when.
 const retryForbidden = 10 * time.Second
+
+// The answers of the agent's SelfSubjectAccessReviews about a namespace
+// are kept for a while, so that a burst of NamespaceOffload changes costs
+// one round of reviews, not one each: a yes for rightsTTL, a no for
+// refusedRightsTTL (a binding just made works soon). A watch refused
+// drops the namespace's answer at once. Watching RoleBindings instead
+// would take the right to list them in every namespace.
+const (
+	rightsTTL        = 10 * time.Second
+	refusedRightsTTL = 5 * time.Second
+	// rightsCacheSize bounds the answers: one per offloaded namespace.
+	rightsCacheSize = 4096
+)
 
 // offloadedObjects holds the ConfigMaps and Secrets of the offloaded
 // namespaces, a cache per namespace: the agent may read them only where a
@@ -42,6 +57,9 @@ type offloadedObjects struct {
 	reviews  authorizationv1client.SelfSubjectAccessReviewInterface
 	identity authenticationv1client.SelfSubjectReviewInterface
 	ctrl     *ctrl.Controller[string] // keys: local namespaces
+	// rights are the reviews' answers by namespace: what is refused, ""
+	// when nothing is.
+	rights *apiauth.Cache[string, string]
 
 	mu     sync.Mutex
 	spaces map[string]*namespaceObjects
@@ -78,8 +96,17 @@ func newOffloadedObjects(r *Reflector, cfg *rest.Config) (*offloadedObjects, err
 	if err != nil {
 		return nil, err
 	}
+	reviews := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flotilla_reflection_rights_cache_total",
+		Help: "Whether this agent may read an offloaded namespace's ConfigMaps and Secrets, by result: hit (answered from the cache), miss (asked the API server).",
+	}, []string{"result"})
+	if err := ctrl.Register(r.cfg.Metrics, reviews); err != nil {
+		return nil, err
+	}
 	o := &offloadedObjects{r: r, config: cfg, reviews: authz.SelfSubjectAccessReviews(), identity: authn.SelfSubjectReviews(),
-		spaces: map[string]*namespaceObjects{}}
+		spaces: map[string]*namespaceObjects{},
+		rights: apiauth.NewCache[string, string](apiauth.CacheConfig{TTL: rightsTTL, RefusedTTL: refusedRightsTTL, Size: rightsCacheSize,
+			Hits: reviews.WithLabelValues("hit"), Misses: reviews.WithLabelValues("miss")})}
 	o.ctrl, err = ctrl.New(ctrl.Config[string]{
 		Name: "reflection_namespaces", MaxDelay: 30 * time.Second, Reconcile: o.reconcile, Metrics: r.cfg.Metrics,
 		Errors: &ctrl.ErrorLog[string]{Logger: r.log, Failed: "ConfigMaps and Secrets not watched; retrying",
@@ -115,6 +142,7 @@ func (o *offloadedObjects) reconcile(ctx context.Context, ns string) (time.Durat
 	st := o.spaces[ns]
 	o.mu.Unlock()
 	if !offloaded {
+		o.rights.Forget(ns)
 		if st != nil {
 			o.remove(ns, st)
 		}
@@ -161,10 +189,19 @@ func (o *offloadedObjects) offloaded(ctx context.Context, ns string) (bool, erro
 	return offload.ActingOffload(list.Items) != nil, nil
 }
 
-// refused asks the API server whether this agent may list and watch the
-// ConfigMaps and Secrets of ns; it returns what it may not, "" when it
-// may do all of it.
+// refused says what of listing and watching the ConfigMaps and Secrets
+// of ns this agent may not, "" when it may do all of it: the API
+// server's answer, or the cache's while fresh.
 func (o *offloadedObjects) refused(ctx context.Context, ns string) (string, error) {
+	return o.rights.Get(ctx, ns, func(ctx context.Context) (string, bool, error) {
+		refused, err := o.review(ctx, ns)
+		return refused, refused == "", err
+	})
+}
+
+// review asks the API server whether this agent may list and watch the
+// ConfigMaps and Secrets of ns; it returns what it may not.
+func (o *offloadedObjects) review(ctx context.Context, ns string) (string, error) {
 	var denied []string
 	for _, resource := range []string{"configmaps", "secrets"} {
 		for _, verb := range []string{"list", "watch"} {
@@ -195,6 +232,7 @@ func (o *offloadedObjects) start(ns string) (*localCache, error) {
 		DefaultWatchErrorHandler: func(ctx context.Context, r *toolscache.Reflector, err error) {
 			if apierrors.IsForbidden(err) {
 				if !lc.refused.Swap(true) {
+					o.rights.Forget(ns)
 					o.ctrl.Add(ns)
 				}
 				return

@@ -12,8 +12,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
 )
 
@@ -128,6 +130,55 @@ func TestReflectionNeedsItsRoleBinding(t *testing.T) {
 		}
 	})
 
+	// Each change of the NamespaceOffload reconciles the namespace; its
+	// rights are asked once per answer's life, not once per change.
+	t.Run("a burst of changes costs a round of reviews, not one each", func(t *testing.T) {
+		hitsBefore := rightsCache(t, e, "hit")
+		seen := len(e.requests.All())
+		start := time.Now()
+		// Spread over a few seconds, well within an answer's life: each
+		// change is reconciled on its own, not merged by the work queue
+		// with the next.
+		const changes = 20
+		for i := range changes {
+			time.Sleep(150 * time.Millisecond)
+			o := &v1alpha1.NamespaceOffload{}
+			if err := e.LocalAdmin.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "offload"}, o); err != nil {
+				t.Fatal(err)
+			}
+			patch := client.MergeFrom(o.DeepCopy())
+			if o.Annotations == nil {
+				o.Annotations = map[string]string{}
+			}
+			o.Annotations["example.com/touched"] = fmt.Sprint(i)
+			if err := e.LocalAdmin.Patch(ctx, o, patch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The witness: the changes were reconciled, their rights
+		// answered from the cache.
+		eventually.Within(t, 30*time.Second, "answers from the cache", func() error {
+			if hits := rightsCache(t, e, "hit") - hitsBefore; hits < 1 {
+				return fmt.Errorf("%v hits", hits)
+			}
+			return nil
+		})
+		elapsed := time.Since(start)
+		var reviews int
+		for _, req := range e.requests.All()[seen:] {
+			if strings.Contains(req, "selfsubjectaccessreviews") {
+				reviews++
+			}
+		}
+		// Four reviews per answer's life, one more round for the one
+		// under way when the burst began.
+		most := 4 * (2 + int(elapsed/rightsTTL))
+		t.Logf("%d changes of the NamespaceOffload in %s: %d reviews asked (at most %d)", changes, elapsed.Round(time.Millisecond), reviews, most)
+		if reviews > most {
+			t.Errorf("%d reviews for %d changes in %s, want at most %d", reviews, changes, elapsed, most)
+		}
+	})
+
 	t.Run("the binding removed: the agent stops reading, what was reflected stays", func(t *testing.T) {
 		if err := e.Local.Client.RbacV1().RoleBindings(e.ns).Delete(ctx, offload.ReflectionBinding, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -181,4 +232,26 @@ func TestReflectionNeedsItsRoleBinding(t *testing.T) {
 			t.Errorf("the Reflector never read the ConfigMaps and Secrets of %s, which it reflected: requests %v", e.ns, e.requests.All())
 		}
 	})
+}
+
+// rightsCache is flotilla_reflection_rights_cache_total{result}.
+func rightsCache(t *testing.T, e *reflectEnv, result string) float64 {
+	t.Helper()
+	families, err := e.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "flotilla_reflection_rights_cache_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -229,13 +229,27 @@ func agentMetrics(t *testing.T, c *federation.NodeCluster) string {
 }
 
 // agentGet reads path from the agent's metrics port, from its gateway
-// node's network.
+// node's network, with a token of deploy/'s flotilla-viewer (the
+// loopback is trusted no more than any other address).
 func agentGet(c *federation.NodeCluster, path string) (body string, status int, err error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return c.Gateway.DialContext(ctx, network, addr)
 		}}}
-	resp, err := hc.Get("http://127.0.0.1:9470" + path)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seconds := int64(600)
+	tr, err := c.CP.Client.CoreV1().ServiceAccounts("flotilla-system").CreateToken(ctx, "flotilla-viewer",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", 0, fmt.Errorf("a token of flotilla-system/flotilla-viewer: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9470"+path, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return "", 0, err
 	}

@@ -329,6 +329,7 @@ func writeKustomization(t harness.TB, env *harness.Env, c *NodeCluster, s agentS
     disableNameSuffixHash: true
 `, `
         - --federation-key-file=/etc/flotilla/token`, `
+        volumeMounts:
         - name: federation
           mountPath: /etc/flotilla
           readOnly: true`, `
@@ -339,8 +340,7 @@ func writeKustomization(t harness.TB, env *harness.Env, c *NodeCluster, s agentS
 		keySecret, keyArg, keyMount, keyVolume = "", "", "", ""
 	}
 	files := map[string]string{
-		"token":                 s.token,
-		"webhook-client-ca.crt": string(c.CP.CA()),
+		"token": s.token,
 		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -349,14 +349,7 @@ images:
 - name: ghcr.io/flotilla-io/flotilla
   newName: %s
   newTag: %s
-%sconfigMapGenerator:
-- name: flotilla-webhook-client-ca
-  namespace: flotilla-system
-  files:
-  - ca.crt=webhook-client-ca.crt
-  options:
-    disableNameSuffixHash: true
-patches:
+%spatches:
 - path: agent.yaml
 `, base, name, version, keySecret),
 		// The cluster's settings, and what the test machine needs:
@@ -369,11 +362,11 @@ patches:
 		//     directory for every gateway node of this machine;
 		//   - the WireGuard interface: wireguard-go's control socket in
 		//     /run/wireguard is host-wide, so its name must be unique;
-		//   - the placement webhook answers only the API server's client
-		//     certificate (harness.WebhookClientName), as docs/offload.md
-		//     recommends;
 		//   - one gateway node, so one replica without leader election
 		//     (docs/ha.md, "One replica").
+		// The placement webhook keeps its default: only the API
+		// server's client certificate (harness.WebhookClientName), signed
+		// by the cluster's client CA.
 		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -397,27 +390,18 @@ spec:
         - --pod-cidr=%s
         - --advertise-addr=%s
         - --wireguard-interface=%s%s
-        - --webhook-client-ca=/etc/flotilla-webhook-client/ca.crt
-        - --webhook-client-names=%s
         - --fabric-owner=flotilla-agent%s
         env:
         - name: KUBERNETES_SERVICE_HOST
           value: "127.0.0.1"
         - name: KUBERNETES_SERVICE_PORT
-          value: "%d"
-        volumeMounts:%s
-        - name: webhook-client-ca
-          mountPath: /etc/flotilla-webhook-client
-          readOnly: true
+          value: "%d"%s
       volumes:
       - name: state
         hostPath:
           path: %s
           type: DirectoryOrCreate%s
-      - name: webhook-client-ca
-        configMap:
-          name: flotilla-webhook-client-ca
-`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, keyArg, harness.WebhookClientName, extraArgs(s.args), c.CP.Addr.Port(), keyMount, c.StateDir, keyVolume),
+`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, keyArg, extraArgs(s.args), c.CP.Addr.Port(), keyMount, c.StateDir, keyVolume),
 	}
 	for file, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
