@@ -297,6 +297,7 @@ func TestServicesAcrossClusters(t *testing.T) {
 	// `flotilla verify` checks is all there.
 	testVerify(t, a, b)
 	testGather(t, env, a, b, bID)
+	testVerifyFails(t, a, b)
 }
 
 // appPod is a pod of the test server labelled app=name, on the nodes
