@@ -114,17 +114,14 @@ type StatusError struct {
 
 func (e *StatusError) Error() string { return e.err.Error() }
 
-// viewerToken mints a token of ViewerAccount in ns, bound to pod ns/pod
-// (it stops working when the pod goes) and valid for tokenLifetime.
+// viewerToken mints a token of ViewerAccount in ns, valid for
+// tokenLifetime, to read pod ns/pod with. It is bound to no object: the
+// API server binds a token only to a pod that runs as its account, and
+// the agent's pod runs as the agent's.
 func viewerToken(ctx context.Context, kube kubeclient.Interface, ns, pod string) (string, error) {
-	p, err := kube.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		return "", fmt.Errorf("pod %s/%s: %w", ns, pod, err)
-	}
 	seconds := int64(tokenLifetime / time.Second)
 	tr, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, ViewerAccount, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		ExpirationSeconds: &seconds,
-		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		return "", fmt.Errorf("a token of ServiceAccount %s/%s to read pod %s (ask an admin for create on serviceaccounts/token named %s in %s): %w",
