@@ -71,8 +71,16 @@ func TestInfo(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &info); code != 0 || err != nil {
 			return fmt.Errorf("exit %d, %v\n%s%s", code, err, out, errOut)
 		}
-		if a := info.Agent; !a.Installed || a.Replicas != 1 || len(a.Pods) != 1 || a.Pods[0].Node != "gateway" {
+		// deploy/ runs two replicas, one per gateway node: with one
+		// such node, one runs there and the standby waits for another.
+		a := info.Agent
+		if !a.Installed || a.Replicas != 2 || a.Ready != 1 || len(a.Pods) != 2 {
 			return fmt.Errorf("agent %+v", a)
+		}
+		for _, p := range a.Pods {
+			if p.Ready != (p.Node == "gateway") {
+				return fmt.Errorf("agent %+v: want the pod on gateway ready and the other unscheduled", a)
+			}
 		}
 		return nil
 	})
