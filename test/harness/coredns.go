@@ -52,18 +52,28 @@ const (
 
 // CoreDNSBinary is CoreDNS of CoreDNSVersion as hack/build-coredns.sh
 // builds it into the cache.
-func CoreDNSBinary() string {
-	return filepath.Join(CacheDir(), "coredns", CoreDNSVersion, "bin", "coredns")
-}
+func CoreDNSBinary() string { return cachedBinary("coredns", CoreDNSVersion, "coredns") }
 
 // CoreDNS is the cluster DNS binary every cluster of real nodes runs.
-var CoreDNS = Requirement{
-	Name: "CoreDNS " + CoreDNSVersion,
-	Check: func() error {
-		_, err := os.Stat(CoreDNSBinary())
-		return err
-	},
-	Fix: "make coredns",
+var CoreDNS = cachedRequirement("CoreDNS "+CoreDNSVersion, CoreDNSBinary, "make coredns")
+
+// cachedBinary is where a hack/build-*.sh script builds a component's
+// binary of a version into the cache.
+func cachedBinary(component, version, binary string) string {
+	return filepath.Join(CacheDir(), component, version, "bin", binary)
+}
+
+// cachedRequirement is a binary built into the cache, met once it is
+// there; fix is the make target that builds it.
+func cachedRequirement(name string, binary func() string, fix string) Requirement {
+	return Requirement{
+		Name: name,
+		Check: func() error {
+			_, err := os.Stat(binary())
+			return err
+		},
+		Fix: fix,
+	}
 }
 
 // DNSAddr is the kube-dns Service's ClusterIP: the 10th address of the

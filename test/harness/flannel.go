@@ -29,19 +29,10 @@ var FlannelVersion = strings.TrimSpace(flannelVersionFile)
 
 // FlannelBinary is flanneld of FlannelVersion as hack/build-flannel.sh
 // builds it into the cache.
-func FlannelBinary() string {
-	return filepath.Join(CacheDir(), "flannel", FlannelVersion, "bin", "flanneld")
-}
+func FlannelBinary() string { return cachedBinary("flannel", FlannelVersion, "flanneld") }
 
 // Flannel is flanneld, for the tests whose clusters run it as their CNI.
-var Flannel = Requirement{
-	Name: "flannel " + FlannelVersion,
-	Check: func() error {
-		_, err := os.Stat(FlannelBinary())
-		return err
-	},
-	Fix: "make flannel",
-}
+var Flannel = cachedRequirement("flannel "+FlannelVersion, FlannelBinary, "make flannel")
 
 // flannelUser is the API user every flanneld of a cluster acts as, with
 // the rights flannel's own manifest gives its ServiceAccount.
@@ -117,8 +108,10 @@ func (cp *ControlPlane) installFlannelRights() error {
 // the vxlan backend on eth0 and flannel's own masquerade (--ip-masq,
 // iptables). It returns the node's CNI network, written from the subnet
 // file flanneld writes once its backend is up, as flannel's CNI plugin
-// delegates it to the bridge and host-local plugins: the slice, flannel's
-// MTU, and no masquerade of the bridge's own (flanneld's rules do it).
+// delegates it to the bridge and host-local plugins: the slice and its
+// gateway, flannel's MTU, a route to the cluster's network and the
+// default route, and no masquerade of the bridge's own (flanneld's rules
+// do it).
 func (n *Node) startFlannel() ([]byte, error) {
 	cp := n.cp
 	if err := cp.installFlannelRights(); err != nil {
@@ -160,7 +153,11 @@ func (n *Node) startFlannel() ([]byte, error) {
 			if s.Subnet.Masked() != n.PodCIDR {
 				return nil, fmt.Errorf("flanneld on node %s took %s, not the node's pod range %s", n.NodeName, s.Subnet, n.PodCIDR)
 			}
-			return flannelCNIConfig(n.paths, n.cgroup, s)
+			// What flannel's CNI plugin hands the bridge plugin.
+			return cniConfig(n.paths, n.cgroup, bridgeNetwork{
+				Slice: n.PodCIDR, Gateway: s.Subnet.Addr(), MTU: s.MTU,
+				Routes: []netip.Prefix{s.Network, defaultRoute},
+			})
 		}
 		if exited, _ := n.Flannel.Exited(); exited {
 			return nil, fmt.Errorf("flanneld on node %s: %w\n%s", n.NodeName, n.Flannel.exitError(), n.Flannel.Tail(15))
@@ -170,31 +167,4 @@ func (n *Node) startFlannel() ([]byte, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// flannelCNIConfig is the network flannel's CNI plugin hands the bridge
-// plugin: bridge cni0 as the pods' gateway at the slice's gateway
-// address, flannel's MTU, host-local addresses of the slice, a route to
-// the cluster's network (and the default route through the gateway).
-func flannelCNIConfig(p nodePaths, network string, s flannelSubnet) ([]byte, error) {
-	cfg := map[string]any{
-		"cniVersion": "0.4.0",
-		"name":       network,
-		"plugins": []any{map[string]any{
-			"type":             "bridge",
-			"bridge":           "cni0",
-			"isGateway":        true,
-			"isDefaultGateway": true,
-			"ipMasq":           false,
-			"hairpinMode":      true,
-			"mtu":              s.MTU,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": s.Subnet.Masked().String(), "gateway": s.Subnet.Addr().String()}}},
-				"routes":  []map[string]string{{"dst": s.Network.String()}},
-				"dataDir": p.cniIPAMDir,
-			},
-		}},
-	}
-	return json.MarshalIndent(cfg, "", "  ")
 }

@@ -498,7 +498,7 @@ func (n *Node) startKubelet(role string) error {
 func (n *Node) setUpPodNetwork() error {
 	cp := n.cp
 	flannel := cp.Options.Flannel
-	conf, err := cniConfig(n.paths, n.cgroup, n.PodCIDR)
+	conf, err := cniConfig(n.paths, n.cgroup, bridgeNetwork{Slice: n.PodCIDR, Routes: []netip.Prefix{defaultRoute}})
 	if flannel {
 		// flanneld routes the other nodes' slices through its VXLAN
 		// device itself.

@@ -181,28 +181,49 @@ func kubeProxyConfig(p nodePaths, nodeName string, clusterCIDR netip.Prefix) ([]
 	return json.MarshalIndent(cfg, "", "  ")
 }
 
-// cniConfig is the node's CNI network: a bridge with host-local addresses
-// from the node's slice of the cluster's pod network. The network's name
-// carries the run, so CNI's host-wide cache files are recognisably ours.
-func cniConfig(p nodePaths, network string, podCIDR netip.Prefix) ([]byte, error) {
-	cfg := map[string]any{
-		"cniVersion": "0.4.0",
-		"name":       network,
-		"plugins": []any{map[string]any{
-			"type":        "bridge",
-			"bridge":      "cni0",
-			"isGateway":   true,
-			"ipMasq":      false,
-			"hairpinMode": true,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": podCIDR.String()}}},
-				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
-				"dataDir": p.cniIPAMDir,
-			},
-		}},
+// defaultRoute is 0.0.0.0/0.
+var defaultRoute = netip.MustParsePrefix("0.0.0.0/0")
+
+// bridgeNetwork is what a node's CNI network gives the bridge plugin: the
+// node's slice for host-local, the bridge's address in it, the pods'
+// MTU and their routes through the bridge.
+type bridgeNetwork struct {
+	Slice   netip.Prefix
+	Gateway netip.Addr // zero: the slice's first address
+	MTU     int        // zero: the bridge's own
+	Routes  []netip.Prefix
+}
+
+// cniConfig is the node's CNI network: bridge cni0 as the pods' gateway,
+// with host-local addresses from the node's slice of the cluster's pod
+// network. The network's name carries the run, so CNI's host-wide cache
+// files are recognisably ours.
+func cniConfig(p nodePaths, network string, b bridgeNetwork) ([]byte, error) {
+	rng := map[string]string{"subnet": b.Slice.String()}
+	if b.Gateway.IsValid() {
+		rng["gateway"] = b.Gateway.String()
 	}
-	return json.MarshalIndent(cfg, "", "  ")
+	var routes []map[string]string
+	for _, r := range b.Routes {
+		routes = append(routes, map[string]string{"dst": r.String()})
+	}
+	bridge := map[string]any{
+		"type":        "bridge",
+		"bridge":      "cni0",
+		"isGateway":   true,
+		"ipMasq":      false,
+		"hairpinMode": true,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"ranges":  [][]map[string]string{{rng}},
+			"routes":  routes,
+			"dataDir": p.cniIPAMDir,
+		},
+	}
+	if b.MTU != 0 {
+		bridge["mtu"] = b.MTU
+	}
+	return json.MarshalIndent(map[string]any{"cniVersion": "0.4.0", "name": network, "plugins": []any{bridge}}, "", "  ")
 }
 
 // writeClientKubeconfig writes a kubeconfig for user with a client
