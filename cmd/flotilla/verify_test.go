@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/offload/mcs"
 )
 
 func TestViewOf(t *testing.T) {
@@ -157,4 +158,10 @@ func TestVerifyTable(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", out.String())
+}
+
+func TestClustersetZone(t *testing.T) {
+	if want := strings.TrimSuffix(mcs.Zone, "."); clustersetZone != want {
+		t.Fatalf("clustersetZone %q, want offload/mcs's %q", clustersetZone, want)
+	}
 }
