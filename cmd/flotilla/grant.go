@@ -211,6 +211,11 @@ func patchSpec(ctx context.Context, c client.Client, peer v1alpha1.Peer, spec ma
 	return peer.Generation, nil
 }
 
+// reasonFencesNotEnforced is offload/tenancy's ReasonFencesNotEnforced,
+// named here because the CLI for macOS does not link offload/tenancy;
+// TestGrantReasons keeps the two equal.
+const reasonFencesNotEnforced = "FencesNotEnforced"
+
 // waitGrant waits until the agent has acted on generation gen and prints
 // what it says.
 func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, gen int64, timeout time.Duration, granted bool) error {
@@ -227,10 +232,16 @@ func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, g
 		if cond == nil || cond.ObservedGeneration < gen {
 			return false, nil
 		}
+		if cond.Reason == reasonFencesNotEnforced && (last == nil || last.Reason != cond.Reason) {
+			fmt.Fprintf(w, "waiting: %s\n", cond.Message)
+		}
 		last = cond
 		// Granted ends the wait; so does a failure the agent reports, and
-		// any state once revoked.
-		return cond.Status == metav1.ConditionTrue || !granted || cond.Reason != "WaitingForPeer", nil
+		// any state once revoked. Fences not yet enforced are waited
+		// out: policies just applied take a moment, and the agent proves
+		// them again within seconds.
+		return cond.Status == metav1.ConditionTrue || !granted ||
+			(cond.Reason != "WaitingForPeer" && cond.Reason != reasonFencesNotEnforced), nil
 	})
 	if last == nil {
 		return fmt.Errorf("the agent has not acted on the change within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)
