@@ -83,22 +83,8 @@ func TestOffloadFeaturesImportOnlyTheirFoundations(t *testing.T) {
 		"offload/dnsforward":     base,
 	}
 	const module = "github.com/flotilla-io/flotilla/"
-	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "./offload/...").Output()
-	if err != nil {
-		t.Fatalf("go list ./offload/...: %v", err)
-	}
-	dec := json.NewDecoder(strings.NewReader(string(out)))
 	seen := map[string]bool{}
-	for {
-		var p struct {
-			ImportPath string
-			Imports    []string
-		}
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("go list: %v", err)
-		}
+	for _, p := range goList(t, "./offload/...") {
 		pkg := strings.TrimPrefix(p.ImportPath, module)
 		if strings.HasPrefix(pkg, "offload/internal/offload") {
 			continue // test fixtures: they assemble features on purpose
@@ -174,28 +160,43 @@ func TestBinaryImportsNoFullClientset(t *testing.T) {
 // and pkg's import path.
 func listImports(t *testing.T, pkg string) (imports map[string][]string, root string) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", pkg).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("go list %s: %v\n%s", pkg, err, ee.Stderr)
-		}
-		t.Fatalf("go list %s: %v", pkg, err)
-	}
 	imports = map[string][]string{}
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	for {
-		var p struct {
-			ImportPath string
-			Imports    []string
-		}
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("go list %s: %v", pkg, err)
-		}
+	for _, p := range goList(t, "-deps", pkg) {
 		imports[p.ImportPath] = p.Imports
 		root = p.ImportPath // -deps lists pkg last
 	}
 	return imports, root
+}
+
+// listedPackage is one package as `go list -json=ImportPath,Imports`
+// prints it.
+type listedPackage struct {
+	ImportPath string
+	Imports    []string
+}
+
+// goList runs `go list -json=ImportPath,Imports args...` and returns the
+// packages in the order it lists them.
+func goList(t *testing.T, args ...string) []listedPackage {
+	t.Helper()
+	argv := append([]string{"list", "-json=ImportPath,Imports"}, args...)
+	out, err := exec.Command("go", argv...).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go %s: %v\n%s", strings.Join(argv, " "), err, ee.Stderr)
+		}
+		t.Fatalf("go %s: %v", strings.Join(argv, " "), err)
+	}
+	var pkgs []listedPackage
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			return pkgs
+		} else if err != nil {
+			t.Fatalf("go %s: %v", strings.Join(argv, " "), err)
+		}
+		pkgs = append(pkgs, p)
+	}
 }
