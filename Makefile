@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns flannel demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -77,6 +77,11 @@ coredns:
 # built from flannel's module source into the same cache.
 flannel:
 	bash hack/build-flannel.sh
+
+# helm, for the tests that install charts/flotilla with it, built from
+# Helm's module source into the same cache.
+helm:
+	bash hack/build-helm.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by
