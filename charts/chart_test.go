@@ -284,3 +284,29 @@ func TestChartKeepsOnlySharedCRDs(t *testing.T) {
 		t.Errorf("the templates hold the CRDs %v, want Flotilla's own %v", owned, want)
 	}
 }
+
+// monitoring.enabled adds deploy/monitoring's objects, as kustomize
+// renders them, and nothing else; off by default.
+func TestChartMonitoring(t *testing.T) {
+	monitoring := renderKustomize(t, "../deploy/monitoring")
+	kinds := map[string]int{}
+	for _, o := range monitoring {
+		kinds[o["kind"].(string)]++
+	}
+	if kinds["PodMonitor"] != 2 || kinds["PrometheusRule"] != 1 {
+		t.Errorf("deploy/monitoring renders %v, want the two PodMonitors and a PrometheusRule", kinds)
+	}
+	off := renderChart(t, map[string]any{})
+	on := renderChart(t, map[string]any{"monitoring": map[string]any{"enabled": true}})
+	for key, o := range monitoring {
+		if _, ok := off[key]; ok {
+			t.Errorf("the chart installs %s by default", key)
+		}
+		if !reflect.DeepEqual(on[key], o) {
+			t.Errorf("monitoring.enabled: the chart lacks or changes %s", key)
+		}
+	}
+	if len(on) != len(off)+len(monitoring) {
+		t.Errorf("monitoring.enabled added %d objects, want deploy/monitoring's %d", len(on)-len(off), len(monitoring))
+	}
+}
