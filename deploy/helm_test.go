@@ -57,6 +57,18 @@ func TestHelmInstall(t *testing.T) {
 		t.Fatalf("helm lint:\n%s", out)
 	}
 
+	// The release's record cannot live in the namespace the chart itself
+	// creates (docs/install.md): refused before any object of the
+	// release is made (Helm installs crds/ first, which stay).
+	if out, err := h.try("install", helmRelease, chartDir, "--namespace", namespace); err == nil || !strings.Contains(out, `namespaces "flotilla-system" not found`) {
+		t.Fatalf("helm install --namespace %s: %v, want it refused for want of the namespace:\n%s", namespace, err, out)
+	}
+	for _, obj := range []string{"namespace/" + namespace, "crd/" + crdName} {
+		if out, err := kubectl(cp, "get", obj); err == nil || !strings.Contains(out, "NotFound") {
+			t.Fatalf("%s after the refused install: %v\n%s", obj, err, out)
+		}
+	}
+
 	t.Logf("helm install:\n%s", h.run("install", helmRelease, chartDir, "--namespace", helmNamespace))
 	objs := h.manifest()
 	want := kustomizeObjects(t, ".")
@@ -74,13 +86,19 @@ type helmCLI struct {
 
 func (h helmCLI) run(args ...string) string {
 	h.t.Helper()
-	cmd := exec.Command(harness.HelmBinary(), append(args, "--kubeconfig", h.cp.Kubeconfig)...)
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+h.home+"/cache", "HELM_CONFIG_HOME="+h.home+"/config", "HELM_DATA_HOME="+h.home+"/data")
-	out, err := cmd.CombinedOutput()
+	out, err := h.try(args...)
 	if err != nil {
 		h.t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+// try runs helm and returns what it printed and how it exited.
+func (h helmCLI) try(args ...string) (string, error) {
+	cmd := exec.Command(harness.HelmBinary(), append(args, "--kubeconfig", h.cp.Kubeconfig)...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+h.home+"/cache", "HELM_CONFIG_HOME="+h.home+"/config", "HELM_DATA_HOME="+h.home+"/data")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // manifest is what the release installed besides crds/, as Helm recorded
@@ -357,4 +375,27 @@ func kubectlStdin(cp *harness.ControlPlane, o *unstructured.Unstructured, args .
 	cmd.Stdin = strings.NewReader(string(raw))
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// subsetDiff finds every way a live object can differ from what deploy/
+// sets, and takes the API server's defaults for no difference.
+func TestSubsetDiff(t *testing.T) {
+	want := map[string]any{"a": "x", "b": []any{1.0, map[string]any{"c": true}}, "d": nil}
+	for _, tc := range []struct {
+		got  any
+		same bool
+	}{
+		{map[string]any{"a": "x", "b": []any{1.0, map[string]any{"c": true}}}, true},
+		{map[string]any{"a": "x", "b": []any{1.0, map[string]any{"c": true, "default": 3.0}}, "e": "added"}, true},
+		{map[string]any{"a": "y", "b": []any{1.0, map[string]any{"c": true}}}, false},
+		{map[string]any{"b": []any{1.0, map[string]any{"c": true}}}, false},
+		{map[string]any{"a": "x", "b": []any{1.0}}, false},
+		{map[string]any{"a": "x", "b": []any{1.0, map[string]any{"c": false}}}, false},
+		{map[string]any{"a": "x", "b": "not a list"}, false},
+		{"not an object", false},
+	} {
+		if d := subsetDiff("", want, tc.got); (d == "") != tc.same {
+			t.Errorf("subsetDiff(%v, %v) = %q, want a difference: %v", want, tc.got, d, !tc.same)
+		}
+	}
 }
