@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns flannel demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -44,16 +44,21 @@ image:
 
 # A release (docs/release.md): the CLI for linux and darwin on amd64 and
 # arm64, the image index (linux/amd64, linux/arm64) as an OCI layout
-# archive, deploy/ rendered with the image pinned by digest, SHA256SUMS.
+# archive, deploy/ rendered and the Helm chart packaged with the image
+# pinned by digest, the kubectl plugin's archives and krew manifest,
+# SHA256SUMS.
 # VERSION must be a semantic version (v0.3.0, v0.3.0-rc.1) and the work
 # tree clean, unless ALLOW_DIRTY=1. IMAGE_REPO is where the image will be
 # pushed, as the manifests name it.
 # CLI_PLATFORMS narrows the CLI's platforms (the image's are always built).
+# DOWNLOAD_URL is where the release's files will be published (VERSION in
+# it is replaced), as the krew manifest names the archives.
 RELEASE_DIR ?= bin/release/$(VERSION)
 IMAGE_REPO ?= ghcr.io/flotilla-io/flotilla
 CLI_PLATFORMS ?= linux/amd64,linux/arm64,darwin/amd64,darwin/arm64
+DOWNLOAD_URL ?= https://github.com/flotilla-io/flotilla/releases/download/VERSION
 release:
-	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" -cli-platforms "$(CLI_PLATFORMS)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
+	$(GO) run ./hack/release -version "$(VERSION)" -o "$(RELEASE_DIR)" -image "$(IMAGE_REPO)" -cli-platforms "$(CLI_PLATFORMS)" -download-url "$(DOWNLOAD_URL)" $(if $(filter 1,$(ALLOW_DIRTY)),-allow-dirty)
 
 # `make release` of this checkout, checked as `make test` checks a
 # release of a small program (hack/release): behind the build tag
@@ -77,6 +82,11 @@ coredns:
 # built from flannel's module source into the same cache.
 flannel:
 	bash hack/build-flannel.sh
+
+# helm, for the tests that install charts/flotilla with it, built from
+# Helm's module source into the same cache.
+helm:
+	bash hack/build-helm.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by

@@ -59,6 +59,7 @@ func (a *Agent) openState(comps *components, snap *background[*ipam.Snapshot]) (
 		return state{}, fmt.Errorf("identity in the ledger: %w", err)
 	}
 	a.log.Info("identity", "clusterID", id.ClusterID(), "name", a.cfg.ClusterName)
+	a.registry.MustRegister(clusterInfo(a.cfg.ClusterName, id.ClusterID()))
 	return state{ledger: ledger, id: id}, nil
 }
 

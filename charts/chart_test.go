@@ -28,6 +28,17 @@ type object = map[string]any
 // flotilla-system` would with values, its crds/ first.
 func renderChart(t *testing.T, values map[string]any) map[string]object {
 	t.Helper()
+	return render(t, values, true)
+}
+
+// renderChartTemplates renders the templates alone, without crds/.
+func renderChartTemplates(t *testing.T, values map[string]any) map[string]object {
+	t.Helper()
+	return render(t, values, false)
+}
+
+func render(t *testing.T, values map[string]any, withCRDs bool) map[string]object {
+	t.Helper()
 	c, err := loader.Load("flotilla")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +56,9 @@ func renderChart(t *testing.T, values map[string]any) map[string]object {
 	}
 	var docs []string
 	for _, crd := range c.CRDObjects() {
-		docs = append(docs, string(crd.File.Data))
+		if withCRDs {
+			docs = append(docs, string(crd.File.Data))
+		}
 	}
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range rendered {
@@ -236,4 +249,64 @@ func collapseSpace(v any) any {
 		}
 	}
 	return v
+}
+
+// Helm installs crds/ before everything and never changes or deletes
+// what is there: only the CRDs other implementations share (MCS,
+// ClusterProperty) belong there. Flotilla's own are templates, upgraded
+// and uninstalled with the release.
+func TestChartKeepsOnlySharedCRDs(t *testing.T) {
+	c, err := loader.Load("flotilla")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, crd := range c.CRDObjects() {
+		kept = append(kept, crd.Name)
+	}
+	sort.Strings(kept)
+	want := []string{"crds/about.k8s.io_clusterproperties.yaml", "crds/multicluster.x-k8s.io_serviceexports.yaml", "crds/multicluster.x-k8s.io_serviceimports.yaml"}
+	if !slices.Equal(kept, want) {
+		t.Errorf("crds/ holds %v, want the shared CRDs %v only", kept, want)
+	}
+	var owned []string
+	for key := range renderChartTemplates(t, map[string]any{}) {
+		if strings.HasPrefix(key, "CustomResourceDefinition ") {
+			owned = append(owned, key)
+		}
+	}
+	sort.Strings(owned)
+	if want := []string{
+		"CustomResourceDefinition <nil>/namespaceoffloads.flotilla.io",
+		"CustomResourceDefinition <nil>/namespacerequests.flotilla.io",
+		"CustomResourceDefinition <nil>/peers.flotilla.io",
+	}; !slices.Equal(owned, want) {
+		t.Errorf("the templates hold the CRDs %v, want Flotilla's own %v", owned, want)
+	}
+}
+
+// monitoring.enabled adds deploy/monitoring's objects, as kustomize
+// renders them, and nothing else; off by default.
+func TestChartMonitoring(t *testing.T) {
+	monitoring := renderKustomize(t, "../deploy/monitoring")
+	kinds := map[string]int{}
+	for _, o := range monitoring {
+		kinds[o["kind"].(string)]++
+	}
+	if kinds["PodMonitor"] != 2 || kinds["PrometheusRule"] != 1 {
+		t.Errorf("deploy/monitoring renders %v, want the two PodMonitors and a PrometheusRule", kinds)
+	}
+	off := renderChart(t, map[string]any{})
+	on := renderChart(t, map[string]any{"monitoring": map[string]any{"enabled": true}})
+	for key, o := range monitoring {
+		if _, ok := off[key]; ok {
+			t.Errorf("the chart installs %s by default", key)
+		}
+		if !reflect.DeepEqual(on[key], o) {
+			t.Errorf("monitoring.enabled: the chart lacks or changes %s", key)
+		}
+	}
+	if len(on) != len(off)+len(monitoring) {
+		t.Errorf("monitoring.enabled added %d objects, want deploy/monitoring's %d", len(on)-len(off), len(monitoring))
+	}
 }

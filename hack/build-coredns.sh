@@ -4,16 +4,15 @@
 # uses (a main of our own, as CoreDNS documents for custom builds). A
 # second call with the same version does nothing.
 set -euo pipefail
+. "$(dirname "$0")/cache.sh"
 
 version="${COREDNS_VERSION:-$(cat "$(dirname "$0")/../test/harness/coredns-version")}"
-cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
-out="$cache/coredns/$version"
-if [ -x "$out/bin/coredns" ] && [ "$(cat "$out/VERSION" 2>/dev/null)" = "$version" ]; then
+cache_init coredns "$version"
+if cache_has coredns; then
   echo "coredns $version already in $out/bin"
   exit 0
 fi
-work="$out/module"
-mkdir -p "$work" "$out/bin"
+mkdir -p "$work"
 cat > "$work/go.mod" <<MOD
 module flotilla.local/corednsbuild
 
@@ -55,9 +54,7 @@ MAIN
 cd "$work"
 echo "building coredns $version into $out/bin (first time: a few minutes on 2 cores)"
 GOFLAGS=-mod=mod go mod tidy
-# Static: the image has no libc. Built to a temporary name and renamed, so
-# an interrupted build leaves no binary that looks complete.
-GOFLAGS=-mod=mod CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w" -o "$out/bin/.coredns.tmp" .
-mv "$out/bin/.coredns.tmp" "$out/bin/coredns"
-echo "$version" > "$out/VERSION"
-echo "coredns $version ready in $out/bin"
+# Static: the image has no libc.
+GOFLAGS=-mod=mod CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w" -o "$(cache_tmp coredns)" .
+cache_install coredns
+cache_done

@@ -9,11 +9,11 @@
 # module is, and is used instead (the tests use only the vxlan backend).
 # The udp backend needs cgo; the binary is linked statically.
 set -euo pipefail
+. "$(dirname "$0")/cache.sh"
 
 version="${FLANNEL_VERSION:-$(cat "$(dirname "$0")/../test/harness/flannel-version")}"
-cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
-out="$cache/flannel/$version"
-if [ -x "$out/bin/flanneld" ] && [ "$(cat "$out/VERSION" 2>/dev/null)" = "$version" ]; then
+cache_init flannel "$version"
+if cache_has flanneld; then
   echo "flanneld $version already in $out/bin"
   exit 0
 fi
@@ -21,8 +21,7 @@ if ! command -v gcc >/dev/null; then
   echo "build-flannel: flanneld needs a C compiler: apt-get install -y gcc libc6-dev" >&2
   exit 1
 fi
-work="$out/module"
-mkdir -p "$work" "$out/bin"
+mkdir -p "$work"
 cat > "$work/go.mod" <<MOD
 module flotilla.local/flannelbuild
 
@@ -42,9 +41,6 @@ TOOLS
 cd "$work"
 echo "building flanneld $version into $out/bin (first time: a few minutes on 2 cores)"
 GOFLAGS=-mod=mod go mod tidy
-# Built to a temporary name and renamed, so an interrupted build leaves no
-# binary that looks complete.
-GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -ldflags "-s -w -extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$version" -o "$out/bin/.flanneld.tmp" github.com/flannel-io/flannel
-mv "$out/bin/.flanneld.tmp" "$out/bin/flanneld"
-echo "$version" > "$out/VERSION"
-echo "flanneld $version ready in $out/bin"
+GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -ldflags "-s -w -extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$version" -o "$(cache_tmp flanneld)" github.com/flannel-io/flannel
+cache_install flanneld
+cache_done

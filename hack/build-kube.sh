@@ -4,10 +4,10 @@
 # cache outside the git tree. Only missing binaries are built; a second call
 # with the same version does nothing.
 set -euo pipefail
+. "$(dirname "$0")/cache.sh"
 
 version="${KUBE_VERSION:-$(cat "$(dirname "$0")/../test/harness/kube-version")}"
-cache="${FLOTILLA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flotilla}"
-out="$cache/kube/$version"
+cache_init kube "$version"
 bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 # A cache of another version (or an interrupted first build) starts over.
@@ -24,7 +24,6 @@ fi
 # The staging modules k8s.io/kubernetes replaces with ./staging/... are
 # published as v0.<minor>.<patch>; a wrapper module pins each of them.
 staging_version="v0.${version#v1.}"
-work="$out/module"
 mkdir -p "$work" "$out/bin"
 mod="$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
 {
@@ -52,10 +51,7 @@ cd "$work"
 echo "building ${missing[*]} $version into $out/bin (first time: several minutes; kubelet alone about 5 on 2 cores)"
 GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
 for b in "${missing[@]}"; do
-  # Built to a temporary name and renamed, so an interrupted build leaves
-  # no binary that looks complete.
-  GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitVersion=$version" -o "$out/bin/.$b.tmp" "k8s.io/kubernetes/cmd/$b"
-  mv "$out/bin/.$b.tmp" "$out/bin/$b"
+  GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/client-go/pkg/version.gitVersion=$version" -o "$(cache_tmp "$b")" "k8s.io/kubernetes/cmd/$b"
+  cache_install "$b"
 done
-echo "$version" > "$out/VERSION"
-echo "kube binaries $version ready in $out/bin"
+cache_done

@@ -58,3 +58,4 @@ go mod download
 bash hack/build-kube.sh
 bash hack/build-coredns.sh
 bash hack/build-flannel.sh
+bash hack/build-helm.sh

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"debug/macho"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -28,5 +31,46 @@ func TestCleanupJobPod(t *testing.T) {
 		t.Errorf("security context %+v", c.SecurityContext)
 	case job.Labels["app.kubernetes.io/managed-by"] != "flotilla" || job.GenerateName != "flotilla-cleanup-gw-":
 		t.Errorf("labels %v, generateName %q", job.Labels, job.GenerateName)
+	}
+}
+
+// The macOS CLI has `cleanup --node`: the Job needs no netlink on the
+// machine that makes it, so the command and the Job are linked into the
+// darwin binary (which links no data path; layout_test.go).
+func TestDarwinCLICleansUpByJob(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "flotilla-darwin-arm64")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(cmd.Environ(), "GOOS=darwin", "GOARCH=arm64", "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the darwin CLI: %v\n%s", err, out)
+	}
+	f, err := macho.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.Symtab == nil {
+		t.Fatal("the darwin CLI has no symbol table")
+	}
+	linked := map[string]bool{}
+	for _, s := range f.Symtab.Syms {
+		linked[s.Name] = true
+	}
+	for _, fn := range []string{"main.newCleanupCommand", "main.cleanupJob.run", "main.cleanupFlags"} {
+		if !linked[fn] {
+			t.Errorf("the darwin CLI lacks %s", fn)
+		}
+	}
+}
+
+// The Job's cleanup gets only the names given on the command line; the
+// node's cleanup fills in the agent's defaults for the others.
+func TestCleanupJobTakesGivenNames(t *testing.T) {
+	cmd := newCleanupCommand()
+	if err := cmd.ParseFlags([]string{"--node", "gw", "--nft-table", "ours", "--route-table", "7"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cleanupFlags(cmd), []string{"--route-table=7", "--nft-table=ours"}; !slices.Equal(got, want) {
+		t.Errorf("the Job's cleanup gets %q, want %q", got, want)
 	}
 }

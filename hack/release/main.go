@@ -10,6 +10,11 @@
 //     (internal/ociimage), named VERSION;
 //   - flotilla.yaml: deploy/ rendered with kustomize, the image pinned by
 //     the index's digest (IMAGE@sha256:...);
+//   - flotilla-X.Y.Z.tgz: the Helm chart charts/flotilla packaged, its
+//     version the release's and its image pinned by the same digest;
+//   - kubectl-flotilla-OS-ARCH.tar.gz and flotilla.krew.yaml: the CLI as
+//     the kubectl plugin, per platform, and krew's manifest naming each
+//     archive with its SHA-256;
 //   - SHA256SUMS of all of them, as sha256sum -c reads it.
 //
 // It refuses a VERSION that is not a semantic version and a work tree with
@@ -63,6 +68,7 @@ const (
 
 type options struct {
 	version, out, src, pkg, image, deploy string
+	chart, downloadURL                    string
 	allowDirty                            bool
 	// platforms are the CLI's: binaryPlatforms and the image's.
 	platforms []string
@@ -77,6 +83,8 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.pkg, "package", "./cmd/flotilla", "the program to release, relative to -src")
 	fs.StringVar(&o.image, "image", deployImage, "the image's repository, as the manifests name it (where you will push the image)")
 	fs.StringVar(&o.deploy, "deploy", "deploy", "the kustomization to render, relative to -src")
+	fs.StringVar(&o.chart, "chart", "charts/"+chartName, "the Helm chart to package, relative to -src")
+	fs.StringVar(&o.downloadURL, "download-url", downloadURL, "where the release's files will be published (VERSION is replaced by the version): the krew manifest's archives are named under it")
 	fs.BoolVar(&o.allowDirty, "allow-dirty", false, "release a work tree with uncommitted changes (its commit reads SHA-dirty)")
 	cli := fs.String("cli-platforms", strings.Join(binaryPlatforms, ","), "the CLI's platforms (os/arch, comma-separated); the image's are always built")
 	err := fs.Parse(args)
@@ -114,12 +122,18 @@ func run(args []string, stdout io.Writer) error {
 		}
 		binaries[p] = file
 	}
+	if err := writePlugin(o, binaries); err != nil {
+		return err
+	}
 	digest, err := writeImage(o, binaries)
 	if err != nil {
 		return err
 	}
 	ref := o.image + "@" + digest
 	if err := writeManifests(o, ref); err != nil {
+		return err
+	}
+	if err := writeChart(o, ref); err != nil {
 		return err
 	}
 	if err := writeSums(o.out); err != nil {

@@ -63,6 +63,13 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 	})
 
 	checkPushKeepsTheDigest(t, dir)
+	t.Run("helm reads the chart", func(t *testing.T) {
+		layout, err := ociimage.VerifyLayout(filepath.Join(dir, imageFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkChartWithHelm(t, filepath.Join(dir, chartFile("v1.2.3-rc.1")), "registry.example/flotilla@"+layout.Index.String())
+	})
 
 	// The same commit cuts the same bytes.
 	again := filepath.Join(t.TempDir(), "again")
@@ -85,9 +92,9 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 func checkRelease(t *testing.T, dir, wantVersion, image string, stamp func(*testing.T, string) version.Info) {
 	t.Helper()
 	sums := readSums(t, dir)
-	want := []string{imageFile, manifestsFile}
+	want := []string{imageFile, manifestsFile, chartFile(wantVersion), krewFile}
 	for _, p := range binaryPlatforms {
-		want = append(want, binaryName(p))
+		want = append(want, binaryName(p), pluginArchive(p))
 	}
 	if got := slices.Sorted(maps.Keys(sums)); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
 		t.Errorf("SHA256SUMS lists %v, want %v", got, want)
@@ -132,6 +139,8 @@ func checkRelease(t *testing.T, dir, wantVersion, image string, stamp func(*test
 
 	pinned := image + "@" + layout.Index.String()
 	checkManifests(t, filepath.Join(dir, manifestsFile), pinned)
+	checkChart(t, filepath.Join(dir, chartFile(wantVersion)), wantVersion, pinned)
+	checkPlugin(t, dir, wantVersion)
 }
 
 // checkImagesHoldBinaries checks that each platform's image holds that
