@@ -183,7 +183,8 @@ func (f *filterTable) recordHolds() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if gen == f.gen {
+	if gen == f.gen || f.nft.untouched(f.name, f.gen, gen) {
+		f.gen = gen
 		return true, nil
 	}
 	c, err := f.nft.conn()
@@ -341,6 +342,9 @@ func (f *filterTable) commit(applied map[string]PeerFilter, committed bool) {
 	if err != nil {
 		f.applied = nil
 		return
+	}
+	if committed {
+		f.nft.madeAlone(f.name, f.gen, gen)
 	}
 	f.applied, f.gen = applied, gen
 	if committed {

@@ -147,7 +147,8 @@ func (n *natTable) recordHolds() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if gen == n.gen {
+	if gen == n.gen || n.nft.untouched(n.name, n.gen, gen) {
+		n.gen = gen
 		return true, nil
 	}
 	c, err := n.nft.conn()
@@ -280,6 +281,9 @@ func (n *natTable) commit(applied map[string]PeerNAT, committed bool) {
 	if err != nil {
 		n.applied = nil // cannot tell our generation from the next one
 		return
+	}
+	if committed {
+		n.nft.madeAlone(n.name, n.gen, gen)
 	}
 	n.applied, n.gen = applied, gen
 	if committed {

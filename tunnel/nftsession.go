@@ -32,6 +32,45 @@ type nftSession struct {
 
 	c   *nftables.Conn // nil until used, and after fail
 	raw *netlink.Conn  // the generation and the rule dump, which the library does not ask for
+
+	// alone are generations a transaction of one of the session's tables
+	// made with nothing else committed since that table's last one, by
+	// the table it changed: the other tables are as they were before it.
+	alone      map[uint32]string
+	aloneOrder []uint32 // oldest first, at most ownGenerations
+}
+
+// madeAlone records that a transaction of table took the ruleset from
+// generation before to after; it counts only when nothing else committed
+// in between (each commit adds one).
+func (s *nftSession) madeAlone(table string, before, after uint32) {
+	if after != before+1 {
+		return
+	}
+	if s.alone == nil {
+		s.alone = map[uint32]string{}
+	}
+	s.alone[after] = table
+	s.aloneOrder = append(s.aloneOrder, after)
+	if len(s.aloneOrder) > ownGenerations {
+		delete(s.alone, s.aloneOrder[0])
+		s.aloneOrder = s.aloneOrder[1:]
+	}
+}
+
+// untouched reports whether every transaction from generation from to
+// to was one of the session's other tables', made alone: table is then
+// as it was at from, without reading it back.
+func (s *nftSession) untouched(table string, from, to uint32) bool {
+	if to-from > ownGenerations {
+		return false // also when to is before from
+	}
+	for g := from + 1; g != to+1; g++ {
+		if t, ok := s.alone[g]; !ok || t == table {
+			return false
+		}
+	}
+	return true
 }
 
 // conn returns the session's connection. A caller that queues messages

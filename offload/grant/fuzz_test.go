@@ -69,7 +69,8 @@ func tokenIn(b []byte) string {
 
 // FuzzAccept offers a store holding serial 10 from a provider grants of
 // any serial, lifetime and content: the store never goes back to an older
-// serial, never holds what does not open, and a refusal changes nothing.
+// serial, never holds what does not open, and a refusal changes nothing;
+// Check, asked first, answers as Accept does and keeps nothing.
 func FuzzAccept(f *testing.F) {
 	p, c := newID(f), newID(f)
 	held := mustSeal(f, p, c.Public(), sample(f, p, c, 10))
@@ -99,8 +100,15 @@ func FuzzAccept(f *testing.F) {
 			return // Seal refuses it: nothing is sent
 		}
 		before := l.get(p.ClusterID())
+		_, checked, checkErr := s.Check(p.Public(), sealed, now)
+		if !bytes.Equal(before, l.get(p.ClusterID())) {
+			t.Fatal("Check changed what is held")
+		}
 		g, change, err := s.Accept(p.Public(), sealed, now)
 		after := l.get(p.ClusterID())
+		if (checkErr == nil) != (err == nil) || checked != change {
+			t.Fatalf("Check said %s, %s; Accept %s, %s", checked, safe(checkErr), change, safe(err))
+		}
 		if err != nil {
 			if !bytes.Equal(before, after) {
 				t.Fatalf("a refused grant changed what is held: %s", safe(err))

@@ -66,36 +66,64 @@ func (s *Store) Accept(from ed25519.PublicKey, sealed []byte, now time.Time) (Gr
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, err := s.held(g.Provider)
-	if err != nil {
-		return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: %w", g.Provider, err)
-	}
-	current := h.ok && h.bad == nil
-	if current {
-		switch {
-		case g.Serial < h.grant.Serial:
-			return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: %w: serial %d, already hold %d", g.Provider, ErrReplayed, g.Serial, h.grant.Serial)
-		case g.Serial == h.grant.Serial && !bytes.Equal(sealed, h.sealed):
-			return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: %w: a different grant with serial %d", g.Provider, ErrReplayed, g.Serial)
-		}
-	}
-	if !g.Revoked && !now.Before(g.ExpiresAt) {
-		return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: %w at %s (serial %d)", g.Provider, ErrExpired, g.ExpiresAt.UTC().Format(time.RFC3339), g.Serial)
-	}
-	if current && g.Serial == h.grant.Serial {
-		return g, Unchanged, nil
-	}
-	change := Granted
+	change, err := s.change(g, sealed, now)
 	switch {
-	case g.Revoked:
-		change = Revoked
-	case current && !h.grant.Revoked:
-		change = Renewed
+	case err != nil:
+		return Grant{}, Unchanged, err
+	case change == Unchanged:
+		return g, Unchanged, nil
 	}
 	if err := s.ledger.PutGrant(g.Provider, encodeRecord(from, sealed)); err != nil {
 		return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: keep it: %w", g.Provider, err)
 	}
 	return g, change, nil
+}
+
+// Check says what Accept would do with a sealed grant, with the same
+// refusals, and keeps nothing: a consumer uses it to act on a grant while
+// Accept's write to the ledger runs.
+func (s *Store) Check(from ed25519.PublicKey, sealed []byte, now time.Time) (Grant, Change, error) {
+	g, err := Open(s.id, from, sealed)
+	if err != nil {
+		return Grant{}, Unchanged, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	change, err := s.change(g, sealed, now)
+	if err != nil {
+		return Grant{}, Unchanged, err
+	}
+	return g, change, nil
+}
+
+// change is what keeping g (opened from sealed) changes, or why it is
+// refused. s.mu is held.
+func (s *Store) change(g Grant, sealed []byte, now time.Time) (Change, error) {
+	h, err := s.held(g.Provider)
+	if err != nil {
+		return Unchanged, fmt.Errorf("accept grant from %s: %w", g.Provider, err)
+	}
+	current := h.ok && h.bad == nil
+	if current {
+		switch {
+		case g.Serial < h.grant.Serial:
+			return Unchanged, fmt.Errorf("accept grant from %s: %w: serial %d, already hold %d", g.Provider, ErrReplayed, g.Serial, h.grant.Serial)
+		case g.Serial == h.grant.Serial && !bytes.Equal(sealed, h.sealed):
+			return Unchanged, fmt.Errorf("accept grant from %s: %w: a different grant with serial %d", g.Provider, ErrReplayed, g.Serial)
+		}
+	}
+	if !g.Revoked && !now.Before(g.ExpiresAt) {
+		return Unchanged, fmt.Errorf("accept grant from %s: %w at %s (serial %d)", g.Provider, ErrExpired, g.ExpiresAt.UTC().Format(time.RFC3339), g.Serial)
+	}
+	switch {
+	case current && g.Serial == h.grant.Serial:
+		return Unchanged, nil
+	case g.Revoked:
+		return Revoked, nil
+	case current && !h.grant.Revoked:
+		return Renewed, nil
+	}
+	return Granted, nil
 }
 
 // Problem is a held grant Load could not return.

@@ -37,7 +37,8 @@ func heldBytes(t *testing.T, l Ledger, provider identity.Identity) []byte {
 // A consumer keeps the newest grant of each provider: what is older, a
 // different grant with the serial held, or expired is refused and changes
 // nothing; a revocation drops the grant and keeps refusing what came
-// before it; all of it survives a restart.
+// before it; all of it survives a restart. Check answers as Accept does,
+// without keeping anything.
 func TestStoreKeepsTheNewestGrant(t *testing.T) {
 	p, c := newID(t), newID(t)
 	path := filepath.Join(t.TempDir(), ipam.FileName)
@@ -68,7 +69,15 @@ func TestStoreKeepsTheNewestGrant(t *testing.T) {
 	steps[7].sealed = steps[6].sealed
 	for _, st := range steps {
 		before := heldBytes(t, l, p)
+		// Check says what Accept is about to do, and keeps nothing.
+		_, checked, checkErr := s.Check(p.Public(), st.sealed, now)
+		if !bytes.Equal(heldBytes(t, l, p), before) {
+			t.Fatalf("%s: Check changed what the ledger holds", st.name)
+		}
 		g, change, err := s.Accept(p.Public(), st.sealed, now)
+		if checked != change || !errors.Is(checkErr, st.err) {
+			t.Fatalf("%s: Check = %s, %s; Accept = %s, %s", st.name, checked, safe(checkErr), change, safe(err))
+		}
 		if st.err != nil {
 			if !errors.Is(err, st.err) {
 				t.Fatalf("%s: Accept = %s, want %v", st.name, safe(err), st.err)

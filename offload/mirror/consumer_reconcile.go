@@ -199,7 +199,9 @@ func (mc *Consumer) ensureRequest(ctx context.Context, provider, name, ns, remot
 			return clusterState{reason: ReasonUnreachable, message: fmt.Sprintf("request namespace %s on %s: %v", remote, name, err)},
 				fmt.Errorf("create NamespaceRequest %s on %s: %w", remote, provider, err)
 		}
-		return clusterState{reason: ReasonPending, message: fmt.Sprintf("requested namespace %s; waiting for %s's agent to create it", remote, name)}, nil
+		// As answerOf words it until the provider answers: the reconciles
+		// that the request's own events bring write no new status.
+		return clusterState{reason: ReasonPending, message: fmt.Sprintf("waiting for %s's agent to create namespace %s", name, remote)}, nil
 	case r.Labels[v1alpha1.LabelMirroredFrom] != ns:
 		other := r.Labels[v1alpha1.LabelMirroredFrom]
 		if other == "" {

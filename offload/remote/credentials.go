@@ -341,7 +341,6 @@ func (c *Consumer) accept(id string) {
 // reconcile takes what arrived, checks the credential held and writes
 // the provider's Peer status; it returns when to look again.
 func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, error) {
-	c.accept(id)
 	var peer v1alpha1.Peer
 	err := c.cfg.Peers.Get(ctx, client.ObjectKey{Name: id}, &peer)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -353,6 +352,9 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 		seen = &peer
 	}
 	accepted, declined := c.cfg.Policy.accepts(seen)
+	early := c.checkEarly(ctx, id, accepted && found)
+	defer early.wait()
+	c.accept(id)
 	c.mu.Lock()
 	g, held := c.held[id]
 	refused, revoked := c.refused[id], c.revoked[id]
@@ -385,7 +387,7 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 		st = offload.GrantCondition{Grant: &v1alpha1.GrantStatus{
 			Namespace: g.Namespace, Server: g.Server, Limits: offload.LimitsStatus(g.Limits),
 			Expires: &metav1.Time{Time: g.ExpiresAt.Truncate(time.Second)}}}
-		if err := c.cfg.Verify(ctx, g); err != nil {
+		if err := early.verify(ctx, g, c.cfg.Verify); err != nil {
 			st.Reason, st.Message = "Unverified", "the credential does not work yet: "+err.Error()
 			c.m.verifyErrors.Inc()
 			after = 5 * time.Second
@@ -418,6 +420,57 @@ func (c *Consumer) reconcile(ctx context.Context, id string) (time.Duration, err
 		}
 	}
 	return after, nil
+}
+
+// earlyCheck is the check of a new grant against its provider, started
+// before the grant is kept in the ledger.
+type earlyCheck struct {
+	serial uint64
+	done   chan struct{}
+	err    error
+}
+
+// checkEarly starts checking the grant that arrived from id against the
+// provider when this cluster uses id's grants (used) and the store would
+// keep it: the request to the provider and the ledger's write then
+// overlap. nil when nothing is checked.
+func (c *Consumer) checkEarly(ctx context.Context, id string, used bool) *earlyCheck {
+	if !used {
+		return nil
+	}
+	c.mu.Lock()
+	in, ok := c.incoming[id]
+	c.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	g, change, err := c.cfg.Store.Check(in.key, in.sealed, c.cfg.Now())
+	if err != nil || g.Revoked || change == grant.Unchanged || g.Provider != id {
+		return nil // accept says why, or there is nothing new to check
+	}
+	e := &earlyCheck{serial: g.Serial, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		e.err = c.cfg.Verify(ctx, g)
+	}()
+	return e
+}
+
+// verify checks g against its provider: the early check's answer when it
+// checked that very grant, else a check made now.
+func (e *earlyCheck) verify(ctx context.Context, g grant.Grant, verify func(context.Context, grant.Grant) error) error {
+	if e != nil && e.serial == g.Serial {
+		<-e.done
+		return e.err
+	}
+	return verify(ctx, g)
+}
+
+// wait returns once the early check, if any, has ended.
+func (e *earlyCheck) wait() {
+	if e != nil {
+		<-e.done
+	}
 }
 
 // refusal labels a refused grant in the metrics.

@@ -264,6 +264,16 @@ func (t *Tenants) deniedEgress(ctx context.Context) ([]netip.Prefix, error) {
 	return nets, nil
 }
 
+// warmFence reads what the fence denies, when the last read is too old,
+// while the caller makes a namespace: its fence is applied right after,
+// without a read first. A failed read is the fence's to report, when it
+// reads again. The returned function waits for the read.
+func (t *Tenants) warmFence(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = t.deniedEgress(ctx) })
+	return wg.Wait
+}
+
 // readDeniedEgress reads what the fence keeps a consumer's pods from:
 // every node's addresses, the API server's Service and endpoints, and the
 // metadata network; sorted, one entry per address. The three reads go at

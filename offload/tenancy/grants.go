@@ -454,15 +454,31 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 	if err != nil {
 		return issuedGrant{}, fmt.Errorf("%w: %w", errNoAPIServer, err)
 	}
+	p.mu.Lock()
+	cur := p.issued[id]
+	p.mu.Unlock()
+	current := func(namespace string) bool {
+		return cur != nil && now.Before(cur.renewAt) && sealedLimits(cur.limits) == sealedLimits(limits) && cur.server == api.URL && cur.namespace == namespace
+	}
+	// A new credential's serial is kept in the ledger (a synced write)
+	// while the tenant is made and the token issued; a serial left unused
+	// by a failure is only a gap.
+	var serial uint64
+	var serialErr error
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	startSerial := sync.OnceFunc(func() { wg.Go(func() { serial, serialErr = p.nextSerial(now) }) })
+	if !current(offload.TenantNamespace(id)) {
+		startSerial()
+	}
 	t, err := p.cfg.Tenants.Ensure(ctx, id, limits)
 	if err != nil {
 		return issuedGrant{}, fmt.Errorf("tenant of %s: %w", id, err)
 	}
 	p.mu.Lock()
 	p.tenants[id] = true
-	cur := p.issued[id]
 	p.mu.Unlock()
-	if cur != nil && now.Before(cur.renewAt) && sealedLimits(cur.limits) == sealedLimits(limits) && cur.server == api.URL && cur.namespace == t.Namespace {
+	if current(t.Namespace) {
 		if cur.limits == limits {
 			return *cur, nil
 		}
@@ -476,12 +492,7 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 		p.changed(id)
 		return ig, nil
 	}
-	// The serial is kept in the ledger (a synced write) while the token
-	// is made; a serial left unused by a failure is only a gap.
-	var serial uint64
-	var serialErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { serial, serialErr = p.nextSerial(now) })
+	startSerial()
 	tok, err := p.cfg.Tenants.Issue(ctx, id)
 	wg.Wait()
 	if err != nil {

@@ -71,6 +71,7 @@ func (t *Tenants) EnsureMirrored(ctx context.Context, consumer, name, source str
 	}
 	ns = known
 	if ns == nil {
+		defer t.warmFence(ctx)()
 		if ns, created, err = t.createMirrored(ctx, consumer, name, source, networks); err != nil {
 			return nil, "", false, err
 		}

@@ -180,6 +180,7 @@ func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limi
 	if err != nil {
 		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
 	}
+	defer t.warmFence(ctx)()
 	created, err := t.ensureNamespace(ctx, consumer, networks)
 	if err != nil {
 		return Tenant{}, err
