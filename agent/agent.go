@@ -594,7 +594,10 @@ func (a *Agent) handler() http.Handler {
 	// The rest only to the loopback and to readers the API server says
 	// may get the path (the ClusterRole flotilla-metrics-reader).
 	guarded := http.NewServeMux()
-	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	// Uncompressed: a gzip writer holds about 1 MiB of Go heap, kept
+	// between scrapes or made again at each, for a page that crosses a
+	// node's network or the loopback.
+	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry, DisableCompression: true}))
 	guarded.Handle(live.Path, a.traceHandler())
 	guarded.HandleFunc("/build", serveBuild)
 	if a.cfg.Profiling {

@@ -95,7 +95,8 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 			return err
 		}
 		guarded := http.NewServeMux()
-		guarded.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		// Uncompressed, as the agent's: a gzip writer is about 1 MiB.
+		guarded.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true}))
 		mux := http.NewServeMux()
 		mux.Handle("/", guard.Wrap(guarded))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
