@@ -558,7 +558,7 @@ func (a *Agent) serve(comps *components) {
 	if len(a.listeners) == 0 {
 		return
 	}
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := apiauth.NewServer(a.handler())
 	comps.Go("health and metrics server", func(ctx context.Context) error {
 		served := make(chan error, len(a.listeners))
 		for _, l := range a.listeners {

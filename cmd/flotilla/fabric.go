@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
@@ -115,7 +114,7 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 			}
 			return trace.NodeReport{Node: node, Kernel: k}, nil
 		}, log))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := apiauth.NewServer(mux)
 		for _, addr := range addrs {
 			l, err := net.Listen("tcp", addr)
 			if err != nil {
