@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -382,8 +383,16 @@ func localPodTransform(obj any) (any, error) {
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp, DeletionGracePeriodSeconds: p.DeletionGracePeriodSeconds,
 		},
-		node: p.Spec.NodeName, status: p.Status,
+		node: p.Spec.NodeName, status: keptStatus(p.Status),
 	}, nil
+}
+
+// keptStatus is st with its conditions in a slice of their length: the
+// decoder grows it by doubling, so a pod's five conditions sit in room
+// for eight (1 KiB where 640 bytes do), twice for every offloaded pod.
+func keptStatus(st corev1.PodStatus) corev1.PodStatus {
+	st.Conditions = slices.Clone(st.Conditions)
+	return st
 }
 
 // remoteTransform keeps of a remote pod what the reconcile reads: its
@@ -400,7 +409,7 @@ func remoteTransform(obj any) (any, error) {
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp,
 		},
-		status: p.Status,
+		status: keptStatus(p.Status),
 		origin: p.Annotations[offload.AnnotationOrigin], provider: p.Labels[offload.LabelProvider],
 	}, nil
 }
