@@ -558,7 +558,7 @@ func (a *Agent) serve(comps *components) {
 	if len(a.listeners) == 0 {
 		return
 	}
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := apiauth.NewServer(a.handler())
 	comps.Go("health and metrics server", func(ctx context.Context) error {
 		served := make(chan error, len(a.listeners))
 		for _, l := range a.listeners {
@@ -594,7 +594,10 @@ func (a *Agent) handler() http.Handler {
 	// The rest only to the loopback and to readers the API server says
 	// may get the path (the ClusterRole flotilla-metrics-reader).
 	guarded := http.NewServeMux()
-	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	// Uncompressed: a gzip writer holds about 1 MiB of Go heap, kept
+	// between scrapes or made again at each, for a page that crosses a
+	// node's network or the loopback.
+	guarded.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry, DisableCompression: true}))
 	guarded.Handle(live.Path, a.traceHandler())
 	guarded.HandleFunc("/build", serveBuild)
 	if a.cfg.Profiling {

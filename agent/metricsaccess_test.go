@@ -75,6 +75,12 @@ func TestMetricsPortAccess(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
+		// The client asked for gzip (Go's transport does, unless told
+		// otherwise); the page comes plain: a gzip writer is about 1 MiB
+		// of the agent's memory.
+		if path == "/metrics" && resp.StatusCode == http.StatusOK && resp.Uncompressed {
+			t.Errorf("GET %s: served gzip-compressed, want it plain", path)
+		}
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
 		t.Logf("GET %s%s with %s: %d %q", outside, path, map[string]string{"": "no token", prometheus: "prometheus's token", operator: "the operator's token", stranger: "a stranger's token", "not-a-token": "a token nobody issued"}[token], resp.StatusCode, bytes.TrimSpace(body))
 		return resp.StatusCode

@@ -22,7 +22,7 @@ import (
 // cache of its own had an informer of every kind it read, several per
 // kind in an agent (NamespaceOffloads five times, Namespaces, Services
 // and EndpointSlices three or more): about ten goroutines, a watch and a
-// copy of every object each (docs/offload.md, "The fifth round").
+// copy of every object each.
 type SharedKind int
 
 const (

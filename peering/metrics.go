@@ -1,16 +1,14 @@
 package peering
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 type metrics struct {
-	peers *prometheus.GaugeVec
-	// phase is 1 for each peer's phase and 0 for the others, so that an
-	// alert names the peer that is down; phased holds the cluster name
-	// each peer's series carry.
-	phase        *prometheus.GaugeVec
-	phased       map[string]string
+	peers        *prometheus.GaugeVec
+	phase        *peerPhases
 	accepted     prometheus.Counter
 	repeated     prometheus.Counter
 	sent         prometheus.Counter
@@ -28,10 +26,7 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "flotilla_peers", Help: "Peers by phase.",
 		}, []string{"phase"}),
-		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "flotilla_peer_phase", Help: "1 for the phase each peer is in, 0 for the others (peer: its cluster ID, cluster: its name).",
-		}, []string{"peer", "cluster", "phase"}),
-		phased: map[string]string{},
+		phase: newPeerPhases(),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_peering_messages_accepted_total", Help: "Peering statements accepted (new generations).",
 		}),
@@ -73,23 +68,75 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 	return m
 }
 
-// setPhases sets each peer's phase series, by cluster ID, with its
-// cluster name, and removes those of peers no longer known.
+// setPhases sets each peer's phase, by cluster ID, with its cluster
+// name; peers not named are no longer known.
 func (m *metrics) setPhases(phases map[string]Phase, names map[string]string) {
-	for id, name := range m.phased {
-		if _, ok := phases[id]; !ok || names[id] != name {
-			m.phase.DeletePartialMatch(prometheus.Labels{"peer": id})
-			delete(m.phased, id)
-		}
+	m.phase.set(phases, names)
+}
+
+// peerPhases is flotilla_peer_phase: 1 for the phase each peer is in and
+// 0 for the others, so that an alert names the peer that is down. The
+// series are made when scraped from each peer's phase and name: a gauge
+// kept per peer and phase was 3.4 KiB a peer.
+type peerPhases struct {
+	desc  *prometheus.Desc
+	mu    sync.Mutex
+	peers map[string]phaseOf
+}
+
+type phaseOf struct {
+	cluster string
+	phase   Phase
+}
+
+func newPeerPhases() *peerPhases {
+	return &peerPhases{
+		desc: prometheus.NewDesc("flotilla_peer_phase", "1 for the phase each peer is in, 0 for the others (peer: its cluster ID, cluster: its name).",
+			[]string{"peer", "cluster", "phase"}, nil),
+		peers: map[string]phaseOf{},
+	}
+}
+
+// set replaces the phases a scrape reads (never changed in place: a
+// scrape may be reading them), when they changed.
+func (p *peerPhases) set(phases map[string]Phase, names map[string]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.same(phases, names) {
+		return
+	}
+	peers := make(map[string]phaseOf, len(phases))
+	for id, ph := range phases {
+		peers[id] = phaseOf{cluster: names[id], phase: ph}
+	}
+	p.peers = peers
+}
+
+func (p *peerPhases) same(phases map[string]Phase, names map[string]string) bool {
+	if len(p.peers) != len(phases) {
+		return false
 	}
 	for id, ph := range phases {
-		m.phased[id] = names[id]
-		for _, p := range Phases {
+		if p.peers[id] != (phaseOf{cluster: names[id], phase: ph}) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *peerPhases) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p *peerPhases) Collect(ch chan<- prometheus.Metric) {
+	p.mu.Lock()
+	peers := p.peers
+	p.mu.Unlock()
+	for id, of := range peers {
+		for _, ph := range Phases {
 			v := 0.0
-			if p == ph {
+			if ph == of.phase {
 				v = 1
 			}
-			m.phase.WithLabelValues(id, names[id], string(p)).Set(v)
+			ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, v, id, of.cluster, string(ph))
 		}
 	}
 }

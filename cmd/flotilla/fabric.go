@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"os"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
@@ -95,7 +94,8 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 			return err
 		}
 		guarded := http.NewServeMux()
-		guarded.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		// Uncompressed, as the agent's: a gzip writer is about 1 MiB.
+		guarded.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true}))
 		mux := http.NewServeMux()
 		mux.Handle("/", guard.Wrap(guarded))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
@@ -114,7 +114,7 @@ func runFabric(ctx context.Context, log *slog.Logger, kubeconfig, node, namespac
 			}
 			return trace.NodeReport{Node: node, Kernel: k}, nil
 		}, log))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := apiauth.NewServer(mux)
 		for _, addr := range addrs {
 			l, err := net.Listen("tcp", addr)
 			if err != nil {

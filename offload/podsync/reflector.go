@@ -204,7 +204,16 @@ func (r *Reflector) startPass(key podKey) {
 	defer r.changesMu.Unlock()
 	if t, ok := r.since[key]; ok {
 		r.acting[key] = t
-		delete(r.since, key)
+		forget(&r.since, key)
+	}
+}
+
+// forget deletes key from *m, and makes *m anew once it is empty: a Go
+// map keeps the room of the most it ever held, a ramp's thousand pods.
+func forget(m *map[podKey]time.Time, key podKey) {
+	delete(*m, key)
+	if len(*m) == 0 {
+		*m = map[podKey]time.Time{}
 	}
 }
 
@@ -215,7 +224,7 @@ func (r *Reflector) endPass(key podKey, keep bool) {
 	r.changesMu.Lock()
 	defer r.changesMu.Unlock()
 	t, ok := r.acting[key]
-	delete(r.acting, key)
+	forget(&r.acting, key)
 	if ok && keep {
 		if later, seen := r.since[key]; !seen || t.Before(later) {
 			r.since[key] = t
@@ -249,7 +258,7 @@ const (
 func (r *Reflector) acted(kind string, key podKey) {
 	r.changesMu.Lock()
 	t, ok := r.acting[key]
-	delete(r.acting, key)
+	forget(&r.acting, key)
 	r.changesMu.Unlock()
 	if ok {
 		r.m.lag.WithLabelValues(kind, key.provider).Observe(time.Since(t).Seconds())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -223,7 +224,7 @@ func (pp *podProvider) startNamespace(name, local string) *remoteNamespace {
 	})
 	queueRemote := func(obj any, initial bool) {
 		if p, ok := keptOf(obj); ok {
-			if o, ok := originOfRemote(p); ok {
+			if o, ok := parseOrigin(p.origin); ok {
 				pp.r.changed(podKey{provider: pp.id, namespace: o.namespace, name: o.name}, initial)
 			}
 		}
@@ -263,7 +264,7 @@ func (rn *remoteNamespace) pod(key podKey) *corev1.Pod {
 	if p == nil {
 		return nil
 	}
-	if o, ok := originOfRemote(p); !ok || o.namespace != key.namespace || o.name != key.name {
+	if o, ok := parseOrigin(p.origin); !ok || o.namespace != key.namespace || o.name != key.name {
 		return nil // a pod of that name that is not ours: never touched
 	}
 	return p.pod()
@@ -305,7 +306,7 @@ func (pp *podProvider) queueNamespace(ns string) {
 func (pp *podProvider) queueRemote(rn *remoteNamespace) {
 	for _, obj := range rn.informer.GetStore().List() {
 		if p, ok := keptOf(obj); ok {
-			if o, ok := originOfRemote(p); ok {
+			if o, ok := parseOrigin(p.origin); ok {
 				pp.r.queue.Add(podKey{provider: pp.id, namespace: o.namespace, name: o.name})
 			}
 		}
@@ -341,25 +342,35 @@ func keptOf(obj any) (*keptPod, bool) {
 }
 
 // keptPod is what the pod offloading's caches keep of a pod, local or
-// remote (localPodTransform, remoteTransform), in a type of its own: 640
-// bytes against a Pod's 1152, and every offloaded pod is held twice.
-// pod gives the reconcile a Pod of what it keeps.
+// remote (localPodTransform, remoteTransform), in a type of its own: 600
+// bytes against a Pod's 1144, and every offloaded pod is held twice.
+// Of a remote pod's labels and annotations only two are read, its
+// AnnotationOrigin and LabelProvider: held as strings, not in two maps
+// of their own (600 bytes a pod).
 type keptPod struct {
 	metav1.ObjectMeta
-	node   string
-	status corev1.PodStatus
+	node             string
+	status           corev1.PodStatus
+	origin, provider string
 }
 
-// pod is a Pod with what k keeps; it shares k's maps and slices with
-// the cache, which nothing changes.
+// pod is a Pod with what k keeps; it shares k's slices with the cache,
+// which nothing changes.
 func (k *keptPod) pod() *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: k.ObjectMeta, Spec: corev1.PodSpec{NodeName: k.node}, Status: k.status}
+	p := &corev1.Pod{ObjectMeta: k.ObjectMeta, Spec: corev1.PodSpec{NodeName: k.node}, Status: k.status}
+	if k.origin != "" {
+		p.Annotations = map[string]string{offload.AnnotationOrigin: k.origin}
+	}
+	if k.provider != "" {
+		p.Labels = map[string]string{offload.LabelProvider: k.provider}
+	}
+	return p
 }
 
 // localPodTransform keeps of a local pod what the reconcile reads from
 // the cache: its identity, deletion and status, not its spec, labels or
 // annotations (at 1000 pods, 3.5 MB of specs and most of 2.7 MB of
-// metadata; docs/offload.md, "The agent's memory"). The whole pod is
+// metadata). The whole pod is
 // read from the API server when the remote pod is made, once a pod
 // (create), and a status write replaces the status alone (writeStatus).
 func localPodTransform(obj any) (any, error) {
@@ -372,8 +383,16 @@ func localPodTransform(obj any) (any, error) {
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp, DeletionGracePeriodSeconds: p.DeletionGracePeriodSeconds,
 		},
-		node: p.Spec.NodeName, status: p.Status,
+		node: p.Spec.NodeName, status: keptStatus(p.Status),
 	}, nil
+}
+
+// keptStatus is st with its conditions in a slice of their length: the
+// decoder grows it by doubling, so a pod's five conditions sit in room
+// for eight (1 KiB where 640 bytes do), twice for every offloaded pod.
+func keptStatus(st corev1.PodStatus) corev1.PodStatus {
+	st.Conditions = slices.Clone(st.Conditions)
+	return st
 }
 
 // remoteTransform keeps of a remote pod what the reconcile reads: its
@@ -385,18 +404,12 @@ func remoteTransform(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	var annotations, labels map[string]string
-	if o, ok := p.Annotations[offload.AnnotationOrigin]; ok {
-		annotations = map[string]string{offload.AnnotationOrigin: o}
-	}
-	if id, ok := p.Labels[offload.LabelProvider]; ok {
-		labels = map[string]string{offload.LabelProvider: id}
-	}
 	return &keptPod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			DeletionTimestamp: p.DeletionTimestamp, Annotations: annotations, Labels: labels,
+			DeletionTimestamp: p.DeletionTimestamp,
 		},
-		status: p.Status,
+		status: keptStatus(p.Status),
+		origin: p.Annotations[offload.AnnotationOrigin], provider: p.Labels[offload.LabelProvider],
 	}, nil
 }

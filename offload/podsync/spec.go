@@ -38,7 +38,12 @@ type origin struct {
 // originOfRemote reads a remote pod's AnnotationOrigin; false when it has
 // none or it is malformed (not a pod of ours, whatever its labels say).
 func originOfRemote(remote metav1.Object) (origin, bool) {
-	parts := strings.Split(remote.GetAnnotations()[offload.AnnotationOrigin], "/")
+	return parseOrigin(remote.GetAnnotations()[offload.AnnotationOrigin])
+}
+
+// parseOrigin reads an AnnotationOrigin value.
+func parseOrigin(value string) (origin, bool) {
+	parts := strings.Split(value, "/")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
 		return origin{}, false
 	}

@@ -211,7 +211,7 @@ func TestKeptPodGivesWhatTheReconcileReads(t *testing.T) {
 	full := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web-1", UID: "u1", ResourceVersion: "7",
 			DeletionTimestamp: &now, DeletionGracePeriodSeconds: &grace,
-			Labels: map[string]string{"app": "web"}, Annotations: map[string]string{offload.AnnotationOrigin: "app/web-1/u0", "note": "x"}},
+			Labels: map[string]string{"app": "web", offload.LabelProvider: "p"}, Annotations: map[string]string{offload.AnnotationOrigin: "app/web-1/u0", "note": "x"}},
 		Spec: corev1.PodSpec{NodeName: offload.VirtualNodePrefix + "p", Containers: []corev1.Container{{Name: "c", Image: "i"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.5"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
@@ -226,7 +226,7 @@ func TestKeptPodGivesWhatTheReconcileReads(t *testing.T) {
 			Spec:       corev1.PodSpec{NodeName: full.Spec.NodeName}, Status: full.Status}},
 		{"remote", remoteTransform, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web-1", UID: "u1", ResourceVersion: "7", DeletionTimestamp: &now,
-				Annotations: map[string]string{offload.AnnotationOrigin: "app/web-1/u0"}},
+				Labels: map[string]string{offload.LabelProvider: "p"}, Annotations: map[string]string{offload.AnnotationOrigin: "app/web-1/u0"}},
 			Status: full.Status}},
 	} {
 		obj, err := tc.transform(full)
