@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/agent/gatewayservice"
-	"github.com/flotilla-io/flotilla/ha"
 )
 
 // gatewayAddrs are the gateway's addresses: its own (the node's, which
@@ -63,14 +62,13 @@ func (a *Agent) gatewayAddresses(ctx context.Context, comps *components) (gatewa
 	return gatewayAddrs{own: own, listen: exposed.Listen, wireguard: exposed.WireGuard(), gossip: exposed.Gossip()}, nil
 }
 
-// agentSelector selects the agent's pod that runs the data path: with
-// --leader-elect, the active replica's only.
+// agentSelector selects the agent's pods. Not by the active replica's
+// role label, which comes only once the agent has started: peers reach
+// it while it joins. With the Service's external traffic policy Local a
+// packet goes only to the agent on the node it arrives at, the active
+// replica's, whose address is the one advertised.
 func (a *Agent) agentSelector() map[string]string {
-	sel := map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}
-	if a.cfg.LeaderElect {
-		sel[ha.RoleLabel] = ha.RoleActive
-	}
-	return sel
+	return map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}
 }
 
 // gatewayNodeAddress is the address advertised with the node ports:
