@@ -2,6 +2,7 @@ package gatewayservice
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -170,5 +171,37 @@ func TestRemoveTakesOurs(t *testing.T) {
 	}
 	if _, err := kube.CoreV1().Services(namespace).Get(ctx, Name, metav1.GetOptions{}); err == nil {
 		t.Fatal("the gateway Service is still there")
+	}
+}
+
+// A load balancer known by a host name (as some clouds give them) is
+// advertised at its first IPv4 address; one that does not resolve is an
+// error that says what to fix.
+func TestLoadBalancerHostName(t *testing.T) {
+	resolve := func(_ context.Context, host string) ([]netip.Addr, error) {
+		if host == "lb.example" {
+			return []netip.Addr{netip.MustParseAddr("198.51.100.4")}, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	for _, tc := range []struct {
+		name    string
+		ingress []corev1.LoadBalancerIngress
+		want    netip.Addr
+		err     string
+	}{
+		{"none yet", nil, netip.Addr{}, ""},
+		{"an IP", []corev1.LoadBalancerIngress{{IP: "203.0.113.7"}}, netip.MustParseAddr("203.0.113.7"), ""},
+		{"a host name", []corev1.LoadBalancerIngress{{Hostname: "lb.example"}}, netip.MustParseAddr("198.51.100.4"), ""},
+		{"a host name that does not resolve", []corev1.LoadBalancerIngress{{Hostname: "gone.example"}}, netip.Addr{}, "fix its DNS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Service{Resolve: resolve}
+			svc := &corev1.Service{Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: tc.ingress}}}
+			got, err := s.ingress(t.Context(), svc)
+			if got != tc.want || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("ingress %+v: %v, %v; want %v, an error saying %q", tc.ingress, got, err, tc.want, tc.err)
+			}
+		})
 	}
 }
