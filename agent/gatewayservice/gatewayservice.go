@@ -139,10 +139,11 @@ func (s *Service) Ensure(ctx context.Context) (Exposed, error) {
 	}
 	// Node ports are allocated on the first apply; the second gives the
 	// gossip's UDP port the TCP one's number and points the target ports
-	// at the node ports. A Service that has them all takes one apply.
-	for range 3 {
+	// at the node ports. The first always goes: it puts back what someone
+	// changed (selector, labels, policy).
+	for i := range 3 {
 		want := s.desired(cur)
-		if cur != nil && applied(cur, want) {
+		if i > 0 && applied(cur, want) {
 			break
 		}
 		if cur, err = svcs.Apply(ctx, want, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
