@@ -94,7 +94,8 @@ func (a *Agent) gatewayNodeAddress(ctx context.Context, own netip.Addr) (netip.A
 
 // removeGatewayService removes the Service an earlier run with
 // --gateway-service made; a Service of that name that is not the
-// agent's stays.
+// agent's stays. Then it waits for the agent to stop: a component that
+// returns first stops the agent.
 func (a *Agent) removeGatewayService(ctx context.Context) error {
 	removed, err := gatewayservice.Remove(ctx, a.kube.CoreV1(), a.agentNamespace())
 	switch {
@@ -103,5 +104,6 @@ func (a *Agent) removeGatewayService(ctx context.Context) error {
 	case removed:
 		a.log.Info("removed the gateway Service (--gateway-service=None)", "service", a.agentNamespace()+"/"+gatewayservice.Name)
 	}
+	<-ctx.Done()
 	return nil
 }
