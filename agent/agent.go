@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/flotilla-io/flotilla/agent/agentapi"
+	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
@@ -108,9 +109,15 @@ type Config struct {
 	// connectivity only). Members reach its gossip through the
 	// connections it opens, peers learn its WireGuard endpoint from its
 	// handshakes, and it cannot peer with a cluster behind NAT too.
-	BehindNAT  bool
-	MDNS       bool
-	DNSDomains []string
+	BehindNAT bool
+	// GatewayService exposes WireGuard and gossip through a Service of
+	// the agent's own of that type (NodePort, LoadBalancer), whose
+	// address and ports are advertised instead of AdvertiseAddr's; None
+	// (or empty): no Service, and the one an earlier run made is
+	// removed (docs/install.md, "Behind NAT or a load balancer").
+	GatewayService gatewayservice.Type
+	MDNS           bool
+	DNSDomains     []string
 	// DNSServer overrides the resolver for DNS-SD ("host:port").
 	DNSServer string
 	Joins     []string
@@ -230,6 +237,7 @@ func DefaultConfig() Config {
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,
 		GossipProfile:      string(discovery.ProfileLAN),
+		GatewayService:     gatewayservice.None,
 		WireGuard:          tunnel.ModeAuto,
 		WireGuardInterface: tunnel.DefaultInterface,
 		WireGuardPort:      tunnel.DefaultPort,
@@ -332,6 +340,14 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.OffloadRevokeAfter < cfg.UnreachableGrace {
 		return nil, fmt.Errorf("--offload-revoke-after %s is shorter than --unreachable-grace %s: a consumer's workloads would go before its tunnel", cfg.OffloadRevokeAfter, cfg.UnreachableGrace)
+	}
+	gatewaySvc, err := gatewayservice.ParseType(string(cfg.GatewayService))
+	if err != nil {
+		return nil, fmt.Errorf("--gateway-service: %w", err)
+	}
+	cfg.GatewayService = gatewaySvc
+	if cfg.GatewayService != gatewayservice.None && cfg.BehindNAT {
+		return nil, fmt.Errorf("--gateway-service=%s and --behind-nat: a gateway exposed through a Service is reachable; drop one of them", cfg.GatewayService)
 	}
 	traffic, err := policy.ParseMode(string(cfg.Traffic))
 	if err != nil {

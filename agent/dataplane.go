@@ -21,7 +21,7 @@ const (
 
 // startTunnel adopts or creates the WireGuard link with the key from the
 // ledger and runs its repair loop and, when asked, the key rotation.
-func (a *Agent) startTunnel(comps *components, ledger *ipam.Ledger) (*tunnel.Tunnel, error) {
+func (a *Agent) startTunnel(comps *components, ledger *ipam.Ledger, listenPort uint16) (*tunnel.Tunnel, error) {
 	keyBytes, err := ledger.LoadOrCreateKey(keyWireGuard, func() ([]byte, error) {
 		k, err := tunnel.GeneratePrivateKey()
 		return k[:], err
@@ -34,7 +34,7 @@ func (a *Agent) startTunnel(comps *components, ledger *ipam.Ledger) (*tunnel.Tun
 		return nil, fmt.Errorf("WireGuard key in the ledger: %w", err)
 	}
 	tun, err := tunnel.New(tunnel.Config{
-		Interface: a.cfg.WireGuardInterface, Mode: a.cfg.WireGuard, ListenPort: a.cfg.WireGuardPort,
+		Interface: a.cfg.WireGuardInterface, Mode: a.cfg.WireGuard, ListenPort: int(listenPort),
 		PrivateKey: wgKey, Logger: a.log, Metrics: a.registry,
 	})
 	if err != nil {

@@ -14,15 +14,16 @@ import (
 // newDiscovery prepares gossip; startDiscovery starts it once the engine
 // that handles its messages and member events runs. Messages that arrive
 // before then are dropped: senders repeat them.
-func (a *Agent) newDiscovery(st state, fromSecret secretKeys, gateway netip.Addr, endpoint netip.AddrPort, engine *atomic.Pointer[peering.Engine]) (*discovery.Discovery, error) {
+func (a *Agent) newDiscovery(st state, fromSecret secretKeys, addrs gatewayAddrs, engine *atomic.Pointer[peering.Engine]) (*discovery.Discovery, error) {
 	keys, err := a.federationKeys(st.ledger, fromSecret)
 	if err != nil {
 		return nil, err
 	}
-	advertise := netip.AddrPortFrom(gateway, a.cfg.GossipAddr.Port())
+	advertise := addrs.gossip
+	bind := netip.AddrPortFrom(a.cfg.GossipAddr.Addr(), addrs.listen.Gossip)
 	disc, err := discovery.New(discovery.Config{
 		Identity: st.id, Keys: keys.keys, Protocol: peering.ProtocolVersion,
-		BindAddr: a.cfg.GossipAddr, AdvertiseAddr: advertise, Endpoint: endpoint.String(), OutboundOnly: a.cfg.BehindNAT,
+		BindAddr: bind, AdvertiseAddr: advertise, Endpoint: addrs.wireguard.String(), OutboundOnly: a.cfg.BehindNAT,
 		MDNS: a.cfg.MDNS, DNSDomains: a.cfg.DNSDomains, DNSServer: a.cfg.DNSServer,
 		Seeds: append(append([]string{}, a.cfg.Joins...), keys.seeds...), Profile: discovery.Profile(a.cfg.GossipProfile),
 		Packets: a.cfg.GossipPackets,

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -37,18 +36,20 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	lap("state opened")
 	// The tunnel needs only its key: its device is made (tens of ms, more
 	// for the userspace one) while the networks are read.
-	tun, err := a.startTunnel(comps, st.ledger)
+	// Before the tunnel: with --gateway-service it listens on what the
+	// Service gives.
+	addrs, err := a.gatewayAddresses(ctx, comps)
+	if err != nil {
+		return err
+	}
+	lap("gateway addresses")
+	tun, err := a.startTunnel(comps, st.ledger, addrs.listen.WireGuard)
 	if err != nil {
 		return err
 	}
 	a.traced.Store(tun)
 	lap("tunnel")
-	gateway := a.cfg.AdvertiseAddr
-	if !gateway.IsValid() {
-		if gateway, err = defaultAddress(); err != nil {
-			return err
-		}
-	}
+	gateway := addrs.own
 	if !a.cfg.NodeAddress.IsValid() {
 		a.cfg.NodeAddress = gateway
 	}
@@ -66,10 +67,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("local networks")
-	endpoint := netip.AddrPortFrom(gateway, uint16(a.cfg.WireGuardPort))
+	endpoint := addrs.wireguard
 	fromSecret, _ := fromSecretBg.wait() // never fails
 	var engine atomic.Pointer[peering.Engine]
-	disc, err := a.newDiscovery(st, fromSecret, gateway, endpoint, &engine)
+	disc, err := a.newDiscovery(st, fromSecret, addrs, &engine)
 	if err != nil {
 		return err
 	}

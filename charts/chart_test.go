@@ -154,6 +154,7 @@ func TestChartValues(t *testing.T) {
 		"traffic":          "Segregated",
 		"offloadGrants":    "auto",
 		"corednsForward":   "kube-system/coredns",
+		"gatewayService":   "NodePort",
 		"extraArgs":        []any{"--log-level=debug"},
 	})
 	d := chart["Deployment flotilla-system/flotilla-agent"]
@@ -170,7 +171,7 @@ func TestChartValues(t *testing.T) {
 		args = append(args, a.(string))
 	}
 	for _, want := range []string{"agent", "--fabric-owner=flotilla-agent", "--cluster-name=east", "--cluster-label=region=eu",
-		"--traffic=Segregated", "--offload-grants=auto", "--coredns-forward=kube-system/coredns", "--log-level=debug"} {
+		"--traffic=Segregated", "--offload-grants=auto", "--coredns-forward=kube-system/coredns", "--gateway-service=NodePort", "--log-level=debug"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %q lack %s", args, want)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
@@ -183,6 +185,37 @@ func (g *grant) testAgentRedTeam(t *testing.T) {
 			svc := derivedService("kube-system")
 			svc.Name = "kube-dns-2"
 			_, err := agent.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{})
+			return err
+		}},
+
+		// The gateway Service (--gateway-service): a port on every node,
+		// to the agent's pods only.
+		{"expose kube-dns on every node through a gateway Service", "selects the agent's pods only", func(ctx context.Context) error {
+			svc := gatewayService(namespace)
+			svc.Spec.Selector = map[string]string{"k8s-app": "kube-dns"}
+			_, err := agent.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
+			return err
+		}},
+		{"make a gateway Service in kube-system", "ValidatingAdmissionPolicy 'flotilla-agent-", func(ctx context.Context) error {
+			_, err := agent.CoreV1().Services("kube-system").Create(ctx, gatewayService("kube-system"), metav1.CreateOptions{})
+			return err
+		}},
+		{"expose the agent's metrics port on every node", "has the ports wireguard (UDP), gossip (TCP) and gossip-udp (UDP) only", func(ctx context.Context) error {
+			svc := gatewayService(namespace)
+			svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "metrics", Port: 9470, Protocol: corev1.ProtocolTCP})
+			_, err := agent.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
+			return err
+		}},
+		{"capture traffic to an outside address with the gateway Service", "claims no external IPs", func(ctx context.Context) error {
+			svc := gatewayService(namespace)
+			svc.Spec.ExternalIPs = []string{"203.0.113.53"}
+			_, err := agent.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
+			return err
+		}},
+		{"make a NodePort Service not labelled as its gateway", "is not one", func(ctx context.Context) error {
+			svc := gatewayService(namespace)
+			svc.Name, svc.Labels = "node-shell", nil
+			_, err := agent.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
 			return err
 		}},
 
@@ -396,6 +429,21 @@ func (rt *redTeam) legitimateWrites(t *testing.T) {
 		t.Errorf("the agent deletes its derived Service: %v", err)
 	}
 
+	// The gateway Service (--gateway-service), applied and removed as
+	// the agent does.
+	gw := &gatewayservice.Service{
+		Client: agent.CoreV1(), Namespace: namespace, Type: gatewayservice.NodePort,
+		Selector: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent", "flotilla.io/gateway-role": "active"},
+		Listen:   gatewayservice.Ports{WireGuard: 51820, Gossip: 7946}, NodeAddr: netip.MustParseAddr("192.0.2.1"),
+		Log: slog.New(slog.DiscardHandler),
+	}
+	if _, err := gw.Ensure(ctx); err != nil {
+		t.Errorf("the agent applies its gateway Service: %v", err)
+	}
+	if removed, err := gatewayservice.Remove(ctx, agent.CoreV1(), namespace); !removed || err != nil {
+		t.Errorf("the agent removes its gateway Service: removed %v, %v", removed, err)
+	}
+
 	// Offloading a namespace: the administrator sets the label, and the
 	// agent changes its tenant's other labels with the label left alone.
 	if err := offloadedLabel(admin, rt.labelled, `"true"`)(ctx); err != nil {
@@ -450,6 +498,13 @@ func (rt *redTeam) fingerprints(t *testing.T) map[string]string {
 	}
 	for _, s := range services.Items {
 		fp["services of kube-system"] += s.Name + " "
+	}
+	ours, err := admin.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ours.Items {
+		fp["services of "+namespace] += s.Name + " "
 	}
 	bindings, err := admin.RbacV1().RoleBindings("kube-system").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -551,6 +606,12 @@ func waitAgentFencesEnforced(t *testing.T, cp *harness.ControlPlane, agent kuber
 			_, err := agent.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{DryRun: dry})
 			return err
 		}},
+		{"flotilla-agent-gateway-service", func() error {
+			svc := gatewayService(namespace)
+			svc.Spec.ExternalIPs = []string{"203.0.113.53"}
+			_, err := agent.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{DryRun: dry})
+			return err
+		}},
 		{"flotilla-agent-offloaded-label", func() error {
 			_, err := agent.CoreV1().Namespaces().Create(ctx, offloadedTenant("cwitness"), metav1.CreateOptions{DryRun: dry})
 			return err
@@ -562,6 +623,23 @@ func waitAgentFencesEnforced(t *testing.T, cp *harness.ControlPlane, agent kuber
 			}
 			return nil
 		})
+	}
+}
+
+// gatewayService is the agent's gateway Service (--gateway-service=NodePort)
+// in namespace ns.
+func gatewayService(ns string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: gatewayservice.Name, Namespace: ns, Labels: gatewayservice.Labels},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"},
+			Ports: []corev1.ServicePort{
+				{Name: gatewayservice.PortWireGuard, Port: 51820, Protocol: corev1.ProtocolUDP},
+				{Name: gatewayservice.PortGossipTCP, Port: 7946, Protocol: corev1.ProtocolTCP},
+				{Name: gatewayservice.PortGossipUDP, Port: 7946, Protocol: corev1.ProtocolUDP},
+			},
+		},
 	}
 }
 

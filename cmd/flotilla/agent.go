@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/flotilla-io/flotilla/agent"
+	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/discovery"
 	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/offload/mcsdns"
@@ -72,6 +73,7 @@ func newAgentCommand() *cobra.Command {
 	advertise := addrFlag{&cfg.AdvertiseAddr}
 	fs.Var(advertise, "advertise-addr", "address other clusters reach this gateway at (default: the default route's source address)")
 	fs.BoolVar(&cfg.BehindNAT, "behind-nat", cfg.BehindNAT, "this gateway has outbound connectivity only (behind NAT, nothing gets in): it opens the gossip and the tunnels to reachable peers and keeps them open; it cannot peer with another cluster behind NAT")
+	gatewaySvc := fs.String("gateway-service", string(cfg.GatewayService), "None: peers reach this gateway at --advertise-addr; NodePort or LoadBalancer: the agent exposes WireGuard (UDP) and gossip (TCP and UDP) through a Service of that type of its own, flotilla-gateway in its namespace, and advertises the gateway node's address and the node ports (listening on those ports) or the load balancer's address; back to None removes the Service")
 	fs.BoolVar(&cfg.MDNS, "mdns", cfg.MDNS, "advertise and browse _flotilla._udp with mDNS on the LAN")
 	fs.StringArrayVar(&cfg.DNSDomains, "dns-domain", nil, "domain to browse for _flotilla._udp SRV records, repeatable")
 	fs.StringVar(&cfg.DNSServer, "dns-server", "", "DNS server for --dns-domain as host:port (default: /etc/resolv.conf)")
@@ -123,6 +125,7 @@ func newAgentCommand() *cobra.Command {
 		}
 		cfg.PodCIDRs, cfg.ServiceCIDRs, cfg.ReservedCIDRs = pods, services, reserved
 		cfg.ClusterLabels = labels
+		cfg.GatewayService = gatewayservice.Type(*gatewaySvc)
 		return runAgent(cmd.Context(), cmd.ErrOrStderr(), cfg, agentChoices{
 			webhookNames: *webhookNames, logFormat: *logFormat, logLevel: *logLevel, peering: *policy, announce: *announce,
 			wireguard: *wg, grants: *grants, offloadTo: *offloadTo, traffic: *traffic,
@@ -177,6 +180,9 @@ func runAgent(ctx context.Context, stderr io.Writer, cfg agent.Config, f agentCh
 	}
 	if cfg.Traffic, err = trafficpolicy.ParseMode(f.traffic); err != nil {
 		return usageErrorf("--traffic: %v", err)
+	}
+	if cfg.GatewayService, err = gatewayservice.ParseType(string(cfg.GatewayService)); err != nil {
+		return usageErrorf("--gateway-service: %v", err)
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
