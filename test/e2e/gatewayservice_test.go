@@ -52,6 +52,7 @@ var gatewayFirewall = fmt.Sprintf(`table inet flotest_gateway_firewall {
 // both ways; 7946 on b's node stays closed throughout. Back to None, b's
 // agent removes the Service. Nothing of the run is left.
 func TestGatewayServiceNodePort(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	var run string
 	t.Run("federation", func(t *testing.T) {
