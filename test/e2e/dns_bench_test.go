@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -73,16 +74,18 @@ func BenchmarkExportToDNSConnection(b *testing.B) {
 	exports := mcsClient(b, p)
 	// The first export, untimed: the kubelet brings the changed Corefile
 	// into CoreDNS's pod at its next sync of the pod (up to a minute).
-	if _, _, err := exportOnce(b, a, p, exports, pod, "warm", direct, 150*time.Second); err != nil {
+	if _, err := exportOnce(b, a, p, exports, pod, "warm", direct, 150*time.Second); err != nil {
 		b.Fatal(err)
 	}
-	var took, tookDirect []time.Duration
+	var took, tookDirect, imported, ip, derived, slice []time.Duration
 	for i := 0; b.Loop(); i++ {
-		d, dd, err := exportOnce(b, a, p, exports, pod, fmt.Sprintf("echo%d", i), direct, 30*time.Second)
+		r, err := exportOnce(b, a, p, exports, pod, fmt.Sprintf("echo%d", i), direct, 30*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
-		took, tookDirect = append(took, d), append(tookDirect, dd)
+		took, tookDirect = append(took, r.coreDNS), append(tookDirect, r.direct)
+		imported, ip = append(imported, r.imported), append(ip, r.ip)
+		derived, slice = append(derived, r.derived), append(slice, r.slice)
 	}
 	s, sd := spreadOf(took), spreadOf(tookDirect)
 	b.ReportMetric(ms(s.median), "ms-median")
@@ -91,6 +94,16 @@ func BenchmarkExportToDNSConnection(b *testing.B) {
 	b.ReportMetric(ms(sd.median), "ms-agent-dns-median")
 	b.ReportMetric(0, "ns/op")
 	fmt.Fprintf(os.Stdout, "BenchmarkExportToDNSConnection: export to the first DNS-resolved connection from a pod in another cluster, through CoreDNS %s; asking the agent's DNS Service directly %s (ms: median, min, max, rounds)\n", s, sd)
+	fmt.Fprintf(os.Stdout, "BenchmarkExportToDNSConnection: after the export, seen on a's API server: ServiceImport %s; its ClusterSetIP %s; derived Service %s; EndpointSlice with a ready endpoint %s (ms: median, min, max, rounds)\n",
+		spreadOf(imported), spreadOf(ip), spreadOf(derived), spreadOf(slice))
+}
+
+// exportRound is one export's times after the export was created: the
+// first connection through CoreDNS and asking the agent's DNS directly,
+// and the import's steps as a watch on a's API server saw them.
+type exportRound struct {
+	coreDNS, direct              time.Duration
+	imported, ip, derived, slice time.Duration
 }
 
 // exportOnce exports a new Service name of p (selecting pod) and returns
@@ -98,7 +111,7 @@ func BenchmarkExportToDNSConnection(b *testing.B) {
 // name.mcs.svc.clusterset.local, through a's cluster DNS and asking the
 // agent's DNS (direct) alone; then it takes the Service away and waits
 // until a's import of it is gone.
-func exportOnce(b *testing.B, a, p *federation.NodeCluster, exports client.Client, pod corev1.Pod, name, direct string, timeout time.Duration) (time.Duration, time.Duration, error) {
+func exportOnce(b *testing.B, a, p *federation.NodeCluster, exports client.Client, pod corev1.Pod, name, direct string, timeout time.Duration) (exportRound, error) {
 	b.Helper()
 	ctx := context.Background()
 	svc := &corev1.Service{
@@ -108,7 +121,7 @@ func exportOnce(b *testing.B, a, p *federation.NodeCluster, exports client.Clien
 		}}},
 	}
 	if _, err := p.CP.Client.CoreV1().Services("mcs").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return 0, 0, err
+		return exportRound{}, err
 	}
 	url := fmt.Sprintf("http://%s.mcs.svc.%s:%d/", name, strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 	type answer struct {
@@ -128,28 +141,41 @@ func exportOnce(b *testing.B, a, p *federation.NodeCluster, exports client.Clien
 	// The pod asks before the export: its first queries are answered
 	// NXDOMAIN, as they would be for a client that waits for the name.
 	time.Sleep(time.Second)
+	stopWatch := watchImport(b, a, name)
 	export := &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "mcs"}}
 	start := time.Now()
 	if err := exports.Create(ctx, export); err != nil {
-		return 0, 0, err
+		stopWatch()
+		return exportRound{}, err
 	}
 	var took [2]time.Duration
 	for i, done := range []chan answer{viaCoreDNS, viaAgent} {
 		got := <-done
 		if got.err != nil {
-			return 0, 0, fmt.Errorf("a's pod GET %s: %v", url, got.err)
+			stopWatch()
+			return exportRound{}, fmt.Errorf("a's pod GET %s: %v", url, got.err)
 		}
 		at, err := answeredBy(got.out, pod)
 		if err != nil {
-			return 0, 0, fmt.Errorf("a's pod GET %s: %v", url, err)
+			stopWatch()
+			return exportRound{}, fmt.Errorf("a's pod GET %s: %v", url, err)
 		}
 		took[i] = at.Sub(start)
 	}
+	steps := stopWatch()
+	since := func(t time.Time) time.Duration {
+		if t.IsZero() {
+			return -1
+		}
+		return t.Sub(start)
+	}
+	r := exportRound{coreDNS: took[0], direct: took[1],
+		imported: since(steps.imported), ip: since(steps.ip), derived: since(steps.derived), slice: since(steps.slice)}
 	if err := exports.Delete(ctx, export); err != nil {
-		return 0, 0, err
+		return exportRound{}, err
 	}
 	if err := p.CP.Client.CoreV1().Services("mcs").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-		return 0, 0, err
+		return exportRound{}, err
 	}
 	imports := mcsClient(b, a)
 	eventually.Within(b, 60*time.Second, "a's import of "+name+" gone", func() error {
@@ -159,7 +185,7 @@ func exportOnce(b *testing.B, a, p *federation.NodeCluster, exports client.Clien
 		}
 		return fmt.Errorf("ServiceImport mcs/%s still on a (%v)", name, err)
 	})
-	return took[0], took[1], nil
+	return r, nil
 }
 
 // answeredBy reads the test server's "-wait" output: when the answer
@@ -192,4 +218,82 @@ func mcsClient(t testing.TB, c *federation.NodeCluster) client.Client {
 		t.Fatal(err)
 	}
 	return cl
+}
+
+// importSteps are when a's importer's writes for one export were first
+// seen by a watch on a's API server, after the export: the ServiceImport,
+// its ClusterSetIP (from then on a's agent answers the name), the
+// derived Service, and an imported EndpointSlice with a ready endpoint
+// (from then on kube-proxy can program the ClusterSetIP).
+type importSteps struct {
+	imported, ip, derived, slice time.Time
+}
+
+// watchImport watches a for the import of name in the namespace mcs
+// until stop is called, which returns when each step was first seen.
+func watchImport(b *testing.B, a *federation.NodeCluster, name string) (stop func() importSteps) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := runtime.NewScheme()
+	if err := mcsv1alpha1.AddToScheme(s); err != nil {
+		b.Fatal(err)
+	}
+	imports, err := client.NewWithWatch(a.CP.Config, client.Options{Scheme: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	siw, err := imports.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace("mcs"), client.MatchingFields{"metadata.name": name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svcw, err := a.CP.Client.CoreV1().Services("mcs").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + mcs.DerivedServiceName(name)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	slw, err := a.CP.Client.DiscoveryV1().EndpointSlices("mcs").Watch(ctx, metav1.ListOptions{LabelSelector: mcs.LabelServiceName + "=" + name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan importSteps, 1)
+	go func() {
+		defer siw.Stop()
+		defer svcw.Stop()
+		defer slw.Stop()
+		var st importSteps
+		first := func(t *time.Time) {
+			if t.IsZero() {
+				*t = time.Now()
+			}
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				done <- st
+				return
+			case ev := <-siw.ResultChan():
+				if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok {
+					first(&st.imported)
+					if len(si.Spec.IPs) > 0 {
+						first(&st.ip)
+					}
+				}
+			case ev := <-svcw.ResultChan():
+				if _, ok := ev.Object.(*corev1.Service); ok {
+					first(&st.derived)
+				}
+			case ev := <-slw.ResultChan():
+				if sl, ok := ev.Object.(*discoveryv1.EndpointSlice); ok {
+					for _, e := range sl.Endpoints {
+						if e.Conditions.Ready == nil || *e.Conditions.Ready {
+							first(&st.slice)
+						}
+					}
+				}
+			}
+		}
+	}()
+	return func() importSteps {
+		cancel()
+		return <-done
+	}
 }
