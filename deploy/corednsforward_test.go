@@ -107,7 +107,8 @@ func TestCoreDNSForwardFence(t *testing.T) {
 	}{
 		{"a change outside the block", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "cache 30", "cache 300", 1)}},
 		{"a block that forwards cluster.local too", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "clusterset.local:53 {", "cluster.local:53 {", 1)}},
-		{"a block with a plugin more", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "    cache 5\n", "    cache 5\n    rewrite name regex (.*) evil.example\n", 1)}},
+		{"a block with a plugin more", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "    errors\n", "    errors\n    rewrite name regex (.*) evil.example\n", 1)}},
+		{"a block that keeps denials longer", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "denial 9984 1\n", "denial 9984 3600\n", 1)}},
 		{"a second begin marker", map[string]string{dnsforward.CorefileKey: withBlock + "\n" + block}},
 		{"another key", map[string]string{dnsforward.CorefileKey: withBlock, "other": "changed"}},
 	} {

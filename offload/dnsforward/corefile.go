@@ -20,11 +20,17 @@ const (
 )
 
 // Block is the agent's block forwarding the zone to addr (the ClusterIP
-// of the agent's DNS Service), markers included.
+// of the agent's DNS Service), markers included. Answers are kept 5 s,
+// as the zone's records live; that a name does not exist, 1 s, as the
+// zone says (its negative TTL): CoreDNS's cache would otherwise keep it
+// at least 5 s, and a client that asked before an import existed would
+// wait that long for it.
 func Block(addr netip.Addr) string {
 	return beginMarker + "\n" + fmt.Sprintf(`clusterset.local:53 {
     errors
-    cache 5
+    cache 5 {
+        denial 9984 1
+    }
     forward . %s
 }
 `, netip.AddrPortFrom(addr, 53)) + endMarker + "\n"
