@@ -25,6 +25,21 @@ type fabricPlan struct {
 	nodes func() []fabricapi.Node
 	mtu   int
 	views []netip.Prefix
+	// onViews, when set, is told the views at every change (the reverse
+	// zones CoreDNS forwards to the agent's DNS).
+	onViews func([]netip.Prefix)
+}
+
+// notifyViews has fn told the views now and at every change.
+func (f *fabricPlan) notifyViews(fn func([]netip.Prefix)) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	f.onViews = fn
+	views := slices.Clone(f.views)
+	f.mu.Unlock()
+	fn(views)
 }
 
 // start gives the plan what it lacked at first and publishes it.
@@ -73,9 +88,13 @@ func (f *fabricPlan) setViews(d tunnel.Desired) {
 	f.mu.Lock()
 	same := slices.Equal(views, f.views)
 	f.views = views
+	onViews := f.onViews
 	f.mu.Unlock()
 	if !same {
 		f.changed()
+		if onViews != nil {
+			onViews(slices.Clone(views))
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -184,16 +185,25 @@ func agentClient(t *testing.T, c *federation.NodeCluster) kubernetes.Interface {
 	return client
 }
 
-// reverseLookups checks the PTR records of a's agent's DNS (asked
-// through its Service, as CoreDNS answers in-addr.arpa itself): the
-// ClusterSetIP of b's export echo answers echo's clusterset name, and
-// the address of echo's pod in a headless export db answers a name of
-// db's that resolves back to it, in b's cluster, and reaches that pod.
+// reverseLookups checks the PTR records a's pod gets. The ClusterSetIP
+// of b's export echo, asked of a's agent's DNS Service, answers echo's
+// clusterset name; asked through a's CoreDNS, the derived Service's
+// cluster-local name (CoreDNS's kubernetes plugin holds the Service
+// range's reverse zone). The address of echo's pod in a headless export
+// db, asked through a's CoreDNS (the reverse zones of the views
+// forwarded to the agent), answers a name of db's that resolves back to
+// it, in b's cluster, and reaches that pod.
 func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod, dnsIP string) {
 	t.Helper()
 	zone := strings.TrimSuffix(mcs.Zone, ".")
-	reverse := func(addr string) ([]string, error) {
-		out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-dns", dnsIP+":53", "-lookup-addr", addr)
+	// reverse asks the agent's Service, or with dnsIP "" the pod's
+	// cluster DNS.
+	reverse := func(addr, dnsIP string) ([]string, error) {
+		args := []string{"exec", a.Web.Name, "--", "/testserver", "-lookup-addr", addr}
+		if dnsIP != "" {
+			args = append(args, "-dns", dnsIP+":53")
+		}
+		out, err := federation.Kubectl(a.CP, args...)
 		if err != nil {
 			return nil, fmt.Errorf("%v: %s", err, out)
 		}
@@ -205,17 +215,21 @@ func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod,
 		}
 		return nil
 	})
-	want := "echo.mcs.svc." + zone + "."
-	eventually.Within(t, 30*time.Second, "a's reverse lookup of the ClusterSetIP "+imp.Spec.IPs[0], func() error {
-		names, err := reverse(imp.Spec.IPs[0])
-		if err != nil {
-			return err
-		}
-		if len(names) != 1 || names[0] != want {
-			return fmt.Errorf("names %q, want %q", names, want)
-		}
-		return nil
-	})
+	for _, via := range []struct{ dns, want string }{
+		{dnsIP, "echo.mcs.svc." + zone + "."},
+		{"", mcs.DerivedServiceName("echo") + ".mcs.svc." + harness.ClusterDomain + "."},
+	} {
+		eventually.Within(t, 30*time.Second, "a's reverse lookup of the ClusterSetIP "+imp.Spec.IPs[0]+" asking "+cmp.Or(via.dns, "CoreDNS"), func() error {
+			names, err := reverse(imp.Spec.IPs[0], via.dns)
+			if err != nil {
+				return err
+			}
+			if len(names) != 1 || names[0] != via.want {
+				return fmt.Errorf("names %q, want %q", names, via.want)
+			}
+			return nil
+		})
+	}
 
 	db := serviceFor("db", "mcs")
 	db.Spec.Selector = map[string]string{"app": "echo"}
@@ -225,8 +239,10 @@ func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod,
 	bID := peerID(t, a, b.Name)
 	addr := federation.ViewOf(t, a.Cluster, b.Cluster, netip.MustParseAddr(echo.Status.PodIP)).String()
 	var name string
-	eventually.Within(t, 60*time.Second, "a's reverse lookup of echo's pod "+addr, func() error {
-		names, err := reverse(addr)
+	// The kubelet brings a Corefile the agent rewrote for new views into
+	// CoreDNS's pod at its next sync of the pod (up to a minute).
+	eventually.Within(t, 150*time.Second, "a's reverse lookup of echo's pod "+addr+" through CoreDNS", func() error {
+		names, err := reverse(addr, "")
 		if err != nil {
 			return err
 		}
