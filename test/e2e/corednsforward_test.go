@@ -31,7 +31,9 @@ import (
 // given --coredns-forward and deploy/coredns-forward's rights, keeps a
 // block forwarding the zone to its DNS Service in a's CoreDNS Corefile and
 // nothing else; a pod of a resolves b's export through CoreDNS and is
-// answered by b's pod; the block comes back when someone removes it; the
+// answered by b's pod, while echo.mcs.svc.cluster.local stays a's own
+// name; reverse lookups through CoreDNS reach the agent for the views'
+// addresses; the block comes back when someone removes it; the
 // agent's own token may touch no other ConfigMap of kube-system; and with
 // the flag off the agent takes its block out, leaving the Corefile byte
 // for byte as it was.
@@ -82,8 +84,8 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 	echo := waitPods(t, b, "mcs", "app=echo", 1, 90*time.Second, runningOn(b.Gateway.NodeName))[0]
 	mustKubectlApply(t, b, exportManifest("echo", "mcs"))
 
+	url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 	t.Run("a's pod resolves b's export through a's CoreDNS and b's pod answers", func(t *testing.T) {
-		url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 		// The kubelet brings the changed Corefile into CoreDNS's pod at
 		// its next sync of the pod (up to a minute); CoreDNS then reloads.
 		eventually.Within(t, 150*time.Second, "a's pod GET "+url, func() error {
@@ -100,6 +102,32 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("cluster.local stays local: no such name until a has its own Service echo, which then answers it", func(t *testing.T) {
+		local := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", harness.ClusterDomain, harness.TestServerHTTPPort)
+		// The witness that a imported b's echo and that CoreDNS answers
+		// a's pod: the subtest before, by the clusterset name.
+		if out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", local); err == nil || !strings.Contains(out, "no such host") {
+			t.Errorf("a's pod GET %s, a having no Service echo: %v %q, want no such host", local, err, out)
+		}
+		mine := testPod("echo-a", nil)
+		mine.Namespace, mine.Labels["app"] = "mcs", "echo"
+		createObject(t, a, mine)
+		createObject(t, a, serviceFor("echo", "mcs"))
+		waitPods(t, a, "mcs", "app=echo", 1, 90*time.Second, federation.PodReady)
+		for _, x := range []struct{ url, want string }{{local, mine.Name}, {url, echo.Name}} {
+			eventually.Within(t, 60*time.Second, "a's pod GET "+x.url, func() error {
+				out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", x.url)
+				if err != nil {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				if got := strings.TrimSpace(out); got != x.want {
+					return fmt.Errorf("%s answered by %q, want %s", x.url, got, x.want)
+				}
+				return nil
+			})
+		}
 	})
 
 	t.Run("reverse lookups of b's exports give their clusterset names", func(t *testing.T) {
