@@ -543,9 +543,46 @@ func TestExportImport(t *testing.T) {
 		}
 	})
 
+	t.Run("an import stays while any cluster exports", func(t *testing.T) {
+		before, err := a.imported("web", "front")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var derived corev1.Service
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("front")}, &derived); err != nil {
+			t.Fatal(err)
+		}
+		// b's export, the oldest, which held the ports, goes; c's stays.
+		if err := b.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
+			t.Fatal(err)
+		}
+		// The witness that a acted on b's unexport: b's endpoints gone.
+		eventually.Within(t, time.Minute, "a's import of front from c alone", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{C: {"10.202.0.7"}})
+		})
+		// The same ServiceImport and derived Service, so the ClusterSetIP
+		// clients hold stays.
+		after, err := a.imported("web", "front")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var derivedAfter corev1.Service
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("front")}, &derivedAfter); err != nil {
+			t.Fatal(err)
+		}
+		if after.si.UID != before.si.UID || derivedAfter.UID != derived.UID || !slices.Equal(after.si.Spec.IPs, before.si.Spec.IPs) {
+			t.Errorf("ServiceImport %s, derived Service %s, ips %v after b's unexport; want %s, %s, %v as before",
+				after.si.UID, derivedAfter.UID, after.si.Spec.IPs, before.si.UID, derived.UID, before.si.Spec.IPs)
+		}
+	})
+
 	t.Run("unexport removes the import everywhere", func(t *testing.T) {
 		for _, x := range []*cluster{b, c} {
-			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
+			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); client.IgnoreNotFound(err) != nil {
 				t.Fatal(err)
 			}
 		}
