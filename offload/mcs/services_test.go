@@ -98,6 +98,41 @@ func (im imported) usable(want map[string][]string) error {
 	return nil
 }
 
+// watchClusterSetIP watches c's ServiceImport ns/name until it first
+// has a ClusterSetIP, then sends how many of its EndpointSlices the API
+// server holds at that moment.
+func watchClusterSetIP(t *testing.T, c *cluster, ns, name string) <-chan int {
+	t.Helper()
+	w, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	watch, err := w.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	out := make(chan int, 1)
+	go func() {
+		defer cancel()
+		defer watch.Stop()
+		for ev := range watch.ResultChan() {
+			if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok && len(si.Spec.IPs) > 0 {
+				var list discoveryv1.EndpointSliceList
+				if err := c.admin.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{LabelServiceName: name}); err != nil {
+					t.Errorf("list %s's EndpointSlices of %s/%s: %v", c.name, ns, name, err)
+				}
+				out <- len(list.Items)
+				return
+			}
+		}
+		t.Errorf("%s's ServiceImport %s/%s had no ClusterSetIP within the watch", c.name, ns, name)
+		out <- -1
+	}()
+	return out
+}
+
 func condition(conds []metav1.Condition, t string) metav1.Condition {
 	if c := meta.FindStatusCondition(conds, t); c != nil {
 		return *c
@@ -118,6 +153,7 @@ func TestExportImport(t *testing.T) {
 	}
 
 	t.Run("export reaches the importer, translated", func(t *testing.T) {
+		ipsFirstSeen := watchClusterSetIP(t, a, "web", "front")
 		// 192.168.7.7 is covered by no view of b: left out in a.
 		b.exportService(t, "web", "front", 80, "10.1.0.5", "10.1.0.6", "192.168.7.7")
 		eventually.Within(t, time.Minute, "a imports b's front", func() error {
@@ -147,6 +183,12 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
+		// The clusterset DNS answers the name once the ServiceImport has
+		// its ClusterSetIP: by then the endpoints are written, so a
+		// client that connects at once is not refused.
+		if n := <-ipsFirstSeen; n == 0 {
+			t.Errorf("a's ServiceImport had its ClusterSetIP before its EndpointSlices were written")
+		}
 		// The exporter imports its own, its addresses as they are.
 		eventually.Within(t, time.Minute, "b imports its own front", func() error {
 			im, err := b.imported("web", "front")
