@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,7 +225,7 @@ func mcsClient(t testing.TB, c *federation.NodeCluster) client.Client {
 // seen by a watch on a's API server, after the export: the ServiceImport,
 // its ClusterSetIP (from then on a's agent answers the name), the
 // derived Service, and an imported EndpointSlice with a ready endpoint
-// (from then on kube-proxy can program the ClusterSetIP).
+// (from then on kube-proxy can program the ClusterSetIP). Zero: not seen.
 type importSteps struct {
 	imported, ip, derived, slice time.Time
 }
@@ -235,65 +236,70 @@ func watchImport(b *testing.B, a *federation.NodeCluster, name string) (stop fun
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := runtime.NewScheme()
-	if err := mcsv1alpha1.AddToScheme(s); err != nil {
-		b.Fatal(err)
-	}
-	imports, err := client.NewWithWatch(a.CP.Config, client.Options{Scheme: s})
-	if err != nil {
-		b.Fatal(err)
-	}
-	siw, err := imports.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace("mcs"), client.MatchingFields{"metadata.name": name})
-	if err != nil {
-		b.Fatal(err)
-	}
-	svcw, err := a.CP.Client.CoreV1().Services("mcs").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + mcs.DerivedServiceName(name)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	slw, err := a.CP.Client.DiscoveryV1().EndpointSlices("mcs").Watch(ctx, metav1.ListOptions{LabelSelector: mcs.LabelServiceName + "=" + name})
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan importSteps, 1)
-	go func() {
-		defer siw.Stop()
-		defer svcw.Stop()
-		defer slw.Stop()
-		var st importSteps
-		first := func(t *time.Time) {
-			if t.IsZero() {
-				*t = time.Now()
-			}
+	for _, add := range []func(*runtime.Scheme) error{mcsv1alpha1.AddToScheme, corev1.AddToScheme, discoveryv1.AddToScheme} {
+		if err := add(s); err != nil {
+			b.Fatal(err)
 		}
-		for {
-			select {
-			case <-ctx.Done():
-				done <- st
-				return
-			case ev := <-siw.ResultChan():
-				if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok {
-					first(&st.imported)
-					if len(si.Spec.IPs) > 0 {
-						first(&st.ip)
+	}
+	c, err := client.NewWithWatch(a.CP.Config, client.Options{Scheme: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	// firstSeen sets *at when the watch of list first sends an object
+	// that seen accepts.
+	firstSeen := func(at *time.Time, list client.ObjectList, seen func(runtime.Object) bool, opts ...client.ListOption) {
+		w, err := c.Watch(ctx, list, append(opts, client.InNamespace("mcs"))...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Go(func() {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return
 					}
-				}
-			case ev := <-svcw.ResultChan():
-				if _, ok := ev.Object.(*corev1.Service); ok {
-					first(&st.derived)
-				}
-			case ev := <-slw.ResultChan():
-				if sl, ok := ev.Object.(*discoveryv1.EndpointSlice); ok {
-					for _, e := range sl.Endpoints {
-						if e.Conditions.Ready == nil || *e.Conditions.Ready {
-							first(&st.slice)
-						}
+					if ev.Object != nil && seen(ev.Object) {
+						*at = time.Now()
+						return
 					}
 				}
 			}
+		})
+	}
+	var st importSteps
+	byName := func(n string) client.ListOption { return client.MatchingFields{"metadata.name": n} }
+	firstSeen(&st.imported, &mcsv1alpha1.ServiceImportList{}, func(o runtime.Object) bool {
+		_, ok := o.(*mcsv1alpha1.ServiceImport)
+		return ok
+	}, byName(name))
+	firstSeen(&st.ip, &mcsv1alpha1.ServiceImportList{}, func(o runtime.Object) bool {
+		si, ok := o.(*mcsv1alpha1.ServiceImport)
+		return ok && len(si.Spec.IPs) > 0
+	}, byName(name))
+	firstSeen(&st.derived, &corev1.ServiceList{}, func(o runtime.Object) bool {
+		_, ok := o.(*corev1.Service)
+		return ok
+	}, byName(mcs.DerivedServiceName(name)))
+	firstSeen(&st.slice, &discoveryv1.EndpointSliceList{}, func(o runtime.Object) bool {
+		sl, ok := o.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return false
 		}
-	}()
+		for _, e := range sl.Endpoints {
+			if e.Conditions.Ready == nil || *e.Conditions.Ready {
+				return true
+			}
+		}
+		return false
+	}, client.MatchingLabels{mcs.LabelServiceName: name})
 	return func() importSteps {
 		cancel()
-		return <-done
+		wg.Wait()
+		return st
 	}
 }
