@@ -226,9 +226,10 @@ func (s *Services) removeDerived(ctx context.Context, ns, name string) error {
 // Service whose ClusterIP is the ClusterSetIP, then the slices, then the
 // ServiceImport's spec with its ClusterSetIPs, then the status. The
 // ClusterSetIPs come after the slices because the clusterset DNS answers
-// a name once they are there: a client that connects as soon as the name
-// answers finds the endpoints already given to kube-proxy, not a Service
-// without endpoints that refuses it.
+// a name once they are there: by then kube-proxy has been given the
+// endpoints as well as the Service (programming them is its own sync,
+// which it holds at least its minSyncPeriod, 1 s by default, after the
+// Service's).
 func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv1alpha1.ServiceImport, sources []Source) error {
 	r := Resolve(sources)
 	spec := mcsv1alpha1.ServiceImportSpec{Type: mcsv1alpha1.ServiceImportType(r.Type),
