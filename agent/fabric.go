@@ -26,20 +26,20 @@ type fabricPlan struct {
 	mtu   int
 	views []netip.Prefix
 	// onViews, when set, is told the views at every change (the reverse
-	// zones CoreDNS forwards to the agent's DNS).
+	// zones CoreDNS forwards to the agent's DNS); it must not block.
 	onViews func([]netip.Prefix)
 }
 
-// notifyViews has fn told the views now and at every change.
+// notifyViews has fn told the views now and at every change, in order:
+// fn is called with the plan's lock held, so it must not block.
 func (f *fabricPlan) notifyViews(fn func([]netip.Prefix)) {
 	if f == nil {
 		return
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.onViews = fn
-	views := slices.Clone(f.views)
-	f.mu.Unlock()
-	fn(views)
+	fn(slices.Clone(f.views))
 }
 
 // start gives the plan what it lacked at first and publishes it.
@@ -88,13 +88,12 @@ func (f *fabricPlan) setViews(d tunnel.Desired) {
 	f.mu.Lock()
 	same := slices.Equal(views, f.views)
 	f.views = views
-	onViews := f.onViews
+	if !same && f.onViews != nil {
+		f.onViews(slices.Clone(views))
+	}
 	f.mu.Unlock()
 	if !same {
 		f.changed()
-		if onViews != nil {
-			onViews(slices.Clone(views))
-		}
 	}
 }
 

@@ -142,7 +142,8 @@ func oneObject[L runtime.Object](obj runtime.Object, c kubeclient.ListWatcher[L]
 
 // SetReverse sets the prefixes whose reverse zones the block forwards to
 // the agent too: the views of the peers' networks, where the imported
-// endpoints of headless Services are.
+// endpoints of headless Services are. It does not block: the block is
+// written by Run's loop.
 func (k *Keeper) SetReverse(prefixes []netip.Prefix) {
 	k.mu.Lock()
 	same := slices.Equal(k.reverse, prefixes)
