@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
@@ -100,7 +101,8 @@ func (im imported) usable(want map[string][]string) error {
 
 // watchClusterSetIP watches c's ServiceImport ns/name until it first
 // has a ClusterSetIP, then sends how many of its EndpointSlices the API
-// server holds at that moment.
+// server holds at that moment. A watch the API server ends is opened
+// again (it then starts with the ServiceImport as it is).
 func watchClusterSetIP(t *testing.T, c *cluster, ns, name string) <-chan int {
 	t.Helper()
 	w, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: Scheme()})
@@ -108,7 +110,10 @@ func watchClusterSetIP(t *testing.T, c *cluster, ns, name string) <-chan int {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	watch, err := w.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+	open := func() (watch.Interface, error) {
+		return w.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+	}
+	first, err := open()
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -116,19 +121,29 @@ func watchClusterSetIP(t *testing.T, c *cluster, ns, name string) <-chan int {
 	out := make(chan int, 1)
 	go func() {
 		defer cancel()
-		defer watch.Stop()
-		for ev := range watch.ResultChan() {
-			if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok && len(si.Spec.IPs) > 0 {
-				var list discoveryv1.EndpointSliceList
-				if err := c.admin.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{LabelServiceName: name}); err != nil {
-					t.Errorf("list %s's EndpointSlices of %s/%s: %v", c.name, ns, name, err)
+		for wa := first; ; {
+			for ev := range wa.ResultChan() {
+				if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok && len(si.Spec.IPs) > 0 {
+					wa.Stop()
+					var list discoveryv1.EndpointSliceList
+					if err := c.admin.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{LabelServiceName: name}); err != nil {
+						t.Errorf("list %s's EndpointSlices of %s/%s: %v", c.name, ns, name, err)
+					}
+					out <- len(list.Items)
+					return
 				}
-				out <- len(list.Items)
+			}
+			wa.Stop()
+			var err error
+			if err = ctx.Err(); err == nil {
+				wa, err = open()
+			}
+			if err != nil {
+				t.Errorf("%s's ServiceImport %s/%s had no ClusterSetIP within a minute: %v", c.name, ns, name, err)
+				out <- -1
 				return
 			}
 		}
-		t.Errorf("%s's ServiceImport %s/%s had no ClusterSetIP within the watch", c.name, ns, name)
-		out <- -1
 	}()
 	return out
 }
