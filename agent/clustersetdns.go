@@ -85,6 +85,9 @@ func (a *Agent) startCoreDNSForward(comps *components) error {
 	if err != nil {
 		return fmt.Errorf("--coredns-forward: %w", err)
 	}
+	// The views of peers' networks: reverse lookups of the headless
+	// endpoints there go to the agent's DNS too.
+	a.fabric.notifyViews(k.SetReverse)
 	comps.Go("coredns forward", k.Run)
 	return nil
 }

@@ -25,6 +25,21 @@ type fabricPlan struct {
 	nodes func() []fabricapi.Node
 	mtu   int
 	views []netip.Prefix
+	// onViews, when set, is told the views at every change (the reverse
+	// zones CoreDNS forwards to the agent's DNS); it must not block.
+	onViews func([]netip.Prefix)
+}
+
+// notifyViews has fn told the views now and at every change, in order:
+// fn is called with the plan's lock held, so it must not block.
+func (f *fabricPlan) notifyViews(fn func([]netip.Prefix)) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.onViews = fn
+	fn(slices.Clone(f.views))
 }
 
 // start gives the plan what it lacked at first and publishes it.
@@ -73,6 +88,9 @@ func (f *fabricPlan) setViews(d tunnel.Desired) {
 	f.mu.Lock()
 	same := slices.Equal(views, f.views)
 	f.views = views
+	if !same && f.onViews != nil {
+		f.onViews(slices.Clone(views))
+	}
 	f.mu.Unlock()
 	if !same {
 		f.changed()

@@ -69,7 +69,7 @@ func TestCoreDNSForwardFence(t *testing.T) {
 			t.Errorf("%s: %v, want refused by flotilla-agent-coredns-forward", what, err)
 		}
 	}
-	block := dnsforward.Block(netip.MustParseAddr("10.96.0.53"))
+	block := dnsforward.Block(netip.MustParseAddr("10.96.0.53"), nil)
 	withBlock, err := dnsforward.WithBlock(kubeadmCorefile, block)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +98,15 @@ func TestCoreDNSForwardFence(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The block with the reverse zones of peers' views, then without.
+	withReverse, err := dnsforward.WithBlock(kubeadmCorefile, dnsforward.Block(netip.MustParseAddr("10.96.0.53"),
+		[]netip.Prefix{netip.MustParsePrefix("10.70.0.0/16"), netip.MustParsePrefix("10.71.0.0/20")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(map[string]string{dnsforward.CorefileKey: withReverse}); err != nil {
+		t.Fatalf("the agent writing its block with reverse zones: %v", err)
+	}
 	if err := write(map[string]string{dnsforward.CorefileKey: withBlock}); err != nil {
 		t.Fatalf("the agent writing its block: %v", err)
 	}
@@ -107,7 +116,10 @@ func TestCoreDNSForwardFence(t *testing.T) {
 	}{
 		{"a change outside the block", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "cache 30", "cache 300", 1)}},
 		{"a block that forwards cluster.local too", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "clusterset.local:53 {", "cluster.local:53 {", 1)}},
-		{"a block with a plugin more", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "    cache 5\n", "    cache 5\n    rewrite name regex (.*) evil.example\n", 1)}},
+		{"a block with a plugin more", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "    errors\n", "    errors\n    rewrite name regex (.*) evil.example\n", 1)}},
+		{"a block that keeps denials longer", map[string]string{dnsforward.CorefileKey: strings.Replace(withBlock, "denial 9984 1\n", "denial 9984 3600\n", 1)}},
+		{"a reverse block for a name", map[string]string{dnsforward.CorefileKey: strings.Replace(withReverse, "10.70.0.0/16:53 10.71.0.0/20:53 {", "cluster.local:53 {", 1)}},
+		{"a reverse block with a plugin more", map[string]string{dnsforward.CorefileKey: strings.Replace(withReverse, "10.71.0.0/20:53 {\n    errors\n", "10.71.0.0/20:53 {\n    errors\n    rewrite name regex (.*) evil.example\n", 1)}},
 		{"a second begin marker", map[string]string{dnsforward.CorefileKey: withBlock + "\n" + block}},
 		{"another key", map[string]string{dnsforward.CorefileKey: withBlock, "other": "changed"}},
 	} {

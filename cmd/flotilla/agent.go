@@ -109,7 +109,7 @@ func newAgentCommand() *cobra.Command {
 	fs.IntVar(&cfg.ClustersetDNSClientBurst, "clusterset-dns-client-burst", mcsdns.DefaultClientBurst, "queries one client address may ask the clusterset DNS at once, above --clusterset-dns-client-rate")
 	fs.Float64Var(&cfg.GossipPackets.SourceRate, "gossip-packet-rate", discovery.DefaultPacketRate, "gossip packets (UDP) a second one source address may send before its packets are dropped unread")
 	fs.IntVar(&cfg.GossipPackets.SourceBurst, "gossip-packet-burst", discovery.DefaultPacketBurst, "gossip packets one source address may send at once, above --gossip-packet-rate")
-	fs.StringVar(&cfg.CoreDNSForward, "coredns-forward", cfg.CoreDNSForward, "namespace/name of CoreDNS's ConfigMap (kube-system/coredns) where the agent keeps a block forwarding clusterset.local to its DNS Service, and nothing else (needs deploy/coredns-forward); empty: none, and the block of an earlier run is taken out")
+	fs.StringVar(&cfg.CoreDNSForward, "coredns-forward", cfg.CoreDNSForward, "namespace/name of CoreDNS's ConfigMap (kube-system/coredns) where the agent keeps a block forwarding clusterset.local, and the reverse zones of the peers' views, to its DNS Service, and nothing else (needs deploy/coredns-forward); empty: none, and the block of an earlier run is taken out")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if cfg.ClusterName == "" {
 			cfg.ClusterName = agent.DefaultConfig().ClusterName

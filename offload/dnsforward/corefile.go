@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -20,14 +21,58 @@ const (
 )
 
 // Block is the agent's block forwarding the zone to addr (the ClusterIP
-// of the agent's DNS Service), markers included.
-func Block(addr netip.Addr) string {
-	return beginMarker + "\n" + fmt.Sprintf(`clusterset.local:53 {
+// of the agent's DNS Service), markers included, and the reverse zones
+// of reverse (the views of peers' networks, where a headless Service's
+// imported endpoints are) to the same address: CoreDNS asks the server
+// block of the most specific zone, so a pod's reverse lookup of such an
+// address reaches the agent instead of CoreDNS's upstream. Answers are
+// kept 5 s, as the zone's records live; that a name does not exist, 1
+// s, as the zone says (its negative TTL): CoreDNS's cache would
+// otherwise keep it at least 5 s, and a client that asked before an
+// import existed would wait that long for it.
+func Block(addr netip.Addr, reverse []netip.Prefix) string {
+	body := fmt.Sprintf(` {
     errors
-    cache 5
+    cache 5 {
+        denial 9984 1
+    }
     forward . %s
 }
-`, netip.AddrPortFrom(addr, 53)) + endMarker + "\n"
+`, netip.AddrPortFrom(addr, 53))
+	block := "clusterset.local:53" + body
+	if zones := reverseZones(reverse); len(zones) > 0 {
+		block += strings.Join(zones, " ") + body
+	}
+	return beginMarker + "\n" + block + endMarker + "\n"
+}
+
+// reverseZones are the server block keys of the prefixes' reverse zones,
+// as CoreDNS reads them (10.70.0.0/16:53: CoreDNS expands a prefix off an
+// octet's boundary into the zones it spans), sorted, each once; a
+// prefix inside another adds nothing (CoreDNS refuses a zone twice).
+func reverseZones(prefixes []netip.Prefix) []string {
+	var ps []netip.Prefix
+	for _, p := range prefixes {
+		if p.IsValid() {
+			ps = append(ps, p.Masked())
+		}
+	}
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	var zones []string
+	var last netip.Prefix
+	for _, p := range ps {
+		if last.IsValid() && last.Bits() <= p.Bits() && last.Contains(p.Addr()) {
+			continue
+		}
+		last = p
+		zones = append(zones, p.String()+":53")
+	}
+	return zones
 }
 
 // ErrMarkers is a Corefile whose markers are not one begin line followed

@@ -30,7 +30,7 @@ const kubeadmCorefile = `.:53 {
 // The block goes in and out leaving the rest byte for byte, whatever the
 // Corefile's last byte, and a second write replaces the first.
 func TestBlockInAndOut(t *testing.T) {
-	one, two := Block(netip.MustParseAddr("10.96.0.53")), Block(netip.MustParseAddr("10.96.7.7"))
+	one, two := Block(netip.MustParseAddr("10.96.0.53"), nil), Block(netip.MustParseAddr("10.96.7.7"), nil)
 	for name, before := range map[string]string{
 		"kubeadm's":           kubeadmCorefile,
 		"no final newline":    strings.TrimSuffix(kubeadmCorefile, "\n"),
@@ -64,7 +64,7 @@ func TestBlockInAndOut(t *testing.T) {
 // What an operator adds after the block or changes before it stays when
 // the block goes.
 func TestWithoutBlockKeepsEditsAround(t *testing.T) {
-	with, err := WithBlock(kubeadmCorefile, Block(netip.MustParseAddr("10.96.0.53")))
+	with, err := WithBlock(kubeadmCorefile, Block(netip.MustParseAddr("10.96.0.53"), nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestWithoutBlockKeepsEditsAround(t *testing.T) {
 // Markers someone broke: the Corefile is left as it is, with an error
 // that says so.
 func TestBrokenMarkers(t *testing.T) {
-	block := Block(netip.MustParseAddr("10.96.0.53"))
+	block := Block(netip.MustParseAddr("10.96.0.53"), nil)
 	with, _ := WithBlock(kubeadmCorefile, block)
 	for name, corefile := range map[string]string{
 		"begin without end": strings.Replace(with, endMarker, "", 1),
@@ -110,7 +110,7 @@ func FuzzBlockRoundTrip(f *testing.F) {
 	f.Add("")
 	f.Add(beginMarker)
 	f.Add("x\n" + endMarker + "\n")
-	block := Block(netip.MustParseAddr("10.96.0.53"))
+	block := Block(netip.MustParseAddr("10.96.0.53"), nil)
 	f.Fuzz(func(t *testing.T, corefile string) {
 		with, err := WithBlock(corefile, block)
 		if err != nil {
@@ -133,4 +133,36 @@ func FuzzBlockRoundTrip(f *testing.F) {
 			t.Fatalf("round trip: %q, want %q", without, plain)
 		}
 	})
+}
+
+// The reverse zones of the views go in one server block of their own,
+// forwarded to the same address; a prefix inside another, or given
+// twice, once; none, no such block.
+func TestBlockReverseZones(t *testing.T) {
+	addr := netip.MustParseAddr("10.96.0.53")
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		name    string
+		reverse []netip.Prefix
+		want    string // the reverse block's first line; "" none
+	}{
+		{"none", nil, ""},
+		{"one", []netip.Prefix{p("10.70.0.0/16")}, "10.70.0.0/16:53 {"},
+		{"sorted, each once, masked", []netip.Prefix{p("10.71.0.0/20"), p("10.70.1.2/16"), p("10.70.0.0/16")}, "10.70.0.0/16:53 10.71.0.0/20:53 {"},
+		{"inside another", []netip.Prefix{p("10.70.8.0/24"), p("10.70.0.0/16")}, "10.70.0.0/16:53 {"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			block := Block(addr, tc.reverse)
+			blocks := strings.Count(block, "forward . 10.96.0.53:53\n")
+			switch {
+			case tc.want == "" && blocks != 1:
+				t.Errorf("block with a reverse block:\n%s", block)
+			case tc.want != "" && (blocks != 2 || !strings.Contains(block, "}\n"+tc.want+"\n    errors\n")):
+				t.Errorf("block:\n%s\nwant a second server block %q forwarding to 10.96.0.53:53", block, tc.want)
+			}
+			if !strings.HasPrefix(block, beginMarker+"\nclusterset.local:53 {\n") || !strings.HasSuffix(block, "}\n"+endMarker+"\n") {
+				t.Errorf("block not between the markers, clusterset.local first:\n%s", block)
+			}
+		})
+	}
 }

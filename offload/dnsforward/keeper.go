@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,7 @@ type Keeper struct {
 	mu       sync.Mutex
 	fence    error     // the last proof's verdict; errNotProven before one
 	provenAt time.Time // when the fence was last proven
+	reverse  []netip.Prefix
 }
 
 // errNotProven is the fence's verdict before the first proof.
@@ -138,6 +140,20 @@ func oneObject[L runtime.Object](obj runtime.Object, c kubeclient.ListWatcher[L]
 	return inf, nil
 }
 
+// SetReverse sets the prefixes whose reverse zones the block forwards to
+// the agent too: the views of the peers' networks, where the imported
+// endpoints of headless Services are. It does not block: the block is
+// written by Run's loop.
+func (k *Keeper) SetReverse(prefixes []netip.Prefix) {
+	k.mu.Lock()
+	same := slices.Equal(k.reverse, prefixes)
+	k.reverse = slices.Clone(prefixes)
+	k.mu.Unlock()
+	if !same {
+		k.loop.Add("corefile")
+	}
+}
+
 // Run keeps the block until ctx ends. The block stays when the agent
 // stops: CoreDNS keeps forwarding to the Service while the agent restarts.
 // Remove takes it out.
@@ -176,7 +192,10 @@ func (k *Keeper) reconcile(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("ConfigMap %s has no key %q", k.cfg.Corefile, CorefileKey)
 	}
-	want, err := WithBlock(corefile, Block(addr))
+	k.mu.Lock()
+	reverse := k.reverse
+	k.mu.Unlock()
+	want, err := WithBlock(corefile, Block(addr, reverse))
 	if err != nil {
 		return fmt.Errorf("ConfigMap %s, %s: %w; put them back as the agent wrote them or remove both", k.cfg.Corefile, CorefileKey, err)
 	}
@@ -189,7 +208,7 @@ func (k *Keeper) reconcile(ctx context.Context) error {
 	if err := apply(ctx, k.cfg.Client, cm, want, nil); err != nil {
 		return err
 	}
-	k.cfg.Logger.Info("CoreDNS forwards clusterset.local to the agent", "configmap", k.cfg.Corefile.String(), "to", netip.AddrPortFrom(addr, 53).String())
+	k.cfg.Logger.Info("CoreDNS forwards clusterset.local to the agent", "configmap", k.cfg.Corefile.String(), "to", netip.AddrPortFrom(addr, 53).String(), "reverseZones", reverseZones(reverse))
 	return nil
 }
 

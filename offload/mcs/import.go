@@ -224,7 +224,12 @@ func (s *Services) removeDerived(ctx context.Context, ns, name string) error {
 
 // writeImport writes the ServiceImport, then (ClusterSetIP) the derived
 // Service whose ClusterIP is the ClusterSetIP, then the slices, then the
-// status.
+// ServiceImport's spec with its ClusterSetIPs, then the status. The
+// ClusterSetIPs come after the slices because the clusterset DNS answers
+// a name once they are there: by then kube-proxy has been given the
+// endpoints as well as the Service (programming them is its own sync,
+// which it holds at least its minSyncPeriod, 1 s by default, after the
+// Service's).
 func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv1alpha1.ServiceImport, sources []Source) error {
 	r := Resolve(sources)
 	spec := mcsv1alpha1.ServiceImportSpec{Type: mcsv1alpha1.ServiceImportType(r.Type),
@@ -273,15 +278,15 @@ func (s *Services) writeImport(ctx context.Context, k key, exists bool, si *mcsv
 			return err
 		}
 	}
+	if err := s.syncSlices(ctx, si, sources, r.Ports); err != nil {
+		return err
+	}
 	relabelled := applyExported(&si.ObjectMeta, r.Labels, r.Annotations)
 	if relabelled || !reflect.DeepEqual(si.Spec, spec) {
 		si.Spec = spec
 		if err := s.c.Update(ctx, si); err != nil {
 			return fmt.Errorf("update ServiceImport %s: %w", k, err)
 		}
-	}
-	if err := s.syncSlices(ctx, si, sources, r.Ports); err != nil {
-		return err
 	}
 	return s.writeImportStatus(ctx, si, sources, r)
 }

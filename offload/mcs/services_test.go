@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
@@ -98,6 +99,55 @@ func (im imported) usable(want map[string][]string) error {
 	return nil
 }
 
+// watchClusterSetIP watches c's ServiceImport ns/name until it first
+// has a ClusterSetIP, then sends how many of its EndpointSlices the API
+// server holds at that moment. A watch the API server ends is opened
+// again (it then starts with the ServiceImport as it is).
+func watchClusterSetIP(t *testing.T, c *cluster, ns, name string) <-chan int {
+	t.Helper()
+	w, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	open := func() (watch.Interface, error) {
+		return w.Watch(ctx, &mcsv1alpha1.ServiceImportList{}, client.InNamespace(ns), client.MatchingFields{"metadata.name": name})
+	}
+	first, err := open()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	out := make(chan int, 1)
+	go func() {
+		defer cancel()
+		for wa := first; ; {
+			for ev := range wa.ResultChan() {
+				if si, ok := ev.Object.(*mcsv1alpha1.ServiceImport); ok && len(si.Spec.IPs) > 0 {
+					wa.Stop()
+					var list discoveryv1.EndpointSliceList
+					if err := c.admin.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{LabelServiceName: name}); err != nil {
+						t.Errorf("list %s's EndpointSlices of %s/%s: %v", c.name, ns, name, err)
+					}
+					out <- len(list.Items)
+					return
+				}
+			}
+			wa.Stop()
+			var err error
+			if err = ctx.Err(); err == nil {
+				wa, err = open()
+			}
+			if err != nil {
+				t.Errorf("%s's ServiceImport %s/%s had no ClusterSetIP within a minute: %v", c.name, ns, name, err)
+				out <- -1
+				return
+			}
+		}
+	}()
+	return out
+}
+
 func condition(conds []metav1.Condition, t string) metav1.Condition {
 	if c := meta.FindStatusCondition(conds, t); c != nil {
 		return *c
@@ -118,6 +168,7 @@ func TestExportImport(t *testing.T) {
 	}
 
 	t.Run("export reaches the importer, translated", func(t *testing.T) {
+		ipsFirstSeen := watchClusterSetIP(t, a, "web", "front")
 		// 192.168.7.7 is covered by no view of b: left out in a.
 		b.exportService(t, "web", "front", 80, "10.1.0.5", "10.1.0.6", "192.168.7.7")
 		eventually.Within(t, time.Minute, "a imports b's front", func() error {
@@ -147,6 +198,12 @@ func TestExportImport(t *testing.T) {
 			}
 			return nil
 		})
+		// The clusterset DNS answers the name once the ServiceImport has
+		// its ClusterSetIP: by then the endpoints are written, so a
+		// client that connects at once is not refused.
+		if n := <-ipsFirstSeen; n == 0 {
+			t.Errorf("a's ServiceImport had its ClusterSetIP before its EndpointSlices were written")
+		}
 		// The exporter imports its own, its addresses as they are.
 		eventually.Within(t, time.Minute, "b imports its own front", func() error {
 			im, err := b.imported("web", "front")
@@ -543,9 +600,46 @@ func TestExportImport(t *testing.T) {
 		}
 	})
 
+	t.Run("an import stays while any cluster exports", func(t *testing.T) {
+		before, err := a.imported("web", "front")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var derived corev1.Service
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("front")}, &derived); err != nil {
+			t.Fatal(err)
+		}
+		// b's export, the oldest, which held the ports, goes; c's stays.
+		if err := b.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
+			t.Fatal(err)
+		}
+		// The witness that a acted on b's unexport: b's endpoints gone.
+		eventually.Within(t, time.Minute, "a's import of front from c alone", func() error {
+			im, err := a.imported("web", "front")
+			if err != nil {
+				return err
+			}
+			return im.usable(map[string][]string{C: {"10.202.0.7"}})
+		})
+		// The same ServiceImport and derived Service, so the ClusterSetIP
+		// clients hold stays.
+		after, err := a.imported("web", "front")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var derivedAfter corev1.Service
+		if err := a.admin.Get(ctx, client.ObjectKey{Namespace: "web", Name: DerivedServiceName("front")}, &derivedAfter); err != nil {
+			t.Fatal(err)
+		}
+		if after.si.UID != before.si.UID || derivedAfter.UID != derived.UID || !slices.Equal(after.si.Spec.IPs, before.si.Spec.IPs) {
+			t.Errorf("ServiceImport %s, derived Service %s, ips %v after b's unexport; want %s, %s, %v as before",
+				after.si.UID, derivedAfter.UID, after.si.Spec.IPs, before.si.UID, derived.UID, before.si.Spec.IPs)
+		}
+	})
+
 	t.Run("unexport removes the import everywhere", func(t *testing.T) {
 		for _, x := range []*cluster{b, c} {
-			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); err != nil {
+			if err := x.admin.Delete(ctx, &mcsv1alpha1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "front"}}); client.IgnoreNotFound(err) != nil {
 				t.Fatal(err)
 			}
 		}

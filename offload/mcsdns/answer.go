@@ -10,10 +10,16 @@ import (
 	"github.com/flotilla-io/flotilla/offload/mcs"
 )
 
-// TTL is the time to live of every record and of negative answers
-// (SOA minimum): short, so that a resolver's cache follows an endpoint
-// that goes within seconds.
+// TTL is the time to live of every record: short, so that a resolver's
+// cache follows an endpoint that goes within seconds.
 const TTL = 5
+
+// NegativeTTL is how long a resolver may keep an answer that a name or a
+// type does not exist (RFC 2308: the SOA's minimum, and the TTL of the
+// SOA that comes with a negative answer). Shorter than TTL: a client
+// that asks for a Service before its import exists, as one waiting for
+// it does, gets its address within a second of the import.
+const NegativeTTL = 1
 
 // SchemaVersion is the version of KEP-1645's DNS specification served at
 // dns-version.clusterset.local.
@@ -103,7 +109,7 @@ func (t *table) answer(req, resp *dns.Msg) {
 	}
 	resp.Answer = rrs
 	if len(rrs) == 0 {
-		resp.Ns = []dns.RR{t.soa()}
+		resp.Ns = []dns.RR{t.soa(NegativeTTL)}
 		return
 	}
 	if q.Qtype == dns.TypeSRV {
@@ -117,7 +123,7 @@ func (t *table) lookup(n name, qname string, qtype uint16) ([]dns.RR, bool) {
 	switch n.kind {
 	case nameApex:
 		if qtype == dns.TypeSOA || qtype == dns.TypeANY {
-			return []dns.RR{t.soa()}, true
+			return []dns.RR{t.soa(TTL)}, true
 		}
 		return nil, true
 	case nameVersion:
@@ -196,11 +202,16 @@ func (t *table) targets(srvs []dns.RR) []dns.RR {
 	return extra
 }
 
-// soa is the zone's SOA: its minimum is the negative answers' TTL.
-func (t *table) soa() dns.RR {
+// soa is the zone's SOA with the time to live ttl: NegativeTTL in the
+// authority section of a negative answer, whose TTL a resolver takes as
+// the time it may keep that answer (RFC 2308, section 5); its minimum is
+// NegativeTTL.
+func (t *table) soa(ttl uint32) dns.RR {
+	hdr := header(mcs.Zone, dns.TypeSOA)
+	hdr.Ttl = ttl
 	return &dns.SOA{
-		Hdr: header(mcs.Zone, dns.TypeSOA), Ns: soaNS, Mbox: soaMbox, Serial: t.serial,
-		Refresh: 7200, Retry: 1800, Expire: 86400, Minttl: TTL,
+		Hdr: hdr, Ns: soaNS, Mbox: soaMbox, Serial: t.serial,
+		Refresh: 7200, Retry: 1800, Expire: 86400, Minttl: NegativeTTL,
 	}
 }
 

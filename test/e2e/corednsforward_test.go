@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -30,7 +31,9 @@ import (
 // given --coredns-forward and deploy/coredns-forward's rights, keeps a
 // block forwarding the zone to its DNS Service in a's CoreDNS Corefile and
 // nothing else; a pod of a resolves b's export through CoreDNS and is
-// answered by b's pod; the block comes back when someone removes it; the
+// answered by b's pod, while echo.mcs.svc.cluster.local stays a's own
+// name; reverse lookups through CoreDNS reach the agent for the views'
+// addresses; the block comes back when someone removes it; the
 // agent's own token may touch no other ConfigMap of kube-system; and with
 // the flag off the agent takes its block out, leaving the Corefile byte
 // for byte as it was.
@@ -82,8 +85,8 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 	echo := waitPods(t, b, "mcs", "app=echo", 1, 90*time.Second, runningOn(b.Gateway.NodeName))[0]
 	mustKubectlApply(t, b, exportManifest("echo", "mcs"))
 
+	url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 	t.Run("a's pod resolves b's export through a's CoreDNS and b's pod answers", func(t *testing.T) {
-		url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 		// The kubelet brings the changed Corefile into CoreDNS's pod at
 		// its next sync of the pod (up to a minute); CoreDNS then reloads.
 		eventually.Within(t, 150*time.Second, "a's pod GET "+url, func() error {
@@ -100,6 +103,32 @@ func TestClustersetThroughCoreDNS(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("cluster.local stays local: no such name until a has its own Service echo, which then answers it", func(t *testing.T) {
+		local := fmt.Sprintf("http://echo.mcs.svc.%s:%d/hostname", harness.ClusterDomain, harness.TestServerHTTPPort)
+		// The witness that a imported b's echo and that CoreDNS answers
+		// a's pod: the subtest before, by the clusterset name.
+		if out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", local); err == nil || !strings.Contains(out, "no such host") {
+			t.Errorf("a's pod GET %s, a having no Service echo: %v %q, want no such host", local, err, out)
+		}
+		mine := testPod("echo-a", nil)
+		mine.Namespace, mine.Labels["app"] = "mcs", "echo"
+		createObject(t, a, mine)
+		createObject(t, a, serviceFor("echo", "mcs"))
+		waitPods(t, a, "mcs", "app=echo", 1, 90*time.Second, federation.PodReady)
+		for _, x := range []struct{ url, want string }{{local, mine.Name}, {url, echo.Name}} {
+			eventually.Within(t, 60*time.Second, "a's pod GET "+x.url, func() error {
+				out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", x.url)
+				if err != nil {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				if got := strings.TrimSpace(out); got != x.want {
+					return fmt.Errorf("%s answered by %q, want %s", x.url, got, x.want)
+				}
+				return nil
+			})
+		}
 	})
 
 	t.Run("reverse lookups of b's exports give their clusterset names", func(t *testing.T) {
@@ -185,16 +214,25 @@ func agentClient(t *testing.T, c *federation.NodeCluster) kubernetes.Interface {
 	return client
 }
 
-// reverseLookups checks the PTR records of a's agent's DNS (asked
-// through its Service, as CoreDNS answers in-addr.arpa itself): the
-// ClusterSetIP of b's export echo answers echo's clusterset name, and
-// the address of echo's pod in a headless export db answers a name of
-// db's that resolves back to it, in b's cluster, and reaches that pod.
+// reverseLookups checks the PTR records a's pod gets. The ClusterSetIP
+// of b's export echo, asked of a's agent's DNS Service, answers echo's
+// clusterset name; asked through a's CoreDNS, the derived Service's
+// cluster-local name (CoreDNS's kubernetes plugin holds the Service
+// range's reverse zone). The address of echo's pod in a headless export
+// db, asked through a's CoreDNS (the reverse zones of the views
+// forwarded to the agent), answers a name of db's that resolves back to
+// it, in b's cluster, and reaches that pod.
 func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod, dnsIP string) {
 	t.Helper()
 	zone := strings.TrimSuffix(mcs.Zone, ".")
-	reverse := func(addr string) ([]string, error) {
-		out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-dns", dnsIP+":53", "-lookup-addr", addr)
+	// reverse asks the agent's Service, or with dnsIP "" the pod's
+	// cluster DNS.
+	reverse := func(addr, dnsIP string) ([]string, error) {
+		args := []string{"exec", a.Web.Name, "--", "/testserver", "-lookup-addr", addr}
+		if dnsIP != "" {
+			args = append(args, "-dns", dnsIP+":53")
+		}
+		out, err := federation.Kubectl(a.CP, args...)
 		if err != nil {
 			return nil, fmt.Errorf("%v: %s", err, out)
 		}
@@ -206,17 +244,21 @@ func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod,
 		}
 		return nil
 	})
-	want := "echo.mcs.svc." + zone + "."
-	eventually.Within(t, 30*time.Second, "a's reverse lookup of the ClusterSetIP "+imp.Spec.IPs[0], func() error {
-		names, err := reverse(imp.Spec.IPs[0])
-		if err != nil {
-			return err
-		}
-		if len(names) != 1 || names[0] != want {
-			return fmt.Errorf("names %q, want %q", names, want)
-		}
-		return nil
-	})
+	for _, via := range []struct{ dns, want string }{
+		{dnsIP, "echo.mcs.svc." + zone + "."},
+		{"", mcs.DerivedServiceName("echo") + ".mcs.svc." + harness.ClusterDomain + "."},
+	} {
+		eventually.Within(t, 30*time.Second, "a's reverse lookup of the ClusterSetIP "+imp.Spec.IPs[0]+" asking "+cmp.Or(via.dns, "CoreDNS"), func() error {
+			names, err := reverse(imp.Spec.IPs[0], via.dns)
+			if err != nil {
+				return err
+			}
+			if len(names) != 1 || names[0] != via.want {
+				return fmt.Errorf("names %q, want %q", names, via.want)
+			}
+			return nil
+		})
+	}
 
 	db := serviceFor("db", "mcs")
 	db.Spec.Selector = map[string]string{"app": "echo"}
@@ -226,8 +268,10 @@ func reverseLookups(t *testing.T, a, b *federation.NodeCluster, echo corev1.Pod,
 	bID := peerID(t, a, b.Name)
 	addr := federation.ViewOf(t, a.Cluster, b.Cluster, netip.MustParseAddr(echo.Status.PodIP)).String()
 	var name string
-	eventually.Within(t, 60*time.Second, "a's reverse lookup of echo's pod "+addr, func() error {
-		names, err := reverse(addr)
+	// The kubelet brings a Corefile the agent rewrote for new views into
+	// CoreDNS's pod at its next sync of the pod (up to a minute).
+	eventually.Within(t, 150*time.Second, "a's reverse lookup of echo's pod "+addr+" through CoreDNS", func() error {
+		names, err := reverse(addr, "")
 		if err != nil {
 			return err
 		}

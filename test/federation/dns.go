@@ -29,7 +29,7 @@ func (c *NodeCluster) ForwardClusterset(t harness.TB) {
 	if err != nil {
 		t.Fatalf("%s: CoreDNS's ConfigMap: %v", c.Name, err)
 	}
-	block := fmt.Sprintf("clusterset.local:53 {\n    errors\n    cache 5\n    forward . %s:53\n}\n", svc.Spec.ClusterIP)
+	block := fmt.Sprintf("clusterset.local:53 {\n    errors\n    cache 5 {\n        denial 9984 1\n    }\n    forward . %s:53\n}\n", svc.Spec.ClusterIP)
 	if strings.Contains(cm.Data["Corefile"], block) {
 		return
 	}
