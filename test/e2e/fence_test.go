@@ -31,7 +31,8 @@ var metadataAddr = netip.MustParseAddr("169.254.169.254")
 // reach b's nodes, b's API server through its Service, or the metadata
 // address, each of which a pod of b's own on the same node reaches first.
 func TestTenantFenceStopsPackets(t *testing.T) {
-	harness.Require(t, append(harness.NeedsNodes, harness.NetworkPolicyEnforcer)...)
+	harness.Require(t, harness.NeedsNodes...)
+	harness.Require(t, harness.NetworkPolicyEnforcer)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), WorkersOf: []int{0, 1},
