@@ -27,8 +27,8 @@ var metadataAddr = netip.MustParseAddr("169.254.169.254")
 
 // The tenant fence's NetworkPolicy tried with packets, on a provider whose
 // nodes enforce NetworkPolicy (kube-network-policies): a pod consumer a
-// offloaded to provider b reaches DNS and its own namespace, and cannot
-// reach b's nodes, b's API server through its Service, or the metadata
+// offloaded to provider b reaches its own namespace, and cannot reach
+// b's nodes, b's API server through its Service, or the metadata
 // address, each of which a pod of b's own on the same node reaches first.
 func TestTenantFenceStopsPackets(t *testing.T) {
 	harness.Require(t, harness.NeedsNodes...)
@@ -127,20 +127,15 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 		return nil
 	})
 
-	t.Run("the tenant's pod resolves names and reaches its own namespace", func(t *testing.T) {
-		eventually.Within(t, 30*time.Second, "DNS from the tenant's pod", func() error {
-			out, err := fromTenant("-lookup", "kubernetes.default.svc.cluster.local")
-			if err != nil {
-				return err
-			}
-			if want := b.CP.Options.ServiceCIDR.Addr().Next().String(); strings.TrimSpace(out) != want {
-				return fmt.Errorf("kubernetes.default resolves to %q, want %s", out, want)
-			}
-			return nil
-		})
+	// The positive witness: the tenant's pod reaches the consumer's
+	// other pod, through the enforcer where they are on two nodes. DNS
+	// is not one here: the harness's CoreDNS runs in the host network,
+	// at a node's address, which the fence denies (docs/security.md,
+	// known gaps); it is reported below.
+	t.Run("the tenant's pod reaches its own namespace", func(t *testing.T) {
 		url := fmt.Sprintf("http://%s:%d/hostname", peer.Status.PodIP, harness.TestServerHTTPPort)
 		if out, err := fromTenant("-get", url); err != nil || strings.TrimSpace(out) != peer.Name {
-			t.Errorf("GET %s (the consumer's other pod, on %s) from the tenant's pod: %q, %v", url, peer.Spec.NodeName, out, err)
+			t.Fatalf("GET %s (the consumer's other pod, on %s) from the tenant's pod on %s: %q, %v", url, peer.Spec.NodeName, node, out, err)
 		}
 	})
 
@@ -176,7 +171,9 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 	// Not asserted: kube-network-policies judges what a node forwards,
 	// and a pod's connection to its own node's address is delivered
 	// locally (docs/testing.md), so it is not judged there.
-	out, err := fromTenant("-dial", netip.AddrPortFrom(own.Addr, 80).String())
+	out, err := fromTenant("-lookup", "kubernetes.default.svc.cluster.local")
+	t.Logf("the tenant's pod resolves kubernetes.default through the cluster DNS in the host network: %q, %v", strings.TrimSpace(out), err)
+	out, err = fromTenant("-dial", netip.AddrPortFrom(own.Addr, 80).String())
 	t.Logf("the tenant's pod to its own node %s (%s:80), which this enforcer does not judge: %q, %v", own.NodeName, own.Addr, strings.TrimSpace(out), err)
 }
 
