@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm kube-network-policies demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -87,6 +87,12 @@ flannel:
 # Helm's module source into the same cache.
 helm:
 	bash hack/build-helm.sh
+
+# kube-network-policies, the NetworkPolicy enforcer of the test clusters
+# whose tenants' fences are tried with packets, built from its module
+# source into the same cache.
+kube-network-policies:
+	bash hack/build-kube-network-policies.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by

@@ -3,7 +3,8 @@
 # Debian packages (only the missing ones; containerd, runc and the CNI
 # plugins for real nodes among them), Go modules, the pinned Kubernetes
 # binaries, kubelet and kube-proxy included, the test clusters' CoreDNS and
-# flannel (all built from source into a cache outside the tree).
+# flannel and kube-network-policies (all built from source into a cache
+# outside the tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,3 +60,4 @@ bash hack/build-kube.sh
 bash hack/build-coredns.sh
 bash hack/build-flannel.sh
 bash hack/build-helm.sh
+bash hack/build-kube-network-policies.sh

@@ -330,18 +330,7 @@ func (w *Webhook) Run(ctx context.Context) error {
 		// counted there when refused.
 		tlsConfig.ClientAuth = tls.RequestClientCert
 	}
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		// A review is read and answered in well under a second; a
-		// client that trickles its body loses its slot.
-		ReadTimeout:    30 * time.Second,
-		MaxHeaderBytes: 64 << 10,
-		// Handshakes that fail (a scanner, an API server with an old
-		// bundle) are not the agent's errors.
-		ErrorLog:  slog.NewLogLogger(w.log.Handler(), slog.LevelDebug),
-		TLSConfig: tlsConfig,
-	}
+	srv := newHTTPServer(mux, tlsConfig, w.log)
 	served := make(chan error, 1)
 	wg.Go(func() { served <- w.server.Serve(ctx, srv) })
 	select {
@@ -469,5 +458,31 @@ func (w *Webhook) noteError(err error) {
 	case err != nil && err.Error() != w.lastErr:
 		w.lastErr = err.Error()
 		w.log.Warn("placement webhook objects not current; retrying", "err", err)
+	}
+}
+
+// receiveBuffer is what HTTP/2 buffers of request bodies not yet read,
+// per connection and per stream: the least it allows. Its default (1 MiB
+// each) let 50 connections whose reviews wait for a slot hold 50 MiB of
+// unread bodies; over HTTP/1.1 they wait in the kernel's socket buffers.
+const receiveBuffer = 64 << 10
+
+// newHTTPServer is the webhook's HTTP server around handler.
+func newHTTPServer(handler http.Handler, tlsConfig *tls.Config, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// A review is read and answered in well under a second; a
+		// client that trickles its body loses its slot.
+		ReadTimeout:    30 * time.Second,
+		MaxHeaderBytes: 64 << 10,
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: receiveBuffer,
+			MaxReceiveBufferPerStream:     receiveBuffer,
+		},
+		// Handshakes that fail (a scanner, an API server with an old
+		// bundle) are not the agent's errors.
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		TLSConfig: tlsConfig,
 	}
 }

@@ -212,7 +212,7 @@ type agentContainer struct {
 }
 
 // agentContainerOf finds c's agent container on its gateway node.
-func agentContainerOf(b *testing.B, c *federation.NodeCluster) *agentContainer {
+func agentContainerOf(b testing.TB, c *federation.NodeCluster) *agentContainer {
 	b.Helper()
 	pod, err := c.AgentPod(context.Background())
 	if err != nil || len(pod.Status.ContainerStatuses) != 1 {
@@ -240,7 +240,7 @@ func agentContainerOf(b *testing.B, c *federation.NodeCluster) *agentContainer {
 
 // checkSame fails if the agent's container restarted (why, if it did:
 // an OOM kill shows here) or its process is another.
-func (a *agentContainer) checkSame(b *testing.B) {
+func (a *agentContainer) checkSame(b testing.TB) {
 	b.Helper()
 	p, err := a.c.CP.Client.CoreV1().Pods(a.pod.Namespace).Get(context.Background(), a.pod.Name, metav1.GetOptions{})
 	if err != nil {

@@ -116,6 +116,10 @@ type NodeOptions struct {
 	// ControlPlaneOptions.Flannel): flanneld on every node, VXLAN between
 	// a cluster's nodes and flannel's own masquerade.
 	Flannel bool
+	// NetworkPolicy makes every cluster enforce NetworkPolicy (harness
+	// ControlPlaneOptions.NetworkPolicy): kube-network-policies on every
+	// node.
+	NetworkPolicy bool
 	// NodeCIDRsOf, when set and valid for cluster i's gateway (node 0),
 	// gives that cluster's nodes their CNI range directly (node k:
 	// workers from 1): its controller manager allocates none, and its
@@ -169,7 +173,8 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		}
 		// The API server on the nodes' LAN too, as other clusters reach it.
 		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS, Flannel: opts.Flannel,
-			NoNodeCIDRs: opts.NodeCIDRsOf != nil && opts.NodeCIDRsOf(i, 0).IsValid()}
+			NetworkPolicy: opts.NetworkPolicy,
+			NoNodeCIDRs:   opts.NodeCIDRsOf != nil && opts.NodeCIDRsOf(i, 0).IsValid()}
 	}
 	nodeCIDR := func(i, k int) netip.Prefix {
 		if !cpOpts[i].NoNodeCIDRs {

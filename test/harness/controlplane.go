@@ -37,6 +37,11 @@ type ControlPlaneOptions struct {
 	// its own masquerade; Node.startFlannel) in place of the harness's
 	// bridge with a route to each other node's slice.
 	Flannel bool
+	// NetworkPolicy runs kube-network-policies on every real node
+	// (Node.startNetworkPolicy), so that the cluster enforces
+	// NetworkPolicy, as Calico or Cilium would; the harness's bridge
+	// and flannel do not.
+	NetworkPolicy bool
 	// ServiceCIDR defaults to 10.96.0.0/16.
 	ServiceCIDR netip.Prefix
 	// Scheduler also starts kube-scheduler.
@@ -102,6 +107,10 @@ type ControlPlane struct {
 	// flanneld's rights, given with the first node (Options.Flannel).
 	flannelOnce sync.Once
 	flannelErr  error
+	// kube-network-policies' rights, given with the first node
+	// (Options.NetworkPolicy).
+	networkPolicyOnce sync.Once
+	networkPolicyErr  error
 
 	schedulerMu sync.Mutex
 

@@ -62,6 +62,10 @@ type Node struct {
 	// Flannel is the node's flanneld where the cluster runs flannel
 	// (ControlPlaneOptions.Flannel); nil otherwise.
 	Flannel *Process
+	// NetworkPolicy is the node's kube-network-policies where the cluster
+	// enforces NetworkPolicy (ControlPlaneOptions.NetworkPolicy); nil
+	// otherwise.
+	NetworkPolicy *Process
 
 	cp     *ControlPlane
 	paths  nodePaths
@@ -212,6 +216,11 @@ func (cp *ControlPlane) startNode(name string, opts NodeOptions) (*Node, error) 
 	}
 	if err := n.startKubeProxy(); err != nil {
 		return nil, err
+	}
+	if cp.Options.NetworkPolicy {
+		if err := n.startNetworkPolicy(); err != nil {
+			return nil, err
+		}
 	}
 	// Registered last, so it runs first: pods go while kubelet and
 	// containerd still run to tear down their networks. The first node's
@@ -625,7 +634,7 @@ func (n *Node) stop() error {
 	if err := n.drain(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("drain: %w", err))
 	}
-	for _, p := range []*Process{n.KubeProxy, n.Kubelet, n.Flannel} {
+	for _, p := range []*Process{n.NetworkPolicy, n.KubeProxy, n.Kubelet, n.Flannel} {
 		if p != nil {
 			p.Stop()
 		}

@@ -24,6 +24,11 @@
 // one a line (with -dns, from that server only).
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
+// With -connect HOST:PORT it opens a TCP connection and closes it, for a
+// server that speaks no line protocol (an API server): it prints the
+// address it connected from and exits 0, or exits non-zero after 5 s.
+// With -lookup NAME it prints the addresses NAME resolves to, one a line
+// (with -dns, from that server only).
 package main
 
 import (
@@ -51,7 +56,15 @@ func main() {
 	dial := flag.String("dial", "", "send one line to this line-echo TCP server (host:port), print the answer (the address it saw us as and its name) and exit")
 	wait := flag.Duration("wait", 0, "with -get: try again every 50 ms until the GET succeeds or this passed, and print when it did")
 	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
+	lookup := flag.String("lookup", "", "print the addresses this name resolves to, one a line, and exit")
+	connect := flag.String("connect", "", "open a TCP connection to this address (host:port), print the local address and exit")
 	flag.Parse()
+	if *lookup != "" {
+		os.Exit(forward(*lookup, *dns))
+	}
+	if *connect != "" {
+		os.Exit(connectTo(*connect))
+	}
 	if *lookupAddr != "" {
 		os.Exit(reverse(*lookupAddr, *dns))
 	}
@@ -187,6 +200,31 @@ func fetch(url string, discard bool, dns string) int {
 // dialEcho is the client of serveTCP: one line out, one line back, in 5 s
 // like fetch, so that a refused exchange fails the same way over TCP and
 // HTTP.
+func forward(name, dns string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	addrs, err := resolver(dns).LookupHost(ctx, name)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, a := range addrs {
+		fmt.Println(a)
+	}
+	return 0
+}
+
+func connectTo(addr string) int {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(c.LocalAddr())
+	c.Close()
+	return 0
+}
+
 func dialEcho(addr string) int {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
