@@ -65,7 +65,9 @@ const EventTookOver = "GatewayTookOver"
 
 // RecordTakeover writes an Event on this replica's pod saying that it
 // runs the data path now, on node, since at: `kubectl get events` and
-// `kubectl describe pod` tell when the gateway moved.
+// `kubectl describe pod` tell when the gateway moved. The Event is
+// labelled as the agent's; it expires with the API server's event TTL,
+// or goes with the agent's namespace.
 func (r *Role) RecordTakeover(ctx context.Context, node string, at time.Time) error {
 	if r.Pod == "" {
 		return nil
@@ -76,7 +78,9 @@ func (r *Role) RecordTakeover(ctx context.Context, node string, at time.Time) er
 	}
 	now := metav1.NewTime(at)
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: r.Pod + ".", Namespace: r.Namespace},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: r.Pod + ".", Namespace: r.Namespace, Labels: map[string]string{
+			"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla",
+		}},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Pod", APIVersion: "v1", Namespace: r.Namespace, Name: r.Pod, UID: pod.UID,
 		},
