@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -67,6 +68,9 @@ func TestGatewayFailover(t *testing.T) {
 	if next.UID == active.UID || gw == dead {
 		t.Fatalf("flows resumed, but the active agent is still pod %s on %s", next.Name, gw.NodeName)
 	}
+	if l := leaseOf(t, a); l.Spec.AcquireTime != nil {
+		t.Logf("the replica on %s took the Lease %s after the kill", gw.NodeName, l.Spec.AcquireTime.Sub(killed).Round(time.Millisecond))
+	}
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 30*time.Second)
 	t.Run("no view changed, b sees the same a at its new gateway", func(t *testing.T) {
 		if after := peerViews(t, cs); !reflect.DeepEqual(before, after) {
@@ -91,8 +95,35 @@ func TestGatewayFailover(t *testing.T) {
 		}
 	})
 
+	// As an operator does once a node is dead for good; flotilla info
+	// would wait on a dead node's kubelet for the pod's checks.
+	a.RemoveDeadNode(t, dead)
+	t.Run("flotilla info and an Event name the new active node", func(t *testing.T) {
+		out, err := exec.Command(harness.Flotilla(t), "info", "--kubeconfig", a.CP.Kubeconfig, "-o", "json").CombinedOutput()
+		var info struct {
+			Agent struct {
+				Gateway struct {
+					Elected bool
+					Node    string
+					Since   *metav1.MicroTime
+					Changes int32
+				}
+			}
+		}
+		if err != nil || json.Unmarshal(out, &info) != nil {
+			t.Fatalf("flotilla info -o json: %v\n%s", err, out)
+		}
+		if g := info.Agent.Gateway; !g.Elected || g.Node != gw.NodeName || g.Since == nil || g.Since.Time.Before(killed) || g.Changes < 1 {
+			t.Errorf("flotilla info's gateway %+v, want active on %s since after %s, having changed hands", g, gw.NodeName, killed.Format(time.StampMilli))
+		}
+		evs, err := a.CP.Client.CoreV1().Events(federation.AgentNamespace).List(context.Background(),
+			metav1.ListOptions{FieldSelector: "involvedObject.name=" + next.Name + ",reason=" + ha.EventTookOver})
+		if err != nil || len(evs.Items) == 0 {
+			t.Errorf("no Event %s on the new active pod %s (%v)", ha.EventTookOver, next.Name, err)
+		}
+	})
+
 	t.Run("killing the standby drops nothing", func(t *testing.T) {
-		a.RemoveDeadNode(t, dead)
 		standby := waitStandby(t, a, next)
 		sgw := a.Candidate(standby.Spec.NodeName)
 		lease := leaseOf(t, a)
@@ -132,7 +163,7 @@ func TestGatewayFailover(t *testing.T) {
 
 // activeGateway waits until one agent pod of c is labelled active and
 // Ready, and returns it and its node.
-func activeGateway(t *testing.T, c *federation.NodeCluster) (corev1.Pod, *harness.Node) {
+func activeGateway(t testing.TB, c *federation.NodeCluster) (corev1.Pod, *harness.Node) {
 	t.Helper()
 	var p corev1.Pod
 	eventually.Within(t, 90*time.Second, "an active agent of "+c.Name, func() (err error) {
@@ -150,7 +181,7 @@ func activeGateway(t *testing.T, c *federation.NodeCluster) (corev1.Pod, *harnes
 
 // waitStandby waits until c has a Ready agent pod besides active, on a
 // live node, and returns it.
-func waitStandby(t *testing.T, c *federation.NodeCluster, active corev1.Pod) corev1.Pod {
+func waitStandby(t testing.TB, c *federation.NodeCluster, active corev1.Pod) corev1.Pod {
 	t.Helper()
 	var standby corev1.Pod
 	eventually.Within(t, 90*time.Second, "a standby agent of "+c.Name, func() error {
@@ -169,7 +200,7 @@ func waitStandby(t *testing.T, c *federation.NodeCluster, active corev1.Pod) cor
 	return standby
 }
 
-func leaseOf(t *testing.T, c *federation.NodeCluster) *coordinationv1.Lease {
+func leaseOf(t testing.TB, c *federation.NodeCluster) *coordinationv1.Lease {
 	t.Helper()
 	l, err := c.CP.Client.CoordinationV1().Leases(federation.AgentNamespace).Get(context.Background(), ha.LeaseName, metav1.GetOptions{})
 	if err != nil {
@@ -184,7 +215,7 @@ func leaseOf(t *testing.T, c *federation.NodeCluster) *coordinationv1.Lease {
 // peerViews is what a failover must not change, per cluster and Peer:
 // the Peer (its name and UID), the cluster's identity and WireGuard key
 // as the Peer has them, and the views both ways.
-func peerViews(t *testing.T, cs []*federation.NodeCluster) string {
+func peerViews(t testing.TB, cs []*federation.NodeCluster) string {
 	t.Helper()
 	var b strings.Builder
 	for _, c := range cs {
@@ -215,7 +246,7 @@ type flow struct {
 	wrong []string // answers seen as another address than want
 }
 
-func startFlow(t *testing.T, from *federation.NodeCluster, fromPod corev1.Pod, to *federation.NodeCluster, toPod corev1.Pod) *flow {
+func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, to *federation.NodeCluster, toPod corev1.Pod) *flow {
 	t.Helper()
 	dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP))
 	f := &flow{
@@ -276,7 +307,7 @@ func (f *flow) stop() {
 
 // waitOK waits until a try that started after t0 was answered, and
 // returns when it started.
-func (f *flow) waitOK(t *testing.T, t0 time.Time, timeout time.Duration) time.Time {
+func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {

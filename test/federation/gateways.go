@@ -3,6 +3,7 @@ package federation
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,29 +17,70 @@ import (
 
 // waitAgents waits until c's agent is Ready: its one pod (AgentPod), or
 // with several gateway candidates two Ready replicas, one of them the
-// active one (ActiveAgent).
+// active one (ActiveAgent). On a timeout it says what each agent pod
+// wrote last.
 func (c *NodeCluster) waitAgents(t harness.TB) {
 	t.Helper()
 	if !c.replicated() {
 		waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)
 		return
 	}
-	waitPod(t, c.Gateway, "two agent replicas of "+c.Name+" Ready, one active", func(ctx context.Context) (corev1.Pod, error) {
-		pods, err := c.AgentPods(ctx)
-		if err != nil {
-			return corev1.Pod{}, err
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		err := c.agentsReady(context.Background())
+		if err == nil {
+			return
 		}
-		ready := 0
-		for _, p := range pods {
-			if PodReady(p) == nil {
-				ready++
+		if time.Now().After(deadline) {
+			t.Fatalf("two agent replicas of %s Ready, one active: not within 90s: %v\n%s", c.Name, err, c.agentLogs())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// agentsReady says why c's agent is not two Ready replicas, one active.
+func (c *NodeCluster) agentsReady(ctx context.Context) error {
+	pods, err := c.AgentPods(ctx)
+	if err != nil {
+		return err
+	}
+	ready := 0
+	for _, p := range pods {
+		if PodReady(p) == nil {
+			ready++
+		}
+	}
+	if ready < 2 {
+		return fmt.Errorf("%d of %d agent pods Ready, want 2", ready, len(pods))
+	}
+	p, err := c.ActiveAgent(ctx)
+	if err != nil {
+		return err
+	}
+	return PodReady(p)
+}
+
+// agentLogs is, for each agent pod, its state and the last lines its
+// container wrote, and those of its previous container if it restarted.
+func (c *NodeCluster) agentLogs() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pods, err := c.AgentPods(ctx)
+	if err != nil {
+		return fmt.Sprintf("(agent pods: %v)", err)
+	}
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "agent pod %s on %s: %v\n", p.Name, p.Spec.NodeName, PodReady(p))
+		tail := int64(30)
+		for _, previous := range []bool{true, false} {
+			out, err := c.CP.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Previous: previous, TailLines: &tail}).DoRaw(ctx)
+			if err == nil {
+				fmt.Fprintf(&b, "  logs (previous container: %v):\n%s\n", previous, out)
 			}
 		}
-		if ready < 2 {
-			return corev1.Pod{}, fmt.Errorf("%d of %d agent pods Ready, want 2", ready, len(pods))
-		}
-		return c.ActiveAgent(ctx)
-	})
+	}
+	return b.String()
 }
 
 // AgentPods are the agent's pods, whatever their state.

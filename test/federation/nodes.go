@@ -72,9 +72,29 @@ type NodeCluster struct {
 // them once Ready.
 func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
 	t.Helper()
+	nodes := c.addNodes(t, "worker", names)
+	c.Workers = append(c.Workers, nodes...)
+	return nodes
+}
+
+// AddCandidates starts more gateway-candidate nodes of c at once, like
+// AddWorkers, labelled flotilla.io/gateway=true, where the agent's
+// Deployment may place a replica.
+func (c *NodeCluster) AddCandidates(t harness.TB, names ...string) []*harness.Node {
+	t.Helper()
+	nodes := c.addNodes(t, "gateway", names)
+	for _, n := range nodes {
+		mustKubectl(t, c.CP, "label", "node", n.NodeName, "flotilla.io/gateway=true")
+	}
+	c.Candidates = append(c.Candidates, nodes...)
+	return nodes
+}
+
+func (c *NodeCluster) addNodes(t harness.TB, role string, names []string) []*harness.Node {
+	t.Helper()
 	var specs []harness.NodeSpec
 	for j, name := range names {
-		opts := harness.NodeOptions{Network: c.lan, Role: "worker", Images: c.images}
+		opts := harness.NodeOptions{Network: c.lan, Role: role, Images: c.images}
 		if c.nodeCIDR != nil {
 			opts.PodCIDR = c.nodeCIDR(len(c.Candidates) + len(c.Workers) + j)
 		}
@@ -86,7 +106,6 @@ func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node 
 			t.Fatalf("cluster %s: %v", c.Name, err)
 		}
 	}
-	c.Workers = append(c.Workers, nodes...)
 	return nodes
 }
 
@@ -418,12 +437,14 @@ images:
 // its own node ($(NODE_NAME) under the cluster's state directory: the
 // nodes of this machine share one file system, a real cluster's do not).
 func agentPatch(c *NodeCluster, s agentSettings, keyArg, keyMount, keyVolume string) string {
-	replicas, strategy, advertise, hostIP, subPath := "1", `
+	replicas, strategy, advertise, elect, hostIP, subPath := "1", `
   strategy:
     type: Recreate
-    rollingUpdate: null`, c.Gateway.Addr.String(), "", ""
+    rollingUpdate: null`, c.Gateway.Addr.String(), "", "", ""
 	if c.replicated() {
-		replicas, strategy, advertise = "2", "", "$(HOST_IP)"
+		// The patch's args replace deploy/'s: --leader-elect again.
+		replicas, strategy, advertise, elect = "2", "", "$(HOST_IP)", `
+        - --leader-elect`
 		hostIP = `
         - name: HOST_IP
           valueFrom:
@@ -458,7 +479,7 @@ spec:
         - --pod-cidr=%s
         - --advertise-addr=%s
         - --wireguard-interface=%s%s
-        - --fabric-owner=flotilla-agent%s
+        - --fabric-owner=flotilla-agent%s%s
         env:
         - name: KUBERNETES_SERVICE_HOST
           value: "127.0.0.1"
@@ -469,7 +490,7 @@ spec:
         hostPath:
           path: %s
           type: DirectoryOrCreate%s
-`, replicas, strategy, c.Name, s.podCIDR, advertise, c.iface, keyArg, extraArgs(s.args), c.CP.Addr.Port(), hostIP, keyMount, subPath, c.StateDir, keyVolume)
+`, replicas, strategy, c.Name, s.podCIDR, advertise, c.iface, keyArg, elect, extraArgs(s.args), c.CP.Addr.Port(), hostIP, keyMount, subPath, c.StateDir, keyVolume)
 }
 
 // replicated reports whether c runs two agent replicas with leader
