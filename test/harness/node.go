@@ -521,8 +521,8 @@ func (n *Node) setUpPodNetwork() error {
 	cp.nodesMu.Lock()
 	defer cp.nodesMu.Unlock()
 	for _, other := range cp.nodes {
-		if other.lan != n.lan || flannel {
-			continue
+		if other.lan != n.lan || flannel || other.Killed() {
+			continue // a killed node routes nothing: its link is down
 		}
 		if err := other.routeTo(n); err != nil {
 			return err
