@@ -351,6 +351,29 @@ func (f *flow) lastOKBefore(t0 time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// longestGap is the longest time between two answered tries from the
+// last answer before t0 to the first after t1.
+func (f *flow) longestGap(t0, t1 time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var longest time.Duration
+	var prev time.Time
+	for _, at := range f.oks {
+		if at.Before(t0) {
+			prev = at
+			continue
+		}
+		if !prev.IsZero() {
+			longest = max(longest, at.Sub(prev))
+		}
+		prev = at
+		if at.After(t1) {
+			break
+		}
+	}
+	return longest
+}
+
 // failure is a try that got no answer: when it started, and why.
 type failure struct {
 	at  time.Time
