@@ -34,6 +34,7 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		}
 		a.registry.MustRegister(e.Collectors()...)
 		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, e.RetryPeriod)
+		label.takeoverOn = a.cfg.NodeName
 		role := atomic.Pointer[string]{}
 		setRole := func(s string) { role.Store(&s) }
 		setRole("standby")
@@ -91,6 +92,9 @@ type roleLabel struct {
 	role  *ha.Role
 	log   *slog.Logger
 	retry time.Duration
+	// takeoverOn, when set, is this replica's node: elected replicas
+	// record an Event on their pod once labelled active.
+	takeoverOn string
 
 	active  atomic.Bool
 	changed chan struct{}
@@ -128,6 +132,9 @@ func (r *roleLabel) run(ctx context.Context) error {
 				written = &want
 				lastErr = ""
 				r.log.Info("pod labelled with its role", "active", want)
+				if want && r.takeoverOn != "" {
+					r.recordTakeover(ctx)
+				}
 			case ctx.Err() == nil && err.Error() != lastErr:
 				lastErr = err.Error()
 				r.log.Warn("role label not written; retrying", "err", err)
@@ -151,6 +158,16 @@ func (r *roleLabel) run(ctx context.Context) error {
 		case <-r.changed:
 		case <-retry:
 		}
+	}
+}
+
+// recordTakeover writes the takeover's Event; one not written is logged,
+// the label and the metrics still say which replica is active.
+func (r *roleLabel) recordTakeover(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.role.RecordTakeover(ctx, r.takeoverOn, time.Now()); err != nil {
+		r.log.Warn("takeover event not recorded", "err", err)
 	}
 }
 

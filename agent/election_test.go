@@ -34,7 +34,8 @@ func agentReadyz(a *Agent) (int, string, error) {
 // starts its components and labels its pod active; the other is ready
 // (its process is healthy), says standby on /readyz and its pod carries
 // no role label. When the active one stops it releases the Lease and
-// takes its label off, and the standby starts and labels its own pod.
+// takes its label off, and the standby starts, labels its own pod and
+// records an Event on it.
 func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 	harness.Require(t, harness.NeedsControlPlane...)
 	cp := harness.New(t).ControlPlane("elect", harness.ControlPlaneOptions{})
@@ -135,6 +136,16 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		return nil
 	})
 	eventually.Within(t, 30*time.Second, "the label moved to the new active replica's pod", func() error { return labelled("agent-gw2") })
+	eventually.Within(t, 30*time.Second, "an Event says the replica on gw2 took over", func() error {
+		evs, err := cp.Client.CoreV1().Events("flotilla-system").List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=agent-gw2,reason=" + ha.EventTookOver})
+		if err != nil {
+			return err
+		}
+		if len(evs.Items) != 1 || !strings.Contains(evs.Items[0].Message, "on node gw2") {
+			return fmt.Errorf("events %+v, want one saying it runs the data path on node gw2", evs.Items)
+		}
+		return nil
+	})
 	mfs, err := second.a.registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -334,6 +334,13 @@ func (d *Discovery) memberlistConfig() (*memberlist.Config, error) {
 	}
 	d.keyring = kr
 	mc.Name = d.selfID
+	// A member declared dead may come back at once at another address:
+	// a cluster's gateway moves to another node when its node dies
+	// (docs/ha.md), under the same name (the cluster ID). Without this,
+	// memberlist refuses the new address as a conflict until it forgets
+	// the dead member (GossipToTheDeadTime, 30 s). A live or suspect
+	// member's address is still never taken over.
+	mc.DeadNodeReclaimTime = time.Nanosecond
 	mc.BindAddr = d.cfg.BindAddr.Addr().String()
 	mc.BindPort = int(d.cfg.BindAddr.Port())
 	if d.cfg.AdvertiseAddr.IsValid() {

@@ -355,6 +355,39 @@ func TestRestartRejoinsAsSameMember(t *testing.T) {
 	}
 }
 
+// A cluster's gateway moves to another node when its node dies: the
+// same identity comes back at another address once the old one failed,
+// and is a member again without waiting for the dead one to be forgotten.
+func TestFailedMemberReturnsAtAnotherAddress(t *testing.T) {
+	// Never forgotten within the test: only the reclaim lets b back in.
+	remember := func(c *memberlist.Config) { c.GossipToTheDeadTime = time.Hour }
+	a := startNode(t, nodeOpts{tune: remember})
+	bid := mustIdentity(t)
+	b := startNode(t, nodeOpts{id: &bid, seeds: []string{a.addr()}, tune: remember})
+	waitUntil(t, 20*time.Second, func() error { return sees(a, b) })
+	b.d.kill()
+	waitUntil(t, 20*time.Second, func() error {
+		for _, m := range a.d.Snapshot().Members {
+			if m.ClusterID == bid.ClusterID() && m.State == StateFailed {
+				return nil
+			}
+		}
+		return fmt.Errorf("a does not report b failed: %+v", a.d.Snapshot().Members)
+	})
+	b2 := startNode(t, nodeOpts{id: &bid, bind: "127.0.0.2:0", seeds: []string{a.addr()}, tune: remember})
+	waitUntil(t, 20*time.Second, func() error {
+		for _, m := range a.d.Snapshot().Members {
+			if m.ClusterID == bid.ClusterID() && m.State == StateAlive && m.Gossip.Addr() == netip.MustParseAddr("127.0.0.2") {
+				return nil
+			}
+		}
+		return fmt.Errorf("a does not see b alive at 127.0.0.2: %+v", a.d.Snapshot().Members)
+	})
+	if err := sees(b2, a); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestKeyRotationDropsNoMember(t *testing.T) {
 	oldKey, newKey := testKey, bytes.Repeat([]byte{0x77}, 32)
 	a := startNode(t, nodeOpts{keys: [][]byte{oldKey}})

@@ -3,8 +3,10 @@ package ha
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -53,6 +55,42 @@ func (r *Role) MarkActive(ctx context.Context) error {
 		if err := r.patch(ctx, p.Name, ""); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
+	}
+	return nil
+}
+
+// EventTookOver is the reason of the Event on a replica's pod when it
+// has become the active one.
+const EventTookOver = "GatewayTookOver"
+
+// RecordTakeover writes an Event on this replica's pod saying that it
+// runs the data path now, on node, since at: `kubectl get events` and
+// `kubectl describe pod` tell when the gateway moved. The Event is
+// labelled as the agent's; it expires with the API server's event TTL,
+// or goes with the agent's namespace.
+func (r *Role) RecordTakeover(ctx context.Context, node string, at time.Time) error {
+	if r.Pod == "" {
+		return nil
+	}
+	pod, err := r.Kube.CoreV1().Pods(r.Namespace).Get(ctx, r.Pod, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read pod %s/%s for its takeover event: %w", r.Namespace, r.Pod, err)
+	}
+	now := metav1.NewTime(at)
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: r.Pod + ".", Namespace: r.Namespace, Labels: map[string]string{
+			"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/managed-by": "flotilla",
+		}},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: r.Namespace, Name: r.Pod, UID: pod.UID,
+		},
+		Reason:  EventTookOver,
+		Message: fmt.Sprintf("this replica holds the Lease %s and runs the data path on node %s", LeaseName, node),
+		Type:    corev1.EventTypeNormal, Source: corev1.EventSource{Component: "flotilla-agent", Host: node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := r.Kube.CoreV1().Events(r.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("record the takeover event on pod %s/%s: %w", r.Namespace, r.Pod, err)
 	}
 	return nil
 }

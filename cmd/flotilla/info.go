@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -70,6 +71,8 @@ type agentInfo struct {
 	Replicas   int32      `json:"replicas"`
 	Ready      int32      `json:"ready"`
 	Pods       []agentPod `json:"pods,omitempty"`
+	// Gateway is which replica runs the data path.
+	Gateway gatewayInfo `json:"gateway"`
 }
 
 type agentPod struct {
@@ -138,9 +141,11 @@ func newInfoCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "info",
 		GroupID: groupDiagnose,
-		Short:   "this cluster's install at a glance: agent and fabric readiness, fences, webhook, clusterset DNS, peers",
+		Short:   "this cluster's install at a glance: agent and fabric readiness, the active gateway, fences, webhook, clusterset DNS, peers",
 		Long: `This cluster's install at a glance: the agent's version and readiness
-(each of its checks), whether its admission policies are proven in force
+(each of its checks), which replica runs the data path (its node, since
+when it holds the Lease flotilla-agent and how often that changed hands),
+whether its admission policies are proven in force
 (fences: nothing is granted until they are), the fabric's readiness on
 each node, the placement webhook, the clusterset DNS Service and the
 peers by phase. The agent's checks and version are read from its pod
@@ -272,6 +277,7 @@ func readAgent(ctx context.Context, cfg *rest.Config, kube kubeclient.Interface,
 		}
 		a.Pods = append(a.Pods, ap)
 	}
+	readGateway(ctx, kube, d.Namespace, pods, info, note)
 }
 
 // readAgentPort reads the agent's version from /metrics and its checks
@@ -432,6 +438,9 @@ func writeInfo(w io.Writer, info installInfo) error {
 		if len(p.Checks) > 0 {
 			line("", "checks: %s", describeChecks(p.Checks))
 		}
+	}
+	if a.Installed {
+		line("Gateway", "%s", describeGateway(a.Gateway, time.Now()))
 	}
 	f := info.Fences
 	switch {

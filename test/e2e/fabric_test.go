@@ -32,7 +32,6 @@ import (
 // flowing; an uninstall leaves no rule, route or table of the fabric on
 // any node (and leaves flannel's own alone).
 func TestFabric(t *testing.T) {
-	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	harness.Require(t, harness.IPTables, harness.Flannel)
 	var run string

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,12 +85,18 @@ func checkUninstall(t harness.TB, cs []*NodeCluster) {
 		if out, err := KubectlTimeout(c.CP, 3*time.Minute, "delete", "-k", c.Install, "--ignore-not-found", "--wait", "--timeout=150s"); err != nil {
 			return fmt.Errorf("kubectl delete -k %s: %v\n%s", c.Install, err, out)
 		}
-		// As docs/install.md has a user do it: a Job on the node, with
-		// the user's rights, in the agent's image.
-		out, err := exec.Command(flotilla, "cleanup", "--kubeconfig", c.CP.Kubeconfig, "--node", c.Gateway.NodeName,
-			"--image", c.settings.image, "--wireguard-interface", c.iface, "--wait", "2m").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("flotilla cleanup --node %s: %v\n%s", c.Gateway.NodeName, err, out)
+		// As docs/install.md has a user do it: a Job on each gateway
+		// candidate still up, with the user's rights, in the agent's
+		// image.
+		for _, n := range c.Candidates {
+			if n.Killed() {
+				continue
+			}
+			out, err := exec.Command(flotilla, "cleanup", "--kubeconfig", c.CP.Kubeconfig, "--node", n.NodeName,
+				"--image", c.settings.image, "--wireguard-interface", c.iface, "--wait", "2m").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("flotilla cleanup --node %s: %v\n%s", n.NodeName, err, out)
+			}
 		}
 		return nil
 	})
@@ -186,10 +193,14 @@ func gone(err error) bool {
 // LeftBehind lists what of an agent is left in c: API objects labelled
 // as ours of any kind, CRDs of flotilla.io, and on each node our WireGuard
 // link, routes of our protocol, the fabric's routing table and rules, its
-// host source address, nftables tables of ours and flotilla processes.
+// host source address, nftables tables of ours and flotilla processes
+// (on every node but those the test killed).
 func LeftBehind(c *NodeCluster) []string {
 	out := apiObjectsOf(c)
-	for _, n := range append([]*harness.Node{c.Gateway}, c.Workers...) {
+	for _, n := range append(slices.Clone(c.Candidates), c.Workers...) {
+		if n.Killed() {
+			continue // what a dead node holds goes with it
+		}
 		for _, l := range kernelStateOn(n, c.iface) {
 			out = append(out, n.NodeName+": "+l)
 		}

@@ -40,7 +40,14 @@ const (
 // Its Cluster has no Site, Pod or Agent process.
 type NodeCluster struct {
 	*Cluster
+	// Gateway is the first gateway candidate: the node the agent runs on
+	// where there is one candidate.
 	Gateway *harness.Node
+	// Candidates are the nodes labelled flotilla.io/gateway=true,
+	// Gateway first (NodeOptions.CandidatesOf); with more than one the
+	// agent runs as deploy/ has it, two replicas with --leader-elect,
+	// and ActiveAgent finds the one that holds the Lease.
+	Candidates []*harness.Node
 	// Workers are the cluster's other nodes (NodeOptions.Workers), on the
 	// same LAN as every gateway.
 	Workers []*harness.Node
@@ -65,11 +72,31 @@ type NodeCluster struct {
 // them once Ready.
 func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node {
 	t.Helper()
+	nodes := c.addNodes(t, "worker", names)
+	c.Workers = append(c.Workers, nodes...)
+	return nodes
+}
+
+// AddCandidates starts more gateway-candidate nodes of c at once, like
+// AddWorkers, labelled flotilla.io/gateway=true, where the agent's
+// Deployment may place a replica.
+func (c *NodeCluster) AddCandidates(t harness.TB, names ...string) []*harness.Node {
+	t.Helper()
+	nodes := c.addNodes(t, "gateway", names)
+	for _, n := range nodes {
+		mustKubectl(t, c.CP, "label", "node", n.NodeName, "flotilla.io/gateway=true")
+	}
+	c.Candidates = append(c.Candidates, nodes...)
+	return nodes
+}
+
+func (c *NodeCluster) addNodes(t harness.TB, role string, names []string) []*harness.Node {
+	t.Helper()
 	var specs []harness.NodeSpec
 	for j, name := range names {
-		opts := harness.NodeOptions{Network: c.lan, Role: "worker", Images: c.images}
+		opts := harness.NodeOptions{Network: c.lan, Role: role, Images: c.images}
 		if c.nodeCIDR != nil {
-			opts.PodCIDR = c.nodeCIDR(len(c.Workers) + 1 + j)
+			opts.PodCIDR = c.nodeCIDR(len(c.Candidates) + len(c.Workers) + j)
 		}
 		specs = append(specs, harness.NodeSpec{CP: c.CP, Name: name, Options: opts})
 	}
@@ -79,7 +106,6 @@ func (c *NodeCluster) AddWorkers(t harness.TB, names ...string) []*harness.Node 
 			t.Fatalf("cluster %s: %v", c.Name, err)
 		}
 	}
-	c.Workers = append(c.Workers, nodes...)
 	return nodes
 }
 
@@ -137,6 +163,13 @@ type NodeOptions struct {
 	// Images are more image tarballs imported into every node of every
 	// cluster (AddWorkers' too), for pods that run without a registry.
 	Images []string
+	// CandidatesOf, when set, is how many gateway-candidate nodes each
+	// cluster has (default 1), one count per cluster: nodes "gw",
+	// "gw2"... labelled flotilla.io/gateway=true. A cluster with more
+	// than one runs two agent replicas with --leader-elect, each with
+	// the state directory of its own node, advertising its node's
+	// address.
+	CandidatesOf []int
 	// Keyless lists clusters (by index) whose agent is installed without
 	// a federation key, as deploy/ alone installs it: it generates its
 	// own and federates with nobody until it joins (`flotilla join`).
@@ -161,7 +194,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	lan := env.NewLAN("lan")
 	token := federationToken(t)
 	var cs []*NodeCluster
-	cidrs, workers := make([]netip.Prefix, opts.Clusters), make([]int, opts.Clusters)
+	cidrs, workers, candidates := make([]netip.Prefix, opts.Clusters), make([]int, opts.Clusters), make([]int, opts.Clusters)
 	cpOpts := make([]harness.ControlPlaneOptions, opts.Clusters)
 	for i := range opts.Clusters {
 		cidrs[i], workers[i] = opts.PodCIDR, opts.Workers
@@ -170,6 +203,10 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		}
 		if opts.WorkersOf != nil {
 			workers[i] = opts.WorkersOf[i]
+		}
+		candidates[i] = 1
+		if opts.CandidatesOf != nil {
+			candidates[i] = max(1, opts.CandidatesOf[i])
 		}
 		// The API server on the nodes' LAN too, as other clusters reach it.
 		cpOpts[i] = harness.ControlPlaneOptions{PodCIDR: cidrs[i], LAN: lan, ClientQPS: opts.ClientQPS, Flannel: opts.Flannel,
@@ -187,14 +224,21 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	// Every node of every cluster at once: most of a node's start is
 	// waiting (for its kubelet to register, for its pod range).
 	var specs []harness.NodeSpec
-	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]]
+	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]], its candidates first
 	for i, cp := range cps {
 		first[i] = len(specs)
-		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: append([]string{image}, opts.Images...), PodCIDR: nodeCIDR(i, 0)}
-		specs = append(specs, harness.NodeSpec{CP: cp, Name: "gw", Options: node})
+		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: append([]string{image}, opts.Images...)}
+		for g := range candidates[i] {
+			name := "gw"
+			if g > 0 {
+				name = fmt.Sprintf("gw%d", g+1)
+			}
+			node.PodCIDR = nodeCIDR(i, g)
+			specs = append(specs, harness.NodeSpec{CP: cp, Name: name, Options: node})
+		}
 		node.Role = "worker"
 		for w := range workers[i] {
-			node.PodCIDR = nodeCIDR(i, w+1)
+			node.PodCIDR = nodeCIDR(i, candidates[i]+w)
 			specs = append(specs, harness.NodeSpec{CP: cp, Name: fmt.Sprintf("w%d", w+1), Options: node})
 		}
 	}
@@ -210,9 +254,10 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
 				StateDir:     filepath.Join(env.Dir, "state-"+name),
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
-			Gateway: nodes[first[i]],
-			Workers: nodes[first[i]+1 : first[i+1]],
-			env:     env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
+			Gateway:    nodes[first[i]],
+			Candidates: nodes[first[i] : first[i]+candidates[i]],
+			Workers:    nodes[first[i]+candidates[i] : first[i+1]],
+			env:        env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
 		if slices.Contains(opts.Keyless, i) {
@@ -221,7 +266,9 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		if cpOpts[i].NoNodeCIDRs {
 			nc.nodeCIDR = func(k int) netip.Prefix { return nodeCIDR(i, k) }
 		}
-		mustKubectl(t, cp, "label", "node", nc.Gateway.NodeName, "flotilla.io/gateway=true")
+		for _, n := range nc.Candidates {
+			mustKubectl(t, cp, "label", "node", n.NodeName, "flotilla.io/gateway=true")
+		}
 		for _, n := range nodes[first[i]:first[i+1]] {
 			if err := n.InstallMasquerade(opts.Masquerade); err != nil {
 				t.Fatalf("cluster %s: %v", name, err)
@@ -248,7 +295,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		c.CP.WaitDNS(t)
 		c.Web = c.waitWeb(t, c.Gateway, WebPod)
 		if !slices.Contains(opts.Later, i) {
-			waitPod(t, c.Gateway, "agent pod of "+c.Name+" Ready", c.AgentPod)
+			c.waitAgents(t)
 		}
 	}
 	t.Logf("agent and test server pods Ready: %s", time.Since(start).Round(time.Millisecond))
@@ -265,6 +312,10 @@ func (c *NodeCluster) InstallAgent(t harness.TB, args []string) {
 	c.settings.args = args
 	c.Install = writeKustomization(t, c.env, c, c.settings)
 	mustKubectl(t, c.CP, "apply", "--server-side", "-k", c.Install)
+	if c.replicated() {
+		c.waitAgents(t)
+		return
+	}
 	waitPod(t, c.Gateway, "new agent pod of "+c.Name+" Ready", func(ctx context.Context) (corev1.Pod, error) {
 		p, err := c.AgentPod(ctx)
 		if err == nil && old.UID != "" && p.UID == old.UID {
@@ -368,20 +419,58 @@ images:
 		//   - the WireGuard interface: wireguard-go's control socket in
 		//     /run/wireguard is host-wide, so its name must be unique;
 		//   - one gateway node, so one replica without leader election
-		//     (docs/ha.md, "One replica").
+		//     (docs/ha.md, "One replica"), unless the cluster has more
+		//     gateway candidates (agentPatch).
 		// The placement webhook keeps its default: only the API
 		// server's client certificate (harness.WebhookClientName), signed
 		// by the cluster's client CA.
-		"agent.yaml": fmt.Sprintf(`apiVersion: apps/v1
+		"agent.yaml": agentPatch(c, s, keyArg, keyMount, keyVolume),
+	}
+	for file, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	return dir
+}
+
+// agentPatch is the agent Deployment's patch of c's settings. With one
+// gateway candidate: one replica without leader election, advertising
+// the gateway's address. With more: deploy/'s two replicas, its
+// --leader-elect and rolling update, each replica advertising its own
+// node's address ($(HOST_IP)) and keeping its ledger in a directory of
+// its own node ($(NODE_NAME) under the cluster's state directory: the
+// nodes of this machine share one file system, a real cluster's do not).
+func agentPatch(c *NodeCluster, s agentSettings, keyArg, keyMount, keyVolume string) string {
+	replicas, strategy, advertise, elect, hostIP, subPath := "1", `
+  strategy:
+    type: Recreate
+    rollingUpdate: null`, c.Gateway.Addr.String(), "", "", ""
+	if c.replicated() {
+		// The patch's args replace deploy/'s: --leader-elect again.
+		replicas, strategy, advertise, elect = "2", "", "$(HOST_IP)", `
+        - --leader-elect`
+		hostIP = `
+        - name: HOST_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.hostIP`
+		subPath = `
+        - name: state
+          mountPath: /var/lib/flotilla
+          subPathExpr: $(NODE_NAME)`
+		if keyMount == "" {
+			subPath = `
+        volumeMounts:` + subPath
+		}
+	}
+	return fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
   name: flotilla-agent
   namespace: flotilla-system
 spec:
-  replicas: 1
-  strategy:
-    type: Recreate
-    rollingUpdate: null
+  replicas: %s%s
   template:
     spec:
       containers:
@@ -395,26 +484,23 @@ spec:
         - --pod-cidr=%s
         - --advertise-addr=%s
         - --wireguard-interface=%s%s
-        - --fabric-owner=flotilla-agent%s
+        - --fabric-owner=flotilla-agent%s%s
         env:
         - name: KUBERNETES_SERVICE_HOST
           value: "127.0.0.1"
         - name: KUBERNETES_SERVICE_PORT
-          value: "%d"%s
+          value: "%d"%s%s%s
       volumes:
       - name: state
         hostPath:
           path: %s
           type: DirectoryOrCreate%s
-`, c.Name, s.podCIDR, c.Gateway.Addr, c.iface, keyArg, extraArgs(s.args), c.CP.Addr.Port(), keyMount, c.StateDir, keyVolume),
-	}
-	for file, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
-			t.Fatalf("%v", err)
-		}
-	}
-	return dir
+`, replicas, strategy, c.Name, s.podCIDR, advertise, c.iface, keyArg, elect, extraArgs(s.args), c.CP.Addr.Port(), hostIP, keyMount, subPath, c.StateDir, keyVolume)
 }
+
+// replicated reports whether c runs two agent replicas with leader
+// election: it has more than one gateway candidate.
+func (c *NodeCluster) replicated() bool { return len(c.Candidates) > 1 }
 
 // extraArgs renders args as more items of the container's args list.
 func extraArgs(args []string) string {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -74,6 +75,7 @@ type Node struct {
 
 	stopOnce sync.Once
 	stopErr  error
+	killed   atomic.Bool // Kill was called: nothing to drain
 }
 
 // StartNode starts a real node of the control plane's cluster and returns
@@ -528,8 +530,8 @@ func (n *Node) setUpPodNetwork() error {
 	cp.nodesMu.Lock()
 	defer cp.nodesMu.Unlock()
 	for _, other := range cp.nodes {
-		if other.lan != n.lan || flannel {
-			continue
+		if other.lan != n.lan || flannel || other.Killed() {
+			continue // a killed node routes nothing: its link is down
 		}
 		if err := other.routeTo(n); err != nil {
 			return err
@@ -631,8 +633,10 @@ func (n *Node) stop() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := n.drain(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("drain: %w", err))
+	if !n.Killed() {
+		if err := n.drain(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
 	}
 	for _, p := range []*Process{n.NetworkPolicy, n.KubeProxy, n.Kubelet, n.Flannel} {
 		if p != nil {
@@ -696,6 +700,9 @@ func (cp *ControlPlane) drainNodes() {
 		cp.stopDNS(ctx)
 		var wg sync.WaitGroup
 		for _, n := range nodes {
+			if n.Killed() {
+				continue // no kubelet left to stop its pods
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

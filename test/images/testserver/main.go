@@ -22,6 +22,10 @@
 // "at <unix nanoseconds>" saying when the answer came.
 // With -lookup-addr IP it prints the names a reverse lookup of IP gives,
 // one a line (with -dns, from that server only).
+// With -probe HOST:PORT it exchanges a line with a line-echo server on a
+// new connection every -every and prints "ok <unix nanoseconds> <address
+// it was seen as>" or "fail <unix nanoseconds> <error>" per try: a flow
+// whose gaps the caller measures.
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 // With -connect HOST:PORT it opens a TCP connection and closes it, for a
@@ -43,6 +47,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -58,7 +63,14 @@ func main() {
 	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
 	lookup := flag.String("lookup", "", "print the addresses this name resolves to, one a line, and exit")
 	connect := flag.String("connect", "", "open a TCP connection to this address (host:port), print the local address and exit")
+	probe := flag.String("probe", "", "exchange one line with this line-echo TCP server (host:port) on a new connection every -every, printing a line per try, until -for passed or stdout is closed")
+	every := flag.Duration("every", 50*time.Millisecond, "with -probe: how often to try")
+	probeTimeout := flag.Duration("timeout", time.Second, "with -probe: how long one try may take")
+	probeFor := flag.Duration("for", 10*time.Minute, "with -probe: how long to go on")
 	flag.Parse()
+	if *probe != "" {
+		os.Exit(probeEcho(*probe, *every, *probeTimeout, *probeFor))
+	}
 	if *lookup != "" {
 		os.Exit(forward(*lookup, *dns))
 	}
@@ -244,6 +256,48 @@ func dialEcho(addr string) int {
 	}
 	fmt.Print(line)
 	return 0
+}
+
+// probeEcho exchanges a line with the line-echo server at addr on a new
+// connection every interval, for a flow whose gaps the caller measures:
+// per try it prints "ok <unix nanoseconds> <address the server saw us
+// as>" or "fail <unix nanoseconds> <error>", the time being when the try
+// started. It ends after d, or once stdout is closed (the caller left).
+func probeEcho(addr string, every, timeout, d time.Duration) int {
+	end := time.Now().Add(d)
+	for next := time.Now(); time.Now().Before(end); next = next.Add(every) {
+		time.Sleep(time.Until(next))
+		start := time.Now()
+		line, err := exchange(addr, timeout)
+		if err == nil {
+			seen, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+			_, err = fmt.Printf("ok %d %s\n", start.UnixNano(), seen)
+		} else {
+			_, err = fmt.Printf("fail %d %s\n", start.UnixNano(), strings.ReplaceAll(err.Error(), "\n", " "))
+		}
+		if err != nil {
+			return 1
+		}
+		if behind := time.Since(next); behind > every {
+			next = next.Add(behind.Truncate(every)) // a try that timed out: no burst of catch-up tries
+		}
+	}
+	return 0
+}
+
+// exchange sends one line to the line-echo server at addr on a new
+// connection and returns its answer.
+func exchange(addr string, timeout time.Duration) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintln(c, "probe"); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
 }
 
 func serveTCP(l net.Listener, host string) error {

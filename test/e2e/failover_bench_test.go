@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// How long traffic stops when a cluster's gateway moves: two clusters,
+// a with two gateway candidates and two agent replicas (--leader-elect),
+// b with one gateway, and a worker pod of each exchanging a line with the
+// other's on a new TCP connection every 20 ms, both directions. Each
+// round first kills a's active gateway node (its network and every
+// process on it at once) and measures the longest time any flow went
+// without an answer, until another replica is active and every flow
+// answered again; a fresh candidate node then replaces the dead one, as
+// an operator would. Then it deletes the active agent's pod (a graceful
+// stop, as a drain does) and measures the same. Targets: <= 2 s
+// median for a kill, <= 0.5 s for a graceful stop; the anchor is
+// Submariner's lease (10 s).
+func BenchmarkGatewayFailover(b *testing.B) {
+	harness.Require(b, harness.NeedsNodes...)
+	env := harness.New(b)
+	cs := federation.OnNodes(b, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		Workers: 1, CandidatesOf: []int{2, 1},
+	})
+	a, p := cs[0], cs[1]
+	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	wa := federation.RunWeb(b, a, a.Workers[0], "web-w1")
+	wp := federation.RunWeb(b, p, p.Workers[0], "web-w1")
+	flows := []*flow{startFlow(b, a, wa, p, wp), startFlow(b, p, wp, a, wa)}
+	for _, f := range flows {
+		f.waitOK(b, time.Now(), 60*time.Second)
+	}
+	// gap is the longest time any flow went without an answer from t0
+	// until the replica other than was is the active one and every flow
+	// answered after that: a killed gateway stops traffic at once, a
+	// stopping one forwards until it has handed over.
+	gap := func(t0 time.Time, was corev1.Pod) time.Duration {
+		eventually.Within(b, 90*time.Second, "another replica active", func() error {
+			p, err := a.ActiveAgent(context.Background())
+			if err == nil && p.UID == was.UID {
+				err = fmt.Errorf("pod %s still active", p.Name)
+			}
+			return err
+		})
+		t1 := time.Now()
+		var longest time.Duration
+		for _, f := range flows {
+			f.waitOK(b, t1, 90*time.Second)
+			longest = max(longest, f.longestGap(t0, t1))
+		}
+		return longest
+	}
+	var kills, stops []time.Duration
+	for i := 0; b.Loop(); i++ {
+		active, node := activeGateway(b, a)
+		waitStandby(b, a, active)
+		t0 := time.Now()
+		if err := node.Kill(); err != nil {
+			b.Fatal(err)
+		}
+		kills = append(kills, gap(t0, active))
+		a.RemoveDeadNode(b, node)
+		a.AddCandidates(b, fmt.Sprintf("gw%d", i+3))
+
+		active, _ = activeGateway(b, a)
+		waitStandby(b, a, active)
+		t0 = time.Now()
+		if err := a.CP.Client.CoreV1().Pods(active.Namespace).Delete(context.Background(), active.Name, metav1.DeleteOptions{}); err != nil {
+			b.Fatalf("delete the active agent's pod %s: %v", active.Name, err)
+		}
+		stops = append(stops, gap(t0, active))
+		b.Logf("round %d: node killed %s, pod deleted %s", i+1, kills[i].Round(time.Millisecond), stops[i].Round(time.Millisecond))
+	}
+	k, s := spreadOf(slices.Clone(kills)), spreadOf(slices.Clone(stops))
+	b.ReportMetric(ms(k.median), "ms-kill-median")
+	b.ReportMetric(ms(k.min), "ms-kill-min")
+	b.ReportMetric(ms(k.max), "ms-kill-max")
+	b.ReportMetric(ms(s.median), "ms-stop-median")
+	b.ReportMetric(ms(s.min), "ms-stop-min")
+	b.ReportMetric(ms(s.max), "ms-stop-max")
+	b.ReportMetric(0, "ns/op")
+	fmt.Fprintf(os.Stdout, "BenchmarkGatewayFailover: longest time a flow went unanswered: node killed %s, active pod deleted %s (ms: median, min, max, rounds)\n", k, s)
+}

@@ -1,0 +1,403 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/ha"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// A gateway node dies under traffic: cluster a has three gateway
+// candidates and two agent replicas (--leader-elect), b one gateway; a
+// pod on a worker of each talks to the other's, both directions, a new
+// TCP connection every 20 ms. a's active gateway node is killed (its
+// network and every process on it at once): the standby takes over,
+// every flow resumes, the gap per flow is printed; no Peer's views change
+// on either side, and b's Peer of a keeps a's identity and WireGuard key
+// while its endpoint moves to the new gateway. The dead node is removed
+// as an operator would, a new standby comes up on the third candidate,
+// and killing it drops nothing.
+func TestGatewayFailover(t *testing.T) {
+	longRunning(t)
+	harness.Require(t, harness.NeedsNodes...)
+	env := harness.New(t)
+	cs := federation.OnNodes(t, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		Workers: 1, CandidatesOf: []int{3, 1},
+	})
+	a, b := cs[0], cs[1]
+	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	wa := federation.RunWeb(t, a, a.Workers[0], "web-w1")
+	wb := federation.RunWeb(t, b, b.Workers[0], "web-w1")
+	flows := []*flow{startFlow(t, a, wa, b, wb), startFlow(t, b, wb, a, wa)}
+	for _, f := range flows {
+		f.waitOK(t, time.Now(), 60*time.Second)
+	}
+	before := peerViews(t, cs)
+
+	active, dead := activeGateway(t, a)
+	killed := time.Now()
+	if err := dead.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s's active gateway node %s (agent pod %s)", a.Name, dead.NodeName, active.Name)
+	for _, f := range flows {
+		resumed := f.waitOK(t, killed, 90*time.Second)
+		last, _ := f.lastOKBefore(killed)
+		t.Logf("flow %s: gap %s (last answer %s before the kill, first %s after)", f.name,
+			resumed.Sub(last).Round(time.Millisecond), killed.Sub(last).Round(time.Millisecond), resumed.Sub(killed).Round(time.Millisecond))
+	}
+	next, gw := activeGateway(t, a)
+	if next.UID == active.UID || gw == dead {
+		t.Fatalf("flows resumed, but the active agent is still pod %s on %s", next.Name, gw.NodeName)
+	}
+	if l := leaseOf(t, a); l.Spec.AcquireTime != nil {
+		t.Logf("the replica on %s took the Lease %s after the kill", gw.NodeName, l.Spec.AcquireTime.Sub(killed).Round(time.Millisecond))
+	}
+	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 30*time.Second)
+	t.Run("no view changed, b sees the same a at its new gateway", func(t *testing.T) {
+		if after := peerViews(t, cs); !reflect.DeepEqual(before, after) {
+			t.Errorf("Peers before the kill:\n%s\nafter:\n%s", before, after)
+		}
+		want := netip.AddrPortFrom(gw.Addr, 51820).String()
+		eventually.Within(t, 30*time.Second, "b's Peer of a at the new gateway", func() error {
+			peers, err := b.Peers(context.Background())
+			if err != nil {
+				return err
+			}
+			p := peers[a.Name]
+			if p.Status.Endpoint != want {
+				return fmt.Errorf("b's Peer of a has endpoint %q, want the new gateway's %s", p.Status.Endpoint, want)
+			}
+			return nil
+		})
+		for _, f := range flows {
+			if wrong := f.wrongAnswers(); len(wrong) > 0 {
+				t.Errorf("flow %s: answers seen as another address than %s: %v", f.name, f.want, wrong)
+			}
+		}
+	})
+
+	// As an operator does once a node is dead for good; flotilla info
+	// would wait on a dead node's kubelet for the pod's checks.
+	a.RemoveDeadNode(t, dead)
+	t.Run("flotilla info and an Event name the new active node", func(t *testing.T) {
+		out, err := exec.Command(harness.Flotilla(t), "info", "--kubeconfig", a.CP.Kubeconfig, "-o", "json").CombinedOutput()
+		var info struct {
+			Agent struct {
+				Gateway struct {
+					Elected bool
+					Node    string
+					Since   *metav1.MicroTime
+					Changes int32
+				}
+			}
+		}
+		if err != nil || json.Unmarshal(out, &info) != nil {
+			t.Fatalf("flotilla info -o json: %v\n%s", err, out)
+		}
+		if g := info.Agent.Gateway; !g.Elected || g.Node != gw.NodeName || g.Since == nil || g.Since.Time.Before(killed) || g.Changes < 1 {
+			t.Errorf("flotilla info's gateway %+v, want active on %s since after %s, having changed hands", g, gw.NodeName, killed.Format(time.StampMilli))
+		}
+		evs, err := a.CP.Client.CoreV1().Events(federation.AgentNamespace).List(context.Background(),
+			metav1.ListOptions{FieldSelector: "involvedObject.name=" + next.Name + ",reason=" + ha.EventTookOver})
+		if err != nil || len(evs.Items) == 0 {
+			t.Errorf("no Event %s on the new active pod %s (%v)", ha.EventTookOver, next.Name, err)
+		}
+	})
+
+	t.Run("killing the standby drops nothing", func(t *testing.T) {
+		standby := waitStandby(t, a, next)
+		sgw := a.Candidate(standby.Spec.NodeName)
+		lease := leaseOf(t, a)
+		killed := time.Now()
+		if err := sgw.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		// The witness that the active replica went on past the standby's
+		// death: it renewed the Lease later than a lease duration after the
+		// kill, and every flow answered after that.
+		var renewed time.Time
+		eventually.Within(t, 60*time.Second, "the active replica renews the Lease after the standby died", func() error {
+			l := leaseOf(t, a)
+			if *l.Spec.HolderIdentity != *lease.Spec.HolderIdentity {
+				return fmt.Errorf("the Lease moved from %s to %s", *lease.Spec.HolderIdentity, *l.Spec.HolderIdentity)
+			}
+			if renewed = l.Spec.RenewTime.Time; renewed.Before(killed.Add(ha.DefaultLeaseDuration)) {
+				return fmt.Errorf("the Lease was last renewed %s after the standby's kill, want a lease duration (%s)", renewed.Sub(killed), ha.DefaultLeaseDuration)
+			}
+			return nil
+		})
+		for _, f := range flows {
+			f.waitOK(t, renewed, 30*time.Second)
+			if fails := f.failsBetween(killed, renewed); len(fails) > 0 {
+				t.Errorf("flow %s: %d tries failed after the standby %s was killed: %v", f.name, len(fails), sgw.NodeName, fails)
+			}
+		}
+		if now, _ := activeGateway(t, a); now.UID != next.UID {
+			t.Errorf("the active agent changed from %s to %s", next.Name, now.Name)
+		}
+		a.RemoveDeadNode(t, sgw)
+	})
+	for _, f := range flows {
+		f.stop()
+	}
+}
+
+// activeGateway waits until one agent pod of c is labelled active and
+// Ready, and returns it and its node.
+func activeGateway(t testing.TB, c *federation.NodeCluster) (corev1.Pod, *harness.Node) {
+	t.Helper()
+	var p corev1.Pod
+	eventually.Within(t, 90*time.Second, "an active agent of "+c.Name, func() (err error) {
+		if p, err = c.ActiveAgent(context.Background()); err != nil {
+			return err
+		}
+		return federation.PodReady(p)
+	})
+	n := c.Candidate(p.Spec.NodeName)
+	if n == nil {
+		t.Fatalf("the active agent %s runs on %s, not a gateway candidate", p.Name, p.Spec.NodeName)
+	}
+	return p, n
+}
+
+// waitStandby waits until c has a Ready agent pod besides active, on a
+// live node, and returns it.
+func waitStandby(t testing.TB, c *federation.NodeCluster, active corev1.Pod) corev1.Pod {
+	t.Helper()
+	var standby corev1.Pod
+	eventually.Within(t, 90*time.Second, "a standby agent of "+c.Name, func() error {
+		pods, err := c.AgentPods(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, p := range pods {
+			if n := c.Candidate(p.Spec.NodeName); p.UID != active.UID && n != nil && !n.Killed() && federation.PodReady(p) == nil {
+				standby = p
+				return nil
+			}
+		}
+		return fmt.Errorf("no Ready standby among %d agent pods", len(pods))
+	})
+	return standby
+}
+
+func leaseOf(t testing.TB, c *federation.NodeCluster) *coordinationv1.Lease {
+	t.Helper()
+	l, err := c.CP.Client.CoordinationV1().Leases(federation.AgentNamespace).Get(context.Background(), ha.LeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Lease of %s: %v", c.Name, err)
+	}
+	if l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
+		t.Fatalf("Lease of %s has no holder or renew time: %+v", c.Name, l.Spec)
+	}
+	return l
+}
+
+// peerViews is what a failover must not change, per cluster and Peer:
+// the Peer (its name and UID), the cluster's identity and WireGuard key
+// as the Peer has them, and the views both ways.
+func peerViews(t testing.TB, cs []*federation.NodeCluster) string {
+	t.Helper()
+	var b strings.Builder
+	for _, c := range cs {
+		peers, err := c.Peers(context.Background())
+		if err != nil {
+			t.Fatalf("Peers of %s: %v", c.Name, err)
+		}
+		for name, p := range peers {
+			fmt.Fprintf(&b, "%s: Peer %s (uid %s) of %s key %s views %s theirs %v mine %v\n", c.Name, p.Name, p.UID, name,
+				p.Status.PublicKey, p.Status.Views, p.Status.TheirNetworks, p.Status.MyNetworks)
+		}
+	}
+	return b.String()
+}
+
+// flow is a worker pod exchanging a line with another cluster's worker
+// pod on a new TCP connection every 20 ms (testserver -probe), through
+// kubectl exec: the tries it reports, by the pod's clock (the machine's).
+type flow struct {
+	name string
+	want netip.Addr // the address the server must see the client as
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu    sync.Mutex
+	oks   []time.Time
+	fails []failure
+	wrong []string // answers seen as another address than want
+}
+
+func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, to *federation.NodeCluster, toPod corev1.Pod) *flow {
+	t.Helper()
+	dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP))
+	f := &flow{
+		name: fmt.Sprintf("%s/%s -> %s/%s at %s", from.Name, fromPod.Name, to.Name, toPod.Name, dst),
+		want: federation.ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
+		done: make(chan struct{}),
+	}
+	f.cmd = exec.Command(federation.KubectlPath(), "--kubeconfig", from.CP.Kubeconfig, "exec", fromPod.Name, "--",
+		"/testserver", "-probe", netip.AddrPortFrom(dst, harness.TestServerTCPPort).String(), "-every", "20ms", "-timeout", "1s", "-for", "15m")
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Start(); err != nil {
+		t.Fatalf("flow %s: %v", f.name, err)
+	}
+	t.Cleanup(f.stop)
+	go func() {
+		defer close(f.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			f.note(sc.Text())
+		}
+	}()
+	return f
+}
+
+// note records one line of testserver -probe.
+func (f *flow) note(line string) {
+	fields := strings.SplitN(line, " ", 3)
+	if len(fields) < 3 {
+		return
+	}
+	ns, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		return
+	}
+	at := time.Unix(0, ns)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch fields[0] {
+	case "ok":
+		f.oks = append(f.oks, at)
+		if fields[2] != f.want.String() {
+			f.wrong = append(f.wrong, fields[2])
+		}
+	case "fail":
+		f.fails = append(f.fails, failure{at, fields[2]})
+	}
+}
+
+func (f *flow) stop() {
+	if f.cmd.Process != nil {
+		f.cmd.Process.Kill()
+		f.cmd.Wait()
+	}
+}
+
+// waitOK waits until a try that started after t0 was answered, and
+// returns when it started.
+func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if at, ok := f.firstOKAfter(t0); ok {
+			return at
+		}
+		select {
+		case <-f.done:
+			t.Fatalf("flow %s: kubectl exec ended: %v", f.name, f.cmd.Wait())
+		default:
+		}
+		if time.Now().After(deadline) {
+			f.mu.Lock()
+			fails := f.fails[max(0, len(f.fails)-3):]
+			f.mu.Unlock()
+			t.Fatalf("flow %s: no answer within %s (last failures: %v)", f.name, timeout, fails)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (f *flow) firstOKAfter(t0 time.Time) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, at := range f.oks {
+		if at.After(t0) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (f *flow) lastOKBefore(t0 time.Time) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.oks) - 1; i >= 0; i-- {
+		if f.oks[i].Before(t0) {
+			return f.oks[i], true
+		}
+	}
+	return time.Time{}, false
+}
+
+// longestGap is the longest time between two answered tries from the
+// last answer before t0 to the first after t1.
+func (f *flow) longestGap(t0, t1 time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var longest time.Duration
+	var prev time.Time
+	for _, at := range f.oks {
+		if at.Before(t0) {
+			prev = at
+			continue
+		}
+		if !prev.IsZero() {
+			longest = max(longest, at.Sub(prev))
+		}
+		prev = at
+		if at.After(t1) {
+			break
+		}
+	}
+	return longest
+}
+
+// failure is a try that got no answer: when it started, and why.
+type failure struct {
+	at  time.Time
+	err string
+}
+
+func (x failure) String() string { return x.at.Format("15:04:05.000") + " " + x.err }
+
+// failsBetween lists the failed tries that started between t0 and t1.
+func (f *flow) failsBetween(t0, t1 time.Time) []failure {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []failure
+	for _, x := range f.fails {
+		if x.at.After(t0) && x.at.Before(t1) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (f *flow) wrongAnswers() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.wrong...)
+}
