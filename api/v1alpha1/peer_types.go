@@ -313,6 +313,12 @@ const (
 	ConditionOffloadCredential = "OffloadCredential"
 )
 
+// ReasonFencesNotEnforced is the OffloadGranted condition's reason while
+// the grant gives the peer nothing because this cluster's admission
+// fences are not proven enforced; the agent proves them again within
+// seconds, so a client may wait it out.
+const ReasonFencesNotEnforced = "FencesNotEnforced"
+
 // Peer is another cluster of the federation, as this cluster sees it. The
 // agent creates one per discovered cluster, named after its cluster ID.
 //

@@ -211,11 +211,6 @@ func patchSpec(ctx context.Context, c client.Client, peer v1alpha1.Peer, spec ma
 	return peer.Generation, nil
 }
 
-// reasonFencesNotEnforced is offload/tenancy's ReasonFencesNotEnforced,
-// named here because the CLI for macOS does not link offload/tenancy;
-// TestGrantReasons keeps the two equal.
-const reasonFencesNotEnforced = "FencesNotEnforced"
-
 // waitGrant waits until the agent has acted on generation gen and prints
 // what it says.
 func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, gen int64, timeout time.Duration, granted bool) error {
@@ -232,7 +227,7 @@ func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, g
 		if cond == nil || cond.ObservedGeneration < gen {
 			return false, nil
 		}
-		if cond.Reason == reasonFencesNotEnforced && (last == nil || last.Reason != cond.Reason) {
+		if cond.Reason == v1alpha1.ReasonFencesNotEnforced && (last == nil || last.Reason != cond.Reason) {
 			fmt.Fprintf(w, "waiting: %s\n", cond.Message)
 		}
 		last = cond
@@ -241,7 +236,7 @@ func waitGrant(ctx context.Context, c client.Client, w io.Writer, name string, g
 		// out: policies just applied take a moment, and the agent proves
 		// them again within seconds.
 		return cond.Status == metav1.ConditionTrue || !granted ||
-			(cond.Reason != "WaitingForPeer" && cond.Reason != reasonFencesNotEnforced), nil
+			(cond.Reason != "WaitingForPeer" && cond.Reason != v1alpha1.ReasonFencesNotEnforced), nil
 	})
 	if last == nil {
 		return fmt.Errorf("the agent has not acted on the change within %s (is it running? `kubectl -n flotilla-system logs deploy/flotilla-agent`)", timeout)

@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/offload/tenancy"
 )
 
 func TestGrantLimits(t *testing.T) {
@@ -101,11 +100,5 @@ func TestStatusShowsTraffic(t *testing.T) {
 		if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[1]), "  "+tc.want) {
 			t.Errorf("status %+v: flotilla status:\n%s\nwant the row to end in %q", tc.status, out.String(), tc.want)
 		}
-	}
-}
-
-func TestGrantReasons(t *testing.T) {
-	if reasonFencesNotEnforced != tenancy.ReasonFencesNotEnforced {
-		t.Fatalf("reasonFencesNotEnforced %q, want offload/tenancy's %q", reasonFencesNotEnforced, tenancy.ReasonFencesNotEnforced)
 	}
 }

@@ -310,10 +310,6 @@ func (p *Grants) Run(ctx context.Context) error {
 	return p.ctrl.Run(ctx, nil)
 }
 
-// ReasonFencesNotEnforced is the grant condition's reason while a peer
-// granted gets nothing because the fences are not proven.
-const ReasonFencesNotEnforced = "FencesNotEnforced"
-
 // hold forgets the credential issued to consumer, so that none is renewed
 // and mirroring gives it nothing new; the tenant stays, and the last
 // token expires on its own.
@@ -410,7 +406,7 @@ func (p *Grants) reconcile(ctx context.Context, id string) (time.Duration, error
 	}
 	if err := p.cfg.Fences.Enforced(); err != nil {
 		p.hold(id)
-		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: ReasonFencesNotEnforced,
+		return 0, p.writeStatus(ctx, peer, offload.GrantCondition{Reason: v1alpha1.ReasonFencesNotEnforced,
 			Message: "this cluster grants nothing while its admission policies are not in force: " + err.Error()})
 	}
 	p.mu.Lock()

@@ -660,7 +660,7 @@ func (w *world) testFencesMissing(t *testing.T) {
 	if err := w.fences.Check(ctx); err == nil || !strings.Contains(err.Error(), policy) {
 		t.Fatalf("fences checked without the binding %s: %v, want an error naming it", policy, err)
 	}
-	peer := w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, false, ReasonFencesNotEnforced)
+	peer := w.waitCondition(t, w.provClient, cid, v1alpha1.ConditionOffloadGranted, false, v1alpha1.ReasonFencesNotEnforced)
 	if cond := meta.FindStatusCondition(peer.Status.Conditions, v1alpha1.ConditionOffloadGranted); !strings.Contains(cond.Message, policy) {
 		t.Errorf("the Peer's condition does not say which policy is missing: %s", cond.Message)
 	}

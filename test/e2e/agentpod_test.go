@@ -36,6 +36,7 @@ const agentAccount = "system:serviceaccount:" + federation.AgentNamespace + ":fl
 // agent's log; the account can do exactly what docs/install.md lists.
 // Nothing of the run is left.
 func TestAgentPodFromManifests(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	var run string
 	t.Run("federation", func(t *testing.T) {

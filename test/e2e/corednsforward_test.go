@@ -38,6 +38,7 @@ import (
 // the flag off the agent takes its block out, leaving the Corefile byte
 // for byte as it was.
 func TestClustersetThroughCoreDNS(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{

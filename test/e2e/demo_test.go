@@ -18,6 +18,7 @@ import (
 // from kubectl apply -k, real pods talking across the overlap), and
 // Ctrl-C tears all of it down.
 func TestDemoUpAndDown(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	bin := harness.Flotilla(t)
 	demo := filepath.Join(t.TempDir(), "demo")

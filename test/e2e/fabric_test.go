@@ -32,6 +32,7 @@ import (
 // flowing; an uninstall leaves no rule, route or table of the fabric on
 // any node (and leaves flannel's own alone).
 func TestFabric(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	harness.Require(t, harness.IPTables, harness.Flannel)
 	var run string

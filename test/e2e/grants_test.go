@@ -27,7 +27,6 @@ import (
 	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/offload/remote"
-	"github.com/flotilla-io/flotilla/offload/tenancy"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -121,7 +120,7 @@ func testGrants(t *testing.T, prov, cons *federation.NodeCluster) {
 		if err := bindings.Delete(ctx, policy, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		c := waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, tenancy.ReasonFencesNotEnforced, 30*time.Second)
+		c := waitCondition(t, prov, cons.Name, v1alpha1.ConditionOffloadGranted, v1alpha1.ReasonFencesNotEnforced, 30*time.Second)
 		if !strings.Contains(c.Message, policy) {
 			t.Errorf("%s's Peer %s does not name the missing policy: %s", prov.Name, cons.Name, c.Message)
 		}

@@ -15,6 +15,16 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
+// longRunning marks a test that brings up clusters of real nodes and
+// runs for minutes: such tests run two at a time (go test's -parallel,
+// GOMAXPROCS by default) once the package's short tests are done. They
+// spend most of their time waiting on API servers, kubelets and agents,
+// and each has its own networks, nodes and names, so two share the
+// machine as two packages of one `go test ./...` already do.
+func longRunning(t *testing.T) {
+	t.Parallel()
+}
+
 // waitFor polls check until it passes, the process exits, or timeout.
 func waitFor(t *testing.T, p *harness.Process, timeout time.Duration, check func() error) {
 	t.Helper()

@@ -38,6 +38,7 @@ import (
 // --accept, finishes it: Connected both ways, and pods talk by their
 // views; its offloaded Deployment runs on a, behind an exported Service.
 func TestQuickstart(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	doc := readQuickstart(t)
 	start := time.Now()

@@ -25,6 +25,7 @@ import (
 // blocks announced, viewed by b and c, and reached from them, and the
 // pods b and c reached before keep their addresses.
 func TestLargePodCIDRPeers(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	start := time.Now()

@@ -35,6 +35,7 @@ import (
 // is touched; restarting an agent mid-way converges; deleting the
 // NamespaceOffload removes the remote namespaces, then itself.
 func TestNamespaceOffload(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{

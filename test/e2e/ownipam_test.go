@@ -25,6 +25,7 @@ import (
 // it and the pods talk both ways. A node joining a later, with a pod in a
 // new block, has that block announced and reached.
 func TestPodBlocksFromPodAddresses(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cniRange := func(node int) netip.Prefix {

@@ -39,6 +39,7 @@ import (
 // down; `flotilla gather`'s bundles of a and b hold none of their
 // credentials.
 func TestServicesAcrossClusters(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{

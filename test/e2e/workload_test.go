@@ -33,6 +33,7 @@ import (
 // strategy, the pod lifecycle both ways, a consumer agent killed while 50
 // pods are created, and a refusal by c's quota shown on a's pod.
 func TestWorkloadOffload(t *testing.T) {
+	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
