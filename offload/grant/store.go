@@ -60,6 +60,25 @@ func NewStore(id identity.Identity, l Ledger) *Store {
 // revocation replaces the grant held. What Accept keeps is in the ledger
 // when it returns.
 func (s *Store) Accept(from ed25519.PublicKey, sealed []byte, now time.Time) (Grant, Change, error) {
+	return s.decide(from, sealed, now, func(g Grant) error {
+		if err := s.ledger.PutGrant(g.Provider, encodeRecord(from, sealed)); err != nil {
+			return fmt.Errorf("accept grant from %s: keep it: %w", g.Provider, err)
+		}
+		return nil
+	})
+}
+
+// Check says what Accept would do with a sealed grant, with the same
+// refusals, and keeps nothing: a consumer uses it to act on a grant while
+// Accept's write to the ledger runs.
+func (s *Store) Check(from ed25519.PublicKey, sealed []byte, now time.Time) (Grant, Change, error) {
+	return s.decide(from, sealed, now, nil)
+}
+
+// decide opens sealed and says what keeping it changes, or why it is
+// refused; when it changes something, keep (if not nil) runs with s.mu
+// held, and its error refuses the grant.
+func (s *Store) decide(from ed25519.PublicKey, sealed []byte, now time.Time, keep func(Grant) error) (Grant, Change, error) {
 	g, err := Open(s.id, from, sealed)
 	if err != nil {
 		return Grant{}, Unchanged, err
@@ -70,27 +89,10 @@ func (s *Store) Accept(from ed25519.PublicKey, sealed []byte, now time.Time) (Gr
 	switch {
 	case err != nil:
 		return Grant{}, Unchanged, err
-	case change == Unchanged:
-		return g, Unchanged, nil
+	case change == Unchanged || keep == nil:
+		return g, change, nil
 	}
-	if err := s.ledger.PutGrant(g.Provider, encodeRecord(from, sealed)); err != nil {
-		return Grant{}, Unchanged, fmt.Errorf("accept grant from %s: keep it: %w", g.Provider, err)
-	}
-	return g, change, nil
-}
-
-// Check says what Accept would do with a sealed grant, with the same
-// refusals, and keeps nothing: a consumer uses it to act on a grant while
-// Accept's write to the ledger runs.
-func (s *Store) Check(from ed25519.PublicKey, sealed []byte, now time.Time) (Grant, Change, error) {
-	g, err := Open(s.id, from, sealed)
-	if err != nil {
-		return Grant{}, Unchanged, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	change, err := s.change(g, sealed, now)
-	if err != nil {
+	if err := keep(g); err != nil {
 		return Grant{}, Unchanged, err
 	}
 	return g, change, nil
