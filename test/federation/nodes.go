@@ -255,8 +255,10 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 				StateDir:     filepath.Join(env.Dir, "state-"+name),
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway:    nodes[first[i]],
-			Candidates: nodes[first[i] : first[i]+candidates[i]],
-			Workers:    nodes[first[i]+candidates[i] : first[i+1]],
+			// Copies: AddWorkers and AddCandidates append to these, which
+			// must not write over the next cluster's nodes in nodes.
+			Candidates: slices.Clone(nodes[first[i] : first[i]+candidates[i]]),
+			Workers:    slices.Clone(nodes[first[i]+candidates[i] : first[i+1]]),
 			env:        env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
@@ -284,7 +286,11 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	// first), and before a node AddWorkers started later stops: no test
 	// can forget to check what the agents leave, and every node of the
 	// clusters is still running while the agents are uninstalled.
-	check := sync.OnceFunc(func() { checkUninstall(t, cs) })
+	// A sync.Once, not sync.OnceFunc: checkUninstall fails with t.Fatal,
+	// whose Goexit OnceFunc turns into a panic that would end every test
+	// of the package running beside this one.
+	var once sync.Once
+	check := func() { once.Do(func() { checkUninstall(t, cs) }) }
 	t.Cleanup(check)
 	env.BeforeNodesStop(check)
 	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
