@@ -254,7 +254,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
 				StateDir:     filepath.Join(env.Dir, "state-"+name),
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
-			Gateway:    nodes[first[i]],
+			Gateway: nodes[first[i]],
 			// Copies: AddWorkers and AddCandidates append to these, which
 			// must not write over the next cluster's nodes in nodes.
 			Candidates: slices.Clone(nodes[first[i] : first[i]+candidates[i]]),
