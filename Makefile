@@ -106,11 +106,10 @@ test: deps lint test-only
 # go test through gotestsum (a tool of go.mod): the output of go test,
 # then a summary that lists every skipped test with its reason, so a run
 # without CI=true that skipped what it lacked does not pass for a full one.
-# Packages run TEST_P at a time (the tests mostly wait on API servers and
-# nodes, so more than one per core), the longest first: test/e2e alone
+# Packages run TEST_P at a time, the longest first: test/e2e alone
 # takes about two thirds of the run, and go test starts packages in the
 # order they are named.
-TEST_P ?= 3
+TEST_P ?= 2
 TEST_FIRST = ./test/e2e ./test/harness ./agent ./offload/tenancy ./cmd/flotilla ./deploy
 test-only:
 	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg -- -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(TEST_FIRST) ./...

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,13 +17,15 @@ import (
 )
 
 // longRunning marks a test that brings up clusters of real nodes and
-// runs for minutes: such tests run two at a time (go test's -parallel,
-// GOMAXPROCS by default) once the package's short tests are done. They
-// spend most of their time waiting on API servers, kubelets and agents,
-// and each has its own networks, nodes and names, so two share the
-// machine as two packages of one `go test ./...` already do.
+// runs for minutes. With FLOTILLA_E2E_PARALLEL=1 such tests run two at a
+// time (go test's -parallel) after the short ones; each has its own
+// networks, nodes and names. It is off by default until the full suite
+// passes with it: one such run lost TestDemoUpAndDown's demo process
+// (killed after Ctrl-C) and hit an API discovery race elsewhere.
 func longRunning(t *testing.T) {
-	t.Parallel()
+	if os.Getenv("FLOTILLA_E2E_PARALLEL") == "1" {
+		t.Parallel()
+	}
 }
 
 // waitFor polls check until it passes, the process exits, or timeout.
