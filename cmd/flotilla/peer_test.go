@@ -70,7 +70,16 @@ func newPeerEnv(t *testing.T) *peerEnv {
 func (e *peerEnv) addPeer(t *testing.T, id, name string, phase v1alpha1.Phase) {
 	t.Helper()
 	p := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: id, Labels: map[string]string{v1alpha1.LabelClusterName: name}}}
-	if err := e.admin.Create(t.Context(), p); err != nil {
+	// The CRD is established, but the API server's discovery may not
+	// list its group yet: wait that out, and only that.
+	var err error
+	for range 100 {
+		if err = e.admin.Create(t.Context(), p); !strings.Contains(fmt.Sprint(err), "no matches for") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	p.Status = v1alpha1.PeerStatus{ClusterName: name, Phase: phase, Endpoint: "198.18.0.2:51820", Sources: []string{"mdns"},
