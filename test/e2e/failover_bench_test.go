@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"slices"
 	"testing"
@@ -12,10 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
-	"github.com/flotilla-io/flotilla/test/federation"
-	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // How long traffic stops when a cluster's gateway moves: two clusters,
@@ -31,20 +27,8 @@ import (
 // median for a kill, <= 0.5 s for a graceful stop; the anchor is
 // Submariner's lease (10 s).
 func BenchmarkGatewayFailover(b *testing.B) {
-	harness.Require(b, harness.NeedsNodes...)
-	env := harness.New(b)
-	cs := federation.OnNodes(b, env, federation.NodeOptions{
-		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
-		Workers: 1, CandidatesOf: []int{2, 1},
-	})
-	a, p := cs[0], cs[1]
-	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	wa := federation.RunWeb(b, a, a.Workers[0], "web-w1")
-	wp := federation.RunWeb(b, p, p.Workers[0], "web-w1")
-	flows := []*flow{startFlow(b, a, wa, p, wp), startFlow(b, p, wp, a, wa)}
-	for _, f := range flows {
-		f.waitOK(b, time.Now(), 60*time.Second)
-	}
+	cs, flows := failoverClusters(b, 2)
+	a := cs[0]
 	// gap is the longest time any flow went without an answer from t0
 	// until the replica other than was is the active one and every flow
 	// answered after that: a killed gateway stops traffic at once, a

@@ -37,20 +37,8 @@ import (
 // and killing it drops nothing.
 func TestGatewayFailover(t *testing.T) {
 	longRunning(t)
-	harness.Require(t, harness.NeedsNodes...)
-	env := harness.New(t)
-	cs := federation.OnNodes(t, env, federation.NodeOptions{
-		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
-		Workers: 1, CandidatesOf: []int{3, 1},
-	})
+	cs, flows := failoverClusters(t, 3)
 	a, b := cs[0], cs[1]
-	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
-	wa := federation.RunWeb(t, a, a.Workers[0], "web-w1")
-	wb := federation.RunWeb(t, b, b.Workers[0], "web-w1")
-	flows := []*flow{startFlow(t, a, wa, b, wb), startFlow(t, b, wb, a, wa)}
-	for _, f := range flows {
-		f.waitOK(t, time.Now(), 60*time.Second)
-	}
 	before := peerViews(t, cs)
 
 	active, dead := activeGateway(t, a)
@@ -164,6 +152,28 @@ func TestGatewayFailover(t *testing.T) {
 
 // activeGateway waits until one agent pod of c is labelled active and
 // Ready, and returns it and its node.
+// failoverClusters brings up two connected clusters of real nodes, a
+// with candidates gateway candidates and two agent replicas, b with one,
+// each with a worker, and starts a flow each way between the workers'
+// pods, answered once.
+func failoverClusters(t testing.TB, candidates int) ([]*federation.NodeCluster, []*flow) {
+	harness.Require(t, harness.NeedsNodes...)
+	env := harness.New(t)
+	cs := federation.OnNodes(t, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		Workers: 1, CandidatesOf: []int{candidates, 1},
+	})
+	a, b := cs[0], cs[1]
+	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	wa := federation.RunWeb(t, a, a.Workers[0], "web-w1")
+	wb := federation.RunWeb(t, b, b.Workers[0], "web-w1")
+	flows := []*flow{startFlow(t, a, wa, b, wb), startFlow(t, b, wb, a, wa)}
+	for _, f := range flows {
+		f.waitOK(t, time.Now(), 60*time.Second)
+	}
+	return cs, flows
+}
+
 func activeGateway(t testing.TB, c *federation.NodeCluster) (corev1.Pod, *harness.Node) {
 	t.Helper()
 	var p corev1.Pod
