@@ -75,11 +75,14 @@ func (s *Server) Serve(ctx context.Context, srv *http.Server) error {
 	}
 	srv.TLSConfig.GetCertificate = s.Store.Certificate
 	served, done := make(chan error, 1), make(chan struct{})
+	// Serving from here on: the listener queues connections already, and
+	// a client answered before the goroutine below got this far must not
+	// find the server not ready.
+	s.serving.Store(true)
 	go func() {
 		defer close(done)
 		served <- srv.ServeTLS(l, "", "")
 	}()
-	s.serving.Store(true)
 	defer s.stop(srv, done)
 	if s.Listening != nil {
 		s.Listening()
