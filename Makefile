@@ -109,7 +109,7 @@ test: deps lint test-only
 # Packages run TEST_P at a time, the longest first: test/e2e alone
 # takes about two thirds of the run, and go test starts packages in the
 # order they are named.
-TEST_P ?= 2
+TEST_P ?= 3
 TEST_FIRST = ./test/e2e ./test/harness ./agent ./offload/tenancy ./cmd/flotilla ./deploy
 test-only:
 	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg -- -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) $(TEST_FIRST) ./...

@@ -32,7 +32,7 @@ func TestDemoUpAndDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := harness.StartCommand(cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })

@@ -17,13 +17,12 @@ import (
 )
 
 // longRunning marks a test that brings up clusters of real nodes and
-// runs for minutes. With FLOTILLA_E2E_PARALLEL=1 such tests run two at a
-// time (go test's -parallel) after the short ones; each has its own
-// networks, nodes and names. It is off by default until the full suite
-// passes with it: one such run lost TestDemoUpAndDown's demo process
-// (killed after Ctrl-C) and hit an API discovery race elsewhere.
+// runs for minutes. Such tests run two at a time (go test's -parallel,
+// GOMAXPROCS on the 2-core CI machine) after the short ones; each has its
+// own networks, nodes and names. FLOTILLA_E2E_PARALLEL=0 runs them one
+// after another, to tell a failure of load from one of the test.
 func longRunning(t *testing.T) {
-	if os.Getenv("FLOTILLA_E2E_PARALLEL") == "1" {
+	if os.Getenv("FLOTILLA_E2E_PARALLEL") != "0" {
 		t.Parallel()
 	}
 }

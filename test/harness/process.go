@@ -125,6 +125,12 @@ type spawnRequest struct {
 	errc chan error
 }
 
+// StartCommand starts cmd from the harness's spawning thread, for a test
+// that runs a command of its own with Pdeathsig set: started from the
+// test's goroutine, its thread may be one that Netns.Do ends later, and the
+// kernel would kill the command then.
+func StartCommand(cmd *exec.Cmd) error { return startFromSpawner(cmd) }
+
 func startFromSpawner(cmd *exec.Cmd) error {
 	spawner.once.Do(func() {
 		go func() {
