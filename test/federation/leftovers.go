@@ -171,17 +171,28 @@ func revokeAll(c *NodeCluster, flotilla string) error {
 			return fmt.Errorf("flotilla revoke %s (%s): %v\n%s", p.Name, name, err, out)
 		}
 	}
-	_, err = eventually.Until(uninstallTimeout, "no tenant namespace left", func() error {
+	// The namespace controller deletes them, about ten at a time: after a
+	// benchmark that offloaded a hundred namespaces that takes minutes.
+	// Waited for as long as their number goes down, uninstallTimeout at
+	// most without any going.
+	left, progress := -1, time.Now()
+	for {
 		nss, err := c.CP.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: offload.LabelTenant})
 		if err != nil {
-			return err
+			return fmt.Errorf("tenant namespaces: %w", err)
 		}
-		if n := len(nss.Items); n > 0 {
-			return fmt.Errorf("%d tenant namespaces, the first %s", n, nss.Items[0].Name)
+		n := len(nss.Items)
+		if n == 0 {
+			return nil
 		}
-		return nil
-	})
-	return err
+		if left < 0 || n < left {
+			left, progress = n, time.Now()
+		}
+		if time.Since(progress) > uninstallTimeout {
+			return fmt.Errorf("%d tenant namespaces left, none deleted in %s; the first %s", n, uninstallTimeout, nss.Items[0].Name)
+		}
+		time.Sleep(eventually.Poll)
+	}
 }
 
 // gone says whether err means our kinds are not served: the CRDs were
