@@ -147,20 +147,23 @@ func reverse(addr, dns string) int {
 }
 
 // fetchUntil GETs url every 50 ms until an answer is 200 OK or wait
-// passed; it prints when the answer came, then its body.
+// passed; it prints when the answer came, how many tries it took and
+// how long the last one took (nanoseconds), then the answer's body.
 func fetchUntil(url, dns string, wait time.Duration) int {
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext:       (&net.Dialer{Resolver: resolver(dns)}).DialContext,
 		DisableKeepAlives: true,
 	}}
 	deadline := time.Now().Add(wait)
-	for {
+	for tries := 1; ; tries++ {
+		began := time.Now()
 		resp, err := c.Get(url)
 		if err == nil {
 			body, rerr := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if rerr == nil && resp.StatusCode == http.StatusOK {
-				fmt.Printf("at %d\n", time.Now().UnixNano())
+				now := time.Now()
+				fmt.Printf("at %d\ntries %d\nlast-try %d\n", now.UnixNano(), tries, now.Sub(began))
 				os.Stdout.Write(body)
 				return 0
 			}
