@@ -36,7 +36,8 @@ type Cluster struct {
 	Name string
 	CP   *harness.ControlPlane
 	Site *harness.Site
-	// NAT is the router the site sits behind (Options.BehindNAT), or nil.
+	// NAT is the router the site sits behind (Options.BehindNAT), or the
+	// nodes (NodeOptions.BehindNAT), or nil.
 	NAT   *harness.NATRouter
 	Pod   *harness.Pod
 	Agent *harness.Process

@@ -109,8 +109,9 @@ func (c *NodeCluster) addNodes(t harness.TB, role string, names []string) []*har
 	return nodes
 }
 
-// LAN is the network every node of every cluster of OnNodes is on, where
-// more sites may join them.
+// LAN is the network c's nodes are on, where more sites may join them:
+// the one every cluster of OnNodes shares, or the cluster's own behind
+// its NAT router (NodeOptions.BehindNAT).
 func (c *NodeCluster) LAN() *harness.LAN { return c.lan }
 
 // FederationToken is the join token c's agent was installed with, the
@@ -170,6 +171,12 @@ type NodeOptions struct {
 	// the state directory of its own node, advertising its node's
 	// address.
 	CandidatesOf []int
+	// BehindNAT lists clusters (by index) whose nodes sit on a LAN of
+	// their own behind a NAT router on the shared LAN
+	// (harness.NewLANBehind, the cluster's NAT): they reach the shared
+	// LAN as the router's address, and nobody on it reaches them first.
+	// The cluster's API server stays on the shared LAN.
+	BehindNAT []int
 	// Keyless lists clusters (by index) whose agent is installed without
 	// a federation key, as deploy/ alone installs it: it generates its
 	// own and federates with nobody until it joins (`flotilla join`).
@@ -225,9 +232,19 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	// waiting (for its kubelet to register, for its pod range).
 	var specs []harness.NodeSpec
 	first := make([]int, opts.Clusters+1) // cluster i's nodes are nodes[first[i]:first[i+1]], its candidates first
+	nets := make([]*harness.LAN, opts.Clusters)
+	nats := make([]*harness.NATRouter, opts.Clusters)
+	for i := range opts.Clusters {
+		nets[i] = lan
+		if slices.Contains(opts.BehindNAT, i) {
+			name := string(rune('a' + i))
+			nats[i] = env.NewNATRouter("nat"+name, lan)
+			nets[i] = env.NewLANBehind("natlan"+name, nats[i])
+		}
+	}
 	for i, cp := range cps {
 		first[i] = len(specs)
-		node := harness.NodeOptions{Network: lan, Role: "gateway", Images: append([]string{image}, opts.Images...)}
+		node := harness.NodeOptions{Network: nets[i], Role: "gateway", Images: append([]string{image}, opts.Images...)}
 		for g := range candidates[i] {
 			name := "gw"
 			if g > 0 {
@@ -251,7 +268,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			t.Fatalf("client of %s: %v", name, err)
 		}
 		nc := &NodeCluster{
-			Cluster: &Cluster{Name: name, CP: cp, Client: c, iface: env.LinkName(name),
+			Cluster: &Cluster{Name: name, CP: cp, NAT: nats[i], Client: c, iface: env.LinkName(name),
 				StateDir:     filepath.Join(env.Dir, "state-"+name),
 				APIServerURL: cp.LANURL(), APIServerCA: cp.CAFile()},
 			Gateway: nodes[first[i]],
@@ -259,7 +276,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 			// must not write over the next cluster's nodes in nodes.
 			Candidates: slices.Clone(nodes[first[i] : first[i]+candidates[i]]),
 			Workers:    slices.Clone(nodes[first[i]+candidates[i] : first[i+1]]),
-			env:        env, lan: lan, images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
+			env:        env, lan: nets[i], images: append([]string{image}, opts.Images...), masquerade: opts.Masquerade,
 			settings: agentSettings{image: tag, podCIDR: cidrs[i], token: token, args: argsFor(opts, i)},
 		}
 		if slices.Contains(opts.Keyless, i) {

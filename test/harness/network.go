@@ -44,6 +44,10 @@ type LAN struct {
 
 	mu      sync.Mutex
 	members int
+	// gateway is the router's address on a LAN behind it
+	// (NewLANBehind), every later member's default route; invalid
+	// otherwise.
+	gateway netip.Addr
 	// cutReady: the partition table of Cut exists.
 	cutReady bool
 }
@@ -134,7 +138,15 @@ func (l *LAN) attach(n *Netns, ifname, farName string) (netip.Addr, error) {
 	if err := l.ns.nl.LinkSetMaster(peer, br); err != nil {
 		return addr, fmt.Errorf("attach %s to bridge: %w", farName, err)
 	}
-	return addr, l.ns.nl.LinkSetUp(peer)
+	if err := l.ns.nl.LinkSetUp(peer); err != nil {
+		return addr, err
+	}
+	if l.gateway.IsValid() {
+		if err := n.nl.RouteAdd(&netlink.Route{Gw: net.IP(l.gateway.AsSlice()), LinkIndex: link.Attrs().Index}); err != nil {
+			return addr, fmt.Errorf("default route via %s: %w", l.gateway, err)
+		}
+	}
+	return addr, nil
 }
 
 // Router joins sites on routed segments of their own (one /24 each, the
@@ -236,6 +248,9 @@ func (e *Env) newSite(name string, opts SiteOptions) (*Site, error) {
 			return nil, err
 		}
 		prefix = opts.LAN.Prefix
+		opts.LAN.mu.Lock()
+		gateway = opts.LAN.gateway
+		opts.LAN.mu.Unlock()
 	} else {
 		far, s.Underlay = opts.Router.ns, "wan0"
 		seg := e.nextSegment()

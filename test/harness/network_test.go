@@ -106,28 +106,50 @@ func TestSitesBehindRouter(t *testing.T) {
 	}
 }
 
-// A site behind a NAT router reaches a site on the LAN, which sees it as
-// the router's address; the site on the LAN cannot reach it first.
+// A site behind a NAT router, on a routed segment of its own or on a LAN
+// behind it (as a cluster's nodes are), reaches a site on the LAN, which
+// sees it as the router's address; the site on the LAN cannot reach it
+// first.
 func TestSiteBehindNATRouter(t *testing.T) {
 	harness.Require(t, harness.NeedsNetwork...)
-	env := harness.New(t)
-	lan := env.NewLAN("lan")
-	nat := env.NewNATRouter("nat", lan)
-	a := env.NewSite("a", harness.SiteOptions{LAN: lan})
-	b := env.NewSite("b", harness.SiteOptions{Router: nat.Router})
-	a.ServeTCP(8080)
-	seen, err := b.TCPExchange(netip.AddrPortFrom(a.Addr, 8080))
-	if err != nil {
-		t.Fatalf("site b behind the NAT to site a on the LAN: %v", err)
-	}
-	if seen != nat.Addr {
-		t.Fatalf("site a saw site b as %s, want the router's LAN address %s", seen, nat.Addr)
-	}
-	// b reached a, and a routes b's segment via the router: only the
-	// router's rules keep a out.
-	a.MustExec("ip", "route", "add", netip.PrefixFrom(b.Addr, 24).Masked().String(), "via", nat.Addr.String())
-	b.ServeTCP(8080)
-	if seen, err := a.TCPExchange(netip.AddrPortFrom(b.Addr, 8080)); err == nil {
-		t.Fatalf("site a reached site b behind the NAT (seen as %s)", seen)
+	for _, tc := range []struct {
+		name   string
+		behind func(env *harness.Env, nat *harness.NATRouter) harness.SiteOptions
+	}{
+		{"on a segment of its own", func(env *harness.Env, nat *harness.NATRouter) harness.SiteOptions {
+			return harness.SiteOptions{Router: nat.Router}
+		}},
+		{"on a LAN behind it", func(env *harness.Env, nat *harness.NATRouter) harness.SiteOptions {
+			return harness.SiteOptions{LAN: env.NewLANBehind("inside", nat)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := harness.New(t)
+			lan := env.NewLAN("lan")
+			nat := env.NewNATRouter("nat", lan)
+			a := env.NewSite("a", harness.SiteOptions{LAN: lan})
+			b := env.NewSite("b", tc.behind(env, nat))
+			a.ServeTCP(8080)
+			seen, err := b.TCPExchange(netip.AddrPortFrom(a.Addr, 8080))
+			if err != nil {
+				t.Fatalf("site b behind the NAT to site a on the LAN: %v", err)
+			}
+			if seen != nat.Addr {
+				t.Fatalf("site a saw site b as %s, want the router's LAN address %s", seen, nat.Addr)
+			}
+			// b reached a, b serves (the router reaches it), and a routes
+			// b's segment via the router: only the router's rules keep a
+			// out.
+			b.ServeTCP(8080)
+			c, err := nat.DialContext(t.Context(), "tcp", netip.AddrPortFrom(b.Addr, 8080).String())
+			if err != nil {
+				t.Fatalf("the router to site b behind it: %v", err)
+			}
+			c.Close()
+			a.MustExec("ip", "route", "add", netip.PrefixFrom(b.Addr, 24).Masked().String(), "via", nat.Addr.String())
+			if seen, err := a.TCPExchange(netip.AddrPortFrom(b.Addr, 8080)); err == nil {
+				t.Fatalf("site a reached site b behind the NAT (seen as %s)", seen)
+			}
+		})
 	}
 }
