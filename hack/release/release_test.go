@@ -37,16 +37,24 @@ func moduleRoot(t *testing.T) string {
 	return root
 }
 
+// testLicense is a license file for a release of the small program: the
+// module has none of its own to give its plugin archives.
+func testLicense(t *testing.T) string {
+	t.Helper()
+	license := filepath.Join(t.TempDir(), "LICENSE")
+	if err := os.WriteFile(license, []byte("The license of a release of a small program.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return license
+}
+
 // A release of a small program stands in for the whole binary's, which
 // takes minutes per platform (`make release-test` cuts the real one):
 // the same steps, the same checks.
 func TestReleaseOfASmallProgram(t *testing.T) {
 	root := moduleRoot(t)
 	dir := filepath.Join(t.TempDir(), "v1.2.3-rc.1")
-	license := filepath.Join(t.TempDir(), "LICENSE")
-	if err := os.WriteFile(license, []byte("The license of a release of a small program.\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	license := testLicense(t)
 	args := []string{"-version", "v1.2.3-rc.1", "-o", dir, "-src", root, "-allow-dirty",
 		"-package", "./internal/version/testdata/printversion", "-image", "registry.example/flotilla", "-license", license}
 	var out strings.Builder
