@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm kube-network-policies demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm kube-network-policies prometheus-operator-crds demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
 
 all: build
 
@@ -93,6 +93,12 @@ helm:
 # source into the same cache.
 kube-network-policies:
 	bash hack/build-kube-network-policies.sh
+
+# Prometheus Operator's CRDs (PodMonitor, ServiceMonitor, PrometheusRule),
+# which deploy/monitoring's objects are applied against in its test,
+# copied from the operator's module source into the same cache.
+prometheus-operator-crds:
+	bash hack/fetch-prometheus-operator-crds.sh
 
 # A local federation of real nodes: per cluster a control plane and a
 # gateway node, the agent from its image (built from this checkout) by

@@ -254,7 +254,7 @@ func DefaultConfig() Config {
 type Agent struct {
 	cfg      Config
 	log      *slog.Logger
-	registry *prometheus.Registry
+	registry *peerMetrics
 	ready    checks
 
 	kube    kubeclient.Interface
@@ -408,7 +408,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, registry: NewRegistry(), kube: kube, restCfg: restCfg, now: now, skew: skew}
+	a := &Agent{cfg: cfg, log: cfg.Logger, registry: newPeerMetrics(NewRegistry()), kube: kube, restCfg: restCfg, now: now, skew: skew}
 	a.start = a.startComponents
 	if cfg.MetricsAddr != "" {
 		if a.guard, err = apiauth.New(apiauth.Config{Client: kube, TrustLoopback: cfg.MetricsTrustLoopback, Log: cfg.Logger.With("component", "metrics server")}); err != nil {

@@ -96,6 +96,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	engine.Store(eng)
+	a.registry.nameFrom(eng.PeerNames)
 	a.watchPeers(comps, relay.objects, eng)
 	if err := startStep(ctx, eng.Ready(), "peering engine not ready"); err != nil {
 		return err

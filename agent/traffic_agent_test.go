@@ -120,8 +120,8 @@ func TestSegregatedPeerThroughTheAgent(t *testing.T) {
 	// What an operator reads on a's agent.
 	metrics := scrape(t, a)
 	for _, want := range []string{
-		fmt.Sprintf(`flotilla_tunnel_policy_dropped_packets_total{peer="%s",reason="not_allowed"}`, bID),
-		fmt.Sprintf(`flotilla_tunnel_policy_set_elements{peer="%s",set="pods"} 0`, bID),
+		fmt.Sprintf(`flotilla_tunnel_policy_dropped_packets_total{peer="%s",peer_name="b",reason="not_allowed"}`, bID),
+		fmt.Sprintf(`flotilla_tunnel_policy_set_elements{peer="%s",peer_name="b",set="pods"} 0`, bID),
 		`flotilla_policy_input_errors{kind="Pod"} 0`,
 	} {
 		if !strings.Contains(metrics, want) {

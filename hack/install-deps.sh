@@ -4,7 +4,8 @@
 # plugins for real nodes among them), Go modules, the pinned Kubernetes
 # binaries, kubelet and kube-proxy included, the test clusters' CoreDNS and
 # flannel and kube-network-policies (all built from source into a cache
-# outside the tree).
+# outside the tree), and Prometheus Operator's CRDs (from its module source,
+# into the same cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,3 +62,4 @@ bash hack/build-coredns.sh
 bash hack/build-flannel.sh
 bash hack/build-helm.sh
 bash hack/build-kube-network-policies.sh
+bash hack/fetch-prometheus-operator-crds.sh

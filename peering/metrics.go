@@ -68,6 +68,11 @@ func newMetrics(reg prometheus.Registerer, dp Dataplane) *metrics {
 	return m
 }
 
+// PeerNames are the peers the engine knows, by cluster ID, each with the
+// name it announced ("" until its first statement): what its last pass
+// published, as flotilla_peer_phase serves it.
+func (e *Engine) PeerNames() map[string]string { return e.metrics.phase.names() }
+
 // setPhases sets each peer's phase, by cluster ID, with its cluster
 // name; peers not named are no longer known.
 func (m *metrics) setPhases(phases map[string]Phase, names map[string]string) {
@@ -91,8 +96,8 @@ type phaseOf struct {
 
 func newPeerPhases() *peerPhases {
 	return &peerPhases{
-		desc: prometheus.NewDesc("flotilla_peer_phase", "1 for the phase each peer is in, 0 for the others (peer: its cluster ID, cluster: its name).",
-			[]string{"peer", "cluster", "phase"}, nil),
+		desc: prometheus.NewDesc("flotilla_peer_phase", "1 for the phase each peer is in, 0 for the others (peer: its cluster ID, peer_name: the name it announced).",
+			[]string{"peer", "peer_name", "phase"}, nil),
 		peers: map[string]phaseOf{},
 	}
 }
@@ -122,6 +127,19 @@ func (p *peerPhases) same(phases map[string]Phase, names map[string]string) bool
 		}
 	}
 	return true
+}
+
+// names are the current peers' names by cluster ID ("" for a peer that
+// has not said its name yet).
+func (p *peerPhases) names() map[string]string {
+	p.mu.Lock()
+	peers := p.peers
+	p.mu.Unlock()
+	out := make(map[string]string, len(peers))
+	for id, of := range peers {
+		out[id] = of.cluster
+	}
+	return out
 }
 
 func (p *peerPhases) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }

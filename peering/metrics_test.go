@@ -28,7 +28,7 @@ func phaseSeries(t *testing.T, n *node) (map[string]string, int) {
 				labels[l.GetName()] = l.GetValue()
 			}
 			if m.GetGauge().GetValue() == 1 {
-				out[labels["peer"]] = labels["cluster"] + " " + labels["phase"]
+				out[labels["peer"]] = labels["peer_name"] + " " + labels["phase"]
 			}
 		}
 	}
@@ -50,6 +50,9 @@ func TestPeerPhaseMetric(t *testing.T) {
 			if w := "cluster-" + id[:6] + " " + phase; got[id] != w || len(got) != 1 || series != len(Phases) {
 				return fmt.Errorf("flotilla_peer_phase at 1: %v in %d series, want %s: %s in %d", got, series, id, w, len(Phases))
 			}
+			if names := a.eng.PeerNames(); len(names) != 1 || names[id] != "cluster-"+id[:6] {
+				return fmt.Errorf("PeerNames %v, want %s: cluster-%s", names, id, id[:6])
+			}
 			return nil
 		})
 	}
@@ -62,6 +65,9 @@ func TestPeerPhaseMetric(t *testing.T) {
 	within(t, "b's series gone once it is forgotten", func() error {
 		if got, series := phaseSeries(t, a); series != 0 {
 			return errors.New(fmt.Sprint(got, series, " series"))
+		}
+		if names := a.eng.PeerNames(); len(names) != 0 {
+			return fmt.Errorf("PeerNames %v once b is forgotten", names)
 		}
 		return nil
 	})

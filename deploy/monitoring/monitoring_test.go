@@ -11,12 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	promql "github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 
 	"github.com/flotilla-io/flotilla/agent"
@@ -225,60 +225,137 @@ func TestDashboard(t *testing.T) {
 	runPromtool(t, "check", "rules", path)
 }
 
-// metricName matches the names of our metrics in PromQL; the agent's
-// others (go_*, process_*) and Prometheus's up are checked by name.
-var metricName = regexp.MustCompile(`\b(flotilla_[a-z0-9_]+|go_[a-z0-9_]+|process_[a-z0-9_]+|up)\b`)
+// Labels every series has once scraped (Prometheus Operator adds
+// namespace, pod and container to a PodMonitor's).
+var scrapeLabels = map[string]bool{"instance": true, "job": true, "namespace": true, "pod": true, "container": true}
 
-// selector matches a metric with a label selector, and matcher each label
-// it names.
-var (
-	selector = regexp.MustCompile(`\b(flotilla_[a-z0-9_]+)\{([^}]*)\}`)
-	matcher  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
-)
+// query is a PromQL expression of the rules or the dashboard, with where
+// it is.
+type query struct{ where, expr string }
 
-// Labels every series has once scraped; le is a histogram bucket's.
-var scrapeLabels = map[string]bool{"instance": true, "job": true}
-
-// Every metric the rules and the dashboard query is one the agent
-// serves, with the labels they select on: a query of a renamed or
-// misspelt metric or label returns nothing, and an alert on it never
-// fires.
-func TestQueriedMetricsExist(t *testing.T) {
-	known := registeredMetrics(t)
-	var queries []string // "where: expr"
+// queries are every alert's and recording rule's expression and every
+// dashboard query, the dashboard's variables filled in as Grafana does.
+func queries(t *testing.T) []query {
+	t.Helper()
+	var out []query
 	for _, g := range readRules(t).Groups {
 		for _, r := range g.Rules {
-			queries = append(queries, "alert "+r.Alert+": "+r.Expr)
+			out = append(out, query{"alert " + r.Alert + r.Record, r.Expr})
 		}
 	}
 	for _, p := range readDashboard(t).panels() {
 		for _, tg := range p.Targets {
-			queries = append(queries, "panel "+strconv.Quote(p.Title)+": "+tg.Expr)
+			out = append(out, query{"panel " + strconv.Quote(p.Title), strings.ReplaceAll(tg.Expr, "$instance", ".*")})
 		}
 	}
+	return out
+}
+
+// Every expression parses with Prometheus's own PromQL parser and names
+// only metrics the agent or the fabric serves, with labels they have: in
+// its selectors, and in its aggregations' and matchings' label lists. A
+// query of a renamed or misspelt metric or label returns nothing, and an
+// alert on it never fires.
+func TestQueriedMetricsExist(t *testing.T) {
+	known := registeredMetrics(t)
 	used := map[string]bool{}
-	for _, q := range queries {
-		for _, m := range metricName.FindAllString(q, -1) {
-			used[m] = true
-			if _, ok := known[m]; !ok {
-				t.Errorf("%s is not a metric the agent serves (in %s)", m, q)
-			}
+	for _, q := range queries(t) {
+		expr, err := promql.ParseExpr(q.expr)
+		if err != nil {
+			t.Errorf("%s: %q does not parse: %v", q.where, q.expr, err)
+			continue
 		}
-		for _, sel := range selector.FindAllStringSubmatch(q, -1) {
-			labels, ok := known[sel[1]]
-			if !ok || labels == nil {
-				continue // unknown metric (reported above) or labels not literal
-			}
-			for _, l := range matcher.FindAllStringSubmatch(sel[2], -1) {
-				if !labels[l[1]] && !scrapeLabels[l[1]] {
-					t.Errorf("%s has no label %s (it has %v; in %s)", sel[1], l[1], slices.Sorted(maps.Keys(labels)), q)
-				}
-			}
+		for _, p := range unknownNames(expr, known, used) {
+			t.Errorf("%s: %s (in %s)", q.where, p, q.expr)
 		}
 	}
 	if len(used) < 10 {
-		t.Errorf("the rules and the dashboard use %d metrics; the regexp misses some", len(used))
+		t.Errorf("the rules and the dashboard use %d metrics; the walk misses some", len(used))
 	}
+}
+
+// The check above fails on what it should: a misspelt metric, a label
+// no metric has, in a selector, a by clause or a matching.
+func TestQueriedMetricsExistRefuses(t *testing.T) {
+	known := registeredMetrics(t)
+	for _, tc := range []struct{ expr, want string }{
+		{`flotilla_peer_phases == 1`, "flotilla_peer_phases is not a metric"},
+		{`flotilla_peer_phase{clusterr="a"} == 1`, "has no label clusterr"},
+		{`sum by (instance, peer_nam) (flotilla_virtual_node_ready)`, "label peer_nam"},
+		{`flotilla_peer_phase * on (instance) group_left (local_clustr) flotilla_cluster_info`, "label local_clustr"},
+		{`rate(flotilla_reflection_errors_total{reason="quota"}[5m])`, ""},
+		{`sum by (peer_name, le) (rate(flotilla_reflection_lag_seconds_bucket[5m]))`, ""},
+	} {
+		expr, err := promql.ParseExpr(tc.expr)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.expr, err)
+		}
+		got := strings.Join(unknownNames(expr, known, map[string]bool{}), "; ")
+		if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("%q: %q, want %q", tc.expr, got, tc.want)
+		}
+	}
+}
+
+// unknownNames says what of expr names no metric or label of known; used
+// collects the metrics it selects.
+func unknownNames(expr promql.Expr, known map[string]map[string]bool, used map[string]bool) []string {
+	var problems []string
+	// labelsOf are the labels the series of node's selectors may carry;
+	// nil when one is not spelt out in the source.
+	labelsOf := func(node promql.Node) map[string]bool {
+		out := maps.Clone(scrapeLabels)
+		complete := true
+		promql.Inspect(node, func(n promql.Node, _ []promql.Node) error {
+			if vs, ok := n.(*promql.VectorSelector); ok {
+				labels := known[vs.Name]
+				if labels == nil {
+					complete = false
+				}
+				maps.Copy(out, labels)
+			}
+			return nil
+		})
+		if !complete {
+			return nil
+		}
+		return out
+	}
+	check := func(what string, names []string, node promql.Node) {
+		have := labelsOf(node)
+		for _, l := range names {
+			if have != nil && !have[l] {
+				problems = append(problems, fmt.Sprintf("%s names label %s, which none of its metrics has (%v)", what, l, slices.Sorted(maps.Keys(have))))
+			}
+		}
+	}
+	promql.Inspect(expr, func(n promql.Node, _ []promql.Node) error {
+		switch n := n.(type) {
+		case *promql.VectorSelector:
+			used[n.Name] = true
+			labels, ok := known[n.Name]
+			if !ok {
+				problems = append(problems, n.Name+" is not a metric the agent or the fabric serves")
+				return nil
+			}
+			for _, m := range n.LabelMatchers {
+				if m.Name != "__name__" && labels != nil && !labels[m.Name] && !scrapeLabels[m.Name] {
+					problems = append(problems, fmt.Sprintf("%s has no label %s (it has %v)", n.Name, m.Name, slices.Sorted(maps.Keys(labels))))
+				}
+			}
+		case *promql.AggregateExpr:
+			check(n.Op.String(), n.Grouping, n.Expr)
+		case *promql.BinaryExpr:
+			if vm := n.VectorMatching; vm != nil {
+				if vm.On {
+					check("on", vm.MatchingLabels, n)
+				}
+				check("group_left/right", vm.Include, n)
+			}
+		}
+		return nil
+	})
+	return problems
 }
 
 // registeredMetrics are the names the agent serves, each with its labels
@@ -335,6 +412,12 @@ func registeredMetrics(t *testing.T) map[string]map[string]bool {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The agent adds peer_name beside peer when it serves a series.
+	for _, labels := range known {
+		if labels["peer"] {
+			labels["peer_name"] = true
+		}
 	}
 	if fromSource < 50 {
 		t.Fatalf("found %d metrics in the source; the parser misses how they are declared", fromSource)

@@ -88,10 +88,15 @@ func checkChart(t *testing.T, file, version, pinned string) {
 }
 
 // checkPlugin checks the kubectl plugin: one archive per CLI platform,
-// each holding that platform's CLI as kubectl-flotilla, and krew's
-// manifest naming each with its SHA-256 under the release's URL.
-func checkPlugin(t *testing.T, dir, version string) {
+// each holding that platform's CLI as kubectl-flotilla and the license
+// file's bytes as LICENSE, and krew's manifest naming each with its
+// SHA-256 under the release's URL.
+func checkPlugin(t *testing.T, dir, version, license string) {
 	t.Helper()
+	licenseText, err := os.ReadFile(license)
+	if err != nil {
+		t.Fatal(err)
+	}
 	raw, err := os.ReadFile(filepath.Join(dir, krewFile))
 	if err != nil {
 		t.Fatal(err)
@@ -114,16 +119,16 @@ func checkPlugin(t *testing.T, dir, version string) {
 		if sum, err := sha256File(filepath.Join(dir, archive)); err != nil || sum != kp.SHA256 {
 			t.Errorf("%s: %s has SHA-256 %s (%v), the manifest says %s", krewFile, archive, sum, err, kp.SHA256)
 		}
-		if kp.Bin != pluginBinary || len(kp.Files) != 1 || kp.Files[0].From != pluginBinary {
-			t.Errorf("%s: %s installs %q from %+v, want %s", krewFile, platform, kp.Bin, kp.Files, pluginBinary)
+		if want := []pluginFile{{pluginBinary, "."}, {pluginLicense, "."}}; kp.Bin != pluginBinary || !slices.Equal(kp.Files, want) {
+			t.Errorf("%s: %s installs %q from %+v, want %s from %+v", krewFile, platform, kp.Bin, kp.Files, pluginBinary, want)
 		}
 		files := readTarGz(t, filepath.Join(dir, archive))
 		bin, err := os.ReadFile(filepath.Join(dir, binaryName(platform)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(files) != 1 || !bytes.Equal(files[pluginBinary], bin) {
-			t.Errorf("%s holds %d files, want only %s, the bytes of %s", archive, len(files), pluginBinary, binaryName(platform))
+		if len(files) != 2 || !bytes.Equal(files[pluginBinary], bin) || !bytes.Equal(files[pluginLicense], licenseText) {
+			t.Errorf("%s holds %d files, want only %s, the bytes of %s, and %s, those of %s", archive, len(files), pluginBinary, binaryName(platform), pluginLicense, license)
 		}
 	}
 	slices.Sort(platforms)

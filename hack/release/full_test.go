@@ -23,7 +23,7 @@ func TestFullRelease(t *testing.T) {
 	if err != nil {
 		t.Fatalf("make release: %v", err)
 	}
-	checkRelease(t, dir, "v0.0.0-test", deployImage, func(t *testing.T, bin string) version.Info {
+	checkRelease(t, dir, "v0.0.0-test", deployImage, filepath.Join(root, pluginLicense), func(t *testing.T, bin string) version.Info {
 		out, err := exec.Command(bin, "version").Output()
 		if err != nil {
 			t.Fatalf("%s version: %v", bin, err)

@@ -13,12 +13,13 @@
 //   - flotilla-X.Y.Z.tgz: the Helm chart charts/flotilla packaged, its
 //     version the release's and its image pinned by the same digest;
 //   - kubectl-flotilla-OS-ARCH.tar.gz and flotilla.krew.yaml: the CLI as
-//     the kubectl plugin, per platform, and krew's manifest naming each
-//     archive with its SHA-256;
+//     the kubectl plugin, per platform, with the license (-license, the
+//     module's LICENSE), and krew's manifest naming each archive with its
+//     SHA-256;
 //   - SHA256SUMS of all of them, as sha256sum -c reads it.
 //
-// It refuses a VERSION that is not a semantic version and a work tree with
-// uncommitted changes, unless -allow-dirty (then the commit reads
+// It refuses a VERSION that is not a semantic version, a missing license
+// file and a work tree with uncommitted changes, unless -allow-dirty (then the commit reads
 // SHA-dirty).
 package main
 
@@ -68,7 +69,7 @@ const (
 
 type options struct {
 	version, out, src, pkg, image, deploy string
-	chart, downloadURL                    string
+	chart, downloadURL, license           string
 	allowDirty                            bool
 	// platforms are the CLI's: binaryPlatforms and the image's.
 	platforms []string
@@ -85,6 +86,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&o.deploy, "deploy", "deploy", "the kustomization to render, relative to -src")
 	fs.StringVar(&o.chart, "chart", "charts/"+chartName, "the Helm chart to package, relative to -src")
 	fs.StringVar(&o.downloadURL, "download-url", downloadURL, "where the release's files will be published (VERSION is replaced by the version): the krew manifest's archives are named under it")
+	fs.StringVar(&o.license, "license", pluginLicense, "the license file each kubectl plugin archive holds, relative to -src")
 	fs.BoolVar(&o.allowDirty, "allow-dirty", false, "release a work tree with uncommitted changes (its commit reads SHA-dirty)")
 	cli := fs.String("cli-platforms", strings.Join(binaryPlatforms, ","), "the CLI's platforms (os/arch, comma-separated); the image's are always built")
 	err := fs.Parse(args)
@@ -109,6 +111,12 @@ func run(args []string, stdout io.Writer) error {
 			return fmt.Errorf("%s has uncommitted changes (git status): commit or stash them, or set ALLOW_DIRTY=1 for a build whose commit reads %s-dirty", o.src, src.commit)
 		}
 		src.commit += "-dirty"
+	}
+	if !filepath.IsAbs(o.license) {
+		o.license = filepath.Join(o.src, o.license)
+	}
+	if err := checkLicense(o.license); err != nil {
+		return err
 	}
 	if err := emptyDir(o.out); err != nil {
 		return err

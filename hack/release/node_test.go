@@ -25,7 +25,7 @@ func TestReleasedImageRunsByDigest(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "release")
 	if err := run([]string{"-version", "v1.2.3-rc.1", "-o", dir, "-src", moduleRoot(t), "-allow-dirty",
 		"-package", "./internal/version/testdata/printversion", "-image", "registry.example/flotilla",
-		"-cli-platforms", "linux/amd64,linux/arm64"}, &strings.Builder{}); err != nil {
+		"-cli-platforms", "linux/amd64,linux/arm64", "-license", testLicense(t)}, &strings.Builder{}); err != nil {
 		t.Fatal(err)
 	}
 	pinned := pinnedImage(t, filepath.Join(dir, manifestsFile))

@@ -37,20 +37,32 @@ func moduleRoot(t *testing.T) string {
 	return root
 }
 
+// testLicense is a license file for a release of the small program: the
+// module has none of its own to give its plugin archives.
+func testLicense(t *testing.T) string {
+	t.Helper()
+	license := filepath.Join(t.TempDir(), "LICENSE")
+	if err := os.WriteFile(license, []byte("The license of a release of a small program.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return license
+}
+
 // A release of a small program stands in for the whole binary's, which
 // takes minutes per platform (`make release-test` cuts the real one):
 // the same steps, the same checks.
 func TestReleaseOfASmallProgram(t *testing.T) {
 	root := moduleRoot(t)
 	dir := filepath.Join(t.TempDir(), "v1.2.3-rc.1")
+	license := testLicense(t)
 	args := []string{"-version", "v1.2.3-rc.1", "-o", dir, "-src", root, "-allow-dirty",
-		"-package", "./internal/version/testdata/printversion", "-image", "registry.example/flotilla"}
+		"-package", "./internal/version/testdata/printversion", "-image", "registry.example/flotilla", "-license", license}
 	var out strings.Builder
 	if err := run(args, &out); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("release: %s", out.String())
-	checkRelease(t, dir, "v1.2.3-rc.1", "registry.example/flotilla", func(t *testing.T, bin string) version.Info {
+	checkRelease(t, dir, "v1.2.3-rc.1", "registry.example/flotilla", license, func(t *testing.T, bin string) version.Info {
 		out, err := exec.Command(bin).Output()
 		if err != nil {
 			t.Fatalf("%s: %v", bin, err)
@@ -89,7 +101,7 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 // reads the stamp of the binary this machine runs); the image index with
 // both platforms, every blob matching its digest, each image holding its
 // platform's binary; the manifests naming only the image built, by digest.
-func checkRelease(t *testing.T, dir, wantVersion, image string, stamp func(*testing.T, string) version.Info) {
+func checkRelease(t *testing.T, dir, wantVersion, image, license string, stamp func(*testing.T, string) version.Info) {
 	t.Helper()
 	sums := readSums(t, dir)
 	want := []string{imageFile, manifestsFile, chartFile(wantVersion), krewFile}
@@ -140,7 +152,7 @@ func checkRelease(t *testing.T, dir, wantVersion, image string, stamp func(*test
 	pinned := image + "@" + layout.Index.String()
 	checkManifests(t, filepath.Join(dir, manifestsFile), pinned)
 	checkChart(t, filepath.Join(dir, chartFile(wantVersion)), wantVersion, pinned)
-	checkPlugin(t, dir, wantVersion)
+	checkPlugin(t, dir, wantVersion, license)
 }
 
 // checkImagesHoldBinaries checks that each platform's image holds that
@@ -216,8 +228,9 @@ func checkManifests(t *testing.T, file, pinned string) {
 }
 
 // A release is refused, before anything is built or written, for a
-// version that is not semantic, for uncommitted changes and for a
-// platform it does not build.
+// version that is not semantic, for uncommitted changes, for a platform
+// it does not build and for a license file that is not there (krew
+// requires one in each plugin archive).
 func TestReleaseRefuses(t *testing.T) {
 	dirty := t.TempDir()
 	for _, args := range [][]string{{"init", "-q"}, {"-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q", "--allow-empty", "-m", "first"}} {
@@ -228,6 +241,10 @@ func TestReleaseRefuses(t *testing.T) {
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dirty, "uncommitted.go"), []byte("package x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	emptyLicense := filepath.Join(t.TempDir(), "LICENSE")
+	if err := os.WriteFile(emptyLicense, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -242,6 +259,8 @@ func TestReleaseRefuses(t *testing.T) {
 		{"latest", moduleRoot(t), "not a semantic version", nil},
 		{"v1.2.3", dirty, "uncommitted changes", nil},
 		{"v1.2.3", moduleRoot(t), `"windows/amd64" is none of`, []string{"-cli-platforms", "linux/amd64,windows/amd64"}},
+		{"v1.2.3", moduleRoot(t), "krew accepts no plugin whose archives lack a license file", []string{"-allow-dirty", "-license", "no-such-LICENSE"}},
+		{"v1.2.3", moduleRoot(t), "not a non-empty regular file", []string{"-allow-dirty", "-license", emptyLicense}},
 	} {
 		t.Run(tc.version+" of "+filepath.Base(tc.src), func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "release")

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Labels of every per-peer series: the peer's cluster ID, which its
+// collector sets, and the name it announced (what `kubectl get peers`
+// shows), which peerMetrics adds.
+const (
+	peerLabel     = "peer"
+	peerNameLabel = "peer_name"
+)
+
+// peerMetrics is the agent's registry as /metrics serves it: every series
+// with a peer label gains peer_name, read from the peering engine when
+// scraped, so that a renamed peer's series are replaced, not doubled; and
+// the series of a peer the engine has forgotten are deleted from the
+// vectors registered here. Collectors of any package stay unaware of
+// names.
+type peerMetrics struct {
+	*prometheus.Registry
+
+	mu sync.Mutex
+	// names are the current peers' names by cluster ID; nil until the
+	// engine runs (series pass unnamed).
+	names func() map[string]string
+	// known are the peers of the last scrape; vecs the registered
+	// collectors that hold series per label value.
+	known map[string]bool
+	vecs  []partialDeleter
+}
+
+// partialDeleter is a metric vector (CounterVec, GaugeVec, HistogramVec,
+// ...): its series of a peer are deleted when the peer is forgotten.
+type partialDeleter interface {
+	DeletePartialMatch(prometheus.Labels) int
+}
+
+func newPeerMetrics(r *prometheus.Registry) *peerMetrics {
+	return &peerMetrics{Registry: r, known: map[string]bool{}}
+}
+
+// Register registers c, and keeps it when it is a vector.
+func (p *peerMetrics) Register(c prometheus.Collector) error {
+	if err := p.Registry.Register(c); err != nil {
+		return err
+	}
+	if v, ok := c.(partialDeleter); ok {
+		p.mu.Lock()
+		p.vecs = append(p.vecs, v)
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// MustRegister registers cs as Register does, panicking on an error as
+// prometheus.Registry's does.
+func (p *peerMetrics) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := p.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// Unregister unregisters c and forgets it.
+func (p *peerMetrics) Unregister(c prometheus.Collector) bool {
+	p.mu.Lock()
+	p.vecs = slices.DeleteFunc(p.vecs, func(v partialDeleter) bool { return any(v) == any(c) })
+	p.mu.Unlock()
+	return p.Registry.Unregister(c)
+}
+
+// nameFrom sets where the peers' names come from: the peering engine's
+// PeerNames.
+func (p *peerMetrics) nameFrom(names func() map[string]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.names = names
+}
+
+// Gather deletes the series of the peers forgotten since the last scrape,
+// then gathers and names each peer's series.
+func (p *peerMetrics) Gather() ([]*dto.MetricFamily, error) {
+	names := p.current()
+	families, err := p.Registry.Gather()
+	if names == nil {
+		return families, err
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			nameSeries(m, names)
+		}
+	}
+	return families, err
+}
+
+// current reads the peers' names and deletes the series of those gone
+// since the last call; nil before the engine runs.
+func (p *peerMetrics) current() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.names == nil {
+		return nil
+	}
+	names := p.names()
+	for id := range p.known {
+		if _, ok := names[id]; ok {
+			continue
+		}
+		for _, v := range p.vecs {
+			v.DeletePartialMatch(prometheus.Labels{peerLabel: id})
+		}
+		delete(p.known, id)
+	}
+	for id := range names {
+		p.known[id] = true
+	}
+	return names
+}
+
+// nameSeries adds peer_name to m when it has a peer label of a known peer
+// and no peer_name of its own (flotilla_peer_phase has), keeping the
+// labels sorted by name as the registry gives them.
+func nameSeries(m *dto.Metric, names map[string]string) {
+	var id string
+	for _, l := range m.GetLabel() {
+		switch l.GetName() {
+		case peerNameLabel:
+			return
+		case peerLabel:
+			id = l.GetValue()
+		}
+	}
+	name, ok := names[id]
+	if id == "" || !ok || name == "" {
+		return
+	}
+	m.Label = append(m.Label, &dto.LabelPair{Name: ptr(peerNameLabel), Value: ptr(name)})
+	slices.SortFunc(m.Label, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
+}
+
+func ptr(s string) *string { return &s }
