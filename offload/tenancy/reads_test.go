@@ -104,9 +104,9 @@ func (s *suite) testWithoutReads(t *testing.T) {
 
 // withTenants is s with Tenants of its own, whose fences read what they
 // deny at most refresh before (DefaultFenceRefresh when 0).
-func (s *suite) withTenants(t *testing.T, refresh time.Duration) *suite {
+func (s *suite) withTenants(t *testing.T, refresh time.Duration, dns ...netip.Addr) *suite {
 	t.Helper()
-	tenants, err := NewTenants(TenantsConfig{Config: s.cp.Config, Client: s.cp.Client, Audience: offloadtest.AcceptedAudience, FenceRefresh: refresh})
+	tenants, err := NewTenants(TenantsConfig{Config: s.cp.Config, Client: s.cp.Client, Audience: offloadtest.AcceptedAudience, FenceRefresh: refresh, DNSAddresses: dns})
 	if err != nil {
 		t.Fatal(err)
 	}
