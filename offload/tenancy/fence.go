@@ -193,24 +193,39 @@ func (t *Tenants) fenceNamespace(ctx context.Context, ns *corev1.Namespace, netw
 	return got, nil
 }
 
+// Fence is a fence as applied: the resourceVersion of its NetworkPolicy,
+// and the generation of the addresses it was made of (FenceGeneration).
+type Fence struct {
+	ResourceVersion string
+	Generation      uint64
+}
+
 // ApplyFence applies the NetworkPolicy FencePolicy in ns, a namespace of
-// consumer's, and returns the resourceVersion it has since: its pods may
-// reach DNS, the consumer's own namespaces here, and any address but the
-// nodes', the API server's (its Service and its endpoints) and the
-// metadata network. Ingress is not restricted: the consumer's own traffic
-// reaches its pods through the tunnel.
-func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (string, error) {
-	addrs, err := t.fenceAddresses(ctx)
+// consumer's, and says what it applied: its pods may reach DNS, the
+// consumer's own namespaces here, and any address but the nodes', the API
+// server's (its Service and its endpoints) and the metadata network.
+// Ingress is not restricted: the consumer's own traffic reaches its pods
+// through the tunnel.
+func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (Fence, error) {
+	addrs, gen, err := t.fenceAddresses(ctx)
 	if err != nil {
-		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
+		return Fence{}, fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
 	pol := networkingv1ac.NetworkPolicy(FencePolicy, ns).WithLabels(offload.TenantLabels(consumer)).
 		WithSpec(fencePolicySpec(consumer, addrs))
 	got, err := t.Client.NetworkingV1().NetworkPolicies(ns).Apply(ctx, pol, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true})
 	if err != nil {
-		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
+		return Fence{}, fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
-	return got.ResourceVersion, nil
+	return Fence{ResourceVersion: got.ResourceVersion, Generation: gen}, nil
+}
+
+// FenceGeneration is the generation of the addresses fences are made of,
+// as read at most FenceRefresh ago: it grows each time a read finds them
+// changed. A fence applied at an older one is to be applied again.
+func (t *Tenants) FenceGeneration(ctx context.Context) (uint64, error) {
+	_, gen, err := t.fenceAddresses(ctx)
+	return gen, err
 }
 
 // DNSPort is the port the fence lets a consumer's pods ask the cluster
@@ -275,19 +290,27 @@ const DefaultFenceRefresh = 30 * time.Second
 var DefaultDNSService = types.NamespacedName{Namespace: metav1.NamespaceSystem, Name: "kube-dns"}
 
 // fenceAddresses are the addresses a fence is made of, as read at most
-// FenceRefresh ago; callers at once wait for one read.
-func (t *Tenants) fenceAddresses(ctx context.Context) (fenceAddresses, error) {
+// FenceRefresh ago, and their generation; callers at once wait for one
+// read.
+func (t *Tenants) fenceAddresses(ctx context.Context) (fenceAddresses, uint64, error) {
 	t.fence.Lock()
 	defer t.fence.Unlock()
-	if t.fence.read && time.Since(t.fence.at) < t.fenceRefresh {
-		return t.fence.addrs, nil
+	if t.fence.gen > 0 && time.Since(t.fence.at) < t.fenceRefresh {
+		return t.fence.addrs, t.fence.gen, nil
 	}
 	addrs, err := t.readFenceAddresses(ctx)
 	if err != nil {
-		return fenceAddresses{}, err
+		return fenceAddresses{}, 0, err
 	}
-	t.fence.addrs, t.fence.at, t.fence.read = addrs, time.Now(), true
-	return addrs, nil
+	if t.fence.gen == 0 || !addrs.equal(t.fence.addrs) {
+		t.fence.gen++
+	}
+	t.fence.addrs, t.fence.at = addrs, time.Now()
+	return addrs, t.fence.gen, nil
+}
+
+func (a fenceAddresses) equal(b fenceAddresses) bool {
+	return slices.Equal(a.denied, b.denied) && slices.Equal(a.dns, b.dns)
 }
 
 // warmFence reads what a fence is made of, when the last read is too
@@ -296,7 +319,7 @@ func (t *Tenants) fenceAddresses(ctx context.Context) (fenceAddresses, error) {
 // when it reads again. The returned function waits for the read.
 func (t *Tenants) warmFence(ctx context.Context) (wait func()) {
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = t.fenceAddresses(ctx) })
+	wg.Go(func() { _, _, _ = t.fenceAddresses(ctx) })
 	return wg.Wait
 }
 

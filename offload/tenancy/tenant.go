@@ -117,7 +117,7 @@ type Tenants struct {
 		sync.Mutex
 		addrs fenceAddresses
 		at    time.Time
-		read  bool
+		gen   uint64 // 0: never read
 	}
 
 	mu    sync.Mutex
@@ -313,9 +313,8 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 // namespace that may hold pods (not fresh: created before this call) the
 // LimitRange comes before the quota and goes after it, so that no pod
 // without requests meets a quota without defaults. A fresh namespace has
-// nothing to delete. It returns the resourceVersion of the fence's
-// NetworkPolicy as applied.
-func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) (fence string, err error) {
+// nothing to delete. It returns the fence as applied.
+func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) (fence Fence, err error) {
 	defaults := defaultRequests(hard)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
