@@ -205,6 +205,12 @@ type Config struct {
 	// (offload/dnsforward); empty: it keeps none, and takes out the one it
 	// wrote in kube-system/coredns if there is one.
 	CoreDNSForward string
+	// FenceDNSService, "namespace/name", is the cluster DNS's Service:
+	// the pods of consumers' namespaces may ask its endpoints on port 53
+	// (tenancy.TenantsConfig.DNSService). FenceDNSAddresses are DNS
+	// servers they may ask besides, such as NodeLocal DNSCache's.
+	FenceDNSService   string
+	FenceDNSAddresses []netip.Addr
 }
 
 // Values of Config.WebhookClientCA besides a file.
@@ -247,6 +253,7 @@ func DefaultConfig() Config {
 		Traffic:            policy.Full,
 		GrantAudience:      offload.DefaultAudience,
 		GrantLifetime:      time.Hour,
+		FenceDNSService:    tenancy.DefaultDNSService.String(),
 	}
 }
 
@@ -376,6 +383,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("--clusterset-dns-port %d: want a port, 1 to 65535, or 0 to answer no DNS", cfg.ClustersetDNSPort)
 	}
 	if _, err := coreDNSConfigMap(cfg.CoreDNSForward); err != nil {
+		return nil, err
+	}
+	if _, err := fenceDNSService(cfg.FenceDNSService); err != nil {
 		return nil, err
 	}
 	if cfg.CoreDNSForward != "" && cfg.ClustersetDNSPort == 0 {

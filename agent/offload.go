@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
@@ -82,6 +84,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 	if err != nil {
 		return nil, fmt.Errorf("client for Peers: %w", err)
 	}
+	dnsService, _ := fenceDNSService(a.cfg.FenceDNSService) // checked in New
 	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{
 		Config: a.restCfg, Client: a.kube, Audience: a.cfg.GrantAudience, Lifetime: a.cfg.GrantLifetime,
 		Logger: a.log, Metrics: a.registry,
@@ -89,6 +92,7 @@ func (a *Agent) newOffloading(st state, objects *peerapi.Objects, eng *atomic.Po
 		// made for a consumer needs them, and they change only with a
 		// restart.
 		PodNetworks: func(context.Context) ([]netip.Prefix, error) { return a.podNetworks, nil },
+		DNSService:  dnsService, DNSAddresses: a.cfg.FenceDNSAddresses,
 	})
 	if err != nil {
 		return nil, err
@@ -324,4 +328,14 @@ func (a *Agent) apiServer() func(context.Context) (tenancy.APIServer, error) {
 		found = &s
 		return s, nil
 	}
+}
+
+// fenceDNSService is the cluster DNS's Service of the flag
+// --fence-dns-service, namespace/name.
+func fenceDNSService(flag string) (types.NamespacedName, error) {
+	ns, name, ok := strings.Cut(flag, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return types.NamespacedName{}, fmt.Errorf("--fence-dns-service %q: want namespace/name of the cluster DNS's Service, such as %s", flag, tenancy.DefaultDNSService)
+	}
+	return types.NamespacedName{Namespace: ns, Name: name}, nil
 }

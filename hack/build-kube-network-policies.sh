@@ -5,7 +5,7 @@
 # clusters of real nodes that must enforce NetworkPolicy. A second call with
 # the same version does nothing.
 #
-# Two changes to what upstream ships, both for the machines the tests run on:
+# Three changes to what upstream ships, for the machines the tests run on:
 # - The kernel's nftables may lack the `queue` expression (CONFIG_NFT_QUEUE
 #   unset) while it has nfnetlink_queue, nft_compat and the xtables NFQUEUE
 #   target. The same verdict, "hand the packet to queue N, accept it if no
@@ -16,11 +16,22 @@
 #   harness runs it as a process of the node, as kubelet and kube-proxy
 #   run, so the main package here (a few lines around upstream's
 #   controller, as its own cmd/main.go does) takes a kubeconfig.
+# - Run without NRI (containerd 1.6 has none), upstream's controller looks a
+#   packet's address that is no pod's up in the NRI plugin it does not
+#   have, and dies (a nil pointer) at the first packet to a node, a Service
+#   or the internet, after which the queue drops every packet it is handed;
+#   such an address is looked up nowhere else, as upstream's pods without
+#   NRI are.
+#
+# The pinned version names the changes too (v0.8.0-flotilla.2: upstream's
+# v0.8.0, changed as above), so that a build of earlier changes in the
+# cache is not taken for this one.
 set -euo pipefail
 
 . "$(dirname "$0")/cache.sh"
 
 version="${KUBE_NETWORK_POLICIES_VERSION:-$(cat "$(dirname "$0")/../test/harness/kube-network-policies-version")}"
+upstream_version="${version%%-flotilla.*}"
 cache_init kube-network-policies "$version"
 if cache_has kube-network-policies; then
   echo "kube-network-policies $version already in $out/bin"
@@ -28,9 +39,9 @@ if cache_has kube-network-policies; then
 fi
 rm -rf "$work"
 mkdir -p "$work/cmd" "$out/bin"
-src="$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kube-network-policies@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+src="$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kube-network-policies@$upstream_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
 if [ -z "$src" ] || [ ! -d "$src" ]; then
-  echo "build-kube-network-policies: the module proxy did not serve sigs.k8s.io/kube-network-policies@$version" >&2
+  echo "build-kube-network-policies: the module proxy did not serve sigs.k8s.io/kube-network-policies@$upstream_version" >&2
   exit 1
 fi
 cp -r "$src" "$work/upstream"
@@ -44,6 +55,12 @@ sed -i \
 sed -i -e 's/&expr.Queue{Num: uint16(n.nfQueueID), Flag: expr.QueueFlagBypass}/nfqueueVerdict(uint16(n.nfQueueID), true)/' "$pkg/dnsagent.go"
 if grep -q 'expr.Queue{' "$pkg/controller.go" "$pkg/dnsagent.go"; then
   echo "build-kube-network-policies: $version writes the queue verdict somewhere this script does not know; update the script" >&2
+  exit 1
+fi
+# An address that is no pod's, without NRI: no pod.
+sed -i -e 's/^\(\s*\)podKey := c.nriPlugin.GetPodFromIP(podIP)$/\1if c.nriPlugin == nil {\n\1\treturn nil\n\1}\n&/' "$pkg/controller.go"
+if ! grep -q 'if c.nriPlugin == nil {' "$pkg/controller.go"; then
+  echo "build-kube-network-policies: $upstream_version looks pods up in NRI somewhere this script does not know; update the script" >&2
   exit 1
 fi
 cat > "$pkg/nfqueue_compat.go" <<'GO'
@@ -128,7 +145,7 @@ module flotilla.local/knpbuild
 
 go 1.26.0
 
-require sigs.k8s.io/kube-network-policies $version
+require sigs.k8s.io/kube-network-policies $upstream_version
 
 replace sigs.k8s.io/kube-network-policies => ./upstream
 MOD

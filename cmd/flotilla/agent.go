@@ -110,6 +110,8 @@ func newAgentCommand() *cobra.Command {
 	fs.Float64Var(&cfg.GossipPackets.SourceRate, "gossip-packet-rate", discovery.DefaultPacketRate, "gossip packets (UDP) a second one source address may send before its packets are dropped unread")
 	fs.IntVar(&cfg.GossipPackets.SourceBurst, "gossip-packet-burst", discovery.DefaultPacketBurst, "gossip packets one source address may send at once, above --gossip-packet-rate")
 	fs.StringVar(&cfg.CoreDNSForward, "coredns-forward", cfg.CoreDNSForward, "namespace/name of CoreDNS's ConfigMap (kube-system/coredns) where the agent keeps a block forwarding clusterset.local, and the reverse zones of the peers' views, to its DNS Service, and nothing else (needs deploy/coredns-forward); empty: none, and the block of an earlier run is taken out")
+	fs.StringVar(&cfg.FenceDNSService, "fence-dns-service", cfg.FenceDNSService, "namespace/name of the cluster DNS's Service: the pods of consumers' namespaces here may ask its endpoints on port 53, UDP and TCP, even where they are node addresses (a DNS in the host network), of which the fence opens nothing else")
+	fs.Var(addrList{&cfg.FenceDNSAddresses}, "fence-dns-address", "address of a DNS server the pods of consumers' namespaces may ask on port 53, UDP and TCP, besides the cluster DNS's endpoints, even where the fence denies it otherwise; repeatable or comma-separated: NodeLocal DNSCache's (169.254.20.10, or the address its pods are given)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if cfg.ClusterName == "" {
 			cfg.ClusterName = agent.DefaultConfig().ClusterName
@@ -269,6 +271,31 @@ func (f addrPortFlag) Set(v string) error {
 		return fmt.Errorf("want address:port, e.g. 0.0.0.0:7946: %w", err)
 	}
 	*f.p = ap
+	return nil
+}
+
+// addrList is a repeatable, comma-separated list of addresses.
+type addrList struct{ p *[]netip.Addr }
+
+func (l addrList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	parts := make([]string, len(*l.p))
+	for i, a := range *l.p {
+		parts[i] = a.String()
+	}
+	return strings.Join(parts, ",")
+}
+func (l addrList) Type() string { return "addresses" }
+func (l addrList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		a, err := netip.ParseAddr(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("want IP addresses, comma-separated: %w", err)
+		}
+		*l.p = append(*l.p, a)
+	}
 	return nil
 }
 

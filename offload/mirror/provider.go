@@ -97,7 +97,7 @@ type Provider struct {
 	mu      sync.Mutex
 	applied map[types.UID]grant.Limits // the limits applied to each namespace
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
-	fenced  map[string]string          // namespace: the resourceVersion of the NetworkPolicy we last wrote there
+	fenced  map[string]tenancy.Fence   // namespace: the NetworkPolicy we last wrote there
 }
 
 // NewProvider checks cfg and prepares a Provider; Run starts
@@ -137,7 +137,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	}
 	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
-		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenced: map[string]string{},
+		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenced: map[string]tenancy.Fence{},
 	}
 	if m.m, err = newMirrorMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("mirror provider: metrics: %w", err)
@@ -349,9 +349,14 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 
 // keepFences puts back the NetworkPolicy of each of namespaces (the
 // consumer's) that is missing or not as this controller last wrote it:
-// deleted or changed by someone. The first pass after a start writes each
-// once, a no-op where it is as it should be.
+// deleted or changed by someone, or made of addresses (nodes, the API
+// server's, the cluster DNS's) that have changed since. The first pass
+// after a start writes each once, a no-op where it is as it should be.
 func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces []string) error {
+	gen, err := m.cfg.Tenants.FenceGeneration(ctx)
+	if err != nil {
+		return fmt.Errorf("fences of %s: %w", consumer, err)
+	}
 	var errs []error
 	for _, ns := range namespaces {
 		var pol networkingv1.NetworkPolicy
@@ -363,20 +368,24 @@ func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces [
 		m.mu.Lock()
 		wrote := m.fenced[ns]
 		m.mu.Unlock()
-		if err == nil && wrote != "" && pol.ResourceVersion == wrote {
+		current := err == nil && wrote.ResourceVersion != "" && pol.ResourceVersion == wrote.ResourceVersion
+		if current && wrote.Generation >= gen {
 			continue
 		}
-		if wrote != "" {
+		switch {
+		case current:
+			m.log.Debug("fence of a consumer's namespace rewritten: the addresses it is made of changed", "consumer", consumer, "namespace", ns)
+		case wrote.ResourceVersion != "":
 			m.log.Info("fence of a consumer's namespace put back", "consumer", consumer, "namespace", ns, "policy", tenancy.FencePolicy,
 				"deleted", apierrors.IsNotFound(err))
 		}
-		rv, err := m.cfg.Tenants.ApplyFence(ctx, consumer, ns)
+		fence, err := m.cfg.Tenants.ApplyFence(ctx, consumer, ns)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		m.mu.Lock()
-		m.fenced[ns] = rv
+		m.fenced[ns] = fence
 		m.mu.Unlock()
 	}
 	return errors.Join(errs...)
@@ -581,7 +590,9 @@ func (m *Provider) countNamespaces(ctx context.Context) {
 	}
 	m.mu.Lock()
 	maps.DeleteFunc(m.applied, func(uid types.UID, _ grant.Limits) bool { return !present[uid] })
-	maps.DeleteFunc(m.fenced, func(ns, _ string) bool { return !names[ns] && !strings.HasPrefix(ns, offload.TenantPrefix) })
+	maps.DeleteFunc(m.fenced, func(ns string, _ tenancy.Fence) bool {
+		return !names[ns] && !strings.HasPrefix(ns, offload.TenantPrefix)
+	})
 	m.mu.Unlock()
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -55,7 +57,9 @@ func TestMirrorProvider(t *testing.T) {
 	offloadtest.MustApplyCRDs(t, cp.Config)
 	offloadtest.InstallProvider(t, cp)
 	agent := offloadtest.ServiceAccountConfig(t, cp, "flotilla-system", "flotilla-agent")
-	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience})
+	// The addresses fences are made of are read again after a second:
+	// FenceFollowsTheNodes waits for that.
+	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience, FenceRefresh: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +78,7 @@ func TestMirrorProvider(t *testing.T) {
 	t.Run("ReservedAndCraftedNamesRefused", s.testRefused)
 	t.Run("NamespaceSquatRefused", s.testSquat)
 	t.Run("FencePutBack", s.testFencePutBack)
+	t.Run("FenceFollowsTheNodes", s.testFenceFollowsTheNodes)
 	t.Run("NotGranted", s.testNotGranted)
 	t.Run("OverLimit", s.testOverLimit)
 	t.Run("ForeignNamespaceUntouched", s.testAlreadyExists)
@@ -337,6 +342,67 @@ func (s *mirrorSuite) testFencePutBack(t *testing.T) {
 		}
 		fenced("back after it was opened up")
 	}
+}
+
+// A node that joins after a namespace was mirrored is denied by its fence
+// too, and a cluster DNS endpoint that appears at a node's address is
+// allowed on port 53 there, without anyone touching the fence: the
+// provider rewrites the fences whose addresses changed.
+func (s *mirrorSuite) testFenceFollowsTheNodes(t *testing.T) {
+	ctx := t.Context()
+	c := s.newConsumer(t, grant.Limits{})
+	name := remoteName(t, "follows", c.id)
+	c.request(t, name, "follows")
+	s.waitStatus(t, c, name, ReasonCreated)
+	policies := s.cp.Client.NetworkingV1().NetworkPolicies(name)
+	first, err := policies.Get(ctx, tenancy.FencePolicy, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const addr = "192.0.2.201"
+	if slices.ContainsFunc(first.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool { return peersName(r.To, addr+"/32") }) {
+		t.Fatalf("the fence names %s before any node has it: %+v", addr, first.Spec.Egress)
+	}
+
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "follows-" + c.id[:8]}}
+	if _, err := s.cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.cp.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}}
+	if _, err := s.cp.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dns := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "kube-dns-" + c.id[:8], Labels: map[string]string{discoveryv1.LabelServiceName: "kube-dns"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{addr}}},
+	}
+	if _, err := s.cp.Client.DiscoveryV1().EndpointSlices("kube-system").Create(ctx, dns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.cp.Client.DiscoveryV1().EndpointSlices("kube-system").Delete(context.Background(), dns.Name, metav1.DeleteOptions{})
+	})
+	eventually.Within(t, 30*time.Second, "the fence of "+name+" denies the node "+addr+" but its port 53", func() error {
+		p, err := policies.Get(ctx, tenancy.FencePolicy, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		last := p.Spec.Egress[len(p.Spec.Egress)-1]
+		if len(last.To) == 0 || last.To[0].IPBlock == nil || !slices.Contains(last.To[0].IPBlock.Except, addr+"/32") {
+			return fmt.Errorf("the last rule does not except %s: %+v", addr, last)
+		}
+		if !peersName(p.Spec.Egress[0].To, addr+"/32") {
+			return fmt.Errorf("the DNS rule does not name %s: %+v", addr, p.Spec.Egress[0])
+		}
+		return nil
+	})
+}
+
+// peersName says whether peers hold an ipBlock of cidr.
+func peersName(peers []networkingv1.NetworkPolicyPeer, cidr string) bool {
+	return slices.ContainsFunc(peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil && p.IPBlock.CIDR == cidr })
 }
 
 // Reserved and crafted names are refused with the reason, and nothing is

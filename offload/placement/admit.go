@@ -22,7 +22,9 @@ import (
 
 // Bounds of what the webhook reads: together at most
 // maxConcurrentReviews × maxReviewBytes (16 MiB) of bodies in memory,
-// whoever sends them.
+// whoever sends them. A body's length is known before it is read: the
+// API server announces it (Content-Length), and a body of unknown length
+// (chunked) is refused unread.
 const (
 	// maxReviewBytes bounds an AdmissionReview's body: the API server's
 	// own limit on a request is 3 MiB, and the review wraps the pod once.
@@ -43,6 +45,7 @@ const (
 // Reasons of flotilla_webhook_requests_limited_total.
 const (
 	limitTooLarge         = "too_large"
+	limitUnknownLength    = "unknown_length"
 	limitBusy             = "busy"
 	limitNoClientCert     = "no_client_certificate"
 	limitClientNotAllowed = "client_not_allowed"
@@ -56,6 +59,10 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}
 	if code, reason, msg := w.admitClient(r); code != 0 {
 		w.refuse(rw, code, reason, msg)
+		return
+	}
+	if r.ContentLength < 0 {
+		w.refuse(rw, http.StatusLengthRequired, limitUnknownLength, "a body of unknown length (chunked): send its Content-Length, as the API server does")
 		return
 	}
 	if r.ContentLength > maxReviewBytes {
@@ -74,12 +81,7 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		wait.Stop()
 		return
 	}
-	body, err := readBody(rw, r)
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		w.refuse(rw, http.StatusRequestEntityTooLarge, limitTooLarge, fmt.Sprintf("a body of more than %d bytes", maxReviewBytes))
-		return
-	}
+	body, err := readBody(r)
 	var review admissionv1.AdmissionReview
 	if err == nil {
 		err = json.Unmarshal(body, &review)
@@ -106,16 +108,12 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	rw.Write(out)
 }
 
-// readBody reads the review, at most maxReviewBytes, into a buffer of
-// the size the client announced (io.ReadAll would double it as it
-// grows).
-func readBody(rw http.ResponseWriter, r *http.Request) ([]byte, error) {
-	body := http.MaxBytesReader(rw, r.Body, maxReviewBytes)
-	if r.ContentLength <= 0 {
-		return io.ReadAll(body)
-	}
+// readBody reads the review into a buffer of the size the client
+// announced, at most maxReviewBytes (checked by the caller); the server
+// reads no further than that.
+func readBody(r *http.Request) ([]byte, error) {
 	buf := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(body, buf); err != nil {
+	if _, err := io.ReadFull(r.Body, buf); err != nil {
 		return nil, fmt.Errorf("read %d bytes: %w", r.ContentLength, err)
 	}
 	return buf, nil

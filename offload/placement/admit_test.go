@@ -75,9 +75,9 @@ func TestPlacementWebhookConfigRefused(t *testing.T) {
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 // What the webhook would buffer is bounded before it reads a review: a
-// body announced too large is refused unread, one that turns out too
-// large is refused at the cap, and a request finding every slot taken
-// is refused once it waited its turn.
+// body announced too large, and one of unknown length (chunked), are
+// refused unread, and a request finding every slot taken is refused once
+// it waited its turn.
 func TestPlacementWebhookBoundsRequests(t *testing.T) {
 	const eight = 8 << 20
 	for _, tc := range []struct {
@@ -89,7 +89,8 @@ func TestPlacementWebhookBoundsRequests(t *testing.T) {
 		readMost int64
 	}{
 		{"announced too large", eight, false, http.StatusRequestEntityTooLarge, limitTooLarge, 0},
-		{"too large, length unknown", -1, false, http.StatusRequestEntityTooLarge, limitTooLarge, maxReviewBytes + 1},
+		{"length unknown", -1, false, http.StatusLengthRequired, limitUnknownLength, 0},
+		{"length unknown, every slot taken", -1, true, http.StatusLengthRequired, limitUnknownLength, 0},
 		{"every slot taken", 100, true, http.StatusTooManyRequests, limitBusy, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

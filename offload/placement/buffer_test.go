@@ -18,14 +18,14 @@ import (
 )
 
 // Reviews waiting for a slot hold little of their bodies in memory over
-// HTTP/2 too: 100 reviews of 8 MiB sent chunked over 50 connections at
-// once, while every slot is taken, are each refused (429) and grow the
-// heap in use (this process's: the webhook's server and the clients) by
-// less than waitingHeapLimit. With HTTP/2's default buffers (1 MiB per
-// connection) the same grew it by about 96 MiB.
+// HTTP/2 too: 100 reviews of 4 MiB (the most a review may be) sent over 50
+// connections at once, while every slot is taken, are each refused (429)
+// and grow the heap in use (this process's: the webhook's server and the
+// clients) by less than waitingHeapLimit. With HTTP/2's default buffers
+// (1 MiB per connection) the same grew it by about 96 MiB.
 func TestPlacementWebhookBuffersLittleOfWaitingReviews(t *testing.T) {
 	const (
-		requests, workers, size = 100, 50, 8 << 20
+		requests, workers, size = 100, 50, maxReviewBytes
 		waitingHeapLimit        = 32 << 20
 	)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -58,7 +58,7 @@ func TestPlacementWebhookBuffersLittleOfWaitingReviews(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		req.ContentLength = -1
+		req.ContentLength = size
 		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(req)
 		if err != nil {
 			return

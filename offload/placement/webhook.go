@@ -231,9 +231,9 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	}
 	w.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "flotilla_webhook_requests_limited_total",
-		Help: "Requests the placement webhook refused before reading a review, by reason: too_large, busy, no_client_certificate, client_not_allowed.",
+		Help: "Requests the placement webhook refused before reading a review, by reason: too_large, unknown_length, busy, no_client_certificate, client_not_allowed.",
 	}, []string{"reason"})
-	for _, r := range []string{limitTooLarge, limitBusy, limitNoClientCert, limitClientNotAllowed} {
+	for _, r := range []string{limitTooLarge, limitUnknownLength, limitBusy, limitNoClientCert, limitClientNotAllowed} {
 		w.limited.WithLabelValues(r)
 	}
 	if err := ctrl.Register(cfg.Metrics, w.requests, w.limited, w.certs); err != nil {

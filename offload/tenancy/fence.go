@@ -193,47 +193,83 @@ func (t *Tenants) fenceNamespace(ctx context.Context, ns *corev1.Namespace, netw
 	return got, nil
 }
 
-// ApplyFence applies the NetworkPolicy FencePolicy in ns, a namespace of
-// consumer's, and returns the resourceVersion it has since: its pods may
-// reach DNS, the consumer's own namespaces here, and any address but the
-// nodes', the API server's (its Service and its endpoints) and the
-// metadata network. Ingress is not restricted: the consumer's own traffic
-// reaches its pods through the tunnel.
-func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (string, error) {
-	denied, err := t.deniedEgress(ctx)
-	if err != nil {
-		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
-	}
-	pol := networkingv1ac.NetworkPolicy(FencePolicy, ns).WithLabels(offload.TenantLabels(consumer)).
-		WithSpec(fencePolicySpec(consumer, denied))
-	got, err := t.Client.NetworkingV1().NetworkPolicies(ns).Apply(ctx, pol, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true})
-	if err != nil {
-		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
-	}
-	return got.ResourceVersion, nil
+// Fence is a fence as applied: the resourceVersion of its NetworkPolicy,
+// and the generation of the addresses it was made of (FenceGeneration).
+type Fence struct {
+	ResourceVersion string
+	Generation      uint64
 }
 
-// fencePolicySpec is the fence's NetworkPolicy: egress only, to DNS, to
-// the consumer's namespaces, and to everything outside denied.
-func fencePolicySpec(consumer string, denied []netip.Prefix) *networkingv1ac.NetworkPolicySpecApplyConfiguration {
+// ApplyFence applies the NetworkPolicy FencePolicy in ns, a namespace of
+// consumer's, and says what it applied: its pods may reach DNS, the
+// consumer's own namespaces here, and any address but the nodes', the API
+// server's (its Service and its endpoints) and the metadata network.
+// Ingress is not restricted: the consumer's own traffic reaches its pods
+// through the tunnel.
+func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (Fence, error) {
+	addrs, gen, err := t.fenceAddresses(ctx)
+	if err != nil {
+		return Fence{}, fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
+	}
+	pol := networkingv1ac.NetworkPolicy(FencePolicy, ns).WithLabels(offload.TenantLabels(consumer)).
+		WithSpec(fencePolicySpec(consumer, addrs))
+	got, err := t.Client.NetworkingV1().NetworkPolicies(ns).Apply(ctx, pol, metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true})
+	if err != nil {
+		return Fence{}, fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
+	}
+	return Fence{ResourceVersion: got.ResourceVersion, Generation: gen}, nil
+}
+
+// FenceGeneration is the generation of the addresses fences are made of,
+// as read at most FenceRefresh ago: it grows each time a read finds them
+// changed. A fence applied at an older one is to be applied again.
+func (t *Tenants) FenceGeneration(ctx context.Context) (uint64, error) {
+	_, gen, err := t.fenceAddresses(ctx)
+	return gen, err
+}
+
+// DNSPort is the port the fence lets a consumer's pods ask the cluster
+// DNS on, UDP and TCP.
+const DNSPort = 53
+
+// fenceAddresses are the addresses a fence is made of.
+type fenceAddresses struct {
+	// denied are kept from a consumer's pods: the nodes', the API
+	// server's and the metadata network.
+	denied []netip.Prefix
+	// dns are the cluster DNS's endpoints and the extra DNS addresses
+	// configured, one address each: the pods may reach them on DNSPort
+	// only, even where denied holds them (a DNS in the host network is
+	// at a node's address, NodeLocal DNSCache's in the metadata network).
+	dns []netip.Prefix
+}
+
+// fencePolicySpec is the fence's NetworkPolicy: egress only, to DNS (the
+// pods in kube-system and the DNS addresses, on DNSPort), to the
+// consumer's namespaces, and to everything outside denied.
+func fencePolicySpec(consumer string, addrs fenceAddresses) *networkingv1ac.NetworkPolicySpecApplyConfiguration {
 	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
 	var v4, v6 []string
-	for _, p := range denied {
+	for _, p := range addrs.denied {
 		if p.Addr().Is4() {
 			v4 = append(v4, p.String())
 		} else {
 			v6 = append(v6, p.String())
 		}
 	}
+	dns := []*networkingv1ac.NetworkPolicyPeerApplyConfiguration{networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(
+		metav1ac.LabelSelector().WithMatchLabels(map[string]string{corev1.LabelMetadataName: "kube-system"}))}
+	for _, p := range addrs.dns {
+		dns = append(dns, networkingv1ac.NetworkPolicyPeer().WithIPBlock(networkingv1ac.IPBlock().WithCIDR(p.String())))
+	}
 	return networkingv1ac.NetworkPolicySpec().
 		WithPodSelector(metav1ac.LabelSelector()).
 		WithPolicyTypes(networkingv1.PolicyTypeEgress).
 		WithEgress(
 			networkingv1ac.NetworkPolicyEgressRule().
-				WithTo(networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(
-					metav1ac.LabelSelector().WithMatchLabels(map[string]string{corev1.LabelMetadataName: "kube-system"}))).
-				WithPorts(networkingv1ac.NetworkPolicyPort().WithProtocol(udp).WithPort(intstr.FromInt32(53)),
-					networkingv1ac.NetworkPolicyPort().WithProtocol(tcp).WithPort(intstr.FromInt32(53))),
+				WithTo(dns...).
+				WithPorts(networkingv1ac.NetworkPolicyPort().WithProtocol(udp).WithPort(intstr.FromInt32(DNSPort)),
+					networkingv1ac.NetworkPolicyPort().WithProtocol(tcp).WithPort(intstr.FromInt32(DNSPort))),
 			networkingv1ac.NetworkPolicyEgressRule().
 				WithTo(networkingv1ac.NetworkPolicyPeer().WithNamespaceSelector(
 					metav1ac.LabelSelector().WithMatchLabels(map[string]string{offload.LabelTenant: consumer}))),
@@ -243,46 +279,60 @@ func fencePolicySpec(consumer string, denied []netip.Prefix) *networkingv1ac.Net
 		)
 }
 
-// DefaultFenceRefresh is how long the addresses a fence denies (the
-// nodes', the API server's) are used before they are read again: a
-// namespace created meanwhile gets them without three reads first.
+// DefaultFenceRefresh is how long the addresses a fence is made of (the
+// nodes', the API server's, the cluster DNS's) are used before they are
+// read again: a namespace created meanwhile gets them without four reads
+// first.
 const DefaultFenceRefresh = 30 * time.Second
 
-// deniedEgress is what the fence keeps a consumer's pods from, as read at
-// most FenceRefresh ago; callers at once wait for one read.
-func (t *Tenants) deniedEgress(ctx context.Context) ([]netip.Prefix, error) {
-	t.denied.Lock()
-	defer t.denied.Unlock()
-	if t.denied.nets != nil && time.Since(t.denied.at) < t.fenceRefresh {
-		return t.denied.nets, nil
+// DefaultDNSService is the cluster DNS's Service as kubeadm and most
+// distributions name it.
+var DefaultDNSService = types.NamespacedName{Namespace: metav1.NamespaceSystem, Name: "kube-dns"}
+
+// fenceAddresses are the addresses a fence is made of, as read at most
+// FenceRefresh ago, and their generation; callers at once wait for one
+// read.
+func (t *Tenants) fenceAddresses(ctx context.Context) (fenceAddresses, uint64, error) {
+	t.fence.Lock()
+	defer t.fence.Unlock()
+	if t.fence.gen > 0 && time.Since(t.fence.at) < t.fenceRefresh {
+		return t.fence.addrs, t.fence.gen, nil
 	}
-	nets, err := t.readDeniedEgress(ctx)
+	addrs, err := t.readFenceAddresses(ctx)
 	if err != nil {
-		return nil, err
+		return fenceAddresses{}, 0, err
 	}
-	t.denied.nets, t.denied.at = nets, time.Now()
-	return nets, nil
+	if t.fence.gen == 0 || !addrs.equal(t.fence.addrs) {
+		t.fence.gen++
+	}
+	t.fence.addrs, t.fence.at = addrs, time.Now()
+	return addrs, t.fence.gen, nil
 }
 
-// warmFence reads what the fence denies, when the last read is too old,
-// while the caller makes a namespace: its fence is applied right after,
-// without a read first. A failed read is the fence's to report, when it
-// reads again. The returned function waits for the read.
+func (a fenceAddresses) equal(b fenceAddresses) bool {
+	return slices.Equal(a.denied, b.denied) && slices.Equal(a.dns, b.dns)
+}
+
+// warmFence reads what a fence is made of, when the last read is too
+// old, while the caller makes a namespace: its fence is applied right
+// after, without a read first. A failed read is the fence's to report,
+// when it reads again. The returned function waits for the read.
 func (t *Tenants) warmFence(ctx context.Context) (wait func()) {
 	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = t.deniedEgress(ctx) })
+	wg.Go(func() { _, _, _ = t.fenceAddresses(ctx) })
 	return wg.Wait
 }
 
-// readDeniedEgress reads what the fence keeps a consumer's pods from:
-// every node's addresses, the API server's Service and endpoints, and the
-// metadata network; sorted, one entry per address. The three reads go at
-// once.
-func (t *Tenants) readDeniedEgress(ctx context.Context) ([]netip.Prefix, error) {
+// readFenceAddresses reads what a fence is made of: every node's
+// addresses, the API server's Service and endpoints and the metadata
+// network, denied; the cluster DNS's endpoints and the extra DNS
+// addresses, allowed on DNSPort. Each sorted, one entry per address. The
+// four reads go at once.
+func (t *Tenants) readFenceAddresses(ctx context.Context) (fenceAddresses, error) {
 	var nodes *corev1.NodeList
 	var svc *corev1.Service
-	var eps *discoveryv1.EndpointSliceList
-	errs := make([]error, 3)
+	var eps, dnsEPs *discoveryv1.EndpointSliceList
+	errs := make([]error, 4)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		var err error
@@ -302,46 +352,73 @@ func (t *Tenants) readDeniedEgress(ctx context.Context) ([]netip.Prefix, error) 
 	})
 	wg.Go(func() {
 		var err error
-		eps, err = t.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+		eps, err = t.Client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
 		if err != nil {
 			errs[2] = fmt.Errorf("list the API server's endpoints (default/kubernetes): %w", err)
 		}
 	})
+	wg.Go(func() {
+		var err error
+		dnsEPs, err = t.Client.DiscoveryV1().EndpointSlices(t.dnsService.Namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + t.dnsService.Name})
+		if err != nil {
+			errs[3] = fmt.Errorf("list the cluster DNS's endpoints (%s): %w", t.dnsService, err)
+		}
+	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return fenceAddresses{}, err
 	}
-	set := map[netip.Prefix]bool{MetadataNetwork: true}
-	add := func(s string) {
-		if ip, err := netip.ParseAddr(s); err == nil {
-			set[netip.PrefixFrom(ip, ip.BitLen())] = true
-		}
-	}
+	denied := map[netip.Prefix]bool{MetadataNetwork: true}
 	for _, n := range nodes.Items {
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
-				add(a.Address)
+				addAddress(denied, a.Address)
 			}
 		}
 	}
 	if svc != nil {
 		for _, s := range svc.Spec.ClusterIPs {
-			add(s)
+			addAddress(denied, s)
 		}
 	}
-	for _, s := range eps.Items {
+	addEndpoints(denied, eps.Items)
+	// The metadata network is denied whole: an address in it is not
+	// excepted again.
+	maps.DeleteFunc(denied, func(p netip.Prefix, _ bool) bool {
+		return p != MetadataNetwork && p.Addr().Is4() && MetadataNetwork.Contains(p.Addr())
+	})
+	dns := map[netip.Prefix]bool{}
+	addEndpoints(dns, dnsEPs.Items)
+	for _, a := range t.dnsAddresses {
+		dns[netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())] = true
+	}
+	return fenceAddresses{denied: sortedPrefixes(denied), dns: sortedPrefixes(dns)}, nil
+}
+
+// addAddress adds the address s, when it is one, to set.
+func addAddress(set map[netip.Prefix]bool, s string) {
+	if ip, err := netip.ParseAddr(s); err == nil {
+		ip = ip.Unmap()
+		set[netip.PrefixFrom(ip, ip.BitLen())] = true
+	}
+}
+
+// addEndpoints adds the addresses of slices' endpoints to set.
+func addEndpoints(set map[netip.Prefix]bool, items []discoveryv1.EndpointSlice) {
+	for _, s := range items {
+		if s.AddressType == discoveryv1.AddressTypeFQDN {
+			continue
+		}
 		for _, e := range s.Endpoints {
 			for _, a := range e.Addresses {
-				add(a)
+				addAddress(set, a)
 			}
 		}
 	}
-	out := make([]netip.Prefix, 0, len(set))
-	for p := range set {
-		if !p.Addr().Is4() || !MetadataNetwork.Contains(p.Addr()) || p == MetadataNetwork {
-			out = append(out, p)
-		}
-	}
+}
+
+func sortedPrefixes(set map[netip.Prefix]bool) []netip.Prefix {
+	out := slices.Collect(maps.Keys(set))
 	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-	return out, nil
+	return out
 }

@@ -2,7 +2,9 @@ package tenancy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -16,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -60,9 +63,23 @@ func (s *suite) testFence(t *testing.T) {
 		s.cp.Client.DiscoveryV1().EndpointSlices("default").Delete(context.Background(), apiSlice.Name, metav1.DeleteOptions{})
 	})
 
-	// Tenants of their own: the suite's read the addresses a fence denies
-	// before this node was there, and use them for DefaultFenceRefresh.
-	s = s.withTenants(t, 0)
+	// The cluster DNS in the host network, at the node's address.
+	dnsSlice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "kube-dns-" + consumer[:8], Labels: map[string]string{discoveryv1.LabelServiceName: "kube-dns"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"192.0.2.77"}}},
+	}
+	if _, err := s.cp.Client.DiscoveryV1().EndpointSlices("kube-system").Create(ctx, dnsSlice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.cp.Client.DiscoveryV1().EndpointSlices("kube-system").Delete(context.Background(), dnsSlice.Name, metav1.DeleteOptions{})
+	})
+
+	// Tenants of their own: the suite's read the addresses a fence is
+	// made of before this node was there, and use them for
+	// DefaultFenceRefresh. NodeLocal DNSCache's address is configured.
+	s = s.withTenants(t, 0, netip.MustParseAddr("169.254.20.10"))
 	limits := grant.Limits{Fence: grant.Fence{EndpointNetworks: "10.80.0.0/16"}}
 	s.ensure(t, consumer, limits)
 	ns := offload.TenantNamespace(consumer)
@@ -126,7 +143,8 @@ func (s *suite) testFence(t *testing.T) {
 }
 
 // fenceRulesOK says how pol differs from the fence: egress only, every
-// pod; DNS in kube-system on port 53; the consumer's namespaces; any
+// pod; DNS on port 53 in kube-system, at NodeLocal DNSCache's address and
+// at the cluster DNS's endpoint; the consumer's namespaces; any
 // address but the nodes', the API server's and the metadata network.
 func (s *suite) fenceRulesOK(ctx context.Context, consumer string, pol *networkingv1.NetworkPolicy) error {
 	if pol.Labels[offload.LabelTenant] != consumer {
@@ -138,9 +156,10 @@ func (s *suite) fenceRulesOK(ctx context.Context, consumer string, pol *networki
 		return fmt.Errorf("not an egress policy of every pod with three rules")
 	}
 	dns := spec.Egress[0]
-	if len(dns.To) != 1 || dns.To[0].NamespaceSelector == nil || dns.To[0].NamespaceSelector.MatchLabels[corev1.LabelMetadataName] != "kube-system" ||
+	if len(dns.To) != 3 || dns.To[0].NamespaceSelector == nil || dns.To[0].NamespaceSelector.MatchLabels[corev1.LabelMetadataName] != "kube-system" ||
+		dns.To[1].IPBlock == nil || dns.To[1].IPBlock.CIDR != "169.254.20.10/32" || dns.To[2].IPBlock == nil || dns.To[2].IPBlock.CIDR != "192.0.2.77/32" ||
 		len(dns.Ports) != 2 || dns.Ports[0].Port.IntValue() != 53 || dns.Ports[1].Port.IntValue() != 53 {
-		return fmt.Errorf("rule 1 is not DNS in kube-system: %+v", dns)
+		return fmt.Errorf("rule 1 is not DNS on port 53 in kube-system, at NodeLocal DNSCache's address and at the cluster DNS's endpoint in the host network: %+v", dns)
 	}
 	own := spec.Egress[1]
 	if len(own.To) != 1 || own.To[0].NamespaceSelector == nil || own.To[0].NamespaceSelector.MatchLabels[offload.LabelTenant] != consumer || len(own.Ports) != 0 {
@@ -231,4 +250,107 @@ func applyConsumerRole(t *testing.T, cp *harness.ControlPlane) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kubectl apply deploy/rbac.yaml: %v\n%s", err, out)
 	}
+}
+
+// The fence's rules, judged as an enforcer judges a packet to an address
+// outside the pod network: DNS on port 53, UDP and TCP, reaches the
+// cluster DNS's endpoints and the extra DNS addresses, even at a node's
+// address or in the metadata network; every other port there, the other
+// nodes and the metadata service stay denied; the internet is open.
+func TestFencePolicySpec(t *testing.T) {
+	node, hostDNS := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
+	nodeLocal, node6 := netip.MustParseAddr("169.254.20.10"), netip.MustParseAddr("2001:db8::11")
+	addrs := fenceAddresses{
+		denied: []netip.Prefix{netip.PrefixFrom(node, 32), netip.PrefixFrom(hostDNS, 32), netip.PrefixFrom(node6, 128), MetadataNetwork},
+		dns:    []netip.Prefix{netip.PrefixFrom(hostDNS, 32), netip.PrefixFrom(nodeLocal, 32), netip.PrefixFrom(node6, 128)},
+	}
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	for _, tc := range []struct {
+		what  string
+		addrs fenceAddresses
+		to    netip.Addr
+		proto corev1.Protocol
+		port  int32
+		want  bool
+	}{
+		{"DNS in the host network, UDP", addrs, hostDNS, udp, 53, true},
+		{"DNS in the host network, TCP", addrs, hostDNS, tcp, 53, true},
+		{"another port of the DNS's node", addrs, hostDNS, tcp, 80, false},
+		{"UDP to another port of the DNS's node", addrs, hostDNS, udp, 5353, false},
+		{"port 53 of a node without DNS", addrs, node, udp, 53, false},
+		{"another port of a node without DNS", addrs, node, tcp, 10250, false},
+		{"NodeLocal DNSCache", addrs, nodeLocal, udp, 53, true},
+		{"another port of NodeLocal DNSCache's address", addrs, nodeLocal, tcp, 8080, false},
+		{"the metadata service", addrs, netip.MustParseAddr("169.254.169.254"), tcp, 80, false},
+		{"the metadata service on port 53", addrs, netip.MustParseAddr("169.254.169.254"), udp, 53, false},
+		{"DNS at an IPv6 node address", addrs, node6, udp, 53, true},
+		{"another port of an IPv6 node", addrs, node6, tcp, 22, false},
+		{"the internet", addrs, netip.MustParseAddr("198.51.100.1"), tcp, 443, true},
+		{"the internet over IPv6", addrs, netip.MustParseAddr("2001:db8:1::1"), tcp, 443, true},
+		{"a node's DNS without DNS addresses", fenceAddresses{denied: addrs.denied}, hostDNS, udp, 53, false},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			spec := appliedSpec(t, fencePolicySpec("c0ffee", tc.addrs))
+			if got := egressAllowed(spec, tc.to, tc.proto, tc.port); got != tc.want {
+				t.Errorf("%s %s:%d allowed %v, want %v; egress %+v", tc.proto, tc.to, tc.port, got, tc.want, spec.Egress)
+			}
+		})
+	}
+	// The pods of kube-system, wherever they are, are asked on port 53
+	// only.
+	spec := appliedSpec(t, fencePolicySpec("c0ffee", fenceAddresses{}))
+	if len(spec.Egress) != 3 || len(spec.Egress[0].To) != 1 || spec.Egress[0].To[0].NamespaceSelector == nil ||
+		spec.Egress[0].To[0].NamespaceSelector.MatchLabels[corev1.LabelMetadataName] != "kube-system" || len(spec.Egress[0].Ports) != 2 {
+		t.Errorf("without DNS addresses, the first rule is not DNS in kube-system alone: %+v", spec.Egress)
+	}
+}
+
+// appliedSpec is the NetworkPolicySpec an apply of spec writes.
+func appliedSpec(t *testing.T, spec *networkingv1ac.NetworkPolicySpecApplyConfiguration) networkingv1.NetworkPolicySpec {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out networkingv1.NetworkPolicySpec
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// egressAllowed says whether spec lets its pods send to an address that
+// is no pod's (peers that select pods never match it), as NetworkPolicy's
+// rules are defined: any rule whose ports and peers both match.
+func egressAllowed(spec networkingv1.NetworkPolicySpec, to netip.Addr, proto corev1.Protocol, port int32) bool {
+	for _, r := range spec.Egress {
+		portOK := len(r.Ports) == 0
+		for _, p := range r.Ports {
+			pr := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				pr = *p.Protocol
+			}
+			if pr == proto && (p.Port == nil || p.Port.IntVal == port) {
+				portOK = true
+			}
+		}
+		peerOK := len(r.To) == 0
+		for _, peer := range r.To {
+			if peer.IPBlock == nil {
+				continue
+			}
+			if !netip.MustParsePrefix(peer.IPBlock.CIDR).Contains(to) {
+				continue
+			}
+			excepted := false
+			for _, e := range peer.IPBlock.Except {
+				excepted = excepted || netip.MustParsePrefix(e).Contains(to)
+			}
+			peerOK = peerOK || !excepted
+		}
+		if portOK && peerOK {
+			return true
+		}
+	}
+	return false
 }

@@ -58,34 +58,34 @@ var ErrNotOurs = errors.New("namespace exists and is not mirrored for this consu
 // that the one of that name is. Like the tenant's, it never applies to a
 // namespace that exists: that would adopt one created in between. known is
 // the namespace the caller already read and found mirrored for consumer
-// from source (nil: none), so it is not read again. fence is the
-// resourceVersion of its NetworkPolicy FencePolicy as applied.
-func (t *Tenants) EnsureMirrored(ctx context.Context, consumer, name, source string, limits grant.Limits, known *corev1.Namespace) (ns *corev1.Namespace, fence string, created bool, err error) {
+// from source (nil: none), so it is not read again. fence is its
+// NetworkPolicy FencePolicy as applied.
+func (t *Tenants) EnsureMirrored(ctx context.Context, consumer, name, source string, limits grant.Limits, known *corev1.Namespace) (ns *corev1.Namespace, fence Fence, created bool, err error) {
 	hard, err := quotaOf(limits)
 	if err != nil {
-		return nil, "", false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
+		return nil, Fence{}, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 	}
 	networks, err := t.allowedEndpoints(ctx, limits.Fence.EndpointNetworks)
 	if err != nil {
-		return nil, "", false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
+		return nil, Fence{}, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 	}
 	ns = known
 	if ns == nil {
 		defer t.warmFence(ctx)()
 		if ns, created, err = t.createMirrored(ctx, consumer, name, source, networks); err != nil {
-			return nil, "", false, err
+			return nil, Fence{}, false, err
 		}
 	}
 	if !created {
 		if ns, err = t.fenceNamespace(ctx, ns, networks); err != nil {
-			return nil, "", false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
+			return nil, Fence{}, false, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 		}
 	}
 	if fence, err = t.applyGrantObjects(ctx, consumer, name, hard, created); err != nil {
 		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			err = fmt.Errorf("%w: %w", ErrTerminating, err)
 		}
-		return nil, "", created, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
+		return nil, Fence{}, created, fmt.Errorf("mirror namespace %s for %s: %w", name, consumer, err)
 	}
 	return ns, fence, created, nil
 }

@@ -86,8 +86,8 @@ func (s *suite) testWithoutReads(t *testing.T) {
 
 	name := "shop-" + offload.ClusterSuffix(second)
 	ns, fence, created, err := tenants.EnsureMirrored(ctx, second, name, "shop", grant.Limits{CPU: "1"}, nil)
-	if err != nil || !created || fence == "" {
-		t.Fatalf("EnsureMirrored(%s) = created %v, fence %q, %v; want created with its fence", name, created, fence, err)
+	if err != nil || !created || fence.ResourceVersion == "" || fence.Generation == 0 {
+		t.Fatalf("EnsureMirrored(%s) = created %v, fence %+v, %v; want created with its fence", name, created, fence, err)
 	}
 	r, _ = taken()
 	if len(r) != 0 {
@@ -97,16 +97,16 @@ func (s *suite) testWithoutReads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the fence of %s: %v", ns.Name, err)
 	}
-	if pol.ResourceVersion != fence {
-		t.Errorf("fence resourceVersion %s, EnsureMirrored said %s", pol.ResourceVersion, fence)
+	if pol.ResourceVersion != fence.ResourceVersion {
+		t.Errorf("fence resourceVersion %s, EnsureMirrored said %s", pol.ResourceVersion, fence.ResourceVersion)
 	}
 }
 
 // withTenants is s with Tenants of its own, whose fences read what they
 // deny at most refresh before (DefaultFenceRefresh when 0).
-func (s *suite) withTenants(t *testing.T, refresh time.Duration) *suite {
+func (s *suite) withTenants(t *testing.T, refresh time.Duration, dns ...netip.Addr) *suite {
 	t.Helper()
-	tenants, err := NewTenants(TenantsConfig{Config: s.cp.Config, Client: s.cp.Client, Audience: offloadtest.AcceptedAudience, FenceRefresh: refresh})
+	tenants, err := NewTenants(TenantsConfig{Config: s.cp.Config, Client: s.cp.Client, Audience: offloadtest.AcceptedAudience, FenceRefresh: refresh, DNSAddresses: dns})
 	if err != nil {
 		t.Fatal(err)
 	}

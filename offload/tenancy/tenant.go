@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/dynamic"
@@ -84,6 +85,15 @@ type TenantsConfig struct {
 	// FenceRefresh is how long the addresses a fence denies are used
 	// before they are read again; DefaultFenceRefresh when zero.
 	FenceRefresh time.Duration
+	// DNSService is the cluster DNS's Service, whose endpoints a
+	// consumer's pods may ask on DNSPort (a DNS in the host network is at
+	// node addresses, which the fence denies otherwise);
+	// DefaultDNSService when empty.
+	DNSService types.NamespacedName
+	// DNSAddresses are DNS servers a consumer's pods may ask on DNSPort
+	// besides the DNSService's endpoints, such as NodeLocal DNSCache's
+	// link-local address.
+	DNSAddresses []netip.Addr
 }
 
 // Tenants is the provider's side of grants in its API server: the tenant
@@ -101,10 +111,13 @@ type Tenants struct {
 
 	podNetworks  func(context.Context) ([]netip.Prefix, error)
 	fenceRefresh time.Duration
-	denied       struct {
+	dnsService   types.NamespacedName
+	dnsAddresses []netip.Addr
+	fence        struct {
 		sync.Mutex
-		nets []netip.Prefix
-		at   time.Time
+		addrs fenceAddresses
+		at    time.Time
+		gen   uint64 // 0: never read
 	}
 
 	mu    sync.Mutex
@@ -138,6 +151,17 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	if cfg.FenceRefresh == 0 {
 		cfg.FenceRefresh = DefaultFenceRefresh
 	}
+	if cfg.DNSService == (types.NamespacedName{}) {
+		cfg.DNSService = DefaultDNSService
+	}
+	if cfg.DNSService.Namespace == "" || cfg.DNSService.Name == "" {
+		return nil, fmt.Errorf("tenants: cluster DNS Service %q: want namespace/name, such as %s", cfg.DNSService, DefaultDNSService)
+	}
+	for _, a := range cfg.DNSAddresses {
+		if !a.IsValid() || a.IsUnspecified() {
+			return nil, fmt.Errorf("tenants: DNS address %q: want a DNS server's address", a)
+		}
+	}
 	if cfg.Client == nil {
 		c, err := kubeclient.NewForConfig(cfg.Config)
 		if err != nil {
@@ -153,6 +177,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
 		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
 		podNetworks: cfg.PodNetworks, fenceRefresh: cfg.FenceRefresh,
+		dnsService: cfg.DNSService, dnsAddresses: slices.Clone(cfg.DNSAddresses),
 	}
 	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("tenants: metrics: %w", err)
@@ -288,9 +313,8 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 // namespace that may hold pods (not fresh: created before this call) the
 // LimitRange comes before the quota and goes after it, so that no pod
 // without requests meets a quota without defaults. A fresh namespace has
-// nothing to delete. It returns the resourceVersion of the fence's
-// NetworkPolicy as applied.
-func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) (fence string, err error) {
+// nothing to delete. It returns the fence as applied.
+func (t *Tenants) applyGrantObjects(ctx context.Context, consumer, ns string, hard corev1.ResourceList, fresh bool) (fence Fence, err error) {
 	defaults := defaultRequests(hard)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)

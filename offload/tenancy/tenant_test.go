@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -66,6 +68,26 @@ func TestEnsureRefusesBadInput(t *testing.T) {
 				t.Errorf("Ensure(%q, %+v) = %v, want an error containing %q", tc.consumer, tc.limits, err, tc.want)
 			}
 		})
+	}
+}
+
+// A cluster DNS Service without a namespace or a name, and a DNS address
+// that is none, are refused, named.
+func TestNewTenantsRefusesBadDNS(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  TenantsConfig
+		want string
+	}{
+		{"Service without a namespace", TenantsConfig{DNSService: types.NamespacedName{Name: "kube-dns"}}, `cluster DNS Service "/kube-dns": want namespace/name`},
+		{"Service without a name", TenantsConfig{DNSService: types.NamespacedName{Namespace: "kube-system"}}, `cluster DNS Service "kube-system/": want namespace/name`},
+		{"no address", TenantsConfig{DNSAddresses: []netip.Addr{{}}}, "DNS address"},
+		{"the unspecified address", TenantsConfig{DNSAddresses: []netip.Addr{netip.IPv4Unspecified()}}, `DNS address "0.0.0.0"`},
+	} {
+		tc.cfg.Config = &rest.Config{Host: "https://127.0.0.1:1"}
+		if _, err := NewTenants(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		}
 	}
 }
 

@@ -27,9 +27,11 @@ var metadataAddr = netip.MustParseAddr("169.254.169.254")
 
 // The tenant fence's NetworkPolicy tried with packets, on a provider whose
 // nodes enforce NetworkPolicy (kube-network-policies): a pod consumer a
-// offloaded to provider b reaches its own namespace, and cannot reach
-// b's nodes, b's API server through its Service, or the metadata
-// address, each of which a pod of b's own on the same node reaches first.
+// offloaded to provider b reaches its own namespace and b's cluster DNS,
+// which runs in the host network of b's other node, on port 53, and
+// cannot reach another port of that node, b's API server through its
+// Service, or the metadata address, each of which a pod of b's own on the
+// same node reaches first.
 func TestTenantFenceStopsPackets(t *testing.T) {
 	longRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
@@ -61,6 +63,13 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 	publishAPIServerEndpoint(t, b)
 	metadata := env.NewSite("md", harness.SiteOptions{LAN: b.LAN()})
 	serveMetadata(t, metadata, bNodes)
+	// The tenant's pods go to the node CoreDNS does not run on, so that
+	// their queries cross the enforcer (a node's delivery to itself is
+	// not judged): its node is cordoned until they run.
+	dnsNode := b.CP.WaitDNS(t).Spec.NodeName
+	if out, err := federation.Kubectl(b.CP, "cordon", dnsNode); err != nil {
+		t.Fatalf("cordon %s, CoreDNS's node: %v\n%s", dnsNode, err, out)
+	}
 
 	changePeerSpec(t, b.Cluster, a.Name, func(s *v1alpha1.PeerSpec) { s.Offloading = v1alpha1.OffloadingGrant })
 	acceptOffloading(t, a, b.Name, "region")
@@ -76,6 +85,9 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 	federation.CreateDeployment(t, a, "shop", "web", 2, nil)
 	pods := waitPods(t, a, "shop", "app=web", 2, 120*time.Second, runningOn(offload.VirtualNodeName(bID)))
 	theirs := remotePods(t, b, shop, 2)
+	if out, err := federation.Kubectl(b.CP, "uncordon", dnsNode); err != nil {
+		t.Fatalf("uncordon %s: %v\n%s", dnsNode, err, out)
+	}
 	tenant, peer := pods[0], theirs[pods[1].Name]
 	node := theirs[tenant.Name].Spec.NodeName
 	var own, other *harness.Node
@@ -86,14 +98,15 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 			other = n
 		}
 	}
-	if own == nil || other == nil {
-		t.Fatalf("the tenant's pod runs on %q, not on one of b's two nodes", node)
+	if own == nil || other == nil || other.NodeName != dnsNode {
+		t.Fatalf("the tenant's pod runs on %q, not on the one of b's two nodes CoreDNS (on %s) does not run on", node, dnsNode)
 	}
 	fence, err := b.CP.Client.NetworkingV1().NetworkPolicies(shop).Get(context.Background(), tenancy.FencePolicy, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the fence of %s on b: %v", shop, err)
 	}
-	t.Logf("the tenant's pod %s runs on %s as %s; the fence denies %v", tenant.Name, node, theirs[tenant.Name].Status.PodIP, fence.Spec.Egress[len(fence.Spec.Egress)-1].To[0].IPBlock.Except)
+	t.Logf("the tenant's pod %s runs on %s as %s; the fence denies %v and allows DNS to %v", tenant.Name, node, theirs[tenant.Name].Status.PodIP,
+		fence.Spec.Egress[len(fence.Spec.Egress)-1].To[0].IPBlock.Except, fence.Spec.Egress[0].To)
 
 	// b's own pod beside it, in a namespace without a fence.
 	createNamespace(t, b, "plain")
@@ -128,15 +141,38 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 		return nil
 	})
 
-	// The positive witness: the tenant's pod reaches the consumer's
-	// other pod, through the enforcer where they are on two nodes. DNS
-	// is not one here: the harness's CoreDNS runs in the host network,
-	// at a node's address, which the fence denies (docs/security.md,
-	// known gaps); it is reported below.
-	t.Run("the tenant's pod reaches its own namespace", func(t *testing.T) {
+	// The positive witnesses: the tenant's pod reaches the consumer's
+	// other pod, and asks the cluster DNS, in the host network of the
+	// other node, through the kube-dns Service and at the node's
+	// address.
+	reachesOwn := func(t *testing.T) {
 		url := fmt.Sprintf("http://%s:%d/hostname", peer.Status.PodIP, harness.TestServerHTTPPort)
 		if out, err := fromTenant("-get", url); err != nil || strings.TrimSpace(out) != peer.Name {
 			t.Fatalf("GET %s (the consumer's other pod, on %s) from the tenant's pod on %s: %q, %v", url, peer.Spec.NodeName, node, out, err)
+		}
+	}
+	t.Run("the tenant's pod reaches its own namespace", reachesOwn)
+	t.Run("the tenant's pod asks the cluster DNS in the host network of another node", func(t *testing.T) {
+		const name = "kubernetes.default.svc.cluster.local"
+		want := b.CP.Options.ServiceCIDR.Addr().Next().String()
+		for _, server := range []string{"", netip.AddrPortFrom(other.Addr, tenancy.DNSPort).String()} {
+			args, via := []string{"-lookup", name}, "the kube-dns Service"
+			if server != "" {
+				args, via = append(args, "-dns", server), server
+			}
+			// The witness: b's pod on the same node resolves it so.
+			eventually.Within(t, 30*time.Second, "b's own pod resolves "+name+" through "+via, func() error {
+				out, err := fromWitness(args...)
+				if err == nil && strings.TrimSpace(out) != want {
+					err = fmt.Errorf("%q, want %s", out, want)
+				}
+				return err
+			})
+			out, err := fromTenant(args...)
+			t.Logf("the tenant's pod resolves %s through %s: %q, %v", name, via, strings.TrimSpace(out), err)
+			if err != nil || strings.TrimSpace(out) != want {
+				t.Errorf("the tenant's pod on %s resolves %s through %s (CoreDNS on %s): %q, %v; want %s", node, name, via, other.NodeName, out, err, want)
+			}
 		}
 	})
 
@@ -146,7 +182,7 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 		to   netip.AddrPort
 		echo bool // a line-echo server; else only a connection is tried
 	}{
-		{"another node of b (" + other.NodeName + ")", netip.AddrPortFrom(other.Addr, 80), true},
+		{"another port of the node the cluster DNS runs on (" + other.NodeName + ")", netip.AddrPortFrom(other.Addr, 80), true},
 		{"b's API server through its Service", apiService, false},
 		{"the metadata address", netip.AddrPortFrom(metadataAddr, 80), true},
 	} {
@@ -169,12 +205,14 @@ func TestTenantFenceStopsPackets(t *testing.T) {
 			}
 		})
 	}
+	// The enforcer refused them and still judges: what it allows still
+	// passes (an enforcer that died would drop everything it is handed).
+	t.Run("the tenant's pod still reaches its own namespace", reachesOwn)
+
 	// Not asserted: kube-network-policies judges what a node forwards,
 	// and a pod's connection to its own node's address is delivered
 	// locally (docs/testing.md), so it is not judged there.
-	out, err := fromTenant("-lookup", "kubernetes.default.svc.cluster.local")
-	t.Logf("the tenant's pod resolves kubernetes.default through the cluster DNS in the host network: %q, %v", strings.TrimSpace(out), err)
-	out, err = fromTenant("-dial", netip.AddrPortFrom(own.Addr, 80).String())
+	out, err := fromTenant("-dial", netip.AddrPortFrom(own.Addr, 80).String())
 	t.Logf("the tenant's pod to its own node %s (%s:80), which this enforcer does not judge: %q, %v", own.NodeName, own.Addr, strings.TrimSpace(out), err)
 }
 
