@@ -99,6 +99,9 @@ func TestChaos(t *testing.T) {
 		victim := f.cs[rng.IntN(len(f.cs))]
 		wait := time.Duration(rng.IntN(3000)) * time.Millisecond
 		t.Logf("fault %d: %s of %s after %s", i+1, k.name, victim.Name, wait)
+		if k.prepare != nil {
+			k.prepare(t, f, victim)
+		}
 		traffic := startTraffic(t, f.cs, i+1)
 		time.Sleep(wait)
 		agents := agentsOf(f.cs)

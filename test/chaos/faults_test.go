@@ -18,19 +18,24 @@ import (
 // fault is healed (the agent restarted, the link plugged back, the space
 // freed), with the number of invariants broken while it was on.
 type fault struct {
-	name   string
-	inject func(t *testing.T, f *fed, victim *federation.Cluster) int
+	name string
+	// prepare, when set, readies the victim before the traffic starts
+	// (gateway-kill's standby replica).
+	prepare func(t *testing.T, f *fed, victim *federation.Cluster)
+	inject  func(t *testing.T, f *fed, victim *federation.Cluster) int
 }
 
+// The order is the draws': seed 1's three faults (make test) are
+// gateway-kill, kill-restart and kill-mid-grant.
 var faults = []fault{
-	{"kill-restart", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "kill-restart", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// SIGKILL: no goodbye, nothing flushed; restarted on its state dir.
 		v.Agent.Kill()
 		<-v.Agent.Done()
 		v.StartAgent(t)
 		return 0
 	}},
-	{"restart-wiped", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "restart-wiped", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// The state directory lost with the disk, and its snapshot with
 		// it: the cluster comes back with a new ledger, so a new identity
 		// and WireGuard key (a new member to the others), and no memory
@@ -42,17 +47,17 @@ var faults = []fault{
 		v.StartAgent(t)
 		return 0
 	}},
-	{"partition-short", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "partition-short", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		f.afterHeal = offloadKept(t, f.pairs)
 		f.partition(t, v, grace/2)
 		return 0
 	}},
-	{"partition-long", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "partition-long", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		f.afterHeal = offloadKept(t, f.pairs)
 		f.partition(t, v, grace+5*time.Second)
 		return 0
 	}},
-	{"control-plane-restart", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "control-plane-restart", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// The API server gone for longer than the grace: the tunnels do
 		// not depend on it, so the victim's pod keeps reaching every
 		// peer's meanwhile; its agent converges once it is back.
@@ -75,8 +80,9 @@ var faults = []fault{
 		}
 		return broken
 	}},
-	{"disk-full", diskFull},
-	{"clock-skew", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "disk-full", inject: diskFull},
+	{name: "gateway-kill", prepare: prepareGatewayKill, inject: killActiveGateway},
+	{name: "clock-skew", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// The victim's clock minutes off, ahead or behind in turn, then
 		// put right: both are restarts (the skew is read at start), and
 		// putting it right steps the clock the other way.
@@ -96,7 +102,8 @@ var faults = []fault{
 		v.StartAgent(t)
 		return 0
 	}},
-	{"kill-mid-negotiation", func(t *testing.T, f *fed, v *federation.Cluster) int {
+	{name: "kill-mid-grant", inject: killMidGrant},
+	{name: "kill-mid-negotiation", inject: func(t *testing.T, f *fed, v *federation.Cluster) int {
 		// A new member (v back under a new identity), and the agent of
 		// the next cluster SIGKILLed as soon as its Peer of the newcomer
 		// shows, mid-negotiation; restarted at once on its state.
@@ -125,8 +132,7 @@ var faults = []fault{
 		o.StartAgent(t)
 		return 0
 	}},
-	{"kill-mid-grant", killMidGrant},
-	{"kill-mid-offload", killMidOffload},
+	{name: "kill-mid-offload", inject: killMidOffload},
 }
 
 // viewsFrom is, by cluster name, how v addresses every other cluster's
@@ -188,6 +194,8 @@ type fed struct {
 	// afterHeal, when a fault sets it, checks more once the offloaded
 	// pods settled after it, and returns the invariants broken.
 	afterHeal func(t *testing.T) int
+	// gateway is gateway-kill's standby, from its prepare to its inject.
+	gateway *gatewayKill
 }
 
 // partition cuts v's site from the LAN for d.

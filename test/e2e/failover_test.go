@@ -33,8 +33,11 @@ import (
 // every flow resumes, the gap per flow is printed; no Peer's views change
 // on either side, and b's Peer of a keeps a's identity and WireGuard key
 // while its endpoint moves to the new gateway. The dead node is removed
-// as an operator would, a new standby comes up on the third candidate,
-// and killing it drops nothing.
+// as an operator would, and a new standby comes up on the third
+// candidate. Both replicas are then restarted with their state
+// directories wiped in turn (wipeInTurn): the cluster stays the same to
+// b each time, its state coming back from the replica that kept it.
+// Last, killing the standby drops nothing.
 func TestGatewayFailover(t *testing.T) {
 	longRunning(t)
 	cs, flows := failoverClusters(t, 3)
@@ -111,6 +114,12 @@ func TestGatewayFailover(t *testing.T) {
 			t.Errorf("no Event %s on the new active pod %s (%v)", ha.EventTookOver, next.Name, err)
 		}
 	})
+
+	if !t.Run("both replicas restarted on wiped disks in turn, the state comes back from the survivor", func(t *testing.T) {
+		next = wipeInTurn(t, cs, flows, next, before)
+	}) {
+		return
+	}
 
 	t.Run("killing the standby drops nothing", func(t *testing.T) {
 		standby := waitStandby(t, a, next)

@@ -1,0 +1,221 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/ipam"
+	"github.com/flotilla-io/flotilla/test/federation"
+)
+
+// wipeInTurn restarts both agent replicas of cs[0] with their state
+// directories wiped, one after the other, as when each node's disk is
+// replaced: first the standby's, which must drop nothing; then the
+// active one's, once the wiped standby has taken over from it; last the
+// other wiped replica takes over in its turn. Each wiped replica that
+// takes over must restore the ledger from the snapshot the replica
+// before it wrote. After each step every Peer on both sides is as views
+// says (peerViews: the same identity, key and views), the active ledger
+// holds what the one before the first step held, and every flow answers
+// again. It returns the active agent's pod at the end.
+func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active corev1.Pod, views string) corev1.Pod {
+	t.Helper()
+	a := cs[0]
+	ledger := ledgerFacts(t, a, active.Spec.NodeName)
+
+	standby := waitStandby(t, a, active)
+	t0 := time.Now()
+	restartWiped(t, a, standby)
+	fresh := waitStandby(t, a, active)
+	settled := time.Now()
+	for _, f := range flows {
+		f.waitOK(t, settled, 30*time.Second)
+		if fails := f.failsBetween(t0, settled); len(fails) > 0 {
+			t.Errorf("flow %s: %d tries failed while the standby %s came back on a wiped disk: %v", f.name, len(fails), standby.Spec.NodeName, fails)
+		}
+	}
+	if now, _ := activeGateway(t, a); now.UID != active.UID {
+		t.Fatalf("the active agent changed from %s to %s while the standby restarted", active.Name, now.Name)
+	}
+	sameFederation(t, cs, views, ledger, active.Spec.NodeName, "the standby restarted on a wiped disk")
+
+	next := takeOver(t, cs, flows, active, fresh, func() { restartWiped(t, a, active) })
+	sameFederation(t, cs, views, ledger, next.Spec.NodeName, "the wiped standby took over and the other replica restarted on a wiped disk")
+
+	last := takeOver(t, cs, flows, next, waitStandby(t, a, next), func() {
+		if err := a.CP.Client.CoreV1().Pods(next.Namespace).Delete(context.Background(), next.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete the active agent's pod %s: %v", next.Name, err)
+		}
+	})
+	sameFederation(t, cs, views, ledger, last.Spec.NodeName, "the other wiped replica took over")
+	return last
+}
+
+// takeOver stops the active agent pod of cs[0] by stop and requires the
+// standby want to take over, restoring the ledger from its snapshot (its
+// state directory was wiped), and every flow to answer again; it prints
+// each flow's longest gap, and returns once the cluster has a standby
+// again and every Peer is Connected.
+func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active, want corev1.Pod, stop func()) corev1.Pod {
+	t.Helper()
+	a := cs[0]
+	t0 := time.Now()
+	stop()
+	// A stopping pod keeps its label until its agent has stopped.
+	var next corev1.Pod
+	eventually.Within(t, 90*time.Second, "another replica of "+a.Name+" active", func() (err error) {
+		if next, err = a.ActiveAgent(context.Background()); err != nil {
+			return err
+		}
+		if next.UID == active.UID {
+			return fmt.Errorf("pod %s still labelled active", next.Name)
+		}
+		return federation.PodReady(next)
+	})
+	if next.UID != want.UID {
+		t.Fatalf("the active agent is %s on %s, want the standby %s on %s; the standby wrote:\n%s", next.Name, next.Spec.NodeName, want.Name, want.Spec.NodeName, lastLogs(a, want))
+	}
+	t1 := time.Now()
+	eventually.Within(t, 30*time.Second, "the new active replica restored the ledger from its snapshot", func() error {
+		logs, err := a.CP.Client.CoreV1().Pods(next.Namespace).GetLogs(next.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(logs), "ledger restored from its snapshot") {
+			return fmt.Errorf("pod %s did not log that it restored its ledger", next.Name)
+		}
+		return nil
+	})
+	for _, f := range flows {
+		f.waitOK(t, t1, 90*time.Second)
+		t.Logf("flow %s: longest gap %s as %s took over from %s", f.name, f.longestGap(t0, t1).Round(time.Millisecond), next.Spec.NodeName, active.Spec.NodeName)
+	}
+	waitStandby(t, a, next)
+	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 30*time.Second)
+	return next
+}
+
+// restartWiped stops the agent pod p of c and starts it again on its
+// node with the node's state directory emptied: the node cordoned, so
+// that the replacement the Deployment makes waits, the pod deleted and
+// gone, the directory wiped, the node uncordoned.
+func restartWiped(t *testing.T, c *federation.NodeCluster, p corev1.Pod) {
+	t.Helper()
+	node := p.Spec.NodeName
+	if _, err := federation.Kubectl(c.CP, "cordon", node); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CP.Client.CoreV1().Pods(p.Namespace).Delete(context.Background(), p.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete agent pod %s: %v", p.Name, err)
+	}
+	eventually.Within(t, 90*time.Second, "agent pod "+p.Name+" gone", func() error {
+		_, err := c.CP.Client.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
+	dir := filepath.Join(c.StateDir, node)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("agent pod %s deleted and %s's state directory wiped (%d entries)", p.Name, node, len(entries))
+	if _, err := federation.Kubectl(c.CP, "uncordon", node); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameFederation requires that every Peer of cs is as views says and
+// that the ledger of c's replica on node holds what want says.
+func sameFederation(t *testing.T, cs []*federation.NodeCluster, views string, want ledger, node, after string) {
+	t.Helper()
+	if now := peerViews(t, cs); now != views {
+		t.Errorf("Peers after %s:\n%s\nbefore:\n%s", after, now, views)
+	}
+	got := ledgerFacts(t, cs[0], node)
+	if got.facts != want.facts {
+		t.Errorf("ledger of %s's active replica on %s after %s:\n%s\nbefore:\n%s", cs[0].Name, node, after, got.facts, want.facts)
+	}
+	for name, key := range want.keys {
+		if !bytes.Equal(got.keys[name], key) {
+			t.Errorf("ledger of %s's active replica on %s after %s: its %s key differs from the one before", cs[0].Name, node, after, name)
+		}
+	}
+}
+
+// ledger is what a replica's ledger holds that a peer relies on: the
+// views both ways and the quarantine (facts), and the identity and
+// WireGuard keys, compared but never printed.
+type ledger struct {
+	facts string
+	keys  map[string][]byte
+}
+
+// ledgerFacts reads the ledger of c's agent replica on node from that
+// node's state directory, while the agent runs.
+func ledgerFacts(t *testing.T, c *federation.NodeCluster, node string) ledger {
+	t.Helper()
+	l, err := ipam.OpenSnapshot(filepath.Join(c.StateDir, node, ipam.FileName))
+	if err != nil {
+		t.Fatalf("ledger of %s's replica on %s: %v", c.Name, node, err)
+	}
+	defer l.Close()
+	out := ledger{keys: map[string][]byte{}}
+	for _, name := range []string{"identity", "wireguard"} {
+		k, err := l.Key(name)
+		if err != nil || len(k) == 0 {
+			t.Fatalf("ledger of %s's replica on %s: no %s key (%v)", c.Name, node, name, err)
+		}
+		out.keys[name] = k
+	}
+	var lines []string
+	peers := map[string]bool{}
+	for _, v := range l.Views("") {
+		lines = append(lines, fmt.Sprintf("view of %s: %s as %s", v.Peer, v.Remote, v.View))
+		peers[v.Peer] = true
+	}
+	for peer := range peers {
+		for _, v := range l.TheirViews(peer) {
+			lines = append(lines, fmt.Sprintf("%s's view of ours: %s as %s", v.Peer, v.Mine, v.Theirs))
+		}
+	}
+	for _, q := range l.Quarantine() {
+		lines = append(lines, fmt.Sprintf("quarantined %s (%s's %s)", q.Block, q.Peer, q.Remote))
+	}
+	slices.Sort(lines)
+	out.facts = strings.Join(lines, "\n")
+	return out
+}
+
+// lastLogs is what the agent pod p of c wrote last, in its container and
+// the one before if it restarted.
+func lastLogs(c *federation.NodeCluster, p corev1.Pod) string {
+	var b strings.Builder
+	tail := int64(30)
+	for _, previous := range []bool{true, false} {
+		out, err := c.CP.Client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "agent", Previous: previous, TailLines: &tail}).DoRaw(context.Background())
+		if err == nil {
+			fmt.Fprintf(&b, "(previous container: %v)\n%s\n", previous, out)
+		}
+	}
+	return b.String()
+}
