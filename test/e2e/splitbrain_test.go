@@ -37,7 +37,8 @@ import (
 // second brings up its own: both replicas' links, sampled every 10 ms
 // from the cut until the first has stopped, are never up at once. Once
 // it reaches the API server again, the first sees the Lease another's
-// and stops.
+// and stops. Meanwhile b's pod reaches a's pod behind the second
+// replica: the peers follow the new active one while the old still runs.
 func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
@@ -77,6 +78,11 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 		agentPod(t, a, "agent-a2")
 		site := env.NewSite("a2", harness.SiteOptions{LAN: lan, PodCIDR: a.Site.PodCIDR})
 		a.CP.ExposeTo(site.Netns)
+		// The pod a's replicas forward to, behind the second as behind the
+		// first: a pod network reached through whichever is active.
+		viaSecond := *a
+		viaSecond.Pod = site.AddPod("p", a.Pod.Addr)
+		viaSecond.Pod.ServeTCP(federation.PodPort)
 		second := replica{name: "a2", site: site, iface: env.LinkName("a2")}
 		second.proc = site.Start("agent-a2", append(append([]string{a.Bin}, a.Args...),
 			"--state-dir", filepath.Join(env.Dir, "state-a2"), "--advertise-addr", site.Addr.String(),
@@ -93,6 +99,11 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 			return nil
 		})
 		waitLog(t, first.proc, "removing the data path")
+		// Peers follow the new active replica while the old one, cut
+		// off from the API server only, still runs.
+		eventually.Within(t, 60*time.Second, "b reaches a through the second replica", func() error {
+			return federation.Exchange(t, b, &viaSecond).Err
+		})
 		// The witness of the fence's reason: the first was still running
 		// when it removed its data path, not stopped.
 		if exited, _ := first.proc.Exited(); exited {
