@@ -117,8 +117,9 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 			Client:     e.Kube.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
 		},
-		hold:  hold{me: e.Identity, leaseDuration: leaseDuration, margin: fenceMargin(retry)},
-		event: make(chan struct{}, 1),
+		hold:       hold{me: e.Identity, leaseDuration: leaseDuration, margin: fenceMargin(retry)},
+		event:      make(chan struct{}, 1),
+		mayRelease: func() bool { a, _ := e.Active(); return !a },
 	}
 	e.mu.Lock()
 	e.lock = lock

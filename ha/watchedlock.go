@@ -2,6 +2,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -12,8 +13,14 @@ import (
 // through, recording in a hold what each read and write told: when the
 // last renewal the API server accepted was sent, who holds the Lease,
 // and the last error. event is signalled after each.
+//
+// It refuses to release the Lease while mayRelease says no: client-go
+// releases it whenever a round of renewals fails (ReleaseOnCancel), and a
+// standby could then take it over at once while this replica's data path
+// is still up.
 type watchedLock struct {
 	resourcelock.Interface
+	mayRelease func() bool
 
 	mu      sync.Mutex
 	hold    hold
@@ -40,8 +47,15 @@ func (l *watchedLock) Create(ctx context.Context, r resourcelock.LeaderElectionR
 }
 
 func (l *watchedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if r.HolderIdentity != l.hold.me && !l.mayRelease() {
+		return errHeldBack
+	}
 	return l.wrote(r, time.Now(), l.Interface.Update(ctx, r))
 }
+
+// errHeldBack is what client-go's release meets while the data path is
+// up; it logs it and goes on.
+var errHeldBack = errors.New("the Lease is not released while this replica's data path is up")
 
 // wrote records a write of r sent at sent.
 func (l *watchedLock) wrote(r resourcelock.LeaderElectionRecord, sent time.Time, err error) error {
