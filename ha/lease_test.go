@@ -274,6 +274,30 @@ func TestLeaseUnrenewed(t *testing.T) {
 		<-c.done
 	})
 
+	t.Run("renewals missed for less than a lease duration change nothing", func(t *testing.T) {
+		c := campaign(t, cp, admin, "gw3", func() bool { return true })
+		waitActive(t, c, "the replica")
+		c.net.cut.Store(true)
+		eventually.Within(t, 60*time.Second, "a renewal failed", func() error {
+			if !strings.Contains(c.log.String(), "the Lease was not renewed;") {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		c.net.cut.Store(false)
+		eventually.Within(t, 60*time.Second, "the replica renews again", func() error {
+			if !strings.Contains(c.log.String(), "the Lease is renewed again") {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		if h := c.history(); len(h) != 1 || !c.active.Load() {
+			t.Fatalf("after renewals missed briefly the replica went %v, want active all along", h)
+		}
+		c.cancel()
+		<-c.done
+	})
+
 	t.Run("fenced, then the Lease is its own again", func(t *testing.T) {
 		c := campaign(t, cp, admin, "gw2", func() bool { return true })
 		waitActive(t, c, "the replica")
