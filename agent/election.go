@@ -48,6 +48,9 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		setRole("standby")
 		a.ready.setRole(func() string { return *role.Load() })
 		active := make(chan struct{})
+		// running: the components started; until then, the end of the
+		// start sets the role and the label.
+		var running atomic.Bool
 		comps.Go("leader election", func(ctx context.Context) error {
 			started := false
 			err := e.Run(ctx, func(s ha.State) {
@@ -57,8 +60,10 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 					close(active)
 				case s == ha.Active:
 					a.unfenceDataPath()
-					setRole("active")
-					label.set(true)
+					if running.Load() {
+						setRole("active")
+						label.set(true)
+					}
 				case s == ha.Fenced:
 					a.fenceDataPath()
 					setRole("fenced")
@@ -81,6 +86,7 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		if err := start(ctx, comps); err != nil {
 			return err
 		}
+		running.Store(true)
 		if !a.fenced.Load() {
 			setRole("active")
 			label.set(true)
@@ -223,7 +229,7 @@ func (a *Agent) fenceDataPath() {
 			a.log.Error("data path of a fenced replica not removed", "err", err)
 			return
 		}
-		a.log.Info("data path removed: another replica may be active", "interface", a.cfg.WireGuardInterface)
+		a.log.Info("data path removed: this replica is not the active one", "interface", a.cfg.WireGuardInterface)
 	}
 }
 
