@@ -33,12 +33,17 @@ import (
 // instant another could have taken the Lease: its WireGuard link and
 // routes stay, and b's pod still reaches a's through them.
 //
-// With a second replica, the first removes its data path before the
-// second brings up its own: both replicas' links, sampled every 10 ms
-// from the cut until the first has stopped, are never up at once. Once
-// it reaches the API server again, the first sees the Lease another's
-// and stops. Meanwhile b's pod reaches a's pod behind the second
-// replica: the peers follow the new active one while the old still runs.
+// Once another replica could take the Lease, the first is fenced: its
+// link goes; when it reaches the API server again and nobody took the
+// Lease, its data path comes back, without a restart, and b reaches a.
+//
+// With a second replica running, the first removes its data path
+// before the second brings up its own: both replicas' links, sampled
+// every 10 ms from the cut until the first has stopped, are never up at
+// once. Meanwhile b's pod reaches a's pod behind the second replica: the
+// peers follow the new active one while the old still runs. Once it
+// reaches the API server again, the first sees the Lease another's and
+// stops.
 func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
@@ -74,8 +79,30 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 		}
 	})
 
+	// From here on, a second agent pod exists: the first could be
+	// replaced, and is fenced when it cannot renew.
+	agentPod(t, a, "agent-a2")
+
+	t.Run("fenced, it forwards again once the Lease is still its own", func(t *testing.T) {
+		cut := cutFromAPIServer(t, a.CP, first.site)
+		waitLog(t, first.proc, "removing the data path")
+		eventually.Within(t, 30*time.Second, "the fenced replica's link gone", func() error {
+			if up, err := first.linkUp(first.handle(t)); err != nil || up {
+				return fmt.Errorf("up %v, %v", up, err)
+			}
+			return nil
+		})
+		cut.heal(t)
+		waitLog(t, first.proc, "bringing the data path back")
+		eventually.Within(t, 60*time.Second, "b reaches a again", func() error {
+			return federation.Exchange(t, b, a).Err
+		})
+		if exited, _ := first.proc.Exited(); exited {
+			t.Fatalf("the replica exited instead of resuming:\n%s", first.proc.Tail(30))
+		}
+	})
+
 	t.Run("two replicas, never both forwarding", func(t *testing.T) {
-		agentPod(t, a, "agent-a2")
 		site := env.NewSite("a2", harness.SiteOptions{LAN: lan, PodCIDR: a.Site.PodCIDR})
 		a.CP.ExposeTo(site.Netns)
 		// The pod a's replicas forward to, behind the second as behind the
@@ -98,7 +125,7 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 			}
 			return nil
 		})
-		waitLog(t, first.proc, "removing the data path")
+		waitLogs(t, first.proc, "removing the data path", 2)
 		// Peers follow the new active replica while the old one, cut
 		// off from the API server only, still runs.
 		eventually.Within(t, 60*time.Second, "b reaches a through the second replica", func() error {
@@ -161,8 +188,14 @@ func agentPod(t *testing.T, c *federation.Cluster, name string) {
 
 func waitLog(t *testing.T, p *harness.Process, line string) {
 	t.Helper()
-	eventually.Within(t, 90*time.Second, fmt.Sprintf("%s logs %q", p.Name, line), func() error {
-		if !strings.Contains(p.Log(), line) {
+	waitLogs(t, p, line, 1)
+}
+
+// waitLogs waits until p has logged line n times.
+func waitLogs(t *testing.T, p *harness.Process, line string, n int) {
+	t.Helper()
+	eventually.Within(t, 90*time.Second, fmt.Sprintf("%s logs %q %d times", p.Name, line, n), func() error {
+		if strings.Count(p.Log(), line) < n {
 			return fmt.Errorf("last lines:\n%s", p.Tail(15))
 		}
 		return nil
