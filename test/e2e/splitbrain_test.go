@@ -118,6 +118,7 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 		waitLog(t, second.proc, "active replica")
 
 		rec := record(t, first, second)
+		cutAt := time.Now()
 		cut := cutFromAPIServer(t, a.CP, first.site)
 		eventually.Within(t, 90*time.Second, "the second replica forwards, the first does not", func() error {
 			if s := rec.last(); !s.up[1] || s.up[0] {
@@ -155,7 +156,17 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 			upFirst = upFirst || s.up[0]
 			upSecond = upSecond || s.up[1]
 		}
-		t.Logf("%d samples of both replicas' links", len(samples))
+		var downAt, upAt time.Time
+		for _, s := range samples {
+			if downAt.IsZero() && s.at.After(cutAt) && !s.up[0] {
+				downAt = s.at
+			}
+			if upAt.IsZero() && s.up[1] {
+				upAt = s.at
+			}
+		}
+		t.Logf("%d samples of both replicas' links; after the cut, the first's link gone at %.2fs, the second's up at %.2fs",
+			len(samples), downAt.Sub(cutAt).Seconds(), upAt.Sub(cutAt).Seconds())
 		if !upFirst || !upSecond {
 			t.Fatalf("links seen up: a1 %v, a2 %v; want each up at some point", upFirst, upSecond)
 		}
