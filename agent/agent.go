@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -283,8 +284,11 @@ type Agent struct {
 	learned learnedBlocks
 	// start starts the components (startComponents; tests give their own).
 	start func(ctx context.Context, comps *components) error
-	// fenced is set when this replica lost the Lease (election.go).
-	fenced atomic.Bool
+	// fenced is set while this replica's data path must be gone: another
+	// may hold the Lease (election.go). dataPathMu orders fences with
+	// the tunnel's start.
+	fenced     atomic.Bool
+	dataPathMu sync.Mutex
 	// services receives the peers' exports from the gossip, once made.
 	services atomic.Pointer[mcs.Services]
 	// dashboard is what the page at / shows, once the Peers are watched

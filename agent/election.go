@@ -12,19 +12,24 @@ import (
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
-// errLostLease stops an active replica that lost the Lease: it restarts
-// as the standby.
-var errLostLease = errors.New("lost the Lease " + ha.LeaseName + " to another replica; stopping to restart as the standby")
+// errLostLease stops a replica that was active once another holds the
+// Lease: it restarts as the standby. Its data path is gone by then.
+var errLostLease = errors.New("another replica holds the Lease " + ha.LeaseName + "; stopping to restart as the standby")
 
 // startElected campaigns for the Lease (--leader-elect) and starts the
 // components only once this replica holds it: until then it is the
 // standby, serving health and metrics, ready (its process is healthy),
 // its data path absent. Once its components started, the active replica
 // labels its pod (ha.RoleLabel), which the agent's Services select; a
-// standby's pod carries no such label. A replica that had been active
-// and is fenced (the Lease another's or expired, or released as it
-// stops) has its data path removed once its components stopped (Run,
-// removeFencedDataPath).
+// standby's pod carries no such label.
+//
+// An active replica that cannot renew the Lease keeps everything until
+// another replica could hold it (ha.Elector.Run); then it is fenced: its
+// data path goes (the tunnel suspended) and its label comes off, while its
+// components, informers and gossip run on. If the Lease turns out to be
+// still its own, the data path comes back; once another replica holds it,
+// the replica stops, to restart as the standby. As it stops, it removes
+// its data path before it releases the Lease.
 func (a *Agent) startElected(start func(context.Context, *components) error) func(context.Context, *components) error {
 	return func(ctx context.Context, comps *components) error {
 		e := &ha.Elector{
@@ -32,6 +37,9 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 			Log:           a.log.With("component", "leader election"),
 			LeaseDuration: a.cfg.LeaseDuration, RenewDeadline: a.cfg.RenewDeadline, RetryPeriod: a.cfg.RetryPeriod,
 		}
+		replicas := ha.NewReplicas(a.kube, a.agentNamespace(), a.cfg.PodName)
+		e.Others = replicas.Others
+		comps.Go("agent replicas informer", replicas.Run)
 		a.registry.MustRegister(e.Collectors()...)
 		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, e.RetryPeriod)
 		label.takeoverOn = a.cfg.NodeName
@@ -40,11 +48,27 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		setRole("standby")
 		a.ready.setRole(func() string { return *role.Load() })
 		active := make(chan struct{})
+		// running: the components started; until then, the end of the
+		// start sets the role and the label.
+		var running atomic.Bool
 		comps.Go("leader election", func(ctx context.Context) error {
-			err := e.Run(ctx, func(context.Context) { close(active) }, func() {
-				a.fenced.Store(true)
-				setRole("fenced")
-				label.set(false)
+			started := false
+			err := e.Run(ctx, func(s ha.State) {
+				switch {
+				case s == ha.Active && !started:
+					started = true
+					close(active)
+				case s == ha.Active:
+					a.unfenceDataPath()
+					if running.Load() {
+						setRole("active")
+						label.set(true)
+					}
+				case s == ha.Fenced:
+					a.fenceDataPath()
+					setRole("fenced")
+					label.set(false)
+				}
 			})
 			if err == nil && ctx.Err() == nil {
 				err = errLostLease
@@ -62,6 +86,7 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		if err := start(ctx, comps); err != nil {
 			return err
 		}
+		running.Store(true)
 		if !a.fenced.Load() {
 			setRole("active")
 			label.set(true)
@@ -178,6 +203,49 @@ func (r *roleLabel) write(ctx context.Context, active bool) error {
 		return r.role.MarkActive(ctx)
 	}
 	return r.role.MarkStandby(ctx)
+}
+
+// adoptTunnel makes tun the data path a fence removes: made while this
+// replica is fenced (a start under way), it goes at once.
+func (a *Agent) adoptTunnel(tun *tunnel.Tunnel) error {
+	a.dataPathMu.Lock()
+	defer a.dataPathMu.Unlock()
+	a.traced.Store(tun)
+	if a.fenced.Load() {
+		return tun.Suspend()
+	}
+	return nil
+}
+
+// fenceDataPath removes the WireGuard link, its routes and our nftables
+// tables, and keeps them away until unfenceDataPath: another replica may
+// be the active one.
+func (a *Agent) fenceDataPath() {
+	a.dataPathMu.Lock()
+	defer a.dataPathMu.Unlock()
+	a.fenced.Store(true)
+	if tun := a.traced.Load(); tun != nil {
+		if err := tun.Suspend(); err != nil {
+			a.log.Error("data path of a fenced replica not removed", "err", err)
+			return
+		}
+		a.log.Info("data path removed: this replica is not the active one", "interface", a.cfg.WireGuardInterface)
+	}
+}
+
+// unfenceDataPath brings the data path back: the Lease is this replica's
+// again.
+func (a *Agent) unfenceDataPath() {
+	a.dataPathMu.Lock()
+	defer a.dataPathMu.Unlock()
+	a.fenced.Store(false)
+	if tun := a.traced.Load(); tun != nil {
+		if err := tun.Resume(); err != nil {
+			a.log.Error("data path not brought back", "err", err)
+			return
+		}
+		a.log.Info("data path back: this replica holds the Lease again", "interface", a.cfg.WireGuardInterface)
+	}
 }
 
 // removeFencedDataPath removes the WireGuard link, its routes and our

@@ -47,7 +47,9 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	if err != nil {
 		return err
 	}
-	a.traced.Store(tun)
+	if err := a.adoptTunnel(tun); err != nil {
+		return err
+	}
 	lap("tunnel")
 	gateway := addrs.own
 	if !a.cfg.NodeAddress.IsValid() {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -45,11 +44,15 @@ type Elector struct {
 	// seconds (the Lease holds seconds).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
+	// Others reports whether another replica could take the Lease
+	// (Replicas.Others); nil: one always could.
+	Others func() bool
+
 	mu        sync.Mutex
-	active    bool
-	since     time.Time // when this replica last became active or standby
+	state     State
+	since     time.Time // when this replica last changed state
 	failovers int
-	metrics   []prometheus.Collector
+	lock      *watchedLock // once campaigning
 }
 
 // NewIdentity is a replica's name in the Lease: its node and a random
@@ -77,104 +80,187 @@ func (e *Elector) timings() (lease, renew, retry time.Duration) {
 	return lease, renew, retry
 }
 
-// Run campaigns for the Lease until ctx ends or this replica, having been
-// active, is fenced. When it gains the Lease, active runs with a context
-// that ends when the Lease is lost. When it loses the Lease (it could not
-// renew in time) nothing is torn down at once: fenced runs once another
-// replica holds the Lease, or the Lease has expired unrenewed, whichever
-// this replica learns first; then Run returns. On ctx's end the Lease is
-// released, so the standby takes over without waiting for it to expire,
-// and fenced runs too.
-func (e *Elector) Run(ctx context.Context, active func(ctx context.Context), fenced func()) error {
+// State is a replica's role as the Elector sees it.
+type State int
+
+const (
+	// Standby: another replica holds the Lease, or none yet.
+	Standby State = iota
+	// Active: this replica holds the Lease and runs the data path.
+	Active
+	// Fenced: this replica held the Lease and could not renew it, and
+	// another replica may hold it now: its data path must be gone. It
+	// goes on campaigning; it is Active again if the Lease turns out to
+	// be still its own.
+	Fenced
+)
+
+func (s State) String() string {
+	return [...]string{"standby", "active", "fenced"}[s]
+}
+
+// Run campaigns for the Lease until ctx ends or, having been active, this
+// replica learns that another one holds the Lease. changed learns every
+// change of role, and must have made it so before it returns: Active when
+// this replica gains the Lease (and when it renews it again after it was
+// fenced), Fenced when the data path must go. A missed renewal changes
+// nothing until another replica could hold the Lease (hold.decide); then
+// the replica is fenced, unless no other replica could take the Lease
+// (Others). On ctx's end an active replica is fenced first, then releases
+// the Lease, so a standby takes over without waiting for it to expire and
+// never while this one's data path is up.
+func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 	leaseDuration, renew, retry := e.timings()
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: LeaseName},
-		Client:     e.Kube.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+	lock := &watchedLock{
+		Interface: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: LeaseName},
+			Client:     e.Kube.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+		},
+		hold:       hold{me: e.Identity, leaseDuration: leaseDuration, margin: fenceMargin(retry)},
+		event:      make(chan struct{}, 1),
+		mayRelease: func() bool { a, _ := e.Active(); return !a },
 	}
-	var (
-		led     bool
-		lostAt  time.Time
-		started = make(chan struct{})
-		le      *leaderelection.LeaderElector
-	)
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+	e.mu.Lock()
+	e.lock = lock
+	e.mu.Unlock()
+	cfg := leaderelection.LeaderElectionConfig{
 		Lock: lock, Name: LeaseName,
 		LeaseDuration: leaseDuration, RenewDeadline: renew, RetryPeriod: retry,
 		ReleaseOnCancel: true,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				close(started)
-				e.become(true)
-				e.Log.Info("this replica is now the active one", "lease", e.Namespace+"/"+LeaseName, "identity", e.Identity)
-				active(ctx)
-			},
-			OnStoppedLeading: func() {
-				select {
-				case <-started:
-					led = true
-				default: // lost before OnStartedLeading's goroutine ran
-					led = le.GetLeader() == e.Identity
-				}
-				lostAt = time.Now()
-			},
-			OnNewLeader: func(identity string) {
-				if identity != e.Identity {
-					e.Log.Info("active replica", "identity", identity)
-				}
-			},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("leader election: %w", err)
 	}
-	e.become(false)
-	le.Run(ctx)
-	if !led {
+	e.become(Standby)
+	// The campaign runs until this replica is done with the Lease, not
+	// until ctx ends: it must not release the Lease before the data
+	// path is gone.
+	campaignCtx, stopCampaign := context.WithCancel(context.Background())
+	won := make(chan struct{})
+	campaigned := make(chan error, 1)
+	go func() { campaigned <- e.campaign(campaignCtx, cfg, won) }()
+	defer func() { stopCampaign(); <-campaigned }()
+	select {
+	case <-won:
+	case <-ctx.Done():
 		return nil
+	case err := <-campaigned:
+		return err
 	}
-	if ctx.Err() == nil {
-		e.Log.Warn("lost the lease; the data path stays up until another replica holds it or the lease expires", "lease", e.Namespace+"/"+LeaseName)
-		e.awaitTakeover(lostAt.Add(leaseDuration-renew), retry)
+	e.become(Active)
+	e.Log.Info("this replica is now the active one", "lease", e.Namespace+"/"+LeaseName, "identity", e.Identity)
+	changed(Active)
+	e.watch(ctx, lock, changed, retry)
+	if a, _ := e.Active(); a {
+		e.become(Fenced)
+		changed(Fenced)
 	}
-	e.become(false)
-	fenced()
 	return nil
 }
 
-// awaitTakeover returns once the Lease names another holder, or at
-// expiry: by then this replica's last renewal is older than the lease
-// duration, and any other replica may hold it.
-func (e *Elector) awaitTakeover(expiry time.Time, retry time.Duration) {
-	for time.Now().Before(expiry) {
-		ctx, cancel := context.WithTimeout(context.Background(), retry)
-		l, err := e.Kube.CoordinationV1().Leases(e.Namespace).Get(ctx, LeaseName, metav1.GetOptions{})
-		cancel()
-		switch {
-		case err == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.Identity):
-			return
-		case apierrors.IsNotFound(err):
-			return
+// campaign runs client-go's leader election again each time it gives up
+// (a renewal failed for the renew deadline), until ctx ends: a replica
+// whose Lease is still its own takes it back at once. won is closed when
+// it first holds the Lease.
+func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectionConfig, won chan struct{}) error {
+	var once sync.Once
+	cfg.Callbacks = leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(context.Context) { once.Do(func() { close(won) }) },
+		OnStoppedLeading: func() {},
+		OnNewLeader: func(identity string) {
+			if identity != e.Identity {
+				e.Log.Info("active replica", "identity", identity)
+			}
+		},
+	}
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(cfg)
+		if err != nil {
+			return fmt.Errorf("leader election: %w", err)
 		}
-		time.Sleep(min(retry, time.Until(expiry)))
+		le.Run(ctx)
+	}
+	return nil
+}
+
+// watch follows the active replica's hold on the Lease until ctx ends or
+// another replica holds it, fencing and unfencing it as hold.decide says.
+func (e *Elector) watch(ctx context.Context, lock *watchedLock, changed func(State), retry time.Duration) {
+	var (
+		failing string // the renewal error last logged
+		alone   bool   // kept past the fence for want of another replica, logged
+		// fencedAt is when this replica was last fenced.
+		fencedAt time.Time
+	)
+	for {
+		h, lastErr := lock.state()
+		others := e.Others == nil || e.Others()
+		now := time.Now()
+		v := h.decide(now, others)
+		active, _ := e.Active()
+		switch {
+		case v == lost:
+			e.Log.Info("another replica holds the Lease; this one is the standby now", "lease", e.Namespace+"/"+LeaseName, "holder", h.holder)
+			return
+		case v == fence && active:
+			e.Log.Warn("the Lease was not renewed for a lease duration and another replica may hold it: removing the data path",
+				"lease", e.Namespace+"/"+LeaseName, "lastRenewal", h.renewed.Format(time.RFC3339Nano))
+			fencedAt = now
+			e.become(Fenced)
+			changed(Fenced)
+		case v == keep && !active && h.renewed.After(fencedAt):
+			e.Log.Info("the Lease is this replica's again: bringing the data path back", "lease", e.Namespace+"/"+LeaseName)
+			e.become(Active)
+			changed(Active)
+		}
+		switch {
+		case lastErr != nil && lastErr.Error() != failing:
+			failing = lastErr.Error()
+			e.Log.Warn("the Lease was not renewed; the data path stays up while no other replica can hold it",
+				"lease", e.Namespace+"/"+LeaseName, "err", lastErr, "until", h.fenceAt().Format(time.RFC3339Nano))
+		case lastErr == nil && failing != "":
+			failing = ""
+			e.Log.Info("the Lease is renewed again", "lease", e.Namespace+"/"+LeaseName)
+		}
+		switch past := !now.Before(h.fenceAt()); {
+		case past && !others && !alone && lastErr != nil:
+			alone = true
+			e.Log.Warn("the Lease was not renewed for a lease duration, and no other replica could take it: the data path stays up", "lease", e.Namespace+"/"+LeaseName)
+		case !past:
+			alone = false
+		}
+		wait := retry
+		if at := time.Until(h.fenceAt()); at > 0 && at < wait {
+			wait = at
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-lock.event:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
-func (e *Elector) become(active bool) {
+func (e *Elector) become(s State) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if active && !e.active {
+	if s == Active && e.state == Standby {
 		e.failovers++
 	}
-	e.active, e.since = active, time.Now()
+	if s != e.state || e.since.IsZero() {
+		e.since = time.Now()
+	}
+	e.state = s
 }
 
-// Active reports whether this replica holds the Lease, and since when it
-// has been in its current role.
+// Active reports whether this replica holds the Lease and runs the data
+// path, and since when it has been in its current state.
 func (e *Elector) Active() (active bool, since time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.active, e.since
+	return e.state == Active, e.since
 }
 
 // Collectors are the Elector's metrics: its role, how long it has held
@@ -182,7 +268,7 @@ func (e *Elector) Active() (active bool, since time.Time) {
 func (e *Elector) Collectors() []prometheus.Collector {
 	role := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "flotilla_gateway_active",
-		Help: "1 while this replica of the agent holds the Lease and runs the data path, 0 while it is the standby.",
+		Help: "1 while this replica of the agent holds the Lease and runs the data path, 0 while it is the standby or fenced.",
 	}, func() float64 {
 		if a, _ := e.Active(); a {
 			return 1
@@ -191,7 +277,7 @@ func (e *Elector) Collectors() []prometheus.Collector {
 	})
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "flotilla_gateway_role_seconds",
-		Help: "Seconds since this replica of the agent last became active or standby.",
+		Help: "Seconds since this replica of the agent last became active, standby or fenced.",
 	}, func() float64 {
 		_, since := e.Active()
 		return time.Since(since).Seconds()
@@ -204,5 +290,21 @@ func (e *Elector) Collectors() []prometheus.Collector {
 		defer e.mu.Unlock()
 		return float64(e.failovers)
 	})
-	return []prometheus.Collector{role, age, takeovers}
+	leaseAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "flotilla_gateway_lease_age_seconds",
+		Help: "Seconds since this replica of the agent sent the last renewal of the Lease the API server accepted; 0 before it first held the Lease. Past the lease duration, another replica may hold it.",
+	}, func() float64 {
+		e.mu.Lock()
+		lock := e.lock
+		e.mu.Unlock()
+		if lock == nil {
+			return 0
+		}
+		h, _ := lock.state()
+		if h.renewed.IsZero() {
+			return 0
+		}
+		return time.Since(h.renewed).Seconds()
+	})
+	return []prometheus.Collector{role, age, takeovers, leaseAge}
 }

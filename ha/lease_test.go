@@ -63,29 +63,52 @@ type candidate struct {
 	done     chan struct{} // closed when Run returned, with err
 	err      error
 	active   atomic.Bool
-	fenced   chan string // what the Lease said when fenced ran
+	fenced   chan string // what the Lease said when fenced, once
 	activeAt chan struct{}
+	// changes are the times of its changes of state, in order.
+	mu      sync.Mutex
+	changes []change
 }
 
-func campaign(t *testing.T, cp *harness.ControlPlane, admin kubernetes.Interface, name string) *candidate {
+type change struct {
+	to State
+	at time.Time
+}
+
+func (c *candidate) history() []change {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]change(nil), c.changes...)
+}
+
+func campaign(t *testing.T, cp *harness.ControlPlane, admin kubernetes.Interface, name string, others func() bool) *candidate {
 	t.Helper()
 	c := &candidate{net: &cuttable{}, log: &syncBuffer{}, done: make(chan struct{}), fenced: make(chan string, 1), activeAt: make(chan struct{})}
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { c.net.next = rt; return c.net }
 	c.e = &Elector{
 		Kube: kubernetes.NewForConfigOrDie(cfg), Namespace: namespace, Identity: NewIdentity(name),
-		Log: slog.New(slog.NewTextHandler(c.log, nil)),
+		Log: slog.New(slog.NewTextHandler(c.log, nil)), Others: others,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	go func() {
 		defer close(c.done)
-		c.err = c.e.Run(ctx, func(context.Context) {
-			c.active.Store(true)
-			close(c.activeAt)
-		}, func() {
-			c.active.Store(false)
-			c.fenced <- leaseState(admin, c.e.Identity)
+		var once sync.Once
+		c.err = c.e.Run(ctx, func(s State) {
+			c.mu.Lock()
+			c.changes = append(c.changes, change{s, time.Now()})
+			c.mu.Unlock()
+			c.active.Store(s == Active)
+			switch s {
+			case Active:
+				once.Do(func() { close(c.activeAt) })
+			case Fenced:
+				select {
+				case c.fenced <- leaseState(admin, c.e.Identity):
+				default:
+				}
+			}
 		})
 	}()
 	t.Cleanup(func() {
@@ -135,9 +158,9 @@ func TestLease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	first := campaign(t, cp, admin, "gw1")
+	first := campaign(t, cp, admin, "gw1", nil)
 	waitActive(t, first, "the first replica")
-	second := campaign(t, cp, admin, "gw2")
+	second := campaign(t, cp, admin, "gw2", nil)
 	// The witness: the second replica read the Lease and saw the first.
 	eventually.Within(t, 30*time.Second, "the standby saw the active replica", func() error {
 		if !strings.Contains(second.log.String(), "active replica") || !strings.Contains(second.log.String(), first.e.Identity) {
@@ -159,24 +182,40 @@ func TestLease(t *testing.T) {
 		t.Logf("the standby active %.2fs after the active was partitioned from the API server", time.Since(cut).Seconds())
 		select {
 		case got := <-first.fenced:
-			if got == "still mine" {
-				t.Fatalf("the partitioned replica was fenced while the Lease was still its own")
+			if got == "held by another" {
+				t.Fatalf("the partitioned replica was fenced once the Lease was another's, not before")
 			}
 			t.Logf("fenced when the Lease was %s", got)
 		case <-time.After(60 * time.Second):
 			t.Fatalf("the partitioned replica was not fenced; its log:\n%s", first.log)
 		}
-		<-first.done
+		// Never both active: the first was fenced before the second
+		// became active.
+		h1, h2 := first.history(), second.history()
+		if len(h1) != 2 || h1[1].to != Fenced || len(h2) != 1 || !h1[1].at.Before(h2[0].at) {
+			t.Fatalf("the partitioned replica went %v, the standby %v: want the first fenced before the second active", h1, h2)
+		}
+		t.Logf("fenced %.2fs before the standby became active", h2[0].at.Sub(h1[1].at).Seconds())
+		if a, _ := first.e.Active(); a {
+			t.Fatal("the fenced replica says it is active")
+		}
+		// Healed, it reads the Lease, sees the other holder and returns.
+		first.net.cut.Store(false)
+		select {
+		case <-first.done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the fenced replica did not return once it could read the Lease; its log:\n%s", first.log)
+		}
 		if first.err != nil {
 			t.Fatal(first.err)
 		}
-		if a, _ := first.e.Active(); a {
-			t.Fatal("the fenced replica says it is active")
+		if !strings.Contains(first.log.String(), "another replica holds the Lease") {
+			t.Errorf("no log line saying another replica holds the Lease:\n%s", first.log)
 		}
 	})
 
 	t.Run("a stopped active releases the Lease", func(t *testing.T) {
-		third := campaign(t, cp, admin, "gw3")
+		third := campaign(t, cp, admin, "gw3", nil)
 		eventually.Within(t, 30*time.Second, "the new standby saw the active replica", func() error {
 			if !strings.Contains(third.log.String(), second.e.Identity) {
 				return fmt.Errorf("standby's log:\n%s", third.log)
@@ -186,9 +225,103 @@ func TestLease(t *testing.T) {
 		stop := time.Now()
 		second.cancel()
 		defer func() { t.Logf("the standby active %.2fs after the active stopped", time.Since(stop).Seconds()) }()
-		if got := <-second.fenced; got != "released" && got != "held by another" {
-			t.Fatalf("the stopped replica was fenced with the Lease %s, want released", got)
+		// Fenced before it released the Lease: never both active.
+		if got := <-second.fenced; got != "still mine" {
+			t.Fatalf("the stopped replica was fenced with the Lease %s, want still its own (released after)", got)
 		}
 		waitActive(t, third, "the standby after a release")
+	})
+}
+
+// An active replica that cannot renew the Lease keeps its role while no
+// other replica could take it, however long; one that could be replaced
+// is fenced, and is active again once it renews a Lease nobody took.
+func TestLeaseUnrenewed(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
+	admin := cp.Client
+	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The witness that the replica went past the point where it would
+	// have been fenced: the line it logs there.
+	pastFence := "no other replica could take it: the data path stays up"
+
+	t.Run("alone", func(t *testing.T) {
+		c := campaign(t, cp, admin, "gw1", func() bool { return false })
+		waitActive(t, c, "the replica")
+		c.net.cut.Store(true)
+		eventually.Within(t, 60*time.Second, "the replica went past its fence", func() error {
+			if !strings.Contains(c.log.String(), pastFence) {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		if h := c.history(); len(h) != 1 || !c.active.Load() {
+			t.Fatalf("a replica alone went %v past its fence, want active all along", h)
+		}
+		c.net.cut.Store(false)
+		eventually.Within(t, 60*time.Second, "the replica renews again", func() error {
+			if !strings.Contains(c.log.String(), "the Lease is renewed again") {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		if h := c.history(); len(h) != 1 {
+			t.Fatalf("a replica alone went %v, want active all along", h)
+		}
+		c.cancel()
+		<-c.done
+	})
+
+	t.Run("renewals missed for less than a lease duration change nothing", func(t *testing.T) {
+		c := campaign(t, cp, admin, "gw3", func() bool { return true })
+		waitActive(t, c, "the replica")
+		c.net.cut.Store(true)
+		eventually.Within(t, 60*time.Second, "a renewal failed", func() error {
+			if !strings.Contains(c.log.String(), "the Lease was not renewed;") {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		c.net.cut.Store(false)
+		eventually.Within(t, 60*time.Second, "the replica renews again", func() error {
+			if !strings.Contains(c.log.String(), "the Lease is renewed again") {
+				return fmt.Errorf("its log:\n%s", c.log)
+			}
+			return nil
+		})
+		if h := c.history(); len(h) != 1 || !c.active.Load() {
+			t.Fatalf("after renewals missed briefly the replica went %v, want active all along", h)
+		}
+		c.cancel()
+		<-c.done
+	})
+
+	t.Run("fenced, then the Lease is its own again", func(t *testing.T) {
+		c := campaign(t, cp, admin, "gw2", func() bool { return true })
+		waitActive(t, c, "the replica")
+		c.net.cut.Store(true)
+		select {
+		case got := <-c.fenced:
+			t.Logf("fenced when the Lease was %s", got)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the partitioned replica was not fenced; its log:\n%s", c.log)
+		}
+		c.net.cut.Store(false)
+		eventually.Within(t, 60*time.Second, "the replica active again", func() error {
+			if h := c.history(); len(h) != 3 || h[2].to != Active {
+				return fmt.Errorf("it went %v, want active, fenced, active", h)
+			}
+			return nil
+		})
+		select {
+		case <-c.done:
+			t.Fatalf("Run returned with the Lease its own: %v", c.err)
+		default:
+		}
+		if state := leaseState(admin, c.e.Identity); state != "still mine" {
+			t.Fatalf("the Lease is %s, want still the replica's", state)
+		}
 	})
 }

@@ -96,7 +96,8 @@ func TestMain(m *testing.M) {
 // After each apply it writes "<sha256 of the file> ok" or the error to
 // <desired>.applied, and the peers' status to <desired>.status. On SIGTERM
 // it closes the tunnel (the data path stays); with -cleanup it removes
-// everything instead.
+// everything instead. SIGUSR1 suspends the data path, SIGUSR2 resumes it;
+// each logs "suspended" or "resumed" once done.
 func helperMain(args []string) int {
 	fs := flag.NewFlagSet(helperArg, flag.ContinueOnError)
 	ifname := fs.String("interface", tunnel.DefaultInterface, "")
@@ -140,6 +141,8 @@ func helperMain(args []string) int {
 			log.Error("tunnel watch", "err", err)
 		}
 	}()
+	fence := make(chan os.Signal, 2)
+	signal.Notify(fence, syscall.SIGUSR1, syscall.SIGUSR2)
 	var last string
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -158,6 +161,12 @@ func helperMain(args []string) int {
 				return fail(err)
 			}
 			return 0
+		case sig := <-fence:
+			if sig == syscall.SIGUSR1 {
+				log.Info("suspended", "err", tun.Suspend())
+			} else {
+				log.Info("resumed", "err", tun.Resume())
+			}
 		case <-statusEvery.C:
 			if st, err := tun.Status(); err == nil {
 				b, _ := json.Marshal(st)

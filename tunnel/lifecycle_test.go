@@ -290,3 +290,64 @@ func TestStockWireGuardPeer(t *testing.T) {
 		t.Errorf("stock -> ours over TCP: seen as %s (%v), want %s", seen, err, a.seenFrom(b))
 	}
 }
+
+// A suspended tunnel has no link, routes or tables of ours, and puts none
+// back, for a repair or for a new desired state, until it resumes; then
+// the data path is back as last applied and traffic flows.
+func TestSuspendResume(t *testing.T) {
+	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
+	a, b := m.sites[0], m.sites[1]
+	for _, s := range m.sites {
+		m.start(s)
+	}
+	m.apply(b, m.desiredFor(b, a))
+	m.apply(a, m.desiredFor(a, b))
+	if err := a.pod.Ping(a.seenFrom(b)); err != nil {
+		t.Fatalf("a -> b before the suspension: %v", err)
+	}
+	if len(a.ownedRoutes(t)) == 0 || len(a.ownedRules(t)) == 0 {
+		t.Fatalf("before the suspension: routes %v, rules %v; want some of each", a.ownedRoutes(t), a.ownedRules(t))
+	}
+	logged := func(line string, n int) {
+		t.Helper()
+		waitUntil(t, 10*time.Second, fmt.Sprintf("site a's tunnel logs %q %d times", line, n), func() bool {
+			return strings.Count(a.proc.Log(), "msg="+line) >= n
+		})
+	}
+	if err := a.proc.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	logged("suspended", 1)
+	// The witness that it got past where it would have put things back:
+	// a new desired state, applied, and a full repair's period.
+	m.apply(a, m.desiredFor(a, b))
+	time.Sleep(2 * time.Second)
+	if out, err := a.Exec(context.Background(), "ip", "link", "show", a.ifname); err == nil {
+		t.Errorf("link of a suspended tunnel:\n%s", out)
+	}
+	if r := a.ownedRoutes(t); len(r) > 0 {
+		t.Errorf("routes of a suspended tunnel: %v", r)
+	}
+	if l := a.natListing(t); l != "" {
+		t.Errorf("NAT table of a suspended tunnel:\n%s", l)
+	}
+	if err := a.pod.Ping(a.seenFrom(b)); err == nil {
+		t.Error("a -> b answered through a suspended tunnel")
+	}
+	if strings.Contains(a.proc.Log(), "err=") && !strings.Contains(a.proc.Log(), "err=<nil>") {
+		t.Errorf("the suspension failed:\n%s", a.proc.Tail(20))
+	}
+
+	if err := a.proc.Signal(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	logged("resumed", 1)
+	if strings.Contains(a.proc.Log(), `msg=resumed err="`) {
+		t.Fatalf("the resumption failed:\n%s", a.proc.Tail(20))
+	}
+	a.waitListening(t)
+	waitUntil(t, 30*time.Second, "a -> b after the resumption", func() bool { return a.pod.Ping(a.seenFrom(b)) == nil })
+	if len(a.ownedRoutes(t)) == 0 || len(a.ownedRules(t)) == 0 {
+		t.Fatalf("after the resumption: routes %v, rules %v; want some of each", a.ownedRoutes(t), a.ownedRules(t))
+	}
+}

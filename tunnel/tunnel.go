@@ -161,6 +161,9 @@ type Tunnel struct {
 	desired   *Desired // nil before the first Apply
 	peerIDs   map[Key]string
 	closed    bool
+	// suspended: the data path is removed and kept away until Resume,
+	// while Apply goes on recording the desired state.
+	suspended bool
 	metrics   *metrics
 	lastLink  int // ifindex seen at the last reconcile
 	// ownLink is lastLink for the event readers, which do not take mu.
@@ -348,6 +351,9 @@ func (t *Tunnel) SetPrivateKey(k Key) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.key, t.pub = k, k.PublicKey()
+	if t.suspended {
+		return nil // Resume configures the device with it
+	}
 	if err := t.configureDevice(); err != nil {
 		return fmt.Errorf("rotate wireguard key: %w", err)
 	}
@@ -373,7 +379,7 @@ func (t *Tunnel) Kernel() bool {
 // back from the kernel; the others are changed from the record of what
 // the last reconcile made, which touches only the peers that differ.
 func (t *Tunnel) reconcileLocked(full scope) (int, error) {
-	if t.desired == nil {
+	if t.desired == nil || t.suspended {
 		return 0, nil
 	}
 	start := time.Now()
@@ -575,6 +581,43 @@ func (t *Tunnel) Close() error {
 		t.link.close()
 	}
 	t.wg.Close()
+	return nil
+}
+
+// Suspend removes everything the tunnel owns on this host and keeps it
+// away, repairs included, until Resume; Apply goes on recording the
+// desired state meanwhile. An agent whose replica may no longer be the
+// active one stops forwarding this way without stopping.
+func (t *Tunnel) Suspend() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.suspended = true
+	if t.link != nil && !t.closed {
+		t.link.close()
+		t.link = nil
+	}
+	if err := Cleanup(t.cfg); err != nil {
+		return fmt.Errorf("suspend the data path: %w", err)
+	}
+	t.log.Info("data path suspended: link, routes and nftables tables removed")
+	return nil
+}
+
+// Resume brings the data path back as last applied, after Suspend.
+func (t *Tunnel) Resume() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.suspended || t.closed {
+		return nil
+	}
+	t.suspended = false
+	t.wgApplied = nil
+	t.rt.invalidate()
+	t.nat.invalidate()
+	if _, err := t.reconcileLocked(fullAll); err != nil {
+		return fmt.Errorf("resume the data path: %w", err)
+	}
+	t.log.Info("data path resumed")
 	return nil
 }
 

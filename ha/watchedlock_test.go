@@ -1,0 +1,87 @@
+package ha
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// fakeLock answers as told and records what it was asked to write and
+// when.
+type fakeLock struct {
+	resourcelock.Interface
+	err     error
+	holder  string
+	written []resourcelock.LeaderElectionRecord
+	at      time.Time // when the last write reached it
+}
+
+func (f *fakeLock) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	if f.err != nil {
+		return nil, nil, f.err
+	}
+	return &resourcelock.LeaderElectionRecord{HolderIdentity: f.holder}, nil, nil
+}
+
+func (f *fakeLock) Update(_ context.Context, r resourcelock.LeaderElectionRecord) error {
+	f.at = time.Now()
+	time.Sleep(time.Millisecond) // the answer comes after the write was sent
+	if f.err != nil {
+		return f.err
+	}
+	f.written = append(f.written, r)
+	return nil
+}
+
+// The lock records when the last accepted renewal was sent (not when it
+// was answered), who the Lease names and the last error; and it holds a
+// release back while the data path is up.
+func TestWatchedLock(t *testing.T) {
+	active := true
+	inner := &fakeLock{}
+	l := &watchedLock{Interface: inner, hold: hold{me: "gw1_a"}, event: make(chan struct{}, 1), mayRelease: func() bool { return !active }}
+	ctx := context.Background()
+	mine := resourcelock.LeaderElectionRecord{HolderIdentity: "gw1_a"}
+
+	sent := time.Now()
+	if err := l.Update(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	h, err := l.state()
+	if err != nil || h.holder != "gw1_a" || h.renewed.Before(sent) || h.renewed.After(inner.at) {
+		t.Fatalf("after a renewal: %+v, %v; want renewed when sent (%s, before it reached the API server at %s)", h, err, sent, inner.at)
+	}
+
+	inner.err = errors.New("timeout")
+	if err := l.Update(ctx, mine); err == nil {
+		t.Fatal("a failed renewal succeeded")
+	}
+	if h2, err := l.state(); err == nil || !h2.renewed.Equal(h.renewed) {
+		t.Fatalf("after a failed renewal: %+v, %v; want the last renewal kept and the error", h2, err)
+	}
+
+	inner.err = nil
+	if err := l.Update(ctx, resourcelock.LeaderElectionRecord{}); !errors.Is(err, errHeldBack) || len(inner.written) != 1 {
+		t.Fatalf("release while active: %v, %d writes; want held back, nothing written", err, len(inner.written))
+	}
+	active = false
+	if err := l.Update(ctx, resourcelock.LeaderElectionRecord{}); err != nil || len(inner.written) != 2 {
+		t.Fatalf("release once fenced: %v, %d writes; want written", err, len(inner.written))
+	}
+
+	inner.holder = "gw2_b"
+	if _, _, err := l.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := l.state(); h.decide(time.Now(), true) != lost {
+		t.Fatalf("after reading the Lease held by another: %+v decides %s, want lost", h, h.decide(time.Now(), true))
+	}
+	select {
+	case <-l.event:
+	default:
+		t.Fatal("no event after reads and writes")
+	}
+}
