@@ -57,6 +57,8 @@ func BenchmarkNamespaceOffloadRoundTrips(b *testing.B) {
 		requests, depths = append(requests, n), append(depths, depth)
 		if i == 0 {
 			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: requests until Ready, first round")
+			quiet(tr)
+			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: every request of the first round, until none came for 200 ms")
 		}
 	}
 	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n",

@@ -98,6 +98,15 @@ type Provider struct {
 	applied map[types.UID]grant.Limits // the limits applied to each namespace
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
 	fenced  map[string]string          // namespace: the resourceVersion of the NetworkPolicy we last wrote there
+	// answered is the status last written to each request of each
+	// consumer, and the version of the request it was written onto.
+	answered map[string]map[types.UID]written
+}
+
+// written is a status written onto a request at version from.
+type written struct {
+	from   string
+	status v1alpha1.NamespaceRequestStatus
 }
 
 // NewProvider checks cfg and prepares a Provider; Run starts
@@ -138,6 +147,7 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
 		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenced: map[string]string{},
+		answered: map[string]map[types.UID]written{},
 	}
 	if m.m, err = newMirrorMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("mirror provider: metrics: %w", err)
@@ -311,10 +321,11 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 			if err != nil {
 				err = fmt.Errorf("request %s: %w", r.Name, err)
 			}
-			answers[i], failed[i] = a, errors.Join(err, m.writeStatus(ctx, r, a))
+			answers[i], failed[i] = a, errors.Join(err, m.writeStatus(ctx, consumer, r, a))
 		})
 	}
 	wg.Wait()
+	m.forgetAnswers(consumer, requests.Items)
 	errs = append(errs, failed...)
 	for i, r := range live {
 		if a := answers[i]; a.phase == v1alpha1.RequestCreated || a.reason == ReasonNotGranted || a.reason == ReasonPending {
@@ -537,12 +548,19 @@ func (m *Provider) addFinalizer(ctx context.Context, r *v1alpha1.NamespaceReques
 	return nil
 }
 
-// writeStatus patches a's status onto r when it says something else.
-func (m *Provider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest, a answer) error {
+// writeStatus patches a's status onto r when it says something else. A
+// request still at the version this controller last wrote its status
+// onto, with that status wanted again, is one the cache shows from
+// before that write: it is not written twice.
+func (m *Provider) writeStatus(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, a answer) error {
 	want := v1alpha1.NamespaceRequestStatus{Phase: a.phase, Reason: a.reason, Message: a.message, ObservedGeneration: r.Generation}
-	if r.Status == want {
+	m.mu.Lock()
+	last, ok := m.answered[consumer][r.UID]
+	m.mu.Unlock()
+	if r.Status == want || (ok && last.from == r.ResourceVersion && last.status == want) {
 		return nil
 	}
+	from := r.ResourceVersion
 	patch := client.MergeFrom(r.DeepCopy())
 	r.Status = want
 	if err := m.client.Status().Patch(ctx, r, patch); err != nil {
@@ -551,11 +569,32 @@ func (m *Provider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest
 		}
 		return fmt.Errorf("request %s: write status: %w", r.Name, err)
 	}
+	m.mu.Lock()
+	if m.answered[consumer] == nil {
+		m.answered[consumer] = map[types.UID]written{}
+	}
+	m.answered[consumer][r.UID] = written{from: from, status: want}
+	m.mu.Unlock()
 	m.m.requests.WithLabelValues(a.reason).Inc()
 	if a.phase == v1alpha1.RequestRefused {
 		m.log.Info("namespace request refused", "namespace", r.Namespace, "request", r.Name, "reason", a.reason, "message", a.message)
 	}
 	return nil
+}
+
+// forgetAnswers forgets the statuses written to consumer's requests that
+// are gone.
+func (m *Provider) forgetAnswers(consumer string, requests []v1alpha1.NamespaceRequest) {
+	live := make(map[types.UID]bool, len(requests))
+	for _, r := range requests {
+		live[r.UID] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	maps.DeleteFunc(m.answered[consumer], func(uid types.UID, _ written) bool { return !live[uid] })
+	if len(m.answered[consumer]) == 0 {
+		delete(m.answered, consumer)
+	}
 }
 
 // countNamespaces sets the gauge from the cache, and forgets what was
