@@ -210,7 +210,25 @@ func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (string, 
 	if err != nil {
 		return "", fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
+	t.mu.Lock()
+	t.fences[ns] = got.ResourceVersion
+	t.mu.Unlock()
 	return got.ResourceVersion, nil
+}
+
+// FenceApplied is the resourceVersion of the fence's NetworkPolicy that
+// ApplyFence last wrote in namespace ns (for a grant, or a namespace
+// mirrored), "" when it wrote none there.
+func (t *Tenants) FenceApplied(ns string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.fences[ns]
+}
+
+func (t *Tenants) forgetFence(ns string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.fences, ns)
 }
 
 // fencePolicySpec is the fence's NetworkPolicy: egress only, to DNS, to

@@ -109,6 +109,9 @@ type Tenants struct {
 
 	mu    sync.Mutex
 	known map[string]bool // consumers with a tenant namespace, for the gauge
+	// fences is the resourceVersion of the NetworkPolicy ApplyFence last
+	// wrote in each namespace.
+	fences map[string]string
 }
 
 // Tenant is what Ensure made for a consumer.
@@ -151,7 +154,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	}
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
-		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
+		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{}, fences: map[string]string{},
 		podNetworks: cfg.PodNetworks, fenceRefresh: cfg.FenceRefresh,
 	}
 	if t.metrics, err = newTenantMetrics(cfg.Metrics); err != nil {
@@ -486,6 +489,7 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 		}
 		t.log.Info("tenant removed", "consumer", consumer, "namespace", name)
 	}
+	t.forgetFence(name)
 	// After the tenant namespace: once it is terminating, the mirroring
 	// controller makes no namespace for its requests any more.
 	if err := t.removeMirrored(ctx, consumer); err != nil {
