@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -66,6 +67,16 @@ type Consumer struct {
 
 	mu     sync.Mutex
 	phases map[string]v1alpha1.OffloadPhase // by namespace, for the gauge
+	// written is, per namespace and NamespaceOffload, the status last
+	// written and the version it was written onto.
+	written map[string]map[types.UID]writtenStatus
+}
+
+// writtenStatus is a status written onto a NamespaceOffload at version
+// from.
+type writtenStatus struct {
+	from   string
+	status v1alpha1.NamespaceOffloadStatus
 }
 
 // syncProviders is the queue key that brings the provider watches in
@@ -109,7 +120,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	mc := &Consumer{
 		cfg: cfg, log: cfg.Logger.With("component", "namespace-offload"),
 		local: local, write: write,
-		phases: map[string]v1alpha1.OffloadPhase{},
+		phases: map[string]v1alpha1.OffloadPhase{}, written: map[string]map[types.UID]writtenStatus{},
 	}
 	if mc.m, err = newOffloadMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("namespace offloading: metrics: %w", err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -53,6 +54,7 @@ func (mc *Consumer) reconcile(ctx context.Context, ns string) error {
 	if err := mc.local.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
 	}
+	mc.forgetWritten(ns, list.Items)
 	if len(list.Items) == 0 {
 		// Requests left by a NamespaceOffload removed without us.
 		mc.setPhase(ns, "")
@@ -117,8 +119,9 @@ func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) e
 	// (reconcile, a namespace with none left).
 	var finalized error
 	var wg sync.WaitGroup
+	var patched *v1alpha1.NamespaceOffload
 	if !controllerutil.ContainsFinalizer(o, v1alpha1.FinalizerOffload) {
-		patched := o.DeepCopy()
+		patched = o.DeepCopy()
 		controllerutil.AddFinalizer(patched, v1alpha1.FinalizerOffload)
 		wg.Go(func() {
 			if err := mc.write.Patch(ctx, patched, client.MergeFromWithOptions(o, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -126,6 +129,7 @@ func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) e
 			}
 		})
 	}
+
 	ns := o.Namespace
 	peers, err := mc.selectedPeers(ctx, o.Spec.ClusterSelector)
 	if err != nil {
@@ -160,6 +164,10 @@ func (mc *Consumer) offload(ctx context.Context, o *v1alpha1.NamespaceOffload) e
 	// The status after the finalizer: a status written first would change
 	// the version that patch is conditional on.
 	wg.Wait()
+	if patched != nil && finalized == nil {
+		// The status goes onto o as the finalizer left it.
+		o.ResourceVersion, o.Finalizers = patched.ResourceVersion, patched.Finalizers
+	}
 	errs = append(errs, finalized, mc.writeStatus(ctx, o, st))
 	mc.setPhase(ns, st.Phase)
 	return errors.Join(errs...)
@@ -500,10 +508,60 @@ func (mc *Consumer) writeStatus(ctx context.Context, o *v1alpha1.NamespaceOffloa
 	if reflect.DeepEqual(o.Status, st) {
 		return nil
 	}
+	// o still at the version this controller last wrote its status onto,
+	// with that status wanted again, is the cache from before that write.
+	mc.mu.Lock()
+	last, ok := mc.written[o.Namespace][o.UID]
+	mc.mu.Unlock()
+	if ok && last.from == o.ResourceVersion && sameStatus(last.status, st) {
+		return nil
+	}
 	patched := o.DeepCopy()
 	patched.Status = st
-	if err := mc.write.Status().Patch(ctx, patched, client.MergeFrom(o)); err != nil && !apierrors.IsNotFound(err) {
+	if err := mc.write.Status().Patch(ctx, patched, client.MergeFrom(o)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
 		return fmt.Errorf("status of NamespaceOffload %s/%s: %w", o.Namespace, o.Name, err)
 	}
+	mc.mu.Lock()
+	if mc.written[o.Namespace] == nil {
+		mc.written[o.Namespace] = map[types.UID]writtenStatus{}
+	}
+	mc.written[o.Namespace][o.UID] = writtenStatus{from: o.ResourceVersion, status: *st.DeepCopy()}
+	mc.mu.Unlock()
 	return nil
+}
+
+// sameStatus compares two statuses but for their conditions' transition
+// times.
+func sameStatus(a, b v1alpha1.NamespaceOffloadStatus) bool {
+	untimed := func(s v1alpha1.NamespaceOffloadStatus) v1alpha1.NamespaceOffloadStatus {
+		s = *s.DeepCopy()
+		for i := range s.Conditions {
+			s.Conditions[i].LastTransitionTime = metav1.Time{}
+		}
+		for i := range s.Clusters {
+			for j := range s.Clusters[i].Conditions {
+				s.Clusters[i].Conditions[j].LastTransitionTime = metav1.Time{}
+			}
+		}
+		return s
+	}
+	return reflect.DeepEqual(untimed(a), untimed(b))
+}
+
+// forgetWritten forgets the statuses written to the NamespaceOffloads of
+// namespace ns that are gone.
+func (mc *Consumer) forgetWritten(ns string, offloads []v1alpha1.NamespaceOffload) {
+	live := make(map[types.UID]bool, len(offloads))
+	for _, o := range offloads {
+		live[o.UID] = true
+	}
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	maps.DeleteFunc(mc.written[ns], func(uid types.UID, _ writtenStatus) bool { return !live[uid] })
+	if len(mc.written[ns]) == 0 {
+		delete(mc.written, ns)
+	}
 }

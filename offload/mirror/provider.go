@@ -97,7 +97,20 @@ type Provider struct {
 	mu      sync.Mutex
 	applied map[types.UID]grant.Limits // the limits applied to each namespace
 	ignored map[string]bool            // namespaces with requests we ignore, logged once
-	fenced  map[string]tenancy.Fence   // namespace: the NetworkPolicy we last wrote there
+	// fenceSeen is, per namespace, the version of its fence that
+	// Tenants wrote and the cache has shown since; fenceGraced the
+	// version the cache had not shown yet when it was looked at, let
+	// pass once.
+	fenceSeen, fenceGraced map[string]string
+	// answered is the status last written to each request of each
+	// consumer, and the version of the request it was written onto.
+	answered map[string]map[types.UID]written
+}
+
+// written is a status written onto a request at version from.
+type written struct {
+	from   string
+	status v1alpha1.NamespaceRequestStatus
 }
 
 // NewProvider checks cfg and prepares a Provider; Run starts
@@ -137,7 +150,8 @@ func NewProvider(cfg ProviderConfig) (*Provider, error) {
 	}
 	m := &Provider{
 		cfg: cfg, log: cfg.Logger.With("component", "mirror"), cache: ca, client: c,
-		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenced: map[string]tenancy.Fence{},
+		applied: map[types.UID]grant.Limits{}, ignored: map[string]bool{}, fenceSeen: map[string]string{}, fenceGraced: map[string]string{},
+		answered: map[string]map[types.UID]written{},
 	}
 	if m.m, err = newMirrorMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("mirror provider: metrics: %w", err)
@@ -176,13 +190,39 @@ func (m *Provider) Run(ctx context.Context) error {
 		Watches: []ctrl.Watch{
 			ctrl.On(&v1alpha1.NamespaceRequest{}, m.events(m.requestConsumer)),
 			ctrl.On(&corev1.Namespace{}, m.events(namespaceConsumer)),
-			ctrl.On(&networkingv1.NetworkPolicy{}, m.events(namespaceConsumer)),
+			ctrl.On(&networkingv1.NetworkPolicy{}, m.fenceEvents()),
 		},
 		Synced: func(context.Context, *sync.WaitGroup) error {
 			m.log.Info("mirroring namespaces for consumers")
 			return nil
 		},
 	})
+}
+
+// fenceEvents notes each fence version Tenants wrote that the cache
+// shows, and enqueues the consumer the policy belongs to.
+func (m *Provider) fenceEvents() toolscache.ResourceEventHandler {
+	enqueue := m.events(namespaceConsumer)
+	seen := func(obj any) {
+		if pol, ok := obj.(*networkingv1.NetworkPolicy); ok && pol.Name == tenancy.FencePolicy {
+			m.sawFence(pol.Namespace, pol.ResourceVersion)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { seen(obj); enqueue.OnAdd(obj, false) },
+		UpdateFunc: func(old, obj any) { seen(obj); enqueue.OnUpdate(old, obj) },
+		DeleteFunc: enqueue.OnDelete,
+	}
+}
+
+// sawFence notes that the cache shows version rv of ns's fence.
+func (m *Provider) sawFence(ns, rv string) {
+	if rv == "" || rv != m.cfg.Tenants.FenceApplied(ns).ResourceVersion {
+		return
+	}
+	m.mu.Lock()
+	m.fenceSeen[ns] = rv
+	m.mu.Unlock()
 }
 
 // events enqueues the consumer an object belongs to.
@@ -311,16 +351,18 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 			if err != nil {
 				err = fmt.Errorf("request %s: %w", r.Name, err)
 			}
-			answers[i], failed[i] = a, errors.Join(err, m.writeStatus(ctx, r, a))
+			answers[i], failed[i] = a, errors.Join(err, m.writeStatus(ctx, consumer, r, a))
 		})
 	}
 	wg.Wait()
+	m.forgetAnswers(consumer, requests.Items)
 	errs = append(errs, failed...)
 	for i, r := range live {
 		if a := answers[i]; a.phase == v1alpha1.RequestCreated || a.reason == ReasonNotGranted || a.reason == ReasonPending {
 			wanted[r.Name] = true
 		}
 	}
+	recheck := false
 	if granted && tenantOurs {
 		fenced := []string{tenant.Name}
 		for i, r := range live {
@@ -328,7 +370,9 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 				fenced = append(fenced, r.Name)
 			}
 		}
-		errs = append(errs, m.keepFences(ctx, consumer, fenced))
+		var err error
+		recheck, err = m.keepFences(ctx, consumer, fenced)
+		errs = append(errs, err)
 	}
 	for name, ns := range mirrored {
 		if wanted[name] || ns.DeletionTimestamp != nil || m.held(requests.Items, ns) {
@@ -341,21 +385,33 @@ func (m *Provider) reconcile(ctx context.Context, consumer string) (time.Duratio
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
+	after := time.Duration(0)
 	if len(requests.Items) > 0 {
-		return m.cfg.Resync, nil
+		after = m.cfg.Resync
 	}
-	return 0, nil
+	if recheck && (after == 0 || after > fenceRecheck) {
+		after = fenceRecheck
+	}
+	return after, nil
 }
 
+// fenceRecheck is when a consumer is looked at again after a fence was
+// let pass because the cache had not shown Tenants' write of it yet: the
+// write's own event normally comes first.
+const fenceRecheck = time.Second
+
 // keepFences puts back the NetworkPolicy of each of namespaces (the
-// consumer's) that is missing or not as this controller last wrote it:
-// deleted or changed by someone, or made of addresses (nodes, the API
-// server's, the cluster DNS's) that have changed since. The first pass
-// after a start writes each once, a no-op where it is as it should be.
-func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces []string) error {
+// consumer's) that is missing or not as Tenants last wrote it (for a
+// grant, or a namespace mirrored): deleted or changed by someone, or made
+// of addresses (nodes, the API server's, the cluster DNS's) that have
+// changed since. The first pass after a start writes each once, a no-op
+// where it is as it should be. A write the cache has not shown yet (a
+// grant's, just made) is let pass once, not written again: again asks to
+// look back soon.
+func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces []string) (again bool, err error) {
 	gen, err := m.cfg.Tenants.FenceGeneration(ctx)
 	if err != nil {
-		return fmt.Errorf("fences of %s: %w", consumer, err)
+		return false, fmt.Errorf("fences of %s: %w", consumer, err)
 	}
 	var errs []error
 	for _, ns := range namespaces {
@@ -365,11 +421,21 @@ func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces [
 			errs = append(errs, fmt.Errorf("read NetworkPolicy %s/%s: %w", ns, tenancy.FencePolicy, err))
 			continue
 		}
-		m.mu.Lock()
-		wrote := m.fenced[ns]
-		m.mu.Unlock()
+		wrote := m.cfg.Tenants.FenceApplied(ns)
 		current := err == nil && wrote.ResourceVersion != "" && pol.ResourceVersion == wrote.ResourceVersion
 		if current && wrote.Generation >= gen {
+			m.sawFence(ns, wrote.ResourceVersion)
+			continue
+		}
+		m.mu.Lock()
+		pending := !current && wrote.ResourceVersion != "" && wrote.Generation >= gen &&
+			m.fenceSeen[ns] != wrote.ResourceVersion && m.fenceGraced[ns] != wrote.ResourceVersion
+		if pending {
+			m.fenceGraced[ns] = wrote.ResourceVersion
+		}
+		m.mu.Unlock()
+		if pending {
+			again = true
 			continue
 		}
 		switch {
@@ -379,16 +445,11 @@ func (m *Provider) keepFences(ctx context.Context, consumer string, namespaces [
 			m.log.Info("fence of a consumer's namespace put back", "consumer", consumer, "namespace", ns, "policy", tenancy.FencePolicy,
 				"deleted", apierrors.IsNotFound(err))
 		}
-		fence, err := m.cfg.Tenants.ApplyFence(ctx, consumer, ns)
-		if err != nil {
+		if _, err := m.cfg.Tenants.ApplyFence(ctx, consumer, ns); err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		m.mu.Lock()
-		m.fenced[ns] = fence
-		m.mu.Unlock()
 	}
-	return errors.Join(errs...)
+	return again, errors.Join(errs...)
 }
 
 // held reports whether a request being deleted still holds ns: release
@@ -479,7 +540,7 @@ func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.Namespa
 	var finalized error
 	var wg sync.WaitGroup
 	wg.Go(func() { finalized = m.addFinalizer(ctx, r) })
-	got, fence, created, err := m.cfg.Tenants.EnsureMirrored(ctx, consumer, r.Name, src, limits, ns)
+	got, _, created, err := m.cfg.Tenants.EnsureMirrored(ctx, consumer, r.Name, src, limits, ns)
 	wg.Wait()
 	switch {
 	case errors.Is(err, tenancy.ErrNotOurs):
@@ -496,7 +557,6 @@ func (m *Provider) act(ctx context.Context, consumer string, r *v1alpha1.Namespa
 	}
 	m.mu.Lock()
 	m.applied[got.UID] = limits
-	m.fenced[r.Name] = fence
 	m.mu.Unlock()
 	return answer{v1alpha1.RequestCreated, ReasonCreated, createdMessage(r.Name, consumer)}, true, nil
 }
@@ -546,12 +606,19 @@ func (m *Provider) addFinalizer(ctx context.Context, r *v1alpha1.NamespaceReques
 	return nil
 }
 
-// writeStatus patches a's status onto r when it says something else.
-func (m *Provider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest, a answer) error {
+// writeStatus patches a's status onto r when it says something else. A
+// request still at the version this controller last wrote its status
+// onto, with that status wanted again, is one the cache shows from
+// before that write: it is not written twice.
+func (m *Provider) writeStatus(ctx context.Context, consumer string, r *v1alpha1.NamespaceRequest, a answer) error {
 	want := v1alpha1.NamespaceRequestStatus{Phase: a.phase, Reason: a.reason, Message: a.message, ObservedGeneration: r.Generation}
-	if r.Status == want {
+	m.mu.Lock()
+	last, ok := m.answered[consumer][r.UID]
+	m.mu.Unlock()
+	if r.Status == want || (ok && last.from == r.ResourceVersion && last.status == want) {
 		return nil
 	}
+	from := r.ResourceVersion
 	patch := client.MergeFrom(r.DeepCopy())
 	r.Status = want
 	if err := m.client.Status().Patch(ctx, r, patch); err != nil {
@@ -560,11 +627,32 @@ func (m *Provider) writeStatus(ctx context.Context, r *v1alpha1.NamespaceRequest
 		}
 		return fmt.Errorf("request %s: write status: %w", r.Name, err)
 	}
+	m.mu.Lock()
+	if m.answered[consumer] == nil {
+		m.answered[consumer] = map[types.UID]written{}
+	}
+	m.answered[consumer][r.UID] = written{from: from, status: want}
+	m.mu.Unlock()
 	m.m.requests.WithLabelValues(a.reason).Inc()
 	if a.phase == v1alpha1.RequestRefused {
 		m.log.Info("namespace request refused", "namespace", r.Namespace, "request", r.Name, "reason", a.reason, "message", a.message)
 	}
 	return nil
+}
+
+// forgetAnswers forgets the statuses written to consumer's requests that
+// are gone.
+func (m *Provider) forgetAnswers(consumer string, requests []v1alpha1.NamespaceRequest) {
+	live := make(map[types.UID]bool, len(requests))
+	for _, r := range requests {
+		live[r.UID] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	maps.DeleteFunc(m.answered[consumer], func(uid types.UID, _ written) bool { return !live[uid] })
+	if len(m.answered[consumer]) == 0 {
+		delete(m.answered, consumer)
+	}
 }
 
 // countNamespaces sets the gauge from the cache, and forgets what was
@@ -590,9 +678,9 @@ func (m *Provider) countNamespaces(ctx context.Context) {
 	}
 	m.mu.Lock()
 	maps.DeleteFunc(m.applied, func(uid types.UID, _ grant.Limits) bool { return !present[uid] })
-	maps.DeleteFunc(m.fenced, func(ns string, _ tenancy.Fence) bool {
-		return !names[ns] && !strings.HasPrefix(ns, offload.TenantPrefix)
-	})
+	gone := func(ns, _ string) bool { return !names[ns] && !strings.HasPrefix(ns, offload.TenantPrefix) }
+	maps.DeleteFunc(m.fenceSeen, gone)
+	maps.DeleteFunc(m.fenceGraced, gone)
 	m.mu.Unlock()
 }
 

@@ -27,14 +27,14 @@ type ProviderCredential struct {
 // limit (its priority and fairness limits its tenants; a thousand pods
 // are a thousand creates), and the token of the credential held at each
 // request, so a renewed token needs no new watch. A watch needs its
-// Timeout cleared.
+// Timeout cleared. base's own wrappers, if any, run inside.
 func ProviderConfig(id string, creds Credentials, base *rest.Config) *rest.Config {
 	cfg := rest.CopyConfig(base)
 	cfg.QPS, cfg.Burst = -1, -1
 	cfg.BearerToken, cfg.BearerTokenFile = "", ""
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return &currentToken{provider: id, creds: creds, next: rt}
-	}
+	})
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second
 	}

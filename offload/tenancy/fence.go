@@ -217,7 +217,26 @@ func (t *Tenants) ApplyFence(ctx context.Context, consumer, ns string) (Fence, e
 	if err != nil {
 		return Fence{}, fmt.Errorf("apply NetworkPolicy %s/%s: %w", ns, FencePolicy, err)
 	}
-	return Fence{ResourceVersion: got.ResourceVersion, Generation: gen}, nil
+	fence := Fence{ResourceVersion: got.ResourceVersion, Generation: gen}
+	t.mu.Lock()
+	t.fences[ns] = fence
+	t.mu.Unlock()
+	return fence, nil
+}
+
+// FenceApplied is the fence that ApplyFence last wrote in namespace ns
+// (for a grant, or a namespace mirrored); its ResourceVersion is "" when
+// it wrote none there.
+func (t *Tenants) FenceApplied(ns string) Fence {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.fences[ns]
+}
+
+func (t *Tenants) forgetFence(ns string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.fences, ns)
 }
 
 // FenceGeneration is the generation of the addresses fences are made of,

@@ -66,7 +66,7 @@ type FenceCheck interface {
 // Tenancy is what the provider needs of the tenants it keeps (*Tenants).
 type Tenancy interface {
 	Ensure(ctx context.Context, consumer string, limits grant.Limits) (Tenant, error)
-	Issue(ctx context.Context, consumer string) (Token, error)
+	EnsureIssued(ctx context.Context, consumer string, limits grant.Limits) (Tenant, Token, error)
 	Remove(ctx context.Context, consumer string) error
 	List(ctx context.Context) ([]string, error)
 }
@@ -460,25 +460,13 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 	current := func(namespace string) bool {
 		return cur != nil && now.Before(cur.renewAt) && sealedLimits(cur.limits) == sealedLimits(limits) && cur.server == api.URL && cur.namespace == namespace
 	}
-	// A new credential's serial is kept in the ledger (a synced write)
-	// while the tenant is made and the token issued; a serial left unused
-	// by a failure is only a gap.
-	var serial uint64
-	var serialErr error
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	startSerial := sync.OnceFunc(func() { wg.Go(func() { serial, serialErr = p.nextSerial(now) }) })
-	if !current(offload.TenantNamespace(id)) {
-		startSerial()
-	}
-	t, err := p.cfg.Tenants.Ensure(ctx, id, limits)
-	if err != nil {
-		return issuedGrant{}, fmt.Errorf("tenant of %s: %w", id, err)
-	}
-	p.mu.Lock()
-	p.tenants[id] = true
-	p.mu.Unlock()
-	if current(t.Namespace) {
+	if current(offload.TenantNamespace(id)) {
+		if _, err := p.cfg.Tenants.Ensure(ctx, id, limits); err != nil {
+			return issuedGrant{}, fmt.Errorf("tenant of %s: %w", id, err)
+		}
+		p.mu.Lock()
+		p.tenants[id] = true
+		p.mu.Unlock()
 		if cur.limits == limits {
 			return *cur, nil
 		}
@@ -492,11 +480,22 @@ func (p *Grants) ensureGranted(ctx context.Context, id string, key ed25519.Publi
 		p.changed(id)
 		return ig, nil
 	}
-	startSerial()
-	tok, err := p.cfg.Tenants.Issue(ctx, id)
+	// A new credential's serial is kept in the ledger (a synced write)
+	// while the tenant is made and the token issued; a serial left unused
+	// by a failure is only a gap.
+	var serial uint64
+	var serialErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { serial, serialErr = p.nextSerial(now) })
+	t, tok, err := p.cfg.Tenants.EnsureIssued(ctx, id, limits)
 	wg.Wait()
+	if t.Namespace != "" {
+		p.mu.Lock()
+		p.tenants[id] = true
+		p.mu.Unlock()
+	}
 	if err != nil {
-		return issuedGrant{}, fmt.Errorf("credential for %s: %w", id, err)
+		return issuedGrant{}, fmt.Errorf("tenant and credential of %s: %w", id, err)
 	}
 	if serialErr != nil {
 		return issuedGrant{}, serialErr

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -86,6 +88,9 @@ type world struct {
 
 	logs   *syncbuf.Buffer // every provider's, tenants' and consumer's log
 	tokens *tokenLog       // every token the bridges carried
+	// trace, when set, records the requests of the controllers of both
+	// sides (a benchmark's).
+	trace *harness.Trace
 
 	fences *Fences
 
@@ -93,6 +98,14 @@ type world struct {
 	peers      []string // the Peers, as JSON, just before each was deleted
 	registries []*prometheus.Registry
 	running    map[*Grants]bool // told when the fences change
+}
+
+// config is how the controllers of side reach cp: traced when w is.
+func (w *world) config(cp *harness.ControlPlane, side string) *rest.Config {
+	if w.trace == nil {
+		return cp.Config
+	}
+	return w.trace.Wrap(cp.Config, side)
 }
 
 func (w *world) logger() *slog.Logger {
@@ -130,7 +143,7 @@ type provider struct {
 
 // newProvider makes a provider identity of its own and starts Grants
 // for it; the tenants of the consumers it knows go when t ends.
-func (w *world) newProvider(t *testing.T, opts providerOptions) *provider {
+func (w *world) newProvider(t testing.TB, opts providerOptions) *provider {
 	t.Helper()
 	id := newIdentity(t)
 	serials, err := ipam.Open(filepath.Join(t.TempDir(), "provider.db"), ipam.Options{})
@@ -152,22 +165,27 @@ func (w *world) newProvider(t *testing.T, opts providerOptions) *provider {
 }
 
 // start runs a new Grants over the same identity, ledger and bridge.
-func (p *provider) start(t *testing.T) {
+func (p *provider) start(t testing.TB) {
 	t.Helper()
 	w := p.w
 	lifetime := p.opts.lifetime
 	if lifetime == 0 {
 		lifetime = DefaultLifetime
 	}
-	tenants, err := NewTenants(TenantsConfig{
-		Config: w.provCP.Config, Client: w.provCP.Client, Audience: offload.DefaultAudience, Lifetime: lifetime,
+	cfg := TenantsConfig{
+		Config: w.config(w.provCP, "provider"), Audience: offload.DefaultAudience, Lifetime: lifetime,
 		Logger: w.logger(), Metrics: w.registry(),
-	})
+	}
+	if w.trace != nil {
+		// As the agent's: its pod networks known, not read per tenant.
+		cfg.PodNetworks = func(context.Context) ([]netip.Prefix, error) { return []netip.Prefix{offloadtest.ProviderPodCIDR}, nil }
+	}
+	tenants, err := NewTenants(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	scheme := peerScheme(t)
-	peers, err := cache.New(w.provCP.Config, cache.Options{Scheme: scheme, Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
+	peers, err := cache.New(w.config(w.provCP, "provider"), cache.Options{Scheme: scheme, Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +247,7 @@ func (p *provider) start(t *testing.T) {
 // startFences proves the provider's fences with the agent's own token
 // and tells every Grants running when the verdict changes. The checks run
 // when a subtest asks (Check), not on a timer.
-func (w *world) startFences(t *testing.T) {
+func (w *world) startFences(t testing.TB) {
 	bindings, err := deploy.AdmissionBindings()
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +290,7 @@ type consumer struct {
 // newConsumer starts a remote.Consumer of a new identity, the bridge of
 // each provider given delivering to it, and a Peer for each provider on
 // the consumer's cluster, whose admin accepts offloading there.
-func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
+func (w *world) newConsumer(t testing.TB, providers ...*provider) *consumer {
 	t.Helper()
 	c := w.newConsumerWithoutPeer(t, providers...)
 	for _, p := range providers {
@@ -283,14 +301,14 @@ func (w *world) newConsumer(t *testing.T, providers ...*provider) *consumer {
 
 // newConsumerWithoutPeer is newConsumer without the Peers: the
 // remote.Consumer holds what it receives and waits to write its status.
-func (w *world) newConsumerWithoutPeer(t *testing.T, providers ...*provider) *consumer {
+func (w *world) newConsumerWithoutPeer(t testing.TB, providers ...*provider) *consumer {
 	t.Helper()
 	return w.startConsumer(t, remote.UseManual, providers...)
 }
 
 // startConsumer is newConsumerWithoutPeer under policy; like the agent's,
 // the consumer hears of every change of a Peer's spec.
-func (w *world) startConsumer(t *testing.T, policy remote.UsePolicy, providers ...*provider) *consumer {
+func (w *world) startConsumer(t testing.TB, policy remote.UsePolicy, providers ...*provider) *consumer {
 	t.Helper()
 	id := newIdentity(t)
 	ledger, err := ipam.Open(filepath.Join(t.TempDir(), "consumer.db"), ipam.Options{})
@@ -299,14 +317,20 @@ func (w *world) startConsumer(t *testing.T, policy remote.UsePolicy, providers .
 	}
 	t.Cleanup(func() { ledger.Close() })
 	reg := w.registry()
-	c, err := remote.NewConsumer(remote.ConsumerConfig{
-		Store: grant.NewStore(id, ledger), Peers: w.consClient, Client: w.consClient,
-		Policy: policy, Logger: w.logger(), Metrics: reg,
-	})
+	peers, err := cache.New(w.config(w.consCP, "consumer"), cache.Options{Scheme: peerScheme(t), Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	peers, err := cache.New(w.consCP.Config, cache.Options{Scheme: peerScheme(t), Mapper: peerMapper(), DefaultTransform: cache.TransformStripManagedFields()})
+	// A benchmark's consumer reads Peers from the cache, as the agent's
+	// does; the tests' read them as written.
+	var read client.Reader = w.consClient
+	if w.trace != nil {
+		read = peers
+	}
+	c, err := remote.NewConsumer(remote.ConsumerConfig{
+		Store: grant.NewStore(id, ledger), Peers: read, Client: w.consClient,
+		Policy: policy, Verify: w.verify(), Logger: w.logger(), Metrics: reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,6 +358,28 @@ func (w *world) startConsumer(t *testing.T, policy remote.UsePolicy, providers .
 		p.bridge.connect(id.ClusterID(), c)
 	}
 	return &consumer{id: id, c: c, reg: reg}
+}
+
+// verify is the consumer's check of a credential: its own (nil) unless
+// w is traced, then the same SelfSubjectReview through a traced client.
+func (w *world) verify() func(context.Context, grant.Grant) error {
+	if w.trace == nil {
+		return nil
+	}
+	return func(ctx context.Context, g grant.Grant) error {
+		cs, err := authenticationv1client.NewForConfig(w.trace.Wrap(remote.RestConfigOf(g), "consumer@provider"))
+		if err != nil {
+			return err
+		}
+		r, err := cs.SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if want := offload.ConsumerUser(g.Consumer); r.Status.UserInfo.Username != want {
+			return fmt.Errorf("the credential authenticates as %q, not as %q", r.Status.UserInfo.Username, want)
+		}
+		return nil
+	}
 }
 
 // bridge stands in for the two peering engines: what the provider hands
@@ -1004,7 +1050,7 @@ func sealGrant(t *testing.T, provider, consumer identity.Identity, server string
 
 // createPeer creates Peer name with spec; it is kept as JSON and deleted
 // when t ends.
-func (w *world) createPeer(t *testing.T, c client.Client, name string, spec v1alpha1.PeerSpec) {
+func (w *world) createPeer(t testing.TB, c client.Client, name string, spec v1alpha1.PeerSpec) {
 	t.Helper()
 	peer := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
 	if err := c.Create(t.Context(), peer); err != nil {
@@ -1025,7 +1071,7 @@ func (w *world) createPeer(t *testing.T, c client.Client, name string, spec v1al
 	})
 }
 
-func (w *world) updatePeer(t *testing.T, c client.Client, name string, change func(*v1alpha1.Peer)) {
+func (w *world) updatePeer(t testing.TB, c client.Client, name string, change func(*v1alpha1.Peer)) {
 	t.Helper()
 	// The status writers update the object too: read again on a conflict.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -1057,7 +1103,7 @@ func (w *world) deletePeer(t *testing.T, c client.Client, name string) {
 }
 
 // waitPeer waits until Peer name passes check, and returns it.
-func (w *world) waitPeer(t *testing.T, c client.Client, name, what string, check func(*v1alpha1.Peer) error) *v1alpha1.Peer {
+func (w *world) waitPeer(t testing.TB, c client.Client, name, what string, check func(*v1alpha1.Peer) error) *v1alpha1.Peer {
 	t.Helper()
 	var peer v1alpha1.Peer
 	eventually.Within(t, 30*time.Second, "Peer "+name+": "+what, func() error {
@@ -1069,7 +1115,7 @@ func (w *world) waitPeer(t *testing.T, c client.Client, name, what string, check
 	return &peer
 }
 
-func (w *world) waitCondition(t *testing.T, c client.Client, name, kind string, ok bool, reason string) *v1alpha1.Peer {
+func (w *world) waitCondition(t testing.TB, c client.Client, name, kind string, ok bool, reason string) *v1alpha1.Peer {
 	t.Helper()
 	return w.waitPeer(t, c, name, fmt.Sprintf("%s %v %s", kind, ok, reason), func(peer *v1alpha1.Peer) error {
 		return hasCondition(peer, kind, ok, reason)
@@ -1119,7 +1165,7 @@ func limitsString(l *v1alpha1.OffloadLimits) string {
 }
 
 // waitGone waits until namespace ns is deleted.
-func (w *world) waitGone(t *testing.T, ns string) {
+func (w *world) waitGone(t testing.TB, ns string) {
 	t.Helper()
 	eventually.Within(t, 60*time.Second, "namespace "+ns+" deleted", func() error {
 		_, err := w.provCP.Client.CoreV1().Namespaces().Get(context.Background(), ns, metav1.GetOptions{})
@@ -1130,7 +1176,7 @@ func (w *world) waitGone(t *testing.T, ns string) {
 	})
 }
 
-func newIdentity(t *testing.T) identity.Identity {
+func newIdentity(t testing.TB) identity.Identity {
 	t.Helper()
 	id, err := identity.Generate()
 	if err != nil {
@@ -1141,7 +1187,7 @@ func newIdentity(t *testing.T) identity.Identity {
 
 func quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
 
-func peerScheme(t *testing.T) *runtime.Scheme {
+func peerScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
 	s := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(s); err != nil {
@@ -1158,7 +1204,7 @@ func peerMapper() meta.RESTMapper {
 	return m
 }
 
-func peerClient(t *testing.T, cfg *rest.Config) client.Client {
+func peerClient(t testing.TB, cfg *rest.Config) client.Client {
 	t.Helper()
 	c, err := client.New(cfg, client.Options{Scheme: peerScheme(t), Mapper: peerMapper()})
 	if err != nil {

@@ -28,7 +28,14 @@ type Token struct {
 // server authenticates it as the consumer. Earlier tokens keep working
 // until they expire or the grant is removed.
 func (t *Tenants) Issue(ctx context.Context, consumer string) (Token, error) {
-	tok, err := t.issue(ctx, consumer)
+	return t.issueCounted(ctx, consumer, true)
+}
+
+// issueCounted issues, counts and logs a token; readNamespace checks
+// that the tenant namespace is ours (EnsureIssued has just made or
+// checked it).
+func (t *Tenants) issueCounted(ctx context.Context, consumer string, readNamespace bool) (Token, error) {
+	tok, err := t.issue(ctx, consumer, readNamespace)
 	if err != nil {
 		t.metrics.fail.Inc()
 		return Token{}, fmt.Errorf("issue token for %s: %w", consumer, err)
@@ -38,7 +45,7 @@ func (t *Tenants) Issue(ctx context.Context, consumer string) (Token, error) {
 	return tok, nil
 }
 
-func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
+func (t *Tenants) issue(ctx context.Context, consumer string, readNamespace bool) (Token, error) {
 	name := offload.TenantNamespace(consumer)
 	seconds := int64(t.lifetime / time.Second)
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
@@ -53,17 +60,9 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 	// its token is then dropped, never handed out.
 	var ours error
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			ours = fmt.Errorf("no tenant namespace %s: ensure the tenant first", name)
-		case err != nil:
-			ours = fmt.Errorf("read namespace %s: %w", name, err)
-		default:
-			ours = CheckOurs(ns, consumer)
-		}
-	})
+	if readNamespace {
+		wg.Go(func() { ours = t.readOurs(ctx, name, consumer) })
+	}
 	resp, err := t.Client.CoreV1().ServiceAccounts(name).CreateToken(ctx, offload.ConsumerServiceAccount, req, metav1.CreateOptions{})
 	wg.Wait()
 	if ours != nil {
@@ -77,6 +76,19 @@ func (t *Tenants) issue(ctx context.Context, consumer string) (Token, error) {
 		return Token{}, err
 	}
 	return tok, nil
+}
+
+// readOurs reads namespace name: nil when it is consumer's tenant, else
+// why not.
+func (t *Tenants) readOurs(ctx context.Context, name, consumer string) error {
+	ns, err := t.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("no tenant namespace %s: ensure the tenant first", name)
+	case err != nil:
+		return fmt.Errorf("read namespace %s: %w", name, err)
+	}
+	return CheckOurs(ns, consumer)
 }
 
 // check makes a SelfSubjectReview with tok against the API server the

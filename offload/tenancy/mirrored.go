@@ -133,6 +133,7 @@ func (t *Tenants) DeleteMirrored(ctx context.Context, ns *corev1.Namespace) erro
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete mirrored namespace %s: %w", ns.Name, err)
 	}
+	t.forgetFence(ns.Name)
 	return nil
 }
 

@@ -122,6 +122,8 @@ type Tenants struct {
 
 	mu    sync.Mutex
 	known map[string]bool // consumers with a tenant namespace, for the gauge
+	// fences is the fence ApplyFence last wrote in each namespace.
+	fences map[string]Fence
 }
 
 // Tenant is what Ensure made for a consumer.
@@ -175,7 +177,7 @@ func NewTenants(cfg TenantsConfig) (*Tenants, error) {
 	}
 	t := &Tenants{
 		Client: cfg.Client, requests: dyn.Resource(v1alpha1.GroupVersion.WithResource("namespacerequests")),
-		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{},
+		config: cfg.Config, audience: cfg.Audience, lifetime: cfg.Lifetime, log: cfg.Logger, known: map[string]bool{}, fences: map[string]Fence{},
 		podNetworks: cfg.PodNetworks, fenceRefresh: cfg.FenceRefresh,
 		dnsService: cfg.DNSService, dnsAddresses: slices.Clone(cfg.DNSAddresses),
 	}
@@ -193,34 +195,59 @@ func (t *Tenants) Audience() string { return t.audience }
 // tokens are bound to, and the quota (none when nothing is limited). A
 // namespace of that name that is not ours is refused and left alone.
 func (t *Tenants) Ensure(ctx context.Context, consumer string, limits grant.Limits) (Tenant, error) {
+	tenant, _, err := t.ensure(ctx, consumer, limits, false)
+	return tenant, err
+}
+
+// EnsureIssued is Ensure and then Issue, overlapped: the token is
+// requested as soon as the account and the Secret it is bound to exist,
+// while the rest of the tenant is applied, and both are returned once
+// everything is done. The namespace, just made or checked ours, is not
+// read again. A token made for a tenant that then failed is dropped; a
+// tenant made whose token failed is returned with the error.
+func (t *Tenants) EnsureIssued(ctx context.Context, consumer string, limits grant.Limits) (Tenant, Token, error) {
+	return t.ensure(ctx, consumer, limits, true)
+}
+
+func (t *Tenants) ensure(ctx context.Context, consumer string, limits grant.Limits, issue bool) (Tenant, Token, error) {
 	if err := identity.ValidateClusterID(consumer); err != nil {
-		return Tenant{}, fmt.Errorf("ensure tenant: consumer: %w", err)
+		return Tenant{}, Token{}, fmt.Errorf("ensure tenant: consumer: %w", err)
 	}
 	hard, err := quotaOf(limits)
 	if err != nil {
-		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
+		return Tenant{}, Token{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
 	}
 	ns := offload.TenantNamespace(consumer)
 	networks, err := t.allowedEndpoints(ctx, limits.Fence.EndpointNetworks)
 	if err != nil {
-		return Tenant{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
+		return Tenant{}, Token{}, fmt.Errorf("ensure tenant of %s: %w", consumer, err)
 	}
 	defer t.warmFence(ctx)()
 	created, err := t.ensureNamespace(ctx, consumer, networks)
 	if err != nil {
-		return Tenant{}, err
+		return Tenant{}, Token{}, err
 	}
-	if err := t.applyObjects(ctx, consumer, hard, created); err != nil {
+	var tok Token
+	var tokErr error
+	var token func()
+	if issue {
+		token = func() { tok, tokErr = t.issueCounted(ctx, consumer, false) }
+	}
+	if err := t.applyObjects(ctx, consumer, hard, created, token); err != nil {
 		if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			err = fmt.Errorf("%w: %w", ErrTerminating, err)
 		}
-		return Tenant{}, fmt.Errorf("ensure tenant %s of %s: %w", ns, consumer, err)
+		return Tenant{}, Token{}, fmt.Errorf("ensure tenant %s of %s: %w", ns, consumer, err)
 	}
 	t.setKnown(consumer, true)
 	if created {
 		t.log.Info("tenant created", "consumer", consumer, "namespace", ns)
 	}
-	return Tenant{Consumer: consumer, Namespace: ns, Limits: limits}, nil
+	tenant := Tenant{Consumer: consumer, Namespace: ns, Limits: limits}
+	if tokErr != nil {
+		return tenant, Token{}, tokErr // the tenant is made; the token failed
+	}
+	return tenant, tok, nil
 }
 
 // ensureNamespace creates consumer's namespace, or checks that the one of
@@ -280,14 +307,26 @@ func CheckOurs(ns *corev1.Namespace, consumer string) error {
 // tokens are for, the Secret they are bound to, and what every namespace
 // of the consumer's holds; all at once, as none needs another to exist.
 // fresh says the namespace was just created: it holds nothing yet.
-func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1.ResourceList, fresh bool) error {
+// token, when set, runs as soon as the account and the Secret are
+// applied, beside the rest.
+func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1.ResourceList, fresh bool, token func()) error {
 	ns := offload.TenantNamespace(consumer)
 	core := t.Client.CoreV1()
 	apply := metav1.ApplyOptions{FieldManager: TenantFieldManager, Force: true}
 	lbl := offload.TenantLabels(consumer)
-	var wg sync.WaitGroup
+	var wg, account sync.WaitGroup
 	errs := make([]error, 3)
+	account.Add(2)
+	if token != nil {
+		wg.Go(func() {
+			account.Wait()
+			if errs[0] == nil && errs[1] == nil {
+				token()
+			}
+		})
+	}
 	wg.Go(func() {
+		defer account.Done()
 		sa := corev1ac.ServiceAccount(offload.ConsumerServiceAccount, ns).WithLabels(lbl).
 			WithAutomountServiceAccountToken(false) // its tokens leave the cluster; pods here run as others
 		if _, err := core.ServiceAccounts(ns).Apply(ctx, sa, apply); err != nil {
@@ -295,6 +334,7 @@ func (t *Tenants) applyObjects(ctx context.Context, consumer string, hard corev1
 		}
 	})
 	wg.Go(func() {
+		defer account.Done()
 		secret := corev1ac.Secret(offload.GrantSecret, ns).WithLabels(lbl).WithType(GrantSecretType)
 		errs[1] = t.applyOrReplace(ctx, consumer, "Secret "+offload.GrantSecret, func() error {
 			_, err := core.Secrets(ns).Apply(ctx, secret, apply)
@@ -510,6 +550,7 @@ func (t *Tenants) Remove(ctx context.Context, consumer string) error {
 		}
 		t.log.Info("tenant removed", "consumer", consumer, "namespace", name)
 	}
+	t.forgetFence(name)
 	// After the tenant namespace: once it is terminating, the mirroring
 	// controller makes no namespace for its requests any more.
 	if err := t.removeMirrored(ctx, consumer); err != nil {

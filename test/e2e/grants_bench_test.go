@@ -37,11 +37,19 @@ func BenchmarkGrantToCredential(b *testing.B) {
 	prov, cons := cs[0], cs[1]
 	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	var took []time.Duration
-	for b.Loop() {
+	var requests []int
+	servers := map[string]*federation.Cluster{"provider": prov.Cluster, "consumer": cons.Cluster}
+	for i := 0; b.Loop(); i++ {
+		reqs := startRequests(servers)
 		start := time.Now()
 		setOffloading(b, prov, cons.Name, v1alpha1.OffloadingGrant)
 		waitCondition(b, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Ready", 30*time.Second)
 		took = append(took, time.Since(start))
+		counts, total := reqs.end(servers)
+		requests = append(requests, total)
+		if i == 0 {
+			printRequests("BenchmarkGrantToCredential: API requests served until Ready, first round (the benchmark's own included)", counts, total)
+		}
 
 		setOffloading(b, prov, cons.Name, v1alpha1.OffloadingDeny)
 		waitCondition(b, cons, prov.Name, v1alpha1.ConditionOffloadCredential, "Revoked", 30*time.Second)
@@ -49,7 +57,7 @@ func BenchmarkGrantToCredential(b *testing.B) {
 	}
 	b.ReportMetric(ms(spreadOf(append([]time.Duration(nil), took...)).median), "ms-grant-to-credential")
 	b.ReportMetric(0, "ns/op")
-	fmt.Fprintf(os.Stdout, "BenchmarkGrantToCredential: Grant to a working credential on the consumer %s (ms: median, min, max, rounds)\n", spreadOf(took))
+	fmt.Fprintf(os.Stdout, "BenchmarkGrantToCredential: Grant to a working credential on the consumer %s (ms: median, min, max, rounds); API requests served per round %v\n", spreadOf(took), requests)
 }
 
 func setOffloading(t testing.TB, c *federation.NodeCluster, peer string, o v1alpha1.Offloading) {

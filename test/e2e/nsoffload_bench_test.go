@@ -26,13 +26,16 @@ import (
 // 0.31 s (+- 0.07).
 func BenchmarkNamespaceOffload(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
-	cons, _ := grantedPair(b)
+	cons, prov := grantedPair(b)
 	var took []time.Duration
+	var requests []int
+	servers := map[string]*federation.Cluster{"provider": prov.Cluster, "consumer": cons.Cluster}
 	for i := 0; b.Loop(); i++ {
 		ns := fmt.Sprintf("bench-%d", i)
 		if _, err := cons.CP.Client.CoreV1().Namespaces().Create(context.Background(), namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
+		reqs := startRequests(servers)
 		start := time.Now()
 		nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
 			Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: everyPeerSelector()}}
@@ -41,10 +44,15 @@ func BenchmarkNamespaceOffload(b *testing.B) {
 		}
 		waitOffloadPhase(b, cons, ns, v1alpha1.OffloadReady, 30*time.Second)
 		took = append(took, time.Since(start))
+		counts, total := reqs.end(servers)
+		requests = append(requests, total)
+		if i == 0 {
+			printRequests("BenchmarkNamespaceOffload: API requests served until Ready, first round (the benchmark's own included)", counts, total)
+		}
 	}
 	b.ReportMetric(ms(spreadOf(append([]time.Duration(nil), took...)).median), "ms-to-ready")
 	b.ReportMetric(0, "ns/op")
-	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffload: NamespaceOffload to Ready, one provider %s (ms: median, min, max, rounds)\n", spreadOf(took))
+	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffload: NamespaceOffload to Ready, one provider %s (ms: median, min, max, rounds); API requests served per round %v\n", spreadOf(took), requests)
 }
 
 // grantedPair starts two clusters of real nodes on the same PodCIDR, the

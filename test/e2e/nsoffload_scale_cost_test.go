@@ -172,3 +172,45 @@ func cpuSeconds(pid int) float64 {
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	return (utime + stime) / 100 // USER_HZ
 }
+
+// roundRequests counts what the API servers of a benchmark's clusters
+// served over one round, by verb and resource (watches and requests
+// without a resource, such as the scrapes themselves, left out): the
+// requests of everything on them, the agents' first.
+type roundRequests struct {
+	names  []string
+	before []map[string]float64
+}
+
+func startRequests(cs map[string]*federation.Cluster) *roundRequests {
+	r := &roundRequests{names: slices.Sorted(maps.Keys(cs))}
+	for _, n := range r.names {
+		r.before = append(r.before, apiRequests(cs[n]))
+	}
+	return r
+}
+
+// end returns the requests served since start, by "cluster verb
+// resource", and their total.
+func (r *roundRequests) end(cs map[string]*federation.Cluster) (map[string]int, int) {
+	out, total := map[string]int{}, 0
+	for i, n := range r.names {
+		for k, v := range apiRequests(cs[n]) {
+			d := int(v - r.before[i][k])
+			if d <= 0 || strings.HasSuffix(k, " ") {
+				continue
+			}
+			out[n+" "+k] += d
+			total += d
+		}
+	}
+	return out, total
+}
+
+// printRequests writes what end returned, one line per kind.
+func printRequests(title string, counts map[string]int, total int) {
+	fmt.Fprintf(os.Stdout, "%s: %d requests\n", title, total)
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		fmt.Fprintf(os.Stdout, "  %3d  %s\n", counts[k], k)
+	}
+}

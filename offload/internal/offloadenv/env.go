@@ -52,6 +52,9 @@ type MirrorEnv struct {
 	// Namespaces and Peers from, as in the agent; it outlives each of
 	// them (nil: each reads them itself).
 	shared *offload.SharedCache
+	// trace, when set, records the requests of the mirror.Consumer on
+	// the consumer's API server.
+	trace *harness.Trace
 }
 
 type Provider struct {
@@ -190,8 +193,12 @@ func (e *MirrorEnv) SetLabels(t *testing.T, id string, labels map[string]string)
 // test ends).
 func (e *MirrorEnv) Start(t testing.TB) (stop func()) {
 	t.Helper()
+	local := e.Local.Config
+	if e.trace != nil {
+		local = e.trace.Wrap(local, "consumer")
+	}
 	mc, err := mirror.NewConsumer(mirror.ConsumerConfig{
-		Config: e.Local.Config, Credentials: e.Creds, Self: e.Self, Peers: e.shared,
+		Config: local, Credentials: e.Creds, Self: e.Self, Peers: e.shared,
 		Logger: slog.New(slog.NewTextHandler(offloadtest.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: prometheus.NewRegistry(),
 	})
 	if err != nil {
@@ -425,6 +432,11 @@ type PodEnvOptions struct {
 	Consumer harness.ControlPlaneOptions
 	// ClientQPS of both controller managers and schedulers (0: theirs).
 	ClientQPS int
+	// Trace, when set, records every request of the controllers of both
+	// sides: the consumer's on its own API server ("consumer") and on the
+	// provider's ("consumer@provider"), the provider's on its own
+	// ("provider").
+	Trace *harness.Trace
 }
 
 func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
@@ -449,14 +461,22 @@ func NewPodEnv(tb testing.TB, o PodEnvOptions) *PodEnv {
 	e.Providers = []*Provider{e.Provider}
 	e.Views = offloadtest.OffsetViews{Provider: e.Provider.ID, Real: offloadtest.ProviderPodCIDR, View: offloadtest.ViewOfProviderPods}
 	e.Link = newCutLink(tb, prov.Addr.String())
+	e.trace = o.Trace
 
 	agent := offloadtest.ServiceAccountConfig(tb, prov, "flotilla-system", "flotilla-agent")
+	if o.Trace != nil {
+		agent = o.Trace.Wrap(agent, "provider")
+	}
 	tenants, err := tenancy.NewTenants(tenancy.TenantsConfig{Config: agent, Audience: offloadtest.AcceptedAudience,
 		PodNetworks: func(context.Context) ([]netip.Prefix, error) { return []netip.Prefix{offloadtest.ProviderPodCIDR}, nil }})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	grantedBy(e.Creds, tb, tenants, e.Self, e.Provider, "https://"+e.Link.addr)
+	if o.Trace != nil {
+		cfg, g, _ := e.Creds.Credential(e.Provider.ID)
+		e.Creds.Set(e.Provider.ID, remote.ProviderCredential{Config: o.Trace.Wrap(cfg, "consumer@provider"), Grant: g})
+	}
 	e.Grants = &offloadtest.Grants{Limits: map[string]grant.Limits{e.Self: ConsumerLimits}}
 	hosted, err := mirror.NewProvider(mirror.ProviderConfig{
 		Config: agent, Tenants: tenants, Grants: e.Grants, AgentNamespace: "flotilla-system",
