@@ -9,20 +9,34 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// Labels of every per-peer series: the peer's cluster ID, which its
-// collector sets, and the name it announced (what `kubectl get peers`
-// shows), which peerMetrics adds.
-const (
-	peerLabel     = "peer"
-	peerNameLabel = "peer_name"
-)
+// peerLabels are the labels that hold a peer's cluster ID, each with the
+// label peerMetrics adds beside it for the name the peer announced (what
+// `kubectl get peers` shows): peer, its collector's usual label; consumer
+// and cluster where a series concerns two clusters, a consumer of this
+// one and a third cluster it names (flotilla_hosted_endpoints_*).
+var peerLabels = [...]struct{ id, name string }{
+	{"peer", "peer_name"},
+	{"consumer", "consumer_name"},
+	{"cluster", "cluster_name"},
+}
 
-// peerMetrics is the agent's registry as /metrics serves it: every series
-// with a peer label gains peer_name, read from the peering engine when
+// NameLabels are the labels /metrics adds, by the label that holds the
+// peer's ID beside which each is added: peer_name beside peer, and so on.
+func NameLabels() map[string]string {
+	m := make(map[string]string, len(peerLabels))
+	for _, l := range peerLabels {
+		m[l.id] = l.name
+	}
+	return m
+}
+
+// peerMetrics is the agent's registry as /metrics serves it: every label
+// of peerLabels that holds a peer's ID gains the peer's name beside it
+// (peer_name beside peer, ...), read from the peering engine when
 // scraped, so that a renamed peer's series are replaced, not doubled; and
-// the series of a peer the engine has forgotten are deleted from the
-// vectors registered here. Collectors of any package stay unaware of
-// names.
+// the series of a peer the engine has forgotten, under any of those
+// labels, are deleted from the vectors registered here. Collectors of any
+// package stay unaware of names.
 type peerMetrics struct {
 	*prometheus.Registry
 
@@ -115,7 +129,9 @@ func (p *peerMetrics) current() map[string]string {
 			continue
 		}
 		for _, v := range p.vecs {
-			v.DeletePartialMatch(prometheus.Labels{peerLabel: id})
+			for _, l := range peerLabels {
+				v.DeletePartialMatch(prometheus.Labels{l.id: id})
+			}
 		}
 		delete(p.known, id)
 	}
@@ -125,25 +141,33 @@ func (p *peerMetrics) current() map[string]string {
 	return names
 }
 
-// nameSeries adds peer_name to m when it has a peer label of a known peer
-// and no peer_name of its own (flotilla_peer_phase has), keeping the
-// labels sorted by name as the registry gives them.
+// nameSeries adds to m, beside each label of peerLabels that holds a
+// known peer's ID, the peer's name, unless m has that name label of its
+// own (flotilla_peer_phase has peer_name); the labels stay sorted by name
+// as the registry gives them.
 func nameSeries(m *dto.Metric, names map[string]string) {
-	var id string
+	var ids [len(peerLabels)]string
+	var named [len(peerLabels)]bool
 	for _, l := range m.GetLabel() {
-		switch l.GetName() {
-		case peerNameLabel:
-			return
-		case peerLabel:
-			id = l.GetValue()
+		for i, pl := range peerLabels {
+			switch l.GetName() {
+			case pl.id:
+				ids[i] = l.GetValue()
+			case pl.name:
+				named[i] = true
+			}
 		}
 	}
-	name, ok := names[id]
-	if id == "" || !ok || name == "" {
-		return
+	added := false
+	for i, pl := range peerLabels {
+		if name := names[ids[i]]; ids[i] != "" && !named[i] && name != "" {
+			m.Label = append(m.Label, &dto.LabelPair{Name: ptr(pl.name), Value: ptr(name)})
+			added = true
+		}
 	}
-	m.Label = append(m.Label, &dto.LabelPair{Name: ptr(peerNameLabel), Value: ptr(name)})
-	slices.SortFunc(m.Label, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
+	if added {
+		slices.SortFunc(m.Label, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
+	}
 }
 
 func ptr(s string) *string { return &s }

@@ -12,9 +12,14 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/offload"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -120,6 +125,153 @@ func TestPeerMetricsCarryThePeersName(t *testing.T) {
 		}
 		if len(named) > 0 {
 			return errors.New(fmt.Sprint("series of b: ", named))
+		}
+		return nil
+	})
+}
+
+// hostedSeries reads c's agent's /metrics: the labels of every series of
+// flotilla_hosted_endpoints_* in which id is the consumer or the third
+// cluster, each as name=value joined by commas (ID labels left out).
+func hostedSeries(t *testing.T, c *federation.Cluster, id string) ([]string, error) {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(scrape(t, c)))
+	if err != nil {
+		return nil, fmt.Errorf("parse %s's metrics: %w", c.Name, err)
+	}
+	var out []string
+	for name, f := range families {
+		if !strings.HasPrefix(name, "flotilla_hosted_endpoints_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels, of := []string{name}, false
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "consumer", "cluster":
+					of = of || l.GetValue() == id
+				default:
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+			}
+			if of {
+				out = append(out, strings.Join(labels, ","))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// The series of endpoints on third clusters name their peers as every
+// per-peer series does, on a real agent: b offloads a namespace to a,
+// and a slice of endpoints on a third cluster, written in the namespace
+// a mirrors for b, is translated in part; a's series say consumer_name b
+// and cluster_name b beside the IDs; once b is gone for good, none of
+// them is left.
+func TestHostedEndpointsMetricsCarryThePeersNames(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	harness.Require(t, harness.NeedsNetwork...)
+	env := harness.New(t)
+	cs := federation.New(t, env, federation.Options{
+		PodCIDRs: []string{"10.244.0.0/16", "10.245.0.0/16"},
+		ArgsFor: func(i int, _ []*federation.Cluster) []string {
+			if i == 0 {
+				return []string{"--offload-grants=auto"}
+			}
+			return []string{"--offload-to=auto"}
+		},
+	})
+	a, b := cs[0], cs[1]
+	// The provider grants nothing before it proves deploy/'s policies
+	// confine its agent: both run as deploy/'s account.
+	for _, c := range cs {
+		c.RunAsAgentAccount(t)
+	}
+	federation.Connect(t, cs)
+	bID := peerOf(t, a, b).Name
+	ctx := context.Background()
+
+	eventually.Within(t, 2*time.Minute, "b's credential from a Ready", func() error {
+		p := peerOf(t, b, a)
+		if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionOffloadCredential); c == nil || c.Reason != "Ready" {
+			return fmt.Errorf("condition %s: %+v", v1alpha1.ConditionOffloadCredential, c)
+		}
+		return nil
+	})
+	if _, err := b.CP.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Client.Create(ctx, &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "offload"},
+		Spec: v1alpha1.NamespaceOffloadSpec{ClusterSelector: &metav1.LabelSelector{MatchLabels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}}}}); err != nil {
+		t.Fatal(err)
+	}
+	var mirrored string
+	eventually.Within(t, 2*time.Minute, "a namespace mirrored for b on a", func() error {
+		list, err := a.CP.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: offload.MirroredSelector(bID).String()})
+		if err != nil {
+			return err
+		}
+		for _, ns := range list.Items {
+			if ns.Labels[v1alpha1.LabelMirroredFrom] == "app" && ns.DeletionTimestamp == nil {
+				mirrored = ns.Name
+				return nil
+			}
+		}
+		return fmt.Errorf("%d mirrored namespaces, none of app", len(list.Items))
+	})
+
+	// Two endpoints of b's: its pod, in a's view of b, and an address
+	// outside every view a has of b.
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "api-third", Namespace: mirrored, Labels: map[string]string{
+			offload.LabelReflected: "true", discoveryv1.LabelManagedBy: offload.ReflectionManagedBy,
+			offload.LabelEndpointsOf: bID, offload.LabelServiceName: "api",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{b.Pod.Addr.String()}},
+			{Addresses: []string{"192.0.2.1"}},
+		},
+	}
+	if _, err := a.CP.Client.DiscoveryV1().EndpointSlices(mirrored).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"flotilla_hosted_endpoints_dropped_total,consumer_name=b,reason=untranslatable",
+		"flotilla_hosted_endpoints_translated_total,cluster_name=b,consumer_name=b",
+	}
+	waitUntil(t, "a's series of endpoints on b, for b, name it b", func() error {
+		got, err := hostedSeries(t, a, bID)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("series %q, want %q", got, want)
+		}
+		return nil
+	})
+
+	if err := b.Agent.Stop(); err != nil {
+		t.Fatalf("stop b's agent: %v", err)
+	}
+	eventually.Within(t, 2*time.Minute, "no series naming b on a once it is gone for good", func() error {
+		// The witness: a's engine has forgotten b (its Peer object, with
+		// the grant an administrator gave, stays).
+		named, _, err := peerSeries(t, a, bID)
+		if err != nil {
+			return err
+		}
+		if len(named) > 0 {
+			return fmt.Errorf("b not forgotten yet: series of it %v", named)
+		}
+		got, err := hostedSeries(t, a, bID)
+		if err != nil {
+			return err
+		}
+		if len(got) > 0 {
+			return fmt.Errorf("series %q", got)
 		}
 		return nil
 	})

@@ -35,45 +35,71 @@ func series(t *testing.T, g prometheus.Gatherer, name string) []string {
 }
 
 // Each peer's series carry its name beside its ID, one series whatever
-// the name: a renamed peer's series are replaced, a forgotten peer's
-// deleted from the vectors that hold them; series of peers the engine
-// does not know, and before it runs, pass as they are.
+// the name, under every label that holds a peer's ID (peer; consumer and
+// cluster of a series about two clusters): a renamed peer's series are
+// replaced, a forgotten peer's deleted from the vectors that hold them,
+// whichever label names it; series of peers the engine does not know,
+// and before it runs, pass as they are.
 func TestPeerMetricsNameEachPeer(t *testing.T) {
 	reg := newPeerMetrics(prometheus.NewRegistry())
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_errors_total", Help: "h"}, []string{"peer", "reason"})
-	reg.MustRegister(errs)
+	third := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_third_total", Help: "h"}, []string{"consumer", "cluster"})
+	reg.MustRegister(errs, third)
 	errs.WithLabelValues("id1", "quota").Inc()
 	errs.WithLabelValues("id2", "quota").Inc()
 	errs.WithLabelValues("stranger", "quota").Inc()
+	third.WithLabelValues("id1", "id2").Inc()
+	third.WithLabelValues("id2", "id1").Inc()
+	third.WithLabelValues("id1", "stranger").Inc()
 
-	if got, want := series(t, reg, "test_errors_total"), []string{"peer=id1,reason=quota", "peer=id2,reason=quota", "peer=stranger,reason=quota"}; !slices.Equal(got, want) {
-		t.Errorf("before the engine runs: %v, want %v", got, want)
+	type want struct{ errs, third []string }
+	check := func(what string, w want) {
+		t.Helper()
+		if got := series(t, reg, "test_errors_total"); !slices.Equal(got, w.errs) {
+			t.Errorf("%s: %v, want %v", what, got, w.errs)
+		}
+		if got := series(t, reg, "test_third_total"); !slices.Equal(got, w.third) {
+			t.Errorf("%s: %v, want %v", what, got, w.third)
+		}
 	}
+	check("before the engine runs", want{
+		[]string{"peer=id1,reason=quota", "peer=id2,reason=quota", "peer=stranger,reason=quota"},
+		[]string{"cluster=id1,consumer=id2", "cluster=id2,consumer=id1", "cluster=stranger,consumer=id1"}})
 
 	names := map[string]string{"id1": "paris", "id2": "lyon"}
 	reg.nameFrom(func() map[string]string { return maps.Clone(names) })
 	for _, step := range []struct {
 		what  string
 		names map[string]string
-		want  []string
+		want  want
 	}{
-		{"named", map[string]string{"id1": "paris", "id2": "lyon"},
-			[]string{"peer=id1,peer_name=paris,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"}},
-		{"id1 renamed", map[string]string{"id1": "marseille", "id2": "lyon"},
-			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"}},
-		{"id2 not named yet", map[string]string{"id1": "marseille", "id2": ""},
-			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,reason=quota", "peer=stranger,reason=quota"}},
-		{"id2 forgotten", map[string]string{"id1": "marseille"},
-			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=stranger,reason=quota"}},
+		{"named", map[string]string{"id1": "paris", "id2": "lyon"}, want{
+			[]string{"peer=id1,peer_name=paris,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"},
+			[]string{"cluster=id1,cluster_name=paris,consumer=id2,consumer_name=lyon", "cluster=id2,cluster_name=lyon,consumer=id1,consumer_name=paris",
+				"cluster=stranger,consumer=id1,consumer_name=paris"}}},
+		{"id1 renamed", map[string]string{"id1": "marseille", "id2": "lyon"}, want{
+			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"},
+			[]string{"cluster=id1,cluster_name=marseille,consumer=id2,consumer_name=lyon", "cluster=id2,cluster_name=lyon,consumer=id1,consumer_name=marseille",
+				"cluster=stranger,consumer=id1,consumer_name=marseille"}}},
+		{"id2 not named yet", map[string]string{"id1": "marseille", "id2": ""}, want{
+			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,reason=quota", "peer=stranger,reason=quota"},
+			[]string{"cluster=id1,cluster_name=marseille,consumer=id2", "cluster=id2,consumer=id1,consumer_name=marseille",
+				"cluster=stranger,consumer=id1,consumer_name=marseille"}}},
+		{"id2 forgotten", map[string]string{"id1": "marseille"}, want{
+			[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=stranger,reason=quota"},
+			[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}}},
 	} {
 		names = step.names
-		if got := series(t, reg, "test_errors_total"); !slices.Equal(got, step.want) {
-			t.Errorf("%s: %v, want %v", step.what, got, step.want)
-		}
+		check(step.what, step.want)
 	}
-	// Deleted from the vector itself, not only hidden.
+	// Deleted from the vectors themselves, not only hidden.
 	if n := errs.DeletePartialMatch(prometheus.Labels{"peer": "id2"}); n != 0 {
 		t.Errorf("the vector still held %d series of the forgotten peer", n)
+	}
+	for _, l := range []string{"consumer", "cluster"} {
+		if n := third.DeletePartialMatch(prometheus.Labels{l: "id2"}); n != 0 {
+			t.Errorf("the vector still held %d series of the forgotten peer as %s", n, l)
+		}
 	}
 	// A series naming its peer already is left as it is.
 	phase := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_phase", Help: "h"}, []string{"peer", "peer_name"})

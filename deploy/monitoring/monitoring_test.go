@@ -285,6 +285,9 @@ func TestQueriedMetricsExistRefuses(t *testing.T) {
 		{`flotilla_peer_phase * on (instance) group_left (local_clustr) flotilla_cluster_info`, "label local_clustr"},
 		{`rate(flotilla_reflection_errors_total{reason="quota"}[5m])`, ""},
 		{`sum by (peer_name, le) (rate(flotilla_reflection_lag_seconds_bucket[5m]))`, ""},
+		{`sum by (consumer_name, cluster_name) (rate(flotilla_hosted_endpoints_translated_total[5m]))`, ""},
+		{`sum by (consumer_name, reason) (rate(flotilla_hosted_endpoints_dropped_total[5m]))`, ""},
+		{`sum by (cluster_name) (rate(flotilla_hosted_endpoints_dropped_total[5m]))`, "label cluster_name"},
 	} {
 		expr, err := promql.ParseExpr(tc.expr)
 		if err != nil {
@@ -413,10 +416,13 @@ func registeredMetrics(t *testing.T) map[string]map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The agent adds peer_name beside peer when it serves a series.
+	// The agent adds a peer's name beside each label that holds its ID
+	// when it serves a series (peer_name beside peer, ...).
 	for _, labels := range known {
-		if labels["peer"] {
-			labels["peer_name"] = true
+		for id, name := range agent.NameLabels() {
+			if labels[id] {
+				labels[name] = true
+			}
 		}
 	}
 	if fromSource < 50 {

@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,6 +41,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
@@ -133,7 +135,7 @@ func run(args []string, stdout io.Writer) error {
 	if err := writePlugin(o, binaries); err != nil {
 		return err
 	}
-	digest, err := writeImage(o, binaries)
+	digest, imageSizes, err := writeImage(o, binaries)
 	if err != nil {
 		return err
 	}
@@ -148,8 +150,28 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "release %s (commit %s, %s) in %s\nimage %s\n", o.version, src.commit, src.date, o.out, ref)
+	return printSizes(stdout, binaries, imageSizes)
+}
+
+// printSizes says what a user downloads: each platform's image as a
+// registry sends it (manifest, config and compressed layers), and each
+// CLI binary.
+func printSizes(w io.Writer, binaries map[string]string, images map[string]int64) error {
+	for _, p := range imagePlatforms {
+		fmt.Fprintf(w, "image %s: %s compressed\n", p, mb(images[p]))
+	}
+	for _, p := range slices.Sorted(maps.Keys(binaries)) {
+		info, err := os.Stat(binaries[p])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s: %s\n", filepath.Base(binaries[p]), mb(info.Size()))
+	}
 	return nil
 }
+
+// mb is n bytes in megabytes (10^6), as docs/benchmarks.md gives sizes.
+func mb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
 // cliPlatforms parses -cli-platforms: each one of binaryPlatforms; the
 // image's platforms are built whatever it says, since the image holds
@@ -255,24 +277,57 @@ func buildBinary(o options, platform, ldflags string) (string, error) {
 
 // writeImage writes the image index of the linux binaries and returns its
 // digest, read back from the archive as a registry would see it.
-func writeImage(o options, binaries map[string]string) (string, error) {
+func writeImage(o options, binaries map[string]string) (string, map[string]int64, error) {
 	var specs []ociimage.Spec
 	for _, p := range imagePlatforms {
 		specs = append(specs, ociimage.Spec{Binary: binaries[p], Path: "/flotilla", Dirs: []string{"/tmp"}, Platform: p})
 	}
 	idx, err := ociimage.BuildIndex(specs)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	file := filepath.Join(o.out, imageFile)
 	if err := ociimage.WriteLayout(file, o.version, idx); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	l, err := ociimage.VerifyLayout(file)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return l.Index.String(), nil
+	sizes, err := imageSizes(idx)
+	if err != nil {
+		return "", nil, err
+	}
+	return l.Index.String(), sizes, nil
+}
+
+// imageSizes are the bytes a registry sends of each platform's image of
+// idx: its manifest, config and (compressed) layers.
+func imageSizes(idx v1.ImageIndex) (map[string]int64, error) {
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("image index: %w", err)
+	}
+	sizes := map[string]int64{}
+	for _, d := range m.Manifests {
+		if d.Platform == nil {
+			return nil, fmt.Errorf("image index: manifest %s names no platform", d.Digest)
+		}
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", d.Digest, err)
+		}
+		im, err := img.Manifest()
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", d.Digest, err)
+		}
+		n := d.Size + im.Config.Size
+		for _, l := range im.Layers {
+			n += l.Size
+		}
+		sizes[d.Platform.OS+"/"+d.Platform.Architecture] = n
+	}
+	return sizes, nil
 }
 
 // writeManifests renders the kustomization with every image of the

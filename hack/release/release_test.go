@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"debug/macho"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log"
 	"maps"
@@ -13,8 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,6 +65,7 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("release: %s", out.String())
+	checkSizes(t, dir, out.String())
 	checkRelease(t, dir, "v1.2.3-rc.1", "registry.example/flotilla", license, func(t *testing.T, bin string) version.Info {
 		out, err := exec.Command(bin).Output()
 		if err != nil {
@@ -93,6 +97,31 @@ func TestReleaseOfASmallProgram(t *testing.T) {
 	second, _ := os.ReadFile(filepath.Join(again, sumsFile))
 	if !bytes.Equal(first, second) {
 		t.Errorf("two releases of one commit differ:\n%s\n%s", first, second)
+	}
+}
+
+// checkSizes checks that a release says what a user downloads: each CLI
+// binary's size, and each platform's image smaller than its binary, as a
+// compressed image of it is.
+func checkSizes(t *testing.T, dir, out string) {
+	t.Helper()
+	said := map[string]float64{}
+	for _, m := range regexp.MustCompile(`(?m)^(image \S+|flotilla-\S+): ([0-9.]+) MB`).FindAllStringSubmatch(out, -1) {
+		said[m[1]], _ = strconv.ParseFloat(m[2], 64)
+	}
+	for _, p := range binaryPlatforms {
+		info, err := os.Stat(filepath.Join(dir, binaryName(p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := said[binaryName(p)], mb(info.Size()); fmt.Sprintf("%.1f MB", got) != want {
+			t.Errorf("the release says %s is %.1f MB, want %s", binaryName(p), got, want)
+		}
+	}
+	for _, p := range imagePlatforms {
+		if got := said["image "+p]; got <= 0 || got >= said[binaryName(p)] {
+			t.Errorf("the release says the %s image is %.1f MB, want more than 0 and less than its binary's %.1f MB", p, got, said[binaryName(p)])
+		}
 	}
 }
 
