@@ -538,6 +538,9 @@ func agentAccess() []access {
 		allow("create", "coordination.k8s.io", "leases", namespace, ""),
 		allow("get", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
 		allow("update", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		allow("watch", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		allow("list", "coordination.k8s.io", "leases", namespace, "flotilla-agent"),
+		deny("watch", "coordination.k8s.io", "leases", namespace, ""),
 		// It reads the cluster's networks: ServiceCIDRs, kubeadm-config.
 		allow("list", "networking.k8s.io", "servicecidrs", "", ""),
 		// The pod blocks a CNI with its own IPAM records, read only;

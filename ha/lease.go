@@ -136,7 +136,7 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 	campaignCtx, stopCampaign := context.WithCancel(context.Background())
 	won := make(chan struct{})
 	campaigned := make(chan error, 1)
-	go func() { campaigned <- e.campaign(campaignCtx, cfg, won) }()
+	go func() { campaigned <- e.campaign(campaignCtx, cfg, lock, won) }()
 	defer func() { stopCampaign(); <-campaigned }()
 	select {
 	case <-won:
@@ -160,7 +160,12 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 // (a renewal failed for the renew deadline), until ctx ends: a replica
 // whose Lease is still its own takes it back at once. won is closed when
 // it first holds the Lease.
-func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectionConfig, won chan struct{}) error {
+//
+// Until then it also watches the Lease, and when it sees it released it
+// starts the election again, whose first try is at once: client-go's
+// election tries only every retry period, and a stopping active releases
+// the Lease so that a standby takes over without waiting.
+func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectionConfig, lock *watchedLock, won chan struct{}) error {
 	var once sync.Once
 	cfg.Callbacks = leaderelection.LeaderCallbacks{
 		OnStartedLeading: func(context.Context) { once.Do(func() { close(won) }) },
@@ -171,14 +176,50 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 			}
 		},
 	}
+	released := make(chan struct{}, 1)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); watchReleased(watchCtx, e.Kube, e.Namespace, released) }()
+	defer func() { stopWatch(); <-watched }()
+	standby := won
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(cfg)
 		if err != nil {
 			return fmt.Errorf("leader election: %w", err)
 		}
-		le.Run(ctx)
+		attempt, cancel := context.WithCancel(ctx)
+		ran := make(chan struct{})
+		go func() { defer close(ran); le.Run(attempt) }()
+	running:
+		for {
+			select {
+			case <-ran:
+				break running
+			case <-standby:
+				standby, released = nil, nil
+				stopWatch()
+			case <-released:
+				e.Log.Info("the Lease was released: trying to take it now", "lease", e.Namespace+"/"+LeaseName)
+				e.restart(lock, cancel, ran)
+				select { // seen by the next election's first try
+				case <-released:
+				default:
+				}
+				break running
+			}
+		}
+		cancel()
 	}
 	return nil
+}
+
+// restart stops an election that may have just taken the Lease without
+// releasing it: the next election finds the Lease its own and keeps it.
+func (e *Elector) restart(lock *watchedLock, cancel context.CancelFunc, ran <-chan struct{}) {
+	lock.restarting.Store(true)
+	defer lock.restarting.Store(false)
+	cancel()
+	<-ran
 }
 
 // watch follows the active replica's hold on the Lease until ctx ends or

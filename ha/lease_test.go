@@ -81,7 +81,8 @@ func (c *candidate) history() []change {
 	return append([]change(nil), c.changes...)
 }
 
-func campaign(t *testing.T, cp *harness.ControlPlane, admin kubernetes.Interface, name string, others func() bool) *candidate {
+// campaign starts a replica; with, when given, sets its timings.
+func campaign(t *testing.T, cp *harness.ControlPlane, admin kubernetes.Interface, name string, others func() bool, with ...func(*Elector)) *candidate {
 	t.Helper()
 	c := &candidate{net: &cuttable{}, log: &syncBuffer{}, done: make(chan struct{}), fenced: make(chan string, 1), activeAt: make(chan struct{})}
 	cfg := rest.CopyConfig(cp.Config)
@@ -89,6 +90,9 @@ func campaign(t *testing.T, cp *harness.ControlPlane, admin kubernetes.Interface
 	c.e = &Elector{
 		Kube: kubernetes.NewForConfigOrDie(cfg), Namespace: namespace, Identity: NewIdentity(name),
 		Log: slog.New(slog.NewTextHandler(c.log, nil)), Others: others,
+	}
+	for _, f := range with {
+		f(c.e)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
@@ -324,4 +328,53 @@ func TestLeaseUnrenewed(t *testing.T) {
 			t.Fatalf("the Lease is %s, want still the replica's", state)
 		}
 	})
+}
+
+// A standby takes a released Lease as soon as it is released, not at its
+// next retry: with a retry period longer than the test may last, it
+// becomes active once the active one stops.
+func TestLeaseReleasedTakenAtOnce(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
+	admin := cp.Client
+	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := campaign(t, cp, admin, "gw1", nil)
+	waitActive(t, first, "the first replica")
+
+	const retry = 5 * time.Minute
+	slow := func(e *Elector) {
+		e.LeaseDuration, e.RenewDeadline, e.RetryPeriod = 20*time.Minute, 10*time.Minute, retry
+	}
+	// Its first try is at once; the next no earlier than a retry period
+	// after it.
+	tried := time.Now()
+	second := campaign(t, cp, admin, "gw2", nil, slow)
+	// The witness: its first try read the Lease held by the first.
+	eventually.Within(t, 60*time.Second, "the standby saw the active replica", func() error {
+		if !strings.Contains(second.log.String(), first.e.Identity) {
+			return fmt.Errorf("standby's log:\n%s", second.log)
+		}
+		return nil
+	})
+	if second.active.Load() {
+		t.Fatal("two replicas active at once")
+	}
+
+	stop := time.Now()
+	first.cancel()
+	<-first.done
+	select {
+	case <-second.activeAt:
+	case <-time.After(time.Until(tried.Add(retry))):
+		t.Fatalf("the standby did not take the released Lease before its next retry; its log:\n%s", second.log)
+	}
+	t.Logf("the standby active %.3fs after the active was told to stop", time.Since(stop).Seconds())
+	if state := leaseState(admin, second.e.Identity); state != "still mine" {
+		t.Fatalf("the Lease is %s, want the standby's", state)
+	}
+	if !strings.Contains(second.log.String(), "the Lease was released: trying to take it now") {
+		t.Errorf("no log line saying the standby saw the release:\n%s", second.log)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -21,6 +22,9 @@ import (
 type watchedLock struct {
 	resourcelock.Interface
 	mayRelease func() bool
+	// restarting: the election is stopped only to start again at once
+	// (Elector.campaign), not to give up the Lease.
+	restarting atomic.Bool
 
 	mu      sync.Mutex
 	hold    hold
@@ -47,7 +51,7 @@ func (l *watchedLock) Create(ctx context.Context, r resourcelock.LeaderElectionR
 }
 
 func (l *watchedLock) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
-	if r.HolderIdentity != l.hold.me && !l.mayRelease() {
+	if r.HolderIdentity != l.hold.me && (l.restarting.Load() || !l.mayRelease()) {
 		return errHeldBack
 	}
 	return l.wrote(r, time.Now(), l.Interface.Update(ctx, r))

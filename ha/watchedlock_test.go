@@ -68,6 +68,11 @@ func TestWatchedLock(t *testing.T) {
 		t.Fatalf("release while active: %v, %d writes; want held back, nothing written", err, len(inner.written))
 	}
 	active = false
+	l.restarting.Store(true)
+	if err := l.Update(ctx, resourcelock.LeaderElectionRecord{}); !errors.Is(err, errHeldBack) || len(inner.written) != 1 {
+		t.Fatalf("release while the election restarts: %v, %d writes; want held back, nothing written", err, len(inner.written))
+	}
+	l.restarting.Store(false)
 	if err := l.Update(ctx, resourcelock.LeaderElectionRecord{}); err != nil || len(inner.written) != 2 {
 		t.Fatalf("release once fenced: %v, %d writes; want written", err, len(inner.written))
 	}
