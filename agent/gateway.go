@@ -23,8 +23,8 @@ type gatewayAddrs struct {
 // gatewayAddresses finds the gateway's addresses. With --gateway-service
 // it applies the Service first and advertises what that gives (the node
 // ports or the load balancer's address); without, it advertises its own
-// address and removes a Service an earlier run left, in the background.
-func (a *Agent) gatewayAddresses(ctx context.Context, comps *components) (gatewayAddrs, error) {
+// address (a Service an earlier run left goes later, removeGatewayService).
+func (a *Agent) gatewayAddresses(ctx context.Context) (gatewayAddrs, error) {
 	own := a.cfg.AdvertiseAddr
 	if !own.IsValid() {
 		var err error
@@ -33,8 +33,7 @@ func (a *Agent) gatewayAddresses(ctx context.Context, comps *components) (gatewa
 		}
 	}
 	listen := gatewayservice.Ports{WireGuard: uint16(a.cfg.WireGuardPort), Gossip: a.cfg.GossipAddr.Port()}
-	if a.cfg.GatewayService == gatewayservice.None || a.cfg.GatewayService == "" {
-		comps.Go("gateway Service removal", a.removeGatewayService)
+	if !a.exposesGatewayService() {
 		return gatewayAddrs{own: own, listen: listen,
 			wireguard: netip.AddrPortFrom(own, listen.WireGuard), gossip: netip.AddrPortFrom(own, listen.Gossip)}, nil
 	}
@@ -90,6 +89,22 @@ func (a *Agent) gatewayNodeAddress(ctx context.Context, own netip.Addr) (netip.A
 		}
 	}
 	return own, nil
+}
+
+// exposesGatewayService reports whether --gateway-service asks for a
+// Service.
+func (a *Agent) exposesGatewayService() bool {
+	return a.cfg.GatewayService != gatewayservice.None && a.cfg.GatewayService != ""
+}
+
+// startGatewayServiceRemoval removes, without --gateway-service, the
+// Service an earlier run with it made. Not on the network path: it is
+// started after the join, so its API requests do not delay reading the
+// networks.
+func (a *Agent) startGatewayServiceRemoval(comps *components) {
+	if !a.exposesGatewayService() {
+		comps.Go("gateway Service removal", a.removeGatewayService)
+	}
 }
 
 // removeGatewayService removes the Service an earlier run with

@@ -38,7 +38,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// for the userspace one) while the networks are read.
 	// Before the tunnel: with --gateway-service it listens on what the
 	// Service gives.
-	addrs, err := a.gatewayAddresses(ctx, comps)
+	addrs, err := a.gatewayAddresses(ctx)
 	if err != nil {
 		return err
 	}
@@ -119,6 +119,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// The rest is not on the network path, and runs after the join; the
 	// agent is not ready until startComponents returns (Run's "started"
 	// check), nor until each part's own check passes.
+	a.startGatewayServiceRemoval(comps)
 	if _, err := otherCRDs.wait(); err != nil {
 		return err
 	}
