@@ -39,7 +39,7 @@ func BenchmarkNamespaceOffloadRoundTrips(b *testing.B) {
 		if err := e.LocalAdmin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			b.Fatal(err)
 		}
-		quiet(tr)
+		tr.WaitQuiet()
 		tr.Reset()
 		start := time.Now()
 		nso := &v1alpha1.NamespaceOffload{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "offload"},
@@ -57,15 +57,15 @@ func BenchmarkNamespaceOffloadRoundTrips(b *testing.B) {
 		requests, depths = append(requests, n), append(depths, depth)
 		if i == 0 {
 			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: requests until Ready, first round")
-			quiet(tr)
+			tr.WaitQuiet()
 			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: every request of the first round, until none came for 200 ms")
 		}
 	}
 	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n",
 		len(took), requests, depths, took)
 	b.ReportMetric(float64(offloadtest.Median(slices.Clone(took)))/float64(time.Millisecond), "ms-to-ready")
-	b.ReportMetric(float64(medianInt(requests)), "requests")
-	b.ReportMetric(float64(medianInt(depths)), "depth")
+	b.ReportMetric(float64(harness.Median(requests)), "requests")
+	b.ReportMetric(float64(harness.Median(depths)), "depth")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -84,28 +84,4 @@ func waitReady(b *testing.B, admin client.Client, ns string) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// quiet waits until the controllers made no request for 200 ms (at most
-// 5 s): what the last round still did is not counted in the next.
-func quiet(tr *harness.Trace) {
-	deadline := time.Now().Add(5 * time.Second)
-	seen := -1
-	for time.Now().Before(deadline) {
-		n := len(tr.Calls())
-		if n == seen {
-			return
-		}
-		seen = n
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func medianInt(xs []int) int {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

@@ -56,7 +56,7 @@ func BenchmarkGrantRoundTrips(b *testing.B) {
 	var took []time.Duration
 	var requests, depths []int
 	for i := 0; b.Loop(); i++ {
-		quietTrace(tr)
+		tr.WaitQuiet()
 		tr.Reset()
 		start := time.Now()
 		setOffloading(v1alpha1.OffloadingGrant)
@@ -70,7 +70,7 @@ func BenchmarkGrantRoundTrips(b *testing.B) {
 		requests, depths = append(requests, n), append(depths, depth)
 		if i == 0 {
 			tr.Report(os.Stdout, "BenchmarkGrantRoundTrips: requests until Ready, first round")
-			quietTrace(tr)
+			tr.WaitQuiet()
 			tr.Report(os.Stdout, "BenchmarkGrantRoundTrips: every request of the first round, until none came for 200 ms")
 		}
 		setOffloading(v1alpha1.OffloadingDeny)
@@ -80,8 +80,8 @@ func BenchmarkGrantRoundTrips(b *testing.B) {
 	fmt.Fprintf(os.Stdout, "BenchmarkGrantRoundTrips: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n",
 		len(took), requests, depths, took)
 	b.ReportMetric(float64(offloadtest.Median(slices.Clone(took)))/float64(time.Millisecond), "ms-to-ready")
-	b.ReportMetric(float64(medianOf(requests)), "requests")
-	b.ReportMetric(float64(medianOf(depths)), "depth")
+	b.ReportMetric(float64(harness.Median(requests)), "requests")
+	b.ReportMetric(float64(harness.Median(depths)), "depth")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -101,28 +101,4 @@ func waitCredential(b *testing.B, c client.Client, provider, reason string) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// quietTrace waits until the controllers made no request for 200 ms (at
-// most 5 s): what the last round still did is not counted in the next.
-func quietTrace(tr *harness.Trace) {
-	deadline := time.Now().Add(5 * time.Second)
-	seen := -1
-	for time.Now().Before(deadline) {
-		n := len(tr.Calls())
-		if n == seen {
-			return
-		}
-		seen = n
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func medianOf(xs []int) int {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

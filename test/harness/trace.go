@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -260,4 +261,32 @@ func verbAndResource(req *http.Request) (verb, resource string) {
 		verb = strings.ToLower(req.Method)
 	}
 	return verb, resource
+}
+
+// WaitQuiet waits until the traced clients made no request for 200 ms
+// (at most 5 s): what a benchmark's last round still did is not counted
+// in the next.
+func (t *Trace) WaitQuiet() {
+	deadline := time.Now().Add(5 * time.Second)
+	seen := -1
+	for time.Now().Before(deadline) {
+		n := len(t.Calls())
+		if n == seen {
+			return
+		}
+		seen = n
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Median is the middle of xs once sorted (the upper one of an even
+// count); zero for none.
+func Median[T cmp.Ordered](xs []T) T {
+	if len(xs) == 0 {
+		var zero T
+		return zero
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
