@@ -219,7 +219,7 @@ func documentedAccess() map[string][]string {
 	return map[string][]string{
 		federation.AgentNamespace: agentNS(
 			"leases.coordination.k8s.io [] [create]",
-			"leases.coordination.k8s.io [flotilla-agent] [get update]",
+			"leases.coordination.k8s.io [flotilla-agent] [get list update watch]",
 			"deployments.apps [flotilla-agent] [get]",
 			"daemonsets.apps [flotilla-fabric] [create get patch]",
 			"configmaps [flotilla-fabric] [create get patch]",
