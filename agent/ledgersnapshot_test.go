@@ -10,12 +10,8 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/eventually"
-	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -59,25 +55,7 @@ func TestWipedStateDirComesBackFromItsSnapshot(t *testing.T) {
 	before := map[string]map[string]string{a.Name: peerFacts(t, a), b.Name: peerFacts(t, b)}
 
 	// The snapshot holds everything a's ledger committed.
-	eventually.Within(t, 30*time.Second, "a's snapshot at its ledger's generation", func() error {
-		l, err := ipam.OpenSnapshot(filepath.Join(a.StateDir, ipam.FileName))
-		if err != nil {
-			return err
-		}
-		defer l.Close()
-		sec, err := a.CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(context.Background(), ha.SecretName, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		s, err := ipam.DecodeSnapshot(sec.Data[ha.SecretKey])
-		if err != nil {
-			return err
-		}
-		if s.Generation != l.Generation() {
-			return fmt.Errorf("snapshot at generation %d, ledger at %d", s.Generation, l.Generation())
-		}
-		return nil
-	})
+	eventually.Within(t, 30*time.Second, "a's snapshot at its ledger's generation", a.SnapshotCurrent)
 
 	a.Agent.Kill()
 	<-a.Agent.Done()

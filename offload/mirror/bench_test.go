@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
-	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -32,8 +30,7 @@ func BenchmarkNamespaceOffloadRoundTrips(b *testing.B) {
 	e := offloadenv.NewPodEnv(b, offloadenv.PodEnvOptions{Trace: tr})
 	e.OffloadReady(b, "warm") // sessions, watches and caches started
 	ctx := context.Background()
-	var took []time.Duration
-	var requests, depths []int
+	var rounds harness.Rounds
 	for i := 0; b.Loop(); i++ {
 		ns := fmt.Sprintf("bench-%d", i)
 		if err := e.LocalAdmin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -48,25 +45,14 @@ func BenchmarkNamespaceOffloadRoundTrips(b *testing.B) {
 			b.Fatal(err)
 		}
 		waitReady(b, e.LocalAdmin, ns)
-		took = append(took, time.Since(start))
-		n := 0
-		for _, c := range tr.Counts() {
-			n += c
-		}
-		depth, _ := tr.Depth()
-		requests, depths = append(requests, n), append(depths, depth)
+		rounds.Add(tr, time.Since(start))
 		if i == 0 {
 			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: requests until Ready, first round")
 			tr.WaitQuiet()
 			tr.Report(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: every request of the first round, until none came for 200 ms")
 		}
 	}
-	fmt.Fprintf(os.Stdout, "BenchmarkNamespaceOffloadRoundTrips: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n",
-		len(took), requests, depths, took)
-	b.ReportMetric(float64(offloadtest.Median(slices.Clone(took)))/float64(time.Millisecond), "ms-to-ready")
-	b.ReportMetric(float64(harness.Median(requests)), "requests")
-	b.ReportMetric(float64(harness.Median(depths)), "depth")
-	b.ReportMetric(0, "ns/op")
+	rounds.Report(os.Stdout, b, "BenchmarkNamespaceOffloadRoundTrips")
 }
 
 // waitReady polls, untraced, until the NamespaceOffload of ns is Ready

@@ -2,9 +2,7 @@ package tenancy
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -53,21 +51,14 @@ func BenchmarkGrantRoundTrips(b *testing.B) {
 	setOffloading := func(o v1alpha1.Offloading) {
 		w.updatePeer(b, provAdmin, consumer, func(peer *v1alpha1.Peer) { peer.Spec.Offloading = o })
 	}
-	var took []time.Duration
-	var requests, depths []int
+	var rounds harness.Rounds
 	for i := 0; b.Loop(); i++ {
 		tr.WaitQuiet()
 		tr.Reset()
 		start := time.Now()
 		setOffloading(v1alpha1.OffloadingGrant)
 		waitCredential(b, consAdmin, provider, "Ready")
-		took = append(took, time.Since(start))
-		n := 0
-		for _, c := range tr.Counts() {
-			n += c
-		}
-		depth, _ := tr.Depth()
-		requests, depths = append(requests, n), append(depths, depth)
+		rounds.Add(tr, time.Since(start))
 		if i == 0 {
 			tr.Report(os.Stdout, "BenchmarkGrantRoundTrips: requests until Ready, first round")
 			tr.WaitQuiet()
@@ -77,12 +68,7 @@ func BenchmarkGrantRoundTrips(b *testing.B) {
 		waitCredential(b, consAdmin, provider, "Revoked")
 		w.waitGone(b, offload.TenantNamespace(consumer))
 	}
-	fmt.Fprintf(os.Stdout, "BenchmarkGrantRoundTrips: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n",
-		len(took), requests, depths, took)
-	b.ReportMetric(float64(offloadtest.Median(slices.Clone(took)))/float64(time.Millisecond), "ms-to-ready")
-	b.ReportMetric(float64(harness.Median(requests)), "requests")
-	b.ReportMetric(float64(harness.Median(depths)), "depth")
-	b.ReportMetric(0, "ns/op")
+	rounds.Report(os.Stdout, b, "BenchmarkGrantRoundTrips")
 }
 
 // waitCredential polls, untraced, until the consumer's Peer of provider

@@ -6,17 +6,12 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
-	"github.com/flotilla-io/flotilla/ha"
-	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -188,7 +183,7 @@ func waitSnapshotCurrent(t *testing.T, v *federation.Cluster, within time.Durati
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		err := snapshotCurrent(v)
+		err := v.SnapshotCurrent()
 		if err == nil {
 			return
 		}
@@ -197,26 +192,6 @@ func waitSnapshotCurrent(t *testing.T, v *federation.Cluster, within time.Durati
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func snapshotCurrent(v *federation.Cluster) error {
-	l, err := ipam.OpenSnapshot(filepath.Join(v.StateDir, ipam.FileName))
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	sec, err := v.CP.Client.CoreV1().Secrets(federation.AgentNamespace).Get(context.Background(), ha.SecretName, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	s, err := ipam.DecodeSnapshot(sec.Data[ha.SecretKey])
-	if err != nil {
-		return err
-	}
-	if s.Generation != l.Generation() {
-		return fmt.Errorf("snapshot at generation %d, the ledger at %d", s.Generation, l.Generation())
-	}
-	return nil
 }
 
 // peersOf is what a gateway's death must not change, per cluster and

@@ -290,3 +290,30 @@ func Median[T cmp.Ordered](xs []T) T {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// Rounds gathers the rounds of a benchmark that one Trace follows: each
+// round's time, how many requests it made and their sequential depth.
+type Rounds struct {
+	took             []time.Duration
+	requests, depths []int
+}
+
+// Add records a round that took d, as tr saw it.
+func (r *Rounds) Add(tr *Trace, d time.Duration) {
+	n := 0
+	for _, c := range tr.Counts() {
+		n += c
+	}
+	depth, _ := tr.Depth()
+	r.took, r.requests, r.depths = append(r.took, d), append(r.requests, n), append(r.depths, depth)
+}
+
+// Report prints every round on w, as name, and reports their medians
+// as b's metrics.
+func (r *Rounds) Report(w io.Writer, b interface{ ReportMetric(float64, string) }, name string) {
+	fmt.Fprintf(w, "%s: %d rounds: requests until Ready %v, sequential depth %v, ms %v\n", name, len(r.took), r.requests, r.depths, r.took)
+	b.ReportMetric(float64(Median(r.took))/float64(time.Millisecond), "ms-to-ready")
+	b.ReportMetric(float64(Median(r.requests)), "requests")
+	b.ReportMetric(float64(Median(r.depths)), "depth")
+	b.ReportMetric(0, "ns/op")
+}
