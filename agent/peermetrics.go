@@ -44,9 +44,12 @@ type peerMetrics struct {
 	// names are the current peers' names by cluster ID; nil until the
 	// engine runs (series pass unnamed).
 	names func() map[string]string
-	// known are the peers of the last scrape; vecs the registered
-	// collectors that hold series per label value.
+	// known are the peers of the last scrape; gone those forgotten since
+	// and not back, whose series are deleted at every scrape (a
+	// collector may still make one after the engine forgot the peer);
+	// vecs the registered collectors that hold series per label value.
 	known map[string]bool
+	gone  map[string]bool
 	vecs  []partialDeleter
 }
 
@@ -57,7 +60,7 @@ type partialDeleter interface {
 }
 
 func newPeerMetrics(r *prometheus.Registry) *peerMetrics {
-	return &peerMetrics{Registry: r, known: map[string]bool{}}
+	return &peerMetrics{Registry: r, known: map[string]bool{}, gone: map[string]bool{}}
 }
 
 // Register registers c, and keeps it when it is a vector.
@@ -116,7 +119,8 @@ func (p *peerMetrics) Gather() ([]*dto.MetricFamily, error) {
 }
 
 // current reads the peers' names and deletes the series of those gone
-// since the last call; nil before the engine runs.
+// since the last call, and of those gone before and not back; nil before
+// the engine runs.
 func (p *peerMetrics) current() map[string]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -125,7 +129,14 @@ func (p *peerMetrics) current() map[string]string {
 	}
 	names := p.names()
 	for id := range p.known {
+		if _, ok := names[id]; !ok {
+			p.gone[id] = true
+			delete(p.known, id)
+		}
+	}
+	for id := range p.gone {
 		if _, ok := names[id]; ok {
+			delete(p.gone, id)
 			continue
 		}
 		for _, v := range p.vecs {
@@ -133,7 +144,6 @@ func (p *peerMetrics) current() map[string]string {
 				v.DeletePartialMatch(prometheus.Labels{l.id: id})
 			}
 		}
-		delete(p.known, id)
 	}
 	for id := range names {
 		p.known[id] = true

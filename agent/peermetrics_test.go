@@ -38,7 +38,8 @@ func series(t *testing.T, g prometheus.Gatherer, name string) []string {
 // the name, under every label that holds a peer's ID (peer; consumer and
 // cluster of a series about two clusters): a renamed peer's series are
 // replaced, a forgotten peer's deleted from the vectors that hold them,
-// whichever label names it; series of peers the engine does not know,
+// whichever label names it, and again when a collector makes one after,
+// until the peer is back; series of peers the engine does not know,
 // and before it runs, pass as they are.
 func TestPeerMetricsNameEachPeer(t *testing.T) {
 	reg := newPeerMetrics(prometheus.NewRegistry())
@@ -101,6 +102,25 @@ func TestPeerMetricsNameEachPeer(t *testing.T) {
 			t.Errorf("the vector still held %d series of the forgotten peer as %s", n, l)
 		}
 	}
+	// A collector still at work on the forgotten peer makes a series of
+	// it again: deleted at the next scrape, and at every one after, until
+	// the peer is back.
+	third.WithLabelValues("id2", "id1").Inc()
+	check("made again once forgotten", want{
+		[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=stranger,reason=quota"},
+		[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}})
+	third.WithLabelValues("id2", "id1").Inc()
+	check("made again twice", want{
+		[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=stranger,reason=quota"},
+		[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}})
+	names = map[string]string{"id1": "marseille", "id2": "lyon"}
+	errs.WithLabelValues("id2", "quota").Inc()
+	check("back", want{
+		[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"},
+		[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}})
+	check("back, scraped again", want{
+		[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"},
+		[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}})
 	// A series naming its peer already is left as it is.
 	phase := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_phase", Help: "h"}, []string{"peer", "peer_name"})
 	reg.MustRegister(phase)

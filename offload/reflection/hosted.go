@@ -271,15 +271,25 @@ func (h *HostedEndpoints) reconcile(ctx context.Context, key types.NamespacedNam
 	if err := h.client.Update(ctx, u, client.FieldOwner(hostedEndpointsFieldManager)); err != nil {
 		return fmt.Errorf("update EndpointSlice %s/%s: %w", key.Namespace, name, err)
 	}
-	h.m.translated.WithLabelValues(consumer, want.Labels[offload.LabelEndpointsOf]).Add(float64(len(want.Endpoints)))
+	h.countTranslated(want, consumer)
 	return nil
+}
+
+// countTranslated counts the endpoints of want, written for consumer;
+// a slice written empty (every endpoint dropped, counted as such) makes
+// no series, so that none is made again for a consumer forgotten while
+// its slices are emptied.
+func (h *HostedEndpoints) countTranslated(want *discoveryv1.EndpointSlice, consumer string) {
+	if n := len(want.Endpoints); n > 0 {
+		h.m.translated.WithLabelValues(consumer, want.Labels[offload.LabelEndpointsOf]).Add(float64(n))
+	}
 }
 
 func (h *HostedEndpoints) create(ctx context.Context, want *discoveryv1.EndpointSlice, consumer string) error {
 	err := h.client.Create(ctx, want, client.FieldOwner(hostedEndpointsFieldManager))
 	switch {
 	case err == nil:
-		h.m.translated.WithLabelValues(consumer, want.Labels[offload.LabelEndpointsOf]).Add(float64(len(want.Endpoints)))
+		h.countTranslated(want, consumer)
 		return nil
 	case apierrors.IsAlreadyExists(err):
 		// Not in the watch: not labelled as any of this, so not ours.
