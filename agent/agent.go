@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
+	httppprof "net/http/pprof"
 	"net/netip"
 	"os"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -568,7 +570,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if serr := comps.Stop(stopCtx); serr != nil {
 		// Kubernetes kills the pod after its grace period anyway; say
 		// what hung instead of being killed silently.
-		a.log.Error("components did not stop in time; exiting", "timeout", a.cfg.ShutdownTimeout, "err", serr)
+		// The goroutines, grouped by stack, show where it hangs.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		a.log.Error("components did not stop in time; exiting", "timeout", a.cfg.ShutdownTimeout, "err", serr, "goroutines", stacks.String())
 		if err == nil {
 			err = fmt.Errorf("stop within %s: %w", a.cfg.ShutdownTimeout, serr)
 		}
@@ -633,11 +638,11 @@ func (a *Agent) handler() http.Handler {
 	if a.cfg.Profiling {
 		// pprof.Index serves the named profiles (heap, goroutine, ...)
 		// below it; the others are handlers of their own.
-		guarded.HandleFunc("/debug/pprof/", pprof.Index)
-		guarded.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		guarded.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		guarded.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		guarded.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		guarded.HandleFunc("/debug/pprof/", httppprof.Index)
+		guarded.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		guarded.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		guarded.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		guarded.HandleFunc("/debug/pprof/trace", httppprof.Trace)
 	}
 	// Everything else: the dashboard (its page, graph.svg, graph.json).
 	guarded.Handle("/", a.dashboardHandler())

@@ -36,7 +36,7 @@ func WithShared(own cache.Cache, peers PeerCache, kinds ...SharedKind) cache.Cac
 	if s, ok := peers.(*SharedCache); peers == nil || ok && s == nil {
 		return own
 	}
-	c := &sharedPeers{Cache: own, peers: peers}
+	c := &sharedPeers{Cache: own, peers: peers, life: newLifetime()}
 	if shared, ok := peers.(*SharedCache); ok && len(kinds) > 0 {
 		c.shared = shared
 		for _, k := range kinds {
@@ -52,6 +52,15 @@ type sharedPeers struct {
 	// shared serves the kinds of the set kinds (1 << SharedKind).
 	shared *SharedCache
 	kinds  uint
+	// life ends with the context given to Start: reads give up then.
+	life *lifetime
+}
+
+// Start runs own's informers until ctx ends; a read still waiting for
+// one of them (or for a shared one) gives up then.
+func (c *sharedPeers) Start(ctx context.Context) error {
+	c.life.started(ctx)
+	return c.Cache.Start(ctx)
 }
 
 // reader is where obj's kind is read from: peers, shared or own.
@@ -77,6 +86,8 @@ func isPeers(obj any) bool {
 }
 
 func (c *sharedPeers) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	ctx, release := c.life.bound(ctx)
+	defer release()
 	if r := c.reader(obj); r != nil {
 		return r.Get(ctx, key, obj, opts...)
 	}
@@ -84,6 +95,8 @@ func (c *sharedPeers) Get(ctx context.Context, key client.ObjectKey, obj client.
 }
 
 func (c *sharedPeers) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	ctx, release := c.life.bound(ctx)
+	defer release()
 	if r := c.reader(list); r != nil {
 		return r.List(ctx, list, opts...)
 	}

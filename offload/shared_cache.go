@@ -85,6 +85,7 @@ func sharedKindFor(gvk schema.GroupVersionKind) SharedKind {
 type SharedCache struct {
 	peers PeerCache
 	local cache.Cache
+	life  *lifetime
 }
 
 // NewSharedCache prepares the informers (made as the components first
@@ -100,7 +101,7 @@ func NewSharedCache(cfg *rest.Config, peers PeerCache) (*SharedCache, error) {
 	if peers == nil {
 		peers = c
 	}
-	return &SharedCache{peers: peers, local: c}, nil
+	return &SharedCache{peers: peers, local: c, life: newLifetime()}, nil
 }
 
 func sharedScheme() *runtime.Scheme {
@@ -130,8 +131,12 @@ func sharedMapper() meta.RESTMapper {
 	return m
 }
 
-// Start runs the informers until ctx ends (the agent's, once).
-func (c *SharedCache) Start(ctx context.Context) error { return c.local.Start(ctx) }
+// Start runs the informers until ctx ends (the agent's, once). A read
+// still waiting for an informer to sync gives up then.
+func (c *SharedCache) Start(ctx context.Context) error {
+	c.life.started(ctx)
+	return c.local.Start(ctx)
+}
 
 // WaitForCacheSync waits until the informers made so far have listed
 // everything; false when ctx ended first.
@@ -140,6 +145,8 @@ func (c *SharedCache) WaitForCacheSync(ctx context.Context) bool {
 }
 
 func (c *SharedCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	ctx, release := c.life.bound(ctx)
+	defer release()
 	if isPeers(obj) {
 		return c.peers.Get(ctx, key, obj, opts...)
 	}
@@ -147,6 +154,8 @@ func (c *SharedCache) Get(ctx context.Context, key client.ObjectKey, obj client.
 }
 
 func (c *SharedCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	ctx, release := c.life.bound(ctx)
+	defer release()
 	if isPeers(list) {
 		return c.peers.List(ctx, list, opts...)
 	}

@@ -1,11 +1,15 @@
 package offload
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
@@ -49,6 +53,54 @@ func TestSharedKindsAgree(t *testing.T) {
 	for _, obj := range []any{&corev1.Pod{}, &corev1.Node{}, &v1alpha1.Peer{}} {
 		if k := sharedKindOf(obj); k != 0 {
 			t.Errorf("%T read from the shared cache (%v)", obj, k)
+		}
+	}
+}
+
+// A read that waits for an informer to sync gives up once the cache it
+// reads from has stopped, instead of waiting for ever: such a read made
+// in an event handler held the handler, and with it the cache's stop.
+// Neither cache here reaches an API server (nothing listens at its
+// address), so no informer ever syncs; the read of a kind no informer
+// watched before the stop makes one that is never started.
+func TestCacheReadsGiveUpWhenTheCacheStops(t *testing.T) {
+	cfg := &rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}
+	shared, err := NewSharedCache(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := cache.New(cfg, cache.Options{Scheme: sharedScheme(), Mapper: sharedMapper()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := WithShared(own, shared, SharedServices)
+	for _, c := range []struct {
+		name  string
+		cache interface {
+			Start(context.Context) error
+			client.Reader
+		}
+		list client.ObjectList
+	}{
+		{"shared cache, a shared kind", shared, &discoveryv1.EndpointSliceList{}},
+		{"a component's cache, a kind of its own", wrapped, &v1alpha1.NamespaceOffloadList{}},
+	} {
+		ctx, stop := context.WithCancel(context.Background())
+		started := make(chan error, 1)
+		go func() { started <- c.cache.Start(ctx) }()
+		stop()
+		if err := <-started; err != nil {
+			t.Fatalf("%s: start: %v", c.name, err)
+		}
+		read := make(chan error, 1)
+		go func() { read <- c.cache.List(context.Background(), c.list) }()
+		select {
+		case err := <-read:
+			if err == nil {
+				t.Errorf("%s: a read after the stop returned no error, and no informer synced", c.name)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: a read after the stop still waits after a minute", c.name)
 		}
 	}
 }
