@@ -252,8 +252,10 @@ func peerViews(t testing.TB, cs []*federation.NodeCluster) string {
 }
 
 // flow is a worker pod exchanging a line with another cluster's worker
-// pod on a new TCP connection every 20 ms (testserver -probe), through
-// kubectl exec: the tries it reports, by the pod's clock (the machine's).
+// pod on a new TCP connection every 20 ms (testserver -probe), tries
+// overlapping, through kubectl exec: the answers it reports, when each
+// came, and the failed tries, when each started, by the pod's clock
+// (the machine's).
 type flow struct {
 	name string
 	want netip.Addr // the address the server must see the client as
@@ -325,8 +327,7 @@ func (f *flow) stop() {
 	}
 }
 
-// waitOK waits until a try that started after t0 was answered, and
-// returns when it started.
+// waitOK waits until an answer came after t0, and returns when.
 func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -371,8 +372,8 @@ func (f *flow) lastOKBefore(t0 time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// longestGap is the longest time between two answered tries from the
-// last answer before t0 to the first after t1.
+// longestGap is the longest time between two answers from the last
+// answer before t0 to the first after t1.
 func (f *flow) longestGap(t0, t1 time.Time) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -23,9 +23,10 @@
 // With -lookup-addr IP it prints the names a reverse lookup of IP gives,
 // one a line (with -dns, from that server only).
 // With -probe HOST:PORT it exchanges a line with a line-echo server on a
-// new connection every -every and prints "ok <unix nanoseconds> <address
-// it was seen as>" or "fail <unix nanoseconds> <error>" per try: a flow
-// whose gaps the caller measures.
+// new connection every -every, tries overlapping, and prints "ok <unix
+// nanoseconds of the answer> <address it was seen as>" or "fail <unix
+// nanoseconds of the try's start> <error>" per try: a flow whose gaps
+// the caller measures.
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 // With -connect HOST:PORT it opens a TCP connection and closes it, for a
@@ -48,6 +49,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -63,13 +65,13 @@ func main() {
 	lookupAddr := flag.String("lookup-addr", "", "print the names a reverse (PTR) lookup of this address gives, one a line, and exit")
 	lookup := flag.String("lookup", "", "print the addresses this name resolves to, one a line, and exit")
 	connect := flag.String("connect", "", "open a TCP connection to this address (host:port), print the local address and exit")
-	probe := flag.String("probe", "", "exchange one line with this line-echo TCP server (host:port) on a new connection every -every, printing a line per try, until -for passed or stdout is closed")
+	probe := flag.String("probe", "", "exchange one line with this line-echo TCP server (host:port) on a new connection every -every (tries overlap), printing a line per try, until -for passed or stdout is closed")
 	every := flag.Duration("every", 50*time.Millisecond, "with -probe: how often to try")
 	probeTimeout := flag.Duration("timeout", time.Second, "with -probe: how long one try may take")
 	probeFor := flag.Duration("for", 10*time.Minute, "with -probe: how long to go on")
 	flag.Parse()
 	if *probe != "" {
-		os.Exit(probeEcho(*probe, *every, *probeTimeout, *probeFor))
+		os.Exit(probeEcho(os.Stdout, *probe, *every, *probeTimeout, *probeFor))
 	}
 	if *lookup != "" {
 		os.Exit(forward(*lookup, *dns))
@@ -264,27 +266,47 @@ func dialEcho(addr string) int {
 // probeEcho exchanges a line with the line-echo server at addr on a new
 // connection every interval, for a flow whose gaps the caller measures:
 // per try it prints "ok <unix nanoseconds> <address the server saw us
-// as>" or "fail <unix nanoseconds> <error>", the time being when the try
-// started. It ends after d, or once stdout is closed (the caller left).
-func probeEcho(addr string, every, timeout, d time.Duration) int {
-	end := time.Now().Add(d)
-	for next := time.Now(); time.Now().Before(end); next = next.Add(every) {
-		time.Sleep(time.Until(next))
-		start := time.Now()
-		line, err := exchange(addr, timeout)
-		if err == nil {
-			seen, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-			_, err = fmt.Printf("ok %d %s\n", start.UnixNano(), seen)
-		} else {
-			_, err = fmt.Printf("fail %d %s\n", start.UnixNano(), strings.ReplaceAll(err.Error(), "\n", " "))
-		}
-		if err != nil {
-			return 1
-		}
-		if behind := time.Since(next); behind > every {
-			next = next.Add(behind.Truncate(every)) // a try that timed out: no burst of catch-up tries
+// as>", the time being when the answer came, or "fail <unix nanoseconds>
+// <error>", the time being when the try started. Tries overlap: one
+// starts every interval whatever those before it are doing, so that a
+// try stuck in the gap (a SYN dropped is sent again only after a second)
+// does not hold back the first one after it; an answer's time, not its
+// try's start, is what says the path worked again. It ends after d, or
+// once stdout is closed (the caller left).
+func probeEcho(w io.Writer, addr string, every, timeout, d time.Duration) int {
+	var mu sync.Mutex // one line at a time
+	var wg sync.WaitGroup
+	closed := make(chan struct{})
+	var closeOnce sync.Once
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			closeOnce.Do(func() { close(closed) })
 		}
 	}
+	end := time.Now().Add(d)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for time.Now().Before(end) {
+		wg.Go(func() {
+			start := time.Now()
+			line, err := exchange(addr, timeout)
+			if err != nil {
+				say("fail %d %s\n", start.UnixNano(), strings.ReplaceAll(err.Error(), "\n", " "))
+				return
+			}
+			seen, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+			say("ok %d %s\n", time.Now().UnixNano(), seen)
+		})
+		select {
+		case <-tick.C:
+		case <-closed:
+			wg.Wait()
+			return 1
+		}
+	}
+	wg.Wait()
 	return 0
 }
 
