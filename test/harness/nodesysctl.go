@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,8 +63,13 @@ func lockNodes(t TB, how int) error {
 // Child test binaries it starts inherit the hold.
 func HoldNodesAlone(t testing.TB) {
 	t.Helper()
+	start := time.Now()
 	if err := lockNodes(t, unix.LOCK_EX); err != nil {
 		t.Fatalf("harness: hold real nodes alone: %v", err)
+	}
+	// The wait is not the test's: a slow test and a long queue read apart.
+	if waited := time.Since(start); waited > time.Second {
+		t.Logf("harness: waited %s for other runs' nodes and control planes to end", waited.Round(time.Second))
 	}
 	t.Setenv(nodesAloneEnv, "1")
 }
