@@ -60,7 +60,11 @@ func lockNodes(t TB, how int) error {
 // HoldNodesAlone waits until no other run has real nodes or control
 // planes and keeps others from starting any until t ends, for a test that
 // checks host-wide state kubelets change (sysctls, the inotify limit).
-// Child test binaries it starts inherit the hold.
+// Child test binaries it starts inherit the hold. Call it from a test
+// that is not parallel: it then runs at its package's start, while the
+// other packages still run one test at a time; once they run two at a
+// time a shared holder is always live, and flock lets the exclusive one
+// wait until they end.
 func HoldNodesAlone(t testing.TB) {
 	t.Helper()
 	start := time.Now()
