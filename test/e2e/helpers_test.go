@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,15 +16,9 @@ import (
 )
 
 // longRunning marks a test that brings up clusters of real nodes and
-// runs for minutes. Such tests run two at a time (go test's -parallel,
-// GOMAXPROCS on the 2-core CI machine) after the short ones; each has its
-// own networks, nodes and names. FLOTILLA_E2E_PARALLEL=0 runs them one
-// after another, to tell a failure of load from one of the test.
-func longRunning(t *testing.T) {
-	if os.Getenv("FLOTILLA_E2E_PARALLEL") != "0" {
-		t.Parallel()
-	}
-}
+// runs for minutes: harness.LongRunning (two at a time, after the short
+// ones; FLOTILLA_E2E_PARALLEL=0 runs them one after another).
+func longRunning(t *testing.T) { harness.LongRunning(t) }
 
 // waitFor polls check until it passes, the process exits, or timeout.
 func waitFor(t *testing.T, p *harness.Process, timeout time.Duration, check func() error) {

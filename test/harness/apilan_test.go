@@ -22,6 +22,7 @@ import (
 // another LAN does not, though the same API server answers it through
 // loopback.
 func TestAPIServerOnLAN(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, append(harness.NeedsControlPlane, harness.NeedsNetwork...)...)
 	var run string
 	t.Run("env", func(t *testing.T) {
@@ -63,6 +64,7 @@ func TestAPIServerOnLAN(t *testing.T) {
 // The API server accepts tokens for the audience of grants besides its
 // own, and refuses any other audience.
 func TestAPIServerAudiences(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})

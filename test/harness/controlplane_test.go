@@ -17,6 +17,7 @@ import (
 // clusters: objects land in each, and the controller manager turns a
 // Deployment into a ReplicaSet.
 func TestControlPlanes(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	var run string
 	t.Run("env", func(t *testing.T) {
@@ -77,6 +78,7 @@ func assertDeploymentGetsReplicaSet(t *testing.T, cp *harness.ControlPlane) {
 // clients are refused while it is down, and what was written before is
 // there after.
 func TestAPIServerRestart(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp1", harness.ControlPlaneOptions{})

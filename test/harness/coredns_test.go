@@ -22,6 +22,7 @@ import (
 // cluster.local name, answered by the Service's own pod. A name no
 // Service has does not resolve. Nothing of the run is left after it.
 func TestClusterDNS(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	var run string
 	t.Run("cluster", func(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 // reach into the site: from the host's namespace, where it runs, that
 // address is not even routed.
 func TestAPIServerCallsAWebhookInASite(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)

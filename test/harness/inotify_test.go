@@ -36,6 +36,7 @@ func TestInotifyRaise(t *testing.T) {
 // inotify instances than controlPlaneInotify, the room the harness makes
 // for each.
 func TestControlPlaneInotify(t *testing.T) {
+	LongRunning(t)
 	Require(t, NeedsControlPlane...)
 	env := New(t)
 	cp := env.ControlPlane("cp", ControlPlaneOptions{PodCIDR: netip.MustParsePrefix("10.0.0.0/16"), Scheduler: true})

@@ -20,6 +20,7 @@ import (
 // node's pod range, in a network namespace behind the cluster's site, and
 // is gone, namespace included, once deleted.
 func TestKubeletRunsPodsBehindSite(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
@@ -65,6 +66,7 @@ func TestKubeletRunsPodsBehindSite(t *testing.T) {
 // through it or the pod was removed at once: a long run's churn cannot
 // exhaust a node.
 func TestKubeletReusesAddressesOfDeletedPods(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})
@@ -109,6 +111,7 @@ func TestKubeletReusesAddressesOfDeletedPods(t *testing.T) {
 // stale while the control plane was down) is posted Ready again by the
 // pretend kubelet, as a kubelet does at its next status update.
 func TestKubeletPostsItsNodeReadyAgain(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsControlPlane...)
 	env := harness.New(t)
 	cp := env.ControlPlane("cp", harness.ControlPlaneOptions{})

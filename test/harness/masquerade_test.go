@@ -29,6 +29,7 @@ import (
 // Without rules every receiver sees the real source: the witness that the
 // rules translate, not the network. Removing a shape leaves nothing of it.
 func TestMasqueradeShapes(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, append(harness.NeedsNodes, harness.IPTables)...)
 	env := harness.New(t)
 	cidr := netip.MustParsePrefix("10.0.0.0/16")

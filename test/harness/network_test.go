@@ -12,6 +12,7 @@ import (
 // Three sites on one LAN, all with the same PodCIDR: each pod reaches its
 // own site, and a multicast datagram from one site reaches the other two.
 func TestSitesOnLAN(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNetwork...)
 	var run string
 	t.Run("env", func(t *testing.T) {
@@ -87,6 +88,7 @@ func assertMulticast(t *testing.T, from *harness.Site, to []*harness.Site) {
 // Two sites behind a router reach each other; pods reach their sites and
 // answer TCP with the address they see.
 func TestSitesBehindRouter(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
 	rtr := env.NewRouter("wan")
@@ -111,6 +113,7 @@ func TestSitesBehindRouter(t *testing.T) {
 // sees it as the router's address; the site on the LAN cannot reach it
 // first.
 func TestSiteBehindNATRouter(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNetwork...)
 	for _, tc := range []struct {
 		name   string

@@ -28,6 +28,7 @@ import (
 // Service's ClusterIP (kube-proxy, nftables); `kubectl logs`, `kubectl
 // exec` and `kubectl port-forward` work through the API server. Nothing of the run is left after it.
 func TestRealNodes(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNodes...)
 	var run string
 	t.Run("cluster", func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,11 +60,20 @@ func lockNodes(t TB, how int) error {
 // HoldNodesAlone waits until no other run has real nodes or control
 // planes and keeps others from starting any until t ends, for a test that
 // checks host-wide state kubelets change (sysctls, the inotify limit).
-// Child test binaries it starts inherit the hold.
+// Child test binaries it starts inherit the hold. Call it from a test
+// that is not parallel: it then runs at its package's start, while the
+// other packages still run one test at a time; once they run two at a
+// time a shared holder is always live, and flock lets the exclusive one
+// wait until they end.
 func HoldNodesAlone(t testing.TB) {
 	t.Helper()
+	start := time.Now()
 	if err := lockNodes(t, unix.LOCK_EX); err != nil {
 		t.Fatalf("harness: hold real nodes alone: %v", err)
+	}
+	// The wait is not the test's: a slow test and a long queue read apart.
+	if waited := time.Since(start); waited > time.Second {
+		t.Logf("harness: waited %s for other runs' nodes and control planes to end", waited.Round(time.Second))
 	}
 	t.Setenv(nodesAloneEnv, "1")
 }

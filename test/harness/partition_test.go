@@ -9,6 +9,7 @@ import (
 // A site cut from the LAN reaches no other site and no other site reaches
 // it, while the rest of the LAN still talks; healed, it talks again.
 func TestLANCutAndHeal(t *testing.T) {
+	harness.LongRunning(t)
 	harness.Require(t, harness.NeedsNetwork...)
 	env := harness.New(t)
 	lan := env.NewLAN("lan")
