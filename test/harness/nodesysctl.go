@@ -61,10 +61,10 @@ func lockNodes(t TB, how int) error {
 // planes and keeps others from starting any until t ends, for a test that
 // checks host-wide state kubelets change (sysctls, the inotify limit).
 // Child test binaries it starts inherit the hold. Call it from a test
-// that is not parallel: it then runs at its package's start, while the
-// other packages still run one test at a time; once they run two at a
-// time a shared holder is always live, and flock lets the exclusive one
-// wait until they end.
+// that is not parallel, and name the test in the Makefile's HOLD_TESTS:
+// `make test` runs those first, by themselves. Among other packages one
+// of whose tests always holds the lock shared, flock lets an exclusive
+// holder wait until they all end.
 func HoldNodesAlone(t testing.TB) {
 	t.Helper()
 	start := time.Now()
