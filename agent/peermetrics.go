@@ -45,11 +45,12 @@ type peerMetrics struct {
 	// engine runs (series pass unnamed).
 	names func() map[string]string
 	// known are the peers of the last scrape; gone those forgotten since
-	// and not back, whose series are deleted at every scrape (a
-	// collector may still make one after the engine forgot the peer);
-	// vecs the registered collectors that hold series per label value.
+	// and not back, by how many more scrapes delete their series (a
+	// collector may still make one just after the engine forgot the
+	// peer); vecs the registered collectors that hold series per label
+	// value.
 	known map[string]bool
-	gone  map[string]bool
+	gone  map[string]int
 	vecs  []partialDeleter
 }
 
@@ -60,7 +61,7 @@ type partialDeleter interface {
 }
 
 func newPeerMetrics(r *prometheus.Registry) *peerMetrics {
-	return &peerMetrics{Registry: r, known: map[string]bool{}, gone: map[string]bool{}}
+	return &peerMetrics{Registry: r, known: map[string]bool{}, gone: map[string]int{}}
 }
 
 // Register registers c, and keeps it when it is a vector.
@@ -118,6 +119,11 @@ func (p *peerMetrics) Gather() ([]*dto.MetricFamily, error) {
 	return families, err
 }
 
+// goneScrapes is how many scrapes delete a forgotten peer's series: an
+// hour's at Prometheus's usual 30 s, and the set of peers forgotten
+// stays bounded however many come and go.
+const goneScrapes = 120
+
 // current reads the peers' names and deletes the series of those gone
 // since the last call, and of those gone before and not back; nil before
 // the engine runs.
@@ -130,14 +136,17 @@ func (p *peerMetrics) current() map[string]string {
 	names := p.names()
 	for id := range p.known {
 		if _, ok := names[id]; !ok {
-			p.gone[id] = true
+			p.gone[id] = goneScrapes
 			delete(p.known, id)
 		}
 	}
-	for id := range p.gone {
-		if _, ok := names[id]; ok {
+	for id, left := range p.gone {
+		if _, back := names[id]; back {
 			delete(p.gone, id)
 			continue
+		}
+		if p.gone[id] = left - 1; left <= 1 {
+			delete(p.gone, id)
 		}
 		for _, v := range p.vecs {
 			for _, l := range peerLabels {

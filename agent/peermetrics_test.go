@@ -121,6 +121,22 @@ func TestPeerMetricsNameEachPeer(t *testing.T) {
 	check("back, scraped again", want{
 		[]string{"peer=id1,peer_name=marseille,reason=quota", "peer=id2,peer_name=lyon,reason=quota", "peer=stranger,reason=quota"},
 		[]string{"cluster=stranger,consumer=id1,consumer_name=marseille"}})
+	// A peer back is no longer deleted; one gone for good is deleted for
+	// goneScrapes scrapes, then no longer looked for.
+	if _, ok := reg.gone["id2"]; ok {
+		t.Errorf("id2 is back, and still among the forgotten")
+	}
+	names = map[string]string{"id1": "marseille"}
+	for range goneScrapes - 1 {
+		series(t, reg, "test_errors_total")
+	}
+	if _, ok := reg.gone["id2"]; !ok {
+		t.Errorf("id2 forgotten %d scrapes ago: no longer deleted before its last scrape", goneScrapes-1)
+	}
+	series(t, reg, "test_errors_total")
+	if len(reg.gone) != 0 {
+		t.Errorf("forgotten peers still looked for after %d scrapes: %v", goneScrapes, reg.gone)
+	}
 	// A series naming its peer already is left as it is.
 	phase := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_phase", Help: "h"}, []string{"peer", "peer_name"})
 	reg.MustRegister(phase)

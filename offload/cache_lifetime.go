@@ -7,11 +7,13 @@ import (
 
 // lifetime is how long a cache runs: from its making until the context
 // given to its Start ends. A read of a kind whose informer has not
-// synced waits for it; made in an informer's event handler with a
-// context of its own (or none), that wait outlived the cache's stop (an
-// informer made after the stop never syncs), held the handler, and with
-// it the stop of every informer of the cache: an agent stopped while it
-// started hung there. Reads bound by the lifetime give up at the stop.
+// synced waits for it; made in an informer's event handler with no
+// context of its own, that wait outlived the cache's stop (an informer
+// made after the stop never syncs), held the handler, and with it the
+// stop of every informer of the cache: an agent stopped while it
+// started hung there. Such reads are bound by the lifetime and give up
+// at the stop; a read under a context that can end (a reconcile's, a
+// component's) is left to it, and costs nothing more.
 type lifetime struct {
 	ctx   context.Context
 	end   context.CancelFunc
@@ -29,12 +31,16 @@ func (l *lifetime) started(ctx context.Context) {
 	l.start.Do(func() { context.AfterFunc(ctx, l.end) })
 }
 
-// bound is ctx, ended too when the lifetime ends; release frees what
-// ties them.
+// bound is ctx, made to end with the lifetime when it cannot end on its
+// own; release frees what ties them.
 func (l *lifetime) bound(ctx context.Context) (bounded context.Context, release func()) {
-	if l == nil {
-		return ctx, func() {}
+	switch {
+	case ctx.Done() != nil:
+		return ctx, noRelease
+	case ctx == context.Background() || ctx == context.TODO():
+		return l.ctx, noRelease
 	}
+	// Values but no end (context.WithValue of Background): keep them.
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(l.ctx, cancel)
 	return ctx, func() {
@@ -42,3 +48,5 @@ func (l *lifetime) bound(ctx context.Context) (bounded context.Context, release 
 		cancel()
 	}
 }
+
+func noRelease() {}

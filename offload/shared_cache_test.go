@@ -104,3 +104,45 @@ func TestCacheReadsGiveUpWhenTheCacheStops(t *testing.T) {
 		}
 	}
 }
+
+// A read's context is bound to its cache's lifetime only when it could
+// not end on its own: one that can is used as it is; one that cannot
+// ends with the cache, its values kept.
+func TestLifetimeBoundsOnlyEndlessContexts(t *testing.T) {
+	l := newLifetime()
+	run, stop := context.WithCancel(context.Background())
+	l.started(run)
+
+	own, cancelOwn := context.WithCancel(context.Background())
+	defer cancelOwn()
+	if got, release := l.bound(own); got != own {
+		t.Errorf("a context that can end was replaced")
+	} else {
+		release()
+	}
+	type key struct{}
+	valued := context.WithValue(context.Background(), key{}, "v")
+	endless, releaseEndless := l.bound(context.Background())
+	withValue, releaseValue := l.bound(valued)
+	defer releaseEndless()
+	defer releaseValue()
+	for _, c := range []context.Context{endless, withValue} {
+		if c.Err() != nil {
+			t.Fatalf("ended before the cache stopped: %v", c.Err())
+		}
+	}
+	stop()
+	for name, c := range map[string]context.Context{"Background": endless, "a value of Background": withValue} {
+		select {
+		case <-c.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: not ended a minute after the cache stopped", name)
+		}
+	}
+	if withValue.Value(key{}) != "v" {
+		t.Errorf("the value was lost")
+	}
+	if own.Err() != nil {
+		t.Errorf("the caller's own context ended with the cache")
+	}
+}

@@ -104,21 +104,21 @@ func benchmarkPodOffload(b *testing.B, pods int) {
 	b.StopTimer()
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	slices.Sort(total)
-	b.ReportMetric(ms(offloadtest.Median(total)), "ms-median")
+	b.ReportMetric(ms(harness.Median(total)), "ms-median")
 	b.ReportMetric(ms(total[0]), "ms-min")
 	b.ReportMetric(ms(total[len(total)-1]), "ms-max")
-	b.ReportMetric(ms(offloadtest.Median(bound)), "ms-bound-median")
-	b.ReportMetric(ms(offloadtest.Median(tail)), "ms-after-bound-median")
-	b.ReportMetric(ms(offloadtest.Median(perPod)), "ms-pod-median")
+	b.ReportMetric(ms(harness.Median(bound)), "ms-bound-median")
+	b.ReportMetric(ms(harness.Median(tail)), "ms-after-bound-median")
+	b.ReportMetric(ms(harness.Median(perPod)), "ms-pod-median")
 	b.ReportMetric(0, "ns/op")
 	b.Logf("%d pods, %d rounds: all Running here %v median (%v to %v); all bound by the consumer %v median; the last pod Running %v after the last binding (median); a pod from binding to Running here %s: to its creation there %s, then Running there %s, then Running here %s",
-		pods, len(total), offloadtest.Median(total).Round(time.Millisecond), total[0].Round(time.Millisecond), total[len(total)-1].Round(time.Millisecond),
-		offloadtest.Median(bound).Round(time.Millisecond), offloadtest.Median(tail).Round(time.Millisecond), spread(perPod), spread(toCreated), spread(toRunningThere), spread(toRunningHere))
+		pods, len(total), harness.Median(total).Round(time.Millisecond), total[0].Round(time.Millisecond), total[len(total)-1].Round(time.Millisecond),
+		harness.Median(bound).Round(time.Millisecond), harness.Median(tail).Round(time.Millisecond), spread(perPod), spread(toCreated), spread(toRunningThere), spread(toRunningHere))
 }
 
 // spread is the median and the maximum of ds.
 func spread(ds []time.Duration) string {
-	return fmt.Sprintf("%v median, %v max", offloadtest.Median(ds).Round(time.Millisecond), slices.Max(ds).Round(time.Millisecond))
+	return fmt.Sprintf("%v median, %v max", harness.Median(ds).Round(time.Millisecond), slices.Max(ds).Round(time.Millisecond))
 }
 
 // benchDeployment is what the placement webhook makes of a Deployment in

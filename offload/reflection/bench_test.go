@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/offload"
-	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
+	"github.com/flotilla-io/flotilla/test/harness"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -198,12 +198,12 @@ func reportLags(b *testing.B, what string, lags []time.Duration) {
 	slices.Sort(lags)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	p99 := lags[int(math.Ceil(0.99*float64(len(lags))))-1]
-	b.ReportMetric(ms(offloadtest.Median(lags)), "ms-median")
+	b.ReportMetric(ms(harness.Median(lags)), "ms-median")
 	b.ReportMetric(ms(p99), "ms-p99")
 	b.ReportMetric(ms(lags[0]), "ms-min")
 	b.ReportMetric(ms(lags[len(lags)-1]), "ms-max")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("%s: %d changes: %v median, %v p99, %v min, %v max", what, len(lags), offloadtest.Median(lags), p99, lags[0], lags[len(lags)-1])
+	b.Logf("%s: %d changes: %v median, %v p99, %v min, %v max", what, len(lags), harness.Median(lags), p99, lags[0], lags[len(lags)-1])
 }
 
 // kindReferenced is the sub-benchmark of ConfigMaps reflected for a new

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -67,7 +68,8 @@ func prepareGatewayKill(t *testing.T, f *fed, v *federation.Cluster) {
 	if err := roleWithin(v, standby, standbyMetrics, "standby", 2*time.Minute); err != nil {
 		t.Fatalf("standby agent of %s: %v\n%s", v.Name, err, standby.Tail(20))
 	}
-	waitSnapshotCurrent(t, v, time.Minute)
+	// A standby taking over then has every change.
+	eventually.Within(t, time.Minute, v.Name+"'s ledger snapshot at its ledger's generation", v.SnapshotCurrent)
 	waitConnected(t, f.cs, 2*time.Minute)
 	f.gateway = &gatewayKill{standby: standby, id: identityOf(t, v), peers: peersOf(t, f.cs)}
 	t.Logf("%s runs two replicas: the active one on %s, the standby on %s", v.Name, v.StateDir, dir)
@@ -173,24 +175,6 @@ func roleWithin(c *federation.Cluster, p *harness.Process, addr, role string, wi
 			return err
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitSnapshotCurrent waits until the ledger's snapshot in v's API server
-// holds the generation of the ledger in v's state directory: a standby
-// taking over then has every change.
-func waitSnapshotCurrent(t *testing.T, v *federation.Cluster, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := v.SnapshotCurrent()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's ledger snapshot: %v", v.Name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

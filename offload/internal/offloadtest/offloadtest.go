@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -178,15 +177,6 @@ func ServiceAccountConfig(t testing.TB, cp *harness.ControlPlane, ns, account st
 		t.Fatalf("token for %s/%s: %v", ns, account, err)
 	}
 	return &rest.Config{Host: cp.Config.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: cp.Config.CAData}}
-}
-
-// Median is the middle of ds (sorted in place).
-func Median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[len(ds)/2]
 }
 
 // The provider's pod network, the consumer's view of it, and the
