@@ -16,8 +16,8 @@ import (
 )
 
 // longRunning marks a test that brings up clusters of real nodes and
-// runs for minutes: harness.LongRunning (two at a time, after the short
-// ones; FLOTILLA_E2E_PARALLEL=0 runs them one after another).
+// runs for minutes: harness.LongRunning (two at a time on the host,
+// after the short ones; FLOTILLA_E2E_PARALLEL=0 runs them one by one).
 func longRunning(t *testing.T) { harness.LongRunning(t) }
 
 // waitFor polls check until it passes, the process exits, or timeout.
