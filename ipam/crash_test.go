@@ -184,14 +184,30 @@ func TestCrashSafety(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines := make(chan []string, 1)
+		opened := make(chan struct{}) // the child said its key: the ledger is open
 		go func() {
 			var ls []string
 			s := bufio.NewScanner(out)
 			for s.Scan() {
+				if len(ls) == 0 {
+					close(opened)
+				}
 				ls = append(ls, s.Text())
+			}
+			if len(ls) == 0 {
+				close(opened)
 			}
 			lines <- ls
 		}()
+		// The kill falls at a random point of the child's writes, counted
+		// from its ledger's opening: on a busy machine the start of a
+		// process alone can take longer than the whole window.
+		select {
+		case <-opened:
+		case <-time.After(time.Minute):
+			cmd.Process.Signal(syscall.SIGKILL)
+			t.Fatalf("round %d: the child did not open the ledger within a minute", round)
+		}
 		time.Sleep(time.Duration(20+rng.IntN(180)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		ls := <-lines

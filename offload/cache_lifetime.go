@@ -7,13 +7,14 @@ import (
 
 // lifetime is how long a cache runs: from its making until the context
 // given to its Start ends. A read of a kind whose informer has not
-// synced waits for it; made in an informer's event handler with no
-// context of its own, that wait outlived the cache's stop (an informer
-// made after the stop never syncs), held the handler, and with it the
-// stop of every informer of the cache: an agent stopped while it
-// started hung there. Such reads are bound by the lifetime and give up
-// at the stop; a read under a context that can end (a reconcile's, a
-// component's) is left to it, and costs nothing more.
+// synced waits for it; made in an informer's event handler, that wait
+// outlived the cache's stop (an informer made after the stop never
+// syncs), held the handler, and with it the stop of every informer of
+// the cache: an agent stopped while it started hung there. Every read
+// is bound by the lifetime and gives up at the stop, whatever its own
+// context: a context that can end (a component's) may still be running
+// when the cache stops, for the agent stops its components one after
+// another, the later-started first.
 type lifetime struct {
 	ctx   context.Context
 	end   context.CancelFunc
@@ -31,16 +32,12 @@ func (l *lifetime) started(ctx context.Context) {
 	l.start.Do(func() { context.AfterFunc(ctx, l.end) })
 }
 
-// bound is ctx, made to end with the lifetime when it cannot end on its
-// own; release frees what ties them.
+// bound is ctx, ended too when the lifetime ends; release frees what
+// ties them.
 func (l *lifetime) bound(ctx context.Context) (bounded context.Context, release func()) {
-	switch {
-	case ctx.Done() != nil:
-		return ctx, noRelease
-	case ctx == context.Background() || ctx == context.TODO():
+	if ctx == context.Background() || ctx == context.TODO() {
 		return l.ctx, noRelease
 	}
-	// Values but no end (context.WithValue of Background): keep them.
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(l.ctx, cancel)
 	return ctx, func() {

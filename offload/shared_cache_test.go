@@ -108,38 +108,35 @@ func TestCacheReadsGiveUpWhenTheCacheStops(t *testing.T) {
 // A read's context is bound to its cache's lifetime only when it could
 // not end on its own: one that can is used as it is; one that cannot
 // ends with the cache, its values kept.
-func TestLifetimeBoundsOnlyEndlessContexts(t *testing.T) {
+func TestLifetimeBoundsEveryContext(t *testing.T) {
 	l := newLifetime()
 	run, stop := context.WithCancel(context.Background())
 	l.started(run)
 
+	// A component's context, still running when the cache stops: the
+	// agent stops its components one after another.
 	own, cancelOwn := context.WithCancel(context.Background())
 	defer cancelOwn()
-	if got, release := l.bound(own); got != own {
-		t.Errorf("a context that can end was replaced")
-	} else {
-		release()
-	}
 	type key struct{}
 	valued := context.WithValue(context.Background(), key{}, "v")
-	endless, releaseEndless := l.bound(context.Background())
-	withValue, releaseValue := l.bound(valued)
-	defer releaseEndless()
-	defer releaseValue()
-	for _, c := range []context.Context{endless, withValue} {
+	bounded := map[string]context.Context{}
+	for name, ctx := range map[string]context.Context{"Background": context.Background(), "a value of Background": valued, "a component's": own} {
+		c, release := l.bound(ctx)
+		defer release()
 		if c.Err() != nil {
-			t.Fatalf("ended before the cache stopped: %v", c.Err())
+			t.Fatalf("%s: ended before the cache stopped: %v", name, c.Err())
 		}
+		bounded[name] = c
 	}
 	stop()
-	for name, c := range map[string]context.Context{"Background": endless, "a value of Background": withValue} {
+	for name, c := range bounded {
 		select {
 		case <-c.Done():
 		case <-time.After(time.Minute):
 			t.Fatalf("%s: not ended a minute after the cache stopped", name)
 		}
 	}
-	if withValue.Value(key{}) != "v" {
+	if bounded["a value of Background"].Value(key{}) != "v" {
 		t.Errorf("the value was lost")
 	}
 	if own.Err() != nil {

@@ -49,9 +49,10 @@ func TestGatewayFailover(t *testing.T) {
 	if err := dead.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("killed %s's active gateway node %s (agent pod %s)", a.Name, dead.NodeName, active.Name)
+	down := time.Now() // the node's link is down: no try after this crosses it
+	t.Logf("killed %s's active gateway node %s (agent pod %s) in %s", a.Name, dead.NodeName, active.Name, down.Sub(killed).Round(time.Millisecond))
 	for _, f := range flows {
-		resumed := f.waitOK(t, killed, 90*time.Second)
+		resumed := f.waitOK(t, down, 90*time.Second)
 		last, _ := f.lastOKBefore(killed)
 		t.Logf("flow %s: gap %s (last answer %s before the kill, first %s after)", f.name,
 			resumed.Sub(last).Round(time.Millisecond), killed.Sub(last).Round(time.Millisecond), resumed.Sub(killed).Round(time.Millisecond))
@@ -254,8 +255,8 @@ func peerViews(t testing.TB, cs []*federation.NodeCluster) string {
 // flow is a worker pod exchanging a line with another cluster's worker
 // pod on a new TCP connection every 20 ms (testserver -probe), tries
 // overlapping, through kubectl exec: the answers it reports, when each
-// came, and the failed tries, when each started, by the pod's clock
-// (the machine's).
+// came and when its try started, and the failed tries, when each
+// started, by the pod's clock (the machine's).
 type flow struct {
 	name string
 	want netip.Addr // the address the server must see the client as
@@ -263,7 +264,8 @@ type flow struct {
 	done chan struct{}
 
 	mu    sync.Mutex
-	oks   []time.Time
+	oks   []time.Time // when each answer came, in the order printed
+	tries []time.Time // when the try of each answer started
 	fails []failure
 	wrong []string // answers seen as another address than want
 }
@@ -311,9 +313,15 @@ func (f *flow) note(line string) {
 	defer f.mu.Unlock()
 	switch fields[0] {
 	case "ok":
+		seen, startNS, _ := strings.Cut(fields[2], " ")
+		started, err := strconv.ParseInt(startNS, 10, 64)
+		if err != nil {
+			return
+		}
 		f.oks = append(f.oks, at)
-		if fields[2] != f.want.String() {
-			f.wrong = append(f.wrong, fields[2])
+		f.tries = append(f.tries, time.Unix(0, started))
+		if seen != f.want.String() {
+			f.wrong = append(f.wrong, seen)
 		}
 	case "fail":
 		f.fails = append(f.fails, failure{at, fields[2]})
@@ -327,7 +335,10 @@ func (f *flow) stop() {
 	}
 }
 
-// waitOK waits until an answer came after t0, and returns when.
+// waitOK waits until a try that started after t0 was answered, and
+// returns when the answer came: an answer to a try of before t0 may
+// have crossed the path as it was then (a reply read late on a busy
+// machine).
 func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -353,8 +364,8 @@ func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Ti
 func (f *flow) firstOKAfter(t0 time.Time) (time.Time, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, at := range f.oks {
-		if at.After(t0) {
+	for i, at := range f.oks {
+		if f.tries[i].After(t0) {
 			return at, true
 		}
 	}

@@ -24,9 +24,9 @@
 // one a line (with -dns, from that server only).
 // With -probe HOST:PORT it exchanges a line with a line-echo server on a
 // new connection every -every, tries overlapping, and prints "ok <unix
-// nanoseconds of the answer> <address it was seen as>" or "fail <unix
-// nanoseconds of the try's start> <error>" per try: a flow whose gaps
-// the caller measures.
+// nanoseconds of the answer> <address it was seen as> <unix nanoseconds
+// of the try's start>" or "fail <unix nanoseconds of the try's start>
+// <error>" per try: a flow whose gaps the caller measures.
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 // With -connect HOST:PORT it opens a TCP connection and closes it, for a
@@ -266,8 +266,9 @@ func dialEcho(addr string) int {
 // probeEcho exchanges a line with the line-echo server at addr on a new
 // connection every interval, for a flow whose gaps the caller measures:
 // per try it prints "ok <unix nanoseconds> <address the server saw us
-// as>", the time being when the answer came, or "fail <unix nanoseconds>
-// <error>", the time being when the try started. Tries overlap: one
+// as> <unix nanoseconds>", the times being when the answer came and when
+// its try started, or "fail <unix nanoseconds> <error>", the time being
+// when the try started. Tries overlap: one
 // starts every interval whatever those before it are doing, so that a
 // try stuck in the gap (a SYN dropped is sent again only after a second)
 // does not hold back the first one after it; an answer's time, not its
@@ -297,7 +298,7 @@ func probeEcho(w io.Writer, addr string, every, timeout, d time.Duration) int {
 				return
 			}
 			seen, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-			say("ok %d %s\n", time.Now().UnixNano(), seen)
+			say("ok %d %s %d\n", time.Now().UnixNano(), seen, start.UnixNano())
 		})
 		select {
 		case <-tick.C:

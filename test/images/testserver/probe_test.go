@@ -67,12 +67,19 @@ func TestProbeTriesOverlap(t *testing.T) {
 	var answers []time.Time
 	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 3 || f[0] != "ok" || f[2] != "127.0.0.1" {
-			t.Fatalf("line %q, want ok <ns> 127.0.0.1", line)
+		if len(f) != 4 || f[0] != "ok" || f[2] != "127.0.0.1" {
+			t.Fatalf("line %q, want ok <ns> 127.0.0.1 <ns>", line)
 		}
 		ns, err := strconv.ParseInt(f[1], 10, 64)
 		if err != nil {
 			t.Fatal(err)
+		}
+		started, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if started > ns {
+			t.Fatalf("line %q: the try started after its answer came", line)
 		}
 		answers = append(answers, time.Unix(0, ns))
 	}
