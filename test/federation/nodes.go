@@ -690,12 +690,15 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 	}
 }
 
-// Kubectl runs the pinned kubectl against cp and returns its output.
+// Kubectl runs the pinned kubectl against cp and returns its output. It
+// is killed after 2 minutes, a guard against a hang and not a bound: on a
+// busy machine `apply -k` of the install (about 80 objects, CRDs among
+// them) took longer than 30 s.
 func Kubectl(cp *harness.ControlPlane, args ...string) (string, error) {
-	return KubectlTimeout(cp, 30*time.Second, args...)
+	return KubectlTimeout(cp, 2*time.Minute, args...)
 }
 
-// KubectlTimeout is Kubectl for commands that may take longer than 30 s.
+// KubectlTimeout is Kubectl for commands that may take longer than 2 min.
 func KubectlTimeout(cp *harness.ControlPlane, timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
