@@ -45,6 +45,7 @@ func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, activ
 		f.waitOK(t, settled, 30*time.Second)
 		if fails := f.failsBetween(t0, settled); len(fails) > 0 {
 			t.Errorf("flow %s: %d tries failed while the standby %s came back on a wiped disk: %v", f.name, len(fails), standby.Spec.NodeName, fails)
+			logLeaseLines(t, a, active)
 		}
 	}
 	if now, _ := activeGateway(t, a); now.UID != active.UID {
@@ -218,4 +219,21 @@ func lastLogs(c *federation.NodeCluster, p corev1.Pod) string {
 		}
 	}
 	return b.String()
+}
+
+// logLeaseLines logs what pod's agent said of the Lease and of fencing
+// (its data path suspended when it cannot renew in time): the first
+// suspect when a flow drops packets with no gateway moving.
+func logLeaseLines(t *testing.T, c *federation.NodeCluster, pod corev1.Pod) {
+	t.Helper()
+	out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
+	if err != nil {
+		t.Logf("logs of %s: %v", pod.Name, err)
+		return
+	}
+	for line := range strings.SplitSeq(string(out), "\n") {
+		if l := strings.ToLower(line); strings.Contains(l, "lease") || strings.Contains(l, "data path") {
+			t.Logf("%s: %s", pod.Name, line)
+		}
+	}
 }
