@@ -105,9 +105,9 @@ func TestCacheReadsGiveUpWhenTheCacheStops(t *testing.T) {
 	}
 }
 
-// A read's context is bound to its cache's lifetime only when it could
-// not end on its own: one that can is used as it is; one that cannot
-// ends with the cache, its values kept.
+// Every read's context is bound to its cache's lifetime: it ends when
+// the cache stops, its values kept, and the caller's own context, which
+// may outlive the cache, is left running.
 func TestLifetimeBoundsEveryContext(t *testing.T) {
 	l := newLifetime()
 	run, stop := context.WithCancel(context.Background())
