@@ -76,16 +76,7 @@ func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active,
 	t0 := time.Now()
 	stop()
 	// A stopping pod keeps its label until its agent has stopped.
-	var next corev1.Pod
-	eventually.Within(t, 90*time.Second, "another replica of "+a.Name+" active", func() (err error) {
-		if next, err = a.ActiveAgent(context.Background()); err != nil {
-			return err
-		}
-		if next.UID == active.UID {
-			return fmt.Errorf("pod %s still labelled active", next.Name)
-		}
-		return federation.PodReady(next)
-	})
+	next, _ := activeGatewayBesides(t, a, active)
 	if next.UID != want.UID {
 		t.Fatalf("the active agent is %s on %s, want the standby %s on %s; the standby wrote:\n%s", next.Name, next.Spec.NodeName, want.Name, want.Spec.NodeName, lastLogs(a, want))
 	}
