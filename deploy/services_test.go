@@ -65,8 +65,11 @@ func (g *grant) testServiceObjects(t *testing.T) {
 	if _, err := mirroredSlices.Create(ctx, translated, create); err != nil {
 		t.Fatalf("the agent creates a translated EndpointSlice: %v", err)
 	}
+	// A slice the user's own controller keeps: one labelled as the
+	// EndpointSlice controller's would be deleted by it (the Service
+	// selects no pod), maybe before the agent's patch is refused.
 	usersSlice := slice.DeepCopy()
-	usersSlice.Name, usersSlice.Labels = "users-front-y", map[string]string{discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", discoveryv1.LabelServiceName: user.Name}
+	usersSlice.Name, usersSlice.Labels = "users-front-y", map[string]string{discoveryv1.LabelManagedBy: "endpoints.example.com", discoveryv1.LabelServiceName: user.Name}
 	if _, err := g.cp.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, usersSlice, create); err != nil {
 		t.Fatal(err)
 	}

@@ -198,6 +198,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	start := time.Now()
 	tag := "flotilla.local/flotilla:test-" + env.RunID
 	image := harness.FlotillaImage(t, tag)
+	imaged := time.Now()
 	lan := env.NewLAN("lan")
 	token := federationToken(t)
 	var cs []*NodeCluster
@@ -227,6 +228,7 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		return opts.NodeCIDRsOf(i, k)
 	}
 	cps := env.ControlPlanesEach(cpOpts...)
+	cpsUp := time.Now()
 	publishClusterInfo(t, cps)
 	// Every node of every cluster at once: most of a node's start is
 	// waiting (for its kubelet to register, for its pod range).
@@ -260,7 +262,9 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 		}
 	}
 	first[opts.Clusters] = len(specs)
+	nodesFrom := time.Now()
 	nodes := env.StartNodes(specs...)
+	nodesUp := time.Now()
 	for i, cp := range cps {
 		name := string(rune('a' + i))
 		c, err := client.New(cp.Config, client.Options{Scheme: peerapi.Scheme()})
@@ -310,7 +314,8 @@ func OnNodes(t harness.TB, env *harness.Env, opts NodeOptions) []*NodeCluster {
 	check := func() { once.Do(func() { checkUninstall(t, cs) }) }
 	t.Cleanup(check)
 	env.BeforeNodesStop(check)
-	t.Logf("control planes, nodes and kubectl apply -k: %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("control planes, nodes and kubectl apply -k: %s (image %s, control planes %s, nodes %s, labels and install %s)", time.Since(start).Round(time.Millisecond),
+		imaged.Sub(start).Round(time.Millisecond), cpsUp.Sub(imaged).Round(time.Millisecond), nodesUp.Sub(nodesFrom).Round(time.Millisecond), time.Since(nodesUp).Round(time.Millisecond))
 	for _, c := range cs {
 		c.createWeb(t, c.Gateway, WebPod)
 	}
