@@ -8,19 +8,20 @@ import (
 
 // A run of failed tries is lost when the path dropped their packets (the
 // next try is answered at once) and held when it queued them (the next
-// try's answer comes after the last failed try's deadline).
-func TestFlowTellsLostFromHeld(t *testing.T) {
+// try's answer comes after the last failed try's deadline); a lost try
+// alone among answered ones is isolated.
+func TestFlowSortsLosses(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 7, 17, 13, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	// A try every 20 ms from 0 to 3000 ms; tries started in [1000, 1200)
-	// fail; the first try after them (1200) is answered after answered ms.
-	flowWith := func(answered int) *flow {
+	// A try every 20 ms from 0 to 3000 ms; those started in [1000, end)
+	// fail; the first try after them (end) is answered after answered ms.
+	flowWith := func(end, answered int) *flow {
 		f := &flow{}
 		for ms := 0; ms < 3000; ms += 20 {
 			switch {
-			case ms >= 1000 && ms < 1200:
+			case ms >= 1000 && ms < end:
 				f.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(ms).UnixNano()))
-			case ms == 1200:
+			case ms == end:
 				f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+answered).UnixNano(), at(ms).UnixNano()))
 			default:
 				f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+2).UnixNano(), at(ms).UnixNano()))
@@ -29,21 +30,25 @@ func TestFlowTellsLostFromHeld(t *testing.T) {
 		return f
 	}
 	for _, tc := range []struct {
-		name           string
-		answered       int // ms after its start
-		lost, heldRuns int
+		name                 string
+		end, answered        int
+		lost, isolated, held int
 	}{
-		{"dropped: the next try answered in 3 ms", 3, 10, 0},
-		{"dropped: the next try answered in 500 ms", 500, 10, 0},
+		{"cut: ten in a row, the next answered in 3 ms", 1200, 3, 10, 0, 0},
+		{"cut: ten in a row, the next answered in 500 ms", 1200, 500, 10, 0, 0},
 		// The last failed try started at 1180: deadline 2180; the next
 		// try (1200) answered at 2150 is within the probe's slack.
-		{"held: the next try answered after the deadline", 1000, 0, 1},
-		{"held: the next try answered at the deadline less the slack", 950, 0, 1},
+		{"held: the next answered after the deadline", 1200, 1000, 0, 0, 1},
+		{"held: the next answered at the deadline less the slack", 1200, 950, 0, 0, 1},
+		{"isolated: one lost, the next answered in 3 ms", 1020, 3, 0, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lost, held := flowWith(tc.answered).lostBetween(at(0), at(3000))
-			if len(lost) != tc.lost || len(held) != tc.heldRuns {
-				t.Errorf("lost %d tries, held runs %v; want %d lost, %d held", len(lost), held, tc.lost, tc.heldRuns)
+			l := flowWith(tc.end, tc.answered).lossesBetween(at(-10), at(3000))
+			if len(l.lost) != tc.lost || len(l.isolated) != tc.isolated || len(l.held) != tc.held {
+				t.Errorf("lost %d, isolated %d, held %v; want %d, %d, %d", len(l.lost), len(l.isolated), l.held, tc.lost, tc.isolated, tc.held)
+			}
+			if l.tries != 150 {
+				t.Errorf("%d tries in the window, want 150", l.tries)
 			}
 		})
 	}
@@ -51,8 +56,38 @@ func TestFlowTellsLostFromHeld(t *testing.T) {
 		f := &flow{}
 		f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(2).UnixNano(), at(0).UnixNano()))
 		f.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(20).UnixNano()))
-		if lost, held := f.lostBetween(at(0), at(100)); len(lost) != 1 || len(held) != 0 {
-			t.Errorf("lost %v, held %v; want the one failure lost", lost, held)
+		if l := f.lossesBetween(at(0), at(100)); len(l.lost) != 1 || len(l.isolated) != 0 {
+			t.Errorf("lost %v, isolated %v; want the one failure lost", l.lost, l.isolated)
+		}
+	})
+	t.Run("noLoss fails on a cut and on more than one in a hundred lost alone", func(t *testing.T) {
+		many := &flow{}
+		for ms := 0; ms < 3000; ms += 20 {
+			if ms%400 == 0 { // 8 of 150 lost, each alone
+				many.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(ms).UnixNano()))
+				continue
+			}
+			many.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+2).UnixNano(), at(ms).UnixNano()))
+		}
+		for _, c := range []struct {
+			name string
+			f    *flow
+			want bool
+		}{{"cut", flowWith(1200, 3), false}, {"eight alone in 150", many, false}, {"one alone in 150", flowWith(1020, 3), true}} {
+			rec := &recorder{TB: t}
+			if got := c.f.noLoss(rec, at(-10), at(3000), "in the test"); got != c.want || rec.failed == c.want {
+				t.Errorf("%s: noLoss %v (failed %v), want %v", c.name, got, rec.failed, c.want)
+			}
 		}
 	})
 }
+
+// recorder is a testing.TB that records a failure instead of failing.
+type recorder struct {
+	testing.TB
+	failed bool
+}
+
+func (r *recorder) Errorf(string, ...any) { r.failed = true }
+func (r *recorder) Logf(string, ...any)   {}
+func (r *recorder) Helper()               {}
