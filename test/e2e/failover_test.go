@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -452,7 +453,8 @@ type losses struct {
 // answered at once, whatever the gateways do (seen in the hundred
 // seconds a standby takes to come back at a load average of 28).
 func (f *flow) lossesBetween(t0, t1 time.Time) losses {
-	fails := f.failsBetween(t0, t1)
+	fails := f.failsBetween(t0, t1) // printed as each ended: in the order they started, but for errors faster than a timeout
+	slices.SortFunc(fails, func(x, y failure) int { return x.at.Compare(y.at) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	l := losses{tries: len(fails)}
