@@ -498,8 +498,9 @@ func (f *flow) lossesBetween(t0, t1 time.Time) losses {
 
 // noLoss fails t when f's path was cut between t0 and t1 (two tries in a
 // row lost), or dropped more than one try in a hundred alone; it logs the
-// tries held and those dropped alone.
-func (f *flow) noLoss(t testing.TB, t0, t1 time.Time, while string) bool {
+// tries held and those dropped alone. It returns whether it passed, and
+// the losses.
+func (f *flow) noLoss(t testing.TB, t0, t1 time.Time, while string) (bool, losses) {
 	t.Helper()
 	l := f.lossesBetween(t0, t1)
 	for _, h := range l.held {
@@ -517,7 +518,7 @@ func (f *flow) noLoss(t testing.TB, t0, t1 time.Time, while string) bool {
 		t.Errorf("flow %s: %d of %d tries lost alone %s, more than one in a hundred", f.name, len(l.isolated), l.tries, while)
 		ok = false
 	}
-	return ok
+	return ok, l
 }
 
 // failsBetween lists the failed tries that started between t0 and t1.

@@ -44,7 +44,9 @@ func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, activ
 	settled := time.Now()
 	for _, f := range flows {
 		f.waitOK(t, settled, 30*time.Second)
-		if !f.noLoss(t, t0, settled, "while the standby "+standby.Spec.NodeName+" came back on a wiped disk") {
+		// A hold of about a second here is seen at any load; its cause is
+		// not known yet: the active agent's lines of the window with it.
+		if ok, l := f.noLoss(t, t0, settled, "while the standby "+standby.Spec.NodeName+" came back on a wiped disk"); !ok || len(l.held) > 0 {
 			logAgentLines(t, a, active, t0, settled)
 		}
 	}

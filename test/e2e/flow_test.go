@@ -75,7 +75,7 @@ func TestFlowSortsLosses(t *testing.T) {
 			want bool
 		}{{"cut", flowWith(1200, 3), false}, {"eight alone in 150", many, false}, {"one alone in 150", flowWith(1020, 3), true}} {
 			rec := &recorder{TB: t}
-			if got := c.f.noLoss(rec, at(-10), at(3000), "in the test"); got != c.want || rec.failed == c.want {
+			if got, _ := c.f.noLoss(rec, at(-10), at(3000), "in the test"); got != c.want || rec.failed == c.want {
 				t.Errorf("%s: noLoss %v (failed %v), want %v", c.name, got, rec.failed, c.want)
 			}
 		}
