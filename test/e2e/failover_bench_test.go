@@ -10,8 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/flotilla-io/flotilla/internal/eventually"
 )
 
 // How long traffic stops when a cluster's gateway moves: two clusters,
@@ -34,13 +32,7 @@ func BenchmarkGatewayFailover(b *testing.B) {
 	// answered after that: a killed gateway stops traffic at once, a
 	// stopping one forwards until it has handed over.
 	gap := func(t0 time.Time, was corev1.Pod) time.Duration {
-		eventually.Within(b, 90*time.Second, "another replica active", func() error {
-			p, err := a.ActiveAgent(context.Background())
-			if err == nil && p.UID == was.UID {
-				err = fmt.Errorf("pod %s still active", p.Name)
-			}
-			return err
-		})
+		activeGatewayBesides(b, a, was)
 		t1 := time.Now()
 		var longest time.Duration
 		for _, f := range flows {
