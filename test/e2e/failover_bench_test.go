@@ -2,14 +2,18 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/flotilla-io/flotilla/test/federation"
 )
 
 // How long traffic stops when a cluster's gateway moves: two clusters,
@@ -32,13 +36,17 @@ func BenchmarkGatewayFailover(b *testing.B) {
 	// answered after that: a killed gateway stops traffic at once, a
 	// stopping one forwards until it has handed over.
 	gap := func(t0 time.Time, was corev1.Pod) time.Duration {
-		activeGatewayBesides(b, a, was)
+		now, _ := activeGatewayBesides(b, a, was)
 		t1 := time.Now()
 		var longest time.Duration
+		var answered []string
 		for _, f := range flows {
 			f.waitOK(b, t1, 90*time.Second)
-			longest = max(longest, f.longestGap(t0, t1))
+			g, end := f.longestGapEnd(t0, t1)
+			longest = max(longest, g)
+			answered = append(answered, "+"+end.Sub(t0).Round(time.Millisecond).String())
 		}
+		b.Logf("%s took over: %s; flows answered again after %s", now.Spec.NodeName, takeoverTimeline(b, a, now, t0), strings.Join(answered, ", "))
 		return longest
 	}
 	var kills, stops []time.Duration
@@ -71,4 +79,44 @@ func BenchmarkGatewayFailover(b *testing.B) {
 	b.ReportMetric(ms(s.max), "ms-stop-max")
 	b.ReportMetric(0, "ns/op")
 	fmt.Fprintf(os.Stdout, "BenchmarkGatewayFailover: longest time a flow went unanswered: node killed %s, active pod deleted %s (ms: median, min, max, rounds)\n", k, s)
+}
+
+// takeoverSteps are what a replica taking over logs on the way, in order:
+// the account of where a takeover's time goes that the benchmark prints.
+var takeoverSteps = []struct{ msg, name string }{
+	{"the Lease was released: trying to take it now", "saw release"},
+	{"this replica is now the active one", "lease"},
+	{"identity", "ledger"},
+	{"components started", "started"},
+	{"pod labelled with its role", "labelled"},
+}
+
+// takeoverTimeline is when pod of c logged each of takeoverSteps, after
+// t0: "lease +4.1s, ledger +4.3s, ...".
+func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t0 time.Time) string {
+	t.Helper()
+	lines, err := agentLines(c, pod, func(at time.Time, _ string) bool { return !at.Before(t0) })
+	if err != nil {
+		return err.Error()
+	}
+	at := map[string]time.Duration{}
+	for _, line := range lines {
+		var l struct {
+			Time time.Time
+			Msg  string
+		}
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		if _, seen := at[l.Msg]; !seen {
+			at[l.Msg] = l.Time.Sub(t0)
+		}
+	}
+	var steps []string
+	for _, s := range takeoverSteps {
+		if d, ok := at[s.msg]; ok {
+			steps = append(steps, fmt.Sprintf("%s +%s", s.name, d.Round(time.Millisecond)))
+		}
+	}
+	return strings.Join(steps, ", ")
 }

@@ -220,16 +220,42 @@ func lastLogs(c *federation.NodeCluster, p corev1.Pod) string {
 // between from and to.
 func logAgentLines(t *testing.T, c *federation.NodeCluster, pod corev1.Pod, from, to time.Time) {
 	t.Helper()
+	lines, err := agentLines(c, pod, func(at time.Time, line string) bool {
+		low := strings.ToLower(line)
+		return !at.Before(from) && !at.After(to) || strings.Contains(low, "lease") || strings.Contains(low, "data path")
+	})
+	if err != nil {
+		t.Log(err)
+	}
+	for _, line := range lines {
+		t.Logf("%s: %s", pod.Name, line)
+	}
+}
+
+// agentLinesBetween is what pod's agent logged between from and to.
+func agentLinesBetween(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, from, to time.Time) []string {
+	t.Helper()
+	lines, err := agentLines(c, pod, func(at time.Time, _ string) bool { return !at.Before(from) && !at.After(to) })
+	if err != nil {
+		t.Error(err)
+	}
+	return lines
+}
+
+// agentLines is what pod's agent logged that keep says to keep, given
+// each line's time (zero when the line has none).
+func agentLines(c *federation.NodeCluster, pod corev1.Pod, keep func(at time.Time, line string) bool) ([]string, error) {
 	out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
 	if err != nil {
-		t.Logf("logs of %s: %v", pod.Name, err)
-		return
+		return nil, fmt.Errorf("logs of %s: %w", pod.Name, err)
 	}
+	var kept []string
 	for line := range strings.SplitSeq(string(out), "\n") {
 		var l struct{ Time time.Time }
-		inWindow := json.Unmarshal([]byte(line), &l) == nil && !l.Time.Before(from) && !l.Time.After(to)
-		if low := strings.ToLower(line); inWindow || strings.Contains(low, "lease") || strings.Contains(low, "data path") {
-			t.Logf("%s: %s", pod.Name, line)
+		_ = json.Unmarshal([]byte(line), &l)
+		if line != "" && keep(l.Time, line) {
+			kept = append(kept, line)
 		}
 	}
+	return kept, nil
 }

@@ -8,8 +8,8 @@ import (
 
 // A run of failed tries is lost when the path dropped their packets (the
 // next try is answered at once) and held when it queued them (the next
-// try's answer comes after the last failed try's deadline); a lost try
-// alone among answered ones is isolated.
+// try's answer comes after the last failed try's deadline); lost tries
+// are a cut in a run of cutRun or more, and scattered in shorter ones.
 func TestFlowSortsLosses(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 7, 17, 13, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -32,7 +32,7 @@ func TestFlowSortsLosses(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string
 		end, answered        int
-		lost, isolated, held int
+		cut, scattered, held int
 	}{
 		{"cut: ten in a row, the next answered in 3 ms", 1200, 3, 10, 0, 0},
 		{"cut: ten in a row, the next answered in 500 ms", 1200, 500, 10, 0, 0},
@@ -40,30 +40,32 @@ func TestFlowSortsLosses(t *testing.T) {
 		// try (1200) answered at 2150 is within the probe's slack.
 		{"held: the next answered after the deadline", 1200, 1000, 0, 0, 1},
 		{"held: the next answered at the deadline less the slack", 1200, 950, 0, 0, 1},
-		{"isolated: one lost, the next answered in 3 ms", 1020, 3, 0, 1, 0},
+		{"scattered: one lost, the next answered in 3 ms", 1020, 3, 0, 1, 0},
+		{"scattered: four in a row, the next answered in 3 ms", 1080, 3, 0, 4, 0},
+		{"cut: five in a row, the next answered in 3 ms", 1100, 3, 5, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := flowWith(tc.end, tc.answered).lossesBetween(at(-10), at(3000))
-			if len(l.lost) != tc.lost || len(l.isolated) != tc.isolated || len(l.held) != tc.held {
-				t.Errorf("lost %d, isolated %d, held %v; want %d, %d, %d", len(l.lost), len(l.isolated), l.held, tc.lost, tc.isolated, tc.held)
+			if len(l.cut) != tc.cut || len(l.scattered) != tc.scattered || len(l.held) != tc.held {
+				t.Errorf("cut %d, scattered %d, held %v; want %d, %d, %d", len(l.cut), len(l.scattered), l.held, tc.cut, tc.scattered, tc.held)
 			}
 			if l.tries != 150 {
 				t.Errorf("%d tries in the window, want 150", l.tries)
 			}
 		})
 	}
-	t.Run("a failure with no answered try after it is lost", func(t *testing.T) {
+	t.Run("a failure with no answered try after it is a cut", func(t *testing.T) {
 		f := &flow{}
 		f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(2).UnixNano(), at(0).UnixNano()))
 		f.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(20).UnixNano()))
-		if l := f.lossesBetween(at(0), at(100)); len(l.lost) != 1 || len(l.isolated) != 0 {
-			t.Errorf("lost %v, isolated %v; want the one failure lost", l.lost, l.isolated)
+		if l := f.lossesBetween(at(0), at(100)); len(l.cut) != 1 || len(l.scattered) != 0 {
+			t.Errorf("cut %v, scattered %v; want the one failure a cut", l.cut, l.scattered)
 		}
 	})
-	t.Run("noLoss fails on a cut and on more than one in a hundred lost alone", func(t *testing.T) {
+	t.Run("noLoss fails on a cut and on more than one in twenty lost scattered", func(t *testing.T) {
 		many := &flow{}
 		for ms := 0; ms < 3000; ms += 20 {
-			if ms%400 == 0 { // 8 of 150 lost, each alone
+			if ms%360 == 0 || ms%360 == 20 { // 18 of 150 lost, two in a row
 				many.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(ms).UnixNano()))
 				continue
 			}
@@ -73,7 +75,7 @@ func TestFlowSortsLosses(t *testing.T) {
 			name string
 			f    *flow
 			want bool
-		}{{"cut", flowWith(1200, 3), false}, {"eight alone in 150", many, false}, {"one alone in 150", flowWith(1020, 3), true}} {
+		}{{"cut", flowWith(1200, 3), false}, {"eighteen scattered in 150", many, false}, {"four in a row in 150", flowWith(1080, 3), true}} {
 			rec := &recorder{TB: t}
 			if got, _ := c.f.noLoss(rec, at(-10), at(3000), "in the test"); got != c.want || rec.failed == c.want {
 				t.Errorf("%s: noLoss %v (failed %v), want %v", c.name, got, rec.failed, c.want)
