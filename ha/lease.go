@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/ptr"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
@@ -164,7 +166,10 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 // Until then it also watches the Lease, and when it sees it released it
 // starts the election again, whose first try is at once: client-go's
 // election tries only every retry period, and a stopping active releases
-// the Lease so that a standby takes over without waiting.
+// the Lease so that a standby takes over without waiting. When the watch
+// saw no renewal for a lease duration, it takes the Lease itself and
+// starts the election again, which finds the Lease its own
+// (watchLease).
 func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectionConfig, lock *watchedLock, won chan struct{}) error {
 	var once sync.Once
 	cfg.Callbacks = leaderelection.LeaderCallbacks{
@@ -177,9 +182,13 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 		},
 	}
 	released := make(chan struct{}, 1)
+	expired := make(chan *coordinationv1.Lease)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
-	go func() { defer close(watched); watchReleased(watchCtx, e.Kube, e.Namespace, released) }()
+	go func() {
+		defer close(watched)
+		watchLease(watchCtx, e.Kube, e.Namespace, e.Identity, cfg.LeaseDuration, released, expired)
+	}()
 	defer func() { stopWatch(); <-watched }()
 	standby := won
 	for ctx.Err() == nil {
@@ -196,7 +205,7 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 			case <-ran:
 				break running
 			case <-standby:
-				standby, released = nil, nil
+				standby, released, expired = nil, nil, nil
 				stopWatch()
 			case <-released:
 				e.Log.Info("the Lease was released: trying to take it now", "lease", e.Namespace+"/"+LeaseName)
@@ -206,11 +215,39 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 				default:
 				}
 				break running
+			case l := <-expired:
+				if err := e.takeExpired(ctx, l, cfg.LeaseDuration, cfg.RenewDeadline); err != nil {
+					// Renewed meanwhile (a conflict), or taken by
+					// another: the watch or the next try sees it.
+					e.Log.Debug("expired Lease not taken", "lease", e.Namespace+"/"+LeaseName, "err", err)
+					continue
+				}
+				e.Log.Info("the Lease was not renewed for a lease duration: took it", "lease", e.Namespace+"/"+LeaseName, "holder", ptr.Deref(l.Spec.HolderIdentity, ""))
+				e.restart(lock, cancel, ran) // the next election finds the Lease its own
+				break running
 			}
 		}
 		cancel()
 	}
 	return nil
+}
+
+// takeExpired makes this replica the holder of l, the Lease as last seen
+// held by another and not renewed for a lease duration since, as
+// client-go's election takes an expired Lease, within timeout; the update
+// is conditional on l's resourceVersion, so it fails if the Lease changed
+// since.
+func (e *Elector) takeExpired(ctx context.Context, l *coordinationv1.Lease, leaseDuration, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	l = l.DeepCopy()
+	now := metav1.NewMicroTime(time.Now())
+	seconds := int32(leaseDuration / time.Second)
+	transitions := ptr.Deref(l.Spec.LeaseTransitions, 0) + 1
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &e.Identity, &seconds
+	l.Spec.AcquireTime, l.Spec.RenewTime, l.Spec.LeaseTransitions = &now, &now, &transitions
+	_, err := e.Kube.CoordinationV1().Leases(e.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	return err
 }
 
 // restart stops an election that may have just taken the Lease without

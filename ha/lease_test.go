@@ -378,3 +378,49 @@ func TestLeaseReleasedTakenAtOnce(t *testing.T) {
 		t.Errorf("no log line saying the standby saw the release:\n%s", second.log)
 	}
 }
+
+// A standby takes a Lease its holder stopped renewing once its watch saw
+// no renewal for a lease duration, not at a later try of client-go's
+// election; the old holder, cut from the API server, was fenced before.
+func TestLeaseExpiredTakenFromTheWatch(t *testing.T) {
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
+	admin := cp.Client
+	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := campaign(t, cp, admin, "gw1", nil)
+	waitActive(t, first, "the first replica")
+	// The slowest tries client-go allows with the default lease duration
+	// and renew deadline: its own takeover would come up to 4.4 s after
+	// the watch's.
+	slow := func(e *Elector) { e.RetryPeriod = 2 * time.Second }
+	second := campaign(t, cp, admin, "gw2", nil, slow)
+	eventually.Within(t, 60*time.Second, "the standby saw the active replica", func() error {
+		if !strings.Contains(second.log.String(), first.e.Identity) {
+			return fmt.Errorf("standby's log:\n%s", second.log)
+		}
+		return nil
+	})
+
+	cut := time.Now()
+	first.net.cut.Store(true)
+	waitActive(t, second, "the standby")
+	t.Logf("the standby active %.2fs after the active was cut from the API server", time.Since(cut).Seconds())
+	if !strings.Contains(second.log.String(), "the Lease was not renewed for a lease duration: took it") {
+		t.Errorf("the standby did not take the Lease from its watch; its log:\n%s", second.log)
+	}
+	select {
+	case <-first.fenced:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the partitioned replica was not fenced; its log:\n%s", first.log)
+	}
+	h1, h2 := first.history(), second.history()
+	if len(h1) != 2 || h1[1].to != Fenced || len(h2) != 1 || !h1[1].at.Before(h2[0].at) {
+		t.Fatalf("the partitioned replica went %v, the standby %v: want the first fenced before the second active", h1, h2)
+	}
+	t.Logf("fenced %.2fs before the standby became active", h2[0].at.Sub(h1[1].at).Seconds())
+	if state := leaseState(admin, second.e.Identity); state != "still mine" {
+		t.Fatalf("the Lease is %s, want the standby's", state)
+	}
+}
