@@ -84,21 +84,68 @@ func BenchmarkGatewayFailover(b *testing.B) {
 // takeoverSteps are what a replica taking over logs on the way, in order:
 // the account of where a takeover's time goes that the benchmark prints.
 var takeoverSteps = []struct{ msg, name string }{
+	// A standby whose process started after t0 (it should not have).
+	{"agent starting", "process started"},
+	{"standby: waiting for the Lease", "standby"},
 	{"the Lease was released: trying to take it now", "saw release"},
+	{"the Lease was not renewed for a lease duration: took it", "saw expiry"},
 	{"this replica is now the active one", "lease"},
 	{"identity", "ledger"},
+	{"fabric plan published", "plan"},
 	{"components started", "started"},
 	{"pod labelled with its role", "labelled"},
 }
 
-// takeoverTimeline is when pod of c logged each of takeoverSteps, after
-// t0: "lease +4.1s, ledger +4.3s, ...".
+// takeoverTimeline is when pod of c logged each of takeoverSteps after
+// t0, and when the fabric on each worker of c first applied a plan after
+// pod published its own: "lease +4.1s, ledger +4.3s, ..., w1 fabric
+// +4.6s".
 func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t0 time.Time) string {
 	t.Helper()
-	lines, err := agentLines(c, pod, func(at time.Time, _ string) bool { return !at.Before(t0) })
+	after := func(at time.Time, _ string) bool { return !at.Before(t0) }
+	lines, err := agentLines(c, pod, after)
 	if err != nil {
 		return err.Error()
 	}
+	at := firstLogged(lines, t0)
+	var steps []string
+	for _, s := range takeoverSteps {
+		if d, ok := at[s.msg]; ok {
+			steps = append(steps, fmt.Sprintf("%s +%s", s.name, d.Round(time.Millisecond)))
+		}
+	}
+	if _, ok := at["agent starting"]; ok {
+		// Why it started again: what its container said before.
+		tail := int64(8)
+		out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "agent", Previous: true, TailLines: &tail}).DoRaw(context.Background())
+		steps = append(steps, fmt.Sprintf("its previous container's last lines (%v): %s", err, out))
+	}
+	published, ok := at["fabric plan published"]
+	if !ok {
+		return strings.Join(steps, ", ")
+	}
+	fabrics, err := c.CP.Client.CoreV1().Pods(federation.AgentNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=fabric"})
+	if err != nil {
+		return strings.Join(append(steps, err.Error()), ", ")
+	}
+	for _, w := range c.Workers {
+		for _, p := range fabrics.Items {
+			if p.Spec.NodeName != w.NodeName {
+				continue
+			}
+			// The first plan applied once the new one was published.
+			lines, err := podLines(c, p, "fabric", func(at time.Time, _ string) bool { return !at.Before(t0.Add(published)) })
+			if d, ok := firstLogged(lines, t0)["fabric applied"]; err == nil && ok {
+				steps = append(steps, fmt.Sprintf("%s fabric +%s", w.NodeName, d.Round(time.Millisecond)))
+			}
+		}
+	}
+	return strings.Join(steps, ", ")
+}
+
+// firstLogged is when each message of lines (JSON) was first logged,
+// after t0.
+func firstLogged(lines []string, t0 time.Time) map[string]time.Duration {
 	at := map[string]time.Duration{}
 	for _, line := range lines {
 		var l struct {
@@ -112,11 +159,5 @@ func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t
 			at[l.Msg] = l.Time.Sub(t0)
 		}
 	}
-	var steps []string
-	for _, s := range takeoverSteps {
-		if d, ok := at[s.msg]; ok {
-			steps = append(steps, fmt.Sprintf("%s +%s", s.name, d.Round(time.Millisecond)))
-		}
-	}
-	return strings.Join(steps, ", ")
+	return at
 }

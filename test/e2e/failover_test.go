@@ -228,7 +228,9 @@ func waitStandby(t testing.TB, c *federation.NodeCluster, active corev1.Pod) cor
 			return err
 		}
 		for _, p := range pods {
-			if n := c.Candidate(p.Spec.NodeName); p.UID != active.UID && n != nil && !n.Killed() && federation.PodReady(p) == nil {
+			// Not one being deleted: it is Ready until its agent has
+			// stopped, and its replacement starts only then.
+			if n := c.Candidate(p.Spec.NodeName); p.UID != active.UID && p.DeletionTimestamp == nil && n != nil && !n.Killed() && federation.PodReady(p) == nil {
 				standby = p
 				return nil
 			}

@@ -245,7 +245,12 @@ func agentLinesBetween(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, 
 // agentLines is what pod's agent logged that keep says to keep, given
 // each line's time (zero when the line has none).
 func agentLines(c *federation.NodeCluster, pod corev1.Pod, keep func(at time.Time, line string) bool) ([]string, error) {
-	out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
+	return podLines(c, pod, "agent", keep)
+}
+
+// podLines is agentLines for any container of pod.
+func podLines(c *federation.NodeCluster, pod corev1.Pod, container string, keep func(at time.Time, line string) bool) ([]string, error) {
+	out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("logs of %s: %w", pod.Name, err)
 	}
