@@ -141,6 +141,29 @@ func leaseState(admin kubernetes.Interface, me string) string {
 	return "still mine"
 }
 
+// leaseControlPlane is a control plane of the test's own with the
+// agent's namespace, and its admin client.
+func leaseControlPlane(t *testing.T) (*harness.ControlPlane, kubernetes.Interface) {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
+	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return cp, cp.Client
+}
+
+// fencedBeforeActive fails t unless first, once active, was fenced
+// before second became active: never both active.
+func fencedBeforeActive(t *testing.T, first, second *candidate) {
+	t.Helper()
+	h1, h2 := first.history(), second.history()
+	if len(h1) != 2 || h1[1].to != Fenced || len(h2) != 1 || !h1[1].at.Before(h2[0].at) {
+		t.Fatalf("the partitioned replica went %v, the standby %v: want the first fenced before the second active", h1, h2)
+	}
+	t.Logf("fenced %.2fs before the standby became active", h2[0].at.Sub(h1[1].at).Seconds())
+}
+
 func waitActive(t *testing.T, c *candidate, what string) {
 	t.Helper()
 	select {
@@ -155,12 +178,7 @@ func waitActive(t *testing.T, c *candidate, what string) {
 // then is fenced; one stopped releases the Lease, and the other takes
 // over at once.
 func TestLease(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
-	admin := cp.Client
-	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin := leaseControlPlane(t)
 
 	first := campaign(t, cp, admin, "gw1", nil)
 	waitActive(t, first, "the first replica")
@@ -195,11 +213,7 @@ func TestLease(t *testing.T) {
 		}
 		// Never both active: the first was fenced before the second
 		// became active.
-		h1, h2 := first.history(), second.history()
-		if len(h1) != 2 || h1[1].to != Fenced || len(h2) != 1 || !h1[1].at.Before(h2[0].at) {
-			t.Fatalf("the partitioned replica went %v, the standby %v: want the first fenced before the second active", h1, h2)
-		}
-		t.Logf("fenced %.2fs before the standby became active", h2[0].at.Sub(h1[1].at).Seconds())
+		fencedBeforeActive(t, first, second)
 		if a, _ := first.e.Active(); a {
 			t.Fatal("the fenced replica says it is active")
 		}
@@ -241,12 +255,7 @@ func TestLease(t *testing.T) {
 // other replica could take it, however long; one that could be replaced
 // is fenced, and is active again once it renews a Lease nobody took.
 func TestLeaseUnrenewed(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
-	admin := cp.Client
-	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin := leaseControlPlane(t)
 	// The witness that the replica went past the point where it would
 	// have been fenced: the line it logs there.
 	pastFence := "no other replica could take it: the data path stays up"
@@ -334,12 +343,7 @@ func TestLeaseUnrenewed(t *testing.T) {
 // next retry: with a retry period longer than the test may last, it
 // becomes active once the active one stops.
 func TestLeaseReleasedTakenAtOnce(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
-	admin := cp.Client
-	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin := leaseControlPlane(t)
 	first := campaign(t, cp, admin, "gw1", nil)
 	waitActive(t, first, "the first replica")
 
@@ -383,12 +387,7 @@ func TestLeaseReleasedTakenAtOnce(t *testing.T) {
 // no renewal for a lease duration, not at a later try of client-go's
 // election; the old holder, cut from the API server, was fenced before.
 func TestLeaseExpiredTakenFromTheWatch(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	cp := harness.New(t).ControlPlane("cp", harness.ControlPlaneOptions{})
-	admin := cp.Client
-	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), namespaceObject(), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cp, admin := leaseControlPlane(t)
 	first := campaign(t, cp, admin, "gw1", nil)
 	waitActive(t, first, "the first replica")
 	// The slowest tries client-go allows with the default lease duration
@@ -415,11 +414,7 @@ func TestLeaseExpiredTakenFromTheWatch(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the partitioned replica was not fenced; its log:\n%s", first.log)
 	}
-	h1, h2 := first.history(), second.history()
-	if len(h1) != 2 || h1[1].to != Fenced || len(h2) != 1 || !h1[1].at.Before(h2[0].at) {
-		t.Fatalf("the partitioned replica went %v, the standby %v: want the first fenced before the second active", h1, h2)
-	}
-	t.Logf("fenced %.2fs before the standby became active", h2[0].at.Sub(h1[1].at).Seconds())
+	fencedBeforeActive(t, first, second)
 	if state := leaseState(admin, second.e.Identity); state != "still mine" {
 		t.Fatalf("the Lease is %s, want the standby's", state)
 	}

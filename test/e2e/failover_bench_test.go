@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -103,7 +102,7 @@ var takeoverSteps = []struct{ msg, name string }{
 // +4.6s".
 func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t0 time.Time) string {
 	t.Helper()
-	after := func(at time.Time, _ string) bool { return !at.Before(t0) }
+	after := func(l logLine) bool { return !l.Time.Before(t0) }
 	lines, err := agentLines(c, pod, after)
 	if err != nil {
 		return err.Error()
@@ -129,7 +128,7 @@ func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t
 				continue
 			}
 			// The first plan applied once the new one was published.
-			lines, err := podLines(c, p, "fabric", func(at time.Time, _ string) bool { return !at.Before(t0.Add(published)) })
+			lines, err := podLines(c, p, "fabric", func(l logLine) bool { return !l.Time.Before(t0.Add(published)) })
 			if d, ok := firstLogged(lines, t0)["fabric applied"]; err == nil && ok {
 				steps = append(steps, fmt.Sprintf("%s fabric +%s", w.NodeName, d.Round(time.Millisecond)))
 			}
@@ -138,19 +137,11 @@ func takeoverTimeline(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, t
 	return strings.Join(steps, ", ")
 }
 
-// firstLogged is when each message of lines (JSON) was first logged,
-// after t0.
-func firstLogged(lines []string, t0 time.Time) map[string]time.Duration {
+// firstLogged is when each message of lines was first logged, after t0.
+func firstLogged(lines []logLine, t0 time.Time) map[string]time.Duration {
 	at := map[string]time.Duration{}
-	for _, line := range lines {
-		var l struct {
-			Time time.Time
-			Msg  string
-		}
-		if json.Unmarshal([]byte(line), &l) != nil {
-			continue
-		}
-		if _, seen := at[l.Msg]; !seen {
+	for _, l := range lines {
+		if _, seen := at[l.Msg]; !seen && l.Msg != "" {
 			at[l.Msg] = l.Time.Sub(t0)
 		}
 	}

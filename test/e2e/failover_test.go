@@ -153,9 +153,9 @@ func TestGatewayFailover(t *testing.T) {
 			f.noLoss(t, killed, renewed, "after the standby "+sgw.NodeName+" was killed")
 		}
 		// The active replica's data path stayed: it never fenced it.
-		for _, line := range agentLinesBetween(t, a, next, killed, renewed) {
-			if strings.Contains(line, "data path removed") || strings.Contains(line, "removing the data path") {
-				t.Errorf("the active agent %s removed its data path after the standby died: %s", next.Name, line)
+		for _, l := range agentLinesBetween(t, a, next, killed, renewed) {
+			if strings.Contains(l.Text, "data path removed") || strings.Contains(l.Text, "removing the data path") {
+				t.Errorf("the active agent %s removed its data path after the standby died: %s", next.Name, l.Text)
 			}
 		}
 		if now, _ := activeGateway(t, a); now.UID != next.UID {

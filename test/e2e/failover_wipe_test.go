@@ -220,46 +220,46 @@ func lastLogs(c *federation.NodeCluster, p corev1.Pod) string {
 // between from and to.
 func logAgentLines(t *testing.T, c *federation.NodeCluster, pod corev1.Pod, from, to time.Time) {
 	t.Helper()
-	lines, err := agentLines(c, pod, func(at time.Time, line string) bool {
-		low := strings.ToLower(line)
-		return !at.Before(from) && !at.After(to) || strings.Contains(low, "lease") || strings.Contains(low, "data path")
+	lines, err := agentLines(c, pod, func(l logLine) bool {
+		low := strings.ToLower(l.Text)
+		return !l.Time.Before(from) && !l.Time.After(to) || strings.Contains(low, "lease") || strings.Contains(low, "data path")
 	})
 	if err != nil {
 		t.Log(err)
 	}
-	for _, line := range lines {
-		t.Logf("%s: %s", pod.Name, line)
+	for _, l := range lines {
+		t.Logf("%s: %s", pod.Name, l.Text)
 	}
 }
 
 // agentLinesBetween is what pod's agent logged between from and to.
-func agentLinesBetween(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, from, to time.Time) []string {
+func agentLinesBetween(t testing.TB, c *federation.NodeCluster, pod corev1.Pod, from, to time.Time) []logLine {
 	t.Helper()
-	lines, err := agentLines(c, pod, func(at time.Time, _ string) bool { return !at.Before(from) && !at.After(to) })
+	lines, err := agentLines(c, pod, func(l logLine) bool { return !l.Time.Before(from) && !l.Time.After(to) })
 	if err != nil {
 		t.Error(err)
 	}
 	return lines
 }
 
-// agentLines is what pod's agent logged that keep says to keep, given
-// each line's time (zero when the line has none).
-func agentLines(c *federation.NodeCluster, pod corev1.Pod, keep func(at time.Time, line string) bool) ([]string, error) {
+// agentLines is what pod's agent logged that keep says to keep; a line
+// that is not JSON has only its Text.
+func agentLines(c *federation.NodeCluster, pod corev1.Pod, keep func(logLine) bool) ([]logLine, error) {
 	return podLines(c, pod, "agent", keep)
 }
 
 // podLines is agentLines for any container of pod.
-func podLines(c *federation.NodeCluster, pod corev1.Pod, container string, keep func(at time.Time, line string) bool) ([]string, error) {
+func podLines(c *federation.NodeCluster, pod corev1.Pod, container string, keep func(logLine) bool) ([]logLine, error) {
 	out, err := c.CP.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("logs of %s: %w", pod.Name, err)
 	}
-	var kept []string
+	var kept []logLine
 	for line := range strings.SplitSeq(string(out), "\n") {
-		var l struct{ Time time.Time }
+		l := logLine{Text: line}
 		_ = json.Unmarshal([]byte(line), &l)
-		if line != "" && keep(l.Time, line) {
-			kept = append(kept, line)
+		if line != "" && keep(l) {
+			kept = append(kept, l)
 		}
 	}
 	return kept, nil

@@ -35,7 +35,10 @@ var startupSteps = []struct{ name, msg string }{
 	{"started", "components started"},
 }
 
+// logLine is a line an agent logged (JSON), as read for timelines; Text
+// is the whole line.
 type logLine struct {
+	Text      string       `json:"-"`
 	Time      time.Time    `json:"time"`
 	Msg       string       `json:"msg"`
 	Step      peering.Step `json:"step"`
