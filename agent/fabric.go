@@ -15,7 +15,9 @@ import (
 // line with the data path and the Nodes, and has it published. Without a
 // publisher (the agent runs outside a Deployment) it only keeps track.
 type fabricPlan struct {
-	publisher                    *fabricapi.Publisher
+	// publish hands a plan to the publisher (fabricapi.Publisher.Set);
+	// nil without one.
+	publish                      func(fabricapi.Plan)
 	gatewayNode, tunnelInterface string
 	fallback                     netip.Addr // the gateway's address if its Node has no InternalIP
 
@@ -25,6 +27,9 @@ type fabricPlan struct {
 	nodes func() []fabricapi.Node
 	mtu   int
 	views []netip.Prefix
+	// publishing: the plan is published at every change (start); until
+	// then the data path's first views are only recorded.
+	publishing bool
 	// onViews, when set, is told the views at every change (the reverse
 	// zones CoreDNS forwards to the agent's DNS); it must not block.
 	onViews func([]netip.Prefix)
@@ -42,24 +47,35 @@ func (f *fabricPlan) notifyViews(fn func([]netip.Prefix)) {
 	fn(slices.Clone(f.views))
 }
 
-// start gives the plan what it lacked at first and publishes it.
-func (f *fabricPlan) start(nodes func() []fabricapi.Node, mtu int) {
+// setNodes gives the plan what it lacked at first; nothing is published
+// before start.
+func (f *fabricPlan) setNodes(nodes func() []fabricapi.Node, mtu int) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.nodes, f.mtu = nodes, mtu
+}
+
+// start publishes the plan, now and at every change. The agent starts it
+// once the peering engine has applied the data path it restored: the
+// first plan a restarted agent (or a replica taking over) publishes has
+// the views the workers route to, not none until a second one.
+func (f *fabricPlan) start() {
+	f.mu.Lock()
+	f.publishing = true
 	f.mu.Unlock()
 	f.changed()
 }
 
 // changed publishes the plan again, if there is a publisher and the plan
-// is complete.
+// is complete and started.
 func (f *fabricPlan) changed() {
-	if f == nil || f.publisher == nil {
+	if f == nil || f.publish == nil {
 		return
 	}
 	f.mu.Lock()
-	nodes, mtu, views := f.nodes, f.mtu, slices.Clone(f.views)
+	nodes, mtu, views, publishing := f.nodes, f.mtu, slices.Clone(f.views), f.publishing
 	f.mu.Unlock()
-	if nodes == nil {
+	if nodes == nil || !publishing {
 		return
 	}
 	plan := fabricapi.Plan{
@@ -72,7 +88,7 @@ func (f *fabricPlan) changed() {
 			plan.Gateway = n.Addr
 		}
 	}
-	f.publisher.Set(plan)
+	f.publish(plan)
 }
 
 // setViews records the views of a data path applied, and publishes the
@@ -150,8 +166,9 @@ func (a *Agent) newFabricPlan(comps *components, gateway netip.Addr) (*fabricPla
 	if a.cfg.Namespace == "" || a.cfg.NodeName == "" {
 		return nil, errors.New("the fabric needs the agent's namespace and node name: set --namespace and --node-name (POD_NAMESPACE and NODE_NAME from the downward API)")
 	}
-	f.publisher = fabricapi.NewPublisher(a.kube, a.cfg.Namespace, a.cfg.FabricOwner, a.log.With("component", "fabric"), a.registry)
-	comps.Go("fabric publisher", f.publisher.Run)
+	publisher := fabricapi.NewPublisher(a.kube, a.cfg.Namespace, a.cfg.FabricOwner, a.log.With("component", "fabric"), a.registry)
+	f.publish = publisher.Set
+	comps.Go("fabric publisher", publisher.Run)
 	return f, nil
 }
 

@@ -92,7 +92,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("Peer CRD")
-	a.fabric.start(a.fabricNodes, tun.MTU())
+	a.fabric.setNodes(a.fabricNodes, tun.MTU())
 	eng, relay, err := a.startPeering(ctx, comps, st, announced.Networks, endpoint, seg, disc)
 	if err != nil {
 		return err
@@ -104,6 +104,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 		return err
 	}
 	lap("peering engine ready")
+	a.fabric.start()
 	a.followLocalNetworks(comps, locals, ann, eng)
 	// Before the join: the engine must know every admin's spec (a Deny, a
 	// Manual policy's Accept) before discovery reports the first member,

@@ -52,7 +52,7 @@ func NewPublisher(client kubeclient.Interface, namespace, owner string, log *slo
 			Name: "flotilla_fabric_plan_writes_total", Help: "Fabric plans written to the ConfigMap.",
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "flotilla_fabric_plan_write_errors_total", Help: "Failed writes of the fabric plan (retried).",
+			Name: "flotilla_fabric_plan_write_errors_total", Help: "Failed writes of the fabric plan or applies of its DaemonSet (retried).",
 		}),
 	}
 	reg.MustRegister(p.writes, p.failures)
@@ -70,40 +70,49 @@ func (p *Publisher) Set(plan Plan) {
 	}
 }
 
-// Run applies the DaemonSet and writes plans until ctx ends.
+// Run writes plans and keeps the DaemonSet applied until ctx ends. The
+// two are separate loops: a plan, which the workers' routes wait for, is
+// never queued behind an apply of the DaemonSet.
 func (p *Publisher) Run(ctx context.Context) error {
 	var written []byte
-	var daemonSetDue time.Time
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		p.keep(ctx, "the fabric's DaemonSet", p.ApplyDaemonSet, nil, daemonSetRefresh)
+	})
+	p.keep(ctx, "the fabric plan", func(ctx context.Context) error { return p.publish(ctx, &written) }, p.kick, 0)
+	wg.Wait()
+	return nil
+}
+
+// keep calls write until ctx ends: again after every kick and every
+// refresh (0: never), sooner with a backoff after a failure.
+func (p *Publisher) keep(ctx context.Context, what string, write func(context.Context) error, kick <-chan struct{}, refresh time.Duration) {
 	retry := retryMin
-	var timer <-chan time.Time
 	var failing string // the error last logged: a repeated one is logged once
 	for {
-		err := p.publish(ctx, &written)
-		if time.Now().After(daemonSetDue) && err == nil {
-			if err = p.ApplyDaemonSet(ctx); err == nil {
-				daemonSetDue = time.Now().Add(daemonSetRefresh)
-			}
-		}
-		if err != nil {
+		var timer <-chan time.Time
+		if err := write(ctx); err != nil {
 			p.failures.Inc()
 			if err.Error() != failing {
-				p.log.Warn("cannot publish the fabric; retrying with a backoff", "err", err)
+				p.log.Warn("cannot publish "+what+"; retrying with a backoff", "err", err)
 				failing = err.Error()
 			}
 			timer = time.After(retry)
 			retry = min(2*retry, retryMax)
 		} else {
 			if failing != "" {
-				p.log.Info("fabric published again")
+				p.log.Info(what + " published again")
 				failing = ""
 			}
 			retry = retryMin
-			timer = time.After(time.Until(daemonSetDue))
+			if refresh > 0 {
+				timer = time.After(refresh)
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-p.kick:
+			return
+		case <-kick:
 		case <-timer:
 		}
 	}
