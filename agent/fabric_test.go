@@ -16,7 +16,9 @@ import (
 func TestFabricPlanFirstPublishedWithViews(t *testing.T) {
 	var published []fabricapi.Plan
 	f := &fabricPlan{gatewayNode: "gw", publish: func(p fabricapi.Plan) { published = append(published, p) }}
-	f.setNodes(func() []fabricapi.Node { return []fabricapi.Node{{Name: "gw", Addr: netip.MustParseAddr("198.18.0.2")}} }, 1420)
+	f.setNodes(func() []fabricapi.Node {
+		return []fabricapi.Node{{Name: "gw", Addr: netip.MustParseAddr("198.18.0.2")}}
+	}, 1420)
 	view := func(as string) tunnel.Desired {
 		return tunnel.Desired{Peers: []tunnel.Peer{{ClusterID: "b", Views: []tunnel.View{{Real: netip.MustParsePrefix("10.0.0.0/16"), As: netip.MustParsePrefix(as)}}}}}
 	}
