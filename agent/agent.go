@@ -29,6 +29,7 @@ import (
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/version"
@@ -151,6 +152,11 @@ type Config struct {
 	// ha.Elector's, zero for its defaults (docs/ha.md).
 	LeaderElect                               bool
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// HeartbeatPort is the UDP port, on NodeAddress, replicas ping each
+	// other on (ha.Heartbeat): a standby takes over from an active
+	// replica that died in about a second, not a lease duration. 0, or
+	// outside a pod: the Lease alone.
+	HeartbeatPort int
 	// LedgerSnapshots replicates the ledger into the Secret
 	// flotilla-ledger after every change and restores it from there at
 	// start when this state directory is behind (docs/ha.md).
@@ -240,6 +246,7 @@ func DefaultConfig() Config {
 		InstallCRDs:        true,
 		KubeletPort:        10260,
 		WebhookPort:        9443,
+		HeartbeatPort:      ha.DefaultHeartbeatPort,
 		WebhookClientCA:    WebhookClientCluster,
 		WebhookClientNames: placement.DefaultClientNames,
 		ClustersetDNSPort:  mcsdns.DefaultPort,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +33,7 @@ var errLostLease = errors.New("another replica holds the Lease " + ha.LeaseName 
 // the replica stops, to restart as the standby. As it stops, it removes
 // its data path before it releases the Lease.
 func (a *Agent) startElected(start func(context.Context, *components) error) func(context.Context, *components) error {
-	return func(ctx context.Context, comps *components) error {
+	return func(ctx context.Context, comps *components) (err error) {
 		e := &ha.Elector{
 			Kube: a.kube, Namespace: a.agentNamespace(), Identity: ha.NewIdentity(a.cfg.NodeName),
 			Log:           a.log.With("component", "leader election"),
@@ -39,6 +41,9 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		}
 		replicas := ha.NewReplicas(a.kube, a.agentNamespace(), a.cfg.PodName)
 		e.Others = replicas.Others
+		if e.Heartbeat, err = a.heartbeat(replicas); err != nil {
+			return err
+		}
 		comps.Go("agent replicas informer", replicas.Run)
 		a.registry.MustRegister(e.Collectors()...)
 		label := newRoleLabel(&ha.Role{Kube: a.kube, Namespace: a.agentNamespace(), Pod: a.cfg.PodName}, a.log, e.RetryPeriod)
@@ -93,6 +98,28 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		}
 		return nil
 	}
+}
+
+// heartbeat is the replicas' heartbeat (ha.Heartbeat) on HeartbeatPort,
+// or nil: none configured, or the agent does not run in a pod (its
+// replicas are then no pods to find).
+func (a *Agent) heartbeat(replicas *ha.Replicas) (*ha.Heartbeat, error) {
+	if a.cfg.HeartbeatPort == 0 || a.cfg.PodName == "" {
+		return nil, nil
+	}
+	if a.cfg.HeartbeatPort < 0 || a.cfg.HeartbeatPort > 65535 {
+		return nil, fmt.Errorf("--heartbeat-port %d: not a port", a.cfg.HeartbeatPort)
+	}
+	port := uint16(a.cfg.HeartbeatPort)
+	at := netip.AddrPortFrom(netip.IPv4Unspecified(), port)
+	if a.cfg.NodeAddress.IsValid() {
+		at = netip.AddrPortFrom(a.cfg.NodeAddress, port)
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(at))
+	if err != nil {
+		return nil, fmt.Errorf("listen for the replicas' heartbeat on %s (--heartbeat-port): %w", at, err)
+	}
+	return &ha.Heartbeat{Conn: conn, Peers: replicas.Addrs(port)}, nil
 }
 
 // startAlone starts the one replica there is (no --leader-elect): it is

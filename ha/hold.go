@@ -23,6 +23,10 @@ type hold struct {
 	// holder is the holder the Lease named when last read or written:
 	// "" when released or not read yet.
 	holder string
+	// earliest, when set, is the earliest instant a standby could take
+	// the Lease before it expires, for a last renewal sent at renewed
+	// (Heartbeat.earliestTake); zero: none could.
+	earliest func(renewed time.Time) time.Time
 }
 
 // verdict is what becomes of the data path.
@@ -62,7 +66,13 @@ func (h hold) decide(now time.Time, others bool) verdict {
 // fenceAt is the instant after which the data path goes, when another
 // replica could take the Lease.
 func (h hold) fenceAt() time.Time {
-	return h.renewed.Add(h.leaseDuration - h.margin)
+	at := h.renewed.Add(h.leaseDuration)
+	if h.earliest != nil {
+		if early := h.earliest(h.renewed); !early.IsZero() && early.Before(at) {
+			at = early
+		}
+	}
+	return at.Add(-h.margin)
 }
 
 // fenceMargin is the margin for the given retry period: a retry period,

@@ -50,6 +50,11 @@ type Elector struct {
 	// (Replicas.Others); nil: one always could.
 	Others func() bool
 
+	// Heartbeat, when set, lets a standby take over from an active
+	// replica that died before the Lease expires (see Heartbeat); nil:
+	// the Lease alone decides.
+	Heartbeat *Heartbeat
+
 	mu        sync.Mutex
 	state     State
 	since     time.Time // when this replica last changed state
@@ -123,6 +128,10 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 		event:      make(chan struct{}, 1),
 		mayRelease: func() bool { a, _ := e.Active(); return !a },
 	}
+	if hb := e.Heartbeat; hb != nil {
+		hb.me, hb.log = e.Identity, e.Log.With("component", "heartbeat")
+		lock.hold.earliest = hb.earliestTake
+	}
 	e.mu.Lock()
 	e.lock = lock
 	e.mu.Unlock()
@@ -182,14 +191,22 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 		},
 	}
 	released := make(chan struct{}, 1)
-	expired := make(chan *coordinationv1.Lease)
+	expired := make(chan expiry)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		watchLease(watchCtx, e.Kube, e.Namespace, e.Identity, cfg.LeaseDuration, released, expired)
+		watchLease(watchCtx, e.Kube, e.Namespace, e.Identity, cfg.LeaseDuration, e.Heartbeat, released, expired)
 	}()
 	defer func() { stopWatch(); <-watched }()
+	if hb := e.Heartbeat; hb != nil {
+		beating := make(chan struct{})
+		go func() {
+			defer close(beating)
+			hb.run(ctx, func() bool { a, _ := e.Active(); return a }, expired)
+		}()
+		defer func() { <-beating }()
+	}
 	standby := won
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(cfg)
@@ -215,14 +232,15 @@ func (e *Elector) campaign(ctx context.Context, cfg leaderelection.LeaderElectio
 				default:
 				}
 				break running
-			case l := <-expired:
+			case x := <-expired:
+				l := x.lease
 				if err := e.takeExpired(ctx, l, cfg.LeaseDuration, cfg.RenewDeadline); err != nil {
 					// Renewed meanwhile (a conflict), or taken by
 					// another: the watch or the next try sees it.
 					e.Log.Debug("expired Lease not taken", "lease", e.Namespace+"/"+LeaseName, "err", err)
 					continue
 				}
-				e.Log.Info("the Lease was not renewed for a lease duration: took it", "lease", e.Namespace+"/"+LeaseName, "holder", ptr.Deref(l.Spec.HolderIdentity, ""))
+				e.Log.Info(x.why, "lease", e.Namespace+"/"+LeaseName, "holder", ptr.Deref(l.Spec.HolderIdentity, ""))
 				e.restart(lock, cancel, ran) // the next election finds the Lease its own
 				break running
 			}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -418,4 +420,142 @@ func TestLeaseExpiredTakenFromTheWatch(t *testing.T) {
 	if state := leaseState(admin, second.e.Identity); state != "still mine" {
 		t.Fatalf("the Lease is %s, want the standby's", state)
 	}
+}
+
+// silenceable is a replica's heartbeat socket, which sends nothing while
+// cut: a replica whose node died, with cuttable.
+type silenceable struct {
+	net.PacketConn
+	cut atomic.Bool
+}
+
+func (s *silenceable) WriteTo(b []byte, to net.Addr) (int, error) {
+	if s.cut.Load() {
+		return len(b), nil
+	}
+	return s.PacketConn.WriteTo(b, to)
+}
+
+// beating gives two replicas about to campaign a heartbeat each on the
+// loopback, each pinging the other, and returns them to pass to campaign
+// with their sockets, to silence.
+func beating(t *testing.T, timings ...func(*Elector)) (first, second func(*Elector), firstConn, secondConn *silenceable) {
+	t.Helper()
+	listen := func() (*silenceable, netip.AddrPort) {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return &silenceable{PacketConn: c}, c.LocalAddr().(*net.UDPAddr).AddrPort()
+	}
+	c1, a1 := listen()
+	c2, a2 := listen()
+	with := func(c *silenceable, other netip.AddrPort) func(*Elector) {
+		return func(e *Elector) {
+			for _, f := range timings {
+				f(e)
+			}
+			e.Heartbeat = &Heartbeat{Conn: c, Peers: func() []netip.AddrPort { return []netip.AddrPort{other} }}
+		}
+	}
+	return with(c1, a2), with(c2, a1), c1, c2
+}
+
+// heardBothWays waits until the standby c may take early from the
+// active replica: a ping acknowledged one of its answers.
+func heardBothWays(t *testing.T, c *candidate) {
+	t.Helper()
+	eventually.Within(t, 60*time.Second, "the standby's heartbeat works both ways", func() error {
+		h := c.e.Heartbeat
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.heard.acked {
+			return fmt.Errorf("heard %+v from %q", h.heard, h.holder)
+		}
+		return nil
+	})
+}
+
+// A standby takes over from an active replica that died (cut from the API
+// server and silent) once it heard no ping for a second and saw no
+// renewal for 1.5 s, long before the Lease (20 s here) expires; the dead
+// replica, had it lived on, was fenced before.
+func TestHeartbeatTakesOverFromTheDead(t *testing.T) {
+	cp, admin := leaseControlPlane(t)
+	long := func(e *Elector) { e.LeaseDuration = 20 * time.Second }
+	w1, w2, conn1, _ := beating(t, long)
+	first := campaign(t, cp, admin, "gw1", nil, w1)
+	waitActive(t, first, "the first replica")
+	second := campaign(t, cp, admin, "gw2", nil, w2)
+	heardBothWays(t, second)
+
+	died := time.Now()
+	first.net.cut.Store(true)
+	conn1.cut.Store(true)
+	waitActive(t, second, "the standby")
+	t.Logf("the standby active %.2fs after the active died", time.Since(died).Seconds())
+	if !strings.Contains(second.log.String(), "the active replica went silent and the Lease was not renewed: took it") {
+		t.Fatalf("the standby did not take the Lease for the silence; its log:\n%s", second.log)
+	}
+	select {
+	case <-first.fenced:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the dead replica, still running, was not fenced; its log:\n%s", first.log)
+	}
+	fencedBeforeActive(t, first, second)
+	if state := leaseState(admin, second.e.Identity); state != "still mine" {
+		t.Fatalf("the Lease is %s, want the standby's", state)
+	}
+}
+
+// Heartbeats alone move nothing. An active replica that is cut from the
+// API server but still pings is replaced only once the Lease expired (a
+// partition, not a death); one whose pings are lost but that renews stays
+// active.
+func TestHeartbeatAloneMovesNothing(t *testing.T) {
+	cp, admin := leaseControlPlane(t)
+
+	t.Run("pings lost, renewals go on", func(t *testing.T) {
+		w1, w2, conn1, _ := beating(t)
+		first := campaign(t, cp, admin, "gw1", nil, w1)
+		waitActive(t, first, "the first replica")
+		second := campaign(t, cp, admin, "gw2", nil, w2)
+		heardBothWays(t, second)
+		conn1.cut.Store(true)
+		// The witness: the standby has heard nothing for longer than it
+		// waits before it takes early, and has seen renewals since.
+		_, silence, unrenewed := second.e.Heartbeat.timings()
+		eventually.Within(t, 60*time.Second, "the standby silent past its wait, seeing renewals", func() error {
+			h := second.e.Heartbeat
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if quiet := time.Since(h.heard.lastPing); quiet < 2*(silence+unrenewed) || !h.changed.After(h.heard.lastPing.Add(silence+unrenewed)) {
+				return fmt.Errorf("quiet for %s, Lease last changed %s after the last ping", quiet, h.changed.Sub(h.heard.lastPing))
+			}
+			return nil
+		})
+		if second.active.Load() || len(first.history()) != 1 {
+			t.Fatalf("pings lost: the active went %v, the standby %v; want nothing moved", first.history(), second.history())
+		}
+		first.cancel()
+		<-first.done
+		waitActive(t, second, "the standby once the active stopped")
+		second.cancel()
+		<-second.done
+	})
+
+	t.Run("cut from the API server, pinging", func(t *testing.T) {
+		w1, w2, _, _ := beating(t)
+		first := campaign(t, cp, admin, "gw3", nil, w1)
+		waitActive(t, first, "the first replica")
+		second := campaign(t, cp, admin, "gw4", nil, w2)
+		heardBothWays(t, second)
+		first.net.cut.Store(true)
+		waitActive(t, second, "the standby")
+		if log := second.log.String(); !strings.Contains(log, "the Lease was not renewed for a lease duration: took it") || strings.Contains(log, "went silent") {
+			t.Fatalf("the standby of a replica still pinging took the Lease other than once it expired; its log:\n%s", log)
+		}
+		fencedBeforeActive(t, first, second)
+	})
 }

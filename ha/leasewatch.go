@@ -28,7 +28,9 @@ import (
 // delivers each renewal as it is written. The Lease sent is the one last
 // seen; taking it (Elector.takeExpired) is an update conditional on its
 // resourceVersion, so a renewal this watch has not delivered yet wins.
-func watchLease(ctx context.Context, kube kubeclient.Interface, namespace, me string, leaseDuration time.Duration, released chan<- struct{}, expired chan<- *coordinationv1.Lease) {
+//
+// hb, when not nil, is told the Lease at each change (Heartbeat.leaseSeen).
+func watchLease(ctx context.Context, kube kubeclient.Interface, namespace, me string, leaseDuration time.Duration, hb *Heartbeat, released chan<- struct{}, expired chan<- expiry) {
 	byName := fields.OneTermEqualSelector("metadata.name", LeaseName).String()
 	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, kube.CoordinationV1().Leases(namespace),
 		func(o *metav1.ListOptions) { o.FieldSelector = byName })
@@ -56,6 +58,9 @@ func watchLease(ctx context.Context, kube kubeclient.Interface, namespace, me st
 			return
 		}
 		stopTimer()
+		if hb != nil {
+			hb.leaseSeen(l.DeepCopy(), time.Now())
+		}
 		switch holder := l.Spec.HolderIdentity; {
 		case holder == nil || *holder == "":
 			signal()
@@ -68,7 +73,7 @@ func watchLease(ctx context.Context, kube kubeclient.Interface, namespace, me st
 		defer mu.Unlock()
 		timer = time.AfterFunc(leaseDuration, func() {
 			select {
-			case expired <- l:
+			case expired <- expiry{lease: l, why: "the Lease was not renewed for a lease duration: took it"}:
 			case <-ctx.Done():
 			}
 		})

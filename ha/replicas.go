@@ -2,6 +2,7 @@ package ha
 
 import (
 	"context"
+	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,4 +52,24 @@ func (r *Replicas) Others() bool {
 		return true
 	}
 	return false
+}
+
+// Addrs returns the addresses, with port, of the other agent pods as last
+// seen that have an IP and have not ended: where a heartbeat reaches
+// them (the agent's pods use the host's network, and all listen on the
+// same port).
+func (r *Replicas) Addrs(port uint16) func() []netip.AddrPort {
+	return func() []netip.AddrPort {
+		var addrs []netip.AddrPort
+		for _, o := range r.inf.GetStore().List() {
+			p := o.(*corev1.Pod)
+			if p.Name == r.self || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			if ip, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+				addrs = append(addrs, netip.AddrPortFrom(ip.Unmap(), port))
+			}
+		}
+		return addrs
+	}
 }

@@ -89,6 +89,7 @@ var takeoverSteps = []struct{ msg, name string }{
 	{"standby: waiting for the Lease", "standby"},
 	{"the Lease was released: trying to take it now", "saw release"},
 	{"the Lease was not renewed for a lease duration: took it", "saw expiry"},
+	{"the active replica went silent and the Lease was not renewed: took it", "saw silence"},
 	{"this replica is now the active one", "lease"},
 	{"identity", "ledger"},
 	{"fabric plan published", "plan"},
