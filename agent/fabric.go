@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/tunnel"
@@ -16,8 +17,9 @@ import (
 // publisher (the agent runs outside a Deployment) it only keeps track.
 type fabricPlan struct {
 	// publish hands a plan to the publisher (fabricapi.Publisher.Set);
-	// nil without one.
+	// nil without one. published is closed once the first is written.
 	publish                      func(fabricapi.Plan)
+	published                    <-chan struct{}
 	gatewayNode, tunnelInterface string
 	fallback                     netip.Addr // the gateway's address if its Node has no InternalIP
 
@@ -64,6 +66,21 @@ func (f *fabricPlan) start() {
 	f.publishing = true
 	f.mu.Unlock()
 	f.changed()
+}
+
+// waitPublished waits until the first plan is written, for at most
+// timeout, or returns at once without a publisher.
+func (f *fabricPlan) waitPublished(ctx context.Context, timeout time.Duration) {
+	if f == nil || f.published == nil {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-f.published:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // changed publishes the plan again, if there is a publisher and the plan
@@ -167,7 +184,7 @@ func (a *Agent) newFabricPlan(comps *components, gateway netip.Addr) (*fabricPla
 		return nil, errors.New("the fabric needs the agent's namespace and node name: set --namespace and --node-name (POD_NAMESPACE and NODE_NAME from the downward API)")
 	}
 	publisher := fabricapi.NewPublisher(a.kube, a.cfg.Namespace, a.cfg.FabricOwner, a.log.With("component", "fabric"), a.registry)
-	f.publish = publisher.Set
+	f.publish, f.published = publisher.Set, publisher.Published()
 	comps.Go("fabric publisher", publisher.Run)
 	return f, nil
 }

@@ -121,6 +121,11 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	// agent is not ready until startComponents returns (Run's "started"
 	// check), nor until each part's own check passes.
 	a.startGatewayServiceRemoval(comps)
+	// Offloading's informers list everything at once: the first fabric
+	// plan, which the workers' routes to the peers wait for, is written
+	// before they load the API server.
+	a.fabric.waitPublished(ctx, firstPlanWait)
+	lap("fabric plan published")
 	if _, err := otherCRDs.wait(); err != nil {
 		return err
 	}
@@ -135,6 +140,10 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	a.log.Info("components started", "clusterID", st.id.ClusterID(), "gossip", disc.Snapshot().Gossip, "wireguard", endpoint, "policy", a.cfg.Peering)
 	return nil
 }
+
+// firstPlanWait bounds how long offloading waits for the first fabric
+// plan's write (an API server that refuses it does not hold the start).
+const firstPlanWait = 2 * time.Second
 
 // startOffloading makes and starts what the network path does not need:
 // offloading and the services, hooked to the engine through relay; the

@@ -72,11 +72,19 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 		t.Errorf("fabric capabilities %+v, want NET_ADMIN only", caps)
 	}
 
+	plan := fabricapi.Plan{
+		GatewayNode: "gateway", Gateway: netip.MustParseAddr("198.18.0.2"), TunnelInterface: "flotilla0", MTU: 1420,
+		Views: []netip.Prefix{netip.MustParsePrefix("10.70.0.0/16")},
+		Nodes: []fabricapi.Node{{Name: "worker", Addr: netip.MustParseAddr("198.18.0.3"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}},
+	}
+
 	// A Deployment it may not read (a wrong --fabric-owner): refused on
-	// every retry, said once.
+	// every retry, said once. Its first apply follows the first plan's
+	// write.
 	var logged bytes.Buffer
 	reg := prometheus.NewRegistry()
 	wrong := fabricapi.NewPublisher(agent, namespace, "someone-else", slog.New(slog.NewTextHandler(&logged, nil)), reg)
+	wrong.Set(plan)
 	wrongCtx, stopWrong := context.WithTimeout(ctx, 2*time.Second)
 	wrong.Run(wrongCtx)
 	stopWrong()
@@ -86,11 +94,8 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 	if n := counterValue(t, reg, "flotilla_fabric_plan_write_errors_total"); n < 3 {
 		t.Errorf("%v failed attempts in 2 s, want at least 3 (retried with a backoff from 100 ms)", n)
 	}
-
-	plan := fabricapi.Plan{
-		GatewayNode: "gateway", Gateway: netip.MustParseAddr("198.18.0.2"), TunnelInterface: "flotilla0", MTU: 1420,
-		Views: []netip.Prefix{netip.MustParsePrefix("10.70.0.0/16")},
-		Nodes: []fabricapi.Node{{Name: "worker", Addr: netip.MustParseAddr("198.18.0.3"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}},
+	if !strings.Contains(logged.String(), "fabric plan published") {
+		t.Errorf("the plan was not written before the DaemonSet's apply:\n%s", logged.String())
 	}
 	pubCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -38,6 +38,9 @@ type Publisher struct {
 	kick chan struct{}
 	mu   sync.Mutex
 	plan *Plan
+	// published is closed once the first plan is written.
+	published     chan struct{}
+	publishedOnce sync.Once
 
 	writes, failures prometheus.Counter
 }
@@ -47,7 +50,7 @@ type Publisher struct {
 func NewPublisher(client kubeclient.Interface, namespace, owner string, log *slog.Logger, reg prometheus.Registerer) *Publisher {
 	p := &Publisher{
 		client: client, namespace: namespace, owner: owner, log: log,
-		kick: make(chan struct{}, 1),
+		kick: make(chan struct{}, 1), published: make(chan struct{}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_fabric_plan_writes_total", Help: "Fabric plans written to the ConfigMap.",
 		}),
@@ -70,13 +73,29 @@ func (p *Publisher) Set(plan Plan) {
 	}
 }
 
+// Published is closed once the first plan is written.
+func (p *Publisher) Published() <-chan struct{} { return p.published }
+
+// daemonSetAfterPlan is how long the DaemonSet's first apply waits for the
+// first plan's write.
+const daemonSetAfterPlan = 5 * time.Second
+
 // Run writes plans and keeps the DaemonSet applied until ctx ends. The
 // two are separate loops: a plan, which the workers' routes wait for, is
-// never queued behind an apply of the DaemonSet.
+// never queued behind an apply of the DaemonSet, and the first apply
+// waits for the first plan (daemonSetAfterPlan at most): a replica taking
+// over finds the DaemonSet in place, and its plan is what the workers
+// wait for.
 func (p *Publisher) Run(ctx context.Context) error {
 	var written []byte
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		select {
+		case <-p.published:
+		case <-time.After(daemonSetAfterPlan):
+		case <-ctx.Done():
+			return
+		}
 		p.keep(ctx, "the fabric's DaemonSet", p.ApplyDaemonSet, nil, daemonSetRefresh)
 	})
 	p.keep(ctx, "the fabric plan", func(ctx context.Context) error { return p.publish(ctx, &written) }, p.kick, 0)
@@ -140,6 +159,7 @@ func (p *Publisher) publish(ctx context.Context, written *[]byte) error {
 		return fmt.Errorf("write ConfigMap %s/%s: %w", p.namespace, PlanName, err)
 	}
 	*written = b
+	p.publishedOnce.Do(func() { close(p.published) })
 	p.writes.Inc()
 	p.log.Info("fabric plan published", "views", len(plan.Views), "nodes", len(plan.Nodes), "gateway", plan.GatewayNode)
 	return nil
