@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 )
 
@@ -73,6 +74,9 @@ type Heartbeat struct {
 	holder  string
 	changed time.Time
 	heard   heard
+	// lastHeard is when a ping this replica answered, or an answer it
+	// counted, last came (the metric); zero: none yet.
+	lastHeard time.Time
 }
 
 type answer struct {
@@ -247,7 +251,7 @@ func (h *Heartbeat) pinged(m beat, now time.Time) (beat, bool) {
 	if m.ack >= h.heard.first {
 		h.heard.acked = true
 	}
-	h.heard.lastPing = now
+	h.heard.lastPing, h.lastHeard = now, now
 	return beat{kind: beatAnswer, nonce: m.nonce, seq: m.seq, from: h.me}, true
 }
 
@@ -262,6 +266,23 @@ func (h *Heartbeat) answeredBy(src netip.AddrPort, m beat) {
 	if m.seq > h.answered[src].seq {
 		h.answered[src] = answer{seq: m.seq, at: at}
 	}
+	h.lastHeard = time.Now()
+}
+
+// collector is the heartbeat's metric: how long since another replica
+// was last heard.
+func (h *Heartbeat) collector() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "flotilla_gateway_heartbeat_heard_seconds",
+		Help: "Seconds since this replica of the agent last heard another over the heartbeat (a standby: a ping of the active replica; the active: a standby's answer); -1 before the first. A standby takes over early only while it hears the active one (docs/ha.md).",
+	}, func() float64 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.lastHeard.IsZero() {
+			return -1
+		}
+		return time.Since(h.lastHeard).Seconds()
+	})
 }
 
 // leaseSeen tells a standby's heartbeat the Lease as its watch delivers

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -162,4 +163,19 @@ func FuzzDecodeBeat(f *testing.F) {
 			t.Fatalf("%x decoded to %+v, which encodes to %x", b, m, m.encode())
 		}
 	})
+}
+
+// The metric says how long since another replica was last heard: -1
+// before the first, then the time since.
+func TestHeartbeatHeardMetric(t *testing.T) {
+	h := &Heartbeat{me: "gw2_b"}
+	c := h.collector()
+	if v := testutil.ToFloat64(c); v != -1 {
+		t.Fatalf("before any ping: %v, want -1", v)
+	}
+	h.leaseSeen(heldBy("gw1_a", "1"), time.Now())
+	h.pinged(beat{kind: beatPing, nonce: 1, seq: 1, from: "gw1_a"}, time.Now().Add(-2*time.Second))
+	if v := testutil.ToFloat64(c); v < 2 || v > 60 {
+		t.Fatalf("2 s after a ping: %v, want about 2", v)
+	}
 }

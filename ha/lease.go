@@ -360,7 +360,8 @@ func (e *Elector) Active() (active bool, since time.Time) {
 }
 
 // Collectors are the Elector's metrics: its role, how long it has held
-// it, and how many times it became the active one.
+// it, and how many times it became the active one; with a Heartbeat,
+// how long since it heard another replica. Set Heartbeat first.
 func (e *Elector) Collectors() []prometheus.Collector {
 	role := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "flotilla_gateway_active",
@@ -402,5 +403,9 @@ func (e *Elector) Collectors() []prometheus.Collector {
 		}
 		return time.Since(h.renewed).Seconds()
 	})
-	return []prometheus.Collector{role, age, takeovers, leaseAge}
+	cs := []prometheus.Collector{role, age, takeovers, leaseAge}
+	if e.Heartbeat != nil {
+		cs = append(cs, e.Heartbeat.collector())
+	}
+	return cs
 }
