@@ -28,6 +28,14 @@ const (
 	DefaultHeartbeatUnrenewed = 1500 * time.Millisecond
 )
 
+// takeWindow is how long after the silence a standby may still take
+// early: past it, a standby that has not heard the active replica since
+// goes back to the lease duration, and the active replica, which stopped
+// counting its pings to it, stops fencing itself early for its sake (a
+// dead standby does not shorten the active one's patience with the API
+// server for long).
+const takeWindow = 2 * time.Second
+
 // DefaultHeartbeatPort is the UDP port replicas ping each other on.
 const DefaultHeartbeatPort = 7947
 
@@ -49,6 +57,14 @@ const DefaultHeartbeatPort = 7947
 // before the earliest such instant (hold.fenceAt), as before a lease
 // duration without renewal. A standby that never had an answer
 // acknowledged cannot take early: its only rule is the lease duration.
+//
+// Pings count, or only probe: the active replica marks a ping to a
+// standby as counting while that standby answered within Silence (or
+// never answered yet). A standby's silence runs from the last counting
+// ping it heard, and it takes early only within takeWindow after the
+// silence; so once a standby has not answered for Silence, the active
+// replica knows when that standby's window ends at the latest, and past
+// it that standby no longer shortens the active one's fence.
 type Heartbeat struct {
 	// Conn is this replica's socket; Peers lists where the other replicas
 	// listen.
@@ -62,12 +78,11 @@ type Heartbeat struct {
 
 	mu sync.Mutex
 	// The active side: this run's nonce, the last ping's number, when
-	// each recent one was sent, and per standby the send time of the
-	// newest ping it answered and that ping's number.
+	// each recent one was sent, and what it knows of each standby.
 	nonce    uint64
 	seq      uint64
 	sent     map[uint64]time.Time
-	answered map[netip.AddrPort]answer
+	standbys map[netip.AddrPort]*standby
 	// The standby side: the Lease as last seen and when it last changed,
 	// and what this replica heard from its holder.
 	lease   *coordinationv1.Lease
@@ -79,16 +94,23 @@ type Heartbeat struct {
 	lastHeard time.Time
 }
 
-type answer struct {
-	seq uint64
-	at  time.Time // when the ping answered was sent
+// standby is what the active replica knows of one standby.
+type standby struct {
+	// answered is the newest counting ping it answered, answeredPing
+	// when that ping was sent; zero: none.
+	answered     uint64
+	answeredPing time.Time
+	// heard is when its last answer came; counted, when the last
+	// counting ping was sent to it.
+	heard, counted time.Time
 }
 
 // heard is what a standby heard from one run of the holder.
 type heard struct {
 	nonce uint64
-	// first is the first ping it answered in that run; acked: a ping
-	// acknowledged one of its answers since.
+	// first is the first counting ping it answered in that run; acked: a
+	// counting ping acknowledged one of its answers since; lastPing is
+	// when the last counting ping came.
 	first    uint64
 	acked    bool
 	lastPing time.Time
@@ -120,7 +142,7 @@ func (h *Heartbeat) run(ctx context.Context, active func() bool, expired chan<- 
 	var b [8]byte
 	rand.Read(b[:])
 	h.mu.Lock()
-	h.nonce, h.sent, h.answered = binary.BigEndian.Uint64(b[:]), map[uint64]time.Time{}, map[netip.AddrPort]answer{}
+	h.nonce, h.sent, h.standbys = binary.BigEndian.Uint64(b[:]), map[uint64]time.Time{}, map[netip.AddrPort]*standby{}
 	h.mu.Unlock()
 	go func() {
 		<-ctx.Done()
@@ -164,30 +186,39 @@ func (h *Heartbeat) run(ctx context.Context, active func() bool, expired chan<- 
 }
 
 // ping sends the next ping to every other replica, each acknowledging
-// the newest answer it gave.
+// the newest answer it gave, counting for those that answered within
+// Silence or never did.
 func (h *Heartbeat) ping() {
+	_, silence, _ := h.timings()
 	h.mu.Lock()
 	h.seq++
 	now := time.Now()
 	h.sent[h.seq] = now
 	delete(h.sent, h.seq-sentKept)
-	seq, nonce := h.seq, h.nonce
 	peers := h.Peers()
-	acks := make([]uint64, len(peers))
+	msgs := make([]beat, len(peers))
 	for i, p := range peers {
-		acks[i] = h.answered[p].seq
+		st := h.standbys[p]
+		if st == nil {
+			st = &standby{}
+			h.standbys[p] = st
+		}
+		msgs[i] = beat{kind: beatPing, nonce: h.nonce, seq: h.seq, ack: st.answered, from: h.me}
+		if st.answered == 0 || now.Sub(st.heard) < silence {
+			msgs[i].counts = true
+			st.counted = now
+		}
 	}
 	// A replica gone from the list is forgotten: a new one at its
 	// address starts from no answer.
-	for p := range h.answered {
+	for p := range h.standbys {
 		if !containsAddr(peers, p) {
-			delete(h.answered, p)
+			delete(h.standbys, p)
 		}
 	}
 	h.mu.Unlock()
 	for i, p := range peers {
-		msg := beat{kind: beatPing, nonce: nonce, seq: seq, ack: acks[i], from: h.me}
-		if _, err := h.Conn.WriteTo(msg.encode(), net.UDPAddrFromAddrPort(p)); err != nil {
+		if _, err := h.Conn.WriteTo(msgs[i].encode(), net.UDPAddrFromAddrPort(p)); err != nil {
 			h.log.Debug("heartbeat not sent", "to", p, "err", err)
 		}
 	}
@@ -245,14 +276,20 @@ func (h *Heartbeat) pinged(m beat, now time.Time) (beat, bool) {
 	if h.holder == "" || m.from != h.holder || h.holder == h.me {
 		return beat{}, false
 	}
-	if h.heard.nonce != m.nonce || h.heard.first == 0 {
-		h.heard = heard{nonce: m.nonce, first: m.seq}
+	h.lastHeard = now
+	if h.heard.nonce != m.nonce {
+		h.heard = heard{nonce: m.nonce}
 	}
-	if m.ack >= h.heard.first {
-		h.heard.acked = true
+	if m.counts {
+		if h.heard.first == 0 {
+			h.heard.first = m.seq
+		}
+		if m.ack >= h.heard.first {
+			h.heard.acked = true
+		}
+		h.heard.lastPing = now
 	}
-	h.heard.lastPing, h.lastHeard = now, now
-	return beat{kind: beatAnswer, nonce: m.nonce, seq: m.seq, from: h.me}, true
+	return beat{kind: beatAnswer, nonce: m.nonce, seq: m.seq, counts: m.counts, from: h.me}, true
 }
 
 // answeredBy records a standby's answer to one of this run's pings.
@@ -260,13 +297,16 @@ func (h *Heartbeat) answeredBy(src netip.AddrPort, m beat) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	at, ok := h.sent[m.seq]
-	if !ok || m.nonce != h.nonce || !containsAddr(h.Peers(), src) {
+	st := h.standbys[src]
+	if !ok || m.nonce != h.nonce || st == nil {
 		return
 	}
-	if m.seq > h.answered[src].seq {
-		h.answered[src] = answer{seq: m.seq, at: at}
+	now := time.Now()
+	st.heard, h.lastHeard = now, now
+	// Only a counting ping tells when the standby's silence began.
+	if m.counts && m.seq > st.answered {
+		st.answered, st.answeredPing = m.seq, at
 	}
-	h.lastHeard = time.Now()
 }
 
 // collector is the heartbeat's metric: how long since another replica
@@ -302,29 +342,37 @@ func (h *Heartbeat) leaseSeen(l *coordinationv1.Lease, now time.Time) {
 
 // silent returns the Lease a standby may take at now: its holder is
 // another replica whose path to this one worked both ways, and that has
-// neither pinged for silence nor renewed for unrenewed.
+// neither sent a counting ping for silence (less than takeWindow more)
+// nor renewed for unrenewed.
 func (h *Heartbeat) silent(now time.Time, silence, unrenewed time.Duration) *coordinationv1.Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	quiet := now.Sub(h.heard.lastPing)
 	switch {
 	case h.lease == nil || h.holder == "" || h.holder == h.me || !h.heard.acked:
 		return nil
-	case now.Sub(h.heard.lastPing) < silence || now.Sub(h.changed) < unrenewed:
+	case quiet < silence || quiet >= silence+takeWindow || now.Sub(h.changed) < unrenewed:
 		return nil
 	}
 	return h.lease
 }
 
 // earliestTake is the earliest instant a standby could take the Lease
-// early, for an active replica whose last accepted renewal was sent at
-// renewed; zero if none could.
-func (h *Heartbeat) earliestTake(renewed time.Time) time.Time {
+// early, as known at now, for an active replica whose last accepted
+// renewal was sent at renewed; zero if none could. A standby that
+// answered a counting ping counts until its window could have ended:
+// takeWindow after the silence that follows the last counting ping sent
+// to it, and a silence more for that ping's way there.
+func (h *Heartbeat) earliestTake(renewed, now time.Time) time.Time {
 	_, silence, unrenewed := h.timings()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var earliest time.Time
-	for _, a := range h.answered {
-		at := a.at.Add(silence)
+	for _, st := range h.standbys {
+		if st.answered == 0 || !now.Before(st.counted.Add(2*silence+takeWindow)) {
+			continue
+		}
+		at := st.answeredPing.Add(silence)
 		if r := renewed.Add(unrenewed); r.After(at) {
 			at = r
 		}
@@ -337,18 +385,21 @@ func (h *Heartbeat) earliestTake(renewed time.Time) time.Time {
 
 // A beat is a ping or an answer:
 //
-//	"FLHB" | version 1 | kind | nonce (8) | seq (8) | ack (8) | length (2) | sender's identity
+//	"FLHB" | version 1 | kind | flags | nonce (8) | seq (8) | ack (8) | length (2) | sender's identity
 type beat struct {
 	kind       byte
 	nonce, seq uint64
 	ack        uint64 // in a ping: the newest of the receiver's answers
-	from       string
+	// counts: a counting ping, or the answer to one (flag 1).
+	counts bool
+	from   string
 }
 
 const (
 	beatPing    byte = 1
 	beatAnswer  byte = 2
-	beatHeader       = 4 + 1 + 1 + 8 + 8 + 8 + 2
+	beatCounts  byte = 1
+	beatHeader       = 4 + 1 + 1 + 1 + 8 + 8 + 8 + 2
 	maxIdentity      = 512 // a node's name (253) and a suffix, and room
 	maxBeat          = beatHeader + maxIdentity
 )
@@ -356,7 +407,11 @@ const (
 func (m beat) encode() []byte {
 	b := make([]byte, 0, beatHeader+len(m.from))
 	b = append(b, "FLHB"...)
-	b = append(b, 1, m.kind)
+	var flags byte
+	if m.counts {
+		flags |= beatCounts
+	}
+	b = append(b, 1, m.kind, flags)
 	b = binary.BigEndian.AppendUint64(b, m.nonce)
 	b = binary.BigEndian.AppendUint64(b, m.seq)
 	b = binary.BigEndian.AppendUint64(b, m.ack)
@@ -376,9 +431,12 @@ func decodeBeat(b []byte) (beat, error) {
 		return beat{}, fmt.Errorf("heartbeat version %d, want 1", b[4])
 	case b[5] != beatPing && b[5] != beatAnswer:
 		return beat{}, fmt.Errorf("heartbeat kind %d, want a ping (1) or an answer (2)", b[5])
+	case b[6]&^beatCounts != 0:
+		return beat{}, fmt.Errorf("heartbeat flags %#x, unknown", b[6])
 	}
-	m := beat{kind: b[5], nonce: binary.BigEndian.Uint64(b[6:]), seq: binary.BigEndian.Uint64(b[14:]), ack: binary.BigEndian.Uint64(b[22:])}
-	n := int(binary.BigEndian.Uint16(b[30:]))
+	m := beat{kind: b[5], counts: b[6]&beatCounts != 0,
+		nonce: binary.BigEndian.Uint64(b[7:]), seq: binary.BigEndian.Uint64(b[15:]), ack: binary.BigEndian.Uint64(b[23:])}
+	n := int(binary.BigEndian.Uint16(b[31:]))
 	switch {
 	case n > maxIdentity:
 		return beat{}, fmt.Errorf("heartbeat sender's identity of %d bytes, more than %d", n, maxIdentity)

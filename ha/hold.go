@@ -24,9 +24,9 @@ type hold struct {
 	// "" when released or not read yet.
 	holder string
 	// earliest, when set, is the earliest instant a standby could take
-	// the Lease before it expires, for a last renewal sent at renewed
-	// (Heartbeat.earliestTake); zero: none could.
-	earliest func(renewed time.Time) time.Time
+	// the Lease before it expires, as known at now, for a last renewal
+	// sent at renewed (Heartbeat.earliestTake); zero: none could.
+	earliest func(renewed, now time.Time) time.Time
 }
 
 // verdict is what becomes of the data path.
@@ -57,18 +57,18 @@ func (h hold) decide(now time.Time, others bool) verdict {
 			return fence
 		}
 		return keep
-	case now.Before(h.fenceAt()) || !others:
+	case now.Before(h.fenceAt(now)) || !others:
 		return keep
 	}
 	return fence
 }
 
 // fenceAt is the instant after which the data path goes, when another
-// replica could take the Lease.
-func (h hold) fenceAt() time.Time {
+// replica could take the Lease, as known at now.
+func (h hold) fenceAt(now time.Time) time.Time {
 	at := h.renewed.Add(h.leaseDuration)
 	if h.earliest != nil {
-		if early := h.earliest(h.renewed); !early.IsZero() && early.Before(at) {
+		if early := h.earliest(h.renewed, now); !early.IsZero() && early.Before(at) {
 			at = early
 		}
 	}

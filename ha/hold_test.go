@@ -49,7 +49,7 @@ func TestFenceComesBeforeTheLeaseCanBeTaken(t *testing.T) {
 	} {
 		t0 := time.Now()
 		h := hold{me: "a", leaseDuration: tc.lease, margin: fenceMargin(tc.retry), renewed: t0, holder: "a"}
-		if d := t0.Add(tc.lease).Sub(h.fenceAt()); d < tc.retry || d < 200*time.Millisecond {
+		if d := t0.Add(tc.lease).Sub(h.fenceAt(t0)); d < tc.retry || d < 200*time.Millisecond {
 			t.Errorf("lease %s, retry %s: fenced %s before the Lease may be taken, want a retry period and 200 ms at least", tc.lease, tc.retry, d)
 		}
 	}

@@ -311,12 +311,12 @@ func (e *Elector) watch(ctx context.Context, lock *watchedLock, changed func(Sta
 		case lastErr != nil && lastErr.Error() != failing:
 			failing = lastErr.Error()
 			e.Log.Warn("the Lease was not renewed; the data path stays up while no other replica can hold it",
-				"lease", e.Namespace+"/"+LeaseName, "err", lastErr, "until", h.fenceAt().Format(time.RFC3339Nano))
+				"lease", e.Namespace+"/"+LeaseName, "err", lastErr, "until", h.fenceAt(now).Format(time.RFC3339Nano))
 		case lastErr == nil && failing != "":
 			failing = ""
 			e.Log.Info("the Lease is renewed again", "lease", e.Namespace+"/"+LeaseName)
 		}
-		switch past := !now.Before(h.fenceAt()); {
+		switch past := !now.Before(h.fenceAt(now)); {
 		case past && !others && !alone && lastErr != nil:
 			alone = true
 			e.Log.Warn("the Lease was not renewed for a lease duration, and no other replica could take it: the data path stays up", "lease", e.Namespace+"/"+LeaseName)
@@ -324,7 +324,7 @@ func (e *Elector) watch(ctx context.Context, lock *watchedLock, changed func(Sta
 			alone = false
 		}
 		wait := retry
-		if at := time.Until(h.fenceAt()); at > 0 && at < wait {
+		if at := time.Until(h.fenceAt(now)); at > 0 && at < wait {
 			wait = at
 		}
 		t := time.NewTimer(wait)

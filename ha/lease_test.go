@@ -559,3 +559,39 @@ func TestHeartbeatAloneMovesNothing(t *testing.T) {
 		fencedBeforeActive(t, first, second)
 	})
 }
+
+// A standby that died shortens the active replica's fence only for a
+// while: once it has not answered for a silence, the active replica only
+// probes it, and once its window has surely closed the fence is a lease
+// duration after the last renewal again.
+func TestHeartbeatDeadStandbyStopsCounting(t *testing.T) {
+	cp, admin := leaseControlPlane(t)
+	w1, w2, _, conn2 := beating(t)
+	first := campaign(t, cp, admin, "gw1", nil, w1)
+	waitActive(t, first, "the first replica")
+	second := campaign(t, cp, admin, "gw2", nil, w2)
+	heardBothWays(t, second)
+	leaseDuration, _, retry := first.e.timings()
+	first.e.mu.Lock()
+	lock := first.e.lock
+	first.e.mu.Unlock()
+	fenceAfter := func() time.Duration {
+		h, _ := lock.state()
+		return h.fenceAt(time.Now()).Sub(h.renewed)
+	}
+	full := leaseDuration - fenceMargin(retry)
+	if d := fenceAfter(); d >= full {
+		t.Fatalf("with a standby answering, the fence comes %s after a renewal, want sooner than %s", d, full)
+	}
+	second.net.cut.Store(true)
+	conn2.cut.Store(true)
+	eventually.Within(t, 60*time.Second, "the active replica's fence a lease duration after its renewal again", func() error {
+		if d := fenceAfter(); d != full {
+			return fmt.Errorf("the fence comes %s after a renewal, want %s", d, full)
+		}
+		return nil
+	})
+	if h := first.history(); len(h) != 1 || !first.active.Load() {
+		t.Fatalf("the active replica went %v, want active all along", h)
+	}
+}

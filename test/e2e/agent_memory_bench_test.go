@@ -205,6 +205,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 // node's containerd started it, and its memory cgroup.
 type agentContainer struct {
 	c       *federation.NodeCluster
+	node    *harness.Node // the pod's
 	pod     corev1.Pod
 	pid     int
 	cgroup  harness.MemoryCgroup
@@ -215,24 +216,33 @@ type agentContainer struct {
 func agentContainerOf(b testing.TB, c *federation.NodeCluster) *agentContainer {
 	b.Helper()
 	pod, err := c.AgentPod(context.Background())
-	if err != nil || len(pod.Status.ContainerStatuses) != 1 {
-		b.Fatalf("agent pod of %s: %v (%d containers)", c.Name, err, len(pod.Status.ContainerStatuses))
+	if err != nil {
+		b.Fatalf("agent pod of %s: %v", c.Name, err)
+	}
+	return agentContainerIn(b, c, pod, c.Gateway)
+}
+
+// agentContainerIn finds the container of c's agent pod on node.
+func agentContainerIn(b testing.TB, c *federation.NodeCluster, pod corev1.Pod, node *harness.Node) *agentContainer {
+	b.Helper()
+	if len(pod.Status.ContainerStatuses) != 1 {
+		b.Fatalf("agent pod %s of %s: %d containers", pod.Name, c.Name, len(pod.Status.ContainerStatuses))
 	}
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	out, err := c.Gateway.Ctr(context.Background(), "tasks", "ls")
+	out, err := node.Ctr(context.Background(), "tasks", "ls")
 	if err != nil {
 		b.Fatal(err)
 	}
-	a := &agentContainer{c: c, pod: pod}
+	a := &agentContainer{c: c, node: node, pod: pod}
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
 			a.pid, _ = strconv.Atoi(f[1])
 		}
 	}
 	if a.pid == 0 {
-		b.Fatalf("no task of the agent's container %s on %s's gateway:\n%s", id, c.Name, out)
+		b.Fatalf("no task of the agent's container %s on %s's node %s:\n%s", id, c.Name, pod.Spec.NodeName, out)
 	}
-	if a.cgroup, err = c.Gateway.MemoryCgroupOf(a.pid); err != nil {
+	if a.cgroup, err = node.MemoryCgroupOf(a.pid); err != nil {
 		b.Fatalf("agent of %s: %v", c.Name, err)
 	}
 	return a
@@ -338,7 +348,7 @@ func (s *sampler) sample() {
 // scrape reads the agent's metrics; one that fails (a busy agent's
 // answer may take longer than agentGet waits) is left out.
 func (s *sampler) scrape() {
-	metrics, err := runtimeMetrics(s.a.c)
+	metrics, err := runtimeMetrics(s.a.c, s.a.node)
 	if err != nil {
 		return
 	}
@@ -613,9 +623,9 @@ func agentGetRetried(c *federation.NodeCluster, path string) (string, error) {
 	return "", err
 }
 
-// runtimeMetrics are c's agent's unlabelled metrics by name.
-func runtimeMetrics(c *federation.NodeCluster) (map[string]uint64, error) {
-	body, status, err := agentGet(c, "/metrics")
+// runtimeMetrics are the unlabelled metrics, by name, of c's agent replica on node.
+func runtimeMetrics(c *federation.NodeCluster, node *harness.Node) (map[string]uint64, error) {
+	body, status, err := agentGetOn(c, node, "/metrics")
 	if err != nil {
 		return nil, err
 	}

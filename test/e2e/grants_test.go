@@ -231,9 +231,14 @@ func agentMetrics(t *testing.T, c *federation.NodeCluster) string {
 // node's network, with a token of deploy/'s flotilla-viewer (the
 // loopback is trusted no more than any other address).
 func agentGet(c *federation.NodeCluster, path string) (body string, status int, err error) {
+	return agentGetOn(c, c.Gateway, path)
+}
+
+// agentGetOn is agentGet for the agent replica on node.
+func agentGetOn(c *federation.NodeCluster, node *harness.Node, path string) (body string, status int, err error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return c.Gateway.DialContext(ctx, network, addr)
+			return node.DialContext(ctx, network, addr)
 		}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/test/federation"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// standbyWindow is how long BenchmarkStandbyCost samples each replica.
+const standbyWindow = 30 * time.Second
+
+// What the standby replica costs at rest, beside the active one, in one
+// run: two clusters of real nodes peered, a with two gateway candidates
+// and two agent replicas (--leader-elect), nothing offloaded and no
+// traffic. Each replica, a pod of the agent's image on its own node, is
+// sampled in turn, as BenchmarkAgentMemory samples the agent:
+// its container's working set, anonymous memory and Go heap (medians,
+// min to max), and its CPU over the window. The standby answers the
+// heartbeat and watches the Lease and the agent's pods; it holds no
+// ledger, tunnel, gossip or informers of peers, so its cost does not
+// grow with the peers.
+func BenchmarkStandbyCost(b *testing.B) {
+	harness.Require(b, harness.NeedsNodes...)
+	env := harness.New(b)
+	cs := federation.OnNodes(b, env, federation.NodeOptions{
+		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
+		Workers: 1, CandidatesOf: []int{2, 1},
+	})
+	a := cs[0]
+	federation.WaitPhases(b, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
+	activePod, activeNode := activeGateway(b, a)
+	standbyPod := waitStandby(b, a, activePod)
+	standbyNode := a.Candidate(standbyPod.Spec.NodeName)
+	if standbyNode == nil {
+		b.Fatalf("the standby %s runs on %s, not a gateway candidate", standbyPod.Name, standbyPod.Spec.NodeName)
+	}
+	active := agentContainerIn(b, a, activePod, activeNode)
+	standby := agentContainerIn(b, a, standbyPod, standbyNode)
+	// Past the start's own allocations: a few collections at rest.
+	time.Sleep(10 * time.Second)
+	var sa, ss memSamples
+	for b.Loop() {
+		// One window after the other, in the same run.
+		ss = standby.sampleFor(b, standbyWindow)
+		sa = active.sampleFor(b, standbyWindow)
+	}
+	b.StopTimer()
+	active.checkSame(b)
+	standby.checkSame(b)
+	ws := func(m memSamples) uint64 { return medianBytes(m.workingSet) }
+	b.ReportMetric(mib(ws(ss)), "MiB-standby-working-set")
+	b.ReportMetric(mib(medianBytes(ss.anon)), "MiB-standby-anon")
+	b.ReportMetric(100*ss.cpu, "%cpu-standby")
+	b.ReportMetric(float64(ws(ss))/float64(ws(sa)), "standby/active-working-set")
+	b.ReportMetric(0, "ns/op")
+	for _, r := range []struct {
+		name string
+		m    memSamples
+	}{{"standby", ss}, {"active", sa}} {
+		fmt.Fprintf(os.Stdout, "BenchmarkStandbyCost %s: working set %s MiB, anonymous (RssAnon) %s MiB, Go heap in use %s MiB, CPU %.2f%% of a core over %v; %s\n",
+			r.name, spreadMiB(r.m.workingSet), spreadMiB(r.m.anon), spreadMiB(r.m.heap), 100*r.m.cpu, standbyWindow, r.m.breakdown())
+	}
+	fmt.Fprintf(os.Stdout, "BenchmarkStandbyCost: the standby's working set is %.2f of the active replica's (1 peer, nothing offloaded)\n", float64(ws(ss))/float64(ws(sa)))
+}
