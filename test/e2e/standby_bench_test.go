@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,6 +56,9 @@ func BenchmarkStandbyCost(b *testing.B) {
 	standby.checkSame(b)
 	ws := func(m memSamples) uint64 { return medianBytes(m.workingSet) }
 	b.ReportMetric(mib(ws(ss)), "MiB-standby-working-set")
+	b.ReportMetric(mib(slices.Min(ss.workingSet)), "MiB-standby-working-set-min")
+	b.ReportMetric(mib(slices.Max(ss.workingSet)), "MiB-standby-working-set-max")
+	b.ReportMetric(mib(ws(sa)), "MiB-active-working-set")
 	b.ReportMetric(mib(medianBytes(ss.anon)), "MiB-standby-anon")
 	b.ReportMetric(100*ss.cpu, "%cpu-standby")
 	b.ReportMetric(float64(ws(ss))/float64(ws(sa)), "standby/active-working-set")
