@@ -89,8 +89,8 @@ type Heartbeat struct {
 	holder  string
 	changed time.Time
 	heard   heard
-	// lastHeard is when a ping this replica answered, or an answer it
-	// counted, last came (the metric); zero: none yet.
+	// lastHeard is when a ping this replica answered, or an answer to
+	// one of its pings, last came (the metric); zero: none yet.
 	lastHeard time.Time
 }
 
