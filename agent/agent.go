@@ -29,7 +29,6 @@ import (
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/discovery"
-	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/version"
@@ -154,8 +153,10 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// HeartbeatPort is the UDP port, on NodeAddress, replicas ping each
 	// other on (ha.Heartbeat): a standby takes over from an active
-	// replica that died in about a second, not a lease duration. 0, or
-	// outside a pod: the Lease alone.
+	// replica that died in about a second, not a lease duration, at the
+	// cost of an active replica less patient with a slow API server while
+	// a standby does not answer (docs/ha.md). 0 (the default), or outside
+	// a pod: the Lease alone.
 	HeartbeatPort int
 	// LedgerSnapshots replicates the ledger into the Secret
 	// flotilla-ledger after every change and restores it from there at
@@ -246,7 +247,6 @@ func DefaultConfig() Config {
 		InstallCRDs:        true,
 		KubeletPort:        10260,
 		WebhookPort:        9443,
-		HeartbeatPort:      ha.DefaultHeartbeatPort,
 		WebhookClientCA:    WebhookClientCluster,
 		WebhookClientNames: placement.DefaultClientNames,
 		ClustersetDNSPort:  mcsdns.DefaultPort,

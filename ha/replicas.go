@@ -55,15 +55,17 @@ func (r *Replicas) Others() bool {
 }
 
 // Addrs returns the addresses, with port, of the other agent pods as last
-// seen that have an IP and have not ended: where a heartbeat reaches
-// them (the agent's pods use the host's network, and all listen on the
-// same port).
+// seen that have an IP, have not ended and are not being deleted: where
+// a heartbeat reaches them (the agent's pods use the host's network, and
+// all listen on the same port). A pod being deleted stops as a standby
+// (it takes nothing early once stopping): its silence is no reason to
+// fence.
 func (r *Replicas) Addrs(port uint16) func() []netip.AddrPort {
 	return func() []netip.AddrPort {
 		var addrs []netip.AddrPort
 		for _, o := range r.inf.GetStore().List() {
 			p := o.(*corev1.Pod)
-			if p.Name == r.self || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			if p.Name == r.self || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 				continue
 			}
 			if ip, err := netip.ParseAddr(p.Status.PodIP); err == nil {

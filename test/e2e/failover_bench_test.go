@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/test/federation"
 )
 
@@ -28,7 +30,11 @@ import (
 // median for a kill, <= 0.5 s for a graceful stop; the anchor is
 // Submariner's lease (10 s).
 func BenchmarkGatewayFailover(b *testing.B) {
-	cs, flows := failoverClusters(b, 2)
+	var args []string
+	if os.Getenv(benchHeartbeatEnvVar) != "" {
+		args = []string{"--heartbeat-port=" + strconv.Itoa(ha.DefaultHeartbeatPort)}
+	}
+	cs, flows := failoverClusters(b, 2, args...)
 	a := cs[0]
 	// gap is the longest time any flow went without an answer from t0
 	// until the replica other than was is the active one and every flow
@@ -79,6 +85,11 @@ func BenchmarkGatewayFailover(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	fmt.Fprintf(os.Stdout, "BenchmarkGatewayFailover: longest time a flow went unanswered: node killed %s, active pod deleted %s (ms: median, min, max, rounds)\n", k, s)
 }
+
+// benchHeartbeatEnvVar, set, has BenchmarkGatewayFailover run the agents
+// with the replicas' heartbeat (--heartbeat-port), which is off by
+// default.
+const benchHeartbeatEnvVar = "FLOTILLA_BENCH_HEARTBEAT"
 
 // takeoverSteps are what a replica taking over logs on the way, in order:
 // the account of where a takeover's time goes that the benchmark prints.

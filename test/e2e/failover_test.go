@@ -169,15 +169,22 @@ func TestGatewayFailover(t *testing.T) {
 }
 
 // failoverClusters brings up two connected clusters of real nodes, a
-// with candidates gateway candidates and two agent replicas, b with one,
+// with candidates gateway candidates and two agent replicas (with args
+// added to its agent's), b with one,
 // each with a worker, and starts a flow each way between the workers'
 // pods, answered once.
-func failoverClusters(t testing.TB, candidates int) ([]*federation.NodeCluster, []*flow) {
+func failoverClusters(t testing.TB, candidates int, args ...string) ([]*federation.NodeCluster, []*flow) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
 	cs := federation.OnNodes(t, env, federation.NodeOptions{
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
 		Workers: 1, CandidatesOf: []int{candidates, 1},
+		ArgsFor: func(i int) []string {
+			if i == 0 {
+				return args
+			}
+			return nil
+		},
 	})
 	a, b := cs[0], cs[1]
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
