@@ -121,17 +121,7 @@ type heard struct {
 const sentKept = 64
 
 func (h *Heartbeat) timings() (interval, silence, unrenewed time.Duration) {
-	interval, silence, unrenewed = h.Interval, h.Silence, h.Unrenewed
-	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
-	}
-	if silence <= 0 {
-		silence = DefaultHeartbeatSilence
-	}
-	if unrenewed <= 0 {
-		unrenewed = DefaultHeartbeatUnrenewed
-	}
-	return interval, silence, unrenewed
+	return orDefault(h.Interval, DefaultHeartbeatInterval), orDefault(h.Silence, DefaultHeartbeatSilence), orDefault(h.Unrenewed, DefaultHeartbeatUnrenewed)
 }
 
 // run pings while active says so, answers and watches for silence

@@ -74,17 +74,15 @@ func NewIdentity(node string) string {
 }
 
 func (e *Elector) timings() (lease, renew, retry time.Duration) {
-	lease, renew, retry = e.LeaseDuration, e.RenewDeadline, e.RetryPeriod
-	if lease <= 0 {
-		lease = DefaultLeaseDuration
+	return orDefault(e.LeaseDuration, DefaultLeaseDuration), orDefault(e.RenewDeadline, DefaultRenewDeadline), orDefault(e.RetryPeriod, DefaultRetryPeriod)
+}
+
+// orDefault is d, or def when d is not positive (a timing left zero).
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
 	}
-	if renew <= 0 {
-		renew = DefaultRenewDeadline
-	}
-	if retry <= 0 {
-		retry = DefaultRetryPeriod
-	}
-	return lease, renew, retry
+	return d
 }
 
 // State is a replica's role as the Elector sees it.
