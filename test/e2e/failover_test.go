@@ -37,7 +37,9 @@ import (
 // as an operator would, and a new standby comes up on the third
 // candidate. Both replicas are then restarted with their state
 // directories wiped in turn (wipeInTurn): the cluster stays the same to
-// b each time, its state coming back from the replica that kept it.
+// b each time, its state coming back from the replica that kept it; the
+// last of them drains the active node, which must cut every flow for
+// less time than the kill did.
 // Last, killing the standby cuts no flow.
 func TestGatewayFailover(t *testing.T) {
 	longRunning(t)
@@ -52,11 +54,13 @@ func TestGatewayFailover(t *testing.T) {
 	}
 	down := time.Now() // the node's link is down: no try after this crosses it
 	t.Logf("killed %s's active gateway node %s (agent pod %s) in %s", a.Name, dead.NodeName, active.Name, down.Sub(killed).Round(time.Millisecond))
+	killGaps := make(map[*flow]time.Duration, len(flows))
 	for _, f := range flows {
 		resumed := f.waitOK(t, down, 90*time.Second)
 		last, _ := f.lastOKBefore(killed)
+		killGaps[f] = resumed.Sub(last)
 		t.Logf("flow %s: gap %s (last answer %s before the kill, first %s after)", f.name,
-			resumed.Sub(last).Round(time.Millisecond), killed.Sub(last).Round(time.Millisecond), resumed.Sub(killed).Round(time.Millisecond))
+			killGaps[f].Round(time.Millisecond), killed.Sub(last).Round(time.Millisecond), resumed.Sub(killed).Round(time.Millisecond))
 	}
 	// The data path comes back before the new active replica labels its
 	// pod (it does once all its components started), and the dead pod
@@ -120,8 +124,14 @@ func TestGatewayFailover(t *testing.T) {
 		}
 	})
 
-	if !t.Run("both replicas restarted on wiped disks in turn, the state comes back from the survivor", func(t *testing.T) {
-		next = wipeInTurn(t, cs, flows, next, before)
+	if !t.Run("both replicas restarted on wiped disks in turn, the state comes back from the survivor; a drain's gap is shorter than a kill's", func(t *testing.T) {
+		var drained map[*flow]time.Duration
+		next, drained = wipeInTurn(t, cs, flows, next, before)
+		for _, f := range flows {
+			if drained[f] >= killGaps[f] {
+				t.Errorf("flow %s: the drain of the active node cut it for %s, the kill of one for %s", f.name, drained[f].Round(time.Millisecond), killGaps[f].Round(time.Millisecond))
+			}
+		}
 	}) {
 		return
 	}

@@ -26,13 +26,15 @@ import (
 // directories wiped, one after the other, as when each node's disk is
 // replaced: first the standby's, which must drop nothing; then the
 // active one's, once the wiped standby has taken over from it; last the
-// other wiped replica takes over in its turn. Each wiped replica that
-// takes over must restore the ledger from the snapshot the replica
+// other wiped replica takes over in its turn, its node drained as an
+// operator does before maintenance (kubectl drain). Each wiped replica
+// that takes over must restore the ledger from the snapshot the replica
 // before it wrote. After each step every Peer on both sides is as views
 // says (peerViews: the same identity, key and views), the active ledger
 // holds what the one before the first step held, and every flow answers
-// again. It returns the active agent's pod at the end.
-func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active corev1.Pod, views string) corev1.Pod {
+// again. It returns the active agent's pod at the end and each flow's
+// longest gap during the drain.
+func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active corev1.Pod, views string) (corev1.Pod, map[*flow]time.Duration) {
 	t.Helper()
 	a := cs[0]
 	ledger := ledgerFacts(t, a, active.Spec.NodeName)
@@ -55,24 +57,35 @@ func wipeInTurn(t *testing.T, cs []*federation.NodeCluster, flows []*flow, activ
 	}
 	sameFederation(t, cs, views, ledger, active.Spec.NodeName, "the standby restarted on a wiped disk")
 
-	next := takeOver(t, cs, flows, active, fresh, func() { restartWiped(t, a, active) })
+	next, _ := takeOver(t, cs, flows, active, fresh, func() { restartWiped(t, a, active) })
 	sameFederation(t, cs, views, ledger, next.Spec.NodeName, "the wiped standby took over and the other replica restarted on a wiped disk")
 
-	last := takeOver(t, cs, flows, next, waitStandby(t, a, next), func() {
-		if err := a.CP.Client.CoreV1().Pods(next.Namespace).Delete(context.Background(), next.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatalf("delete the active agent's pod %s: %v", next.Name, err)
-		}
-	})
-	sameFederation(t, cs, views, ledger, last.Spec.NodeName, "the other wiped replica took over")
-	return last
+	last, drained := takeOver(t, cs, flows, next, waitStandby(t, a, next), func() { drain(t, a, next.Spec.NodeName) })
+	sameFederation(t, cs, views, ledger, last.Spec.NodeName, "the other wiped replica took over from a drained node")
+	return last, drained
+}
+
+// drain drains node of c as an operator does before maintenance
+// (kubectl drain: cordoned, its pods evicted and gone; --force for the
+// harness's test server pod, which no controller owns), then uncordons
+// it so that the Deployment's replacement replica can come back there.
+func drain(t *testing.T, c *federation.NodeCluster, node string) {
+	t.Helper()
+	if out, err := federation.Kubectl(c.CP, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout", "90s"); err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", node, err, out)
+	}
+	t.Logf("node %s drained", node)
+	if _, err := federation.Kubectl(c.CP, "uncordon", node); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // takeOver stops the active agent pod of cs[0] by stop and requires the
 // standby want to take over, restoring the ledger from its snapshot (its
 // state directory was wiped), and every flow to answer again; it prints
 // each flow's longest gap, and returns once the cluster has a standby
-// again and every Peer is Connected.
-func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active, want corev1.Pod, stop func()) corev1.Pod {
+// again and every Peer is Connected, with those gaps.
+func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active, want corev1.Pod, stop func()) (corev1.Pod, map[*flow]time.Duration) {
 	t.Helper()
 	a := cs[0]
 	t0 := time.Now()
@@ -93,13 +106,15 @@ func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active,
 		}
 		return nil
 	})
+	gaps := make(map[*flow]time.Duration, len(flows))
 	for _, f := range flows {
 		f.waitOK(t, t1, 90*time.Second)
-		t.Logf("flow %s: longest gap %s as %s took over from %s", f.name, f.longestGap(t0, t1).Round(time.Millisecond), next.Spec.NodeName, active.Spec.NodeName)
+		gaps[f] = f.longestGap(t0, t1)
+		t.Logf("flow %s: longest gap %s as %s took over from %s", f.name, gaps[f].Round(time.Millisecond), next.Spec.NodeName, active.Spec.NodeName)
 	}
 	waitStandby(t, a, next)
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 30*time.Second)
-	return next
+	return next, gaps
 }
 
 // restartWiped stops the agent pod p of c and starts it again on its
