@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -22,6 +23,9 @@ type fabricPlan struct {
 	published                    <-chan struct{}
 	gatewayNode, tunnelInterface string
 	fallback                     netip.Addr // the gateway's address if its Node has no InternalIP
+	// gatewayLease is the Lease the replicas are elected by (ha.LeaseName)
+	// when they are: every node's routes follow its holder.
+	gatewayLease string
 
 	mu sync.Mutex
 	// nodes lists the cluster's Nodes and mtu is the tunnel's; both are
@@ -98,7 +102,7 @@ func (f *fabricPlan) changed() {
 	plan := fabricapi.Plan{
 		GatewayNode: f.gatewayNode, Gateway: f.fallback,
 		TunnelInterface: f.tunnelInterface, MTU: mtu,
-		Views: views, Nodes: nodes(),
+		Views: views, Nodes: nodes(), GatewayLease: f.gatewayLease,
 	}
 	for _, n := range plan.Nodes {
 		if n.Name == f.gatewayNode && n.Addr.IsValid() {
@@ -177,6 +181,9 @@ func (f *fabricPlan) hostSource(networks []netip.Prefix) netip.Addr {
 // publishes it and owns the fabric's DaemonSet, as a component.
 func (a *Agent) newFabricPlan(comps *components, gateway netip.Addr) (*fabricPlan, error) {
 	f := &fabricPlan{gatewayNode: a.cfg.NodeName, tunnelInterface: a.cfg.WireGuardInterface, fallback: gateway}
+	if a.cfg.LeaderElect {
+		f.gatewayLease = ha.LeaseName
+	}
 	if a.cfg.FabricOwner == "" {
 		return f, nil
 	}

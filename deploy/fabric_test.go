@@ -13,12 +13,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/flotilla-io/flotilla/fabric/fabricapi"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -127,6 +130,34 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 		t.Fatal("the fabric's token saw no plan in 30 s")
 	}
 
+	// The fabric's token follows the replicas' Lease by name, and may not
+	// change it.
+	holders := make(chan string, 10)
+	leaseCtx, stopLease := context.WithCancel(ctx)
+	leaseWatched := make(chan error, 1)
+	go func() {
+		leaseWatched <- fabricapi.WatchLease(leaseCtx, fabric, namespace, ha.LeaseName, func(h string) { holders <- h })
+	}()
+	defer func() { stopLease(); <-leaseWatched }()
+	holder := ha.NewIdentity("gw2")
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: ha.LeaseName, Namespace: namespace}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder}}
+	if _, err := cp.Client.CoordinationV1().Leases(namespace).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Client.CoordinationV1().Leases(namespace).Delete(context.Background(), ha.LeaseName, metav1.DeleteOptions{})
+	for h := ""; h != holder; {
+		select {
+		case h = <-holders:
+		case err := <-leaseWatched:
+			t.Fatalf("fabric watches the Lease: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the fabric's token did not see the Lease held by %s in 30 s", holder)
+		}
+	}
+	if moved, ok := plan.WithGatewayOf(holder); ok {
+		t.Errorf("a plan that follows no Lease moved to %s", moved.GatewayNode)
+	}
+
 	if gone, err := fabricapi.Uninstalling(ctx, fabric, namespace); err != nil || gone {
 		t.Errorf("Uninstalling with the DaemonSet in place: %v, %v; want false", gone, err)
 	}
@@ -140,7 +171,20 @@ func testFabricRequests(t *testing.T, cp *harness.ControlPlane) {
 			_, err := fabric.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{})
 			return err
 		}(),
-		"list nodes":                  func() error { _, err := fabric.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err }(),
+		"list nodes": func() error { _, err := fabric.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err }(),
+		"take the Lease": func() error {
+			l, err := fabric.CoordinationV1().Leases(namespace).Get(ctx, ha.LeaseName, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			l.Spec.HolderIdentity = ptr.To(ha.NewIdentity("worker"))
+			_, err = fabric.CoordinationV1().Leases(namespace).Update(ctx, l, metav1.UpdateOptions{})
+			return err
+		}(),
+		"list leases": func() error {
+			_, err := fabric.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{})
+			return err
+		}(),
 		"delete its DaemonSet":        fabric.AppsV1().DaemonSets(namespace).Delete(ctx, fabricapi.DaemonSetName, metav1.DeleteOptions{}),
 		"agent deletes the DaemonSet": agent.AppsV1().DaemonSets(namespace).Delete(ctx, fabricapi.DaemonSetName, metav1.DeleteOptions{}),
 	} {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,6 +72,15 @@ func NewIdentity(node string) string {
 		node = "agent"
 	}
 	return node + "_" + hex.EncodeToString(b)
+}
+
+// NodeOfIdentity is the node a replica's identity (NewIdentity) names;
+// "" when identity is not one. A node's name holds no "_".
+func NodeOfIdentity(identity string) string {
+	if i := strings.LastIndex(identity, "_"); i > 0 {
+		return identity[:i]
+	}
+	return ""
 }
 
 func (e *Elector) timings() (lease, renew, retry time.Duration) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,10 +47,9 @@ func readGateway(ctx context.Context, kube kubeclient.Interface, ns string, pods
 		return
 	}
 	g.Elected = true
-	if h := l.Spec.HolderIdentity; h != nil && *h != "" {
-		// A replica's identity is its node and a random suffix.
-		if i := strings.LastIndex(*h, "_"); i > 0 {
-			g.Node = (*h)[:i]
+	if h := l.Spec.HolderIdentity; h != nil {
+		if node := ha.NodeOfIdentity(*h); node != "" {
+			g.Node = node
 		}
 	}
 	g.Since, g.Renewed = l.Spec.AcquireTime, l.Spec.RenewTime

@@ -33,7 +33,9 @@ type NodeConfig struct {
 
 // RunNode applies this node's part of each plan the agent publishes until
 // ctx ends. With no plan published it removes what the fabric made on the
-// node; a plan it cannot read leaves the node as it is. At the end it
+// node; a plan it cannot read leaves the node as it is. A plan that
+// follows a Lease (GatewayLease) is applied with the gateway on the node
+// of the replica holding it, as soon as it holds it. At the end it
 // removes the fabric from the node only if the fabric is being uninstalled
 // (Uninstalling), so a restarted pod keeps traffic flowing.
 func RunNode(ctx context.Context, cfg NodeConfig) error {
@@ -49,8 +51,15 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		latest Plan
 		latErr error
 		seen   bool
+		holder string // of the Lease the plan follows
 	)
 	kick := make(chan struct{}, 1)
+	kicked := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
@@ -63,12 +72,16 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			mu.Lock()
 			latest, latErr, seen = p, err, true
 			mu.Unlock()
-			select {
-			case kick <- struct{}{}:
-			default:
-			}
+			kicked()
 		})
 	}()
+	lease := leaseFollower{cfg: cfg, changed: func(h string) {
+		mu.Lock()
+		holder = h
+		mu.Unlock()
+		kicked()
+	}}
+	defer lease.follow(ctx, "")
 	go func() {
 		defer wg.Done()
 		if err := f.Run(ctx); err != nil {
@@ -98,6 +111,13 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		if !ok {
 			continue
 		}
+		if perr == nil {
+			lease.follow(ctx, plan.GatewayLease)
+			mu.Lock()
+			h := holder
+			mu.Unlock()
+			plan = lease.gateway(plan, h)
+		}
 		err := applyPlan(f, cfg, plan, perr)
 		if cfg.Applied != nil {
 			cfg.Applied(err)
@@ -115,6 +135,57 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			retry = min(2*retry, retryMax)
 		}
 	}
+}
+
+// leaseFollower watches the Lease a plan follows, while it follows one.
+type leaseFollower struct {
+	cfg     NodeConfig
+	changed func(holder string) // "" when the Lease followed changes
+	name    string              // the Lease watched; "" none
+	stop    context.CancelFunc
+	done    chan struct{}
+	moved   string // the node the gateway was last moved to ahead of the plan
+}
+
+// follow watches the Lease name ("": none) instead of the one before.
+func (l *leaseFollower) follow(ctx context.Context, name string) {
+	if name == l.name {
+		return
+	}
+	if l.stop != nil {
+		l.stop()
+		<-l.done
+		l.stop, l.done = nil, nil
+	}
+	l.name = name
+	l.changed("")
+	if name == "" {
+		return
+	}
+	watchCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	l.stop, l.done = stop, done
+	go func() {
+		defer close(done)
+		if err := WatchLease(watchCtx, l.cfg.Client, l.cfg.Namespace, name, l.changed); err != nil {
+			l.cfg.Log.Error("cannot follow the gateway's Lease; the plan alone moves the gateway", "err", err)
+		}
+	}()
+}
+
+// gateway is plan with the gateway on the Lease holder's node
+// (Plan.WithGatewayOf), saying so once per move.
+func (l *leaseFollower) gateway(plan Plan, holder string) Plan {
+	moved, ok := plan.WithGatewayOf(holder)
+	if !ok {
+		l.moved = ""
+		return plan
+	}
+	if moved.GatewayNode != l.moved {
+		l.moved = moved.GatewayNode
+		l.cfg.Log.Info("the gateway moved with the Lease, ahead of the plan", "gateway", moved.GatewayNode, "plan", plan.GatewayNode, "lease", plan.GatewayLease)
+	}
+	return moved
 }
 
 // errUnusablePlan marks a plan this node cannot read: waiting for the

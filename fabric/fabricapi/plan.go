@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -41,6 +42,30 @@ type Plan struct {
 	Views []netip.Prefix `json:"views"`
 	// Nodes are the cluster's nodes with their addresses and pod blocks.
 	Nodes []Node `json:"nodes"`
+	// GatewayLease, when set, names the Lease (in the plan's namespace)
+	// the agent's replicas elect the active one by: the gateway is the
+	// node of the replica holding it, from the moment it holds it
+	// (WithGatewayOf), so every node's routes move with the Lease rather
+	// than after the new active replica publishes its plan.
+	GatewayLease string `json:"gatewayLease,omitempty"`
+}
+
+// WithGatewayOf is the plan with the gateway moved to the node of the
+// replica whose identity holder is (ha.NewIdentity), when the plan
+// follows a Lease, holder names one of its nodes and that node has an
+// IPv4 address; otherwise the plan as it is, and false.
+func (p Plan) WithGatewayOf(holder string) (Plan, bool) {
+	node := ha.NodeOfIdentity(holder)
+	if p.GatewayLease == "" || node == "" || node == p.GatewayNode {
+		return p, false
+	}
+	for _, n := range p.Nodes {
+		if n.Name == node && n.Addr.IsValid() && n.Addr.Is4() {
+			p.GatewayNode, p.Gateway = node, n.Addr
+			return p, true
+		}
+	}
+	return p, false
 }
 
 // Node is one node of the plan.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/flotilla-io/flotilla/fabric"
+	"github.com/flotilla-io/flotilla/ha"
 )
 
 func testPlan() Plan {
@@ -56,6 +57,48 @@ func TestPlanForNode(t *testing.T) {
 	want = fabric.Desired{Role: fabric.Worker, Addr: netip.MustParseAddr("198.18.0.3"), Gateway: p.Gateway, Views: p.Views, MTU: 1420, HostSource: netip.MustParseAddr("10.0.1.1")}
 	if !reflect.DeepEqual(w, want) {
 		t.Errorf("worker's part:\n got %+v\nwant %+v", w, want)
+	}
+}
+
+// A plan that follows the replicas' Lease moves its gateway to the
+// holder's node once that node is one of the plan's with an address;
+// each node's part then follows: the old gateway routes to the new one.
+func TestPlanGatewayFollowsTheLease(t *testing.T) {
+	p := testPlan()
+	if _, ok := p.WithGatewayOf(ha.NewIdentity("w1")); ok {
+		t.Error("a plan that follows no Lease moved its gateway")
+	}
+	p.GatewayLease = ha.LeaseName
+	b, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ParsePlan(b); err != nil || got.GatewayLease != ha.LeaseName {
+		t.Fatalf("ParsePlan(%s) = %+v, %v; want the Lease kept", b, got, err)
+	}
+	moved, ok := p.WithGatewayOf(ha.NewIdentity("w1"))
+	if !ok || moved.GatewayNode != "w1" || moved.Gateway != netip.MustParseAddr("198.18.0.3") {
+		t.Fatalf("held by w1's replica: gateway %s at %s (moved %v), want w1 at 198.18.0.3", moved.GatewayNode, moved.Gateway, ok)
+	}
+	if d := moved.For("w1"); d.Role != fabric.Gateway {
+		t.Errorf("the new gateway node's part has role %v", d.Role)
+	}
+	if d := moved.For("gw"); d.Role != fabric.Worker || d.Gateway != netip.MustParseAddr("198.18.0.3") {
+		t.Errorf("the old gateway node's part: role %v via %s, want a worker via 198.18.0.3", d.Role, d.Gateway)
+	}
+	if p.GatewayNode != "gw" {
+		t.Error("WithGatewayOf changed the plan it was called on")
+	}
+	for _, holder := range []string{
+		"",                      // released
+		ha.NewIdentity("gw"),    // the plan's own
+		ha.NewIdentity("new"),   // a node without an address yet
+		ha.NewIdentity("other"), // not in the plan
+		"no-suffix",             // not a replica's identity
+	} {
+		if got, ok := p.WithGatewayOf(holder); ok || got.GatewayNode != "gw" {
+			t.Errorf("held by %q: moved to %s, want the plan's gw", holder, got.GatewayNode)
+		}
 	}
 }
 

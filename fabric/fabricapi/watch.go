@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"sync"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 )
@@ -55,6 +57,37 @@ func Watch(ctx context.Context, client kubeclient.Interface, namespace string, c
 		changed(Plan{}, ErrNoPlan)
 	}
 	<-ctx.Done()
+	return nil
+}
+
+// WatchLease calls changed with the identity of the replica holding the
+// Lease name in namespace whenever it changes ("" while none holds it or
+// there is no such Lease), until ctx ends. It watches that one Lease.
+func WatchLease(ctx context.Context, client kubeclient.Interface, namespace, name string, changed func(holder string)) error {
+	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, client.CoordinationV1().Leases(namespace), func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	})
+	var last *string
+	report := func(holder string) {
+		if last == nil || *last != holder {
+			last = &holder
+			changed(holder)
+		}
+	}
+	holderOf := func(obj any) {
+		if l, ok := obj.(*coordinationv1.Lease); ok {
+			report(ptr.Deref(l.Spec.HolderIdentity, ""))
+		}
+	}
+	// One informer delivers its events in order, from one goroutine.
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    holderOf,
+		UpdateFunc: func(_, cur any) { holderOf(cur) },
+		DeleteFunc: func(any) { report("") },
+	}); err != nil {
+		return fmt.Errorf("watch Lease %s/%s: %w", namespace, name, err)
+	}
+	inf.RunWithContext(ctx)
 	return nil
 }
 

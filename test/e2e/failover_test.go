@@ -73,6 +73,13 @@ func TestGatewayFailover(t *testing.T) {
 		t.Logf("the replica on %s took the Lease %s after the kill", gw.NodeName, l.Spec.AcquireTime.Sub(killed).Round(time.Millisecond))
 	}
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 30*time.Second)
+	t.Run("the workers' routes moved with the Lease, ahead of the new plan", func(t *testing.T) {
+		for _, w := range a.Workers {
+			if !fabricMovedWithLease(t, a, w.NodeName, gw.NodeName, killed) {
+				t.Errorf("the fabric on %s did not log that the gateway moved to %s with the Lease", w.NodeName, gw.NodeName)
+			}
+		}
+	})
 	t.Run("no view changed, b sees the same a at its new gateway", func(t *testing.T) {
 		if after := peerViews(t, cs); !reflect.DeepEqual(before, after) {
 			t.Errorf("Peers before the kill:\n%s\nafter:\n%s", before, after)
@@ -582,4 +589,23 @@ func (f *flow) wrongAnswers() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.wrong...)
+}
+
+// fabricMovedWithLease reports whether the fabric pod on node of c logged,
+// after since, that it moved the gateway to gateway as the Lease changed
+// hands, ahead of the new active replica's plan.
+func fabricMovedWithLease(t testing.TB, c *federation.NodeCluster, node, gateway string, since time.Time) bool {
+	t.Helper()
+	pods, err := c.CP.Client.CoreV1().Pods(federation.AgentNamespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=fabric", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the fabric pod on %s: %d found (%v)", node, len(pods.Items), err)
+	}
+	lines, err := podLines(c, pods.Items[0], "fabric", func(l logLine) bool {
+		return !l.Time.Before(since) && l.Msg == "the gateway moved with the Lease, ahead of the plan" && strings.Contains(l.Text, `"gateway":"`+gateway+`"`)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(lines) > 0
 }
