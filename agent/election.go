@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
 	"github.com/flotilla-io/flotilla/ha"
+	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -82,11 +84,15 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		})
 		comps.Go("gateway role label", label.run)
 		a.log.Info("standby: waiting for the Lease", "lease", a.agentNamespace()+"/"+ha.LeaseName, "identity", e.Identity)
+		stopFollowing := a.followLedger(ctx)
 		select {
 		case <-active:
 		case <-ctx.Done():
+			stopFollowing()
 			return context.Cause(ctx)
 		}
+		// The ledger is the active replica's to open from now on.
+		stopFollowing()
 		setRole("active, starting")
 		if err := start(ctx, comps); err != nil {
 			return err
@@ -98,6 +104,26 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 		}
 		return nil
 	}
+}
+
+// followLedger has a standby's ledger follow the snapshots the active
+// replica writes (ha.Snapshots.Follow), so that a takeover finds it
+// restored; the function returned stops it and waits until the ledger
+// is closed.
+func (a *Agent) followLedger(ctx context.Context) (stop func()) {
+	snaps := a.ledgerSnapshots()
+	if snaps == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		snaps.Follow(ctx, func() (*ipam.Ledger, error) {
+			return ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{Now: a.now})
+		}, keyIdentity)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // heartbeat is the replicas' heartbeat (ha.Heartbeat) on HeartbeatPort,

@@ -1,10 +1,12 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,6 +57,20 @@ func testLedgerSnapshot(t *testing.T, cp *harness.ControlPlane) {
 	}
 	if gen, err := snaps.Restore(ctx, open(), "identity"); err != nil || gen != active.Generation() {
 		t.Fatalf("agent restores its ledger's snapshot: %d, %v; want generation %d", gen, err, active.Generation())
+	}
+	// A standby follows the Secret by name (list and watch), with the
+	// same token.
+	standbyPath := filepath.Join(t.TempDir(), ipam.FileName)
+	var followed bytes.Buffer
+	followCtx, stopFollowing := context.WithTimeout(ctx, 30*time.Second)
+	(&ha.Snapshots{Kube: kube, Namespace: namespace, Log: slog.New(slog.NewTextHandler(&followed, nil))}).Follow(followCtx,
+		func() (*ipam.Ledger, error) {
+			defer stopFollowing() // once the first restore is under way
+			return ipam.Open(standbyPath, ipam.Options{})
+		}, "identity")
+	stopFollowing()
+	if want := fmt.Sprintf("generation=%d", active.Generation()); !strings.Contains(followed.String(), want) {
+		t.Fatalf("a standby with the agent's token did not restore the snapshot (%s):\n%s", want, followed.String())
 	}
 
 	other := func(ns, name string) *corev1.Secret {

@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
@@ -78,6 +80,11 @@ func (s *Snapshots) Newest(ctx context.Context) (*ipam.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the ledger snapshot %s: %w", s.where(), err)
 	}
+	return s.decode(sec)
+}
+
+// decode is the snapshot the Secret sec holds.
+func (s *Snapshots) decode(sec *corev1.Secret) (*ipam.Snapshot, error) {
 	if err := ours(sec); err != nil {
 		return nil, err
 	}
@@ -86,6 +93,84 @@ func (s *Snapshots) Newest(ctx context.Context) (*ipam.Snapshot, error) {
 		return nil, fmt.Errorf("ledger snapshot %s: %w; the local ledger is kept (delete the Secret to have the active replica write it anew)", s.where(), err)
 	}
 	return snap, nil
+}
+
+// FollowEvery is the least time between two restores of a standby that
+// follows the snapshots (Follow): the active replica may write one every
+// DefaultDebounce, and each restore rewrites the standby's ledger file.
+const FollowEvery = time.Second
+
+// Follow keeps a standby's ledger at the newest snapshot, until ctx
+// ends: it watches the Secret and restores each newer snapshot into the
+// ledger open opens (and Follow closes again at once: the ledger is not
+// the standby's to hold), at most every FollowEvery. A takeover then
+// finds the ledger restored, or one snapshot behind, and its restore
+// (RestoreFrom) has little or nothing left to do; and the standby's disk
+// holds the cluster's state as well as the Secret. A snapshot that does
+// not read or restore is logged once and skipped; the takeover meets it
+// again and decides.
+func (s *Snapshots) Follow(ctx context.Context, open func() (*ipam.Ledger, error), sameKey string) {
+	changed := make(chan struct{}, 1)
+	kick := func(any) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	inf := kubeclient.NewInformer(&corev1.Secret{}, s.Kube.CoreV1().Secrets(s.Namespace), func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", SecretName).String()
+	})
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: kick, UpdateFunc: func(_, cur any) { kick(cur) },
+	}); err != nil {
+		s.Log.Error("cannot follow the ledger snapshots; a takeover restores the newest", "err", err)
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { inf.RunWithContext(ctx) })
+	var failing string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		obj, ok, _ := inf.GetStore().GetByKey(s.where())
+		sec, _ := obj.(*corev1.Secret)
+		if !ok || sec == nil {
+			continue
+		}
+		if gen, err := s.restore(sec, open, sameKey); err != nil {
+			if err.Error() != failing {
+				s.Log.Warn("the standby's ledger does not follow the snapshot; a takeover restores the newest", "secret", s.where(), "err", err)
+				failing = err.Error()
+			}
+		} else if gen > 0 {
+			failing = ""
+		}
+		if !sleep(ctx, FollowEvery) {
+			return
+		}
+	}
+}
+
+// restore brings the ledger open opens to the snapshot in sec, when it
+// is behind it: the generation restored, or 0 when it was not.
+func (s *Snapshots) restore(sec *corev1.Secret, open func() (*ipam.Ledger, error), sameKey string) (uint64, error) {
+	snap, err := s.decode(sec)
+	if err != nil {
+		return 0, err
+	}
+	ledger, err := open()
+	if err != nil {
+		return 0, err
+	}
+	gen, err := s.RestoreFrom(ledger, snap, sameKey)
+	if cerr := ledger.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close the ledger: %w", cerr)
+	}
+	return gen, err
 }
 
 func ours(sec *corev1.Secret) error {

@@ -190,6 +190,66 @@ func TestSnapshotSecret(t *testing.T) {
 		}
 	})
 
+	t.Run("a standby follows each new snapshot into its own ledger, which it does not hold open", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), ipam.FileName) // a wiped state directory
+		var log syncBuffer
+		followCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			(&Snapshots{Kube: kube, Namespace: namespace, Log: slog.New(slog.NewTextHandler(&log, nil))}).Follow(followCtx,
+				func() (*ipam.Ledger, error) { return ipam.Open(path, ipam.Options{}) }, "identity")
+		}()
+		stopped := false
+		defer func() {
+			if !stopped {
+				stop()
+				<-done
+			}
+		}()
+		restored := func(gen uint64) {
+			t.Helper()
+			eventually.Within(t, 30*time.Second, fmt.Sprintf("the standby restored generation %d", gen), func() error {
+				if !strings.Contains(log.String(), fmt.Sprintf(`msg="ledger restored from its snapshot" secret=%s/%s generation=%d`, namespace, SecretName, gen)) {
+					return fmt.Errorf("not logged yet:\n%s", log.String())
+				}
+				return nil
+			})
+		}
+		restored(secretGeneration(t, kube))
+		// Between restores the file is not held: another opens it at once.
+		l, err := ipam.Open(path, ipam.Options{ReadOnly: true, LockTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatalf("the standby holds its ledger between restores: %v", err)
+		}
+		l.Close()
+		write(t, active, "later", "z")
+		if err := snaps.Write(ctx, active); err != nil {
+			t.Fatal(err)
+		}
+		newest := secretGeneration(t, kube)
+		restored(newest)
+		stop()
+		<-done
+		stopped = true
+		// The takeover finds the ledger restored: the same keys and views,
+		// and nothing left to restore.
+		standby, err := ipam.Open(path, ipam.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer standby.Close()
+		if standby.Generation() != newest || key(t, standby, "identity") != "seed-a" || key(t, standby, "later") != "z" {
+			t.Errorf("the standby's ledger at generation %d, identity %q; want %d, seed-a, and the later key", standby.Generation(), key(t, standby, "identity"), newest)
+		}
+		if got, want := views(standby), views(active); got != want {
+			t.Errorf("the standby's views %s, want %s", got, want)
+		}
+		if gen, err := snaps.Restore(ctx, standby, "identity"); err != nil || gen != 0 {
+			t.Errorf("the takeover's Restore = %d, %v; want nothing left to restore", gen, err)
+		}
+	})
+
 	t.Run("a damaged snapshot is refused and loses nothing", func(t *testing.T) {
 		sec, err := kube.CoreV1().Secrets(namespace).Get(ctx, SecretName, metav1.GetOptions{})
 		if err != nil {

@@ -28,8 +28,8 @@ import (
 // active one's, once the wiped standby has taken over from it; last the
 // other wiped replica takes over in its turn, its node drained as an
 // operator does before maintenance (kubectl drain). Each wiped replica
-// that takes over must restore the ledger from the snapshot the replica
-// before it wrote. After each step every Peer on both sides is as views
+// must restore the ledger from the snapshot the active replica wrote
+// while it is the standby, before it takes over. After each step every Peer on both sides is as views
 // says (peerViews: the same identity, key and views), the active ledger
 // holds what the one before the first step held, and every flow answers
 // again. It returns the active agent's pod at the end and each flow's
@@ -80,14 +80,25 @@ func drain(t *testing.T, c *federation.NodeCluster, node string) {
 	}
 }
 
-// takeOver stops the active agent pod of cs[0] by stop and requires the
-// standby want to take over, restoring the ledger from its snapshot (its
-// state directory was wiped), and every flow to answer again; it prints
-// each flow's longest gap, and returns once the cluster has a standby
-// again and every Peer is Connected, with those gaps.
+// takeOver requires the standby want, whose state directory was wiped,
+// to restore the ledger from its snapshot while it is the standby; then
+// it stops the active agent pod of cs[0] by stop and requires want to
+// take over and every flow to answer again; it prints each flow's
+// longest gap, and returns once the cluster has a standby again and
+// every Peer is Connected, with those gaps.
 func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active, want corev1.Pod, stop func()) (corev1.Pod, map[*flow]time.Duration) {
 	t.Helper()
 	a := cs[0]
+	eventually.Within(t, 30*time.Second, "the standby restored the ledger from its snapshot", func() error {
+		logs, err := a.CP.Client.CoreV1().Pods(want.Namespace).GetLogs(want.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(logs), "ledger restored from its snapshot") {
+			return fmt.Errorf("the standby %s did not log that it restored its ledger", want.Name)
+		}
+		return nil
+	})
 	t0 := time.Now()
 	stop()
 	// A stopping pod keeps its label until its agent has stopped.
@@ -96,16 +107,6 @@ func takeOver(t *testing.T, cs []*federation.NodeCluster, flows []*flow, active,
 		t.Fatalf("the active agent is %s on %s, want the standby %s on %s; the standby wrote:\n%s", next.Name, next.Spec.NodeName, want.Name, want.Spec.NodeName, lastLogs(a, want))
 	}
 	t1 := time.Now()
-	eventually.Within(t, 30*time.Second, "the new active replica restored the ledger from its snapshot", func() error {
-		logs, err := a.CP.Client.CoreV1().Pods(next.Namespace).GetLogs(next.Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(context.Background())
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(string(logs), "ledger restored from its snapshot") {
-			return fmt.Errorf("pod %s did not log that it restored its ledger", next.Name)
-		}
-		return nil
-	})
 	gaps := make(map[*flow]time.Duration, len(flows))
 	for _, f := range flows {
 		f.waitOK(t, t1, 90*time.Second)
