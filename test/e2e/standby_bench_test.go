@@ -23,9 +23,10 @@ const standbyWindow = 30 * time.Second
 // sampled in turn, as BenchmarkAgentMemory samples the agent:
 // its container's working set, anonymous memory and Go heap (medians,
 // min to max), and its CPU over the window. The standby answers the
-// heartbeat and watches the Lease and the agent's pods; it holds no
-// ledger, tunnel, gossip or informers of peers, so its cost does not
-// grow with the peers.
+// heartbeat, watches the Lease and the agent's pods, and follows the
+// ledger's snapshot Secret into its state directory; it holds no
+// tunnel, gossip or informers of peers, so its cost grows with the
+// peers only by the snapshot's size.
 func BenchmarkStandbyCost(b *testing.B) {
 	harness.Require(b, harness.NeedsNodes...)
 	env := harness.New(b)
