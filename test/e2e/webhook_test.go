@@ -173,8 +173,12 @@ func TestPlacementWebhookWithoutClientCertificates(t *testing.T) {
 				}
 			}
 			t.Logf("%d reviews %s: %s; %d without an answer", round.requests, round.what, strings.Join(got, ", "), failed.Load())
-			if refused != int64(round.requests) {
-				t.Errorf("%d of %d reviews %s refused with %v", refused, round.requests, round.what, round.allowed)
+			// A sender still writing its body when the refusal closes the
+			// connection may see the reset before the answer: a few such
+			// are the race of refusing early, not an admission; every
+			// answer must be a refusal.
+			if answered := int64(round.requests) - failed.Load(); refused != answered || failed.Load() > int64(round.requests)/100 {
+				t.Errorf("%d of %d reviews %s refused with %v, %d without an answer (at most 1%% may have none)", refused, round.requests, round.what, round.allowed, failed.Load())
 			}
 			if n := read.Load(); n != 0 {
 				t.Errorf("%d of %d reviews %s had %d MiB or more of their body read", n, round.requests, round.what, readCap>>20)
