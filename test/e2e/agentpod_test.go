@@ -226,7 +226,7 @@ func documentedAccess() map[string][]string {
 			"secrets [flotilla-placement-ca] [create get patch]",
 			"secrets [flotilla-kubelet-ca] [create get patch]",
 			// The ledger's snapshot (docs/ha.md).
-			"secrets [flotilla-ledger] [get patch update]",
+			"secrets [flotilla-ledger] [get list patch update watch]",
 			// The federation keyring it follows, and where it reports
 			// the fingerprints it holds (docs/operations.md).
 			"secrets [flotilla-federation] [get list watch]",
