@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	fieldsel "k8s.io/apimachinery/pkg/fields"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -175,9 +174,7 @@ func (a *Agent) followFederationKeys(comps *components, held keyring, ledger *ip
 	}
 	f.queue = c.Queue()
 	// Only this Secret: the agent may read no other.
-	inf := kubeclient.NewInformer(&corev1.Secret{}, a.kube.CoreV1().Secrets(f.ns), func(o *metav1.ListOptions) {
-		o.FieldSelector = fieldsel.OneTermEqualSelector("metadata.name", FederationSecret).String()
-	})
+	inf := kubeclient.NewInformer(&corev1.Secret{}, a.kube.CoreV1().Secrets(f.ns), kubeclient.ByName(FederationSecret))
 	if err := inf.SetTransform(kubeclient.DropManagedFields); err != nil {
 		return fmt.Errorf("watch Secret %s: %w", FederationSecret, err)
 	}

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
@@ -31,9 +29,7 @@ import (
 //
 // hb, when not nil, is told the Lease at each change (Heartbeat.leaseSeen).
 func watchLease(ctx context.Context, kube kubeclient.Interface, namespace, me string, leaseDuration time.Duration, hb *Heartbeat, released chan<- struct{}, expired chan<- expiry) {
-	byName := fields.OneTermEqualSelector("metadata.name", LeaseName).String()
-	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, kube.CoordinationV1().Leases(namespace),
-		func(o *metav1.ListOptions) { o.FieldSelector = byName })
+	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, kube.CoordinationV1().Leases(namespace), kubeclient.ByName(LeaseName))
 	signal := func() {
 		select {
 		case released <- struct{}{}:

@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
@@ -117,9 +116,7 @@ func (s *Snapshots) Follow(ctx context.Context, open func() (*ipam.Ledger, error
 		default:
 		}
 	}
-	inf := kubeclient.NewInformer(&corev1.Secret{}, s.Kube.CoreV1().Secrets(s.Namespace), func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", SecretName).String()
-	})
+	inf := kubeclient.NewInformer(&corev1.Secret{}, s.Kube.CoreV1().Secrets(s.Namespace), kubeclient.ByName(SecretName))
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: kick, UpdateFunc: func(_, cur any) { kick(cur) },
 	}); err != nil {

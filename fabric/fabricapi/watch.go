@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
@@ -24,9 +23,7 @@ var ErrNoPlan = errors.New("no fabric plan published")
 // ErrNoPlan while there is none and a parse error for a plan it cannot
 // use, until ctx ends. It watches that one ConfigMap and nothing else.
 func Watch(ctx context.Context, client kubeclient.Interface, namespace string, changed func(Plan, error)) error {
-	inf := kubeclient.NewInformer(&corev1.ConfigMap{}, client.CoreV1().ConfigMaps(namespace), func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", PlanName).String()
-	})
+	inf := kubeclient.NewInformer(&corev1.ConfigMap{}, client.CoreV1().ConfigMaps(namespace), kubeclient.ByName(PlanName))
 	report := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
@@ -64,9 +61,7 @@ func Watch(ctx context.Context, client kubeclient.Interface, namespace string, c
 // Lease name in namespace whenever it changes ("" while none holds it or
 // there is no such Lease), until ctx ends. It watches that one Lease.
 func WatchLease(ctx context.Context, client kubeclient.Interface, namespace, name string, changed func(holder string)) error {
-	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, client.CoordinationV1().Leases(namespace), func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-	})
+	inf := kubeclient.NewInformer(&coordinationv1.Lease{}, client.CoordinationV1().Leases(namespace), kubeclient.ByName(name))
 	var last *string
 	report := func(holder string) {
 		if last == nil || *last != holder {

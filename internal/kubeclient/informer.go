@@ -4,6 +4,7 @@ import (
 	"context"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
@@ -46,4 +47,12 @@ func DropManagedFields(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// ByName is NewInformer's tweak for one object, name, by a field
+// selector: what a Role limited to that name (resourceNames) lets its
+// holder list and watch.
+func ByName(name string) func(*metav1.ListOptions) {
+	selector := fields.OneTermEqualSelector("metadata.name", name).String()
+	return func(o *metav1.ListOptions) { o.FieldSelector = selector }
 }

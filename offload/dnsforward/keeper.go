@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -131,9 +130,7 @@ func New(cfg Config) (*Keeper, error) {
 // oneObject is an informer of the one object name: the agent may read no
 // other ConfigMap of CoreDNS's namespace.
 func oneObject[L runtime.Object](obj runtime.Object, c kubeclient.ListWatcher[L], name string) (toolscache.SharedIndexInformer, error) {
-	inf := kubeclient.NewInformer(obj, c, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-	})
+	inf := kubeclient.NewInformer(obj, c, kubeclient.ByName(name))
 	if err := inf.SetTransform(kubeclient.DropManagedFields); err != nil {
 		return nil, err
 	}

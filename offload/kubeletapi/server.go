@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -179,9 +178,7 @@ func (k *Server) Addr() netip.AddrPort { return netip.AddrPortFrom(k.cfg.Address
 func (k *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	configMaps := kubeclient.NewInformer(&corev1.ConfigMap{}, k.cfg.Client.CoreV1().ConfigMaps(certs.ClusterClientCANamespace), func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", certs.ClusterClientCAConfigMap).String()
-	})
+	configMaps := kubeclient.NewInformer(&corev1.ConfigMap{}, k.cfg.Client.CoreV1().ConfigMaps(certs.ClusterClientCANamespace), kubeclient.ByName(certs.ClusterClientCAConfigMap))
 	nodes := kubeclient.NewInformer(&corev1.Node{}, k.cfg.Client.CoreV1().Nodes(), func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.SelectorFromSet(labels.Set{offload.LabelVirtualNode: "true"}).String()
 	})
