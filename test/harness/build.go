@@ -28,7 +28,10 @@ func Flotilla(t TB) string {
 		if b.err = os.MkdirAll(dir, 0o755); b.err != nil {
 			return
 		}
-		tmp, err := os.CreateTemp(dir, "flotilla-*")
+		// Named after this process too, as Sweep reads the pid at the
+		// end of the name: another package's sweep keeps the binary
+		// while it is being built.
+		tmp, err := os.CreateTemp(dir, fmt.Sprintf("flotilla-*-%d.tmp", os.Getpid()))
 		if err != nil {
 			b.err = err
 			return
