@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/ha"
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/ipam"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
@@ -36,8 +37,16 @@ var errLostLease = errors.New("another replica holds the Lease " + ha.LeaseName 
 // its data path before it releases the Lease.
 func (a *Agent) startElected(start func(context.Context, *components) error) func(context.Context, *components) error {
 	return func(ctx context.Context, comps *components) (err error) {
+		// The Lease's requests go over a connection of their own: a
+		// replica that has just taken over starts everything at once, and
+		// on a busy node its renewals queued behind its informers' lists
+		// for seconds, until it fenced itself.
+		leases, err := kubeclient.NewOwnConnection(a.restCfg)
+		if err != nil {
+			return fmt.Errorf("kubernetes client for the Lease: %w", err)
+		}
 		e := &ha.Elector{
-			Kube: a.kube, Namespace: a.agentNamespace(), Identity: ha.NewIdentity(a.cfg.NodeName),
+			Kube: leases, Namespace: a.agentNamespace(), Identity: ha.NewIdentity(a.cfg.NodeName),
 			Log:           a.log.With("component", "leader election"),
 			LeaseDuration: a.cfg.LeaseDuration, RenewDeadline: a.cfg.RenewDeadline, RetryPeriod: a.cfg.RetryPeriod,
 		}

@@ -8,7 +8,9 @@ package kubeclient
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"time"
 
 	"k8s.io/client-go/discovery"
 	admissionregistrationv1 "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
@@ -67,6 +69,22 @@ func NewForConfig(cfg *rest.Config) (*Clientset, error) {
 		return nil, fmt.Errorf("client of %s: %w", c.Host, err)
 	}
 	return NewForConfigAndClient(&c, hc)
+}
+
+// NewOwnConnection is NewForConfig over connections of its own to the
+// API server, which no other client shares. On a shared HTTP/2
+// connection a request waits for the others' headers to be written one
+// at a time, and its response behind theirs on the one stream of bytes
+// the connection reads: on a busy process, a small request queued
+// behind an informer's list can take seconds. For the few requests that
+// must go through then: the Lease's.
+func NewOwnConnection(cfg *rest.Config) (*Clientset, error) {
+	c := *cfg
+	// A dial function of its own: client-go shares a transport only
+	// between configurations with the same one.
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	c.Dial = d.DialContext
+	return NewForConfig(&c)
 }
 
 // NewForConfigAndClient is a Clientset whose clients all use hc.
