@@ -38,6 +38,8 @@ const (
 
 // Elector makes one replica of the agent the active one by a Lease.
 type Elector struct {
+	// Kube should be a client of its own (kubeclient.NewOwnConnection):
+	// renewals must not queue behind the process's other requests.
 	Kube      kubeclient.Interface
 	Namespace string
 	// Identity names this replica in the Lease; NewIdentity makes one.
@@ -55,6 +57,8 @@ type Elector struct {
 	// replica that died before the Lease expires (see Heartbeat); nil:
 	// the Lease alone decides.
 	Heartbeat *Heartbeat
+
+	renewals prometheus.Histogram // once Collectors made it
 
 	mu        sync.Mutex
 	state     State
@@ -135,6 +139,7 @@ func (e *Elector) Run(ctx context.Context, changed func(State)) error {
 		hold:       hold{me: e.Identity, leaseDuration: leaseDuration, margin: fenceMargin(retry)},
 		event:      make(chan struct{}, 1),
 		mayRelease: func() bool { a, _ := e.Active(); return !a },
+		intervals:  e.renewals,
 	}
 	if hb := e.Heartbeat; hb != nil {
 		hb.me, hb.log = e.Identity, e.Log.With("component", "heartbeat")
@@ -368,8 +373,9 @@ func (e *Elector) Active() (active bool, since time.Time) {
 }
 
 // Collectors are the Elector's metrics: its role, how long it has held
-// it, and how many times it became the active one; with a Heartbeat,
-// how long since it heard another replica. Set Heartbeat first.
+// it, how many times it became the active one, and the intervals between
+// its renewals; with a Heartbeat, how long since it heard another
+// replica. Set Heartbeat first, and call it before Run.
 func (e *Elector) Collectors() []prometheus.Collector {
 	role := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "flotilla_gateway_active",
@@ -411,7 +417,12 @@ func (e *Elector) Collectors() []prometheus.Collector {
 		}
 		return time.Since(h.renewed).Seconds()
 	})
-	cs := []prometheus.Collector{role, age, takeovers, leaseAge}
+	e.renewals = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "flotilla_gateway_lease_renewal_interval_seconds",
+		Help:    "Seconds between consecutive renewals of the Lease this replica of the agent had accepted, by when each was sent: a retry period when all is well; near the lease duration, the replica is about to fence itself (a busy node or API server).",
+		Buckets: []float64{0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 10},
+	})
+	cs := []prometheus.Collector{role, age, takeovers, leaseAge, e.renewals}
 	if e.Heartbeat != nil {
 		cs = append(cs, e.Heartbeat.collector())
 	}

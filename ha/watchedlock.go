@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
@@ -25,6 +26,10 @@ type watchedLock struct {
 	// restarting: the election is stopped only to start again at once
 	// (Elector.campaign), not to give up the Lease.
 	restarting atomic.Bool
+
+	// intervals, when set, learns the seconds between consecutive
+	// renewals this replica had accepted (by when each was sent).
+	intervals prometheus.Observer
 
 	mu      sync.Mutex
 	hold    hold
@@ -68,6 +73,9 @@ func (l *watchedLock) wrote(r resourcelock.LeaderElectionRecord, sent time.Time,
 	case err != nil:
 		l.lastErr = err
 	case r.HolderIdentity == l.hold.me:
+		if l.intervals != nil && l.hold.holder == l.hold.me && !l.hold.renewed.IsZero() {
+			l.intervals.Observe(sent.Sub(l.hold.renewed).Seconds())
+		}
 		l.hold.renewed, l.hold.holder, l.lastErr = sent, r.HolderIdentity, nil
 	default: // released
 		l.hold.holder = r.HolderIdentity

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
@@ -88,5 +90,62 @@ func TestWatchedLock(t *testing.T) {
 	case <-l.event:
 	default:
 		t.Fatal("no event after reads and writes")
+	}
+}
+
+// The lock learns the interval between consecutive renewals of this
+// replica's, by when each was sent: not the first taking of the Lease,
+// nor one after another replica held it; a failed renewal in between
+// lengthens the interval.
+func TestWatchedLockRenewalIntervals(t *testing.T) {
+	intervals := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "intervals", Buckets: []float64{0.01, 1}})
+	inner := &fakeLock{holder: "gw2_b"}
+	l := &watchedLock{Interface: inner, hold: hold{me: "gw1_a"}, event: make(chan struct{}, 1), mayRelease: func() bool { return false }, intervals: intervals}
+	ctx := context.Background()
+	mine := resourcelock.LeaderElectionRecord{HolderIdentity: "gw1_a"}
+	count := func() (uint64, float64) {
+		var m dto.Metric
+		if err := intervals.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	renew := func() time.Time {
+		t.Helper()
+		sent := time.Now()
+		if err := l.Update(ctx, mine); err != nil {
+			t.Fatal(err)
+		}
+		return sent
+	}
+
+	if _, _, err := l.Get(ctx); err != nil { // held by gw2_b
+		t.Fatal(err)
+	}
+	first := renew() // taken over from gw2_b
+	if n, _ := count(); n != 0 {
+		t.Fatalf("taking the Lease over counted %d intervals, want none", n)
+	}
+	time.Sleep(20 * time.Millisecond)
+	inner.err = errors.New("timeout")
+	if err := l.Update(ctx, mine); err == nil {
+		t.Fatal("a failed renewal succeeded")
+	}
+	inner.err = nil
+	second := renew()
+	if n, sum := count(); n != 1 || sum < second.Sub(first).Seconds()-0.005 {
+		t.Fatalf("after a renewal, a failure and a renewal 20 ms apart: %d intervals summing %.3f s; want one of about %s", n, sum, second.Sub(first))
+	}
+
+	if _, _, err := l.Get(ctx); err != nil { // gw2_b took it meanwhile
+		t.Fatal(err)
+	}
+	renew()
+	if n, _ := count(); n != 1 {
+		t.Fatalf("taking the Lease back from another counted an interval: %d, want 1", n)
+	}
+	renew()
+	if n, _ := count(); n != 2 {
+		t.Fatalf("a renewal after that: %d intervals, want 2", n)
 	}
 }
