@@ -34,18 +34,14 @@ func TestNewOwnConnectionDoesNotShare(t *testing.T) {
 		CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}),
 	}}
 
-	shared1, err := NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
+	must := func(c *Clientset, err error) *Clientset {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	shared2, err := NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := NewOwnConnection(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	shared1, shared2, own := must(NewForConfig(cfg)), must(NewForConfig(cfg)), must(NewOwnConnection(cfg))
 	for _, step := range []struct {
 		name  string
 		c     *Clientset
