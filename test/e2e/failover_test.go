@@ -44,6 +44,7 @@ import (
 func TestGatewayFailover(t *testing.T) {
 	longRunning(t)
 	cs, flows := failoverClusters(t, 3)
+	explainFlows(t, cs, flows)
 	a, b := cs[0], cs[1]
 	before := peerViews(t, cs)
 
@@ -215,6 +216,25 @@ func failoverClusters(t testing.TB, candidates int, args ...string) ([]*federati
 	return cs, flows
 }
 
+// explainFlows has a flow that does not answer in time print what every
+// agent of cs wrote from a little before it was waited for, deleted
+// replicas' included, and what their sockets held unread.
+func explainFlows(t *testing.T, cs []*federation.NodeCluster, flows []*flow) {
+	logs := make([]*agentLog, len(cs))
+	for i, c := range cs {
+		logs[i] = recordAgentLogs(t, c)
+	}
+	for _, f := range flows {
+		f.explain = func(t testing.TB, since time.Time) {
+			t.Helper()
+			for i, c := range cs {
+				logs[i].print(t, since)
+				sockets(t, c)
+			}
+		}
+	}
+}
+
 // activeGateway waits until one agent pod of c is labelled active and
 // Ready, and returns it and its node.
 func activeGateway(t testing.TB, c *federation.NodeCluster) (corev1.Pod, *harness.Node) {
@@ -312,6 +332,10 @@ type flow struct {
 	tries []time.Time // when the try of each answer started
 	fails []failure
 	wrong []string // answers seen as another address than want
+
+	// explain, if set, says why when the flow does not answer in time
+	// (explainFlows).
+	explain func(t testing.TB, since time.Time)
 }
 
 func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, to *federation.NodeCluster, toPod corev1.Pod) *flow {
@@ -399,6 +423,9 @@ func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Ti
 			f.mu.Lock()
 			fails := f.fails[max(0, len(f.fails)-3):]
 			f.mu.Unlock()
+			if f.explain != nil {
+				f.explain(t, t0.Add(-5*time.Second))
+			}
 			t.Fatalf("flow %s: no answer within %s (last failures: %v)", f.name, timeout, fails)
 		}
 		time.Sleep(20 * time.Millisecond)
