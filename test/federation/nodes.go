@@ -446,6 +446,9 @@ images:
 		//     directory for every gateway node of this machine;
 		//   - the WireGuard interface: wireguard-go's control socket in
 		//     /run/wireguard is host-wide, so its name must be unique;
+		//     two replicas of one cluster, whose interfaces have the same
+		//     name, each get a directory of their own there
+		//     (agentPatch);
 		//   - one gateway node, so one replica without leader election
 		//     (docs/ha.md, "One replica"), unless the cluster has more
 		//     gateway candidates (agentPatch).
@@ -468,7 +471,9 @@ images:
 // --leader-elect and rolling update, each replica advertising its own
 // node's address ($(HOST_IP)) and keeping its ledger in a directory of
 // its own node ($(NODE_NAME) under the cluster's state directory: the
-// nodes of this machine share one file system, a real cluster's do not).
+// nodes of this machine share one file system, a real cluster's do not),
+// and its WireGuard control socket too (harness.WireGuardSocketDir):
+// otherwise a replica would configure, or remove, the other's device.
 func agentPatch(c *NodeCluster, s agentSettings, keyArg, keyMount, keyVolume string) string {
 	replicas, strategy, advertise, elect, hostIP, subPath := "1", `
   strategy:
@@ -486,7 +491,10 @@ func agentPatch(c *NodeCluster, s agentSettings, keyArg, keyMount, keyVolume str
 		subPath = `
         - name: state
           mountPath: /var/lib/flotilla
-          subPathExpr: $(NODE_NAME)`
+          subPathExpr: $(NODE_NAME)
+        - name: wireguard-sockets
+          mountPath: /var/run/wireguard
+          subPathExpr: ` + harness.WireGuardSocketDir(c.iface, "$(NODE_NAME)")
 		if keyMount == "" {
 			subPath = `
         volumeMounts:` + subPath

@@ -174,9 +174,7 @@ func (e *Env) finish() {
 		e.keepLogs()
 	}
 	// Every process of the run has stopped: no socket of ours is live.
-	for _, sock := range wireguardSockets(e.RunID) {
-		os.Remove(sock)
-	}
+	removeWireGuardSockets(e.RunID)
 	// Real nodes mount inside the run directory; removeRunDir unmounts
 	// first and keeps a directory that still has a mount.
 	if err := removeRunDir(e.Dir); err != nil {

@@ -78,10 +78,16 @@ func Sweep() error {
 			os.Remove(f)
 		}
 	}
-	// WireGuard control sockets of dead runs, unless someone listens.
+	// WireGuard control sockets of dead runs, unless someone listens, and
+	// their directories.
 	for _, sock := range wireguardSockets("") {
 		if run := strings.TrimSuffix(filepath.Base(sock), ".sock"); len(run) >= len(linkPrefix)+6 && isDead(run[len(linkPrefix):len(linkPrefix)+6]) && !listening(sock) {
 			os.Remove(sock)
+		}
+	}
+	for _, dir := range wireguardSocketDirs("") {
+		if run := filepath.Base(dir)[len(linkPrefix) : len(linkPrefix)+6]; isDead(run) {
+			os.Remove(dir) // kept while a live socket is in it
 		}
 	}
 	// Binaries built by Flotilla and the harness's image tarballs are
@@ -141,6 +147,9 @@ func Leftovers(run string) []string {
 	for _, sock := range wireguardSockets(run) {
 		out = append(out, "socket "+sock)
 	}
+	for _, dir := range wireguardSocketDirs(run) {
+		out = append(out, "directory "+dir)
+	}
 	// What real nodes leave outside processes and namespaces.
 	for _, d := range dirs {
 		for _, m := range mountsUnder(d) {
@@ -178,15 +187,60 @@ func firstTempComponent(path string) string {
 	return first
 }
 
+// wireguardDir is where wireguard-go and wg(8) find the control sockets.
+const wireguardDir = "/var/run/wireguard"
+
+// WireGuardSocketDir is the directory under /run/wireguard that the
+// agent replica on node mounts as its own /run/wireguard, where link
+// (named by LinkName) is replicated: the nodes of this machine share
+// one /run/wireguard, in which two replicas' sockets of the same name
+// would be one. Run cleanup and Sweep remove it with the run's sockets.
+func WireGuardSocketDir(link, node string) string { return link + "-" + node }
+
 // wireguardSockets lists userspace WireGuard control sockets of links named
-// by LinkName for run, or of any run when run is "".
+// by LinkName for run, or of any run when run is "", in /run/wireguard
+// and in the run's WireGuardSocketDirs.
 func wireguardSockets(run string) []string {
-	pattern := linkPrefix + run + "*.sock"
-	if run == "" {
-		pattern = linkPrefix + "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*.sock"
+	pattern := wireguardPattern(run)
+	socks, _ := filepath.Glob(filepath.Join(wireguardDir, pattern+".sock"))
+	for _, dir := range wireguardSocketDirs(run) {
+		in, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+		socks = append(socks, in...)
 	}
-	socks, _ := filepath.Glob(filepath.Join("/var/run/wireguard", pattern))
 	return socks
+}
+
+// wireguardSocketDirs lists the WireGuardSocketDirs of run, or of any run
+// when run is "".
+func wireguardSocketDirs(run string) []string {
+	matches, _ := filepath.Glob(filepath.Join(wireguardDir, wireguardPattern(run)+"-*"))
+	var dirs []string
+	for _, m := range matches {
+		if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+			dirs = append(dirs, m)
+		}
+	}
+	return dirs
+}
+
+// wireguardPattern matches the link names of run, or of any run when run
+// is "".
+func wireguardPattern(run string) string {
+	if run == "" {
+		return linkPrefix + "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*"
+	}
+	return linkPrefix + run + "*"
+}
+
+// removeWireGuardSockets removes the control sockets of run (by then no
+// process of it listens) and its WireGuardSocketDirs.
+func removeWireGuardSockets(run string) {
+	for _, sock := range wireguardSockets(run) {
+		os.Remove(sock)
+	}
+	for _, dir := range wireguardSocketDirs(run) {
+		os.Remove(dir)
+	}
 }
 
 // listening reports whether a process accepts connections on a socket.

@@ -5,37 +5,66 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
 // Sweep removes WireGuard control sockets of dead runs that nobody serves,
-// and keeps one a process still listens on.
+// in /run/wireguard and in a replica's directory (WireGuardSocketDir),
+// and that directory once empty; it keeps a socket a process still
+// listens on, and the directory that holds one.
 func TestSweepRemovesOrphanWireGuardSockets(t *testing.T) {
 	Require(t, Root)
-	if err := os.MkdirAll("/var/run/wireguard", 0o755); err != nil {
-		t.Fatal(err)
-	}
 	dead := "000000" // no lock file: a dead run
-	orphan := filepath.Join("/var/run/wireguard", linkPrefix+dead+"x.sock")
-	served := filepath.Join("/var/run/wireguard", linkPrefix+dead+"y.sock")
-	l, err := net.Listen("unix", orphan)
-	if err != nil {
-		t.Fatal(err)
+	link := linkPrefix + dead + "x"
+	orphanDir := filepath.Join(wireguardDir, WireGuardSocketDir(link, "gw"))
+	servedDir := filepath.Join(wireguardDir, WireGuardSocketDir(link, "gw2"))
+	for _, dir := range []string{orphanDir, servedDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	l.Close() // the file stays, as after a SIGKILL
-	live, err := net.Listen("unix", served)
-	if err != nil {
-		t.Fatal(err)
+	orphan := filepath.Join(wireguardDir, link+".sock")
+	orphanIn := filepath.Join(orphanDir, link+".sock")
+	served := filepath.Join(wireguardDir, linkPrefix+dead+"y.sock")
+	servedIn := filepath.Join(servedDir, link+".sock")
+	t.Cleanup(func() {
+		for _, p := range []string{orphan, orphanIn, served, servedIn, orphanDir, servedDir} {
+			os.Remove(p)
+		}
+	})
+	for _, p := range []string{orphan, orphanIn} {
+		l, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.(*net.UnixListener).SetUnlinkOnClose(false)
+		l.Close() // the file stays, as after a SIGKILL
 	}
-	defer live.Close()
-	t.Cleanup(func() { os.Remove(orphan); os.Remove(served) })
+	for _, p := range []string{served, servedIn} {
+		live, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer live.Close()
+	}
+	left := fmt.Sprint(Leftovers(dead))
+	for _, p := range []string{orphan, orphanIn, served, servedIn, orphanDir, servedDir} {
+		if !strings.Contains(left, p) {
+			t.Errorf("Leftovers(%s) does not name %s: %s", dead, p, left)
+		}
+	}
 
 	if err := Sweep(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
-		t.Errorf("orphan socket of a dead run survived the sweep: %v", err)
+	for _, p := range []string{orphan, orphanIn, orphanDir} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s of a dead run survived the sweep: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(servedIn); err != nil {
+		t.Errorf("a served socket in a replica's directory was removed: %v", err)
 	}
 	if _, err := os.Stat(served); err != nil {
 		t.Errorf("a served socket was removed: %v", err)
