@@ -473,7 +473,7 @@ images:
 // its own node ($(NODE_NAME) under the cluster's state directory: the
 // nodes of this machine share one file system, a real cluster's do not),
 // and its WireGuard control socket too (harness.WireGuardSocketDir):
-// otherwise a replica would configure, or remove, the other's device.
+// otherwise a replica could configure, or remove, the other's device.
 func agentPatch(c *NodeCluster, s agentSettings, keyArg, keyMount, keyVolume string) string {
 	replicas, strategy, advertise, elect, hostIP, subPath := "1", `
   strategy:
