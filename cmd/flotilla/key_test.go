@@ -384,6 +384,14 @@ func TestKeyStepsPerOrganisation(t *testing.T) {
 	if err := os.WriteFile(oldFile, []byte(base64.StdEncoding.EncodeToString(old.Key)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Connected comes before an agent has started everything: the key
+	// verbs read the ConfigMap its federation keys component writes last.
+	for _, c := range cs {
+		eventually.Within(t, 60*time.Second, c.Name+"'s agent writes "+agentapi.FederationKeysStatus, func() error {
+			_, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agentapi.FederationKeysStatus, metav1.GetOptions{})
+			return err
+		})
+	}
 	stop := watchPartitions(t, cs)
 	step := func(c *federation.Cluster, args ...string) string {
 		t.Helper()
