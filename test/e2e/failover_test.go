@@ -217,7 +217,8 @@ func failoverClusters(t testing.TB, candidates int, args ...string) ([]*federati
 }
 
 // explainFlows has a flow that does not answer in time print what every
-// agent of cs wrote from a little before it was waited for, deleted
+// agent of cs wrote from half a minute before it was waited for (the
+// step that broke it began earlier than the wait), deleted
 // replicas' included, and what their sockets held unread.
 func explainFlows(t *testing.T, cs []*federation.NodeCluster, flows []*flow) {
 	logs := make([]*agentLog, len(cs))
@@ -424,7 +425,7 @@ func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Ti
 			fails := f.fails[max(0, len(f.fails)-3):]
 			f.mu.Unlock()
 			if f.explain != nil {
-				f.explain(t, t0.Add(-5*time.Second))
+				f.explain(t, t0.Add(-30*time.Second))
 			}
 			t.Fatalf("flow %s: no answer within %s (last failures: %v)", f.name, timeout, fails)
 		}
