@@ -52,6 +52,7 @@ func TestKeyRotateOnARunningFederation(t *testing.T) {
 	})
 	members, d := cs[:3], cs[3]
 	federation.Connect(t, members)
+	waitKeyStatus(t, members)
 	since := memberSince(t, members)
 
 	// The old key, as an operator gets it from `flotilla token`.
@@ -340,6 +341,20 @@ func metricAtLeast(body, name string, min float64) error {
 	return nil
 }
 
+// waitKeyStatus waits until the agent of each of cs has written the
+// ConfigMap of its keyring, which the key verbs read: Connected comes
+// before an agent has started everything, and its federation keys are
+// the last component it starts.
+func waitKeyStatus(t testing.TB, cs []*federation.Cluster) {
+	t.Helper()
+	for _, c := range cs {
+		eventually.Within(t, 60*time.Second, c.Name+"'s agent writes "+agentapi.FederationKeysStatus, func() error {
+			_, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(context.Background(), agentapi.FederationKeysStatus, metav1.GetOptions{})
+			return err
+		})
+	}
+}
+
 func grepLines(s, prefix string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {
@@ -384,14 +399,7 @@ func TestKeyStepsPerOrganisation(t *testing.T) {
 	if err := os.WriteFile(oldFile, []byte(base64.StdEncoding.EncodeToString(old.Key)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// Connected comes before an agent has started everything: the key
-	// verbs read the ConfigMap its federation keys component writes last.
-	for _, c := range cs {
-		eventually.Within(t, 60*time.Second, c.Name+"'s agent writes "+agentapi.FederationKeysStatus, func() error {
-			_, err := c.CP.Client.CoreV1().ConfigMaps(federation.AgentNamespace).Get(t.Context(), agentapi.FederationKeysStatus, metav1.GetOptions{})
-			return err
-		})
-	}
+	waitKeyStatus(t, cs)
 	stop := watchPartitions(t, cs)
 	step := func(c *federation.Cluster, args ...string) string {
 		t.Helper()
@@ -476,6 +484,7 @@ func BenchmarkKeyRotate(b *testing.B) {
 	env := harness.New(b)
 	cs := federation.New(b, env, federation.Options{PodCIDRs: []string{"10.0.0.0/16", "10.1.0.0/16"}})
 	federation.Connect(b, cs)
+	waitKeyStatus(b, cs)
 	current := filepath.Join(b.TempDir(), "current")
 	if err := os.WriteFile(current, []byte(cs[0].Args[slices.Index(cs[0].Args, "--federation-key")+1]), 0o600); err != nil {
 		b.Fatal(err)
