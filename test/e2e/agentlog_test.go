@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,7 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
+	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/test/federation"
 )
 
@@ -34,32 +35,31 @@ type agentLine struct {
 }
 
 // recordAgentLogs starts keeping c's agent lines (agentLog) until the
-// test ends.
+// test ends: an informer of the agent pods starts a stream for each
+// agent container as it runs.
 func recordAgentLogs(t testing.TB, c *federation.NodeCluster) *agentLog {
 	l := &agentLog{c: c, followed: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			pods, err := c.CP.Client.CoreV1().Pods(federation.AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: federation.AgentSelector})
-			if err == nil {
-				for _, p := range pods.Items {
-					if id := l.toFollow(p); id != "" {
-						wg.Add(1)
-						go func() { defer wg.Done(); l.follow(ctx, p, id) }()
-					}
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(250 * time.Millisecond):
+	inf := kubeclient.NewInformer(&corev1.Pod{}, c.CP.Client.CoreV1().Pods(federation.AgentNamespace),
+		func(o *metav1.ListOptions) { o.LabelSelector = federation.AgentSelector })
+	seen := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			if id := l.toFollow(*p); id != "" {
+				wg.Add(1)
+				go func() { defer wg.Done(); l.follow(ctx, *p, id) }()
 			}
 		}
-	}()
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, cur any) { seen(cur) },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
 	return l
 }
 
@@ -94,9 +94,7 @@ func (l *agentLog) follow(ctx context.Context, p corev1.Pod, id string) {
 	sc := bufio.NewScanner(rc)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
-		line := agentLine{pod: p.Name, node: p.Spec.NodeName, logLine: logLine{Text: sc.Text()}}
-		_ = json.Unmarshal(sc.Bytes(), &line.logLine)
-		l.add(line)
+		l.add(agentLine{pod: p.Name, node: p.Spec.NodeName, logLine: parseLogLine(sc.Text())})
 	}
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -272,9 +271,7 @@ func podLines(c *federation.NodeCluster, pod corev1.Pod, container string, keep 
 	}
 	var kept []logLine
 	for line := range strings.SplitSeq(string(out), "\n") {
-		l := logLine{Text: line}
-		_ = json.Unmarshal([]byte(line), &l)
-		if line != "" && keep(l) {
+		if l := parseLogLine(line); line != "" && keep(l) {
 			kept = append(kept, l)
 		}
 	}

@@ -48,6 +48,14 @@ type logLine struct {
 	Name      string       `json:"name"`
 }
 
+// parseLogLine is one line of an agent's JSON log; a line that is not
+// JSON has only its Text.
+func parseLogLine(text string) logLine {
+	l := logLine{Text: text}
+	_ = json.Unmarshal([]byte(text), &l)
+	return l
+}
+
 // readLogs fills r.steps and r.startup from this round's lines of every
 // agent's log.
 func (r *round) readLogs() error {

@@ -81,12 +81,12 @@ func Sweep() error {
 	// WireGuard control sockets of dead runs, unless someone listens, and
 	// their directories.
 	for _, sock := range wireguardSockets("") {
-		if run := strings.TrimSuffix(filepath.Base(sock), ".sock"); len(run) >= len(linkPrefix)+6 && isDead(run[len(linkPrefix):len(linkPrefix)+6]) && !listening(sock) {
+		if isDead(linkRun(sock)) && !listening(sock) {
 			os.Remove(sock)
 		}
 	}
 	for _, dir := range wireguardSocketDirs("") {
-		if run := filepath.Base(dir)[len(linkPrefix) : len(linkPrefix)+6]; isDead(run) {
+		if isDead(linkRun(dir)) {
 			os.Remove(dir) // kept while a live socket is in it
 		}
 	}
@@ -230,6 +230,12 @@ func wireguardPattern(run string) string {
 		return linkPrefix + "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*"
 	}
 	return linkPrefix + run + "*"
+}
+
+// linkRun is the run of a path that wireguardSockets or
+// wireguardSocketDirs found: its name starts with a link's (LinkName).
+func linkRun(path string) string {
+	return filepath.Base(path)[len(linkPrefix) : len(linkPrefix)+6]
 }
 
 // removeWireGuardSockets removes the control sockets of run (by then no
