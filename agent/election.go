@@ -50,8 +50,9 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 			Log:           a.log.With("component", "leader election"),
 			LeaseDuration: a.cfg.LeaseDuration, RenewDeadline: a.cfg.RenewDeadline, RetryPeriod: a.cfg.RetryPeriod,
 		}
-		replicas := ha.NewReplicas(a.kube, a.agentNamespace(), a.cfg.PodName)
+		replicas := ha.NewReplicas(a.kube, a.agentNamespace(), a.cfg.PodName, max(e.RetryPeriod, time.Second), e.Log)
 		e.Others = replicas.Others
+		a.registry.MustRegister(replicas.Collectors()...)
 		if e.Heartbeat, err = a.heartbeat(replicas); err != nil {
 			return err
 		}

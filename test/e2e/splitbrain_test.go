@@ -82,6 +82,10 @@ func TestSplitBrainLeavesOneDataPath(t *testing.T) {
 	// From here on, a second agent pod exists: the first could be
 	// replaced, and is fenced when it cannot renew.
 	agentPod(t, a, "agent-a2")
+	// The witness that the first counts it (its informer, or its own
+	// lists while the informer's watch, broken by the cut above, is
+	// retried after a backoff).
+	waitLog(t, first.proc, "others=agent-a2")
 
 	t.Run("fenced, it forwards again once the Lease is still its own", func(t *testing.T) {
 		cut := cutFromAPIServer(t, a.CP, first.site)
