@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -264,18 +265,25 @@ func readAgent(ctx context.Context, cfg *rest.Config, kube kubeclient.Interface,
 		note("the agent's pods", err)
 		return
 	}
-	for _, p := range pods {
-		ap := agentPod{Name: p.Name, Node: p.Spec.NodeName, Ready: podReady(p)}
+	// Each running pod is read through a port-forward of its own, all
+	// at once: on a loaded cluster a forward takes seconds to be ready.
+	a.Pods = make([]agentPod, len(pods))
+	errs := make([]error, len(pods))
+	var wg sync.WaitGroup
+	for i, p := range pods {
+		a.Pods[i] = agentPod{Name: p.Name, Node: p.Spec.NodeName, Ready: podReady(p)}
 		if p.Status.Phase == corev1.PodRunning {
-			port := containerPort(p, metricsPort, 9470)
-			if err := readAgentPort(ctx, cfg, p, port, &ap); err != nil {
-				note("agent pod "+p.Name, err)
-			}
+			wg.Go(func() { errs[i] = readAgentPort(ctx, cfg, p, containerPort(p, metricsPort, 9470), &a.Pods[i]) })
+		}
+	}
+	wg.Wait()
+	for i, ap := range a.Pods {
+		if errs[i] != nil {
+			note("agent pod "+ap.Name, errs[i])
 		}
 		if c, ok := findCheck(ap.Checks, fencesCheck); ok {
 			info.Fences = fencesInfo{Known: true, Enforced: c.OK, Message: c.Message}
 		}
-		a.Pods = append(a.Pods, ap)
 	}
 	readGateway(ctx, kube, d.Namespace, pods, info, note)
 }
@@ -283,13 +291,18 @@ func readAgent(ctx context.Context, cfg *rest.Config, kube kubeclient.Interface,
 // readAgentPort reads the agent's version from /metrics and its checks
 // from /readyz?verbose.
 func readAgentPort(ctx context.Context, cfg *rest.Config, p corev1.Pod, port int, ap *agentPod) error {
-	page, err := podhttp.Get(ctx, cfg, p.Namespace, p.Name, port, "/readyz?verbose")
+	f, err := podhttp.Open(ctx, cfg, p.Namespace, p.Name, port)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	page, err := f.Get(ctx, "/readyz?verbose")
 	var status *podhttp.StatusError
 	if err != nil && !errors.As(err, &status) {
 		return err
 	}
 	ap.Checks = parseReadyz(page)
-	metrics, err := podhttp.Get(ctx, cfg, p.Namespace, p.Name, port, "/metrics")
+	metrics, err := f.Get(ctx, "/metrics")
 	if err != nil {
 		return err
 	}
