@@ -188,6 +188,19 @@ func (c *candidates) due() []Candidate {
 	return out
 }
 
+// until is how long until the next candidate is due (0 when one is),
+// at most limit.
+func (c *candidates) until(limit time.Duration) time.Duration {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wait := limit
+	for _, cand := range c.table {
+		wait = min(wait, max(cand.NextTry.Sub(now), 0))
+	}
+	return wait
+}
+
 // result records the outcome of a join to addr. A failure backs off
 // exponentially with jitter; a success, or an address that is already a
 // member, is checked again after the recheck interval, so a member lost to
@@ -358,10 +371,14 @@ func (d *Discovery) refreshSources() {
 
 // joinLoop tries due candidates that are not already members.
 func (d *Discovery) joinLoop(ctx context.Context) {
-	tick := time.NewTicker(250 * time.Millisecond)
+	// Every 250 ms, or when the next candidate is due if sooner (a
+	// follow-up exchange is due a settle time after its join, and waiting
+	// for the next tick would add up to a tick to every member's).
+	tick := time.NewTimer(0)
 	defer tick.Stop()
 	var sourcesAt uint64
 	for {
+		tick.Reset(d.cands.until(250 * time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return

@@ -45,3 +45,33 @@ func TestJoinIsFollowedUpOnce(t *testing.T) {
 		}
 	}
 }
+
+// The join loop sleeps until the next candidate is due when that comes
+// before its tick: a follow-up is tried a settle time after its join,
+// not up to a tick later.
+func TestUntilTheNextCandidate(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newCandidates(time.Second, 15*time.Second)
+	c.now = func() time.Time { return now }
+	const tick = 250 * time.Millisecond
+	if got := c.until(tick); got != tick {
+		t.Fatalf("no candidate: until %v, want the tick %v", got, tick)
+	}
+	c.add("192.0.2.1:7946", SourceSeed, 0)
+	if got := c.until(tick); got != 0 {
+		t.Fatalf("a new candidate: until %v, want 0 (due)", got)
+	}
+	c.joined("192.0.2.1:7946")
+	now = now.Add(c.settle - 100*time.Millisecond)
+	if got := c.until(tick); got != 100*time.Millisecond {
+		t.Fatalf("100 ms before the follow-up: until %v, want 100ms", got)
+	}
+	now = now.Add(time.Second)
+	if got := c.until(tick); got != 0 {
+		t.Fatalf("the follow-up overdue: until %v, want 0", got)
+	}
+	c.result("192.0.2.1:7946", nil)
+	if got := c.until(tick); got != tick {
+		t.Fatalf("rechecked in %v: until %v, want the tick", c.recheck, got)
+	}
+}
