@@ -472,9 +472,16 @@ func Hello(c net.Conn, from string) (seen netip.Addr, server string, err error) 
 	return seen, server, nil
 }
 
-// Delete removes the pod's namespace (and so its veth) before the test
-// ends. The site's route to the pod goes with the veth.
+// Delete removes the pod's veth and namespace before the test ends. The
+// veth goes first, by its site end, at once: the kernel tears a deleted
+// namespace down later, on a work queue, and until then its devices
+// still answer. The site's route to the pod goes with the veth.
 func (p *Pod) Delete() {
+	if l, err := p.Site.nl.LinkByName(p.SiteLink); err == nil {
+		if err := p.Site.nl.LinkDel(l); err != nil {
+			p.env.t.Logf("harness: delete veth %s of pod %s: %v", p.SiteLink, p.Name, err)
+		}
+	}
 	p.close()
 	if err := deleteNetns(p.Name); err != nil {
 		p.env.t.Logf("harness: %v", err)
