@@ -116,16 +116,28 @@ func (r *Replicas) Collectors() []prometheus.Collector {
 	}, func() float64 { return float64(len(r.others())) })}
 }
 
-// others names the other pods that could take the Lease, sorted: those
-// the informer holds and, until it has caught up with it, those the last
-// list held.
+// others names the other pods that could take the Lease, sorted.
 func (r *Replicas) others() []string {
 	var names []string
+	for _, p := range r.seen() {
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// seen is the agent's other pods that have not ended (succeeded or
+// failed), as last seen: those the informer holds and, until it has
+// caught up with it, those the last list held; each once, the
+// informer's first.
+func (r *Replicas) seen() []*corev1.Pod {
+	var pods []*corev1.Pod
 	add := func(p *corev1.Pod) {
-		if p.Name == r.self || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || slices.Contains(names, p.Name) {
+		if p.Name == r.self || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+			slices.ContainsFunc(pods, func(q *corev1.Pod) bool { return q.Name == p.Name }) {
 			return
 		}
-		names = append(names, p.Name)
+		pods = append(pods, p)
 	}
 	for _, o := range r.inf.GetStore().List() {
 		add(o.(*corev1.Pod))
@@ -141,8 +153,7 @@ func (r *Replicas) others() []string {
 			add(&listed.Items[i])
 		}
 	}
-	slices.Sort(names)
-	return names
+	return pods
 }
 
 // notOlder reports whether resource version a is at least b. The API
@@ -207,9 +218,8 @@ func (w *trackedWatch) Stop() {
 func (r *Replicas) Addrs(port uint16) func() []netip.AddrPort {
 	return func() []netip.AddrPort {
 		var addrs []netip.AddrPort
-		for _, o := range r.inf.GetStore().List() {
-			p := o.(*corev1.Pod)
-			if p.Name == r.self || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		for _, p := range r.seen() {
+			if p.DeletionTimestamp != nil {
 				continue
 			}
 			if ip, err := netip.ParseAddr(p.Status.PodIP); err == nil {
