@@ -14,7 +14,7 @@ FUZZTIME ?= 30s
 
 IMAGE_TAG ?= flotilla:$(VERSION)
 
-.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm kube-network-policies prometheus-operator-crds demo test test-only lint generate bench fuzz clean sweep chaos conformance conformance-source
+.PHONY: all build docs image release release-test deps kube-binaries coredns flannel helm kube-network-policies prometheus-operator-crds demo test test-only lint generate bench fuzz clean sweep chaos conformance
 
 all: build
 
@@ -124,14 +124,19 @@ test: deps lint test-only
 # waited until test/e2e ended, and their package's slot with them.
 # Every test's result and duration is kept in TEST_JSON
 # (`go tool gotestsum tool slowest --jsonfile bin/test.json`).
+# The build tag conformance adds TestMCSConformance (test/conformance):
+# the MCS API conformance suite's Required label, its reports in
+# TEST_CONFORMANCE_REPORT.
 TEST_P ?= 2
 TEST_JSON ?= bin/test.json
-TEST_FIRST = ./test/e2e ./test/harness ./agent ./offload/tenancy ./cmd/flotilla ./deploy
+TEST_CONFORMANCE_REPORT ?= bin/conformance-required
+TEST_FIRST = ./test/e2e ./test/conformance ./test/harness ./agent ./offload/tenancy ./cmd/flotilla ./deploy
 HOLD_TESTS = ^(TestRealNodesLeaveNothing|TestNodeStartsWhenInotifyIsScarce|TestControlPlanesStartWhenInotifyIsScarce)$$
 test-only:
 	mkdir -p $(dir $(TEST_JSON))
 	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg -- -count=1 -timeout $(TEST_TIMEOUT) -run '$(HOLD_TESTS)' ./test/harness
-	$(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg --jsonfile $(TEST_JSON) -- -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) -skip '$(HOLD_TESTS)' $(TEST_FIRST) ./...
+	MCS_CONFORMANCE_LABELS=Required FLOTILLA_CONFORMANCE_REPORT="$(abspath $(TEST_CONFORMANCE_REPORT))" \
+	  $(GO) tool gotestsum --format standard-quiet --format-hide-empty-pkg --jsonfile $(TEST_JSON) -- -tags conformance -count=1 -p $(TEST_P) -timeout $(TEST_TIMEOUT) -skip '$(HOLD_TESTS)' $(TEST_FIRST) ./...
 	cd charts && $(GO) test -count=1 ./...
 
 lint:
@@ -155,23 +160,19 @@ chaos: deps
 	FLOTILLA_CHAOS_SEED=$(CHAOS_SEED) FLOTILLA_CHAOS_FAULTS=$(CHAOS_FAULTS) FLOTILLA_CHAOS_DURATION=$(CHAOS_DURATION) FLOTILLA_CHAOS_CLUSTERS=$(CHAOS_CLUSTERS) $(GO) test -count=1 -timeout 3h -run TestChaos -v ./test/chaos
 
 # The upstream MCS API conformance suite (docs/testing.md) against two
-# clusters of real nodes with the agents. MCS_CONFORMANCE is the suite's
-# directory: conformance/ of a checkout of kubernetes-sigs/mcs-api at the
-# tag conformance/v0.5.0 (the Go module proxy does not serve it). Reports
-# (report.html, report.yaml, junit.xml) go to CONFORMANCE_REPORT;
-# CONFORMANCE_LABELS is a Ginkgo label filter (default: every label).
-# Behind the build tag conformance, so `make test` does not run it.
-MCS_CONFORMANCE ?=
+# clusters of real nodes with the agents, every label (`make test` runs
+# the Required one). MCS_CONFORMANCE is the suite's directory: by default
+# the unmodified copy of upstream's tag conformance/v0.5.0 in
+# third_party/mcs-conformance. Reports (report.html, report.yaml,
+# junit.xml) go to CONFORMANCE_REPORT; CONFORMANCE_LABELS is a Ginkgo
+# label filter (default: every label). Behind the build tag conformance:
+# `go test ./...` does not build it.
+MCS_CONFORMANCE ?= third_party/mcs-conformance
 CONFORMANCE_REPORT ?= $(CURDIR)/conformance-report
 CONFORMANCE_LABELS ?=
-conformance: conformance-source deps
+conformance: deps
 	MCS_CONFORMANCE="$(abspath $(MCS_CONFORMANCE))" FLOTILLA_CONFORMANCE_REPORT="$(abspath $(CONFORMANCE_REPORT))" MCS_CONFORMANCE_LABELS="$(CONFORMANCE_LABELS)" \
 	  $(GO) test -tags conformance -count=1 -timeout 3h -run TestMCSConformance -v ./test/conformance
-
-conformance-source:
-	@if [ -z "$(MCS_CONFORMANCE)" ]; then \
-	  echo "make conformance: set MCS_CONFORMANCE to the conformance/ directory of a checkout of kubernetes-sigs/mcs-api at tag conformance/v0.5.0"; \
-	  echo "  (git clone --branch conformance/v0.5.0 https://github.com/kubernetes-sigs/mcs-api; make conformance MCS_CONFORMANCE=\$$PWD/mcs-api/conformance)"; exit 2; fi
 
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
 

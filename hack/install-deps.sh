@@ -54,6 +54,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The MCS conformance suite's images (test/conformance, in make test) are
+# built from Debian packages that apt-get download fetches: it needs the
+# package lists, which a fresh machine may not have.
+if ! apt-cache show socat >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: no Debian package lists; run as root or: sudo apt-get update" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get update (package lists for the conformance suite's images)"
+  apt-get update -qq
+fi
 
 go mod download
 (cd charts && go mod download)

@@ -30,7 +30,8 @@ import (
 var reportFiles = []string{"report.html", "report.yaml", "junit.xml", "report.json", "suite.log", "summary.txt"}
 
 // TestMCSConformance runs the upstream MCS API conformance suite
-// (MCS_CONFORMANCE: its directory) against two clusters of real nodes
+// (third_party/mcs-conformance, or the directory MCS_CONFORMANCE names)
+// against two clusters of real nodes
 // whose agents are connected, with every label or those of
 // MCS_CONFORMANCE_LABELS (a Ginkgo label filter), keeps its reports in
 // FLOTILLA_CONFORMANCE_REPORT and prints the count per label. It fails
@@ -38,13 +39,17 @@ var reportFiles = []string{"report.html", "report.yaml", "junit.xml", "report.js
 func TestMCSConformance(t *testing.T) {
 	src := os.Getenv("MCS_CONFORMANCE")
 	if src == "" {
-		t.Fatal("MCS_CONFORMANCE is not set: give the path of the conformance/ directory of a checkout of kubernetes-sigs/mcs-api at tag conformance/v0.5.0 (make conformance MCS_CONFORMANCE=DIR); the Go module proxy does not serve sigs.k8s.io/mcs-api/conformance")
+		src = filepath.Join(repoRoot(), "third_party", "mcs-conformance")
 	}
 	reports := reportDir()
 	harness.Require(t, harness.NeedsNodes...)
 	harness.Require(t, harness.DebianTools)
 	start := time.Now()
-	suite, err := BuildSuite(src, harness.CacheDir())
+	versions, err := ProjectVersions(repoRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	suite, err := BuildSuite(src, harness.CacheDir(), versions...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,16 +180,20 @@ func waitClustersetDNS(t *testing.T, c *federation.NodeCluster) {
 // reportDir is FLOTILLA_CONFORMANCE_REPORT, relative to the repository's
 // root when not absolute; conformance-report there by default.
 func reportDir() string {
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(self), "..", "..")
 	dir := os.Getenv("FLOTILLA_CONFORMANCE_REPORT")
 	if dir == "" {
 		dir = "conformance-report"
 	}
 	if !filepath.IsAbs(dir) {
-		dir = filepath.Join(root, dir)
+		dir = filepath.Join(repoRoot(), dir)
 	}
 	return filepath.Clean(dir)
+}
+
+// repoRoot is the checkout's root directory.
+func repoRoot() string {
+	_, self, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(self), "..", ".."))
 }
 
 // version is the checkout's, as `make build` stamps the binary.

@@ -21,18 +21,42 @@ const (
 	MCSAPIVersion = "sigs.k8s.io/mcs-api@v0.5.2"
 )
 
-// BuildSuite builds the suite in src (a checkout of upstream's
-// conformance directory) with `go test -c` from a copy under cache, and
+// SharedModules are the modules the suite is built with at the project's
+// own versions (ProjectVersions) rather than its go.mod's: the build then
+// reuses the packages the project's own build compiled instead of
+// compiling a second Kubernetes client, minutes on a fresh machine.
+var SharedModules = []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}
+
+// ProjectVersions gives each of SharedModules as path@version, the
+// version the project's module in root requires.
+func ProjectVersions(root string) ([]string, error) {
+	cmd := exec.Command("go", append([]string{"list", "-m", "-f", "{{.Path}}@{{.Version}}"}, SharedModules...)...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -m %s in %s: %w", strings.Join(SharedModules, " "), root, err)
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// BuildSuite builds the suite in src (a copy of upstream's conformance
+// directory) with `go test -c` from a copy under cache, with the module
+// versions require gives (path@version) on top of its go.mod's, and
 // returns the test binary's path. The copy and the binary are named
-// after the source's content: an unchanged source is built once. src
-// itself is only read.
-func BuildSuite(src, cache string) (string, error) {
+// after the source's content and those versions: an unchanged source is
+// built once. src itself is only read; the suite's code is built as it
+// is.
+func BuildSuite(src, cache string, require ...string) (string, error) {
 	sum, err := treeSum(src)
 	if err != nil {
 		return "", fmt.Errorf("read the suite's source %s (MCS_CONFORMANCE): %w", src, err)
 	}
 	if err := checkSuite(src); err != nil {
 		return "", err
+	}
+	if len(require) > 0 {
+		h := sha256.Sum256([]byte(sum + "\x00" + strings.Join(require, "\x00")))
+		sum = hex.EncodeToString(h[:8])
 	}
 	dir := filepath.Join(cache, "mcs-conformance", sum)
 	bin := filepath.Join(dir, "conformance.test")
@@ -46,8 +70,12 @@ func BuildSuite(src, cache string) (string, error) {
 	if err := copyTree(src, work); err != nil {
 		return "", fmt.Errorf("copy the suite's source: %w", err)
 	}
+	edit := []string{"go", "mod", "edit", "-dropreplace", "sigs.k8s.io/mcs-api", "-require", MCSAPIVersion}
+	for _, r := range require {
+		edit = append(edit, "-require", r)
+	}
 	steps := [][]string{
-		{"go", "mod", "edit", "-dropreplace", "sigs.k8s.io/mcs-api", "-require", MCSAPIVersion},
+		edit,
 		{"go", "mod", "tidy"},
 		{"go", "test", "-c", "-o", bin + ".tmp", "."},
 	}

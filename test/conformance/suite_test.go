@@ -27,3 +27,29 @@ func TestBuildSuiteRefusesOtherDirectories(t *testing.T) {
 		})
 	}
 }
+
+// The suite is built with the project's own versions of the Kubernetes
+// modules, each named once, as go.mod requires it.
+func TestProjectVersions(t *testing.T) {
+	got, err := ProjectVersions(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(SharedModules) {
+		t.Fatalf("versions %v, want one for each of %v", got, SharedModules)
+	}
+	mod, err := os.ReadFile(filepath.Join("..", "..", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, pv := range got {
+		path, version, ok := strings.Cut(pv, "@")
+		if !ok || path != SharedModules[i] || !strings.HasPrefix(version, "v") {
+			t.Errorf("%q: want %s@<version>", pv, SharedModules[i])
+			continue
+		}
+		if !strings.Contains(string(mod), "\t"+path+" "+version+"\n") {
+			t.Errorf("%s: go.mod does not require %s", pv, version)
+		}
+	}
+}
