@@ -130,7 +130,7 @@ test: deps lint test-only
 TEST_P ?= 2
 TEST_JSON ?= bin/test.json
 TEST_CONFORMANCE_REPORT ?= bin/conformance-required
-TEST_FIRST = ./test/e2e ./test/conformance ./test/harness ./agent ./offload/tenancy ./cmd/flotilla ./deploy
+TEST_FIRST = ./test/e2e ./test/harness ./test/conformance ./agent ./offload/tenancy ./cmd/flotilla ./deploy
 HOLD_TESTS = ^(TestRealNodesLeaveNothing|TestNodeStartsWhenInotifyIsScarce|TestControlPlanesStartWhenInotifyIsScarce)$$
 test-only:
 	mkdir -p $(dir $(TEST_JSON))

@@ -141,9 +141,8 @@ func TestMCSConformance(t *testing.T) {
 }
 
 // waitClustersetDNS waits until a pod of c resolves a clusterset.local
-// name through the cluster's CoreDNS: kubelet hands the changed Corefile
-// to the CoreDNS pod up to a minute or so later, and a spec that asks
-// before would fail for the test's set-up, not for Flotilla.
+// name through the cluster's CoreDNS: a spec that asked before CoreDNS
+// forwards the zone would fail for the test's set-up, not for Flotilla.
 func waitClustersetDNS(t *testing.T, c *federation.NodeCluster) {
 	t.Helper()
 	ctx := context.Background()

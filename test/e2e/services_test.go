@@ -219,8 +219,8 @@ func TestServicesAcrossClusters(t *testing.T) {
 	t.Run("a's pod resolves echo.mcs.svc.clusterset.local through a's CoreDNS and agent and reaches b's pod", func(t *testing.T) {
 		url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/peer", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 		want := federation.ViewOf(t, b.Cluster, a.Cluster, netip.MustParseAddr(a.Web.Status.PodIP))
-		// The kubelet brings the changed Corefile into CoreDNS's pod at its
-		// next sync of the pod (up to a minute), then CoreDNS reloads it.
+		// CoreDNS restarted with the block (ForwardClusterset); the name
+		// answers once a's agent has imported b's export.
 		eventually.Within(t, 120*time.Second, "a's pod GET "+url+" resolved by a's cluster DNS", func() error {
 			out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
 			if err != nil {

@@ -25,8 +25,7 @@ import (
 // still removes what it made; from b, which holds no grant of a, the
 // offload checks are skipped and say why.
 func testVerify(t *testing.T, a, b *federation.NodeCluster) {
-	// For the run from b: b's pods resolve clusterset.local too (in
-	// force once the kubelet syncs CoreDNS's pod, within a minute).
+	// For the run from b: b's pods resolve clusterset.local too.
 	b.ForwardClusterset(t)
 	t.Run("flotilla verify passes every check and leaves nothing", func(t *testing.T) {
 		table, code := runVerify(t, a, b, "2m")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -16,7 +17,10 @@ const ClustersetDNSService = "flotilla-clusterset-dns"
 
 // ForwardClusterset adds to c's CoreDNS the server block docs/services.md
 // tells an operator to add by hand: clusterset.local forwarded to the
-// agent's DNS Service. CoreDNS's reload plugin picks it up within seconds.
+// agent's DNS Service. Then it restarts CoreDNS and waits for the new pod,
+// as docs/services.md says to for the block to count at once: a running
+// pod sees a changed ConfigMap only when the kubelet next syncs it, up to
+// a minute later, where a new pod reads it when it starts.
 func (c *NodeCluster) ForwardClusterset(t harness.TB) {
 	t.Helper()
 	ctx := context.Background()
@@ -36,5 +40,12 @@ func (c *NodeCluster) ForwardClusterset(t harness.TB) {
 	cm.Data["Corefile"] += "\n" + block
 	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("%s: forward clusterset.local in CoreDNS's Corefile: %v", c.Name, err)
+	}
+	deploy := "deployment/" + harness.DNSDeployment
+	if out, err := Kubectl(c.CP, "-n", harness.DNSNamespace, "rollout", "restart", deploy); err != nil {
+		t.Fatalf("%s: restart CoreDNS: %v: %s", c.Name, err, out)
+	}
+	if out, err := KubectlTimeout(c.CP, 2*time.Minute, "-n", harness.DNSNamespace, "rollout", "status", deploy, "--timeout", "90s"); err != nil {
+		t.Fatalf("%s: CoreDNS restarted with the block: %v: %s", c.Name, err, out)
 	}
 }
