@@ -256,6 +256,22 @@ func (c *candidates) joined(addr string) {
 	cand.introduce = false
 }
 
+// pushed records a push from the member at addr (joinpush.go): it
+// exchanged state with us after our join to it, and does again whenever
+// more members join it within the settle time, so a follow-up pending
+// with it is not needed.
+func (c *candidates) pushed(addr string) {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cand := range c.table {
+		if cand.resync && (cand.Addr == addr || slices.Contains(cand.resolved, addr)) {
+			cand.resync = false
+			cand.NextTry = now.Add(c.recheck)
+		}
+	}
+}
+
 // recheckSoon makes every candidate due within a short time; used when a
 // member fails, so a heal is noticed quickly.
 func (c *candidates) recheckSoon(within time.Duration) {
@@ -407,7 +423,13 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 			}
 			src := cand.Sources[0]
 			d.metrics.joins.WithLabelValues(string(src)).Inc()
+			kind := exchangeJoin
+			if cand.resync {
+				kind = exchangeFollow
+			}
+			done := d.push.dial(cand.Addr, kind)
 			_, err := d.ml.Join([]string{cand.Addr})
+			done()
 			switch {
 			case err != nil:
 				d.metrics.joinFailures.WithLabelValues(string(src)).Inc()

@@ -185,6 +185,7 @@ type Discovery struct {
 	log     *slog.Logger
 	metrics *metrics
 	cands   *candidates
+	push    *joinPush
 	revive  *revivals // nil: off (benchmarks compare without)
 	// notices to members this one suspects, and this member's own
 	// refutation when told (notice.go); nil: off (benchmarks compare).
@@ -289,6 +290,7 @@ func New(cfg Config) (*Discovery, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "discovery"),
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
+		push:      newJoinPush(time.Second),
 		revive:    newRevivals(),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
@@ -457,6 +459,7 @@ func (d *Discovery) Start(ctx context.Context) error {
 		d.goRun(func() { d.dnsLoop(runCtx, r) })
 	}
 	d.goRun(func() { d.joinLoop(runCtx) })
+	d.goRun(func() { d.pushLoop(runCtx) })
 	if d.revive != nil {
 		d.goRun(func() { d.reviveLoop(runCtx) })
 	}
@@ -813,8 +816,49 @@ func (g *delegate) NodeMeta(limit int) []byte {
 }
 
 func (g *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (g *delegate) LocalState(join bool) []byte                { return nil }
-func (g *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// LocalState says, in every exchange started by a join (not memberlist's
+// periodic ones), why it was started and by whom (joinpush.go).
+func (g *delegate) LocalState(join bool) []byte {
+	if !join {
+		return nil
+	}
+	d := g.d()
+	return encodeExchange(d.push.kind(), d.selfID)
+}
+
+// MergeRemoteState notes a member that joined us, or a push from a member
+// we joined (joinpush.go); it runs after memberlist merged the member's
+// state, its record verified.
+func (g *delegate) MergeRemoteState(buf []byte, join bool) {
+	d := g.d()
+	if !join || len(buf) == 0 {
+		return // a periodic exchange, or an agent that sends no word
+	}
+	kind, id, err := decodeExchange(buf)
+	if err != nil {
+		d.metrics.messagesDrop.WithLabelValues(MsgDropExchangeState).Inc()
+		d.log.Debug("member's exchange state dropped", "err", err)
+		return
+	}
+	if kind == exchangeFollow || id == d.selfID {
+		return
+	}
+	d.mu.Lock()
+	m := d.table[id]
+	var addr string
+	if m != nil && m.State == StateAlive {
+		addr = m.Gossip.String()
+	}
+	d.mu.Unlock()
+	switch {
+	case addr == "":
+	case kind == exchangePush:
+		d.cands.pushed(addr)
+	default:
+		d.push.sawJoin(id, addr, time.Now())
+	}
+}
 
 // NotifyAlive keeps out members whose record does not verify: memberlist
 // ignores an alive message when this returns an error.

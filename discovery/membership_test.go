@@ -42,6 +42,8 @@ type nodeOpts struct {
 	now        func() time.Time
 	// tune adjusts the memberlist configuration after fastTimings.
 	tune func(*memberlist.Config)
+	// settle, when set, is how long after a join its follow-up comes.
+	settle time.Duration
 }
 
 type testNode struct {
@@ -120,6 +122,9 @@ func startNode(t testing.TB, o nodeOpts) *testNode {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.settle > 0 {
+		d.cands.settle = o.settle
 	}
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)

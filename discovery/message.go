@@ -33,6 +33,9 @@ const (
 	MsgDropUnknownKind = "unknown_kind"
 	MsgDropOversized   = "oversized"
 	MsgDropNoHandler   = "no_handler"
+	// MsgDropExchangeState: what a member sent in a state exchange
+	// (joinpush.go) did not decode.
+	MsgDropExchangeState = "exchange_state"
 )
 
 // Send delivers msg to the member whose cluster ID is to, over a TCP

@@ -24,6 +24,9 @@ type metrics struct {
 	// Times this member re-announced itself alive because a prober
 	// told it it was suspected (notice.go).
 	refutations prometheus.Counter
+	// State exchanges this member started with members that had joined
+	// it (joinpush.go).
+	pushes prometheus.Counter
 	// Gossip streams refused at accept or cut at their read cap, by
 	// reason (streamgate.go).
 	streamsLimited *prometheus.CounterVec
@@ -76,11 +79,15 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 		}),
 		messagesDrop: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_discovery_messages_dropped_total",
-			Help: "Messages from members dropped, by reason (empty, unknown_kind, oversized, no_handler).",
+			Help: "Messages from members dropped, by reason (empty, unknown_kind, oversized, no_handler; exchange_state: what a member sent in a state exchange).",
 		}, []string{"reason"}),
 		refutations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flotilla_discovery_suspicion_refutations_total",
 			Help: "Times this member, told by a member whose probe of it failed, announced itself alive again.",
+		}),
+		pushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "flotilla_discovery_join_pushes_total",
+			Help: "State exchanges this member started with members that had joined it, once joins to it went quiet, so that each learns of those who joined after it.",
 		}),
 		streamsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "flotilla_discovery_gossip_streams_limited_total",
@@ -102,7 +109,7 @@ func newMetrics(d *Discovery, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.found, m.joins, m.joinFailures, m.recordsDrop, m.candidateDrop, m.coalesced,
-		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m.streamsLimited, m.packetsLimited, m} {
+		m.messagesSent, m.sendFailures, m.messagesReceived, m.messagesDrop, m.refutations, m.pushes, m.streamsLimited, m.packetsLimited, m} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
