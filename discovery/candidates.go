@@ -27,6 +27,10 @@ const (
 // sourceOrder is the order of Member.Sources.
 var sourceOrder = []Source{SourceMDNS, SourceDNS, SourceSeed, SourceGossip}
 
+// settleTime is how long after a join its follow-up comes, and how
+// recent a join must be for a push to reach it (joinpush.go).
+const settleTime = time.Second
+
 // maxCandidates bounds the candidate table against floods of answers.
 const maxCandidates = 1024
 
@@ -83,7 +87,7 @@ func newCandidates(backoffMin, backoffMax time.Duration) *candidates {
 		backoffMin: backoffMin,
 		backoffMax: backoffMax,
 		recheck:    backoffMax,
-		settle:     time.Second,
+		settle:     settleTime,
 		now:        time.Now,
 	}
 }

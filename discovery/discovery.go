@@ -290,7 +290,7 @@ func New(cfg Config) (*Discovery, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("component", "discovery"),
 		cands:     newCandidates(cfg.RetryMin, cfg.RetryMax),
-		push:      newJoinPush(time.Second),
+		push:      newJoinPush(settleTime),
 		revive:    newRevivals(),
 		selfID:    cfg.Identity.ClusterID(),
 		table:     make(map[string]*Member),
