@@ -14,6 +14,7 @@ require (
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	go.etcd.io/bbolt v1.4.2
+	golang.org/x/sync v0.23.0
 	golang.org/x/sys v0.49.0
 	k8s.io/api v0.34.4
 	k8s.io/apiextensions-apiserver v0.34.3
@@ -64,7 +65,6 @@ require (
 	github.com/xlab/treeprint v1.2.0 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/tools v0.49.0 // indirect
 	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
 	gotest.tools/gotestsum v1.13.0 // indirect

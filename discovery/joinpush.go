@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/flotilla-io/flotilla/identity"
 )
@@ -246,30 +249,24 @@ func (d *Discovery) pushToJoiners(ctx context.Context, ids []string) {
 		return
 	}
 	start := time.Now()
-	sem := make(chan struct{}, pushParallel)
-	var wg sync.WaitGroup
-	failed := 0
-	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(pushParallel)
+	var failed atomic.Int32
 	for _, addr := range addrs {
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		case sem <- struct{}{}:
+		if ctx.Err() != nil {
+			break
 		}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		g.Go(func() error {
 			done := d.push.dial(addr, exchangePush)
 			defer done()
 			d.metrics.pushes.Inc()
 			if _, err := d.ml.Join([]string{addr}); err != nil {
-				mu.Lock()
-				failed++
-				mu.Unlock()
+				failed.Add(1)
 				d.log.Debug("push to a member that joined us failed", "addr", addr, "err", err)
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	d.log.Debug("pushed state to the members that joined us", "members", len(addrs), "failed", failed, "took", time.Since(start))
+	_ = g.Wait()
+	d.log.Debug("pushed state to the members that joined us", "members", len(addrs), "failed", failed.Load(), "took", time.Since(start))
 }
