@@ -144,6 +144,9 @@ func probeUntil(ctx context.Context, t probeTarget, within time.Duration) probeR
 	for {
 		host, peer, err := getOnce(ctx, client, t.URL)
 		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			// The deadline cut this attempt short; what the attempts
+			// before it saw says more than "deadline exceeded".
 		case err != nil:
 			last = err
 		case host != t.Pod:
