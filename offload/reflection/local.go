@@ -49,7 +49,7 @@ const (
 // namespaces, a cache per namespace: the agent may read them only where a
 // RoleBinding grants it offload.ReflectionClusterRole (docs/services.md,
 // "Reflection's rights"), and holds none of any other namespace. A cache
-// starts once its namespace has a NamespaceOffload and the agent may read
+// starts once its namespace is ready on a provider and the agent may read
 // there, and stops when the offloading goes or a read is refused.
 type offloadedObjects struct {
 	r        *Reflector
@@ -178,15 +178,27 @@ func (o *offloadedObjects) reconcile(ctx context.Context, ns string) (time.Durat
 	return o.r.cfg.RecheckRights, nil
 }
 
-// offloaded reports whether ns has a NamespaceOffload not being deleted:
-// once it is, its namespaces on the providers go with what was reflected
-// there, and nothing more is read.
+// offloaded reports whether ns has a NamespaceOffload not being deleted
+// whose namespace is ready on at least one provider. Before that there
+// is nowhere to reflect to, and nothing is read or asked (the rights'
+// reviews would compete with the requests that make the namespace on the
+// providers); once it is deleted, its namespaces on the providers go
+// with what was reflected there, and nothing more is read.
 func (o *offloadedObjects) offloaded(ctx context.Context, ns string) (bool, error) {
 	var list v1alpha1.NamespaceOffloadList
 	if err := o.r.local.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return false, fmt.Errorf("list NamespaceOffloads in %s: %w", ns, err)
 	}
-	return offload.ActingOffload(list.Items) != nil, nil
+	acting := offload.ActingOffload(list.Items)
+	if acting == nil {
+		return false, nil
+	}
+	for _, c := range acting.Status.Clusters {
+		if _, ready := offload.MirroredNamespace(acting, c.ClusterID); ready {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // refused says what of listing and watching the ConfigMaps and Secrets
