@@ -142,9 +142,14 @@ func benchOffloadScale(b *testing.B, providers int) {
 		for i := range names {
 			names[i] = fmt.Sprintf("scale-%d-%03d", round, i)
 		}
+		for _, ns := range names {
+			if _, err := kube.CoreV1().Namespaces().Create(context.Background(), namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
 		idle := idleCost(cs)
 		before := costNow(cs)
-		t, e := offloadAtOnce(b, kube, cl, names, providers)
+		t, e := offloadAtOnce(b, cl, names, providers)
 		printCost(providers, idle, before, costNow(cs))
 		total += t
 		each = append(each, e...)
@@ -172,18 +177,14 @@ func benchOffloadScale(b *testing.B, providers int) {
 		providers, scaleNamespaces, ms(meanTotal), ms(s.median), ms(s.min), ms(s.max), ms(perPair), ratio, rounds, loadBefore, loadAvg(), memUsedMiB())
 }
 
-// offloadAtOnce creates a NamespaceOffload in each of names (namespaces
-// created first, untimed) all at once and waits until every one is Ready
-// with every provider in its status; it returns the time until the last
-// was Ready and each one's time from its own creation.
-func offloadAtOnce(b *testing.B, kube kubernetes.Interface, cl client.WithWatch, names []string, providers int) (time.Duration, []time.Duration) {
+// offloadAtOnce creates a NamespaceOffload in each of names (existing
+// namespaces) all at once and waits, on a watch as `flotilla offload
+// namespace --wait` does, until every one is Ready with every provider
+// in its status; it returns the time until the last was Ready and each
+// one's time from its own creation.
+func offloadAtOnce(b *testing.B, cl client.WithWatch, names []string, providers int) (time.Duration, []time.Duration) {
 	b.Helper()
 	ctx := context.Background()
-	for _, ns := range names {
-		if _, err := kube.CoreV1().Namespaces().Create(ctx, namespaceNamed(ns), metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-	}
 	// The watch starts before the first creation: no Ready is missed.
 	w := watchOffloads(b, cl)
 	defer func() { w.Stop() }()
