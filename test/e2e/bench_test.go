@@ -299,13 +299,13 @@ func (r *round) firstConnection(from, to *federation.Cluster, timeout time.Durat
 			at := time.Now()
 			// Counted only once the pod that answered is to's: a wrong
 			// view could reach another pod, or loop back to from's own.
-			_, server, herr := harness.Hello(conn, from.Pod.Name)
+			answer, herr := harness.Hello(conn, from.Pod.Name)
 			conn.Close()
 			if herr != nil {
 				return fmt.Errorf("%s reached %s at %s, but: %w", from.Name, to.Name, dst, herr)
 			}
-			if server != to.Pod.Name {
-				return fmt.Errorf("%s's connection to %s's pod at %s was answered by %s, not %s", from.Name, to.Name, dst, server, to.Pod.Name)
+			if answer.Host != to.Pod.Name {
+				return fmt.Errorf("%s's connection to %s's pod at %s was answered by %s, not %s", from.Name, to.Name, dst, answer.Host, to.Pod.Name)
 			}
 			r.mu.Lock()
 			r.packet[k] = at

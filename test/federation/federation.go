@@ -357,12 +357,13 @@ func (r *Result) exchange() {
 		return
 	}
 	defer c.Close()
-	var server string
-	r.Seen, server, r.Err = harness.Hello(c, r.From.Pod.Name)
+	var a harness.Answer
+	a, r.Err = harness.Hello(c, r.From.Pod.Name)
+	r.Seen = a.Seen
 	switch {
 	case r.Err != nil:
-	case server != r.To.Pod.Name:
-		r.Err = fmt.Errorf("%s was answered by %s, not %s's pod %s", r.Dst, server, r.To.Name, r.To.Pod.Name)
+	case a.Host != r.To.Pod.Name:
+		r.Err = fmt.Errorf("%s was answered by %s, not %s's pod %s", r.Dst, a.Host, r.To.Name, r.To.Pod.Name)
 	case r.Seen != r.Want:
 		r.Err = fmt.Errorf("receiver saw the sender as %s, want %s (its view of the sender)", r.Seen, r.Want)
 	}

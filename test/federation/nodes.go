@@ -663,10 +663,11 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// Fetch makes from's test server pod GET /peer of to's at from's view of
-// it, over HTTP through the tunnel, retrying for up to 30 s while the path
+// Fetch makes from's test server pod GET / of to's at from's view of it,
+// over HTTP through the tunnel, retrying for up to 30 s while the path
 // comes up. Seen is the caller's address as to's pod reported it; Err
-// also says when that is not Want, to's view of from's pod.
+// also says when another pod answered (CheckAnswer) or that is not Want,
+// to's view of from's pod.
 func Fetch(t harness.TB, from, to *NodeCluster) Result {
 	t.Helper()
 	return FetchPods(t, from, from.Web, to, to.Web)
@@ -689,7 +690,7 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 		var out string
 		out, r.Err = Kubectl(from.CP, "exec", fromPod.Name, "--", "/testserver", "-get", url)
 		if r.Err == nil {
-			r.Seen, r.Err = checkAnswer(out, to.Name, toPod, r.Want)
+			r.Seen, r.Err = CheckAnswer(out, r.Want, to.Name, toPod)
 			if r.Err != nil {
 				r.Err = fmt.Errorf("GET %s from %s's pod %s: %w", url, from.Name, fromPod.Name, r.Err)
 			}
@@ -735,25 +736,55 @@ func mustKubectl(t harness.TB, cp *harness.ControlPlane, args ...string) string 
 	return out
 }
 
-// checkAnswer reads the test server's answer at "/" and checks that it
-// came from pod toPod of cluster to (its UID: names and addresses repeat
-// across clusters, so a view that looped back to the caller's own pod
-// could match them) and that it saw the caller as want. It returns the
-// address the server saw the caller as.
-func checkAnswer(body, to string, toPod corev1.Pod, want netip.Addr) (netip.Addr, error) {
+// CheckAnswer reads the test server's answer at "/" and checks that it
+// came from one of pods of cluster to (more than one: the pods behind a
+// Service) and that it saw the caller as want. It returns the address
+// the server saw the caller as.
+func CheckAnswer(body string, want netip.Addr, to string, pods ...corev1.Pod) (netip.Addr, error) {
+	a, err := ParseAnswer(body)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if err := AnsweredBy(a, to, pods...); err != nil {
+		return a.Seen, err
+	}
+	if a.Seen != want {
+		return a.Seen, fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to, a.Host, a.Seen, want)
+	}
+	return a.Seen, nil
+}
+
+// ParseAnswer reads the test server's answer at "/": its lines "host",
+// "uid" and "peer".
+func ParseAnswer(body string) (harness.Answer, error) {
 	fields := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
 		k, v, _ := strings.Cut(line, " ")
 		fields[k] = v
 	}
 	seen, err := netip.ParseAddr(fields["peer"])
-	switch {
-	case fields["host"] == "" || fields["uid"] == "" || err != nil:
-		return netip.Addr{}, fmt.Errorf("answer %q: want host, uid and peer", body)
-	case fields["host"] != toPod.Name || fields["uid"] != string(toPod.UID):
-		return seen, fmt.Errorf("answered by pod %s (uid %s), not %s's pod %s (uid %s)", fields["host"], fields["uid"], to, toPod.Name, toPod.UID)
-	case seen != want:
-		return seen, fmt.Errorf("%s's pod %s saw the caller as %s, want %s (its view of the caller)", to, toPod.Name, seen, want)
+	if fields["host"] == "" || fields["uid"] == "" || err != nil {
+		return harness.Answer{}, fmt.Errorf("answer %q: want host, uid and peer", body)
 	}
-	return seen, nil
+	return harness.Answer{Seen: seen, Host: fields["host"], UID: fields["uid"]}, nil
+}
+
+// AnsweredBy checks that a came from one of pods, as cluster to's API
+// has them, by their UIDs: names and addresses repeat across clusters,
+// so a view that looped back to the caller's own cluster could match
+// them.
+func AnsweredBy(a harness.Answer, to string, pods ...corev1.Pod) error {
+	for _, p := range pods {
+		if a.UID != "" && a.UID == string(p.UID) && a.Host == p.Name {
+			return nil
+		}
+	}
+	want := make([]string, len(pods))
+	for i, p := range pods {
+		want[i] = fmt.Sprintf("%s (uid %s)", p.Name, p.UID)
+	}
+	if len(pods) == 1 {
+		return fmt.Errorf("answered by pod %s (uid %s), not %s's pod %s", a.Host, a.UID, to, want[0])
+	}
+	return fmt.Errorf("answered by pod %s (uid %s), not one of %s's pods %s", a.Host, a.UID, to, strings.Join(want, ", "))
 }

@@ -23,8 +23,9 @@ const (
 	// PauseImage holds every pod's namespaces (containerd's sandbox image).
 	PauseImage = "flotilla.local/pause:1"
 	// TestServerImage runs test/images/testserver: TCP on TestServerTCPPort
-	// (one line in, the peer address it sees out) and HTTP on
-	// TestServerHTTPPort (/hostname, /peer).
+	// (one line in, the peer address it sees, its pod's name and UID out:
+	// ParseHello) and HTTP on TestServerHTTPPort (/hostname, /peer, and
+	// "/" with all three).
 	TestServerImage = "flotilla.local/testserver:1"
 
 	TestServerTCPPort  = 9000

@@ -441,35 +441,59 @@ func (n *Netns) ServeTCP(port uint16) {
 // TCPExchange connects to a ServeTCP server at to, sends a line and returns
 // the address the server saw this end as.
 func (n *Netns) TCPExchange(to netip.AddrPort) (netip.Addr, error) {
+	a, err := n.TCPAnswer(to)
+	return a.Seen, err
+}
+
+// TCPAnswer is TCPExchange that also says who answered.
+func (n *Netns) TCPAnswer(to netip.AddrPort) (Answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := n.DialContext(ctx, "tcp", to.String())
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("connect %s from %s: %w", to, n.Name, err)
+		return Answer{}, fmt.Errorf("connect %s from %s: %w", to, n.Name, err)
 	}
 	defer c.Close()
-	seen, _, err := Hello(c, n.Name)
-	return seen, err
+	return Hello(c, n.Name)
 }
 
-// Hello has the ServeTCP server at the other end of c answer: the address
-// it saw this end as, and its namespace's name.
-func Hello(c net.Conn, from string) (seen netip.Addr, server string, err error) {
+// Answer is what a line-echo server (ServeTCP, the test server's TCP
+// port) or the test server's HTTP "/" says: who answered and the address
+// it saw the caller as.
+type Answer struct {
+	Seen netip.Addr
+	Host string // the server's name: its namespace's (ServeTCP), its pod's (the test server)
+	UID  string // its pod's UID; empty from ServeTCP, or a test server without POD_UID
+}
+
+// Hello has the line-echo server at the other end of c answer.
+func Hello(c net.Conn, from string) (Answer, error) {
 	to := c.RemoteAddr()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := fmt.Fprintf(c, "hello from %s\n", from); err != nil {
-		return netip.Addr{}, "", fmt.Errorf("send to %s: %w", to, err)
+		return Answer{}, fmt.Errorf("send to %s: %w", to, err)
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
-		return netip.Addr{}, "", fmt.Errorf("read from %s: %w", to, err)
+		return Answer{}, fmt.Errorf("read from %s: %w", to, err)
 	}
-	addr, server, _ := strings.Cut(strings.TrimSpace(line), " ")
-	seen, err = netip.ParseAddr(addr)
-	if err != nil || server == "" {
-		return netip.Addr{}, "", fmt.Errorf("answer of %s: %q is not an address and a name", to, line)
+	a, err := ParseHello(line)
+	if err != nil {
+		return Answer{}, fmt.Errorf("answer of %s: %w", to, err)
 	}
-	return seen, server, nil
+	return a, nil
+}
+
+// ParseHello reads a line-echo server's answer: the address it saw the
+// caller as, its name and, from the test server, its pod's UID.
+func ParseHello(line string) (Answer, error) {
+	f := strings.Fields(line)
+	if len(f) == 2 || len(f) == 3 {
+		if seen, err := netip.ParseAddr(f[0]); err == nil {
+			return Answer{Seen: seen, Host: f[1], UID: strings.Join(f[2:], "")}, nil
+		}
+	}
+	return Answer{}, fmt.Errorf("%q is not an address, a name and maybe a UID", line)
 }
 
 // Delete removes the pod's veth and namespace before the test ends. The

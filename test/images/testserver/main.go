@@ -2,8 +2,9 @@
 // on two ports:
 //
 //   - TCP (-tcp, default :9000): reads one line, answers one line with the
-//     address it sees the client as and its host (pod) name, the protocol
-//     of harness.Netns.ServeTCP;
+//     address it sees the client as, its host (pod) name and its pod's
+//     UID (when $POD_UID is set), the protocol of harness.Netns.ServeTCP
+//     with the UID added;
 //   - HTTP (-http, default :8080): /hostname answers the host (pod) name,
 //     /peer the client's address as seen here, /bytes?n=N N bytes (for
 //     bulk transfers), / both and the pod's UID (from $POD_UID, which
@@ -109,7 +110,7 @@ func main() {
 			log.Fatalf("listen on %s: %v", *tcpAddr, err)
 		}
 		log.Printf("%s: TCP on %s", host, l.Addr())
-		go func() { errc <- serveTCP(l, host) }()
+		go func() { errc <- serveTCP(l, host, os.Getenv("POD_UID")) }()
 	}
 	if *httpAddr != "" {
 		l, err := net.Listen("tcp", *httpAddr)
@@ -326,7 +327,8 @@ func exchange(addr string, timeout time.Duration) (string, error) {
 	return bufio.NewReader(c).ReadString('\n')
 }
 
-func serveTCP(l net.Listener, host string) error {
+func serveTCP(l net.Listener, host, uid string) error {
+	name := strings.TrimSpace(host + " " + uid)
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -340,7 +342,7 @@ func serveTCP(l net.Listener, host string) error {
 			}
 			peer := peerOf(c.RemoteAddr().String())
 			log.Printf("tcp from %s", peer)
-			fmt.Fprintf(c, "%s %s\n", peer, host)
+			fmt.Fprintf(c, "%s %s\n", peer, name)
 		}()
 	}
 }
