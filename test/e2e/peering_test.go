@@ -86,12 +86,15 @@ func TestPeeringAcrossRoutedSegmentsWithSeeds(t *testing.T) {
 
 // A restarted agent adopts its data path: a ping between its pod and
 // another's loses no more than the restart costs, and the Peers return to
-// Connected.
+// Connected with the pods still talking.
 func TestPeeringSurvivesAgentRestart(t *testing.T) {
 	requireAll(t)
 	env := harness.New(t)
 	cs := federation.New(t, env, federation.Options{PodCIDRs: sameCIDR3[:2]})
 	federation.Connect(t, cs)
+	// Both pods are at 10.0.0.5: a view that loops back would have a's
+	// pod ping itself without a loss. The exchanges say who answered.
+	federation.AllPairsTalk(t, cs)
 	a, b := cs[0], cs[1]
 	dst := federation.ViewOf(t, a, b, b.Pod.Addr)
 	// 20 pings a second for 12 s, across the restart.
@@ -116,6 +119,7 @@ func TestPeeringSurvivesAgentRestart(t *testing.T) {
 		t.Errorf("restart lost %d ms of traffic, more than the documented 2 s", lossMs)
 	}
 	federation.WaitPhases(t, cs, v1alpha1.PhaseConnected, 60*time.Second)
+	federation.AllPairsTalk(t, cs)
 }
 
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
