@@ -191,7 +191,9 @@ func TestGatewayFailover(t *testing.T) {
 // with candidates gateway candidates and two agent replicas (with args
 // added to its agent's), b with one,
 // each with a worker, and starts a flow each way between the workers'
-// pods, answered once.
+// pods, answered once. The pods have the same name and address in both
+// clusters: only their UIDs tell a flow that crossed from one that looped
+// back.
 func failoverClusters(t testing.TB, candidates int, args ...string) ([]*federation.NodeCluster, []*flow) {
 	harness.Require(t, harness.NeedsNodes...)
 	env := harness.New(t)
@@ -209,6 +211,11 @@ func failoverClusters(t testing.TB, candidates int, args ...string) ([]*federati
 	federation.WaitPhases(t, federation.Clusters(cs), v1alpha1.PhaseConnected, 90*time.Second)
 	wa := federation.RunWeb(t, a, a.Workers[0], "web-w1")
 	wb := federation.RunWeb(t, b, b.Workers[0], "web-w1")
+	for _, r := range []federation.Result{federation.FetchPods(t, a, wa, b, wb), federation.FetchPods(t, b, wb, a, wa)} {
+		if r.Err != nil {
+			t.Fatalf("%s's pod -> %s's pod at %s: %v", r.From.Name, r.To.Name, r.Dst, r.Err)
+		}
+	}
 	flows := []*flow{startFlow(t, a, wa, b, wb), startFlow(t, b, wb, a, wa)}
 	for _, f := range flows {
 		f.waitOK(t, time.Now(), 60*time.Second)
@@ -321,18 +328,25 @@ func peerViews(t testing.TB, cs []*federation.NodeCluster) string {
 // pod on a new TCP connection every 20 ms (testserver -probe), tries
 // overlapping, through kubectl exec: the answers it reports, when each
 // came and when its try started, and the failed tries, when each
-// started, by the pod's clock (the machine's).
+// started, by the pod's clock (the machine's). Only answers from the
+// intended pod count: one from another pod (a path that looped back to
+// the caller's own cluster, whose pod has the same name and address)
+// fails the test.
 type flow struct {
-	name string
-	want netip.Addr // the address the server must see the client as
-	cmd  *exec.Cmd
-	done chan struct{}
+	name     string
+	want     netip.Addr // the address the server must see the client as
+	to       string     // the server's cluster
+	answerer corev1.Pod // the server, as its cluster's API has it
+	cmd      *exec.Cmd
+	done     chan struct{}
 
-	mu    sync.Mutex
-	oks   []time.Time // when each answer came, in the order printed
-	tries []time.Time // when the try of each answer started
-	fails []failure
-	wrong []string // answers seen as another address than want
+	mu        sync.Mutex
+	oks       []time.Time // when each answer came, in the order printed
+	tries     []time.Time // when the try of each answer started
+	fails     []failure
+	wrong     []string // answers seen as another address than want
+	strangers int      // answers not from answerer
+	stranger  string   // why the first of them was not
 
 	// explain, if set, says why when the flow does not answer in time
 	// (explainFlows).
@@ -343,9 +357,11 @@ func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, t
 	t.Helper()
 	dst := federation.ViewOf(t, from.Cluster, to.Cluster, netip.MustParseAddr(toPod.Status.PodIP))
 	f := &flow{
-		name: fmt.Sprintf("%s/%s -> %s/%s at %s", from.Name, fromPod.Name, to.Name, toPod.Name, dst),
-		want: federation.ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
-		done: make(chan struct{}),
+		name:     fmt.Sprintf("%s/%s -> %s/%s at %s", from.Name, fromPod.Name, to.Name, toPod.Name, dst),
+		want:     federation.ViewOf(t, to.Cluster, from.Cluster, netip.MustParseAddr(fromPod.Status.PodIP)),
+		to:       to.Name,
+		answerer: toPod,
+		done:     make(chan struct{}),
 	}
 	f.cmd = exec.Command(federation.KubectlPath(), "--kubeconfig", from.CP.Kubeconfig, "exec", fromPod.Name, "--",
 		"/testserver", "-probe", netip.AddrPortFrom(dst, harness.TestServerTCPPort).String(), "-every", "20ms", "-timeout", tryTimeout.String(), "-for", "15m")
@@ -356,7 +372,12 @@ func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, t
 	if err := f.cmd.Start(); err != nil {
 		t.Fatalf("flow %s: %v", f.name, err)
 	}
-	t.Cleanup(f.stop)
+	t.Cleanup(func() {
+		f.stop()
+		if err := f.strangerAnswers(); err != nil {
+			t.Error(err)
+		}
+	})
 	go func() {
 		defer close(f.done)
 		sc := bufio.NewScanner(out)
@@ -369,31 +390,39 @@ func startFlow(t testing.TB, from *federation.NodeCluster, fromPod corev1.Pod, t
 
 // note records one line of testserver -probe.
 func (f *flow) note(line string) {
-	fields := strings.SplitN(line, " ", 3)
-	if len(fields) < 3 {
-		return
-	}
-	ns, err := strconv.ParseInt(fields[1], 10, 64)
+	kind, rest, _ := strings.Cut(line, " ")
+	atNS, rest, _ := strings.Cut(rest, " ")
+	ns, err := strconv.ParseInt(atNS, 10, 64)
 	if err != nil {
 		return
 	}
 	at := time.Unix(0, ns)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	switch fields[0] {
+	switch kind {
 	case "ok":
-		seen, startNS, _ := strings.Cut(fields[2], " ")
+		startNS, line, _ := strings.Cut(rest, " ")
 		started, err := strconv.ParseInt(startNS, 10, 64)
 		if err != nil {
 			return
 		}
+		a, err := harness.ParseHello(line)
+		if err == nil {
+			err = federation.AnsweredBy(a, f.to, f.answerer)
+		}
+		if err != nil {
+			if f.strangers++; f.strangers == 1 {
+				f.stranger = fmt.Sprintf("at %s: %v", at.Format("15:04:05.000"), err)
+			}
+			return
+		}
 		f.oks = append(f.oks, at)
 		f.tries = append(f.tries, time.Unix(0, started))
-		if seen != f.want.String() {
-			f.wrong = append(f.wrong, seen)
+		if a.Seen != f.want {
+			f.wrong = append(f.wrong, a.Seen.String())
 		}
 	case "fail":
-		f.fails = append(f.fails, failure{at, fields[2]})
+		f.fails = append(f.fails, failure{at, rest})
 	}
 }
 
@@ -412,6 +441,9 @@ func (f *flow) waitOK(t testing.TB, t0 time.Time, timeout time.Duration) time.Ti
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
+		if err := f.strangerAnswers(); err != nil {
+			t.Fatal(err)
+		}
 		if at, ok := f.firstOKAfter(t0); ok {
 			return at
 		}
@@ -612,6 +644,17 @@ func (f *flow) failsBetween(t0, t1 time.Time) []failure {
 		}
 	}
 	return out
+}
+
+// strangerAnswers says how many answers came from another pod than the
+// intended one and why the first did not count, or is nil.
+func (f *flow) strangerAnswers() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.strangers == 0 {
+		return nil
+	}
+	return fmt.Errorf("flow %s: %d answers not from %s's pod %s, the first %s", f.name, f.strangers, f.to, f.answerer.Name, f.stranger)
 }
 
 func (f *flow) wrongAnswers() []string {

@@ -25,9 +25,10 @@
 // one a line (with -dns, from that server only).
 // With -probe HOST:PORT it exchanges a line with a line-echo server on a
 // new connection every -every, tries overlapping, and prints "ok <unix
-// nanoseconds of the answer> <address it was seen as> <unix nanoseconds
-// of the try's start>" or "fail <unix nanoseconds of the try's start>
-// <error>" per try: a flow whose gaps the caller measures.
+// nanoseconds of the answer> <unix nanoseconds of the try's start>
+// <the server's answer>" (the address it was seen as, the server's name
+// and UID) or "fail <unix nanoseconds of the try's start> <error>" per
+// try: a flow whose gaps the caller measures, and who answered it.
 // With -cat FILE it prints the file and exits, for reading what a pod has
 // mounted (ConfigMaps, Secrets).
 // With -connect HOST:PORT it opens a TCP connection and closes it, for a
@@ -266,10 +267,11 @@ func dialEcho(addr string) int {
 
 // probeEcho exchanges a line with the line-echo server at addr on a new
 // connection every interval, for a flow whose gaps the caller measures:
-// per try it prints "ok <unix nanoseconds> <address the server saw us
-// as> <unix nanoseconds>", the times being when the answer came and when
-// its try started, or "fail <unix nanoseconds> <error>", the time being
-// when the try started. Tries overlap: one
+// per try it prints "ok <unix nanoseconds> <unix nanoseconds> <answer>",
+// the times being when the answer came and when its try started, the
+// answer the server's line as it came (a caller checks who answered, not
+// only that someone did), or "fail <unix nanoseconds> <error>", the time
+// being when the try started. Tries overlap: one
 // starts every interval whatever those before it are doing, so that a
 // try stuck in the gap (a SYN dropped is sent again only after a second)
 // does not hold back the first one after it; an answer's time, not its
@@ -298,8 +300,7 @@ func probeEcho(w io.Writer, addr string, every, timeout, d time.Duration) int {
 				say("fail %d %s\n", start.UnixNano(), strings.ReplaceAll(err.Error(), "\n", " "))
 				return
 			}
-			seen, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-			say("ok %d %s %d\n", time.Now().UnixNano(), seen, start.UnixNano())
+			say("ok %d %d %s\n", time.Now().UnixNano(), start.UnixNano(), strings.TrimSpace(line))
 		})
 		select {
 		case <-tick.C:

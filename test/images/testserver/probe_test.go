@@ -55,7 +55,7 @@ func TestProbeTriesOverlap(t *testing.T) {
 					time.Sleep(stuck)
 				}
 				if _, err := bufio.NewReader(c).ReadString('\n'); err == nil {
-					c.Write([]byte("127.0.0.1 echo\n"))
+					c.Write([]byte("127.0.0.1 echo uid-1\n"))
 				}
 			}()
 		}
@@ -67,14 +67,14 @@ func TestProbeTriesOverlap(t *testing.T) {
 	var answers []time.Time
 	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 4 || f[0] != "ok" || f[2] != "127.0.0.1" {
-			t.Fatalf("line %q, want ok <ns> 127.0.0.1 <ns>", line)
+		if len(f) != 6 || f[0] != "ok" || strings.Join(f[3:], " ") != "127.0.0.1 echo uid-1" {
+			t.Fatalf("line %q, want ok <ns> <ns> 127.0.0.1 echo uid-1", line)
 		}
 		ns, err := strconv.ParseInt(f[1], 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
-		started, err := strconv.ParseInt(f[3], 10, 64)
+		started, err := strconv.ParseInt(f[2], 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
