@@ -108,9 +108,17 @@ func TestFabric(t *testing.T) {
 						if err := host.Ping(dst); err != nil {
 							t.Errorf("host %s of %s pings %s's worker pod at %s: %v", host.NodeName, from.Name, to.Name, dst, err)
 						}
-						seen, err := host.TCPExchange(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
-						if err != nil || seen != want {
-							t.Errorf("host %s of %s -> %s's worker pod at %s: seen as %v (%v), want %s", host.NodeName, from.Name, to.Name, dst, seen, err, want)
+						// Both clusters' pods are web-w1 at the same
+						// address: the UID says which one answered.
+						answer, err := host.TCPAnswer(netip.AddrPortFrom(dst, harness.TestServerTCPPort))
+						if err == nil {
+							err = federation.AnsweredBy(answer, to.Name, web[to])
+						}
+						switch {
+						case err != nil:
+							t.Errorf("host %s of %s -> %s's worker pod at %s: %v", host.NodeName, from.Name, to.Name, dst, err)
+						case answer.Seen != want:
+							t.Errorf("host %s of %s -> %s's worker pod at %s: seen as %s, want %s", host.NodeName, from.Name, to.Name, dst, answer.Seen, want)
 						}
 					}
 				}
