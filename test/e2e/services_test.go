@@ -172,16 +172,9 @@ func TestServicesAcrossClusters(t *testing.T) {
 		})
 		// The caller as a's home pod sees it: a's view of the offloaded
 		// pod on b, which is the address a shows for it.
-		url := fmt.Sprintf("http://%s:%d/peer", svc.Spec.ClusterIP, harness.TestServerHTTPPort)
+		url := fmt.Sprintf("http://%s:%d/", svc.Spec.ClusterIP, harness.TestServerHTTPPort)
 		eventually.Within(t, 30*time.Second, "the offloaded pod's GET "+url, func() error {
-			out, err := federation.Kubectl(a.CP, "-n", "shop", "exec", app.Name, "--", "/testserver", "-get", url)
-			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
-			}
-			if strings.TrimSpace(out) != app.Status.PodIP {
-				return fmt.Errorf("the home pod saw the caller as %q, want %s (a's view of the offloaded pod)", out, app.Status.PodIP)
-			}
-			return nil
+			return federation.GetAnswer(a, app, url, netip.MustParseAddr(app.Status.PodIP), a.Name, home)
 		})
 	})
 
@@ -217,19 +210,12 @@ func TestServicesAcrossClusters(t *testing.T) {
 	})
 
 	t.Run("a's pod resolves echo.mcs.svc.clusterset.local through a's CoreDNS and agent and reaches b's pod", func(t *testing.T) {
-		url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/peer", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
+		url := fmt.Sprintf("http://echo.mcs.svc.%s:%d/", strings.TrimSuffix(mcs.Zone, "."), harness.TestServerHTTPPort)
 		want := federation.ViewOf(t, b.Cluster, a.Cluster, netip.MustParseAddr(a.Web.Status.PodIP))
 		// CoreDNS restarted with the block (ForwardClusterset); the name
 		// answers once a's agent has imported b's export.
 		eventually.Within(t, 120*time.Second, "a's pod GET "+url+" resolved by a's cluster DNS", func() error {
-			out, err := federation.Kubectl(a.CP, "exec", a.Web.Name, "--", "/testserver", "-get", url)
-			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
-			}
-			if strings.TrimSpace(out) != want.String() {
-				return fmt.Errorf("b's echo saw the caller as %q, want %s (b's view of a's pod)", out, want)
-			}
-			return nil
+			return federation.GetAnswer(a, a.Web, url, want, b.Name, echo)
 		})
 	})
 

@@ -704,6 +704,21 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 	}
 }
 
+// GetAnswer has fromPod, a test server pod of c, GET url (its -get, by
+// kubectl exec) and checks with CheckAnswer that one of pods of cluster
+// to answered and saw the caller as want: for a URL that names no pod (a
+// Service, a DNS name), pods are the ones that may answer.
+func GetAnswer(c *NodeCluster, fromPod corev1.Pod, url string, want netip.Addr, to string, pods ...corev1.Pod) error {
+	out, err := Kubectl(c.CP, "-n", fromPod.Namespace, "exec", fromPod.Name, "--", "/testserver", "-get", url)
+	if err != nil {
+		return err
+	}
+	if _, err := CheckAnswer(out, want, to, pods...); err != nil {
+		return fmt.Errorf("GET %s from %s's pod %s: %w", url, c.Name, fromPod.Name, err)
+	}
+	return nil
+}
+
 // Kubectl runs the pinned kubectl against cp and returns its output. It
 // is killed after 2 minutes, a guard against a hang and not a bound: on a
 // busy machine `apply -k` of the install (about 80 objects, CRDs among
