@@ -46,25 +46,39 @@ type exchange struct {
 	exec     *federation.NodeCluster
 	ns, pod  string // the calling pod, as exec's API server names it
 	target   netip.AddrPort
-	http     bool // GET /peer over HTTP; else one line to the TCP echo
+	http     bool       // GET / over HTTP; else one line to the TCP echo
+	answerer corev1.Pod // the pod at target, as filter's API has it
 	want     bool
 	filter   *federation.NodeCluster
 	peerID   string // the sender as filter names it
 	peerName string
 }
 
-func (e exchange) try() error {
+// try makes the exchange and returns what the server answered, or an
+// error when it did not go through.
+func (e exchange) try() (string, error) {
 	args := []string{"-n", e.ns, "exec", e.pod, "--", "/testserver"}
 	if e.http {
-		args = append(args, "-get", fmt.Sprintf("http://%s/peer", e.target))
+		args = append(args, "-get", fmt.Sprintf("http://%s/", e.target))
 	} else {
 		args = append(args, "-dial", e.target.String())
 	}
-	out, err := federation.Kubectl(e.exec.CP, args...)
-	if err != nil {
-		return fmt.Errorf("%v: %s", err, strings.TrimSpace(out))
+	return federation.Kubectl(e.exec.CP, args...)
+}
+
+// answeredBy checks that out, what try returned, came from e.answerer:
+// the pods of the three clusters share a pod network, so an exchange
+// that went through may still have reached another pod than the row's.
+func (e exchange) answeredBy(out string) error {
+	parse := harness.ParseHello
+	if e.http {
+		parse = federation.ParseAnswer
 	}
-	return nil
+	a, err := parse(out)
+	if err != nil {
+		return err
+	}
+	return federation.AnsweredBy(a, e.filter.Name, e.answerer)
 }
 
 func (e exchange) String() string {
@@ -76,9 +90,10 @@ func (e exchange) String() string {
 }
 
 // runMatrix checks every row and prints the table. Rows that must pass
-// are retried for a while (the filter follows informers); a row that must
-// fail is tried once, after a row through the same filter from the same
-// peer passed, and must raise the filter's drop counter for that peer.
+// are retried for a while (the filter follows informers), and pass only
+// when the row's pod answered; a row that must fail is tried once, after
+// a row through the same filter from the same peer passed, and must raise
+// the filter's drop counter for that peer.
 func runMatrix(t *testing.T, title string, rows []exchange) {
 	t.Helper()
 	got := make([]bool, len(rows))
@@ -86,11 +101,20 @@ func runMatrix(t *testing.T, title string, rows []exchange) {
 		if !r.want {
 			continue
 		}
-		err := retry(60*time.Second, r.try)
-		got[i] = err == nil
+		var out string
+		err := retry(60*time.Second, func() (err error) {
+			out, err = r.try()
+			return err
+		})
 		if err != nil {
 			t.Errorf("%s: refused, want it through: %v", r, err)
+			continue
 		}
+		if err := r.answeredBy(out); err != nil {
+			t.Errorf("%s: went through, but %v", r, err)
+			continue
+		}
+		got[i] = true
 	}
 	for i, r := range rows {
 		if r.want {
@@ -101,7 +125,7 @@ func runMatrix(t *testing.T, title string, rows []exchange) {
 			continue
 		}
 		before := droppedFrom(t, r.filter, r.peerID)
-		err := r.try()
+		_, err := r.try()
 		got[i] = err == nil
 		if err == nil {
 			t.Errorf("%s: went through, want it dropped by %s's filter", r, r.filter.Name)
@@ -221,12 +245,23 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 		return netip.MustParseAddr(svc.Spec.ClusterIP)
 	}
 
-	fromA := func(to string, target netip.AddrPort, http, want bool, filter *federation.NodeCluster, peerID string) exchange {
-		return exchange{from: a.Name + "'s pod", to: to, exec: a, ns: a.Web.Namespace, pod: a.Web.Name, target: target, http: http, want: want, filter: filter, peerID: peerID, peerName: a.Name}
+	fromA := func(to string, answerer corev1.Pod, target netip.AddrPort, http, want bool, filter *federation.NodeCluster, peerID string) exchange {
+		return exchange{from: a.Name + "'s pod", to: to, exec: a, ns: a.Web.Namespace, pod: a.Web.Name, target: target, http: http, answerer: answerer, want: want, filter: filter, peerID: peerID, peerName: a.Name}
 	}
-	fromApp := func(to string, target netip.AddrPort, http, want bool, filter *federation.NodeCluster) exchange {
-		return exchange{from: "a's pod offloaded to " + b.Name, to: to, exec: a, ns: "shop", pod: fx.app.Name, target: target, http: http, want: want, filter: filter, peerID: fx.bID, peerName: b.Name}
+	fromApp := func(to string, answerer corev1.Pod, target netip.AddrPort, http, want bool, filter *federation.NodeCluster) exchange {
+		return exchange{from: "a's pod offloaded to " + b.Name, to: to, exec: a, ns: "shop", pod: fx.app.Name, target: target, http: http, answerer: answerer, want: want, filter: filter, peerID: fx.bID, peerName: b.Name}
 	}
+	// An offloaded pod answers with its UID on its provider, not on a.
+	// shop has the same name on every provider (it depends on the
+	// consumer only).
+	onProvider := func(cl *federation.NodeCluster, p corev1.Pod) corev1.Pod {
+		got, err := cl.CP.Client.CoreV1().Pods(fx.shopOnB).Get(context.Background(), p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod %s/%s on %s: %v", fx.shopOnB, p.Name, cl.Name, err)
+		}
+		return *got
+	}
+	appOnB, farOnC := onProvider(b, fx.app), onProvider(c, fx.far)
 	bWebOnA := federation.ViewOf(t, a.Cluster, b.Cluster, ip(b.Web))
 	secretOnB := federation.ViewOf(t, b.Cluster, a.Cluster, ip(fx.secret))
 	homeOnB := federation.ViewOf(t, b.Cluster, a.Cluster, ip(fx.home))
@@ -237,9 +272,9 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 	// the witness that what Segregated refuses is otherwise reachable.
 	fullRows := func() []exchange {
 		return []exchange{
-			fromA(b.Name+"'s own pod", at(bWebOnA, httpPort), true, true, b, fx.aID),
-			fromApp(a.Name+"'s pod behind no Service", at(secretOnB, httpPort), true, true, a),
-			fromApp(c.Name+"'s own pod", at(cWebOnB, httpPort), true, true, c),
+			fromA(b.Name+"'s own pod", b.Web, at(bWebOnA, httpPort), true, true, b, fx.aID),
+			fromApp(a.Name+"'s pod behind no Service", fx.secret, at(secretOnB, httpPort), true, true, a),
+			fromApp(c.Name+"'s own pod", c.Web, at(cWebOnB, httpPort), true, true, c),
 		}
 	}
 	runMatrix(t, "Full: every pod of each cluster", fullRows())
@@ -248,27 +283,27 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 
 	t.Run("into b from a: a peer reaches its offloaded pods and what was exported to it", func(t *testing.T) {
 		runMatrix(t, "Segregated, into "+b.Name+" from "+a.Name, []exchange{
-			fromA("its pod offloaded to "+b.Name, at(ip(fx.app), httpPort), true, true, b, fx.aID),
-			fromA("its pod offloaded to "+b.Name+", another port", at(ip(fx.app), tcpPort), false, true, b, fx.aID),
-			fromA(b.Name+"'s exported echo, its port", at(echoOnA, httpPort), true, true, b, fx.aID),
-			fromA(b.Name+"'s exported echo, another port", at(echoOnA, tcpPort), false, false, b, fx.aID),
-			fromA(b.Name+"'s own pod", at(bWebOnA, httpPort), true, false, b, fx.aID),
+			fromA("its pod offloaded to "+b.Name, appOnB, at(ip(fx.app), httpPort), true, true, b, fx.aID),
+			fromA("its pod offloaded to "+b.Name+", another port", appOnB, at(ip(fx.app), tcpPort), false, true, b, fx.aID),
+			fromA(b.Name+"'s exported echo, its port", fx.echo, at(echoOnA, httpPort), true, true, b, fx.aID),
+			fromA(b.Name+"'s exported echo, another port", fx.echo, at(echoOnA, tcpPort), false, false, b, fx.aID),
+			fromA(b.Name+"'s own pod", b.Web, at(bWebOnA, httpPort), true, false, b, fx.aID),
 		})
 	})
 	t.Run("into a from b: an offloaded pod reaches the home Services reflected to it and no other home pod", func(t *testing.T) {
 		homeSvc := clusterIP(b, fx.shopOnB, "home")
 		runMatrix(t, "Segregated, into "+a.Name+" from "+b.Name, []exchange{
-			fromApp("home by its reflected Service", at(homeSvc, httpPort), true, true, a),
-			fromApp("home's endpoint, the Service's port", at(homeOnB, httpPort), true, true, a),
-			fromApp("home's endpoint, another port", at(homeOnB, tcpPort), false, false, a),
-			fromApp(a.Name+"'s pod behind no Service", at(secretOnB, httpPort), true, false, a),
+			fromApp("home by its reflected Service", fx.home, at(homeSvc, httpPort), true, true, a),
+			fromApp("home's endpoint, the Service's port", fx.home, at(homeOnB, httpPort), true, true, a),
+			fromApp("home's endpoint, another port", fx.home, at(homeOnB, tcpPort), false, false, a),
+			fromApp(a.Name+"'s pod behind no Service", fx.secret, at(secretOnB, httpPort), true, false, a),
 		})
 	})
 	t.Run("into c from b: a Service offloaded to a peer reaches its endpoint on a third cluster", func(t *testing.T) {
 		farSvc := clusterIP(b, fx.shopOnB, "far")
 		runMatrix(t, "Segregated, into "+c.Name+" from "+b.Name, []exchange{
-			fromApp("far (a's pod on "+c.Name+") by the Service reflected to "+b.Name, at(farSvc, httpPort), true, true, c),
-			fromApp(c.Name+"'s own pod", at(cWebOnB, httpPort), true, false, c),
+			fromApp("far (a's pod on "+c.Name+") by the Service reflected to "+b.Name, farOnC, at(farSvc, httpPort), true, true, c),
+			fromApp(c.Name+"'s own pod", c.Web, at(cWebOnB, httpPort), true, false, c),
 		})
 	})
 
@@ -290,8 +325,8 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 			return nil
 		})
 		runMatrix(t, "Segregated, into "+b.Name+" from "+a.Name+", echo unexported", []exchange{
-			fromA("its pod offloaded to "+b.Name, at(ip(fx.app), httpPort), true, true, b, fx.aID),
-			fromA(b.Name+"'s echo, no longer exported", at(echoOnA, httpPort), true, false, b, fx.aID),
+			fromA("its pod offloaded to "+b.Name, appOnB, at(ip(fx.app), httpPort), true, true, b, fx.aID),
+			fromA(b.Name+"'s echo, no longer exported", fx.echo, at(echoOnA, httpPort), true, false, b, fx.aID),
 		})
 		mustKubectlApply(t, b, exportManifest("echo", "mcs"))
 	})
