@@ -4,7 +4,21 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
+
+// webOfB is the pod a flow of flowTo must be answered by; ok is the
+// probe's line for a try started at start that webOfB answered at at,
+// having seen the caller as 100.96.0.2.
+var webOfB = corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-w1", UID: "uid-of-b"}}
+
+func flowTo() *flow { return &flow{to: "b", answerer: webOfB} }
+
+func ok(at, start time.Time) string {
+	return fmt.Sprintf("ok %d %d 100.96.0.2 web-w1 uid-of-b", at.UnixNano(), start.UnixNano())
+}
 
 // A run of failed tries is lost when the path dropped their packets (the
 // next try is answered at once) and held when it queued them (the next
@@ -16,15 +30,15 @@ func TestFlowSortsLosses(t *testing.T) {
 	// A try every 20 ms from 0 to 3000 ms; those started in [1000, end)
 	// fail; the first try after them (end) is answered after answered ms.
 	flowWith := func(end, answered int) *flow {
-		f := &flow{}
+		f := flowTo()
 		for ms := 0; ms < 3000; ms += 20 {
 			switch {
 			case ms >= 1000 && ms < end:
 				f.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(ms).UnixNano()))
 			case ms == end:
-				f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+answered).UnixNano(), at(ms).UnixNano()))
+				f.note(ok(at(ms+answered), at(ms)))
 			default:
-				f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+2).UnixNano(), at(ms).UnixNano()))
+				f.note(ok(at(ms+2), at(ms)))
 			}
 		}
 		return f
@@ -55,21 +69,30 @@ func TestFlowSortsLosses(t *testing.T) {
 		})
 	}
 	t.Run("a failure with no answered try after it is a cut", func(t *testing.T) {
-		f := &flow{}
-		f.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(2).UnixNano(), at(0).UnixNano()))
+		f := flowTo()
+		f.note(ok(at(2), at(0)))
 		f.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(20).UnixNano()))
 		if l := f.lossesBetween(at(0), at(100)); len(l.cut) != 1 || len(l.scattered) != 0 {
 			t.Errorf("cut %v, scattered %v; want the one failure a cut", l.cut, l.scattered)
 		}
 	})
+	t.Run("an answer from another pod of that name is not an answer", func(t *testing.T) {
+		f := flowTo()
+		f.note(ok(at(2), at(0)))
+		f.note(fmt.Sprintf("ok %d %d 100.96.0.2 web-w1 uid-of-a", at(22).UnixNano(), at(20).UnixNano()))
+		f.note(fmt.Sprintf("ok %d %d 100.96.0.2 web-w1", at(42).UnixNano(), at(40).UnixNano()))
+		if len(f.oks) != 1 || f.strangers != 2 {
+			t.Errorf("%d answers, %d from another pod (%s); want 1 and 2", len(f.oks), f.strangers, f.stranger)
+		}
+	})
 	t.Run("noLoss fails on a cut and on more than one in twenty lost scattered", func(t *testing.T) {
-		many := &flow{}
+		many := flowTo()
 		for ms := 0; ms < 3000; ms += 20 {
 			if ms%360 == 0 || ms%360 == 20 { // 18 of 150 lost, two in a row
 				many.note(fmt.Sprintf("fail %d dial tcp: i/o timeout", at(ms).UnixNano()))
 				continue
 			}
-			many.note(fmt.Sprintf("ok %d 100.96.0.2 %d", at(ms+2).UnixNano(), at(ms).UnixNano()))
+			many.note(ok(at(ms+2), at(ms)))
 		}
 		for _, c := range []struct {
 			name string
