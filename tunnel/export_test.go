@@ -50,3 +50,6 @@ func SetNFTSocketPerOperation(t *Tunnel, on bool) {
 	t.nft.close()
 	t.nft.perOperation = on
 }
+
+// HairpinComment tags the forward chain's guard, whose counter tests read.
+const HairpinComment = hairpinComment

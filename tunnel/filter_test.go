@@ -488,7 +488,7 @@ func TestPolicySetsSurviveRestart(t *testing.T) {
 // nftCounter reads the packets of the rule with comment in an nft listing.
 func nftCounter(t *testing.T, listing, comment string) uint64 {
 	t.Helper()
-	m := regexp.MustCompile(`counter packets (\d+) bytes \d+ comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
+	m := regexp.MustCompile(`counter packets (\d+) bytes \d+[^"\n]* comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
 	if m == nil {
 		t.Fatalf("no counter %q in:\n%s", comment, listing)
 	}

@@ -96,7 +96,8 @@ func TestMain(m *testing.M) {
 // After each apply it writes "<sha256 of the file> ok" or the error to
 // <desired>.applied, and the peers' status to <desired>.status. On SIGTERM
 // it closes the tunnel (the data path stays); with -cleanup it removes
-// everything instead. SIGUSR1 suspends the data path, SIGUSR2 resumes it;
+// everything instead. With -watch=false it repairs nothing between
+// applies: what a test breaks by hand stays broken. SIGUSR1 suspends the data path, SIGUSR2 resumes it;
 // each logs "suspended" or "resumed" once done.
 func helperMain(args []string) int {
 	fs := flag.NewFlagSet(helperArg, flag.ContinueOnError)
@@ -107,6 +108,7 @@ func helperMain(args []string) int {
 	desiredFile := fs.String("desired", "", "")
 	cleanup := fs.Bool("cleanup", false, "remove everything on exit")
 	firstContactWait := fs.Duration("first-contact-wait", 0, "")
+	watch := fs.Bool("watch", true, "repair from kernel events and the periodic resync (Run); off, only applies change anything")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -136,11 +138,13 @@ func helperMain(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go func() {
-		if err := tun.Run(ctx); err != nil {
-			log.Error("tunnel watch", "err", err)
-		}
-	}()
+	if *watch {
+		go func() {
+			if err := tun.Run(ctx); err != nil {
+				log.Error("tunnel watch", "err", err)
+			}
+		}()
+	}
 	fence := make(chan os.Signal, 2)
 	signal.Notify(fence, syscall.SIGUSR1, syscall.SIGUSR2)
 	var last string

@@ -27,9 +27,7 @@ import (
 //	chain egress-P  { ip saddr <my real> snat ip prefix to <P's view of me> }
 //	chain ingress-P { ip daddr <P's view of me> dnat ip prefix to <my real> }
 //
-//	chain mss     { type filter hook forward priority mangle;
-//	                oifname IF tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu
-//	                iifname IF tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu }
+//	chain forward { type filter hook forward priority mangle; ... } (forward.go)
 //
 // The maps key egress by destination and ingress by source in my view of
 // the peer, so a new connection costs one map lookup and the rules of one
@@ -46,8 +44,6 @@ const (
 	chainIngress = "ingress"
 	// egressPriority is srcnat - 10: our SNAT binds before any CNI's.
 	egressPriority = nftables.ChainPriority(90)
-	// chainMSS clamps the MSS of TCP SYNs through our link (mssRules).
-	chainMSS = "mss"
 	// dispatchComment tags the one rule of each base chain.
 	dispatchComment = "flotilla dispatch by peer"
 )
@@ -165,7 +161,7 @@ func (n *natTable) recordHolds() (bool, error) {
 			have[ch.Name] = true
 		}
 	}
-	if len(have) != len(directions)*(1+len(n.applied))+1 || !have[chainMSS] {
+	if len(have) != len(directions)*(1+len(n.applied))+1 || !have[chainForward] {
 		return false, nil
 	}
 	for _, d := range directions {
@@ -443,7 +439,7 @@ func (k kernelNAT) sound(n *natTable) bool {
 			}
 		}
 	}
-	if ch := k.chains[chainMSS]; ch != nil && !sameHook(ch, mssChain(nil)) {
+	if ch := k.chains[chainForward]; ch != nil && !sameHook(ch, forwardChain(nil)) {
 		return false
 	}
 	return true
@@ -511,10 +507,10 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 		}
 	}
 
-	changes += n.resyncMSS(c, t, k)
+	changes += n.resyncForward(c, t, k)
 
 	wanted := make(map[string]PeerNAT, len(want))
-	wantChains := map[string]bool{chainEgress: true, chainIngress: true, chainMSS: true}
+	wantChains := map[string]bool{chainEgress: true, chainIngress: true, chainForward: true}
 	var wantIvs [len(directions)][]interval
 	for _, p := range want {
 		wanted[p.Peer] = p

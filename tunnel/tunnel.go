@@ -388,34 +388,42 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	if _, err := t.ensureLink(); err != nil {
 		return 0, err
 	}
+	// The data path opens last and closes first: a departed peer leaves
+	// the device before its translation and filter go, and a new one
+	// joins it only after them, so no packet of a peer's is forwarded
+	// without its translation or, Segregated, its filter (a replica
+	// taking over sets everything up at once).
 	changes := 0
 	var errs []error
 	t0 := time.Now()
-	n, err := t.configurePeers(d, full&fullWireGuard != 0)
+	n, err := t.removeDeparted(d)
 	changes += n
 	errs = append(errs, err)
-	t.scheduleFirstContacts()
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
+	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
+	changes += n
+	errs = append(errs, err)
+	t1 := time.Now()
+	n, err = t.filter.reconcile(Filters(d), full&fullPolicy != 0)
+	changes += n
+	errs = append(errs, err)
+	t.metrics.policySeconds.Observe(time.Since(t1).Seconds())
+	t2 := time.Now()
+	n, err = t.configurePeers(d, full&fullWireGuard != 0)
+	changes += n
+	errs = append(errs, err)
+	t.scheduleFirstContacts()
 	// The source must be on the link before a route can name it.
 	n, err = setHostSource(t.lastLink, d.HostSource)
 	changes += n
 	errs = append(errs, err)
-	t1 := time.Now()
+	t3 := time.Now()
 	n, err = t.rt.reconcile(t.lastLink, Routes(d), d.HostSource, full&fullRoutes != 0)
 	changes += n
 	errs = append(errs, err)
-	t2 := time.Now()
-	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
-	changes += n
-	errs = append(errs, err)
-	t3 := time.Now()
-	n, err = t.filter.reconcile(Filters(d), full&fullPolicy != 0)
-	changes += n
-	errs = append(errs, err)
-	t.metrics.policySeconds.Observe(time.Since(t3).Seconds())
-	t.log.Debug("reconciled", "changes", changes, "full", full, "wireguard", t1.Sub(t0), "routes", t2.Sub(t1), "nat", t3.Sub(t2), "policy", time.Since(t3))
+	t.log.Debug("reconciled", "changes", changes, "full", full, "nat", t1.Sub(t0), "policy", t2.Sub(t1), "wireguard", t3.Sub(t2), "routes", time.Since(t3))
 	if err := errors.Join(errs...); err != nil {
 		t.metrics.reconcileErrors.Inc()
 		return changes, err

@@ -64,6 +64,49 @@ func (t *Tunnel) configurePeers(d Desired, full bool) (int, error) {
 	return t.resyncPeers(d)
 }
 
+// removeDeparted takes the peers d no longer has off the device, before
+// their translation and filter go: a peer can send nothing once those
+// are gone. From the record, or the device as read back without one.
+func (t *Tunnel) removeDeparted(d Desired) (int, error) {
+	want := make(map[Key]bool, len(d.Peers))
+	for _, p := range d.Peers {
+		want[p.PublicKey] = true
+	}
+	var have []Key
+	if t.wgApplied != nil {
+		for k := range t.wgApplied.peers {
+			have = append(have, k)
+		}
+	} else {
+		dev, err := t.wg.Device(t.cfg.Interface)
+		if err != nil {
+			return 0, fmt.Errorf("read wireguard device %s: %w", t.cfg.Interface, err)
+		}
+		for _, p := range dev.Peers {
+			have = append(have, Key(p.PublicKey))
+		}
+	}
+	var cfg wgtypes.Config
+	for _, k := range have {
+		if !want[k] {
+			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: wgtypes.Key(k), Remove: true})
+		}
+	}
+	if len(cfg.Peers) == 0 {
+		return 0, nil
+	}
+	if err := t.wg.ConfigureDevice(t.cfg.Interface, cfg); err != nil {
+		t.wgApplied = nil
+		return 0, fmt.Errorf("remove wireguard peers from %s: %w", t.cfg.Interface, err)
+	}
+	if t.wgApplied != nil {
+		for _, pc := range cfg.Peers {
+			delete(t.wgApplied.peers, Key(pc.PublicKey))
+		}
+	}
+	return len(cfg.Peers), nil
+}
+
 // updatePeers sends the difference between the record and d.
 func (t *Tunnel) updatePeers(d Desired) (int, error) {
 	rec := t.wgApplied
