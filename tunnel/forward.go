@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/google/nftables"
@@ -88,6 +89,32 @@ func (n *natTable) resyncForward(c *nftables.Conn, t *nftables.Table, k kernelNA
 		changes++
 	}
 	return changes
+}
+
+// hairpinDropped reads the guard's counter: what came out of the tunnel
+// and was kept from going back in, since the forward chain was made.
+func (n *natTable) hairpinDropped() (Dropped, error) {
+	c, err := n.nft.conn()
+	if err != nil {
+		return Dropped{}, err
+	}
+	t := n.table()
+	rules, err := c.GetRules(t, forwardChain(t))
+	if err != nil {
+		n.nft.fail()
+		return Dropped{}, fmt.Errorf("read the counter of %s/%s: %w", n.name, chainForward, err)
+	}
+	for _, r := range rules {
+		if comment, _ := userdata.GetString(r.UserData, userdata.TypeComment); comment != hairpinComment {
+			continue
+		}
+		for _, e := range r.Exprs {
+			if ctr, ok := e.(*expr.Counter); ok {
+				return Dropped{Packets: ctr.Packets, Bytes: ctr.Bytes}, nil
+			}
+		}
+	}
+	return Dropped{}, fmt.Errorf("no rule %q in %s/%s", hairpinComment, n.name, chainForward)
 }
 
 // hairpinExprs renders

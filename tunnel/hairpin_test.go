@@ -1,7 +1,9 @@
 package tunnel_test
 
 import (
+	"encoding/json"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -18,7 +20,8 @@ import (
 // a's translation for b is deleted by hand (a's tunnel repairs nothing:
 // no watch) and b has a pod at the address of a's pod; the connection
 // must find no one, and a's guard must have counted the packets it
-// dropped (the witness that they reached a).
+// dropped (the witness that they reached a), in the table and in
+// flotilla_tunnel_hairpin_dropped_packets_total.
 func TestNothingForwardedBackIntoTheTunnel(t *testing.T) {
 	m := newMesh(t, "10.0.0.0/16", "10.0.0.0/16")
 	a, b := m.sites[0], m.sites[1]
@@ -48,4 +51,10 @@ func TestNothingForwardedBackIntoTheTunnel(t *testing.T) {
 	if n := nftCounter(t, a.exec(t, "nft", "list", "chain", "ip", "flotilla", "forward"), tunnel.HairpinComment); n <= before {
 		t.Fatalf("a's guard counted %d packets before and %d after b's connection: b's packets did not reach a's forward hook", before, n)
 	}
+	const metric = "flotilla_tunnel_hairpin_dropped_packets_total"
+	var got map[string]float64
+	waitUntil(t, 5*time.Second, "a's "+metric+" above 0", func() bool {
+		b, err := os.ReadFile(a.desired + ".metrics")
+		return err == nil && json.Unmarshal(b, &got) == nil && got[metric] > 0
+	})
 }

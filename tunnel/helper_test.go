@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/flotilla-io/flotilla/tunnel"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
@@ -94,7 +95,8 @@ func TestMain(m *testing.M) {
 
 // helperMain runs a Tunnel fed from a JSON desired-state file it watches.
 // After each apply it writes "<sha256 of the file> ok" or the error to
-// <desired>.applied, and the peers' status to <desired>.status. On SIGTERM
+// <desired>.applied, the peers' status to <desired>.status and its
+// counters without labels to <desired>.metrics. On SIGTERM
 // it closes the tunnel (the data path stays); with -cleanup it removes
 // everything instead. With -watch=false it repairs nothing between
 // applies: what a test breaks by hand stays broken. SIGUSR1 suspends the data path, SIGUSR2 resumes it;
@@ -123,7 +125,8 @@ func helperMain(args []string) int {
 		return fail(err)
 	}
 	start := time.Now()
-	tun, err := tunnel.New(tunnel.Config{Interface: *ifname, Mode: m, ListenPort: *port, PrivateKey: key, FirstContactWait: *firstContactWait, Logger: log})
+	reg := prometheus.NewRegistry()
+	tun, err := tunnel.New(tunnel.Config{Interface: *ifname, Mode: m, ListenPort: *port, PrivateKey: key, FirstContactWait: *firstContactWait, Logger: log, Metrics: reg})
 	if err != nil {
 		return fail(err)
 	}
@@ -176,6 +179,9 @@ func helperMain(args []string) int {
 				b, _ := json.Marshal(st)
 				writeAtomic(*desiredFile+".status", b)
 			}
+			if b, err := json.Marshal(counters(reg)); err == nil {
+				writeAtomic(*desiredFile+".metrics", b)
+			}
 		case <-tick.C:
 			b, err := os.ReadFile(*desiredFile)
 			if err != nil {
@@ -200,6 +206,21 @@ func helperMain(args []string) int {
 			writeAtomic(*desiredFile+".applied", []byte(result))
 		}
 	}
+}
+
+// counters are the values of reg's counters that have no labels, by name.
+func counters(reg *prometheus.Registry) map[string]float64 {
+	out := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) == 1 && len(mf.GetMetric()[0].GetLabel()) == 0 && mf.GetMetric()[0].GetCounter() != nil {
+			out[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return out
 }
 
 func writeAtomic(path string, b []byte) {

@@ -22,6 +22,7 @@ type metrics struct {
 	droppedPackets   *prometheus.Desc
 	droppedBytes     *prometheus.Desc
 	setElements      *prometheus.Desc
+	hairpinPackets   *prometheus.Desc
 }
 
 func newMetrics(t *Tunnel) *metrics {
@@ -67,6 +68,8 @@ func newMetrics(t *Tunnel) *metrics {
 			"Packets from a Segregated peer dropped by the filter, by reason (not_allowed: no offloaded pod, Service endpoint and port, or reply matched). Resets when the peer's chain is made again.", []string{"peer", "reason"}, nil),
 		droppedBytes: prometheus.NewDesc("flotilla_tunnel_policy_dropped_bytes_total",
 			"Bytes of the packets in flotilla_tunnel_policy_dropped_packets_total.", []string{"peer", "reason"}, nil),
+		hairpinPackets: prometheus.NewDesc("flotilla_tunnel_hairpin_dropped_packets_total",
+			"Packets that came out of the tunnel and were dropped instead of going back into it: above 0, a translation for a peer was missing while it sent (docs/tunnel.md). Resets when the table is made again.", nil, nil),
 		setElements: prometheus.NewDesc("flotilla_tunnel_policy_set_elements",
 			"Elements in a Segregated peer's allowed set (pods: addresses; services: address, protocol, port).", []string{"peer", "set"}, nil),
 	}
@@ -98,6 +101,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.droppedPackets
 	ch <- m.droppedBytes
 	ch <- m.setElements
+	ch <- m.hairpinPackets
 }
 
 // Collect implements prometheus.Collector.
@@ -123,7 +127,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectPolicy reads the drop counters of the Segregated peers' chains
-// and the sizes of their sets as last applied.
+// and of the forward chain's guard, and the sizes of the peers' sets as
+// last applied.
 func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
 	m.t.mu.Lock()
 	defer m.t.mu.Unlock()
@@ -133,6 +138,9 @@ func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
 	}
 	if m.t.closed {
 		return
+	}
+	if d, err := m.t.nat.hairpinDropped(); err == nil {
+		ch <- prometheus.MustNewConstMetric(m.hairpinPackets, prometheus.CounterValue, float64(d.Packets))
 	}
 	dropped, err := m.t.filter.dropped()
 	if err != nil {
