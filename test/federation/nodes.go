@@ -687,17 +687,9 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 	url := fmt.Sprintf("http://%s:%d/", r.Dst, harness.TestServerHTTPPort)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var out string
-		out, r.Err = Kubectl(from.CP, "exec", fromPod.Name, "--", "/testserver", "-get", url)
-		if r.Err == nil {
-			r.Seen, r.Err = CheckAnswer(out, r.Want, to.Name, toPod)
-			if r.Err != nil {
-				r.Err = fmt.Errorf("GET %s from %s's pod %s: %w", url, from.Name, fromPod.Name, r.Err)
-			}
-			return r
-		}
-		if time.Now().After(deadline) {
-			r.Err = fmt.Errorf("GET %s from %s's pod %s: %w", url, from.Name, fromPod.Name, r.Err)
+		var answered bool
+		r.Seen, answered, r.Err = getAnswer(from, fromPod, url, r.Want, to.Name, toPod)
+		if answered || time.Now().After(deadline) {
 			return r
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -709,14 +701,23 @@ func FetchPods(t harness.TB, from *NodeCluster, fromPod corev1.Pod, to *NodeClus
 // to answered and saw the caller as want: for a URL that names no pod (a
 // Service, a DNS name), pods are the ones that may answer.
 func GetAnswer(c *NodeCluster, fromPod corev1.Pod, url string, want netip.Addr, to string, pods ...corev1.Pod) error {
+	_, _, err := getAnswer(c, fromPod, url, want, to, pods...)
+	return err
+}
+
+// getAnswer is GetAnswer that also returns the address the server saw
+// the caller as, and whether anything answered (false: the exec or the
+// GET failed, worth another try).
+func getAnswer(c *NodeCluster, fromPod corev1.Pod, url string, want netip.Addr, to string, pods ...corev1.Pod) (netip.Addr, bool, error) {
 	out, err := Kubectl(c.CP, "-n", fromPod.Namespace, "exec", fromPod.Name, "--", "/testserver", "-get", url)
 	if err != nil {
-		return err
+		return netip.Addr{}, false, fmt.Errorf("GET %s from %s's pod %s: %w", url, c.Name, fromPod.Name, err)
 	}
-	if _, err := CheckAnswer(out, want, to, pods...); err != nil {
-		return fmt.Errorf("GET %s from %s's pod %s: %w", url, c.Name, fromPod.Name, err)
+	seen, err := CheckAnswer(out, want, to, pods...)
+	if err != nil {
+		return seen, true, fmt.Errorf("GET %s from %s's pod %s: %w", url, c.Name, fromPod.Name, err)
 	}
-	return nil
+	return seen, true, nil
 }
 
 // Kubectl runs the pinned kubectl against cp and returns its output. It
