@@ -48,6 +48,14 @@
 //		}
 //	}
 //
+// On the gateway node the same table holds a guard that lets traffic to a
+// view leave only through the tunnel: while the tunnel has no route for it
+// (a replica taking over, a fenced one), it would otherwise follow the
+// node's default route out onto the node network, in the clear:
+//
+//	chain guard-forward { type filter hook forward priority filter; ip daddr @views oifname != <tunnel> counter drop }
+//	chain guard-output  { type filter hook output priority filter; ip daddr @views oifname != <tunnel> counter drop }
+//
 // The kernel runs the NAT chains of a hook in priority order and stops at
 // the first that binds a connection's source NAT; the identity SNAT binds
 // it without changing anything, so a masquerade in a later chain
@@ -318,10 +326,24 @@ func (f *Fabric) Apply(d Desired) error {
 }
 
 // reconcile brings routes, rule and exemption in line with p; it reports
-// what it changed. Callers hold f.mu.
+// what it changed. Callers hold f.mu. On the gateway node the nftables
+// table, with its guard, comes first, before the routes that sent the
+// views to another gateway go; elsewhere it comes last, the guard going
+// only once the routes to the gateway are in place: traffic to a view
+// never meets the node's default route.
 func (f *Fabric) reconcile(p plan) (changes, error) {
 	var ch changes
 	var errs []error
+	reconcileNFT := func() {
+		n, err := reconcileExemption(f.cfg.NFTable, p.views, p.iif)
+		ch.nft = n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if p.iif != "" {
+		reconcileNFT()
+	}
 	links := make(map[int]bool, len(p.links)+1)
 	for _, l := range p.links {
 		links[l] = true
@@ -356,10 +378,8 @@ func (f *Fabric) reconcile(p plan) (changes, error) {
 	if err := f.reconcileRules(p, &ch); err != nil {
 		errs = append(errs, err)
 	}
-	n, err := reconcileExemption(f.cfg.NFTable, p.views)
-	ch.nft = n
-	if err != nil {
-		errs = append(errs, err)
+	if p.iif == "" {
+		reconcileNFT()
 	}
 	return ch, errors.Join(errs...)
 }

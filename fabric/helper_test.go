@@ -44,6 +44,7 @@ type cluster struct {
 	gw, wk  *harness.Site
 	pod     *harness.Pod
 	peer    *harness.Site
+	lan     *harness.LAN    // the nodes' LAN; nil in a routed cluster
 	wan     *harness.Router // the router of a routed cluster
 	fabrics map[*harness.Site]*fabric.Fabric
 }
@@ -53,7 +54,7 @@ func newCluster(t testing.TB) *cluster {
 	env := harness.New(t)
 	env.Require(harness.Root, harness.IPRoute2, harness.Ping, harness.NFT)
 	lan := env.NewLAN("lan")
-	c := &cluster{env: env, fabrics: map[*harness.Site]*fabric.Fabric{}}
+	c := &cluster{env: env, lan: lan, fabrics: map[*harness.Site]*fabric.Fabric{}}
 	c.gw = env.NewSite("gw", harness.SiteOptions{LAN: lan, PodCIDR: gwBlock})
 	c.wk = env.NewSite("wk", harness.SiteOptions{LAN: lan, PodCIDR: wkBlock})
 	c.pod = c.wk.AddPod("p", podAddr)

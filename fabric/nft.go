@@ -16,16 +16,60 @@ import (
 
 // The masquerade exemption: one table of ours (family ip), one interval
 // set of the views, one NAT chain at srcnat - 5 with two identity SNAT
-// rules (see the package comment for why).
+// rules (see the package comment for why). On the gateway node the same
+// table holds the guard: two filter chains, on forward and output, that
+// drop traffic to a view leaving through anything but the tunnel.
 const (
 	chainExempt    = "exempt"
+	chainGuardFwd  = "guard-forward"
+	chainGuardOut  = "guard-output"
 	setViews       = "views"
 	exemptPriority = 95
 	// The rules' comments name their purpose in `nft list` and tell the
 	// rules apart when read back.
 	commentToView   = "flotilla fabric: traffic to a view keeps its source address (no CNI masquerade)"
 	commentFromView = "flotilla fabric: traffic from a view keeps its source address (no CNI masquerade)"
+	// GuardComment tags the guard's rules.
+	GuardComment = "flotilla fabric: traffic to a view leaves the gateway only through the tunnel"
 )
+
+// guardHooks are the guard's chains: what the node forwards for pods
+// and other nodes, and what the node itself sends.
+var guardHooks = [...]struct {
+	name string
+	hook *nftables.ChainHook
+}{
+	{chainGuardFwd, nftables.ChainHookForward},
+	{chainGuardOut, nftables.ChainHookOutput},
+}
+
+func guardChain(t *nftables.Table, i int) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return &nftables.Chain{Name: guardHooks[i].name, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: guardHooks[i].hook, Priority: nftables.ChainPriorityFilter, Policy: &accept}
+}
+
+// guardRule is the one rule of a guard chain:
+//
+//	ip daddr @views oifname != <tunnel> counter drop
+func guardRule(t *nftables.Table, ch *nftables.Chain, s *nftables.Set, tunnel string) *nftables.Rule {
+	return &nftables.Rule{Table: t, Chain: ch, UserData: userdata.AppendString(nil, userdata.TypeComment, GuardComment),
+		Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offsetDaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID},
+			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(tunnel)},
+			&expr.Counter{},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}}
+}
+
+// ifname is an interface name as the kernel compares it.
+func ifname(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
 
 // Offsets of the addresses in the IPv4 header.
 const (
@@ -68,14 +112,15 @@ func exemptRules(t *nftables.Table, ch *nftables.Chain, s *nftables.Set) []*nfta
 type kernelExemption struct {
 	table  bool
 	chains map[string]*nftables.Chain
-	rules  []*nftables.Rule // of chainExempt
+	rules  []*nftables.Rule            // of chainExempt
+	guards map[string][]*nftables.Rule // of the guard chains, by chain
 	sets   map[string]*nftables.Set
 	ivs    []nftinterval.Interval // of setViews
 	stray  []nftables.SetElement
 }
 
 func readExemption(c *nftables.Conn, name string) (kernelExemption, error) {
-	k := kernelExemption{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}}
+	k := kernelExemption{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{}, guards: map[string][]*nftables.Rule{}}
 	exists, err := tableExists(c, name)
 	if err != nil || !exists {
 		return k, err
@@ -94,6 +139,13 @@ func readExemption(c *nftables.Conn, name string) (kernelExemption, error) {
 	if ch := k.chains[chainExempt]; ch != nil {
 		if k.rules, err = c.GetRules(t, ch); err != nil {
 			return k, fmt.Errorf("list rules of %s/%s: %w", name, chainExempt, err)
+		}
+	}
+	for _, g := range guardHooks {
+		if ch := k.chains[g.name]; ch != nil {
+			if k.guards[g.name], err = c.GetRules(t, ch); err != nil {
+				return k, fmt.Errorf("list rules of %s/%s: %w", name, g.name, err)
+			}
 		}
 	}
 	sets, err := c.GetSets(t)
@@ -131,7 +183,33 @@ func (k kernelExemption) sound() bool {
 			return false
 		}
 	}
+	for i, g := range guardHooks {
+		if ch, want := k.chains[g.name], guardChain(nil, i); ch != nil {
+			if ch.Type != want.Type || ch.Hooknum == nil || *ch.Hooknum != *want.Hooknum ||
+				ch.Priority == nil || *ch.Priority != *want.Priority {
+				return false
+			}
+		}
+	}
 	return true
+}
+
+// guardRight reports whether the guard chain holds exactly our rule for
+// the tunnel interface.
+func (k kernelExemption) guardRight(chain, tunnel string) bool {
+	rules := k.guards[chain]
+	if len(rules) != 1 {
+		return false
+	}
+	if c, _ := userdata.GetString(rules[0].UserData, userdata.TypeComment); c != GuardComment {
+		return false
+	}
+	for _, e := range rules[0].Exprs {
+		if cmp, ok := e.(*expr.Cmp); ok && cmp.Op == expr.CmpOpNeq {
+			return slices.Equal(cmp.Data, ifname(tunnel))
+		}
+	}
+	return false
 }
 
 // rulesRight reports whether the chain holds exactly our two rules.
@@ -145,9 +223,11 @@ func (k kernelExemption) rulesRight() bool {
 }
 
 // reconcileExemption makes our table hold exactly the exemption of views,
-// in one atomic transaction, and reports how many objects and elements it
-// changed. The set changes by its difference only.
-func reconcileExemption(name string, views []netip.Prefix) (int, error) {
+// and with tunnel set (the gateway node) the guard that lets traffic to
+// them leave only through that link, in one atomic transaction, and
+// reports how many objects and elements it changed. The set changes by
+// its difference only.
+func reconcileExemption(name string, views []netip.Prefix, tunnel string) (int, error) {
 	c, err := newNFTConn()
 	if err != nil {
 		return 0, err
@@ -190,9 +270,27 @@ func reconcileExemption(name string, views []netip.Prefix) (int, error) {
 			changes++
 		}
 	}
+	wanted := map[string]bool{chainExempt: true}
+	if tunnel != "" {
+		for i, g := range guardHooks {
+			wanted[g.name] = true
+			gc := guardChain(t, i)
+			if k.chains[g.name] == nil {
+				c.AddChain(gc)
+				changes++
+			}
+			if !k.guardRight(g.name, tunnel) {
+				if len(k.guards[g.name]) > 0 {
+					c.FlushChain(gc)
+				}
+				c.AddRule(guardRule(t, gc, s, tunnel))
+				changes++
+			}
+		}
+	}
 	// Anything else in our table is not of our making: it goes.
 	for n, other := range k.chains {
-		if n != chainExempt {
+		if !wanted[n] {
 			c.FlushChain(other)
 			c.DelChain(other)
 			changes++

@@ -1,0 +1,53 @@
+package fabric_test
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/flotilla-io/flotilla/fabric"
+	"github.com/flotilla-io/flotilla/test/harness"
+)
+
+// Traffic to a view leaves the gateway node through the tunnel or not at
+// all. While the gateway has no route of the tunnel's for a view (a
+// replica taking over before its data path is up, or a fenced one after
+// it removed it), the node's default route would otherwise carry a pod's
+// packets for another cluster out onto the node network, in the clear,
+// to whatever router it names. Here the gateway's default route points at
+// an upstream router that counts what reaches it for the view; the
+// tunnel's route is deleted, the worker's pod dials the peer: nothing
+// may reach the router, and the gateway's guard must have counted the
+// packets (the witness that they reached the gateway).
+func TestViewLeavesGatewayOnlyThroughTheTunnel(t *testing.T) {
+	c := newCluster(t)
+	up := c.env.NewSite("up", harness.SiteOptions{LAN: c.lan})
+	c.gw.MustExec("ip", "route", "replace", "default", "via", up.Addr.String())
+	up.MustExec("nft", fmt.Sprintf("add table ip watch; add chain ip watch in { type filter hook prerouting priority -300; }; "+
+		`add rule ip watch in ip daddr %s counter comment "leaked"`, view))
+	c.applyBoth(t)
+	c.podAndPeerTalk(t, "with the tunnel's route")
+
+	c.gw.MustExec("ip", "route", "del", view.String(), "via", "169.254.9.2")
+	if from, err := c.seen(peerAddr); err == nil {
+		t.Fatalf("the pod reached the peer (seen as %s) with the tunnel's route gone", from)
+	}
+	if n := counter(t, up.MustExec("nft", "list", "table", "ip", "watch"), "leaked"); n != 0 {
+		t.Errorf("%d packets for the view %s left the gateway by its default route", n, view)
+	}
+	if n := counter(t, c.gw.MustExec("nft", "list", "table", "ip", fabric.DefaultNFTable), fabric.GuardComment); n == 0 {
+		t.Errorf("the gateway's guard counted nothing: the pod's packets did not reach the gateway")
+	}
+}
+
+// counter is the packet count of the rule with comment in an nft listing.
+func counter(t *testing.T, listing, comment string) uint64 {
+	t.Helper()
+	m := regexp.MustCompile(`counter packets (\d+) bytes \d+[^"\n]* comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
+	if m == nil {
+		t.Fatalf("no counter %q in:\n%s", comment, listing)
+	}
+	n, _ := strconv.ParseUint(m[1], 10, 64)
+	return n
+}
