@@ -8,16 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	toolscache "k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/offload"
-	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/test/federation"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -45,11 +39,8 @@ func BenchmarkGrantToCredential(b *testing.B) {
 	var took []time.Duration
 	var requests []int
 	servers := map[string]*federation.Cluster{"provider": prov.Cluster, "consumer": cons.Cluster}
-	cl, err := client.NewWithWatch(cons.CP.Config, client.Options{Scheme: peerapi.Scheme()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := watchConditions(b, cl)
+	w := watchConditions(b, cons.Cluster)
+	defer w.stop()
 	for i := 0; b.Loop(); i++ {
 		reqs := startRequests(servers)
 		start := time.Now()
@@ -89,70 +80,5 @@ func waitTenantsGone(t testing.TB, c *federation.NodeCluster, timeout time.Durat
 			t.Fatalf("tenant namespaces of %s not gone after %s (err %v)", c.Name, timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// conditionWatch follows a cluster's Peers from the moment it is made,
-// as a watcher (`kubectl wait`, a controller) learns of a change: a
-// benchmark that waits on it adds no polling of its own to the API
-// server it measures.
-type conditionWatch struct {
-	t     testing.TB
-	w     *watchtools.RetryWatcher
-	peers map[string]*v1alpha1.Peer // by cluster name
-}
-
-func watchConditions(t testing.TB, cl client.WithWatch) *conditionWatch {
-	t.Helper()
-	ctx := context.Background()
-	var list v1alpha1.PeerList
-	if err := cl.List(ctx, &list); err != nil {
-		t.Fatal(err)
-	}
-	cw := &conditionWatch{t: t, peers: map[string]*v1alpha1.Peer{}}
-	for i := range list.Items {
-		cw.peers[list.Items[i].Status.ClusterName] = &list.Items[i]
-	}
-	lw := &toolscache.ListWatch{WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-		return cl.Watch(ctx, &v1alpha1.PeerList{}, &client.ListOptions{Raw: &opts})
-	}}
-	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, lw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cw.w = w
-	t.Cleanup(w.Stop)
-	return cw
-}
-
-// until waits until the Peer of the cluster named peer has condition kind
-// with reason.
-func (cw *conditionWatch) until(peer, kind, reason string, timeout time.Duration) {
-	cw.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		var last *metav1.Condition
-		if p := cw.peers[peer]; p != nil {
-			if last = meta.FindStatusCondition(p.Status.Conditions, kind); last != nil && last.Reason == reason {
-				return
-			}
-		}
-		select {
-		case <-deadline:
-			cw.t.Fatalf("Peer %s: condition %s is %+v after %s, want reason %s", peer, kind, last, timeout, reason)
-		case ev, ok := <-cw.w.ResultChan():
-			if !ok {
-				cw.t.Fatalf("the watch of Peers ended: %v", cw.w.Done())
-			}
-			switch p, isPeer := ev.Object.(*v1alpha1.Peer); {
-			case ev.Type == watch.Error:
-				cw.t.Fatalf("the watch of Peers: %v", ev.Object)
-			case !isPeer:
-			case ev.Type == watch.Deleted:
-				delete(cw.peers, p.Status.ClusterName)
-			default:
-				cw.peers[p.Status.ClusterName] = p
-			}
-		}
 	}
 }

@@ -343,27 +343,6 @@ func condition(t *testing.T, c *federation.NodeCluster, peer, kind string) *meta
 	return meta.FindStatusCondition(p.Status.Conditions, kind)
 }
 
-// waitCondition waits until c's Peer for peer has a condition of kind
-// with reason.
-func waitCondition(t testing.TB, c *federation.NodeCluster, peer, kind, reason string, timeout time.Duration) metav1.Condition {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last *metav1.Condition
-	for {
-		peers, err := c.Peers(context.Background())
-		if err == nil {
-			p := peers[peer]
-			if last = meta.FindStatusCondition(p.Status.Conditions, kind); last != nil && last.Reason == reason {
-				return *last
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's Peer %s: condition %s is %+v after %s, want reason %s", c.Name, peer, kind, last, timeout, reason)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // flotillaCLI runs an operator command of the binary built from this
 // checkout against c.
 func flotillaCLI(t testing.TB, c *federation.NodeCluster, args ...string) (string, error) {
