@@ -51,5 +51,9 @@ func SetNFTSocketPerOperation(t *Tunnel, on bool) {
 	t.nft.perOperation = on
 }
 
-// HairpinComment tags the forward chain's guard, whose counter tests read.
-const HairpinComment = hairpinComment
+// HairpinComment and BeyondComment tag the guards' drops, whose counters
+// tests read.
+const (
+	HairpinComment = hairpinComment
+	BeyondComment  = beyondComment
+)

@@ -42,6 +42,7 @@ type meshSite struct {
 type mesh struct {
 	t     testing.TB
 	env   *harness.Env
+	lan   *harness.LAN // the gateways' LAN
 	sites []*meshSite
 }
 
@@ -55,7 +56,7 @@ func newMesh(t testing.TB, cidrs ...string) *mesh {
 	env := harness.New(t)
 	env.Require(harness.Root, harness.IPRoute2, harness.Ping, harness.NFT, harness.WG)
 	lan := env.NewLAN("lan")
-	m := &mesh{t: t, env: env}
+	m := &mesh{t: t, env: env, lan: lan}
 	for i, c := range cidrs {
 		name := string(rune('a' + i))
 		cidr := netip.MustParsePrefix(c)

@@ -23,6 +23,7 @@ type metrics struct {
 	droppedBytes     *prometheus.Desc
 	setElements      *prometheus.Desc
 	hairpinPackets   *prometheus.Desc
+	beyondPackets    *prometheus.Desc
 }
 
 func newMetrics(t *Tunnel) *metrics {
@@ -70,6 +71,8 @@ func newMetrics(t *Tunnel) *metrics {
 			"Bytes of the packets in flotilla_tunnel_policy_dropped_packets_total.", []string{"peer", "reason"}, nil),
 		hairpinPackets: prometheus.NewDesc("flotilla_tunnel_hairpin_dropped_packets_total",
 			"Packets that came out of the tunnel and were dropped instead of going back into it: above 0, a translation for a peer was missing while it sent (docs/tunnel.md). Resets when the table is made again.", nil, nil),
+		beyondPackets: prometheus.NewDesc("flotilla_tunnel_beyond_dropped_packets_total",
+			"Packets from a peer for none of this cluster's networks (a host of the node network, the gateway host's other addresses, the internet), dropped: a peer whose WireGuard routes more than our views into the tunnel (docs/tunnel.md). Resets when the table is made again.", nil, nil),
 		setElements: prometheus.NewDesc("flotilla_tunnel_policy_set_elements",
 			"Elements in a Segregated peer's allowed set (pods: addresses; services: address, protocol, port).", []string{"peer", "set"}, nil),
 	}
@@ -102,6 +105,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.droppedBytes
 	ch <- m.setElements
 	ch <- m.hairpinPackets
+	ch <- m.beyondPackets
 }
 
 // Collect implements prometheus.Collector.
@@ -127,7 +131,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectPolicy reads the drop counters of the Segregated peers' chains
-// and of the forward chain's guard, and the sizes of the peers' sets as
+// and of the guards (forward.go), and the sizes of the peers' sets as
 // last applied.
 func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
 	m.t.mu.Lock()
@@ -139,8 +143,11 @@ func (m *metrics) collectPolicy(ch chan<- prometheus.Metric) {
 	if m.t.closed {
 		return
 	}
-	if d, err := m.t.nat.hairpinDropped(); err == nil {
+	if d, err := m.t.nat.dropped(chainForward, hairpinComment); err == nil {
 		ch <- prometheus.MustNewConstMetric(m.hairpinPackets, prometheus.CounterValue, float64(d.Packets))
+	}
+	if d, err := m.t.nat.dropped(chainBeyond, beyondComment); err == nil {
+		ch <- prometheus.MustNewConstMetric(m.beyondPackets, prometheus.CounterValue, float64(d.Packets))
 	}
 	dropped, err := m.t.filter.dropped()
 	if err != nil {

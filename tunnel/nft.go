@@ -28,6 +28,8 @@ import (
 //	chain ingress-P { ip daddr <P's view of me> dnat ip prefix to <my real> }
 //
 //	chain forward { type filter hook forward priority mangle; ... } (forward.go)
+//	chain input   { type filter hook input priority mangle; ... }
+//	chain beyond  { ... }
 //
 // The maps key egress by destination and ingress by source in my view of
 // the peer, so a new connection costs one map lookup and the rules of one
@@ -79,8 +81,11 @@ type natTable struct {
 	nft    *nftSession
 
 	applied map[string]PeerNAT // by peer; nil when unknown
-	gen     uint32             // ruleset generation after our last transaction
-	own     []uint32           // generations of our recent transactions, newest last
+	// networks are my networks as the fixed chains last held them
+	// (forward.go); a change reads the whole table back.
+	networks []netip.Prefix
+	gen      uint32   // ruleset generation after our last transaction
+	own      []uint32 // generations of our recent transactions, newest last
 }
 
 // ownGenerations bounds how many of our generations are remembered; the
@@ -112,8 +117,8 @@ func (n *natTable) invalidate() { n.applied = nil }
 // reconcile makes the table hold exactly the NAT of want, in one atomic
 // transaction, and reports how many objects it changed. With full set, or
 // without a trustworthy record, it reads the table back first.
-func (n *natTable) reconcile(want []PeerNAT, full bool) (int, error) {
-	if !full && n.applied != nil {
+func (n *natTable) reconcile(want []PeerNAT, networks []netip.Prefix, full bool) (int, error) {
+	if !full && n.applied != nil && slices.Equal(networks, n.networks) {
 		ok, err := n.recordHolds()
 		if err != nil {
 			n.nft.fail()
@@ -129,7 +134,7 @@ func (n *natTable) reconcile(want []PeerNAT, full bool) (int, error) {
 			n.nft.fail()
 		}
 	}
-	changes, err := n.resync(want)
+	changes, err := n.resync(want, networks)
 	if err != nil {
 		n.nft.fail()
 	}
@@ -161,7 +166,7 @@ func (n *natTable) recordHolds() (bool, error) {
 			have[ch.Name] = true
 		}
 	}
-	if len(have) != len(directions)*(1+len(n.applied))+1 || !have[chainForward] {
+	if len(have) != len(directions)*(1+len(n.applied))+3 || !have[chainForward] || !have[chainInput] || !have[chainBeyond] {
 		return false, nil
 	}
 	for _, d := range directions {
@@ -439,8 +444,13 @@ func (k kernelNAT) sound(n *natTable) bool {
 			}
 		}
 	}
-	if ch := k.chains[chainForward]; ch != nil && !sameHook(ch, forwardChain(nil)) {
-		return false
+	for _, h := range []struct {
+		name string
+		hook *nftables.ChainHook
+	}{{chainForward, nftables.ChainHookForward}, {chainInput, nftables.ChainHookInput}} {
+		if ch := k.chains[h.name]; ch != nil && !sameHook(ch, hookChain(nil, h.name, h.hook)) {
+			return false
+		}
 	}
 	return true
 }
@@ -454,8 +464,8 @@ func sameHook(ch, want *nftables.Chain) bool {
 
 // resync reads the table back and changes whatever differs from want, in
 // one transaction. Objects in our table that we do not want are removed.
-func (n *natTable) resync(want []PeerNAT) (int, error) {
-	n.applied = nil
+func (n *natTable) resync(want []PeerNAT, networks []netip.Prefix) (int, error) {
+	n.applied, n.networks = nil, nil
 	c, err := n.nft.conn()
 	if err != nil {
 		return 0, err
@@ -507,10 +517,10 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 		}
 	}
 
-	changes += n.resyncForward(c, t, k)
+	changes += n.resyncFixed(c, t, k, networks)
 
 	wanted := make(map[string]PeerNAT, len(want))
-	wantChains := map[string]bool{chainEgress: true, chainIngress: true, chainForward: true}
+	wantChains := map[string]bool{chainEgress: true, chainIngress: true, chainForward: true, chainInput: true, chainBeyond: true}
 	var wantIvs [len(directions)][]interval
 	for _, p := range want {
 		wanted[p.Peer] = p
@@ -580,6 +590,7 @@ func (n *natTable) resync(want []PeerNAT) (int, error) {
 		}
 	}
 	n.commit(wanted, changes > 0)
+	n.networks = slices.Clone(networks)
 	return changes, nil
 }
 

@@ -402,7 +402,7 @@ func (t *Tunnel) reconcileLocked(full scope) (int, error) {
 	if err := enableForwarding(); err != nil {
 		errs = append(errs, err)
 	}
-	n, err = t.nat.reconcile(NAT(d), full&fullNAT != 0)
+	n, err = t.nat.reconcile(NAT(d), d.Networks, full&fullNAT != 0)
 	changes += n
 	errs = append(errs, err)
 	t1 := time.Now()
