@@ -117,9 +117,14 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		t.Fatal("the standby started its components while the other replica is active")
 	default:
 	}
-	if code, body, err := agentReadyz(second.a); err != nil || code != http.StatusOK || body != "ok: standby" {
-		t.Fatalf("standby's /readyz: %d %q %v, want ready, saying standby", code, body, err)
-	}
+	// Its API server check runs on its own schedule: the first may not
+	// have come yet when the standby logs that it saw the active one.
+	eventually.Within(t, 10*time.Second, "the standby ready, saying standby", func() error {
+		if code, body, err := agentReadyz(second.a); err != nil || code != http.StatusOK || body != "ok: standby" {
+			return fmt.Errorf("standby's /readyz: %d %q %v", code, body, err)
+		}
+		return nil
+	})
 	eventually.Within(t, 30*time.Second, "the active replica's pod labelled", func() error { return labelled("agent-gw1") })
 
 	first.cancel()
