@@ -73,12 +73,15 @@ type fixedRule struct {
 	exprs   []expr.Any
 }
 
-// fixedChains are those chains, in the order they are made: beyond
-// before the chains that jump to it.
-func (n *natTable) fixedChains(t *nftables.Table, networks []netip.Prefix) []struct {
+// fixedChain is one of those chains with its rules, in order.
+type fixedChain struct {
 	chain *nftables.Chain
 	rules []fixedRule
-} {
+}
+
+// fixedChains are those chains, in the order they are made: beyond
+// before the chains that jump to it.
+func (n *natTable) fixedChains(t *nftables.Table, networks []netip.Prefix) []fixedChain {
 	var beyond []fixedRule
 	for _, p := range networks {
 		beyond = append(beyond, fixedRule{"flotilla my network " + p.String(),
@@ -90,10 +93,7 @@ func (n *natTable) fixedChains(t *nftables.Table, networks []netip.Prefix) []str
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(n.ifname)},
 		&expr.Verdict{Kind: expr.VerdictJump, Chain: chainBeyond},
 	}}
-	return []struct {
-		chain *nftables.Chain
-		rules []fixedRule
-	}{
+	return []fixedChain{
 		{&nftables.Chain{Name: chainBeyond, Table: t}, beyond},
 		{hookChain(t, chainForward, nftables.ChainHookForward), []fixedRule{
 			{hairpinComment, hairpinExprs(n.ifname)},
