@@ -2,8 +2,6 @@ package fabric_test
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
 	"testing"
 
 	"github.com/flotilla-io/flotilla/fabric"
@@ -33,21 +31,10 @@ func TestViewLeavesGatewayOnlyThroughTheTunnel(t *testing.T) {
 	if from, err := c.seen(peerAddr); err == nil {
 		t.Fatalf("the pod reached the peer (seen as %s) with the tunnel's route gone", from)
 	}
-	if n := counter(t, up.MustExec("nft", "list", "table", "ip", "watch"), "leaked"); n != 0 {
+	if n := harness.NFTCounter(t, up.MustExec("nft", "list", "table", "ip", "watch"), "leaked"); n != 0 {
 		t.Errorf("%d packets for the view %s left the gateway by its default route", n, view)
 	}
-	if n := counter(t, c.gw.MustExec("nft", "list", "table", "ip", fabric.DefaultNFTable), fabric.GuardComment); n == 0 {
+	if n := harness.NFTCounter(t, c.gw.MustExec("nft", "list", "table", "ip", fabric.DefaultNFTable), fabric.GuardComment); n == 0 {
 		t.Errorf("the gateway's guard counted nothing: the pod's packets did not reach the gateway")
 	}
-}
-
-// counter is the packet count of the rule with comment in an nft listing.
-func counter(t *testing.T, listing, comment string) uint64 {
-	t.Helper()
-	m := regexp.MustCompile(`counter packets (\d+) bytes \d+[^"\n]* comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
-	if m == nil {
-		t.Fatalf("no counter %q in:\n%s", comment, listing)
-	}
-	n, _ := strconv.ParseUint(m[1], 10, 64)
-	return n
 }

@@ -52,13 +52,13 @@ func TestPeerReachesOnlyMyNetworks(t *testing.T) {
 			t.Errorf("b reached %s through a's tunnel:\n%s", dst, out)
 		}
 	}
-	if n := nftCounter(t, x.MustExec("nft", "list", "table", "ip", "watch"), "from b"); n != 0 {
+	if n := harness.NFTCounter(t, x.MustExec("nft", "list", "table", "ip", "watch"), "from b"); n != 0 {
 		t.Errorf("%d of b's packets reached x, a host of a's LAN, through a's tunnel", n)
 	}
-	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "from b"); n != 0 {
+	if n := harness.NFTCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "from b"); n != 0 {
 		t.Errorf("%d of b's packets reached a's gateway host at %s through the tunnel", n, aHost)
 	}
-	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "flotilla"), tunnel.BeyondComment); n < 6 {
+	if n := harness.NFTCounter(t, a.exec(t, "nft", "list", "table", "ip", "flotilla"), tunnel.BeyondComment); n < 6 {
 		t.Errorf("a's guard counted %d packets, want the 6 b sent: they did not come out of a's tunnel", n)
 	}
 	waitCounter(t, a, "flotilla_tunnel_beyond_dropped_packets_total", 6)

@@ -485,17 +485,6 @@ func TestPolicySetsSurviveRestart(t *testing.T) {
 	s.refused(t, s.dst(s.p3, 7080))
 }
 
-// nftCounter reads the packets of the rule with comment in an nft listing.
-func nftCounter(t *testing.T, listing, comment string) uint64 {
-	t.Helper()
-	m := regexp.MustCompile(`counter packets (\d+) bytes \d+[^"\n]* comment "` + regexp.QuoteMeta(comment) + `"`).FindStringSubmatch(listing)
-	if m == nil {
-		t.Fatalf("no counter %q in:\n%s", comment, listing)
-	}
-	n, _ := strconv.ParseUint(m[1], 10, 64)
-	return n
-}
-
 // A Segregated peer that sends with another peer's source range to pass
 // as that peer (here c, which is Full) gets nothing through: WireGuard on
 // this side accepts from b's key only sources within b's allowed IPs (my
@@ -530,17 +519,17 @@ func TestPeerCannotPassAsAnother(t *testing.T) {
 		_, err := b.Exec(context.Background(), "ping", "-n", "-c", "1", "-W", "1", "-I", own.String(), allowed.String())
 		return err == nil
 	})
-	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "own"); n == 0 {
+	if n := harness.NFTCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "own"); n == 0 {
 		t.Fatalf("a counted nothing from b's own range after b's ping was answered")
 	}
 	const sent = 5
 	if out, err := b.Exec(context.Background(), "ping", "-n", "-c", fmt.Sprint(sent), "-i", "0.2", "-W", "1", "-I", forged.String(), notAllowed.String()); err == nil {
 		t.Errorf("b's gateway, as c, reached p3:\n%s", out)
 	}
-	if n := nftCounter(t, b.exec(t, "nft", "list", "table", "ip", "watch"), "forged"); n < sent {
+	if n := harness.NFTCounter(t, b.exec(t, "nft", "list", "table", "ip", "watch"), "forged"); n < sent {
 		t.Errorf("b's gateway sent %d packets with c's source into the tunnel, want %d: the test did not forge", n, sent)
 	}
-	if n := nftCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "as c"); n != 0 {
+	if n := harness.NFTCounter(t, a.exec(t, "nft", "list", "table", "ip", "watch"), "as c"); n != 0 {
 		t.Errorf("%d packets from b with c's source came out of a's tunnel; want none (WireGuard's allowed IPs)", n)
 	}
 	// The same as c's pod itself: allowed, c being Full.

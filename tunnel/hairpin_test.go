@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flotilla-io/flotilla/test/harness"
 	"github.com/flotilla-io/flotilla/tunnel"
 )
 
@@ -40,13 +41,13 @@ func TestNothingForwardedBackIntoTheTunnel(t *testing.T) {
 		}
 		return err == nil
 	})
-	before := nftCounter(t, a.exec(t, "nft", "list", "chain", "ip", "flotilla", "forward"), tunnel.HairpinComment)
+	before := harness.NFTCounter(t, a.exec(t, "nft", "list", "chain", "ip", "flotilla", "forward"), tunnel.HairpinComment)
 
 	a.exec(t, "nft", "delete", "element", "ip", "flotilla", "ingress-peers", "{ "+a.views[b.name].String()+" }")
 	if ans, err := b.pod.TCPAnswer(dst); err == nil {
 		t.Fatalf("with a's translation for b gone, b's pod -> %s was answered by %s; want no answer", dst, ans.Host)
 	}
-	if n := nftCounter(t, a.exec(t, "nft", "list", "chain", "ip", "flotilla", "forward"), tunnel.HairpinComment); n <= before {
+	if n := harness.NFTCounter(t, a.exec(t, "nft", "list", "chain", "ip", "flotilla", "forward"), tunnel.HairpinComment); n <= before {
 		t.Fatalf("a's guard counted %d packets before and %d after b's connection: b's packets did not reach a's forward hook", before, n)
 	}
 	waitCounter(t, a, "flotilla_tunnel_hairpin_dropped_packets_total", 1)
