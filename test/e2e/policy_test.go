@@ -333,4 +333,34 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 
 	setTraffic(t, v1alpha1.TrafficFull, a, b, c)
 	runMatrix(t, "Full again: every pod of each cluster", fullRows())
+
+	// Everything above that went through crossed a tunnel's guards
+	// (docs/tunnel.md): none of it, replies and ICMP included, may have
+	// been counted as sent back into the tunnel or beyond the cluster's
+	// networks. The rows that passed are the witness that traffic came.
+	t.Run("no legitimate packet met a tunnel's guards", func(t *testing.T) {
+		for _, cl := range []*federation.NodeCluster{a, b, c} {
+			for _, name := range []string{"flotilla_tunnel_hairpin_dropped_packets_total", "flotilla_tunnel_beyond_dropped_packets_total"} {
+				if v, ok := unlabelled(t, cl, name); !ok || v != 0 {
+					t.Errorf("%s on %s's agent: %v (present %v), want 0", name, cl.Name, v, ok)
+				}
+			}
+		}
+	})
+}
+
+// unlabelled is the value of c's agent's metric name, one without labels,
+// and whether it is there.
+func unlabelled(t *testing.T, c *federation.NodeCluster, name string) (float64, bool) {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(agentMetrics(t, c)))
+	if err != nil {
+		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+	}
+	ms := families[name].GetMetric()
+	if len(ms) != 1 {
+		return 0, false
+	}
+	return ms[0].GetCounter().GetValue(), true
 }
