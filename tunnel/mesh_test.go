@@ -290,8 +290,13 @@ func (s *meshSite) wgPeers(t testing.TB) []string {
 // lost and retried only 5 s later, longer than a test's ping waits.
 func (s *meshSite) waitListening(t testing.TB) {
 	t.Helper()
-	waitUntil(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, s.port), func() bool {
-		out, err := s.Exec(context.Background(), "ss", "-Hlun", fmt.Sprintf("sport = :%d", s.port))
+	s.waitListeningOn(t, s.port)
+}
+
+func (s *meshSite) waitListeningOn(t testing.TB, port uint16) {
+	t.Helper()
+	waitUntil(t, 5*time.Second, fmt.Sprintf("site %s: wireguard listening on udp port %d", s.name, port), func() bool {
+		out, err := s.Exec(context.Background(), "ss", "-Hlun", fmt.Sprintf("sport = :%d", port))
 		return err == nil && strings.TrimSpace(string(out)) != ""
 	})
 }
