@@ -52,6 +52,8 @@ func (f *Fabric) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	f.running.Store(true)
+	defer f.running.Store(false)
 	f.log.Debug("watching kernel events", "events", []string{eventsRoute, eventsNFT})
 	tick := time.NewTicker(f.resync)
 	defer tick.Stop()
@@ -67,6 +69,9 @@ func (f *Fabric) Run(ctx context.Context) error {
 			return nil
 		case <-events.Wake():
 			events.Tend(ctx, &wg)
+			continue
+		case read := <-f.inNetns:
+			read()
 			continue
 		case <-f.kick:
 		case <-tick.C:
@@ -112,6 +117,41 @@ func (f *Fabric) repair() bool {
 			"rules", ch.rules, "exemption", ch.nft, "overlay", ch.overlay)
 	}
 	return true
+}
+
+// guardReadWait bounds how long a scrape waits for Run to read the
+// guard's counters.
+const guardReadWait = time.Second
+
+// guardDropped reads the packets the gateway's guard dropped, by hook,
+// on Run's goroutine: Run works in the fabric's network namespace, which
+// a scrape's goroutine may not be in. Nothing while Run does not run, or
+// where there is no guard.
+func (f *Fabric) guardDropped() (map[string]uint64, bool) {
+	if !f.running.Load() {
+		return nil, false
+	}
+	type counts struct {
+		dropped map[string]uint64
+		ok      bool
+	}
+	out := make(chan counts, 1)
+	read := func() {
+		dropped, ok, err := guardDropped(f.cfg.NFTable)
+		if err != nil {
+			f.log.Debug("guard's counters not read", "err", err)
+		}
+		out <- counts{dropped, ok}
+	}
+	wait := time.NewTimer(guardReadWait)
+	defer wait.Stop()
+	select {
+	case f.inNetns <- read:
+	case <-wait.C:
+		return nil, false
+	}
+	c := <-out
+	return c.dropped, c.ok
 }
 
 // trigger asks Run for a repair.

@@ -280,6 +280,11 @@ type Fabric struct {
 
 	buffersMu sync.Mutex
 	buffers   map[string]int // event receive buffer sizes by stream kind, for tests
+
+	// inNetns takes reads that must run in the fabric's network namespace
+	// to Run's goroutine, which works in it, while running says it does.
+	inNetns chan func()
+	running atomic.Bool
 }
 
 // New returns a Fabric that has changed nothing yet.
@@ -288,7 +293,8 @@ func New(cfg Config) (*Fabric, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("fabric config: %w", err)
 	}
-	f := &Fabric{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), kick: make(chan struct{}, 1), resync: resyncInterval}
+	f := &Fabric{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), resync: resyncInterval, inNetns: make(chan func())}
+	f.metrics = newMetrics(f.guardDropped)
 	if cfg.Metrics != nil {
 		if err := f.metrics.register(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("register fabric metrics: %w", err)

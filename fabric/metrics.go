@@ -10,10 +10,19 @@ type metrics struct {
 	routes       prometheus.Gauge
 	repairs      prometheus.Counter
 	resubscribes *prometheus.CounterVec
+	guardDrops   *prometheus.Desc
+	guard        func() (map[string]uint64, bool) // read at scrape time
 }
 
-func newMetrics() *metrics {
+// newMetrics makes the fabric's metrics; guard reads the gateway guard's
+// drop counters by hook.
+func newMetrics(guard func() (map[string]uint64, bool)) *metrics {
 	m := &metrics{
+		guard: guard,
+		guardDrops: prometheus.NewDesc("flotilla_fabric_guard_dropped_packets_total",
+			"Packets for a view that the gateway node dropped instead of sending them anywhere but the tunnel, by hook (forward: pods' and other nodes', output: the node's own): "+
+				"the tunnel had no route for the view (a takeover under way, a fenced replica, a data path down). Resets when the fabric's table is made again; absent on workers.",
+			[]string{"hook"}, nil),
 		routes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "flotilla_fabric_routes",
 			Help: "Routes of the fabric in its own table on this node: views via the gateway (workers), nodes' pod blocks (gateway).",
@@ -34,5 +43,20 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.routes), r.Register(m.repairs), r.Register(m.resubscribes))
+	return errors.Join(r.Register(m.routes), r.Register(m.repairs), r.Register(m.resubscribes), r.Register(m))
+}
+
+// Describe implements prometheus.Collector for the guard's drops, read
+// from the kernel at scrape time.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.guardDrops }
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	dropped, ok := m.guard()
+	if !ok {
+		return
+	}
+	for _, g := range guardHooks {
+		ch <- prometheus.MustNewConstMetric(m.guardDrops, prometheus.CounterValue, float64(dropped[g.hookName]), g.hookName)
+	}
 }

@@ -36,11 +36,11 @@ const (
 // guardHooks are the guard's chains: what the node forwards for pods
 // and other nodes, and what the node itself sends.
 var guardHooks = [...]struct {
-	name string
-	hook *nftables.ChainHook
+	name, hookName string
+	hook           *nftables.ChainHook
 }{
-	{chainGuardFwd, nftables.ChainHookForward},
-	{chainGuardOut, nftables.ChainHookOutput},
+	{chainGuardFwd, "forward", nftables.ChainHookForward},
+	{chainGuardOut, "output", nftables.ChainHookOutput},
 }
 
 func guardChain(t *nftables.Table, i int) *nftables.Chain {
@@ -62,6 +62,40 @@ func guardRule(t *nftables.Table, ch *nftables.Chain, s *nftables.Set, tunnel st
 			&expr.Counter{},
 			&expr.Verdict{Kind: expr.VerdictDrop},
 		}}
+}
+
+// guardDropped reads the packets each guard chain of table name has
+// dropped, by the chain's hook ("forward", "output"), in the calling
+// thread's network namespace; ok is false where there is no guard's rule
+// (a worker node, before the first Apply).
+func guardDropped(name string) (dropped map[string]uint64, ok bool, err error) {
+	c, err := newNFTConn()
+	if err != nil {
+		return nil, false, err
+	}
+	t := exemptTable(name)
+	dropped = map[string]uint64{}
+	for _, g := range guardHooks {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: g.name, Table: t})
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("read the guard's counter in %s/%s: %w", name, g.name, err)
+		}
+		for _, r := range rules {
+			if c, _ := userdata.GetString(r.UserData, userdata.TypeComment); c != GuardComment {
+				continue
+			}
+			for _, e := range r.Exprs {
+				if ctr, isCounter := e.(*expr.Counter); isCounter {
+					dropped[g.hookName] += ctr.Packets
+					ok = true
+				}
+			}
+		}
+	}
+	return dropped, ok, nil
 }
 
 // ifname is an interface name as the kernel compares it.

@@ -149,8 +149,17 @@ func TestRunRepairs(t *testing.T) {
 	}
 }
 
-// counterValue returns the value of a metric without labels, 0 if absent.
+// counterValue returns the value of a metric with the labels given as
+// name, value pairs, 0 if absent.
 func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	v, _ := metricValue(t, reg, name, labels...)
+	return v
+}
+
+// metricValue returns the value of a metric with the labels given as
+// name, value pairs, and whether there is one.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) (float64, bool) {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -172,12 +181,12 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ..
 				}
 			}
 			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
+				return m.GetCounter().GetValue(), true
 			}
-			return m.GetGauge().GetValue()
+			return m.GetGauge().GetValue(), true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // records is a slog.Handler that keeps every record, for tests to read.
