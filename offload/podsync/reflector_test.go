@@ -222,12 +222,19 @@ func (e *podsEnv) waitEvent(tb testing.TB, pod *corev1.Pod, reason, text string)
 	return msg
 }
 
-// deleteRemote deletes a pod on the provider as its admin, out of band.
+// deleteRemote deletes the provider's pod p out of band, as its admin
+// would: gracefully, the provider's kubelet confirming, and p itself (its
+// UID the precondition), so that a pod replaced since it was read fails
+// here instead of going. Grace period 0 would not do: the API server then
+// marks the pod and, in a second write, deletes whatever holds its name
+// by then; the kubelet's confirmation and a reflector's new pod can come
+// in between, and the new pod would go too.
 func (e *podsEnv) deleteRemote(tb testing.TB, p *corev1.Pod) {
 	tb.Helper()
-	err := e.Provider.CP.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	uid := p.UID
+	err := e.Provider.CP.Client.CoreV1().Pods(p.Namespace).Delete(tb.Context(), p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("delete pod %s/%s (uid %s) on the provider: %v", p.Namespace, p.Name, p.UID, err)
 	}
 }
 
