@@ -110,7 +110,7 @@ var figures = []figure{
 		Pkg: "test/e2e", Bench: "BenchmarkOffloadedPodStartup", Metric: "ratio-median", Unit: "of direct",
 		Target: 1.2, Anchor: "the same pods started directly", AnchorValue: 1},
 	{Name: "[agent memory, 100 peers and 1000 offloaded pods](#benchmarkagentmemory)",
-		Pkg: "test/e2e", Bench: "BenchmarkAgentMemory/*", Metric: "MiB-with-pods-working-set", Unit: "MiB working set",
+		Pkg: "test/e2e", Bench: "BenchmarkAgentMemory/pods=1000,peers=100", Metric: "MiB-with-pods-working-set", Unit: "MiB working set",
 		Target: 64, Anchor: "Liqo users: memory out of hand at 7,000 pods"},
 	{Name: "[agent image](#benchmarkagentimagesize)",
 		Pkg: "test/harness", Bench: "BenchmarkAgentImageSize", Metric: "MB-binary", Unit: "MB",
