@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
+	"github.com/flotilla-io/flotilla/fabric/fabricapi"
 	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/ipam"
@@ -236,6 +237,25 @@ func agentGet(c *federation.NodeCluster, path string) (body string, status int, 
 
 // agentGetOn is agentGet for the agent replica on node.
 func agentGetOn(c *federation.NodeCluster, node *harness.Node, path string) (body string, status int, err error) {
+	return getOn(c, node, agentMetricsPort, path)
+}
+
+// fabricMetrics scrapes the /metrics of the fabric's pod on node, as
+// agentMetrics does the agent's.
+func fabricMetrics(t *testing.T, c *federation.NodeCluster, node *harness.Node) string {
+	t.Helper()
+	body, status, err := getOn(c, node, fabricapi.MetricsPort, "/metrics")
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("metrics of the fabric on %s's node %s: %d %v", c.Name, node.NodeName, status, err)
+	}
+	return body
+}
+
+const agentMetricsPort = 9470
+
+// getOn reads path from port on node's network, with a token of
+// deploy/'s flotilla-viewer.
+func getOn(c *federation.NodeCluster, node *harness.Node, port int, path string) (body string, status int, err error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return node.DialContext(ctx, network, addr)
@@ -248,7 +268,7 @@ func agentGetOn(c *federation.NodeCluster, node *harness.Node, path string) (bod
 	if err != nil {
 		return "", 0, fmt.Errorf("a token of flotilla-system/flotilla-viewer: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9470"+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
 	if err != nil {
 		return "", 0, err
 	}

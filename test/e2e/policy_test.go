@@ -335,15 +335,36 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 	runMatrix(t, "Full again: every pod of each cluster", fullRows())
 
 	// Everything above that went through crossed a tunnel's guards
-	// (docs/tunnel.md): none of it, replies and ICMP included, may have
-	// been counted as sent back into the tunnel or beyond the cluster's
-	// networks. The rows that passed are the witness that traffic came.
-	t.Run("no legitimate packet met a tunnel's guards", func(t *testing.T) {
+	// (docs/tunnel.md) and the gateway node's (docs/fabric.md): none of
+	// it, replies and ICMP included, may have been counted as sent back
+	// into the tunnel, beyond the cluster's networks or out of the
+	// gateway node other than by the tunnel. The rows that passed are
+	// the witness that traffic came.
+	t.Run("no legitimate packet met a guard", func(t *testing.T) {
 		for _, cl := range []*federation.NodeCluster{a, b, c} {
 			for _, name := range []string{"flotilla_tunnel_hairpin_dropped_packets_total", "flotilla_tunnel_beyond_dropped_packets_total"} {
 				if v, ok := unlabelled(t, cl, name); !ok || v != 0 {
 					t.Errorf("%s on %s's agent: %v (present %v), want 0", name, cl.Name, v, ok)
 				}
+			}
+			// Nor did anything for another cluster leave a gateway node
+			// other than by its tunnel (docs/fabric.md).
+			const guard = "flotilla_fabric_guard_dropped_packets_total"
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			families, err := parser.TextToMetricFamilies(strings.NewReader(fabricMetrics(t, cl, cl.Gateway)))
+			if err != nil {
+				t.Fatalf("metrics of %s's gateway node's fabric: %v", cl.Name, err)
+			}
+			byHook := map[string]float64{}
+			for _, m := range families[guard].GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "hook" {
+						byHook[l.GetValue()] = m.GetCounter().GetValue()
+					}
+				}
+			}
+			if len(byHook) != 2 || byHook["forward"] != 0 || byHook["output"] != 0 {
+				t.Errorf("%s on %s's gateway node: %v, want forward and output at 0", guard, cl.Name, byHook)
 			}
 		}
 	})
