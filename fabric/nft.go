@@ -84,7 +84,7 @@ func guardDropped(name string) (dropped map[string]uint64, ok bool, err error) {
 			return nil, false, fmt.Errorf("read the guard's counter in %s/%s: %w", name, g.name, err)
 		}
 		for _, r := range rules {
-			if c, _ := userdata.GetString(r.UserData, userdata.TypeComment); c != GuardComment {
+			if comment, _ := userdata.GetString(r.UserData, userdata.TypeComment); comment != GuardComment {
 				continue
 			}
 			for _, e := range r.Exprs {
