@@ -20,6 +20,15 @@ import (
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
+type benchProfile struct {
+	name string
+	tune func(*memberlist.Config)
+	// noRevival turns off the revival of falsely failed members.
+	noRevival bool
+	// noNotice turns off the notice to a suspected member (notice.go).
+	noNotice bool
+}
+
 // benchProfiles are the timings compared by the membership benchmarks:
 // memberlist's stock LAN profile (the anchor), three other probe timings
 // (700 ms; 600 ms with multiplier 3; 500 ms), ours with memberlist's
@@ -27,14 +36,7 @@ import (
 // revival of falsely failed members (a falsely failed member waits for
 // its own refutation) or the notice to the suspect, ours without the
 // revival alone, ours without the notice alone, and ours.
-var benchProfiles = []struct {
-	name string
-	tune func(*memberlist.Config)
-	// noRevival turns off the revival of falsely failed members.
-	noRevival bool
-	// noNotice turns off the notice to a suspected member (notice.go).
-	noNotice bool
-}{
+var benchProfiles = []benchProfile{
 	{"memberlist-lan", stockLAN, false, false},
 	{"lan-700ms", lan700ms, false, false},
 	{"lan-600ms", lan600ms, false, false},
@@ -43,6 +45,29 @@ var benchProfiles = []struct {
 	{"lan-no-revival", nil, true, false},
 	{"lan-no-notice", nil, false, true},
 	{"lan", nil, false, false},
+}
+
+// selectedProfiles are the benchProfiles DISCOVERY_BENCH_PROFILES names
+// (comma-separated), all of them when it is unset: `make bench` runs the
+// anchor and ours only, the others being the comparisons behind ours.
+func selectedProfiles(tb testing.TB) []benchProfile {
+	spec := os.Getenv("DISCOVERY_BENCH_PROFILES")
+	if spec == "" {
+		return benchProfiles
+	}
+	var out []benchProfile
+	for name := range strings.SplitSeq(spec, ",") {
+		i := slices.IndexFunc(benchProfiles, func(p benchProfile) bool { return p.name == strings.TrimSpace(name) })
+		if i < 0 {
+			names := make([]string, len(benchProfiles))
+			for j, p := range benchProfiles {
+				names[j] = p.name
+			}
+			tb.Fatalf("DISCOVERY_BENCH_PROFILES=%q: no profile %q; the profiles are %s", spec, name, strings.Join(names, ", "))
+		}
+		out = append(out, benchProfiles[i])
+	}
+	return out
 }
 
 // netTransport gives the member memberlist's own transport on its bind
@@ -306,7 +331,7 @@ func (s samples) report(b *testing.B, unit string) {
 // time for one more member, joining the converged federation, to be seen
 // by all (s/join-spread).
 func BenchmarkConvergence(b *testing.B) {
-	for _, p := range benchProfiles {
+	for _, p := range selectedProfiles(b) {
 		for _, n := range []int{10, 50, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
 				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
@@ -341,7 +366,7 @@ func BenchmarkConvergence(b *testing.B) {
 // BenchmarkFailureDetection measures, with n converged members, the time
 // from killing one until every other reports it failed.
 func BenchmarkFailureDetection(b *testing.B) {
-	for _, p := range benchProfiles {
+	for _, p := range selectedProfiles(b) {
 		for _, n := range []int{10, 100} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d", p.name, n), func(b *testing.B) {
 				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
@@ -407,7 +432,7 @@ func BenchmarkStartToFirstMDNSCandidate(b *testing.B) {
 // the CPUs (a loaded gateway). Every Failed event is a false positive.
 func BenchmarkFalseFailures(b *testing.B) {
 	const n, observe = 100, 30 * time.Second
-	for _, p := range benchProfiles {
+	for _, p := range selectedProfiles(b) {
 		for _, hogs := range []int{0, 2} {
 			b.Run(fmt.Sprintf("profile=%s/members=%d/busy-loops=%d", p.name, n, hogs), func(b *testing.B) {
 				benchNoRevival, benchNoNotice = p.noRevival, p.noNotice

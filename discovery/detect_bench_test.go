@@ -52,7 +52,7 @@ func BenchmarkDetection(b *testing.B) {
 	}
 	busy := benchLevels(b, "DISCOVERY_BENCH_BUSY", "0,2")
 	procs := benchLevels(b, "DISCOVERY_BENCH_PROCS", "1")
-	for _, p := range benchProfiles {
+	for _, p := range selectedProfiles(b) {
 		for _, n := range benchLevels(b, "DISCOVERY_BENCH_MEMBERS", "100") {
 			for _, np := range procs {
 				for _, hogs := range busy {
