@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,19 +157,22 @@ func unoffloadAll(c *NodeCluster, flotilla string) error {
 // one that deletes them, so it must do so before it is uninstalled.
 func revokeAll(c *NodeCluster, flotilla string) error {
 	ctx := context.Background()
-	peers, err := c.Peers(ctx)
+	// Every Peer object, not c.Peers: that is by cluster name, which
+	// peers may share (BenchmarkAgentMemory's swarm members all do).
+	var peers v1alpha1.PeerList
+	err := c.Client.List(ctx, &peers)
 	if gone(err) {
 		return nil // uninstalled by the test already
 	}
 	if err != nil {
 		return fmt.Errorf("Peers: %w", err)
 	}
-	for name, p := range peers {
+	for _, p := range peers.Items {
 		if off := p.Status.Offloading; off == nil || off.Granted == nil {
 			continue
 		}
 		if out, err := exec.Command(flotilla, "revoke", p.Name, "--kubeconfig", c.CP.Kubeconfig).CombinedOutput(); err != nil {
-			return fmt.Errorf("flotilla revoke %s (%s): %v\n%s", p.Name, name, err, out)
+			return fmt.Errorf("flotilla revoke %s (%s): %v\n%s", p.Name, p.Status.ClusterName, err, out)
 		}
 	}
 	// The namespace controller deletes them, about ten at a time: after a
@@ -189,7 +193,15 @@ func revokeAll(c *NodeCluster, flotilla string) error {
 			left, progress = n, time.Now()
 		}
 		if time.Since(progress) > uninstallTimeout {
-			return fmt.Errorf("%d tenant namespaces left, none deleted in %s; the first %s", n, uninstallTimeout, nss.Items[0].Name)
+			first := nss.Items[0]
+			var why []string
+			for _, c := range first.Status.Conditions {
+				if c.Status == corev1.ConditionTrue {
+					why = append(why, fmt.Sprintf("%s: %s", c.Type, c.Message))
+				}
+			}
+			return fmt.Errorf("%d tenant namespaces left, none deleted in %s; the first %s (%s, deleted %v, finalizers %v; %s)", n, uninstallTimeout,
+				first.Name, first.Status.Phase, first.DeletionTimestamp != nil, first.Spec.Finalizers, strings.Join(why, "; "))
 		}
 		time.Sleep(eventually.Poll)
 	}
