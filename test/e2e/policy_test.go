@@ -350,19 +350,7 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 			// Nor did anything for another cluster leave a gateway node
 			// other than by its tunnel (docs/fabric.md).
 			const guard = "flotilla_fabric_guard_dropped_packets_total"
-			parser := expfmt.NewTextParser(model.UTF8Validation)
-			families, err := parser.TextToMetricFamilies(strings.NewReader(fabricMetrics(t, cl, cl.Gateway)))
-			if err != nil {
-				t.Fatalf("metrics of %s's gateway node's fabric: %v", cl.Name, err)
-			}
-			byHook := map[string]float64{}
-			for _, m := range families[guard].GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "hook" {
-						byHook[l.GetValue()] = m.GetCounter().GetValue()
-					}
-				}
-			}
+			byHook := counters(t, fabricMetrics(t, cl, cl.Gateway), guard, "hook")
 			if len(byHook) != 2 || byHook["forward"] != 0 || byHook["output"] != 0 {
 				t.Errorf("%s on %s's gateway node: %v, want forward and output at 0", guard, cl.Name, byHook)
 			}
@@ -374,14 +362,28 @@ func segregatedMatrices(t *testing.T, fx trafficFixture) {
 // and whether it is there.
 func unlabelled(t *testing.T, c *federation.NodeCluster, name string) (float64, bool) {
 	t.Helper()
+	v, ok := counters(t, agentMetrics(t, c), name, "")[""]
+	return v, ok
+}
+
+// counters are the values of the counter name in the scraped text, by
+// the value of its label (label "": one without labels, under "").
+func counters(t *testing.T, text, name, label string) map[string]float64 {
+	t.Helper()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(agentMetrics(t, c)))
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
-		t.Fatalf("metrics of %s's agent: %v", c.Name, err)
+		t.Fatalf("metrics: %v", err)
 	}
-	ms := families[name].GetMetric()
-	if len(ms) != 1 {
-		return 0, false
+	out := map[string]float64{}
+	for _, m := range families[name].GetMetric() {
+		key := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				key = l.GetValue()
+			}
+		}
+		out[key] = m.GetCounter().GetValue()
 	}
-	return ms[0].GetCounter().GetValue(), true
+	return out
 }
