@@ -113,8 +113,12 @@ var (
 	// BenchmarkX/sub-2   5   123 ns/op   54.0 ms-to-ready
 	// (not a benchmark's own print, "BenchmarkX: 5 rounds ...")
 	resultLine = regexp.MustCompile(`^(Benchmark[^\s:]+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
-	skipLine   = regexp.MustCompile(`^\s*--- SKIP: (Benchmark\S+)`)
-	procSuffix = regexp.MustCompile(`-\d+$`)
+	// A benchmark whose output on stderr came between its name and its
+	// figures: the name, then the figures alone on a later line.
+	nameLine    = regexp.MustCompile(`^(Benchmark[^\s:]+?)(?:-\d+)? *\t`)
+	figuresLine = regexp.MustCompile(`^\s+(\d+)\t(.+)$`)
+	skipLine    = regexp.MustCompile(`^\s*--- SKIP: (Benchmark\S+)`)
+	procSuffix  = regexp.MustCompile(`-\d+$`)
 )
 
 // parse reads go test -bench output: "pkg:" lines name the package of
@@ -124,7 +128,7 @@ func parse(in io.Reader) (results, error) {
 	r := results{metrics: map[string]result{}, skipped: map[string]string{}}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	pkg, skipping := "", ""
+	pkg, skipping, named := "", "", ""
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
@@ -145,15 +149,24 @@ func parse(in io.Reader) (results, error) {
 			}
 		default:
 			skipping = ""
-			m := resultLine.FindStringSubmatch(line)
-			if m == nil {
+			name, figures := "", ""
+			if m := resultLine.FindStringSubmatch(line); m != nil {
+				name, figures = m[1], m[3]
+			} else if m := figuresLine.FindStringSubmatch(line); m != nil && named != "" {
+				name, figures = named, m[2]
+			} else if m := nameLine.FindStringSubmatch(line); m != nil {
+				named = m[1]
 				continue
 			}
-			metrics, err := parseMetrics(m[3])
-			if err != nil {
-				return r, fmt.Errorf("%s: %w", m[1], err)
+			if name == "" {
+				continue
 			}
-			r.metrics[key(pkg, m[1])] = metrics
+			named = ""
+			metrics, err := parseMetrics(figures)
+			if err != nil {
+				return r, fmt.Errorf("%s: %w", name, err)
+			}
+			r.metrics[key(pkg, name)] = metrics
 		}
 	}
 	return r, sc.Err()
