@@ -29,6 +29,7 @@ import (
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/agent/gatewayservice"
 	"github.com/flotilla-io/flotilla/discovery"
+	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/apiauth"
 	"github.com/flotilla-io/flotilla/internal/kubeclient"
 	"github.com/flotilla-io/flotilla/internal/version"
@@ -155,8 +156,8 @@ type Config struct {
 	// other on (ha.Heartbeat): a standby takes over from an active
 	// replica that died in about a second, not a lease duration, at the
 	// cost of an active replica less patient with a slow API server while
-	// a standby does not answer (docs/ha.md). 0 (the default), or outside
-	// a pod: the Lease alone.
+	// a standby does not answer (docs/ha.md). ha.DefaultHeartbeatPort by
+	// default; 0, or outside a pod: the Lease alone.
 	HeartbeatPort int
 	// LedgerSnapshots replicates the ledger into the Secret
 	// flotilla-ledger after every change and restores it from there at
@@ -250,6 +251,7 @@ func DefaultConfig() Config {
 		WebhookClientCA:    WebhookClientCluster,
 		WebhookClientNames: placement.DefaultClientNames,
 		ClustersetDNSPort:  mcsdns.DefaultPort,
+		HeartbeatPort:      ha.DefaultHeartbeatPort,
 		GossipAddr:         netip.AddrPortFrom(netip.IPv4Unspecified(), discovery.DefaultGossipPort),
 		MDNS:               true,
 		GossipProfile:      string(discovery.ProfileLAN),

@@ -79,6 +79,9 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		cfg.Kubeconfig, cfg.StateDir, cfg.MetricsAddr = cp.Kubeconfig, t.TempDir(), "127.0.0.1:0"
 		cfg.Logger = slog.New(slog.NewTextHandler(r.log, nil))
 		cfg.LeaderElect, cfg.NodeName, cfg.Namespace, cfg.PodName = true, node, "flotilla-system", "agent-"+node
+		// Both replicas share this network namespace: one heartbeat port
+		// would not do for two.
+		cfg.HeartbeatPort = 0
 		a, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
