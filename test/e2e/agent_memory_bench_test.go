@@ -175,7 +175,7 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 	saveHeapProfile(b, cons, profiles, "idle-1")
 
 	if peers > 1 {
-		startSwarm(b, env, cons, peers-1)
+		startSwarm(b, env, cons, cons.Gateway.Addr, peers-1)
 		waitPeersConnected(b, cons, peers, 5*time.Minute)
 	}
 	m.idleAll = agent.sampleFor(b, memWindow)
@@ -659,14 +659,15 @@ const (
 )
 
 // startSwarm runs n swarm members on a new site of c's LAN, joined to
-// c's agent's gossip (on its gateway node) with the federation key.
-func startSwarm(b *testing.B, env *harness.Env, c *federation.NodeCluster, n int) {
+// c's agent's gossip on hub (its active gateway node's address) with the
+// federation key.
+func startSwarm(b *testing.B, env *harness.Env, c *federation.NodeCluster, hub netip.Addr, n int) {
 	b.Helper()
 	site := env.NewSite("swarm", harness.SiteOptions{LAN: c.LAN()})
 	cfg, err := json.Marshal(swarmConfig{
 		Token:     c.FederationToken(),
 		Advertise: site.Addr, GossipPort: swarmGossipPort, WireGuardPort: swarmWireGuardPort,
-		Hub: netip.AddrPortFrom(c.Gateway.Addr, 7946), Peers: n,
+		Hub: netip.AddrPortFrom(hub, 7946), Peers: n,
 		Network: netip.MustParsePrefix("10.0.0.0/20"), Dir: filepath.Join(env.Dir, "swarm"),
 	})
 	if err != nil {

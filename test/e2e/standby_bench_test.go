@@ -16,19 +16,41 @@ import (
 // standbyWindow is how long BenchmarkStandbyCost samples each replica.
 const standbyWindow = 30 * time.Second
 
+// benchStandbyPeersEnvVar sets BenchmarkStandbyCost's peers (the other
+// cluster included; at least 1).
+const benchStandbyPeersEnvVar = "FLOTILLA_BENCH_STANDBY_PEERS"
+
 // What the standby replica costs at rest, beside the active one, in one
 // run: two clusters of real nodes peered, a with two gateway candidates
-// and two agent replicas (--leader-elect), nothing offloaded and no
-// traffic. Each replica, a pod of the agent's image on its own node, is
-// sampled in turn, as BenchmarkAgentMemory samples the agent:
-// its container's working set, anonymous memory and Go heap (medians,
-// min to max), and its CPU over the window. The standby answers the
-// heartbeat, watches the Lease and the agent's pods, and follows the
-// ledger's snapshot Secret into its state directory; it holds no
-// tunnel, gossip or informers of peers, so its cost grows with the
-// peers only by the snapshot's size.
+// and two agent replicas (--leader-elect), and the other peers swarm
+// members (swarm_test.go) on a's LAN, nothing offloaded and no traffic.
+// Each replica, a pod of the agent's image on its own node, is sampled
+// in turn, as BenchmarkAgentMemory samples the agent: its container's
+// working set, anonymous memory and Go heap (medians, min to max), and
+// its CPU over the window. The standby answers the heartbeat, watches
+// the Lease and the agent's pods, and follows the ledger's snapshot
+// Secret into its state directory; it holds no tunnel, gossip or
+// informers of peers, so its cost grows with the peers only by the
+// snapshot's size and how often it changes. 100 peers by default:
+//
+//	FLOTILLA_BENCH_STANDBY_PEERS=100 go test ./test/e2e -run '^$' -bench StandbyCost -benchtime 1x
 func BenchmarkStandbyCost(b *testing.B) {
+	peers := envCount(b, benchStandbyPeersEnvVar, 100)
+	b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) { benchStandbyCost(b, peers) })
+}
+
+func benchStandbyCost(b *testing.B, peers int) {
 	harness.Require(b, harness.NeedsNodes...)
+	harness.Require(b, harness.Requirement{
+		Name: "memory for two clusters and the swarm",
+		Check: func() error {
+			if need, have := 2*nodeClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
+				return fmt.Errorf("two clusters and %d swarm members need about %d MiB, %d MiB available", peers-1, need, have)
+			}
+			return nil
+		},
+		Fix: "a machine with more memory, or fewer peers (" + benchStandbyPeersEnvVar + ")",
+	})
 	env := harness.New(b)
 	cs := federation.OnNodes(b, env, federation.NodeOptions{
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
@@ -41,6 +63,10 @@ func BenchmarkStandbyCost(b *testing.B) {
 	standbyNode := a.Candidate(standbyPod.Spec.NodeName)
 	if standbyNode == nil {
 		b.Fatalf("the standby %s runs on %s, not a gateway candidate", standbyPod.Name, standbyPod.Spec.NodeName)
+	}
+	if peers > 1 {
+		startSwarm(b, env, a, activeNode.Addr, peers-1)
+		waitPeersConnected(b, a, peers, 5*time.Minute)
 	}
 	active := agentContainerIn(b, a, activePod, activeNode)
 	standby := agentContainerIn(b, a, standbyPod, standbyNode)
@@ -71,5 +97,5 @@ func BenchmarkStandbyCost(b *testing.B) {
 		fmt.Fprintf(os.Stdout, "BenchmarkStandbyCost %s: working set %s MiB, anonymous (RssAnon) %s MiB, Go heap in use %s MiB, CPU %.2f%% of a core over %v; %s\n",
 			r.name, spreadMiB(r.m.workingSet), spreadMiB(r.m.anon), spreadMiB(r.m.heap), 100*r.m.cpu, standbyWindow, r.m.breakdown())
 	}
-	fmt.Fprintf(os.Stdout, "BenchmarkStandbyCost: the standby's working set is %.2f of the active replica's (1 peer, nothing offloaded)\n", float64(ws(ss))/float64(ws(sa)))
+	fmt.Fprintf(os.Stdout, "BenchmarkStandbyCost: the standby's working set is %.2f of the active replica's (%d peers, nothing offloaded)\n", float64(ws(ss))/float64(ws(sa)), peers)
 }
