@@ -120,9 +120,10 @@ const nodeClusterMiB = 900
 // kubelet is given room for (each has a /24 and 250 pods' capacity).
 const standInPodsPerNode = 200
 
-func benchAgentMemory(b *testing.B, pods, peers int) {
-	harness.Require(b, harness.NeedsNodes...)
-	harness.Require(b, harness.Requirement{
+// swarmMemory requires the memory for two clusters of one real node and
+// a swarm of peers-1 members; peersEnvVar sets peers.
+func swarmMemory(peers int, peersEnvVar string) harness.Requirement {
+	return harness.Requirement{
 		Name: "memory for two clusters and the swarm",
 		Check: func() error {
 			if need, have := 2*nodeClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
@@ -130,8 +131,13 @@ func benchAgentMemory(b *testing.B, pods, peers int) {
 			}
 			return nil
 		},
-		Fix: "a machine with more memory, or fewer peers (FLOTILLA_BENCH_RSS_PEERS)",
-	})
+		Fix: "a machine with more memory, or fewer peers (" + peersEnvVar + ")",
+	}
+}
+
+func benchAgentMemory(b *testing.B, pods, peers int) {
+	harness.Require(b, harness.NeedsNodes...)
+	harness.Require(b, swarmMemory(peers, benchRSSPeersEnvVar))
 	if pods > 15*standInPodsPerNode {
 		b.Fatalf("%s=%d: at most %d pods", benchRSSPodsEnvVar, pods, 15*standInPodsPerNode)
 	}

@@ -41,16 +41,7 @@ func BenchmarkStandbyCost(b *testing.B) {
 
 func benchStandbyCost(b *testing.B, peers int) {
 	harness.Require(b, harness.NeedsNodes...)
-	harness.Require(b, harness.Requirement{
-		Name: "memory for two clusters and the swarm",
-		Check: func() error {
-			if need, have := 2*nodeClusterMiB+(peers-1)*swarmMemberMiB, memAvailableMiB(); have < need {
-				return fmt.Errorf("two clusters and %d swarm members need about %d MiB, %d MiB available", peers-1, need, have)
-			}
-			return nil
-		},
-		Fix: "a machine with more memory, or fewer peers (" + benchStandbyPeersEnvVar + ")",
-	})
+	harness.Require(b, swarmMemory(peers, benchStandbyPeersEnvVar))
 	env := harness.New(b)
 	cs := federation.OnNodes(b, env, federation.NodeOptions{
 		Clusters: 2, PodCIDR: netip.MustParsePrefix("10.0.0.0/16"),
