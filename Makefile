@@ -191,7 +191,8 @@ generate:
 # Every benchmark, then one table of their figures against their targets
 # and anchors (hack/benchreport), also written into docs/benchmarks.md's
 # summary. The machine's load before and after is in the output
-# (bin/bench.txt) and beside each figure. See docs/benchmarks.md for what
+# (bin/bench.txt) and beside each figure of the printed table (not in
+# docs/). See docs/benchmarks.md for what
 # each one measures. BenchmarkExportToDNSConnection reports a median of
 # 10 rounds; BenchmarkNamespaceOffloadScale one round per size (1, 5, 10
 # and 20 providers, each round of 100 namespaces: a curve, not a

@@ -68,14 +68,15 @@ func run(docs string, files []string, stdin io.Reader, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", docs, err)
 		}
 	}
-	table := render(rows(runs, before))
-	if _, err := io.WriteString(stdout, table); err != nil {
+	if _, err := io.WriteString(stdout, render(rows(runs, before, true))); err != nil {
 		return err
 	}
 	if docs == "" {
 		return nil
 	}
-	out, err := replaceSection(string(doc), table)
+	// The document holds the figures; the load they were measured at is
+	// in the run's output.
+	out, err := replaceSection(string(doc), render(rows(runs, before, false)))
 	if err != nil {
 		return fmt.Errorf("%s: %w", docs, err)
 	}
@@ -194,10 +195,11 @@ type row struct {
 	name, figure, target, met, anchor, ratio string
 }
 
-// rows renders every figure: from this run when it has one, else the
-// one written before (with its verdict and ratio), else why there is
-// none. Targets and anchors are always figures' own.
-func rows(runs results, before map[string][]string) []row {
+// rows renders every figure: from this run when it has one (with the
+// load the run stated, if withLoad), else the one written before (with
+// its verdict and ratio), else why there is none. Targets and anchors
+// are always figures' own.
+func rows(runs results, before map[string][]string, withLoad bool) []row {
 	out := make([]row, 0, len(figures))
 	for _, f := range figures {
 		r := row{name: f.Name, target: f.targetText(), anchor: f.Anchor}
@@ -210,7 +212,7 @@ func rows(runs results, before map[string][]string) []row {
 				break
 			}
 			r.figure = f.format(v, m, sub)
-			if len(runs.load) > 0 {
+			if withLoad && len(runs.load) > 0 {
 				r.figure += "; " + strings.Join(runs.load, ", ")
 			}
 			r.met = f.verdict(v)
