@@ -22,6 +22,9 @@ type figure struct {
 	Target   float64
 	AtLeast  bool
 	NoTarget bool
+	// TargetAlso follows the target in the table: what else it asks that
+	// the figure alone does not say (the figure's verdict is on Target).
+	TargetAlso string
 	// Anchor names what the target comes from; AnchorValue is its figure
 	// in Unit (0: it has none, and the row no ratio).
 	Anchor      string
@@ -70,7 +73,7 @@ var figures = []figure{
 		Target: 1, Anchor: "memberlist's stock LAN profile"},
 	{Name: "[failure detection, 100 members](#benchmarkdetection)",
 		Pkg: "discovery", Bench: "BenchmarkDetection/profile=lan/members=100/procs=10/busy-loops=2", Metric: "s/detect", Min: "min-s/detect", Max: "max-s/detect", Unit: "s",
-		Target: 5, Anchor: "memberlist's stock LAN profile: 12.3 s", AnchorValue: 12.3},
+		Target: 5, TargetAlso: ", none in 20 runs", Anchor: "memberlist's stock LAN profile: 12.3 s", AnchorValue: 12.3},
 	{Name: "[failure detection, 10 members](#benchmarkdetection)",
 		Pkg: "discovery", Bench: "BenchmarkDetection/profile=lan/members=10/procs=10/busy-loops=2", Metric: "s/detect", Min: "min-s/detect", Max: "max-s/detect", Unit: "s",
 		Target: 3, Anchor: "memberlist's stock LAN profile"},
@@ -94,7 +97,7 @@ var figures = []figure{
 		Target: 100, Anchor: "Liqo v1: `liqoctl peer` with both kubeconfigs"},
 	{Name: "[namespace offload](#benchmarknamespaceoffload)",
 		Pkg: "test/e2e", Bench: "BenchmarkNamespaceOffload", Metric: "ms-to-ready", Unit: "ms",
-		Target: 30, Anchor: "Liqo v0.8: 0.31 s", AnchorValue: 310},
+		Target: 30, TargetAlso: " quiet, <= 100 ms busy", Anchor: "Liqo v0.8: 0.31 s", AnchorValue: 310},
 	{Name: "[100 namespaces to 1 provider](#benchmarknamespaceoffloadscale)",
 		Pkg: "test/e2e", Bench: "BenchmarkNamespaceOffloadScale/providers=1", Metric: "ms-per-ns-provider", Unit: "ms per pair",
 		NoTarget: true, Anchor: "flat per pair (linear)"},

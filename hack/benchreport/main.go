@@ -281,9 +281,9 @@ func (f figure) targetText() string {
 	case f.NoTarget:
 		return "none"
 	case f.AtLeast:
-		return ">= " + num(f.Target) + " " + f.Unit
+		return ">= " + num(f.Target) + " " + f.Unit + f.TargetAlso
 	}
-	return "<= " + num(f.Target) + " " + f.Unit
+	return "<= " + num(f.Target) + " " + f.Unit + f.TargetAlso
 }
 
 func (f figure) verdict(v float64) string {
