@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/flotilla-io/flotilla/identity"
+	"github.com/flotilla-io/flotilla/test/busy"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
 
@@ -454,7 +454,7 @@ func BenchmarkFalseFailures(b *testing.B) {
 							counts <- c
 						}()
 					}
-					stop := busyLoops(b, hogs)
+					stop := busy.Loops(b, hogs)
 					time.Sleep(observe)
 					stop()
 					cancel()
@@ -469,29 +469,4 @@ func BenchmarkFalseFailures(b *testing.B) {
 			})
 		}
 	}
-}
-
-// busyLoops starts n shell busy loops (separate processes, so they
-// compete for the CPUs as other workloads on a gateway would) and returns
-// a function that stops them.
-func busyLoops(b *testing.B, n int) (stop func()) {
-	var procs []*os.Process
-	for range n {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		// A benchmark killed midway must not leave its loops behind.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		procs = append(procs, cmd.Process)
-	}
-	stop = func() {
-		for _, p := range procs {
-			_ = p.Kill()
-			_, _ = p.Wait()
-		}
-		procs = nil
-	}
-	b.Cleanup(stop)
-	return stop
 }

@@ -1,21 +1,20 @@
 package discovery
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/flotilla-io/flotilla/test/busy"
 )
 
 // BenchmarkDetection is the failure detector's two sides in one run: n
@@ -50,12 +49,12 @@ func BenchmarkDetection(b *testing.B) {
 		}
 		observe = d
 	}
-	busy := benchLevels(b, "DISCOVERY_BENCH_BUSY", "0,2")
-	procs := benchLevels(b, "DISCOVERY_BENCH_PROCS", "1")
+	levels := busy.Levels(b, "DISCOVERY_BENCH_BUSY", "0,2")
+	procs := busy.Levels(b, "DISCOVERY_BENCH_PROCS", "1")
 	for _, p := range selectedProfiles(b) {
-		for _, n := range benchLevels(b, "DISCOVERY_BENCH_MEMBERS", "100") {
+		for _, n := range busy.Levels(b, "DISCOVERY_BENCH_MEMBERS", "100") {
 			for _, np := range procs {
-				for _, hogs := range busy {
+				for _, hogs := range levels {
 					b.Run(fmt.Sprintf("profile=%s/members=%d/procs=%d/busy-loops=%d", p.name, n, np, hogs), func(b *testing.B) {
 						benchNoRevival, benchNoNotice = p.noRevival, p.noNotice
 						var detect, rejoin samples
@@ -127,19 +126,6 @@ func BenchmarkDetection(b *testing.B) {
 	}
 }
 
-// benchLevels parses the comma-separated numbers of env (def if unset).
-func benchLevels(b *testing.B, env, def string) []int {
-	var out []int
-	for v := range strings.SplitSeq(cmp.Or(os.Getenv(env), def), ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 0 {
-			b.Fatalf("%s: %q is not a count", env, v)
-		}
-		out = append(out, n)
-	}
-	return out
-}
-
 // detectRun is what one round of BenchmarkDetection measured.
 type detectRun struct {
 	detect      time.Duration
@@ -178,9 +164,9 @@ func detectInProcess(b *testing.B, tune func(*memberlist.Config), n, hogs int, o
 	victim := nodes[n-1]
 	deaths := watchDeaths(nodes, victim.selfID)
 
-	stop := busyLoops(b, hogs)
+	stop := busy.Loops(b, hogs)
 	var r detectRun
-	load := markMachineLoad()
+	load := busy.Mark()
 	mark := markCost(&sent)
 	time.Sleep(observe)
 	r.packets, r.bytes, r.cpu, r.alloc, r.gcs = mark.since(&sent, n)
@@ -189,7 +175,7 @@ func detectInProcess(b *testing.B, tune func(*memberlist.Config), n, hogs int, o
 	start := time.Now()
 	waitAllDeclareFailed(b, nodes[:n-1], victim.selfID, start)
 	r.detect = time.Since(start)
-	r.busyPct, r.loadAvg = load.since()
+	r.busyPct, r.loadAvg = load.Since(), busy.LoadAverage()
 	stop()
 
 	r.falseDead, r.falseEvents, r.rejoin = deaths.falseDeaths()
@@ -359,44 +345,4 @@ func (t *countingTransport) WriteToAddress(p []byte, a memberlist.Address) (time
 	t.sent.packets.Add(1)
 	t.sent.bytes.Add(int64(len(p)))
 	return t.NodeAwareTransport.WriteToAddress(p, a)
-}
-
-// machineLoad is the machine's CPU time counters at a mark.
-type machineLoad struct{ busy, total uint64 }
-
-// markMachineLoad reads the CPU line of /proc/stat; zero if unreadable.
-func markMachineLoad() machineLoad {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return machineLoad{}
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	var m machineLoad
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseUint(v, 10, 64)
-		if i >= 8 { // guest times are counted in user already
-			break
-		}
-		m.total += n
-		if i != 3 && i != 4 { // idle, iowait
-			m.busy += n
-		}
-	}
-	return m
-}
-
-// since returns the share of CPU time the machine spent busy since the
-// mark, in percent, and the 1-minute load average now.
-func (m machineLoad) since() (busyPct, loadAvg float64) {
-	now := markMachineLoad()
-	if now.total > m.total {
-		busyPct = 100 * float64(now.busy-m.busy) / float64(now.total-m.total)
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			loadAvg, _ = strconv.ParseFloat(f[0], 64)
-		}
-	}
-	return busyPct, loadAvg
 }

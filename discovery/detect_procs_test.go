@@ -16,6 +16,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/flotilla-io/flotilla/test/busy"
 )
 
 // BenchmarkDetection with procs > 1 spreads its members over that many
@@ -62,8 +64,8 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 	watchedAt := time.Now()
 	udp0, udpErr := readUDPCounters()
 
-	stop := busyLoops(b, hogs)
-	load := markMachineLoad()
+	stop := busy.Loops(b, hogs)
+	load := busy.Mark()
 	time.Sleep(observe)
 	r := detectRun{watchedAt: watchedAt}
 	for _, reply := range askAll(b, groups, "stats", "stats") {
@@ -88,7 +90,7 @@ func detectInGroups(b *testing.B, profile string, n, procs, hogs int, observe ti
 		lastDead = maxTime(lastDead, parseNanos(b, reply))
 	}
 	r.detect = lastDead.Sub(killed)
-	r.busyPct, r.loadAvg = load.since()
+	r.busyPct, r.loadAvg = load.Since(), busy.LoadAverage()
 	stop()
 	if udp1, err := readUDPCounters(); err == nil && udpErr == nil {
 		r.udpRcvbufErrors = udp1.RcvbufErrors - udp0.RcvbufErrors

@@ -212,10 +212,20 @@ func rows(runs results, before map[string][]string, withLoad bool) []row {
 				break
 			}
 			r.figure = f.format(v, m, sub)
+			r.met = f.verdict(v, f.Target)
+			if f.Busy != "" {
+				busy, met := runs.busy(f)
+				r.figure += "; " + busy
+				switch {
+				case f.QuietOnly && r.met != "":
+					r.met += " quiet"
+				case !f.NoTarget && !f.QuietOnly:
+					r.met = bothVerdicts(r.met, met)
+				}
+			}
 			if withLoad && len(runs.load) > 0 {
 				r.figure += "; " + strings.Join(runs.load, ", ")
 			}
-			r.met = f.verdict(v)
 			r.ratio = f.ratio(v, m)
 		case before[f.Name] != nil:
 			old := before[f.Name]
@@ -245,6 +255,44 @@ func (r results) find(f figure) (m result, sub string, ok bool) {
 	}
 	m, ok = r.metrics[key(f.Pkg, f.Bench)]
 	return m, "", ok
+}
+
+// busy is the figure f measured with both cores kept busy, as the row
+// shows it after the quiet one, and its verdict ("" when it has none).
+func (r results) busy(f figure) (figure, verdict string) {
+	const with = "with both cores kept busy"
+	m, ok := r.metrics[key(f.Pkg, f.Busy)]
+	if !ok {
+		return with + ": not measured in this run", ""
+	}
+	v, has := m[f.Metric]
+	if !has {
+		return with + ": no " + f.Metric + " in its output", ""
+	}
+	figure = with
+	if pct, ok := m[busyMetric]; ok {
+		figure += fmt.Sprintf(" (machine %s %% busy)", num(pct))
+	}
+	return figure + " " + f.format(v, m, ""), f.verdict(v, f.busyTarget())
+}
+
+// busyMetric is the share of the machine's CPU time spent busy while a
+// benchmark measured (test/busy), in percent.
+const busyMetric = "machine-busy-%"
+
+// bothVerdicts is a row's verdict from its quiet and busy figures'.
+func bothVerdicts(quiet, busy string) string {
+	switch {
+	case busy == "":
+		return quiet + " quiet; busy not measured"
+	case quiet == busy && quiet == "met":
+		return "met, quiet and busy"
+	case quiet == busy:
+		return quiet + ", quiet and busy"
+	case quiet == "met":
+		return "met quiet; " + busy + " busy"
+	}
+	return "met busy; " + quiet + " quiet"
 }
 
 func (r results) skippedWhy(f figure) string {
@@ -277,21 +325,41 @@ func (f figure) format(v float64, m result, sub string) string {
 }
 
 func (f figure) targetText() string {
-	switch {
-	case f.NoTarget:
+	if f.NoTarget {
 		return "none"
-	case f.AtLeast:
-		return ">= " + num(f.Target) + " " + f.Unit + f.TargetAlso
 	}
-	return "<= " + num(f.Target) + " " + f.Unit + f.TargetAlso
+	s := f.bound(f.Target)
+	switch {
+	case f.Busy != "" && f.QuietOnly:
+		s += " quiet"
+	case f.Busy != "" && f.busyTarget() != f.Target:
+		s += " quiet, " + f.bound(f.busyTarget()) + " busy"
+	case f.Busy != "":
+		s += ", quiet and busy"
+	}
+	return s + f.TargetAlso
 }
 
-func (f figure) verdict(v float64) string {
+func (f figure) bound(target float64) string {
+	if f.AtLeast {
+		return ">= " + num(target) + " " + f.Unit
+	}
+	return "<= " + num(target) + " " + f.Unit
+}
+
+func (f figure) busyTarget() float64 {
+	if f.BusyTarget != 0 {
+		return f.BusyTarget
+	}
+	return f.Target
+}
+
+func (f figure) verdict(v, target float64) string {
 	v *= f.scale()
 	switch {
 	case f.NoTarget:
 		return ""
-	case f.AtLeast && v >= f.Target, !f.AtLeast && v <= f.Target:
+	case f.AtLeast && v >= target, !f.AtLeast && v <= target:
 		return "met"
 	}
 	return "**not met**"

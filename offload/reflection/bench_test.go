@@ -11,24 +11,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flotilla-io/flotilla/offload"
-	"github.com/flotilla-io/flotilla/test/harness"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/test/busy"
+	"github.com/flotilla-io/flotilla/test/harness"
 )
 
 // BenchmarkReflectionLag: from a change to a local object (the update
 // sent) to the provider's watch showing its effect, per kind, over
 // FLOTILLA_BENCH_CHANGES changes one after the other (default 1000, 100
 // with -short). Both clusters are real control planes; the Reflector
-// runs with its default workers. It prints per kind the median, p99, min
-// and max.
+// runs with its default workers. Each kind runs quiet and with both
+// cores kept busy (busy-loops=0 and 2, see test/busy). It prints per
+// kind and level the median, p99, min and max.
 //
-//	go test ./offload -run '^$' -bench ReflectionLag -benchtime 1x
+//	go test ./offload/reflection -run '^$' -bench ReflectionLag -benchtime 1x
 func BenchmarkReflectionLag(b *testing.B) {
 	changes := benchChanges(b)
 	e := newReflectEnv(b, 0)
@@ -152,25 +155,27 @@ func BenchmarkReflectionLag(b *testing.B) {
 			if k.kind == kindReferenced && n > maxReferenced {
 				n = maxReferenced
 			}
-			var lags []time.Duration
-			for b.Loop() {
-				for i := range n {
-					if k.prepare != nil {
-						if err := k.prepare(); err != nil {
+			busy.Run(b, func(b *testing.B) {
+				var lags []time.Duration
+				for b.Loop() {
+					for i := range n {
+						if k.prepare != nil {
+							if err := k.prepare(); err != nil {
+								b.Fatal(err)
+							}
+						}
+						start := time.Now()
+						want, err := k.change(i)
+						if err != nil {
 							b.Fatal(err)
 						}
+						waitMarker(b, w, k.marker, want)
+						lags = append(lags, time.Since(start))
 					}
-					start := time.Now()
-					want, err := k.change(i)
-					if err != nil {
-						b.Fatal(err)
-					}
-					waitMarker(b, w, k.marker, want)
-					lags = append(lags, time.Since(start))
 				}
-			}
-			b.StopTimer()
-			reportLags(b, k.kind, lags)
+				b.StopTimer()
+				reportLags(b, b.Name(), lags)
+			})
 		})
 	}
 }

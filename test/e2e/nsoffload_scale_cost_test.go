@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/flotilla-io/flotilla/test/busy"
 	"github.com/flotilla-io/flotilla/test/federation"
 )
 
@@ -33,7 +34,7 @@ type roundCost struct {
 func costNow(cs []*federation.Cluster) roundCost {
 	c := roundCost{consumerRequests: apiRequests(cs[0]), providerRequests: map[string]float64{}}
 	c.consumerCPU = cpuSeconds(cs[0].Agent.Pid())
-	c.machineCPU, c.at = machineBusy(), time.Now()
+	c.machineCPU, c.at = busy.Mark().BusySeconds(), time.Now()
 	for _, p := range cs[1:] {
 		for k, v := range apiRequests(p) {
 			c.providerRequests[k] += v
@@ -53,10 +54,10 @@ func idleCost(cs []*federation.Cluster) (cores float64) {
 		}
 		return sum
 	}
-	b, a, t := machineBusy(), agents(), time.Now()
+	b, a, t := busy.Mark().BusySeconds(), agents(), time.Now()
 	time.Sleep(5 * time.Second)
 	d := time.Since(t).Seconds()
-	cores = (machineBusy() - b) / d
+	cores = (busy.Mark().BusySeconds() - b) / d
 	fmt.Fprintf(os.Stdout, "providers=%d: before the round, the machine is busy %.2f cores (the clusters idle, and any other work), the agents %.3f\n",
 		len(cs)-1, cores, (agents()-a)/d)
 	return cores
@@ -131,26 +132,6 @@ func apiRequests(c *federation.Cluster) map[string]float64 {
 		out[key] += v
 	}
 	return out
-}
-
-// machineBusy is the time every core of the machine spent not idle
-// (/proc/stat), in seconds.
-func machineBusy() float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal
-	busy := 0.0
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 || i >= 8 { // idle, iowait; guest time is counted in user
-			continue
-		}
-		x, _ := strconv.ParseFloat(v, 64)
-		busy += x
-	}
-	return busy / 100 // USER_HZ
 }
 
 // cpuSeconds is the user and system time process pid used so far.
