@@ -278,6 +278,9 @@ type Agent struct {
 
 	kube    kubeclient.Interface
 	restCfg *rest.Config
+	// warm is what a standby readied for its takeover (--leader-elect),
+	// nil otherwise; set before the components start.
+	warm *warmStandby
 
 	// listeners are bound in New so that a bad address fails at once and
 	// callers (tests) can learn the port when asked for ":0".

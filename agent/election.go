@@ -24,7 +24,9 @@ var errLostLease = errors.New("another replica holds the Lease " + ha.LeaseName 
 // startElected campaigns for the Lease (--leader-elect) and starts the
 // components only once this replica holds it: until then it is the
 // standby, serving health and metrics, ready (its process is healthy),
-// its data path absent. Once its components started, the active replica
+// its data path absent, its ledger following the active replica's
+// snapshots and the informers its network path reads listed
+// (warmStandby). Once its components started, the active replica
 // labels its pod (ha.RoleLabel), which the agent's Services select; a
 // standby's pod carries no such label.
 //
@@ -93,6 +95,9 @@ func (a *Agent) startElected(start func(context.Context, *components) error) fun
 			return err
 		})
 		comps.Go("gateway role label", label.run)
+		if err := a.startWarm(ctx, comps); err != nil {
+			return err
+		}
 		a.log.Info("standby: waiting for the Lease", "lease", a.agentNamespace()+"/"+ha.LeaseName, "identity", e.Identity)
 		stopFollowing := a.followLedger(ctx)
 		select {

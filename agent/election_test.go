@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/flotilla-io/flotilla/ha"
 	"github.com/flotilla-io/flotilla/internal/eventually"
@@ -37,28 +38,7 @@ func agentReadyz(a *Agent) (int, string, error) {
 // takes its label off, and the standby starts, labels its own pod and
 // records an Event on it.
 func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
-	harness.Require(t, harness.NeedsControlPlane...)
-	cp := harness.New(t).ControlPlane("elect", harness.ControlPlaneOptions{})
-	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	type replica struct {
-		a       *Agent
-		log     *syncLog
-		started chan struct{}
-		cancel  context.CancelFunc
-		ran     chan error
-	}
-	pods := cp.Client.CoreV1().Pods("flotilla-system")
-	for _, name := range []string{"agent-gw1", "agent-gw2"} {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "flotilla"}}},
-		}
-		if _, err := pods.Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cp, pods := electionPlane(t)
 	labelled := func(want ...string) error {
 		list, err := pods.List(t.Context(), metav1.ListOptions{LabelSelector: ha.RoleLabel + "=" + ha.RoleActive})
 		if err != nil {
@@ -73,38 +53,8 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 		}
 		return nil
 	}
-	run := func(node string) *replica {
-		r := &replica{log: &syncLog{}, started: make(chan struct{}), ran: make(chan error, 1)}
-		cfg := DefaultConfig()
-		cfg.Kubeconfig, cfg.StateDir, cfg.MetricsAddr = cp.Kubeconfig, t.TempDir(), "127.0.0.1:0"
-		cfg.Logger = slog.New(slog.NewTextHandler(r.log, nil))
-		cfg.LeaderElect, cfg.NodeName, cfg.Namespace, cfg.PodName = true, node, "flotilla-system", "agent-"+node
-		// Both replicas share this network namespace: one heartbeat port
-		// would not do for two.
-		cfg.HeartbeatPort = 0
-		a, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.start = func(ctx context.Context, comps *components) error {
-			close(r.started)
-			return nil
-		}
-		r.a = a
-		ctx, cancel := context.WithCancel(context.Background())
-		r.cancel = cancel
-		go func() { r.ran <- a.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-r.ran })
-		return r
-	}
-	waitStarted := func(r *replica, what string) {
-		t.Helper()
-		select {
-		case <-r.started:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("%s did not start; its log:\n%s", what, r.log)
-		}
-	}
+	run := func(node string) *replica { return runReplica(t, cp, node, nil, nil) }
+	waitStarted := func(r *replica, what string) { t.Helper(); r.waitStarted(t, what) }
 
 	first := run("gw1")
 	waitStarted(first, "the first replica")
@@ -166,6 +116,84 @@ func TestLeaderElectStartsOnlyTheActive(t *testing.T) {
 	l, err := cp.Client.CoordinationV1().Leases("flotilla-system").Get(t.Context(), ha.LeaseName, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || !strings.HasPrefix(*l.Spec.HolderIdentity, "gw2_") {
 		t.Fatalf("Lease %v %v, want held by gw2", l.Spec.HolderIdentity, err)
+	}
+}
+
+// electionPlane is a control plane with the agent's namespace and the
+// pods of two replicas, on nodes gw1 and gw2.
+func electionPlane(t *testing.T) (*harness.ControlPlane, typedcorev1.PodInterface) {
+	t.Helper()
+	harness.Require(t, harness.NeedsControlPlane...)
+	cp := harness.New(t).ControlPlane("elect", harness.ControlPlaneOptions{})
+	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flotilla-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := cp.Client.CoreV1().Pods("flotilla-system")
+	for _, name := range []string{"agent-gw1", "agent-gw2"} {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "agent"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "flotilla"}}},
+		}
+		if _, err := pods.Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cp, pods
+}
+
+// replica is one agent replica with --leader-elect, its components a
+// stand-in.
+type replica struct {
+	a       *Agent
+	log     *syncLog
+	started chan struct{}
+	cancel  context.CancelFunc
+	ran     chan error
+}
+
+// runReplica runs a replica on node; its start, once it holds the Lease,
+// runs start (when set) and then says it started. tweak, when set, sees
+// the agent before it runs.
+func runReplica(t *testing.T, cp *harness.ControlPlane, node string, start func(context.Context, *components) error, tweak func(*Agent)) *replica {
+	t.Helper()
+	r := &replica{log: &syncLog{}, started: make(chan struct{}), ran: make(chan error, 1)}
+	cfg := DefaultConfig()
+	cfg.Kubeconfig, cfg.StateDir, cfg.MetricsAddr = cp.Kubeconfig, t.TempDir(), "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.NewTextHandler(r.log, nil))
+	cfg.LeaderElect, cfg.NodeName, cfg.Namespace, cfg.PodName = true, node, "flotilla-system", "agent-"+node
+	// Both replicas share this network namespace: one heartbeat port
+	// would not do for two.
+	cfg.HeartbeatPort = 0
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.start = func(ctx context.Context, comps *components) error {
+		if start != nil {
+			if err := start(ctx, comps); err != nil {
+				return err
+			}
+		}
+		close(r.started)
+		return nil
+	}
+	if tweak != nil {
+		tweak(a)
+	}
+	r.a = a
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.ran <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-r.ran })
+	return r
+}
+
+func (r *replica) waitStarted(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-r.started:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not start; its log:\n%s", what, r.log)
 	}
 }
 

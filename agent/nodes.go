@@ -28,10 +28,19 @@ type clusterNodes struct{ store toolscache.Store }
 // watchNodes runs an informer on the cluster's Nodes, as a component, and
 // returns once it has synced. changed is called when a Node comes, goes or
 // changes its addresses or pod blocks.
+// A standby's warm informer (warmStandby) is used as it is: it runs
+// already, and the handler added hears every Node it holds.
 func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (clusterNodes, error) {
-	inf := kubeclient.NewInformer(&corev1.Node{}, a.kube.CoreV1().Nodes(), nil)
-	if err := inf.SetTransform(nodeFieldsRead); err != nil {
-		return clusterNodes{}, fmt.Errorf("watch Nodes: %w", err)
+	inf := a.warm.nodeInformer()
+	if inf == nil {
+		var err error
+		if inf, err = a.newNodeInformer(); err != nil {
+			return clusterNodes{}, err
+		}
+		comps.Go("Node informer", func(ctx context.Context) error {
+			inf.RunWithContext(ctx) // returns once its goroutines have ended
+			return nil
+		})
 	}
 	_, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { changed() },
@@ -49,10 +58,6 @@ func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func(
 	if err != nil {
 		return clusterNodes{}, fmt.Errorf("watch Nodes: %w", err)
 	}
-	comps.Go("Node informer", func(ctx context.Context) error {
-		inf.RunWithContext(ctx) // returns once its goroutines have ended
-		return nil
-	})
 	// client-go's wait looks every 100 ms, a fifth of an agent's start-up:
 	// wait here, and let it only say in the log that the informer synced.
 	synced := func(context.Context) (bool, error) { return inf.HasSynced(), nil }
@@ -61,6 +66,16 @@ func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func(
 		return clusterNodes{}, fmt.Errorf("watch Nodes: not synced: %w", context.Cause(ctx))
 	}
 	return clusterNodes{inf.GetStore()}, nil
+}
+
+// newNodeInformer is an informer of the cluster's Nodes that keeps only
+// what the agent reads of them (nodeFieldsRead); not started.
+func (a *Agent) newNodeInformer() (toolscache.SharedIndexInformer, error) {
+	inf := kubeclient.NewInformer(&corev1.Node{}, a.kube.CoreV1().Nodes(), nil)
+	if err := inf.SetTransform(nodeFieldsRead); err != nil {
+		return nil, fmt.Errorf("watch Nodes: %w", err)
+	}
+	return inf, nil
 }
 
 // addresses are every Node's addresses.

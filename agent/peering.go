@@ -16,9 +16,12 @@ import (
 // (eng.Ready). Its states go to the Peer writer, and to offloading once
 // made, through relay.
 func (a *Agent) startPeering(ctx context.Context, comps *components, st state, announced []netip.Prefix, endpoint netip.AddrPort, tun peering.Dataplane, disc *discovery.Discovery) (*peering.Engine, *offloadRelay, error) {
-	objects, err := peerapi.New(a.restCfg, a.log.With("component", "peers"))
-	if err != nil {
-		return nil, nil, err
+	objects := a.warm.peerObjects()
+	if objects == nil {
+		var err error
+		if objects, err = a.newPeerObjects(); err != nil {
+			return nil, nil, err
+		}
 	}
 	relay := newOffloadRelay(objects, objects)
 	eng, err := peering.New(peering.Config{
@@ -45,6 +48,10 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 		}
 	})
 	return eng, relay, nil
+}
+
+func (a *Agent) newPeerObjects() (*peerapi.Objects, error) {
+	return peerapi.New(a.restCfg, a.log.With("component", "peers"))
 }
 
 // watchPeers reports the Peer objects' specs to the engine and writes the

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -48,6 +49,8 @@ type Objects struct {
 	log    *slog.Logger
 	status *statusWriter
 	synced chan struct{}
+	// started: the cache runs, by Run or RunCache, whichever came first.
+	started atomic.Bool
 }
 
 // New prepares a client and an informer for Peers; Run starts them.
@@ -130,16 +133,19 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 		cancel()
 		wg.Wait()
 	}()
-	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{})
+	inf, err := o.informer(ctx)
 	if err != nil {
-		return fmt.Errorf("watch Peers: %w", err)
+		return err
 	}
 	reg, err := inf.AddEventHandler(specHandler(specs))
 	if err != nil {
 		return fmt.Errorf("watch Peers: %w", err)
 	}
+	// A cache RunCache started reports its own end; this one's is Run's.
 	cacheErr := make(chan error, 1)
-	wg.Go(func() { cacheErr <- o.cache.Start(ctx) })
+	if o.started.CompareAndSwap(false, true) {
+		wg.Go(func() { cacheErr <- o.cache.Start(ctx) })
+	}
 	// The engine hears every existing spec before any status is written,
 	// so the first statuses already name the specs they act on. Not the
 	// cache's WaitForCacheSync: it looks every 100 ms, and discovery
@@ -169,6 +175,40 @@ func (o *Objects) Run(ctx context.Context, specs Specs) error {
 		}
 		return fmt.Errorf("the Peer informer stopped: %w", err)
 	}
+}
+
+// RunCache runs the Peers' informer ahead of Run, until ctx ends or it
+// fails: a standby replica keeps it synced while it waits for the Lease,
+// so that Run, once it holds it, finds every Peer already listed (the
+// handler it adds hears them all at once) and needs no request to the
+// API server first. Run then leaves the cache to RunCache. HasSynced
+// says when the informer has listed.
+func (o *Objects) RunCache(ctx context.Context) error {
+	if _, err := o.informer(ctx); err != nil {
+		return err
+	}
+	if !o.started.CompareAndSwap(false, true) {
+		return errors.New("watch Peers: the cache is already running")
+	}
+	if err := o.cache.Start(ctx); err != nil {
+		return fmt.Errorf("the Peer informer stopped: %w", err)
+	}
+	return nil
+}
+
+// HasSynced says whether the Peers' informer has listed them all.
+func (o *Objects) HasSynced(ctx context.Context) bool {
+	inf, err := o.informer(ctx)
+	return err == nil && inf.HasSynced()
+}
+
+// informer is the Peers' informer, made the first time it is asked for.
+func (o *Objects) informer(ctx context.Context) (cache.Informer, error) {
+	inf, err := o.cache.GetInformer(ctx, &v1alpha1.Peer{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return nil, fmt.Errorf("watch Peers: %w", err)
+	}
+	return inf, nil
 }
 
 // specHandler reports specs as they change. Status writes do not change a
