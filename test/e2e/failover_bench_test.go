@@ -96,6 +96,7 @@ var takeoverSteps = []struct{ msg, name string }{
 	// when the round began.
 	{"agent starting", "process started"},
 	{"standby: waiting for the Lease", "standby"},
+	{"standby warm: Peers and Nodes listed", "warm"},
 	{"the Lease was released: trying to take it now", "saw release"},
 	{"the Lease was not renewed for a lease duration: took it", "saw expiry"},
 	{"the active replica went silent and the Lease was not renewed: took it", "saw silence"},
