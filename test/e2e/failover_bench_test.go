@@ -103,6 +103,9 @@ var takeoverSteps = []struct{ msg, name string }{
 	{"this replica is now the active one", "lease"},
 	{"identity", "ledger"},
 	{"fabric plan published", "plan"},
+	{"clusterset zone ready", "dns"},
+	{"placement webhook serving", "webhook"},
+	{"kubelet API serving the virtual nodes", "kubelet API"},
 	{"components started", "started"},
 	{"pod labelled with its role", "labelled"},
 }
