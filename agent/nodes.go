@@ -28,6 +28,7 @@ type clusterNodes struct{ store toolscache.Store }
 // watchNodes runs an informer on the cluster's Nodes, as a component, and
 // returns once it has synced. changed is called when a Node comes, goes or
 // changes its addresses or pod blocks.
+//
 // A standby's warm informer (warmStandby) is used as it is: it runs
 // already, and the handler added hears every Node it holds.
 func (a *Agent) watchNodes(ctx context.Context, comps *components, changed func()) (clusterNodes, error) {

@@ -50,6 +50,7 @@ func (a *Agent) startPeering(ctx context.Context, comps *components, st state, a
 	return eng, relay, nil
 }
 
+// newPeerObjects is the Peers' informer and status writer, not started.
 func (a *Agent) newPeerObjects() (*peerapi.Objects, error) {
 	return peerapi.New(a.restCfg, a.log.With("component", "peers"))
 }
