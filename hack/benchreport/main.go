@@ -214,6 +214,10 @@ func rows(runs results, before map[string][]string, withLoad bool) []row {
 			r.figure = f.format(v, m, sub)
 			r.met = f.verdict(v, f.Target)
 			if f.Busy != "" {
+				// The quiet level is the machine as it was: say how busy.
+				if pct, ok := m[busyMetric]; ok {
+					r.figure += fmt.Sprintf(" (machine %s %% busy)", num(pct))
+				}
 				busy, met := runs.busy(f)
 				r.figure += "; " + busy
 				switch {
