@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -45,28 +44,64 @@ func Name(loops int) string { return fmt.Sprintf("busy-loops=%d", loops) }
 
 // Loops starts n shell busy loops (separate processes, so they compete
 // for the CPUs as other workloads on the node would) and returns a
-// function that stops them; they are stopped at the test's end too, and
-// die with the test process if it is killed.
-func Loops(tb testing.TB, n int) (stop func()) {
+// function that stops them, and says whether one had ended before: they
+// are stopped at the test's end too, and each ends by itself once the
+// test process is gone.
+//
+// Not by Pdeathsig: the kernel sends it when the thread that started the
+// child ends, and the Go runtime ends a thread whose goroutine exits
+// while locked to it (as every netns switch of the e2e tests does), which
+// killed the loops a second into a benchmark.
+func Loops(tb testing.TB, n int) (stop func() error) {
 	tb.Helper()
-	var procs []*os.Process
-	stop = func() {
-		for _, p := range procs {
-			_ = p.Kill()
-			_, _ = p.Wait()
-		}
-		procs = nil
-	}
-	tb.Cleanup(stop)
+	return startLoops(tb, n).stop
+}
+
+// loops are the busy loops Loops started.
+type loops []loop
+
+type loop struct {
+	proc *os.Process
+	done chan struct{} // closed once it ended and was reaped
+}
+
+func startLoops(tb testing.TB, n int) *loops {
+	tb.Helper()
+	ls := &loops{}
+	tb.Cleanup(func() { _ = ls.stop() })
+	// kill -0 is the shell's own: each turn is a system call, and the
+	// loop ends once the test process is gone.
+	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do :; done", os.Getpid())
 	for range n {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd := exec.Command("sh", "-c", script)
 		if err := cmd.Start(); err != nil {
 			tb.Fatalf("starting a busy loop: %v", err)
 		}
-		procs = append(procs, cmd.Process)
+		l := loop{proc: cmd.Process, done: make(chan struct{})}
+		go func() { _ = cmd.Wait(); close(l.done) }()
+		*ls = append(*ls, l)
 	}
-	return stop
+	return ls
+}
+
+// stop stops the loops and says whether one had ended before.
+func (ls *loops) stop() error {
+	var early int
+	n := len(*ls)
+	for _, l := range *ls {
+		select {
+		case <-l.done:
+			early++
+		default:
+			_ = l.proc.Kill()
+			<-l.done
+		}
+	}
+	*ls = nil
+	if early > 0 {
+		return fmt.Errorf("%d of %d busy loops ended before they were stopped", early, n)
+	}
+	return nil
 }
 
 // Counters are the machine's CPU time counters (/proc/stat's first
@@ -144,10 +179,12 @@ func Run(b *testing.B, f func(b *testing.B)) {
 	for _, n := range Levels(b, EnvVar, "0,2") {
 		b.Run(Name(n), func(b *testing.B) {
 			stop := Loops(b, n)
-			defer stop()
 			mark := Mark()
 			f(b)
 			b.ReportMetric(mark.Since(), "machine-busy-%")
+			if err := stop(); err != nil {
+				b.Fatal(err)
+			}
 		})
 	}
 }

@@ -3,6 +3,7 @@ package busy
 import (
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -28,7 +29,9 @@ func TestLoopsKeepTheMachineBusy(t *testing.T) {
 	stop := Loops(t, 2)
 	time.Sleep(500 * time.Millisecond)
 	pct := mark.Since()
-	stop()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 	// Two loops take two cores, or their share of more; whatever else
 	// runs only adds to it.
 	cores := 0
@@ -54,5 +57,19 @@ func TestLevels(t *testing.T) {
 	}
 	if got := Levels(t, "BUSY_TEST_UNSET", "3"); len(got) != 1 || got[0] != 3 {
 		t.Fatalf("default levels %v, want [3]", got)
+	}
+}
+
+// A loop that ends before it is stopped (killed by someone else) is
+// reported, not taken for load it never made.
+func TestLoopsSayWhenOneEndedEarly(t *testing.T) {
+	ls := startLoops(t, 2)
+	first := (*ls)[0]
+	if err := first.proc.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-first.done
+	if err := ls.stop(); err == nil || !strings.Contains(err.Error(), "1 of 2 busy loops ended before") {
+		t.Fatalf("stop after a loop was killed: %v, want it said", err)
 	}
 }
