@@ -29,9 +29,10 @@ const benchStandbyPeersEnvVar = "FLOTILLA_BENCH_STANDBY_PEERS"
 // working set, anonymous memory and Go heap (medians, min to max), and
 // its CPU over the window. The standby answers the heartbeat, watches
 // the Lease and the agent's pods, and follows the ledger's snapshot
-// Secret into its state directory; it holds no tunnel, gossip or
-// informers of peers, so its cost grows with the peers only by the
-// snapshot's size and how often it changes. 100 peers by default:
+// Secret into its state directory, and keeps the Peers and Nodes listed
+// for its takeover; it holds no tunnel or gossip, so its cost grows with
+// the peers by their Peer objects, the snapshot's size and how often it
+// changes. 100 peers by default:
 //
 //	FLOTILLA_BENCH_STANDBY_PEERS=100 go test ./test/e2e -run '^$' -bench StandbyCost -benchtime 1x
 func BenchmarkStandbyCost(b *testing.B) {
