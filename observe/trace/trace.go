@@ -119,6 +119,11 @@ func (t *tracer) run(src, dst string) {
 		return
 	}
 	t.peerStep()
+	if !t.view.IsValid() {
+		// The peer holds no views (released or never agreed): the
+		// peer step says why, and there is no path past it to read.
+		return
+	}
 	if t.srcNode != nil {
 		t.nodeRoute(StepNodeRoute, t.a, t.srcNode, t.src, t.view)
 		t.exemption(StepNodeExemption, t.a, t.srcNode, t.view)
@@ -203,6 +208,10 @@ func (t *tracer) destination(dst string) bool {
 			return fail(fmt.Sprintf("%s is an address of %s itself", addr, clusterName(t.a)),
 				"trace goes to a pod of a peer: give its address as this cluster addresses it (kubectl get peers -o wide shows the views)")
 		}
+		if t.viewless(addr) {
+			t.add(StepDestination, where, fmt.Sprintf("%s is in no view: %s holds none of %s (released or not agreed)", addr, clusterName(t.a), t.peer.label()), Unknown, "")
+			return true
+		}
 		found := fmt.Sprintf("%s is in no view of any peer of %s", addr, clusterName(t.a))
 		var viewless []string
 		for _, p := range t.a.Peers {
@@ -227,6 +236,22 @@ func (t *tracer) destination(dst string) bool {
 		found += fmt.Sprintf(", real address %s there", t.real)
 	}
 	t.add(StepDestination, where, found, OK, "")
+	return true
+}
+
+// viewless reports whether addr, in no view, may be the peer cluster's
+// all the same: the peer cluster is given and a's Peer of it holds no
+// views, as after a deny or while it is unreachable, and it is not
+// Connected. It sets t.peer so that the peer step names why.
+func (t *tracer) viewless(addr netip.Addr) bool {
+	if t.b == nil {
+		return false
+	}
+	p := t.a.peer(t.b.ID, t.b.Name)
+	if p == nil || len(p.Theirs) > 0 || p.Phase == "Connected" && p.Networking != "Deny" {
+		return false
+	}
+	t.peer = p
 	return true
 }
 

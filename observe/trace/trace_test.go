@@ -140,6 +140,23 @@ func TestOneSide(t *testing.T) {
 	}
 }
 
+// TestOneSideViewless: without the peer cluster, an address in no view
+// cannot be tied to a peer: the destination step is broken and names
+// the peers that hold no views.
+func TestOneSideViewless(t *testing.T) {
+	a, _ := fixture()
+	a.Peers[0].Theirs = nil
+	a.Peers[0].Networking = "Deny"
+	a.Peers[0].Phase = "Denied"
+	r := Run(&a, nil, "default/client", "10.70.2.7", now)
+	if r.Broken != StepDestination {
+		t.Fatalf("broken at %q, want %q:\n%s", r.Broken, StepDestination, dump(r))
+	}
+	if s := step(r, StepDestination); !strings.Contains(s.Found, "peers without views") || !strings.Contains(s.Found, "Denied") {
+		t.Errorf("destination: %+v", s)
+	}
+}
+
 // TestGatewayPod: a pod on the gateway skips the worker's steps.
 func TestGatewayPod(t *testing.T) {
 	a, b := fixture()
@@ -170,7 +187,12 @@ func TestBrokenSteps(t *testing.T) {
 		{name: "address in no view", dst: "10.99.0.1", step: StepDestination, fix: "kubectl get peers -o wide"},
 		{name: "local address", dst: "10.0.0.9", step: StepDestination, fix: "views"},
 		{name: "views released", break_: func(a, b *Cluster) { a.Peers[0].Theirs = nil; a.Peers[0].Phase = "Unreachable" },
-			dst: "10.70.2.7", step: StepDestination, fix: "kubectl get peers -o wide"},
+			dst: "10.70.2.7", step: StepPeer, fix: "is its agent running?"},
+		{name: "views released by a deny", break_: func(a, b *Cluster) {
+			a.Peers[0].Theirs = nil
+			a.Peers[0].Networking = "Deny"
+			a.Peers[0].Phase = "Denied"
+		}, dst: "10.70.2.7", step: StepPeer, fix: "flotilla peer accept bbbb"},
 		{name: "peer denied here", break_: func(a, b *Cluster) { a.Peers[0].Networking = "Deny"; a.Peers[0].Phase = "Denied" },
 			step: StepPeer, fix: "flotilla peer accept bbbb"},
 		{name: "peer denied there", break_: func(a, b *Cluster) { a.Peers[0].Phase = "Denied" },
