@@ -14,6 +14,7 @@ import (
 	httppprof "net/http/pprof"
 	"net/netip"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -495,7 +496,12 @@ func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	build := version.Get()
 	r.MustRegister(
-		collectors.NewGoCollector(),
+		// Besides the MemStats gauges, the heap the last collection
+		// found live and the goal of the next: heap in use includes
+		// garbage, whose amount GOGC and GOMEMLIMIT set; live is what
+		// the process holds.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/(live|goal):bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "flotilla_build_info",
