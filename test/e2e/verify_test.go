@@ -103,7 +103,9 @@ func testVerifyFails(t *testing.T, a, b *federation.NodeCluster) {
 			}
 			return nil
 		})
-		table, code := runVerify(t, a, b, "40s")
+		// The probes get what the server pods leave of --wait; on a
+		// loaded machine those took over 25 s to be Ready.
+		table, code := runVerify(t, a, b, "60s")
 		if code != 1 || !strings.Contains(table, "FAILED") {
 			t.Errorf("verify with b's agent down: exit %d; want 1 and FAILED", code)
 		}
