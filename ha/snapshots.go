@@ -179,7 +179,8 @@ func ours(sec *corev1.Secret) error {
 
 // Restore brings ledger to the newest snapshot when it is behind it or
 // another replica wrote since (ipam.Ledger.ShouldRestore), refusing one
-// whose key sameKey (the identity) differs from the ledger's. It returns
+// whose key sameKey (the identity) differs from the ledger's unless the
+// ledger was never replicated (ipam.Ledger.Restore). It returns
 // the generation restored, or 0 when the ledger was kept as it is.
 func (s *Snapshots) Restore(ctx context.Context, ledger *ipam.Ledger, sameKey string) (uint64, error) {
 	snap, err := s.Newest(ctx)
@@ -198,7 +199,12 @@ func (s *Snapshots) RestoreFrom(ledger *ipam.Ledger, snap *ipam.Snapshot, sameKe
 	if !ledger.ShouldRestore(snap.Generation) {
 		return 0, nil
 	}
-	if err := ledger.Restore(snap, sameKey); err != nil {
+	setAside, err := ledger.Restore(snap, sameKey)
+	if setAside != "" {
+		s.Log.Warn("this replica's ledger was never replicated and holds another identity than the snapshot, the one the cluster recorded: the snapshot replaces it; the ledger is kept aside",
+			"secret", s.where(), "setAside", setAside)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("restore from %s: %w", s.where(), err)
 	}
 	s.Log.Info("ledger restored from its snapshot", "secret", s.where(), "generation", snap.Generation)

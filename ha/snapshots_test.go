@@ -279,6 +279,30 @@ func TestSnapshotSecret(t *testing.T) {
 		}
 	})
 
+	t.Run("a ledger never replicated yields to the recorded identity; a replicated one does not", func(t *testing.T) {
+		// A replica that made an identity and lost the Lease before its
+		// first snapshot was written.
+		lost := replica(t)
+		write(t, lost, "identity", "seed-never-recorded")
+		gen, err := snaps.Restore(ctx, lost, "identity")
+		if err != nil || gen != active.Generation() || key(t, lost, "identity") != "seed-a" {
+			t.Fatalf("Restore over a ledger never replicated: generation %d, %v, identity %q; want %d and seed-a", gen, err, key(t, lost, "identity"), active.Generation())
+		}
+		aside, _ := filepath.Glob(lost.Path() + ".superseded-*")
+		if len(aside) != 1 {
+			t.Fatalf("ledgers set aside: %v, want one", aside)
+		}
+		// One that wrote or restored a snapshot once keeps its own.
+		other := replica(t)
+		write(t, other, "identity", "seed-of-another-cluster")
+		if err := other.MarkReplicated(other.Generation()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := snaps.Restore(ctx, other, "identity"); !errors.Is(err, ipam.ErrForeignSnapshot) || key(t, other, "identity") != "seed-of-another-cluster" {
+			t.Fatalf("Restore over a replicated ledger of another identity: %v, identity %q", err, key(t, other, "identity"))
+		}
+	})
+
 	t.Run("a Secret of the same name not ours is left alone", func(t *testing.T) {
 		if err := kube.CoreV1().Secrets(namespace).Delete(ctx, SecretName, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)

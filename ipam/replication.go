@@ -332,17 +332,35 @@ func (d *decoder) bytes() []byte {
 // Restore replaces the ledger's content with s's in one transaction, and
 // its generation with s's, which it marks as replicated. A snapshot whose
 // key sameKey (the cluster's identity) differs from this ledger's is
-// refused with ErrForeignSnapshot; one that does not load as a ledger
-// with ErrBadSnapshot. Either way nothing local changes.
-func (l *Ledger) Restore(s *Snapshot, sameKey string) error {
+// refused with ErrForeignSnapshot, unless this ledger never wrote nor
+// restored a snapshot; one that does not load as a ledger with
+// ErrBadSnapshot. Refused, nothing local changes.
+//
+// A ledger that never wrote nor restored a snapshot was never the state
+// the cluster recorded: a replica that made an identity and lost the
+// Lease before its first snapshot reached the API server, while the
+// replica after it made another and recorded that one. Such a ledger
+// yields to the snapshot; it is first copied to setAside (the ledger's
+// path with ".superseded-" and the time), so that nothing is lost.
+func (l *Ledger) Restore(s *Snapshot, sameKey string) (setAside string, err error) {
 	if l.readOnly {
-		return ErrReadOnly
+		return "", ErrReadOnly
 	}
 	if sameKey != "" {
 		if mine, err := l.get(bucketKeys, sameKey); err == nil && !bytes.Equal(mine, s.Key(sameKey)) {
-			return fmt.Errorf("restore ledger %s from generation %d: %w: its key %q differs from this ledger's", l.path, s.Generation, ErrForeignSnapshot, sameKey)
+			if l.Replicated() != 0 {
+				return "", fmt.Errorf("restore ledger %s from generation %d: %w: its key %q differs from this ledger's", l.path, s.Generation, ErrForeignSnapshot, sameKey)
+			}
+			setAside = l.path + ".superseded-" + l.now().UTC().Format("20060102T150405.000Z")
+			if err := l.db.View(func(tx *bolt.Tx) error { return tx.CopyFile(setAside, 0o600) }); err != nil {
+				return "", fmt.Errorf("restore ledger %s from generation %d: its key %q differs from this never replicated ledger's, which could not be set aside: %w", l.path, s.Generation, sameKey, err)
+			}
 		}
 	}
+	return setAside, l.restore(s)
+}
+
+func (l *Ledger) restore(s *Snapshot) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var st *state

@@ -109,8 +109,8 @@ func TestRestoreIntoEmptyLedgerKeepsEverything(t *testing.T) {
 	if !dst.ShouldRestore(s.Generation) {
 		t.Fatal("an empty ledger does not want the snapshot")
 	}
-	if err := dst.Restore(s, "identity"); err != nil {
-		t.Fatal(err)
+	if aside, err := dst.Restore(s, "identity"); err != nil || aside != "" {
+		t.Fatalf("Restore: %v, set aside %q", err, aside)
 	}
 	dst = reopen(t, dst, Options{Now: clk.Now})
 	sameLedger(t, src, dst)
@@ -216,11 +216,15 @@ func TestRestoreRefusesAndLosesNothing(t *testing.T) {
 			if _, err := l.ViewOf("peer-q", pfx("10.9.0.0/16")); err != nil {
 				t.Fatal(err)
 			}
+			// It wrote a snapshot once: it was the cluster's state.
 			before, _, _ := l.Snapshot()
+			if err := l.MarkReplicated(before); err != nil {
+				t.Fatal(err)
+			}
 			views := l.Views("")
-			err := l.Restore(c.snap, "identity")
-			if !errors.Is(err, c.want) {
-				t.Fatalf("Restore: %v, want %v", err, c.want)
+			aside, err := l.Restore(c.snap, "identity")
+			if !errors.Is(err, c.want) || aside != "" {
+				t.Fatalf("Restore: %v, set aside %q, want %v", err, aside, c.want)
 			}
 			t.Logf("refused: %v", err)
 			l = reopen(t, l, Options{Now: clk.Now})
@@ -234,6 +238,49 @@ func TestRestoreRefusesAndLosesNothing(t *testing.T) {
 				t.Errorf("identity %q after a refused restore", id)
 			}
 		})
+	}
+}
+
+// A ledger that never wrote nor restored a snapshot yields to one of
+// another identity: it is copied aside first, and the copy opens with
+// what it held.
+func TestRestoreSetsAsideANeverReplicatedLedger(t *testing.T) {
+	src, _ := filledLedger(t)
+	gen, enc, err := src.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded, err := DecodeSnapshot(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, clk := openTest(t, Options{})
+	setLocals(t, l, testLocals)
+	if err := l.PutKey("identity", []byte("seed-made-and-never-recorded")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.ViewOf("peer-q", pfx("10.9.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	aside, err := l.Restore(recorded, "identity")
+	if err != nil || aside == "" {
+		t.Fatalf("Restore: %v, set aside %q; want the snapshot restored and the ledger set aside", err, aside)
+	}
+	l = reopen(t, l, Options{Now: clk.Now})
+	sameLedger(t, src, l)
+	if l.Generation() != gen || l.Replicated() != gen {
+		t.Fatalf("restored at generation %d replicated %d, want %d", l.Generation(), l.Replicated(), gen)
+	}
+	old, err := Open(aside, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("the ledger set aside does not open: %v", err)
+	}
+	defer old.Close()
+	if id, _ := old.Key("identity"); string(id) != "seed-made-and-never-recorded" {
+		t.Errorf("identity %q in the ledger set aside", id)
+	}
+	if got := old.Views("peer-q"); len(got) != 1 {
+		t.Errorf("views of peer-q in the ledger set aside: %v", got)
 	}
 }
 
@@ -306,7 +353,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		if err := l.Restore(s, "identity"); err != nil && !errors.Is(err, ErrBadSnapshot) {
+		if _, err := l.Restore(s, "identity"); err != nil && !errors.Is(err, ErrBadSnapshot) {
 			t.Fatalf("Restore: undocumented error %v", err)
 		}
 		if err := checkInvariants(l); err != nil {
