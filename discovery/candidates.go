@@ -65,6 +65,10 @@ type Candidate struct {
 	// resolved are the addresses a host name resolved to when last
 	// tried, so a member found by a named seed is matched to it.
 	resolved []string
+	// pushedAt is when the member here last pushed its state to us
+	// (pushed); a push that came while our join was still returning
+	// makes its follow-up needless too.
+	pushedAt time.Time
 }
 
 // candidates is the table of addresses to join and the retry policy.
@@ -244,8 +248,10 @@ func (c *candidates) result(addr string, err error) {
 // everyone else in one exchange instead of waiting for their alive
 // messages to be gossiped one by one, which takes seconds when a hundred
 // of them compete for the same packets. It costs one more state exchange
-// per join.
-func (c *candidates) joined(addr string) {
+// per join. since is when the join began: a push from the member since
+// then (pushed) was the exchange the follow-up would make, and on a busy
+// machine it can come before the join has returned.
+func (c *candidates) joined(addr string, since time.Time) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -255,9 +261,14 @@ func (c *candidates) joined(addr string) {
 	}
 	cand.Failures = 0
 	cand.LastError = ""
+	cand.introduce = false
+	if !cand.pushedAt.IsZero() && !cand.pushedAt.Before(since) {
+		cand.resync = false
+		cand.NextTry = now.Add(c.recheck)
+		return
+	}
 	cand.NextTry = now.Add(c.settle)
 	cand.resync = true
-	cand.introduce = false
 }
 
 // pushed records a push from the member at addr (joinpush.go): it
@@ -269,7 +280,11 @@ func (c *candidates) pushed(addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cand := range c.table {
-		if cand.resync && (cand.Addr == addr || slices.Contains(cand.resolved, addr)) {
+		if cand.Addr != addr && !slices.Contains(cand.resolved, addr) {
+			continue
+		}
+		cand.pushedAt = now
+		if cand.resync {
 			cand.resync = false
 			cand.NextTry = now.Add(c.recheck)
 		}
@@ -432,6 +447,7 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 				kind = exchangeFollow
 			}
 			done := d.push.dial(cand.Addr, kind)
+			since := d.cands.now()
 			_, err := d.ml.Join([]string{cand.Addr})
 			done()
 			switch {
@@ -449,7 +465,7 @@ func (d *Discovery) joinLoop(ctx context.Context) {
 				d.cands.result(cand.Addr, nil)
 			default:
 				d.log.Debug("joined candidate", "addr", cand.Addr, "source", src)
-				d.cands.joined(cand.Addr)
+				d.cands.joined(cand.Addr, since)
 			}
 		}
 	}
