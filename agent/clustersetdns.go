@@ -42,6 +42,18 @@ func (a *Agent) startClustersetDNS(ctx context.Context, comps *components) error
 	if a.cfg.ClustersetDNSPort == 0 {
 		return nil
 	}
+	if !a.warm.answersDNS() {
+		if err := a.serveClustersetDNS(comps); err != nil {
+			return err
+		}
+	}
+	return a.startCoreDNSForward(comps)
+}
+
+// serveClustersetDNS starts the clusterset.local DNS server. It reads
+// the API server and writes nothing, so a standby runs it too
+// (warmStandby).
+func (a *Agent) serveClustersetDNS(comps *components) error {
 	srv, err := mcsdns.New(mcsdns.Config{
 		Config:     a.restCfg,
 		Address:    netip.AddrPortFrom(a.cfg.NodeAddress, uint16(a.cfg.ClustersetDNSPort)),
@@ -52,7 +64,7 @@ func (a *Agent) startClustersetDNS(ctx context.Context, comps *components) error
 		return fmt.Errorf("--clusterset-dns-port: %w", err)
 	}
 	comps.Go("clusterset DNS", srv.Run)
-	return a.startCoreDNSForward(comps)
+	return nil
 }
 
 // startCoreDNSForward keeps the forwarding block in CoreDNS's Corefile

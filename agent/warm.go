@@ -18,14 +18,23 @@ import (
 // started and listed as a standby and run on once it is active; what
 // they add to a standby is the objects they hold.
 //
+// The clusterset DNS server runs on the standby whole, answering on its
+// own node's address: it reads the API server and writes nothing, so at
+// takeover it answers at once instead of failing until its informers
+// have listed. Its Service selects the active replica only.
+//
 // Everything else waits for the Lease: the data path (a standby has
 // none), the ledger (it follows the active replica's snapshots, and is
 // opened by the active replica only), gossip (the cluster's identity is
-// one member; a second would contradict the first) and offloading's
-// informers, which list much more and are not on the network path.
+// one member; a second would contradict the first), the CoreDNS
+// forwarding block (a write) and offloading's other informers, which
+// list much more and are not on the network path.
 type warmStandby struct {
 	peers *peerapi.Objects
 	nodes toolscache.SharedIndexInformer
+	// dns: the clusterset DNS server runs (a known node address and a
+	// --clusterset-dns-port).
+	dns bool
 }
 
 // startWarm makes the standby's informers (a.warm) and starts them as
@@ -40,6 +49,14 @@ func (a *Agent) startWarm(ctx context.Context, comps *components) error {
 		return err
 	}
 	a.warm = &warmStandby{peers: peers, nodes: nodes}
+	// The node's address is known only from $POD_IP (or the flag) this
+	// early; without it, the DNS waits for the start to learn it.
+	if a.cfg.ClustersetDNSPort != 0 && a.cfg.NodeAddress.IsValid() {
+		if err := a.serveClustersetDNS(comps); err != nil {
+			return err
+		}
+		a.warm.dns = true
+	}
 	start := time.Now()
 	comps.Go("Peer informer", peers.RunCache)
 	comps.Go("Node informer", func(ctx context.Context) error {
@@ -73,3 +90,6 @@ func (w *warmStandby) nodeInformer() toolscache.SharedIndexInformer {
 	}
 	return w.nodes
 }
+
+// answersDNS reports whether the standby's clusterset DNS server runs.
+func (w *warmStandby) answersDNS() bool { return w != nil && w.dns }

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -11,13 +13,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/deploy"
 	"github.com/flotilla-io/flotilla/internal/eventually"
+	"github.com/flotilla-io/flotilla/offload/mcs"
 	"github.com/flotilla-io/flotilla/peering"
 	"github.com/flotilla-io/flotilla/peering/peerapi"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -117,6 +123,92 @@ func TestStandbyListsAheadOfTakeover(t *testing.T) {
 	}
 	if n := lists.Load(); n != listed {
 		t.Fatalf("the takeover listed the Peers again: %d lists, %d as the standby", n, listed)
+	}
+}
+
+// A standby answers the clusterset zone from its own node's address while
+// it waits for the Lease, and at takeover goes on with the same server:
+// its zone was ready before it held the Lease and is not made again.
+func TestStandbyAnswersClustersetDNS(t *testing.T) {
+	cp, _ := electionPlane(t)
+	ctx := t.Context()
+	if err := harness.ApplyCRDs(ctx, cp.Config, deploy.CRDs, "crds/*.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	// One port, each replica on an address of its own, as on two nodes.
+	l, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.LocalAddr().(*net.UDPAddr).Port
+	l.Close()
+	// A replica's start is the agent's start of the DNS.
+	run := func(node, addr string) *replica {
+		var agent *Agent
+		return runReplica(t, cp, node, func(ctx context.Context, comps *components) error {
+			return agent.startClustersetDNS(ctx, comps)
+		}, func(a *Agent) {
+			agent = a
+			a.cfg.NodeAddress, a.cfg.ClustersetDNSPort = netip.MustParseAddr(addr), port
+		})
+	}
+	first := run("gw1", "127.0.0.2")
+	first.waitStarted(t, "the first replica")
+
+	s := scheme.Scheme
+	if err := mcsv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	w, err := client.New(cp.Config, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}},
+		&mcsv1alpha1.ServiceImport{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Labels: map[string]string{mcs.LabelManagedBy: mcs.ManagedBy}},
+			Spec: mcsv1alpha1.ServiceImportSpec{Type: mcsv1alpha1.ClusterSetIP, IPs: []string{"10.100.0.7"},
+				Ports: []mcsv1alpha1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+		},
+	} {
+		if err := w.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	second := run("gw2", "127.0.0.3")
+	standby := fmt.Sprintf("127.0.0.3:%d", port)
+	answers := func(what string) {
+		t.Helper()
+		eventually.Within(t, 30*time.Second, what, func() error {
+			req := new(dns.Msg)
+			req.SetQuestion("web.shop.svc.clusterset.local.", dns.TypeA)
+			resp, _, err := (&dns.Client{Timeout: 2 * time.Second}).ExchangeContext(ctx, req, standby)
+			switch {
+			case err != nil:
+				return err
+			case resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || !strings.Contains(resp.Answer[0].String(), "10.100.0.7"):
+				return fmt.Errorf("answer %v", resp)
+			}
+			return nil
+		})
+	}
+	answers("the standby answering the zone")
+	select {
+	case <-second.started:
+		t.Fatal("the standby started its components while the other replica is active")
+	default:
+	}
+
+	first.cancel()
+	if err := <-first.ran; err != nil {
+		t.Fatalf("the first replica stopped with %v", err)
+	}
+	first.ran <- nil // for its cleanup
+	second.waitStarted(t, "the standby after the active one stopped")
+	answers("the new active replica answering the zone")
+	if n := strings.Count(second.log.String(), "clusterset zone ready"); n != 1 {
+		t.Fatalf("the zone was made %d times by the replica that took over, want once, as the standby; its log:\n%s", n, second.log)
 	}
 }
 
