@@ -208,7 +208,7 @@ func (t *tracer) destination(dst string) bool {
 			return fail(fmt.Sprintf("%s is an address of %s itself", addr, clusterName(t.a)),
 				"trace goes to a pod of a peer: give its address as this cluster addresses it (kubectl get peers -o wide shows the views)")
 		}
-		if t.viewless(addr) {
+		if t.viewless() {
 			t.add(StepDestination, where, fmt.Sprintf("%s is in no view: %s holds none of %s (released or not agreed)", addr, clusterName(t.a), t.peer.label()), Unknown, "")
 			return true
 		}
@@ -239,11 +239,12 @@ func (t *tracer) destination(dst string) bool {
 	return true
 }
 
-// viewless reports whether addr, in no view, may be the peer cluster's
-// all the same: the peer cluster is given and a's Peer of it holds no
-// views, as after a deny or while it is unreachable, and it is not
-// Connected. It sets t.peer so that the peer step names why.
-func (t *tracer) viewless(addr netip.Addr) bool {
+// viewless reports whether an address in no view may be the peer
+// cluster's all the same: the peer cluster is given, and a's Peer of it
+// holds no views and is denied here or not Connected (its views released
+// by the deny, or while it is unreachable). It sets t.peer, so that the
+// peer step names why.
+func (t *tracer) viewless() bool {
 	if t.b == nil {
 		return false
 	}
