@@ -16,7 +16,6 @@ import (
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1alpha1 "sigs.k8s.io/mcs-api/pkg/apis/v1alpha1"
 
@@ -155,11 +154,7 @@ func TestStandbyAnswersClustersetDNS(t *testing.T) {
 	first := run("gw1", "127.0.0.2")
 	first.waitStarted(t, "the first replica")
 
-	s := scheme.Scheme
-	if err := mcsv1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	w, err := client.New(cp.Config, client.Options{Scheme: s})
+	w, err := client.New(cp.Config, client.Options{Scheme: mcs.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
