@@ -29,7 +29,7 @@ func (a *Agent) startComponents(ctx context.Context, comps *components) error {
 	defer otherCRDs.stop()
 	fromSecretBg := startBackground(ctx, a.secretFederation)
 	defer fromSecretBg.stop()
-	st, err := a.openState(comps, snap)
+	st, err := a.openState(ctx, comps, snap)
 	if err != nil {
 		return err
 	}

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/flotilla-io/flotilla/agent/agentapi"
 	"github.com/flotilla-io/flotilla/discovery"
@@ -32,8 +34,10 @@ type state struct {
 // openState opens the ledger, closed last when the agent stops, brings it
 // to its newest snapshot when it is behind (restoreLedger; snap is the
 // snapshot's read, started before the ledger opened), and loads the
-// cluster's identity from it, creating one at first start.
-func (a *Agent) openState(comps *components, snap *background[*ipam.Snapshot]) (state, error) {
+// cluster's identity from it, creating one at first start. A ledger
+// never replicated writes its first snapshot before the identity is used
+// (firstSnapshot).
+func (a *Agent) openState(ctx context.Context, comps *components, snap *background[*ipam.Snapshot]) (state, error) {
 	ledger, err := ipam.Open(filepath.Join(a.cfg.StateDir, ipam.FileName), ipam.Options{Now: a.now})
 	if err != nil {
 		return state{}, fmt.Errorf("open ledger: %w", err)
@@ -44,19 +48,19 @@ func (a *Agent) openState(comps *components, snap *background[*ipam.Snapshot]) (
 		_, err := os.Stat(ledger.Path()) // deleted under a running agent: say so
 		return err
 	})
-	if err := a.restoreLedger(comps, ledger, snap); err != nil {
+	snaps := a.ledgerSnapshots()
+	if err := a.restoreLedger(snaps, ledger, snap); err != nil {
 		return state{}, err
 	}
-	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
-		id, err := identity.Generate()
-		return id.Seed(), err
-	})
+	id, err := loadIdentity(ledger)
 	if err != nil {
-		return state{}, fmt.Errorf("identity: %w", err)
+		return state{}, err
 	}
-	id, err := identity.FromSeed(seed)
-	if err != nil {
-		return state{}, fmt.Errorf("identity in the ledger: %w", err)
+	if snaps != nil {
+		if id, err = a.firstSnapshot(ctx, snaps, ledger, id); err != nil {
+			return state{}, err
+		}
+		comps.Go("ledger snapshots", func(ctx context.Context) error { return snaps.Run(ctx, ledger) })
 	}
 	a.log.Info("identity", "clusterID", id.ClusterID(), "name", a.cfg.ClusterName)
 	a.registry.MustRegister(clusterInfo(a.cfg.ClusterName, id.ClusterID()))
@@ -82,13 +86,60 @@ func (a *Agent) newestLedgerSnapshot(ctx context.Context) (*ipam.Snapshot, error
 	return snaps.Newest(ctx)
 }
 
-// restoreLedger restores the ledger from the Secret flotilla-ledger when
-// another replica wrote it since this state directory last did (or the
-// directory is new), then keeps writing the ledger's snapshots there
-// after its changes. A state directory with nothing in it does not start
-// on a snapshot it cannot read: it would make a new identity.
-func (a *Agent) restoreLedger(comps *components, ledger *ipam.Ledger, read *background[*ipam.Snapshot]) error {
-	snaps := a.ledgerSnapshots()
+// loadIdentity is the cluster's identity in the ledger, made and stored
+// there when it has none.
+func loadIdentity(ledger *ipam.Ledger) (identity.Identity, error) {
+	seed, err := ledger.LoadOrCreateKey(keyIdentity, func() ([]byte, error) {
+		id, err := identity.Generate()
+		return id.Seed(), err
+	})
+	if err != nil {
+		return identity.Identity{}, fmt.Errorf("identity: %w", err)
+	}
+	id, err := identity.FromSeed(seed)
+	if err != nil {
+		return identity.Identity{}, fmt.Errorf("identity in the ledger: %w", err)
+	}
+	return id, nil
+}
+
+// firstSnapshotTimeout bounds the first snapshot's write at the start.
+const firstSnapshotTimeout = 5 * time.Second
+
+// firstSnapshot writes the first snapshot of a ledger that never wrote
+// nor restored one (its identity just made, as a rule) before anything
+// uses that identity, so that a replica taking over after this one finds
+// it instead of making another. When another replica wrote first (two
+// replicas each made an identity at install), this ledger yields to the
+// snapshot the cluster recorded (ipam.Ledger.Restore keeps it aside) and
+// the identity returned is the snapshot's. A write that fails otherwise
+// is left to the snapshots' writer, which retries: the start goes on.
+func (a *Agent) firstSnapshot(ctx context.Context, snaps *ha.Snapshots, ledger *ipam.Ledger, id identity.Identity) (identity.Identity, error) {
+	if ledger.Replicated() != 0 || ledger.Generation() == 0 {
+		return id, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, firstSnapshotTimeout)
+	defer cancel()
+	switch err := snaps.Write(ctx, ledger); {
+	case err == nil:
+		return id, nil
+	case !errors.Is(err, ha.ErrSuperseded):
+		a.log.Warn("the ledger's first snapshot was not written at the start; the snapshots' writer retries", "err", err)
+		return id, nil
+	}
+	a.log.Warn("another replica recorded the cluster's state first: this replica's new identity yields to it", "clusterID", id.ClusterID())
+	if _, err := snaps.Restore(ctx, ledger, keyIdentity); err != nil {
+		return identity.Identity{}, fmt.Errorf("ledger: another replica recorded the cluster's state first and it cannot be restored: %w", err)
+	}
+	return loadIdentity(ledger)
+}
+
+// restoreLedger restores the ledger from the Secret flotilla-ledger
+// (snaps; nil without snapshots) when another replica wrote it since
+// this state directory last did (or the directory is new). A state
+// directory with nothing in it does not start on a snapshot it cannot
+// read: it would make a new identity.
+func (a *Agent) restoreLedger(snaps *ha.Snapshots, ledger *ipam.Ledger, read *background[*ipam.Snapshot]) error {
 	if snaps == nil {
 		return nil
 	}
@@ -102,7 +153,6 @@ func (a *Agent) restoreLedger(comps *components, ledger *ipam.Ledger, read *back
 	case err != nil:
 		a.log.Warn("starting from the local ledger; its snapshot was not restored", "err", err)
 	}
-	comps.Go("ledger snapshots", func(ctx context.Context) error { return snaps.Run(ctx, ledger) })
 	return nil
 }
 
