@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/test/busy"
 	"github.com/flotilla-io/flotilla/test/harness"
 )
@@ -34,7 +35,11 @@ import (
 //	go test ./offload/reflection -run '^$' -bench ReflectionLag -benchtime 1x
 func BenchmarkReflectionLag(b *testing.B) {
 	changes := benchChanges(b)
-	e := newReflectEnv(b, 0)
+	// Each level of kindReferenced makes maxReferenced new ConfigMaps on
+	// the provider: the grant's quota holds them all, beside the others.
+	limits := offloadenv.ConsumerLimits
+	limits.Fence.ConfigMaps = int64(len(busy.Levels(b, busy.EnvVar, busy.DefaultLevels))*maxReferenced + 10)
+	e := newReflectEnvWith(b, 0, limits)
 	ctx := b.Context()
 	cms, secrets := e.Local.Client.CoreV1().ConfigMaps(e.ns), e.Local.Client.CoreV1().Secrets(e.ns)
 	svcs, eps := e.Local.Client.CoreV1().Services(e.ns), e.Local.Client.DiscoveryV1().EndpointSlices(e.ns)
@@ -215,10 +220,9 @@ func reportLags(b *testing.B, what string, lags []time.Duration) {
 // pod that references them.
 const kindReferenced = "ConfigMapReferencedByNewPod"
 
-// maxReferenced bounds kindReferenced's changes: each makes a new
-// ConfigMap in the tenant's namespace, where the provider's fence allows
-// 200 by default (tenancy.DefaultConfigMaps), kube-root-ca.crt and the
-// other sub-benchmarks' ConfigMap among them.
+// maxReferenced bounds kindReferenced's changes at each busy level:
+// each makes a new ConfigMap, and a pod, that stay, in the tenant's
+// namespace, whose ConfigMap quota the benchmark sizes for them.
 const maxReferenced = 190
 
 func benchName(kind string) string {

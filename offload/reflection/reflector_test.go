@@ -24,6 +24,7 @@ import (
 	"github.com/flotilla-io/flotilla/api/v1alpha1"
 	"github.com/flotilla-io/flotilla/internal/eventually"
 	"github.com/flotilla-io/flotilla/offload"
+	"github.com/flotilla-io/flotilla/offload/grant"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadenv"
 	"github.com/flotilla-io/flotilla/offload/internal/offloadtest"
 	"github.com/flotilla-io/flotilla/test/harness"
@@ -54,7 +55,14 @@ type reflectEnv struct {
 }
 
 func newReflectEnv(tb testing.TB, workers int) *reflectEnv {
+	return newReflectEnvWith(tb, workers, offloadenv.ConsumerLimits)
+}
+
+// newReflectEnvWith is newReflectEnv with the grant's terms limits,
+// which set the quota of the namespace mirrored for it.
+func newReflectEnvWith(tb testing.TB, workers int, limits grant.Limits) *reflectEnv {
 	e := newReflectClients(tb)
+	e.Grants.Set(e.Self, limits)
 	e.remote = e.offloadReady(tb, e.ns)
 	e.start(tb, workers)
 	// The witness that the Reflector watches the namespace there: what

@@ -20,8 +20,11 @@ import (
 )
 
 // EnvVar names the levels to run in the benchmarks that use Levels
-// without their own variable: "0,2" by default.
+// without their own variable: DefaultLevels when it is unset.
 const EnvVar = "FLOTILLA_BENCH_BUSY"
+
+// DefaultLevels are Run's levels: quiet, then two busy loops.
+const DefaultLevels = "0,2"
 
 // Levels reads a comma-separated list of counts (busy loops, or any
 // other level a benchmark runs at) from the environment variable env
@@ -169,14 +172,14 @@ func LoadAverage() float64 {
 	return v
 }
 
-// Run runs f once per level of EnvVar ("0,2" unless set) as a
+// Run runs f once per level of EnvVar (DefaultLevels unless set) as a
 // sub-benchmark named by Name, with that many busy loops running beside
 // it, and reports how busy the machine was while f ran as
 // machine-busy-%. What f sets up is its own; what the levels share is
 // set up before Run.
 func Run(b *testing.B, f func(b *testing.B)) {
 	b.Helper()
-	for _, n := range Levels(b, EnvVar, "0,2") {
+	for _, n := range Levels(b, EnvVar, DefaultLevels) {
 		b.Run(Name(n), func(b *testing.B) {
 			stop := Loops(b, n)
 			mark := Mark()
