@@ -45,6 +45,11 @@ type Replicas struct {
 	// listed is the pods as Replicas last listed them while the informer
 	// was not watching; nil: none, or the informer has caught up with it.
 	listed *corev1.PodList
+	// listedAt is the newest resource version of a pod in listed: the
+	// informer has caught up with the list once it has seen that pod's
+	// version (the list's own version is the whole store's, which other
+	// objects' writes move past the last pod event).
+	listedAt string
 }
 
 // NewReplicas follows the agent's pods (AgentSelector) in namespace; self
@@ -94,8 +99,14 @@ func (r *Replicas) list(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	newest := "0"
+	for i := range l.Items {
+		if v := l.Items[i].ResourceVersion; notOlder(v, newest) {
+			newest = v
+		}
+	}
 	r.mu.Lock()
-	r.listed = l
+	r.listed, r.listedAt = l, newest
 	r.mu.Unlock()
 }
 
@@ -144,7 +155,7 @@ func (r *Replicas) seen() []*corev1.Pod {
 	}
 	r.mu.Lock()
 	listed := r.listed
-	if listed != nil && r.watching && notOlder(r.inf.LastSyncResourceVersion(), listed.ResourceVersion) {
+	if listed != nil && r.watching && notOlder(r.inf.LastSyncResourceVersion(), r.listedAt) {
 		r.listed, listed = nil, nil
 	}
 	r.mu.Unlock()
