@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/ha"
-	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -157,11 +156,10 @@ func keptIdentity(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	seed, err := l.Key(keyIdentity)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := l.Key(keyIdentity); err != nil {
+		t.Fatalf("the ledger kept aside holds no identity: %v", err)
 	}
-	id, err := identity.FromSeed(seed)
+	id, err := loadIdentity(l)
 	if err != nil {
 		t.Fatal(err)
 	}

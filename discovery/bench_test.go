@@ -358,9 +358,10 @@ func BenchmarkConvergence(b *testing.B) {
 					start = time.Now()
 					// The late member among those waited for: a failure
 					// then names it as the one not seen.
-					waitAllSee(b, append(nodes, late), n)
+					all := append(nodes, late)
+					waitAllSee(b, all, n)
 					spread = append(spread, time.Since(start))
-					for _, d := range append(nodes, late) {
+					for _, d := range all {
 						d.kill()
 					}
 				}
