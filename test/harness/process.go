@@ -93,9 +93,20 @@ func (e *Env) start(name string, prefix []string, argv []string) (*Process, erro
 	e.t.Cleanup(func() {
 		exited, err := p.Exited()
 		crashed := exited && !p.stopRequested()
+		// Read before the stop, whose own lines would match.
+		var troubles string
+		if e.t.Failed() && p.quiet && !crashed {
+			troubles = p.troubles(3)
+		}
 		p.Stop()
 		if !e.t.Failed() {
 			return
+		}
+		if troubles != "" {
+			// A quiet process prints no tail, but a control plane that
+			// stalled or was shutting down explains a failure that the
+			// test's own message does not.
+			e.t.Logf("harness: %s logged signs of trouble; %s", name, troubles)
 		}
 		// A CI log keeps only its end, and the test's own failure is
 		// printed before these: keep them short. A process that died on
@@ -228,6 +239,26 @@ func (p *Process) lastError() string {
 		}
 	}
 	return ""
+}
+
+// troubleLine matches what a control-plane component logs when it is the
+// reason its clients failed: etcd's requests and disk writes that took
+// seconds, an API server's graceful termination, its in-flight limit.
+var troubleLine = regexp.MustCompile(`took too long \([0-9.]+s\)|slow fdatasync|sync duration of|\[graceful-termination\] shutdown event|[Tt]oo many requests`)
+
+// troubles says how many lines of the process's log match troubleLine,
+// and the last n of them (each cut to 300 bytes), or "" when none does.
+func (p *Process) troubles(n int) string {
+	var found []string
+	for _, l := range strings.Split(p.Log(), "\n") {
+		if troubleLine.MatchString(l) {
+			found = append(found, l[:min(len(l), 300)])
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d lines, the last:\n%s", len(found), strings.Join(found[max(0, len(found)-n):], "\n"))
 }
 
 // Log returns what the process has printed so far.

@@ -3,6 +3,7 @@ package harness
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -37,5 +38,32 @@ time="2026-11-23T15:59:54Z" level=warning msg="later"
 				t.Fatalf("lastError = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// A failed test's quiet processes name what stalled them: etcd's
+// requests of seconds and an API server's shutdown, not its routine
+// slow requests or the start's "waiting for shutdown to be initiated".
+func TestProcessTroubles(t *testing.T) {
+	log := `2026-12-02 10:54:10.109171 W | etcdserver: read-only range request "key:\"/registry/health\" " with result "range_response_count:0 size:5" took too long (182.144905ms) to execute
+I1202 10:55:02.005209    5757 genericapiserver.go:702] [graceful-termination] waiting for shutdown to be initiated
+2026-12-02 10:54:11.000001 W | etcdserver: read-only range request "key:\"/registry/leases\" " with result "error:context canceled" took too long (12.5s) to execute
+I1202 10:56:30.463593    8278 genericapiserver.go:1100] "[graceful-termination] shutdown event" name="ShutdownInitiated"
+2026-12-02 10:54:12.000001 W | wal: sync duration of 1.2s, expected less than 1s
+`
+	path := filepath.Join(t.TempDir(), "log")
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := (&Process{LogPath: path}).troubles(2)
+	want := "3 lines, the last:\n" + strings.Join(strings.Split(log, "\n")[3:5], "\n")
+	if got != want {
+		t.Fatalf("troubles = %q, want %q", got, want)
+	}
+	if err := os.WriteFile(path, []byte(strings.Split(log, "\n")[0]+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := (&Process{LogPath: path}).troubles(2); got != "" {
+		t.Fatalf("troubles of a routine log = %q, want none", got)
 	}
 }
