@@ -32,6 +32,13 @@ import (
 // agent's 600 ms to gossip) on every start.
 const crdDigestAnnotation = "flotilla.io/crd-digest"
 
+// crdEstablishTimeout bounds the wait for the API server to establish a
+// CRD the agent applied, in well under a second when it is healthy. An
+// API server so loaded that its answers come seconds late (seen for half
+// a minute on a 2-core machine) is waited for rather than left by an
+// agent that exits and waits out its restart's back-off.
+const crdEstablishTimeout = 2 * time.Minute
+
 // peerCRD is the one CRD the network path needs: the Peer informer
 // waits for it before the gossip join. The others only offloading and the
 // Multi-Cluster Services need, after it.
@@ -131,12 +138,12 @@ func installCRD(ctx context.Context, crds apiextensionsv1client.CustomResourceDe
 	if _, err := crds.Patch(ctx, crd.Name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "flotilla", Force: &force}); err != nil {
 		return fmt.Errorf("install CRD %s: %w (or install it with kubectl apply -f deploy/crds and run with --install-crds=false)", crd.Name, err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, crdEstablishTimeout, true, func(ctx context.Context) (bool, error) {
 		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
 		return err == nil && established(got), nil
 	})
 	if err != nil {
-		return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		return fmt.Errorf("CRD %s not established within %s (the API server establishes it; is it overloaded?): %w", crd.Name, crdEstablishTimeout, err)
 	}
 	return nil
 }

@@ -167,15 +167,39 @@ func TestGatewayFailover(t *testing.T) {
 			}
 			return nil
 		})
+		// The active replica's data path stayed, unless its own renewals
+		// came late: with the heartbeat, a standby that answered its pings
+		// could take the Lease early (it cannot tell the standby dead from
+		// cut off), so a renewal not accepted within lateRenewal of the last
+		// fences it, the standby dead or alive (docs/ha.md, "the API server
+		// answers renewals late"). That happens on a loaded machine; a
+		// fence any sooner after an accepted renewal is a defect.
+		fences, removed := 0, 0
+		for _, l := range agentLinesBetween(t, a, next, killed, renewed) {
+			switch {
+			case strings.Contains(l.Text, "removing the data path"):
+				fences++
+				if since := l.Time.Sub(l.LastRenewal); l.LastRenewal.IsZero() || since < lateRenewal {
+					t.Errorf("the active agent %s fenced itself %s after its last accepted renewal, sooner than a standby could take the Lease (%s): %s", next.Name, since, lateRenewal, l.Text)
+				}
+			case strings.Contains(l.Text, "data path removed"):
+				removed++
+				if fences == 0 {
+					t.Errorf("the active agent %s removed its data path after the standby died, with no fence before: %s", next.Name, l.Text)
+				}
+			}
+		}
 		for _, f := range flows {
 			f.waitOK(t, renewed, 30*time.Second)
-			f.noLoss(t, killed, renewed, "after the standby "+sgw.NodeName+" was killed")
-		}
-		// The active replica's data path stayed: it never fenced it.
-		for _, l := range agentLinesBetween(t, a, next, killed, renewed) {
-			if strings.Contains(l.Text, "data path removed") || strings.Contains(l.Text, "removing the data path") {
-				t.Errorf("the active agent %s removed its data path after the standby died: %s", next.Name, l.Text)
+			if fences == 0 {
+				f.noLoss(t, killed, renewed, "after the standby "+sgw.NodeName+" was killed")
+				continue
 			}
+			l := f.lossesBetween(killed, renewed)
+			t.Logf("flow %s: %d tries lost in a row and %d scattered of %d, while the active replica was fenced %d times for renewals accepted late", f.name, len(l.cut), len(l.scattered), l.tries, fences)
+		}
+		if fences > 0 {
+			t.Logf("the active agent %s fenced itself %d times after the standby died, each a renewal accepted %s or more after the last, and came back each time", next.Name, fences, lateRenewal)
 		}
 		if now, _ := activeGateway(t, a); now.UID != next.UID {
 			t.Errorf("the active agent changed from %s to %s", next.Name, now.Name)
@@ -522,6 +546,13 @@ type failure struct {
 }
 
 func (x failure) String() string { return x.at.Format("15:04:05.000") + " " + x.err }
+
+// lateRenewal is how long after its last accepted renewal the active
+// replica may fence itself with the heartbeat at its defaults: a standby
+// could take the Lease once it has seen no renewal for
+// DefaultHeartbeatUnrenewed, and the active replica leaves the margin of
+// a retry period before that instant.
+const lateRenewal = ha.DefaultHeartbeatUnrenewed - ha.DefaultRetryPeriod
 
 // tryTimeout is how long a flow's try waits for its answer.
 const tryTimeout = time.Second

@@ -46,6 +46,8 @@ type logLine struct {
 	At        time.Time    `json:"at"`
 	ClusterID string       `json:"clusterID"`
 	Name      string       `json:"name"`
+	// LastRenewal: the leader election's fence lines.
+	LastRenewal time.Time `json:"lastRenewal"`
 }
 
 // parseLogLine is one line of an agent's JSON log; a line that is not
