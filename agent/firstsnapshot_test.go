@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/flotilla-io/flotilla/ha"
+	"github.com/flotilla-io/flotilla/identity"
 	"github.com/flotilla-io/flotilla/ipam"
 )
 
@@ -156,10 +157,13 @@ func keptIdentity(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if _, err := l.Key(keyIdentity); err != nil {
+	// Read, not loadIdentity: that would make an identity up where the
+	// ledger kept aside holds none.
+	seed, err := l.Key(keyIdentity)
+	if err != nil {
 		t.Fatalf("the ledger kept aside holds no identity: %v", err)
 	}
-	id, err := loadIdentity(l)
+	id, err := identity.FromSeed(seed)
 	if err != nil {
 		t.Fatal(err)
 	}
